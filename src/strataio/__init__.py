@@ -1,0 +1,14 @@
+"""strataio: parallel I/O of scientific arrays across a storage hierarchy."""
+
+from strataio.arrays import Dataset, create_dataset, open_dataset
+from strataio.errors import StrataError
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Dataset",
+    "StrataError",
+    "__version__",
+    "create_dataset",
+    "open_dataset",
+]

@@ -1,0 +1,215 @@
+"""The chunk codec pipeline, in Zarr v3 terms: one array→bytes codec (``bytes``, with its
+endianness) followed by bytes→bytes codecs (``zstd``, ``blosc``, ``gzip``, ``crc32c``).
+
+Compression runs through numcodecs; ``crc32c`` appends a little-endian CRC-32C of the encoded
+bytes, as the Zarr v3 spec defines, and a mismatch on decode raises :class:`ChecksumError`.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numcodecs
+import numpy as np
+from crc32c import crc32c
+
+from strataio.errors import ChecksumError, CodecError
+
+_SYSTEM_ENDIAN = sys.byteorder  # "little" on every platform we target
+_BLOSC_SHUFFLE = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}
+_BYTES_CODECS = ("zstd", "blosc", "gzip", "crc32c")
+
+CodecSpec = dict[str, Any]
+
+
+def _spec(name: str, **config: Any) -> CodecSpec:
+    return {"name": name, "configuration": config} if config else {"name": name}
+
+
+def normalize_codecs(codec: Any, dtype: np.dtype) -> list[CodecSpec]:
+    """Zarr v3 codec metadata for a user's ``codec`` argument.
+
+    ``codec`` is None / ``"none"`` (raw little-endian bytes), a name (``"zstd"``), names joined
+    by ``+`` (``"zstd+crc32c"``), a list of names or Zarr v3 codec dicts, or a full Zarr v3
+    ``codecs`` list starting with ``bytes``. A big-endian ``dtype`` selects ``endian: big``.
+    """
+    endian = "big" if dtype.byteorder == ">" else "little"
+    if codec is None:
+        items: list[Any] = []
+    elif isinstance(codec, str):
+        items = [] if codec.strip().lower() in ("", "none", "raw") else codec.split("+")
+    elif isinstance(codec, dict):
+        items = [codec]
+    elif isinstance(codec, Sequence):
+        items = list(codec)
+    else:
+        raise CodecError(
+            f"codec must be a name, a '+'-joined list of names, or Zarr v3 codec dicts; "
+            f"got {type(codec).__name__}"
+        )
+    specs: list[CodecSpec] = []
+    for item in items:
+        if isinstance(item, str):
+            name = item.strip().lower()
+            cfg: dict[str, Any] = {}
+        elif isinstance(item, dict) and "name" in item:
+            name = str(item["name"]).lower()
+            cfg = dict(item.get("configuration") or {})
+        else:
+            raise CodecError(f"codec entry {item!r} is neither a name nor a Zarr v3 codec dict")
+        specs.append(_default_spec(name, cfg, dtype, endian))
+    if not specs or specs[0]["name"] != "bytes":
+        specs.insert(0, _default_spec("bytes", {}, dtype, endian))
+    return specs
+
+
+def _default_spec(name: str, cfg: dict[str, Any], dtype: np.dtype, endian: str) -> CodecSpec:
+    if name == "bytes":
+        if dtype.itemsize == 1:
+            return _spec("bytes")
+        return _spec("bytes", endian=cfg.get("endian", endian))
+    if name == "zstd":
+        return _spec("zstd", level=int(cfg.get("level", 0)), checksum=bool(cfg.get("checksum")))
+    if name == "gzip":
+        return _spec("gzip", level=int(cfg.get("level", 5)))
+    if name == "blosc":
+        shuffle = cfg.get("shuffle", "shuffle")
+        if shuffle not in _BLOSC_SHUFFLE:
+            raise CodecError(f"blosc shuffle {shuffle!r} is not one of {sorted(_BLOSC_SHUFFLE)}")
+        return _spec(
+            "blosc",
+            typesize=int(cfg.get("typesize", dtype.itemsize)),
+            cname=str(cfg.get("cname", "zstd")),
+            clevel=int(cfg.get("clevel", 5)),
+            shuffle=shuffle,
+            blocksize=int(cfg.get("blocksize", 0)),
+        )
+    if name == "crc32c":
+        return _spec("crc32c")
+    raise CodecError(f"unknown codec {name!r}: strataio supports bytes, {', '.join(_BYTES_CODECS)}")
+
+
+class _Crc32c:
+    """Zarr v3 ``crc32c``: the encoded bytes followed by their CRC-32C, little-endian."""
+
+    def encode(self, buf: Any) -> bytes:
+        data = memoryview(buf).cast("B")
+        return bytes(data) + crc32c(data).to_bytes(4, "little")
+
+    def decode(self, buf: Any) -> memoryview:
+        data = memoryview(buf).cast("B")
+        if len(data) < 4:
+            raise ChecksumError("chunk is shorter than its crc32c checksum")
+        body, stored = data[:-4], int.from_bytes(data[-4:], "little")
+        if crc32c(body) != stored:
+            raise ChecksumError("stored and computed crc32c checksums of the chunk differ")
+        return body
+
+
+def _numcodec(spec: CodecSpec) -> Any:
+    name = spec["name"]
+    cfg = spec.get("configuration", {})
+    if name == "zstd":
+        return numcodecs.Zstd(level=cfg["level"], checksum=cfg["checksum"])
+    if name == "gzip":
+        return numcodecs.GZip(level=cfg["level"])
+    if name == "blosc":
+        return numcodecs.Blosc(
+            cname=cfg["cname"],
+            clevel=cfg["clevel"],
+            shuffle=_BLOSC_SHUFFLE[cfg["shuffle"]],
+            blocksize=cfg["blocksize"],
+            typesize=cfg["typesize"],
+        )
+    if name == "crc32c":
+        return _Crc32c()
+    raise CodecError(f"unknown codec {name!r}")
+
+
+@dataclass(slots=True)
+class CodecPipeline:
+    """Encodes chunk arrays to stored bytes and back, per a Zarr v3 ``codecs`` list."""
+
+    specs: list[CodecSpec]
+    dtype: np.dtype
+    chunk_shape: tuple[int, ...]
+    _stored_dtype: np.dtype = field(init=False)
+    _bytes_codecs: list[Any] = field(init=False)
+    _chunk_size: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        if not self.specs or self.specs[0]["name"] != "bytes":
+            names = [s.get("name") for s in self.specs]
+            raise CodecError(f"codec pipeline {names} must start with the 'bytes' codec")
+        for s in self.specs[1:]:
+            if s["name"] not in _BYTES_CODECS:
+                raise CodecError(
+                    f"unsupported codec {s['name']!r} in the pipeline; strataio reads bytes, "
+                    f"{', '.join(_BYTES_CODECS)}"
+                )
+        endian = self.specs[0].get("configuration", {}).get("endian", "little")
+        if endian not in ("little", "big"):
+            raise CodecError(f"bytes codec endian {endian!r} is not 'little' or 'big'")
+        self.dtype = np.dtype(self.dtype).newbyteorder("=")
+        order = "<" if endian == "little" else ">"
+        self._stored_dtype = (
+            self.dtype.newbyteorder(order) if self.dtype.itemsize > 1 else self.dtype
+        )
+        self._bytes_codecs = [_numcodec(s) for s in self.specs[1:]]
+        self._chunk_size = int(np.prod(self.chunk_shape, dtype=np.int64))
+
+    @property
+    def names(self) -> list[str]:
+        return [s["name"] for s in self.specs]
+
+    @property
+    def is_raw(self) -> bool:
+        """True when a stored chunk is the plain array bytes (partial reads are possible)."""
+        return not self._bytes_codecs
+
+    @property
+    def stored_dtype(self) -> np.dtype:
+        return self._stored_dtype
+
+    @property
+    def chunk_nbytes(self) -> int:
+        return self._chunk_size * self.dtype.itemsize
+
+    def describe(self) -> str:
+        parts = []
+        for s in self.specs:
+            cfg = s.get("configuration") or {}
+            args = ",".join(f"{k}={v}" for k, v in cfg.items())
+            parts.append(f"{s['name']}({args})" if args else s["name"])
+        return " → ".join(parts)
+
+    def encode(self, chunk: np.ndarray) -> bytes | memoryview:
+        """Stored bytes of one full chunk (``chunk`` has :attr:`chunk_shape`)."""
+        arr = np.ascontiguousarray(chunk, dtype=self._stored_dtype)
+        data: Any = memoryview(arr).cast("B")
+        for codec in self._bytes_codecs:
+            data = codec.encode(data)
+        return data
+
+    def decode(self, data: Any) -> np.ndarray:
+        """The chunk array (native byte order, :attr:`chunk_shape`) of stored bytes."""
+        for codec in reversed(self._bytes_codecs):
+            try:
+                data = codec.decode(data)
+            except ChecksumError:
+                raise
+            except Exception as exc:  # numcodecs raises assorted types on corrupt input
+                raise CodecError(f"cannot decode chunk with {type(codec).__name__}: {exc}") from exc
+        raw = np.frombuffer(data, dtype=self._stored_dtype)
+        if raw.size != self._chunk_size:
+            raise CodecError(
+                f"decoded chunk has {raw.size} elements, expected {self._chunk_size} "
+                f"(chunk shape {self.chunk_shape})"
+            )
+        arr = raw.reshape(self.chunk_shape)
+        if self._stored_dtype.byteorder not in ("=", "|") and not self._stored_dtype.isnative:
+            arr = arr.astype(self.dtype)
+        return arr

@@ -1,0 +1,457 @@
+"""Dataset: an N-D array stored as chunks ("sub-files"), with numpy-style section I/O.
+
+A read walks the section's chunk cover (APRIL's "cover"), fetches the chunks from the store
+in parallel threads, decodes them, and copies each chunk's sub-box into the caller's array
+with one numpy assignment. Uncompressed chunks are read partially: only the byte span of the
+chunk that the section touches. A write encodes whole chunks and replaces them atomically;
+chunks the section covers only in part are read, modified and written back.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator, MutableMapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from strataio.arrays.codecs import CodecPipeline
+from strataio.arrays.metadata import ArrayMetadata
+from strataio.arrays.store import BackendChunkStore, ChunkStore
+from strataio.errors import (
+    ClosedError,
+    CodecError,
+    DtypeMismatchError,
+    ReadOnlyError,
+    SelectionError,
+    ShapeMismatchError,
+    StrataError,
+)
+from strataio.layout.chunks import ChunkGrid
+from strataio.layout.sections import Section
+
+_MODES = ("r", "r+")
+#: chunks below which a section is handled on the calling thread
+_PARALLEL_MIN_CHUNKS = 4
+_pool: ThreadPoolExecutor | None = None
+
+
+def _executor() -> ThreadPoolExecutor:
+    global _pool
+    if _pool is None:
+        _pool = ThreadPoolExecutor(
+            max_workers=min(16, 4 * (os.cpu_count() or 1)), thread_name_prefix="strataio-chunk"
+        )
+    return _pool
+
+
+def _run_groups(n: int, work: Callable[[int, int], None]) -> None:
+    """Run ``work(lo, hi)`` over ``range(n)`` cut into contiguous groups, one per thread."""
+    if n < _PARALLEL_MIN_CHUNKS:
+        work(0, n)
+        return
+    pool = _executor()
+    groups = min(n, pool._max_workers)
+    bounds = np.linspace(0, n, groups + 1).astype(int).tolist()
+    futures = [pool.submit(work, a, b) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+    errors = [f.exception() for f in futures]
+    for exc in errors:
+        if exc is not None:
+            raise exc
+
+
+class Attributes(MutableMapping[str, Any]):
+    """The array's user attributes; setting one rewrites ``zarr.json`` (needs mode ``r+``)."""
+
+    def __init__(self, ds: Dataset) -> None:
+        self._ds = ds
+
+    def __getitem__(self, key: str) -> Any:
+        return self._ds.meta.attrs[key]
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self._ds._check_writable()
+        new = dict(self._ds.meta.attrs)
+        new[key] = value
+        self._ds._replace_attrs(new)
+
+    def __delitem__(self, key: str) -> None:
+        self._ds._check_writable()
+        new = dict(self._ds.meta.attrs)
+        del new[key]
+        self._ds._replace_attrs(new)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(dict(self._ds.meta.attrs))
+
+    def __len__(self) -> int:
+        return len(self._ds.meta.attrs)
+
+    def __repr__(self) -> str:
+        return repr(self._ds.meta.attrs)
+
+
+class Dataset:
+    """A chunked N-D array over a :class:`ChunkStore`.
+
+    ``ds[index]`` and ``ds[index] = value`` take numpy basic indices (integers, slices of step
+    1, Ellipsis); :meth:`read_section` / :meth:`write_section` take corners. Reads of chunks
+    never written return ``fill_value``.
+    """
+
+    def __init__(
+        self, store: ChunkStore, meta: ArrayMetadata, mode: str = "r", *, name: str = ""
+    ) -> None:
+        if mode not in _MODES:
+            raise StrataError(f"mode must be one of {_MODES}, got {mode!r}")
+        self.store = store
+        self.meta = meta
+        self.mode = mode
+        self.name = name
+        self.grid = ChunkGrid(meta.shape, meta.chunks)
+        self.codecs = CodecPipeline(meta.codecs, meta.dtype, meta.chunks)
+        self._closed = False
+        self._span_reader = getattr(store, "read_span", None)
+        itemsize = meta.dtype.itemsize
+        self._chunk_strides = tuple(
+            int(np.prod(meta.chunks[d + 1 :], dtype=np.int64)) * itemsize
+            for d in range(len(meta.chunks))
+        )
+
+    # ----------------------------------------------------------------- properties
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.meta.shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.meta.dtype
+
+    @property
+    def chunks(self) -> tuple[int, ...]:
+        return self.meta.chunks
+
+    @property
+    def ndim(self) -> int:
+        return len(self.meta.shape)
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.meta.shape, dtype=np.int64))
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    @property
+    def fill_value(self) -> Any:
+        return self.meta.fill_value
+
+    @property
+    def nchunks(self) -> int:
+        return self.grid.nchunks
+
+    @property
+    def attrs(self) -> Attributes:
+        return Attributes(self)
+
+    @property
+    def readonly(self) -> bool:
+        return self.mode == "r"
+
+    def chunk_key(self, coords: Sequence[int]) -> str:
+        return self.meta.chunk_key(coords)
+
+    def __repr__(self) -> str:
+        where = f" {self.name!r}" if self.name else ""
+        return (
+            f"<strataio.Dataset{where} shape={self.shape} dtype={self.dtype} "
+            f"chunks={self.chunks} codecs={self.codecs.names} mode={self.mode!r}>"
+        )
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of a 0-d dataset")
+        return self.shape[0]
+
+    # ----------------------------------------------------------------- numpy-style access
+    def __getitem__(self, index: Any) -> np.ndarray | Any:
+        section = Section.from_index(index, self.shape)
+        out = np.empty(section.shape, dtype=self.dtype)
+        self._read_into(section, out)
+        res = out.reshape(section.result_shape)
+        return res[()] if res.ndim == 0 else res
+
+    def __setitem__(self, index: Any, value: Any) -> None:
+        self._check_writable()
+        section = Section.from_index(index, self.shape)
+        data = self._coerce(value, section.result_shape, section.shape)
+        self._write_from(section, data)
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        arr = self[...]
+        return arr if dtype is None else arr.astype(dtype)
+
+    def read_section(
+        self, start: Sequence[int], stop: Sequence[int], out: np.ndarray | None = None
+    ) -> np.ndarray:
+        """The box ``[start, stop)`` as an array; into ``out`` (same shape, dtype) if given."""
+        section = Section.from_bounds(start, stop, self.shape)
+        if out is None:
+            out = np.empty(section.shape, dtype=self.dtype)
+        else:
+            if not isinstance(out, np.ndarray):
+                raise ShapeMismatchError("out must be a numpy array")
+            if out.shape != section.shape:
+                raise ShapeMismatchError(
+                    f"out has shape {out.shape} but section {section} has shape {section.shape}"
+                )
+            if out.dtype != self.dtype:
+                raise DtypeMismatchError(f"out has dtype {out.dtype}, the dataset {self.dtype}")
+            if not out.flags.writeable:
+                raise ShapeMismatchError("out is read-only")
+        self._read_into(section, out)
+        return out
+
+    def write_section(self, start: Sequence[int], data: Any) -> None:
+        """Write ``data`` (an array of the dataset's rank) with its corner at ``start``."""
+        self._check_writable()
+        arr = np.asarray(data)
+        if arr.ndim != self.ndim:
+            raise ShapeMismatchError(
+                f"data has {arr.ndim} dimensions, the dataset {self.ndim}; "
+                "write_section takes an array of the dataset's rank"
+            )
+        stop = [int(a) + n for a, n in zip(start, arr.shape)] if len(start) == arr.ndim else None
+        if stop is None:
+            raise SelectionError(
+                f"start {tuple(start)} has {len(start)} dimensions, data {arr.ndim}"
+            )
+        section = Section.from_bounds(start, stop, self.shape)
+        self._write_from(section, self._coerce(arr, section.shape, section.shape))
+
+    # ----------------------------------------------------------------- lifecycle
+    def flush(self) -> None:
+        """Make every write so far durable (fsync / completed PUT)."""
+        if not self._closed and not self.readonly:
+            self.store.flush()
+
+    def close(self) -> None:
+        if not self._closed:
+            try:
+                self.flush()
+            finally:
+                self._closed = True
+                self.store.close()
+
+    def __enter__(self) -> Dataset:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def nchunks_stored(self) -> int:
+        """Chunks written to storage so far (the rest read as ``fill_value``)."""
+        return len(self.store.list_chunks())
+
+    # ----------------------------------------------------------------- internals
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError(f"{self!r} is closed")
+
+    def _check_writable(self) -> None:
+        self._check_open()
+        if self.readonly:
+            raise ReadOnlyError(
+                f"dataset {self.name or ''} is open read-only (mode 'r')".replace("  ", " ")
+            )
+
+    def _replace_attrs(self, attrs: dict[str, Any]) -> None:
+        old = self.meta.attrs
+        self.meta.attrs = attrs
+        try:
+            self.store.put_meta(self.meta.to_json())
+        except Exception:
+            self.meta.attrs = old
+            raise
+
+    def _coerce(self, value: Any, given_shape: tuple[int, ...], box: tuple[int, ...]) -> np.ndarray:
+        """``value`` as an array of the dataset's dtype and the box's shape, or a clear error."""
+        arr = np.asarray(value)
+        lossy = arr.dtype.kind in "OUSVMm" or not np.can_cast(arr.dtype, self.dtype, "same_kind")
+        if arr.dtype != self.dtype and lossy:
+            raise DtypeMismatchError(
+                f"cannot store {arr.dtype} data in a {self.dtype} dataset without loss; "
+                f"convert it explicitly (e.g. data.astype({str(self.dtype)!r}))"
+            )
+        try:
+            arr = np.broadcast_to(arr, given_shape)
+        except ValueError:
+            raise ShapeMismatchError(
+                f"data of shape {arr.shape} does not fit the selection of shape {given_shape}"
+            ) from None
+        return arr.reshape(box) if given_shape != box else arr
+
+    def _plan(self, section: Section) -> tuple[list[str], list[tuple[tuple[int, ...], ...]]]:
+        """The cover of ``section`` as chunk keys and per-chunk rows (see ChunkCover.rows)."""
+        rows = list(self.grid.cover(section).rows())
+        sep = self.meta.separator
+        keys = ["c" + "".join(sep + str(c) for c in row[0]) for row in rows]
+        return keys, rows
+
+    def _read_into(self, section: Section, out: np.ndarray) -> None:
+        self._check_open()
+        if section.is_empty:
+            return
+        keys, rows = self._plan(section)
+        codecs = self.codecs
+        fill = self.fill_value
+        chunk_shape = self.chunks
+
+        def place(i: int, chunk: np.ndarray | None) -> None:
+            _, ls, le, os_, oe = rows[i]
+            dst = out[(*map(slice, os_, oe), Ellipsis)]
+            if chunk is None:
+                dst[...] = fill
+            else:
+                dst[...] = chunk.reshape(chunk_shape)[tuple(map(slice, ls, le))]
+
+        if codecs.is_raw and self._span_reader is not None:
+            # Chunks already in memory are copied on this thread (thread hand-offs cost more
+            # than the copy); only those that would wait on storage go to the I/O threads.
+            blocked = []
+            for i in range(len(keys)):
+                try:
+                    place(i, self._read_raw_span(keys[i], rows[i][1], rows[i][2], nowait=True))
+                except BlockingIOError:
+                    blocked.append(i)
+
+            def fetch(lo: int, hi: int) -> None:
+                for i in blocked[lo:hi]:
+                    place(i, self._read_raw_span(keys[i], rows[i][1], rows[i][2]))
+
+            _run_groups(len(blocked), fetch)
+            return
+
+        def work(lo: int, hi: int) -> None:
+            for i, blob in enumerate(self.store.get_chunks(keys[lo:hi]), start=lo):
+                place(i, None if blob is None else codecs.decode(blob))
+
+        _run_groups(len(keys), work)
+
+    def _read_raw_span(
+        self, key: str, start: tuple[int, ...], stop: tuple[int, ...], nowait: bool = False
+    ) -> np.ndarray | None:
+        """An uncompressed chunk with (at least) the bytes of box ``[start, stop)`` filled in.
+
+        Only the byte span from the box's first to its last element is read: a thin section
+        reads a fraction of each chunk instead of whole chunks.
+        """
+        strides = self._chunk_strides
+        lo = sum(a * s for a, s in zip(start, strides))
+        hi = sum((b - 1) * s for b, s in zip(stop, strides)) + self.dtype.itemsize
+        buf = np.empty(self.codecs.chunk_nbytes, dtype=np.uint8)
+        size = self._span_reader(key, lo, memoryview(buf)[lo:hi], nowait=nowait)
+        if size is None:
+            return None
+        if size != buf.size:
+            raise CodecError(
+                f"chunk {key} of {self.name or 'the dataset'} holds {size} bytes, "
+                f"expected {buf.size}: the chunk is truncated or not this array's"
+            )
+        arr = buf.view(self.codecs.stored_dtype)
+        return arr if arr.dtype.isnative else arr.astype(self.dtype)
+
+    def _write_from(self, section: Section, data: np.ndarray) -> None:
+        self._check_writable()
+        if section.is_empty:
+            return
+        keys, rows = self._plan(section)
+        codecs = self.codecs
+        chunk_shape = self.chunks
+        shape = self.shape
+
+        def whole(row: tuple[tuple[int, ...], ...]) -> bool:
+            # the box is the entire chunk, and the chunk lies entirely inside the array
+            c, ls, le = row[0], row[1], row[2]
+            return all(
+                a == 0 and b == k and (x + 1) * k <= n
+                for a, b, k, x, n in zip(ls, le, chunk_shape, c, shape)
+            )
+
+        def work(lo: int, hi: int) -> None:
+            need = [keys[i] for i in range(lo, hi) if not whole(rows[i])]
+            old = dict(zip(need, self.store.get_chunks(need))) if need else {}
+            items = []
+            for i in range(lo, hi):
+                _, ls, le, os_, oe = rows[i]
+                src = data[tuple(map(slice, os_, oe))]
+                if keys[i] not in old:
+                    chunk = src
+                else:
+                    blob = old[keys[i]]
+                    if blob is None:
+                        chunk = np.full(chunk_shape, self.fill_value, dtype=self.dtype)
+                    else:
+                        chunk = codecs.decode(blob)
+                        if not chunk.flags.writeable:
+                            chunk = chunk.copy()
+                    chunk[tuple(map(slice, ls, le))] = src
+                items.append((keys[i], codecs.encode(chunk)))
+            self.store.put_chunks(items)
+
+        _run_groups(len(keys), work)
+
+
+# --------------------------------------------------------------------------- path helpers
+def _posix_store(path: str | os.PathLike[str], create: bool) -> BackendChunkStore:
+    from strataio.storage.posix import PosixBackend
+
+    return BackendChunkStore(PosixBackend(path, create=create))
+
+
+def create_dataset(
+    path: str | os.PathLike[str],
+    shape: Sequence[int] | int,
+    dtype: Any,
+    chunks: Sequence[int] | int | None = None,
+    *,
+    codec: Any = None,
+    fill_value: Any = 0,
+    attrs: dict[str, Any] | None = None,
+    overwrite: bool = False,
+) -> Dataset:
+    """Create a sub-filed array at ``path`` (a Zarr v3 array directory) and open it ``r+``.
+
+    ``codec`` as in :func:`strataio.arrays.codecs.normalize_codecs` (``None``, ``"zstd"``,
+    ``"zstd+crc32c"``, ...). An existing array at ``path`` is an error unless ``overwrite``.
+    """
+    from strataio.errors import ExistsError
+
+    meta = ArrayMetadata.create(shape, dtype, chunks, codec, fill_value, attrs)
+    # Validate the codec pipeline before anything touches the disk.
+    CodecPipeline(meta.codecs, meta.dtype, meta.chunks)
+    store = _posix_store(path, create=True)
+    if store.get_meta() is not None:
+        if not overwrite:
+            raise ExistsError(f"a dataset already exists at {path}; pass overwrite=True")
+        store.delete_chunks(store.list_chunks())
+    store.put_meta(meta.to_json())
+    return Dataset(store, meta, "r+", name=str(path))
+
+
+def open_dataset(path: str | os.PathLike[str], mode: str = "r") -> Dataset:
+    """Open the Zarr v3 array at ``path`` (written by strataio, zarr-python or TensorStore)."""
+    from strataio.errors import NotFoundError
+
+    if mode not in _MODES:
+        raise StrataError(f"mode must be one of {_MODES}, got {mode!r}")
+    if not os.path.isdir(path):
+        raise NotFoundError(f"no dataset at {path}: not a directory")
+    store = _posix_store(path, create=False)
+    raw = store.get_meta()
+    if raw is None:
+        raise NotFoundError(f"no dataset at {path}: zarr.json is missing")
+    meta = ArrayMetadata.from_json(raw, where=os.path.join(str(path), "zarr.json"))
+    return Dataset(store, meta, mode, name=str(path))

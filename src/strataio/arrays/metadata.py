@@ -1,0 +1,213 @@
+"""Zarr v3 array metadata (``zarr.json``): parse, validate and serialize.
+
+Only what strataio writes and reads is accepted: a regular chunk grid, the default chunk key
+encoding (separator ``/`` or ``.``), and the codecs of :mod:`strataio.arrays.codecs`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from strataio.arrays.codecs import CodecSpec, normalize_codecs
+from strataio.errors import MetadataError, StrataError
+
+#: Zarr v3 data type names of the numpy dtypes strataio stores.
+DATA_TYPES = {
+    "bool": "bool",
+    "int8": "int8",
+    "int16": "int16",
+    "int32": "int32",
+    "int64": "int64",
+    "uint8": "uint8",
+    "uint16": "uint16",
+    "uint32": "uint32",
+    "uint64": "uint64",
+    "float16": "float16",
+    "float32": "float32",
+    "float64": "float64",
+    "complex64": "complex64",
+    "complex128": "complex128",
+}
+
+
+def zarr_data_type(dtype: Any) -> str:
+    """The Zarr v3 name of a numpy dtype; raises for dtypes Zarr v3 core does not define."""
+    try:
+        dt = np.dtype(dtype)
+    except TypeError as exc:
+        raise StrataError(f"not a numpy dtype: {dtype!r}") from exc
+    name = dt.newbyteorder("=").name if dt.itemsize > 1 else dt.name
+    if name not in DATA_TYPES:
+        raise StrataError(
+            f"dtype {dt} is not supported: use bool, (u)int8–64, float16–64 or complex64/128"
+        )
+    return DATA_TYPES[name]
+
+
+def _fill_to_json(value: Any, dtype: np.dtype) -> Any:
+    v = np.asarray(value, dtype=dtype).item()
+    if dtype.kind == "b":
+        return bool(v)
+    if dtype.kind in "iu":
+        return int(v)
+    if dtype.kind == "f":
+        return _float_to_json(float(v))
+    if dtype.kind == "c":
+        return [_float_to_json(v.real), _float_to_json(v.imag)]
+    raise MetadataError(f"no fill value encoding for {dtype}")
+
+
+def _float_to_json(f: float) -> Any:
+    if math.isnan(f):
+        return "NaN"
+    if math.isinf(f):
+        return "Infinity" if f > 0 else "-Infinity"
+    return f
+
+
+def _fill_from_json(value: Any, dtype: np.dtype) -> Any:
+    special = {"NaN": float("nan"), "Infinity": float("inf"), "-Infinity": float("-inf")}
+    if dtype.kind == "c" and isinstance(value, list):
+        re, im = (special.get(x, x) if isinstance(x, str) else x for x in value)
+        return np.asarray(complex(re, im), dtype=dtype)[()]
+    if isinstance(value, str):
+        if value in special:
+            value = special[value]
+        elif value.startswith("0x"):
+            return np.frombuffer(
+                int(value, 16).to_bytes(dtype.itemsize, "big"), dtype.newbyteorder(">")
+            )[0]
+    return np.asarray(value, dtype=dtype)[()]
+
+
+@dataclass(slots=True)
+class ArrayMetadata:
+    """What ``zarr.json`` says about an array, in numpy terms."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    chunks: tuple[int, ...]
+    codecs: list[CodecSpec]
+    fill_value: Any = 0
+    attrs: dict[str, Any] = field(default_factory=dict)
+    separator: str = "/"
+    dimension_names: list[str | None] | None = None
+
+    @classmethod
+    def create(
+        cls,
+        shape: Any,
+        dtype: Any,
+        chunks: Any,
+        codec: Any = None,
+        fill_value: Any = 0,
+        attrs: dict[str, Any] | None = None,
+    ) -> ArrayMetadata:
+        """Validated metadata for a new array (errors raised here write nothing)."""
+        shape_t = _int_tuple(shape, "shape", allow_zero=True)
+        if chunks is None:
+            chunks = shape_t
+        chunks_t = _int_tuple(chunks, "chunks", allow_zero=False)
+        if len(chunks_t) != len(shape_t):
+            raise StrataError(
+                f"chunks {chunks_t} have {len(chunks_t)} dimensions but shape {shape_t} "
+                f"has {len(shape_t)}"
+            )
+        dt = np.dtype(dtype)
+        zarr_data_type(dt)
+        codecs = normalize_codecs(codec, dt)
+        try:
+            fill = np.asarray(fill_value if fill_value is not None else 0, dtype=dt)[()]
+        except (TypeError, ValueError) as exc:
+            raise StrataError(f"fill_value {fill_value!r} does not fit dtype {dt}: {exc}") from None
+        if attrs is not None and not isinstance(attrs, dict):
+            raise StrataError("attrs must be a dict of JSON-serializable values")
+        try:
+            json.dumps(attrs or {})
+        except TypeError as exc:
+            raise StrataError(f"attrs are not JSON-serializable: {exc}") from None
+        return cls(shape_t, dt.newbyteorder("="), chunks_t, codecs, fill, dict(attrs or {}))
+
+    # ----------------------------------------------------------------- zarr.json
+    def to_json(self) -> bytes:
+        doc: dict[str, Any] = {
+            "zarr_format": 3,
+            "node_type": "array",
+            "shape": list(self.shape),
+            "data_type": zarr_data_type(self.dtype),
+            "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": list(self.chunks)}},
+            "chunk_key_encoding": {
+                "name": "default",
+                "configuration": {"separator": self.separator},
+            },
+            "fill_value": _fill_to_json(self.fill_value, self.dtype),
+            "codecs": self.codecs,
+            "attributes": self.attrs,
+            "storage_transformers": [],
+        }
+        if self.dimension_names is not None:
+            doc["dimension_names"] = self.dimension_names
+        return json.dumps(doc, indent=2).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes | str, where: str = "zarr.json") -> ArrayMetadata:
+        try:
+            doc = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise MetadataError(f"{where} is not valid JSON: {exc}") from None
+        if not isinstance(doc, dict) or doc.get("zarr_format") != 3:
+            raise MetadataError(f"{where} is not Zarr v3 metadata (zarr_format != 3)")
+        if doc.get("node_type") != "array":
+            raise MetadataError(f"{where} describes a {doc.get('node_type')!r}, not an array")
+        try:
+            grid = doc["chunk_grid"]
+            if grid.get("name") != "regular":
+                raise MetadataError(f"{where}: chunk grid {grid.get('name')!r} is not supported")
+            enc = doc.get("chunk_key_encoding", {"name": "default"})
+            if enc.get("name") != "default":
+                raise MetadataError(
+                    f"{where}: chunk key encoding {enc.get('name')!r} is not supported"
+                )
+            sep = (enc.get("configuration") or {}).get("separator", "/")
+            name = doc["data_type"]
+            if name not in DATA_TYPES.values():
+                raise MetadataError(f"{where}: data type {name!r} is not supported")
+            dt = np.dtype(name)
+            if doc.get("storage_transformers"):
+                raise MetadataError(f"{where}: storage transformers are not supported")
+            return cls(
+                shape=tuple(int(n) for n in doc["shape"]),
+                dtype=dt,
+                chunks=tuple(int(n) for n in grid["configuration"]["chunk_shape"]),
+                codecs=list(doc["codecs"]),
+                fill_value=_fill_from_json(doc.get("fill_value", 0), dt),
+                attrs=dict(doc.get("attributes") or {}),
+                separator=sep,
+                dimension_names=doc.get("dimension_names"),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise MetadataError(f"{where} is malformed: {exc!r}") from None
+
+    def chunk_key(self, coords: Any) -> str:
+        """The Zarr v3 default-encoded key of a chunk (``c/1/2``; ``c`` for 0-d arrays)."""
+        return "c" + "".join(f"{self.separator}{int(c)}" for c in coords)
+
+
+def _int_tuple(value: Any, what: str, allow_zero: bool) -> tuple[int, ...]:
+    if isinstance(value, int | np.integer):
+        value = (value,)
+    try:
+        out = tuple(int(v) for v in value)
+        if any(int(v) != v for v in value):
+            raise ValueError
+    except (TypeError, ValueError):
+        raise StrataError(f"{what} must be a sequence of integers, got {value!r}") from None
+    lo = 0 if allow_zero else 1
+    if any(v < lo for v in out):
+        raise StrataError(f"{what} {out} must be {'non-negative' if allow_zero else 'positive'}")
+    return out

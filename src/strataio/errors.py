@@ -1,0 +1,77 @@
+"""The exception hierarchy: every error strataio raises derives from :class:`StrataError`."""
+
+from __future__ import annotations
+
+
+class StrataError(Exception):
+    """Base class of all strataio errors."""
+
+
+class SelectionError(StrataError, IndexError):
+    """A selection is out of bounds, stepped, or otherwise not a rectilinear box."""
+
+
+class ShapeMismatchError(StrataError, ValueError):
+    """Data does not match the shape of the selection it is written to or read into."""
+
+
+class DtypeMismatchError(StrataError, TypeError):
+    """Data's dtype cannot be stored in (or read into) the target dtype without loss."""
+
+
+class CodecError(StrataError, ValueError):
+    """An unknown or misconfigured codec, or a chunk its codecs cannot decode."""
+
+
+class ChecksumError(CodecError):
+    """A stored chunk fails its checksum: the bytes on storage are corrupt."""
+
+
+class ReadOnlyError(StrataError, PermissionError):
+    """A write was attempted through a handle opened read-only."""
+
+
+class InvalidKeyError(StrataError, ValueError):
+    """A storage key would escape its backend's namespace or is malformed."""
+
+
+class NotFoundError(StrataError, FileNotFoundError):
+    """A dataset, object or tier that was asked for does not exist."""
+
+
+class ExistsError(StrataError, FileExistsError):
+    """Something to be created already exists."""
+
+
+class MetadataError(StrataError, ValueError):
+    """Stored metadata (zarr.json, catalog rows) is missing, malformed or unsupported."""
+
+
+class ClosedError(StrataError, ValueError):
+    """An operation on a handle that has been closed."""
+
+
+class BackendError(StrataError, OSError):
+    """A storage backend failed (I/O error, connection refused, timeout)."""
+
+
+class TierDownError(BackendError):
+    """A tier is marked down and was not used."""
+
+
+class ConfigError(StrataError, ValueError):
+    """A configuration file is missing, unreadable or has a bad value (the message names the
+    file and the key)."""
+
+
+class DatatypeError(StrataError, TypeError):
+    """An MPI datatype cannot be flattened (null, unknown combiner, inconsistent type map)."""
+
+
+class HintError(StrataError, ValueError):
+    """An I/O hint has a value that cannot be used (the message names the hint)."""
+
+
+class ViewError(StrataError, ValueError):
+    """A file view or a transfer does not fit MPI-IO's rules (negative displacement, filetype
+    not a whole number of etypes, buffer not a whole number of etypes, ranks disagreeing)."""

@@ -1,0 +1,133 @@
+"""The Backend contract: a namespace of byte objects addressed by key.
+
+Every tier and every engine reaches storage through this small interface, and asks a backend
+its :class:`Capabilities` rather than its type. Keys are ``/``-separated relative names
+(``"array/c/0/3"``); :func:`validate_key` refuses anything that could escape the namespace.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from strataio.errors import InvalidKeyError
+from strataio.layout.extents import Extents
+
+BytesLike = bytes | bytearray | memoryview
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What a backend can do, and roughly how it costs.
+
+    ``partial_write``: :meth:`Backend.write` updates bytes in place without rewriting the
+    object. ``append``: objects can grow by partial writes past their end.
+    ``preferred_io_size``: bytes per request below which requests should be merged.
+    ``latency``: seconds of fixed cost per request (0 for local files).
+    """
+
+    partial_write: bool = True
+    append: bool = True
+    preferred_io_size: int = 1 << 20
+    latency: float = 0.0
+
+
+def validate_key(key: str) -> str:
+    """Return ``key`` if it is a safe relative object name, else raise :class:`InvalidKeyError`."""
+    if not isinstance(key, str):
+        raise InvalidKeyError(f"storage key must be a str, not {type(key).__name__}")
+    if not key:
+        raise InvalidKeyError("storage key is empty")
+    if "\x00" in key:
+        raise InvalidKeyError(f"storage key {key!r} contains a NUL byte")
+    if key.startswith("/") or "\\" in key or (len(key) > 1 and key[1] == ":"):
+        raise InvalidKeyError(f"storage key {key!r} is absolute; keys are relative names")
+    for part in key.split("/"):
+        if part in ("", ".", ".."):
+            raise InvalidKeyError(
+                f"storage key {key!r} has an empty, '.' or '..' component; "
+                "keys cannot leave the backend's root"
+            )
+    return key
+
+
+class Backend(abc.ABC):
+    """A namespace of byte objects. Subclasses implement the abstract methods.
+
+    ``read`` returns the bytes of ``extents`` concatenated in the order given; ``write`` puts
+    ``data`` (packed in the same order) at those positions, creating the object if needed.
+    ``get``/``put`` move whole objects; ``put`` replaces atomically: a reader or a crash sees
+    the whole old object or the whole new one, never a mixture.
+    """
+
+    capabilities: Capabilities = Capabilities()
+
+    #: a short human label, e.g. ``posix:/scratch/run1``
+    url: str = ""
+
+    @abc.abstractmethod
+    def read(self, key: str, extents: Extents) -> BytesLike: ...
+
+    @abc.abstractmethod
+    def write(self, key: str, extents: Extents, data: BytesLike) -> None: ...
+
+    @abc.abstractmethod
+    def get(self, key: str) -> BytesLike: ...
+
+    @abc.abstractmethod
+    def put(self, key: str, data: BytesLike, *, durable: bool = False) -> None:
+        """Replace the whole object atomically; with ``durable`` it is on stable storage
+        (fsync / completed PUT) when this returns."""
+
+    @abc.abstractmethod
+    def size(self, key: str) -> int: ...
+
+    @abc.abstractmethod
+    def exists(self, key: str) -> bool: ...
+
+    @abc.abstractmethod
+    def delete(self, key: str) -> None:
+        """Remove the object; a missing object is not an error."""
+
+    @abc.abstractmethod
+    def list(self, prefix: str = "") -> Iterator[str]:
+        """Keys under ``prefix`` (a key prefix ending at a ``/`` boundary, or ``""``)."""
+
+    def sync(self, keys: Iterable[str] | None = None) -> None:  # noqa: B027 - optional hook
+        """Make earlier writes to ``keys`` (all, when None) durable."""
+
+    def readinto_range(
+        self, key: str, offset: int, out: memoryview, *, nowait: bool = False
+    ) -> int:
+        """Read ``len(out)`` bytes from ``offset`` of ``key`` into ``out``; return the object's
+        size. Bytes past the end read as zeros.
+
+        With ``nowait``, raise :class:`BlockingIOError` instead of waiting on slow storage
+        (a POSIX file not in the page cache, any request with latency), so a caller can serve
+        cached data on its own thread and hand the rest to I/O threads.
+        """
+        if nowait and self.capabilities.latency > 0:
+            raise BlockingIOError(key)
+        data = memoryview(self.read(key, Extents.single(offset, len(out)))).cast("B")
+        out[: len(data)] = data
+        return self.size(key)
+
+    def get_many(self, keys: Iterable[str]) -> list[BytesLike | None]:
+        """Whole objects for ``keys``, None where missing. Backends may overlap the requests."""
+        out: list[BytesLike | None] = []
+        for k in keys:
+            try:
+                out.append(self.get(k))
+            except FileNotFoundError:
+                out.append(None)
+        return out
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release connections and descriptors; the backend is unusable afterwards."""
+
+    def __enter__(self) -> Backend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
