@@ -16,5 +16,3 @@ def main() -> None:
 @main.group()
 def bench() -> None:
     """Benchmarks, each against its baseline in the same run."""
-
-
