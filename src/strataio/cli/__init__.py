@@ -16,3 +16,7 @@ def main() -> None:
 @main.group()
 def bench() -> None:
     """Benchmarks, each against its baseline in the same run."""
+
+
+# Command modules (each registers on `main` or `bench` when imported).
+from strataio.cli import catalog_cmd  # noqa: E402, F401

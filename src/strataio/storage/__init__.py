@@ -3,5 +3,19 @@
 from strataio.storage.base import Backend, Capabilities, validate_key
 from strataio.storage.memory import MemoryBackend
 from strataio.storage.posix import PosixBackend
+from strataio.storage.s3 import S3Backend, create_bucket
+from strataio.storage.shaped import PRESETS, CostModel, OpCost, Shaped
 
-__all__ = ["Backend", "Capabilities", "MemoryBackend", "PosixBackend", "validate_key"]
+__all__ = [
+    "PRESETS",
+    "Backend",
+    "Capabilities",
+    "CostModel",
+    "MemoryBackend",
+    "OpCost",
+    "PosixBackend",
+    "S3Backend",
+    "Shaped",
+    "create_bucket",
+    "validate_key",
+]

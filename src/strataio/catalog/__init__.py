@@ -1,0 +1,33 @@
+"""The metadata catalog: tiers, datasets, chunk residency and the performance database."""
+
+from strataio.catalog.base import (
+    COPY_STATES,
+    DATASET_STATES,
+    TIER_ROLES,
+    TIER_STATES,
+    Catalog,
+    ChunkCopy,
+    CopyId,
+    DatasetRecord,
+    PerfRow,
+    TierRecord,
+    TierUsage,
+    codec_json,
+    open_catalog,
+)
+
+__all__ = [
+    "COPY_STATES",
+    "DATASET_STATES",
+    "TIER_ROLES",
+    "TIER_STATES",
+    "Catalog",
+    "ChunkCopy",
+    "CopyId",
+    "DatasetRecord",
+    "PerfRow",
+    "TierRecord",
+    "TierUsage",
+    "codec_json",
+    "open_catalog",
+]

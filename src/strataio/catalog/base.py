@@ -1,0 +1,285 @@
+"""The Catalog contract: datasets, chunk residency, tiers and the performance database.
+
+The catalog is the metadata store of the storage hierarchy (APRIL's meta-data database, the
+multi-storage architecture's MDMS). It records which tiers exist, which datasets exist, and for
+every chunk which tiers hold a copy of it. It is touched at open and close, never per chunk on a
+hot path: :meth:`Catalog.residency` returns a whole dataset's residency in one query, and
+:meth:`Catalog.commit` applies any number of residency changes in one transaction.
+
+Value types are frozen, slotted dataclasses. Times are POSIX seconds (``time.time()``); sizes
+are bytes.
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from strataio.errors import MetadataError
+
+#: tier roles, fastest first (the location hints of the multi-storage architecture)
+TIER_ROLES = ("memory", "localdisk", "remotedisk", "remotetape")
+#: tier health states
+TIER_STATES = ("up", "down")
+#: dataset states; a ``disabled`` dataset is catalogued but not stored anywhere new
+DATASET_STATES = ("active", "disabled")
+#: chunk-copy states: ``valid`` (durable, checksum verified), ``dirty`` (newer than the other
+#: copies, not yet written back), ``in-transit`` (being copied; not yet readable)
+COPY_STATES = ("valid", "dirty", "in-transit")
+
+
+def _check(value: str, allowed: tuple[str, ...], what: str) -> None:
+    if value not in allowed:
+        raise MetadataError(f"{what} {value!r} is not one of {', '.join(allowed)}")
+
+
+@dataclass(frozen=True, slots=True)
+class TierRecord:
+    """One storage tier. ``order`` ranks tiers fastest first (0 is the fastest).
+
+    ``url`` locates the tier's storage (``posix:/path``, ``s3://bucket``, ``memory:``);
+    ``capacity_bytes`` is ``None`` for unbounded.
+    """
+
+    name: str
+    url: str
+    role: str
+    capacity_bytes: int | None
+    order: int
+    state: str = "up"
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise MetadataError("tier name is empty")
+        _check(self.role, TIER_ROLES, f"tier {self.name!r}: role")
+        _check(self.state, TIER_STATES, f"tier {self.name!r}: state")
+        if self.capacity_bytes is not None and self.capacity_bytes < 0:
+            raise MetadataError(f"tier {self.name!r}: negative capacity {self.capacity_bytes}")
+
+
+@dataclass(frozen=True, slots=True)
+class DatasetRecord:
+    """One dataset. ``codec`` is the JSON text of the codec list, ``attrs`` the JSON text of the
+    user attributes; ``hint`` is a placement hint (``LOCALDISK``, ``REMOTEDISK``,
+    ``REMOTETAPE``, ``AUTO``, ``DISABLE``)."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    chunks: tuple[int, ...]
+    codec: str = "[]"
+    hint: str = "AUTO"
+    attrs: str = "{}"
+    state: str = "active"
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise MetadataError("dataset name is empty")
+        # Accept lists (as decoded from JSON) but store tuples so records compare and hash.
+        object.__setattr__(self, "shape", tuple(int(n) for n in self.shape))
+        object.__setattr__(self, "chunks", tuple(int(n) for n in self.chunks))
+        if len(self.shape) != len(self.chunks):
+            raise MetadataError(
+                f"dataset {self.name!r}: shape {self.shape} and chunks {self.chunks} differ in rank"
+            )
+        _check(self.state, DATASET_STATES, f"dataset {self.name!r}: state")
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkCopy:
+    """One copy of one chunk (``key``, e.g. ``"c/0/3"``) of ``dataset`` on ``tier``.
+
+    ``nbytes`` is the stored (encoded) size; ``checksum`` a hex digest of the stored bytes
+    (empty if unknown); ``last_access`` POSIX seconds, for LRU eviction.
+    """
+
+    dataset: str
+    key: str
+    tier: str
+    nbytes: int
+    checksum: str = ""
+    state: str = "valid"
+    last_access: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class PerfRow:
+    """One measurement of the performance database: ``op`` (``"read"``, ``"write"``, ...) of
+    ``nbytes`` bytes on ``tier`` took ``seconds`` with ``concurrency`` simultaneous requests,
+    measured at ``when`` (POSIX seconds)."""
+
+    tier: str
+    op: str
+    nbytes: int
+    seconds: float
+    concurrency: int = 1
+    when: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class TierUsage:
+    """What one dataset holds on one tier: ``copies`` chunk copies totalling ``nbytes``."""
+
+    dataset: str
+    tier: str
+    copies: int
+    nbytes: int
+
+
+CopyId = tuple[str, str, str]  # (dataset, key, tier)
+
+
+class Catalog(abc.ABC):
+    """The metadata store. Implementations: SQLite (embedded) and PostgreSQL.
+
+    Methods are safe to call from several threads of one process (the mover commits from its
+    worker threads). Several processes may open the same catalog; each commit is atomic.
+    """
+
+    #: the schema version this catalog's database is at (after migrations)
+    schema_version: int
+
+    #: the URL the catalog was opened with
+    url: str = ""
+
+    # -- tiers --------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def register_tiers(self, tiers: Sequence[TierRecord]) -> None:
+        """Insert or update (by name) each tier, in one transaction."""
+
+    @abc.abstractmethod
+    def tiers(self) -> list[TierRecord]:
+        """All tiers, by ``order`` (fastest first)."""
+
+    @abc.abstractmethod
+    def set_tier_state(self, name: str, state: str) -> None:
+        """Mark a tier ``"up"`` or ``"down"``; :class:`NotFoundError` if unknown."""
+
+    # -- datasets -----------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def create_dataset(self, record: DatasetRecord) -> None:
+        """Add a dataset; :class:`ExistsError` if one of that name exists."""
+
+    @abc.abstractmethod
+    def update_dataset(self, record: DatasetRecord) -> None:
+        """Replace the dataset row of ``record.name`` (hint, state, attrs...); its residency is
+        kept. :class:`NotFoundError` if it does not exist."""
+
+    @abc.abstractmethod
+    def get_dataset(self, name: str) -> DatasetRecord:
+        """The dataset of that name; :class:`NotFoundError` if none."""
+
+    @abc.abstractmethod
+    def list_datasets(self) -> list[DatasetRecord]:
+        """All datasets, by name."""
+
+    @abc.abstractmethod
+    def delete_dataset(self, name: str) -> None:
+        """Remove a dataset and all its residency rows, in one transaction;
+        :class:`NotFoundError` if it does not exist. Stored bytes are not touched."""
+
+    # -- residency ----------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def residency(self, dataset: str) -> list[ChunkCopy]:
+        """Every chunk copy of ``dataset`` (one query), ordered by key then tier order."""
+
+    @abc.abstractmethod
+    def all_residency(self) -> list[ChunkCopy]:
+        """Every chunk copy of every dataset (one query)."""
+
+    @abc.abstractmethod
+    def commit(self, upserts: Iterable[ChunkCopy] = (), deletes: Iterable[CopyId] = ()) -> None:
+        """Apply residency changes atomically, in ONE transaction: insert or replace each
+        copy in ``upserts`` (keyed by dataset, key, tier), then remove each
+        ``(dataset, key, tier)`` in ``deletes`` (missing rows are fine). Copies naming an
+        unknown dataset or tier raise :class:`MetadataError` and nothing is applied."""
+
+    @abc.abstractmethod
+    def touch(self, dataset: str, keys: Iterable[str], when: float) -> None:
+        """Set ``last_access = when`` on every copy of the given chunks (one statement batch)."""
+
+    def usage(self) -> list[TierUsage]:
+        """Stored bytes and copy counts per (dataset, tier), by dataset then tier order.
+
+        Implementations aggregate in the database; this default sums :meth:`all_residency`.
+        """
+        order = {t.name: t.order for t in self.tiers()}
+        acc: dict[tuple[str, str], list[int]] = {}
+        for c in self.all_residency():
+            slot = acc.setdefault((c.dataset, c.tier), [0, 0])
+            slot[0] += 1
+            slot[1] += c.nbytes
+        keys = sorted(acc, key=lambda k: (k[0], order.get(k[1], 1 << 30), k[1]))
+        return [TierUsage(d, t, acc[d, t][0], acc[d, t][1]) for d, t in keys]
+
+    # -- performance database -----------------------------------------------------------
+
+    @abc.abstractmethod
+    def record_perf(self, rows: Iterable[PerfRow]) -> None:
+        """Append measurements, in one transaction."""
+
+    @abc.abstractmethod
+    def perf_rows(self, tier: str | None = None) -> list[PerfRow]:
+        """Measurements (of one tier, or all), oldest first."""
+
+    # -- lifetime -----------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release the connection; further calls raise :class:`ClosedError`. Idempotent."""
+
+    def __enter__(self) -> Catalog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def codec_json(codecs: Any) -> str:
+    """The canonical JSON text of a codec list, as stored in :attr:`DatasetRecord.codec`."""
+    return json.dumps(codecs, sort_keys=True, separators=(",", ":"))
+
+
+def redact_url(url: str) -> str:
+    """``url`` with any password replaced by ``***``, for messages and listings."""
+    parts = urlsplit(url)
+    if not parts.password:
+        return url
+    host = parts.netloc.rsplit("@", 1)[1]
+    user = parts.username or ""
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+
+
+def open_catalog(url: str | os.PathLike[str]) -> Catalog:
+    """Open (creating and migrating as needed) the catalog at ``url``.
+
+    A filesystem path or ``sqlite:///abs/path`` (file-URL form) opens an SQLite catalog (WAL
+    mode; the parent directory is created); ``postgresql://...`` or ``postgres://...`` opens a PostgreSQL
+    catalog through psycopg 3.
+    """
+    text = os.fspath(url)
+    if text.startswith(("postgresql://", "postgres://")):
+        from strataio.catalog.postgres import PostgresCatalog
+
+        return PostgresCatalog(text)
+    if text.startswith("sqlite://"):
+        # Like file URLs: sqlite:///abs/cat.db is /abs/cat.db; sqlite://rel/cat.db is relative.
+        text = text[len("sqlite://") :]
+    elif "://" in text:
+        raise MetadataError(
+            f"catalog URL {text!r}: unsupported scheme (use a path, sqlite:///path or "
+            "postgresql://...)"
+        )
+    if not text:
+        raise MetadataError("catalog URL names no database file")
+    from strataio.catalog.sqlite import SQLiteCatalog
+
+    return SQLiteCatalog(text)

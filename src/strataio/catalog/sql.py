@@ -1,0 +1,436 @@
+"""The catalog over SQL: one implementation, with dialect hooks for SQLite and PostgreSQL.
+
+All SQL is written once, with ``?`` placeholders and ``{bigint}`` / ``{real}`` / ``{serial_pk}``
+type slots that a dialect fills in. A dialect supplies the connection, the transaction, the
+table-existence probe and, where it has a faster way than ``executemany``, the bulk statements
+(PostgreSQL uses COPY and ``unnest`` arrays).
+
+Every public method takes the connection lock, so the mover's worker threads can share one
+catalog; every write is one transaction.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import json
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+from strataio.catalog.base import (
+    COPY_STATES,
+    TIER_STATES,
+    Catalog,
+    ChunkCopy,
+    CopyId,
+    DatasetRecord,
+    PerfRow,
+    TierRecord,
+    TierUsage,
+)
+from strataio.errors import (
+    BackendError,
+    ClosedError,
+    ExistsError,
+    MetadataError,
+    NotFoundError,
+)
+
+Cursor = Any  # a DB-API cursor of the dialect's driver
+
+# -- schema and migrations ----------------------------------------------------------------
+#
+# MIGRATIONS[i] upgrades a database from version i to version i + 1; a new database runs them
+# all, so the upgrade path of every released version is exercised by every fresh catalog.
+# Never edit a released step: append a new one.
+
+_V1 = [
+    "CREATE TABLE schema_version (version INTEGER NOT NULL)",
+    "INSERT INTO schema_version (version) VALUES (0)",
+    """CREATE TABLE tiers (
+        name TEXT PRIMARY KEY,
+        url TEXT NOT NULL,
+        role TEXT NOT NULL,
+        capacity_bytes {bigint},
+        ord INTEGER NOT NULL)""",
+    """CREATE TABLE datasets (
+        name TEXT PRIMARY KEY,
+        shape TEXT NOT NULL,
+        dtype TEXT NOT NULL,
+        chunks TEXT NOT NULL,
+        codec TEXT NOT NULL,
+        hint TEXT NOT NULL,
+        attrs TEXT NOT NULL,
+        state TEXT NOT NULL)""",
+    """CREATE TABLE residency (
+        dataset TEXT NOT NULL REFERENCES datasets (name) ON DELETE CASCADE,
+        key TEXT NOT NULL,
+        tier TEXT NOT NULL REFERENCES tiers (name),
+        nbytes {bigint} NOT NULL,
+        checksum TEXT NOT NULL,
+        dirty INTEGER NOT NULL DEFAULT 0,
+        PRIMARY KEY (dataset, key, tier))""",
+]
+
+# Version 2: tier health, a copy state in place of the dirty flag (copies can be in transit),
+# last access times for LRU eviction, and the performance database.
+_V2 = [
+    "ALTER TABLE tiers ADD COLUMN state TEXT NOT NULL DEFAULT 'up'",
+    "ALTER TABLE residency ADD COLUMN state TEXT NOT NULL DEFAULT 'valid'",
+    "ALTER TABLE residency ADD COLUMN last_access {real} NOT NULL DEFAULT 0",
+    "UPDATE residency SET state = 'dirty' WHERE dirty <> 0",
+    "ALTER TABLE residency DROP COLUMN dirty",
+    "CREATE INDEX residency_lru ON residency (tier, last_access)",
+    """CREATE TABLE perf (
+        id {serial_pk},
+        tier TEXT NOT NULL,
+        op TEXT NOT NULL,
+        nbytes {bigint} NOT NULL,
+        seconds {real} NOT NULL,
+        concurrency INTEGER NOT NULL,
+        measured_at {real} NOT NULL)""",
+    "CREATE INDEX perf_tier ON perf (tier, measured_at)",
+]
+
+MIGRATIONS: list[list[str]] = [_V1, _V2]
+#: the schema version this code writes
+SCHEMA_VERSION = len(MIGRATIONS)
+
+_COPY_COLS = "dataset, key, tier, nbytes, checksum, state, last_access"
+_UPSERT = (
+    f"INSERT INTO residency ({_COPY_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?) "
+    "ON CONFLICT (dataset, key, tier) DO UPDATE SET nbytes = excluded.nbytes, "
+    "checksum = excluded.checksum, state = excluded.state, last_access = excluded.last_access"
+)
+_SELECT_COPIES = (
+    "SELECT r.dataset, r.key, r.tier, r.nbytes, r.checksum, r.state, r.last_access "
+    "FROM residency r JOIN tiers t ON t.name = r.tier"
+)
+_DATASET_COLS = "name, shape, dtype, chunks, codec, hint, attrs, state"
+
+
+def _dataset_row(r: DatasetRecord) -> tuple:
+    return (
+        r.name,
+        json.dumps(list(r.shape)),
+        r.dtype,
+        json.dumps(list(r.chunks)),
+        r.codec,
+        r.hint,
+        r.attrs,
+        r.state,
+    )
+
+
+def _dataset_record(row: Sequence[Any]) -> DatasetRecord:
+    name, shape, dtype, chunks, codec, hint, attrs, state = row
+    return DatasetRecord(
+        name, tuple(json.loads(shape)), dtype, tuple(json.loads(chunks)), codec, hint, attrs, state
+    )
+
+
+class SQLCatalog(Catalog):
+    """A :class:`Catalog` over a DB-API connection; subclasses supply the dialect."""
+
+    #: filled into the ``{...}`` slots of statements: column types, and ``{c}``, the collation
+    #: that orders text by code point (as Python's ``sorted`` does) on every database
+    TYPES: dict[str, str] = {}
+    #: driver exceptions meaning a constraint failed / the database failed
+    INTEGRITY_ERRORS: tuple[type[BaseException], ...] = ()
+    DATABASE_ERRORS: tuple[type[BaseException], ...] = ()
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._lock = threading.RLock()
+        self._closed = False
+        self.schema_version = 0
+        self._sql_cache: dict[str, str] = {}
+        self._conn = self._connect()
+        try:
+            self._migrate()
+        except BaseException:
+            self._disconnect()
+            raise
+
+    # -- dialect hooks -------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def _connect(self) -> Any:
+        """Open the connection (in autocommit mode: transactions are explicit)."""
+
+    @abc.abstractmethod
+    def _disconnect(self) -> None: ...
+
+    @abc.abstractmethod
+    def _begin(self) -> contextlib.AbstractContextManager[Cursor]:
+        """A write transaction: commits on normal exit, rolls back on an exception."""
+
+    def _sql(self, statement: str) -> str:
+        """``statement`` with the dialect's slots filled, in the driver's placeholder style."""
+        out = self._sql_cache.get(statement)
+        if out is None:
+            out = self._sql_cache[statement] = self._placeholders(statement.format(**self.TYPES))
+        return out
+
+    def _placeholders(self, statement: str) -> str:
+        return statement
+
+    @abc.abstractmethod
+    def _has_table(self, cur: Cursor, name: str) -> bool: ...
+
+    def _lock_schema(self, cur: Cursor) -> None:
+        """Serialize migrations across processes (inside the migration transaction)."""
+
+    def _executemany(self, cur: Cursor, statement: str, rows: Sequence[tuple]) -> None:
+        if rows:
+            cur.executemany(self._sql(statement), rows)
+
+    def _bulk_upsert(self, cur: Cursor, rows: Sequence[tuple]) -> None:
+        self._executemany(cur, _UPSERT, rows)
+
+    def _bulk_delete(self, cur: Cursor, ids: Sequence[CopyId]) -> None:
+        self._executemany(
+            cur, "DELETE FROM residency WHERE dataset = ? AND key = ? AND tier = ?", ids
+        )
+
+    def _bulk_touch(self, cur: Cursor, dataset: str, keys: Sequence[str], when: float) -> None:
+        self._executemany(
+            cur,
+            "UPDATE residency SET last_access = ? WHERE dataset = ? AND key = ?",
+            [(when, dataset, k) for k in keys],
+        )
+
+    def _bulk_perf(self, cur: Cursor, rows: Sequence[tuple]) -> None:
+        self._executemany(
+            cur,
+            "INSERT INTO perf (tier, op, nbytes, seconds, concurrency, measured_at) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            rows,
+        )
+
+    # -- plumbing ------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _write(self) -> Iterator[Cursor]:
+        with self._lock:
+            self._check_open()
+            try:
+                with self._begin() as cur:
+                    yield cur
+            except self.INTEGRITY_ERRORS as exc:
+                raise MetadataError(f"catalog {self._label()}: constraint failed: {exc}") from exc
+            except self.DATABASE_ERRORS as exc:
+                raise BackendError(f"catalog {self._label()}: {exc}") from exc
+
+    def _query(self, statement: str, params: Sequence[Any] = ()) -> list[tuple]:
+        with self._lock:
+            self._check_open()
+            try:
+                cur = self._conn.cursor()
+                try:
+                    cur.execute(self._sql(statement), params)
+                    return cur.fetchall()
+                finally:
+                    cur.close()
+            except self.DATABASE_ERRORS as exc:
+                raise BackendError(f"catalog {self._label()}: {exc}") from exc
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError(f"catalog {self._label()} is closed")
+
+    def _label(self) -> str:
+        return self.url
+
+    def _migrate(self) -> None:
+        with self._write() as cur:
+            self._lock_schema(cur)
+            version = 0
+            if self._has_table(cur, "schema_version"):
+                cur.execute("SELECT version FROM schema_version")
+                row = cur.fetchone()
+                version = int(row[0]) if row else 0
+            if version > SCHEMA_VERSION:
+                raise MetadataError(
+                    f"catalog {self._label()} has schema version {version}, newer than the "
+                    f"{SCHEMA_VERSION} this strataio supports; upgrade strataio"
+                )
+            for step in MIGRATIONS[version:]:
+                for statement in step:
+                    cur.execute(self._sql(statement))
+            if version < SCHEMA_VERSION:
+                cur.execute(self._sql("UPDATE schema_version SET version = ?"), (SCHEMA_VERSION,))
+        self.schema_version = SCHEMA_VERSION
+
+    # -- tiers ---------------------------------------------------------------------------
+
+    def register_tiers(self, tiers: Sequence[TierRecord]) -> None:
+        rows = [(t.name, t.url, t.role, t.capacity_bytes, t.order, t.state) for t in tiers]
+        with self._write() as cur:
+            self._executemany(
+                cur,
+                "INSERT INTO tiers (name, url, role, capacity_bytes, ord, state) "
+                "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (name) DO UPDATE SET url = excluded.url, "
+                "role = excluded.role, capacity_bytes = excluded.capacity_bytes, "
+                "ord = excluded.ord, state = excluded.state",
+                rows,
+            )
+
+    def tiers(self) -> list[TierRecord]:
+        rows = self._query(
+            "SELECT name, url, role, capacity_bytes, ord, state FROM tiers ORDER BY ord, name{c}"
+        )
+        return [TierRecord(*r) for r in rows]
+
+    def set_tier_state(self, name: str, state: str) -> None:
+        if state not in TIER_STATES:
+            raise MetadataError(f"tier state {state!r} is not one of {', '.join(TIER_STATES)}")
+        with self._write() as cur:
+            cur.execute(self._sql("UPDATE tiers SET state = ? WHERE name = ?"), (state, name))
+            if cur.rowcount == 0:
+                raise NotFoundError(f"no tier {name!r} in catalog {self._label()}")
+
+    # -- datasets ------------------------------------------------------------------------
+
+    def create_dataset(self, record: DatasetRecord) -> None:
+        with self._write() as cur:
+            cur.execute(
+                self._sql(
+                    f"INSERT INTO datasets ({_DATASET_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
+                    "ON CONFLICT (name) DO NOTHING"
+                ),
+                _dataset_row(record),
+            )
+            if cur.rowcount == 0:
+                raise ExistsError(
+                    f"dataset {record.name!r} already exists in catalog {self._label()}"
+                )
+
+    def update_dataset(self, record: DatasetRecord) -> None:
+        row = _dataset_row(record)
+        with self._write() as cur:
+            cur.execute(
+                self._sql(
+                    "UPDATE datasets SET shape = ?, dtype = ?, chunks = ?, codec = ?, hint = ?, "
+                    "attrs = ?, state = ? WHERE name = ?"
+                ),
+                (*row[1:], row[0]),
+            )
+            if cur.rowcount == 0:
+                raise NotFoundError(f"no dataset {record.name!r} in catalog {self._label()}")
+
+    def get_dataset(self, name: str) -> DatasetRecord:
+        rows = self._query(f"SELECT {_DATASET_COLS} FROM datasets WHERE name = ?", (name,))
+        if not rows:
+            raise NotFoundError(f"no dataset {name!r} in catalog {self._label()}")
+        return _dataset_record(rows[0])
+
+    def list_datasets(self) -> list[DatasetRecord]:
+        rows = self._query(f"SELECT {_DATASET_COLS} FROM datasets ORDER BY name{{c}}")
+        return [_dataset_record(r) for r in rows]
+
+    def delete_dataset(self, name: str) -> None:
+        with self._write() as cur:
+            # Explicit, so the residency goes even where foreign keys are not enforced.
+            cur.execute(self._sql("DELETE FROM residency WHERE dataset = ?"), (name,))
+            cur.execute(self._sql("DELETE FROM datasets WHERE name = ?"), (name,))
+            if cur.rowcount == 0:
+                raise NotFoundError(f"no dataset {name!r} in catalog {self._label()}")
+
+    # -- residency -----------------------------------------------------------------------
+
+    def residency(self, dataset: str) -> list[ChunkCopy]:
+        rows = self._query(
+            f"{_SELECT_COPIES} WHERE r.dataset = ? ORDER BY r.key{{c}}, t.ord", (dataset,)
+        )
+        return [ChunkCopy(*r) for r in rows]
+
+    def all_residency(self) -> list[ChunkCopy]:
+        rows = self._query(f"{_SELECT_COPIES} ORDER BY r.dataset{{c}}, r.key{{c}}, t.ord")
+        return [ChunkCopy(*r) for r in rows]
+
+    def commit(self, upserts: Iterable[ChunkCopy] = (), deletes: Iterable[CopyId] = ()) -> None:
+        # Last write wins within a batch, as executemany would do; deduplicating first also
+        # keeps PostgreSQL's set-based upsert from touching one row twice.
+        latest = {(c.dataset, c.key, c.tier): c for c in upserts}
+        rows = [
+            (c.dataset, c.key, c.tier, int(c.nbytes), c.checksum, c.state, float(c.last_access))
+            for c in latest.values()
+        ]
+        ids = list(dict.fromkeys(tuple(d) for d in deletes))
+        bad = {r[5] for r in rows} - set(COPY_STATES)
+        if bad:
+            raise MetadataError(
+                f"chunk copy state(s) {sorted(bad)} not one of {', '.join(COPY_STATES)}"
+            )
+        if not rows and not ids:
+            return
+        try:
+            with self._write() as cur:
+                self._bulk_upsert(cur, rows)
+                self._bulk_delete(cur, ids)
+        except MetadataError:
+            raise MetadataError(self._explain_unknown(latest.values())) from None
+
+    def _explain_unknown(self, copies: Iterable[ChunkCopy]) -> str:
+        datasets = {c.dataset for c in copies}
+        tiers = {c.tier for c in copies}
+        known_d = {r[0] for r in self._query("SELECT name FROM datasets")}
+        known_t = {r[0] for r in self._query("SELECT name FROM tiers")}
+        parts = []
+        if datasets - known_d:
+            parts.append(f"unknown dataset(s) {sorted(datasets - known_d)}")
+        if tiers - known_t:
+            parts.append(f"unknown tier(s) {sorted(tiers - known_t)}")
+        what = " and ".join(parts) or "rows the catalog rejected"
+        return f"residency commit to catalog {self._label()} names {what}; nothing was applied"
+
+    def touch(self, dataset: str, keys: Iterable[str], when: float) -> None:
+        keys = list(dict.fromkeys(keys))
+        if not keys:
+            return
+        with self._write() as cur:
+            self._bulk_touch(cur, dataset, keys, float(when))
+
+    def usage(self) -> list[TierUsage]:
+        rows = self._query(
+            "SELECT r.dataset, r.tier, COUNT(*), SUM(r.nbytes) FROM residency r "
+            "JOIN tiers t ON t.name = r.tier GROUP BY r.dataset, r.tier, t.ord "
+            "ORDER BY r.dataset{c}, t.ord"
+        )
+        return [TierUsage(d, t, int(n), int(b)) for d, t, n, b in rows]
+
+    # -- performance database ------------------------------------------------------------
+
+    def record_perf(self, rows: Iterable[PerfRow]) -> None:
+        data = [
+            (p.tier, p.op, int(p.nbytes), float(p.seconds), int(p.concurrency), float(p.when))
+            for p in rows
+        ]
+        if not data:
+            return
+        with self._write() as cur:
+            self._bulk_perf(cur, data)
+
+    def perf_rows(self, tier: str | None = None) -> list[PerfRow]:
+        cols = "tier, op, nbytes, seconds, concurrency, measured_at"
+        if tier is None:
+            rows = self._query(f"SELECT {cols} FROM perf ORDER BY measured_at, id")
+        else:
+            rows = self._query(
+                f"SELECT {cols} FROM perf WHERE tier = ? ORDER BY measured_at, id", (tier,)
+            )
+        return [PerfRow(*r) for r in rows]
+
+    # -- lifetime ------------------------------------------------------------------------
+
+    def close(self) -> None:
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                self._disconnect()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"schema v{self.schema_version}"
+        return f"{type(self).__name__}({self._label()!r}, {state})"

@@ -1,0 +1,244 @@
+"""Commands over the configuration and the catalog: ``init``, ``ls``, ``du``.
+
+Exit status: 0 success; 2 a usage or configuration problem (bad or missing file, no catalog
+yet), with a one-line message; 1 a runtime failure (database unreachable, I/O error).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+import sys
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from strataio.catalog import Catalog, TierRecord, open_catalog
+from strataio.cli import main
+from strataio.config import CONFIG_FILENAME, Config, default_config_text, load_config
+from strataio.errors import ConfigError, StrataError
+
+
+class _UsageProblem(Exception):
+    """Raised inside a command for a problem the user fixes (exit status 2)."""
+
+
+def _handle_errors(fn: Callable[..., None]) -> Callable[..., None]:
+    """Map failures to a message on stderr and the documented exit status; no traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> None:
+        try:
+            fn(*args, **kwargs)
+        except (ConfigError, _UsageProblem) as exc:
+            click.echo(f"error: {exc}", err=True)
+            raise click.exceptions.Exit(2) from None
+        except (StrataError, OSError) as exc:
+            click.echo(f"error: {exc}", err=True)
+            raise click.exceptions.Exit(1) from None
+
+    return wrapper
+
+
+_config_option = click.option(
+    "-c",
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Configuration file (default: ./strataio.toml, then $STRATAIO_CONFIG, then built-in).",
+)
+_json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON, not a table.")
+
+
+def _open_existing(cfg: Config) -> Catalog:
+    """The configured catalog; for SQLite, refuse (exit 2) rather than create an empty one."""
+    url = cfg.catalog.url
+    if "://" not in url and not os.path.exists(url):
+        raise _UsageProblem(f"no catalog at {url} (run `strataio init` first)")
+    return open_catalog(url)
+
+
+def _human(n: int | None, raw: bool = False) -> str:
+    """Bytes as ``1.5 MiB`` (or plain digits with ``raw``); ``None`` is unbounded."""
+    if n is None:
+        return "-"
+    if raw:
+        return str(n)
+    if n < 1024:
+        return f"{n} B"
+    exp = min(int(math.log(n, 1024)), 5)
+    return f"{n / 1024**exp:.1f} {'BKMGTP'[exp]}iB"
+
+
+def _console() -> Console:
+    # Piped output is read by programs and wide terminals alike: do not wrap it at 80 columns.
+    return Console(width=None if sys.stdout.isatty() else 200)
+
+
+def _dims(t: tuple[int, ...]) -> str:
+    return "×".join(map(str, t)) if t else "()"
+
+
+def _tiers(cfg: Config, catalog: Catalog) -> list[TierRecord]:
+    """Registered tiers, then configured ones not yet registered."""
+    known = catalog.tiers()
+    names = {t.name for t in known}
+    extra = [t.record(len(known) + i) for i, t in enumerate(cfg.tiers) if t.name not in names]
+    return known + extra
+
+
+@main.command("init")
+@click.option("--force", is_flag=True, help=f"Overwrite an existing ./{CONFIG_FILENAME}.")
+@_handle_errors
+def init_cmd(force: bool) -> None:
+    """Write a commented ./strataio.toml and create its catalog with the configured tiers."""
+    target = Path.cwd() / CONFIG_FILENAME
+    if target.exists() and not force:
+        raise _UsageProblem(f"{target} already exists (use --force to overwrite it)")
+    target.write_text(default_config_text())
+    cfg = load_config(target)
+    with open_catalog(cfg.catalog.url) as catalog:
+        catalog.register_tiers(cfg.tier_records())
+    names = ", ".join(f"{t.name} ({t.role})" for t in cfg.tiers)
+    click.echo(f"wrote {target}")
+    click.echo(f"catalog {cfg.catalog.display_url}: tiers {names}")
+
+
+@main.command("ls")
+@_config_option
+@_json_option
+@_handle_errors
+def ls_cmd(config_path: Path | None, as_json: bool) -> None:
+    """List the datasets in the catalog, with their chunk copies per tier."""
+    cfg = load_config(config_path)
+    with _open_existing(cfg) as catalog:
+        datasets = catalog.list_datasets()
+        usage = catalog.usage()
+        tiers = _tiers(cfg, catalog)
+    per: dict[str, dict[str, tuple[int, int]]] = defaultdict(dict)
+    for u in usage:
+        per[u.dataset][u.tier] = (u.copies, u.nbytes)
+    rows = []
+    for d in datasets:
+        grid = [math.ceil(s / c) if c else 0 for s, c in zip(d.shape, d.chunks)]
+        try:
+            size: int | None = math.prod(d.shape) * np.dtype(d.dtype).itemsize
+        except TypeError:
+            size = None
+        rows.append(
+            {
+                "name": d.name,
+                "shape": list(d.shape),
+                "dtype": d.dtype,
+                "chunks": list(d.chunks),
+                "nchunks": math.prod(grid),
+                "hint": d.hint,
+                "state": d.state,
+                "size_bytes": size,
+                "stored_bytes": sum(b for _, b in per[d.name].values()),
+                "chunks_per_tier": {t.name: per[d.name].get(t.name, (0, 0))[0] for t in tiers},
+            }
+        )
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    console = _console()
+    if not rows:
+        console.print(f"no datasets in catalog {cfg.catalog.display_url}")
+        return
+    table = Table(title=f"datasets in {cfg.catalog.display_url}")
+    for col in ("name", "shape", "dtype", "chunks", "hint", "state", "size", "stored"):
+        table.add_column(col, justify="right" if col in ("size", "stored") else "left")
+    for t in tiers:
+        table.add_column(f"on {t.name}", justify="right")
+    for r in rows:
+        table.add_row(
+            r["name"],
+            _dims(tuple(r["shape"])),
+            r["dtype"],
+            f"{_dims(tuple(r['chunks']))} ({r['nchunks']})",
+            r["hint"],
+            r["state"],
+            _human(r["size_bytes"]),
+            _human(r["stored_bytes"]),
+            *(str(r["chunks_per_tier"][t.name]) for t in tiers),
+        )
+    console.print(table)
+
+
+@main.command("du")
+@_config_option
+@_json_option
+@click.option("-b", "--bytes", "raw", is_flag=True, help="Exact byte counts, not KiB/MiB/GiB.")
+@_handle_errors
+def du_cmd(config_path: Path | None, as_json: bool, raw: bool) -> None:
+    """Bytes stored per tier (against its capacity) and per dataset."""
+    cfg = load_config(config_path)
+    with _open_existing(cfg) as catalog:
+        usage = catalog.usage()
+        tiers = _tiers(cfg, catalog)
+    by_tier: dict[str, list[int]] = {t.name: [0, 0] for t in tiers}
+    by_ds: dict[str, dict[str, int]] = defaultdict(dict)
+    for u in usage:
+        slot = by_tier.setdefault(u.tier, [0, 0])
+        slot[0] += u.copies
+        slot[1] += u.nbytes
+        by_ds[u.dataset][u.tier] = u.nbytes
+    if as_json:
+        out = {
+            "tiers": [
+                {
+                    "name": t.name,
+                    "role": t.role,
+                    "state": t.state,
+                    "capacity_bytes": t.capacity_bytes,
+                    "copies": by_tier[t.name][0],
+                    "bytes": by_tier[t.name][1],
+                }
+                for t in tiers
+            ],
+            "datasets": {d: dict(v) for d, v in sorted(by_ds.items())},
+        }
+        click.echo(json.dumps(out, indent=2))
+        return
+    console = _console()
+    table = Table(title=f"tiers of {cfg.catalog.display_url} (fastest first)")
+    for col in ("tier", "role", "state", "capacity", "used", "use%", "copies"):
+        table.add_column(col, justify="left" if col in ("tier", "role", "state") else "right")
+    for t in tiers:
+        copies, used = by_tier[t.name]
+        pct = f"{100 * used / t.capacity_bytes:.1f}" if t.capacity_bytes else "-"
+        table.add_row(
+            t.name,
+            t.role,
+            t.state,
+            _human(t.capacity_bytes, raw),
+            _human(used, raw),
+            pct,
+            str(copies),
+        )
+    console.print(table)
+    if not by_ds:
+        console.print("no chunk copies stored")
+        return
+    table = Table(title="bytes per dataset")
+    table.add_column("dataset")
+    for t in tiers:
+        table.add_column(t.name, justify="right")
+    table.add_column("total", justify="right")
+    for name, per in sorted(by_ds.items()):
+        table.add_row(
+            name,
+            *(_human(per.get(t.name, 0), raw) for t in tiers),
+            _human(sum(per.values()), raw),
+        )
+    console.print(table)

@@ -1,0 +1,505 @@
+"""S3 backend: objects in a bucket of an S3-compatible object store, through obstore.
+
+Reads of Extents become ranged GETs: the pieces are sorted, pieces closer than ``merge_gap``
+bytes share one request, and the requests run in parallel. Whole-object ``put`` is one PUT, or
+a multipart upload above ``multipart_threshold``; either way the object appears atomically and
+is durable once the call returns, so ``durable`` needs nothing extra. S3 cannot update bytes in
+place, so ``write`` is a read-modify-write of the whole object guarded by a conditional PUT
+(``If-Match`` the ETag that was read, ``If-None-Match: *`` for a new object): concurrent
+partial writers to one object retry instead of losing each other's bytes.
+
+Credentials come from the arguments or the usual ``AWS_*`` environment variables and are never
+shown: ``url``, ``repr`` and error messages name the endpoint and bucket only. Timeouts and a
+short retry budget make a dead or hung server fail in seconds with :class:`BackendError`, so a
+tier layer can fail over.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import hashlib
+import hmac
+import os
+import random
+import re
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+from urllib.parse import urlsplit
+
+import numpy as np
+
+from strataio.errors import BackendError, NotFoundError, ShapeMismatchError, StrataError
+from strataio.layout.extents import Extents
+from strataio.storage.base import Backend, BytesLike, Capabilities, validate_key
+
+try:
+    import obstore
+    from obstore.exceptions import (
+        AlreadyExistsError,
+        PermissionDeniedError,
+        PreconditionError,
+        UnauthenticatedError,
+    )
+    from obstore.exceptions import BaseError as ObstoreError
+except ImportError:  # pragma: no cover - obstore is an optional dependency (extra "s3")
+    obstore = None
+
+MiB = 1 << 20
+#: objects larger than this are uploaded in parts (S3's minimum part size is 5 MiB)
+MULTIPART_THRESHOLD = 8 * MiB
+#: pieces closer than this share one ranged GET (a gap costs less than a request's latency)
+MERGE_GAP = 256 * 1024
+#: a read-modify-write retries this often when another writer changed the object meanwhile
+RMW_ATTEMPTS = 8
+_BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
+
+
+def _td(seconds: float) -> datetime.timedelta:
+    return datetime.timedelta(seconds=seconds)
+
+
+def _env(name: str, given: str | None) -> str | None:
+    return given if given is not None else (os.environ.get(name) or None)
+
+
+class S3Backend(Backend):
+    """Objects under ``prefix`` in ``bucket`` of an S3-compatible store.
+
+    ``endpoint`` (e.g. ``http://127.0.0.1:8333``; default ``AWS_ENDPOINT_URL`` or AWS itself),
+    ``region`` (default ``AWS_REGION`` or ``us-east-1``), ``access_key`` / ``secret_key``
+    (default ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY``; ``anonymous=True`` sends
+    unsigned requests instead). A plain ``http://`` endpoint needs ``allow_http=True``.
+    ``connect_timeout`` / ``read_timeout`` (seconds without progress) / ``request_timeout``
+    (whole request) bound each request; ``retries`` transient failures (connection errors,
+    5xx, timeouts of idempotent requests) are retried within ``retry_timeout`` seconds.
+    """
+
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str = "",
+        *,
+        endpoint: str | None = None,
+        region: str | None = None,
+        access_key: str | None = None,
+        secret_key: str | None = None,
+        allow_http: bool = False,
+        anonymous: bool = False,
+        multipart_threshold: int = MULTIPART_THRESHOLD,
+        part_size: int = MULTIPART_THRESHOLD,
+        merge_gap: int = MERGE_GAP,
+        max_concurrency: int = 8,
+        connect_timeout: float = 2.0,
+        read_timeout: float = 10.0,
+        request_timeout: float = 300.0,
+        retries: int = 2,
+        retry_timeout: float = 5.0,
+    ) -> None:
+        if obstore is None:  # pragma: no cover
+            raise StrataError("S3Backend needs the 'obstore' package (pip install strataio[s3])")
+        if not isinstance(bucket, str) or not _BUCKET_RE.match(bucket):
+            raise StrataError(f"invalid S3 bucket name {bucket!r}")
+        prefix = prefix.strip("/")
+        if prefix:
+            validate_key(prefix)
+        if part_size < 5 * MiB:
+            raise StrataError(f"S3 part_size must be at least 5 MiB, got {part_size}")
+        endpoint = _env("AWS_ENDPOINT_URL", endpoint)
+        region = _env("AWS_REGION", region) or "us-east-1"
+        access_key = _env("AWS_ACCESS_KEY_ID", access_key)
+        secret_key = _env("AWS_SECRET_ACCESS_KEY", secret_key)
+        if endpoint is not None:
+            endpoint = endpoint.rstrip("/")
+            scheme = urlsplit(endpoint).scheme
+            if scheme not in ("http", "https"):
+                raise StrataError(f"S3 endpoint {endpoint!r} must be an http(s) URL")
+            if scheme == "http" and not allow_http:
+                raise StrataError(
+                    f"S3 endpoint {endpoint} is plain http; pass allow_http=True to use it"
+                )
+        if not anonymous and (access_key is None or secret_key is None):
+            raise StrataError(
+                "no S3 credentials: pass access_key and secret_key, set AWS_ACCESS_KEY_ID and "
+                "AWS_SECRET_ACCESS_KEY, or use anonymous=True"
+            )
+        self.bucket = bucket
+        self.prefix = prefix
+        self.endpoint = endpoint
+        self.region = region
+        self.multipart_threshold = int(multipart_threshold)
+        self.part_size = int(part_size)
+        self.merge_gap = int(merge_gap)
+        self.max_concurrency = int(max_concurrency)
+        self._secrets = tuple(s for s in (secret_key,) if s)
+        where = endpoint or "https://s3.amazonaws.com"
+        self.url = f"s3:{where}/{bucket}" + (f"/{prefix}" if prefix else "")
+        self.capabilities = Capabilities(
+            partial_write=False, append=False, preferred_io_size=8 * MiB, latency=1e-3
+        )
+        config: dict[str, Any] = {"region": region}
+        if endpoint is not None:
+            config["endpoint"] = endpoint
+        if anonymous:
+            config["skip_signature"] = True
+        else:
+            config["access_key_id"] = access_key
+            config["secret_access_key"] = secret_key
+        self._store = obstore.store.S3Store(
+            bucket,
+            config=config,
+            client_options={
+                "allow_http": allow_http,
+                "connect_timeout": _td(connect_timeout),
+                "read_timeout": _td(read_timeout),
+                "timeout": _td(request_timeout),
+            },
+            retry_config={
+                "max_retries": int(retries),
+                "retry_timeout": _td(retry_timeout),
+                "backoff": {"init_backoff": _td(0.05), "max_backoff": _td(1.0), "base": 2},
+            },
+        )
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"S3Backend({self.url!r})"
+
+    # ----------------------------------------------------------------- helpers
+    def _path(self, key: str) -> str:
+        validate_key(key)
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def _clean(self, text: str) -> str:
+        """First line of an obstore message, with any secret masked."""
+        line = text.strip().splitlines()[0] if text.strip() else text
+        for s in self._secrets:
+            line = line.replace(s, "***")
+        return line
+
+    @contextlib.contextmanager
+    def _errors(self, op: str, key: str) -> Iterator[None]:
+        """Map obstore's exceptions to strataio's, naming the key and endpoint."""
+        try:
+            yield
+        except FileNotFoundError as exc:
+            if "NoSuchBucket" in str(exc):
+                raise BackendError(
+                    f"{self.url}: bucket {self.bucket!r} does not exist ({op} {key!r})"
+                ) from exc
+            raise NotFoundError(f"no object {key!r} in {self.url}") from exc
+        except (PermissionDeniedError, UnauthenticatedError) as exc:
+            raise BackendError(
+                f"{self.url}: {op} {key!r} refused (access denied; check the credentials): "
+                f"{self._clean(str(exc))}"
+            ) from exc
+        except ObstoreError as exc:
+            raise BackendError(f"{self.url}: {op} {key!r} failed: {self._clean(str(exc))}") from exc
+
+    def _executor(self) -> ThreadPoolExecutor:
+        with self._pool_lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.max_concurrency, thread_name_prefix="s3")
+            return self._pool
+
+    def _put(self, path: str, data: memoryview, mode: Any = None) -> None:
+        if mode is None and len(data) > self.multipart_threshold:
+            obstore.put(
+                self._store,
+                path,
+                data,
+                use_multipart=True,
+                chunk_size=self.part_size,
+                max_concurrency=self.max_concurrency,
+            )
+        else:
+            obstore.put(self._store, path, data, mode=mode, use_multipart=False)
+
+    def _ranges(self, key: str, path: str, starts: np.ndarray, ends: np.ndarray) -> list[Any]:
+        """Fetch sorted disjoint byte ranges; parts past the end of the object come back short
+        (or empty). The first range is fetched alone to learn the object's size, so no request
+        asks for a range that starts past the end."""
+        with self._errors("GET", key):
+            try:
+                first = obstore.get(
+                    self._store, path, options={"range": (int(starts[0]), int(ends[0]))}
+                )
+                size = int(first.meta["size"])
+                out = [first.bytes()]
+            except ObstoreError as exc:
+                if "416" not in str(exc):
+                    raise
+                # the first range starts past the end: HEAD tells the size
+                size = int(obstore.head(self._store, path)["size"])
+                if size > starts[0]:
+                    raise
+                out = [b""]
+        s = starts[1:]
+        e = np.minimum(ends[1:], size)
+        live = e > s
+        if live.any():
+            with self._errors("GET", key):
+                got = obstore.get_ranges(
+                    self._store, path, starts=s[live].tolist(), ends=e[live].tolist(), coalesce=0
+                )
+            it = iter(got)
+            out.extend(next(it) if ok else b"" for ok in live.tolist())
+        else:
+            out.extend(b"" for _ in range(len(s)))
+        return out
+
+    # ----------------------------------------------------------------- Backend
+    def read(self, key: str, extents: Extents) -> bytearray:
+        """The pieces at their positions ``extents.mem``; bytes past the end read as zeros."""
+        path = self._path(key)
+        out = bytearray(int((extents.mem + extents.lengths).max(initial=0)))
+        ext = extents.compact()
+        if len(ext) == 0:
+            if not self.exists(key):
+                raise NotFoundError(f"no object {key!r} in {self.url}")
+            return out
+        # requests: the byte set of the pieces, with gaps up to merge_gap bridged
+        u = ext.union()
+        brk = np.flatnonzero(u.offsets[1:] - u.ends[:-1] > self.merge_gap) + 1
+        first = np.concatenate(([0], brk))
+        starts = u.offsets[first]
+        ends = np.maximum.reduceat(u.ends, first)
+        bufs = self._ranges(key, path, starts, ends)
+        # stage the responses back to back (short ones zero-padded), then gather the pieces
+        base = np.concatenate(([0], np.cumsum(ends - starts)))
+        stage = np.zeros(int(base[-1]), dtype=np.uint8)
+        for b0, buf in zip(base[:-1].tolist(), bufs):
+            n = len(buf)
+            if n:
+                stage[b0 : b0 + n] = np.frombuffer(buf, dtype=np.uint8)
+        j = np.searchsorted(starts, ext.offsets, side="right") - 1
+        src = base[j] + (ext.offsets - starts[j])
+        _scatter(np.frombuffer(out, dtype=np.uint8), ext.mem, stage, src, ext.lengths)
+        return out
+
+    def write(self, key: str, extents: Extents, data: BytesLike) -> None:
+        """Read-modify-write of the whole object (created, and grown with zeros, as needed),
+        committed by a conditional single PUT (so objects up to S3's 5 GiB PUT limit)."""
+        path = self._path(key)
+        ext = extents.compact()
+        src = np.frombuffer(memoryview(data).cast("B"), dtype=np.uint8)
+        need = int((ext.mem + ext.lengths).max(initial=0))
+        if src.size < need:
+            raise ShapeMismatchError(
+                f"write {key!r}: the extents need {need} bytes of data, got {src.size}"
+            )
+        for attempt in range(RMW_ATTEMPTS):
+            if attempt:  # lost a race: let the winner's PUT settle, desynchronize the losers
+                time.sleep(random.uniform(0, 0.005 * attempt))
+            with self._errors("GET", key):
+                try:
+                    cur = obstore.get(self._store, path)
+                    old = cur.bytes()
+                    tag = {k: cur.meta[k] for k in ("e_tag", "version") if cur.meta[k]}
+                    mode: Any = tag or "overwrite"  # a store without ETags: last writer wins
+                except FileNotFoundError as exc:
+                    if "NoSuchBucket" in str(exc):
+                        raise
+                    old, mode = b"", "create"
+            if len(ext) == 0 and mode != "create":
+                return
+            buf = np.zeros(max(len(old), ext.last), dtype=np.uint8)
+            buf[: len(old)] = np.frombuffer(old, dtype=np.uint8)
+            _scatter(buf, ext.offsets, src, ext.mem, ext.lengths)
+            try:
+                with self._errors("PUT", key):
+                    self._put(path, memoryview(buf), mode=mode)
+                return
+            except BackendError as exc:
+                if not isinstance(exc.__cause__, PreconditionError | AlreadyExistsError):
+                    raise
+        raise BackendError(
+            f"{self.url}: write {key!r} lost {RMW_ATTEMPTS} races with concurrent writers"
+        )
+
+    def get(self, key: str) -> memoryview:
+        path = self._path(key)
+        with self._errors("GET", key):
+            return memoryview(obstore.get(self._store, path).bytes())
+
+    def put(self, key: str, data: BytesLike, *, durable: bool = False) -> None:
+        path = self._path(key)
+        with self._errors("PUT", key):
+            self._put(path, memoryview(data).cast("B"))
+
+    def size(self, key: str) -> int:
+        path = self._path(key)
+        with self._errors("HEAD", key):
+            return int(obstore.head(self._store, path)["size"])
+
+    def head(self, key: str) -> dict[str, Any]:
+        """The object's metadata: ``size`` (bytes), ``e_tag``, ``last_modified``, ``version``.
+
+        A multipart upload's ETag ends in ``-<parts>``.
+        """
+        path = self._path(key)
+        with self._errors("HEAD", key):
+            meta = dict(obstore.head(self._store, path))
+        meta["path"] = key
+        return meta
+
+    def exists(self, key: str) -> bool:
+        try:
+            self.size(key)
+        except NotFoundError:
+            return False
+        return True
+
+    def delete(self, key: str) -> None:
+        path = self._path(key)
+        with self._errors("DELETE", key):
+            obstore.delete(self._store, path)
+
+    def list(self, prefix: str = "") -> Iterator[str]:
+        p = prefix.strip("/")
+        if p:
+            validate_key(p)
+        full = "/".join(x for x in (self.prefix, p) if x)
+        strip = len(self.prefix) + 1 if self.prefix else 0
+        want = p + "/" if p else ""
+        keys: list[str] = []
+        with self._errors("LIST", prefix):
+            for batch in obstore.list(self._store, full or None):
+                keys.extend(m["path"][strip:] for m in batch)
+        yield from sorted(k for k in keys if k.startswith(want))
+
+    def get_many(self, keys: Iterable[str]) -> list[BytesLike | None]:
+        keys = list(keys)
+        for k in keys:
+            validate_key(k)
+
+        def one(k: str) -> BytesLike | None:
+            try:
+                return self.get(k)
+            except NotFoundError:
+                return None
+
+        if len(keys) < 2:
+            return [one(k) for k in keys]
+        return list(self._executor().map(one, keys))
+
+    def close(self) -> None:
+        with self._pool_lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
+
+
+def _scatter(
+    dst: np.ndarray, dst_pos: np.ndarray, src: np.ndarray, src_pos: np.ndarray, lengths: np.ndarray
+) -> None:
+    """``dst[dst_pos[i]:+lengths[i]] = src[src_pos[i]:+lengths[i]]`` for every piece.
+
+    Few or large pieces copy slice by slice; many small ones go through one vectorized
+    byte-index gather, whose index arrays cost 16 bytes per byte moved.
+    """
+    n = len(lengths)
+    if n == 0:
+        return
+    total = int(lengths.sum())
+    if n <= 64 or total // n >= 4096:
+        for d, s, k in zip(dst_pos.tolist(), src_pos.tolist(), lengths.tolist()):
+            dst[d : d + k] = src[s : s + k]
+        return
+    piece = np.repeat(np.arange(n), lengths)
+    within = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    dst[dst_pos[piece] + within] = src[src_pos[piece] + within]
+
+
+# --------------------------------------------------------------------- bucket creation
+def _sign_v4(
+    method: str, url: str, region: str, access_key: str, secret_key: str, body: bytes = b""
+) -> dict[str, str]:
+    """Headers of an AWS Signature V4 signed request (service ``s3``, no query string)."""
+    parts = urlsplit(url)
+    now = datetime.datetime.now(datetime.UTC)
+    amz_date = now.strftime("%Y%m%dT%H%M%SZ")
+    day = amz_date[:8]
+    payload = hashlib.sha256(body).hexdigest()
+    signed = "host;x-amz-content-sha256;x-amz-date"
+    canonical = "\n".join(
+        [
+            method,
+            parts.path or "/",
+            "",
+            f"host:{parts.netloc}",
+            f"x-amz-content-sha256:{payload}",
+            f"x-amz-date:{amz_date}",
+            "",
+            signed,
+            payload,
+        ]
+    )
+    scope = f"{day}/{region}/s3/aws4_request"
+    to_sign = "\n".join(
+        ["AWS4-HMAC-SHA256", amz_date, scope, hashlib.sha256(canonical.encode()).hexdigest()]
+    )
+    key = ("AWS4" + secret_key).encode()
+    for part in (day, region, "s3", "aws4_request"):
+        key = hmac.new(key, part.encode(), hashlib.sha256).digest()
+    signature = hmac.new(key, to_sign.encode(), hashlib.sha256).hexdigest()
+    return {
+        "x-amz-date": amz_date,
+        "x-amz-content-sha256": payload,
+        "Authorization": (
+            f"AWS4-HMAC-SHA256 Credential={access_key}/{scope}, "
+            f"SignedHeaders={signed}, Signature={signature}"
+        ),
+    }
+
+
+def create_bucket(
+    endpoint: str,
+    bucket: str,
+    access_key: str,
+    secret_key: str,
+    region: str = "us-east-1",
+    *,
+    exist_ok: bool = True,
+    timeout: float = 10.0,
+) -> bool:
+    """Create ``bucket`` at ``endpoint`` (path-style S3 ``PUT /bucket``, SigV4-signed).
+
+    Returns True when created, False when it already existed and belongs to these credentials
+    (with ``exist_ok``). Raises :class:`~strataio.errors.ExistsError` when it exists and
+    ``exist_ok`` is false, :class:`BackendError` on any other failure.
+    """
+    from strataio.errors import ExistsError
+
+    if not _BUCKET_RE.match(bucket):
+        raise StrataError(f"invalid S3 bucket name {bucket!r}")
+    url = f"{endpoint.rstrip('/')}/{bucket}"
+    body = b""
+    if region != "us-east-1":
+        body = (
+            "<CreateBucketConfiguration><LocationConstraint>"
+            f"{region}</LocationConstraint></CreateBucketConfiguration>"
+        ).encode()
+    headers = _sign_v4("PUT", url, region, access_key, secret_key, body)
+    req = urllib.request.Request(url, data=body, method="PUT", headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout):
+            return True
+    except urllib.error.HTTPError as exc:
+        text = exc.read().decode(errors="replace")
+        code = re.search(r"<Code>([^<]+)</Code>", text)
+        name = code.group(1) if code else f"HTTP {exc.code}"
+        if name == "BucketAlreadyOwnedByYou":
+            if exist_ok:
+                return False
+            raise ExistsError(f"bucket {bucket!r} already exists at {endpoint}") from None
+        raise BackendError(f"cannot create bucket {bucket!r} at {endpoint}: {name}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise BackendError(f"cannot create bucket {bucket!r} at {endpoint}: {reason}") from None

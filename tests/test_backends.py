@@ -1,0 +1,325 @@
+"""Every backend against the shared contract, plus what is particular to S3 and Shaped.
+
+S3 runs against a real SeaweedFS server on 127.0.0.1 (the session's ``s3_server``).
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from backend_contract import BackendContract, as_array, oracle_read, random_extents
+from strataio.errors import (
+    BackendError,
+    ExistsError,
+    NotFoundError,
+    ShapeMismatchError,
+    StrataError,
+)
+from strataio.layout.extents import Extents
+from strataio.storage.memory import MemoryBackend
+from strataio.storage.posix import PosixBackend
+from strataio.storage.s3 import S3Backend, create_bucket
+from strataio.storage.shaped import PRESETS, CostModel, OpCost, Shaped
+
+MiB = 1 << 20
+
+
+class TestMemoryBackend(BackendContract):
+    @pytest.fixture
+    def backend(self):
+        return MemoryBackend()
+
+
+class TestPosixBackend(BackendContract):
+    @pytest.fixture
+    def backend(self, tmp_path):
+        return PosixBackend(tmp_path / "root")
+
+
+class TestS3Backend(BackendContract):
+    @pytest.fixture
+    def backend(self, s3_backend):
+        return s3_backend
+
+
+class TestShapedPosix(BackendContract):
+    @pytest.fixture
+    def backend(self, tmp_path):
+        # the tape model at 1/10000 of its time: ~0.7 ms per access
+        return Shaped(PosixBackend(tmp_path / "root"), "remote_tape_2002", time_scale=1e-4)
+
+
+# --------------------------------------------------------------------------- S3 specifics
+def _s3(server, **kw) -> S3Backend:
+    return S3Backend(
+        server.bucket,
+        prefix=kw.pop("prefix", "s3-specific"),
+        endpoint=kw.pop("endpoint", server.endpoint),
+        access_key=server.access_key,
+        secret_key=kw.pop("secret_key", server.secret_key),
+        allow_http=True,
+        **kw,
+    )
+
+
+def _dead_endpoint() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"http://127.0.0.1:{port}"  # nothing listens there once the socket is closed
+
+
+def test_s3_multipart_upload(s3_server) -> None:
+    be = _s3(s3_server, multipart_threshold=5 * MiB, part_size=5 * MiB)
+    obj = np.random.default_rng(7).integers(0, 256, 11 * MiB, dtype=np.uint8)
+    be.put("big", obj)
+    assert be.head("big")["e_tag"].strip('"').endswith("-3")  # three parts
+    np.testing.assert_array_equal(as_array(be.get("big")), obj)
+    be.put("small", obj[: 5 * MiB])
+    assert "-" not in be.head("small")["e_tag"]
+    # pieces straddling part boundaries
+    ext = Extents([5 * MiB - 3, 10 * MiB - 1, 0], [6, 1 * MiB + 5, 2])
+    np.testing.assert_array_equal(as_array(be.read("big", ext)), oracle_read(obj, ext))
+    be.delete("big")
+    be.delete("small")
+
+
+@pytest.mark.parametrize("merge_gap", [0, 4096, 64 * MiB])
+def test_s3_ranged_reads_match_oracle(s3_backend, merge_gap: int) -> None:
+    rng = np.random.default_rng(merge_gap)
+    obj = rng.integers(0, 256, 3 * MiB, dtype=np.uint8)
+    s3_backend.put("ranged", obj)
+    s3_backend.merge_gap = merge_gap
+    ext = random_extents(rng, int(obj.size * 1.01), 300, max_length=3000)
+    assert len(ext.union()) > 100  # many separate ranges, which merge_gap may bridge
+    np.testing.assert_array_equal(as_array(s3_backend.read("ranged", ext)), oracle_read(obj, ext))
+    # everything past the end: zeros, after learning the size
+    far = Extents([obj.size + 10, obj.size + 100], [5, 5])
+    assert bytes(s3_backend.read("ranged", far)) == bytes(10)
+
+
+def test_s3_dead_server_fails_fast(s3_server) -> None:
+    be = _s3(s3_server, endpoint=_dead_endpoint())
+    for op in (
+        lambda: be.get("k/x"),
+        lambda: be.put("k/x", b"1"),
+        lambda: be.read("k/x", Extents.single(0, 4)),
+        lambda: be.write("k/x", Extents.single(0, 1), b"1"),
+        lambda: be.size("k/x"),
+        lambda: be.exists("k/x"),
+        lambda: list(be.list("k")),
+    ):
+        t0 = time.monotonic()
+        with pytest.raises(BackendError, match="k") as info:
+            op()
+        assert time.monotonic() - t0 < 5.0
+        assert be.endpoint in str(info.value)
+        assert not isinstance(info.value, NotFoundError)
+
+
+def test_s3_hung_server_times_out() -> None:
+    # a server that accepts connections (the kernel completes the handshake) but never answers
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(16)
+        be = S3Backend(
+            "hung",
+            endpoint=f"http://127.0.0.1:{srv.getsockname()[1]}",
+            access_key="k",
+            secret_key="s",
+            allow_http=True,
+            read_timeout=0.5,
+            request_timeout=1.0,
+            retries=1,
+            retry_timeout=1.0,
+        )
+        t0 = time.monotonic()
+        with pytest.raises(BackendError, match="'x'"):
+            be.get("x")
+        assert time.monotonic() - t0 < 6.0
+
+
+def test_s3_killed_server_then_restart(s3_server) -> None:
+    be = _s3(s3_server, prefix="restart")
+    be.put("kept", b"durable bytes", durable=True)
+    s3_server.kill()
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(BackendError):
+            be.get("kept")
+        assert time.monotonic() - t0 < 5.0
+    finally:
+        s3_server.restart()
+    # a completed PUT survived the crash
+    assert bytes(be.get("kept")) == b"durable bytes"
+
+
+def test_s3_credentials_never_shown(s3_server, monkeypatch) -> None:
+    be = _s3(s3_server)
+    bad = _s3(s3_server, secret_key="wrong-" + s3_server.secret_key[:10])
+    texts = [repr(be), str(be), be.url, repr(bad), bad.url]
+    with pytest.raises(NotFoundError) as nf:
+        be.get("absent")
+    with pytest.raises(BackendError, match="access denied") as denied:
+        bad.get("absent")
+    texts += [str(nf.value), str(denied.value), str(denied.value.__cause__)]
+    for t in texts:
+        assert s3_server.secret_key not in t
+        assert s3_server.secret_key[:10] not in t
+    assert s3_server.endpoint in be.url and s3_server.bucket in be.url
+
+
+def test_s3_credentials_from_environment(s3_server, monkeypatch) -> None:
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3_server.access_key)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3_server.secret_key)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server.endpoint)
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    be = S3Backend(s3_server.bucket, "env", allow_http=True)
+    be.put("x", b"from env")
+    assert bytes(be.get("x")) == b"from env"
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    with pytest.raises(StrataError, match="no S3 credentials"):
+        S3Backend(s3_server.bucket, "env", allow_http=True)
+    with pytest.raises(StrataError, match="allow_http"):
+        S3Backend(s3_server.bucket, access_key="a", secret_key="b")
+
+
+def test_s3_concurrent_partial_writes_all_land(s3_backend) -> None:
+    # read-modify-write with conditional PUTs: no writer loses another's bytes
+    s3_backend.put("shared", bytes(4000))
+    pieces = [bytes([65 + i]) * 100 for i in range(4)]
+
+    def writer(i: int) -> None:
+        s3_backend.write("shared", Extents.single(1000 * i + 7, 100), pieces[i])
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    got = bytes(s3_backend.get("shared"))
+    for i in range(4):
+        assert got[1000 * i + 7 : 1000 * i + 107] == pieces[i]
+
+
+def test_create_bucket(s3_server) -> None:
+    args = (s3_server.endpoint, "made-by-test", s3_server.access_key, s3_server.secret_key)
+    assert create_bucket(*args) is True
+    assert create_bucket(*args) is False
+    with pytest.raises(ExistsError):
+        create_bucket(*args, exist_ok=False)
+    with pytest.raises(BackendError, match="SignatureDoesNotMatch"):
+        create_bucket(s3_server.endpoint, "other", s3_server.access_key, "wrong")
+    with pytest.raises(BackendError):
+        create_bucket(_dead_endpoint(), "other", "a", "b", timeout=2)
+    with pytest.raises(BackendError, match="never-made|does not exist"):
+        S3Backend(
+            "never-made",
+            endpoint=s3_server.endpoint,
+            access_key=s3_server.access_key,
+            secret_key=s3_server.secret_key,
+            allow_http=True,
+        ).get("x")
+
+
+# --------------------------------------------------------------------------- Shaped specifics
+def test_presets_are_table_1() -> None:
+    disk, tape = PRESETS["remote_disk_2002"], PRESETS["remote_tape_2002"]
+    # Table 1 (seconds): conn, open, seek, close, connclose
+    assert (disk.connect, disk.read.open, disk.read.seek, disk.read.close) == (
+        0.44,
+        0.42,
+        0.40,
+        0.63,
+    )
+    assert (disk.write.open, disk.write.close, disk.disconnect) == (0.42, 0.83, 0.0002)
+    assert (tape.connect, tape.read.open, tape.read.close, tape.write.close) == (
+        0.81,
+        6.17,
+        0.46,
+        0.42,
+    )
+    # equation (3)'s worked example: a 2 MB write to remote disk costs 8.47 s
+    assert disk.call_time(2 * MiB, write=True) == pytest.approx(8.47)
+    assert CostModel.from_preset("remote_tape_2002", drives=3).drives == 3
+    with pytest.raises(StrataError, match="unknown cost model"):
+        CostModel.from_preset("floppy")
+
+
+def test_shaped_accounting_follows_equation_1() -> None:
+    model = PRESETS["remote_disk_2002"]
+    be = Shaped(MemoryBackend(), model, time_scale=0)
+    bw = model.read.bandwidth
+    be.put("x", bytes(3000))
+    be.get("x")
+    be.read("x", Extents([0, 100, 2000], [10, 50, 40]))  # three runs: three seeks
+    be.size("x")
+    s = be.stats()
+    expect = (
+        0.44
+        + (0.42 + 3000 / bw + 0.83)
+        + (0.42 + 3000 / bw + 0.63)
+        + (0.42 + 3 * 0.40 + 100 / bw + 0.63)
+    )
+    assert s.simulated == pytest.approx(expect)
+    assert (s.requests, s.bytes_read, s.bytes_written, s.connects) == (4, 3100, 3000, 1)
+    be.close()
+    assert be.stats().simulated == pytest.approx(expect + 0.0002)
+
+    per = Shaped(
+        MemoryBackend(), CostModel.from_preset("remote_disk_2002", connect_per_request=True), 0
+    )
+    for _ in range(5):
+        per.exists("x")
+    assert per.stats().simulated == pytest.approx(5 * (0.44 + 0.0002))
+
+
+def test_shaped_drives_limit_concurrency() -> None:
+    scale = 0.04
+    mount = CostModel(name="mount", read=OpCost(open=1.0))
+
+    def run(drives: int) -> tuple[float, Shaped]:
+        import dataclasses
+
+        be = Shaped(MemoryBackend(), dataclasses.replace(mount, drives=drives), scale)
+        be.inner.put("obj", b"x")
+        threads = [threading.Thread(target=be.get, args=("obj",)) for _ in range(4)]
+        t0 = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return time.perf_counter() - t0, be
+
+    t1, be1 = run(1)
+    t2, be2 = run(2)
+    assert t1 >= 4 * 1.0 * scale  # one drive: the four mounts queue
+    assert t2 >= 2 * 1.0 * scale
+    assert t2 < 0.75 * t1
+    assert be1.stats().simulated == pytest.approx(4.0)
+    assert be1.stats().drive_wait > be2.stats().drive_wait
+
+
+def test_shaped_capabilities(tmp_path) -> None:
+    inner = PosixBackend(tmp_path)
+    be = Shaped(inner, "remote_tape_2002", time_scale=0.5)
+    model = PRESETS["remote_tape_2002"]
+    assert be.capabilities.partial_write and be.capabilities.append
+    assert be.capabilities.latency == pytest.approx(0.5 * (6.17 + 0.46))
+    # merging pays below bandwidth x latency bytes
+    assert be.capabilities.preferred_io_size >= int(model.read.bandwidth * 6.6)
+    assert "remote_tape_2002" in be.url and str(tmp_path) in be.url
+    mem = MemoryBackend()
+    mem.capabilities = type(mem.capabilities)(partial_write=False, append=False)
+    assert not Shaped(mem, "remote_disk_2002", 0).capabilities.partial_write
+
+
+def test_s3_write_refuses_short_data_before_any_request(s3_backend) -> None:
+    with pytest.raises(ShapeMismatchError, match="need 10 bytes"):
+        s3_backend.write("short", Extents([0, 5], [5, 5]), b"12345")
+    assert not s3_backend.exists("short")

@@ -1,0 +1,413 @@
+"""One catalog suite, run against SQLite (a temporary file) and PostgreSQL (a real server)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import threading
+from collections import Counter
+
+import pytest
+
+from strataio.catalog import (
+    ChunkCopy,
+    DatasetRecord,
+    PerfRow,
+    TierRecord,
+    TierUsage,
+    open_catalog,
+)
+from strataio.catalog.sql import SCHEMA_VERSION
+from strataio.catalog.sqlite import SQLiteCatalog
+from strataio.errors import BackendError, ClosedError, ExistsError, MetadataError, NotFoundError
+
+TIERS = [
+    TierRecord("archive", "posix:/arch", "remotetape", None, 2),
+    TierRecord("mem", "memory:", "memory", 1 << 30, 0),
+    TierRecord("local", "posix:/scratch", "localdisk", 10 << 30, 1),
+]
+
+
+def _ds(name: str, **kw) -> DatasetRecord:
+    base = dict(shape=(100, 80), dtype="<f8", chunks=(10, 20), codec='["zstd"]', hint="AUTO")
+    base.update(kw)
+    return DatasetRecord(name, **base)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def url(request, tmp_path) -> str:
+    if request.param == "sqlite":
+        return str(tmp_path / "cat" / "catalog.db")
+    return request.getfixturevalue("pg_url")
+
+
+@pytest.fixture
+def cat(url):
+    c = open_catalog(url)
+    c.register_tiers(TIERS)
+    yield c
+    c.close()
+
+
+@contextlib.contextmanager
+def statement_log(cat):
+    """Collect the verb (BEGIN, INSERT, SELECT, COMMIT...) of every statement the database
+    executes for ``cat``, from the driver's own trace hook: SQLite's trace callback, libpq's
+    protocol trace (one CommandComplete per executed statement)."""
+    verbs: list[str] = []
+    conn = cat._conn
+    if isinstance(conn, sqlite3.Connection):
+        conn.set_trace_callback(lambda sql: verbs.append(sql.split(None, 1)[0].upper()))
+        try:
+            yield verbs
+        finally:
+            conn.set_trace_callback(None)
+        return
+    from psycopg import pq
+
+    with tempfile.TemporaryFile("w+") as f:
+        conn.pgconn.trace(f.fileno())
+        conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)
+        try:
+            yield verbs
+        finally:
+            conn.pgconn.untrace()
+            f.flush()
+            f.seek(0)
+            for line in f:
+                parts = line.rstrip("\n").split("\t")
+                if len(parts) >= 4 and parts[0] == "B" and parts[2] == "CommandComplete":
+                    verbs.append(parts[3].strip().strip('"').split()[0].upper())
+
+
+def test_tiers_round_trip(cat):
+    assert [t.name for t in cat.tiers()] == ["mem", "local", "archive"]
+    assert cat.tiers()[1] == TIERS[2]
+    # register is an upsert by name
+    cat.register_tiers([TierRecord("local", "posix:/fast", "localdisk", 5, 1)])
+    local = cat.tiers()[1]
+    assert (local.url, local.capacity_bytes) == ("posix:/fast", 5)
+    cat.set_tier_state("archive", "down")
+    assert cat.tiers()[2].state == "down"
+    cat.register_tiers([TierRecord("archive", "posix:/arch", "remotetape", None, 2)])
+    assert cat.tiers()[2].state == "up"
+    with pytest.raises(NotFoundError, match="nosuch"):
+        cat.set_tier_state("nosuch", "down")
+    with pytest.raises(MetadataError, match="sideways"):
+        cat.set_tier_state("local", "sideways")
+    with pytest.raises(MetadataError, match="role"):
+        TierRecord("x", "memory:", "floppy", None, 0)
+
+
+def test_datasets(cat):
+    a, b = _ds("b/temp", attrs='{"units": "K"}'), _ds("a/press", shape=(7,), chunks=(3,))
+    cat.create_dataset(a)
+    cat.create_dataset(b)
+    assert cat.get_dataset("b/temp") == a
+    assert cat.get_dataset("a/press").shape == (7,)
+    assert cat.list_datasets() == [b, a]
+    with pytest.raises(ExistsError, match="b/temp"):
+        cat.create_dataset(_ds("b/temp", dtype="<i4"))
+    assert cat.get_dataset("b/temp").dtype == "<f8"
+    cat.update_dataset(_ds("b/temp", hint="REMOTETAPE", state="disabled"))
+    got = cat.get_dataset("b/temp")
+    assert (got.hint, got.state) == ("REMOTETAPE", "disabled")
+    with pytest.raises(NotFoundError):
+        cat.update_dataset(_ds("ghost"))
+    cat.commit([ChunkCopy("b/temp", "c/0/0", "local", 10), ChunkCopy("a/press", "c/0", "mem", 3)])
+    cat.delete_dataset("b/temp")
+    with pytest.raises(NotFoundError, match="b/temp"):
+        cat.get_dataset("b/temp")
+    with pytest.raises(NotFoundError):
+        cat.delete_dataset("b/temp")
+    assert [c.dataset for c in cat.all_residency()] == ["a/press"]
+    # a recreated dataset of the same name starts with no residency
+    cat.create_dataset(a)
+    assert cat.residency("b/temp") == []
+
+
+def test_residency_commit_upsert_delete(cat):
+    cat.create_dataset(_ds("d"))
+    cat.create_dataset(_ds("e"))
+    batch = [
+        ChunkCopy("d", "c/1/0", "archive", 800, "aa", "valid", 5.0),
+        ChunkCopy("d", "c/0/0", "archive", 800, "bb"),
+        ChunkCopy("d", "c/0/0", "mem", 1600, "cc", "dirty"),
+        ChunkCopy("d", "c/0/0", "local", 800, "bb", "in-transit"),
+        ChunkCopy("e", "c/0/0", "local", 16),
+    ]
+    cat.commit(batch)
+    # by key, then tier order (mem, local, archive)
+    assert cat.residency("d") == [batch[2], batch[3], batch[1], batch[0]]
+    assert cat.residency("nosuch") == []
+    # upsert replaces by (dataset, key, tier); a duplicate in one batch: the last one wins
+    v2 = ChunkCopy("d", "c/0/0", "local", 900, "dd", "valid", 9.0)
+    cat.commit([ChunkCopy("d", "c/0/0", "local", 1, "zz", "dirty"), v2], deletes=[])
+    assert cat.residency("d")[1] == v2
+    # deletes in the same transaction as upserts; a missing row is fine
+    cat.commit(
+        [ChunkCopy("d", "c/2/0", "local", 8)],
+        deletes=[("d", "c/0/0", "mem"), ("d", "c/1/0", "archive"), ("d", "c/9/9", "mem")],
+    )
+    assert [(c.key, c.tier) for c in cat.residency("d")] == [
+        ("c/0/0", "local"),
+        ("c/0/0", "archive"),
+        ("c/2/0", "local"),
+    ]
+    assert [c.dataset for c in cat.all_residency()] == ["d", "d", "d", "e"]
+    assert cat.usage() == [
+        TierUsage("d", "local", 2, 908),
+        TierUsage("d", "archive", 1, 800),
+        TierUsage("e", "local", 1, 16),
+    ]
+    before = cat.all_residency()
+    # an unknown dataset or tier rejects the whole batch, named in the message
+    with pytest.raises(MetadataError, match=r"unknown tier\(s\) \['tape9'\]"):
+        cat.commit([ChunkCopy("d", "c/5/0", "local", 1), ChunkCopy("d", "c/5/0", "tape9", 1)])
+    with pytest.raises(MetadataError, match=r"unknown dataset\(s\) \['zz'\]"):
+        cat.commit([ChunkCopy("zz", "c/0", "local", 1)], deletes=[("d", "c/2/0", "local")])
+    with pytest.raises(MetadataError, match="lost"):
+        cat.commit([ChunkCopy("d", "c/5/0", "local", 1, state="lost")])
+    assert cat.all_residency() == before
+
+
+def test_text_order_is_code_point_order_on_every_database(cat):
+    names = ["b", "B", "a_b", "a-c", "ab", "a/b", "A/c", "é", "z"]
+    for n in names:
+        cat.create_dataset(_ds(n))
+    keys = ["c/1/0", "c/10/0", "c/1_0", "c/1/00", "C/2", "c-1"]
+    cat.commit([ChunkCopy("b", k, "local", 1) for k in keys])
+    assert [d.name for d in cat.list_datasets()] == sorted(names)
+    assert [c.key for c in cat.residency("b")] == sorted(keys)
+
+
+def test_touch(cat):
+    cat.create_dataset(_ds("d"))
+    cat.commit([ChunkCopy("d", f"c/{i}/0", t, 1) for i in range(4) for t in ("local", "archive")])
+    cat.touch("d", ["c/1/0", "c/3/0", "c/3/0", "c/missing"], 123.5)
+    got = {(c.key, c.tier): c.last_access for c in cat.residency("d")}
+    assert got == {
+        (f"c/{i}/0", t): (123.5 if i in (1, 3) else 0.0)
+        for i in range(4)
+        for t in ("local", "archive")
+    }
+    cat.touch("d", [], 999.0)  # nothing to do
+    assert max(got.values()) == 123.5
+
+
+def test_perf_rows(cat):
+    rows = [
+        PerfRow("local", "write", 1 << 20, 0.002, 1, 10.0),
+        PerfRow("archive", "read", 1 << 20, 3.5, 2, 11.0),
+        PerfRow("local", "read", 4096, 1e-5, 4, 9.0),
+    ]
+    cat.record_perf(rows)
+    assert cat.perf_rows() == [rows[2], rows[0], rows[1]]
+    assert cat.perf_rows("local") == [rows[2], rows[0]]
+    many = [PerfRow("mem", "read", n, n * 1e-9, 1, 20.0 + n) for n in range(200)]
+    cat.record_perf(many)
+    assert cat.perf_rows("mem") == many
+    assert cat.perf_rows("nosuch") == []
+
+
+def test_concurrent_opens(url, cat):
+    """Two connections to one catalog, committing from two threads at once: nothing is lost,
+    and each sees the other's commits."""
+    cat.create_dataset(_ds("d"))
+    other = open_catalog(url)
+    try:
+        assert other.get_dataset("d") == cat.get_dataset("d")
+        errors: list[BaseException] = []
+
+        def writer(c, tier):
+            try:
+                for i in range(40):
+                    c.commit([ChunkCopy("d", f"c/{i}/{j}", tier, i + j) for j in range(5)])
+                    c.residency("d")
+            except BaseException as exc:  # reported below
+                errors.append(exc)
+
+        threads = [
+            threading.Thread(target=writer, args=(cat, "local")),
+            threading.Thread(target=writer, args=(other, "archive")),
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == []
+        for c in (cat, other):
+            assert Counter(x.tier for x in c.residency("d")) == {"local": 200, "archive": 200}
+    finally:
+        other.close()
+
+
+_WORKER = """
+import sys
+from strataio.catalog import ChunkCopy, DatasetRecord, TierRecord, open_catalog
+from strataio.errors import ExistsError
+url, tier = sys.argv[1], sys.argv[2]
+with open_catalog(url) as c:
+    c.register_tiers([TierRecord(tier, "memory:", "memory", None, len(tier))])
+    try:
+        c.create_dataset(DatasetRecord("shared", (8,), "<i4", (1,)))
+    except ExistsError:
+        pass
+    for i in range(10):
+        c.commit([ChunkCopy("shared", f"c/{i}/{j}", tier, 1) for j in range(10)])
+"""
+
+
+def test_concurrent_processes_create_migrate_and_commit(url):
+    """Two processes open a catalog that does not exist yet at the same moment: one creates
+    the schema, the other waits for it; then both commit batches side by side."""
+    procs = [
+        subprocess.Popen([sys.executable, "-c", _WORKER, url, tier], stderr=subprocess.PIPE)
+        for tier in ("t1", "t22")
+    ]
+    for p in procs:
+        _, err = p.communicate(timeout=60)
+        assert p.returncode == 0, err.decode()
+    with open_catalog(url) as c:
+        assert c.schema_version == SCHEMA_VERSION
+        assert Counter(x.tier for x in c.residency("shared")) == {"t1": 100, "t22": 100}
+
+
+def test_sqlite_is_wal_and_reader_not_blocked_by_writer(tmp_path):
+    path = tmp_path / "c.db"
+    a = SQLiteCatalog(path)
+    a.register_tiers(TIERS)
+    a.create_dataset(_ds("d"))
+    assert a._conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    b = SQLiteCatalog(path, timeout=0.2)
+    try:
+        # a writer mid-transaction does not block a reader in WAL mode
+        with a._write() as cur:
+            cur.execute("DELETE FROM residency")
+            assert b.get_dataset("d").name == "d"
+            # ...but a second writer waits for the busy timeout, then fails cleanly
+            with pytest.raises(BackendError, match="locked"):
+                b.create_dataset(_ds("x"))
+        b.create_dataset(_ds("x"))
+        assert [d.name for d in a.list_datasets()] == ["d", "x"]
+    finally:
+        a.close()
+        b.close()
+
+
+# The schema as strataio first shipped it (version 1), in SQL both databases accept.
+V1_SCHEMA = [
+    "CREATE TABLE schema_version (version INTEGER NOT NULL)",
+    "INSERT INTO schema_version (version) VALUES (1)",
+    "CREATE TABLE tiers (name TEXT PRIMARY KEY, url TEXT NOT NULL, role TEXT NOT NULL, "
+    "capacity_bytes BIGINT, ord INTEGER NOT NULL)",
+    "CREATE TABLE datasets (name TEXT PRIMARY KEY, shape TEXT NOT NULL, dtype TEXT NOT NULL, "
+    "chunks TEXT NOT NULL, codec TEXT NOT NULL, hint TEXT NOT NULL, attrs TEXT NOT NULL, "
+    "state TEXT NOT NULL)",
+    "CREATE TABLE residency (dataset TEXT NOT NULL REFERENCES datasets (name) ON DELETE CASCADE, "
+    "key TEXT NOT NULL, tier TEXT NOT NULL REFERENCES tiers (name), nbytes BIGINT NOT NULL, "
+    "checksum TEXT NOT NULL, dirty INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (dataset, key, tier))",
+    "INSERT INTO tiers VALUES ('disk', 'posix:/d', 'localdisk', 1000, 0)",
+    "INSERT INTO tiers VALUES ('tape', 'posix:/t', 'remotetape', NULL, 1)",
+    "INSERT INTO datasets VALUES ('old', '[4, 4]', '<i2', '[2, 2]', '[]', 'AUTO', '{}', 'active')",
+    "INSERT INTO residency VALUES ('old', 'c/0/0', 'disk', 8, 'x1', 1)",
+    "INSERT INTO residency VALUES ('old', 'c/0/0', 'tape', 8, 'x0', 0)",
+    "INSERT INTO residency VALUES ('old', 'c/1/1', 'tape', 8, 'x2', 0)",
+]
+
+
+def _raw_execute(url: str, statements: list[str]) -> None:
+    if url.startswith("postgresql://"):
+        import psycopg
+
+        with psycopg.connect(url, autocommit=True) as conn:
+            for s in statements:
+                conn.execute(s)
+    else:
+        os.makedirs(os.path.dirname(url), exist_ok=True)
+        conn = sqlite3.connect(url)
+        with conn:
+            for s in statements:
+                conn.execute(s)
+        conn.close()
+
+
+def test_migration_from_version_1(url):
+    _raw_execute(url, V1_SCHEMA)
+    with open_catalog(url) as c:
+        assert c.schema_version == SCHEMA_VERSION == 2
+        assert [(t.name, t.state, t.capacity_bytes) for t in c.tiers()] == [
+            ("disk", "up", 1000),
+            ("tape", "up", None),
+        ]
+        assert c.get_dataset("old") == DatasetRecord(
+            "old", (4, 4), "<i2", (2, 2), "[]", "AUTO", "{}", "active"
+        )
+        assert c.residency("old") == [
+            ChunkCopy("old", "c/0/0", "disk", 8, "x1", "dirty", 0.0),
+            ChunkCopy("old", "c/0/0", "tape", 8, "x0", "valid", 0.0),
+            ChunkCopy("old", "c/1/1", "tape", 8, "x2", "valid", 0.0),
+        ]
+        # the version-2 features work on the migrated database
+        c.touch("old", ["c/1/1"], 7.0)
+        c.record_perf([PerfRow("tape", "read", 8, 1.0, 1, 1.0)])
+        c.set_tier_state("tape", "down")
+    # reopening does not migrate again, and keeps what was written
+    with open_catalog(url) as c:
+        assert c.residency("old")[2].last_access == 7.0
+        assert c.perf_rows("tape") == [PerfRow("tape", "read", 8, 1.0, 1, 1.0)]
+        assert c.tiers()[1].state == "down"
+
+
+def test_newer_schema_is_refused(url):
+    with open_catalog(url):
+        pass
+    _raw_execute(url, ["UPDATE schema_version SET version = 99"])
+    with pytest.raises(MetadataError, match="99"):
+        open_catalog(url)
+
+
+def test_batched_commit_is_one_transaction(cat):
+    """10,000 copies commit in ONE transaction, and a dataset's residency loads in ONE query,
+    counted by the database driver's own statement trace."""
+    cat.create_dataset(_ds("big", shape=(10_000,), chunks=(1,)))
+    copies = [ChunkCopy("big", f"c/{i}", "local", 1000 + i, f"{i:08x}") for i in range(10_000)]
+    with statement_log(cat) as verbs:
+        cat.commit(copies)
+    counts = Counter(verbs)
+    assert counts["BEGIN"] == 1 and counts["COMMIT"] == 1, counts
+    assert counts["ROLLBACK"] == 0
+    with statement_log(cat) as verbs:
+        got = cat.residency("big")
+    assert verbs == ["SELECT"]
+    assert sorted(got, key=lambda c: c.nbytes) == copies
+    # the update path (all rows exist) and a 10,000-row delete batch: one transaction each
+    moved = [ChunkCopy("big", c.key, "archive", c.nbytes, c.checksum) for c in copies]
+    with statement_log(cat) as verbs:
+        cat.commit(moved, deletes=[(c.dataset, c.key, c.tier) for c in copies])
+        cat.touch("big", [c.key for c in copies], 5.0)
+    counts = Counter(verbs)
+    assert counts["BEGIN"] == 2 and counts["COMMIT"] == 2, counts
+    got = cat.residency("big")
+    assert len(got) == 10_000 and {(c.tier, c.last_access) for c in got} == {("archive", 5.0)}
+
+
+def test_closed_catalog_refuses(cat):
+    cat.close()
+    cat.close()  # idempotent
+    with pytest.raises(ClosedError):
+        cat.tiers()
+    with pytest.raises(ClosedError):
+        cat.commit([ChunkCopy("d", "c/0", "local", 1)])
+
+
+def test_open_catalog_urls(tmp_path):
+    with open_catalog(f"sqlite://{tmp_path}/x/a.db") as c:
+        assert isinstance(c, SQLiteCatalog) and c.path == f"{tmp_path}/x/a.db"
+    assert (tmp_path / "x" / "a.db").exists()
+    with pytest.raises(MetadataError, match="unsupported scheme"):
+        open_catalog("mysql://h/db")

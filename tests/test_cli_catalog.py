@@ -1,0 +1,136 @@
+"""``strataio init / ls / du`` through click's runner, on a real SQLite catalog."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from strataio.catalog import ChunkCopy, DatasetRecord, open_catalog
+from strataio.cli import main
+from strataio.config import CONFIG_ENV, default_config_text, load_config
+
+
+@pytest.fixture
+def runner(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv(CONFIG_ENV, raising=False)
+    return CliRunner()
+
+
+def _populate() -> None:
+    cfg = load_config()
+    with open_catalog(cfg.catalog.url) as cat:
+        cat.create_dataset(DatasetRecord("temp", (100, 80), "<f8", (10, 20), '["zstd"]', "AUTO"))
+        cat.create_dataset(DatasetRecord("press", (7,), "<i2", (3,), "[]", "REMOTETAPE"))
+        cat.commit(
+            [ChunkCopy("temp", f"c/{i}/{j}", "local", 1000) for i in range(10) for j in range(4)]
+            + [ChunkCopy("temp", "c/0/0", "archive", 1000)]
+            + [ChunkCopy("press", f"c/{i}", "archive", 6) for i in range(3)]
+        )
+
+
+def test_init_writes_config_and_catalog(runner, tmp_path):
+    res = runner.invoke(main, ["init"])
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "strataio.toml").read_text() == default_config_text()
+    with open_catalog(tmp_path / ".strataio" / "catalog.db") as cat:
+        assert [(t.name, t.role, t.order) for t in cat.tiers()] == [
+            ("local", "localdisk", 0),
+            ("archive", "remotetape", 1),
+        ]
+    # refuses to overwrite (usage error), --force does
+    (tmp_path / "strataio.toml").write_text("# mine\n" + default_config_text())
+    res = runner.invoke(main, ["init"])
+    assert res.exit_code == 2
+    assert "already exists" in res.output and "--force" in res.output
+    assert "Traceback" not in res.output
+    assert (tmp_path / "strataio.toml").read_text().startswith("# mine")
+    res = runner.invoke(main, ["init", "--force"])
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "strataio.toml").read_text() == default_config_text()
+
+
+def test_ls_and_du(runner):
+    assert runner.invoke(main, ["init"]).exit_code == 0
+    res = runner.invoke(main, ["ls"])
+    assert res.exit_code == 0 and "no datasets" in res.output
+    _populate()
+    res = runner.invoke(main, ["ls", "--json"])
+    assert res.exit_code == 0, res.output
+    rows = {r["name"]: r for r in json.loads(res.output)}
+    assert rows["temp"] == {
+        "name": "temp",
+        "shape": [100, 80],
+        "dtype": "<f8",
+        "chunks": [10, 20],
+        "nchunks": 40,
+        "hint": "AUTO",
+        "state": "active",
+        "size_bytes": 64000,
+        "stored_bytes": 41000,
+        "chunks_per_tier": {"local": 40, "archive": 1},
+    }
+    assert rows["press"]["chunks_per_tier"] == {"local": 0, "archive": 3}
+    assert rows["press"]["nchunks"] == 3 and rows["press"]["hint"] == "REMOTETAPE"
+    res = runner.invoke(main, ["ls"])
+    assert res.exit_code == 0
+    for text in ("temp", "press", "100×80", "REMOTETAPE", "on local", "on archive"):
+        assert text in res.output
+
+    res = runner.invoke(main, ["du", "--json"])
+    assert res.exit_code == 0, res.output
+    du = json.loads(res.output)
+    assert [(t["name"], t["copies"], t["bytes"]) for t in du["tiers"]] == [
+        ("local", 40, 40000),
+        ("archive", 4, 1018),
+    ]
+    assert du["datasets"] == {
+        "press": {"archive": 18},
+        "temp": {"local": 40000, "archive": 1000},
+    }
+    res = runner.invoke(main, ["du", "-b"])
+    assert res.exit_code == 0
+    assert "40000" in res.output and "41000" in res.output and "1018" in res.output
+
+
+def test_du_shows_capacity_use(runner, tmp_path):
+    assert runner.invoke(main, ["init"]).exit_code == 0
+    (tmp_path / "strataio.toml").write_text(
+        default_config_text().replace('path = ".strataio/local"', 'path = "l"\ncapacity = 50000')
+    )
+    # as a session does on open: the catalog learns the configured tiers
+    with open_catalog(load_config().catalog.url) as cat:
+        cat.register_tiers(load_config().tier_records())
+    _populate()
+    res = runner.invoke(main, ["du", "--bytes"])
+    assert res.exit_code == 0, res.output
+    assert "80.0" in res.output  # 40000 of 50000 bytes
+
+
+def test_errors_exit_codes(runner, tmp_path, monkeypatch):
+    # no catalog yet: a setup problem, exit 2 with a hint
+    res = runner.invoke(main, ["ls"])
+    assert res.exit_code == 2
+    assert "strataio init" in res.output and "Traceback" not in res.output
+    # a bad config file: exit 2, naming file and key
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[[tiers]]\nname = 'x'\nkind = 'posix'\nrole = 'warp'\n")
+    res = runner.invoke(main, ["du", "--config", str(bad)])
+    assert res.exit_code == 2
+    assert "bad.toml" in res.output and "role" in res.output and "Traceback" not in res.output
+    monkeypatch.setenv(CONFIG_ENV, str(tmp_path / "gone.toml"))
+    res = runner.invoke(main, ["ls"])
+    assert res.exit_code == 2 and "STRATAIO_CONFIG" in res.output
+    # a runtime failure (unreachable database): exit 1
+    pg = tmp_path / "pg.toml"
+    pg.write_text(
+        "[catalog]\nurl = 'postgresql://u:pw@/db?host=/nonexistent-dir'\n"
+        "[[tiers]]\nname = 'm'\nkind = 'memory'\nrole = 'memory'\n"
+    )
+    res = runner.invoke(main, ["ls", "-c", str(pg)])
+    assert res.exit_code == 1, res.output
+    assert "cannot connect" in res.output and "pw" not in res.output
+    # click's own usage errors stay exit 2
+    assert runner.invoke(main, ["ls", "--nope"]).exit_code == 2
