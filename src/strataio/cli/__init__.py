@@ -18,5 +18,10 @@ def bench() -> None:
     """Benchmarks, each against its baseline in the same run."""
 
 
-# Command modules (each registers on `main` or `bench` when imported).
-from strataio.cli import catalog_cmd  # noqa: E402, F401
+# Command modules register themselves on `main` or `bench` when imported.
+from strataio.cli import (
+    bench_cmd,
+    catalog_cmd,
+    dataset_cmd,
+    demo_cmd,
+)

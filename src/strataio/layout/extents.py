@@ -205,6 +205,8 @@ class Extents:
         ext = self.compact()
         if b.size == 0 or len(ext) == 0:
             return ext
+        if 16 * b.size < len(ext) and ext.is_sorted():
+            return ext._split_sorted(b)
         # boundaries strictly inside (offset, end)
         lo = np.searchsorted(b, ext.offsets, side="right")
         hi = np.searchsorted(b, ext.ends, side="left")
@@ -229,7 +231,28 @@ class Extents:
         """For each piece, the index ``j`` of the bin ``[boundaries[j], boundaries[j+1])`` holding
         its first byte (``-1`` left of the first boundary). ``boundaries`` must be sorted."""
         b = _as_i64(boundaries)
+        n = len(self)
+        if 16 * b.size < n and bool(np.all(self.offsets[1:] >= self.offsets[:-1])):
+            # few bins over offset-sorted pieces: search the bins' edges among the pieces
+            edges = np.searchsorted(self.offsets, b, side="left")
+            counts = np.diff(np.concatenate(([0], edges, [n])))
+            return np.repeat(np.arange(-1, b.size, dtype=np.intp), counts)
         return np.searchsorted(b, self.offsets, side="right") - 1
+
+    def _split_sorted(self, b: np.ndarray) -> Extents:
+        """:meth:`split` for sorted disjoint pieces and sorted unique ``b``: each boundary lies
+        in at most one piece, so only the pieces it cuts change (O(len(b) log n) search)."""
+        i = np.searchsorted(self.offsets, b, side="right") - 1
+        ok = i >= 0
+        j = np.maximum(i, 0)
+        inside = ok & (b > self.offsets[j]) & (b < self.ends[j])
+        if not inside.any():
+            return self
+        cb, ci = b[inside], i[inside]
+        offs = np.insert(self.offsets, ci + 1, cb)
+        ends = np.insert(self.ends, ci, cb)
+        mem = np.insert(self.mem, ci + 1, self.mem[ci] + (cb - self.offsets[ci]))
+        return Extents(offs, ends - offs, mem)
 
     def intersect(self, other: Extents) -> Extents:
         """The parts of these pieces that lie in any piece of ``other``, in this order.

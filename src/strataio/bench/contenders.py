@@ -1,0 +1,334 @@
+"""The stores compared by ``strataio bench sections``: one object per way of keeping a 2-D array.
+
+Every contender holds the same float32 array and answers the same two calls, ``read(start,
+stop)`` and ``write(start, data)``, on a box of it; :meth:`Contender.files` lists every file it
+keeps, so a benchmark can evict them all from the page cache before a cold measurement.
+
+- ``naive``: the whole array as one raw row-major file, accessed as a naive application does:
+  one ``os.preadv`` / ``os.pwrite`` per contiguous piece of the box (one per row, or a single
+  call when the box is whole rows). This is the baseline of APRIL's Table 3.
+- ``strataio``: a sub-filed dataset (one file per chunk) through ``strataio.open_dataset``.
+- ``h5py``: one HDF5 file, chunked dataset, HDF5's chunk cache disabled.
+- ``zarr``: zarr-python 3 on a local directory store, no compression.
+- ``tensorstore``: TensorStore's ``zarr3`` driver on a ``file`` kvstore, cache disabled.
+
+All chunked contenders use the same chunk shape and no compression. Timed writes go to the
+page cache (no fsync), the same for every contender.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from strataio.layout.extents import section_extents
+
+#: every contender, in table order
+CONTENDERS = ("naive", "strataio", "h5py", "zarr", "tensorstore")
+#: rows written per setup call: setup writes the array in big blocks
+_BLOCK_BYTES = 64 << 20
+
+#: age beyond which a file's modification time reliably changes on the next write
+_STAMP_TRUST_NS = 100_000_000
+#: files to flush above which one sync(2) replaces per-file fdatasync(2)
+_BULK_SYNC_FILES = 256
+
+Box = tuple[slice, ...]
+
+
+def _box(start: Sequence[int], stop: Sequence[int]) -> Box:
+    return tuple(slice(a, b) for a, b in zip(start, stop))
+
+
+def _files_under(root: Path) -> list[str]:
+    out = []
+    for dirpath, _dirs, files in os.walk(root):
+        out.extend(os.path.join(dirpath, f) for f in files)
+    return out
+
+
+def _row_blocks(data: np.ndarray, chunk_rows: int) -> list[tuple[int, int]]:
+    """Row ranges of about ``_BLOCK_BYTES``, aligned to ``chunk_rows`` (whole chunk rows)."""
+    row_bytes = max(1, data[0].nbytes) if data.shape[0] else 1
+    rows = max(chunk_rows, (_BLOCK_BYTES // row_bytes) // chunk_rows * chunk_rows)
+    return [(a, min(a + rows, data.shape[0])) for a in range(0, data.shape[0], rows)]
+
+
+class Contender:
+    """A way of storing the benchmark array. Subclasses fill in the five methods."""
+
+    name = ""
+
+    def __init__(self, root: Path, chunks: tuple[int, ...]) -> None:
+        self.root = root
+        self.chunks = chunks
+        self._dropper = CacheDropper()
+        self._file_list: list[str] | None = None
+
+    def setup(self, data: np.ndarray) -> None:
+        """Store ``data`` (creating the files), then open the handle the timed calls use."""
+        raise NotImplementedError
+
+    def read(self, start: Sequence[int], stop: Sequence[int]) -> np.ndarray:
+        raise NotImplementedError
+
+    def write(self, start: Sequence[int], data: np.ndarray) -> None:
+        raise NotImplementedError
+
+    def files(self) -> list[str]:
+        """Every file holding the array (all of them, not only those a call touches)."""
+        return _files_under(self.root)
+
+    def drop_cache(self) -> None:
+        """Evict every file of this contender from the OS page cache.
+
+        The file list is taken once: after setup every chunk exists (the data has no
+        fill-value chunks), and the benchmark's writes replace files, never add them.
+        """
+        if self._file_list is None:
+            self._file_list = self.files()
+        self._dropper.drop(self._file_list)
+
+    def close(self) -> None:
+        """Release handles and delete the files."""
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+class Naive(Contender):
+    """One raw file; one system call per contiguous piece of the box."""
+
+    name = "naive"
+
+    def setup(self, data: np.ndarray) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.path = self.root / "array.f32"
+        self.shape = data.shape
+        self.itemsize = data.dtype.itemsize
+        self.dtype = data.dtype
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        view = memoryview(np.ascontiguousarray(data)).cast("B")
+        pos = 0
+        while pos < len(view):
+            pos += os.pwrite(self.fd, view[pos : pos + _BLOCK_BYTES], pos)
+
+    def _pieces(self, start: Sequence[int], stop: Sequence[int]) -> tuple[list[int], ...]:
+        ext = section_extents(self.shape, self.itemsize, start, stop)
+        return ext.offsets.tolist(), ext.lengths.tolist(), ext.mem.tolist()
+
+    def read(self, start: Sequence[int], stop: Sequence[int]) -> np.ndarray:
+        out = np.empty([b - a for a, b in zip(start, stop)], dtype=self.dtype)
+        buf = memoryview(out).cast("B")
+        fd = self.fd
+        for off, n, m in zip(*self._pieces(start, stop)):
+            got = os.preadv(fd, [buf[m : m + n]], off)
+            if got != n:
+                raise OSError(f"short read of {self.path}: {got} of {n} bytes at {off}")
+        return out
+
+    def write(self, start: Sequence[int], data: np.ndarray) -> None:
+        stop = [a + n for a, n in zip(start, data.shape)]
+        buf = memoryview(np.ascontiguousarray(data)).cast("B")
+        fd = self.fd
+        for off, n, m in zip(*self._pieces(start, stop)):
+            done = os.pwrite(fd, buf[m : m + n], off)
+            if done != n:
+                raise OSError(f"short write of {self.path}: {done} of {n} bytes at {off}")
+
+    def close(self) -> None:
+        if getattr(self, "fd", None) is not None:
+            os.close(self.fd)
+            self.fd = None
+        super().close()
+
+
+class Strataio(Contender):
+    """A strataio sub-filed dataset, one file per chunk."""
+
+    name = "strataio"
+
+    def setup(self, data: np.ndarray) -> None:
+        import strataio
+
+        path = self.root / "array.zarr"
+        with strataio.create_dataset(
+            path, data.shape, data.dtype, self.chunks, codec=None, overwrite=True
+        ) as ds:
+            for a, b in _row_blocks(data, self.chunks[0]):
+                ds.write_section((a, 0), data[a:b])
+        self.ds = strataio.open_dataset(path, mode="r+")
+
+    def read(self, start: Sequence[int], stop: Sequence[int]) -> np.ndarray:
+        return self.ds.read_section(start, stop)
+
+    def write(self, start: Sequence[int], data: np.ndarray) -> None:
+        self.ds.write_section(start, data)
+
+    def close(self) -> None:
+        if getattr(self, "ds", None) is not None:
+            self.ds.close()
+            self.ds = None
+        super().close()
+
+
+class H5py(Contender):
+    """One HDF5 file with a chunked dataset; HDF5's chunk cache is off (``rdcc_nbytes=0``)."""
+
+    name = "h5py"
+
+    def setup(self, data: np.ndarray) -> None:
+        import h5py
+
+        self.root.mkdir(parents=True, exist_ok=True)
+        path = self.root / "array.h5"
+        with h5py.File(path, "w", rdcc_nbytes=0) as f:
+            d = f.create_dataset("a", shape=data.shape, dtype=data.dtype, chunks=self.chunks)
+            for a, b in _row_blocks(data, self.chunks[0]):
+                d[a:b] = data[a:b]
+        self.file = h5py.File(path, "r+", rdcc_nbytes=0)
+        self.dset = self.file["a"]
+
+    def read(self, start: Sequence[int], stop: Sequence[int]) -> np.ndarray:
+        out = np.empty([b - a for a, b in zip(start, stop)], dtype=self.dset.dtype)
+        self.dset.read_direct(out, source_sel=_box(start, stop))
+        return out
+
+    def write(self, start: Sequence[int], data: np.ndarray) -> None:
+        stop = [a + n for a, n in zip(start, data.shape)]
+        self.dset.write_direct(np.ascontiguousarray(data), dest_sel=_box(start, stop))
+
+    def close(self) -> None:
+        if getattr(self, "file", None) is not None:
+            self.file.close()
+            self.file = None
+        super().close()
+
+
+class Zarr(Contender):
+    """zarr-python 3 on a local directory store, uncompressed."""
+
+    name = "zarr"
+
+    def setup(self, data: np.ndarray) -> None:
+        import zarr
+
+        path = str(self.root / "array.zarr")
+        z = zarr.create_array(
+            store=path,
+            shape=data.shape,
+            chunks=self.chunks,
+            dtype=data.dtype,
+            compressors=None,
+            fill_value=0,
+            zarr_format=3,
+            overwrite=True,
+        )
+        for a, b in _row_blocks(data, self.chunks[0]):
+            z[a:b] = data[a:b]
+        self.z = zarr.open_array(store=path, mode="r+")
+
+    def read(self, start: Sequence[int], stop: Sequence[int]) -> np.ndarray:
+        return self.z[_box(start, stop)]
+
+    def write(self, start: Sequence[int], data: np.ndarray) -> None:
+        stop = [a + n for a, n in zip(start, data.shape)]
+        self.z[_box(start, stop)] = data
+
+
+class TensorStore(Contender):
+    """TensorStore's zarr3 driver on a file kvstore, with its cache pool at 0 bytes."""
+
+    name = "tensorstore"
+
+    def _spec(self, create: bool, data: np.ndarray | None = None) -> dict:
+        spec: dict = {
+            "driver": "zarr3",
+            "kvstore": {"driver": "file", "path": str(self.root / "array.zarr")},
+            "context": {"cache_pool": {"total_bytes_limit": 0}},
+            "recheck_cached_data": True,
+        }
+        if create and data is not None:
+            spec["metadata"] = {
+                "shape": list(data.shape),
+                "chunk_grid": {
+                    "name": "regular",
+                    "configuration": {"chunk_shape": list(self.chunks)},
+                },
+                "chunk_key_encoding": {"name": "default"},
+                "data_type": str(data.dtype),
+                "codecs": [{"name": "bytes", "configuration": {"endian": "little"}}],
+                "fill_value": 0,
+            }
+            spec["create"] = True
+            spec["delete_existing"] = True
+        else:
+            spec["open"] = True
+        return spec
+
+    def setup(self, data: np.ndarray) -> None:
+        import tensorstore as ts
+
+        t = ts.open(self._spec(True, data)).result()
+        for a, b in _row_blocks(data, self.chunks[0]):
+            t[a:b].write(data[a:b]).result()
+        self.t = ts.open(self._spec(False)).result()
+
+    def read(self, start: Sequence[int], stop: Sequence[int]) -> np.ndarray:
+        return self.t[_box(start, stop)].read().result()
+
+    def write(self, start: Sequence[int], data: np.ndarray) -> None:
+        stop = [a + n for a, n in zip(start, data.shape)]
+        self.t[_box(start, stop)].write(data).result()
+
+
+_CLASSES: dict[str, type[Contender]] = {
+    c.name: c for c in (Naive, Strataio, H5py, Zarr, TensorStore)
+}
+
+
+def make_contender(name: str, root: Path, chunks: tuple[int, ...]) -> Contender:
+    """The contender called ``name`` (one of :data:`CONTENDERS`), keeping its files in ``root``."""
+    return _CLASSES[name](root, chunks)
+
+
+class CacheDropper:
+    """Evicts files from the OS page cache: ``fdatasync`` (dirty pages cannot be dropped), then
+    ``posix_fadvise(DONTNEED)``.
+
+    ``fdatasync`` costs a journal round trip even on a clean file, so it is issued only for
+    files modified (by ``st_mtime_ns`` / size) since this dropper last flushed them; every
+    file is still advised out of the cache each time.
+    """
+
+    def __init__(self) -> None:
+        self._flushed: dict[str, tuple[int, int]] = {}
+
+    def drop(self, paths: Sequence[str]) -> None:
+        stale = sum(1 for p in paths if p not in self._flushed)
+        synced = stale > _BULK_SYNC_FILES
+        if synced:  # after a bulk write, one sync(2) beats thousands of fdatasync(2)
+            os.sync()
+        for p in paths:
+            try:
+                fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                continue
+            try:
+                st = os.fstat(fd)
+                stamp = (st.st_mtime_ns, st.st_size)
+                if self._flushed.get(p) != stamp:
+                    if not synced:
+                        os.fdatasync(fd)
+                    # a write within the file system's timestamp granularity of this one
+                    # would leave st_mtime unchanged: trust only stamps older than that
+                    if time.time_ns() - st.st_mtime_ns > _STAMP_TRUST_NS:
+                        self._flushed[p] = stamp
+                    else:
+                        self._flushed.pop(p, None)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)

@@ -1,0 +1,375 @@
+"""``strataio bench sections``: APRIL's sub-filing experiment (Tables 2 and 3, §6.1), scaled.
+
+APRIL stores a 50000 x 50000 float array on HPSS either as one file ("naive") or as sub-files
+of 1000 x 1000 or 2000 x 2000 elements, and times eight section reads and writes (patterns
+A-H). This benchmark keeps the geometry and scales it by ``size / 50000``: the default 8000 x
+8000 float32 array (256 MB) with 160 x 160 and 320 x 320 chunks, every pattern coordinate
+scaled the same way and rounded to an integer.
+
+Geometry: the paper's coordinates are ``(x, y)`` with ``x`` running along a row. Its own text
+fixes this: pattern G, ``(0,0)-(1000,4000)``, needs 4000 I/O calls in the naive case, so it
+spans 4000 rows; E, ``(0,0)-(50000,80)``, is a single call, so it is 80 whole rows; F,
+``(0,0)-(80,50000)``, is the worst naive case, one call per row for every row. Pattern
+``(x0,y0)-(x1,y1)`` is therefore numpy's ``a[y0:y1, x0:x1]`` on the row-major array: scaled, E
+is 13 full-width rows (one contiguous piece) and F all 8000 rows by 13 columns.
+
+Every contender (see :mod:`strataio.bench.contenders`) stores the same random data. Each
+pattern is checked once against the numpy oracle, for reads and writes, outside the timings.
+A cold measurement first evicts every file of that contender from the page cache; a warm one
+follows an untimed call of the same kind. The reported time is the median of ``repeat``
+calls. §6.1's adaptive run adds a chunk shaped like pattern E (13 x 8000) for pattern E.
+The same run measures numpy's memcpy bandwidth (``np.copyto`` of the whole array) and reports
+strataio's warm read of pattern C as a fraction of it.
+"""
+
+from __future__ import annotations
+
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from strataio.bench.contenders import CONTENDERS, Contender, make_contender
+from strataio.errors import StrataError
+from strataio.layout.extents import section_extents
+
+PAPER_SIZE = 50000
+PAPER_CHUNKS = (1000, 2000)
+#: Table 2: start and end coordinates, (x, y) with x along a row
+PAPER_PATTERNS: dict[str, tuple[tuple[int, int], tuple[int, int]]] = {
+    "A": ((0, 0), (1000, 1000)),
+    "B": ((0, 0), (4000, 1000)),
+    "C": ((0, 0), (24000, 1000)),
+    "D": ((5000, 5000), (6000, 6000)),
+    "E": ((0, 0), (50000, 80)),
+    "F": ((0, 0), (80, 50000)),
+    "G": ((0, 0), (1000, 4000)),
+    "H": ((6000, 6000), (8000, 8000)),
+}
+#: Table 3: gain (%) of sub-filing over the naive file, (small chunk, large chunk)
+PAPER_GAINS: dict[tuple[str, str], tuple[float, float]] = {
+    ("A", "write"): (96.1, 94.5),
+    ("A", "read"): (85.2, 77.1),
+    ("B", "write"): (83.8, 84.9),
+    ("B", "read"): (43.2, 55.6),
+    ("C", "write"): (8.8, 37.9),
+    ("C", "read"): (-240.5, -172.4),
+    ("D", "write"): (96.7, 95.4),
+    ("D", "read"): (84.1, 79.7),
+    ("E", "write"): (-3525.1, -2437.6),
+    ("E", "read"): (-3229.3, -2623.9),
+    ("F", "write"): (96.0, 97.2),
+    ("F", "read"): (85.9, 88.5),
+    ("G", "write"): (95.9, 96.4),
+    ("G", "read"): (88.3, 88.6),
+    ("H", "write"): (91.2, 96.5),
+    ("H", "read"): (76.6, 89.9),
+}
+#: §6.1: gain (%) with chunks shaped like pattern E
+PAPER_ADAPTIVE_GAINS = {"write": 1.85, "read": -0.61}
+
+OPS = ("read", "write")
+CACHES = ("cold", "warm")
+
+
+def _scale(v: int, size: int) -> int:
+    return int(np.floor(v * size / PAPER_SIZE + 0.5))
+
+
+def scaled_patterns(size: int) -> dict[str, tuple[tuple[int, int], tuple[int, int]]]:
+    """Patterns A-H on a ``size`` x ``size`` array as numpy ``(start, stop)`` = ``((y0, x0),
+    (y1, x1))``; every box keeps at least one element along each axis."""
+    out = {}
+    for name, ((x0, y0), (x1, y1)) in PAPER_PATTERNS.items():
+        a = (min(_scale(y0, size), size - 1), min(_scale(x0, size), size - 1))
+        b = tuple(min(max(_scale(v, size), s + 1), size) for v, s in zip((y1, x1), a))
+        out[name] = (a, b)
+    return out
+
+
+def scaled_chunks(size: int) -> tuple[int, ...]:
+    """APRIL's small and large chunk sides scaled to ``size``."""
+    return tuple(max(1, _scale(c, size)) for c in PAPER_CHUNKS)
+
+
+@dataclass
+class SectionsConfig:
+    """What to run. ``chunks`` of None means APRIL's chunk sides scaled to ``size``."""
+
+    size: int = 8000
+    chunks: tuple[int, ...] | None = None
+    patterns: str = "ABCDEFGH"
+    repeat: int = 3
+    ops: tuple[str, ...] = OPS
+    caches: tuple[str, ...] = CACHES
+    contenders: tuple[str, ...] = CONTENDERS
+    adaptive: bool = True
+    workdir: Path | None = None
+    seed: int = 0
+
+    def validate(self) -> None:
+        if self.size < 2:
+            raise StrataError(f"array side {self.size} is too small (at least 2)")
+        if self.repeat < 1:
+            raise StrataError("repeat must be at least 1")
+        bad = set(self.patterns) - set(PAPER_PATTERNS)
+        if bad or not self.patterns:
+            raise StrataError(f"unknown patterns {sorted(bad)}: choose from ABCDEFGH")
+        for what, got, known in (
+            ("operation", self.ops, OPS),
+            ("cache state", self.caches, CACHES),
+            ("contender", self.contenders, CONTENDERS),
+        ):
+            unknown = [x for x in got if x not in known]
+            if unknown or not got:
+                raise StrataError(f"unknown {what} {unknown}: choose from {', '.join(known)}")
+        if "naive" not in self.contenders:
+            raise StrataError("the naive contender is the baseline and cannot be left out")
+        if any(c < 1 for c in self.chunk_sides):
+            raise StrataError(f"chunk sides must be positive, got {self.chunk_sides}")
+
+    @property
+    def chunk_sides(self) -> tuple[int, ...]:
+        return tuple(self.chunks) if self.chunks else scaled_chunks(self.size)
+
+
+@dataclass
+class Pass:
+    """One chunk shape and the patterns run with it."""
+
+    label: str
+    chunks: tuple[int, int]
+    patterns: list[str]
+    paper_column: int | None = None  # 0/1: which Table 3 column it reproduces
+    results: list[dict[str, Any]] = field(default_factory=list)
+
+
+def plan_passes(cfg: SectionsConfig) -> list[Pass]:
+    pats = list(cfg.patterns)
+    default = cfg.chunks is None
+    passes = [
+        Pass(f"{c}x{c}", (c, c), pats, i if default and i < 2 else None)
+        for i, c in enumerate(cfg.chunk_sides)
+    ]
+    if cfg.adaptive and "E" in pats:
+        (y0, _), (y1, _) = scaled_patterns(cfg.size)["E"]
+        passes.append(Pass(f"adaptive {y1 - y0}x{cfg.size}", (y1 - y0, cfg.size), ["E"]))
+    return passes
+
+
+def memcpy_bandwidth(data: np.ndarray, repeat: int = 3) -> float:
+    """Bytes per second numpy copies ``data`` into another array (best of ``repeat``)."""
+    dst = np.empty_like(data)
+    np.copyto(dst, data)  # fault the pages in
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        np.copyto(dst, data)
+        best = min(best, time.perf_counter() - t0)
+    return data.nbytes / best
+
+
+def _check(c: Contender, start: Sequence[int], stop: Sequence[int], want: np.ndarray) -> None:
+    got = np.asarray(c.read(start, stop))
+    if got.shape != want.shape or not np.array_equal(got, want):
+        raise StrataError(f"{c.name} returned wrong data for section {tuple(start)}-{tuple(stop)}")
+
+
+def verify(c: Contender, start: Sequence[int], stop: Sequence[int], data: np.ndarray) -> None:
+    """Check ``c`` against the numpy oracle: read, write other values and read them back,
+    then restore the original values."""
+    box = tuple(slice(a, b) for a, b in zip(start, stop))
+    want = np.ascontiguousarray(data[box])
+    _check(c, start, stop, want)
+    c.write(start, -want - 1)
+    _check(c, start, stop, -want - 1)
+    c.write(start, want)
+    _check(c, start, stop, want)
+
+
+def measure(
+    c: Contender,
+    op: str,
+    cache: str,
+    start: Sequence[int],
+    stop: Sequence[int],
+    payload: np.ndarray,
+    repeat: int,
+) -> list[float]:
+    """Seconds of ``repeat`` calls of ``op`` on the box, each cold (every file of ``c``
+    evicted first) or warm (after an untimed call)."""
+    if op == "read":
+
+        def call() -> None:
+            c.read(start, stop)
+    else:
+
+        def call() -> None:
+            c.write(start, payload)
+
+    if cache == "warm":
+        call()
+    times = []
+    for _ in range(repeat):
+        if cache == "cold":
+            c.drop_cache()
+        t0 = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def count_steps(cfg: SectionsConfig, passes: list[Pass]) -> int:
+    """Progress steps :func:`run_sections` reports: setups, checks and measurements."""
+    chunked = [c for c in cfg.contenders if c != "naive"]
+    n = 1 + len(cfg.ops) * len(cfg.caches) * len(set(p for ps in passes for p in ps.patterns))
+    for ps in passes:
+        n += len(chunked) * (1 + len(ps.patterns) * (1 + len(cfg.ops) * len(cfg.caches)))
+        n += len(ps.patterns)  # the naive check
+    return n
+
+
+def run_sections(cfg: SectionsConfig, step: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Run the benchmark; ``step(description)`` is called after each unit of work."""
+    cfg.validate()
+    advance = step or (lambda _d: None)
+    passes = plan_passes(cfg)
+    patterns = scaled_patterns(cfg.size)
+    rng = np.random.default_rng(cfg.seed)
+    data = rng.random((cfg.size, cfg.size), dtype=np.float32)
+    memcpy = memcpy_bandwidth(data)
+
+    parent = Path(cfg.workdir) if cfg.workdir else Path.cwd()
+    parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=".strataio-bench-", dir=parent))
+    naive_times: dict[tuple[str, str, str], list[float]] = {}
+    pattern_info: dict[str, dict[str, Any]] = {}
+    naive = make_contender("naive", work / "naive", (cfg.size, cfg.size))
+    try:
+        naive.setup(data)
+        advance("setup naive")
+        for ps in passes:
+            _run_pass(cfg, ps, data, patterns, naive, naive_times, pattern_info, work, advance)
+    finally:
+        naive.close()
+        shutil.rmtree(work, ignore_errors=True)
+
+    c_reads = []
+    for ps in passes:
+        for r in ps.results:
+            if (r["pattern"], r["op"], r["cache"], r["contender"]) == (
+                "C",
+                "read",
+                "warm",
+                "strataio",
+            ):
+                bw = pattern_info["C"]["nbytes"] / r["seconds"]
+                c_reads.append(
+                    {
+                        "pass": ps.label,
+                        "chunks": list(ps.chunks),
+                        "bytes_per_s": bw,
+                        "fraction_of_memcpy": bw / memcpy,
+                    }
+                )
+    cfg_json = asdict(cfg)
+    cfg_json["workdir"] = str(cfg.workdir) if cfg.workdir else None
+    cfg_json["chunks"] = list(cfg.chunk_sides)
+    return {
+        "benchmark": "sections",
+        "config": cfg_json,
+        "array": {"shape": [cfg.size, cfg.size], "dtype": "float32", "nbytes": data.nbytes},
+        "geometry": "paper (x0,y0)-(x1,y1) is numpy a[y0:y1, x0:x1], x along a row",
+        "memcpy_bytes_per_s": memcpy,
+        "patterns": pattern_info,
+        "passes": [
+            {
+                "label": ps.label,
+                "chunks": list(ps.chunks),
+                "paper_column": ps.paper_column,
+                "results": ps.results,
+            }
+            for ps in passes
+        ],
+        "pattern_c_warm_read": c_reads,
+    }
+
+
+def _run_pass(
+    cfg: SectionsConfig,
+    ps: Pass,
+    data: np.ndarray,
+    patterns: dict[str, tuple[tuple[int, int], tuple[int, int]]],
+    naive: Contender,
+    naive_times: dict[tuple[str, str, str], list[float]],
+    pattern_info: dict[str, dict[str, Any]],
+    work: Path,
+    advance: Callable[[str], None],
+) -> None:
+    chunked: list[Contender] = []
+    try:
+        for name in cfg.contenders:
+            if name == "naive":
+                continue
+            c = make_contender(name, work / f"{name}-{ps.chunks[0]}x{ps.chunks[1]}", ps.chunks)
+            chunked.append(c)
+            c.setup(data)
+            advance(f"{ps.label}: setup {name}")
+        for pat in ps.patterns:
+            start, stop = patterns[pat]
+            box = tuple(slice(a, b) for a, b in zip(start, stop))
+            payload = np.ascontiguousarray(data[box])
+            if pat not in pattern_info:
+                (x0, y0), (x1, y1) = PAPER_PATTERNS[pat]
+                pattern_info[pat] = {
+                    "paper_xy": [[x0, y0], [x1, y1]],
+                    "start": list(start),
+                    "stop": list(stop),
+                    "nbytes": int(payload.nbytes),
+                    "naive_calls": len(section_extents(data.shape, 4, start, stop)),
+                }
+            touched = int(
+                np.prod([(b - 1) // k - a // k + 1 for a, b, k in zip(start, stop, ps.chunks)])
+            )
+            for c in [naive, *chunked]:
+                verify(c, start, stop, data)
+                advance(f"{ps.label} {pat}: checked {c.name}")
+            for op in cfg.ops:
+                for cache in cfg.caches:
+                    key = (pat, op, cache)
+                    if key not in naive_times:
+                        naive_times[key] = measure(
+                            naive, op, cache, start, stop, payload, cfg.repeat
+                        )
+                        advance(f"{ps.label} {pat} {op} {cache}: naive")
+                    base = statistics.median(naive_times[key])
+                    ps.results.append(_row(pat, op, cache, "naive", naive_times[key], base, None))
+                    for c in chunked:
+                        t = measure(c, op, cache, start, stop, payload, cfg.repeat)
+                        ps.results.append(_row(pat, op, cache, c.name, t, base, touched))
+                        advance(f"{ps.label} {pat} {op} {cache}: {c.name}")
+    finally:
+        for c in chunked:
+            c.close()
+
+
+def _row(
+    pat: str, op: str, cache: str, name: str, times: list[float], base: float, touched: int | None
+) -> dict[str, Any]:
+    t = statistics.median(times)
+    return {
+        "pattern": pat,
+        "op": op,
+        "cache": cache,
+        "contender": name,
+        "seconds": t,
+        "samples": times,
+        "gain_pct": (base - t) / base * 100.0 if base > 0 else 0.0,
+        "chunks_touched": touched,
+    }

@@ -1,0 +1,218 @@
+"""``strataio bench sections``: APRIL Tables 2-3 and §6.1, scaled (see strataio.bench.sections)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+from rich import box
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from strataio.bench.contenders import CONTENDERS
+from strataio.bench.sections import (
+    PAPER_ADAPTIVE_GAINS,
+    PAPER_GAINS,
+    SectionsConfig,
+    count_steps,
+    plan_passes,
+    run_sections,
+)
+from strataio.cli import bench
+from strataio.errors import StrataError
+
+_MODULES = {"h5py": "h5py", "zarr": "zarr", "tensorstore": "tensorstore"}
+_SHORT = {"tensorstore": "tstore"}
+#: the tables need about this many columns; a narrower terminal would fold every cell
+_TABLE_WIDTH = 132
+
+
+def _csv(value: str) -> tuple[str, ...]:
+    return tuple(v.strip() for v in value.split(",") if v.strip())
+
+
+def _fmt_time(t: float) -> str:
+    if t >= 1:
+        return f"{t:.2f}s"
+    if t >= 1e-3:
+        return f"{t * 1e3:.3g}ms"
+    return f"{t * 1e6:.3g}µs"
+
+
+def _fmt_bw(b: float) -> str:
+    return f"{b / 1e9:.2f} GB/s" if b >= 1e9 else f"{b / 1e6:.1f} MB/s"
+
+
+def _fmt_gain(g: float) -> str:
+    color = "green" if g > 0 else "red"
+    return f"[{color}]{g:+.0f}%[/{color}]"
+
+
+def render_tables(result: dict[str, Any], console: Console) -> None:
+    """Print one Table-3-like table per chunk shape, then the bandwidth summary."""
+    contenders = [c for c in result["config"]["contenders"] if c != "naive"]
+    for ps in result["passes"]:
+        col = ps["paper_column"]
+        adaptive = ps["label"].startswith("adaptive")
+        rows_c, cols_c = ps["chunks"]
+        title = f"Sections, chunks {rows_c}x{cols_c}"
+        if col is not None:
+            title += f" (APRIL {('small', 'large')[col]} chunk)"
+        elif adaptive:
+            title += " (APRIL §6.1: chunk shaped like pattern E)"
+        table = Table(
+            title=title,
+            caption="time gain-vs-naive %; s/x = strataio time / x time (< 1: strataio faster)",
+            box=box.SIMPLE_HEAD,
+        )
+        for name in ("Pat", "Op", "Cache", "naive"):
+            table.add_column(name, justify="left" if name != "naive" else "right")
+        for c in contenders:
+            table.add_column(_SHORT.get(c, c), justify="right", no_wrap=True)
+        show_paper = col is not None or adaptive
+        if show_paper:
+            table.add_column("APRIL", justify="right")
+        ratio_to = [
+            c for c in ("zarr", "tensorstore") if c in contenders and "strataio" in contenders
+        ]
+        for c in ratio_to:
+            table.add_column(f"s/{_SHORT.get(c, c)}", justify="right")
+        by_key: dict[tuple[str, str, str], dict[str, dict[str, Any]]] = {}
+        for r in ps["results"]:
+            by_key.setdefault((r["pattern"], r["op"], r["cache"]), {})[r["contender"]] = r
+        for (pat, op, cache), rs in by_key.items():
+            cells = [pat, op, cache, _fmt_time(rs["naive"]["seconds"])]
+            for c in contenders:
+                r = rs[c]
+                cells.append(f"{_fmt_time(r['seconds'])} {_fmt_gain(r['gain_pct'])}")
+            if show_paper:
+                g = PAPER_ADAPTIVE_GAINS[op] if adaptive else PAPER_GAINS[(pat, op)][col]
+                cells.append(f"{g:+.0f}%")
+            for c in ratio_to:
+                cells.append(f"{rs['strataio']['seconds'] / rs[c]['seconds']:.2f}")
+            table.add_row(*cells)
+        console.print(table)
+    mem = result["memcpy_bytes_per_s"]
+    console.print(f"numpy memcpy bandwidth: {_fmt_bw(mem)}")
+    for c in result["pattern_c_warm_read"]:
+        frac = c["fraction_of_memcpy"]
+        verdict = "[green]>= 50%[/green]" if frac >= 0.5 else "[red]< 50%[/red]"
+        console.print(
+            f"strataio pattern C warm read, chunks {c['chunks'][0]}x{c['chunks'][1]}: "
+            f"{_fmt_bw(c['bytes_per_s'])} = {frac:.1%} of memcpy {verdict}"
+        )
+
+
+@bench.command("sections")
+@click.option("--size", default=8000, show_default=True, help="Side of the square float32 array.")
+@click.option(
+    "--chunks",
+    default=None,
+    help="Square chunk sides, comma-separated [default: APRIL's 1000,2000 scaled to --size, "
+    "160,320 at 8000].",
+)
+@click.option("--patterns", default="ABCDEFGH", show_default=True, help="Patterns to run.")
+@click.option("--repeat", default=3, show_default=True, help="Calls per measurement (median).")
+@click.option("--ops", default="read,write", show_default=True, help="Operations.")
+@click.option("--cache", "caches", default="cold,warm", show_default=True, help="Cache states.")
+@click.option(
+    "--contenders",
+    default=",".join(CONTENDERS),
+    show_default=True,
+    help="Stores to compare; naive is the baseline and always runs.",
+)
+@click.option(
+    "--adaptive/--no-adaptive",
+    default=True,
+    show_default=True,
+    help="Also run pattern E with chunks shaped like it (APRIL §6.1).",
+)
+@click.option(
+    "--dir",
+    "workdir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Parent of the work directory [default: the current directory]; removed afterwards.",
+)
+@click.option(
+    "--json",
+    "json_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Also write every measurement (all samples) to this file as JSON.",
+)
+@click.option("--seed", default=0, show_default=True, help="Seed of the random array.")
+def sections_cmd(
+    size: int,
+    chunks: str | None,
+    patterns: str,
+    repeat: int,
+    ops: str,
+    caches: str,
+    contenders: str,
+    adaptive: bool,
+    workdir: Path | None,
+    json_path: Path | None,
+    seed: int,
+) -> None:
+    """APRIL's sub-filing experiment (Tables 2-3, §6.1) scaled to a SIZE x SIZE float32 array.
+
+    Times section reads and writes of patterns A-H, cold (every file of the contender evicted
+    from the page cache before each call) and warm, for a naive single raw file (one system
+    call per row piece), strataio sub-files, h5py, zarr-python and TensorStore with the same
+    chunks, and reports each one's gain over naive. Timed writes end in the page cache (no
+    fsync), alike for every contender. Each pattern is first checked against numpy.
+
+    Geometry: the paper's (x0,y0)-(x1,y1) is numpy a[y0:y1, x0:x1] with x along a row (G needs
+    4000 naive calls, E one, F is the worst naive case): scaled to 8000, E is 13 full rows and
+    F is 8000 rows x 13 columns.
+    """
+    err = Console(stderr=True)
+    names = ["naive", *[c for c in _csv(contenders) if c != "naive"]]
+    missing = [c for c in names if c in _MODULES and importlib.util.find_spec(_MODULES[c]) is None]
+    for c in missing:
+        err.print(f"[yellow]skipping {c}: the {_MODULES[c]} package is not installed[/yellow]")
+    try:
+        sides = tuple(int(c) for c in _csv(chunks)) if chunks else None
+    except ValueError:
+        raise click.BadParameter(
+            f"{chunks!r} is not a list of integers", param_hint="--chunks"
+        ) from None
+    cfg = SectionsConfig(
+        size=size,
+        chunks=sides,
+        patterns=patterns.upper(),
+        repeat=repeat,
+        ops=_csv(ops),
+        caches=_csv(caches),
+        contenders=tuple(c for c in names if c not in missing),
+        adaptive=adaptive,
+        workdir=workdir,
+        seed=seed,
+    )
+    try:
+        cfg.validate()
+    except StrataError as exc:
+        raise click.UsageError(str(exc)) from None
+    total = count_steps(cfg, plan_passes(cfg))
+    with Progress(
+        TextColumn("[bold]{task.description}", justify="left"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+    ) as progress:
+        task = progress.add_task("generating data", total=total)
+        result = run_sections(cfg, lambda d: progress.update(task, advance=1, description=d))
+    out = Console(file=sys.stdout)
+    out.width = max(out.width, _TABLE_WIDTH)
+    render_tables(result, out)
+    if json_path is not None:
+        json_path.write_text(json.dumps(result, indent=1))
+        err.print(f"results written to {json_path}")

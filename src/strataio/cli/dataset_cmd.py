@@ -1,0 +1,83 @@
+"""Commands about sub-filed datasets on disk: ``info``."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import click
+import numpy as np
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from strataio.arrays import Dataset, open_dataset
+from strataio.cli import main
+from strataio.errors import StrataError
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def bytes_on_disk(ds: Dataset) -> int:
+    """Sum of the sizes of the chunk objects stored (metadata excluded)."""
+    store = ds.store
+    path_of = getattr(store, "chunk_path", None)
+    total = 0
+    for key in store.list_chunks():
+        path = path_of(key) if path_of is not None else None
+        if path is not None:
+            total += os.stat(path).st_size
+        else:
+            blob = store.get_chunks([key])[0]
+            total += 0 if blob is None else len(blob)
+    return total
+
+
+def fail(message: str) -> None:
+    """Print ``message`` on stderr and exit with status 2 (a usage-level error)."""
+    Console(stderr=True).print(f"[red]error:[/red] {message}", highlight=False)
+    sys.exit(2)
+
+
+@main.command("info")
+@click.argument("path", type=click.Path(path_type=Path))
+def info_cmd(path: Path) -> None:
+    """Describe the dataset at PATH: shape, dtype, chunks, codecs, chunks stored, bytes on disk."""
+    if not path.is_dir():
+        from strataio.cli.tiers_cmd import residency_info  # a dataset name in the catalog
+
+        if residency_info(str(path)):
+            return
+    try:
+        with open_dataset(path, mode="r") as ds:
+            present = ds.nchunks_stored()
+            on_disk = bytes_on_disk(ds)
+            rows = [
+                ("path", str(path)),
+                ("shape", " x ".join(map(str, ds.shape)) or "()"),
+                ("dtype", str(ds.dtype)),
+                ("chunks", " x ".join(map(str, ds.chunks)) or "()"),
+                ("chunk grid", " x ".join(map(str, ds.grid.grid_shape)) or "()"),
+                ("codecs", ds.codecs.describe()),
+                ("fill value", repr(np.asarray(ds.fill_value).item())),
+                ("chunks present", f"{present} / {ds.nchunks}"),
+                ("bytes on disk", f"{on_disk} ({_human(on_disk)})"),
+                ("logical bytes", f"{ds.nbytes} ({_human(ds.nbytes)})"),
+                ("attributes", ", ".join(sorted(ds.attrs)) or "-"),
+            ]
+    except (StrataError, OSError) as exc:
+        fail(str(exc))
+        return
+    table = Table(title=f"dataset {path}", show_header=False, box=box.SIMPLE)
+    table.add_column("field", style="bold")
+    table.add_column("value")
+    for k, v in rows:
+        table.add_row(k, v)
+    Console().print(table)

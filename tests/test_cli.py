@@ -1,0 +1,81 @@
+"""``strataio info`` and ``strataio demo`` through click's CliRunner."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import zarr
+from click.testing import CliRunner
+
+import strataio
+from strataio.cli import main
+
+
+def _chunk_files(path) -> list[str]:
+    out = []
+    for dirpath, _dirs, files in os.walk(os.path.join(path, "c")):
+        out.extend(os.path.join(dirpath, f) for f in files)
+    return out
+
+
+def test_demo_then_info(tmp_path) -> None:
+    runner = CliRunner()
+    res = runner.invoke(main, ["demo", "--dir", str(tmp_path), "--size", "400", "--chunk", "50"])
+    assert res.exit_code == 0, res.output
+    assert res.output.count(" ok") == 8 and "MISMATCH" not in res.output
+    for name in "ABCDEFGH":
+        assert f"\n  {name} " in res.output
+    path = tmp_path / "sample.zarr"
+    # the sample is a real dataset: its contents read back through zarr-python
+    assert zarr.open_array(store=str(path), mode="r").shape == (400, 400)
+
+    res = runner.invoke(main, ["info", str(path)])
+    assert res.exit_code == 0, res.output
+    files = _chunk_files(path)
+    assert len(files) == 64
+    assert "400 x 400" in res.output and "float32" in res.output and "50 x 50" in res.output
+    assert "64 / 64" in res.output
+    assert "zstd" in res.output and "crc32c" in res.output
+    assert f"{sum(os.path.getsize(f) for f in files)} (" in res.output
+
+
+def test_info_partial_dataset_and_foreign_writer(tmp_path) -> None:
+    path = tmp_path / "part.zarr"
+    with strataio.create_dataset(path, (100, 60), "int16", (30, 20)) as ds:
+        ds[0:30, 0:40] = np.ones((30, 40), np.int16)
+        ds[95, 59] = 3
+    res = CliRunner().invoke(main, ["info", str(path)])
+    assert res.exit_code == 0, res.output
+    files = _chunk_files(path)
+    assert len(files) == 3
+    assert "3 / 12" in res.output and "int16" in res.output
+    assert f"{sum(os.path.getsize(f) for f in files)} (" in res.output
+
+    # an array written by zarr-python is described the same way
+    zpath = tmp_path / "z.zarr"
+    z = zarr.create_array(
+        store=str(zpath), shape=(10, 10), chunks=(5, 5), dtype="float64", compressors=None
+    )
+    z[0:5, 0:10] = 1.0
+    res = CliRunner().invoke(main, ["info", str(zpath)])
+    assert res.exit_code == 0, res.output
+    assert "2 / 4" in res.output and "float64" in res.output and "800 (" in res.output
+
+
+def test_info_errors_are_messages_not_tracebacks(tmp_path) -> None:
+    runner = CliRunner()
+    notadir = tmp_path / "file.txt"
+    notadir.write_text("hello")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    broken = tmp_path / "broken.zarr"
+    broken.mkdir()
+    (broken / "zarr.json").write_text("{not json")
+    for target in (tmp_path / "missing", notadir, empty, broken):
+        res = runner.invoke(main, ["info", str(target)])
+        assert res.exit_code == 2, (target, res.output)
+        assert res.exception is None or isinstance(res.exception, SystemExit)
+        assert "Traceback" not in res.output
+        assert "error:" in res.stderr and str(target.name) in res.stderr
+        assert res.stdout == ""

@@ -1,0 +1,186 @@
+"""PosixBackend: key safety, batched preadv/pwritev against a numpy oracle, atomic put."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from strataio.errors import InvalidKeyError, NotFoundError
+from strataio.layout.extents import Extents
+from strataio.storage.posix import IOV_MAX, TMP_SUFFIX, PosixBackend
+
+
+@pytest.fixture
+def backend(tmp_path) -> PosixBackend:
+    return PosixBackend(tmp_path / "root")
+
+
+@pytest.mark.parametrize(
+    "key",
+    ["", "..", "../x", "a/../../x", "a/./b", "/etc/passwd", "a//b", "a/", "a\x00b", "C:x", "a\\b"],
+)
+def test_invalid_keys_refused_before_any_io(backend: PosixBackend, key: str) -> None:
+    for op in (
+        lambda: backend.put(key, b"x"),
+        lambda: backend.get(key),
+        lambda: backend.write(key, Extents.single(0, 1), b"x"),
+        lambda: backend.read(key, Extents.single(0, 1)),
+        lambda: backend.exists(key),
+        lambda: backend.delete(key),
+        lambda: backend.size(key),
+    ):
+        with pytest.raises(InvalidKeyError):
+            op()
+    assert list(backend.list()) == []
+    assert not os.listdir(backend.root)
+
+
+def test_missing_objects(backend: PosixBackend) -> None:
+    with pytest.raises(NotFoundError):
+        backend.get("nope")
+    with pytest.raises(NotFoundError):
+        backend.read("nope", Extents.single(0, 4))
+    with pytest.raises(NotFoundError):
+        backend.size("nope")
+    backend.delete("nope")  # missing is fine
+    assert not backend.exists("nope")
+
+
+def _scattered(rng: np.random.Generator, n: int, piece: int, file_size: int) -> Extents:
+    """``n`` disjoint pieces in random file order, packed in the stream."""
+    slots = rng.choice(file_size // piece, n, replace=False)
+    lens = rng.integers(1, piece + 1, n)
+    return Extents(slots * piece, lens)
+
+
+def test_pwritev_preadv_many_pieces_match_numpy(backend: PosixBackend) -> None:
+    rng = np.random.default_rng(1)
+    size = 1 << 16
+    oracle = np.zeros(size, dtype=np.uint8)
+    backend.truncate("f", size)
+
+    # (1) scattered pieces, more than IOV_MAX, in random order
+    n = 3 * IOV_MAX + 17
+    ext = _scattered(rng, n, 16, size)
+    data = rng.integers(0, 256, ext.nbytes, dtype=np.uint8)
+    backend.write("f", ext, data)
+    oracle[ext.byte_indices()] = data
+
+    # (2) file-adjacent pieces whose stream positions are shuffled: they cannot coalesce, so
+    # one run holds more than IOV_MAX buffers and must be split across calls
+    m = 2 * IOV_MAX + 5
+    lens = rng.integers(1, 8, m)
+    offs = 1000 + np.concatenate(([0], np.cumsum(lens)[:-1]))
+    order = rng.permutation(m)
+    mem = np.empty(m, dtype=np.int64)
+    mem[order] = np.concatenate(([0], np.cumsum(lens[order])[:-1]))
+    adj = Extents(offs, lens, mem)
+    assert len(adj.coalesce()) > IOV_MAX
+    stream = rng.integers(0, 256, int(lens.sum()), dtype=np.uint8)
+    backend.write("f", adj, stream)
+    for o, ln, p in zip(offs.tolist(), lens.tolist(), mem.tolist()):
+        oracle[o : o + ln] = stream[p : p + ln]
+
+    assert np.array_equal(np.frombuffer(backend.get("f"), np.uint8), oracle)
+    got = np.frombuffer(backend.read("f", ext), np.uint8)
+    assert np.array_equal(got, oracle[ext.byte_indices()])
+    got = np.frombuffer(backend.read("f", adj), np.uint8)
+    assert np.array_equal(got, stream)
+
+    # readinto a caller buffer at the stream positions
+    out = bytearray(ext.nbytes)
+    backend.readinto("f", ext, out)
+    assert np.array_equal(np.frombuffer(out, np.uint8), oracle[ext.byte_indices()])
+
+
+def test_write_creates_and_grows_read_past_eof_zero_fills(backend: PosixBackend) -> None:
+    backend.write("d/e/f", Extents([10, 30], [4, 2]), b"abcdXY")
+    assert backend.size("d/e/f") == 32
+    raw = bytes(backend.get("d/e/f"))
+    assert raw == b"\0" * 10 + b"abcd" + b"\0" * 16 + b"XY"
+    # pieces past end-of-file read as zeros (a hole), after a partial piece at the end
+    got = bytes(backend.read("d/e/f", Extents([12, 30, 40, 100], [2, 8, 5, 3])))
+    assert got == b"cd" + b"XY" + b"\0" * 6 + b"\0" * 5 + b"\0" * 3
+    # many pieces entirely past the end
+    ext = Extents(np.arange(IOV_MAX + 10) * 3 + 1000, np.full(IOV_MAX + 10, 2))
+    assert bytes(backend.read("d/e/f", ext)) == b"\0" * ext.nbytes
+    assert list(backend.list()) == ["d/e/f"]
+    assert list(backend.list("d/e")) == ["d/e/f"]
+
+
+def test_put_is_atomic_replace_without_leftovers(backend: PosixBackend) -> None:
+    backend.put("a/b", b"first version, longer")
+    backend.put("a/b", b"second", durable=True)
+    assert bytes(backend.get("a/b")) == b"second"
+    assert backend.size("a/b") == 6
+    assert list(backend.leftovers()) == []
+    names = os.listdir(backend.root / "a")
+    assert names == ["b"] and not any(n.endswith(TMP_SUFFIX) for n in names)
+    backend.put("empty", b"")
+    assert bytes(backend.get("empty")) == b""
+    big = np.random.default_rng(2).integers(0, 256, 3 << 20, dtype=np.uint8)
+    backend.put("big", memoryview(big))
+    assert np.array_equal(np.frombuffer(backend.get("big"), np.uint8), big)
+    assert sorted(backend.list()) == ["a/b", "big", "empty"]
+
+
+def test_put_failure_leaves_old_object_and_no_temp(backend: PosixBackend) -> None:
+    backend.put("k", b"old")
+
+    class Boom:
+        def __buffer__(self, flags: int) -> memoryview:
+            raise RuntimeError("source failed")
+
+    with pytest.raises((RuntimeError, TypeError)):
+        backend.put("k", Boom())  # type: ignore[arg-type]
+    assert bytes(backend.get("k")) == b"old"
+    assert list(backend.leftovers()) == []
+
+
+def test_leftovers_reports_interrupted_put(backend: PosixBackend) -> None:
+    backend.put("x", b"1")
+    stale = backend.root / f"x.123.0{TMP_SUFFIX}"
+    stale.write_bytes(b"partial")
+    assert list(backend.leftovers()) == [str(stale)]
+    assert list(backend.list()) == ["x"]  # temp files are not objects
+
+
+def test_drop_cache_and_sync_keep_data(backend: PosixBackend) -> None:
+    data = np.arange(1 << 18, dtype=np.uint32)
+    backend.write("c", Extents.single(0, data.nbytes), memoryview(data).cast("B"))
+    backend.drop_cache("c")  # flushes dirty pages, then evicts
+    backend.drop_cache("missing")  # no error
+    backend.sync()
+    backend.sync(["c", "missing"])
+    assert np.array_equal(np.frombuffer(backend.get("c"), np.uint32), data)
+
+
+def test_root_must_exist_without_create(tmp_path) -> None:
+    with pytest.raises(NotFoundError):
+        PosixBackend(tmp_path / "absent", create=False)
+
+
+def test_readinto_range_and_sizes(backend: PosixBackend) -> None:
+    data = np.random.default_rng(4).integers(0, 256, 10_000, dtype=np.uint8)
+    backend.put("r", memoryview(data))
+    out = bytearray(3000)
+    assert backend.readinto_range("r", 500, memoryview(out)) == data.size
+    assert bytes(out) == data[500:3500].tobytes()
+    # a range running past the end: the tail reads as zeros, the size is reported
+    out = bytearray(b"\xff" * 4000)
+    assert backend.readinto_range("r", 8000, memoryview(out)) == data.size
+    assert bytes(out) == data[8000:].tobytes() + b"\0" * 2000
+    # nowait on pages just written (in the page cache) completes like a plain read
+    out = bytearray(1000)
+    try:
+        backend.readinto_range("r", 0, memoryview(out), nowait=True)
+    except BlockingIOError:
+        pytest.skip("the kernel refused RWF_NOWAIT on cached pages")
+    assert bytes(out) == data[:1000].tobytes()
+    buf = bytearray(8)
+    assert backend.readinto("r", Extents([9996, 20_000], [4, 4]), buf) == data.size
+    assert bytes(buf) == data[9996:].tobytes() + b"\0" * 4
+    with pytest.raises(NotFoundError):
+        backend.readinto_range("missing", 0, memoryview(bytearray(4)))
