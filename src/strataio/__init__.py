@@ -2,11 +2,13 @@
 
 from strataio.arrays import Dataset, create_dataset, open_dataset
 from strataio.errors import StrataError
+from strataio.session import Session
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Dataset",
+    "Session",
     "StrataError",
     "__version__",
     "create_dataset",

@@ -75,3 +75,7 @@ class HintError(StrataError, ValueError):
 class ViewError(StrataError, ValueError):
     """A file view or a transfer does not fit MPI-IO's rules (negative displacement, filetype
     not a whole number of etypes, buffer not a whole number of etypes, ranks disagreeing)."""
+
+
+class DatasetDisabledError(StrataError):
+    """A dataset created with the DISABLE placement hint: its data was never stored."""

@@ -24,4 +24,5 @@ from strataio.cli import (
     catalog_cmd,
     dataset_cmd,
     demo_cmd,
+    tiers_cmd,
 )

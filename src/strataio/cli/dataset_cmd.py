@@ -50,6 +50,11 @@ def fail(message: str) -> None:
 @click.argument("path", type=click.Path(path_type=Path))
 def info_cmd(path: Path) -> None:
     """Describe the dataset at PATH: shape, dtype, chunks, codecs, chunks stored, bytes on disk."""
+    if not path.is_dir():
+        from strataio.cli.tiers_cmd import residency_info  # a dataset name in the catalog
+
+        if residency_info(str(path)):
+            return
     try:
         with open_dataset(path, mode="r") as ds:
             present = ds.nchunks_stored()

@@ -1,0 +1,296 @@
+"""Commands about the storage hierarchy: ``tiers``, ``stage``, ``migrate``, ``evict``, ``fsck``,
+and the benchmarks ``bench tape`` / ``bench overlap``.
+
+Exit codes: 0 ok (clean), 1 problems found or the operation failed, 2 usage error (click's).
+``strataio info NAME`` shows a catalogued dataset's per-tier residency through
+:func:`residency_info`, which the ``info`` command calls for names that are not a path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from strataio.cli import bench, main
+from strataio.errors import StrataError
+
+_config_opt = click.option(
+    "--config",
+    "config",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="configuration file (default: ./strataio.toml, $STRATAIO_CONFIG, built-in)",
+)
+
+
+def _human(n: int | None) -> str:
+    if n is None:
+        return "unbounded"
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"
+
+
+def _session(config: str | None) -> Any:
+    from strataio.session import Session
+
+    try:
+        return Session(config)
+    except StrataError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def parse_section(spec: str | None) -> Any:
+    """A numpy index from ``"0:100,0:80"`` (``:`` = whole axis, ``5`` = one index)."""
+    if spec is None or spec.strip() in ("", "all", ":"):
+        return None
+    parts = []
+    for p in spec.split(","):
+        p = p.strip()
+        try:
+            if ":" in p:
+                a, b = (p.split(":") + [""])[:2]
+                parts.append(slice(int(a) if a else None, int(b) if b else None))
+            else:
+                parts.append(int(p))
+        except ValueError:
+            raise click.BadParameter(
+                f"{spec!r}: write a section as start:stop per axis, e.g. 0:100,0:80"
+            ) from None
+    return tuple(parts)
+
+
+# ----------------------------------------------------------------------------- tiers
+@main.command("tiers")
+@_config_opt
+@click.option("--check", is_flag=True, help="probe every tier and record up/down in the catalog")
+def tiers_command(config: str | None, check: bool) -> None:
+    """Show the tiers: health, capacity, usage. Exit 1 if any tier is down."""
+    console = Console()
+    with _session(config) as s:
+        if check:
+            s.check_tiers()
+        usage = s.usage()
+        table = Table(title="storage tiers (fastest first)")
+        for col in ("tier", "role", "location", "state", "capacity", "used", "last error"):
+            table.add_column(col)
+        for t in s.tiers:
+            state = "[green]up[/]" if t.up else "[red]down[/]"
+            table.add_row(
+                t.name,
+                t.role,
+                t.backend.url,
+                state,
+                _human(t.capacity),
+                _human(usage.get(t.name, 0)),
+                t.last_error[:60],
+            )
+        console.print(table)
+        down = [t.name for t in s.tiers if not t.up]
+    if down:
+        console.print(f"[red]tiers down:[/] {', '.join(down)}")
+        sys.exit(1)
+
+
+# ----------------------------------------------------------------------------- moves
+def _run_move(console: Console, handle: Any, label: str) -> Any:
+    """Show a progress bar until ``handle`` finishes; return its result."""
+    with Progress(
+        TextColumn(label),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total} chunks"),
+        TextColumn("{task.fields[moved]}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+    ) as bar:
+        task = bar.add_task(label, total=max(1, handle.progress.total), moved="0 B")
+        while not handle.done():
+            p = handle.progress
+            bar.update(task, completed=p.done, moved=_human(p.nbytes))
+            time.sleep(0.05)
+        p = handle.progress
+        bar.update(task, completed=p.total, moved=_human(p.nbytes))
+    return handle.result()
+
+
+def _move(config: str | None, name: str, op: str, section: str | None, tier: str | None) -> None:
+    console = Console()
+    with _session(config) as s:
+        try:
+            ds = s.open_dataset(name, "r+")
+        except StrataError as exc:
+            raise click.ClickException(str(exc)) from None
+        try:
+            idx = parse_section(section)
+            if op == "stage":
+                handle = ds.stage(idx, to=tier)
+            elif op == "migrate":
+                handle = ds.migrate(idx, to=tier)
+            else:
+                handle = ds.evict(idx, tier=tier)
+            result = _run_move(console, handle, f"{op} {name}")
+        except StrataError as exc:
+            raise click.ClickException(str(exc)) from None
+        finally:
+            ds.close()
+    console.print(
+        f"{op}: {result.moved} chunks moved ({_human(result.nbytes)}), {result.reused} already "
+        f"in place, {len(result.failed)} failed, in {result.seconds:.2f} s"
+    )
+    for key, msg in result.failed[:10]:
+        console.print(f"  [red]{key}[/]: {msg}")
+    if result.failed:
+        sys.exit(1)
+
+
+@main.command("stage")
+@_config_opt
+@click.argument("name")
+@click.option("--section", default=None, help="e.g. 0:1000,0:80 (default: whole dataset)")
+@click.option("--to", "to", default=None, help="target tier (default: fastest disk tier)")
+def stage_command(config: str | None, name: str, section: str | None, to: str | None) -> None:
+    """Stage a dataset section from the archive to a faster tier."""
+    _move(config, name, "stage", section, to)
+
+
+@main.command("migrate")
+@_config_opt
+@click.argument("name")
+@click.option("--section", default=None, help="e.g. 0:1000,0:80 (default: whole dataset)")
+@click.option("--to", "to", default=None, help="target tier (default: the slowest)")
+def migrate_command(config: str | None, name: str, section: str | None, to: str | None) -> None:
+    """Migrate a dataset section to a slower tier (copy, verify, commit, delete source)."""
+    _move(config, name, "migrate", section, to)
+
+
+@main.command("evict")
+@_config_opt
+@click.argument("name")
+@click.option("--section", default=None, help="e.g. 0:1000,0:80 (default: whole dataset)")
+@click.option("--tier", "tier", default=None, help="tier to free (default: the fastest)")
+def evict_command(config: str | None, name: str, section: str | None, tier: str | None) -> None:
+    """Drop a section's copies from a tier (writing back chunks that have no other copy)."""
+    _move(config, name, "evict", section, tier)
+
+
+# ----------------------------------------------------------------------------- fsck
+@main.command("fsck")
+@_config_opt
+@click.option("--repair", is_flag=True, help="fix what can be fixed")
+@click.option("--quick", is_flag=True, help="check existence and size only (no checksums)")
+def fsck_command(config: str | None, repair: bool, quick: bool) -> None:
+    """Verify every catalogued chunk copy. Exit 0 clean, 1 problems (left) found."""
+    from strataio.tiers.fsck import fsck
+
+    console = Console()
+    with _session(config) as s:
+        report = fsck(s.catalog, s.tiers, repair=repair, verify=not quick)
+    if report.findings:
+        table = Table(title="fsck findings")
+        for col in ("kind", "tier", "dataset", "chunk", "detail", "repair"):
+            table.add_column(col)
+        for f in report.findings[:200]:
+            table.add_row(f.kind, f.tier, f.dataset, f.key, f.detail, f.action or "-")
+        console.print(table)
+    skipped = f"; tiers down, not checked: {', '.join(report.skipped_tiers)}"
+    console.print(
+        f"{report.copies} copies of {report.chunks} chunks checked, "
+        f"{len(report.problems)} problems"
+        + (", repaired" if report.repaired else "")
+        + (skipped if report.skipped_tiers else "")
+    )
+    unresolved = report.lost or (report.problems and not report.repaired)
+    if unresolved or report.skipped_tiers:
+        sys.exit(1)
+
+
+# ----------------------------------------------------------------------------- info
+def residency_info(name: str, config: str | None = None, console: Console | None = None) -> bool:
+    """Print per-tier residency of catalogued dataset ``name``; False if the catalog does not
+    know it (the caller then treats ``name`` as a path)."""
+    from strataio.config import load_config
+    from strataio.session import Session
+
+    console = console or Console()
+    try:
+        cfg = load_config(config)
+        url = cfg.catalog.url
+        if "://" not in url and not os.path.exists(url):
+            return False  # no catalog here: do not create one just to look
+        s = Session(cfg)
+    except StrataError:
+        return False
+    with s:
+        try:
+            rec = s.catalog.get_dataset(name)
+        except StrataError:
+            return False
+        copies = s.catalog.residency(name)
+    per: dict[str, list[int]] = {}
+    chunks: dict[str, set[str]] = {}
+    for c in copies:
+        n = per.setdefault(c.tier, [0, 0, 0])
+        n[0] += 1
+        n[1] += c.nbytes
+        n[2] += c.state == "dirty"
+        chunks.setdefault(c.key, set()).add(c.tier)
+    console.print(
+        f"[bold]{rec.name}[/]  shape={rec.shape} dtype={rec.dtype} chunks={rec.chunks} "
+        f"hint={rec.hint} state={rec.state} stored chunks={len(chunks)}"
+    )
+    table = Table(title=f"residency of {name}")
+    for col in ("tier", "chunks", "bytes", "dirty"):
+        table.add_column(col)
+    for t in s.tiers:
+        n = per.get(t.name, [0, 0, 0])
+        table.add_row(t.name, str(n[0]), _human(n[1]), str(n[2]))
+    console.print(table)
+    return True
+
+
+# ----------------------------------------------------------------------------- benchmarks
+@bench.command("tape")
+@click.option("--size", default=4000, show_default=True, help="array edge (elements)")
+@click.option("--chunk", default=80, show_default=True, help="chunk edge (elements)")
+@click.option("--time-scale", default=0.001, show_default=True, help="tape model time factor")
+@click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None)
+def bench_tape(size: int, chunk: int, time_scale: float, json_out: str | None) -> None:
+    """APRIL tape experiment: sub-filing + staging vs whole-file recall, Figure 4 reuse."""
+    from strataio.bench.tape import run_tape, tape_tables
+
+    results = run_tape(size=size, chunk=chunk, time_scale=time_scale)
+    console = Console()
+    for table in tape_tables(results):
+        console.print(table)
+    if json_out:
+        with open(json_out, "w") as f:
+            json.dump(results, f, indent=2)
+
+
+@bench.command("overlap")
+@click.option("--sections", default=8, show_default=True, help="sections in the loop")
+@click.option("--time-scale", default=0.002, show_default=True, help="tape model time factor")
+@click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None)
+def bench_overlap(sections: int, time_scale: float, json_out: str | None) -> None:
+    """Prestaging: compute on section k while section k+1 stages; exit 1 if < 90 % hidden."""
+    from strataio.bench.tape import overlap_table, run_overlap
+
+    result = run_overlap(sections=sections, time_scale=time_scale)
+    Console().print(overlap_table(result))
+    if json_out:
+        with open(json_out, "w") as f:
+            json.dump(result, f, indent=2)
+    if result["hidden_fraction"] < 0.9:
+        sys.exit(1)

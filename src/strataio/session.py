@@ -1,0 +1,375 @@
+"""Session: configuration + catalog + tiers, and datasets that live on the storage hierarchy.
+
+``strataio.Session(config)`` builds the tiers of a configuration, opens the catalog and hands
+out :class:`TieredDataset` objects: the array API of :class:`~strataio.arrays.dataset.Dataset`
+over a :class:`~strataio.tiers.store.TieredChunkStore`, plus ``stage`` / ``prefetch`` /
+``migrate`` / ``evict``. In an MPI job (``comm`` given) only rank 0 opens the catalog; it reads
+what a dataset open needs in one round trip and broadcasts it, and at close gathers every
+rank's residency changes and commits them in one transaction (APRIL's open/close discipline).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from typing import Any
+
+from strataio.arrays.codecs import CodecPipeline
+from strataio.arrays.dataset import Dataset
+from strataio.arrays.metadata import ArrayMetadata
+from strataio.catalog.base import (
+    Catalog,
+    ChunkCopy,
+    CopyId,
+    DatasetRecord,
+    codec_json,
+    open_catalog,
+)
+from strataio.errors import MetadataError, StrataError
+from strataio.storage.base import validate_key
+from strataio.tiers.cache import DEFAULT_CACHE_BYTES, ChunkCache
+from strataio.tiers.mover import MoveHandle, Mover
+from strataio.tiers.placement import Placement
+from strataio.tiers.residency import META_KEY, Residency, object_key
+from strataio.tiers.store import TieredChunkStore, keys_of
+from strataio.tiers.tier import Tier, TierSet
+
+
+class TieredDataset(Dataset):
+    """A Dataset on the storage hierarchy: the array API plus asynchronous moves.
+
+    ``section`` arguments take a :class:`~strataio.layout.sections.Section`, a numpy basic
+    index (``np.s_[0:100, :80]``) or None (the whole array); each move returns a
+    :class:`~strataio.tiers.mover.MoveHandle`.
+    """
+
+    store: TieredChunkStore
+
+    @property
+    def hint(self) -> str:
+        return self.store.hint
+
+    def stage(self, section: Any = None, to: str | None = None) -> MoveHandle:
+        """Copy the chunks covering ``section`` to tier ``to`` (default: the fastest disk tier
+        with room); chunks already on a tier that fast are not copied again."""
+        self._check_open()
+        return self.store.stage(keys_of(self, section), to)
+
+    def prefetch(self, section: Any = None) -> MoveHandle:
+        """Read the chunks covering ``section`` into the in-process chunk cache."""
+        self._check_open()
+        return self.store.prefetch(keys_of(self, section))
+
+    def migrate(self, section: Any = None, to: str | None = None) -> MoveHandle:
+        """Move the chunks covering ``section`` to tier ``to`` (default: the slowest tier);
+        their copies on faster tiers are deleted once the move is committed."""
+        self._check_open()
+        target = to if to is not None else self.store.placement.persistent()[-1].name
+        return self.store.migrate(keys_of(self, section), target)
+
+    def evict(self, section: Any = None, tier: str | None = None) -> MoveHandle:
+        """Drop the copies on ``tier`` (default: the fastest) of the chunks covering
+        ``section``, writing back first any chunk whose only copy is there."""
+        self._check_open()
+        name = tier if tier is not None else self.store.placement.persistent()[0].name
+        return self.store.evict(keys_of(self, section), name)
+
+    def residency(self) -> dict[str, list[ChunkCopy]]:
+        """Each stored chunk's copies, fastest tier first."""
+        return self.store.residency_table()
+
+
+class Session:
+    """The storage hierarchy of one configuration.
+
+    ``config``: a path to a configuration file, a :class:`strataio.config.Config`, or None
+    (:func:`strataio.config.load_config` finds one). ``comm``: an mpi4py communicator for
+    parallel jobs (None = a single process). ``tiers`` / ``catalog`` override what the
+    configuration says (a :class:`TierSet`; a catalog URL or open :class:`Catalog`).
+    ``cache_bytes`` bounds the prefetch cache; ``stage_on_read`` stages chunks read from an
+    archive tier to disk, as APRIL does.
+    """
+
+    def __init__(
+        self,
+        config: Any = None,
+        comm: Any = None,
+        *,
+        tiers: TierSet | None = None,
+        catalog: str | os.PathLike[str] | Catalog | None = None,
+        cache_bytes: int | None = None,
+        stage_on_read: bool = True,
+    ) -> None:
+        self.comm = comm
+        self.rank = comm.Get_rank() if comm is not None else 0
+        if tiers is None or catalog is None:
+            config = _load(config)
+        self.config = config
+        self.tiers = tiers if tiers is not None else TierSet.from_config(config)
+        self.stage_on_read = stage_on_read
+        self.catalog: Catalog | None = None
+        self._own_catalog = False
+        state: Any = None
+        err: BaseException | None = None
+        if self.rank == 0:
+            try:
+                if isinstance(catalog, Catalog):
+                    self.catalog = catalog
+                else:
+                    url = catalog if catalog is not None else _catalog_url(config)
+                    self.catalog = open_catalog(url)
+                    self._own_catalog = True
+                self.tiers.apply_states(self.catalog.tiers())
+                self.catalog.register_tiers(self.tiers.records())
+                self.tiers.account_usage(self.catalog.all_residency())
+                state = [(t.name, t.state, t.used) for t in self.tiers]
+            except BaseException as exc:
+                err = exc
+        state, err = self._agree(state, err)
+        if err is not None:
+            raise err
+        for (_name, st, used), t in zip(state, self.tiers):
+            t.state, t.used = st, used
+            t.listener = self._tier_changed
+        if cache_bytes is None:
+            mem = self.tiers.by_role("memory")
+            cache_bytes = mem[0].capacity if mem and mem[0].capacity else DEFAULT_CACHE_BYTES
+        self.placement = Placement(self.tiers)
+        self.cache = ChunkCache(cache_bytes)
+        self.mover = Mover(self.tiers, self.placement, self.cache)
+        self._open: list[TieredChunkStore] = []
+        self._closed = False
+
+    # ----------------------------------------------------------------- datasets
+    def create_dataset(
+        self,
+        name: str,
+        shape: Any,
+        dtype: Any,
+        chunks: Any = None,
+        *,
+        hint: str = "AUTO",
+        codec: Any = None,
+        fill_value: Any = 0,
+        attrs: dict[str, Any] | None = None,
+    ) -> TieredDataset:
+        """Create dataset ``name`` (catalogued, placed by ``hint``) and open it ``r+``.
+
+        Every argument is validated before anything is stored; a name already in the catalog
+        raises :class:`~strataio.errors.ExistsError` (on every rank of a parallel job).
+        """
+        self._check_open()
+        validate_key(name)
+        if name.split("/")[-1] == META_KEY:
+            raise StrataError(f"dataset name {name!r} ends in {META_KEY!r}, which is reserved")
+        meta = ArrayMetadata.create(shape, dtype, chunks, codec, fill_value, attrs)
+        CodecPipeline(meta.codecs, meta.dtype, meta.chunks)
+        h = self.placement.check_hint(hint)
+        record = DatasetRecord(
+            name,
+            meta.shape,
+            meta.dtype.str,
+            meta.chunks,
+            codec_json(meta.codecs),
+            h,
+            json.dumps(meta.attrs, sort_keys=True),
+            "disabled" if h == "DISABLE" else "active",
+        )
+        err: BaseException | None = None
+        if self.rank == 0:
+            try:
+                assert self.catalog is not None
+                self.catalog.create_dataset(record)
+            except BaseException as exc:
+                err = exc
+        _, err = self._agree(None, err)
+        if err is not None:
+            raise err
+        store = self._store(record, [], meta.to_json())
+        if self.rank == 0 and not store.disabled:
+            store.put_meta(meta.to_json())
+        return TieredDataset(store, meta, "r+", name=name)
+
+    def open_dataset(self, name: str, mode: str = "r") -> TieredDataset:
+        """Open catalogued dataset ``name`` (``"r"`` or ``"r+"``); its residency is read from
+        the catalog once, here."""
+        self._check_open()
+        got: Any = None
+        err: BaseException | None = None
+        if self.rank == 0:
+            try:
+                assert self.catalog is not None
+                record = self.catalog.get_dataset(name)
+                copies = self.catalog.residency(name)
+                got = (record, copies, None)
+            except BaseException as exc:
+                err = exc
+        got, err = self._agree(got, err)
+        if err is not None:
+            raise err
+        record, copies, _ = got
+        store = self._store(record, copies, None)
+        raw = None
+        if self.rank == 0 and not store.disabled:
+            raw = store.get_meta()
+        raw = self.comm.bcast(raw, root=0) if self.comm is not None else raw
+        if raw is None:
+            meta = ArrayMetadata.create(
+                record.shape,
+                record.dtype,
+                record.chunks,
+                json.loads(record.codec) or None,
+                0,
+                json.loads(record.attrs),
+            )
+        else:
+            meta = ArrayMetadata.from_json(raw, where=f"{name}/{META_KEY}")
+        store._meta = meta.to_json() if raw is None else raw
+        return TieredDataset(store, meta, mode, name=name)
+
+    def list_datasets(self) -> list[DatasetRecord]:
+        self._check_open()
+        out = self.catalog.list_datasets() if self.catalog is not None else None
+        return self.comm.bcast(out, root=0) if self.comm is not None else out
+
+    def delete_dataset(self, name: str) -> None:
+        """Remove dataset ``name``: its catalog rows first, then its objects on every tier."""
+        self._check_open()
+        if self.rank != 0:
+            return
+        assert self.catalog is not None
+        copies = self.catalog.residency(name)
+        self.catalog.delete_dataset(name)
+        for c in copies:
+            t = self.tiers[c.tier]
+            if t.up:
+                # a failure leaves an orphan that fsck removes
+                with contextlib.suppress(StrataError):
+                    t.call(t.backend.delete, object_key(name, c.key))
+        for t in self.placement.persistent():
+            if t.up:
+                with contextlib.suppress(StrataError):
+                    t.call(t.backend.delete, object_key(name, META_KEY))
+        self.cache.invalidate(name)
+
+    # ----------------------------------------------------------------- tiers
+    def check_tiers(self) -> dict[str, bool]:
+        """Probe every tier; record up/down in the catalog. Returns ``{name: up}``."""
+        return {t.name: t.check() for t in self.tiers}
+
+    def usage(self) -> dict[str, int]:
+        """Bytes of catalogued chunk copies per tier (every dataset)."""
+        if self.catalog is not None and not self._open:
+            # with datasets open, the in-memory accounting includes their uncommitted changes
+            self.tiers.account_usage(self.catalog.all_residency())
+        return {t.name: t.used for t in self.tiers}
+
+    # ----------------------------------------------------------------- lifecycle
+    def close(self) -> None:
+        """Close every dataset still open, the mover, the tiers and the catalog."""
+        if self._closed:
+            return
+        try:
+            for store in list(self._open):
+                store.close()
+        finally:
+            self._closed = True
+            self.mover.shutdown()
+            self.tiers.close()
+            if self.catalog is not None and self._own_catalog:
+                self.catalog.close()
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Session(tiers={self.tiers.names}, catalog={getattr(self.catalog, 'url', '-')})"
+
+    # ----------------------------------------------------------------- internals
+    def _check_open(self) -> None:
+        if self._closed:
+            from strataio.errors import ClosedError
+
+            raise ClosedError("the session is closed")
+
+    def _agree(self, value: Any, err: BaseException | None) -> tuple[Any, BaseException | None]:
+        """Broadcast rank 0's ``(value, error)`` so every rank succeeds or fails together."""
+        if self.comm is None:
+            return value, err
+        value, msg = self.comm.bcast((value, None if err is None else err), root=0)
+        return value, msg
+
+    def _store(
+        self, record: DatasetRecord, copies: list[ChunkCopy], meta: bytes | None
+    ) -> TieredChunkStore:
+        committer = self._commit if self.rank == 0 and self.comm is None else None
+        res = Residency(record.name, copies, self.tiers, committer)
+        store = TieredChunkStore(
+            res,
+            self.tiers,
+            self.placement,
+            self.mover,
+            self.cache,
+            hint=record.hint,
+            disabled=record.state == "disabled",
+            stage_on_read=self.stage_on_read,
+            meta=meta,
+            on_close=self._closed_store,
+        )
+        self._open.append(store)
+        return store
+
+    def _commit(self, upserts: list[ChunkCopy], deletes: list[CopyId]) -> None:
+        assert self.catalog is not None
+        self.catalog.commit(upserts, deletes)
+
+    def _closed_store(self, store: TieredChunkStore) -> None:
+        if store in self._open:
+            self._open.remove(store)
+        if self.comm is None:
+            return
+        # Parallel close: rank 0 commits every rank's changes in one transaction, then each
+        # rank deletes the objects its changes made obsolete.
+        ups, dels, touched = store.res.take_changes()
+        gathered = self.comm.gather((ups, dels), root=0)
+        err: BaseException | None = None
+        if self.rank == 0:
+            try:
+                all_ups = [c for u, _ in gathered for c in u]
+                all_dels = [d for _, d in gathered for d in d]
+                if all_ups or all_dels:
+                    self._commit(all_ups, all_dels)
+            except BaseException as exc:
+                err = exc
+        _, err = self._agree(None, err)
+        if err is not None:
+            raise err
+        store.res.delete_obsolete()
+        del touched
+
+    def _tier_changed(self, tier: Tier) -> None:
+        if self.catalog is not None:
+            # if the catalog cannot take it, the in-memory state still steers this process
+            with contextlib.suppress(StrataError):
+                self.catalog.set_tier_state(tier.name, tier.state)
+
+
+def _load(config: Any) -> Any:
+    from strataio.config import load_config
+
+    if config is None:
+        return load_config()
+    if isinstance(config, str | os.PathLike):
+        return load_config(config)
+    return config
+
+
+def _catalog_url(config: Any) -> str:
+    url = getattr(getattr(config, "catalog", None), "url", None)
+    if not url:
+        raise MetadataError("the configuration names no catalog")
+    return url

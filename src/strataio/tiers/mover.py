@@ -1,0 +1,351 @@
+"""The Mover: asynchronous stage / prefetch / migrate of chunks between tiers (APRIL §§4–5).
+
+Each operation returns a :class:`MoveHandle` at once and runs on a thread pool, so the caller
+computes while chunks move (APRIL's ``T_STAGE_SECTION`` + ``T_STAGE_WAIT``). Transfers through
+a tier hold one of that tier's concurrency slots (a tape has few drives). A stage copies only
+chunks that are not already on a tier at least as fast as the target (Figure 4: a second read
+overlapping the first stages only the new sub-files).
+
+A migration moves each chunk in the order that keeps it safe across a crash: copy → durable put
+(fsync / completed PUT) → read back and verify the checksum → commit the new residency (one
+catalog transaction for the whole move) → delete the source copies. Until the commit the
+catalog names only the source; after it, the destination, and a leftover source object is an
+orphan that fsck removes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from strataio.catalog.base import ChunkCopy
+from strataio.errors import StrataError, TierDownError
+from strataio.tiers.cache import ChunkCache
+from strataio.tiers.placement import Placement
+from strataio.tiers.residency import Residency, object_key
+from strataio.tiers.tier import Tier, TierSet, checksum, transfer
+
+OPS = ("stage", "prefetch", "migrate", "evict")
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """How far a move is: chunks finished (moved, reused or failed) of ``total``, and bytes."""
+
+    done: int
+    total: int
+    nbytes: int
+
+    @property
+    def fraction(self) -> float:
+        return 1.0 if self.total == 0 else self.done / self.total
+
+
+@dataclass(slots=True)
+class MoveResult:
+    """The outcome of one move. ``moved``: chunks copied; ``reused``: chunks already where
+    the move wanted them (or never written); ``failed``: ``(key, message)`` pairs;
+    ``nbytes``: bytes copied; ``seconds``: wall time from start to commit."""
+
+    op: str
+    total: int = 0
+    moved: int = 0
+    reused: int = 0
+    cancelled: int = 0
+    nbytes: int = 0
+    seconds: float = 0.0
+    failed: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+
+class MoveHandle:
+    """A running move. ``wait`` / ``result`` block; ``done``, ``progress`` do not."""
+
+    def __init__(self, op: str, total: int) -> None:
+        self.op = op
+        self._result = MoveResult(op, total)
+        self._lock = threading.Lock()
+        self._finished = threading.Event()
+        self._cancel = threading.Event()
+        self._futures: list[Future[None]] = []
+        self._remaining = total
+        self._t0 = time.perf_counter()
+        self._error: BaseException | None = None
+        self._on_finish: Callable[[], None] | None = None
+
+    # ----------------------------------------------------------------- caller side
+    def done(self) -> bool:
+        return self._finished.is_set()
+
+    @property
+    def progress(self) -> Progress:
+        r = self._result
+        with self._lock:
+            n = r.moved + r.reused + r.cancelled + len(r.failed)
+            return Progress(n, r.total, r.nbytes)
+
+    def wait(self, timeout: float | None = None) -> MoveResult:
+        """Block until the move has finished (``timeout`` seconds at most; ``TimeoutError``
+        past it) and return its result; raise :class:`StrataError` if any chunk failed."""
+        if not self._finished.wait(timeout):
+            raise TimeoutError(f"{self.op} not finished after {timeout} s ({self.progress})")
+        if self._error is not None:
+            raise StrataError(f"{self.op} could not commit its changes: {self._error}") from (
+                self._error
+            )
+        r = self._result
+        if r.failed:
+            key, msg = r.failed[0]
+            raise StrataError(
+                f"{self.op}: {len(r.failed)} of {r.total} chunks failed; {key}: {msg}"
+            )
+        return r
+
+    def result(self) -> MoveResult:
+        """The result once finished, failures included (never raises for chunk failures)."""
+        self._finished.wait()
+        if self._error is not None:
+            raise StrataError(f"{self.op} could not commit its changes: {self._error}") from (
+                self._error
+            )
+        return self._result
+
+    def cancel(self) -> bool:
+        """Stop chunks not yet started; what already moved is committed. True if anything was
+        left to cancel."""
+        if self.done():
+            return False
+        self._cancel.set()
+        for f in self._futures:
+            f.cancel()
+        return True
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancel.is_set()
+
+    # ----------------------------------------------------------------- worker side
+    def _count(self, outcome: str, nbytes: int = 0, key: str = "", msg: str = "") -> None:
+        with self._lock:
+            r = self._result
+            if outcome == "moved":
+                r.moved += 1
+                r.nbytes += nbytes
+            elif outcome == "reused":
+                r.reused += 1
+            elif outcome == "cancelled":
+                r.cancelled += 1
+            else:
+                r.failed.append((key, msg))
+            self._remaining -= 1
+            last = self._remaining == 0
+        if last:
+            self._finish()
+
+    def _finish(self) -> None:
+        try:
+            if self._on_finish is not None:
+                self._on_finish()
+        except BaseException as exc:  # reported to the waiter
+            self._error = exc
+        self._result.seconds = time.perf_counter() - self._t0
+        self._finished.set()
+
+    def __repr__(self) -> str:
+        p = self.progress
+        state = "done" if self.done() else "running"
+        return f"MoveHandle({self.op}, {state}, {p.done}/{p.total} chunks, {p.nbytes} bytes)"
+
+
+class Mover:
+    """Moves chunks of open datasets between tiers on a shared thread pool."""
+
+    def __init__(
+        self,
+        tiers: TierSet,
+        placement: Placement,
+        cache: ChunkCache,
+        *,
+        max_workers: int | None = None,
+    ) -> None:
+        self.tiers = tiers
+        self.placement = placement
+        self.cache = cache
+        workers = max_workers or max(4, min(32, sum(t.concurrency for t in tiers)))
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="strataio-mover")
+
+    # ----------------------------------------------------------------- API
+    def stage(self, res: Residency, keys: Sequence[str], to: str | None = None) -> MoveHandle:
+        """Copy ``keys`` up to tier ``to`` (default: the fastest persistent tier with room);
+        chunks already on a tier at least that fast are reused, not copied."""
+        target = self.tiers[to] if to is not None else None
+        return self._start("stage", res, keys, lambda k: self._stage_one(res, k, target))
+
+    def migrate(self, res: Residency, keys: Sequence[str], to: str) -> MoveHandle:
+        """Move ``keys`` to tier ``to``; copies on faster tiers are deleted after the commit."""
+        target = self.tiers[to]
+        return self._start("migrate", res, keys, lambda k: self._migrate_one(res, k, target))
+
+    def prefetch(self, res: Residency, keys: Sequence[str]) -> MoveHandle:
+        """Read ``keys`` into the in-process chunk cache (memory level)."""
+        return self._start("prefetch", res, keys, lambda k: self._prefetch_one(res, k))
+
+    def evict(self, res: Residency, keys: Sequence[str], tier: str) -> MoveHandle:
+        """Drop the copies of ``keys`` on ``tier``; a chunk whose only copy is there is
+        written back to a slower tier first."""
+        t = self.tiers[tier]
+        return self._start("evict", res, keys, lambda k: self._evict_one(res, k, t))
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    # ----------------------------------------------------------------- machinery
+    def _start(
+        self,
+        op: str,
+        res: Residency,
+        keys: Sequence[str],
+        one: Callable[[str], tuple[str, int]],
+    ) -> MoveHandle:
+        keys = list(dict.fromkeys(keys))
+        h = MoveHandle(op, len(keys))
+        h._on_finish = res.commit if op != "prefetch" else None
+
+        def job(key: str) -> None:
+            if h.cancelled:
+                h._count("cancelled")
+                return
+            try:
+                outcome, n = one(key)
+            except Exception as exc:
+                h._count("failed", key=key, msg=str(exc))
+                return
+            h._count(outcome, n)
+
+        def on_done(f: Future[None]) -> None:
+            if f.cancelled():
+                h._count("cancelled")
+
+        if not keys:
+            h._finish()
+            return h
+        for k in keys:
+            f = self._pool.submit(job, k)
+            f.add_done_callback(on_done)
+            h._futures.append(f)
+        return h
+
+    def _rank(self, tier: str) -> int:
+        return self.tiers.rank(tier)
+
+    def _copy(self, res: Residency, key: str, dst: Tier) -> tuple[str, int]:
+        """Copy ``key`` from its fastest readable copy to ``dst`` (trying further copies
+        when a source tier fails); record the new copy in the residency."""
+        last: Exception | None = None
+        for src in res.readable(key):
+            if src.tier == dst.name:
+                return "reused", 0
+            protect = [object_key(res.name, key)]
+            if not self.placement.claim(dst, src.nbytes, protect=protect):
+                raise StrataError(f"tier {dst.name!r} is full and nothing on it can be evicted")
+            try:
+                n, digest = transfer(
+                    self.tiers[src.tier], dst, object_key(res.name, key), src.checksum
+                )
+                res.add(ChunkCopy(res.name, key, dst.name, n, digest, "valid", time.time()))
+            except TierDownError as exc:
+                last = exc
+                if not dst.up:
+                    raise
+                continue
+            finally:
+                dst.release(src.nbytes)  # after the add: the room stays taken throughout
+            return "moved", n
+        if last is not None:
+            raise last
+        if res.copies(key):
+            down = ", ".join(c.tier for c in res.copies(key))
+            raise StrataError(f"chunk {key!r}: no readable copy (its tiers {down} are down)")
+        return "reused", 0  # never written: nothing to move
+
+    def _stage_one(self, res: Residency, key: str, target: Tier | None) -> tuple[str, int]:
+        copies = res.readable(key)
+        if not copies:
+            return "reused", 0
+        best = self._rank(copies[0].tier)
+        if target is not None:
+            if best <= self._rank(target.name):
+                return "reused", 0  # Figure 4: already on a tier at least this fast
+            return self._copy(res, key, target)
+        for t in self.placement.persistent():
+            if self._rank(t.name) >= best:
+                return "reused", 0
+            if not t.up:
+                continue
+            if self.placement.make_room(t, copies[0].nbytes, protect=[object_key(res.name, key)]):
+                try:
+                    return self._copy(res, key, t)
+                except TierDownError:
+                    if t.up:
+                        raise
+        return "reused", 0
+
+    def _migrate_one(self, res: Residency, key: str, target: Tier) -> tuple[str, int]:
+        copies = res.copies(key)
+        if not copies:
+            return "reused", 0
+        have = next((c for c in copies if c.tier == target.name), None)
+        if have is not None and have.state in ("valid", "dirty"):
+            outcome, n = "reused", 0
+            if have.state == "dirty":
+                res.add(dataclasses.replace(have, state="valid"))
+        else:
+            outcome, n = self._copy(res, key, target)
+        if not any(c.tier == target.name for c in res.readable(key, up_only=False)):
+            return outcome, n
+        rank = self._rank(target.name)
+        for c in copies:
+            if self._rank(c.tier) < rank:
+                res.remove(key, c.tier)  # object deleted after the commit
+        return outcome, n
+
+    def _prefetch_one(self, res: Residency, key: str) -> tuple[str, int]:
+        if (res.name, key) in self.cache:
+            return "reused", 0
+        for c in res.readable(key):
+            tier = self.tiers[c.tier]
+            try:
+                data = tier.call(tier.backend.get, object_key(res.name, key))
+            except TierDownError:
+                continue
+            if c.checksum and checksum(data) != c.checksum:
+                continue
+            self.cache.put(res.name, key, data)
+            res.touch([key])
+            return "moved", len(data)
+        if res.copies(key):
+            raise StrataError(f"chunk {key!r}: no tier holding it answered with intact bytes")
+        return "reused", 0
+
+    def _evict_one(self, res: Residency, key: str, tier: Tier) -> tuple[str, int]:
+        copy = next((c for c in res.copies(key) if c.tier == tier.name), None)
+        if copy is None:
+            return "reused", 0
+        others = [c for c in res.readable(key) if c.tier != tier.name]
+        n = 0
+        if not others:
+            if not self.placement.write_back(tier, res, copy):
+                raise StrataError(
+                    f"chunk {key!r}: its only copy is on {tier.name!r} and no slower tier "
+                    "can take it"
+                )
+            n = copy.nbytes
+        res.remove(key, tier.name)
+        return "moved", n

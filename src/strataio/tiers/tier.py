@@ -1,0 +1,312 @@
+"""Tiers: named backends of the storage hierarchy, ordered fastest first, with health and usage.
+
+A :class:`Tier` is a :class:`~strataio.storage.base.Backend` plus what placement needs to know
+about it: its role (``memory``, ``localdisk``, ``remotedisk``, ``remotetape``), its capacity in
+bytes (``None`` = unbounded), its rank in the hierarchy, whether it answers (``up``/``down`` and
+the last error seen) and how many bytes of chunk copies it holds. A :class:`TierSet` is the
+registry of every configured tier; usage is accounted from the catalog's residency rows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import crc32c
+
+from strataio.catalog.base import TIER_ROLES, ChunkCopy, TierRecord
+from strataio.errors import BackendError, ChecksumError, NotFoundError, StrataError, TierDownError
+from strataio.storage.base import Backend, BytesLike
+
+#: default number of simultaneous transfers per tier role (a tape has few drives)
+DEFAULT_CONCURRENCY = {"memory": 8, "localdisk": 4, "remotedisk": 8, "remotetape": 2}
+
+#: key of the small object a health check writes, reads back and deletes
+PROBE_KEY = ".strataio/health-probe"
+
+
+def checksum(data: BytesLike) -> str:
+    """The hex CRC-32C of ``data``: the checksum the catalog records for every stored copy."""
+    return f"{crc32c.crc32c(memoryview(data).cast('B')):08x}"
+
+
+def is_backend_failure(exc: BaseException) -> bool:
+    """True if ``exc`` means the backend itself failed (connection refused, timeout, I/O
+    error), as opposed to a missing object or a caller error."""
+    if isinstance(exc, NotFoundError | FileNotFoundError):
+        return False
+    if isinstance(exc, BackendError):
+        return True
+    if isinstance(exc, StrataError):
+        return False
+    return isinstance(exc, OSError | TimeoutError | ConnectionError)
+
+
+@dataclass(eq=False)
+class Tier:
+    """One level of the storage hierarchy.
+
+    ``order`` ranks tiers (0 = fastest). ``used`` counts bytes of catalogued chunk copies on
+    the tier; ``capacity`` bounds it (``None`` = unbounded). ``state`` is ``"up"`` or
+    ``"down"``; ``last_error`` the message of the failure that marked it down.
+    ``concurrency`` bounds simultaneous transfers through :attr:`slots`.
+    """
+
+    name: str
+    backend: Backend
+    role: str
+    capacity: int | None = None
+    order: int = 0
+    state: str = "up"
+    last_error: str = ""
+    concurrency: int = 4
+    used: int = 0
+    reserved: int = 0
+    #: called with the tier after each health change (the session persists it in the catalog)
+    listener: Callable[[Tier], None] | None = field(default=None, repr=False)
+    slots: threading.BoundedSemaphore = field(init=False, repr=False)
+    _lock: threading.Lock = field(init=False, repr=False, default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        if self.role not in TIER_ROLES:
+            raise StrataError(
+                f"tier {self.name!r}: role {self.role!r} is not one of {', '.join(TIER_ROLES)}"
+            )
+        if self.capacity is not None and self.capacity < 0:
+            raise StrataError(f"tier {self.name!r}: negative capacity {self.capacity}")
+        self.slots = threading.BoundedSemaphore(max(1, int(self.concurrency)))
+
+    # ----------------------------------------------------------------- health
+    @property
+    def up(self) -> bool:
+        return self.state == "up"
+
+    def mark_down(self, error: BaseException | str) -> None:
+        """Record a backend failure: the tier is skipped until a check finds it answering."""
+        changed = self.state != "down"
+        self.state = "down"
+        self.last_error = str(error) or type(error).__name__
+        if changed and self.listener is not None:
+            self.listener(self)
+
+    def mark_up(self) -> None:
+        changed = self.state != "up"
+        self.state = "up"
+        self.last_error = ""
+        if changed and self.listener is not None:
+            self.listener(self)
+
+    def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run ``fn(*args)`` against this tier within its concurrency slots; a backend failure
+        marks the tier down and is raised as :class:`TierDownError` naming the tier."""
+        if not self.up:
+            raise TierDownError(f"tier {self.name!r} is down: {self.last_error}")
+        with self.slots:
+            try:
+                return fn(*args, **kwargs)
+            except Exception as exc:
+                if not is_backend_failure(exc):
+                    raise
+                self.mark_down(exc)
+                err = TierDownError(f"tier {self.name!r} failed and is now marked down: {exc}")
+                err.tier = self.name  # type: ignore[attr-defined]
+                raise err from exc
+
+    def check(self) -> bool:
+        """Probe the backend (put, get, delete a small object); update and return health."""
+        payload = f"strataio {time.time():.6f}".encode()
+        try:
+            self.backend.put(PROBE_KEY, payload)
+            got = bytes(self.backend.get(PROBE_KEY))
+            self.backend.delete(PROBE_KEY)
+        except Exception as exc:  # any failure of the probe means the tier does not answer
+            self.mark_down(exc)
+            return False
+        if got != payload:
+            self.mark_down("health probe read back different bytes")
+            return False
+        self.mark_up()
+        return True
+
+    # ----------------------------------------------------------------- capacity
+    @property
+    def free(self) -> int | None:
+        """Bytes left before the capacity is reached (``None`` = unbounded)."""
+        if self.capacity is None:
+            return None
+        return max(0, self.capacity - self.used - self.reserved)
+
+    def has_room(self, nbytes: int) -> bool:
+        return self.capacity is None or self.used + self.reserved + nbytes <= self.capacity
+
+    def reserve(self, nbytes: int) -> bool:
+        """Claim ``nbytes`` of room for a put in flight (atomic against other threads);
+        :meth:`release` it once the copy is recorded (or failed)."""
+        with self._lock:
+            if not self.has_room(nbytes):
+                return False
+            self.reserved += nbytes
+            return True
+
+    def release(self, nbytes: int) -> None:
+        with self._lock:
+            self.reserved = max(0, self.reserved - nbytes)
+
+    def account(self, delta: int) -> None:
+        """Add ``delta`` bytes (negative to release) to :attr:`used`."""
+        with self._lock:
+            self.used = max(0, self.used + int(delta))
+
+    def record(self) -> TierRecord:
+        """This tier as a catalog row."""
+        return TierRecord(
+            self.name, self.backend.url, self.role, self.capacity, self.order, self.state
+        )
+
+
+def transfer(src: Tier, dst: Tier, key: str, expect: str = "") -> tuple[int, str]:
+    """Copy object ``key`` from ``src`` to ``dst`` the safe way; return ``(nbytes, checksum)``.
+
+    The bytes read are checked against ``expect`` (when given), put durably (fsync / completed
+    PUT) and read back from ``dst`` and checked again, so the copy is known good before anyone
+    records it. A failing tier is marked down (:class:`TierDownError`); a mismatch raises
+    :class:`ChecksumError` and removes the bad destination object.
+    """
+    data = src.call(src.backend.get, key)
+    got = checksum(data)
+    if expect and got != expect:
+        raise ChecksumError(
+            f"chunk {key!r} on tier {src.name!r} has checksum {got}, catalog says {expect}"
+        )
+    dst.call(dst.backend.put, key, data, durable=True)
+    back = checksum(dst.call(dst.backend.get, key))
+    if back != got:
+        dst.call(dst.backend.delete, key)
+        raise ChecksumError(f"chunk {key!r} read back from tier {dst.name!r} does not verify")
+    return len(data), got
+
+
+class TierSet:
+    """The registry of tiers, fastest first. Look tiers up by name (``tiers["disk"]``)."""
+
+    def __init__(self, tiers: Sequence[Tier]) -> None:
+        names = [t.name for t in tiers]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise StrataError(f"tier names must be unique; repeated: {', '.join(sorted(dup))}")
+        if not tiers:
+            raise StrataError("a storage hierarchy needs at least one tier")
+        self._tiers = sorted(tiers, key=lambda t: t.order)
+        self._by_name = {t.name: t for t in self._tiers}
+
+    # ----------------------------------------------------------------- construction
+    @classmethod
+    def from_config(cls, config: Any) -> TierSet:
+        """Tiers of a :class:`strataio.config.Config` (its ``tiers`` list, fastest first)."""
+        return cls([tier_from_config(tc, i) for i, tc in enumerate(config.tiers)])
+
+    # ----------------------------------------------------------------- lookup
+    def __getitem__(self, name: str) -> Tier:
+        try:
+            return self._by_name[name]
+        except KeyError:
+            raise NotFoundError(
+                f"no tier named {name!r}; tiers are {', '.join(self._by_name)}"
+            ) from None
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._by_name
+
+    def __iter__(self) -> Iterator[Tier]:
+        return iter(self._tiers)
+
+    def __len__(self) -> int:
+        return len(self._tiers)
+
+    @property
+    def names(self) -> list[str]:
+        return [t.name for t in self._tiers]
+
+    def by_role(self, role: str) -> list[Tier]:
+        """Tiers of ``role``, fastest first."""
+        return [t for t in self._tiers if t.role == role]
+
+    def rank(self, name: str) -> int:
+        """Position of tier ``name`` in the hierarchy (0 = fastest)."""
+        return self._tiers.index(self[name])
+
+    # ----------------------------------------------------------------- catalog sync
+    def records(self) -> list[TierRecord]:
+        return [t.record() for t in self._tiers]
+
+    def apply_states(self, records: Iterable[TierRecord]) -> None:
+        """Adopt the health states the catalog holds for known tiers."""
+        for r in records:
+            t = self._by_name.get(r.name)
+            if t is not None and r.state != t.state:
+                t.state = r.state
+                if r.state == "down" and not t.last_error:
+                    t.last_error = "marked down in the catalog"
+
+    def account_usage(self, copies: Iterable[ChunkCopy]) -> None:
+        """Set each tier's :attr:`Tier.used` from catalogued copies (all datasets)."""
+        used = dict.fromkeys(self._by_name, 0)
+        for c in copies:
+            if c.tier in used:
+                used[c.tier] += c.nbytes
+        for name, n in used.items():
+            self._by_name[name].used = n
+
+    def close(self) -> None:
+        for t in self._tiers:
+            # closing a dead connection must not mask the caller's error
+            with contextlib.suppress(Exception):
+                t.backend.close()
+
+
+def tier_from_config(tc: Any, order: int) -> Tier:
+    """Build a :class:`Tier` from one ``TierConfig`` (``kind`` ``posix``/``s3``/``memory``,
+    optionally wrapped in a :class:`~strataio.storage.shaped.Shaped` cost model)."""
+    kind = getattr(tc, "kind", "posix")
+    if kind == "posix":
+        from strataio.storage.posix import PosixBackend
+
+        backend: Backend = PosixBackend(tc.path)
+    elif kind == "memory":
+        from strataio.storage.memory import MemoryBackend
+
+        backend = MemoryBackend(tc.name)
+    elif kind == "s3":
+        from strataio.storage.s3 import S3Backend
+
+        endpoint = getattr(tc, "endpoint", None)
+        backend = S3Backend(
+            tc.bucket,
+            getattr(tc, "prefix", "") or "",
+            endpoint=endpoint,
+            region=getattr(tc, "region", None),
+            access_key=(tc.credentials or {}).get("access_key_id"),
+            secret_key=(tc.credentials or {}).get("secret_access_key"),
+            allow_http=bool(endpoint and endpoint.startswith("http://")),
+        )
+    else:
+        raise StrataError(f"tier {tc.name!r}: unknown kind {kind!r} (posix, s3 or memory)")
+    preset = getattr(tc, "shaped", None)
+    if preset:
+        from strataio.storage.shaped import CostModel, Shaped
+
+        backend = Shaped(backend, CostModel.from_preset(preset), getattr(tc, "time_scale", 1.0))
+    role = getattr(tc, "role", "localdisk")
+    conc = getattr(tc, "concurrency", None) or DEFAULT_CONCURRENCY.get(role, 4)
+    return Tier(
+        name=tc.name,
+        backend=backend,
+        role=role,
+        capacity=tc.capacity_bytes,
+        order=order,
+        concurrency=conc,
+    )

@@ -1,0 +1,174 @@
+"""The Mover: asynchronous stage / prefetch / migrate, handles, concurrency limits, batching."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import strataio
+from strataio.catalog.sqlite import SQLiteCatalog
+from strataio.errors import StrataError
+from strataio.storage.posix import PosixBackend
+from strataio.storage.shaped import CostModel, OpCost, Shaped
+from strataio.tiers.tier import Tier, TierSet
+
+#: a slow archive: 20 ms per object access, at most 2 at once
+SLOW = CostModel(name="slow", read=OpCost(open=0.02), write=OpCost(open=0.02), drives=None)
+
+
+class Gauge(PosixBackend):
+    """A POSIX backend that records how many ``get`` calls run at once."""
+
+    def __init__(self, root):
+        super().__init__(root)
+        self.now = 0
+        self.peak = 0
+        self._g = threading.Lock()
+
+    def get(self, key):
+        with self._g:
+            self.now += 1
+            self.peak = max(self.peak, self.now)
+        try:
+            time.sleep(0.01)
+            return super().get(key)
+        finally:
+            with self._g:
+                self.now -= 1
+
+
+class CountingCatalog(SQLiteCatalog):
+    """A real SQLite catalog that counts its residency transactions."""
+
+    commits = 0
+
+    def commit(self, upserts=(), deletes=()):
+        self.commits += 1
+        super().commit(upserts, deletes)
+
+
+def setup(tmp_path, archive, *, concurrency=2, catalog=None):
+    tiers = TierSet(
+        [
+            Tier("disk", PosixBackend(tmp_path / "disk"), "localdisk", order=0),
+            Tier("tape", archive, "remotetape", order=1, concurrency=concurrency),
+        ]
+    )
+    s = strataio.Session(tiers=tiers, catalog=catalog or tmp_path / "cat.db")
+    return s
+
+
+def fill(s, a, chunks=(10, 10)):
+    ds = s.create_dataset("a", a.shape, a.dtype, chunks, hint="REMOTETAPE")
+    ds[...] = a
+    ds.close()
+    return s.open_dataset("a", "r+")
+
+
+def test_stage_overlaps_the_caller_and_reports_progress(tmp_path):
+    a = np.random.default_rng(0).random((40, 40))
+    with setup(tmp_path, Shaped(PosixBackend(tmp_path / "tape"), SLOW, 1.0)) as s:
+        ds = fill(s, a)
+        t0 = time.perf_counter()
+        h = ds.stage()  # 16 chunks, 2 at a time, 20 ms each -> ~160 ms
+        assert time.perf_counter() - t0 < 0.05 and not h.done()
+        seen = []
+        while not h.done():
+            seen.append(h.progress.done)
+            time.sleep(0.01)
+        r = h.wait(timeout=5)
+        assert r.moved == 16 and r.nbytes == 16 * 800 and r.ok
+        assert h.progress.done == h.progress.total == 16 and h.progress.fraction == 1.0
+        assert seen and seen[0] < 16 and max(seen) > seen[0]  # progress advanced while we ran
+        assert time.perf_counter() - t0 > 0.1
+        np.testing.assert_array_equal(ds[...], a)
+        ds.close()
+
+
+def test_per_tier_concurrency_limit(tmp_path):
+    gauge = Gauge(tmp_path / "tape")
+    a = np.arange(60 * 60, dtype="f4").reshape(60, 60)
+    with setup(tmp_path, gauge, concurrency=3) as s:
+        ds = fill(s, a)
+        gauge.peak = 0
+        ds.stage().wait()
+        assert gauge.peak == 3  # 36 chunks, never more than the tier's 3 slots
+        ds.close()
+
+
+def test_migrate_moves_commits_once_and_deletes_sources(tmp_path):
+    cat = CountingCatalog(str(tmp_path / "cat.db"))
+    a = np.random.default_rng(2).random((50, 50)).astype("f4")
+    with setup(tmp_path, PosixBackend(tmp_path / "tape"), catalog=cat) as s:
+        ds = s.create_dataset("a", a.shape, a.dtype, (10, 10), hint="LOCALDISK")
+        ds[...] = a
+        ds.flush()
+        n0 = cat.commits
+        r = ds.migrate(np.s_[0:20, :], to="tape").wait()
+        assert r.moved == 10 and cat.commits == n0 + 1  # one transaction for the whole move
+        rows = {(c.key, c.tier) for c in cat.residency("a")}
+        moved = {f"c/{i}/{j}" for i in range(2) for j in range(5)}
+        assert {k for k, t in rows if t == "tape"} == moved
+        assert {k for k, t in rows if t == "disk"} == {
+            f"c/{i}/{j}" for i in range(2, 5) for j in range(5)
+        }
+        for k in moved:  # source objects deleted, destination objects present
+            assert not (tmp_path / "disk" / "a" / k).exists()
+            assert (tmp_path / "tape" / "a" / k).is_file()
+        ds.close()
+        ds = s.open_dataset("a")
+        np.testing.assert_array_equal(ds[...], a)  # the read stages the tape chunks back
+        ds.close()
+
+
+def test_stage_verifies_checksums_and_records_nothing_bad(tmp_path):
+    a = np.ones((20, 20), "f8")
+    with setup(tmp_path, PosixBackend(tmp_path / "tape")) as s:
+        ds = fill(s, a)
+        (tmp_path / "tape" / "a" / "c" / "1" / "1").write_bytes(b"\x01" * 800)  # bit rot
+        h = ds.stage()
+        r = h.result()
+        assert r.moved == 3 and [k for k, _ in r.failed] == ["c/1/1"]
+        assert "checksum" in r.failed[0][1]
+        with pytest.raises(StrataError, match="1 of 4 chunks failed"):
+            h.wait()
+        assert [c.tier for c in ds.residency()["c/1/1"]] == ["tape"]
+        assert not (tmp_path / "disk" / "a" / "c" / "1" / "1").exists()
+        ds.close()
+
+
+def test_cancel_and_timeout(tmp_path):
+    a = np.zeros((100, 100), "f4")
+    with setup(tmp_path, Shaped(PosixBackend(tmp_path / "tape"), SLOW, 1.0), concurrency=1) as s:
+        ds = fill(s, a)
+        h = ds.stage()  # 100 chunks x 20 ms, one at a time
+        with pytest.raises(TimeoutError):
+            h.wait(timeout=0.05)
+        assert h.cancel()
+        r = h.result()
+        assert r.cancelled > 50 and r.moved + r.cancelled + r.reused == 100
+        ds.close()
+        # what was staged before the cancel is committed, and matches the files
+        on_disk = {c.key for c in s.catalog.residency("a") if c.tier == "disk"}
+        assert len(on_disk) == r.moved
+        files = {
+            p.relative_to(tmp_path / "disk" / "a").as_posix()
+            for p in (tmp_path / "disk" / "a").rglob("c/*/*")
+        }
+        assert files == on_disk
+
+
+def test_prefetch_reads_from_memory_afterwards(tmp_path):
+    a = np.random.default_rng(3).random((30, 30))
+    archive = Shaped(PosixBackend(tmp_path / "tape"), SLOW, 1.0)
+    with setup(tmp_path, archive) as s:
+        ds = fill(s, a)
+        ds.prefetch(np.s_[0:10, 0:30]).wait()
+        archive.reset_stats()
+        t0 = time.perf_counter()
+        np.testing.assert_array_equal(ds[0:10, :], a[0:10, :])
+        assert archive.stats().requests == 0 and time.perf_counter() - t0 < 0.05
+        ds.close()

@@ -1,0 +1,290 @@
+"""Tiers, placement hints, capacity and eviction, and the Session over a real SQLite catalog."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import strataio
+from strataio.catalog.base import open_catalog
+from strataio.errors import ExistsError, NotFoundError, StrataError
+from strataio.storage.posix import PosixBackend
+from strataio.tiers.placement import DatasetDisabledError
+from strataio.tiers.tier import Tier, TierSet
+
+
+def make_tiers(root, *, fast_cap=None, roles=("localdisk", "remotedisk", "remotetape")):
+    names = {"localdisk": "local", "remotedisk": "remote", "remotetape": "tape"}
+    return TierSet(
+        [
+            Tier(
+                names[r],
+                PosixBackend(root / names[r]),
+                r,
+                capacity=fast_cap if i == 0 else None,
+                order=i,
+            )
+            for i, r in enumerate(roles)
+        ]
+    )
+
+
+def session(root, **kw):
+    return strataio.Session(tiers=make_tiers(root, **kw), catalog=root / "cat.db")
+
+
+def where(ds):
+    """{chunk key: [tiers holding it]}"""
+    return {k: [c.tier for c in v] for k, v in ds.residency().items()}
+
+
+def test_hints_map_to_tiers_by_role(tmp_path):
+    a = np.random.default_rng(0).random((40, 30)).astype("f4")
+    with session(tmp_path) as s:
+        for hint, tier in (
+            ("LOCALDISK", "local"),
+            ("REMOTEDISK", "remote"),
+            ("REMOTETAPE", "tape"),
+            ("AUTO", "tape"),
+        ):
+            ds = s.create_dataset(hint.lower(), a.shape, a.dtype, (10, 10), hint=hint)
+            ds[...] = a
+            ds.close()
+            ds = s.open_dataset(hint.lower())
+            assert {t for ts in where(ds).values() for t in ts} == {tier}, hint
+            assert len(where(ds)) == 12
+            np.testing.assert_array_equal(ds[...], a)
+            ds.close()
+            assert (tmp_path / tier / hint.lower() / "c" / "0" / "0").is_file()
+        with pytest.raises(StrataError, match="unknown placement hint"):
+            s.create_dataset("bad", (4,), "i4", (2,), hint="CLOUD")
+        with pytest.raises(ExistsError):
+            s.create_dataset("auto", (4,), "i4", (2,))
+    # the catalog, reopened by another client, holds the same residency
+    cat = open_catalog(tmp_path / "cat.db")
+    assert {c.tier for c in cat.residency("localdisk")} == {"local"}
+    assert cat.get_dataset("remotetape").hint == "REMOTETAPE"
+    cat.close()
+
+
+def test_hint_for_missing_role_is_refused_before_anything_is_stored(tmp_path):
+    with session(tmp_path, roles=("localdisk", "remotetape")) as s:
+        with pytest.raises(StrataError, match="remotedisk"):
+            s.create_dataset("x", (4,), "i4", (2,), hint="REMOTEDISK")
+        with pytest.raises(NotFoundError):
+            s.open_dataset("x")
+
+
+def test_disable_drops_writes_and_reads_raise(tmp_path):
+    with session(tmp_path) as s:
+        ds = s.create_dataset("scratch", (20, 20), "f8", (10, 10), hint="DISABLE")
+        ds[...] = 1.0  # accepted
+        ds.close()
+        assert s.catalog.get_dataset("scratch").state == "disabled"
+        assert s.catalog.residency("scratch") == []
+        assert not any((tmp_path / t / "scratch").exists() for t in ("local", "remote", "tape"))
+        ds = s.open_dataset("scratch")
+        with pytest.raises(DatasetDisabledError, match="DISABLE"):
+            ds[0:2, 0:2]
+        with pytest.raises(DatasetDisabledError):
+            ds.stage()
+        ds.close()
+
+
+def test_auto_fills_archive_then_spills_to_faster_tiers(tmp_path):
+    tiers = TierSet(
+        [
+            Tier("local", PosixBackend(tmp_path / "l"), "localdisk", order=0),
+            Tier("tape", PosixBackend(tmp_path / "t"), "remotetape", capacity=4 * 400, order=1),
+        ]
+    )
+    a = np.arange(40 * 40, dtype="f4").reshape(40, 40)
+    with strataio.Session(tiers=tiers, catalog=tmp_path / "c.db") as s:
+        ds = s.create_dataset("a", a.shape, a.dtype, (10, 10))  # 16 chunks of 400 bytes
+        ds[...] = a
+        ds.close()
+        ds = s.open_dataset("a")
+        placed = [ts[0] for ts in where(ds).values()]
+        assert placed.count("tape") == 4 and placed.count("local") == 12
+        states = {c.tier: c.state for cs in ds.residency().values() for c in cs}
+        assert states == {"tape": "valid", "local": "dirty"}  # dirty: not at its home tier
+        assert s.usage() == {"local": 12 * 400, "tape": 4 * 400}
+        np.testing.assert_array_equal(ds[...], a)
+        assert s.usage() == {"local": 16 * 400, "tape": 4 * 400}  # the read staged 4 chunks
+        ds.close()
+
+
+def test_full_fast_tier_evicts_lru_clean_chunks_and_writes_back_dirty(tmp_path):
+    a = np.arange(40 * 40, dtype="f4").reshape(40, 40)
+    with session(tmp_path, fast_cap=6 * 400) as s:
+        ds = s.create_dataset("a", a.shape, a.dtype, (10, 10), hint="REMOTETAPE")
+        ds[...] = a
+        ds.flush()
+        # staging 16 chunks into a 6-chunk local tier: LRU eviction keeps it within capacity
+        for r in range(4):
+            ds.stage(np.s_[r * 10 : (r + 1) * 10, :], to="local").wait()
+            assert s.tiers["local"].used <= 6 * 400
+        on_local = sorted(k for k, ts in where(ds).items() if "local" in ts)
+        assert len(on_local) == 6  # full, and the most recently staged chunks are the ones kept
+        assert {f"c/3/{j}" for j in range(4)} <= set(on_local)
+        assert all(k.startswith(("c/2/", "c/3/")) for k in on_local)
+        assert all("tape" in ts for ts in where(ds).values())  # every chunk kept its archive copy
+        ds.close()
+        # a LOCALDISK dataset's chunks have no other copy: eviction writes them back first
+        b = s.create_dataset("b", (20, 30), "f4", (10, 10), hint="LOCALDISK")
+        b[...] = 7.0  # 6 chunks fill local; the LRU ones of "a" make room
+        b.flush()
+        c = s.create_dataset("c", (10, 20), "f4", (10, 10), hint="LOCALDISK")
+        c[...] = 3.0  # 2 more chunks: 2 of "b" (only copies) are written back to "remote"
+        c.close()
+        b.close()
+        b = s.open_dataset("b")
+        assert sum("remote" in ts for ts in where(b).values()) == 2
+        np.testing.assert_array_equal(b[...], np.full((20, 30), 7.0, "f4"))
+        b.close()
+        assert s.usage()["local"] <= 6 * 400
+        # files on disk match the catalog: evicted copies were deleted after the commit
+        files = {
+            p.relative_to(tmp_path / "local").as_posix()
+            for p in (tmp_path / "local").rglob("*/c/*/*")
+        }
+        cat = {f"{x.dataset}/{x.key}" for x in s.catalog.all_residency() if x.tier == "local"}
+        assert files == cat
+
+
+def test_reads_stage_archive_chunks_and_reuse_them(tmp_path):
+    """Figure 4: a second read overlapping the first stages only the chunks it adds."""
+    a = np.random.default_rng(1).random((60, 60)).astype("f4")
+    with session(tmp_path) as s:
+        ds = s.create_dataset("a", a.shape, a.dtype, (10, 10), hint="REMOTETAPE")
+        ds[...] = a
+        ds.close()
+        ds = s.open_dataset("a")
+        np.testing.assert_array_equal(ds[0:20, 0:20], a[0:20, 0:20])
+        staged = {k for k, ts in where(ds).items() if "local" in ts}
+        assert staged == {f"c/{i}/{j}" for i in range(2) for j in range(2)}
+        h = ds.stage(np.s_[10:30, 10:30])  # overlaps the first read in one chunk
+        r = h.wait()
+        assert (r.moved, r.reused) == (3, 1)
+        np.testing.assert_array_equal(ds[10:30, 10:30], a[10:30, 10:30])
+        ds.close()
+    # residency survives the session: a new one sees the staged copies without staging again
+    with session(tmp_path) as s:
+        ds = s.open_dataset("a")
+        assert sum("local" in ts for ts in where(ds).values()) == 7
+        r = ds.stage(np.s_[0:30, 0:30]).wait()
+        assert (r.moved, r.reused) == (2, 7)
+        ds.close()
+
+
+def test_prefetch_fills_bounded_cache(tmp_path):
+    a = np.arange(100 * 100, dtype="f8").reshape(100, 100)
+    with strataio.Session(
+        tiers=make_tiers(tmp_path), catalog=tmp_path / "c.db", cache_bytes=10 * 800
+    ) as s:
+        ds = s.create_dataset("a", a.shape, a.dtype, (10, 10), hint="LOCALDISK")
+        ds[...] = a
+        ds.close()
+        ds = s.open_dataset("a")
+        r = ds.prefetch(np.s_[0:10, :]).wait()  # 10 chunks of 800 bytes
+        assert r.moved == 10 and r.nbytes == 8000
+        assert len(s.cache) == 10 and s.cache.nbytes <= 8000
+        # the bytes on disk are gone, the read is served from memory
+        for p in (tmp_path / "local" / "a" / "c" / "0").iterdir():
+            p.write_bytes(b"\0" * 800)
+        np.testing.assert_array_equal(ds[0:10, :], a[0:10, :])
+        ds.prefetch(np.s_[10:20, :]).wait()
+        assert s.cache.nbytes <= 8000 and len(s.cache) == 10  # LRU: the first row left
+        ds.close()
+
+
+def test_session_from_config_file(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "strataio.toml").write_text(
+        """
+[catalog]
+url = "cat.db"
+[[tiers]]
+name = "fast"
+kind = "posix"
+role = "localdisk"
+path = "fast"
+capacity = "1MiB"
+[[tiers]]
+name = "arch"
+kind = "posix"
+role = "remotetape"
+path = "arch"
+shaped = "remote_tape_2002"
+time_scale = 0.0
+"""
+    )
+    with strataio.Session() as s:
+        assert s.tiers.names == ["fast", "arch"]
+        assert s.tiers["fast"].capacity == 1 << 20
+        ds = s.create_dataset("x", (8, 8), "i2", (4, 4), attrs={"units": "K"})
+        ds[...] = np.arange(64, dtype="i2").reshape(8, 8)
+        ds.close()
+        ds = s.open_dataset("x")
+        assert ds.attrs["units"] == "K"
+        assert ds[7, 7] == 63
+        ds.close()
+    assert (tmp_path / "arch" / "x" / "zarr.json").is_file()
+
+
+@pytest.mark.mpi
+def test_mpi_session_only_rank0_touches_the_catalog(tmp_path):
+    venv_bin = os.path.dirname(sys.executable)
+    mpiexec = os.path.join(venv_bin, "mpiexec")
+    if not os.path.exists(mpiexec):
+        pytest.skip("mpiexec not installed")
+    script = Path(__file__).parent / "mpi_scripts" / "tiers_session.py"
+    env = dict(os.environ, PATH=f"{venv_bin}:{os.environ.get('PATH', '')}")
+    proc = subprocess.run(
+        [mpiexec, "-n", "3", sys.executable, str(script), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "ok"
+
+
+def test_session_on_postgresql_catalog(tmp_path, pg_url):
+    a = np.random.default_rng(5).random((30, 30))
+    tiers = make_tiers(tmp_path)
+    with strataio.Session(tiers=tiers, catalog=pg_url) as s:
+        ds = s.create_dataset("pg", a.shape, a.dtype, (10, 10), hint="REMOTETAPE")
+        ds[...] = a
+        ds.close()
+        ds = s.open_dataset("pg")
+        np.testing.assert_array_equal(ds[0:10, :], a[0:10, :])  # stages row 0 to local
+        ds.close()
+    with strataio.Session(tiers=make_tiers(tmp_path), catalog=pg_url) as s:
+        rows = s.catalog.residency("pg")
+        assert sum(c.tier == "tape" for c in rows) == 9
+        assert sorted(c.key for c in rows if c.tier == "local") == ["c/0/0", "c/0/1", "c/0/2"]
+        assert s.usage()["local"] == 3 * 800
+
+
+def test_read_fails_over_to_another_copy_and_marks_tier_down(tmp_path):
+    a = np.random.default_rng(6).random((20, 20))
+    with session(tmp_path) as s:
+        ds = s.create_dataset("a", a.shape, a.dtype, (10, 10), hint="REMOTETAPE")
+        ds[...] = a
+        ds.close()
+        ds = s.open_dataset("a")
+        ds.stage(None, to="local").wait()  # every chunk on local and tape
+        # the local disk breaks: its root is no longer a directory (I/O errors, not "missing")
+        (tmp_path / "local").rename(tmp_path / "local.broken")
+        (tmp_path / "local").write_bytes(b"")
+        np.testing.assert_array_equal(ds[...], a)
+        assert not s.tiers["local"].up and s.tiers["local"].last_error
+        assert {t.name: t.state for t in s.catalog.tiers()}["local"] == "down"
+        ds.close()
