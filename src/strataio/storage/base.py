@@ -8,6 +8,7 @@ its :class:`Capabilities` rather than its type. Keys are ``/``-separated relativ
 from __future__ import annotations
 
 import abc
+import functools
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -33,8 +34,12 @@ class Capabilities:
     latency: float = 0.0
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def validate_key(key: str) -> str:
-    """Return ``key`` if it is a safe relative object name, else raise :class:`InvalidKeyError`."""
+    """Return ``key`` if it is a safe relative object name, else raise :class:`InvalidKeyError`.
+
+    Results are cached: chunk keys repeat across reads, and validation sits on the hot path.
+    """
     if not isinstance(key, str):
         raise InvalidKeyError(f"storage key must be a str, not {type(key).__name__}")
     if not key:

@@ -88,6 +88,7 @@ class PosixBackend(Backend):
         elif not self.root.is_dir():
             raise NotFoundError(f"backend root {self.root} is not a directory")
         self.url = f"posix:{self.root}"
+        self._prefix = str(self.root) + os.sep
         self.capabilities = Capabilities(
             partial_write=True, append=True, preferred_io_size=4 << 20, latency=0.0
         )
@@ -96,7 +97,7 @@ class PosixBackend(Backend):
     # ----------------------------------------------------------------- helpers
     def path(self, key: str) -> str:
         """The file path of ``key`` (validated)."""
-        return os.path.join(self.root, validate_key(key))
+        return self._prefix + validate_key(key)
 
     def _ensure_parent(self, path: str) -> None:
         parent = os.path.dirname(path)
