@@ -10,7 +10,6 @@ import functools
 import json
 import math
 import os
-import sys
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
@@ -18,11 +17,11 @@ from typing import Any
 
 import click
 import numpy as np
-from rich.console import Console
 from rich.table import Table
 
 from strataio.catalog import Catalog, TierRecord, open_catalog
 from strataio.cli import main
+from strataio.cli.output import make_console
 from strataio.config import CONFIG_FILENAME, Config, default_config_text, load_config
 from strataio.errors import ConfigError, StrataError
 
@@ -77,11 +76,6 @@ def _human(n: int | None, raw: bool = False) -> str:
         return f"{n} B"
     exp = min(int(math.log(n, 1024)), 5)
     return f"{n / 1024**exp:.1f} {'BKMGTP'[exp]}iB"
-
-
-def _console() -> Console:
-    # Piped output is read by programs and wide terminals alike: do not wrap it at 80 columns.
-    return Console(width=None if sys.stdout.isatty() else 200)
 
 
 def _dims(t: tuple[int, ...]) -> str:
@@ -151,7 +145,7 @@ def ls_cmd(config_path: Path | None, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
-    console = _console()
+    console = make_console()
     if not rows:
         console.print(f"no datasets in catalog {cfg.catalog.display_url}")
         return
@@ -210,7 +204,7 @@ def du_cmd(config_path: Path | None, as_json: bool, raw: bool) -> None:
         }
         click.echo(json.dumps(out, indent=2))
         return
-    console = _console()
+    console = make_console()
     table = Table(title=f"tiers of {cfg.catalog.display_url} (fastest first)")
     for col in ("tier", "role", "state", "capacity", "used", "use%", "copies"):
         table.add_column(col, justify="left" if col in ("tier", "role", "state") else "right")

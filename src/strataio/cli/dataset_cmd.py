@@ -9,11 +9,11 @@ from pathlib import Path
 import click
 import numpy as np
 from rich import box
-from rich.console import Console
 from rich.table import Table
 
 from strataio.arrays import Dataset, open_dataset
 from strataio.cli import main
+from strataio.cli.output import make_console
 from strataio.errors import StrataError
 
 
@@ -42,7 +42,7 @@ def bytes_on_disk(ds: Dataset) -> int:
 
 def fail(message: str) -> None:
     """Print ``message`` on stderr and exit with status 2 (a usage-level error)."""
-    Console(stderr=True).print(f"[red]error:[/red] {message}", highlight=False)
+    make_console(stderr=True).print(f"[red]error:[/red] {message}", highlight=False)
     sys.exit(2)
 
 
@@ -80,4 +80,4 @@ def info_cmd(path: Path) -> None:
     table.add_column("value")
     for k, v in rows:
         table.add_row(k, v)
-    Console().print(table)
+    make_console().print(table)

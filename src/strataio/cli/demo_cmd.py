@@ -8,13 +8,13 @@ from pathlib import Path
 import click
 import numpy as np
 from rich import box
-from rich.console import Console
 from rich.table import Table
 
 import strataio
 from strataio.bench.sections import scaled_patterns
 from strataio.cli import main
 from strataio.cli.dataset_cmd import bytes_on_disk, fail
+from strataio.cli.output import make_console
 from strataio.errors import StrataError
 from strataio.layout.sections import Section
 
@@ -34,7 +34,7 @@ from strataio.layout.sections import Section
 def demo_cmd(directory: Path, size: int, chunk: int, codec: str) -> None:
     """Write a SIZE x SIZE float32 dataset in CHUNK x CHUNK sub-files, then read the APRIL
     access patterns A-H (scaled to SIZE; x runs along a row) and check each against numpy."""
-    console = Console()
+    console = make_console()
     path = directory / "sample.zarr"
     data = np.random.default_rng(0).standard_normal((size, size), dtype=np.float32)
     try:
