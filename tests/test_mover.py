@@ -74,7 +74,7 @@ def test_stage_overlaps_the_caller_and_reports_progress(tmp_path):
         ds = fill(s, a)
         t0 = time.perf_counter()
         h = ds.stage()  # 16 chunks, 2 at a time, 20 ms each -> ~160 ms
-        assert time.perf_counter() - t0 < 0.05 and not h.done()
+        assert not h.done()  # stage returned while its transfers were still running
         seen = []
         while not h.done():
             seen.append(h.progress.done)
@@ -168,7 +168,6 @@ def test_prefetch_reads_from_memory_afterwards(tmp_path):
         ds = fill(s, a)
         ds.prefetch(np.s_[0:10, 0:30]).wait()
         archive.reset_stats()
-        t0 = time.perf_counter()
         np.testing.assert_array_equal(ds[0:10, :], a[0:10, :])
-        assert archive.stats().requests == 0 and time.perf_counter() - t0 < 0.05
+        assert archive.stats().requests == 0  # served from the prefetch cache
         ds.close()
