@@ -17,7 +17,19 @@ from strataio.errors import InvalidKeyError, NotFoundError
 from strataio.layout.extents import Extents
 from strataio.storage.base import Backend
 
-INVALID_KEYS = ["", "..", "../x", "a/../../x", "a/./b", "/etc/passwd", "a//b", "a/", "a\x00b"]
+INVALID_KEYS = [
+    "",
+    "..",
+    "../x",
+    "a/../../x",
+    "a/./b",
+    "/etc/passwd",
+    "a//b",
+    "a/",
+    "a\x00b",
+    "C:x",
+    "a\\b",
+]
 
 
 def random_bytes(rng: np.random.Generator, n: int) -> bytes:

@@ -17,23 +17,13 @@ def backend(tmp_path) -> PosixBackend:
     return PosixBackend(tmp_path / "root")
 
 
-@pytest.mark.parametrize(
-    "key",
-    ["", "..", "../x", "a/../../x", "a/./b", "/etc/passwd", "a//b", "a/", "a\x00b", "C:x", "a\\b"],
-)
-def test_invalid_keys_refused_before_any_io(backend: PosixBackend, key: str) -> None:
-    for op in (
-        lambda: backend.put(key, b"x"),
-        lambda: backend.get(key),
-        lambda: backend.write(key, Extents.single(0, 1), b"x"),
-        lambda: backend.read(key, Extents.single(0, 1)),
-        lambda: backend.exists(key),
-        lambda: backend.delete(key),
-        lambda: backend.size(key),
-    ):
+def test_invalid_keys_leave_the_root_empty(backend: PosixBackend) -> None:
+    # The refusals themselves are in the backend contract suite; here: nothing reached disk.
+    for key in ("../x", "a/../../x", "/etc/passwd", "a\x00b", "C:x", "a\\b"):
         with pytest.raises(InvalidKeyError):
-            op()
-    assert list(backend.list()) == []
+            backend.put(key, b"x")
+        with pytest.raises(InvalidKeyError):
+            backend.write(key, Extents.single(0, 1), b"x")
     assert not os.listdir(backend.root)
 
 
