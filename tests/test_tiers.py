@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 import strataio
+from mpirun import run_mpi
 from strataio.catalog.base import open_catalog
 from strataio.errors import ExistsError, NotFoundError, StrataError
 from strataio.storage.posix import PosixBackend
@@ -239,21 +235,8 @@ time_scale = 0.0
 
 @pytest.mark.mpi
 def test_mpi_session_only_rank0_touches_the_catalog(tmp_path):
-    venv_bin = os.path.dirname(sys.executable)
-    mpiexec = os.path.join(venv_bin, "mpiexec")
-    if not os.path.exists(mpiexec):
-        pytest.skip("mpiexec not installed")
-    script = Path(__file__).parent / "mpi_scripts" / "tiers_session.py"
-    env = dict(os.environ, PATH=f"{venv_bin}:{os.environ.get('PATH', '')}")
-    proc = subprocess.run(
-        [mpiexec, "-n", "3", sys.executable, str(script), str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stdout.strip().splitlines()[-1] == "ok"
+    out = run_mpi(3, "tiers_session.py", tmp_path)
+    assert out.strip().splitlines()[-1] == "ok"
 
 
 def test_session_on_postgresql_catalog(tmp_path, pg_url):

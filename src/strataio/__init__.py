@@ -1,6 +1,7 @@
 """strataio: parallel I/O of scientific arrays across a storage hierarchy."""
 
 from strataio.arrays import Dataset, create_dataset, open_dataset
+from strataio.collective.file import File
 from strataio.errors import StrataError
 from strataio.session import Session
 
@@ -8,6 +9,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Dataset",
+    "File",
     "Session",
     "StrataError",
     "__version__",

@@ -22,7 +22,9 @@ def bench() -> None:
 from strataio.cli import (
     bench_cmd,
     catalog_cmd,
+    collective_cmd,
     dataset_cmd,
     demo_cmd,
+    flatten_cmd,
     tiers_cmd,
 )

@@ -1,0 +1,229 @@
+"""Collective I/O benchmark: strataio.File against ROMIO (mpi4py ``MPI.File``) in one MPI job.
+
+Run under ``mpiexec -n N python -m strataio.bench.collective --pattern P``; the
+``strataio bench collective`` command launches it. For each pattern every contender writes the
+same data through the same file view with the same hints, then reads it back; a rank's time is
+one ``*_all`` call (open and close excluded), the call's time is the slowest rank's, and the
+figure is aggregate bytes / that time, median over repetitions. Contenders:
+
+- ``strataio``: ``romio_cb_* = automatic`` (strataio's per-call choice, column "path");
+- ``strataio 2ph`` / ``strataio ind``: strataio forced to two-phase / independent;
+- ``ROMIO coll`` / ``ROMIO ind``: ROMIO with ``romio_cb_*`` = enable / disable.
+
+Patterns (``R`` = region bytes): ``contig`` one block per rank; ``hpio64`` / ``hpio512`` /
+``hpio4096`` HPIO with 4096 regions of ``R`` bytes, 128-byte spacing, interleaved across ranks,
+noncontiguous in memory and file; ``tile2d`` mpi-tile-io (one tile of doubles per rank);
+``block3d`` BTIO-like 3-D block decomposition (subarrays; memory with ghost cells);
+``flash`` FLASH-IO-like (blocks of 8×8×8 doubles × 24 variables, guard cells and variables
+interleaved in memory, file variable-major). ``hpio*-ind`` time independent ``write_at`` /
+``read_at`` (data sieving) instead of collective calls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+import strataio
+
+PATTERNS = [
+    "contig", "hpio64", "hpio512", "hpio4096", "tile2d", "block3d", "flash",
+    "hpio64-ind", "hpio512-ind", "hpio4096-ind",
+]  # fmt: skip
+CONTENDERS = ["strataio", "strataio 2ph", "strataio ind", "ROMIO coll", "ROMIO ind"]
+
+
+@dataclass
+class Case:
+    """One rank's part of a pattern: view, memory buffer spec, data bytes."""
+
+    disp: int
+    etype: MPI.Datatype
+    filetype: MPI.Datatype
+    buf: np.ndarray
+    count: int
+    memtype: MPI.Datatype
+    nbytes: int
+    independent: bool = False
+
+
+def _commit(t: MPI.Datatype) -> MPI.Datatype:
+    t.Commit()
+    return t
+
+
+def make_case(pattern: str, rank: int, nprocs: int, scale: float = 1.0) -> Case:
+    """The access of ``rank`` for ``pattern`` (sizes scaled by ``scale``)."""
+    rng = np.random.default_rng(rank)
+    independent = pattern.endswith("-ind")
+    name = pattern.removesuffix("-ind")
+    if name == "contig":
+        n = int(8 * 2**20 * scale)
+        buf = rng.integers(0, 256, n, dtype=np.uint8)
+        return Case(rank * n, MPI.BYTE, MPI.BYTE, buf, n, MPI.BYTE, n)
+    if name.startswith("hpio"):
+        size, space, regions = int(name[4:]), 128, max(int(4096 * scale), 1)
+        ft = _commit(MPI.BYTE.Create_hvector(regions, size, nprocs * (size + space)))
+        mt = _commit(MPI.BYTE.Create_hvector(regions, size, size + space))
+        buf = rng.integers(0, 256, regions * (size + space), dtype=np.uint8)
+        return Case(rank * (size + space), MPI.BYTE, ft, buf, 1, mt, regions * size, independent)
+    if name == "tile2d":
+        py, px = MPI.Compute_dims(nprocs, 2)
+        tile = max(int(512 * scale**0.5), 1)
+        ry, rx = divmod(rank, px)
+        ft = _commit(
+            MPI.DOUBLE.Create_subarray([py * tile, px * tile], [tile, tile], [ry * tile, rx * tile])
+        )
+        buf = rng.random(tile * tile)
+        return Case(0, MPI.DOUBLE, ft, buf.view(np.uint8), tile * tile * 8, MPI.BYTE, buf.nbytes)
+    if name == "block3d":
+        dims = MPI.Compute_dims(nprocs, 3)
+        edge = max(int(round(128 * scale ** (1 / 3))), 2)
+        local = [edge // d for d in dims]
+        coords = np.unravel_index(rank, dims)
+        starts = [int(c) * n for c, n in zip(coords, local)]
+        ft = _commit(
+            MPI.DOUBLE.Create_subarray([n * d for n, d in zip(local, dims)], local, starts)
+        )
+        g = 2  # ghost cells on each side, as a solver's local array has
+        mt = _commit(MPI.DOUBLE.Create_subarray([n + 2 * g for n in local], local, [g, g, g]))
+        buf = rng.random(int(np.prod([n + 2 * g for n in local])))
+        return Case(0, MPI.DOUBLE, ft, buf.view(np.uint8), 1, mt, int(np.prod(local)) * 8)
+    if name == "flash":
+        blocks, nvar, nb, g = max(int(20 * scale), 1), 24, 8, 4
+        side = nb + 2 * g
+        shape = [blocks, side, side, side, nvar]  # C order of FLASH's Fortran unk(var,x,y,z,b)
+        per_var = [
+            _commit(MPI.DOUBLE.Create_subarray(shape, [blocks, nb, nb, nb, 1], [0, g, g, g, v]))
+            for v in range(nvar)
+        ]
+        mt = _commit(MPI.Datatype.Create_struct([1] * nvar, [0] * nvar, per_var))
+        run = blocks * nb**3
+        displs = [(v * nprocs + rank) * run * 8 for v in range(nvar)]
+        ft = _commit(MPI.DOUBLE.Create_hindexed([run] * nvar, displs))
+        buf = rng.random(int(np.prod(shape)))
+        return Case(0, MPI.DOUBLE, ft, buf.view(np.uint8), 1, mt, nvar * run * 8)
+    raise SystemExit(f"unknown pattern {pattern!r}; known: {', '.join(PATTERNS)}")
+
+
+def _hints(contender: str) -> dict[str, str]:
+    mode = {"strataio": "automatic", "strataio 2ph": "enable", "strataio ind": "disable"}
+    mode |= {"ROMIO coll": "enable", "ROMIO ind": "disable"}
+    return {"romio_cb_read": mode[contender], "romio_cb_write": mode[contender]}
+
+
+def _one(
+    comm: MPI.Comm, contender: str, case: Case, path: str, write: bool, out: np.ndarray
+) -> tuple[float, str]:
+    """Time one write or read call of ``contender``; returns (slowest rank seconds, path)."""
+    hints = _hints(contender)
+    spec = [case.buf if write else out, case.count, case.memtype]
+    chosen = ""
+    if contender.startswith("strataio"):
+        f = strataio.File.open(comm, path, "w" if write else "r", hints=hints)
+        f.set_view(case.disp, case.etype, case.filetype)
+        call = (f.write_at if write else f.read_at) if case.independent else None
+        comm.Barrier()
+        t0 = time.perf_counter()
+        if call is not None:
+            call(0, spec)
+        elif write:
+            f.write_all(spec)
+        else:
+            f.read_all(spec)
+        dt = time.perf_counter() - t0
+        chosen = f.last_path
+        f.close()
+    else:
+        info = MPI.Info.Create()
+        for k, v in hints.items():
+            info.Set(k, v)
+        amode = MPI.MODE_RDWR | MPI.MODE_CREATE if write else MPI.MODE_RDONLY
+        if write and comm.Get_rank() == 0 and os.path.exists(path):
+            os.truncate(path, 0)
+        comm.Barrier()
+        fh = MPI.File.Open(comm, path, amode, info)
+        fh.Set_view(case.disp, case.etype, case.filetype, "native", info)
+        comm.Barrier()
+        t0 = time.perf_counter()
+        if case.independent:
+            (fh.Write_at if write else fh.Read_at)(0, spec)
+        else:
+            (fh.Write_all if write else fh.Read_all)(spec)
+        dt = time.perf_counter() - t0
+        fh.Close()
+        info.Free()
+    return comm.allreduce(dt, op=MPI.MAX), chosen
+
+
+def run(pattern: str, reps: int, workdir: str, scale: float) -> list[dict[str, Any]]:
+    comm = MPI.COMM_WORLD
+    rank, nprocs = comm.Get_rank(), comm.Get_size()
+    case = make_case(pattern, rank, nprocs, scale)
+    total = comm.allreduce(case.nbytes)
+    rows = []
+    reference: np.ndarray | None = None
+    for op in ("write", "read"):
+        row: dict[str, Any] = {"pattern": pattern, "ranks": nprocs, "op": op, "bytes": total}
+        for contender in CONTENDERS:
+            path = os.path.join(workdir, f"{pattern}.{contender.replace(' ', '_')}")
+            times = []
+            for _ in range(reps):
+                out = np.zeros_like(case.buf)
+                if op == "read" and not os.path.exists(path):
+                    _one(comm, contender, case, path, True, out)
+                t, chosen = _one(comm, contender, case, path, op == "write", out)
+                times.append(t)
+            if op == "read":  # every contender must read the same bytes
+                if reference is None:
+                    reference = out
+                elif not np.array_equal(out, reference):
+                    raise SystemExit(f"{pattern}: {contender} read different data")
+            med = statistics.median(times)
+            row[contender] = total / med / 1e6
+            if contender == "strataio":
+                row["path"] = chosen
+        best_romio = max(row["ROMIO coll"], row["ROMIO ind"])
+        row["ratio"] = row["strataio"] / best_romio if best_romio else float("nan")
+        rows.append(row)
+    comm.Barrier()
+    if rank == 0:
+        for name in os.listdir(workdir):
+            if name.startswith(pattern + "."):
+                os.unlink(os.path.join(workdir, name))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pattern", action="append", required=True, choices=PATTERNS)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--scale", type=float, default=1.0)
+    ap.add_argument("--dir", default=None)
+    args = ap.parse_args(argv)
+    comm = MPI.COMM_WORLD
+    workdir = args.dir
+    if workdir is None:
+        workdir = comm.bcast(tempfile.mkdtemp(prefix="strataio-bench-") if comm.rank == 0 else None)
+    rows = []
+    for pattern in args.pattern:
+        rows += run(pattern, args.reps, workdir, args.scale)
+    if comm.Get_rank() == 0:
+        print(json.dumps(rows))
+        if args.dir is None:
+            os.rmdir(workdir)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,76 @@
+"""``strataio bench collective``: strataio.File against ROMIO, launched under mpiexec."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from strataio.bench.collective import CONTENDERS, PATTERNS
+from strataio.cli import bench
+
+
+def _mpiexec() -> str:
+    here = Path(sys.executable).parent / "mpiexec"
+    return str(here) if here.exists() else (shutil.which("mpiexec") or "mpiexec")
+
+
+def _launch(nprocs: int, patterns: list[str], reps: int, scale: float, timeout: float) -> list:
+    cmd = [_mpiexec(), "-n", str(nprocs), sys.executable, "-m", "strataio.bench.collective"]
+    for p in patterns:
+        cmd += ["--pattern", p]
+    cmd += ["--reps", str(reps), "--scale", str(scale)]
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    if proc.returncode != 0:
+        raise click.ClickException(f"mpiexec -n {nprocs} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@bench.command("collective")
+@click.option("--pattern", "patterns", multiple=True, type=click.Choice(PATTERNS))
+@click.option("--all", "run_all", is_flag=True, help="Every pattern.")
+@click.option("--ranks", default="1,2,4", show_default=True, help="Comma-separated rank counts.")
+@click.option("--reps", default=5, show_default=True, help="Repetitions (median reported).")
+@click.option("--scale", default=1.0, show_default=True, help="Scale every pattern's size.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write rows here.")
+@click.option("--timeout", default=600.0, show_default=True, help="Seconds per mpiexec launch.")
+def collective(
+    patterns: tuple[str, ...],
+    run_all: bool,
+    ranks: str,
+    reps: int,
+    scale: float,
+    json_path: str | None,
+    timeout: float,
+) -> None:
+    """Collective write/read MB/s: strataio vs ROMIO collective and independent, same job."""
+    chosen = list(PATTERNS) if run_all else list(patterns)
+    if not chosen:
+        raise click.UsageError("give --pattern (repeatable) or --all")
+    rows = []
+    for n in [int(x) for x in ranks.split(",") if x.strip()]:
+        rows += _launch(n, chosen, reps, scale, timeout)
+    table = Table(title="Collective I/O, aggregate MB/s (median; slowest rank)")
+    for col in ["pattern", "ranks", "op", *CONTENDERS, "path", "ratio"]:
+        table.add_column(col, justify="left" if col in ("pattern", "op", "path") else "right")
+    for r in rows:
+        ratio = r["ratio"]
+        style = "green" if ratio >= 1.0 else "red"
+        table.add_row(
+            r["pattern"], str(r["ranks"]), r["op"], *[f"{r[c]:.0f}" for c in CONTENDERS],
+            r.get("path", ""), f"[{style}]{ratio:.2f}[/{style}]",
+        )  # fmt: skip
+    console = Console(width=max(Console().width, 150))  # a readable table in logs and pipes
+    console.print(table)
+    console.print("ratio = strataio / max(ROMIO coll, ROMIO ind)")
+    if json_path:
+        Path(json_path).write_text(json.dumps(rows, indent=1))

@@ -1,0 +1,156 @@
+"""Buffer specifications as mpi4py spells them, turned into bytes + memory extents.
+
+Accepted forms (``dt`` an ``MPI.Datatype``, ``disp`` in units of the datatype's extent, as in
+mpi4py):
+
+- ``buf`` — any contiguous buffer-protocol object (numpy array, bytes, bytearray, memoryview);
+  all its bytes, in order;
+- ``[buf]``, ``[buf, count]`` (count items of ``buf``'s own item size);
+- ``[buf, dt]`` (as many whole ``dt`` as fit in ``buf``);
+- ``[buf, count, dt]`` and ``[buf, (count, disp), dt]``.
+
+The result names the bytes a transfer moves: ``mem`` pieces (offsets into the buffer, in MPI
+pack order, with their positions in the packed data stream).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from strataio.collective.packing import as_bytes, copy_pieces
+from strataio.errors import ReadOnlyError, ShapeMismatchError, StrataError
+from strataio.layout.datatypes import flatten, flatten_count
+from strataio.layout.extents import Extents
+
+
+@dataclass(frozen=True, slots=True)
+class BufferSpec:
+    """The bytes of one transfer: ``data`` (the whole buffer as ``uint8``) and ``mem`` pieces.
+
+    ``nbytes`` is the length of the packed data stream (count × datatype size). When
+    ``contiguous`` the stream is ``data[start : start + nbytes]``.
+    """
+
+    data: np.ndarray
+    mem: Extents
+    nbytes: int
+    contiguous: bool
+    start: int
+
+    def pack(self) -> np.ndarray:
+        """The data stream as one contiguous ``uint8`` array (a view when contiguous)."""
+        if self.contiguous:
+            return self.data[self.start : self.start + self.nbytes]
+        out = np.empty(self.nbytes, dtype=np.uint8)
+        copy_pieces(out, self.mem.mem, self.data, self.mem.offsets, self.mem.lengths)
+        return out
+
+    def unpack(self, stream: np.ndarray) -> None:
+        """Scatter a packed stream into the buffer (no-op when ``stream`` is the buffer)."""
+        if not self.contiguous:
+            copy_pieces(self.data, self.mem.offsets, stream, self.mem.mem, self.mem.lengths)
+
+    def place(self, file: Extents) -> Extents:
+        """File pieces of this transfer with ``mem`` = byte offsets into :attr:`data`.
+
+        ``file`` carries data-stream positions in ``mem`` (ascending, covering
+        ``[0, nbytes)``). Both piece lists are cut at each other's stream boundaries, so every
+        resulting piece is contiguous in the file *and* in the buffer: engines then move bytes
+        straight between the file and the caller's memory, with no packed copy.
+        """
+        if self.contiguous:
+            return Extents(file.offsets, file.lengths, file.mem + self.start)
+        file = file.compact()
+        mem = self.mem
+        if np.array_equal(file.mem, mem.mem):  # same cuts (e.g. hpio): pair them up
+            return Extents(file.offsets, file.lengths, mem.offsets)
+        # Both lists tile [0, nbytes) in stream order, so the pieces of the common refinement
+        # start at the merged, deduplicated starts of both.
+        starts = np.concatenate((file.mem, mem.mem))
+        starts.sort(kind="stable")
+        starts = starts[np.concatenate(([True], starts[1:] != starts[:-1]))]
+        lengths = np.diff(starts, append=np.int64(self.nbytes))
+        fi = np.searchsorted(file.mem, starts, side="right") - 1
+        mi = np.searchsorted(mem.mem, starts, side="right") - 1
+        offs = file.offsets[fi] + (starts - file.mem[fi])
+        bufs = mem.offsets[mi] + (starts - mem.mem[mi])
+        return Extents(offs, lengths, bufs).coalesce()
+
+
+def _datatype(dt: Any) -> MPI.Datatype:
+    if isinstance(dt, MPI.Datatype):
+        return dt
+    if isinstance(dt, str) and dt in MPI._typedict:  # mpi4py's typecode table
+        return MPI._typedict[dt]
+    raise StrataError(f"buffer specification: {dt!r} is not an MPI datatype")
+
+
+def parse_buffer(spec: Any, writable: bool) -> BufferSpec:
+    """Resolve ``spec`` (see the module docstring) into a :class:`BufferSpec`.
+
+    ``writable`` asks for a buffer that can be read into. Raises :class:`ShapeMismatchError`
+    when the datatype reaches outside the buffer, :class:`ReadOnlyError` when a read targets a
+    read-only buffer.
+    """
+    parts = list(spec) if isinstance(spec, list | tuple) else [spec]
+    if not 1 <= len(parts) <= 3:
+        raise StrataError(f"buffer specification has {len(parts)} entries; expected 1 to 3")
+    obj = parts[0]
+    try:
+        data = as_bytes(obj, writable=writable)
+    except ValueError as exc:
+        if "read-only" in str(exc):
+            raise ReadOnlyError("cannot read into a read-only buffer") from None
+        raise StrataError(f"buffer specification: {exc}") from None
+    except TypeError:
+        raise StrataError(f"buffer specification: {type(obj).__name__} is not a buffer") from None
+    itemsize = int(getattr(obj, "itemsize", 1) or 1)
+    count: int | None = None
+    disp = 0
+    dt: MPI.Datatype | None = None
+    if len(parts) == 2:
+        if isinstance(parts[1], int | np.integer):
+            count = int(parts[1])
+        else:
+            dt = _datatype(parts[1])
+    elif len(parts) == 3:
+        cd, dt = parts[1], _datatype(parts[2])
+        if isinstance(cd, list | tuple):
+            count, disp = int(cd[0]), int(cd[1])
+        elif cd is not None:
+            count = int(cd)
+    if count is not None and count < 0:
+        raise StrataError(f"buffer specification: negative count {count}")
+    if dt is None:
+        n = data.size if count is None else count * itemsize
+        if n > data.size:
+            raise ShapeMismatchError(
+                f"buffer holds {data.size} bytes but {count} items of {itemsize} bytes were asked"
+            )
+        return BufferSpec(data, Extents.single(0, n), n, True, 0)
+    flat = flatten(dt)
+    if count is None:
+        count = data.size // flat.extent if flat.extent > 0 else 0
+    base = disp * flat.extent
+    nbytes = count * flat.size
+    if count and flat.size:
+        # Bounds of the memory layout: first instance's true lb to last instance's true ub.
+        lo = base + flat.true_lb + min(0, (count - 1) * flat.extent)
+        hi = base + flat.true_lb + flat.true_extent + max(0, (count - 1) * flat.extent)
+        if lo < 0 or hi > data.size:
+            raise ShapeMismatchError(
+                f"{count} × datatype (extent {flat.extent}, true extent {flat.true_extent}) "
+                f"at displacement {base} reaches bytes [{lo}, {hi}) of a {data.size}-byte buffer"
+            )
+    if flat.is_contiguous and nbytes:  # whole instances back to back: one piece
+        start = base + flat.lb
+        return BufferSpec(data, Extents.single(start, nbytes), nbytes, True, start)
+    mem = flatten_count(flat, count, base) if nbytes else Extents.empty()
+    mem = mem.compact().coalesce()
+    contiguous = len(mem) <= 1
+    start = int(mem.offsets[0]) if len(mem) else 0
+    return BufferSpec(data, mem, nbytes, contiguous, start)

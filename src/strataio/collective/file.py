@@ -1,0 +1,486 @@
+"""``strataio.File``: an MPI-IO-shaped file handle over the two-phase engine.
+
+Semantics are MPI-IO's. A *view* ``(disp, etype, filetype)`` tiles ``filetype`` from byte
+``disp`` (tile ``k`` at ``disp + k * extent(filetype)``); the data stream of a transfer fills
+the view's data bytes in order. Offsets, counts and the individual file pointer are in etypes
+of the view. Buffers are mpi4py buffer specifications (:mod:`strataio.collective.bufspec`),
+including noncontiguous memory datatypes.
+
+Collective calls (``open``, ``set_view``, ``*_all``, ``set_size``, ``sync``, ``close``) agree
+on errors: a bad argument on any rank raises the same :class:`~strataio.errors.StrataError`
+subclass on every rank, before any byte is written, and no rank is left waiting.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from strataio.collective import twophase
+from strataio.collective.bufspec import parse_buffer
+from strataio.collective.hints import Hints, parse_hints
+from strataio.collective.realms import policy_from_hints
+from strataio.collective.twophase import Access
+from strataio.errors import (
+    BackendError,
+    ClosedError,
+    ExistsError,
+    NotFoundError,
+    ReadOnlyError,
+    StrataError,
+    ViewError,
+)
+from strataio.layout.datatypes import FlatType, flatten
+from strataio.layout.extents import Extents
+
+_I64 = np.int64
+_MODES = {
+    "r": MPI.MODE_RDONLY,
+    "r+": MPI.MODE_RDWR,
+    "w": MPI.MODE_RDWR | MPI.MODE_CREATE,
+    "x": MPI.MODE_RDWR | MPI.MODE_CREATE | MPI.MODE_EXCL,
+}
+
+
+def _os_error(exc: OSError, path: str) -> StrataError:
+    if isinstance(exc, FileNotFoundError):
+        return NotFoundError(f"{path}: no such file")
+    if isinstance(exc, FileExistsError):
+        return ExistsError(f"{path}: exists (opened with exclusive create)")
+    return BackendError(f"{path}: {exc.strerror or exc}")
+
+
+def _agree(comm: MPI.Comm, exc: BaseException | None) -> None:
+    """Raise on every rank if ``exc`` is set on any: the failing rank re-raises its own
+    exception, the others an exception of the same class naming the rank."""
+    if comm.Get_size() == 1:
+        if exc is not None:
+            raise exc
+        return
+    if not comm.allreduce(exc is not None, op=MPI.LOR):
+        return
+    _raise_agreed(comm, exc)
+
+
+def _raise_agreed(comm: MPI.Comm, exc: BaseException | None) -> None:
+    """Every rank knows some rank failed: exchange what failed and raise it everywhere."""
+    mine = None if exc is None else (type(exc), str(exc))
+    everyone = comm.allgather(mine)
+    if exc is not None:
+        raise exc
+    rank, (cls, msg) = next((r, m) for r, m in enumerate(everyone) if m is not None)
+    if not (isinstance(cls, type) and issubclass(cls, StrataError)):
+        cls = StrataError
+    raise cls(f"{msg} (raised on rank {rank})")
+
+
+class File:
+    """An open file shared by the ranks of a communicator. Create with :meth:`File.open`."""
+
+    def __init__(self, comm: MPI.Comm, path: str, fd: int, amode: int, hints: Hints) -> None:
+        self._comm = comm
+        self._path = path
+        self._fd = fd
+        self._amode = amode
+        self._hints = hints
+        self._policy = policy_from_hints(hints)
+        self._closed = False
+        self._pos = 0
+        self.last_path = ""
+        """How the last transfer ran: ``"two-phase"`` or ``"independent"`` (for benchmarks)."""
+        self._view: tuple[int, MPI.Datatype, MPI.Datatype] = (0, MPI.BYTE, MPI.BYTE)
+        self._disp = 0
+        self._esize = 1
+        self._ft: FlatType = flatten(MPI.BYTE)
+        if amode & MPI.MODE_APPEND:
+            self._pos = self.get_size()
+
+    # ------------------------------------------------------------------ open / close
+    @classmethod
+    def open(
+        cls,
+        comm: MPI.Comm | None,
+        path: str | os.PathLike[str],
+        mode: str | int = "r",
+        hints: Mapping[str, Any] | MPI.Info | None = None,
+    ) -> File:
+        """Open ``path`` on every rank of ``comm`` (collective; ``None`` = this process alone).
+
+        ``mode``: ``"r"`` read-only, ``"r+"`` read-write, ``"w"`` create or truncate,
+        ``"x"`` create and fail if it exists, or an int of ``MPI.MODE_*`` flags. Raises
+        :class:`NotFoundError`, :class:`ExistsError`, :class:`BackendError` or
+        :class:`~strataio.errors.HintError` on every rank when any rank fails.
+        """
+        comm = MPI.COMM_SELF if comm is None else comm
+        path = os.fspath(path)
+        err: StrataError | None = None
+        truncate = mode == "w"
+        amode = 0
+        hinted = None
+        try:
+            if isinstance(mode, str):
+                if mode not in _MODES:
+                    raise StrataError(
+                        f"open mode {mode!r}: expected one of r, r+, w, x or MPI flags"
+                    )
+                amode = _MODES[mode]
+            else:
+                amode = int(mode)
+            access = [amode & f != 0 for f in (MPI.MODE_RDONLY, MPI.MODE_RDWR, MPI.MODE_WRONLY)]
+            if sum(access) != 1:
+                raise StrataError(
+                    "open mode needs exactly one of MODE_RDONLY, MODE_RDWR, MODE_WRONLY"
+                )
+            if amode & MPI.MODE_RDONLY and amode & (MPI.MODE_CREATE | MPI.MODE_EXCL):
+                raise StrataError("MODE_RDONLY cannot be combined with MODE_CREATE or MODE_EXCL")
+            hinted = parse_hints(hints, comm.Get_size())
+        except StrataError as exc:
+            err = exc
+        _agree(comm, err)
+        assert hinted is not None
+        comm = comm.Dup()
+        rank = comm.Get_rank()
+        flags = os.O_RDONLY if amode & MPI.MODE_RDONLY else os.O_RDWR
+        fd = -1
+        if rank == 0 and amode & MPI.MODE_CREATE:
+            create = flags | os.O_CREAT | (os.O_EXCL if amode & MPI.MODE_EXCL else 0)
+            try:
+                fd = os.open(path, create | (os.O_TRUNC if truncate else 0), 0o666)
+            except OSError as exc:
+                err = _os_error(exc, path)
+        try:
+            _agree(comm, err)
+            if fd < 0:
+                try:
+                    fd = os.open(path, flags)
+                except PermissionError:
+                    if not amode & MPI.MODE_WRONLY:
+                        raise
+                    fd = os.open(path, os.O_WRONLY)  # write-only file: no sieving reads
+                except OSError as exc:
+                    err = _os_error(exc, path)
+            _agree(comm, err)
+        except BaseException:
+            if fd >= 0:
+                os.close(fd)
+            comm.Free()
+            raise
+        return cls(comm, path, fd, amode, hinted)
+
+    def close(self) -> None:
+        """Close on every rank (collective); ``MODE_DELETE_ON_CLOSE`` removes the file."""
+        if self._closed:
+            return
+        self._comm.Barrier()
+        os.close(self._fd)
+        self._closed = True
+        if self._amode & MPI.MODE_DELETE_ON_CLOSE:
+            self._comm.Barrier()
+            if self._comm.Get_rank() == 0:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self._path)
+        self._comm.Free()
+
+    def __enter__(self) -> File:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def path(self) -> str:
+        return self._path
+
+    @property
+    def amode(self) -> int:
+        """The ``MPI.MODE_*`` flags the file was opened with."""
+        return self._amode
+
+    @property
+    def hints(self) -> dict[str, str]:
+        """Every hint in force, with string values (as ``MPI_File_get_info``)."""
+        return self._hints.as_dict()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError(f"{self._path}: file is closed")
+
+    def _check_writable(self) -> None:
+        if self._amode & MPI.MODE_RDONLY:
+            raise ReadOnlyError(f"{self._path}: opened read-only")
+
+    def _check_readable(self) -> None:
+        if self._amode & MPI.MODE_WRONLY:
+            raise ReadOnlyError(f"{self._path}: opened write-only; reads are not allowed")
+
+    # ------------------------------------------------------------------ view
+    def set_view(
+        self,
+        disp: int = 0,
+        etype: MPI.Datatype = MPI.BYTE,
+        filetype: MPI.Datatype | None = None,
+        datarep: str = "native",
+        info: Mapping[str, Any] | MPI.Info | None = None,
+    ) -> None:
+        """Set this rank's view (collective); resets the individual file pointer to 0.
+
+        ``disp`` is in bytes and must be >= 0; ``filetype`` (default ``etype``) must hold a
+        whole number of etypes, with non-negative, non-decreasing type-map displacements; all
+        ranks must use etypes of the same size. Raises :class:`ViewError` on every rank.
+        """
+        self._check_open()
+        err: StrataError | None = None
+        filetype = etype if filetype is None else filetype
+        esize = -1
+        try:
+            if datarep != "native":
+                raise ViewError(f"data representation {datarep!r} is not supported (native only)")
+            if int(disp) < 0:
+                raise ViewError(f"view displacement {disp} is negative")
+            esize = flatten(etype).size
+            ft = flatten(filetype)
+            if esize <= 0:
+                raise ViewError("etype has size 0")
+            if ft.size % esize:
+                raise ViewError(
+                    f"filetype holds {ft.size} bytes, not a whole number of {esize}-byte etypes"
+                )
+            ext = ft.extents
+            if len(ext) and (
+                int(ext.offsets.min()) < 0 or not bool(np.all(ext.offsets[1:] >= ext.ends[:-1]))
+            ):
+                raise ViewError("filetype displacements must be non-negative and non-decreasing")
+            if ft.size and ft.extent <= 0:
+                raise ViewError(f"filetype extent {ft.extent} must be positive")
+        except StrataError as exc:
+            err = exc
+        sizes = self._comm.allgather(esize if err is None else -1)
+        if err is None and len(set(sizes)) > 1 and -1 not in sizes:
+            err = ViewError(f"ranks use etypes of different sizes: {sizes}")
+        _agree(self._comm, err)
+        self._disp, self._esize, self._ft = int(disp), esize, ft
+        self._view = (int(disp), etype, filetype)
+        self._pos = 0
+
+    def get_view(self) -> tuple[int, MPI.Datatype, MPI.Datatype]:
+        """``(disp, etype, filetype)`` of the current view."""
+        return self._view
+
+    def _file_extents(self, start: int, nbytes: int) -> Extents:
+        """File pieces of view-stream bytes ``[start, start + nbytes)``; ``mem`` from 0."""
+        ft, disp = self._ft, self._disp
+        if nbytes == 0:
+            return Extents.empty()
+        if ft.size == 0:
+            raise ViewError("the view's filetype holds no data")
+        if ft.is_contiguous:
+            return Extents.single(disp + int(ft.extents.offsets[0]) + start, nbytes)
+        size = ft.size
+        k0 = start // size
+        k1 = (start + nbytes - 1) // size
+        tiled = ft.extents.tile(k1 - k0 + 1, ft.extent)
+        a = start - k0 * size
+        b = a + nbytes
+        ms = np.maximum(tiled.mem, a)
+        me = np.minimum(tiled.mem + tiled.lengths, b)
+        keep = me > ms
+        ms, me = ms[keep], me[keep]
+        off = tiled.offsets[keep] + (ms - tiled.mem[keep]) + _I64(disp + k0 * ft.extent)
+        return Extents(off, me - ms, ms - a).coalesce()
+
+    def _view_bytes_below(self, size: int) -> int:
+        """Bytes of the view's data stream that lie below file byte ``size``."""
+        ft = self._ft
+        rel = size - self._disp
+        if rel <= 0 or ft.size == 0:
+            return 0
+        k, rem = divmod(rel, ft.extent)
+        ext = ft.extents
+        part = np.clip(rem - ext.offsets, 0, ext.lengths).sum()
+        return int(k * ft.size + part)
+
+    # ------------------------------------------------------------------ pointer, size
+    def seek(self, offset: int, whence: int = MPI.SEEK_SET) -> None:
+        """Move the individual file pointer (etypes); ``MPI.SEEK_SET``, ``SEEK_CUR``,
+        ``SEEK_END`` (end of file in the view, rounded up to a whole etype)."""
+        self._check_open()
+        if whence == MPI.SEEK_SET:
+            pos = offset
+        elif whence == MPI.SEEK_CUR:
+            pos = self._pos + offset
+        elif whence == MPI.SEEK_END:
+            pos = -(-self._view_bytes_below(self.get_size()) // self._esize) + offset
+        else:
+            raise StrataError(f"seek: unknown whence {whence}")
+        if pos < 0:
+            raise ViewError(f"seek to negative position {pos}")
+        self._pos = int(pos)
+
+    def get_position(self) -> int:
+        """The individual file pointer, in etypes of the view."""
+        self._check_open()
+        return self._pos
+
+    def get_size(self) -> int:
+        """The file's size in bytes."""
+        self._check_open()
+        return os.fstat(self._fd).st_size
+
+    def set_size(self, size: int) -> None:
+        """Truncate or extend the file to ``size`` bytes (collective)."""
+        self._check_open()
+        err: StrataError | None = None
+        try:
+            self._check_writable()
+            if int(size) < 0:
+                raise StrataError(f"set_size: negative size {size}")
+            if self._comm.Get_rank() == 0:
+                os.ftruncate(self._fd, int(size))
+        except StrataError as exc:
+            err = exc
+        except OSError as exc:
+            err = _os_error(exc, self._path)
+        _agree(self._comm, err)
+
+    def sync(self) -> None:
+        """Flush written data to storage on every rank (collective)."""
+        self._check_open()
+        err: StrataError | None = None
+        try:
+            if not self._amode & MPI.MODE_RDONLY:
+                os.fsync(self._fd)
+        except OSError as exc:
+            err = _os_error(exc, self._path)
+        _agree(self._comm, err)
+
+    # ------------------------------------------------------------------ transfers
+    def read_at(self, offset: int, buf: Any) -> int:
+        """Read at ``offset`` etypes of the view into ``buf`` (independent). Returns bytes."""
+        return self._transfer(buf, offset, write=False, collective=False)
+
+    def write_at(self, offset: int, buf: Any) -> int:
+        """Write ``buf`` at ``offset`` etypes of the view (independent). Returns bytes."""
+        return self._transfer(buf, offset, write=True, collective=False)
+
+    def read_at_all(self, offset: int, buf: Any) -> int:
+        """Collective :meth:`read_at`."""
+        return self._transfer(buf, offset, write=False, collective=True)
+
+    def write_at_all(self, offset: int, buf: Any) -> int:
+        """Collective :meth:`write_at`."""
+        return self._transfer(buf, offset, write=True, collective=True)
+
+    def read(self, buf: Any) -> int:
+        """Read at the individual file pointer and advance it (independent)."""
+        return self._transfer(buf, None, write=False, collective=False)
+
+    def write(self, buf: Any) -> int:
+        """Write at the individual file pointer and advance it (independent)."""
+        return self._transfer(buf, None, write=True, collective=False)
+
+    def read_all(self, buf: Any) -> int:
+        """Collective :meth:`read`."""
+        return self._transfer(buf, None, write=False, collective=True)
+
+    def write_all(self, buf: Any) -> int:
+        """Collective :meth:`write`."""
+        return self._transfer(buf, None, write=True, collective=True)
+
+    def _prepare(self, buf: Any, offset: int | None, write: bool) -> tuple[Any, Access, bool]:
+        """Validate and map a transfer; the flag says a packed read stream must be unpacked."""
+        self._check_open()
+        if write:
+            self._check_writable()
+        else:
+            self._check_readable()
+        spec = parse_buffer(buf, writable=not write)
+        if spec.nbytes % self._esize:
+            raise ViewError(
+                f"buffer holds {spec.nbytes} bytes, not a whole number of {self._esize}-byte etypes"
+            )
+        pos = self._pos if offset is None else int(offset)
+        if pos < 0:
+            raise ViewError(f"negative file offset {pos}")
+        ext = self._file_extents(pos * self._esize, spec.nbytes)
+        # Zero-copy (file <-> caller memory) unless the memory layout splits the file pieces
+        # much further (e.g. FLASH: variables interleaved in memory, contiguous in file):
+        # then one vectorized pack keeps the file side in few large pieces.
+        limit = 2 * len(ext) + 16
+        if len(spec.mem) <= limit:
+            placed = spec.place(ext)
+            if len(placed) <= limit:
+                return spec, Access(placed, spec.data), False
+        stream = spec.pack() if write else np.empty(spec.nbytes, dtype=np.uint8)
+        return spec, Access(ext, stream), not write
+
+    def _transfer(self, buf: Any, offset: int | None, write: bool, collective: bool) -> int:
+        if not collective:
+            spec, access, unpack = self._prepare(buf, offset, write)
+            self.last_path = "independent"
+            try:
+                if write:
+                    twophase.write_independent(self._fd, access, self._hints)
+                else:
+                    twophase.read_independent(self._fd, access, self._hints)
+            except OSError as exc:
+                raise _os_error(exc, self._path) from exc
+        else:
+            self._check_open()
+            err: Exception | None = None
+            spec = access = None
+            unpack = False
+            try:
+                spec, access, unpack = self._prepare(buf, offset, write)
+            except Exception as exc:  # any failure here must reach the other ranks
+                err = exc
+            row = twophase.agreement_row(access, 1 if err is not None else 0)
+            stats = twophase.agree(self._comm, row)
+            if stats[:, twophase.ERR].any():
+                _raise_agreed(self._comm, err)
+            assert access is not None and spec is not None
+            self._collective(access, stats, write)
+        if unpack:
+            spec.unpack(access.stream)
+        if offset is None:
+            self._pos += spec.nbytes // self._esize
+        return spec.nbytes
+
+    def _collective(self, access: Access, stats: np.ndarray, write: bool) -> None:
+        hints = self._hints
+        mode = hints.romio_cb_write if write else hints.romio_cb_read
+        err: StrataError | None = None
+        two = twophase.use_two_phase(stats, mode)
+        self.last_path = "two-phase" if two else "independent"
+        if not two:
+            # Every rank already knows the call is valid; an I/O failure now is this rank's
+            # own and no rank waits on another, so it is raised here without a collective.
+            try:
+                if write:
+                    twophase.write_independent(self._fd, access, hints)
+                else:
+                    twophase.read_independent(self._fd, access, hints)
+            except OSError as exc:
+                raise _os_error(exc, self._path) from exc
+            return
+        try:
+            run = twophase.write_two_phase if write else twophase.read_two_phase
+            run(self._comm, self._fd, access, stats, hints, self._policy)
+        except StrataError as exc:
+            err = exc
+        except OSError as exc:
+            err = _os_error(exc, self._path)
+        _agree(self._comm, err)  # an aggregator's failure concerns every rank's data
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"{self._comm.Get_size()} ranks"
+        return f"<strataio.File {self._path!r} ({state})>"

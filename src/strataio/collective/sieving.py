@@ -1,0 +1,378 @@
+"""Independent noncontiguous I/O on a file descriptor: direct (list I/O) or data sieving.
+
+Every function moves the file pieces of an :class:`~strataio.layout.extents.Extents` between
+file ``fd`` and ``buf`` — piece ``i`` is file bytes ``offsets[i] : offsets[i] + lengths[i]``
+and buffer bytes ``mem[i] : mem[i] + lengths[i]``. Pieces may come in any order; for writes,
+pieces must not overlap in the file (as MPI requires of one access).
+
+- :func:`read_direct` / :func:`write_direct`: one ``preadv`` / ``pwritev`` per run of
+  file-adjacent pieces, holes untouched.
+- :func:`read_sieved` / :func:`write_sieved`: data sieving (ROMIO's algorithm, Thakur et al.):
+  the sorted pieces are grouped into covering *spans* of at most about ``buffer_size`` bytes;
+  a span with holes is read whole into a staging buffer and the pieces are picked out (reads),
+  or read, patched and written back whole (writes). Spans without holes are moved directly.
+  Copies between the staging buffer and ``buf`` are vectorized (``packing.copy_pieces``).
+- :func:`read_independent` / :func:`write_independent`: choose by the ``romio_ds_read`` /
+  ``romio_ds_write`` hints (:mod:`strataio.collective.hints`).
+
+Locking. A sieving write rewrites the holes of its spans, so a concurrent writer of those holes
+could be undone. :func:`write_sieved` therefore holds an exclusive POSIX byte-range lock
+(``fcntl.lockf``) on each span across its read, modify and write, and also locks each
+hole-free span it writes directly, so that any number of processes writing interleaved bytes
+through :func:`write_sieved` leave a correct file. A process that writes the same file without
+sieving concurrently must pass ``lock=True`` to :func:`write_direct`. POSIX locks belong to
+the process: threads of one process do not exclude each other, and closing any descriptor of
+the file releases the process's locks on it.
+
+Sieving policy (``automatic``, the default of both hints). Reading or writing through a hole
+costs its bytes; a separate system call per run costs about as much as copying
+``SYSCALL_BYTES`` bytes (measured from Python on a page-cached file). ``automatic`` therefore
+joins two neighbouring runs into one span when the hole between them is at most
+``SYSCALL_BYTES`` for reads, half that for writes (whose hole bytes are read *and* written,
+under a lock) — equivalently, a span is sieved only while its density (wanted bytes / span
+bytes) stays above ``1 - runs * SYSCALL_BYTES / span``. ``enable`` sieves every hole that fits
+in a buffer (ROMIO's behaviour); ``disable`` never sieves. A contiguous access is never sieved
+and never locked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+from typing import Any
+
+import numpy as np
+
+from strataio.collective.fileio import SYSCALL_BYTES, pread_into, pwrite_from
+from strataio.collective.hints import DISABLE, ENABLE, Hints, parse_hints
+from strataio.collective.packing import as_bytes, copy_pieces
+from strataio.errors import BackendError, ShapeMismatchError, StrataError
+from strataio.layout.extents import Extents
+from strataio.storage.posix import _transfer
+
+__all__ = [
+    "plan_spans",
+    "read_direct",
+    "read_independent",
+    "read_sieved",
+    "write_direct",
+    "write_independent",
+    "write_sieved",
+]
+
+DEFAULT_RD_BUFFER = 4194304
+DEFAULT_WR_BUFFER = 524288
+_MAX_LOCKS = 1024  # byte-range locks one process holds at a time
+
+
+# --------------------------------------------------------------------------- planning
+def _prepare(ext: Extents, buf: Any, writable: bool) -> tuple[Extents, np.ndarray]:
+    """Validate before any byte moves: non-negative file offsets, pieces inside ``buf``."""
+    data = as_bytes(buf, writable=writable)
+    ext = ext.compact()
+    if len(ext):
+        if int(ext.offsets.min()) < 0:
+            raise StrataError(f"negative file offset {int(ext.offsets.min())}")
+        if int(ext.mem.min()) < 0 or int((ext.mem + ext.lengths).max()) > data.size:
+            raise ShapeMismatchError(
+                f"pieces reach byte {int((ext.mem + ext.lengths).max())} of a "
+                f"{data.size}-byte buffer"
+            )
+    return ext, data
+
+
+def plan_spans(
+    ext: Extents, buffer_size: int, max_hole: int | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Covering spans of the (sorted) pieces for sieving.
+
+    Neighbouring runs of bytes join while the hole between them is at most ``max_hole``
+    (``None``: any hole) and the span stays within about ``buffer_size`` bytes (a span breaks
+    where a run's end crosses a multiple of ``buffer_size`` from the start of its group; a
+    single run longer than that is its own span). Returns ``(span_offsets, span_lengths,
+    holey)``, ``holey[j]`` telling whether span ``j`` contains bytes no piece wants.
+    """
+    runs = _runs(ext)
+    r_off, r_len = runs.offsets, runs.lengths
+    n = r_off.size
+    if n == 0:
+        z = np.zeros(0, dtype=np.int64)
+        return z, z, np.zeros(0, dtype=bool)
+    r_end = r_off + r_len
+    brk = np.ones(n, dtype=bool)
+    if max_hole is None:
+        brk[1:] = False
+    else:
+        brk[1:] = (r_off[1:] - r_end[:-1]) > max_hole
+    gid = np.cumsum(brk) - 1
+    gstart = r_off[np.flatnonzero(brk)][gid]
+    window = (r_end - 1 - gstart) // max(int(buffer_size), 1)
+    brk[1:] |= window[1:] != window[:-1]
+    idx = np.flatnonzero(brk)
+    sp_off = r_off[idx]
+    sp_len = np.maximum.reduceat(r_end, idx) - sp_off
+    covered = np.add.reduceat(r_len, idx)
+    return sp_off, sp_len, covered < sp_len
+
+
+def _runs(ext: Extents) -> Extents:
+    """Sorted disjoint runs of the bytes ``ext`` touches."""
+    if ext.is_sorted():  # the common case (a flattened view): merging neighbours suffices
+        ext = ext.compact()
+        if len(ext) < 2:
+            return ext
+        brk = np.flatnonzero(ext.offsets[1:] != ext.ends[:-1]) + 1
+        idx = np.concatenate(([0], brk))
+        return Extents(ext.offsets[idx], np.add.reduceat(ext.lengths, idx))
+    return ext.union()
+
+
+def _copy(
+    dst: np.ndarray, dst_off: np.ndarray, src: np.ndarray, src_off: np.ndarray, lens: np.ndarray
+) -> None:
+    """``copy_pieces``, with one strided numpy copy when the pieces are equally long and
+    equally spaced on both sides (the pieces of a vector-like view)."""
+    n = lens.size
+    if n > 2:
+        length = int(lens[0])
+        ds, ss = int(dst_off[1] - dst_off[0]), int(src_off[1] - src_off[0])
+        if (
+            ds >= length
+            and ss >= length
+            and bool((lens == length).all())
+            and bool((np.diff(dst_off) == ds).all())
+            and bool((np.diff(src_off) == ss).all())
+        ):
+            # one element per piece (a void dtype), so numpy copies it as one block; the
+            # ndarray constructor checks that the last piece lies inside the buffer
+            item = np.dtype(("V", length))
+            out = np.ndarray((n,), item, buffer=dst, offset=int(dst_off[0]), strides=(ds,))
+            out[...] = np.ndarray((n,), item, buffer=src, offset=int(src_off[0]), strides=(ss,))
+            return
+    copy_pieces(dst, dst_off, src, src_off, lens)
+
+
+def _readable(fd: int) -> bool:
+    return (fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE) == os.O_RDWR
+
+
+def _max_hole(mode: str, write: bool) -> int | None:
+    if mode == ENABLE:
+        return None
+    return SYSCALL_BYTES // 2 if write else SYSCALL_BYTES
+
+
+# --------------------------------------------------------------------------- direct
+def read_direct(fd: int, extents: Extents, buf: Any) -> None:
+    """Read each piece of ``extents`` from ``fd`` into ``buf`` (at ``mem``), no sieving.
+
+    Bytes past end-of-file read as zeros.
+    """
+    ext, data = _prepare(extents, buf, writable=True)
+    _io(fd, ext.sort(), data, write=False)
+
+
+def write_direct(fd: int, extents: Extents, buf: Any, *, lock: bool = False) -> None:
+    """Write each piece of ``extents`` from ``buf`` (at ``mem``) to ``fd``; holes untouched.
+
+    With ``lock`` each run is written under an exclusive byte-range lock, so that a concurrent
+    :func:`write_sieved` on the same file cannot undo it.
+    """
+    ext, data = _prepare(extents, buf, writable=False)
+    ext = ext.sort()
+    if not lock or len(ext) == 0:
+        _io(fd, ext, data, write=True)
+        return
+    runs = ext.union()
+    with _Locked(fd, runs.first, runs.last):
+        _io(fd, ext, data, write=True)
+
+
+def _io(fd: int, ext: Extents, data: np.ndarray, write: bool) -> None:
+    try:
+        _transfer(fd, ext, memoryview(data), write=write)
+    except OSError as exc:
+        raise BackendError(f"{'write' if write else 'read'} of {len(ext)} pieces: {exc}") from exc
+
+
+class _Locked:
+    """Exclusive POSIX lock on file bytes ``[lo, hi)`` for the ``with`` block."""
+
+    __slots__ = ("fd", "hi", "lo")
+
+    def __init__(self, fd: int, lo: int, hi: int) -> None:
+        self.fd, self.lo, self.hi = fd, int(lo), int(hi)
+
+    def __enter__(self) -> None:
+        if self.hi > self.lo:
+            try:
+                fcntl.lockf(self.fd, fcntl.LOCK_EX, self.hi - self.lo, self.lo)
+            except OSError as exc:
+                raise BackendError(
+                    f"cannot lock bytes [{self.lo}, {self.hi}) for a sieving write: {exc}"
+                ) from exc
+
+    def __exit__(self, *exc: object) -> None:
+        if self.hi > self.lo:
+            fcntl.lockf(self.fd, fcntl.LOCK_UN, self.hi - self.lo, self.lo)
+
+
+# --------------------------------------------------------------------------- sieving
+def _batches(sp_len: np.ndarray, buffer_size: int) -> list[int]:
+    """Boundaries of consecutive span groups of about ``buffer_size`` staged bytes each."""
+    csum = np.cumsum(sp_len)
+    bid = (csum - sp_len) // max(int(buffer_size), 1)
+    cuts = np.flatnonzero(np.diff(bid)) + 1
+    return np.concatenate(([0], cuts, [sp_len.size])).tolist()
+
+
+def _sieve(
+    fd: int,
+    ext: Extents,
+    data: np.ndarray,
+    buffer_size: int,
+    max_hole: int | None,
+    write: bool,
+) -> None:
+    """Move sorted pieces ``ext`` through covering spans (see module docs)."""
+    sp_off, sp_len, holey = plan_spans(ext, buffer_size, max_hole)
+    if write and holey.any() and not _readable(fd):
+        raise BackendError(
+            "a sieving write reads its spans back: the descriptor must be open read-write "
+            "(or use romio_ds_write=disable)"
+        )
+    span_of = np.searchsorted(sp_off, ext.offsets, side="right") - 1
+    in_holey = holey[span_of]
+    plain = ext.take(~in_holey)
+    if len(plain):
+        if write:
+            # Hole-free spans are written in place, each under the lock of its own bytes (a
+            # lock spanning the gaps would stall writers of bytes never touched here); a
+            # group of spans is locked in ascending order, then written in one batched call.
+            ok = np.flatnonzero(~holey)
+            o_off, o_len = sp_off[ok], sp_len[ok]
+            cut = np.searchsorted(plain.offsets, o_off).tolist() + [len(plain)]
+            bounds = _batches(o_len, buffer_size)
+            for g0, g1 in zip(bounds[:-1], bounds[1:]):
+                for h0 in range(g0, g1, _MAX_LOCKS):
+                    h1 = min(h0 + _MAX_LOCKS, g1)
+                    with contextlib.ExitStack() as held:
+                        for o, n in zip(o_off[h0:h1].tolist(), o_len[h0:h1].tolist()):
+                            held.enter_context(_Locked(fd, o, o + n))
+                        _io(fd, plain.take(slice(cut[h0], cut[h1])), data, write=True)
+        else:
+            _io(fd, plain, data, write=False)
+    hs = np.flatnonzero(holey)
+    if hs.size == 0:
+        return
+    sv = ext.take(in_holey)
+    sv_span = span_of[in_holey]  # sorted, since pieces and spans both are
+    h_off, h_len = sp_off[hs], sp_len[hs]
+    bounds = _batches(h_len, buffer_size)
+    # position of each holey span inside its batch's staging buffer
+    csum = np.cumsum(h_len) - h_len
+    for b0, b1 in zip(bounds[:-1], bounds[1:]):
+        base = int(csum[b0])
+        stage = np.empty(int(csum[b1 - 1] + h_len[b1 - 1]) - base, dtype=np.uint8)
+        p0, p1 = np.searchsorted(sv_span, [hs[b0], hs[b1 - 1] + 1])
+        part = sv.take(slice(int(p0), int(p1)))
+        j = np.searchsorted(hs, sv_span[p0:p1])  # index among holey spans
+        at = (csum[j] - base) + (part.offsets - h_off[j])
+        offs, lens, pos = h_off[b0:b1].tolist(), h_len[b0:b1].tolist(), (csum[b0:b1] - base)
+        pos = pos.tolist()
+        if not write:
+            for o, n, p in zip(offs, lens, pos):
+                pread_into(fd, stage[p : p + n], o)
+            _copy(data, part.mem, stage, at, part.lengths)
+            continue
+        # Each span is locked before it is read and stays locked until written back. Locks
+        # are taken in ascending offset order by every writer, so no two wait on each other.
+        with contextlib.ExitStack() as held:
+            for o, n, p in zip(offs, lens, pos):
+                held.enter_context(_Locked(fd, o, o + n))
+                pread_into(fd, stage[p : p + n], o)
+            _copy(stage, at, data, part.mem, part.lengths)
+            for o, n, p in zip(offs, lens, pos):
+                pwrite_from(fd, stage[p : p + n], o)
+
+
+def read_sieved(
+    fd: int,
+    extents: Extents,
+    buf: Any,
+    buffer_size: int = DEFAULT_RD_BUFFER,
+    *,
+    max_hole: int | None = None,
+) -> None:
+    """Read the pieces of ``extents`` into ``buf`` by data sieving.
+
+    Spans of about ``buffer_size`` bytes (``ind_rd_buffer_size``) are read whole; holes
+    longer than ``max_hole`` bytes split spans (``None``: ROMIO's behaviour, never). Bytes
+    past end-of-file read as zeros.
+    """
+    ext, data = _prepare(extents, buf, writable=True)
+    if len(ext) == 0:
+        return
+    ext = ext.sort()
+    if len(ext) == 1:
+        _io(fd, ext, data, write=False)
+        return
+    _sieve(fd, ext, data, buffer_size, max_hole, write=False)
+
+
+def write_sieved(
+    fd: int,
+    extents: Extents,
+    buf: Any,
+    buffer_size: int = DEFAULT_WR_BUFFER,
+    *,
+    max_hole: int | None = None,
+) -> None:
+    """Write the pieces of ``extents`` from ``buf`` by data sieving (read-modify-write).
+
+    Spans of about ``buffer_size`` bytes (``ind_wr_buffer_size``) with holes are read, patched
+    and written back under an exclusive ``fcntl`` lock; see the module docs for the locking
+    contract. A contiguous access is written directly without a lock. ``fd`` must be open
+    for reading and writing.
+    """
+    ext, data = _prepare(extents, buf, writable=False)
+    if len(ext) == 0:
+        return
+    ext = ext.sort()
+    if len(ext) == 1:
+        _io(fd, ext, data, write=True)
+        return
+    _sieve(fd, ext, data, buffer_size, max_hole, write=True)
+
+
+# --------------------------------------------------------------------------- hint-driven
+def read_independent(
+    fd: int, extents: Extents, buf: Any, hints: Hints | dict[str, Any] | None = None
+) -> None:
+    """Read by the ``romio_ds_read`` / ``ind_rd_buffer_size`` hints (see module docs)."""
+    h = hints if isinstance(hints, Hints) else parse_hints(hints)
+    if h.romio_ds_read == DISABLE:
+        read_direct(fd, extents, buf)
+        return
+    hole = _max_hole(h.romio_ds_read, write=False)
+    read_sieved(fd, extents, buf, h.ind_rd_buffer_size, max_hole=hole)
+
+
+def write_independent(
+    fd: int, extents: Extents, buf: Any, hints: Hints | dict[str, Any] | None = None
+) -> None:
+    """Write by the ``romio_ds_write`` / ``ind_wr_buffer_size`` hints (see module docs).
+
+    On a descriptor that cannot be read (a write-only file) sieving is impossible, so the
+    pieces are written directly — under byte-range locks, since other writers may sieve.
+    """
+    h = hints if isinstance(hints, Hints) else parse_hints(hints)
+    if h.romio_ds_write == DISABLE:
+        write_direct(fd, extents, buf)
+        return
+    if not _readable(fd):
+        write_direct(fd, extents, buf, lock=True)
+        return
+    hole = _max_hole(h.romio_ds_write, write=True)
+    write_sieved(fd, extents, buf, h.ind_wr_buffer_size, max_hole=hole)

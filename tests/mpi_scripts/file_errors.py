@@ -1,0 +1,86 @@
+"""Error agreement of strataio.File under mpiexec: a bad argument on one rank must raise the same
+StrataError subclass on every rank, write no byte, and leave the file usable (no hang, no
+desynchronised collective). Rank 0 prints one JSON object: check name -> exception class name
+per rank."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import numpy as np
+from mpi4py import MPI
+
+import strataio
+
+
+def outcome(fn) -> str:
+    try:
+        fn()
+    except strataio.StrataError as exc:
+        return type(exc).__name__
+    return "ok"
+
+
+def main(workdir: str) -> None:
+    comm = MPI.COMM_WORLD
+    rank = comm.Get_rank()
+    path = os.path.join(workdir, "errors.bin")
+    res: dict[str, str] = {}
+    f = strataio.File.open(comm, path, "w")
+    data = np.full(64, rank + 1, dtype=np.uint8)
+    f.write_at_all(rank * 64, data)
+
+    res["negative_disp"] = outcome(lambda: f.set_view(-8 if rank == 1 else 0, MPI.BYTE))
+    six = MPI.BYTE.Create_contiguous(6).Commit()
+    res["filetype_not_whole_etypes"] = outcome(lambda: f.set_view(0, MPI.INT, six))
+    et = MPI.INT if rank == 0 else MPI.DOUBLE
+    res["etype_sizes_disagree"] = outcome(lambda: f.set_view(0, et))
+    f.set_view(0, MPI.INT)
+    odd = np.zeros(6 if rank == 0 else 8, dtype=np.uint8)
+    res["buffer_not_whole_etypes"] = outcome(lambda: f.write_at_all(64, odd))
+    small = np.zeros(16, dtype=np.uint8)
+    spec = [small, 10, MPI.DOUBLE] if rank == 1 else [small, 2, MPI.DOUBLE]
+    res["buffer_too_small"] = outcome(lambda: f.write_at_all(64, spec))
+    res["negative_offset"] = outcome(lambda: f.read_at_all(-1 if rank == 0 else 0, small))
+    res["read_into_readonly_buffer"] = outcome(lambda: f.read_at_all(0, bytes(8)))
+    # nothing above may have written a byte: still each rank's 64 bytes, nothing more
+    f.set_view(0, MPI.BYTE)
+    back = np.zeros(64 * comm.Get_size(), dtype=np.uint8)
+    f.read_at_all(0, back)
+    expect = np.repeat(np.arange(1, comm.Get_size() + 1, dtype=np.uint8), 64)
+    res["file_unchanged"] = "ok" if np.array_equal(back, expect) else "changed"
+    f.close()
+
+    res["closed_read_all"] = outcome(lambda: f.read_all(small))
+    res["closed_write_at"] = outcome(lambda: f.write_at(0, small))
+
+    r = strataio.File.open(comm, path, "r")
+    res["write_all_read_only"] = outcome(lambda: r.write_all(small))
+    res["write_at_read_only"] = outcome(lambda: r.write_at(0, small))
+    res["set_size_read_only"] = outcome(lambda: r.set_size(0))
+    r.close()
+
+    res["open_x_existing"] = outcome(lambda: strataio.File.open(comm, path, "x"))
+    missing = os.path.join(workdir, "missing.bin")
+    res["open_missing"] = outcome(lambda: strataio.File.open(comm, missing, "r"))
+    bad_hint = {"cb_buffer_size": "lots"} if rank == 1 else {}
+    res["bad_hint"] = outcome(lambda: strataio.File.open(comm, path, "r", hints=bad_hint))
+    res["bad_mode"] = outcome(lambda: strataio.File.open(comm, path, "rw"))
+
+    # still in step: a collective round trip works after all of the above
+    with strataio.File.open(comm, path, "r+") as g:
+        g.write_at_all(rank * 8, np.full(8, 9, dtype=np.uint8))
+        got = np.zeros(8, dtype=np.uint8)
+        g.read_at_all(rank * 8, got)
+        res["round_trip_after_errors"] = "ok" if (got == 9).all() else "bad"
+
+    everyone = comm.gather(res, root=0)
+    if rank == 0:
+        merged = {k: [r[k] for r in everyone] for k in res}
+        print(json.dumps(merged))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,175 @@
+"""strataio.File: error agreement under mpiexec, serial semantics, exchange primitives."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import strataio
+from mpirun import run_mpi
+from strataio.collective.packing import copy_pieces
+from strataio.collective.realms import EvenRealms, select_aggregators
+from strataio.collective.twophase import use_two_phase
+from strataio.errors import ShapeMismatchError, ViewError
+
+
+@pytest.mark.mpi
+def test_errors_agree_on_every_rank(tmp_path: Path) -> None:
+    out = run_mpi(2, "file_errors.py", tmp_path)
+    res = json.loads(out.strip().splitlines()[-1])
+    expected = {
+        "negative_disp": "ViewError",
+        "filetype_not_whole_etypes": "ViewError",
+        "etype_sizes_disagree": "ViewError",
+        "buffer_not_whole_etypes": "ViewError",
+        "buffer_too_small": "ShapeMismatchError",
+        "negative_offset": "ViewError",
+        "read_into_readonly_buffer": "ReadOnlyError",
+        "file_unchanged": "ok",
+        "closed_read_all": "ClosedError",
+        "closed_write_at": "ClosedError",
+        "write_all_read_only": "ReadOnlyError",
+        "write_at_read_only": "ReadOnlyError",
+        "set_size_read_only": "ReadOnlyError",
+        "open_x_existing": "ExistsError",
+        "open_missing": "NotFoundError",
+        "bad_hint": "HintError",
+        "bad_mode": "StrataError",
+        "round_trip_after_errors": "ok",
+    }
+    assert res == {k: [v, v] for k, v in expected.items()}
+
+
+def test_serial_pointer_size_and_modes(tmp_path: Path) -> None:
+    path = tmp_path / "f.bin"
+    with strataio.File.open(None, path, "x") as f:
+        ft = MPI.INT.Create_vector(4, 1, 2).Create_resized(0, 32).Commit()  # every other int
+        f.set_view(8, MPI.INT, ft)
+        data = np.arange(10, dtype=np.int32)
+        assert f.write(data) == 40
+        assert f.get_position() == 10
+        f.seek(-3, MPI.SEEK_CUR)
+        assert f.get_position() == 7
+        f.seek(0, MPI.SEEK_END)
+        assert f.get_position() == 10  # the last int written ends the file
+        raw = np.fromfile(path, dtype=np.int32)
+        assert raw.size == 2 + 2 * 10 - 1
+        assert np.array_equal(raw[2::2], data)
+        assert f.get_size() == raw.nbytes
+        f.set_size(100)
+        assert f.get_size() == 100
+        assert f.hints["cb_buffer_size"] == "16777216"
+        out = np.zeros(10, dtype=np.int32)
+        f.read_at(0, out)
+        assert np.array_equal(out, data)
+    assert f.closed
+    with pytest.raises(strataio.errors.ExistsError):
+        strataio.File.open(None, path, "x")
+    amode = MPI.MODE_RDWR | MPI.MODE_DELETE_ON_CLOSE | MPI.MODE_APPEND
+    with strataio.File.open(None, path, amode) as f:
+        assert f.get_position() == 100  # MODE_APPEND starts at the end
+    assert not path.exists()
+
+
+def test_serial_buffer_specs(tmp_path: Path) -> None:
+    arr = np.arange(12, dtype=np.float64)
+    col = MPI.DOUBLE.Create_vector(4, 1, 3).Commit()  # one column of a 4x3 array
+    with strataio.File.open(None, tmp_path / "g.bin", "w") as f:
+        f.write_at(0, [arr, 1, col])
+        f.write_at(32, [arr, (1, 1), MPI.DOUBLE.Create_resized(0, 8).Commit()])
+        f.write_at(40, [arr, 2])
+        with pytest.raises(ShapeMismatchError):
+            f.write_at(0, [arr, 5, col])
+        f.set_view(0, MPI.DOUBLE)
+        with pytest.raises(ViewError):
+            f.write_at(0, np.zeros(3, dtype=np.uint8))
+    raw = np.fromfile(tmp_path / "g.bin", dtype=np.float64)
+    assert np.array_equal(raw, [0, 3, 6, 9, 1, 0, 1])
+
+
+def test_copy_pieces_matches_brute_force() -> None:
+    rng = np.random.default_rng(3)
+    for _ in range(20):
+        n = int(rng.integers(1, 3000))
+        lens = rng.integers(0, 6000 if rng.random() < 0.3 else 70, n)
+        src_off = np.cumsum(lens + rng.integers(0, 9, n)) - lens
+        perm = rng.permutation(n)  # pieces land in the packed buffer in a shuffled order
+        dst_off = np.empty(n, dtype=np.int64)
+        dst_off[perm] = np.cumsum(lens[perm]) - lens[perm]
+        src = rng.integers(0, 256, int(src_off.max() + lens.max() + 1), dtype=np.uint8)
+        dst = np.zeros(int(lens.sum()), dtype=np.uint8)
+        copy_pieces(dst, dst_off, src, src_off, lens)
+        idx_d = (
+            np.repeat(dst_off, lens)
+            + np.arange(lens.sum())
+            - np.repeat(np.cumsum(lens) - lens, lens)
+        )
+        idx_s = (
+            np.repeat(src_off, lens)
+            + np.arange(lens.sum())
+            - np.repeat(np.cumsum(lens) - lens, lens)
+        )
+        expect = np.zeros_like(dst)
+        expect[idx_d] = src[idx_s]
+        assert np.array_equal(dst, expect)
+
+
+def test_even_realms_and_aggregators() -> None:
+    r = EvenRealms().realms(10, 110, 3, None)
+    assert r.tolist() == [[10, 44], [44, 78], [78, 110]]
+    r = EvenRealms(align=16).realms(10, 110, 3, None)
+    assert r.tolist() == [[10, 32], [32, 64], [64, 110]]
+    assert EvenRealms().realms(5, 7, 4, None).tolist() == [[5, 6], [6, 7], [7, 7], [7, 7]]
+    assert select_aggregators(8, 2).tolist() == [0, 4]
+    assert select_aggregators(4, 9).tolist() == [0, 1, 2, 3]
+
+
+def test_automatic_choice() -> None:
+    # columns: err, first, last, nbytes, npieces
+    tiny_interleaved = np.array([[0, 0, 4096, 1024, 64], [0, 16, 4112, 1024, 64]])
+    big_pieces = np.array([[0, 0, 1 << 22, 1 << 21, 8], [0, 1 << 18, 1 << 23, 1 << 21, 8]])
+    disjoint = np.array([[0, 0, 4096, 1024, 16], [0, 4096, 8192, 1024, 16]])
+    assert use_two_phase(tiny_interleaved, "automatic")
+    assert not use_two_phase(big_pieces, "automatic")
+    assert not use_two_phase(disjoint, "automatic")
+    assert use_two_phase(disjoint, "enable")
+    assert not use_two_phase(tiny_interleaved, "disable")
+
+
+@pytest.mark.parametrize("how", ["scatter", "spans"])
+def test_sieved_reads_match_brute_force(how: str, tmp_path: Path) -> None:
+    from strataio.collective.fileio import read_scatter, read_spans
+    from strataio.layout.extents import Extents
+
+    rng = np.random.default_rng(7)
+    path = tmp_path / "s.bin"
+    for _ in range(40):
+        n = int(rng.integers(1, 2000))
+        lens = rng.integers(1, 300, n)
+        offs = np.cumsum(rng.integers(0, 400, n) + lens) - lens
+        size = max(int(offs[-1] + lens[-1]) - int(rng.integers(0, 200)), 0)  # EOF inside
+        init = rng.integers(0, 256, size, dtype=np.uint8)
+        path.write_bytes(init.tobytes())
+        perm = rng.permutation(n)
+        mem = np.empty(n, dtype=np.int64)
+        mem[perm] = np.cumsum(lens[perm]) - lens[perm]
+        out = np.full(int(lens.sum()), 7, dtype=np.uint8)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            hole = int(rng.integers(0, 500))
+            if how == "scatter":
+                read_scatter(fd, Extents(offs, lens, mem), out, hole)
+            else:
+                read_spans(fd, Extents(offs, lens, mem), out, int(rng.integers(1, 5000)), hole)
+        finally:
+            os.close(fd)
+        full = np.concatenate([init, np.zeros(1000, dtype=np.uint8)])  # zeros past EOF
+        within = np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens)
+        expect = np.empty_like(out)
+        expect[np.repeat(mem, lens) + within] = full[np.repeat(offs, lens) + within]
+        assert np.array_equal(out, expect)

@@ -1,0 +1,56 @@
+"""Hint parsing: defaults equal ROMIO's own, typed values, clear errors."""
+
+from __future__ import annotations
+
+import pytest
+from mpi4py import MPI
+
+from strataio.collective.hints import Hints, parse_hints
+from strataio.errors import HintError, StrataError
+
+
+def test_defaults_are_romios(tmp_path):
+    fh = MPI.File.Open(MPI.COMM_SELF, str(tmp_path / "f"), MPI.MODE_RDWR | MPI.MODE_CREATE)
+    info = fh.Get_info()
+    romio = {info.Get_nthkey(k): info.Get(info.Get_nthkey(k)) for k in range(info.Get_nkeys())}
+    info.Free()
+    fh.Close()
+    ours = parse_hints(None, nprocs=4).as_dict()
+    shared = set(ours) & set(romio)
+    assert {"cb_buffer_size", "cb_nodes", "ind_rd_buffer_size", "romio_ds_write"} <= shared
+    assert {k: ours[k] for k in shared} == {k: romio[k] for k in shared}
+
+
+def test_user_values_typed_and_unknown_ignored():
+    info = MPI.Info.Create()
+    info.Set("ind_wr_buffer_size", "65536")
+    info.Set("romio_ds_read", "DISABLE")
+    info.Set("no_such_hint", "whatever")
+    h = parse_hints(info, nprocs=2)
+    info.Free()
+    assert h.ind_wr_buffer_size == 65536 and h.romio_ds_read == "disable"
+    h = parse_hints({"cb_nodes": 16, "romio_no_indep_rw": "true", "cb_config_list": "Node1:2"}, 4)
+    assert h.cb_nodes == 4  # clamped to the communicator
+    assert h.romio_no_indep_rw is True and h.cb_config_list == "Node1:2"
+    assert h.as_dict()["romio_no_indep_rw"] == "true"
+    assert parse_hints({}) == Hints()
+    roundtrip = h.as_info()
+    assert parse_hints(roundtrip, 4) == h
+    roundtrip.Free()
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("cb_buffer_size", "lots"),
+        ("cb_buffer_size", "0"),
+        ("cb_nodes", True),
+        ("romio_ds_write", "sometimes"),
+        ("romio_no_indep_rw", "maybe"),
+        ("strataio_realms", "  "),
+    ],
+)
+def test_bad_values_name_the_hint(key, value):
+    with pytest.raises(HintError, match=key) as err:
+        parse_hints({key: value})
+    assert isinstance(err.value, StrataError)
