@@ -103,7 +103,8 @@ def render_tables(result: dict[str, Any], console: Console) -> None:
         frac = c["fraction_of_memcpy"]
         verdict = "[green]>= 50%[/green]" if frac >= 0.5 else "[red]< 50%[/red]"
         console.print(
-            f"strataio pattern C warm read, chunks {c['chunks'][0]}x{c['chunks'][1]}: "
+            f"strataio pattern C warm read into an existing array, chunks "
+            f"{c['chunks'][0]}x{c['chunks'][1]}: "
             f"{_fmt_bw(c['bytes_per_s'])} = {frac:.1%} of memcpy {verdict}"
         )
 

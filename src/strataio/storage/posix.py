@@ -140,6 +140,9 @@ class PosixBackend(Backend):
     ) -> int:
         fd = self._open(key, os.O_RDONLY)
         try:
+            # One call reads the whole range, so kernel readahead has nothing to add; worse, its
+            # markers on cached pages make RWF_NOWAIT refuse reads that need no I/O at all.
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
             if nowait:
                 # RWF_NOWAIT: served from the page cache or EAGAIN, never a disk wait
                 got = os.preadv(fd, [out], offset, os.RWF_NOWAIT)
