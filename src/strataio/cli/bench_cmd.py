@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ from strataio.bench.sections import (
     run_sections,
 )
 from strataio.cli import bench
+from strataio.cli.output import make_console
 from strataio.errors import StrataError
 
 _MODULES = {"h5py": "h5py", "zarr": "zarr", "tensorstore": "tensorstore"}
@@ -173,7 +173,7 @@ def sections_cmd(
     4000 naive calls, E one, F is the worst naive case): scaled to 8000, E is 13 full rows and
     F is 8000 rows x 13 columns.
     """
-    err = Console(stderr=True)
+    err = make_console(stderr=True)
     names = ["naive", *[c for c in _csv(contenders) if c != "naive"]]
     missing = [c for c in names if c in _MODULES and importlib.util.find_spec(_MODULES[c]) is None]
     for c in missing:
@@ -211,7 +211,7 @@ def sections_cmd(
     ) as progress:
         task = progress.add_task("generating data", total=total)
         result = run_sections(cfg, lambda d: progress.update(task, advance=1, description=d))
-    out = Console(file=sys.stdout)
+    out = make_console()
     out.width = max(out.width, _TABLE_WIDTH)
     render_tables(result, out)
     if json_path is not None:

@@ -10,11 +10,11 @@ import sys
 from pathlib import Path
 
 import click
-from rich.console import Console
 from rich.table import Table
 
 from strataio.bench.collective import CONTENDERS, PATTERNS
 from strataio.cli import bench
+from strataio.cli.output import make_console
 
 
 def _mpiexec() -> str:
@@ -69,7 +69,7 @@ def collective(
             r["pattern"], str(r["ranks"]), r["op"], *[f"{r[c]:.0f}" for c in CONTENDERS],
             r.get("path", ""), f"[{style}]{ratio:.2f}[/{style}]",
         )  # fmt: skip
-    console = Console(width=max(Console().width, 150))  # a readable table in logs and pipes
+    console = make_console()
     console.print(table)
     console.print("ratio = strataio / max(ROMIO coll, ROMIO ind)")
     if json_path:

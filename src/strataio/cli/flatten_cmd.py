@@ -6,11 +6,11 @@ import json
 from pathlib import Path
 
 import click
-from rich.console import Console
 from rich.table import Table
 
 from strataio.bench.flatten import GOAL_SECONDS, run_flatten
 from strataio.cli import bench
+from strataio.cli.output import make_console
 
 
 def _ms(t: float) -> str:
@@ -61,7 +61,7 @@ def flatten_cmd(pieces: int, realms: int, repeat: int, json_path: Path | None) -
             _ms(r.baseline_s),
             f"{r.ratio:.0f}x",
         )
-    Console().print(table)
+    make_console().print(table)
     if json_path is not None:
         payload = {
             "benchmark": "flatten",
@@ -102,7 +102,7 @@ def sieving_cmd(file_mib: int, repeat: int, json_path: Path | None) -> None:
             f"{rate:.0f}",
             f"{r.speedup:.2f}x",
         )
-    Console().print(table)
+    make_console().print(table)
     if json_path is not None:
         payload = {
             "benchmark": "sieving",
