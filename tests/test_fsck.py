@@ -3,11 +3,13 @@ writes never loses data."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -15,7 +17,9 @@ import numpy as np
 import pytest
 
 import strataio
+from strataio.storage.posix import PosixBackend
 from strataio.tiers.fsck import fsck
+from strataio.tiers.tier import Tier, TierSet
 
 sys.path.insert(0, str(Path(__file__).parent))
 import tiers_worker  # noqa: E402
@@ -72,7 +76,7 @@ def test_fsck_finds_and_repairs(tmp_path):
         (d / "c/7/7.123.0.strataio-tmp").write_bytes(b"half")  # leftover of a put
         (t / "c/3/3").unlink()  # rows 0-3 were migrated: its only copy -> lost
         (d / "c/6/6").write_bytes(b"\1" * 400)  # its only copy, corrupt: reported, not adopted
-        report = fsck(s.catalog, s.tiers)
+        report = fsck(s.catalog, s.tiers, grace=0)
         kinds = sorted((f.kind, f.tier, f.key) for f in report.findings)
         assert ("checksum", "disk", "c/0/0") in kinds
         assert ("missing", "tape", "c/0/1") in kinds
@@ -83,7 +87,7 @@ def test_fsck_finds_and_repairs(tmp_path):
             ("lost", "c/3/3"),
         ]
         assert not report.clean
-        fsck(s.catalog, s.tiers, repair=True)
+        fsck(s.catalog, s.tiers, repair=True, grace=0)
         assert not (d / "c/0/0").exists() and not (t / "c/5/5").exists()
         assert not (d / "c/7/7.123.0.strataio-tmp").exists()
         again = fsck(s.catalog, s.tiers)
@@ -125,7 +129,7 @@ def _crash_loop(tmp_path, mode, iterations, seed):
         p.wait()
         done = int(out[-1]) if out else 0
         with open_session(root) as s:
-            first = fsck(s.catalog, s.tiers, repair=True)
+            first = fsck(s.catalog, s.tiers, repair=True, grace=0)
             assert not first.lost, first.lost
             second = fsck(s.catalog, s.tiers)
             assert second.clean, second.problems
@@ -147,3 +151,95 @@ def test_kill9_during_migrate_loses_nothing(tmp_path, seed):
 def test_kill9_during_writes_keeps_flushed_data(tmp_path, seed):
     steps = [d for d, _ in _crash_loop(tmp_path, "write", 8, seed)]
     assert max(steps) >= 1 and min(steps) < max(steps)  # kills landed at different steps
+
+
+class PausingBackend(PosixBackend):
+    """A POSIX tier that holds a migration between its verified copy and its commit: the
+    read-back of a durable put signals ``reached`` and waits for ``release``."""
+
+    def __init__(self, root) -> None:
+        super().__init__(root)
+        self.reached, self.release = threading.Event(), threading.Event()
+
+    def get(self, key):
+        data = super().get(key)
+        if "/c/" in key and not self.release.is_set():
+            self.reached.set()
+            assert self.release.wait(30)
+        return data
+
+
+def test_repair_beside_a_running_migrate_leaves_its_destination_alone(tmp_path):
+    make(tmp_path, half_on_tape=False)
+    tape = PausingBackend(tmp_path / "tape")
+    tiers = TierSet(
+        [
+            Tier("disk", PosixBackend(tmp_path / "disk"), "localdisk", order=0),
+            Tier("tape", tape, "remotetape", order=1),
+        ]
+    )
+    with strataio.Session(tiers=tiers, catalog=tmp_path / "cat.db") as job:
+        ds = job.open_dataset("a", "r+")
+        handle = ds.migrate(np.s_[0:10, 0:10], to="tape")  # one chunk: c/0/0
+        assert tape.reached.wait(30)
+        # another process repairs while the copy is on tape but not yet committed
+        with open_session(tmp_path) as s:
+            report = fsck(s.catalog, s.tiers, repair=True)
+        young = [(f.kind, f.tier, f.key, f.action) for f in report.findings]
+        assert young == [("in-flight", "tape", "c/0/0", "left alone")]
+        assert report.clean
+        tape.release.set()
+        handle.wait()
+        ds.close()
+    assert (tmp_path / "tape" / "a" / "c" / "0" / "0").is_file()
+    assert not (tmp_path / "disk" / "a" / "c" / "0" / "0").exists()  # the source went
+    assert check_chunks(tmp_path, [0]) == {0}
+
+
+def test_orphans_and_leftovers_are_removed_once_older_than_the_grace(tmp_path):
+    make(tmp_path, half_on_tape=False)
+    d, t = tmp_path / "disk" / "a", tmp_path / "tape" / "a"
+    (t / "c/5").mkdir(parents=True)
+    orphan = t / "c/5/5"
+    orphan.write_bytes((d / "c/5/5").read_bytes())
+    leftover = d / "c/7/7.123.0.strataio-tmp"
+    leftover.write_bytes(b"half")
+    with open_session(tmp_path) as s:
+        report = fsck(s.catalog, s.tiers, repair=True, grace=60)
+        assert sorted((f.kind, f.action) for f in report.findings) == [
+            ("in-flight", "left alone"),
+            ("in-flight", "left alone"),
+        ]
+        assert orphan.exists() and leftover.exists()
+        old = time.time() - 61
+        for p in (orphan, leftover):
+            os.utime(p, (old, old))
+        report = fsck(s.catalog, s.tiers, repair=True, grace=60)
+        assert sorted((f.kind, f.action) for f in report.findings) == [
+            ("leftover", "delete"),
+            ("orphan", "delete"),
+        ]
+        assert not orphan.exists() and not leftover.exists()
+        assert fsck(s.catalog, s.tiers, grace=0).clean
+
+
+def test_a_freshly_announced_rewrite_is_left_to_its_writer(tmp_path):
+    make(tmp_path, half_on_tape=False)
+    with open_session(tmp_path) as s:
+        (row,) = [c for c in s.catalog.residency("a") if c.key == "c/1/1"]
+        # a writer in another process announced a rewrite and is about to put the new bytes
+        intent = dataclasses.replace(row, checksum="0badc0de", state="in-transit")
+        s.catalog.commit([dataclasses.replace(intent, last_access=time.time())])
+        report = fsck(s.catalog, s.tiers, repair=True, grace=60)
+        assert [(f.kind, f.key, f.action) for f in report.findings] == [
+            ("in-flight", "c/1/1", "left alone")
+        ]
+        assert s.catalog.residency("a") and not report.repaired
+        # announced long ago: the writer died, so the whole object on disk is adopted
+        s.catalog.commit([dataclasses.replace(intent, last_access=time.time() - 61)])
+        report = fsck(s.catalog, s.tiers, repair=True, grace=60)
+        assert [(f.kind, f.key, f.action) for f in report.findings] == [
+            ("checksum", "c/1/1", "adopt object")
+        ]
+        assert fsck(s.catalog, s.tiers).clean
+    assert check_chunks(tmp_path, [0]) == {0}

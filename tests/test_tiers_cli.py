@@ -90,3 +90,49 @@ def test_tape_benchmark_logic():
     assert gain["A"] > 50 and gain["D"] > 50 and gain["A"] > gain["C"] and gain["E"] < 0
     for r in res["reuse"]:  # Figure 4: only the chunks the first read did not stage
         assert 0 < r["staged_with_reuse"] < r["staged_without_reuse"] == r["second_chunks"]
+
+
+def test_errors_are_one_line_with_the_documented_exit_status(project):
+    root, _ = project
+    r = CliRunner()
+    # a tier directory that cannot be created is a configuration problem: exit 2
+    (root / "blocker").write_text("")
+    (root / "bad.toml").write_text(CONFIG.replace('path = "disk"', 'path = "blocker/disk"'))
+    for cmd in (["tiers"], ["fsck"], ["stage", "temp"], ["migrate", "temp"], ["evict", "temp"]):
+        out = r.invoke(main, [*cmd, "--config", "bad.toml"])
+        assert out.exit_code == 2, out.output
+        assert out.stderr.startswith("error: cannot set up the tiers") and "blocker" in out.stderr
+        assert "Traceback" not in out.output
+    out = r.invoke(main, ["fsck", "--config", "nosuch.toml"])
+    assert out.exit_code == 2 and "does not exist" in out.stderr
+    # a catalog that cannot be opened is a runtime failure: exit 1
+    (root / "dir.db").mkdir()
+    (root / "cat2.toml").write_text(CONFIG.replace('url = "cat.db"', 'url = "dir.db"'))
+    for cmd in (["tiers"], ["fsck"], ["stage", "temp"]):
+        out = r.invoke(main, [*cmd, "--config", "cat2.toml"])
+        assert out.exit_code == 1 and out.stderr.startswith("error: cannot open catalog")
+    # an unknown dataset or tier: exit 1, one line naming it
+    out = r.invoke(main, ["migrate", "temp", "--to", "floppy"])
+    assert out.exit_code == 1 and "floppy" in out.stderr and "Traceback" not in out.output
+
+
+def test_fsck_grace_and_progress(project):
+    root, _ = project
+    r = CliRunner()
+    orphan = root / "tape" / "temp" / "c" / "0" / "0"
+    copy = root / "disk" / "temp" / "c" / "0" / "0"
+    copy.parent.mkdir(parents=True)
+    copy.write_bytes(orphan.read_bytes())  # a stage's destination, before its commit
+    out = r.invoke(main, ["fsck", "--repair"])
+    assert out.exit_code == 0, out.output
+    assert "in-flight" in out.stdout and "1 objects in flight, left alone" in out.stdout
+    assert copy.exists()
+    assert "--grace SECONDS" in r.invoke(main, ["fsck", "--help"]).output
+    assert r.invoke(main, ["fsck", "--grace", "-1"]).exit_code == 2
+    out = r.invoke(main, ["fsck", "--repair", "--grace", "0"])
+    assert out.exit_code == 0 and "orphan" in out.stdout and not copy.exists()
+    # the progress bar goes to stderr, only on a terminal (FORCE_COLOR makes rich think so)
+    assert r.invoke(main, ["fsck"]).stderr == ""
+    out = r.invoke(main, ["fsck"], env={"FORCE_COLOR": "1"})
+    assert out.exit_code == 0 and "100/100" in out.stderr and "copies" in out.stderr
+    assert "100/100" not in out.stdout

@@ -79,6 +79,14 @@ class TieredDataset(Dataset):
         """Each stored chunk's copies, fastest tier first."""
         return self.store.residency_table()
 
+    def _write_from(self, section: Any, data: Any) -> None:
+        # DISABLE: the write was validated by the caller and is dropped here, before the
+        # read-modify-write of partial chunks could ask the store for data it never kept
+        if self.store.disabled:
+            self._check_writable()
+            return
+        super()._write_from(section, data)
+
 
 class Session:
     """The storage hierarchy of one configuration.

@@ -6,14 +6,11 @@ yet), with a one-line message; 1 a runtime failure (database unreachable, I/O er
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import os
 from collections import defaultdict
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import click
 import numpy as np
@@ -21,31 +18,10 @@ from rich.table import Table
 
 from strataio.catalog import Catalog, TierRecord, open_catalog
 from strataio.cli import main
+from strataio.cli.output import UsageProblem as _UsageProblem
+from strataio.cli.output import handle_errors as _handle_errors
 from strataio.cli.output import make_console
 from strataio.config import CONFIG_FILENAME, Config, default_config_text, load_config
-from strataio.errors import ConfigError, StrataError
-
-
-class _UsageProblem(Exception):
-    """Raised inside a command for a problem the user fixes (exit status 2)."""
-
-
-def _handle_errors(fn: Callable[..., None]) -> Callable[..., None]:
-    """Map failures to a message on stderr and the documented exit status; no traceback."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> None:
-        try:
-            fn(*args, **kwargs)
-        except (ConfigError, _UsageProblem) as exc:
-            click.echo(f"error: {exc}", err=True)
-            raise click.exceptions.Exit(2) from None
-        except (StrataError, OSError) as exc:
-            click.echo(f"error: {exc}", err=True)
-            raise click.exceptions.Exit(1) from None
-
-    return wrapper
-
 
 _config_option = click.option(
     "-c",

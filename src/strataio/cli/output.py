@@ -1,13 +1,44 @@
-"""Where the CLI prints: rich consoles that do not wrap piped output at 80 columns."""
+"""Where the CLI prints (rich consoles that do not wrap piped output at 80 columns) and how
+its commands fail: one message on stderr and a documented exit status, never a traceback."""
 
 from __future__ import annotations
 
+import functools
 import sys
+from collections.abc import Callable
+from typing import Any
 
+import click
 from rich.console import Console
+
+from strataio.errors import ConfigError, StrataError
 
 
 def make_console(stderr: bool = False) -> Console:
     """A console for stdout (or stderr); piped output keeps full-width tables for scripts."""
     stream = sys.stderr if stderr else sys.stdout
     return Console(stderr=stderr, width=None if stream.isatty() else 200)
+
+
+class UsageProblem(Exception):
+    """Raised inside a command for a problem the user fixes (exit status 2)."""
+
+
+def handle_errors(fn: Callable[..., None]) -> Callable[..., None]:
+    """Map failures to ``error: MESSAGE`` on stderr and the exit status every command shares:
+    2 for a usage or configuration problem (:class:`UsageProblem`,
+    :class:`~strataio.errors.ConfigError`), 1 for a runtime failure (any other
+    :class:`~strataio.errors.StrataError`, an ``OSError``); no traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> None:
+        try:
+            fn(*args, **kwargs)
+        except (ConfigError, UsageProblem) as exc:
+            click.echo(f"error: {exc}", err=True)
+            raise click.exceptions.Exit(2) from None
+        except (StrataError, OSError) as exc:
+            click.echo(f"error: {exc}", err=True)
+            raise click.exceptions.Exit(1) from None
+
+    return wrapper

@@ -1,26 +1,38 @@
 """Commands about the storage hierarchy: ``tiers``, ``stage``, ``migrate``, ``evict``, ``fsck``,
 and the benchmarks ``bench tape`` / ``bench overlap``.
 
-Exit codes: 0 ok (clean), 1 problems found or the operation failed, 2 usage error (click's).
+Exit codes (shared with every command, :func:`strataio.cli.output.handle_errors`): 0 ok
+(clean), 1 problems found or the operation failed, 2 a usage or configuration error; failures
+print one ``error:`` line on stderr, never a traceback.
 ``strataio info NAME`` shows a catalogued dataset's per-tier residency through
 :func:`residency_info`, which the ``info`` command calls for names that are not a path.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
 import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import click
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
 
 from strataio.cli import bench, main
-from strataio.errors import StrataError
+from strataio.cli.output import handle_errors, make_console
+from strataio.errors import ConfigError, StrataError
+from strataio.tiers.fsck import DEFAULT_GRACE
 
 _config_opt = click.option(
     "--config",
@@ -43,12 +55,18 @@ def _human(n: int | None) -> str:
 
 
 def _session(config: str | None) -> Any:
+    from strataio.config import load_config
     from strataio.session import Session
+    from strataio.tiers.tier import TierSet
 
+    cfg = load_config(config)  # ConfigError: exit 2
     try:
-        return Session(config)
-    except StrataError as exc:
-        raise click.ClickException(str(exc)) from None
+        tiers = TierSet.from_config(cfg)
+    except OSError as exc:
+        # e.g. a POSIX tier directory that cannot be created: the configuration names it
+        where = cfg.source or "the default configuration"
+        raise ConfigError(f"cannot set up the tiers configured in {where}: {exc}") from None
+    return Session(cfg, tiers=tiers)
 
 
 def parse_section(spec: str | None) -> Any:
@@ -75,9 +93,10 @@ def parse_section(spec: str | None) -> Any:
 @main.command("tiers")
 @_config_opt
 @click.option("--check", is_flag=True, help="probe every tier and record up/down in the catalog")
+@handle_errors
 def tiers_command(config: str | None, check: bool) -> None:
     """Show the tiers: health, capacity, usage. Exit 1 if any tier is down."""
-    console = Console()
+    console = make_console()
     with _session(config) as s:
         if check:
             s.check_tiers()
@@ -126,14 +145,11 @@ def _run_move(console: Console, handle: Any, label: str) -> Any:
 
 
 def _move(config: str | None, name: str, op: str, section: str | None, tier: str | None) -> None:
-    console = Console()
+    console = make_console()
+    idx = parse_section(section)
     with _session(config) as s:
+        ds = s.open_dataset(name, "r+")
         try:
-            ds = s.open_dataset(name, "r+")
-        except StrataError as exc:
-            raise click.ClickException(str(exc)) from None
-        try:
-            idx = parse_section(section)
             if op == "stage":
                 handle = ds.stage(idx, to=tier)
             elif op == "migrate":
@@ -141,10 +157,12 @@ def _move(config: str | None, name: str, op: str, section: str | None, tier: str
             else:
                 handle = ds.evict(idx, tier=tier)
             result = _run_move(console, handle, f"{op} {name}")
-        except StrataError as exc:
-            raise click.ClickException(str(exc)) from None
-        finally:
-            ds.close()
+        except BaseException:
+            # the first failure is the one to report, not a close failing after it
+            with contextlib.suppress(StrataError, OSError):
+                ds.close()
+            raise
+        ds.close()
     console.print(
         f"{op}: {result.moved} chunks moved ({_human(result.nbytes)}), {result.reused} already "
         f"in place, {len(result.failed)} failed, in {result.seconds:.2f} s"
@@ -160,6 +178,7 @@ def _move(config: str | None, name: str, op: str, section: str | None, tier: str
 @click.argument("name")
 @click.option("--section", default=None, help="e.g. 0:1000,0:80 (default: whole dataset)")
 @click.option("--to", "to", default=None, help="target tier (default: fastest disk tier)")
+@handle_errors
 def stage_command(config: str | None, name: str, section: str | None, to: str | None) -> None:
     """Stage a dataset section from the archive to a faster tier."""
     _move(config, name, "stage", section, to)
@@ -170,6 +189,7 @@ def stage_command(config: str | None, name: str, section: str | None, to: str | 
 @click.argument("name")
 @click.option("--section", default=None, help="e.g. 0:1000,0:80 (default: whole dataset)")
 @click.option("--to", "to", default=None, help="target tier (default: the slowest)")
+@handle_errors
 def migrate_command(config: str | None, name: str, section: str | None, to: str | None) -> None:
     """Migrate a dataset section to a slower tier (copy, verify, commit, delete source)."""
     _move(config, name, "migrate", section, to)
@@ -180,6 +200,7 @@ def migrate_command(config: str | None, name: str, section: str | None, to: str 
 @click.argument("name")
 @click.option("--section", default=None, help="e.g. 0:1000,0:80 (default: whole dataset)")
 @click.option("--tier", "tier", default=None, help="tier to free (default: the fastest)")
+@handle_errors
 def evict_command(config: str | None, name: str, section: str | None, tier: str | None) -> None:
     """Drop a section's copies from a tier (writing back chunks that have no other copy)."""
     _move(config, name, "evict", section, tier)
@@ -190,13 +211,33 @@ def evict_command(config: str | None, name: str, section: str | None, tier: str 
 @_config_opt
 @click.option("--repair", is_flag=True, help="fix what can be fixed")
 @click.option("--quick", is_flag=True, help="check existence and size only (no checksums)")
-def fsck_command(config: str | None, repair: bool, quick: bool) -> None:
-    """Verify every catalogued chunk copy. Exit 0 clean, 1 problems (left) found."""
+@click.option(
+    "--grace",
+    type=click.FloatRange(min=0),
+    default=DEFAULT_GRACE,
+    show_default=True,
+    metavar="SECONDS",
+    help="leave alone unnamed objects modified more recently than this (they may belong to "
+    "a move or write still running); 0 only when nothing else uses the tiers",
+)
+@handle_errors
+def fsck_command(config: str | None, repair: bool, quick: bool, grace: float) -> None:
+    """Verify every catalogued chunk copy. Exit 0 clean, 1 problems (left) found.
+
+    With --repair, bad copies that have a good copy elsewhere are dropped, interrupted
+    rewrites are adopted, and orphans (objects no catalog row names) and temporary leftovers
+    are deleted. It is safe beside running jobs: an orphan or leftover younger than --grace
+    seconds (its mtime on POSIX, last-modified on S3) may be the destination of a migration
+    not yet committed, so it is listed as "in-flight" and left alone; a later fsck removes it
+    if it is still unnamed by then.
+    """
     from strataio.tiers.fsck import fsck
 
-    console = Console()
-    with _session(config) as s:
-        report = fsck(s.catalog, s.tiers, repair=repair, verify=not quick)
+    console = make_console()
+    with _session(config) as s, _fsck_progress() as progress:
+        report = fsck(
+            s.catalog, s.tiers, repair=repair, verify=not quick, grace=grace, progress=progress
+        )
     if report.findings:
         table = Table(title="fsck findings")
         for col in ("kind", "tier", "dataset", "chunk", "detail", "repair"):
@@ -205,15 +246,39 @@ def fsck_command(config: str | None, repair: bool, quick: bool) -> None:
             table.add_row(f.kind, f.tier, f.dataset, f.key, f.detail, f.action or "-")
         console.print(table)
     skipped = f"; tiers down, not checked: {', '.join(report.skipped_tiers)}"
+    young = sum(f.kind == "in-flight" for f in report.findings)
     console.print(
         f"{report.copies} copies of {report.chunks} chunks checked, "
         f"{len(report.problems)} problems"
         + (", repaired" if report.repaired else "")
+        + (f"; {young} objects in flight, left alone" if young else "")
         + (skipped if report.skipped_tiers else "")
     )
     unresolved = report.lost or (report.problems and not report.repaired)
     if unresolved or report.skipped_tiers:
         sys.exit(1)
+
+
+@contextlib.contextmanager
+def _fsck_progress() -> Iterator[Callable[[int, int], None]]:
+    """A transient progress bar on stderr (only on a terminal) fed by ``(done, total)``."""
+    err = Console(stderr=True)
+    with Progress(
+        TextColumn("fsck"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("copies"),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+        disable=not err.is_terminal,
+    ) as bar:
+        task = bar.add_task("fsck", total=None)
+
+        def update(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        yield update
 
 
 # ----------------------------------------------------------------------------- info
@@ -223,7 +288,7 @@ def residency_info(name: str, config: str | None = None, console: Console | None
     from strataio.config import load_config
     from strataio.session import Session
 
-    console = console or Console()
+    console = console or make_console()
     try:
         cfg = load_config(config)
         url = cfg.catalog.url
@@ -271,7 +336,7 @@ def bench_tape(size: int, chunk: int, time_scale: float, json_out: str | None) -
     from strataio.bench.tape import run_tape, tape_tables
 
     results = run_tape(size=size, chunk=chunk, time_scale=time_scale)
-    console = Console()
+    console = make_console()
     for table in tape_tables(results):
         console.print(table)
     if json_out:
@@ -288,7 +353,7 @@ def bench_overlap(sections: int, time_scale: float, json_out: str | None) -> Non
     from strataio.bench.tape import overlap_table, run_overlap
 
     result = run_overlap(sections=sections, time_scale=time_scale)
-    Console().print(overlap_table(result))
+    make_console().print(overlap_table(result))
     if json_out:
         with open(json_out, "w") as f:
             json.dump(result, f, indent=2)

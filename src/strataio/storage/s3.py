@@ -74,7 +74,9 @@ class S3Backend(Backend):
     ``endpoint`` (e.g. ``http://127.0.0.1:8333``; default ``AWS_ENDPOINT_URL`` or AWS itself),
     ``region`` (default ``AWS_REGION`` or ``us-east-1``), ``access_key`` / ``secret_key``
     (default ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY``; ``anonymous=True`` sends
-    unsigned requests instead). A plain ``http://`` endpoint needs ``allow_http=True``.
+    unsigned requests instead), ``session_token`` for temporary credentials (default
+    ``AWS_SESSION_TOKEN``); secrets never appear in ``repr`` or error messages. A plain
+    ``http://`` endpoint needs ``allow_http=True``.
     ``connect_timeout`` / ``read_timeout`` (seconds without progress) / ``request_timeout``
     (whole request) bound each request; ``retries`` transient failures (connection errors,
     5xx, timeouts of idempotent requests) are retried within ``retry_timeout`` seconds.
@@ -89,6 +91,7 @@ class S3Backend(Backend):
         region: str | None = None,
         access_key: str | None = None,
         secret_key: str | None = None,
+        session_token: str | None = None,
         allow_http: bool = False,
         anonymous: bool = False,
         multipart_threshold: int = MULTIPART_THRESHOLD,
@@ -114,6 +117,7 @@ class S3Backend(Backend):
         region = _env("AWS_REGION", region) or "us-east-1"
         access_key = _env("AWS_ACCESS_KEY_ID", access_key)
         secret_key = _env("AWS_SECRET_ACCESS_KEY", secret_key)
+        session_token = None if anonymous else _env("AWS_SESSION_TOKEN", session_token)
         if endpoint is not None:
             endpoint = endpoint.rstrip("/")
             scheme = urlsplit(endpoint).scheme
@@ -136,7 +140,7 @@ class S3Backend(Backend):
         self.part_size = int(part_size)
         self.merge_gap = int(merge_gap)
         self.max_concurrency = int(max_concurrency)
-        self._secrets = tuple(s for s in (secret_key,) if s)
+        self._secrets = tuple(s for s in (secret_key, session_token) if s)
         where = endpoint or "https://s3.amazonaws.com"
         self.url = f"s3:{where}/{bucket}" + (f"/{prefix}" if prefix else "")
         self.capabilities = Capabilities(
@@ -150,6 +154,8 @@ class S3Backend(Backend):
         else:
             config["access_key_id"] = access_key
             config["secret_access_key"] = secret_key
+            if session_token:
+                config["session_token"] = session_token
         self._store = obstore.store.S3Store(
             bucket,
             config=config,

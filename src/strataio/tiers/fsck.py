@@ -13,6 +13,14 @@ operations leave recognisable traces, all of which :func:`fsck` finds and ``repa
   size and checksum);
 - a put killed mid-write: a temporary file (**leftover**, removed).
 
+An orphan, a leftover, an unrecorded object or an announced rewrite may also belong to an
+operation still running in another process (a migration's destination before its commit, a
+put being written): removing it would let that operation commit a copy that is gone, then
+delete its source. So these are acted on only when older than ``grace`` seconds (an object's
+mtime on POSIX, its ``last_modified`` on S3, an ``in-transit`` row's announcement time; an
+object whose age a backend cannot tell counts as old); younger ones are reported as
+**in-flight** and left alone, and a later fsck deals with them.
+
 A ``valid`` copy whose bytes differ from its row is **corrupt**; with another good copy it is
 dropped, without one the chunk is reported (never silently adopted). A chunk with no copy left
 at all is **lost**.
@@ -22,13 +30,17 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from strataio.catalog.base import Catalog, ChunkCopy, CopyId
 from strataio.tiers.residency import META_KEY, object_key
-from strataio.tiers.tier import TierSet, checksum, is_backend_failure
+from strataio.tiers.tier import Tier, TierSet, checksum, is_backend_failure
+
+#: seconds an unnamed object must have been left untouched before repair removes or adopts it
+DEFAULT_GRACE = 15 * 60.0
 
 #: finding kinds that mean something is wrong (the rest are informational)
 PROBLEMS = (
@@ -91,13 +103,20 @@ def fsck(
     repair: bool = False,
     verify: bool = True,
     workers: int = 8,
+    grace: float = DEFAULT_GRACE,
+    progress: Callable[[int, int], None] | None = None,
+    now: float | None = None,
 ) -> FsckReport:
     """Check all catalogued copies on every tier that answers; with ``repair``, fix what can
     be fixed (one catalog transaction, then object deletions).
 
     ``verify`` reads every copy and compares checksums; without it only existence and size
-    are checked. Tiers that are down are skipped and listed in the report.
+    are checked. Tiers that are down are skipped and listed in the report. Orphans, leftovers,
+    unrecorded objects and in-transit rows younger than ``grace`` seconds at ``now`` (default:
+    the current time) are reported as ``in-flight`` and left alone (see the module doc).
+    ``progress(done, total)`` is called as catalogued copies are checked (from worker threads).
     """
+    now = time.time() if now is None else now
     report = FsckReport()
     copies = catalog.all_residency()
     names = {d.name for d in catalog.list_datasets()}
@@ -141,7 +160,14 @@ def fsck(
         return c, "", n, digest
 
     with ThreadPoolExecutor(max(1, workers)) as pool:
-        results = list(pool.map(inspect, checked))
+        if progress is None:
+            results = list(pool.map(inspect, checked))
+        else:
+            results = []
+            progress(0, len(checked))
+            for i, r in enumerate(pool.map(inspect, checked), start=1):
+                results.append(r)
+                progress(i, len(checked))
 
     by_chunk: dict[tuple[str, str], list[tuple[ChunkCopy, str, int, str]]] = {}
     for r in results:
@@ -158,6 +184,13 @@ def fsck(
         good = [r for r in rows if not r[1]]
         bad = [r for r in rows if r[1]]
         if not bad:
+            continue
+        announced = [r[0] for r in bad if r[0].state == "in-transit"]
+        if grace > 0 and any(now - c.last_access < grace for c in announced):
+            # a rewrite announced within the grace period may still be running: its writer
+            # commits (or rolls back) the row itself
+            c = announced[0]
+            report.findings.append(_in_flight(c.tier, ds, key, now - c.last_access))
             continue
         if good or (ds, key) in unchecked:
             for c, verdict, n, _ in bad:
@@ -206,6 +239,10 @@ def fsck(
             ds, key = _split(ok, names)
             if ds is None or key == META_KEY:
                 continue  # not a chunk of a catalogued dataset: not ours to judge
+            age = now - _mtime(t, ok)
+            if grace > 0 and age < grace:
+                report.findings.append(_in_flight(tname, ds, key, age))
+                continue
             if (ds, key) in catalogued:
                 report.findings.append(
                     Finding("orphan", tname, ds, key, "object no catalog row names", "delete")
@@ -226,6 +263,13 @@ def fsck(
         leftovers = getattr(base, "leftovers", None)
         if leftovers is not None:
             for path in leftovers():
+                try:
+                    age = now - os.stat(path).st_mtime
+                except FileNotFoundError:
+                    continue  # its put finished (renamed) meanwhile
+                if grace > 0 and age < grace:
+                    report.findings.append(_in_flight(tname, "", path, age))
+                    continue
                 report.findings.append(
                     Finding(
                         "leftover",
@@ -248,6 +292,34 @@ def fsck(
                 tiers[tname].backend.delete(ok)
         report.repaired = True
     return report
+
+
+def _mtime(tier: Tier, obj: str) -> float:
+    """When object ``obj`` on ``tier`` was last modified (epoch seconds); 0 if unknown."""
+    base = getattr(tier.backend, "inner", tier.backend)  # a Shaped tier's own objects
+    try:
+        path = getattr(base, "path", None)
+        if callable(path) and getattr(base, "leftovers", None) is not None:  # POSIX
+            return os.stat(path(obj)).st_mtime
+        head = getattr(base, "head", None)
+        if callable(head):  # S3
+            when = head(obj).get("last_modified")
+            return when.timestamp() if hasattr(when, "timestamp") else 0.0
+    except FileNotFoundError:
+        return 0.0
+    return 0.0
+
+
+def _in_flight(tier: str, dataset: str, key: str, age: float) -> Finding:
+    return Finding(
+        "in-flight",
+        tier,
+        dataset,
+        key,
+        f"modified {max(age, 0.0):.0f} s ago, within the grace period: an operation may "
+        "still be writing it",
+        "left alone",
+    )
 
 
 def _detail(c: ChunkCopy, verdict: str, n: int) -> str:

@@ -22,6 +22,7 @@ from strataio.tiers.tier import Tier, TierSet, is_backend_failure
 READABLE = ("valid", "dirty")
 
 Committer = Callable[[list[ChunkCopy], list[CopyId]], None]
+PreCommit = Callable[[], None]
 
 
 class Residency:
@@ -29,7 +30,11 @@ class Residency:
 
     ``committer(upserts, deletes)`` applies changes to the catalog in one transaction; it is
     ``None`` where this process does not talk to the catalog (MPI ranks other than 0), and the
-    changes are then handed over with :meth:`take_changes`. Thread-safe.
+    changes are then handed over with :meth:`take_changes`. ``pre_commit`` runs before the
+    buffered changes are taken for any commit, under the residency lock: the store installs
+    its sync there, so that whoever triggers a commit (a flush, the end of a move, an eviction
+    for another dataset) never makes the catalog name a copy that is not yet durable; if it
+    raises, nothing is committed. Thread-safe.
     """
 
     def __init__(
@@ -38,10 +43,12 @@ class Residency:
         copies: Iterable[ChunkCopy],
         tiers: TierSet,
         committer: Committer | None = None,
+        pre_commit: PreCommit | None = None,
     ) -> None:
         self.name = name
         self.tiers = tiers
         self.committer = committer
+        self.pre_commit = pre_commit
         self.lock = threading.RLock()
         self._copies: dict[str, dict[str, ChunkCopy]] = {}
         for c in copies:
@@ -150,6 +157,9 @@ class Residency:
         if self.committer is None:
             return
         with self.lock:
+            if self.pre_commit is not None:
+                # copies are recorded only after their objects are durable (see the class doc)
+                self.pre_commit()
             ups, dels, touched = self.take_changes()
             if touched:
                 # the latest access time rides along with the copy rows

@@ -65,6 +65,7 @@ class TieredChunkStore:
         self._unsynced: dict[str, set[str]] = {}
         self._lock = threading.Lock()
         self._closed = False
+        residency.pre_commit = self.sync
         placement.register(residency)
 
     # ----------------------------------------------------------------- reads
@@ -203,12 +204,14 @@ class TieredChunkStore:
             for (k, v), d, f in zip(items, sums, futures):
                 exc = f.exception()
                 if exc is None:
+                    # queued for sync before the residency learns of the copy, so any commit
+                    # that records it syncs it first (the residency's pre-commit hook)
+                    with self._lock:
+                        self._unsynced.setdefault(tier.name, set()).add(object_key(self.name, k))
                     self.res.add(ChunkCopy(self.name, k, tier.name, len(v), d, state, now))
                     for c in self.res.copies(k):
                         if c.tier != tier.name:
                             self.res.remove(k, c.tier)  # stale now; deleted after the commit
-                    with self._lock:
-                        self._unsynced.setdefault(tier.name, set()).add(object_key(self.name, k))
                     continue
                 if k in olds:
                     self.res.add(olds[k])  # the next commit restores the announced row
@@ -295,6 +298,15 @@ class TieredChunkStore:
         """Make written chunks durable on their tiers, then commit the residency changes."""
         if self._closed:
             return
+        self.sync()  # also run by the commit; here for ranks that hand their changes over
+        self.res.commit()
+
+    def sync(self) -> None:
+        """Make every chunk put since the last sync durable (fsync; a no-op where puts are
+        durable on return). Installed as the residency's pre-commit hook: no commit, whoever
+        triggers it (a flush, a stage, an eviction for another dataset), records a copy
+        before its object is durable. Raises :class:`BackendError` (and keeps the chunks
+        queued) if a tier fails to sync."""
         with self._lock:
             unsynced, self._unsynced = self._unsynced, {}
         failed = []
@@ -314,7 +326,6 @@ class TieredChunkStore:
             raise BackendError(
                 f"dataset {self.name!r}: written chunks may not be durable ({'; '.join(failed)})"
             )
-        self.res.commit()
 
     def close(self) -> None:
         if self._closed:

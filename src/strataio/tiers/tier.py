@@ -291,6 +291,7 @@ def tier_from_config(tc: Any, order: int) -> Tier:
             region=getattr(tc, "region", None),
             access_key=(tc.credentials or {}).get("access_key_id"),
             secret_key=(tc.credentials or {}).get("secret_access_key"),
+            session_token=(tc.credentials or {}).get("session_token"),
             allow_http=bool(endpoint and endpoint.startswith("http://")),
         )
     else:
