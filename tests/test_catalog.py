@@ -199,6 +199,34 @@ def test_touch(cat):
     assert max(got.values()) == 123.5
 
 
+def test_lru_copies_oldest_first_skipping_excluded_datasets(cat):
+    from strataio.catalog.base import Catalog
+
+    for n in ("d", "e"):
+        cat.create_dataset(_ds(n))
+    # e holds the 4 oldest copies on local; d the 4 after; ties break by dataset then key
+    rows = [ChunkCopy("e", f"c/{i}/0", "local", 10, "", "valid", 1.0 + i) for i in range(4)]
+    rows += [ChunkCopy("d", f"c/{i}/0", "local", 20, "", "valid", 10.0 - i) for i in range(4)]
+    rows += [ChunkCopy("d", "c/9/0", "local", 20, "", "valid", 1.0)]
+    rows += [ChunkCopy("d", f"c/{i}/0", "archive", 20, "", "valid", 0.0) for i in range(4)]
+    cat.commit(rows)
+    oracle = sorted(
+        (c for c in rows if c.tier == "local"), key=lambda c: (c.last_access, c.dataset, c.key)
+    )
+    assert cat.lru_copies("local", 3) == oracle[:3]
+    assert [(c.dataset, c.key) for c in oracle[:2]] == [("d", "c/9/0"), ("e", "c/0/0")]
+    assert cat.lru_copies("local", 100) == oracle
+    assert cat.lru_copies("local", 0) == []
+    assert cat.lru_copies("mem", 5) == []
+    # the excluded dataset fills the first page: a further one is read
+    not_e = [c for c in oracle if c.dataset != "e"]
+    assert cat.lru_copies("local", 3, exclude={"e"}) == not_e[:3]
+    assert cat.lru_copies("local", 10, exclude=["e"]) == not_e
+    assert cat.lru_copies("local", 10, exclude=["d", "e"]) == []
+    # the generic implementation agrees
+    assert Catalog.lru_copies(cat, "local", 4, exclude={"e"}) == not_e[:4]
+
+
 def test_perf_rows(cat):
     rows = [
         PerfRow("local", "write", 1 << 20, 0.002, 1, 10.0),

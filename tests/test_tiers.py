@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -10,7 +12,8 @@ from mpirun import run_mpi
 from strataio.catalog.base import open_catalog
 from strataio.errors import ExistsError, NotFoundError, StrataError
 from strataio.storage.posix import PosixBackend
-from strataio.tiers.placement import DatasetDisabledError
+from strataio.tiers.fsck import fsck
+from strataio.tiers.placement import DatasetDisabledError, Placement
 from strataio.tiers.tier import Tier, TierSet
 
 
@@ -153,6 +156,97 @@ def test_full_fast_tier_evicts_lru_clean_chunks_and_writes_back_dirty(tmp_path):
         assert files == cat
 
 
+def test_writes_into_a_full_tier_evict_to_low_water_in_few_commits(tmp_path):
+    """Hysteresis: a full tier is emptied to the low-water mark (10 % of its capacity free
+    by default), so one eviction round, committed once, makes room for several chunks."""
+    cap = 40 * 400  # 40 chunks of 400 bytes; one round frees 1600 bytes = 4 chunks
+    a = np.arange(40 * 100, dtype="f4").reshape(40, 100)
+    b = np.random.default_rng(7).random((400, 10)).astype("f4")
+    cat = open_catalog(tmp_path / "cat.db")
+    commits: list[int] = []
+    commit = cat.commit
+
+    def counting_commit(upserts=(), deletes=()):
+        upserts, deletes = list(upserts), list(deletes)
+        commits.append(len(upserts) + len(deletes))
+        commit(upserts, deletes)
+
+    cat.commit = counting_commit
+    with strataio.Session(tiers=make_tiers(tmp_path, fast_cap=cap), catalog=cat) as s:
+        local = s.tiers["local"]
+        da = s.create_dataset("a", a.shape, a.dtype, (10, 10), hint="REMOTETAPE")
+        da[...] = a
+        da.flush()
+        da.stage(None, to="local").wait()
+        assert local.used == cap  # full of "a", whose chunks all have a tape copy
+        db = s.create_dataset("b", b.shape, b.dtype, (10, 10), hint="LOCALDISK")
+        before = len(commits)
+        for i in range(40):  # one chunk per write: one claim each on the full tier
+            db[i * 10 : (i + 1) * 10] = b[i * 10 : (i + 1) * 10]
+            assert local.used + local.reserved <= cap
+        # 40 evictions in rounds of 4 chunks: 10 commits of "a" (one per chunk before)
+        assert s.placement.evictions == 40
+        assert len(commits) - before <= 40 // 4
+        with pytest.raises(StrataError, match="low_water_fraction"):
+            Placement(s.tiers, low_water_fraction=1.5)
+        db.close()
+        da.close()
+        assert {c.key for c in cat.residency("b")} == {f"c/{i}/0" for i in range(40)}
+        assert all(c.tier == "local" for c in cat.residency("b"))
+        assert not any(c.tier == "local" for c in cat.residency("a"))
+        assert sum(c.tier == "tape" for c in cat.residency("a")) == 40
+        db = s.open_dataset("b")
+        np.testing.assert_array_equal(db[...], b)
+        db.close()
+        da = s.open_dataset("a")
+        np.testing.assert_array_equal(da[...], a)
+        da.close()
+    cat.close()
+
+
+def test_eviction_reaches_datasets_not_open_in_this_process(tmp_path):
+    """A full fast tier held by a closed dataset makes room for a new one: the catalog names
+    the least recently used copies, and their dataset's residency is loaded to evict them."""
+    a = np.arange(40 * 40, dtype="f4").reshape(40, 40)  # 16 chunks of 400 bytes
+    with session(tmp_path, fast_cap=16 * 400) as s:
+        ds = s.create_dataset("a", a.shape, a.dtype, (10, 10), hint="REMOTETAPE")
+        ds[...] = a
+        ds.flush()
+        for r in range(4):  # row 0 is staged first: the least recently used
+            ds.stage(np.s_[r * 10 : (r + 1) * 10, :], to="local").wait()
+            time.sleep(0.01)
+        ds.close()
+    with session(tmp_path, fast_cap=16 * 400) as s:
+        assert s.tiers["local"].used == 16 * 400
+        b = s.create_dataset("b", (20, 40), "f4", (10, 10), hint="LOCALDISK")
+        b[...] = 5.0  # 8 chunks: 8 of "a", its two oldest rows, leave local
+        b.close()
+        rows = s.catalog.residency("a")
+        assert sorted(c.key for c in rows if c.tier == "local") == sorted(
+            f"c/{i}/{j}" for i in (2, 3) for j in range(4)
+        )
+        assert sum(c.tier == "tape" for c in rows) == 16  # the archive copies stay
+        assert {c.tier for c in s.catalog.residency("b")} == {"local"}
+        assert s.usage()["local"] == 16 * 400
+        files = {
+            p.relative_to(tmp_path / "local").as_posix()
+            for p in (tmp_path / "local").rglob("*/c/*/*")
+        }
+        cat = {f"{x.dataset}/{x.key}" for x in s.catalog.all_residency() if x.tier == "local"}
+        assert files == cat  # evicted objects deleted after the commit that forgot them
+        report = fsck(s.catalog, s.tiers)
+        assert report.clean, report.problems
+        ds = s.open_dataset("a")
+        np.testing.assert_array_equal(ds[...], a)
+        ds.close()
+        b = s.open_dataset("b")
+        np.testing.assert_array_equal(b[...], np.full((20, 40), 5.0, "f4"))
+        b.close()
+        assert s.usage()["local"] <= 16 * 400
+        report = fsck(s.catalog, s.tiers)
+        assert report.clean, report.problems
+
+
 def test_reads_stage_archive_chunks_and_reuse_them(tmp_path):
     """Figure 4: a second read overlapping the first stages only the chunks it adds."""
     a = np.random.default_rng(1).random((60, 60)).astype("f4")
@@ -236,6 +330,11 @@ time_scale = 0.0
 @pytest.mark.mpi
 def test_mpi_session_only_rank0_touches_the_catalog(tmp_path):
     out = run_mpi(3, "tiers_session.py", tmp_path)
+    assert out.strip().splitlines()[-1] == "ok"
+
+
+def test_mpi_rank0_announces_in_place_rewrites(tmp_path):
+    out = run_mpi(2, "tiers_rewrite.py", tmp_path)
     assert out.strip().splitlines()[-1] == "ok"
 
 

@@ -4,8 +4,9 @@
 out :class:`TieredDataset` objects: the array API of :class:`~strataio.arrays.dataset.Dataset`
 over a :class:`~strataio.tiers.store.TieredChunkStore`, plus ``stage`` / ``prefetch`` /
 ``migrate`` / ``evict``. In an MPI job (``comm`` given) only rank 0 opens the catalog; it reads
-what a dataset open needs in one round trip and broadcasts it, and at close gathers every
-rank's residency changes and commits them in one transaction (APRIL's open/close discipline).
+what a dataset open needs in one round trip and broadcasts it, and at close gathers the other
+ranks' residency changes and commits them in one transaction (APRIL's open/close discipline);
+rank 0's own changes reach the catalog as a single process's do.
 """
 
 from __future__ import annotations
@@ -143,7 +144,8 @@ class Session:
         if cache_bytes is None:
             mem = self.tiers.by_role("memory")
             cache_bytes = mem[0].capacity if mem and mem[0].capacity else DEFAULT_CACHE_BYTES
-        self.placement = Placement(self.tiers)
+        # eviction reaches datasets not open here only where this process commits residency
+        self.placement = Placement(self.tiers, catalog=self.catalog if comm is None else None)
         self.cache = ChunkCache(cache_bytes)
         self.mover = Mover(self.tiers, self.placement, self.cache)
         self._open: list[TieredChunkStore] = []
@@ -314,7 +316,10 @@ class Session:
     def _store(
         self, record: DatasetRecord, copies: list[ChunkCopy], meta: bytes | None
     ) -> TieredChunkStore:
-        committer = self._commit if self.rank == 0 and self.comm is None else None
+        # Rank 0 holds the catalog and commits its own changes as a single process does (its
+        # in-place rewrites are announced, its moves and evictions committed when they end);
+        # the other ranks hand theirs over at close.
+        committer = self._commit if self.rank == 0 else None
         res = Residency(record.name, copies, self.tiers, committer)
         store = TieredChunkStore(
             res,
@@ -340,8 +345,9 @@ class Session:
             self._open.remove(store)
         if self.comm is None:
             return
-        # Parallel close: rank 0 commits every rank's changes in one transaction, then each
-        # rank deletes the objects its changes made obsolete.
+        # Parallel close: rank 0 commits every other rank's changes in one transaction (its
+        # own were committed by the flush of the close), then each rank deletes the objects
+        # its changes made obsolete.
         ups, dels, touched = store.res.take_changes()
         gathered = self.comm.gather((ups, dels), root=0)
         err: BaseException | None = None

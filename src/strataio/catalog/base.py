@@ -206,6 +206,19 @@ class Catalog(abc.ABC):
     def touch(self, dataset: str, keys: Iterable[str], when: float) -> None:
         """Set ``last_access = when`` on every copy of the given chunks (one statement batch)."""
 
+    def lru_copies(self, tier: str, limit: int, *, exclude: Iterable[str] = ()) -> list[ChunkCopy]:
+        """Up to ``limit`` copies on ``tier``, least recently used first (``last_access``
+        ascending, then dataset and key), skipping datasets named in ``exclude``: the
+        eviction candidates of datasets no open residency holds.
+
+        Implementations answer from the ``(tier, last_access)`` index; this default sorts
+        :meth:`all_residency`.
+        """
+        skip = set(exclude)
+        got = [c for c in self.all_residency() if c.tier == tier and c.dataset not in skip]
+        got.sort(key=lambda c: (c.last_access, c.dataset, c.key))
+        return got[: max(0, int(limit))]
+
     def usage(self) -> list[TierUsage]:
         """Stored bytes and copy counts per (dataset, tier), by dataset then tier order.
 

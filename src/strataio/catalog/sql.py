@@ -350,6 +350,25 @@ class SQLCatalog(Catalog):
         rows = self._query(f"{_SELECT_COPIES} ORDER BY r.dataset{{c}}, r.key{{c}}, t.ord")
         return [ChunkCopy(*r) for r in rows]
 
+    def lru_copies(self, tier: str, limit: int, *, exclude: Iterable[str] = ()) -> list[ChunkCopy]:
+        limit = max(0, int(limit))
+        skip = set(exclude)
+        out: list[ChunkCopy] = []
+        offset = 0
+        # One fixed statement (the residency_lru index gives the order); excluded datasets
+        # are skipped here, and a further page is read only if they filled the first one.
+        while len(out) < limit:
+            rows = self._query(
+                f"SELECT {_COPY_COLS} FROM residency WHERE tier = ? "
+                "ORDER BY last_access, dataset{c}, key{c} LIMIT ? OFFSET ?",
+                (tier, limit, offset),
+            )
+            out.extend(c for c in (ChunkCopy(*r) for r in rows) if c.dataset not in skip)
+            if len(rows) < limit:
+                break
+            offset += limit
+        return out[:limit]
+
     def commit(self, upserts: Iterable[ChunkCopy] = (), deletes: Iterable[CopyId] = ()) -> None:
         # Last write wins within a batch, as executemany would do; deduplicating first also
         # keeps PostgreSQL's set-based upsert from touching one row twice.

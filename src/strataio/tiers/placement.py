@@ -8,6 +8,13 @@ goes to the next tier the hint allows: the other persistent tiers by distance fr
 tier, slower ones first on a tie (an archive that is down spills onto disks, as the paper's
 last example does). A fast tier that is full evicts least-recently-used chunks that have
 another valid copy; a chunk whose only copy is there is first written back to a slower tier.
+
+Eviction has hysteresis: once a tier is full it is emptied down to a low-water mark (a
+fraction of its capacity free), so the catalog transaction that records an eviction round is
+shared by the many writes that round makes room for, instead of one per chunk. Victims are
+chosen among the chunks of datasets open in this process and, through the catalog, those of
+datasets that are not (their residency is loaded for the round, so the same write-back and
+commit-before-delete rules apply).
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ import threading
 import weakref
 from collections.abc import Iterable
 
-from strataio.catalog.base import ChunkCopy
+from strataio.catalog.base import Catalog, ChunkCopy
 from strataio.errors import DatasetDisabledError, StrataError, TierDownError
 from strataio.tiers.residency import Residency, object_key
 from strataio.tiers.tier import Tier, TierSet, transfer
@@ -42,11 +49,28 @@ class Placement:
     """Chooses tiers for writes and stages, and makes room on full tiers.
 
     Open datasets register their :class:`Residency` (:meth:`register`) so eviction can see
-    every chunk this process holds on a tier.
+    every chunk this process holds on a tier. With a ``catalog`` (the process that commits
+    residency changes), eviction also takes the least recently used chunks of datasets that
+    are not open here. ``low_water_fraction`` (0 to 1, default 0.1): when a write finds its
+    tier full, eviction frees ``max(nbytes, low_water_fraction * capacity)`` bytes, so one
+    eviction round (one catalog transaction per affected dataset) makes room for many chunks.
     """
 
-    def __init__(self, tiers: TierSet) -> None:
+    #: catalog rows read per eviction round when looking for victims of closed datasets
+    CATALOG_BATCH = 512
+
+    def __init__(
+        self,
+        tiers: TierSet,
+        *,
+        catalog: Catalog | None = None,
+        low_water_fraction: float = 0.1,
+    ) -> None:
+        if not 0.0 <= low_water_fraction <= 1.0:
+            raise StrataError(f"low_water_fraction must lie in [0, 1], got {low_water_fraction!r}")
         self.tiers = tiers
+        self.catalog = catalog
+        self.low_water_fraction = float(low_water_fraction)
         self._residencies: weakref.WeakSet[Residency] = weakref.WeakSet()
         self._lock = threading.RLock()
         #: copies evicted so far (by this process)
@@ -123,11 +147,13 @@ class Placement:
     def make_room(self, tier: Tier, nbytes: int, *, protect: Iterable[str] = ()) -> bool:
         """Evict from ``tier`` until ``nbytes`` more fit; True if they fit.
 
-        Victims are the least recently used chunks on the tier. A victim with another readable
-        copy on an up tier is dropped; one without is written back (copy, durable put,
-        verify) to the nearest slower up tier with room. Each affected dataset's residency is
-        committed before the victims' objects are deleted. Chunks named in ``protect``
-        (``(dataset, key)`` strings ``"name/key"``) are left alone.
+        Eviction goes on down to the low-water mark: until ``max(nbytes, low_water_fraction
+        * capacity)`` bytes are free. Victims are the least recently used chunks on the tier,
+        of open datasets and (with a catalog) of datasets not open here. A victim with
+        another readable copy on an up tier is dropped; one without is written back (copy,
+        durable put, verify) to the nearest slower up tier with room. Each affected dataset's
+        residency is committed, once, before the victims' objects are deleted. Chunks named
+        in ``protect`` (``(dataset, key)`` strings ``"name/key"``) are left alone.
         """
         if tier.has_room(nbytes):
             return True
@@ -136,17 +162,32 @@ class Placement:
         if tier is self.persistent()[-1]:
             return False  # the archive is never evicted from: writes go to the next tier
         keep = set(protect)
+        target = max(int(nbytes), int(self.low_water_fraction * tier.capacity))
         with self._lock:
-            victims: list[tuple[float, Residency, ChunkCopy]] = []
-            for res in list(self._residencies):
+            # (last access, residency or the name of a dataset not open here, copy)
+            victims: list[tuple[float, Residency | str, ChunkCopy]] = []
+            open_res = list(self._residencies)
+            for res in open_res:
                 for c in res.on_tier(tier.name):
                     if object_key(res.name, c.key) not in keep:
                         victims.append((c.last_access, res, c))
+            if self.catalog is not None:
+                names = {r.name for r in open_res}
+                for c in self.catalog.lru_copies(tier.name, self.CATALOG_BATCH, exclude=names):
+                    if object_key(c.dataset, c.key) not in keep:
+                        victims.append((c.last_access, c.dataset, c))
             victims.sort(key=lambda v: v[0])
+            loaded: dict[str, Residency] = {}
             touched: list[Residency] = []
-            for _, res, c in victims:
-                if tier.has_room(nbytes):
+            for _, owner, c in victims:
+                if tier.has_room(target):
                     break
+                if isinstance(owner, Residency):
+                    res = owner
+                else:
+                    res = self._load(owner, loaded)
+                    if all(x.tier != tier.name for x in res.copies(c.key)):
+                        continue  # gone since the candidates were listed
                 if not self._evict(tier, res, c):
                     continue
                 if res not in touched:
@@ -154,6 +195,19 @@ class Placement:
             for res in touched:
                 res.commit()
             return tier.has_room(nbytes)
+
+    def _load(self, name: str, loaded: dict[str, Residency]) -> Residency:
+        """The residency of dataset ``name``, not open here, read from the catalog (one query)
+        the first time an eviction round needs it; its changes commit straight to the
+        catalog (no write of it awaits a sync in this process)."""
+        res = loaded.get(name)
+        if res is None:
+            assert self.catalog is not None
+            catalog = self.catalog
+            res = loaded[name] = Residency(
+                name, catalog.residency(name), self.tiers, lambda u, d: catalog.commit(u, d)
+            )
+        return res
 
     def _evict(self, tier: Tier, res: Residency, copy: ChunkCopy) -> bool:
         others = [c for c in res.readable(copy.key) if c.tier != tier.name]
