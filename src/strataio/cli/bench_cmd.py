@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.util
-import json
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,7 @@ from strataio.bench.sections import (
     run_sections,
 )
 from strataio.cli import bench
-from strataio.cli.output import make_console
+from strataio.cli.output import json_option, make_console, write_json
 from strataio.errors import StrataError
 
 _MODULES = {"h5py": "h5py", "zarr": "zarr", "tensorstore": "tensorstore"}
@@ -140,13 +139,7 @@ def render_tables(result: dict[str, Any], console: Console) -> None:
     default=None,
     help="Parent of the work directory [default: the current directory]; removed afterwards.",
 )
-@click.option(
-    "--json",
-    "json_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="Also write every measurement (all samples) to this file as JSON.",
-)
+@json_option
 @click.option("--seed", default=0, show_default=True, help="Seed of the random array.")
 def sections_cmd(
     size: int,
@@ -214,6 +207,4 @@ def sections_cmd(
     out = make_console()
     out.width = max(out.width, _TABLE_WIDTH)
     render_tables(result, out)
-    if json_path is not None:
-        json_path.write_text(json.dumps(result, indent=1))
-        err.print(f"results written to {json_path}")
+    write_json(json_path, result)

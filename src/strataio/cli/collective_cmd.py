@@ -14,7 +14,7 @@ from rich.table import Table
 
 from strataio.bench.collective import CONTENDERS, PATTERNS
 from strataio.cli import bench
-from strataio.cli.output import make_console
+from strataio.cli.output import json_option, make_console, write_json
 
 
 def _mpiexec() -> str:
@@ -41,7 +41,7 @@ def _launch(nprocs: int, patterns: list[str], reps: int, scale: float, timeout: 
 @click.option("--ranks", default="1,2,4", show_default=True, help="Comma-separated rank counts.")
 @click.option("--reps", default=5, show_default=True, help="Repetitions (median reported).")
 @click.option("--scale", default=1.0, show_default=True, help="Scale every pattern's size.")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write rows here.")
+@json_option
 @click.option("--timeout", default=600.0, show_default=True, help="Seconds per mpiexec launch.")
 def collective(
     patterns: tuple[str, ...],
@@ -49,7 +49,7 @@ def collective(
     ranks: str,
     reps: int,
     scale: float,
-    json_path: str | None,
+    json_path: Path | None,
     timeout: float,
 ) -> None:
     """Collective write/read MB/s: strataio vs ROMIO collective and independent, same job."""
@@ -72,5 +72,4 @@ def collective(
     console = make_console()
     console.print(table)
     console.print("ratio = strataio / max(ROMIO coll, ROMIO ind)")
-    if json_path:
-        Path(json_path).write_text(json.dumps(rows, indent=1))
+    write_json(json_path, rows)

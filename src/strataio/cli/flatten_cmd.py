@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import click
@@ -10,7 +9,7 @@ from rich.table import Table
 
 from strataio.bench.flatten import GOAL_SECONDS, run_flatten
 from strataio.cli import bench
-from strataio.cli.output import make_console
+from strataio.cli.output import json_option, make_console, write_json
 
 
 def _ms(t: float) -> str:
@@ -21,12 +20,7 @@ def _ms(t: float) -> str:
 @click.option("--pieces", default=1_000_000, show_default=True, help="Blocks per datatype.")
 @click.option("--realms", default=16, show_default=True, help="File realms to split over.")
 @click.option("--repeat", default=5, show_default=True, help="Repetitions (median reported).")
-@click.option(
-    "--json",
-    "json_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="Also write the results as JSON to this file.",
-)
+@json_option
 def flatten_cmd(pieces: int, realms: int, repeat: int, json_path: Path | None) -> None:
     """Flatten million-piece MPI datatypes and split them over file realms."""
     results = run_flatten(pieces=pieces, realms=realms, repeat=repeat)
@@ -62,24 +56,20 @@ def flatten_cmd(pieces: int, realms: int, repeat: int, json_path: Path | None) -
             f"{r.ratio:.0f}x",
         )
     make_console().print(table)
-    if json_path is not None:
-        payload = {
+    write_json(
+        json_path,
+        {
             "benchmark": "flatten",
             "config": {"pieces": pieces, "realms": realms, "repeat": repeat},
             "results": [r.as_dict() for r in results],
-        }
-        json_path.write_text(json.dumps(payload, indent=2))
+        },
+    )
 
 
 @bench.command("sieving")
 @click.option("--file-mib", default=32, show_default=True, help="File size in MiB.")
 @click.option("--repeat", default=3, show_default=True, help="Repetitions (median reported).")
-@click.option(
-    "--json",
-    "json_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="Also write the results as JSON to this file.",
-)
+@json_option
 def sieving_cmd(file_mib: int, repeat: int, json_path: Path | None) -> None:
     """Independent strided reads and writes: direct vs data sieving vs ROMIO."""
     from strataio.bench.sieving import run_sieving
@@ -103,10 +93,11 @@ def sieving_cmd(file_mib: int, repeat: int, json_path: Path | None) -> None:
             f"{r.speedup:.2f}x",
         )
     make_console().print(table)
-    if json_path is not None:
-        payload = {
+    write_json(
+        json_path,
+        {
             "benchmark": "sieving",
             "config": {"file_mib": file_mib, "repeat": repeat},
             "results": [r.as_dict() for r in results],
-        }
-        json_path.write_text(json.dumps(payload, indent=2))
+        },
+    )

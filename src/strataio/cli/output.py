@@ -4,14 +4,33 @@ its commands fail: one message on stderr and a documented exit status, never a t
 from __future__ import annotations
 
 import functools
+import json
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import click
 from rich.console import Console
 
 from strataio.errors import ConfigError, StrataError
+
+#: ``--json FILE``: every benchmark command can also write its results for machines
+json_option = click.option(
+    "--json",
+    "json_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Also write the results to this file as JSON.",
+)
+
+
+def write_json(path: Path | None, result: Any) -> None:
+    """Write ``result`` as JSON to ``path`` (nothing when None) and say so on stderr."""
+    if path is None:
+        return
+    path.write_text(json.dumps(result, indent=1))
+    make_console(stderr=True).print(f"results written to {path}")
 
 
 def make_console(stderr: bool = False) -> Console:

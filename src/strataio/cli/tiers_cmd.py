@@ -11,11 +11,11 @@ print one ``error:`` line on stderr, never a traceback.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import sys
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import click
@@ -30,7 +30,7 @@ from rich.progress import (
 from rich.table import Table
 
 from strataio.cli import bench, main
-from strataio.cli.output import handle_errors, make_console
+from strataio.cli.output import handle_errors, json_option, make_console, write_json
 from strataio.errors import ConfigError, StrataError
 from strataio.tiers.fsck import DEFAULT_GRACE
 
@@ -330,8 +330,8 @@ def residency_info(name: str, config: str | None = None, console: Console | None
 @click.option("--size", default=4000, show_default=True, help="array edge (elements)")
 @click.option("--chunk", default=80, show_default=True, help="chunk edge (elements)")
 @click.option("--time-scale", default=0.001, show_default=True, help="tape model time factor")
-@click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None)
-def bench_tape(size: int, chunk: int, time_scale: float, json_out: str | None) -> None:
+@json_option
+def bench_tape(size: int, chunk: int, time_scale: float, json_path: Path | None) -> None:
     """APRIL tape experiment: sub-filing + staging vs whole-file recall, Figure 4 reuse."""
     from strataio.bench.tape import run_tape, tape_tables
 
@@ -339,23 +339,22 @@ def bench_tape(size: int, chunk: int, time_scale: float, json_out: str | None) -
     console = make_console()
     for table in tape_tables(results):
         console.print(table)
-    if json_out:
-        with open(json_out, "w") as f:
-            json.dump(results, f, indent=2)
+    write_json(json_path, results)
 
 
 @bench.command("overlap")
 @click.option("--sections", default=8, show_default=True, help="sections in the loop")
 @click.option("--time-scale", default=0.002, show_default=True, help="tape model time factor")
-@click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None)
-def bench_overlap(sections: int, time_scale: float, json_out: str | None) -> None:
-    """Prestaging: compute on section k while section k+1 stages; exit 1 if < 90 % hidden."""
+@json_option
+def bench_overlap(sections: int, time_scale: float, json_path: Path | None) -> None:
+    """Prestaging: compute on section k while section k+1 stages.
+
+    Exits 1 if the loop waited on staging for more than 10 % of the staging time.
+    """
     from strataio.bench.tape import overlap_table, run_overlap
 
     result = run_overlap(sections=sections, time_scale=time_scale)
     make_console().print(overlap_table(result))
-    if json_out:
-        with open(json_out, "w") as f:
-            json.dump(result, f, indent=2)
+    write_json(json_path, result)
     if result["hidden_fraction"] < 0.9:
         sys.exit(1)
