@@ -12,10 +12,10 @@ from mpi4py import MPI
 
 import strataio
 from mpirun import run_mpi
-from strataio.collective.packing import copy_pieces
 from strataio.collective.realms import EvenRealms, select_aggregators
 from strataio.collective.twophase import use_two_phase
 from strataio.errors import ShapeMismatchError, ViewError
+from strataio.layout.pieces import copy_pieces
 
 
 @pytest.mark.mpi

@@ -21,10 +21,10 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from strataio.collective.packing import as_bytes, copy_pieces
 from strataio.errors import ReadOnlyError, ShapeMismatchError, StrataError
 from strataio.layout.datatypes import flatten, flatten_count
 from strataio.layout.extents import Extents
+from strataio.layout.pieces import as_bytes, copy_pieces
 
 
 @dataclass(frozen=True, slots=True)

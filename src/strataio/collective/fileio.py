@@ -18,9 +18,9 @@ import os
 
 import numpy as np
 
-from strataio.collective.packing import copy_pieces
 from strataio.errors import BackendError
 from strataio.layout.extents import Extents
+from strataio.layout.pieces import copy_pieces
 
 # Bytes of page-cache copying that cost as much as one extra pread/pwrite issued from Python
 # (~1.5 us at ~6 GB/s, measured on the project machine).

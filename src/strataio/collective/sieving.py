@@ -11,7 +11,7 @@ pieces must not overlap in the file (as MPI requires of one access).
   the sorted pieces are grouped into covering *spans* of at most about ``buffer_size`` bytes;
   a span with holes is read whole into a staging buffer and the pieces are picked out (reads),
   or read, patched and written back whole (writes). Spans without holes are moved directly.
-  Copies between the staging buffer and ``buf`` are vectorized (``packing.copy_pieces``).
+  Copies between the staging buffer and ``buf`` are vectorized (``layout.pieces.copy_pieces``).
 - :func:`read_independent` / :func:`write_independent`: choose by the ``romio_ds_read`` /
   ``romio_ds_write`` hints (:mod:`strataio.collective.hints`).
 
@@ -46,9 +46,9 @@ import numpy as np
 
 from strataio.collective.fileio import SYSCALL_BYTES, pread_into, pwrite_from
 from strataio.collective.hints import DISABLE, ENABLE, Hints, parse_hints
-from strataio.collective.packing import as_bytes, copy_pieces
 from strataio.errors import BackendError, ShapeMismatchError, StrataError
 from strataio.layout.extents import Extents
+from strataio.layout.pieces import as_bytes, copy_pieces
 from strataio.storage.posix import _transfer
 
 __all__ = [

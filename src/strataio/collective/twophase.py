@@ -19,7 +19,7 @@ runs:
    window per aggregator per iteration. The pieces' descriptors (offset, length) are sent to
    their aggregators once, up front (``Alltoall`` of counts + ``Alltoallv`` of descriptors), so
    each iteration needs a single ``Alltoallv`` of data whose counts both sides derive locally.
-   Pieces are packed with vectorized gathers (:mod:`strataio.collective.packing`). Aggregators
+   Pieces are packed with vectorized gathers (:mod:`strataio.layout.pieces`). Aggregators
    access each window's covering span, or its runs, by the cost model of
    :mod:`strataio.collective.fileio` (conditional data sieving); a write window with holes is
    read-modify-written, which is safe because the aggregator owns its realm.
@@ -41,10 +41,10 @@ import numpy as np
 from mpi4py import MPI
 
 from strataio.collective import fileio, sieving
-from strataio.collective.packing import copy_pieces
 from strataio.collective.realms import RealmPolicy, select_aggregators
 from strataio.errors import StrataError
 from strataio.layout.extents import Extents
+from strataio.layout.pieces import copy_pieces
 
 _I64 = np.int64
 

@@ -9,6 +9,7 @@ import numpy as np
 
 from strataio.errors import NotFoundError
 from strataio.layout.extents import Extents
+from strataio.layout.pieces import copy_pieces
 from strataio.storage.base import Backend, BytesLike, Capabilities, validate_key
 
 
@@ -32,14 +33,10 @@ class MemoryBackend(Backend):
     def read(self, key: str, extents: Extents) -> bytearray:
         src = np.frombuffer(self._obj(key), dtype=np.uint8)
         out = bytearray(int((extents.mem + extents.lengths).max(initial=0)))
-        dst = np.frombuffer(out, dtype=np.uint8)
-        ext = extents.compact()
-        if len(ext):
-            # gather byte-wise: sources past the end read as zeros (a hole)
-            idx = ext.byte_indices()
-            pos = Extents(ext.mem, ext.lengths).byte_indices()
-            ok = idx < src.size
-            dst[pos[ok]] = src[idx[ok]]
+        inside = extents.compact().clip(0, src.size)  # bytes past the end read as zeros
+        copy_pieces(
+            np.frombuffer(out, dtype=np.uint8), inside.mem, src, inside.offsets, inside.lengths
+        )
         return out
 
     def write(self, key: str, extents: Extents, data: BytesLike) -> None:
@@ -50,10 +47,8 @@ class MemoryBackend(Backend):
             need = ext.last
             if need > len(obj):
                 obj.extend(b"\x00" * (need - len(obj)))
-            if len(ext):
-                dst = np.frombuffer(obj, dtype=np.uint8)
-                src = np.frombuffer(memoryview(data).cast("B"), dtype=np.uint8)
-                dst[ext.byte_indices()] = src[Extents(ext.mem, ext.lengths).byte_indices()]
+            src = np.frombuffer(memoryview(data).cast("B"), dtype=np.uint8)
+            copy_pieces(np.frombuffer(obj, dtype=np.uint8), ext.offsets, src, ext.mem, ext.lengths)
 
     def get(self, key: str) -> bytes:
         return bytes(self._obj(key))

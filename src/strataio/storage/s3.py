@@ -36,6 +36,7 @@ import numpy as np
 
 from strataio.errors import BackendError, NotFoundError, ShapeMismatchError, StrataError
 from strataio.layout.extents import Extents
+from strataio.layout.pieces import copy_pieces
 from strataio.storage.base import Backend, BytesLike, Capabilities, validate_key
 
 try:
@@ -286,7 +287,7 @@ class S3Backend(Backend):
                 stage[b0 : b0 + n] = np.frombuffer(buf, dtype=np.uint8)
         j = np.searchsorted(starts, ext.offsets, side="right") - 1
         src = base[j] + (ext.offsets - starts[j])
-        _scatter(np.frombuffer(out, dtype=np.uint8), ext.mem, stage, src, ext.lengths)
+        copy_pieces(np.frombuffer(out, dtype=np.uint8), ext.mem, stage, src, ext.lengths)
         return out
 
     def write(self, key: str, extents: Extents, data: BytesLike) -> None:
@@ -317,7 +318,7 @@ class S3Backend(Backend):
                 return
             buf = np.zeros(max(len(old), ext.last), dtype=np.uint8)
             buf[: len(old)] = np.frombuffer(old, dtype=np.uint8)
-            _scatter(buf, ext.offsets, src, ext.mem, ext.lengths)
+            copy_pieces(buf, ext.offsets, src, ext.mem, ext.lengths)
             try:
                 with self._errors("PUT", key):
                     self._put(path, memoryview(buf), mode=mode)
@@ -400,27 +401,6 @@ class S3Backend(Backend):
             pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=True)
-
-
-def _scatter(
-    dst: np.ndarray, dst_pos: np.ndarray, src: np.ndarray, src_pos: np.ndarray, lengths: np.ndarray
-) -> None:
-    """``dst[dst_pos[i]:+lengths[i]] = src[src_pos[i]:+lengths[i]]`` for every piece.
-
-    Few or large pieces copy slice by slice; many small ones go through one vectorized
-    byte-index gather, whose index arrays cost 16 bytes per byte moved.
-    """
-    n = len(lengths)
-    if n == 0:
-        return
-    total = int(lengths.sum())
-    if n <= 64 or total // n >= 4096:
-        for d, s, k in zip(dst_pos.tolist(), src_pos.tolist(), lengths.tolist()):
-            dst[d : d + k] = src[s : s + k]
-        return
-    piece = np.repeat(np.arange(n), lengths)
-    within = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-    dst[dst_pos[piece] + within] = src[src_pos[piece] + within]
 
 
 # --------------------------------------------------------------------- bucket creation

@@ -1,6 +1,6 @@
 """Vectorized byte-piece copies: gather pieces into a packed buffer and scatter them back.
 
-Every engine moves bytes as ``(dst_offsets, src_offsets, lengths)`` triples between two flat
+The memory side of Extents: backends (S3, memory) and the collective engines alike move bytes as ``(dst_offsets, src_offsets, lengths)`` triples between two flat
 ``uint8`` arrays. A Python loop per piece costs ~1 us, so a million 64-byte pieces would take a
 second; instead pieces are grouped by length and each group is one numpy fancy-index copy
 through a "window" view whose element ``o`` is the ``L`` bytes at ``o`` (a void dtype).
