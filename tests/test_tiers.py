@@ -370,3 +370,39 @@ def test_read_fails_over_to_another_copy_and_marks_tier_down(tmp_path):
         assert not s.tiers["local"].up and s.tiers["local"].last_error
         assert {t.name: t.state for t in s.catalog.tiers()}["local"] == "down"
         ds.close()
+
+
+def test_a_read_racing_an_eviction_falls_back_to_the_archive(tmp_path):
+    """An eviction may drop the fast copy between a read choosing it and reading it: the read
+    must then take the archive copy, not skip it."""
+    a = np.arange(20 * 20, dtype="f4").reshape(20, 20)
+    with session(tmp_path, roles=("localdisk", "remotetape")) as s:
+        ds = s.create_dataset("a", a.shape, a.dtype, (10, 10), hint="REMOTETAPE")
+        ds[...] = a
+        ds.stage(None, to="local").wait()
+        ds.close()
+    evicted = []
+
+    class EvictedWhileReading(PosixBackend):
+        """The fast tier as a concurrent eviction leaves it: copy forgotten, object gone."""
+
+        def get_many(self, keys):
+            for k in keys:
+                key = k.split("/", 1)[1]
+                store.res.remove(key, "local", delete_object=False)
+                evicted.append(key)
+            return [None] * len(keys)
+
+    tiers = TierSet(
+        [
+            Tier("local", EvictedWhileReading(tmp_path / "local"), "localdisk", order=0),
+            Tier("tape", PosixBackend(tmp_path / "tape"), "remotetape", order=1),
+        ]
+    )
+    with strataio.Session(tiers=tiers, catalog=tmp_path / "cat.db") as s:
+        ds = s.open_dataset("a")
+        store = ds.store
+        assert all("local" in ts for ts in where(ds).values())
+        np.testing.assert_array_equal(ds[...], a)
+        assert sorted(evicted) == sorted(f"c/{i}/{j}" for i in range(2) for j in range(2))
+        ds.close()

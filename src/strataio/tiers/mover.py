@@ -255,18 +255,22 @@ class Mover:
             protect = [object_key(res.name, key)]
             if not self.placement.claim(dst, src.nbytes, protect=protect):
                 raise StrataError(f"tier {dst.name!r} is full and nothing on it can be evicted")
+            recorded = False
             try:
                 n, digest = transfer(
                     self.tiers[src.tier], dst, object_key(res.name, key), src.checksum
                 )
-                res.add(ChunkCopy(res.name, key, dst.name, n, digest, "valid", time.time()))
+                copy = ChunkCopy(res.name, key, dst.name, n, digest, "valid", time.time())
+                res.add(copy, reserved=src.nbytes)
+                recorded = True
             except TierDownError as exc:
                 last = exc
                 if not dst.up:
                     raise
                 continue
             finally:
-                dst.release(src.nbytes)  # after the add: the room stays taken throughout
+                if not recorded:
+                    dst.release(src.nbytes)
             return "moved", n
         if last is not None:
             raise last

@@ -226,15 +226,17 @@ class Placement:
                 continue
             if not self.claim(dst, copy.nbytes):
                 continue
+            recorded = False
             try:
                 n, digest = transfer(tier, dst, object_key(res.name, copy.key), copy.checksum)
-                res.add(
-                    ChunkCopy(res.name, copy.key, dst.name, n, digest, "valid", copy.last_access)
-                )
+                back = ChunkCopy(res.name, copy.key, dst.name, n, digest, "valid", copy.last_access)
+                res.add(back, reserved=copy.nbytes)
+                recorded = True
                 return True
             except TierDownError:
                 if not tier.up:
                     return False
             finally:
-                dst.release(copy.nbytes)
+                if not recorded:
+                    dst.release(copy.nbytes)
         return False

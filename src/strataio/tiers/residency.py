@@ -92,15 +92,16 @@ class Residency:
         return out
 
     # ----------------------------------------------------------------- changes
-    def add(self, copy: ChunkCopy) -> None:
-        """Record (or replace) a copy; the tier's usage follows."""
+    def add(self, copy: ChunkCopy, *, reserved: int = 0) -> None:
+        """Record (or replace) a copy; the tier's usage follows, absorbing ``reserved`` bytes
+        that were reserved for this copy (see :meth:`Tier.account`)."""
         with self.lock:
             per = self._copies.setdefault(copy.key, {})
             old = per.get(copy.tier)
             per[copy.tier] = copy
             self._upserts[(copy.key, copy.tier)] = copy
             self._deletes.discard((copy.key, copy.tier))
-        self._tier(copy.tier).account(copy.nbytes - (old.nbytes if old else 0))
+        self._tier(copy.tier).account(copy.nbytes - (old.nbytes if old else 0), release=reserved)
 
     def remove(self, key: str, tier: str, *, delete_object: bool = True) -> ChunkCopy | None:
         """Forget the copy of ``key`` on ``tier``; its object is deleted after the next commit."""

@@ -88,12 +88,14 @@ class TieredChunkStore:
             return out
         if self.stage_on_read:
             self._stage_from_archive([keys[i] for i in need])
-        # group by the tier of each chunk's fastest readable copy; retry failures on the next
-        pending = {i: 0 for i in need}
+        # Group by the tier of each chunk's fastest readable copy; a failed copy's tier is
+        # remembered (not its position: an eviction may change the copy list meanwhile) and
+        # the next readable copy on another tier is tried.
+        pending: dict[int, set[str]] = {i: set() for i in need}
         while pending:
             groups: dict[str, list[int]] = {}
-            for i, skip in list(pending.items()):
-                copies = self.res.readable(keys[i])[skip:]
+            for i, tried in list(pending.items()):
+                copies = [c for c in self.res.readable(keys[i]) if c.tier not in tried]
                 if not copies:
                     raise self._lost(keys[i])
                 groups.setdefault(copies[0].tier, []).append(i)
@@ -108,18 +110,16 @@ class TieredChunkStore:
         keys: Sequence[str],
         idx: list[int],
         out: list[BytesLike | None],
-        pending: dict[int, int],
+        pending: dict[int, set[str]],
     ) -> None:
         try:
             blobs = tier.call(tier.backend.get_many, [object_key(self.name, keys[i]) for i in idx])
         except TierDownError:
-            for i in idx:
-                pending[i] = 0  # the down tier is now filtered out of readable()
-            return
+            return  # the down tier is now filtered out of readable()
         for i, blob in zip(idx, blobs):
             copy = next((c for c in self.res.copies(keys[i]) if c.tier == tier.name), None)
             if blob is None or copy is None or (copy.checksum and checksum(blob) != copy.checksum):
-                pending[i] += 1  # missing or corrupt: try the next copy
+                pending[i].add(tier.name)  # missing or corrupt here: try another tier
                 continue
             out[i] = blob
             del pending[i]
@@ -200,6 +200,7 @@ class TieredChunkStore:
 
         futures = [self.mover._pool.submit(one, kv) for kv in items]
         failed, error = [], None
+        recorded: set[str] = set()
         try:
             for (k, v), d, f in zip(items, sums, futures):
                 exc = f.exception()
@@ -208,7 +209,9 @@ class TieredChunkStore:
                     # that records it syncs it first (the residency's pre-commit hook)
                     with self._lock:
                         self._unsynced.setdefault(tier.name, set()).add(object_key(self.name, k))
-                    self.res.add(ChunkCopy(self.name, k, tier.name, len(v), d, state, now))
+                    copy = ChunkCopy(self.name, k, tier.name, len(v), d, state, now)
+                    self.res.add(copy, reserved=len(v))
+                    recorded.add(k)
                     for c in self.res.copies(k):
                         if c.tier != tier.name:
                             self.res.remove(k, c.tier)  # stale now; deleted after the commit
@@ -221,8 +224,9 @@ class TieredChunkStore:
                 elif error is None:
                     error = exc
         finally:
-            for _, v in items:
-                tier.release(len(v))  # after the adds: the room stays taken throughout
+            for k, v in items:
+                if k not in recorded:
+                    tier.release(len(v))
         if error is not None:
             raise error
         return failed

@@ -156,10 +156,14 @@ class Tier:
         with self._lock:
             self.reserved = max(0, self.reserved - nbytes)
 
-    def account(self, delta: int) -> None:
-        """Add ``delta`` bytes (negative to release) to :attr:`used`."""
+    def account(self, delta: int, *, release: int = 0) -> None:
+        """Add ``delta`` bytes (negative to free) to :attr:`used`, and in the same step drop
+        ``release`` bytes of reservation: a recorded put turns its reservation into usage
+        atomically, so no other thread sees the room counted twice (a false "full") or not
+        at all (an overfilled tier)."""
         with self._lock:
             self.used = max(0, self.used + int(delta))
+            self.reserved = max(0, self.reserved - int(release))
 
     def record(self) -> TierRecord:
         """This tier as a catalog row."""
