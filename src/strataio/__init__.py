@@ -1,6 +1,7 @@
 """strataio: parallel I/O of scientific arrays across a storage hierarchy."""
 
 from strataio.arrays import Dataset, create_dataset, open_dataset
+from strataio.arrays.chunk_cache import chunk_cache
 from strataio.collective.file import File
 from strataio.errors import StrataError
 from strataio.session import Session
@@ -13,6 +14,7 @@ __all__ = [
     "Session",
     "StrataError",
     "__version__",
+    "chunk_cache",
     "create_dataset",
     "open_dataset",
 ]

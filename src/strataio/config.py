@@ -22,6 +22,7 @@ from typing import Any
 
 from strataio.catalog.base import TIER_ROLES, TierRecord, redact_url
 from strataio.errors import ConfigError
+from strataio.sizes import parse_size
 
 #: file looked for in the working directory, and the variable naming a file elsewhere
 CONFIG_FILENAME = "strataio.toml"
@@ -31,21 +32,6 @@ TIER_KINDS = ("posix", "s3", "memory")
 #: credential keys an S3 tier accepts
 CREDENTIAL_KEYS = ("access_key_id", "secret_access_key", "session_token")
 
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "kb": 10**3,
-    "mb": 10**6,
-    "gb": 10**9,
-    "tb": 10**12,
-    "pb": 10**15,
-    "kib": 2**10,
-    "mib": 2**20,
-    "gib": 2**30,
-    "tib": 2**40,
-    "pib": 2**50,
-}
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-zA-Z]*)\s*$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _ENV_REF = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")
 
@@ -128,33 +114,6 @@ class Config:
 
     def _where(self) -> str:
         return self.source or "the default configuration"
-
-
-def parse_size(value: Any, *, where: str = "size") -> int | None:
-    """Bytes from an int or a string like ``"10GiB"``, ``"500 MB"``, ``"1.5TiB"``.
-
-    Decimal units (kB, MB, GB, TB, PB) are powers of 1000, binary ones (KiB ... PiB) of 1024.
-    ``None``, ``"unlimited"`` and ``"none"`` mean unbounded.
-    """
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        raise ConfigError(f"{where}: expected a size in bytes or a string like '10GiB'")
-    if isinstance(value, int):
-        if value < 0:
-            raise ConfigError(f"{where}: size {value} is negative")
-        return value
-    if isinstance(value, str):
-        if value.strip().lower() in ("unlimited", "none"):
-            return None
-        m = _SIZE.match(value)
-        unit = _UNITS.get(m.group(2).lower()) if m else None
-        if m and unit is not None:
-            return int(float(m.group(1)) * unit)
-    raise ConfigError(
-        f"{where}: cannot read {value!r} as a size (use bytes or a number with a unit: "
-        "B, kB, MB, GB, TB, KiB, MiB, GiB, TiB)"
-    )
 
 
 def default_config_text() -> str:

@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator, MutableMapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from strataio.arrays.chunk_cache import CachedChunk, chunk_cache, settled
 from strataio.arrays.codecs import CodecPipeline
 from strataio.arrays.metadata import ArrayMetadata
 from strataio.arrays.store import BackendChunkStore, ChunkStore
@@ -33,6 +36,8 @@ from strataio.layout.chunks import ChunkGrid
 from strataio.layout.sections import Section
 
 _MODES = ("r", "r+")
+#: sections whose chunk plans a Dataset remembers
+_PLAN_MEMO = 32
 #: chunks below which a section is handled on the calling thread
 _PARALLEL_MIN_CHUNKS = 4
 _pool: ThreadPoolExecutor | None = None
@@ -75,6 +80,18 @@ def _run_groups(n: int, work: Callable[[int, int], None]) -> None:
     for exc in errors:
         if exc is not None:
             raise exc
+
+
+@dataclass(slots=True)
+class _Plan:
+    """A section's chunk cover: per chunk its key, its cover row (see ChunkCover.rows), its box
+    in the caller's array and in the chunk, and the byte span of the chunk the box touches."""
+
+    keys: list[str]
+    rows: list[tuple[tuple[int, ...], ...]]
+    dst: list[tuple[Any, ...]]
+    src: list[tuple[slice, ...]]  # () for the whole chunk
+    spans: list[tuple[int, int]]
 
 
 class Attributes(MutableMapping[str, Any]):
@@ -129,6 +146,14 @@ class Dataset:
         self.codecs = CodecPipeline(meta.codecs, meta.dtype, meta.chunks)
         self._closed = False
         self._span_reader = getattr(store, "read_span", None)
+        self._versions = getattr(store, "chunk_versions", None)
+        space = getattr(store, "cache_space", None)
+        self._cache_space: tuple[Any, ...] | None = (
+            None
+            if self._versions is None or space is None
+            else (space, meta.dtype.str, meta.chunks, self.codecs.describe())
+        )
+        self._plans: dict[tuple[tuple[int, ...], tuple[int, ...]], _Plan] = {}
         itemsize = meta.dtype.itemsize
         self._chunk_strides = tuple(
             int(np.prod(meta.chunks[d + 1 :], dtype=np.int64)) * itemsize
@@ -267,6 +292,12 @@ class Dataset:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def clear_cache(self) -> None:
+        """Drop this dataset's chunks from the process's decoded-chunk cache
+        (:func:`strataio.arrays.chunk_cache.chunk_cache`)."""
+        if self._cache_space is not None:
+            chunk_cache().discard(self._cache_space)
+
     def nchunks_stored(self) -> int:
         """Chunks written to storage so far (the rest read as ``fill_value``)."""
         return len(self.store.list_chunks())
@@ -309,65 +340,128 @@ class Dataset:
             ) from None
         return arr.reshape(box) if given_shape != box else arr
 
-    def _plan(self, section: Section) -> tuple[list[str], list[tuple[tuple[int, ...], ...]]]:
-        """The cover of ``section`` as chunk keys and per-chunk rows (see ChunkCover.rows)."""
-        rows = list(self.grid.cover(section).rows())
+    def _plan(self, section: Section) -> _Plan:
+        """The cover of ``section``: per chunk its key, boxes and byte span (memoized, since
+        applications read the same sections again and again)."""
+        memo = (section.start, section.stop)
+        plan = self._plans.get(memo)
+        if plan is not None:
+            return plan
         sep = self.meta.separator
-        keys = ["c" + "".join(sep + str(c) for c in row[0]) for row in rows]
-        return keys, rows
+        strides = self._chunk_strides
+        itemsize = self.dtype.itemsize
+        chunk_shape = self.chunks
+        plan = _Plan([], [], [], [], [])
+        for row in self.grid.cover(section).rows():
+            coords, ls, le, os_, oe = row
+            plan.keys.append("c" + "".join(sep + str(c) for c in coords))
+            plan.rows.append(row)
+            # a 0-d array's box must index with Ellipsis to give a view, not a scalar
+            plan.dst.append(tuple(map(slice, os_, oe)) or (Ellipsis,))
+            whole = all(a == 0 and b == n for a, b, n in zip(ls, le, chunk_shape))
+            plan.src.append(() if whole else tuple(map(slice, ls, le)))
+            lo = sum(a * k for a, k in zip(ls, strides))
+            plan.spans.append((lo, sum((b - 1) * k for b, k in zip(le, strides)) + itemsize))
+        if len(self._plans) >= _PLAN_MEMO:
+            self._plans.pop(next(iter(self._plans)))
+        self._plans[memo] = plan
+        return plan
 
     def _read_into(self, section: Section, out: np.ndarray) -> None:
         self._check_open()
         if section.is_empty:
             return
-        keys, rows = self._plan(section)
+        plan = self._plan(section)
+        keys, dst, src, spans = plan.keys, plan.dst, plan.src, plan.spans
         codecs = self.codecs
         fill = self.fill_value
-        chunk_shape = self.chunks
+        space = self._cache_space
 
         def place(i: int, chunk: np.ndarray | None) -> None:
-            _, ls, le, os_, oe = rows[i]
-            dst = out[(*map(slice, os_, oe), Ellipsis)]
-            if chunk is None:
-                dst[...] = fill
-            else:
-                dst[...] = chunk.reshape(chunk_shape)[tuple(map(slice, ls, le))]
+            # numpy swaps the byte order of a non-native stored chunk while copying
+            out[dst[i]] = fill if chunk is None else chunk[src[i]]
+
+        # Versions are taken before any read: a chunk replaced after its stat is then cached
+        # under its older version, which the next read sees as stale.
+        cache = chunk_cache() if space is not None else None
+        if cache is not None and cache.enabled:
+            seen = time.time_ns()
+            versions = self._versions(keys)
+            entries = cache.lookup(space, keys, versions)
+        else:
+            cache, versions, entries = None, None, [None] * len(keys)
+
+        def cacheable(i: int) -> bool:
+            v = versions[i] if versions is not None else None
+            return v is not None and (entries[i] is not None or settled(v, seen))
+
+        def keep(i: int, chunk: np.ndarray, lo: int, hi: int) -> None:
+            e = entries[i]
+            if e is not None and hi >= e.lo and lo <= e.hi:
+                lo, hi = min(lo, e.lo), max(hi, e.hi)
+            cache.store(space, keys[i], CachedChunk(versions[i], chunk, lo, hi))
 
         if codecs.is_raw and self._span_reader is not None:
-            # Chunks already in memory are copied on this thread (thread hand-offs cost more
-            # than the copy); only those that would wait on storage go to the I/O threads.
+            # Cached chunks and those in the page cache are copied on this thread (thread
+            # hand-offs cost more than the copy); only those that would wait on storage go to
+            # the I/O threads.
             blocked = []
-            for i in range(len(keys)):
+            for i, e in enumerate(entries):
+                lo, hi = spans[i]
+                if e is not None and e.lo <= lo and hi <= e.hi:
+                    out[dst[i]] = e.chunk[src[i]]
+                    continue
+                kept = cacheable(i)
+                if kept:  # read into the entry's own buffer, which the cache then holds
+                    buf = e.chunk.reshape(-1).view(np.uint8) if e is not None else None
+                else:
+                    buf = _scratch(codecs.chunk_nbytes)
                 try:
-                    place(i, self._read_raw_span(keys[i], rows[i][1], rows[i][2], nowait=True))
+                    chunk = self._read_raw_span(keys[i], lo, hi, buf, nowait=True)
                 except BlockingIOError:
                     blocked.append(i)
+                    continue
+                place(i, chunk)
+                if kept and chunk is not None:
+                    keep(i, chunk, lo, hi)
 
-            def fetch(lo: int, hi: int) -> None:
-                for i in blocked[lo:hi]:
-                    place(i, self._read_raw_span(keys[i], rows[i][1], rows[i][2]))
+            def fetch(a: int, b: int) -> None:
+                for i in blocked[a:b]:
+                    lo, hi = spans[i]
+                    place(i, self._read_raw_span(keys[i], lo, hi, _scratch(codecs.chunk_nbytes)))
 
             _run_groups(len(blocked), fetch)
             return
 
-        def work(lo: int, hi: int) -> None:
-            for i, blob in enumerate(self.store.get_chunks(keys[lo:hi]), start=lo):
-                place(i, None if blob is None else codecs.decode(blob))
+        todo = []
+        for i, e in enumerate(entries):
+            if e is not None:  # a compressed chunk is cached whole
+                place(i, e.chunk)
+            else:
+                todo.append(i)
 
-        _run_groups(len(keys), work)
+        def work(a: int, b: int) -> None:
+            idx = todo[a:b]
+            for i, blob in zip(idx, self.store.get_chunks([keys[i] for i in idx])):
+                chunk = None if blob is None else codecs.decode(blob)
+                place(i, chunk)
+                if chunk is not None and cacheable(i):
+                    keep(i, chunk, 0, chunk.nbytes)
+
+        _run_groups(len(todo), work)
 
     def _read_raw_span(
-        self, key: str, start: tuple[int, ...], stop: tuple[int, ...], nowait: bool = False
+        self, key: str, lo: int, hi: int, buf: np.ndarray | None, nowait: bool = False
     ) -> np.ndarray | None:
-        """An uncompressed chunk with (at least) the bytes of box ``[start, stop)`` filled in.
+        """Uncompressed chunk ``key`` with at least bytes ``[lo, hi)`` read, as a chunk-shaped
+        array of the stored dtype over ``buf`` (a new buffer when None); None when the chunk
+        was never written.
 
-        Only the byte span from the box's first to its last element is read: a thin section
+        Only the byte span from a box's first to its last element is read: a thin section
         reads a fraction of each chunk instead of whole chunks.
         """
-        strides = self._chunk_strides
-        lo = sum(a * s for a, s in zip(start, strides))
-        hi = sum((b - 1) * s for b, s in zip(stop, strides)) + self.dtype.itemsize
-        buf = _scratch(self.codecs.chunk_nbytes)
+        if buf is None:
+            buf = np.empty(self.codecs.chunk_nbytes, dtype=np.uint8)
         size = self._span_reader(key, lo, memoryview(buf)[lo:hi], nowait=nowait)
         if size is None:
             return None
@@ -376,14 +470,14 @@ class Dataset:
                 f"chunk {key} of {self.name or 'the dataset'} holds {size} bytes, "
                 f"expected {buf.size}: the chunk is truncated or not this array's"
             )
-        arr = buf.view(self.codecs.stored_dtype)
-        return arr if arr.dtype.isnative else arr.astype(self.dtype)
+        return buf.view(self.codecs.stored_dtype).reshape(self.chunks)
 
     def _write_from(self, section: Section, data: np.ndarray) -> None:
         self._check_writable()
         if section.is_empty:
             return
-        keys, rows = self._plan(section)
+        plan = self._plan(section)
+        keys, rows = plan.keys, plan.rows
         codecs = self.codecs
         chunk_shape = self.chunks
         shape = self.shape
@@ -416,6 +510,8 @@ class Dataset:
                     chunk[tuple(map(slice, ls, le))] = src
                 items.append((keys[i], codecs.encode(chunk)))
             self.store.put_chunks(items)
+            if self._cache_space is not None:
+                chunk_cache().discard(self._cache_space, keys[lo:hi])
 
         _run_groups(len(keys), work)
 

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 from strataio.errors import NotFoundError
-from strataio.storage.base import Backend, BytesLike
+from strataio.storage.base import Backend, BytesLike, Version
 
 META_KEY = "zarr.json"
 
@@ -25,7 +25,10 @@ class ChunkStore(Protocol):
     A store may also offer ``read_span(key, offset, out, *, nowait=False) -> int | None`` (read
     part of one stored chunk; the chunk's size or None when missing; BlockingIOError under
     ``nowait`` when the data is not at hand); the Dataset then reads uncompressed chunks
-    partially, cached ones on the caller's thread and the rest in parallel.
+    partially, cached ones on the caller's thread and the rest in parallel. A store that can
+    tell when a chunk changed offers ``cache_space`` (a hashable naming its chunks) and
+    ``chunk_versions(keys)`` (as :meth:`Backend.versions`); the Dataset then keeps decoded
+    chunks in memory between reads (:mod:`strataio.arrays.chunk_cache`).
     """
 
     def get_chunks(self, keys: Sequence[str]) -> list[BytesLike | None]:
@@ -59,6 +62,7 @@ class BackendChunkStore:
         self.prefix = prefix.strip("/")
         self._unsynced: set[str] = set()
         self._lock = threading.Lock()
+        self.cache_space = f"{backend.url}|{self.prefix}"
 
     def _key(self, key: str) -> str:
         return f"{self.prefix}/{key}" if self.prefix else key
@@ -78,6 +82,11 @@ class BackendChunkStore:
             return self.backend.readinto_range(self._key(key), offset, out, nowait=nowait)
         except FileNotFoundError:
             return None
+
+    def chunk_versions(self, keys: Sequence[str]) -> list[Version | None] | None:
+        """Per chunk, its stored object's version (None when missing); None when the backend
+        keeps no versions."""
+        return self.backend.versions([self._key(k) for k in keys])
 
     def put_chunks(self, items: Sequence[tuple[str, BytesLike]]) -> None:
         for key, data in items:

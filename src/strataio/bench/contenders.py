@@ -168,6 +168,11 @@ class Strataio(Contender):
     def write(self, start: Sequence[int], data: np.ndarray) -> None:
         self.ds.write_section(start, data)
 
+    def drop_cache(self) -> None:
+        """Cold means nothing in memory: the page cache and strataio's chunk cache."""
+        super().drop_cache()
+        self.ds.clear_cache()
+
     def close(self) -> None:
         if getattr(self, "ds", None) is not None:
             self.ds.close()

@@ -20,8 +20,15 @@ follows an untimed call of the same kind. The reported time is the median of ``r
 calls. §6.1's adaptive run adds a chunk shaped like pattern E (13 x 8000) for pattern E.
 The same run measures numpy's memcpy bandwidth (``np.copyto`` of the whole array into an
 existing array) and reports strataio's warm read of pattern C as a fraction of it, like for
-like: ``read_section(..., out=buf)`` into an existing array. (The table's reads allocate their
-result, for every contender; a fresh multi-megabyte result costs a page fault per 4 KiB.)
+like: ``read_section(..., out=buf)`` into an existing array, in the steady state of repeated
+reads of data at rest (after untimed reads for twice
+:data:`~strataio.arrays.chunk_cache.SETTLE_NS`). (The table's reads allocate their result, for every contender; a fresh
+multi-megabyte result costs a page fault per 4 KiB.)
+
+Caches: h5py's chunk cache and TensorStore's cache pool are off (their defaults for
+TensorStore); strataio runs with its decoded-chunk cache at the process's setting (64 MiB by
+default, ``chunk_cache`` / ``--chunk-cache`` to change it, 0 to turn it off). A cold call
+empties it along with the page cache.
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ from typing import Any
 
 import numpy as np
 
+from strataio.arrays.chunk_cache import SETTLE_NS, chunk_cache
 from strataio.bench.contenders import CONTENDERS, Contender, make_contender
 from strataio.errors import StrataError
 from strataio.layout.extents import section_extents
@@ -114,6 +122,8 @@ class SectionsConfig:
     adaptive: bool = True
     workdir: Path | None = None
     seed: int = 0
+    #: bytes of strataio's decoded-chunk cache during the run; None keeps the process's setting
+    chunk_cache: int | None = None
 
     def validate(self) -> None:
         if self.size < 2:
@@ -135,6 +145,8 @@ class SectionsConfig:
             raise StrataError("the naive contender is the baseline and cannot be left out")
         if any(c < 1 for c in self.chunk_sides):
             raise StrataError(f"chunk sides must be positive, got {self.chunk_sides}")
+        if self.chunk_cache is not None and self.chunk_cache < 0:
+            raise StrataError(f"chunk cache size {self.chunk_cache} is negative")
 
     @property
     def chunk_sides(self) -> tuple[int, ...]:
@@ -254,12 +266,18 @@ def run_sections(cfg: SectionsConfig, step: Callable[[str], None] | None = None)
     naive_times: dict[tuple[str, str, str], list[float]] = {}
     pattern_info: dict[str, dict[str, Any]] = {}
     naive = make_contender("naive", work / "naive", (cfg.size, cfg.size))
+    cache = chunk_cache()
+    saved_capacity = cache.capacity
+    if cfg.chunk_cache is not None:
+        cache.resize(cfg.chunk_cache)
+    chunk_cache_bytes = cache.capacity
     try:
         naive.setup(data)
         advance("setup naive")
         for ps in passes:
             _run_pass(cfg, ps, data, patterns, naive, naive_times, pattern_info, work, advance)
     finally:
+        cache.resize(saved_capacity)
         naive.close()
         shutil.rmtree(work, ignore_errors=True)
 
@@ -285,6 +303,7 @@ def run_sections(cfg: SectionsConfig, step: Callable[[str], None] | None = None)
         "array": {"shape": [cfg.size, cfg.size], "dtype": "float32", "nbytes": data.nbytes},
         "geometry": "paper (x0,y0)-(x1,y1) is numpy a[y0:y1, x0:x1], x along a row",
         "memcpy_bytes_per_s": memcpy,
+        "chunk_cache_bytes": chunk_cache_bytes,
         "patterns": pattern_info,
         "passes": [
             {
@@ -353,7 +372,7 @@ def _run_pass(
                         ps.results.append(_row(pat, op, cache, c.name, t, base, touched))
                         advance(f"{ps.label} {pat} {op} {cache}: {c.name}")
             if pat == "C":
-                ps.c_read_into = _read_into_times(chunked, start, stop, max(cfg.repeat, 5))
+                ps.c_read_into = _read_into_times(chunked, start, stop, max(cfg.repeat, 20))
     finally:
         for c in chunked:
             c.close()
@@ -367,7 +386,11 @@ def _read_into_times(
     if ds is None:
         return []
     buf = np.empty([b - a for a, b in zip(start, stop)], dtype=ds.dtype)
-    ds.read_section(start, stop, out=buf)
+    # Warm steady state of data at rest: untimed reads until the chunks written moments ago
+    # have settled (they are not cached before), then the timed ones.
+    settle = time.perf_counter() + 2 * SETTLE_NS / 1e9
+    while time.perf_counter() < settle:
+        ds.read_section(start, stop, out=buf)
     times = []
     for _ in range(repeat):
         t0 = time.perf_counter()

@@ -24,6 +24,7 @@ from strataio.bench.sections import (
 from strataio.cli import bench
 from strataio.cli.output import json_option, make_console, write_json
 from strataio.errors import StrataError
+from strataio.sizes import parse_size
 
 _MODULES = {"h5py": "h5py", "zarr": "zarr", "tensorstore": "tensorstore"}
 _SHORT = {"tensorstore": "tstore"}
@@ -97,6 +98,10 @@ def render_tables(result: dict[str, Any], console: Console) -> None:
             table.add_row(*cells)
         console.print(table)
     mem = result["memcpy_bytes_per_s"]
+    cache = result["chunk_cache_bytes"]
+    console.print(
+        f"strataio chunk cache: {cache / 2**20:.0f} MiB" if cache else "strataio chunk cache: off"
+    )
     console.print(f"numpy memcpy bandwidth: {_fmt_bw(mem)}")
     for c in result["pattern_c_warm_read"]:
         frac = c["fraction_of_memcpy"]
@@ -139,6 +144,13 @@ def render_tables(result: dict[str, Any], console: Console) -> None:
     default=None,
     help="Parent of the work directory [default: the current directory]; removed afterwards.",
 )
+@click.option(
+    "--chunk-cache",
+    "chunk_cache",
+    default=None,
+    help="Size of strataio's decoded-chunk cache for the run, e.g. 64MiB; 0 turns it off "
+    "[default: $STRATAIO_CHUNK_CACHE or 64MiB].",
+)
 @json_option
 @click.option("--seed", default=0, show_default=True, help="Seed of the random array.")
 def sections_cmd(
@@ -151,6 +163,7 @@ def sections_cmd(
     contenders: str,
     adaptive: bool,
     workdir: Path | None,
+    chunk_cache: str | None,
     json_path: Path | None,
     seed: int,
 ) -> None:
@@ -177,7 +190,14 @@ def sections_cmd(
         raise click.BadParameter(
             f"{chunks!r} is not a list of integers", param_hint="--chunks"
         ) from None
+    try:
+        cache_bytes = (
+            None if chunk_cache is None else parse_size(chunk_cache, where="--chunk-cache")
+        )
+    except StrataError as exc:
+        raise click.BadParameter(str(exc), param_hint="--chunk-cache") from None
     cfg = SectionsConfig(
+        chunk_cache=cache_bytes,
         size=size,
         chunks=sides,
         patterns=patterns.upper(),

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import abc
 import functools
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from strataio.errors import InvalidKeyError
 from strataio.layout.extents import Extents
 
 BytesLike = bytes | bytearray | memoryview
+#: an object's version token (see :meth:`Backend.versions`); the last element is its change time
+Version = tuple[int, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +103,16 @@ class Backend(abc.ABC):
 
     def sync(self, keys: Iterable[str] | None = None) -> None:  # noqa: B027 - optional hook
         """Make earlier writes to ``keys`` (all, when None) durable."""
+
+    def versions(self, keys: Sequence[str]) -> list[Version | None] | None:
+        """Per key, a token that changes whenever the object does (None for a missing object),
+        or None when this backend keeps no versions. A token's last element is the time of the
+        object's last change, in ns since the epoch on the host's clock.
+
+        Tokens let a reader keep objects in memory between reads and know when they went stale
+        (:mod:`strataio.arrays.chunk_cache`).
+        """
+        return None
 
     def readinto_range(
         self, key: str, offset: int, out: memoryview, *, nowait: bool = False

@@ -12,14 +12,14 @@ import contextlib
 import errno
 import os
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
 
 from strataio.errors import BackendError, NotFoundError
 from strataio.layout.extents import Extents
-from strataio.storage.base import Backend, BytesLike, Capabilities, validate_key
+from strataio.storage.base import Backend, BytesLike, Capabilities, Version, validate_key
 
 IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
 TMP_SUFFIX = ".strataio-tmp"
@@ -206,6 +206,22 @@ class PosixBackend(Backend):
         os.replace(tmp, path)
         if durable:
             _fsync_dir(os.path.dirname(path))
+
+    def versions(self, keys: Sequence[str]) -> list[Version | None]:
+        """``(inode, size, ctime_ns)`` per key: a put makes a new inode, and any write or
+        truncation, by any process, a new ctime (which the kernel, unlike mtime, never lets a
+        user set back)."""
+        prefix = self._prefix
+        stat = os.stat
+        out: list[Version | None] = []
+        for key in keys:
+            try:
+                st = stat(prefix + validate_key(key))
+            except FileNotFoundError:
+                out.append(None)
+                continue
+            out.append((st.st_ino, st.st_size, st.st_ctime_ns))
+        return out
 
     def size(self, key: str) -> int:
         try:

@@ -1,0 +1,187 @@
+"""The decoded-chunk cache: chunks kept in memory between reads, checked against storage.
+
+A warm read through the page cache copies every byte twice (kernel to a buffer, buffer to the
+caller) and pays an open, a read and a close per chunk. A read served from this cache copies
+once and pays one ``stat``: every entry carries the stored object's version
+(:meth:`strataio.storage.base.Backend.versions`; on POSIX inode, size, mtime and ctime), and a
+hit needs the object's version now to equal the entry's. A chunk that any process replaced
+(strataio's atomic replace makes a new inode) or rewrote in place (a new ctime) is read again.
+
+File times are only as fine as the kernel's clock tick, so an object changed twice within one
+tick could show one version for two contents. A chunk is therefore kept only when its object's
+last change is older than :data:`SETTLE_NS` at the moment its version was taken (git's "racily
+clean" rule): any later change then carries a later time. A chunk written moments ago is read
+from storage until it settles. On a network file system whose server clock drifts from this
+host's by more than :data:`SETTLE_NS`, disable the cache.
+
+Only stores that keep versions take part (a POSIX directory today); the capacity is one budget
+for the whole process: ``STRATAIO_CHUNK_CACHE`` (bytes or a size like ``256MiB``; 0 disables),
+64 MiB by default, changed at run time with :meth:`DecodedChunkCache.resize`.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Hashable, Iterable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+import numpy as np
+
+from strataio.errors import ConfigError
+from strataio.sizes import parse_size
+from strataio.storage.base import Version
+
+DEFAULT_CAPACITY = 64 << 20
+#: an object changed less than this long (ns) before its version was taken is not cached
+SETTLE_NS = 50_000_000
+#: bookkeeping bytes charged per entry on top of its data
+_ENTRY_BYTES = 256
+ENV_VAR = "STRATAIO_CHUNK_CACHE"
+V = TypeVar("V")
+
+
+@dataclass(slots=True)
+class CachedChunk:
+    """One chunk in memory, chunk-shaped, valid in bytes ``[lo, hi)`` of its C-order layout.
+
+    An uncompressed chunk is its stored array (stored byte order), filled as far as reads
+    needed; a compressed one the whole decoded array.
+    """
+
+    version: Version
+    chunk: np.ndarray
+    lo: int
+    hi: int
+
+
+def settled(version: Version, seen_ns: int) -> bool:
+    """True when ``version`` (taken at ``seen_ns``) is old enough to identify one content."""
+    return version[-1] < seen_ns - SETTLE_NS
+
+
+class BoundedLRU(Generic[V]):
+    """A thread-safe LRU of values keyed by ``(space, key)``, bounded by ``capacity`` bytes
+    as :meth:`charge` counts them; 0 disables it. ``space`` groups one owner's entries."""
+
+    def __init__(self, capacity: int) -> None:
+        self._entries: OrderedDict[tuple[Hashable, str], V] = OrderedDict()
+        self._lock = threading.Lock()
+        self.capacity = max(0, int(capacity))
+        self.nbytes = 0
+        self.hits = 0
+        self.misses = 0
+
+    @staticmethod
+    def charge(value: V) -> int:
+        """Bytes ``value`` counts against the capacity."""
+        raise NotImplementedError
+
+    @property
+    def enabled(self) -> bool:
+        return self.capacity > 0
+
+    def store(self, space: Hashable, key: str, value: V) -> bool:
+        """Keep ``value`` (replacing the key's previous one) and evict down to capacity;
+        False, keeping nothing, when it is larger than the whole cache."""
+        if self.charge(value) > self.capacity:
+            self.discard(space, [key])
+            return False
+        with self._lock:
+            old = self._entries.pop((space, key), None)
+            if old is not None:
+                self.nbytes -= self.charge(old)
+            self._entries[(space, key)] = value
+            self.nbytes += self.charge(value)
+            self._evict()
+        return True
+
+    def discard(self, space: Hashable, keys: Iterable[str] | None = None) -> None:
+        """Drop ``keys`` of ``space`` (all of its entries when None)."""
+        with self._lock:
+            if keys is None:
+                doomed = [k for k in self._entries if k[0] == space]
+            else:
+                doomed = [(space, k) for k in keys]
+            for k in doomed:
+                v = self._entries.pop(k, None)
+                if v is not None:
+                    self.nbytes -= self.charge(v)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self.nbytes = 0
+
+    def resize(self, capacity: int) -> None:
+        """Set the capacity in bytes (0 disables the cache and empties it)."""
+        with self._lock:
+            self.capacity = max(0, int(capacity))
+            self._evict()
+
+    def _evict(self) -> None:
+        while self.nbytes > self.capacity and self._entries:
+            _, v = self._entries.popitem(last=False)
+            self.nbytes -= self.charge(v)
+
+    def __contains__(self, item: tuple[Hashable, str]) -> bool:
+        with self._lock:
+            return item in self._entries
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+class DecodedChunkCache(BoundedLRU[CachedChunk]):
+    """Decoded chunks, each valid while its stored object keeps the entry's version.
+
+    ``space`` names one array's chunks (its store and codecs), so arrays never share entries.
+    """
+
+    def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
+        super().__init__(capacity)
+
+    @staticmethod
+    def charge(value: CachedChunk) -> int:
+        return value.chunk.nbytes + _ENTRY_BYTES
+
+    def lookup(
+        self, space: Hashable, keys: Iterable[str], versions: Iterable[Version | None]
+    ) -> list[CachedChunk | None]:
+        """Per key, its entry when the entry's version is ``version``; stale entries leave."""
+        out: list[CachedChunk | None] = []
+        entries = self._entries
+        with self._lock:
+            for key, version in zip(keys, versions):
+                e = entries.get((space, key))
+                if e is not None and version is not None and e.version == version:
+                    entries.move_to_end((space, key))
+                    out.append(e)
+                    self.hits += 1
+                    continue
+                if e is not None:
+                    del entries[(space, key)]
+                    self.nbytes -= self.charge(e)
+                self.misses += 1
+                out.append(None)
+        return out
+
+
+_cache: DecodedChunkCache | None = None
+_cache_lock = threading.Lock()
+
+
+def chunk_cache() -> DecodedChunkCache:
+    """The process's decoded-chunk cache (sized from ``STRATAIO_CHUNK_CACHE`` at first use)."""
+    global _cache
+    if _cache is None:
+        with _cache_lock:
+            if _cache is None:
+                env = os.environ.get(ENV_VAR)
+                size = DEFAULT_CAPACITY if env is None else parse_size(env, where=f"${ENV_VAR}")
+                if size is None:
+                    raise ConfigError(f"${ENV_VAR}: the chunk cache needs a bound (0 disables it)")
+                _cache = DecodedChunkCache(size)
+    return _cache
