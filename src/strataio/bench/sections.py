@@ -19,11 +19,12 @@ A cold measurement first evicts every file of that contender from the page cache
 follows an untimed call of the same kind. The reported time is the median of ``repeat``
 calls. §6.1's adaptive run adds a chunk shaped like pattern E (13 x 8000) for pattern E.
 The same run measures numpy's memcpy bandwidth (``np.copyto`` of the whole array into an
-existing array) and reports strataio's warm read of pattern C as a fraction of it, like for
-like: ``read_section(..., out=buf)`` into an existing array, in the steady state of repeated
-reads of data at rest (after untimed reads for twice
-:data:`~strataio.arrays.chunk_cache.SETTLE_NS`). (The table's reads allocate their result, for every contender; a fresh
-multi-megabyte result costs a page fault per 4 KiB.)
+existing array, best of 3) and reports strataio's warm read of pattern C as a fraction of it,
+like for like: ``read_section(..., out=buf)`` into an existing array, in the steady state of
+repeated reads of data at rest (after ``sync`` and untimed reads for twice
+:data:`~strataio.arrays.chunk_cache.SETTLE_NS`), against a memcpy measured right after those
+reads, since this machine's speed drifts within a run. (The table's reads allocate their
+result, for every contender; a fresh multi-megabyte result costs a page fault per 4 KiB.)
 
 Caches: h5py's chunk cache and TensorStore's cache pool are off (their defaults for
 TensorStore); strataio runs with its decoded-chunk cache at the process's setting (64 MiB by
@@ -33,6 +34,7 @@ empties it along with the page cache.
 
 from __future__ import annotations
 
+import os
 import shutil
 import statistics
 import tempfile
@@ -163,6 +165,7 @@ class Pass:
     paper_column: int | None = None  # 0/1: which Table 3 column it reproduces
     results: list[dict[str, Any]] = field(default_factory=list)
     c_read_into: list[float] = field(default_factory=list)  # strataio warm C into a buffer
+    c_memcpy: float = 0.0  # memcpy bytes/s measured next to c_read_into
 
 
 def plan_passes(cfg: SectionsConfig) -> list[Pass]:
@@ -285,12 +288,14 @@ def run_sections(cfg: SectionsConfig, step: Callable[[str], None] | None = None)
     for ps in passes:
         if ps.c_read_into:
             bw = pattern_info["C"]["nbytes"] / statistics.median(ps.c_read_into)
+            # against the memcpy measured next to these reads: the machine's speed drifts
             c_reads.append(
                 {
                     "pass": ps.label,
                     "chunks": list(ps.chunks),
                     "bytes_per_s": bw,
-                    "fraction_of_memcpy": bw / memcpy,
+                    "fraction_of_memcpy": bw / ps.c_memcpy,
+                    "memcpy_bytes_per_s": ps.c_memcpy,
                     "samples": ps.c_read_into,
                 }
             )
@@ -373,6 +378,7 @@ def _run_pass(
                         advance(f"{ps.label} {pat} {op} {cache}: {c.name}")
             if pat == "C":
                 ps.c_read_into = _read_into_times(chunked, start, stop, max(cfg.repeat, 20))
+                ps.c_memcpy = memcpy_bandwidth(data)
     finally:
         for c in chunked:
             c.close()
@@ -386,8 +392,10 @@ def _read_into_times(
     if ds is None:
         return []
     buf = np.empty([b - a for a, b in zip(start, stop)], dtype=ds.dtype)
-    # Warm steady state of data at rest: untimed reads until the chunks written moments ago
-    # have settled (they are not cached before), then the timed ones.
+    # Warm steady state of data at rest: the benchmark's own writes flushed (their writeback
+    # would compete for the cores and memory), then untimed reads until the chunks written
+    # moments ago have settled (they are not cached before), then the timed ones.
+    os.sync()
     settle = time.perf_counter() + 2 * SETTLE_NS / 1e9
     while time.perf_counter() < settle:
         ds.read_section(start, stop, out=buf)

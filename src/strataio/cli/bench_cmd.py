@@ -109,7 +109,8 @@ def render_tables(result: dict[str, Any], console: Console) -> None:
         console.print(
             f"strataio pattern C warm read into an existing array, chunks "
             f"{c['chunks'][0]}x{c['chunks'][1]}: "
-            f"{_fmt_bw(c['bytes_per_s'])} = {frac:.1%} of memcpy {verdict}"
+            f"{_fmt_bw(c['bytes_per_s'])} = {frac:.1%} of memcpy "
+            f"({_fmt_bw(c['memcpy_bytes_per_s'])} right after) {verdict}"
         )
 
 
