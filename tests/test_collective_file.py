@@ -8,6 +8,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from mpi4py import MPI
 
 import strataio
@@ -117,6 +119,50 @@ def test_copy_pieces_matches_brute_force() -> None:
         expect = np.zeros_like(dst)
         expect[idx_d] = src[idx_s]
         assert np.array_equal(dst, expect)
+
+
+def _brute_copy(dst, dst_off, src, src_off, lens):
+    out = dst.copy()
+    for d, s_, n in zip(dst_off.tolist(), src_off.tolist(), lens.tolist()):
+        out[d : d + n] = src[s_ : s_ + n]
+    return out
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    dims=st.lists(st.integers(1, 6), min_size=1, max_size=4),
+    length=st.sampled_from([1, 3, 8, 64]),
+    gaps=st.lists(st.integers(0, 30), min_size=8, max_size=8),
+    packed=st.sampled_from(["dst", "src", "neither"]),
+    nudge=st.booleans(),
+)
+def test_copy_pieces_of_nd_grids_match_brute_force(dims, length, gaps, packed, nudge):
+    """Pieces on an N-D grid on either side (one N-D strided copy), or a near-grid that is
+    not one (the general path)."""
+    n = int(np.prod(dims))
+
+    def grid(gap: list[int]) -> np.ndarray:
+        off = np.zeros(1, dtype=np.int64)
+        stride = length
+        for k, d in enumerate(reversed(dims)):  # innermost axis first
+            stride += gap[k]
+            off = (np.arange(d)[:, None] * stride + off[None, :]).ravel()
+            stride *= d
+        return off + 5
+
+    a = grid(gaps[:4])
+    b = grid(gaps[4:]) if packed == "neither" else np.arange(n) * length
+    src_off, dst_off = (b, a) if packed == "src" else (a, b)
+    if nudge and n > 2:  # one piece out of line: the general path must take over
+        src_off = src_off.copy()
+        src_off[n // 2] += 1
+    lens = np.full(n, length, dtype=np.int64)
+    rng = np.random.default_rng(n)
+    src = rng.integers(0, 256, int(src_off.max()) + length + 3, dtype=np.uint8)
+    dst = np.zeros(int(dst_off.max()) + length + 3, dtype=np.uint8)
+    want = _brute_copy(dst, dst_off, src, src_off, lens)
+    copy_pieces(dst, dst_off.astype(np.int64), src, src_off.astype(np.int64), lens)
+    assert np.array_equal(dst, want)
 
 
 def test_even_realms_and_aggregators() -> None:

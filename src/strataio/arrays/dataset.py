@@ -10,7 +10,6 @@ chunks the section covers only in part are read, modified and written back.
 from __future__ import annotations
 
 import os
-import threading
 import time
 from collections.abc import Callable, Iterator, MutableMapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -33,6 +32,7 @@ from strataio.errors import (
     StrataError,
 )
 from strataio.layout.chunks import ChunkGrid
+from strataio.layout.pieces import scratch
 from strataio.layout.sections import Section
 
 _MODES = ("r", "r+")
@@ -50,21 +50,6 @@ def _executor() -> ThreadPoolExecutor:
             max_workers=min(16, 4 * (os.cpu_count() or 1)), thread_name_prefix="strataio-chunk"
         )
     return _pool
-
-
-_local = threading.local()
-
-
-def _scratch(nbytes: int) -> np.ndarray:
-    """A reusable per-thread buffer of ``nbytes`` bytes for one chunk on its way to the caller.
-
-    Reusing it matters: a fresh buffer per chunk costs a page fault per 4 KiB (and above
-    glibc's mmap threshold a fresh mapping), which dominates a warm read.
-    """
-    buf = getattr(_local, "buf", None)
-    if buf is None or buf.size < nbytes:
-        buf = _local.buf = np.empty(nbytes, dtype=np.uint8)
-    return buf[:nbytes]
 
 
 def _run_groups(n: int, work: Callable[[int, int], None]) -> None:
@@ -415,7 +400,7 @@ class Dataset:
                 if kept:  # read into the entry's own buffer, which the cache then holds
                     buf = e.chunk.reshape(-1).view(np.uint8) if e is not None else None
                 else:
-                    buf = _scratch(codecs.chunk_nbytes)
+                    buf = scratch(codecs.chunk_nbytes, "chunk")
                 try:
                     chunk = self._read_raw_span(keys[i], lo, hi, buf, nowait=True)
                 except BlockingIOError:
@@ -428,7 +413,10 @@ class Dataset:
             def fetch(a: int, b: int) -> None:
                 for i in blocked[a:b]:
                     lo, hi = spans[i]
-                    place(i, self._read_raw_span(keys[i], lo, hi, _scratch(codecs.chunk_nbytes)))
+                    place(
+                        i,
+                        self._read_raw_span(keys[i], lo, hi, scratch(codecs.chunk_nbytes, "chunk")),
+                    )
 
             _run_groups(len(blocked), fetch)
             return

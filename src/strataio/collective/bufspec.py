@@ -22,8 +22,9 @@ import numpy as np
 from mpi4py import MPI
 
 from strataio.errors import ReadOnlyError, ShapeMismatchError, StrataError
-from strataio.layout.datatypes import flatten, flatten_count
+from strataio.layout.datatypes import FlatType, flatten, flatten_count
 from strataio.layout.extents import Extents
+from strataio.layout.memo import LayoutMemo, freeze
 from strataio.layout.pieces import as_bytes, copy_pieces
 
 
@@ -41,11 +42,13 @@ class BufferSpec:
     contiguous: bool
     start: int
 
-    def pack(self) -> np.ndarray:
-        """The data stream as one contiguous ``uint8`` array (a view when contiguous)."""
+    def pack(self, out: np.ndarray | None = None) -> np.ndarray:
+        """The data stream as one contiguous ``uint8`` array (a view when contiguous), packed
+        into ``out`` (``nbytes`` long) when given."""
         if self.contiguous:
             return self.data[self.start : self.start + self.nbytes]
-        out = np.empty(self.nbytes, dtype=np.uint8)
+        if out is None:
+            out = np.empty(self.nbytes, dtype=np.uint8)
         copy_pieces(out, self.mem.mem, self.data, self.mem.offsets, self.mem.lengths)
         return out
 
@@ -87,6 +90,20 @@ def _datatype(dt: Any) -> MPI.Datatype:
     if isinstance(dt, str) and dt in MPI._typedict:  # mpi4py's typecode table
         return MPI._typedict[dt]
     raise StrataError(f"buffer specification: {dt!r} is not an MPI datatype")
+
+
+_layouts: LayoutMemo[Extents] = LayoutMemo()
+
+
+def _memory_pieces(flat: FlatType, count: int, base: int) -> Extents:
+    """The coalesced pieces of ``count`` instances of ``flat`` at byte ``base`` (memoized:
+    for a type of many pieces, such as FLASH's interleaved variables, this costs
+    milliseconds)."""
+    return _layouts.get(
+        (flat,),
+        (count, base),
+        lambda: freeze(flatten_count(flat, count, base).compact().coalesce()),
+    )
 
 
 def parse_buffer(spec: Any, writable: bool) -> BufferSpec:
@@ -149,8 +166,7 @@ def parse_buffer(spec: Any, writable: bool) -> BufferSpec:
     if flat.is_contiguous and nbytes:  # whole instances back to back: one piece
         start = base + flat.lb
         return BufferSpec(data, Extents.single(start, nbytes), nbytes, True, start)
-    mem = flatten_count(flat, count, base) if nbytes else Extents.empty()
-    mem = mem.compact().coalesce()
+    mem = _memory_pieces(flat, count, base) if nbytes else Extents.empty()
     contiguous = len(mem) <= 1
     start = int(mem.offsets[0]) if len(mem) else 0
     return BufferSpec(data, mem, nbytes, contiguous, start)

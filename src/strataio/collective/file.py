@@ -37,6 +37,8 @@ from strataio.errors import (
 )
 from strataio.layout.datatypes import FlatType, flatten
 from strataio.layout.extents import Extents
+from strataio.layout.memo import LayoutMemo, freeze
+from strataio.layout.pieces import scratch
 
 _I64 = np.int64
 _MODES = {
@@ -45,6 +47,12 @@ _MODES = {
     "w": MPI.MODE_RDWR | MPI.MODE_CREATE,
     "x": MPI.MODE_RDWR | MPI.MODE_CREATE | MPI.MODE_EXCL,
 }
+
+
+#: file layouts of views and their pairings with memory layouts, remembered across calls and
+#: File objects (a time-stepping code repeats the same view and buffer type every step)
+_file_layouts: LayoutMemo[Extents] = LayoutMemo()
+_placements: LayoutMemo[Extents] = LayoutMemo()
 
 
 def _os_error(exc: OSError, path: str) -> StrataError:
@@ -285,6 +293,13 @@ class File:
             raise ViewError("the view's filetype holds no data")
         if ft.is_contiguous:
             return Extents.single(disp + int(ft.extents.offsets[0]) + start, nbytes)
+        return _file_layouts.get(
+            (ft,), (disp, start, nbytes), lambda: freeze(self._tile_view(start, nbytes))
+        )
+
+    def _tile_view(self, start: int, nbytes: int) -> Extents:
+        """:meth:`_file_extents` of a noncontiguous filetype, computed."""
+        ft, disp = self._ft, self._disp
         size = ft.size
         k0 = start // size
         k1 = (start + nbytes - 1) // size
@@ -417,10 +432,18 @@ class File:
         # then one vectorized pack keeps the file side in few large pieces.
         limit = 2 * len(ext) + 16
         if len(spec.mem) <= limit:
-            placed = spec.place(ext)
+            if spec.contiguous:
+                placed = spec.place(ext)
+            else:
+                placed = _placements.get(
+                    (spec.mem, ext), (spec.nbytes,), lambda: freeze(spec.place(ext))
+                )
             if len(placed) <= limit:
                 return spec, Access(placed, spec.data), False
-        stream = spec.pack() if write else np.empty(spec.nbytes, dtype=np.uint8)
+        # The packed stream lives only for this call: a reused buffer spares its page faults.
+        stream = scratch(spec.nbytes, "stream")
+        if write:
+            stream = spec.pack(out=stream)
         return spec, Access(ext, stream), not write
 
     def _transfer(self, buf: Any, offset: int | None, write: bool, collective: bool) -> int:

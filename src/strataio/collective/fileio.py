@@ -20,7 +20,7 @@ import numpy as np
 
 from strataio.errors import BackendError
 from strataio.layout.extents import Extents
-from strataio.layout.pieces import copy_pieces
+from strataio.layout.pieces import copy_pieces, scratch
 
 # Bytes of page-cache copying that cost as much as one extra pread/pwrite issued from Python
 # (~1.5 us at ~6 GB/s, measured on the project machine).
@@ -173,7 +173,7 @@ def read_spans(fd: int, ext: Extents, buf: np.ndarray, max_span: int, max_hole: 
     for k in range(len(bounds) - 1):
         b0, b1 = bounds[k], bounds[k + 1]
         base = int(start[b0])
-        stage = np.empty(int(csum[b1 - 1]) - base, dtype=np.uint8)
+        stage = scratch(int(csum[b1 - 1]) - base, "sieve")
         for o, n, p in zip(sp_off[b0:b1].tolist(), sp_len[b0:b1].tolist(), start[b0:b1].tolist()):
             pread_into(fd, stage[p - base : p - base + n], o)
         p0, p1 = piece_bounds[k], piece_bounds[k + 1]

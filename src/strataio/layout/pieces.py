@@ -9,6 +9,8 @@ Regularly spaced pieces (vector-like types) are one strided copy.
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 # A length shared by only a few pieces this long is copied slice by slice (a slice copy of
@@ -27,6 +29,27 @@ def as_bytes(buf: object, writable: bool = False) -> np.ndarray:
     if writable and mv.nbytes:
         arr = np.ndarray(arr.shape, np.uint8, buffer=mv.cast("B"))
     return arr
+
+
+#: scratch buffers above this size are not kept between calls
+_SCRATCH_KEEP = 64 << 20
+_local = threading.local()
+
+
+def scratch(nbytes: int, slot: str = "") -> np.ndarray:
+    """A ``uint8`` buffer of ``nbytes`` owned by this thread and ``slot``: its contents are
+    undefined and it is valid until the next call for the same slot on this thread.
+
+    Reuse matters on hot paths: a fresh multi-megabyte buffer costs a page fault per 4 KiB
+    (above glibc's mmap threshold a fresh mapping per call), often more than the copy into it.
+    """
+    bufs: dict[str, np.ndarray] = _local.__dict__.setdefault("bufs", {})
+    buf = bufs.get(slot)
+    if buf is None or buf.size < nbytes:
+        buf = np.empty(nbytes, dtype=np.uint8)
+        if nbytes <= _SCRATCH_KEEP:
+            bufs[slot] = buf
+    return buf[:nbytes]
 
 
 def _piece_dtype(length: int) -> np.dtype:
@@ -122,7 +145,57 @@ def _copy_group(
         sv = np.ndarray((n,), dtype=dt, buffer=src, offset=s0, strides=(ss,))
         np.copyto(dv, sv)
         return
+    # Pieces laid out as an N-D grid on either side (the rows of a subarray, a 3-D block with
+    # ghost cells, FLASH's interleaved variables): one N-D strided copy when both sides are
+    # grids of the same shape.
+    shape = _grid_shape(src_off if ds is not None else dst_off)
+    if shape is not None:
+        dg, sg = _grid_strides(dst_off, shape), _grid_strides(src_off, shape)
+        if dg is not None and sg is not None:
+            dt = _piece_dtype(length)
+            try:
+                dv = np.ndarray(shape, dt, buffer=dst, offset=int(dst_off[0]), strides=dg)
+                sv = np.ndarray(shape, dt, buffer=src, offset=int(src_off[0]), strides=sg)
+            except (ValueError, TypeError):  # a negative stride reaching below the buffer
+                pass
+            else:
+                np.copyto(dv, sv)
+                return
     _windows(dst, length)[dst_off] = _windows(src, length)[src_off]
+
+
+def _grid_shape(off: np.ndarray) -> tuple[int, ...] | None:
+    """The shape of the row-major grid whose points are ``off`` (innermost axis first found
+    where the step changes), or None when ``off`` has fewer than 2 levels or no such shape."""
+    shape: list[int] = []
+    cur = off
+    while cur.size > 1:
+        step = cur[1] - cur[0]
+        bad = np.flatnonzero(np.diff(cur) != step)
+        n = int(bad[0]) + 1 if bad.size else cur.size
+        if cur.size % n:
+            return None
+        shape.append(n)
+        cur = cur[::n]
+    if len(shape) < 2:
+        return None
+    return tuple(reversed(shape))
+
+
+def _grid_strides(off: np.ndarray, shape: tuple[int, ...]) -> tuple[int, ...] | None:
+    """Byte strides with ``off == off[0] + sum(i_k * strides[k])`` over ``shape``, or None."""
+    g = off.reshape(shape)
+    strides = []
+    want = np.full(shape, int(off[0]), dtype=np.int64)
+    for k, n in enumerate(shape):
+        idx = [0] * len(shape)
+        idx[k] = 1 if n > 1 else 0
+        stride = int(g[tuple(idx)] - g.flat[0])
+        strides.append(stride)
+        axis = [1] * len(shape)
+        axis[k] = n
+        want = want + stride * np.arange(n, dtype=np.int64).reshape(axis)
+    return tuple(strides) if bool(np.array_equal(g, want)) else None
 
 
 def gather(src: np.ndarray, src_off: np.ndarray, lengths: np.ndarray) -> np.ndarray:
