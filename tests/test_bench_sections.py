@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from strataio.arrays.chunk_cache import chunk_cache
 from strataio.bench.contenders import CONTENDERS, make_contender
 from strataio.bench.sections import (
     PAPER_PATTERNS,
@@ -115,12 +116,33 @@ def test_progress_steps_match_the_plan(tmp_path) -> None:
     assert [p["label"] for p in r["passes"]] == ["20x20", "adaptive 1x60"]
 
 
+def test_chunk_cache_size_applies_to_the_run_only(tmp_path) -> None:
+    before = chunk_cache().capacity
+    cfg = SectionsConfig(
+        size=60,
+        chunks=(20,),
+        patterns="C",
+        repeat=1,
+        contenders=("naive", "strataio"),
+        adaptive=False,
+        workdir=tmp_path,
+        chunk_cache=0,
+    )
+    r = run_sections(cfg)
+    assert r["chunk_cache_bytes"] == 0
+    assert chunk_cache().capacity == before
+    (c,) = r["pattern_c_warm_read"]
+    assert c["fraction_of_memcpy"] > 0 and c["memcpy_bytes_per_s"] > 0
+
+
 def test_bench_rejects_bad_options(tmp_path) -> None:
     for args in (
         ["--patterns", "AZ"],
         ["--ops", "read,scan"],
         ["--contenders", "naive,lmdb"],
         ["--chunks", "a,b"],
+        ["--chunk-cache", "lots"],
+        ["--chunk-cache", "-1"],
     ):
         res = CliRunner().invoke(main, ["bench", "sections", "--size", "50", *args])
         assert res.exit_code == 2, res.output
