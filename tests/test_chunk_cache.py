@@ -14,6 +14,7 @@ import strataio
 from strataio.arrays import chunk_cache as cc
 from strataio.arrays.chunk_cache import CachedChunk, DecodedChunkCache, chunk_cache
 from strataio.errors import ChecksumError, ConfigError
+from strataio.layout.sections import Section
 
 SETTLED = cc.SETTLE_NS / 1e9 + 0.02  # seconds after a write when its chunks may be cached
 
@@ -120,20 +121,80 @@ def test_own_writes_replace_cached_chunks(tmp_path):
     np.testing.assert_array_equal(ds[...], want)
 
 
-def test_partial_spans_grow_to_cover_wider_reads(tmp_path):
+def _entry(ds, key="c/0/0"):
+    (e,) = chunk_cache().lookup(ds._cache_space, [key], ds._versions([key]))
+    return e
+
+
+def test_partial_spans_are_cached_as_read_and_never_rewritten(tmp_path):
     ds = strataio.create_dataset(tmp_path / "a", (8, 8), "float64", (8, 8))
     want = np.random.default_rng(1).random((8, 8))
     ds[...] = want
     time.sleep(SETTLED)
     np.testing.assert_array_equal(ds[2:3, :], want[2:3])  # bytes of row 2 only
-    (e,) = chunk_cache().lookup(ds._cache_space, ["c/0/0"], ds._versions(["c/0/0"]))
-    assert (e.lo, e.hi) == (2 * 64, 3 * 64)
-    np.testing.assert_array_equal(ds[3:5, 0:3], want[3:5, 0:3])  # adjoining: the span grows
-    (e,) = chunk_cache().lookup(ds._cache_space, ["c/0/0"], ds._versions(["c/0/0"]))
-    assert (e.lo, e.hi) == (2 * 64, 4 * 64 + 3 * 8)
-    np.testing.assert_array_equal(ds[2:5, 0:3], want[2:5, 0:3])  # inside: a hit
-    np.testing.assert_array_equal(ds[6:8, :], want[6:8])  # apart: replaced by the new span
+    first = _entry(ds)
+    assert (first.lo, first.hi) == (2 * 64, 3 * 64)
+    held = first.chunk.copy()
+    np.testing.assert_array_equal(ds[3:5, 0:3], want[3:5, 0:3])  # not covered: read anew
+    second = _entry(ds)
+    assert (second.lo, second.hi) == (3 * 64, 4 * 64 + 3 * 8)
+    assert second.chunk is not first.chunk
+    # a buffer the cache handed out is never written again (a reader may be copying from it)
+    np.testing.assert_array_equal(first.chunk, held)
+    before = _hits()
+    np.testing.assert_array_equal(ds[3:5, 1:2], want[3:5, 1:2])  # inside: a hit
+    assert _hits() - before == 1
     np.testing.assert_array_equal(ds[...], want)
+
+
+def test_stores_without_versions_read_without_the_cache():
+    from strataio.arrays.metadata import ArrayMetadata
+    from strataio.arrays.store import BackendChunkStore
+    from strataio.storage.memory import MemoryBackend
+
+    meta = ArrayMetadata.create((6, 6), "int32", (3, 3), None, 0, None)
+    ds = strataio.Dataset(BackendChunkStore(MemoryBackend()), meta, "r+")
+    want = np.arange(36, dtype="int32").reshape(6, 6)
+    ds[...] = want
+    np.testing.assert_array_equal(ds[1:5, 2:6], want[1:5, 2:6])
+    np.testing.assert_array_equal(ds[...], want)
+    assert len(chunk_cache()) == 0
+
+
+def test_reads_from_many_threads_agree_with_numpy(tmp_path, monkeypatch):
+    """One Dataset read by several threads at once: plans and entries are shared safely."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    monkeypatch.setattr(cc, "SETTLE_NS", -(1 << 62))
+    ds = strataio.create_dataset(tmp_path / "a", (40, 40), "int32", (4, 4))
+    want = np.arange(1600, dtype="int32").reshape(40, 40)
+    ds[...] = want
+    rng = np.random.default_rng(7)
+    boxes = []
+    for _ in range(400):
+        a, c = rng.integers(0, 39, 2)
+        boxes.append((slice(a, rng.integers(a + 1, 41)), slice(c, rng.integers(c + 1, 41))))
+
+    def check(box):
+        np.testing.assert_array_equal(ds[box], want[box])
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(check, boxes))
+    full = Section.full(ds.shape)
+    assert ds._plan(full) is ds._plan(full)  # 100 chunks: remembered
+    fine = strataio.create_dataset(tmp_path / "b", (20, 20), "int8", (1, 1))
+    every = Section.full(fine.shape)
+    assert fine._plan(every) is not fine._plan(every)  # 400 chunks: planned each time
+
+
+def test_coarse_file_times_settle_later():
+    now = 10**18
+    fine = (1, 8, now - cc.SETTLE_NS - 1_000)  # sub-second ctime
+    coarse = (1, 8, (now - cc.SETTLE_NS - 1_000) // 10**9 * 10**9)  # whole seconds
+    assert now - coarse[2] == 10**9  # a second old: settled for a fine clock, not a coarse one
+    assert cc.settled(fine, now)
+    assert not cc.settled(coarse, now)
+    assert cc.settled((1, 8, now - cc.COARSE_SETTLE_NS - 10**9), now)
 
 
 def test_big_endian_chunks_are_cached_in_stored_order(tmp_path):

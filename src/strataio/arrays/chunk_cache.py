@@ -3,16 +3,19 @@
 A warm read through the page cache copies every byte twice (kernel to a buffer, buffer to the
 caller) and pays an open, a read and a close per chunk. A read served from this cache copies
 once and pays one ``stat``: every entry carries the stored object's version
-(:meth:`strataio.storage.base.Backend.versions`; on POSIX inode, size, mtime and ctime), and a
-hit needs the object's version now to equal the entry's. A chunk that any process replaced
+(:meth:`strataio.storage.base.Backend.versions`; on POSIX inode, size and ctime), and a hit
+needs the object's version now to equal the entry's. A chunk that any process replaced
 (strataio's atomic replace makes a new inode) or rewrote in place (a new ctime) is read again.
 
 File times are only as fine as the kernel's clock tick, so an object changed twice within one
 tick could show one version for two contents. A chunk is therefore kept only when its object's
 last change is older than :data:`SETTLE_NS` at the moment its version was taken (git's "racily
 clean" rule): any later change then carries a later time. A chunk written moments ago is read
-from storage until it settles. On a network file system whose server clock drifts from this
-host's by more than :data:`SETTLE_NS`, disable the cache.
+from storage until it settles (:data:`COARSE_SETTLE_NS` where file times are whole seconds).
+An entry is always the bytes of one read of one version: a buffer the cache holds is never
+written again. Disable the cache on a network file system whose server clock drifts from this
+host's by more than :data:`SETTLE_NS`, and for files another process changes through a shared
+``mmap`` (such writes update the ctime only when the pages are first dirtied).
 
 Only stores that keep versions take part (a POSIX directory today); the capacity is one budget
 for the whole process: ``STRATAIO_CHUNK_CACHE`` (bytes or a size like ``256MiB``; 0 disables),
@@ -37,6 +40,8 @@ from strataio.storage.base import Version
 DEFAULT_CAPACITY = 64 << 20
 #: an object changed less than this long (ns) before its version was taken is not cached
 SETTLE_NS = 50_000_000
+#: the same for a change time in whole seconds (a file system with coarse timestamps)
+COARSE_SETTLE_NS = 2_000_000_000
 #: bookkeeping bytes charged per entry on top of its data
 _ENTRY_BYTES = 256
 ENV_VAR = "STRATAIO_CHUNK_CACHE"
@@ -58,8 +63,15 @@ class CachedChunk:
 
 
 def settled(version: Version, seen_ns: int) -> bool:
-    """True when ``version`` (taken at ``seen_ns``) is old enough to identify one content."""
-    return version[-1] < seen_ns - SETTLE_NS
+    """True when ``version`` (taken at ``seen_ns``) is old enough to identify one content.
+
+    A change time with no fraction of a second comes from a file system that keeps whole
+    seconds (ext3, ext4 with small inodes, FAT, some NFS servers): it must then be older than
+    :data:`COARSE_SETTLE_NS`.
+    """
+    changed = version[-1]
+    margin = SETTLE_NS if changed % 1_000_000_000 else COARSE_SETTLE_NS
+    return changed < seen_ns - margin
 
 
 class BoundedLRU(Generic[V]):

@@ -32,12 +32,14 @@ from strataio.errors import (
     StrataError,
 )
 from strataio.layout.chunks import ChunkGrid
+from strataio.layout.memo import LayoutMemo
 from strataio.layout.pieces import scratch
 from strataio.layout.sections import Section
 
 _MODES = ("r", "r+")
-#: sections whose chunk plans a Dataset remembers
+#: sections whose chunk plans a Dataset remembers, and the most chunks a remembered plan has
 _PLAN_MEMO = 32
+_PLAN_MEMO_CHUNKS = 256
 #: chunks below which a section is handled on the calling thread
 _PARALLEL_MIN_CHUNKS = 4
 _pool: ThreadPoolExecutor | None = None
@@ -138,7 +140,7 @@ class Dataset:
             if self._versions is None or space is None
             else (space, meta.dtype.str, meta.chunks, self.codecs.describe())
         )
-        self._plans: dict[tuple[tuple[int, ...], tuple[int, ...]], _Plan] = {}
+        self._plans: LayoutMemo[_Plan] = LayoutMemo(_PLAN_MEMO)
         itemsize = meta.dtype.itemsize
         self._chunk_strides = tuple(
             int(np.prod(meta.chunks[d + 1 :], dtype=np.int64)) * itemsize
@@ -326,12 +328,19 @@ class Dataset:
         return arr.reshape(box) if given_shape != box else arr
 
     def _plan(self, section: Section) -> _Plan:
-        """The cover of ``section``: per chunk its key, boxes and byte span (memoized, since
-        applications read the same sections again and again)."""
-        memo = (section.start, section.stop)
-        plan = self._plans.get(memo)
-        if plan is not None:
-            return plan
+        """The cover of ``section``: per chunk its key, boxes and byte span. Plans of up to
+        :data:`_PLAN_MEMO_CHUNKS` chunks are memoized (applications read the same sections
+        again and again, and for small sections planning costs as much as the copies)."""
+        nchunks = 1
+        for a, b, c in zip(section.start, section.stop, self.chunks):
+            nchunks *= (b - 1) // c - a // c + 1
+        if nchunks > _PLAN_MEMO_CHUNKS:
+            return self._make_plan(section)
+        return self._plans.get(
+            (), (*section.start, *section.stop), lambda: self._make_plan(section)
+        )
+
+    def _make_plan(self, section: Section) -> _Plan:
         sep = self.meta.separator
         strides = self._chunk_strides
         itemsize = self.dtype.itemsize
@@ -347,9 +356,6 @@ class Dataset:
             plan.src.append(() if whole else tuple(map(slice, ls, le)))
             lo = sum(a * k for a, k in zip(ls, strides))
             plan.spans.append((lo, sum((b - 1) * k for b, k in zip(le, strides)) + itemsize))
-        if len(self._plans) >= _PLAN_MEMO:
-            self._plans.pop(next(iter(self._plans)))
-        self._plans[memo] = plan
         return plan
 
     def _read_into(self, section: Section, out: np.ndarray) -> None:
@@ -369,22 +375,18 @@ class Dataset:
         # Versions are taken before any read: a chunk replaced after its stat is then cached
         # under its older version, which the next read sees as stale.
         cache = chunk_cache() if space is not None else None
+        versions = None
         if cache is not None and cache.enabled:
             seen = time.time_ns()
             versions = self._versions(keys)
+        if versions is not None:
             entries = cache.lookup(space, keys, versions)
-        else:
-            cache, versions, entries = None, None, [None] * len(keys)
+        else:  # no cache, or a store that keeps no versions (memory, S3)
+            entries = [None] * len(keys)
 
         def cacheable(i: int) -> bool:
             v = versions[i] if versions is not None else None
-            return v is not None and (entries[i] is not None or settled(v, seen))
-
-        def keep(i: int, chunk: np.ndarray, lo: int, hi: int) -> None:
-            e = entries[i]
-            if e is not None and hi >= e.lo and lo <= e.hi:
-                lo, hi = min(lo, e.lo), max(hi, e.hi)
-            cache.store(space, keys[i], CachedChunk(versions[i], chunk, lo, hi))
+            return v is not None and settled(v, seen)
 
         if codecs.is_raw and self._span_reader is not None:
             # Cached chunks and those in the page cache are copied on this thread (thread
@@ -396,11 +398,11 @@ class Dataset:
                 if e is not None and e.lo <= lo and hi <= e.hi:
                     out[dst[i]] = e.chunk[src[i]]
                     continue
+                # A chunk to keep is read into a buffer of its own: a buffer the cache already
+                # holds is never written (another thread may be copying from it), so an entry
+                # is always the bytes of one read of one version.
                 kept = cacheable(i)
-                if kept:  # read into the entry's own buffer, which the cache then holds
-                    buf = e.chunk.reshape(-1).view(np.uint8) if e is not None else None
-                else:
-                    buf = scratch(codecs.chunk_nbytes, "chunk")
+                buf = None if kept else scratch(codecs.chunk_nbytes, "chunk")
                 try:
                     chunk = self._read_raw_span(keys[i], lo, hi, buf, nowait=True)
                 except BlockingIOError:
@@ -408,7 +410,7 @@ class Dataset:
                     continue
                 place(i, chunk)
                 if kept and chunk is not None:
-                    keep(i, chunk, lo, hi)
+                    cache.store(space, keys[i], CachedChunk(versions[i], chunk, lo, hi))
 
             def fetch(a: int, b: int) -> None:
                 for i in blocked[a:b]:
@@ -434,7 +436,7 @@ class Dataset:
                 chunk = None if blob is None else codecs.decode(blob)
                 place(i, chunk)
                 if chunk is not None and cacheable(i):
-                    keep(i, chunk, 0, chunk.nbytes)
+                    cache.store(space, keys[i], CachedChunk(versions[i], chunk, 0, chunk.nbytes))
 
         _run_groups(len(todo), work)
 

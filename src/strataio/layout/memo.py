@@ -1,4 +1,5 @@
-"""Small memo tables for layouts computed from long-lived objects (datatypes, Extents).
+"""Small thread-safe memo tables for layouts computed from long-lived objects (datatypes,
+Extents) or from plain numbers (a section's corners).
 
 MPI applications repeat the same views and buffer types call after call (every time step of a
 checkpoint), and turning a datatype of many pieces into Extents costs numpy work in
