@@ -44,7 +44,7 @@ from strataio.collective import fileio, sieving
 from strataio.collective.realms import RealmPolicy, select_aggregators
 from strataio.errors import StrataError
 from strataio.layout.extents import Extents
-from strataio.layout.pieces import copy_pieces
+from strataio.layout.pieces import copy_pieces, scratch
 
 _I64 = np.int64
 
@@ -243,12 +243,12 @@ def write_two_phase(
         c0, c1 = plan.c_iter_bounds[i], plan.c_iter_bounds[i + 1]
         lens = plan.c_len[c0:c1]
         scount, sdisp = _counts(plan.c_dest[c0:c1], lens, nprocs)
-        sendbuf = np.empty(int(scount.sum()), dtype=np.uint8)
+        sendbuf = scratch(int(scount.sum()), "send")
         copy_pieces(sendbuf, _exclusive(lens), access.stream, plan.c_mem[c0:c1], lens)
         a0, a1 = plan.a_iter_bounds[i], plan.a_iter_bounds[i + 1]
         alen = plan.a_len[a0:a1]
         rcount, rdisp = _counts(plan.a_src[a0:a1], alen, nprocs)
-        recvbuf = np.empty(int(rcount.sum()), dtype=np.uint8)
+        recvbuf = scratch(int(rcount.sum()), "recv")
         comm.Alltoallv([sendbuf, (scount, sdisp), MPI.BYTE], [recvbuf, (rcount, rdisp), MPI.BYTE])
         if a1 > a0 and failure is None:
             aoff = plan.a_off[a0:a1]
@@ -271,7 +271,7 @@ def _aggregate_write(
         sp_off, sp_len = fileio.union_runs(off, length)
         holes = np.zeros(sp_off.size, dtype=bool)
     base = int(sp_off[0])
-    cbuf = np.empty(int(sp_off[-1] + sp_len[-1]) - base, dtype=np.uint8)
+    cbuf = scratch(int(sp_off[-1] + sp_len[-1]) - base, "realm")
     for o, n, h in zip(sp_off.tolist(), sp_len.tolist(), holes.tolist()):
         if h:
             fileio.pread_into(fd, cbuf[o - base : o - base + n], o)
@@ -292,7 +292,7 @@ def read_two_phase(
         a0, a1 = plan.a_iter_bounds[i], plan.a_iter_bounds[i + 1]
         alen = plan.a_len[a0:a1]
         scount, sdisp = _counts(plan.a_src[a0:a1], alen, nprocs)
-        sendbuf = np.empty(int(scount.sum()), dtype=np.uint8)
+        sendbuf = scratch(int(scount.sum()), "send")
         if a1 > a0 and failure is None:
             aoff = plan.a_off[a0:a1]
             span = int(plan.win_hi[plan.my_agg, i] - plan.win_lo[plan.my_agg, i])
@@ -303,7 +303,7 @@ def read_two_phase(
         c0, c1 = plan.c_iter_bounds[i], plan.c_iter_bounds[i + 1]
         lens = plan.c_len[c0:c1]
         rcount, rdisp = _counts(plan.c_dest[c0:c1], lens, nprocs)
-        recvbuf = np.empty(int(rcount.sum()), dtype=np.uint8)
+        recvbuf = scratch(int(rcount.sum()), "recv")
         comm.Alltoallv([sendbuf, (scount, sdisp), MPI.BYTE], [recvbuf, (rcount, rdisp), MPI.BYTE])
         copy_pieces(access.stream, plan.c_mem[c0:c1], recvbuf, _exclusive(lens), lens)
     if failure is not None:
@@ -318,7 +318,7 @@ def _aggregate_read(
     else:
         sp_off, sp_len = fileio.union_runs(off, length)
     base = int(sp_off[0])
-    cbuf = np.empty(int(sp_off[-1] + sp_len[-1]) - base, dtype=np.uint8)
+    cbuf = scratch(int(sp_off[-1] + sp_len[-1]) - base, "realm")
     for o, n in zip(sp_off.tolist(), sp_len.tolist()):
         fileio.pread_into(fd, cbuf[o - base : o - base + n], o)
     copy_pieces(out, _exclusive(length), cbuf, off - base, length)
