@@ -233,6 +233,8 @@ def test_lru_eviction_keeps_within_capacity():
     assert c.lookup("s", ["k3"], [(3, 2, 0)]) == [None] and len(c) == 2
     c.store("s", "huge", CachedChunk((9, 1, 0), np.zeros(10_000), 0, 80_000))
     assert c.lookup("s", ["huge"], [(9, 1, 0)]) == [None]
+    with pytest.raises(ConfigError, match="negative"):
+        c.resize(-1)
     c.resize(0)
     assert len(c) == 0
 

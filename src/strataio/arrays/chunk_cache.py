@@ -62,6 +62,12 @@ class CachedChunk:
     hi: int
 
 
+def _capacity(capacity: int) -> int:
+    if int(capacity) < 0:
+        raise ConfigError(f"cache capacity {capacity} is negative (0 disables the cache)")
+    return int(capacity)
+
+
 def settled(version: Version, seen_ns: int) -> bool:
     """True when ``version`` (taken at ``seen_ns``) is old enough to identify one content.
 
@@ -81,7 +87,7 @@ class BoundedLRU(Generic[V]):
     def __init__(self, capacity: int) -> None:
         self._entries: OrderedDict[tuple[Hashable, str], V] = OrderedDict()
         self._lock = threading.Lock()
-        self.capacity = max(0, int(capacity))
+        self.capacity = _capacity(capacity)
         self.nbytes = 0
         self.hits = 0
         self.misses = 0
@@ -130,7 +136,7 @@ class BoundedLRU(Generic[V]):
     def resize(self, capacity: int) -> None:
         """Set the capacity in bytes (0 disables the cache and empties it)."""
         with self._lock:
-            self.capacity = max(0, int(capacity))
+            self.capacity = _capacity(capacity)
             self._evict()
 
     def _evict(self) -> None:
