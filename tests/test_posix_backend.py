@@ -9,7 +9,8 @@ import pytest
 
 from strataio.errors import InvalidKeyError, NotFoundError
 from strataio.layout.extents import Extents
-from strataio.storage.posix import IOV_MAX, TMP_SUFFIX, PosixBackend
+from strataio.storage.posix import TMP_SUFFIX, PosixBackend
+from strataio.storage.vectored import IOV_MAX
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ from strataio.errors import ReadOnlyError, ShapeMismatchError, StrataError
 from strataio.layout.datatypes import FlatType, flatten, flatten_count
 from strataio.layout.extents import Extents
 from strataio.layout.memo import LayoutMemo, freeze
-from strataio.layout.pieces import as_bytes, copy_pieces
+from strataio.layout.pieces import CopyPlan, as_bytes, plan_copy
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,13 +49,13 @@ class BufferSpec:
             return self.data[self.start : self.start + self.nbytes]
         if out is None:
             out = np.empty(self.nbytes, dtype=np.uint8)
-        copy_pieces(out, self.mem.mem, self.data, self.mem.offsets, self.mem.lengths)
+        _copy_plans(self.mem)[0].run(out, self.data)
         return out
 
     def unpack(self, stream: np.ndarray) -> None:
         """Scatter a packed stream into the buffer (no-op when ``stream`` is the buffer)."""
         if not self.contiguous:
-            copy_pieces(self.data, self.mem.offsets, stream, self.mem.mem, self.mem.lengths)
+            _copy_plans(self.mem)[1].run(self.data, stream)
 
     def place(self, file: Extents) -> Extents:
         """File pieces of this transfer with ``mem`` = byte offsets into :attr:`data`.
@@ -93,6 +93,19 @@ def _datatype(dt: Any) -> MPI.Datatype:
 
 
 _layouts: LayoutMemo[Extents] = LayoutMemo()
+_plans: LayoutMemo[tuple[CopyPlan, CopyPlan]] = LayoutMemo()
+
+
+def _copy_plans(mem: Extents) -> tuple[CopyPlan, CopyPlan]:
+    """The (pack, unpack) copies of memory pieces ``mem`` (memoized with the layout)."""
+    return _plans.get(
+        (mem,),
+        (),
+        lambda: (
+            plan_copy(mem.mem, mem.offsets, mem.lengths),
+            plan_copy(mem.offsets, mem.mem, mem.lengths),
+        ),
+    )
 
 
 def _memory_pieces(flat: FlatType, count: int, base: int) -> Extents:

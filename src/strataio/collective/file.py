@@ -22,10 +22,10 @@ import numpy as np
 from mpi4py import MPI
 
 from strataio.collective import twophase
-from strataio.collective.bufspec import parse_buffer
+from strataio.collective.bufspec import BufferSpec, parse_buffer
 from strataio.collective.hints import Hints, parse_hints
 from strataio.collective.realms import policy_from_hints
-from strataio.collective.twophase import Access
+from strataio.collective.twophase import Access, AccessPlan
 from strataio.errors import (
     BackendError,
     ClosedError,
@@ -52,7 +52,7 @@ _MODES = {
 #: file layouts of views and their pairings with memory layouts, remembered across calls and
 #: File objects (a time-stepping code repeats the same view and buffer type every step)
 _file_layouts: LayoutMemo[Extents] = LayoutMemo()
-_placements: LayoutMemo[Extents] = LayoutMemo()
+_access_plans: LayoutMemo[tuple[AccessPlan, bool]] = LayoutMemo()
 
 
 def _os_error(exc: OSError, path: str) -> StrataError:
@@ -426,25 +426,33 @@ class File:
         pos = self._pos if offset is None else int(offset)
         if pos < 0:
             raise ViewError(f"negative file offset {pos}")
-        ext = self._file_extents(pos * self._esize, spec.nbytes)
+        start = pos * self._esize
+        plan, packed = _access_plans.get(
+            (self._ft, None if spec.contiguous else spec.mem),
+            (self._disp, start, spec.nbytes, spec.start if spec.contiguous else -1),
+            lambda: self._plan_access(spec, start),
+        )
+        if not packed:
+            return spec, Access(plan.file, spec.data, plan), False
+        # The packed stream lives only for this call: a reused buffer spares its page faults.
+        stream = scratch(spec.nbytes, "stream")
+        if write:
+            stream = spec.pack(out=stream)
+        return spec, Access(plan.file, stream, plan), not write
+
+    def _plan_access(self, spec: BufferSpec, start: int) -> tuple[AccessPlan, bool]:
+        """The file pieces of a transfer of ``spec`` from view-stream byte ``start``, paired with
+        the caller's memory, and whether the data goes through a packed stream."""
+        ext = self._file_extents(start, spec.nbytes)
         # Zero-copy (file <-> caller memory) unless the memory layout splits the file pieces
         # much further (e.g. FLASH: variables interleaved in memory, contiguous in file):
         # then one vectorized pack keeps the file side in few large pieces.
         limit = 2 * len(ext) + 16
         if len(spec.mem) <= limit:
-            if spec.contiguous:
-                placed = spec.place(ext)
-            else:
-                placed = _placements.get(
-                    (spec.mem, ext), (spec.nbytes,), lambda: freeze(spec.place(ext))
-                )
+            placed = spec.place(ext)
             if len(placed) <= limit:
-                return spec, Access(placed, spec.data), False
-        # The packed stream lives only for this call: a reused buffer spares its page faults.
-        stream = scratch(spec.nbytes, "stream")
-        if write:
-            stream = spec.pack(out=stream)
-        return spec, Access(ext, stream), not write
+                return AccessPlan(freeze(placed)), False
+        return AccessPlan(ext), True
 
     def _transfer(self, buf: Any, offset: int | None, write: bool, collective: bool) -> int:
         if not collective:

@@ -11,7 +11,7 @@ pieces must not overlap in the file (as MPI requires of one access).
   the sorted pieces are grouped into covering *spans* of at most about ``buffer_size`` bytes;
   a span with holes is read whole into a staging buffer and the pieces are picked out (reads),
   or read, patched and written back whole (writes). Spans without holes are moved directly.
-  Copies between the staging buffer and ``buf`` are vectorized (``layout.pieces.copy_pieces``).
+  Copies between the staging buffer and ``buf`` are vectorized (``layout.pieces.plan_copy``).
 - :func:`read_independent` / :func:`write_independent`: choose by the ``romio_ds_read`` /
   ``romio_ds_write`` hints (:mod:`strataio.collective.hints`).
 
@@ -49,8 +49,9 @@ from strataio.collective.fileio import SYSCALL_BYTES, pread_into, pwrite_from
 from strataio.collective.hints import DISABLE, ENABLE, Hints, parse_hints
 from strataio.errors import BackendError, ShapeMismatchError, StrataError
 from strataio.layout.extents import Extents
-from strataio.layout.pieces import as_bytes, copy_pieces, scratch
+from strataio.layout.pieces import CopyPlan, as_bytes, plan_copy, scratch
 from strataio.storage.posix import _transfer
+from strataio.storage.vectored import VectoredPlan
 
 __all__ = [
     "plan_spans",
@@ -129,36 +130,13 @@ def _runs(ext: Extents) -> Extents:
     return ext.union()
 
 
-def _copy(
-    dst: np.ndarray, dst_off: np.ndarray, src: np.ndarray, src_off: np.ndarray, lens: np.ndarray
-) -> None:
-    """``copy_pieces``, with one strided numpy copy when the pieces are equally long and
-    equally spaced on both sides (the pieces of a vector-like view)."""
-    n = lens.size
-    if n > 2:
-        length = int(lens[0])
-        ds, ss = int(dst_off[1] - dst_off[0]), int(src_off[1] - src_off[0])
-        if (
-            ds >= length
-            and ss >= length
-            and bool((lens == length).all())
-            and bool((np.diff(dst_off) == ds).all())
-            and bool((np.diff(src_off) == ss).all())
-        ):
-            # one element per piece (a void dtype), so numpy copies it as one block; the
-            # ndarray constructor checks that the last piece lies inside the buffer
-            item = np.dtype(("V", length))
-            out = np.ndarray((n,), item, buffer=dst, offset=int(dst_off[0]), strides=(ds,))
-            out[...] = np.ndarray((n,), item, buffer=src, offset=int(src_off[0]), strides=(ss,))
-            return
-    copy_pieces(dst, dst_off, src, src_off, lens)
-
-
-def _readable(fd: int) -> bool:
+def readable(fd: int) -> bool:
+    """Whether ``fd`` is open for reading and writing (a sieving write reads its spans)."""
     return (fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE) == os.O_RDWR
 
 
-def _max_hole(mode: str, write: bool) -> int | None:
+def hole_limit(mode: str, write: bool) -> int | None:
+    """The longest hole a sieved span crosses under ``mode`` (``None``: any)."""
     if mode == ENABLE:
         return None
     return 3 * SYSCALL_BYTES // 2 if write else SYSCALL_BYTES  # see the module docstring
@@ -228,6 +206,107 @@ def _batches(sp_len: np.ndarray, buffer_size: int) -> list[int]:
     return np.concatenate(([0], cuts, [sp_len.size])).tolist()
 
 
+class SievePlan:
+    """A data-sieving transfer of sorted pieces ``ext`` planned once (see the module docs):
+    spans, batches, lock ranges and the copies between staging buffer and caller's buffer.
+    :meth:`run` moves the bytes of any buffer of the same layout."""
+
+    __slots__ = ("_direct", "_holey", "_plain", "needs_read", "write")
+
+    def __init__(self, ext: Extents, buffer_size: int, max_hole: int | None, write: bool) -> None:
+        self.write = write
+        self._direct: VectoredPlan | None = None
+        self._plain: list[tuple[list[tuple[int, int]], VectoredPlan]] = []
+        self._holey: list[tuple[int, list[tuple[int, int, int]], CopyPlan]] = []
+        self.needs_read = False
+        if len(ext) <= 1:  # a contiguous access is never sieved and never locked
+            self._direct = VectoredPlan(ext.offsets, ext.lengths, ext.mem)
+            return
+        sp_off, sp_len, holey = plan_spans(ext, buffer_size, max_hole)
+        self.needs_read = bool(write and holey.any())
+        span_of = np.searchsorted(sp_off, ext.offsets, side="right") - 1
+        in_holey = holey[span_of]
+        plain = ext.take(~in_holey)
+        # Hole-free spans are moved in place. For writes, each is locked on its own bytes (a
+        # lock spanning the gaps would stall writers of bytes never touched here); a group of
+        # spans is locked in ascending order, then written in one batched call.
+        if len(plain) and not write:
+            self._direct = VectoredPlan(plain.offsets, plain.lengths, plain.mem)
+        elif len(plain):
+            ok = np.flatnonzero(~holey)
+            o_off, o_len = sp_off[ok], sp_len[ok]
+            cut = np.searchsorted(plain.offsets, o_off).tolist() + [len(plain)]
+            bounds = _batches(o_len, buffer_size)
+            for g0, g1 in zip(bounds[:-1], bounds[1:]):
+                for h0 in range(g0, g1, _MAX_LOCKS):
+                    h1 = min(h0 + _MAX_LOCKS, g1)
+                    part = plain.take(slice(cut[h0], cut[h1]))
+                    locks = list(zip(o_off[h0:h1].tolist(), (o_off + o_len)[h0:h1].tolist()))
+                    self._plain.append((locks, VectoredPlan(part.offsets, part.lengths, part.mem)))
+        # Spans with holes go through a staging buffer, in batches of about buffer_size bytes.
+        hs = np.flatnonzero(holey)
+        if hs.size == 0:
+            return
+        sv = ext.take(in_holey)
+        sv_span = span_of[in_holey]  # sorted, since pieces and spans both are
+        h_off, h_len = sp_off[hs], sp_len[hs]
+        bounds = _batches(h_len, buffer_size)
+        csum = np.cumsum(h_len) - h_len  # position of each holey span in its batch's stage
+        for b0, b1 in zip(bounds[:-1], bounds[1:]):
+            base = int(csum[b0])
+            size = int(csum[b1 - 1] + h_len[b1 - 1]) - base
+            p0, p1 = np.searchsorted(sv_span, [hs[b0], hs[b1 - 1] + 1])
+            part = sv.take(slice(int(p0), int(p1)))
+            j = np.searchsorted(hs, sv_span[p0:p1])  # index among holey spans
+            at = (csum[j] - base) + (part.offsets - h_off[j])
+            spans = list(
+                zip(h_off[b0:b1].tolist(), h_len[b0:b1].tolist(), (csum[b0:b1] - base).tolist())
+            )
+            if write:
+                copy = plan_copy(at, part.mem, part.lengths)
+            else:
+                copy = plan_copy(part.mem, at, part.lengths)
+            self._holey.append((size, spans, copy))
+
+    def run(self, fd: int, data: np.ndarray) -> None:
+        """Move the planned pieces between ``fd`` and ``data`` (flat ``uint8``)."""
+        if self.needs_read and not readable(fd):
+            raise BackendError(
+                "a sieving write reads its spans back: the descriptor must be open read-write "
+                "(or use romio_ds_write=disable)"
+            )
+        try:
+            self._run(fd, data)
+        except OSError as exc:
+            what = "write" if self.write else "read"
+            raise BackendError(f"sieving {what} failed: {exc}") from exc
+
+    def _run(self, fd: int, data: np.ndarray) -> None:
+        if self._direct is not None:
+            (self._direct.write if self.write else self._direct.read)(fd, data)
+        for locks, vec in self._plain:
+            with contextlib.ExitStack() as held:
+                for lo, hi in locks:
+                    held.enter_context(_Locked(fd, lo, hi))
+                vec.write(fd, data)
+        for size, spans, copy in self._holey:
+            stage = scratch(size, "sieve")
+            if not self.write:
+                for o, n, p in spans:
+                    pread_into(fd, stage[p : p + n], o)
+                copy.run(data, stage)
+                continue
+            # Each span is locked before it is read and stays locked until written back. Locks
+            # are taken in ascending offset order by every writer, so no two wait on each other.
+            with contextlib.ExitStack() as held:
+                for o, n, p in spans:
+                    held.enter_context(_Locked(fd, o, o + n))
+                    pread_into(fd, stage[p : p + n], o)
+                copy.run(stage, data)
+                for o, n, p in spans:
+                    pwrite_from(fd, stage[p : p + n], o)
+
+
 def _sieve(
     fd: int,
     ext: Extents,
@@ -237,65 +316,7 @@ def _sieve(
     write: bool,
 ) -> None:
     """Move sorted pieces ``ext`` through covering spans (see module docs)."""
-    sp_off, sp_len, holey = plan_spans(ext, buffer_size, max_hole)
-    if write and holey.any() and not _readable(fd):
-        raise BackendError(
-            "a sieving write reads its spans back: the descriptor must be open read-write "
-            "(or use romio_ds_write=disable)"
-        )
-    span_of = np.searchsorted(sp_off, ext.offsets, side="right") - 1
-    in_holey = holey[span_of]
-    plain = ext.take(~in_holey)
-    if len(plain):
-        if write:
-            # Hole-free spans are written in place, each under the lock of its own bytes (a
-            # lock spanning the gaps would stall writers of bytes never touched here); a
-            # group of spans is locked in ascending order, then written in one batched call.
-            ok = np.flatnonzero(~holey)
-            o_off, o_len = sp_off[ok], sp_len[ok]
-            cut = np.searchsorted(plain.offsets, o_off).tolist() + [len(plain)]
-            bounds = _batches(o_len, buffer_size)
-            for g0, g1 in zip(bounds[:-1], bounds[1:]):
-                for h0 in range(g0, g1, _MAX_LOCKS):
-                    h1 = min(h0 + _MAX_LOCKS, g1)
-                    with contextlib.ExitStack() as held:
-                        for o, n in zip(o_off[h0:h1].tolist(), o_len[h0:h1].tolist()):
-                            held.enter_context(_Locked(fd, o, o + n))
-                        _io(fd, plain.take(slice(cut[h0], cut[h1])), data, write=True)
-        else:
-            _io(fd, plain, data, write=False)
-    hs = np.flatnonzero(holey)
-    if hs.size == 0:
-        return
-    sv = ext.take(in_holey)
-    sv_span = span_of[in_holey]  # sorted, since pieces and spans both are
-    h_off, h_len = sp_off[hs], sp_len[hs]
-    bounds = _batches(h_len, buffer_size)
-    # position of each holey span inside its batch's staging buffer
-    csum = np.cumsum(h_len) - h_len
-    for b0, b1 in zip(bounds[:-1], bounds[1:]):
-        base = int(csum[b0])
-        stage = scratch(int(csum[b1 - 1] + h_len[b1 - 1]) - base, "sieve")
-        p0, p1 = np.searchsorted(sv_span, [hs[b0], hs[b1 - 1] + 1])
-        part = sv.take(slice(int(p0), int(p1)))
-        j = np.searchsorted(hs, sv_span[p0:p1])  # index among holey spans
-        at = (csum[j] - base) + (part.offsets - h_off[j])
-        offs, lens, pos = h_off[b0:b1].tolist(), h_len[b0:b1].tolist(), (csum[b0:b1] - base)
-        pos = pos.tolist()
-        if not write:
-            for o, n, p in zip(offs, lens, pos):
-                pread_into(fd, stage[p : p + n], o)
-            _copy(data, part.mem, stage, at, part.lengths)
-            continue
-        # Each span is locked before it is read and stays locked until written back. Locks
-        # are taken in ascending offset order by every writer, so no two wait on each other.
-        with contextlib.ExitStack() as held:
-            for o, n, p in zip(offs, lens, pos):
-                held.enter_context(_Locked(fd, o, o + n))
-                pread_into(fd, stage[p : p + n], o)
-            _copy(stage, at, data, part.mem, part.lengths)
-            for o, n, p in zip(offs, lens, pos):
-                pwrite_from(fd, stage[p : p + n], o)
+    SievePlan(ext, buffer_size, max_hole, write).run(fd, data)
 
 
 def read_sieved(
@@ -356,7 +377,7 @@ def read_independent(
     if h.romio_ds_read == DISABLE:
         read_direct(fd, extents, buf)
         return
-    hole = _max_hole(h.romio_ds_read, write=False)
+    hole = hole_limit(h.romio_ds_read, write=False)
     read_sieved(fd, extents, buf, h.ind_rd_buffer_size, max_hole=hole)
 
 
@@ -372,8 +393,8 @@ def write_independent(
     if h.romio_ds_write == DISABLE:
         write_direct(fd, extents, buf)
         return
-    if not _readable(fd):
+    if not readable(fd):
         write_direct(fd, extents, buf, lock=True)
         return
-    hole = _max_hole(h.romio_ds_write, write=True)
+    hole = hole_limit(h.romio_ds_write, write=True)
     write_sieved(fd, extents, buf, h.ind_wr_buffer_size, max_hole=hole)

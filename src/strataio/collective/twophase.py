@@ -55,32 +55,44 @@ _I64 = np.int64
 # parallel; only pieces smaller than this are worth aggregating.
 LARGE_PIECE = 64
 
-# Mean piece size from which independent reads scatter straight into the caller's buffer.
-SCATTER_PIECE = 4096
-
 # Columns of the agreement row.
 ERR, FIRST, LAST, NBYTES, NPIECES = range(5)
+
+
+class AccessPlan:
+    """What one rank's access looks like apart from its bytes: the file pieces (``mem`` =
+    positions in the rank's buffer), the agreement numbers, and the independent read and write
+    plans built for it. A :class:`~strataio.collective.file.File` memoizes these across calls, so a
+    call that repeats a view, a buffer type and an offset skips all of the planning."""
+
+    __slots__ = ("file", "reads", "summary", "writes")
+
+    def __init__(self, file: Extents) -> None:
+        self.file = file
+        n = len(file)
+        self.summary = (file.first, file.last, file.nbytes, n) if n else (0, 0, 0, 0)
+        self.reads: dict[tuple[int, int], fileio.ReadPlan | None] = {}
+        self.writes: dict[tuple[int, int], sieving.SievePlan] = {}
 
 
 @dataclass(slots=True)
 class Access:
     """One rank's part of a transfer: file pieces ``file`` and the caller's buffer ``stream``
     (flat ``uint8``; source for writes, destination for reads); ``file.mem`` are byte offsets
-    into ``stream``, so data moves between file and caller memory without a packed copy."""
+    into ``stream``, so data moves between file and caller memory without a packed copy.
+    ``plan`` carries what was planned for this layout in earlier calls."""
 
     file: Extents
     stream: np.ndarray
+    plan: AccessPlan | None = None
 
 
 def agreement_row(access: Access | None, err: int) -> np.ndarray:
     """This rank's five agreement numbers (see the module docstring)."""
-    row = np.zeros(5, dtype=_I64)
-    row[ERR] = err
-    if access is not None and len(access.file):
-        ext = access.file
-        row[FIRST], row[LAST] = ext.first, ext.last
-        row[NBYTES], row[NPIECES] = ext.nbytes, len(ext)
-    return row
+    if access is None:
+        return np.array([err, 0, 0, 0, 0], dtype=_I64)
+    plan = access.plan if access.plan is not None else AccessPlan(access.file)
+    return np.array((err, *plan.summary), dtype=_I64)
 
 
 def agree(comm: MPI.Comm, row: np.ndarray) -> np.ndarray:
@@ -101,14 +113,15 @@ def use_two_phase(stats: np.ndarray, mode: str) -> bool:
     mode = str(mode).lower()
     if mode == "disable":
         return False
-    active = stats[stats[:, NBYTES] > 0]
-    if active.shape[0] == 0:
+    nbytes = stats[:, NBYTES]
+    active = int(np.count_nonzero(nbytes))
+    if active == 0:
         return False
     if mode == "enable":
         return True
-    if active.shape[0] < 2:
+    if active < 2:
         return False
-    mean_piece = active[:, NBYTES].sum() / max(int(active[:, NPIECES].sum()), 1)
+    mean_piece = int(nbytes.sum()) / max(int(stats[:, NPIECES].sum()), 1)
     if mean_piece >= LARGE_PIECE:
         return False
     return not ranges_disjoint(stats)
@@ -326,31 +339,44 @@ def _aggregate_read(
 
 # ---------------------------------------------------------------------------- independent
 def write_independent(fd: int, access: Access, hints: Any) -> None:
-    """This rank's pieces written by itself (sieving under byte-range locks, by the hints)."""
-    sieving.write_independent(fd, access.file, access.stream, hints)
+    """This rank's pieces written by itself: sieving under byte-range locks by the
+    ``romio_ds_write`` hint (:mod:`strataio.collective.sieving`), planned once per layout."""
+    ds = str(getattr(hints, "romio_ds_write", "automatic")).lower()
+    if ds == "disable" or not sieving.readable(fd):
+        sieving.write_independent(fd, access.file, access.stream, hints)
+        return
+    size = int(getattr(hints, "ind_wr_buffer_size", sieving.DEFAULT_WR_BUFFER))
+    hole = sieving.hole_limit(ds, write=True)
+    plans = access.plan.writes if access.plan is not None else {}
+    key = (size, -1 if hole is None else hole)
+    plan = plans.get(key)
+    if plan is None:
+        plan = plans[key] = sieving.SievePlan(access.file.compact().sort(), size, hole, True)
+    plan.run(fd, access.stream)
 
 
 def read_independent(fd: int, access: Access, hints: Any) -> None:
     """This rank's pieces read by itself (data sieving by the ``romio_ds_read`` hint).
 
-    Disjoint pieces of at least ``SCATTER_PIECE`` bytes on average go straight into the
-    caller's buffer by vectored reads that skip short holes through a scratch iovec
-    (:func:`~strataio.collective.fileio.read_scatter`); smaller ones are sieved through a
-    staging buffer with one vectorized copy (:func:`~strataio.collective.fileio.read_spans`),
-    since an iovec built in Python costs ~1 us (the copy of ~8 KB). Overlapping pieces go
-    through :mod:`strataio.collective.sieving`.
+    Disjoint pieces are read by a :class:`~strataio.collective.fileio.ReadPlan` (remembered in
+    ``access.plan``): large pieces straight into the caller's buffer, small ones sieved through
+    a staging buffer. Overlapping pieces go through :mod:`strataio.collective.sieving`.
     """
-    ext = access.file.compact().sort()
-    if not ext.is_sorted():
-        sieving.read_independent(fd, access.file, access.stream, hints)
-        return
     ds = str(getattr(hints, "romio_ds_read", "automatic")).lower()
     size = int(getattr(hints, "ind_rd_buffer_size", 4194304))
     hole = {"disable": 0, "enable": size}.get(ds, fileio.SYSCALL_BYTES)
-    if ext.nbytes >= SCATTER_PIECE * len(ext) or hole == 0:
-        fileio.read_scatter(fd, ext, access.stream, hole)
+    plans = access.plan.reads if access.plan is not None else {}
+    key = (size, hole)
+    if key in plans:
+        plan = plans[key]
     else:
-        fileio.read_spans(fd, ext, access.stream, size, hole)
+        ext = access.file.compact().sort()
+        plan = fileio.ReadPlan(ext, size, hole) if ext.is_sorted() else None
+        plans[key] = plan
+    if plan is None:  # pieces overlap
+        sieving.read_independent(fd, access.file, access.stream, hints)
+    else:
+        plan.run(fd, access.stream)
 
 
 def ranges_disjoint(stats: np.ndarray) -> bool:

@@ -64,7 +64,14 @@ class Extents:
 
     @classmethod
     def single(cls, offset: int, length: int) -> Extents:
-        return cls([offset], [length])
+        """One piece of ``length`` bytes at ``offset`` (a hot path: no generic validation)."""
+        if length < 0:
+            raise StrataError("Extents: negative length")
+        ext = cls.__new__(cls)
+        ext.offsets = np.array((offset,), dtype=_I64)
+        ext.lengths = np.array((length,), dtype=_I64)
+        ext.mem = np.zeros(1, dtype=_I64)
+        return ext
 
     @classmethod
     def concat(cls, parts: Sequence[Extents], repack: bool = True) -> Extents:

@@ -77,18 +77,59 @@ def copy_pieces(
     """``dst[dst_off[i] : dst_off[i] + lengths[i]] = src[src_off[i] : ...]`` for every ``i``.
 
     ``dst`` and ``src`` are flat ``uint8`` arrays (distinct memory); destination pieces must not
-    overlap each other. Cost is one numpy copy per distinct length (a strided 2-D copy when
+    overlap each other. Cost is one numpy copy per distinct length (a strided N-D copy when
     both sides are regularly spaced), plus one slice copy per piece of a rare long length.
+    A caller that repeats the same copy keeps its :func:`plan_copy` instead.
+    """
+    plan_copy(dst_off, src_off, lengths).run(dst, src)
+
+
+# Steps of a CopyPlan: (kind, ...) tuples.
+_SLICE, _STRIDED, _FANCY = range(3)
+
+
+class CopyPlan:
+    """A piece copy planned once and run on any pair of buffers (see :func:`plan_copy`).
+
+    Finding the cheapest numpy copy for a piece list (contiguous, strided, N-D grid, grouped
+    by length) takes several passes over the offsets; layouts that repeat call after call (an
+    MPI datatype, a dataset's chunk section) keep the plan and pay only the copies.
+    """
+
+    __slots__ = ("steps",)
+
+    def __init__(self, steps: list[tuple]) -> None:  # type: ignore[type-arg]
+        self.steps = steps
+
+    def run(self, dst: np.ndarray, src: np.ndarray) -> None:
+        """Copy the planned pieces from ``src`` into ``dst`` (flat ``uint8`` arrays)."""
+        for step in self.steps:
+            kind = step[0]
+            if kind == _SLICE:
+                _, d, s, n = step
+                dst[d : d + n] = src[s : s + n]
+            elif kind == _STRIDED:
+                _, shape, dt, d0, dstr, s0, sstr = step
+                # the ndarray constructor checks that every piece lies inside its buffer
+                dv = np.ndarray(shape, dt, buffer=dst, offset=d0, strides=dstr)
+                np.copyto(dv, np.ndarray(shape, dt, buffer=src, offset=s0, strides=sstr))
+            else:
+                _, length, d_idx, s_idx = step
+                _windows(dst, length)[d_idx] = _windows(src, length)[s_idx]
+
+
+def plan_copy(dst_off: np.ndarray, src_off: np.ndarray, lengths: np.ndarray) -> CopyPlan:
+    """The :class:`CopyPlan` of ``copy_pieces(dst, dst_off, src, src_off, lengths)``.
+
+    The plan may keep references to the offset arrays: do not modify them while it lives.
     """
     lengths = np.asarray(lengths, dtype=np.int64)
     if lengths.size == 0:
-        return
+        return CopyPlan([])
     dst_off = np.asarray(dst_off, dtype=np.int64)
     src_off = np.asarray(src_off, dtype=np.int64)
     if lengths.size == 1:
-        d, s, n = int(dst_off[0]), int(src_off[0]), int(lengths[0])
-        dst[d : d + n] = src[s : s + n]
-        return
+        return CopyPlan([(_SLICE, int(dst_off[0]), int(src_off[0]), int(lengths[0]))])
     # Both sides contiguous and in order: one copy.
     total = int(lengths.sum())
     d0, s0 = int(dst_off[0]), int(src_off[0])
@@ -96,11 +137,9 @@ def copy_pieces(
     run[0] = 0
     np.cumsum(lengths[:-1], out=run[1:])
     if np.array_equal(dst_off - d0, run) and np.array_equal(src_off - s0, run):
-        dst[d0 : d0 + total] = src[s0 : s0 + total]
-        return
+        return CopyPlan([(_SLICE, d0, s0, total)])
     if int(lengths.min()) == int(lengths.max()):
-        _copy_group(dst, dst_off, src, src_off, int(lengths[0]))
-        return
+        return CopyPlan([_plan_group(dst_off, src_off, int(lengths[0]))])
     # Group pieces by length (stable, so each group keeps its order). Lengths below 32 KiB fit
     # in int16, for which numpy's stable sort is a linear radix sort.
     key = lengths.astype(np.int16) if int(lengths.max()) < 32768 else lengths
@@ -109,14 +148,18 @@ def copy_pieces(
     cuts = np.flatnonzero(sorted_len[1:] != sorted_len[:-1]) + 1
     starts = np.concatenate(([0], cuts)).tolist()
     ends = np.concatenate((cuts, [order.size])).tolist()
+    steps: list[tuple] = []  # type: ignore[type-arg]
     for a, b in zip(starts, ends):
         length = int(sorted_len[a])
         sel = order[a:b]
+        if length == 0:
+            continue
         if b - a <= 4 and length >= _LONG:  # a rare long length: slices are cheapest
             for d, s_ in zip(dst_off[sel].tolist(), src_off[sel].tolist()):
-                dst[d : d + length] = src[s_ : s_ + length]
+                steps.append((_SLICE, d, s_, length))
         else:
-            _copy_group(dst, dst_off[sel], src, src_off[sel], length)
+            steps.append(_plan_group(dst_off[sel], src_off[sel], length))
+    return CopyPlan(steps)
 
 
 def _stride(off: np.ndarray) -> int | None:
@@ -129,39 +172,22 @@ def _stride(off: np.ndarray) -> int | None:
     return step if bool(np.all(np.diff(off) == step)) else None
 
 
-def _copy_group(
-    dst: np.ndarray, dst_off: np.ndarray, src: np.ndarray, src_off: np.ndarray, length: int
-) -> None:
-    """Copy equal-length pieces: one strided copy of piece-sized elements when both sides are
-    regularly spaced (vector-like types), else one fancy-index copy through windows."""
-    if length == 0 or dst_off.size == 0:
-        return
+def _plan_group(dst_off: np.ndarray, src_off: np.ndarray, length: int) -> tuple:  # type: ignore[type-arg]
+    """The step copying equal-length pieces: one strided copy of piece-sized elements when both
+    sides are regularly spaced (vector-like types) or form N-D grids of one shape (the rows of
+    a subarray, a 3-D block with ghost cells, FLASH's interleaved variables), else one
+    fancy-index copy through windows."""
     n = dst_off.size
+    dt = _piece_dtype(length)
     ds, ss = _stride(dst_off), _stride(src_off)
     if ds is not None and ss is not None and ds >= length:
-        d0, s0 = int(dst_off[0]), int(src_off[0])
-        dt = _piece_dtype(length)
-        dv = np.ndarray((n,), dtype=dt, buffer=dst, offset=d0, strides=(ds,))
-        sv = np.ndarray((n,), dtype=dt, buffer=src, offset=s0, strides=(ss,))
-        np.copyto(dv, sv)
-        return
-    # Pieces laid out as an N-D grid on either side (the rows of a subarray, a 3-D block with
-    # ghost cells, FLASH's interleaved variables): one N-D strided copy when both sides are
-    # grids of the same shape.
+        return (_STRIDED, (n,), dt, int(dst_off[0]), (ds,), int(src_off[0]), (ss,))
     shape = _grid_shape(src_off if ds is not None else dst_off)
     if shape is not None:
         dg, sg = _grid_strides(dst_off, shape), _grid_strides(src_off, shape)
         if dg is not None and sg is not None:
-            dt = _piece_dtype(length)
-            try:
-                dv = np.ndarray(shape, dt, buffer=dst, offset=int(dst_off[0]), strides=dg)
-                sv = np.ndarray(shape, dt, buffer=src, offset=int(src_off[0]), strides=sg)
-            except (ValueError, TypeError):  # a negative stride reaching below the buffer
-                pass
-            else:
-                np.copyto(dv, sv)
-                return
-    _windows(dst, length)[dst_off] = _windows(src, length)[src_off]
+            return (_STRIDED, shape, dt, int(dst_off[0]), dg, int(src_off[0]), sg)
+    return (_FANCY, length, dst_off, src_off)
 
 
 def _grid_shape(off: np.ndarray) -> tuple[int, ...] | None:

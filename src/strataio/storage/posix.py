@@ -1,9 +1,9 @@
 """POSIX backend: objects are files under a root directory.
 
-Partial reads and writes batch Extents into ``os.preadv`` / ``os.pwritev`` calls (one call per
-run of file-adjacent pieces, up to ``IOV_MAX`` buffers). Whole-object ``put`` writes a
-temporary file in the same directory and renames it over the target, so a crash leaves the old
-object or the new one, never a torn one.
+Partial reads and writes batch Extents into ``preadv`` / ``pwritev`` calls (one call per run of
+file-adjacent pieces, up to ``IOV_MAX`` buffers; :mod:`strataio.storage.vectored`). Whole-object
+``put`` writes a temporary file in the same directory and renames it over the target, so a crash
+leaves the old object or the new one, never a torn one.
 """
 
 from __future__ import annotations
@@ -20,42 +20,23 @@ import numpy as np
 from strataio.errors import BackendError, NotFoundError
 from strataio.layout.extents import Extents
 from strataio.storage.base import Backend, BytesLike, Capabilities, Version, validate_key
+from strataio.storage.vectored import VectoredPlan
 
-IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
 TMP_SUFFIX = ".strataio-tmp"
 _tmp_counter = iter(range(1 << 62))
 _tmp_lock = threading.Lock()
 
 
-def _runs(ext: Extents) -> np.ndarray:
-    """Start indices of runs of pieces that are adjacent in the file, plus the end index."""
-    if len(ext) == 0:
-        return np.zeros(1, dtype=np.int64)
-    breaks = np.flatnonzero(ext.ends[:-1] != ext.offsets[1:]) + 1
-    return np.concatenate(([0], breaks, [len(ext)]))
-
-
 def _transfer(fd: int, ext: Extents, buf: memoryview, write: bool) -> None:
     """Move the pieces of ``ext`` between file ``fd`` and ``buf`` (positions ``ext.mem``)."""
-    ext = ext.compact()
     if len(ext) == 0:
         return
-    bounds = _runs(ext).tolist()
-    offs = ext.offsets.tolist()
-    lens = ext.lengths.tolist()
-    mems = ext.mem.tolist()
-    call = os.pwritev if write else os.preadv
-    for r in range(len(bounds) - 1):
-        i, j = bounds[r], bounds[r + 1]
-        while i < j:
-            k = min(j, i + IOV_MAX)
-            views = [buf[m : m + n] for m, n in zip(mems[i:k], lens[i:k])]
-            want = sum(lens[i:k])
-            pos = offs[i]
-            done = call(fd, views, pos)
-            if done != want:
-                _finish_short(fd, views, pos, done, write)
-            i = k
+    data = np.frombuffer(buf, dtype=np.uint8) if write else np.ndarray(len(buf), np.uint8, buf)
+    plan = VectoredPlan(ext.offsets, ext.lengths, ext.mem)
+    if write:
+        plan.write(fd, data)
+    else:
+        plan.read(fd, data)
 
 
 def _finish_short(fd: int, views: list[memoryview], pos: int, done: int, write: bool) -> None:
