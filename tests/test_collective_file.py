@@ -219,3 +219,39 @@ def test_sieved_reads_match_brute_force(how: str, tmp_path: Path) -> None:
         expect = np.empty_like(out)
         expect[np.repeat(mem, lens) + within] = full[np.repeat(offs, lens) + within]
         assert np.array_equal(out, expect)
+
+
+@pytest.mark.parametrize("ds", ["automatic", "enable", "disable"])
+def test_repeated_calls_reuse_plans_correctly(ds: str, tmp_path: Path) -> None:
+    """Calls that repeat a view, a buffer type and an offset reuse one memoized plan: every
+    call must still move its own buffer's bytes, and a new view or offset must not reuse it."""
+    rng = np.random.default_rng(11)
+    mt = MPI.BYTE.Create_hvector(64, 48, 80).Commit()  # 48 of every 80 bytes of memory
+    ft = MPI.BYTE.Create_hvector(16, 96, 224).Create_resized(0, 16 * 224).Commit()  # 96 of 224
+    hints = {"romio_ds_read": ds, "romio_ds_write": ds}
+    path = tmp_path / "p.bin"
+    oracle = np.zeros(0, dtype=np.uint8)
+    try:
+        with strataio.File.open(None, path, "w", hints=hints) as f:
+            for step in range(6):
+                disp = 0 if step < 4 else 100  # the last calls change the view
+                f.set_view(disp, MPI.BYTE, ft)
+                at = 2 * 96 * 16 * (step % 2)  # alternate between two offsets (bytes)
+                buf = rng.integers(0, 256, 64 * 80, dtype=np.uint8)
+                f.write_at_all(at, [buf, 1, mt])
+                data = buf.reshape(64, 80)[:, :48].ravel()  # the stream, in order
+                tiles = np.arange(data.size) // 96
+                within = np.arange(data.size) % 96
+                pos = disp + (at // 96 + tiles) * 224 + within
+                if oracle.size < pos.max() + 1:
+                    oracle = np.concatenate(
+                        (oracle, np.zeros(pos.max() + 1 - oracle.size, np.uint8))
+                    )
+                oracle[pos] = data
+                back = np.zeros_like(buf)
+                f.read_at_all(at, [back, 1, mt])
+                assert np.array_equal(back.reshape(64, 80)[:, :48].ravel(), data)
+        assert np.array_equal(np.fromfile(path, dtype=np.uint8), oracle)
+    finally:
+        mt.Free()
+        ft.Free()

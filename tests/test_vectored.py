@@ -1,0 +1,146 @@
+"""Vectored I/O from iovec tables (storage/vectored.py) and reusable copy plans, against
+brute-force numpy oracles."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from strataio.layout.pieces import plan_copy
+from strataio.storage import vectored
+from strataio.storage.vectored import IOV_MAX, VectoredPlan
+
+
+def _pieces(rng: np.random.Generator, n: int, ordered: bool) -> tuple[np.ndarray, ...]:
+    lens = rng.integers(0, 300, n)
+    gaps = rng.integers(0, 200, n) * (rng.random(n) < 0.5)
+    offs = np.cumsum(gaps + np.concatenate(([0], lens[:-1])))
+    if not ordered:  # some pieces out of order, overlapping their neighbours in the file
+        swap = rng.random(n) < 0.1
+        offs = np.where(swap, np.maximum(offs - rng.integers(0, 500, n), 0), offs)
+    perm = rng.permutation(n)
+    mem = np.empty(n, dtype=np.int64)
+    mem[perm] = np.cumsum(lens[perm]) - lens[perm]
+    return offs, lens, mem
+
+
+@pytest.fixture(params=["ctypes", "os"])
+def io_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    if request.param == "os":
+        monkeypatch.setattr(vectored, "_LIBC", None)
+    elif vectored._LIBC is None:
+        pytest.skip("libc has no preadv")
+    return str(request.param)
+
+
+def test_reads_match_numpy(tmp_path: Path, io_path: str) -> None:
+    rng = np.random.default_rng(3)
+    path = tmp_path / "f"
+    data = rng.integers(0, 256, 1 << 20, dtype=np.uint8)
+    path.write_bytes(data.tobytes())
+    padded = np.concatenate((data, np.zeros(1 << 20, dtype=np.uint8)))  # zeros past EOF
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for trial in range(60):
+            n = int(rng.integers(1, 3 * IOV_MAX))
+            offs, lens, mem = _pieces(rng, n, ordered=trial % 3 != 0)
+            if trial % 5 == 0:
+                offs = offs + (1 << 20) - 3000  # the last pieces lie past end-of-file
+            plan = VectoredPlan(offs, lens, mem, int(rng.choice([0, 50, 1000])))
+            for _ in range(2):  # a plan runs again on a fresh buffer
+                buf = np.full(int(lens.sum()) + 5, 7, dtype=np.uint8)
+                plan.read(fd, buf)
+                for o, n_, m in zip(offs.tolist(), lens.tolist(), mem.tolist()):
+                    assert np.array_equal(buf[m : m + n_], padded[o : o + n_])
+                assert (buf[-5:] == 7).all()  # nothing outside the pieces is touched
+    finally:
+        os.close(fd)
+
+
+def test_writes_match_numpy(tmp_path: Path, io_path: str) -> None:
+    rng = np.random.default_rng(4)
+    path = tmp_path / "f"
+    path.write_bytes(bytes(1000))
+    fd = os.open(path, os.O_RDWR)
+    try:
+        for _ in range(40):
+            n = int(rng.integers(1, 3 * IOV_MAX))
+            offs, lens, mem = _pieces(rng, n, ordered=True)
+            src = rng.integers(0, 256, int(lens.sum()), dtype=np.uint8)
+            before = np.fromfile(path, dtype=np.uint8)
+            VectoredPlan(offs, lens, mem).write(fd, src)
+            after = np.fromfile(path, dtype=np.uint8)
+            expect = np.zeros(max(after.size, before.size), dtype=np.uint8)
+            expect[: before.size] = before
+            for o, n_, m in zip(offs.tolist(), lens.tolist(), mem.tolist()):
+                expect[o : o + n_] = src[m : m + n_]
+            assert np.array_equal(after, expect[: after.size])
+    finally:
+        os.close(fd)
+
+
+def test_bad_buffers_are_refused_before_io(tmp_path: Path) -> None:
+    path = tmp_path / "f"
+    path.write_bytes(bytes(100))
+    fd = os.open(path, os.O_RDWR)
+    try:
+        plan = VectoredPlan(np.array([0, 50]), np.array([10, 10]), np.array([0, 30]))
+        assert plan.need == 40
+        with pytest.raises(ValueError, match="reach byte 40"):
+            plan.read(fd, np.zeros(39, dtype=np.uint8))
+        with pytest.raises(ValueError, match="read-only"):
+            ro = np.zeros(40, dtype=np.uint8)
+            ro.flags.writeable = False
+            plan.read(fd, ro)
+        with pytest.raises(ValueError, match="contiguous"):
+            plan.read(fd, np.zeros(80, dtype=np.uint8)[::2])
+        with pytest.raises(ValueError, match="cannot cross holes"):
+            VectoredPlan(np.array([0, 50]), np.array([10, 10]), np.array([0, 10]), 64).write(
+                fd, np.zeros(20, dtype=np.uint8)
+            )
+        with pytest.raises(ValueError, match="before its buffer"):
+            VectoredPlan(np.array([0]), np.array([4]), np.array([-1]))
+    finally:
+        os.close(fd)
+
+
+def test_calls_cross_short_holes_and_respect_iov_max() -> None:
+    n = IOV_MAX + 10
+    offs = np.arange(n, dtype=np.int64) * 10
+    lens = np.full(n, 8)
+    mem = np.arange(n, dtype=np.int64) * 8
+    # holes of 2 bytes crossed: 2n - 1 iovecs in ceil((2n - 1) / IOV_MAX) calls
+    assert VectoredPlan(offs, lens, mem, max_hole=2).calls == -(-(2 * n - 1) // IOV_MAX)
+    assert VectoredPlan(offs, lens, mem, max_hole=1).calls == n  # not crossed: one per piece
+    adjacent = VectoredPlan(np.arange(n) * 8, lens, mem)
+    assert adjacent.calls == -(-n // IOV_MAX)
+
+
+def test_copy_plans_rerun_on_new_buffers() -> None:
+    rng = np.random.default_rng(5)
+    for kind in ("strided", "grid", "mixed"):
+        if kind == "strided":
+            n, length = 300, 24
+            dst_off, src_off = np.arange(n) * 40, np.arange(n) * 30
+            lens = np.full(n, length)
+        elif kind == "grid":  # rows of 5 pieces with a gap after each row
+            g = np.arange(60).reshape(12, 5)
+            dst_off = (g // 5 * 64 + g % 5 * 8).ravel()
+            src_off = np.arange(60) * 8
+            lens = np.full(60, 8)
+        else:
+            lens = rng.integers(1, 50, 200)
+            src_off = np.cumsum(lens) - lens
+            dst_off = rng.permutation(200) * 64
+        plan = plan_copy(dst_off, src_off, lens)
+        for _ in range(3):
+            src = rng.integers(0, 256, int((src_off + lens).max()), dtype=np.uint8)
+            dst = np.zeros(int((dst_off + lens).max()) + 3, dtype=np.uint8)
+            plan.run(dst, src)
+            expect = np.zeros_like(dst)
+            for d, s, n_ in zip(dst_off.tolist(), src_off.tolist(), lens.tolist()):
+                expect[d : d + n_] = src[s : s + n_]
+            assert np.array_equal(dst, expect)
