@@ -121,7 +121,7 @@ def test_calls_cross_short_holes_and_respect_iov_max() -> None:
 
 def test_copy_plans_rerun_on_new_buffers() -> None:
     rng = np.random.default_rng(5)
-    for kind in ("strided", "grid", "mixed"):
+    for kind in ("strided", "grid", "segments", "mixed"):
         if kind == "strided":
             n, length = 300, 24
             dst_off, src_off = np.arange(n) * 40, np.arange(n) * 30
@@ -131,6 +131,11 @@ def test_copy_plans_rerun_on_new_buffers() -> None:
             dst_off = (g // 5 * 64 + g % 5 * 8).ravel()
             src_off = np.arange(60) * 8
             lens = np.full(60, 8)
+        elif kind == "segments":  # staged spans back to back: the spacing changes twice
+            src_off = np.concatenate((np.arange(50) * 384, 20000 + np.arange(70) * 384))
+            dst_off = np.concatenate((np.arange(50) * 64, 3200 + np.arange(70) * 64))
+            dst_off[60] += 7  # and one piece off the grid
+            lens = np.full(120, 48)
         else:
             lens = rng.integers(1, 50, 200)
             src_off = np.cumsum(lens) - lens

@@ -4,7 +4,14 @@ Run under ``mpiexec -n N python -m strataio.bench.collective --pattern P``; the
 ``strataio bench collective`` command launches it. For each pattern every contender writes the
 same data through the same file view with the same hints, then reads it back; a rank's time is
 one ``*_all`` call (open and close excluded), the call's time is the slowest rank's, and the
-figure is aggregate bytes / that time, median over repetitions. Contenders:
+figure is aggregate bytes / that time, median over repetitions.
+
+A second figure, *wall*, divides by the time from the first rank's start to the last rank's end
+on the node's monotonic clock (IOR's definition). The two differ when ranks leave the barrier
+before the call at different times, as they do with more ranks than cores: a call that
+synchronizes its ranks (any collective, strataio's agreement included) waits for the late ones
+inside its own timed region, a call that does not synchronize is timed from each rank's own late
+start. Contenders:
 
 - ``strataio``: ``romio_cb_* = automatic`` (strataio's per-call choice, column "path");
 - ``strataio 2ph`` / ``strataio ind``: strataio forced to two-phase / independent;
@@ -124,8 +131,9 @@ def _hints(contender: str) -> dict[str, str]:
 
 def _one(
     comm: MPI.Comm, contender: str, case: Case, path: str, write: bool, out: np.ndarray
-) -> tuple[float, str]:
-    """Time one write or read call of ``contender``; returns (slowest rank seconds, path)."""
+) -> tuple[float, float, str]:
+    """Time one write or read call of ``contender``; returns (slowest rank seconds, first start
+    to last end seconds, path)."""
     hints = _hints(contender)
     spec = [case.buf if write else out, case.count, case.memtype]
     chosen = ""
@@ -134,14 +142,14 @@ def _one(
         f.set_view(case.disp, case.etype, case.filetype)
         call = (f.write_at if write else f.read_at) if case.independent else None
         comm.Barrier()
-        t0 = time.perf_counter()
+        t0 = time.clock_gettime(time.CLOCK_MONOTONIC)
         if call is not None:
             call(0, spec)
         elif write:
             f.write_all(spec)
         else:
             f.read_all(spec)
-        dt = time.perf_counter() - t0
+        t1 = time.clock_gettime(time.CLOCK_MONOTONIC)
         chosen = f.last_path
         f.close()
     else:
@@ -155,15 +163,17 @@ def _one(
         fh = MPI.File.Open(comm, path, amode, info)
         fh.Set_view(case.disp, case.etype, case.filetype, "native", info)
         comm.Barrier()
-        t0 = time.perf_counter()
+        t0 = time.clock_gettime(time.CLOCK_MONOTONIC)
         if case.independent:
             (fh.Write_at if write else fh.Read_at)(0, spec)
         else:
             (fh.Write_all if write else fh.Read_all)(spec)
-        dt = time.perf_counter() - t0
+        t1 = time.clock_gettime(time.CLOCK_MONOTONIC)
         fh.Close()
         info.Free()
-    return comm.allreduce(dt, op=MPI.MAX), chosen
+    slowest = comm.allreduce(t1 - t0, op=MPI.MAX)
+    wall = comm.allreduce(t1, op=MPI.MAX) - comm.allreduce(t0, op=MPI.MIN)
+    return slowest, wall, chosen
 
 
 def run(pattern: str, reps: int, workdir: str, scale: float) -> list[dict[str, Any]]:
@@ -177,24 +187,28 @@ def run(pattern: str, reps: int, workdir: str, scale: float) -> list[dict[str, A
         row: dict[str, Any] = {"pattern": pattern, "ranks": nprocs, "op": op, "bytes": total}
         for contender in CONTENDERS:
             path = os.path.join(workdir, f"{pattern}.{contender.replace(' ', '_')}")
-            times = []
+            times, walls = [], []
             for _ in range(reps):
                 out = np.zeros_like(case.buf)
                 if op == "read" and not os.path.exists(path):
                     _one(comm, contender, case, path, True, out)
-                t, chosen = _one(comm, contender, case, path, op == "write", out)
+                t, wall, chosen = _one(comm, contender, case, path, op == "write", out)
                 times.append(t)
+                walls.append(wall)
             if op == "read":  # every contender must read the same bytes
                 if reference is None:
                     reference = out
                 elif not np.array_equal(out, reference):
                     raise SystemExit(f"{pattern}: {contender} read different data")
-            med = statistics.median(times)
-            row[contender] = total / med / 1e6
+            row[contender] = total / statistics.median(times) / 1e6
+            row.setdefault("wall", {})[contender] = total / statistics.median(walls) / 1e6
             if contender == "strataio":
                 row["path"] = chosen
         best_romio = max(row["ROMIO coll"], row["ROMIO ind"])
         row["ratio"] = row["strataio"] / best_romio if best_romio else float("nan")
+        wall = row["wall"]
+        best_wall = max(wall["ROMIO coll"], wall["ROMIO ind"])
+        row["ratio wall"] = wall["strataio"] / best_wall if best_wall else float("nan")
         rows.append(row)
     comm.Barrier()
     if rank == 0:

@@ -86,6 +86,8 @@ def copy_pieces(
 
 # Steps of a CopyPlan: (kind, ...) tuples.
 _SLICE, _STRIDED, _FANCY = range(3)
+# Equal-length pieces whose spacing changes at most this often are copied segment by segment.
+_SEGMENTS = 64
 
 
 class CopyPlan:
@@ -139,7 +141,7 @@ def plan_copy(dst_off: np.ndarray, src_off: np.ndarray, lengths: np.ndarray) -> 
     if np.array_equal(dst_off - d0, run) and np.array_equal(src_off - s0, run):
         return CopyPlan([(_SLICE, d0, s0, total)])
     if int(lengths.min()) == int(lengths.max()):
-        return CopyPlan([_plan_group(dst_off, src_off, int(lengths[0]))])
+        return CopyPlan(_plan_group(dst_off, src_off, int(lengths[0])))
     # Group pieces by length (stable, so each group keeps its order). Lengths below 32 KiB fit
     # in int16, for which numpy's stable sort is a linear radix sort.
     key = lengths.astype(np.int16) if int(lengths.max()) < 32768 else lengths
@@ -158,7 +160,7 @@ def plan_copy(dst_off: np.ndarray, src_off: np.ndarray, lengths: np.ndarray) -> 
             for d, s_ in zip(dst_off[sel].tolist(), src_off[sel].tolist()):
                 steps.append((_SLICE, d, s_, length))
         else:
-            steps.append(_plan_group(dst_off[sel], src_off[sel], length))
+            steps.extend(_plan_group(dst_off[sel], src_off[sel], length))
     return CopyPlan(steps)
 
 
@@ -172,22 +174,34 @@ def _stride(off: np.ndarray) -> int | None:
     return step if bool(np.all(np.diff(off) == step)) else None
 
 
-def _plan_group(dst_off: np.ndarray, src_off: np.ndarray, length: int) -> tuple:  # type: ignore[type-arg]
-    """The step copying equal-length pieces: one strided copy of piece-sized elements when both
+def _plan_group(dst_off: np.ndarray, src_off: np.ndarray, length: int) -> list[tuple]:  # type: ignore[type-arg]
+    """The steps copying equal-length pieces: one strided copy of piece-sized elements when both
     sides are regularly spaced (vector-like types) or form N-D grids of one shape (the rows of
-    a subarray, a 3-D block with ghost cells, FLASH's interleaved variables), else one
+    a subarray, a 3-D block with ghost cells, FLASH's interleaved variables); a few strided
+    copies when the spacing changes only a few times (spans staged back to back); else one
     fancy-index copy through windows."""
     n = dst_off.size
     dt = _piece_dtype(length)
     ds, ss = _stride(dst_off), _stride(src_off)
     if ds is not None and ss is not None and ds >= length:
-        return (_STRIDED, (n,), dt, int(dst_off[0]), (ds,), int(src_off[0]), (ss,))
+        return [(_STRIDED, (n,), dt, int(dst_off[0]), (ds,), int(src_off[0]), (ss,))]
     shape = _grid_shape(src_off if ds is not None else dst_off)
     if shape is not None:
         dg, sg = _grid_strides(dst_off, shape), _grid_strides(src_off, shape)
         if dg is not None and sg is not None:
-            return (_STRIDED, shape, dt, int(dst_off[0]), dg, int(src_off[0]), sg)
-    return (_FANCY, length, dst_off, src_off)
+            return [(_STRIDED, shape, dt, int(dst_off[0]), dg, int(src_off[0]), sg)]
+    dd, sd = np.diff(dst_off), np.diff(src_off)
+    cuts = np.flatnonzero((dd[1:] != dd[:-1]) | (sd[1:] != sd[:-1])) + 2
+    if cuts.size <= _SEGMENTS and int(dd.min(initial=length)) >= length:
+        bounds = np.concatenate(([0], cuts, [n])).tolist()
+        d0, s0 = dst_off[bounds[:-1]].tolist(), src_off[bounds[:-1]].tolist()
+        dstep = np.append(dd, 0)[bounds[:-1]].tolist()
+        sstep = np.append(sd, 0)[bounds[:-1]].tolist()
+        return [
+            (_STRIDED, (b - a,), dt, d, (dst,), s_, (sst,))
+            for a, b, d, s_, dst, sst in zip(bounds[:-1], bounds[1:], d0, s0, dstep, sstep)
+        ]
+    return [(_FANCY, length, dst_off, src_off)]
 
 
 def _grid_shape(off: np.ndarray) -> tuple[int, ...] | None:
