@@ -4,7 +4,8 @@ Run under ``mpiexec -n N python -m strataio.bench.collective --pattern P``; the
 ``strataio bench collective`` command launches it. For each pattern every contender writes the
 same data through the same file view with the same hints, then reads it back; a rank's time is
 one ``*_all`` call (open and close excluded), the call's time is the slowest rank's, and the
-figure is aggregate bytes / that time, median over repetitions.
+figure is aggregate bytes / that time, median over repetitions. Repetitions go round-robin over
+the contenders (after one untimed round), so no contender always runs first.
 
 A second figure, *wall*, divides by the time from the first rank's start to the last rank's end
 on the node's monotonic clock (IOR's definition). The two differ when ranks leave the barrier
@@ -185,25 +186,32 @@ def run(pattern: str, reps: int, workdir: str, scale: float) -> list[dict[str, A
     reference: np.ndarray | None = None
     for op in ("write", "read"):
         row: dict[str, Any] = {"pattern": pattern, "ranks": nprocs, "op": op, "bytes": total}
-        for contender in CONTENDERS:
-            path = os.path.join(workdir, f"{pattern}.{contender.replace(' ', '_')}")
-            times, walls = [], []
-            for _ in range(reps):
+        times: dict[str, list[float]] = {c: [] for c in CONTENDERS}
+        walls: dict[str, list[float]] = {c: [] for c in CONTENDERS}
+        # Round-robin: every repetition runs each contender once, so drift in the machine's
+        # speed and the cost of coming first spread evenly; round 0 is an untimed warm-up.
+        for rep in range(reps + 1):
+            for contender in CONTENDERS:
+                path = os.path.join(workdir, f"{pattern}.{contender.replace(' ', '_')}")
                 out = np.zeros_like(case.buf)
                 if op == "read" and not os.path.exists(path):
                     _one(comm, contender, case, path, True, out)
                 t, wall, chosen = _one(comm, contender, case, path, op == "write", out)
-                times.append(t)
-                walls.append(wall)
-            if op == "read":  # every contender must read the same bytes
-                if reference is None:
-                    reference = out
-                elif not np.array_equal(out, reference):
-                    raise SystemExit(f"{pattern}: {contender} read different data")
-            row[contender] = total / statistics.median(times) / 1e6
-            row.setdefault("wall", {})[contender] = total / statistics.median(walls) / 1e6
-            if contender == "strataio":
-                row["path"] = chosen
+                if rep:
+                    times[contender].append(t)
+                    walls[contender].append(wall)
+                if contender == "strataio":
+                    row["path"] = chosen
+                if op == "read" and rep == reps:  # every contender must read the same bytes
+                    if reference is None:
+                        reference = out
+                    elif not np.array_equal(out, reference):
+                        raise SystemExit(f"{pattern}: {contender} read different data")
+        for contender in CONTENDERS:
+            row[contender] = total / statistics.median(times[contender]) / 1e6
+            row.setdefault("wall", {})[contender] = (
+                total / statistics.median(walls[contender]) / 1e6
+            )
         best_romio = max(row["ROMIO coll"], row["ROMIO ind"])
         row["ratio"] = row["strataio"] / best_romio if best_romio else float("nan")
         wall = row["wall"]

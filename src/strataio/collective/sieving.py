@@ -175,6 +175,35 @@ def _io(fd: int, ext: Extents, data: np.ndarray, write: bool) -> None:
         raise BackendError(f"{'write' if write else 'read'} of {len(ext)} pieces: {exc}") from exc
 
 
+class _LockSet:
+    """Exclusive POSIX locks on byte ranges ``(lo, hi)``, taken in the given (ascending) order
+    for the ``with`` block; on a failure the locks already taken are released."""
+
+    __slots__ = ("fd", "locks", "taken")
+
+    def __init__(self, fd: int, locks: list[tuple[int, int]]) -> None:
+        self.fd, self.locks, self.taken = fd, locks, 0
+
+    def __enter__(self) -> None:
+        lockf, fd = fcntl.lockf, self.fd
+        try:
+            for lo, hi in self.locks:
+                lockf(fd, fcntl.LOCK_EX, hi - lo, lo)
+                self.taken += 1
+        except OSError as exc:
+            lo, hi = self.locks[self.taken]
+            self.__exit__()
+            raise BackendError(
+                f"cannot lock bytes [{lo}, {hi}) for a sieving write: {exc}"
+            ) from exc
+
+    def __exit__(self, *exc: object) -> None:
+        lockf, fd = fcntl.lockf, self.fd
+        for lo, hi in self.locks[: self.taken]:
+            lockf(fd, fcntl.LOCK_UN, hi - lo, lo)
+        self.taken = 0
+
+
 class _Locked:
     """Exclusive POSIX lock on file bytes ``[lo, hi)`` for the ``with`` block."""
 
@@ -285,9 +314,7 @@ class SievePlan:
         if self._direct is not None:
             (self._direct.write if self.write else self._direct.read)(fd, data)
         for locks, vec in self._plain:
-            with contextlib.ExitStack() as held:
-                for lo, hi in locks:
-                    held.enter_context(_Locked(fd, lo, hi))
+            with _LockSet(fd, locks):
                 vec.write(fd, data)
         for size, spans, copy in self._holey:
             stage = scratch(size, "sieve")
