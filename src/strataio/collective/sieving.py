@@ -297,24 +297,28 @@ class SievePlan:
                 copy = plan_copy(part.mem, at, part.lengths)
             self._holey.append((size, spans, copy))
 
-    def run(self, fd: int, data: np.ndarray) -> None:
-        """Move the planned pieces between ``fd`` and ``data`` (flat ``uint8``)."""
+    def run(self, fd: int, data: np.ndarray, lock: bool = True) -> None:
+        """Move the planned pieces between ``fd`` and ``data`` (flat ``uint8``).
+
+        ``lock=False`` writes hole-free spans without byte-range locks: only for a caller that
+        knows no concurrent writer sieves (spans with holes are always locked).
+        """
         if self.needs_read and not readable(fd):
             raise BackendError(
                 "a sieving write reads its spans back: the descriptor must be open read-write "
                 "(or use romio_ds_write=disable)"
             )
         try:
-            self._run(fd, data)
+            self._run(fd, data, lock)
         except OSError as exc:
             what = "write" if self.write else "read"
             raise BackendError(f"sieving {what} failed: {exc}") from exc
 
-    def _run(self, fd: int, data: np.ndarray) -> None:
+    def _run(self, fd: int, data: np.ndarray, lock: bool) -> None:
         if self._direct is not None:
             (self._direct.write if self.write else self._direct.read)(fd, data)
         for locks, vec in self._plain:
-            with _LockSet(fd, locks):
+            with _LockSet(fd, locks if lock else []):
                 vec.write(fd, data)
         for size, spans, copy in self._holey:
             stage = scratch(size, "sieve")
