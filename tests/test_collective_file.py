@@ -255,25 +255,3 @@ def test_repeated_calls_reuse_plans_correctly(ds: str, tmp_path: Path) -> None:
     finally:
         mt.Free()
         ft.Free()
-
-
-def test_agreement_says_who_sieves(tmp_path: Path) -> None:
-    """A write whose holes a rank would read-modify-write is flagged in the agreement row, so
-    that every rank keeps byte-range locks; hole-free or widely spaced writes are not."""
-    from strataio.collective import twophase
-
-    path = tmp_path / "s.bin"
-    with strataio.File.open(None, path, "w") as f:
-        buf = np.zeros(64 * 100, dtype=np.uint8)
-        for stride, sieves in ((80, True), (64, False), (1 << 16, False)):
-            ft = MPI.BYTE.Create_hvector(100, 64, stride).Commit()
-            try:
-                f.set_view(0, MPI.BYTE, ft)
-                _, access, _ = f._prepare(buf, 0, True)
-                got = twophase.write_sieves(f._fd, access, f._hints)
-                assert got is sieves
-                row = twophase.agreement_row(access, 0, got)
-                assert row[twophase.SIEVES] == int(sieves)
-                f.write_at_all(0, buf)
-            finally:
-                ft.Free()

@@ -261,3 +261,68 @@ def test_reads_match_romio_view(tmp_path):
 def test_concurrent_sieving_writers_match_romio(tmp_path):
     out = run_mpi(4, "sieving_concurrent.py", tmp_path)
     assert out.strip().splitlines()[-1] == "ok"
+
+
+def test_piece_ends_that_overflow_are_refused(tmp_path: Path) -> None:
+    fd = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT)
+    try:
+        big = np.iinfo(np.int64).max - 2
+        ext = Extents(np.array([0, 100]), np.array([4, big]), np.array([0, 4]))
+        with pytest.raises(ShapeMismatchError):
+            sieving.read_direct(fd, ext, np.zeros(16, dtype=np.uint8))
+    finally:
+        os.close(fd)
+
+
+def test_locks_are_released_when_taking_them_is_interrupted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An interrupt while waiting for the second lock releases the first (a held lock would
+    stall every other writer of those bytes until the file is closed)."""
+    import fcntl
+
+    calls: list[tuple[int, int, int]] = []
+    real = fcntl.lockf
+
+    def lockf(fd: int, cmd: int, length: int = 0, start: int = 0, whence: int = 0) -> None:
+        calls.append((cmd, length, start))
+        if cmd == fcntl.LOCK_EX and len(calls) == 2:
+            raise KeyboardInterrupt
+        real(fd, cmd, length, start, whence)
+
+    monkeypatch.setattr(fcntl, "lockf", lockf)
+    fd = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT)
+    try:
+        with pytest.raises(KeyboardInterrupt), sieving._LockSet(fd, [(0, 10), (100, 110)]):
+            pass
+    finally:
+        os.close(fd)
+    assert calls == [(fcntl.LOCK_EX, 10, 0), (fcntl.LOCK_EX, 10, 100), (fcntl.LOCK_UN, 10, 0)]
+
+
+def test_contiguous_writes_are_locked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A one-piece write may lie inside another writer's sieving span: it takes a lock too."""
+    import fcntl
+
+    calls: list[int] = []
+    real = fcntl.lockf
+
+    def lockf(fd: int, cmd: int, length: int = 0, start: int = 0, whence: int = 0) -> None:
+        calls.append(cmd)
+        real(fd, cmd, length, start, whence)
+
+    monkeypatch.setattr(fcntl, "lockf", lockf)
+    fd = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT)
+    try:
+        one = Extents(np.array([64]), np.array([32]))
+        sieving.write_sieved(fd, one, np.ones(32, dtype=np.uint8))
+        sieving.SievePlan(one, 1 << 16, None, write=True).run(fd, np.ones(32, dtype=np.uint8))
+    finally:
+        os.close(fd)
+    assert calls == [fcntl.LOCK_EX, fcntl.LOCK_UN] * 2
+
+
+@pytest.mark.mpi
+def test_contiguous_write_survives_a_concurrent_sieving_writer(tmp_path: Path) -> None:
+    out = run_mpi(2, "contiguous_vs_sieving.py", tmp_path)
+    assert out.strip().splitlines()[-1] == "lost 0"

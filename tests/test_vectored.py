@@ -149,3 +149,31 @@ def test_copy_plans_rerun_on_new_buffers() -> None:
             for d, s, n_ in zip(dst_off.tolist(), src_off.tolist(), lens.tolist()):
                 expect[d : d + n_] = src[s : s + n_]
             assert np.array_equal(dst, expect)
+
+
+def test_reads_cross_a_hole_larger_than_the_kept_scratch(tmp_path: Path) -> None:
+    """A crossed hole bigger than the scratch buffers kept between calls (64 MiB) reads into a
+    buffer that lives until the call is done."""
+    path = tmp_path / "sparse"
+    with open(path, "wb") as fh:
+        fh.truncate(80 << 20)  # sparse: reads as zeros, costs no disk
+        fh.write(b"head")
+        fh.seek(70 << 20)
+        fh.write(b"tail")
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        plan = VectoredPlan(np.array([0, 70 << 20]), np.array([4, 4]), np.array([0, 4]), 80 << 20)
+        assert plan.calls == 1
+        buf = np.zeros(8, dtype=np.uint8)
+        plan.read(fd, buf)
+        assert buf.tobytes() == b"headtail"
+    finally:
+        os.close(fd)
+
+
+def test_piece_ends_that_overflow_are_refused() -> None:
+    big = np.iinfo(np.int64).max - 2
+    with pytest.raises(ValueError, match="overflows"):
+        VectoredPlan(np.array([0, 10]), np.array([4, big]), np.array([0, 4]))
+    with pytest.raises(ValueError, match="overflows"):
+        VectoredPlan(np.array([0, 10]), np.array([4, 8]), np.array([0, big]))

@@ -52,7 +52,7 @@ _MODES = {
 #: file layouts of views and their pairings with memory layouts, remembered across calls and
 #: File objects (a time-stepping code repeats the same view and buffer type every step)
 _file_layouts: LayoutMemo[Extents] = LayoutMemo()
-_access_plans: LayoutMemo[tuple[AccessPlan, bool]] = LayoutMemo(16)  # plans can be large
+_access_plans: LayoutMemo[tuple[AccessPlan, bool]] = LayoutMemo()
 
 
 def _os_error(exc: OSError, path: str) -> StrataError:
@@ -469,14 +469,12 @@ class File:
             self._check_open()
             err: Exception | None = None
             spec = access = None
-            unpack = sieves = False
+            unpack = False
             try:
                 spec, access, unpack = self._prepare(buf, offset, write)
-                if write and self._hints.romio_cb_write != "enable":
-                    sieves = twophase.write_sieves(self._fd, access, self._hints)
             except Exception as exc:  # any failure here must reach the other ranks
                 err = exc
-            row = twophase.agreement_row(access, 1 if err is not None else 0, sieves)
+            row = twophase.agreement_row(access, 1 if err is not None else 0)
             stats = twophase.agree(self._comm, row)
             if stats[:, twophase.ERR].any():
                 _raise_agreed(self._comm, err)
@@ -497,12 +495,9 @@ class File:
         if not two:
             # Every rank already knows the call is valid; an I/O failure now is this rank's
             # own and no rank waits on another, so it is raised here without a collective.
-            # Byte-range locks guard against another writer's read-modify-write; the
-            # agreement says whether any rank of this call sieves.
             try:
                 if write:
-                    lock = bool(stats[:, twophase.SIEVES].any())
-                    twophase.write_independent(self._fd, access, hints, lock=lock)
+                    twophase.write_independent(self._fd, access, hints)
                 else:
                     twophase.read_independent(self._fd, access, hints)
             except OSError as exc:

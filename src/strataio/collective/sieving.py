@@ -31,9 +31,10 @@ joins two neighbouring runs into one span when the hole between them is at most
 ``SYSCALL_BYTES`` for reads. A write that skips a hole pays three system calls for the run
 after it (lock, write, unlock), a write through it pays the hole's bytes twice (read, then
 written back), so writes join runs across holes of up to ``3/2 * SYSCALL_BYTES`` (measured:
-HPIO's 4 KiB regions with 4224-byte holes at 2 ranks write in 16 ms sieved, 35 ms direct). ``enable`` sieves every hole that fits
-in a buffer (ROMIO's behaviour); ``disable`` never sieves. A contiguous access is never sieved
-and never locked.
+HPIO's 4 KiB regions with 4224-byte holes at 2 ranks write in 16 ms sieved, 35 ms direct).
+``enable`` sieves every hole that fits in a buffer (ROMIO's behaviour); ``disable`` never
+sieves. A contiguous access is never sieved; a contiguous write is still locked, since a
+concurrent sieving writer's span may cover it.
 """
 
 from __future__ import annotations
@@ -76,11 +77,8 @@ def _prepare(ext: Extents, buf: Any, writable: bool) -> tuple[Extents, np.ndarra
     if len(ext):
         if int(ext.offsets.min()) < 0:
             raise StrataError(f"negative file offset {int(ext.offsets.min())}")
-        if int(ext.mem.min()) < 0 or int((ext.mem + ext.lengths).max()) > data.size:
-            raise ShapeMismatchError(
-                f"pieces reach byte {int((ext.mem + ext.lengths).max())} of a "
-                f"{data.size}-byte buffer"
-            )
+        if int(ext.mem.min()) < 0 or bool((ext.lengths > data.size - ext.mem).any()):
+            raise ShapeMismatchError(f"pieces reach past the end of a {data.size}-byte buffer")
     return ext, data
 
 
@@ -190,18 +188,27 @@ class _LockSet:
             for lo, hi in self.locks:
                 lockf(fd, fcntl.LOCK_EX, hi - lo, lo)
                 self.taken += 1
-        except OSError as exc:
+        except BaseException as exc:  # an interrupt while waiting must not leave locks held
             lo, hi = self.locks[self.taken]
             self.__exit__()
-            raise BackendError(
-                f"cannot lock bytes [{lo}, {hi}) for a sieving write: {exc}"
-            ) from exc
+            if isinstance(exc, OSError):
+                raise BackendError(
+                    f"cannot lock bytes [{lo}, {hi}) for a sieving write: {exc}"
+                ) from exc
+            raise
 
     def __exit__(self, *exc: object) -> None:
-        lockf, fd = fcntl.lockf, self.fd
-        for lo, hi in self.locks[: self.taken]:
-            lockf(fd, fcntl.LOCK_UN, hi - lo, lo)
-        self.taken = 0
+        taken, self.taken = self.locks[: self.taken], 0
+        self._release(taken)
+
+    def _release(self, locks: list[tuple[int, int]]) -> None:
+        """Release ``locks``; every one is tried even when one release fails."""
+        for k, (lo, hi) in enumerate(locks):
+            try:
+                fcntl.lockf(self.fd, fcntl.LOCK_UN, hi - lo, lo)
+            except BaseException:
+                self._release(locks[k + 1 :])
+                raise
 
 
 class _Locked:
@@ -248,8 +255,12 @@ class SievePlan:
         self._plain: list[tuple[list[tuple[int, int]], VectoredPlan]] = []
         self._holey: list[tuple[int, list[tuple[int, int, int]], CopyPlan]] = []
         self.needs_read = False
-        if len(ext) <= 1:  # a contiguous access is never sieved and never locked
-            self._direct = VectoredPlan(ext.offsets, ext.lengths, ext.mem)
+        if len(ext) <= 1:  # a contiguous access is never sieved
+            vec = VectoredPlan(ext.offsets, ext.lengths, ext.mem)
+            if write and len(ext):  # but locked: a sieving writer must not undo it
+                self._plain.append(([(ext.first, ext.last)], vec))
+            else:
+                self._direct = vec
             return
         sp_off, sp_len, holey = plan_spans(ext, buffer_size, max_hole)
         self.needs_read = bool(write and holey.any())
@@ -297,28 +308,24 @@ class SievePlan:
                 copy = plan_copy(part.mem, at, part.lengths)
             self._holey.append((size, spans, copy))
 
-    def run(self, fd: int, data: np.ndarray, lock: bool = True) -> None:
-        """Move the planned pieces between ``fd`` and ``data`` (flat ``uint8``).
-
-        ``lock=False`` writes hole-free spans without byte-range locks: only for a caller that
-        knows no concurrent writer sieves (spans with holes are always locked).
-        """
+    def run(self, fd: int, data: np.ndarray) -> None:
+        """Move the planned pieces between ``fd`` and ``data`` (flat ``uint8``)."""
         if self.needs_read and not readable(fd):
             raise BackendError(
                 "a sieving write reads its spans back: the descriptor must be open read-write "
                 "(or use romio_ds_write=disable)"
             )
         try:
-            self._run(fd, data, lock)
+            self._run(fd, data)
         except OSError as exc:
             what = "write" if self.write else "read"
             raise BackendError(f"sieving {what} failed: {exc}") from exc
 
-    def _run(self, fd: int, data: np.ndarray, lock: bool) -> None:
+    def _run(self, fd: int, data: np.ndarray) -> None:
         if self._direct is not None:
             (self._direct.write if self.write else self._direct.read)(fd, data)
         for locks, vec in self._plain:
-            with _LockSet(fd, locks if lock else []):
+            with _LockSet(fd, locks):
                 vec.write(fd, data)
         for size, spans, copy in self._holey:
             stage = scratch(size, "sieve")
@@ -386,15 +393,16 @@ def write_sieved(
 
     Spans of about ``buffer_size`` bytes (``ind_wr_buffer_size``) with holes are read, patched
     and written back under an exclusive ``fcntl`` lock; see the module docs for the locking
-    contract. A contiguous access is written directly without a lock. ``fd`` must be open
+    contract. A contiguous access is written directly, under one lock. ``fd`` must be open
     for reading and writing.
     """
     ext, data = _prepare(extents, buf, writable=False)
     if len(ext) == 0:
         return
     ext = ext.sort()
-    if len(ext) == 1:
-        _io(fd, ext, data, write=True)
+    if len(ext) == 1:  # contiguous: never sieved, but locked against sieving writers
+        with _Locked(fd, ext.first, ext.last):
+            _io(fd, ext, data, write=True)
         return
     _sieve(fd, ext, data, buffer_size, max_hole, write=True)
 

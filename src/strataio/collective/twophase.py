@@ -5,11 +5,9 @@ byte position of each piece in the rank's buffer — the caller's own memory, or
 when the memory layout is much finer than the file's) and that buffer. A collective call then
 runs:
 
-1. **Agreement** — one ``Allgather`` of six integers per rank (error code, first and last byte
-   touched, bytes, pieces, and whether its independent write would sieve). An error anywhere
-   is known everywhere before any byte moves, and the same numbers drive the choice below, so
-   every rank takes the same path; when no rank sieves, independent writes skip byte-range
-   locks (no rank rewrites bytes it does not own).
+1. **Agreement** — one ``Allgather`` of five integers per rank (error code, first and last byte
+   touched, bytes, pieces). An error anywhere is known everywhere before any byte moves, and
+   the same numbers drive the choice below, so every rank takes the same path.
 2. **Choice** (``romio_cb_read`` / ``romio_cb_write`` = enable / disable / automatic). ROMIO's
    own heuristic only asks "do the ranks' ranges interleave?". On a node-local file system with
    a page cache the exchange costs as much as the I/O it saves, so *automatic* also goes
@@ -58,7 +56,7 @@ _I64 = np.int64
 LARGE_PIECE = 64
 
 # Columns of the agreement row.
-ERR, FIRST, LAST, NBYTES, NPIECES, SIEVES = range(6)
+ERR, FIRST, LAST, NBYTES, NPIECES = range(5)
 
 
 class AccessPlan:
@@ -89,12 +87,12 @@ class Access:
     plan: AccessPlan | None = None
 
 
-def agreement_row(access: Access | None, err: int, sieves: bool = False) -> np.ndarray:
-    """This rank's six agreement numbers (see the module docstring)."""
+def agreement_row(access: Access | None, err: int) -> np.ndarray:
+    """This rank's five agreement numbers (see the module docstring)."""
     if access is None:
-        return np.array([err, 0, 0, 0, 0, 0], dtype=_I64)
+        return np.array([err, 0, 0, 0, 0], dtype=_I64)
     plan = access.plan if access.plan is not None else AccessPlan(access.file)
-    return np.array((err, *plan.summary, int(sieves)), dtype=_I64)
+    return np.array((err, *plan.summary), dtype=_I64)
 
 
 def agree(comm: MPI.Comm, row: np.ndarray) -> np.ndarray:
@@ -340,12 +338,13 @@ def _aggregate_read(
 
 
 # ---------------------------------------------------------------------------- independent
-def _write_plan(fd: int, access: Access, hints: Any) -> sieving.SievePlan | None:
-    """The (remembered) sieving plan of this rank's independent write; None when the hints or
-    a write-only descriptor rule sieving out."""
+def write_independent(fd: int, access: Access, hints: Any) -> None:
+    """This rank's pieces written by itself: sieving under byte-range locks by the
+    ``romio_ds_write`` hint (:mod:`strataio.collective.sieving`), planned once per layout."""
     ds = str(getattr(hints, "romio_ds_write", "automatic")).lower()
     if ds == "disable" or not sieving.readable(fd):
-        return None
+        sieving.write_independent(fd, access.file, access.stream, hints)
+        return
     size = int(getattr(hints, "ind_wr_buffer_size", sieving.DEFAULT_WR_BUFFER))
     hole = sieving.hole_limit(ds, write=True)
     plans = access.plan.writes if access.plan is not None else {}
@@ -353,29 +352,7 @@ def _write_plan(fd: int, access: Access, hints: Any) -> sieving.SievePlan | None
     plan = plans.get(key)
     if plan is None:
         plan = plans[key] = sieving.SievePlan(access.file.compact().sort(), size, hole, True)
-    return plan
-
-
-def write_sieves(fd: int, access: Access, hints: Any) -> bool:
-    """Whether this rank's independent write would read-modify-write spans with holes."""
-    plan = _write_plan(fd, access, hints)
-    return plan is not None and plan.needs_read
-
-
-def write_independent(fd: int, access: Access, hints: Any, lock: bool = True) -> None:
-    """This rank's pieces written by itself: sieving under byte-range locks by the
-    ``romio_ds_write`` hint (:mod:`strataio.collective.sieving`), planned once per layout.
-
-    ``lock=False`` writes hole-free pieces without byte-range locks. A collective call passes
-    it when the agreement shows that no rank of the call sieves: the call's ranks are then the
-    only writers of the file (MPI's consistency rules for one file handle) and none of them
-    rewrites bytes it does not own.
-    """
-    plan = _write_plan(fd, access, hints)
-    if plan is None:
-        sieving.write_independent(fd, access.file, access.stream, hints)
-    else:
-        plan.run(fd, access.stream, lock=lock)
+    plan.run(fd, access.stream)
 
 
 def read_independent(fd: int, access: Access, hints: Any) -> None:

@@ -25,7 +25,10 @@ import numpy as np
 
 from strataio.layout.pieces import scratch
 
-IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
+IOV_MAX = (os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 0) or 1024
+if IOV_MAX < 0:  # "no limit" from sysconf: keep calls bounded anyway
+    IOV_MAX = 1024
+_I64_MAX = np.iinfo(np.int64).max
 
 __all__ = ["IOV_MAX", "VectoredPlan"]
 
@@ -88,9 +91,12 @@ class VectoredPlan:
         if not keep.all():
             offsets, lengths, mem = offsets[keep], lengths[keep], mem[keep]
         n = offsets.size
+        if n and (int(mem.min()) < 0 or int(offsets.min()) < 0):
+            raise ValueError("vectored I/O: a piece starts before its buffer or its file")
+        # The kernel writes wherever the table points: no end may wrap around int64.
+        if n and bool(((lengths > _I64_MAX - mem) | (lengths > _I64_MAX - offsets)).any()):
+            raise ValueError("vectored I/O: a piece's end overflows 64 bits")
         self.need = int((mem + lengths).max()) if n else 0
-        if n and int(mem.min()) < 0:
-            raise ValueError("vectored I/O: a piece starts before its buffer")
         ends = offsets + lengths
         holes = offsets[1:] - ends[:-1]  # < 0: the next piece starts a call of its own
         crossed = (holes > 0) & (holes <= max_hole)  # read through inside one call
@@ -161,14 +167,16 @@ class VectoredPlan:
             return
         iov = self._table0.copy()
         iov[:, 0] += _address(buf)
+        hole = None  # the hole buffer must outlive the calls (scratch may not keep it)
         if self._hole_idx.size:
-            iov[self._hole_idx, 0] = _address(scratch(self._hole_max, "hole"))
+            hole = scratch(self._hole_max, "hole")
+            iov[self._hole_idx, 0] = _address(hole)
         call = _LIBC[1] if write else _LIBC[0]
-        addr = _address(iov)
+        addr, step = _address(iov), iov.strides[0]
         bounds, want, pos = self._bounds, self._want, self._pos
         for g in range(len(bounds) - 1):
             s = bounds[g]
-            done = _call(call, fd, addr + s * 16, bounds[g + 1] - s, pos[g])
+            done = _call(call, fd, addr + s * step, bounds[g + 1] - s, pos[g])
             if done != want[g]:
                 self._finish(fd, buf, g, done, write)
 
@@ -207,10 +215,7 @@ class VectoredPlan:
             m, pos = int(self._mem[k]) + skip, int(self._filepos[k]) + skip
             rest = memoryview(buf)[m : m + n - skip]
             while len(rest):
-                try:
-                    moved = os.pwrite(fd, rest, pos) if write else os.preadv(fd, [rest], pos)
-                except InterruptedError:
-                    continue
+                moved = os.pwrite(fd, rest, pos) if write else os.preadv(fd, [rest], pos)
                 if moved == 0:
                     if write:
                         raise OSError(errno.EIO, "write made no progress")
