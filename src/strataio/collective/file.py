@@ -52,7 +52,7 @@ _MODES = {
 #: file layouts of views and their pairings with memory layouts, remembered across calls and
 #: File objects (a time-stepping code repeats the same view and buffer type every step)
 _file_layouts: LayoutMemo[Extents] = LayoutMemo()
-_access_plans: LayoutMemo[tuple[AccessPlan, bool]] = LayoutMemo()
+_access_plans: LayoutMemo[tuple[AccessPlan, bool]] = LayoutMemo(16)  # plans can be large
 
 
 def _os_error(exc: OSError, path: str) -> StrataError:
