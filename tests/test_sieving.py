@@ -174,12 +174,18 @@ def test_automatic_skips_sieving_across_wide_holes(tmp_path):
 
 
 def test_sieving_writes_lock_their_holes_and_automatic_skips_wide_ones(tmp_path):
-    """Another process locks a hole: the cost model writes around it at once (no sieving
-    across 64 KiB holes), while forced sieving waits for the lock, then completes."""
+    """Another process locks bytes inside a hole. The cost model writes around 64 KiB holes
+    (no read-modify-write: the hole's bytes are never read or written back), under one lock per
+    batch that spans the hole, so it waits for the holder as forced sieving does; both finish
+    once the holder lets go, and the hole keeps its bytes."""
     path = tmp_path / "l.bin"
     path.write_bytes(bytes(1 << 19))
     ext = Extents(np.arange(8) * 65536, np.full(8, 100))
     data = np.arange(800, dtype=np.uint8)
+    assert not sieving.SievePlan(
+        ext, 1 << 20, sieving.hole_limit("automatic", True), True
+    ).needs_read
+    assert sieving.SievePlan(ext, 1 << 20, sieving.hole_limit("enable", True), True).needs_read
     holder = subprocess.Popen(
         [
             sys.executable,
@@ -197,20 +203,32 @@ def test_sieving_writes_lock_their_holes_and_automatic_skips_wide_ones(tmp_path)
     fd = os.open(path, os.O_RDWR)
     try:
         assert holder.stdout.readline().strip() == "locked"
-        sieving.write_independent(fd, ext, data, {"romio_ds_write": "automatic"})
-        done = threading.Event()
+        done = {"automatic": threading.Event(), "enable": threading.Event()}
 
-        def forced() -> None:
-            sieving.write_independent(fd, ext, data[::-1].copy(), {"romio_ds_write": "enable"})
-            done.set()
+        def write(mode: str, payload: np.ndarray) -> None:
+            sieving.write_independent(fd, ext, payload, {"romio_ds_write": mode})
+            done[mode].set()
 
-        worker = threading.Thread(target=forced)
-        worker.start()
-        assert not done.wait(0.5)  # blocked on the hole the other process holds
+        workers = [
+            threading.Thread(target=write, args=("automatic", data)),
+            threading.Thread(target=write, args=("enable", data[::-1].copy())),
+        ]
+        for w in workers:
+            w.start()
+        assert not done["automatic"].wait(0.5)  # both wait on the bytes the holder locked
+        assert not done["enable"].is_set()
         holder.stdin.write("\n")
         holder.stdin.flush()
-        assert done.wait(20)
-        worker.join()
+        assert done["automatic"].wait(20) and done["enable"].wait(20)
+        for w in workers:
+            w.join()
+        back = np.fromfile(path, dtype=np.uint8)
+        for k in range(8):  # the pieces hold one writer's bytes, the holes are untouched
+            piece = back[k * 65536 : k * 65536 + 100]
+            assert np.array_equal(piece, data[k * 100 : k * 100 + 100]) or np.array_equal(
+                piece, data[::-1][k * 100 : k * 100 + 100]
+            )
+            assert not back[k * 65536 + 100 : (k + 1) * 65536].any()
     finally:
         holder.kill()
         holder.wait()

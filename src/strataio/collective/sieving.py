@@ -17,9 +17,10 @@ pieces must not overlap in the file (as MPI requires of one access).
 
 Locking. A sieving write rewrites the holes of its spans, so a concurrent writer of those holes
 could be undone. :func:`write_sieved` therefore holds an exclusive POSIX byte-range lock
-(``fcntl.lockf``) on each span across its read, modify and write, and also locks each
-hole-free span it writes directly, so that any number of processes writing interleaved bytes
-through :func:`write_sieved` leave a correct file. A process that writes the same file without
+(``fcntl.lockf``) on each span across its read, modify and write, and also locks the
+hole-free spans it writes directly (one lock per batch of them, covering the gaps between
+them too), so that any number of processes writing interleaved bytes through
+:func:`write_sieved` leave a correct file. A process that writes the same file without
 sieving concurrently must pass ``lock=True`` to :func:`write_direct`. POSIX locks belong to
 the process: threads of one process do not exclude each other, and closing any descriptor of
 the file releases the process's locks on it.
@@ -66,7 +67,6 @@ __all__ = [
 
 DEFAULT_RD_BUFFER = 4194304
 DEFAULT_WR_BUFFER = 524288
-_MAX_LOCKS = 1024  # byte-range locks one process holds at a time
 
 
 # --------------------------------------------------------------------------- planning
@@ -267,22 +267,22 @@ class SievePlan:
         span_of = np.searchsorted(sp_off, ext.offsets, side="right") - 1
         in_holey = holey[span_of]
         plain = ext.take(~in_holey)
-        # Hole-free spans are moved in place. For writes, each is locked on its own bytes (a
-        # lock spanning the gaps would stall writers of bytes never touched here); a group of
-        # spans is locked in ascending order, then written in one batched call.
+        # Hole-free spans are moved in place. For writes, each batch of about buffer_size bytes
+        # of them is written in one batched call under one lock from its first byte to its
+        # last. The lock also covers the gaps between the spans, stalling their writers for
+        # one batch, but costs two fcntl calls per batch instead of two per span (HPIO 4 KiB
+        # regions at 4 ranks: 0.56-0.64 -> 1.20-1.31 times ROMIO, paired runs).
         if len(plain) and not write:
             self._direct = VectoredPlan(plain.offsets, plain.lengths, plain.mem)
         elif len(plain):
             ok = np.flatnonzero(~holey)
-            o_off, o_len = sp_off[ok], sp_len[ok]
+            o_off, o_end = sp_off[ok], sp_off[ok] + sp_len[ok]
             cut = np.searchsorted(plain.offsets, o_off).tolist() + [len(plain)]
-            bounds = _batches(o_len, buffer_size)
+            bounds = _batches(sp_len[ok], buffer_size)
             for g0, g1 in zip(bounds[:-1], bounds[1:]):
-                for h0 in range(g0, g1, _MAX_LOCKS):
-                    h1 = min(h0 + _MAX_LOCKS, g1)
-                    part = plain.take(slice(cut[h0], cut[h1]))
-                    locks = list(zip(o_off[h0:h1].tolist(), (o_off + o_len)[h0:h1].tolist()))
-                    self._plain.append((locks, VectoredPlan(part.offsets, part.lengths, part.mem)))
+                part = plain.take(slice(cut[g0], cut[g1]))
+                lock = [(int(o_off[g0]), int(o_end[g1 - 1]))]
+                self._plain.append((lock, VectoredPlan(part.offsets, part.lengths, part.mem)))
         # Spans with holes go through a staging buffer, in batches of about buffer_size bytes.
         hs = np.flatnonzero(holey)
         if hs.size == 0:
