@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-from strataio.errors import InvalidKeyError, NotFoundError
+from strataio.errors import InvalidKeyError, NotFoundError, ShapeMismatchError
 from strataio.layout.extents import Extents
 from strataio.storage.posix import TMP_SUFFIX, PosixBackend
 from strataio.storage.vectored import IOV_MAX
@@ -175,3 +175,18 @@ def test_readinto_range_and_sizes(backend: PosixBackend) -> None:
     assert bytes(buf) == data[9996:].tobytes() + b"\0" * 4
     with pytest.raises(NotFoundError):
         backend.readinto_range("missing", 0, memoryview(bytearray(4)))
+
+
+def test_pieces_outside_the_buffer_are_refused(tmp_path) -> None:
+    b = PosixBackend(tmp_path)
+    b.put("k", bytes(100))
+    ext = Extents(np.array([0, 50]), np.array([10, 10]), np.array([0, 30]))
+    with pytest.raises(ShapeMismatchError, match="reach byte 40"):
+        b.readinto("k", ext, bytearray(39))
+    with pytest.raises(ShapeMismatchError, match="overflows"):
+        b.write(
+            "k",
+            Extents(np.array([0]), np.array([np.iinfo(np.int64).max - 1]), np.array([5])),
+            bytes(8),
+        )
+    assert b.get("k") == bytes(100)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from strataio.errors import BackendError, NotFoundError
+from strataio.errors import BackendError, NotFoundError, ShapeMismatchError
 from strataio.layout.extents import Extents
 from strataio.storage.base import Backend, BytesLike, Capabilities, Version, validate_key
 from strataio.storage.vectored import VectoredPlan
@@ -32,11 +32,14 @@ def _transfer(fd: int, ext: Extents, buf: memoryview, write: bool) -> None:
     if len(ext) == 0:
         return
     data = np.frombuffer(buf, dtype=np.uint8) if write else np.ndarray(len(buf), np.uint8, buf)
-    plan = VectoredPlan(ext.offsets, ext.lengths, ext.mem)
-    if write:
-        plan.write(fd, data)
-    else:
-        plan.read(fd, data)
+    try:
+        plan = VectoredPlan(ext.offsets, ext.lengths, ext.mem)
+        if write:
+            plan.write(fd, data)
+        else:
+            plan.read(fd, data)
+    except ValueError as exc:  # pieces outside the buffer or the file: refused before any I/O
+        raise ShapeMismatchError(str(exc)) from None
 
 
 def _finish_short(fd: int, views: list[memoryview], pos: int, done: int, write: bool) -> None:
