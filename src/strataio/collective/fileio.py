@@ -114,13 +114,12 @@ class ReadPlan:
     way or the other.
     """
 
-    __slots__ = ("_batches", "_direct", "nbytes")
+    __slots__ = ("_batches", "_direct")
 
     def __init__(
         self, ext: Extents, max_span: int, max_hole: int, scatter: bool | None = None
     ) -> None:
         ext = ext.compact()
-        self.nbytes = ext.nbytes
         self._direct: VectoredPlan | None = None
         self._batches: list[tuple[int, VectoredPlan, CopyPlan]] = []
         if len(ext) == 0:

@@ -40,7 +40,6 @@ concurrent sieving writer's span may cover it.
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import os
 from typing import Any
@@ -162,7 +161,7 @@ def write_direct(fd: int, extents: Extents, buf: Any, *, lock: bool = False) -> 
         _io(fd, ext, data, write=True)
         return
     runs = ext.union()
-    with _Locked(fd, runs.first, runs.last):
+    with _LockSet(fd, [(runs.first, runs.last)]):
         _io(fd, ext, data, write=True)
 
 
@@ -180,7 +179,8 @@ class _LockSet:
     __slots__ = ("fd", "locks", "taken")
 
     def __init__(self, fd: int, locks: list[tuple[int, int]]) -> None:
-        self.fd, self.locks, self.taken = fd, locks, 0
+        # an empty range must not reach lockf: length 0 there means "to the end of the file"
+        self.fd, self.locks, self.taken = fd, [r for r in locks if r[1] > r[0]], 0
 
     def __enter__(self) -> None:
         lockf, fd = fcntl.lockf, self.fd
@@ -209,28 +209,6 @@ class _LockSet:
             except BaseException:
                 self._release(locks[k + 1 :])
                 raise
-
-
-class _Locked:
-    """Exclusive POSIX lock on file bytes ``[lo, hi)`` for the ``with`` block."""
-
-    __slots__ = ("fd", "hi", "lo")
-
-    def __init__(self, fd: int, lo: int, hi: int) -> None:
-        self.fd, self.lo, self.hi = fd, int(lo), int(hi)
-
-    def __enter__(self) -> None:
-        if self.hi > self.lo:
-            try:
-                fcntl.lockf(self.fd, fcntl.LOCK_EX, self.hi - self.lo, self.lo)
-            except OSError as exc:
-                raise BackendError(
-                    f"cannot lock bytes [{self.lo}, {self.hi}) for a sieving write: {exc}"
-                ) from exc
-
-    def __exit__(self, *exc: object) -> None:
-        if self.hi > self.lo:
-            fcntl.lockf(self.fd, fcntl.LOCK_UN, self.hi - self.lo, self.lo)
 
 
 # --------------------------------------------------------------------------- sieving
@@ -334,27 +312,14 @@ class SievePlan:
                     pread_into(fd, stage[p : p + n], o)
                 copy.run(data, stage)
                 continue
-            # Each span is locked before it is read and stays locked until written back. Locks
+            # Every span is locked before it is read and stays locked until written back. Locks
             # are taken in ascending offset order by every writer, so no two wait on each other.
-            with contextlib.ExitStack() as held:
+            with _LockSet(fd, [(o, o + n) for o, n, _ in spans]):
                 for o, n, p in spans:
-                    held.enter_context(_Locked(fd, o, o + n))
                     pread_into(fd, stage[p : p + n], o)
                 copy.run(stage, data)
                 for o, n, p in spans:
                     pwrite_from(fd, stage[p : p + n], o)
-
-
-def _sieve(
-    fd: int,
-    ext: Extents,
-    data: np.ndarray,
-    buffer_size: int,
-    max_hole: int | None,
-    write: bool,
-) -> None:
-    """Move sorted pieces ``ext`` through covering spans (see module docs)."""
-    SievePlan(ext, buffer_size, max_hole, write).run(fd, data)
 
 
 def read_sieved(
@@ -374,11 +339,7 @@ def read_sieved(
     ext, data = _prepare(extents, buf, writable=True)
     if len(ext) == 0:
         return
-    ext = ext.sort()
-    if len(ext) == 1:
-        _io(fd, ext, data, write=False)
-        return
-    _sieve(fd, ext, data, buffer_size, max_hole, write=False)
+    SievePlan(ext.sort(), buffer_size, max_hole, write=False).run(fd, data)
 
 
 def write_sieved(
@@ -399,12 +360,7 @@ def write_sieved(
     ext, data = _prepare(extents, buf, writable=False)
     if len(ext) == 0:
         return
-    ext = ext.sort()
-    if len(ext) == 1:  # contiguous: never sieved, but locked against sieving writers
-        with _Locked(fd, ext.first, ext.last):
-            _io(fd, ext, data, write=True)
-        return
-    _sieve(fd, ext, data, buffer_size, max_hole, write=True)
+    SievePlan(ext.sort(), buffer_size, max_hole, write=True).run(fd, data)
 
 
 # --------------------------------------------------------------------------- hint-driven

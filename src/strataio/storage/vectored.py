@@ -69,6 +69,7 @@ class VectoredPlan:
 
     __slots__ = (
         "_bounds",
+        "_entries",
         "_filepos",
         "_hole_idx",
         "_hole_max",
@@ -131,6 +132,7 @@ class VectoredPlan:
         self._table0[:, 1] = self._lens
         # A few entries are cheaper as a memoryview list than as a table (no numpy per call).
         self._small = total <= _SMALL and self._hole_idx.size == 0
+        self._entries: list[tuple[int, int, bool]] | None = None
 
     @property
     def calls(self) -> int:
@@ -182,18 +184,16 @@ class VectoredPlan:
 
     def _run_os(self, fd: int, buf: np.ndarray, write: bool) -> None:
         """The same calls through ``os.preadv`` / ``os.pwritev`` (no ctypes)."""
+        if self._entries is None:  # (mem, length, is_hole) per entry, kept for the next call
+            is_hole = np.zeros(self._mem.size, dtype=bool)
+            is_hole[self._hole_idx] = True
+            self._entries = list(zip(self._mem.tolist(), self._lens.tolist(), is_hole.tolist()))
         mv = memoryview(buf)
-        hole = memoryview(scratch(max(self._hole_max, 1), "hole"))
-        is_hole = np.zeros(self._mem.size, dtype=bool)
-        is_hole[self._hole_idx] = True
-        mems, lens, holes = self._mem.tolist(), self._lens.tolist(), is_hole.tolist()
+        hole = memoryview(scratch(self._hole_max, "hole")) if self._hole_max else mv
         call = os.pwritev if write else os.preadv
         for g in range(len(self._bounds) - 1):
-            s, e = self._bounds[g], self._bounds[g + 1]
-            views = [
-                hole[:n] if h else mv[m : m + n]
-                for m, n, h in zip(mems[s:e], lens[s:e], holes[s:e])
-            ]
+            entries = self._entries[self._bounds[g] : self._bounds[g + 1]]
+            views = [hole[:n] if h else mv[m : m + n] for m, n, h in entries]
             done = call(fd, views, self._pos[g])
             if done != self._want[g]:
                 self._finish(fd, buf, g, done, write)
