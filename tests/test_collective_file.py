@@ -14,9 +14,10 @@ from mpi4py import MPI
 
 import strataio
 from mpirun import run_mpi
+from strataio.collective.bufspec import parse_buffer
 from strataio.collective.realms import EvenRealms, select_aggregators
 from strataio.collective.twophase import use_two_phase
-from strataio.errors import ShapeMismatchError, ViewError
+from strataio.errors import ReadOnlyError, ShapeMismatchError, ViewError
 from strataio.layout.pieces import copy_pieces
 
 
@@ -92,6 +93,33 @@ def test_serial_buffer_specs(tmp_path: Path) -> None:
             f.write_at(0, np.zeros(3, dtype=np.uint8))
     raw = np.fromfile(tmp_path / "g.bin", dtype=np.float64)
     assert np.array_equal(raw, [0, 3, 6, 9, 1, 0, 1])
+
+
+def test_buffer_spec_layouts_follow_buffer_count_and_datatype() -> None:
+    """Layouts of buffer specs are remembered per datatype; each call still gets its own."""
+    col = MPI.DOUBLE.Create_vector(4, 1, 3).Commit()
+    small, big = np.zeros(12), np.zeros(24)
+    assert parse_buffer([small, col], writable=True).nbytes == 32  # as many as fit: one
+    assert parse_buffer([big, col], writable=True).nbytes == 64  # two
+    two = parse_buffer([big, 2, col], writable=True)
+    # extent 80: the pieces [72, 80) and [80, 88) of the two instances merge
+    assert two.mem.offsets.tolist() == [0, 24, 48, 72, 104, 128, 152]
+    with pytest.raises(ShapeMismatchError):
+        parse_buffer([small, 2, col], writable=True)
+    col.Free()
+    row = MPI.DOUBLE.Create_contiguous(3).Commit()  # may reuse the freed handle
+    spec = parse_buffer([small, 2, row], writable=True)
+    assert spec.contiguous and spec.nbytes == 48
+    row.Free()
+    grid = np.arange(6, dtype=np.float64).reshape(2, 3)
+    spec = parse_buffer(grid, writable=True)
+    assert spec.nbytes == 48 and np.shares_memory(spec.data, grid)
+    assert spec.data.view(np.float64).tolist() == list(range(6))
+    frozen = np.zeros(4)
+    frozen.flags.writeable = False
+    assert parse_buffer(frozen, writable=False).nbytes == 32
+    with pytest.raises(ReadOnlyError):
+        parse_buffer(frozen, writable=True)
 
 
 def test_copy_pieces_matches_brute_force() -> None:

@@ -5,7 +5,8 @@ Run under ``mpiexec -n N python -m strataio.bench.collective --pattern P``; the
 same data through the same file view with the same hints, then reads it back; a rank's time is
 one ``*_all`` call (open and close excluded), the call's time is the slowest rank's, and the
 figure is aggregate bytes / that time, median over repetitions. Repetitions go round-robin over
-the contenders (after one untimed round), so no contender always runs first.
+the contenders (after one untimed round), so no contender always runs first. Every write goes to
+a newly created file; reads go into a buffer the contender reuses, zeroed before each call.
 
 A second figure, *wall*, divides by the time from the first rank's start to the last rank's end
 on the node's monotonic clock (IOR's definition). The two differ when ranks leave the barrier
@@ -159,7 +160,7 @@ def _one(
             info.Set(k, v)
         amode = MPI.MODE_RDWR | MPI.MODE_CREATE if write else MPI.MODE_RDONLY
         if write and comm.Get_rank() == 0 and os.path.exists(path):
-            os.truncate(path, 0)
+            os.truncate(path, 0)  # the same as strataio's mode "w" when the file exists
         comm.Barrier()
         fh = MPI.File.Open(comm, path, amode, info)
         fh.Set_view(case.disp, case.etype, case.filetype, "native", info)
@@ -190,12 +191,23 @@ def run(pattern: str, reps: int, workdir: str, scale: float) -> list[dict[str, A
         walls: dict[str, list[float]] = {c: [] for c in CONTENDERS}
         # Round-robin: every repetition runs each contender once, so drift in the machine's
         # speed and the cost of coming first spread evenly; round 0 is an untimed warm-up.
+        # Each contender reads into its own buffer, allocated once and zeroed before each call
+        # (as an application reuses its arrays): a fresh allocation per call would time the
+        # page faults of whatever memory malloc hands out, which differs from call to call.
+        outs = {c: np.zeros_like(case.buf) for c in CONTENDERS}
         for rep in range(reps + 1):
             for contender in CONTENDERS:
                 path = os.path.join(workdir, f"{pattern}.{contender.replace(' ', '_')}")
-                out = np.zeros_like(case.buf)
+                out = outs[contender]
+                out.fill(0)
                 if op == "read" and not os.path.exists(path):
                     _one(comm, contender, case, path, True, out)
+                if op == "write":
+                    # A new file each time: truncating one whose blocks are still being
+                    # written back makes ext4 wait for that writeback (noise, not I/O code).
+                    if rank == 0 and os.path.exists(path):
+                        os.unlink(path)
+                    comm.Barrier()
                 t, wall, chosen = _one(comm, contender, case, path, op == "write", out)
                 if rep:
                     times[contender].append(t)
@@ -204,7 +216,7 @@ def run(pattern: str, reps: int, workdir: str, scale: float) -> list[dict[str, A
                     row["path"] = chosen
                 if op == "read" and rep == reps:  # every contender must read the same bytes
                     if reference is None:
-                        reference = out
+                        reference = out.copy()
                     elif not np.array_equal(out, reference):
                         raise SystemExit(f"{pattern}: {contender} read different data")
         for contender in CONTENDERS:

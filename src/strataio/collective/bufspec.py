@@ -15,32 +15,37 @@ pack order, with their positions in the packed data stream).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
 from typing import Any
 
 import numpy as np
 from mpi4py import MPI
 
 from strataio.errors import ReadOnlyError, ShapeMismatchError, StrataError
-from strataio.layout.datatypes import FlatType, flatten, flatten_count
+from strataio.layout.datatypes import flatten, flatten_count
 from strataio.layout.extents import Extents
 from strataio.layout.memo import LayoutMemo, freeze
 from strataio.layout.pieces import CopyPlan, as_bytes, plan_copy
 
 
-@dataclass(frozen=True, slots=True)
 class BufferSpec:
     """The bytes of one transfer: ``data`` (the whole buffer as ``uint8``) and ``mem`` pieces.
 
     ``nbytes`` is the length of the packed data stream (count × datatype size). When
-    ``contiguous`` the stream is ``data[start : start + nbytes]``.
+    ``contiguous`` the stream is ``data[start : start + nbytes]``. (A plain slotted class:
+    one is made per I/O call, and a frozen dataclass costs a microsecond to build.)
     """
 
-    data: np.ndarray
-    mem: Extents
-    nbytes: int
-    contiguous: bool
-    start: int
+    __slots__ = ("contiguous", "data", "mem", "nbytes", "start")
+
+    def __init__(
+        self, data: np.ndarray, mem: Extents, nbytes: int, contiguous: bool, start: int
+    ) -> None:
+        self.data = data
+        self.mem = mem
+        self.nbytes = nbytes
+        self.contiguous = contiguous
+        self.start = start
 
     def pack(self, out: np.ndarray | None = None) -> np.ndarray:
         """The data stream as one contiguous ``uint8`` array (a view when contiguous), packed
@@ -84,6 +89,12 @@ class BufferSpec:
         return Extents(offs, lengths, bufs).coalesce()
 
 
+@functools.lru_cache(maxsize=256)
+def _leading(nbytes: int) -> Extents:
+    """The memory piece of a plain buffer's first ``nbytes`` bytes (shared, read-only)."""
+    return freeze(Extents.single(0, nbytes))
+
+
 def _datatype(dt: Any) -> MPI.Datatype:
     if isinstance(dt, MPI.Datatype):
         return dt
@@ -92,7 +103,11 @@ def _datatype(dt: Any) -> MPI.Datatype:
     raise StrataError(f"buffer specification: {dt!r} is not an MPI datatype")
 
 
-_layouts: LayoutMemo[Extents] = LayoutMemo()
+#: (mem, nbytes, contiguous, start) of buffer specs with a datatype: a code reads and writes
+#: the same buffer type call after call, and flattening and checking it costs microseconds
+_spec_layouts: LayoutMemo[tuple[Extents, int, bool, int]] = LayoutMemo()
+
+
 _plans: LayoutMemo[tuple[CopyPlan, CopyPlan]] = LayoutMemo()
 
 
@@ -105,17 +120,6 @@ def _copy_plans(mem: Extents) -> tuple[CopyPlan, CopyPlan]:
             plan_copy(mem.mem, mem.offsets, mem.lengths),
             plan_copy(mem.offsets, mem.mem, mem.lengths),
         ),
-    )
-
-
-def _memory_pieces(flat: FlatType, count: int, base: int) -> Extents:
-    """The coalesced pieces of ``count`` instances of ``flat`` at byte ``base`` (memoized:
-    for a type of many pieces, such as FLASH's interleaved variables, this costs
-    milliseconds)."""
-    return _layouts.get(
-        (flat,),
-        (count, base),
-        lambda: freeze(flatten_count(flat, count, base).compact().coalesce()),
     )
 
 
@@ -161,25 +165,40 @@ def parse_buffer(spec: Any, writable: bool) -> BufferSpec:
             raise ShapeMismatchError(
                 f"buffer holds {data.size} bytes but {count} items of {itemsize} bytes were asked"
             )
-        return BufferSpec(data, Extents.single(0, n), n, True, 0)
+        return BufferSpec(data, _leading(n), n, True, 0)
+    mem, nbytes, contiguous, start = _spec_layouts.get(
+        (dt,),
+        (dt.handle, -1 if count is None else count, disp, data.size),
+        lambda: _datatype_layout(dt, count, disp, data.size),
+    )
+    return BufferSpec(data, mem, nbytes, contiguous, start)
+
+
+def _datatype_layout(
+    dt: MPI.Datatype, count: int | None, disp: int, size: int
+) -> tuple[Extents, int, bool, int]:
+    """The memory pieces of ``count`` (None: as many as fit) ``dt`` at ``disp`` extents into a
+    ``size``-byte buffer, checked to lie inside it."""
     flat = flatten(dt)
     if count is None:
-        count = data.size // flat.extent if flat.extent > 0 else 0
+        count = size // flat.extent if flat.extent > 0 else 0
     base = disp * flat.extent
     nbytes = count * flat.size
     if count and flat.size:
         # Bounds of the memory layout: first instance's true lb to last instance's true ub.
         lo = base + flat.true_lb + min(0, (count - 1) * flat.extent)
         hi = base + flat.true_lb + flat.true_extent + max(0, (count - 1) * flat.extent)
-        if lo < 0 or hi > data.size:
+        if lo < 0 or hi > size:
             raise ShapeMismatchError(
                 f"{count} × datatype (extent {flat.extent}, true extent {flat.true_extent}) "
-                f"at displacement {base} reaches bytes [{lo}, {hi}) of a {data.size}-byte buffer"
+                f"at displacement {base} reaches bytes [{lo}, {hi}) of a {size}-byte buffer"
             )
     if flat.is_contiguous and nbytes:  # whole instances back to back: one piece
         start = base + flat.lb
-        return BufferSpec(data, Extents.single(start, nbytes), nbytes, True, start)
-    mem = _memory_pieces(flat, count, base) if nbytes else Extents.empty()
-    contiguous = len(mem) <= 1
+        return freeze(Extents.single(start, nbytes)), nbytes, True, start
+    # for a type of many pieces (FLASH's interleaved variables) this costs milliseconds
+    mem = freeze(
+        flatten_count(flat, count, base).compact().coalesce() if nbytes else Extents.empty()
+    )
     start = int(mem.offsets[0]) if len(mem) else 0
-    return BufferSpec(data, mem, nbytes, contiguous, start)
+    return mem, nbytes, len(mem) <= 1, start

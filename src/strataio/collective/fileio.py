@@ -124,8 +124,8 @@ class ReadPlan:
         self._batches: list[tuple[int, VectoredPlan, CopyPlan]] = []
         if len(ext) == 0:
             return
-        if scatter is None:
-            scatter = ext.nbytes >= SCATTER_PIECE * len(ext) or max_hole <= 0
+        if scatter is None:  # (one piece: staging it would only add a copy)
+            scatter = len(ext) == 1 or ext.nbytes >= SCATTER_PIECE * len(ext) or max_hole <= 0
         if scatter:
             self._direct = VectoredPlan(ext.offsets, ext.lengths, ext.mem, max_hole)
             return

@@ -65,12 +65,14 @@ class AccessPlan:
     plans built for it. A :class:`~strataio.collective.file.File` memoizes these across calls, so a
     call that repeats a view, a buffer type and an offset skips all of the planning."""
 
-    __slots__ = ("file", "reads", "summary", "writes")
+    __slots__ = ("file", "reads", "row", "summary", "writes")
 
     def __init__(self, file: Extents) -> None:
         self.file = file
         n = len(file)
         self.summary = (file.first, file.last, file.nbytes, n) if n else (0, 0, 0, 0)
+        self.row = np.array((0, *self.summary), dtype=_I64)  # agreement row of a valid call
+        self.row.flags.writeable = False
         self.reads: dict[tuple[int, int], fileio.ReadPlan | None] = {}
         self.writes: dict[tuple[int, int], sieving.SievePlan] = {}
 
@@ -92,6 +94,8 @@ def agreement_row(access: Access | None, err: int) -> np.ndarray:
     if access is None:
         return np.array([err, 0, 0, 0, 0], dtype=_I64)
     plan = access.plan if access.plan is not None else AccessPlan(access.file)
+    if err == 0:
+        return plan.row
     return np.array((err, *plan.summary), dtype=_I64)
 
 

@@ -41,11 +41,16 @@ class LayoutMemo(Generic[T]):
     ) -> T:
         """The result for ``sources`` (by identity) and ``numbers``; ``make()`` on a miss."""
         key = (*map(id, sources), *numbers)
-        with self._lock:
-            hit = self._table.get(key)
-            if hit is not None and all(a is b for a, b in zip(hit[0], sources)):
+        # An entry holds its sources, so no other live object can have their ids: a key match
+        # is an identity match. The hit path takes no lock (a hot path of every I/O call):
+        # single dict operations are atomic, and an entry evicted meanwhile is simply made again.
+        hit = self._table.get(key)
+        if hit is not None:
+            try:  # noqa: SIM105 (contextlib.suppress costs more than the lookup)
                 self._table.move_to_end(key)
-                return hit[1]
+            except KeyError:
+                pass
+            return hit[1]
         value = make()
         with self._lock:
             self._table[key] = (sources, value)

@@ -20,6 +20,12 @@ _LONG = 4096
 
 def as_bytes(buf: object, writable: bool = False) -> np.ndarray:
     """A flat ``uint8`` view of any buffer-protocol object (no copy)."""
+    if type(buf) is np.ndarray and buf.flags.c_contiguous and buf.dtype.kind != "O":
+        if writable and not buf.flags.writeable:
+            raise ValueError("buffer is read-only")
+        if buf.ndim == 1 and buf.dtype == np.uint8:
+            return buf
+        return buf.reshape(-1).view(np.uint8)
     mv = memoryview(buf)  # type: ignore[arg-type]
     if not mv.contiguous:
         raise ValueError("buffer is not contiguous")
