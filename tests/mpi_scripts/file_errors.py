@@ -60,7 +60,28 @@ def main(workdir: str) -> None:
     res["write_all_read_only"] = outcome(lambda: r.write_all(small))
     res["write_at_read_only"] = outcome(lambda: r.write_at(0, small))
     res["set_size_read_only"] = outcome(lambda: r.set_size(0))
+    # A bad buffer on one rank fails a collective read of a read-only file everywhere, and
+    # the next call is in step.
+    nprocs = comm.Get_size()
+    spec = [small, 10, MPI.DOUBLE] if rank == 1 else [small, 2, MPI.DOUBLE]
+    res["read_only_bad_buffer"] = outcome(lambda: r.read_at_all(0, spec))
+    whole = np.zeros(64 * nprocs, dtype=np.uint8)
+    r.read_at_all(0, whole)
+    expect = np.repeat(np.arange(1, nprocs + 1, dtype=np.uint8), 64)
+    res["read_only_data"] = "ok" if np.array_equal(whole, expect) else "bad"
+    # One rank reads one large piece, the other 1-byte pieces interleaved with it: automatic
+    # mode aggregates (mean piece under 64 bytes, ranges interleave), with the same bytes.
+    every_other = MPI.BYTE.Create_vector(64 * nprocs // 2, 1, 2).Commit()
+    r.set_view(0, MPI.BYTE, MPI.BYTE if rank == 0 else every_other)
+    got = np.zeros(64 * nprocs if rank == 0 else 64 * nprocs // 2, dtype=np.uint8)
+    r.read_at_all(0, got)
+    want = expect if rank == 0 else expect[::2]
+    ok = np.array_equal(got, want)
+    res["mixed_pieces_path"] = r.last_path if ok else "bad data"
     r.close()
+    res["open_modes_differ"] = outcome(
+        lambda: strataio.File.open(comm, path, "r" if rank == 0 else "r+")
+    )
 
     res["open_x_existing"] = outcome(lambda: strataio.File.open(comm, path, "x"))
     missing = os.path.join(workdir, "missing.bin")

@@ -120,9 +120,10 @@ class File:
         """Open ``path`` on every rank of ``comm`` (collective; ``None`` = this process alone).
 
         ``mode``: ``"r"`` read-only, ``"r+"`` read-write, ``"w"`` create or truncate,
-        ``"x"`` create and fail if it exists, or an int of ``MPI.MODE_*`` flags. Raises
-        :class:`NotFoundError`, :class:`ExistsError`, :class:`BackendError` or
-        :class:`~strataio.errors.HintError` on every rank when any rank fails.
+        ``"x"`` create and fail if it exists, or an int of ``MPI.MODE_*`` flags; every rank
+        must pass the same mode. Raises :class:`NotFoundError`, :class:`ExistsError`,
+        :class:`BackendError`, :class:`~strataio.errors.HintError` or :class:`StrataError`
+        (modes that differ) on every rank when any rank fails.
         """
         comm = MPI.COMM_SELF if comm is None else comm
         path = os.fspath(path)
@@ -149,6 +150,9 @@ class File:
             hinted = parse_hints(hints, comm.Get_size())
         except StrataError as exc:
             err = exc
+        modes = comm.allgather(None if err is not None else amode)
+        if err is None and len({m for m in modes if m is not None}) > 1:
+            err = StrataError(f"ranks opened {path} with different modes: {modes}")
         _agree(comm, err)
         assert hinted is not None
         comm = comm.Dup()
