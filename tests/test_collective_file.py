@@ -47,6 +47,9 @@ def test_errors_agree_on_every_rank(tmp_path: Path) -> None:
         "open_missing": "NotFoundError",
         "bad_hint": "HintError",
         "bad_mode": "StrataError",
+        "hints_differ": "HintError",
+        "view_hints_differ": "HintError",
+        "view_hints_apply": "ok",
         "round_trip_after_errors": "ok",
     }
     assert res == {k: [v, v] for k, v in expected.items()}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from mpi4py import MPI
 
-from strataio.collective.hints import Hints, parse_hints
+from strataio.collective.hints import Hints, differences, parse_hints
 from strataio.errors import HintError, StrataError
 
 
@@ -54,3 +54,12 @@ def test_bad_values_name_the_hint(key, value):
     with pytest.raises(HintError, match=key) as err:
         parse_hints({key: value})
     assert isinstance(err.value, StrataError)
+
+
+def test_hints_over_a_base_and_their_differences():
+    base = parse_hints({"cb_buffer_size": "1048576", "cb_nodes": "2"}, nprocs=4)
+    more = parse_hints({"romio_cb_write": "ENABLE"}, nprocs=4, base=base)
+    assert (more.cb_buffer_size, more.cb_nodes, more.romio_cb_write) == (1048576, 2, "enable")
+    assert parse_hints({"cb_nodes": "8"}, nprocs=4, base=base).cb_nodes == 4  # clamped
+    assert differences(more, more) == ""
+    assert differences(more, base) == "romio_cb_write=enable (against automatic)"

@@ -89,6 +89,17 @@ def main(workdir: str) -> None:
     bad_hint = {"cb_buffer_size": "lots"} if rank == 1 else {}
     res["bad_hint"] = outcome(lambda: strataio.File.open(comm, path, "r", hints=bad_hint))
     res["bad_mode"] = outcome(lambda: strataio.File.open(comm, path, "rw"))
+    # hints choose the collective path of every call: ranks must agree on them
+    size_hint = {"cb_buffer_size": str(1 << 20 if rank == 1 else 1 << 22)}
+    res["hints_differ"] = outcome(lambda: strataio.File.open(comm, path, "r", hints=size_hint))
+    with strataio.File.open(comm, path, "r") as h:
+        switch = {"romio_cb_read": "enable" if rank == 0 else "disable"}
+        res["view_hints_differ"] = outcome(lambda: h.set_view(0, MPI.BYTE, info=switch))
+        h.set_view(0, MPI.BYTE, info={"romio_cb_read": "enable"})
+        back = np.zeros(64 * nprocs, dtype=np.uint8)
+        h.read_all(back)
+        ok = h.hints["romio_cb_read"] == "enable" and h.last_path == "two-phase"
+        res["view_hints_apply"] = "ok" if ok and np.array_equal(back, expect) else "bad"
 
     # still in step: a collective round trip works after all of the above
     with strataio.File.open(comm, path, "r+") as g:

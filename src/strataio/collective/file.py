@@ -23,13 +23,14 @@ from mpi4py import MPI
 
 from strataio.collective import twophase
 from strataio.collective.bufspec import BufferSpec, parse_buffer
-from strataio.collective.hints import Hints, parse_hints
+from strataio.collective.hints import Hints, differences, parse_hints
 from strataio.collective.realms import policy_from_hints
 from strataio.collective.twophase import Access, AccessPlan
 from strataio.errors import (
     BackendError,
     ClosedError,
     ExistsError,
+    HintError,
     NotFoundError,
     ReadOnlyError,
     StrataError,
@@ -85,6 +86,19 @@ def _raise_agreed(comm: MPI.Comm, exc: BaseException | None) -> None:
     if not (isinstance(cls, type) and issubclass(cls, StrataError)):
         cls = StrataError
     raise cls(f"{msg} (raised on rank {rank})")
+
+
+def _same_everywhere(comm: MPI.Comm, amode: int, hints: Hints) -> StrataError | None:
+    """This rank's error if its open mode or hints differ from rank 0's (one broadcast; the
+    caller agrees on the outcome). As in ROMIO, they must match: they choose the collective
+    path of every call."""
+    reference = comm.bcast((amode, hints))
+    if reference is None:  # rank 0 failed already; the agreement reports it
+        return None
+    if reference[0] != amode:
+        return StrataError(f"open mode {amode:#x} differs from rank 0's ({reference[0]:#x})")
+    differ = differences(hints, reference[1])
+    return HintError(f"hints differ from rank 0's: {differ}") if differ else None
 
 
 class File:
@@ -150,9 +164,10 @@ class File:
             hinted = parse_hints(hints, comm.Get_size())
         except StrataError as exc:
             err = exc
-        modes = comm.allgather(None if err is not None else amode)
-        if err is None and len({m for m in modes if m is not None}) > 1:
-            err = StrataError(f"ranks opened {path} with different modes: {modes}")
+        if err is None:
+            err = _same_everywhere(comm, amode, hinted)
+        else:
+            comm.bcast(None)
         _agree(comm, err)
         assert hinted is not None
         comm = comm.Dup()
@@ -249,12 +264,17 @@ class File:
         ``disp`` is in bytes and must be >= 0; ``filetype`` (default ``etype``) must hold a
         whole number of etypes, with non-negative, non-decreasing type-map displacements; all
         ranks must use etypes of the same size. Raises :class:`ViewError` on every rank.
+        ``info`` adds hints to those in force (the same on every rank, as at open; else
+        :class:`~strataio.errors.HintError` on every rank).
         """
         self._check_open()
         err: StrataError | None = None
         filetype = etype if filetype is None else filetype
         esize = -1
+        hinted = self._hints
         try:
+            if info is not None:
+                hinted = parse_hints(info, self._comm.Get_size(), base=self._hints)
             if datarep != "native":
                 raise ViewError(f"data representation {datarep!r} is not supported (native only)")
             if int(disp) < 0:
@@ -276,10 +296,16 @@ class File:
                 raise ViewError(f"filetype extent {ft.extent} must be positive")
         except StrataError as exc:
             err = exc
+        if err is None:
+            err = _same_everywhere(self._comm, self._amode, hinted)
+        else:
+            self._comm.bcast(None)
         sizes = self._comm.allgather(esize if err is None else -1)
         if err is None and len(set(sizes)) > 1 and -1 not in sizes:
             err = ViewError(f"ranks use etypes of different sizes: {sizes}")
         _agree(self._comm, err)
+        if hinted is not self._hints:
+            self._hints, self._policy = hinted, policy_from_hints(hinted)
         self._disp, self._esize, self._ft = int(disp), esize, ft
         self._view = (int(disp), etype, filetype)
         self._pos = 0

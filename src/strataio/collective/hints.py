@@ -3,7 +3,9 @@
 Hints arrive as a dict or an ``MPI.Info`` (string values, as MPI passes them; ints and bools
 are accepted too). Unknown keys are ignored, as MPI does; a known key with a value that cannot
 be used raises :class:`~strataio.errors.HintError` naming the hint. :meth:`Hints.as_dict`
-gives every hint in force as strings, the way ``MPI_File_get_info`` reports them.
+gives every hint in force as strings, the way ``MPI_File_get_info`` reports them. Every rank
+of a file must pass the same hints (as ROMIO requires): they decide which collective path a
+call takes, and ranks on different paths would wait for each other forever.
 
 Defaults are ROMIO's on a node-local UFS driver (``cb_buffer_size`` 16 MiB, one aggregator per
 node, independent sieving buffers of 4 MiB for reads and 512 KiB for writes, sieving and
@@ -21,7 +23,7 @@ from mpi4py import MPI
 
 from strataio.errors import HintError
 
-__all__ = ["AUTOMATIC", "DISABLE", "ENABLE", "Hints", "parse_hints"]
+__all__ = ["AUTOMATIC", "DISABLE", "ENABLE", "Hints", "differences", "parse_hints"]
 
 ENABLE = "enable"
 DISABLE = "disable"
@@ -84,7 +86,6 @@ class Hints:
         return info
 
 
-_DEFAULT_CB_NODES = 1
 # name -> (kind, minimum); kinds: "int" (at least minimum), "switch", "bool", "str"
 _SPEC: dict[str, tuple[str, int]] = {
     "cb_buffer_size": ("int", 1),
@@ -163,8 +164,11 @@ def _parse(name: str, kind: str, minimum: int, value: Any) -> Any:
     return raw
 
 
-def parse_hints(user: Mapping[str, Any] | MPI.Info | None, nprocs: int = 1) -> Hints:
-    """Hints in force for ``user``'s settings on a communicator of ``nprocs`` processes.
+def parse_hints(
+    user: Mapping[str, Any] | MPI.Info | None, nprocs: int = 1, base: Hints | None = None
+) -> Hints:
+    """Hints in force for ``user``'s settings on a communicator of ``nprocs`` processes, over
+    ``base`` (the hints already in force; default: ROMIO's defaults).
 
     Unknown keys are ignored; ``cb_nodes`` is clamped to ``nprocs``. Raises
     :class:`~strataio.errors.HintError` for a known hint with an unusable value.
@@ -175,5 +179,13 @@ def parse_hints(user: Mapping[str, Any] | MPI.Info | None, nprocs: int = 1) -> H
         if spec is None:
             continue
         values[key] = _parse(key, spec[0], spec[1], raw)
-    values["cb_nodes"] = min(values.get("cb_nodes", _DEFAULT_CB_NODES), max(int(nprocs), 1))
-    return Hints(**values)
+    base = Hints() if base is None else base
+    values["cb_nodes"] = min(values.get("cb_nodes", base.cb_nodes), max(int(nprocs), 1))
+    return dataclasses.replace(base, **values)
+
+
+def differences(mine: Hints, reference: Hints) -> str:
+    """The hints whose values differ between ``mine`` and ``reference`` ("" when none), e.g.
+    ``cb_buffer_size=1048576 (against 4194304)``."""
+    a, b = mine.as_dict(), reference.as_dict()
+    return ", ".join(f"{k}={a[k]} (against {b[k]})" for k in a if a[k] != b[k])

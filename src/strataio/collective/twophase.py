@@ -117,18 +117,29 @@ def use_two_phase(stats: np.ndarray, mode: str) -> bool:
     mode = str(mode).lower()
     if mode == "disable":
         return False
-    nbytes = stats[:, NBYTES]
-    active = int(np.count_nonzero(nbytes))
+    active, nbytes, pieces = _totals(stats)
     if active == 0:
         return False
     if mode == "enable":
         return True
     if active < 2:
         return False
-    mean_piece = int(nbytes.sum()) / max(int(stats[:, NPIECES].sum()), 1)
-    if mean_piece >= LARGE_PIECE:
+    if nbytes >= LARGE_PIECE * max(pieces, 1):  # mean piece of at least LARGE_PIECE bytes
         return False
     return not ranges_disjoint(stats)
+
+
+def _totals(stats: np.ndarray) -> tuple[int, int, int]:
+    """(ranks with bytes to move, bytes, pieces) of the agreed ``stats``."""
+    if stats.shape[0] <= 16:  # plain Python beats numpy's cost per call on a few rows
+        rows = stats.tolist()
+        return (
+            sum(1 for r in rows if r[NBYTES]),
+            sum(r[NBYTES] for r in rows),
+            sum(r[NPIECES] for r in rows),
+        )
+    nbytes = stats[:, NBYTES]
+    return int(np.count_nonzero(nbytes)), int(nbytes.sum()), int(stats[:, NPIECES].sum())
 
 
 # ---------------------------------------------------------------------------- planning
@@ -368,7 +379,7 @@ def read_independent(fd: int, access: Access, hints: Any) -> None:
     """
     ds = str(getattr(hints, "romio_ds_read", "automatic")).lower()
     size = int(getattr(hints, "ind_rd_buffer_size", 4194304))
-    hole = {"disable": 0, "enable": size}.get(ds, fileio.SYSCALL_BYTES)
+    hole = 0 if ds == "disable" else size if ds == "enable" else fileio.SYSCALL_BYTES
     plans = access.plan.reads if access.plan is not None else {}
     key = (size, hole)
     if key in plans:

@@ -141,13 +141,14 @@ class VectoredPlan:
 
     def _check(self, buf: np.ndarray, write: bool) -> None:
         # The kernel writes wherever the table points: the buffer must hold every piece.
-        if buf.dtype != np.uint8 or buf.ndim != 1 or not buf.flags.c_contiguous:
+        flags = buf.flags
+        if buf.dtype != np.uint8 or buf.ndim != 1 or not flags.c_contiguous:
             raise ValueError("vectored I/O needs a flat, contiguous uint8 buffer")
         if buf.size < self.need:
             raise ValueError(
                 f"vectored I/O: pieces reach byte {self.need} of a {buf.size}-byte buffer"
             )
-        if not write and not buf.flags.writeable:
+        if not write and not flags.writeable:
             raise ValueError("vectored I/O: cannot read into a read-only buffer")
 
     def read(self, fd: int, buf: np.ndarray) -> None:
@@ -161,7 +162,7 @@ class VectoredPlan:
         self._run(fd, buf, write=True)
 
     def _run(self, fd: int, buf: np.ndarray, write: bool) -> None:
-        if self._mem.size == 0:
+        if not self._bounds[-1]:  # no entries
             return
         self._check(buf, write)
         if _LIBC is None or self._small:
