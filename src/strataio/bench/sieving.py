@@ -9,8 +9,14 @@ pieces between the file and a packed buffer:
 - ``sieved``: ``read_sieved`` / ``write_sieved`` with ROMIO's default buffers (4 MiB / 512 KiB),
   every hole sieved (``romio_ds_*=enable``);
 - ``automatic``: ``read_independent`` / ``write_independent`` with default hints (cost model);
-- ``romio``: ``MPI.File.Read_at`` / ``Write_at`` through the equivalent strided file view,
-  ``romio_ds_*=enable`` (ROMIO's own data sieving), for reference.
+- ``file``: ``strataio.File.read_at`` / ``write_at`` through the equivalent strided file view,
+  ``romio_ds_*=enable``: the same sieving, planned once per layout and reused by later calls;
+- ``romio``: ``MPI.File.Read_at`` / ``Write_at`` through that view, ``romio_ds_*=enable``
+  (ROMIO's own data sieving), for reference.
+
+The module functions (``direct``, ``sieved``, ``automatic``) plan every call afresh, as a
+caller that hands them new pieces each time needs; ``file`` and ``romio`` are the like-for-like
+pair.
 
 Patterns: a dense one (holes shorter than a system call's worth of bytes, where sieving wins)
 and a sparse one (holes of 64 KiB, where it loses and ``automatic`` must not sieve). Times are
@@ -29,10 +35,11 @@ from dataclasses import dataclass
 import numpy as np
 from mpi4py import MPI
 
+import strataio
 from strataio.collective import sieving
 from strataio.layout.extents import Extents
 
-METHODS = ("direct", "sieved", "automatic", "romio")
+METHODS = ("direct", "sieved", "automatic", "file", "romio")
 PATTERNS = {"dense": (64, 256), "sparse": (64, 65536)}  # name -> (piece, stride) bytes
 _ENABLE = {"romio_ds_read": "enable", "romio_ds_write": "enable"}
 
@@ -91,10 +98,13 @@ def run_sieving(file_mib: int = 32, repeat: int = 3) -> list[SievingResult]:
                 info.Set("romio_ds_write", "enable")
                 fh = MPI.File.Open(MPI.COMM_SELF, path, MPI.MODE_RDWR, info)
                 fh.Set_view(0, MPI.BYTE, view, "native", info)
+                sf = strataio.File.open(None, path, "r+", hints=_ENABLE)
+                sf.set_view(0, MPI.BYTE, view)
                 calls: dict[tuple[str, str], Callable[[], None]] = {
                     ("read", "direct"): lambda e=ext, b=buf: sieving.read_direct(fd, e, b),
                     ("read", "sieved"): lambda e=ext, b=buf: sieving.read_sieved(fd, e, b),
                     ("read", "automatic"): lambda e=ext, b=buf: sieving.read_independent(fd, e, b),
+                    ("read", "file"): lambda b=buf, f=sf: f.read_at(0, b),
                     ("read", "romio"): lambda b=buf, f=fh: f.Read_at(0, b),
                     ("write", "direct"): lambda e=ext, d=data: sieving.write_direct(fd, e, d),
                     ("write", "sieved"): lambda e=ext, d=data: sieving.write_independent(
@@ -103,6 +113,7 @@ def run_sieving(file_mib: int = 32, repeat: int = 3) -> list[SievingResult]:
                     ("write", "automatic"): lambda e=ext, d=data: sieving.write_independent(
                         fd, e, d
                     ),
+                    ("write", "file"): lambda d=data, f=sf: f.write_at(0, d),
                     ("write", "romio"): lambda d=data, f=fh: f.Write_at(0, d),
                 }
                 try:
@@ -126,6 +137,7 @@ def run_sieving(file_mib: int = 32, repeat: int = 3) -> list[SievingResult]:
                                 )
                             )
                 finally:
+                    sf.close()
                     fh.Close()
                     info.Free()
                     view.Free()
