@@ -18,7 +18,7 @@ import strataio
 def outcome(fn) -> str:
     try:
         fn()
-    except strataio.StrataError as exc:
+    except Exception as exc:  # a non-StrataError on one rank is agreed too
         return type(exc).__name__
     return "ok"
 
@@ -92,7 +92,14 @@ def main(workdir: str) -> None:
     # hints choose the collective path of every call: ranks must agree on them
     size_hint = {"cb_buffer_size": str(1 << 20 if rank == 1 else 1 << 22)}
     res["hints_differ"] = outcome(lambda: strataio.File.open(comm, path, "r", hints=size_hint))
+    own = {"ind_rd_buffer_size": str(1 << (20 + rank))}  # a rank's own independent I/O
+    res["per_rank_hints"] = outcome(lambda: strataio.File.open(comm, path, "r", hints=own).close())
+    res["bad_realms"] = outcome(
+        lambda: strataio.File.open(comm, path, "r", hints={"strataio_realms": "nope"})
+    )
     with strataio.File.open(comm, path, "r") as h:
+        # a failure that is not a StrataError (int("x") on rank 1) still reaches every rank
+        res["set_view_not_strata"] = outcome(lambda: h.set_view("x" if rank == 1 else 0))
         switch = {"romio_cb_read": "enable" if rank == 0 else "disable"}
         res["view_hints_differ"] = outcome(lambda: h.set_view(0, MPI.BYTE, info=switch))
         h.set_view(0, MPI.BYTE, info={"romio_cb_read": "enable"})

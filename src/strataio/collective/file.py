@@ -141,7 +141,7 @@ class File:
         """
         comm = MPI.COMM_SELF if comm is None else comm
         path = os.fspath(path)
-        err: StrataError | None = None
+        err: Exception | None = None
         truncate = mode == "w"
         amode = 0
         hinted = None
@@ -162,7 +162,8 @@ class File:
             if amode & MPI.MODE_RDONLY and amode & (MPI.MODE_CREATE | MPI.MODE_EXCL):
                 raise StrataError("MODE_RDONLY cannot be combined with MODE_CREATE or MODE_EXCL")
             hinted = parse_hints(hints, comm.Get_size())
-        except StrataError as exc:
+            policy_from_hints(hinted)  # an unknown realm policy fails here, before any open
+        except Exception as exc:  # any failure here must reach the other ranks
             err = exc
         if err is None:
             err = _same_everywhere(comm, amode, hinted)
@@ -268,13 +269,14 @@ class File:
         :class:`~strataio.errors.HintError` on every rank).
         """
         self._check_open()
-        err: StrataError | None = None
+        err: Exception | None = None
         filetype = etype if filetype is None else filetype
         esize = -1
-        hinted = self._hints
+        hinted, policy = self._hints, self._policy
         try:
             if info is not None:
                 hinted = parse_hints(info, self._comm.Get_size(), base=self._hints)
+                policy = policy_from_hints(hinted)
             if datarep != "native":
                 raise ViewError(f"data representation {datarep!r} is not supported (native only)")
             if int(disp) < 0:
@@ -294,7 +296,7 @@ class File:
                 raise ViewError("filetype displacements must be non-negative and non-decreasing")
             if ft.size and ft.extent <= 0:
                 raise ViewError(f"filetype extent {ft.extent} must be positive")
-        except StrataError as exc:
+        except Exception as exc:  # any failure here must reach the other ranks
             err = exc
         if err is None:
             err = _same_everywhere(self._comm, self._amode, hinted)
@@ -304,8 +306,7 @@ class File:
         if err is None and len(set(sizes)) > 1 and -1 not in sizes:
             err = ViewError(f"ranks use etypes of different sizes: {sizes}")
         _agree(self._comm, err)
-        if hinted is not self._hints:
-            self._hints, self._policy = hinted, policy_from_hints(hinted)
+        self._hints, self._policy = hinted, policy
         self._disp, self._esize, self._ft = int(disp), esize, ft
         self._view = (int(disp), etype, filetype)
         self._pos = 0

@@ -4,8 +4,10 @@ Hints arrive as a dict or an ``MPI.Info`` (string values, as MPI passes them; in
 are accepted too). Unknown keys are ignored, as MPI does; a known key with a value that cannot
 be used raises :class:`~strataio.errors.HintError` naming the hint. :meth:`Hints.as_dict`
 gives every hint in force as strings, the way ``MPI_File_get_info`` reports them. Every rank
-of a file must pass the same hints (as ROMIO requires): they decide which collective path a
-call takes, and ranks on different paths would wait for each other forever.
+of a file must pass the same hints, as ROMIO requires: they decide which collective path a
+call takes, and ranks on different paths would wait for each other forever. Only the hints
+of a rank's own independent I/O (:data:`PER_RANK`: data sieving and its buffer sizes) may
+differ.
 
 Defaults are ROMIO's on a node-local UFS driver (``cb_buffer_size`` 16 MiB, one aggregator per
 node, independent sieving buffers of 4 MiB for reads and 512 KiB for writes, sieving and
@@ -23,7 +25,7 @@ from mpi4py import MPI
 
 from strataio.errors import HintError
 
-__all__ = ["AUTOMATIC", "DISABLE", "ENABLE", "Hints", "differences", "parse_hints"]
+__all__ = ["AUTOMATIC", "DISABLE", "ENABLE", "PER_RANK", "Hints", "differences", "parse_hints"]
 
 ENABLE = "enable"
 DISABLE = "disable"
@@ -184,8 +186,16 @@ def parse_hints(
     return dataclasses.replace(base, **values)
 
 
+#: hints that only shape a rank's own independent I/O: they may differ between ranks
+PER_RANK = frozenset(
+    {"romio_ds_read", "romio_ds_write", "ind_rd_buffer_size", "ind_wr_buffer_size"}
+)
+
+
 def differences(mine: Hints, reference: Hints) -> str:
-    """The hints whose values differ between ``mine`` and ``reference`` ("" when none), e.g.
-    ``cb_buffer_size=1048576 (against 4194304)``."""
+    """The hints other than :data:`PER_RANK` whose values differ between ``mine`` and
+    ``reference`` ("" when none), e.g. ``cb_buffer_size=1048576 (against 4194304)``."""
     a, b = mine.as_dict(), reference.as_dict()
-    return ", ".join(f"{k}={a[k]} (against {b[k]})" for k in a if a[k] != b[k])
+    return ", ".join(
+        f"{k}={a[k]} (against {b[k]})" for k in a if a[k] != b[k] and k not in PER_RANK
+    )

@@ -19,14 +19,19 @@ _LONG = 4096
 
 
 def as_bytes(buf: object, writable: bool = False) -> np.ndarray:
-    """A flat ``uint8`` view of any buffer-protocol object (no copy)."""
-    if type(buf) is np.ndarray and buf.flags.c_contiguous and buf.dtype.kind != "O":
+    """A flat ``uint8`` view of any buffer-protocol object (no copy). Objects that hold Python
+    object references (numpy object arrays) are refused: their bytes are pointers."""
+    if isinstance(buf, np.ndarray) and buf.dtype.hasobject:
+        raise ValueError("an array of Python objects holds references, not data")
+    if type(buf) is np.ndarray and buf.flags.c_contiguous:
         if writable and not buf.flags.writeable:
             raise ValueError("buffer is read-only")
         if buf.ndim == 1 and buf.dtype == np.uint8:
             return buf
         return buf.reshape(-1).view(np.uint8)
     mv = memoryview(buf)  # type: ignore[arg-type]
+    if "O" in mv.format:
+        raise ValueError("a buffer of Python objects holds references, not data")
     if not mv.contiguous:
         raise ValueError("buffer is not contiguous")
     if writable and mv.readonly:
