@@ -8,6 +8,9 @@ figure is aggregate bytes / that time, median over repetitions. Repetitions go r
 the contenders (after one untimed round), so no contender always runs first. Every write goes to
 a newly created file; reads go into a buffer the contender reuses, zeroed before each call.
 
+A *paired* ratio is also given: strataio's time against the better ROMIO contender's within each
+round, median and quartiles over the rounds (drift of the machine between rounds cancels out).
+
 A second figure, *wall*, divides by the time from the first rank's start to the last rank's end
 on the node's monotonic clock (IOR's definition). The two differ when ranks leave the barrier
 before the call at different times, as they do with more ranks than cores: a call that
@@ -226,6 +229,12 @@ def run(pattern: str, reps: int, workdir: str, scale: float) -> list[dict[str, A
             )
         best_romio = max(row["ROMIO coll"], row["ROMIO ind"])
         row["ratio"] = row["strataio"] / best_romio if best_romio else float("nan")
+        # The same ratio within each round (both calls made back to back), whose spread shows
+        # how much of a row's ratio is the machine drifting between rounds.
+        best = "ROMIO coll" if row["ROMIO coll"] >= row["ROMIO ind"] else "ROMIO ind"
+        paired = [b / t for t, b in zip(times["strataio"], times[best]) if t > 0]
+        q1, med, q3 = np.percentile(paired, [25, 50, 75]) if paired else (np.nan,) * 3
+        row["paired"] = {"median": float(med), "q1": float(q1), "q3": float(q3)}
         wall = row["wall"]
         best_wall = max(wall["ROMIO coll"], wall["ROMIO ind"])
         row["ratio wall"] = wall["strataio"] / best_wall if best_wall else float("nan")

@@ -65,18 +65,21 @@ def collective(
     for n in [int(x) for x in ranks.split(",") if x.strip()]:
         rows += _launch(n, chosen, reps, scale, timeout)
     table = Table(title="Collective I/O, aggregate MB/s (median; slowest rank)")
-    for col in ["pattern", "ranks", "op", *CONTENDERS, "path", "ratio", "ratio wall"]:
+    columns = ["pattern", "ranks", "op", *CONTENDERS, "path", "ratio", "paired (IQR)", "ratio wall"]
+    for col in columns:
         table.add_column(col, justify="left" if col in ("pattern", "op", "path") else "right")
     for r in rows:
-        ratios = [r["ratio"], r["ratio wall"]]
+        p = r["paired"]
+        paired = f"{_styled(p['median'])} ({p['q1']:.2f}–{p['q3']:.2f})"
         table.add_row(
             r["pattern"], str(r["ranks"]), r["op"], *[f"{r[c]:.0f}" for c in CONTENDERS],
-            r.get("path", ""), *[_styled(x) for x in ratios],
+            r.get("path", ""), _styled(r["ratio"]), paired, _styled(r["ratio wall"]),
         )  # fmt: skip
     console = make_console()
     console.print(table)
     console.print(
-        "ratio = strataio / max(ROMIO coll, ROMIO ind); ratio wall = the same with each call "
-        "timed from the first rank's start to the last rank's end"
+        "ratio = strataio / max(ROMIO coll, ROMIO ind); paired = the same per round against "
+        "the better of the two, median (quartiles); ratio wall = ratio with each call timed "
+        "from the first rank's start to the last rank's end"
     )
     write_json(json_path, rows)
