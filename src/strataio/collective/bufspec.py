@@ -130,7 +130,7 @@ def parse_buffer(spec: Any, writable: bool) -> BufferSpec:
     when the datatype reaches outside the buffer, :class:`ReadOnlyError` when a read targets a
     read-only buffer.
     """
-    parts = list(spec) if isinstance(spec, list | tuple) else [spec]
+    parts = spec if isinstance(spec, (list, tuple)) else (spec,)
     if not 1 <= len(parts) <= 3:
         raise StrataError(f"buffer specification has {len(parts)} entries; expected 1 to 3")
     obj = parts[0]
@@ -147,13 +147,13 @@ def parse_buffer(spec: Any, writable: bool) -> BufferSpec:
     disp = 0
     dt: MPI.Datatype | None = None
     if len(parts) == 2:
-        if isinstance(parts[1], int | np.integer):
+        if isinstance(parts[1], (int, np.integer)):
             count = int(parts[1])
         else:
             dt = _datatype(parts[1])
     elif len(parts) == 3:
         cd, dt = parts[1], _datatype(parts[2])
-        if isinstance(cd, list | tuple):
+        if isinstance(cd, (list, tuple)):
             count, disp = int(cd[0]), int(cd[1])
         elif cd is not None:
             count = int(cd)

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from strataio.collective import twophase
+from strataio.collective import sieving, twophase
 from strataio.collective.bufspec import BufferSpec, parse_buffer
 from strataio.collective.hints import Hints, differences, parse_hints
 from strataio.collective.realms import policy_from_hints
@@ -108,6 +108,7 @@ class File:
         self._comm = comm
         self._path = path
         self._fd = fd
+        self._fd_rw = sieving.readable(fd)  # read-write: sieving writes may read spans back
         self._amode = amode
         self._hints = hints
         self._policy = policy_from_hints(hints)
@@ -491,7 +492,7 @@ class File:
             self.last_path = "independent"
             try:
                 if write:
-                    twophase.write_independent(self._fd, access, self._hints)
+                    twophase.write_independent(self._fd, access, self._hints, self._fd_rw)
                 else:
                     twophase.read_independent(self._fd, access, self._hints)
             except OSError as exc:
@@ -528,7 +529,7 @@ class File:
             # own and no rank waits on another, so it is raised here without a collective.
             try:
                 if write:
-                    twophase.write_independent(self._fd, access, hints)
+                    twophase.write_independent(self._fd, access, hints, self._fd_rw)
                 else:
                     twophase.read_independent(self._fd, access, hints)
             except OSError as exc:

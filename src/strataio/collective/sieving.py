@@ -286,9 +286,12 @@ class SievePlan:
                 copy = plan_copy(part.mem, at, part.lengths)
             self._holey.append((size, spans, copy))
 
-    def run(self, fd: int, data: np.ndarray) -> None:
-        """Move the planned pieces between ``fd`` and ``data`` (flat ``uint8``)."""
-        if self.needs_read and not readable(fd):
+    def run(self, fd: int, data: np.ndarray, fd_readable: bool | None = None) -> None:
+        """Move the planned pieces between ``fd`` and ``data`` (flat ``uint8``);
+        ``fd_readable`` says whether ``fd`` is open read-write (None: ask the system)."""
+        if fd_readable is None:
+            fd_readable = readable(fd)
+        if self.needs_read and not fd_readable:
             raise BackendError(
                 "a sieving write reads its spans back: the descriptor must be open read-write "
                 "(or use romio_ds_write=disable)"

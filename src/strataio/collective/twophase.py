@@ -357,11 +357,14 @@ def _aggregate_read(
 
 
 # ---------------------------------------------------------------------------- independent
-def write_independent(fd: int, access: Access, hints: Any) -> None:
+def write_independent(fd: int, access: Access, hints: Any, fd_readable: bool | None = None) -> None:
     """This rank's pieces written by itself: sieving under byte-range locks by the
-    ``romio_ds_write`` hint (:mod:`strataio.collective.sieving`), planned once per layout."""
+    ``romio_ds_write`` hint (:mod:`strataio.collective.sieving`), planned once per layout.
+    ``fd_readable`` says whether ``fd`` is open read-write (None: ask the system)."""
     ds = str(getattr(hints, "romio_ds_write", "automatic")).lower()
-    if ds == "disable" or not sieving.readable(fd):
+    if fd_readable is None:
+        fd_readable = sieving.readable(fd)
+    if ds == "disable" or not fd_readable:
         sieving.write_independent(fd, access.file, access.stream, hints)
         return
     size = int(getattr(hints, "ind_wr_buffer_size", sieving.DEFAULT_WR_BUFFER))
@@ -371,7 +374,7 @@ def write_independent(fd: int, access: Access, hints: Any) -> None:
     plan = plans.get(key)
     if plan is None:
         plan = plans[key] = sieving.SievePlan(access.file.compact().sort(), size, hole, True)
-    plan.run(fd, access.stream)
+    plan.run(fd, access.stream, fd_readable)
 
 
 def read_independent(fd: int, access: Access, hints: Any) -> None:

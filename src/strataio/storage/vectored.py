@@ -139,18 +139,6 @@ class VectoredPlan:
         """System calls one transfer makes (without short reads)."""
         return len(self._bounds) - 1
 
-    def _check(self, buf: np.ndarray, write: bool) -> None:
-        # The kernel writes wherever the table points: the buffer must hold every piece.
-        flags = buf.flags
-        if buf.dtype != np.uint8 or buf.ndim != 1 or not flags.c_contiguous:
-            raise ValueError("vectored I/O needs a flat, contiguous uint8 buffer")
-        if buf.size < self.need:
-            raise ValueError(
-                f"vectored I/O: pieces reach byte {self.need} of a {buf.size}-byte buffer"
-            )
-        if not write and not flags.writeable:
-            raise ValueError("vectored I/O: cannot read into a read-only buffer")
-
     def read(self, fd: int, buf: np.ndarray) -> None:
         """Fill the pieces of ``buf`` from ``fd``; bytes past end-of-file read as zeros."""
         self._run(fd, buf, write=False)
@@ -164,7 +152,16 @@ class VectoredPlan:
     def _run(self, fd: int, buf: np.ndarray, write: bool) -> None:
         if not self._bounds[-1]:  # no entries
             return
-        self._check(buf, write)
+        # The kernel writes wherever the table points: the buffer must hold every piece.
+        flags = buf.flags
+        if buf.dtype != np.uint8 or buf.ndim != 1 or not flags.c_contiguous:
+            raise ValueError("vectored I/O needs a flat, contiguous uint8 buffer")
+        if buf.size < self.need:
+            raise ValueError(
+                f"vectored I/O: pieces reach byte {self.need} of a {buf.size}-byte buffer"
+            )
+        if not write and not flags.writeable:
+            raise ValueError("vectored I/O: cannot read into a read-only buffer")
         if _LIBC is None or self._small:
             self._run_os(fd, buf, write)
             return
