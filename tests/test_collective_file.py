@@ -58,6 +58,13 @@ def test_errors_agree_on_every_rank(tmp_path: Path) -> None:
     assert res == {k: v if isinstance(v, list) else [v, v] for k, v in expected.items()}
 
 
+@pytest.mark.mpi
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_two_phase_in_place_and_copying_paths(nprocs: int, tmp_path: Path) -> None:
+    out = run_mpi(nprocs, "two_phase_in_place.py", tmp_path)
+    assert json.loads(out.strip().splitlines()[-1]) == []
+
+
 def test_serial_pointer_size_and_modes(tmp_path: Path) -> None:
     path = tmp_path / "f.bin"
     with strataio.File.open(None, path, "x") as f:

@@ -19,7 +19,10 @@ runs:
    window per aggregator per iteration. The pieces' descriptors (offset, length) are sent to
    their aggregators once, up front (``Alltoall`` of counts + ``Alltoallv`` of descriptors), so
    each iteration needs a single ``Alltoallv`` of data whose counts both sides derive locally.
-   Pieces are packed with vectorized gathers (:mod:`strataio.layout.pieces`). Aggregators
+   Pieces are packed with vectorized gathers (:mod:`strataio.layout.pieces`), or not at all
+   when a rank's pieces for an iteration lie back to back in its buffer (sent from it, or
+   received into it, in place); an aggregator whose pieces arrive in file order with no hole
+   between them writes (reads) them straight from (into) the exchange buffer. Aggregators
    access each window's covering span, or its runs, by the cost model of
    :mod:`strataio.collective.fileio` (conditional data sieving); a write window with holes is
    read-modify-written, which is safe because the aggregator owns its realm.
@@ -275,8 +278,10 @@ def write_two_phase(
         c0, c1 = plan.c_iter_bounds[i], plan.c_iter_bounds[i + 1]
         lens = plan.c_len[c0:c1]
         scount, sdisp = _counts(plan.c_dest[c0:c1], lens, nprocs)
-        sendbuf = scratch(int(scount.sum()), "send")
-        copy_pieces(sendbuf, _exclusive(lens), access.stream, plan.c_mem[c0:c1], lens)
+        sendbuf = _back_to_back(access.stream, plan.c_mem[c0:c1], lens)
+        if sendbuf is None:
+            sendbuf = scratch(int(scount.sum()), "send")
+            copy_pieces(sendbuf, _exclusive(lens), access.stream, plan.c_mem[c0:c1], lens)
         a0, a1 = plan.a_iter_bounds[i], plan.a_iter_bounds[i + 1]
         alen = plan.a_len[a0:a1]
         rcount, rdisp = _counts(plan.a_src[a0:a1], alen, nprocs)
@@ -293,6 +298,31 @@ def write_two_phase(
         raise failure
 
 
+def _back_to_back(stream: np.ndarray, mem: np.ndarray, lens: np.ndarray) -> np.ndarray | None:
+    """The stream bytes of pieces that follow one another in it, in this order, as one view
+    (the packed buffer without packing); None when they do not."""
+    if mem.size == 0:
+        return stream[:0]
+    if mem.size > 1 and not np.array_equal(mem[1:], mem[:-1] + lens[:-1]):
+        return None
+    return stream[int(mem[0]) : int(mem[0]) + int(lens.sum())]
+
+
+def _file_ordered_runs(
+    off: np.ndarray, length: np.ndarray, sp_off: np.ndarray, sp_len: np.ndarray, holes: np.ndarray
+) -> list[tuple[int, int, int]] | None:
+    """``(file offset, length, position in the exchanged buffer)`` of each span when the
+    exchanged pieces already lie in file order without overlaps and no span has a hole: the
+    spans then move straight between the file and that buffer, with no copy. None otherwise."""
+    if holes.any() or not bool(np.all(off[1:] >= off[:-1] + length[:-1])):
+        return None
+    first = np.searchsorted(off, sp_off)  # each span starts with a piece
+    pos = _exclusive(length)[first]
+    if not np.array_equal(np.diff(pos, append=int(length.sum())), sp_len):
+        return None
+    return list(zip(sp_off.tolist(), sp_len.tolist(), pos.tolist()))
+
+
 def _aggregate_write(
     fd: int, off: np.ndarray, length: np.ndarray, data: np.ndarray, sieve: bool, span: int
 ) -> None:
@@ -302,6 +332,11 @@ def _aggregate_write(
     else:
         sp_off, sp_len = fileio.union_runs(off, length)
         holes = np.zeros(sp_off.size, dtype=bool)
+    direct = _file_ordered_runs(off, length, sp_off, sp_len, holes)
+    if direct is not None:
+        for o, n, p in direct:
+            fileio.pwrite_from(fd, data[p : p + n], o)
+        return
     base = int(sp_off[0])
     cbuf = scratch(int(sp_off[-1] + sp_len[-1]) - base, "realm")
     for o, n, h in zip(sp_off.tolist(), sp_len.tolist(), holes.tolist()):
@@ -335,9 +370,13 @@ def read_two_phase(
         c0, c1 = plan.c_iter_bounds[i], plan.c_iter_bounds[i + 1]
         lens = plan.c_len[c0:c1]
         rcount, rdisp = _counts(plan.c_dest[c0:c1], lens, nprocs)
-        recvbuf = scratch(int(rcount.sum()), "recv")
+        recvbuf = _back_to_back(access.stream, plan.c_mem[c0:c1], lens)
+        direct = recvbuf is not None  # the pieces land in place, with no copy
+        if recvbuf is None:
+            recvbuf = scratch(int(rcount.sum()), "recv")
         comm.Alltoallv([sendbuf, (scount, sdisp), MPI.BYTE], [recvbuf, (rcount, rdisp), MPI.BYTE])
-        copy_pieces(access.stream, plan.c_mem[c0:c1], recvbuf, _exclusive(lens), lens)
+        if not direct:
+            copy_pieces(access.stream, plan.c_mem[c0:c1], recvbuf, _exclusive(lens), lens)
     if failure is not None:
         raise failure
 
@@ -346,9 +385,15 @@ def _aggregate_read(
     fd: int, off: np.ndarray, length: np.ndarray, out: np.ndarray, sieve: bool, span: int
 ) -> None:
     if sieve:
-        sp_off, sp_len, _ = _window_runs(off, length, False, span)
+        sp_off, sp_len, holes = _window_runs(off, length, False, span)
     else:
         sp_off, sp_len = fileio.union_runs(off, length)
+        holes = np.zeros(sp_off.size, dtype=bool)
+    direct = _file_ordered_runs(off, length, sp_off, sp_len, holes)
+    if direct is not None:
+        for o, n, p in direct:
+            fileio.pread_into(fd, out[p : p + n], o)
+        return
     base = int(sp_off[0])
     cbuf = scratch(int(sp_off[-1] + sp_len[-1]) - base, "realm")
     for o, n in zip(sp_off.tolist(), sp_len.tolist()):

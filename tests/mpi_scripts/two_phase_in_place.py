@@ -1,0 +1,90 @@
+"""Two-phase I/O that moves bytes in place (a rank's pieces back to back in its buffer are sent
+or received without packing; an aggregator's pieces already in file order are written or read
+without a copy) and the copying paths next to it, against a numpy oracle. Rank 0 prints one
+JSON list of the cases that failed (empty when all pass)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import numpy as np
+from mpi4py import MPI
+
+import strataio
+
+
+def main(workdir: str) -> None:
+    comm = MPI.COMM_WORLD
+    rank, nprocs = comm.Get_rank(), comm.Get_size()
+    block = 10_000
+    rng = np.random.default_rng(7)
+    whole = rng.integers(0, 256, block * nprocs, dtype=np.uint8)  # the same on every rank
+    mine = whole[rank * block : (rank + 1) * block].copy()
+    every_other = MPI.BYTE.Create_vector(block, 1, 2).Commit()  # memory with gaps: copied
+    spread = np.zeros(2 * block, dtype=np.uint8)
+    spread[::2] = mine
+    failed = []
+    for cb_size in (4096, 1 << 20):
+        for cb_nodes in (1, nprocs):
+            hints = {
+                "romio_cb_write": "enable",
+                "romio_cb_read": "enable",
+                "cb_buffer_size": str(cb_size),
+                "cb_nodes": str(cb_nodes),
+            }
+            case = f"cb_buffer_size={cb_size} cb_nodes={cb_nodes}"
+            for name, spec in (("contiguous", mine), ("strided", [spread, 1, every_other])):
+                path = os.path.join(workdir, f"{name}.{cb_size}.{cb_nodes}.bin")
+                with strataio.File.open(comm, path, "w", hints=hints) as f:
+                    f.write_at_all(rank * block, spec)
+                    path_used = f.last_path
+                comm.Barrier()
+                on_disk = np.fromfile(path, dtype=np.uint8)
+                if path_used != "two-phase" or not np.array_equal(on_disk, whole):
+                    failed.append(f"write {name} {case}")
+                with strataio.File.open(comm, path, "r", hints=hints) as f:
+                    got = np.zeros(block, dtype=np.uint8)
+                    f.read_at_all(rank * block, got)  # back to back: received in place
+                    everything = np.zeros(block * nprocs, dtype=np.uint8)
+                    f.read_at_all(0, everything)  # every rank reads all: pieces overlap
+                    beyond = np.full(block, 9, dtype=np.uint8)
+                    f.read_at_all(block * nprocs - block // 2, beyond)  # half past the end
+                if not np.array_equal(got, mine):
+                    failed.append(f"read own block {case} ({name} file)")
+                if not np.array_equal(everything, whole):
+                    failed.append(f"read everything {case} ({name} file)")
+                tail = np.concatenate((whole[-(block // 2) :], np.zeros(block // 2, np.uint8)))
+                if not np.array_equal(beyond, tail):
+                    failed.append(f"read past the end {case} ({name} file)")
+        # Rank 0 alone writes two runs far apart (no sieving across the gap): the aggregators'
+        # pieces are in file order, so each run goes straight from the exchanged buffer.
+        half, gap = block // 2, 100_000
+        runs = MPI.BYTE.Create_hindexed([half, half], [0, gap]).Commit()
+        path = os.path.join(workdir, f"gapped.{cb_size}.bin")
+        count = block if rank == 0 else 0
+        hints = {**hints, "cb_nodes": "1"}  # one aggregator sees both runs (with 1 MiB)
+        with strataio.File.open(comm, path, "w", hints=hints) as f:
+            f.set_view(0, MPI.BYTE, runs)
+            f.write_all([mine, count, MPI.BYTE])
+        comm.Barrier()
+        want = np.zeros(gap + half, dtype=np.uint8)
+        want[:half], want[gap:] = whole[:half], whole[half:block]  # rank 0's block
+        if not np.array_equal(np.fromfile(path, dtype=np.uint8), want):
+            failed.append(f"write gapped cb_buffer_size={cb_size}")
+        with strataio.File.open(comm, path, "r", hints=hints) as f:
+            f.set_view(0, MPI.BYTE, runs)
+            back = np.zeros(block, dtype=np.uint8)
+            f.read_all([back, count, MPI.BYTE])
+        if rank == 0 and not np.array_equal(back, mine):
+            failed.append(f"read gapped cb_buffer_size={cb_size}")
+        runs.Free()
+    every_other.Free()
+    failed = sorted(set(sum(comm.allgather(failed), [])))
+    if rank == 0:
+        print(json.dumps(failed))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
