@@ -255,10 +255,13 @@ def _exclusive(lengths: np.ndarray) -> np.ndarray:
 
 
 def _window_runs(
-    off: np.ndarray, length: np.ndarray, write: bool, max_span: int
+    off: np.ndarray, length: np.ndarray, write: bool, max_span: int, sieve: bool = True
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Spans an aggregator accesses for one window, and which of them have holes."""
+    """Spans an aggregator accesses for one window, and which of them have holes (without
+    ``sieve``: the runs of bytes themselves, none with a hole)."""
     run_off, run_len = fileio.union_runs(off, length)
+    if not sieve:
+        return run_off, run_len, np.zeros(run_off.size, dtype=bool)
     sp_off, sp_len = fileio.plan_spans(run_off, run_len, max_span, write)
     run_span = np.searchsorted(sp_off, run_off, side="right") - 1
     covered = np.bincount(run_span, weights=run_len, minlength=sp_off.size)
@@ -327,11 +330,7 @@ def _aggregate_write(
     fd: int, off: np.ndarray, length: np.ndarray, data: np.ndarray, sieve: bool, span: int
 ) -> None:
     pos = _exclusive(length)
-    if sieve:
-        sp_off, sp_len, holes = _window_runs(off, length, True, span)
-    else:
-        sp_off, sp_len = fileio.union_runs(off, length)
-        holes = np.zeros(sp_off.size, dtype=bool)
+    sp_off, sp_len, holes = _window_runs(off, length, True, span, sieve)
     direct = _file_ordered_runs(off, length, sp_off, sp_len, holes)
     if direct is not None:
         for o, n, p in direct:
@@ -384,11 +383,7 @@ def read_two_phase(
 def _aggregate_read(
     fd: int, off: np.ndarray, length: np.ndarray, out: np.ndarray, sieve: bool, span: int
 ) -> None:
-    if sieve:
-        sp_off, sp_len, holes = _window_runs(off, length, False, span)
-    else:
-        sp_off, sp_len = fileio.union_runs(off, length)
-        holes = np.zeros(sp_off.size, dtype=bool)
+    sp_off, sp_len, holes = _window_runs(off, length, False, span, sieve)
     direct = _file_ordered_runs(off, length, sp_off, sp_len, holes)
     if direct is not None:
         for o, n, p in direct:
