@@ -108,6 +108,10 @@ def test_serial_buffer_specs(tmp_path: Path) -> None:
         f.set_view(0, MPI.DOUBLE)
         with pytest.raises(ViewError):
             f.write_at(0, np.zeros(3, dtype=np.uint8))
+        overlapping = MPI.BYTE.Create_contiguous(16).Create_resized(0, 8).Commit()
+        with pytest.raises(ViewError, match="tiles overlap"):
+            f.set_view(0, MPI.BYTE, overlapping)
+        f.set_view(0, MPI.BYTE, MPI.BYTE.Create_contiguous(8).Create_resized(0, 8).Commit())
     raw = np.fromfile(tmp_path / "g.bin", dtype=np.float64)
     assert np.array_equal(raw, [0, 3, 6, 9, 1, 0, 1])
 

@@ -22,9 +22,13 @@ def main(workdir: str) -> None:
     rng = np.random.default_rng(7)
     whole = rng.integers(0, 256, block * nprocs, dtype=np.uint8)  # the same on every rank
     mine = whole[rank * block : (rank + 1) * block].copy()
-    every_other = MPI.BYTE.Create_vector(block, 1, 2).Commit()  # memory with gaps: copied
+    every_other = MPI.BYTE.Create_vector(block, 1, 2).Commit()  # fine gaps: a packed stream
     spread = np.zeros(2 * block, dtype=np.uint8)
     spread[::2] = mine
+    half = block // 2  # one gap: pieces straight from memory, not back to back, so copied
+    two_blocks = MPI.BYTE.Create_vector(2, half, half + 7).Commit()
+    split = np.zeros(block + 7, dtype=np.uint8)
+    split[:half], split[half + 7 :] = mine[:half], mine[half:]
     failed = []
     for cb_size in (4096, 1 << 20):
         for cb_nodes in (1, nprocs):
@@ -35,7 +39,11 @@ def main(workdir: str) -> None:
                 "cb_nodes": str(cb_nodes),
             }
             case = f"cb_buffer_size={cb_size} cb_nodes={cb_nodes}"
-            for name, spec in (("contiguous", mine), ("strided", [spread, 1, every_other])):
+            for name, spec in (
+                ("contiguous", mine),
+                ("strided", [spread, 1, every_other]),
+                ("split", [split, 1, two_blocks]),
+            ):
                 path = os.path.join(workdir, f"{name}.{cb_size}.{cb_nodes}.bin")
                 with strataio.File.open(comm, path, "w", hints=hints) as f:
                     f.write_at_all(rank * block, spec)
@@ -47,12 +55,16 @@ def main(workdir: str) -> None:
                 with strataio.File.open(comm, path, "r", hints=hints) as f:
                     got = np.zeros(block, dtype=np.uint8)
                     f.read_at_all(rank * block, got)  # back to back: received in place
+                    apart = np.zeros_like(split)
+                    f.read_at_all(rank * block, [apart, 1, two_blocks])  # copied out
                     everything = np.zeros(block * nprocs, dtype=np.uint8)
                     f.read_at_all(0, everything)  # every rank reads all: pieces overlap
                     beyond = np.full(block, 9, dtype=np.uint8)
                     f.read_at_all(block * nprocs - block // 2, beyond)  # half past the end
                 if not np.array_equal(got, mine):
                     failed.append(f"read own block {case} ({name} file)")
+                if not np.array_equal(apart, split):
+                    failed.append(f"read own block split {case} ({name} file)")
                 if not np.array_equal(everything, whole):
                     failed.append(f"read everything {case} ({name} file)")
                 tail = np.concatenate((whole[-(block // 2) :], np.zeros(block // 2, np.uint8)))
@@ -60,7 +72,7 @@ def main(workdir: str) -> None:
                     failed.append(f"read past the end {case} ({name} file)")
         # Rank 0 alone writes two runs far apart (no sieving across the gap): the aggregators'
         # pieces are in file order, so each run goes straight from the exchanged buffer.
-        half, gap = block // 2, 100_000
+        gap = 100_000
         runs = MPI.BYTE.Create_hindexed([half, half], [0, gap]).Commit()
         path = os.path.join(workdir, f"gapped.{cb_size}.bin")
         count = block if rank == 0 else 0
@@ -81,6 +93,7 @@ def main(workdir: str) -> None:
             failed.append(f"read gapped cb_buffer_size={cb_size}")
         runs.Free()
     every_other.Free()
+    two_blocks.Free()
     failed = sorted(set(sum(comm.allgather(failed), [])))
     if rank == 0:
         print(json.dumps(failed))

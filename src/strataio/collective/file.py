@@ -264,8 +264,9 @@ class File:
         """Set this rank's view (collective); resets the individual file pointer to 0.
 
         ``disp`` is in bytes and must be >= 0; ``filetype`` (default ``etype``) must hold a
-        whole number of etypes, with non-negative, non-decreasing type-map displacements; all
-        ranks must use etypes of the same size. Raises :class:`ViewError` on every rank.
+        whole number of etypes, with non-negative, non-decreasing type-map displacements, and
+        its tiles (one per extent) must not overlap; all ranks must use etypes of the same
+        size. Raises :class:`ViewError` on every rank.
         ``info`` adds hints to those in force (the same on every rank, as at open; else
         :class:`~strataio.errors.HintError` on every rank).
         """
@@ -297,6 +298,14 @@ class File:
                 raise ViewError("filetype displacements must be non-negative and non-decreasing")
             if ft.size and ft.extent <= 0:
                 raise ViewError(f"filetype extent {ft.extent} must be positive")
+            if ft.size and int(ext.offsets[0]) + ft.extent < int(ext.ends[-1]):
+                # the view repeats the filetype every extent bytes: a tile may not reach into
+                # the next one (the view's displacements would go backwards)
+                raise ViewError(
+                    f"filetype tiles overlap: its data ends at byte {int(ext.ends[-1])} but the "
+                    f"next tile starts at byte {int(ext.offsets[0]) + ft.extent} (extent "
+                    f"{ft.extent})"
+                )
         except Exception as exc:  # any failure here must reach the other ranks
             err = exc
         if err is None:
