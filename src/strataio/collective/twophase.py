@@ -294,7 +294,7 @@ def write_two_phase(
             aoff = plan.a_off[a0:a1]
             span = int(plan.win_hi[plan.my_agg, i] - plan.win_lo[plan.my_agg, i])
             try:
-                _aggregate_write(fd, aoff, alen, recvbuf, ds, span)
+                _aggregate(fd, aoff, alen, recvbuf, True, ds, span)
             except (OSError, StrataError) as exc:  # keep exchanging: the others are waiting
                 failure = exc
     if failure is not None:
@@ -326,23 +326,37 @@ def _file_ordered_runs(
     return list(zip(sp_off.tolist(), sp_len.tolist(), pos.tolist()))
 
 
-def _aggregate_write(
-    fd: int, off: np.ndarray, length: np.ndarray, data: np.ndarray, sieve: bool, span: int
+def _aggregate(
+    fd: int,
+    off: np.ndarray,
+    length: np.ndarray,
+    buf: np.ndarray,
+    write: bool,
+    sieve: bool,
+    span: int,
 ) -> None:
-    pos = _exclusive(length)
-    sp_off, sp_len, holes = _window_runs(off, length, True, span, sieve)
+    """An aggregator's access of one window: pieces ``off``/``length`` whose bytes lie back to
+    back, in exchange order, in the buffer ``buf`` exchanged with the clients. Spans with holes
+    go through a realm buffer (a write reads them first, which is safe: the aggregator owns
+    the realm)."""
+    sp_off, sp_len, holes = _window_runs(off, length, write, span, sieve)
+    move = fileio.pwrite_from if write else fileio.pread_into
     direct = _file_ordered_runs(off, length, sp_off, sp_len, holes)
     if direct is not None:
         for o, n, p in direct:
-            fileio.pwrite_from(fd, data[p : p + n], o)
+            move(fd, buf[p : p + n], o)
         return
     base = int(sp_off[0])
     cbuf = scratch(int(sp_off[-1] + sp_len[-1]) - base, "realm")
-    for o, n, h in zip(sp_off.tolist(), sp_len.tolist(), holes.tolist()):
-        if h:
+    spans = list(zip(sp_off.tolist(), sp_len.tolist(), holes.tolist()))
+    for o, n, h in spans:
+        if h or not write:
             fileio.pread_into(fd, cbuf[o - base : o - base + n], o)
-    copy_pieces(cbuf, off - base, data, pos, length)
-    for o, n in zip(sp_off.tolist(), sp_len.tolist()):
+    if not write:
+        copy_pieces(buf, _exclusive(length), cbuf, off - base, length)
+        return
+    copy_pieces(cbuf, off - base, buf, _exclusive(length), length)
+    for o, n, _ in spans:
         fileio.pwrite_from(fd, cbuf[o - base : o - base + n], o)
 
 
@@ -363,7 +377,7 @@ def read_two_phase(
             aoff = plan.a_off[a0:a1]
             span = int(plan.win_hi[plan.my_agg, i] - plan.win_lo[plan.my_agg, i])
             try:
-                _aggregate_read(fd, aoff, alen, sendbuf, ds, span)
+                _aggregate(fd, aoff, alen, sendbuf, False, ds, span)
             except (OSError, StrataError) as exc:  # keep exchanging: the others are waiting
                 failure = exc
         c0, c1 = plan.c_iter_bounds[i], plan.c_iter_bounds[i + 1]
@@ -378,22 +392,6 @@ def read_two_phase(
             copy_pieces(access.stream, plan.c_mem[c0:c1], recvbuf, _exclusive(lens), lens)
     if failure is not None:
         raise failure
-
-
-def _aggregate_read(
-    fd: int, off: np.ndarray, length: np.ndarray, out: np.ndarray, sieve: bool, span: int
-) -> None:
-    sp_off, sp_len, holes = _window_runs(off, length, False, span, sieve)
-    direct = _file_ordered_runs(off, length, sp_off, sp_len, holes)
-    if direct is not None:
-        for o, n, p in direct:
-            fileio.pread_into(fd, out[p : p + n], o)
-        return
-    base = int(sp_off[0])
-    cbuf = scratch(int(sp_off[-1] + sp_len[-1]) - base, "realm")
-    for o, n in zip(sp_off.tolist(), sp_len.tolist()):
-        fileio.pread_into(fd, cbuf[o - base : o - base + n], o)
-    copy_pieces(out, _exclusive(length), cbuf, off - base, length)
 
 
 # ---------------------------------------------------------------------------- independent
