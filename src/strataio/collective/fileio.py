@@ -65,6 +65,17 @@ def plan_spans(
     return run_off[idx], span_end - run_off[idx]
 
 
+def span_holes(
+    run_off: np.ndarray, run_len: np.ndarray, sp_off: np.ndarray, sp_len: np.ndarray
+) -> np.ndarray:
+    """For spans of :func:`plan_spans` over sorted disjoint runs: whether each span contains
+    bytes that no run covers."""
+    first = np.searchsorted(run_off, sp_off)  # every span starts with a run
+    if first.size == 0:
+        return np.zeros(0, dtype=bool)
+    return np.add.reduceat(run_len, first) < sp_len
+
+
 def pread_into(fd: int, buf: np.ndarray, offset: int) -> None:
     """Fill ``buf`` from ``offset``; bytes past end-of-file read as zeros (holes)."""
     mv = memoryview(buf)

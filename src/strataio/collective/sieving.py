@@ -46,6 +46,7 @@ from typing import Any
 
 import numpy as np
 
+from strataio.collective import fileio
 from strataio.collective.fileio import SYSCALL_BYTES, pread_into, pwrite_from
 from strataio.collective.hints import DISABLE, ENABLE, Hints, parse_hints
 from strataio.errors import BackendError, ShapeMismatchError, StrataError
@@ -93,26 +94,10 @@ def plan_spans(
     holey)``, ``holey[j]`` telling whether span ``j`` contains bytes no piece wants.
     """
     runs = _runs(ext)
+    hole = np.iinfo(np.int64).max if max_hole is None else max_hole
     r_off, r_len = runs.offsets, runs.lengths
-    n = r_off.size
-    if n == 0:
-        z = np.zeros(0, dtype=np.int64)
-        return z, z, np.zeros(0, dtype=bool)
-    r_end = r_off + r_len
-    brk = np.ones(n, dtype=bool)
-    if max_hole is None:
-        brk[1:] = False
-    else:
-        brk[1:] = (r_off[1:] - r_end[:-1]) > max_hole
-    gid = np.cumsum(brk) - 1
-    gstart = r_off[np.flatnonzero(brk)][gid]
-    window = (r_end - 1 - gstart) // max(int(buffer_size), 1)
-    brk[1:] |= window[1:] != window[:-1]
-    idx = np.flatnonzero(brk)
-    sp_off = r_off[idx]
-    sp_len = np.maximum.reduceat(r_end, idx) - sp_off
-    covered = np.add.reduceat(r_len, idx)
-    return sp_off, sp_len, covered < sp_len
+    sp_off, sp_len = fileio.plan_spans(r_off, r_len, max(int(buffer_size), 1), True, hole)
+    return sp_off, sp_len, fileio.span_holes(r_off, r_len, sp_off, sp_len)
 
 
 def _runs(ext: Extents) -> Extents:

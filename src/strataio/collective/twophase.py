@@ -263,9 +263,7 @@ def _window_runs(
     if not sieve:
         return run_off, run_len, np.zeros(run_off.size, dtype=bool)
     sp_off, sp_len = fileio.plan_spans(run_off, run_len, max_span, write)
-    run_span = np.searchsorted(sp_off, run_off, side="right") - 1
-    covered = np.bincount(run_span, weights=run_len, minlength=sp_off.size)
-    return sp_off, sp_len, covered < sp_len
+    return sp_off, sp_len, fileio.span_holes(run_off, run_len, sp_off, sp_len)
 
 
 # ---------------------------------------------------------------------------- the two phases
