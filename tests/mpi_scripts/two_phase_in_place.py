@@ -1,6 +1,7 @@
-"""Two-phase I/O that moves bytes in place (a rank's pieces back to back in its buffer are sent
-or received without packing; an aggregator's pieces already in file order are written or read
-without a copy) and the copying paths next to it, against a numpy oracle. Rank 0 prints one
+"""Two-phase I/O's ways of moving pieces, against a numpy oracle: in place (a rank's pieces back
+to back in its buffer), through derived datatypes (pieces of 1 KiB and more land at their file
+positions in the aggregator's buffer, or in the caller's memory), packed (small pieces), and the
+read-modify-write of windows with holes, before and past the end of the file. Rank 0 prints one
 JSON list of the cases that failed (empty when all pass)."""
 
 from __future__ import annotations
@@ -92,11 +93,49 @@ def main(workdir: str) -> None:
         if rank == 0 and not np.array_equal(back, mine):
             failed.append(f"read gapped cb_buffer_size={cb_size}")
         runs.Free()
+        for cb_nodes in (1, nprocs):
+            hints = {**hints, "cb_nodes": str(cb_nodes)}
+            failed += _read_modify_write(comm, workdir, hints, f"cb_buffer_size={cb_size}")
     every_other.Free()
     two_blocks.Free()
     failed = sorted(set(sum(comm.allgather(failed), [])))
     if rank == 0:
         print(json.dumps(failed))
+
+
+def _read_modify_write(comm: MPI.Comm, workdir: str, hints: dict, case: str) -> list[str]:
+    """Pieces of unequal lengths (1500 / 2500 bytes, moved with derived datatypes) interleaved
+    across the ranks with 100-byte holes, written over a file that ends in the middle of them:
+    holes before the old end keep their bytes, holes past it read as zeros."""
+    rank, nprocs = comm.Get_rank(), comm.Get_size()
+    npieces, hole, old_size = 12, 100, 20_000
+    lengths = np.tile([1500, 2500], npieces // 2)
+    slot = int(lengths.max()) + hole
+    offsets = (np.arange(npieces) * nprocs + rank) * slot
+    data = np.random.default_rng(rank).integers(1, 256, int(lengths.sum()), dtype=np.uint8)
+    path = os.path.join(workdir, f"rmw.{case}.{hints['cb_nodes']}.bin".replace("=", ""))
+    if rank == 0:
+        np.full(old_size, 0xAB, dtype=np.uint8).tofile(path)
+    comm.Barrier()
+    ftype = MPI.BYTE.Create_hindexed(lengths.tolist(), offsets.tolist()).Commit()
+    with strataio.File.open(comm, path, "r+", hints=hints) as f:
+        f.set_view(0, MPI.BYTE, ftype)
+        f.write_all(data)
+        path_used = f.last_path
+    ftype.Free()
+    comm.Barrier()
+    every = comm.allgather((offsets, lengths, data))
+    end = max(int(o[-1] + n[-1]) for o, n, _ in every)
+    want = np.zeros(max(end, old_size), dtype=np.uint8)
+    want[:old_size] = 0xAB
+    for offs, lens, d in every:
+        pos = np.concatenate(([0], np.cumsum(lens)))
+        for o, n, p in zip(offs.tolist(), lens.tolist(), pos.tolist()):
+            want[o : o + n] = d[p : p + n]
+    got = np.fromfile(path, dtype=np.uint8)
+    if path_used != "two-phase" or not np.array_equal(got, want):
+        return [f"read-modify-write {case} cb_nodes={hints['cb_nodes']}"]
+    return []
 
 
 if __name__ == "__main__":

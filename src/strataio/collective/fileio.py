@@ -76,8 +76,9 @@ def span_holes(
     return np.add.reduceat(run_len, first) < sp_len
 
 
-def pread_into(fd: int, buf: np.ndarray, offset: int) -> None:
-    """Fill ``buf`` from ``offset``; bytes past end-of-file read as zeros (holes)."""
+def pread_upto(fd: int, buf: np.ndarray, offset: int) -> int:
+    """Read into ``buf`` from ``offset`` until it is full or end-of-file; the bytes read (the
+    rest of ``buf`` is left as it was)."""
     mv = memoryview(buf)
     pos = offset
     while len(mv):
@@ -86,10 +87,17 @@ def pread_into(fd: int, buf: np.ndarray, offset: int) -> None:
         except OSError as exc:
             raise BackendError(f"read of {len(mv)} bytes at {pos} failed: {exc}") from exc
         if n == 0:
-            buf[len(buf) - len(mv) :] = 0
-            return
+            break
         mv = mv[n:]
         pos += n
+    return pos - offset
+
+
+def pread_into(fd: int, buf: np.ndarray, offset: int) -> None:
+    """Fill ``buf`` from ``offset``; bytes past end-of-file read as zeros (holes)."""
+    n = pread_upto(fd, buf, offset)
+    if n < len(buf):
+        buf[n:] = 0
 
 
 def pwrite_from(fd: int, buf: np.ndarray, offset: int) -> None:

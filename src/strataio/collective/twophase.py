@@ -18,21 +18,13 @@ runs:
    aggregate access region; each realm is walked in windows of ``cb_buffer_size`` bytes, one
    window per aggregator per iteration. The pieces' descriptors (offset, length) are sent to
    their aggregators once, up front (``Alltoall`` of counts + ``Alltoallv`` of descriptors), so
-   each iteration needs a single ``Alltoallv`` of data whose counts both sides derive locally.
-   Pieces are packed with vectorized gathers (:mod:`strataio.layout.pieces`), or not at all
-   when a rank's pieces for an iteration lie back to back in its buffer (sent from it, or
-   received into it, in place); an aggregator whose pieces arrive in file order with no hole
-   between them writes (reads) them straight from (into) the exchange buffer. Aggregators
-   access each window's covering span, or its runs, by the cost model of
-   :mod:`strataio.collective.fileio` (conditional data sieving); a write window with holes is
-   read-modify-written, which is safe because the aggregator owns its realm.
-
-Exchange primitive: ``Alltoallv`` over byte buffers packed by numpy. ``Alltoallw`` with an
-``hindexed_block`` datatype per peer would skip the pack, but building and committing those
-datatypes every iteration costs more than the vectorized pack. Measured (MPICH 5, 4096
-64-byte pieces per rank spread over all peers, median of 30, slowest rank, 2-core machine under
-load): 4 ranks Alltoallv+pack 5.4 ms vs Alltoallw 10.9 ms; 2 ranks 4.2 ms vs 4.2 ms. So
-Alltoallv it is.
+   each iteration needs a single ``Alltoallw`` of data whose counts both sides derive locally
+   (:mod:`strataio.collective.exchange`: pieces of 1 KiB and more move through derived
+   datatypes straight between the caller's memory and the aggregator's realm buffer, smaller
+   ones are packed; an aggregator's own pieces are copied without MPI). The realm buffer is
+   laid out like the file: aggregators access each window's covering span, or its runs, by the
+   cost model of :mod:`strataio.collective.fileio` (conditional data sieving); a write window
+   with holes is read-modify-written, which is safe because the aggregator owns its realm.
 """
 
 from __future__ import annotations
@@ -44,6 +36,7 @@ import numpy as np
 from mpi4py import MPI
 
 from strataio.collective import fileio, sieving
+from strataio.collective.exchange import ExchangeSide, alltoallw
 from strataio.collective.realms import RealmPolicy, select_aggregators
 from strataio.errors import StrataError
 from strataio.layout.extents import Extents
@@ -170,6 +163,30 @@ class _Plan:
     a_src: np.ndarray
     a_iter_bounds: np.ndarray
     my_agg: int  # my index among the aggregators, -1 if none
+    nprocs: int
+    rank: int
+
+    def client_side(self, i: int, stream: np.ndarray, send: bool) -> ExchangeSide:
+        """My pieces of iteration ``i`` in the caller's buffer, to or from the aggregators."""
+        c0, c1 = self.c_iter_bounds[i], self.c_iter_bounds[i + 1]
+        mem, lens, dest = self.c_mem[c0:c1], self.c_len[c0:c1], self.c_dest[c0:c1]
+        return ExchangeSide(stream, mem, lens, dest, self.nprocs, self.rank, send)
+
+    def window(self, i: int, write: bool, sieve: bool) -> _Window | None:
+        """My window of iteration ``i`` as an aggregator (None: no pieces in it)."""
+        a0, a1 = self.a_iter_bounds[i], self.a_iter_bounds[i + 1]
+        if a1 == a0:
+            return None
+        span = int(self.win_hi[self.my_agg, i] - self.win_lo[self.my_agg, i])
+        return _Window(self.a_off[a0:a1], self.a_len[a0:a1], write, sieve, span)
+
+    def aggregator_side(self, i: int, window: _Window | None, send: bool) -> ExchangeSide:
+        """The clients' pieces of iteration ``i`` in my realm buffer, at their file positions."""
+        if window is None:
+            return ExchangeSide(_BYTES, _NONE, _NONE, _NONE, self.nprocs, self.rank, send)
+        a0, a1 = self.a_iter_bounds[i], self.a_iter_bounds[i + 1]
+        at, lens, src = self.a_off[a0:a1] - window.base, self.a_len[a0:a1], self.a_src[a0:a1]
+        return ExchangeSide(window.buf, at, lens, src, self.nprocs, self.rank, send)
 
 
 def _plan(
@@ -236,126 +253,104 @@ def _plan(
     a_iter_bounds = np.searchsorted(a_iter, np.arange(ntimes + 1))
     return _Plan(
         ntimes, win_lo, win_hi, aggs, c_off, c_len, c_mem, c_dest, c_iter_bounds,
-        a_off, a_len, a_src, a_iter_bounds, my_agg,
+        a_off, a_len, a_src, a_iter_bounds, my_agg, nprocs, rank,
     )  # fmt: skip
-
-
-def _counts(dest: np.ndarray, lengths: np.ndarray, nprocs: int) -> tuple[np.ndarray, np.ndarray]:
-    counts = np.bincount(dest, weights=lengths, minlength=nprocs).astype(_I64)
-    displs = np.zeros(nprocs, dtype=_I64)
-    np.cumsum(counts[:-1], out=displs[1:])
-    return counts, displs
-
-
-def _exclusive(lengths: np.ndarray) -> np.ndarray:
-    out = np.zeros(lengths.size, dtype=_I64)
-    if lengths.size > 1:
-        np.cumsum(lengths[:-1], out=out[1:])
-    return out
 
 
 def _window_runs(
     off: np.ndarray, length: np.ndarray, write: bool, max_span: int, sieve: bool = True
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Spans an aggregator accesses for one window, and which of them have holes (without
-    ``sieve``: the runs of bytes themselves, none with a hole)."""
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The runs of bytes an aggregator moves in one window, the spans it accesses, and which
+    of the spans have holes (without ``sieve`` the spans are the runs, none with a hole)."""
     run_off, run_len = fileio.union_runs(off, length)
     if not sieve:
-        return run_off, run_len, np.zeros(run_off.size, dtype=bool)
+        return run_off, run_len, run_off, run_len, np.zeros(run_off.size, dtype=bool)
     sp_off, sp_len = fileio.plan_spans(run_off, run_len, max_span, write)
-    return sp_off, sp_len, fileio.span_holes(run_off, run_len, sp_off, sp_len)
+    holes = fileio.span_holes(run_off, run_len, sp_off, sp_len)
+    return run_off, run_len, sp_off, sp_len, holes
 
 
 # ---------------------------------------------------------------------------- the two phases
+_NONE = np.zeros(0, dtype=_I64)
+_BYTES = np.zeros(0, dtype=np.uint8)
+
+
+class _Window:
+    """An aggregator's file access in one iteration: the spans it reads or writes (by the cost
+    model of :mod:`strataio.collective.fileio`; without ``sieve`` the runs of bytes themselves)
+    and a realm buffer laid out like the file from the first span on, which the exchange fills
+    (writes) or drains (reads) at the pieces' file positions."""
+
+    __slots__ = ("base", "buf", "runs", "spans")
+
+    def __init__(self, off: np.ndarray, length: np.ndarray, write: bool, sieve: bool, span: int):
+        run_off, run_len, sp_off, sp_len, holes = _window_runs(off, length, write, span, sieve)
+        self.base = int(sp_off[0])
+        self.buf = scratch(int(sp_off[-1] + sp_len[-1]) - self.base, "realm")
+        self.runs = (run_off - self.base, run_len)
+        at = (sp_off - self.base).tolist()
+        self.spans = list(zip(at, sp_off.tolist(), sp_len.tolist(), holes.tolist()))
+
+    def read(self, fd: int) -> None:
+        """Fill the spans from the file (past end-of-file with zeros)."""
+        for at, off, n, _ in self.spans:
+            fileio.pread_into(fd, self.buf[at : at + n], off)
+
+    def read_holes(self, fd: int) -> None:
+        """The read of a read-modify-write (safe because the aggregator owns its realm): the
+        file's bytes into the spans with holes. Past end-of-file only the holes are zeroed:
+        the exchange overwrites every other byte."""
+        for at, off, n, hole in self.spans:
+            if hole:
+                got = fileio.pread_upto(fd, self.buf[at : at + n], off)
+                if got < n:
+                    self._zero_holes(at + got, at + n)
+
+    def _zero_holes(self, lo: int, hi: int) -> None:
+        """Zero the bytes of ``buf[lo:hi]`` that no run covers."""
+        run_at, run_len = self.runs
+        ends = run_at + run_len
+        gap_at = np.concatenate(([lo], np.clip(ends, lo, hi)))
+        gap_end = np.concatenate((np.clip(run_at, lo, hi), [hi]))
+        keep = gap_end > gap_at
+        gap_at, gap_len = gap_at[keep], (gap_end - gap_at)[keep]
+        if gap_at.size:
+            zeros = np.zeros(int(gap_len.max()), dtype=np.uint8)
+            copy_pieces(self.buf, gap_at, zeros, np.zeros_like(gap_at), gap_len)
+
+    def write(self, fd: int) -> None:
+        for at, off, n, _ in self.spans:
+            fileio.pwrite_from(fd, self.buf[at : at + n], off)
+
+
 def write_two_phase(
     comm: MPI.Comm, fd: int, access: Access, stats: np.ndarray, hints: Any, policy: RealmPolicy
 ) -> None:
     """Collective write of every rank's access; aggregators write their realms."""
     plan = _plan(comm, access.file, stats, hints, policy)
-    nprocs = comm.Get_size()
     ds = str(getattr(hints, "romio_ds_write", "automatic")).lower() != "disable"
     failure: BaseException | None = None
     for i in range(plan.ntimes):
-        c0, c1 = plan.c_iter_bounds[i], plan.c_iter_bounds[i + 1]
-        lens = plan.c_len[c0:c1]
-        scount, sdisp = _counts(plan.c_dest[c0:c1], lens, nprocs)
-        sendbuf = _back_to_back(access.stream, plan.c_mem[c0:c1], lens)
-        if sendbuf is None:
-            sendbuf = scratch(int(scount.sum()), "send")
-            copy_pieces(sendbuf, _exclusive(lens), access.stream, plan.c_mem[c0:c1], lens)
-        a0, a1 = plan.a_iter_bounds[i], plan.a_iter_bounds[i + 1]
-        alen = plan.a_len[a0:a1]
-        rcount, rdisp = _counts(plan.a_src[a0:a1], alen, nprocs)
-        recvbuf = scratch(int(rcount.sum()), "recv")
-        comm.Alltoallv([sendbuf, (scount, sdisp), MPI.BYTE], [recvbuf, (rcount, rdisp), MPI.BYTE])
-        if a1 > a0 and failure is None:
-            aoff = plan.a_off[a0:a1]
-            span = int(plan.win_hi[plan.my_agg, i] - plan.win_lo[plan.my_agg, i])
-            try:
-                _aggregate(fd, aoff, alen, recvbuf, True, ds, span)
-            except (OSError, StrataError) as exc:  # keep exchanging: the others are waiting
-                failure = exc
+        send = plan.client_side(i, access.stream, True)
+        window = plan.window(i, True, ds)
+        recv = plan.aggregator_side(i, window, False)
+        if window is not None and failure is None:
+            failure = _attempt(window.read_holes, fd)
+        alltoallw(comm, send, recv)
+        if window is not None and failure is None:
+            failure = _attempt(window.write, fd)
     if failure is not None:
         raise failure
 
 
-def _back_to_back(stream: np.ndarray, mem: np.ndarray, lens: np.ndarray) -> np.ndarray | None:
-    """The stream bytes of pieces that follow one another in it, in this order, as one view
-    (the packed buffer without packing); None when they do not."""
-    if mem.size == 0:
-        return stream[:0]
-    if mem.size > 1 and not np.array_equal(mem[1:], mem[:-1] + lens[:-1]):
-        return None
-    return stream[int(mem[0]) : int(mem[0]) + int(lens.sum())]
-
-
-def _file_ordered_runs(
-    off: np.ndarray, length: np.ndarray, sp_off: np.ndarray, sp_len: np.ndarray, holes: np.ndarray
-) -> list[tuple[int, int, int]] | None:
-    """``(file offset, length, position in the exchanged buffer)`` of each span when the
-    exchanged pieces already lie in file order without overlaps and no span has a hole: the
-    spans then move straight between the file and that buffer, with no copy. None otherwise."""
-    if holes.any() or not bool(np.all(off[1:] >= off[:-1] + length[:-1])):
-        return None
-    first = np.searchsorted(off, sp_off)  # each span starts with a piece
-    pos = _exclusive(length)[first]
-    if not np.array_equal(np.diff(pos, append=int(length.sum())), sp_len):
-        return None
-    return list(zip(sp_off.tolist(), sp_len.tolist(), pos.tolist()))
-
-
-def _aggregate(
-    fd: int,
-    off: np.ndarray,
-    length: np.ndarray,
-    buf: np.ndarray,
-    write: bool,
-    sieve: bool,
-    span: int,
-) -> None:
-    """An aggregator's access of one window: pieces ``off``/``length`` whose bytes lie back to
-    back, in exchange order, in the buffer ``buf`` exchanged with the clients. Spans with holes
-    go through a realm buffer (a write reads them first, which is safe: the aggregator owns
-    the realm)."""
-    sp_off, sp_len, holes = _window_runs(off, length, write, span, sieve)
-    move = fileio.pwrite_from if write else fileio.pread_into
-    direct = _file_ordered_runs(off, length, sp_off, sp_len, holes)
-    if direct is not None:
-        for o, n, p in direct:
-            move(fd, buf[p : p + n], o)
-        return
-    base = int(sp_off[0])
-    cbuf = scratch(int(sp_off[-1] + sp_len[-1]) - base, "realm")
-    spans = list(zip(sp_off.tolist(), sp_len.tolist(), holes.tolist()))
-    for o, n, h in spans:
-        if h or not write:
-            fileio.pread_into(fd, cbuf[o - base : o - base + n], o)
-    if not write:
-        copy_pieces(buf, _exclusive(length), cbuf, off - base, length)
-        return
-    copy_pieces(cbuf, off - base, buf, _exclusive(length), length)
-    for o, n, _ in spans:
-        fileio.pwrite_from(fd, cbuf[o - base : o - base + n], o)
+def _attempt(io: Any, *args: Any) -> BaseException | None:
+    """Run an aggregator's file access; a failure is returned, not raised, so the aggregator
+    keeps exchanging (the other ranks are waiting) and raises once the call is over."""
+    try:
+        io(*args)
+    except (OSError, StrataError) as exc:
+        return exc
+    return None
 
 
 def read_two_phase(
@@ -363,31 +358,15 @@ def read_two_phase(
 ) -> None:
     """Collective read: aggregators read their realms and scatter the pieces to the ranks."""
     plan = _plan(comm, access.file, stats, hints, policy)
-    nprocs = comm.Get_size()
     ds = str(getattr(hints, "romio_ds_read", "automatic")).lower() != "disable"
     failure: BaseException | None = None
     for i in range(plan.ntimes):
-        a0, a1 = plan.a_iter_bounds[i], plan.a_iter_bounds[i + 1]
-        alen = plan.a_len[a0:a1]
-        scount, sdisp = _counts(plan.a_src[a0:a1], alen, nprocs)
-        sendbuf = scratch(int(scount.sum()), "send")
-        if a1 > a0 and failure is None:
-            aoff = plan.a_off[a0:a1]
-            span = int(plan.win_hi[plan.my_agg, i] - plan.win_lo[plan.my_agg, i])
-            try:
-                _aggregate(fd, aoff, alen, sendbuf, False, ds, span)
-            except (OSError, StrataError) as exc:  # keep exchanging: the others are waiting
-                failure = exc
-        c0, c1 = plan.c_iter_bounds[i], plan.c_iter_bounds[i + 1]
-        lens = plan.c_len[c0:c1]
-        rcount, rdisp = _counts(plan.c_dest[c0:c1], lens, nprocs)
-        recvbuf = _back_to_back(access.stream, plan.c_mem[c0:c1], lens)
-        direct = recvbuf is not None  # the pieces land in place, with no copy
-        if recvbuf is None:
-            recvbuf = scratch(int(rcount.sum()), "recv")
-        comm.Alltoallv([sendbuf, (scount, sdisp), MPI.BYTE], [recvbuf, (rcount, rdisp), MPI.BYTE])
-        if not direct:
-            copy_pieces(access.stream, plan.c_mem[c0:c1], recvbuf, _exclusive(lens), lens)
+        window = plan.window(i, False, ds)
+        if window is not None and failure is None:
+            failure = _attempt(window.read, fd)
+        send = plan.aggregator_side(i, window, True)  # (a packing side packs here: after the read)
+        recv = plan.client_side(i, access.stream, False)
+        alltoallw(comm, send, recv)
     if failure is not None:
         raise failure
 
