@@ -173,11 +173,14 @@ def test_automatic_skips_sieving_across_wide_holes(tmp_path):
     np.testing.assert_array_equal(got[205:215], np.r_[5:10, 0:5].astype(np.uint8))
 
 
-def test_sieving_writes_lock_their_holes_and_automatic_skips_wide_ones(tmp_path):
+@pytest.mark.parametrize("held", ["LOCK_EX", "LOCK_SH"])
+def test_sieving_writes_lock_their_holes_and_automatic_skips_wide_ones(tmp_path, held):
     """Another process locks bytes inside a hole. The cost model writes around 64 KiB holes
-    (no read-modify-write: the hole's bytes are never read or written back), under one lock per
-    batch that spans the hole, so it waits for the holder as forced sieving does; both finish
-    once the holder lets go, and the hole keeps its bytes."""
+    (no read-modify-write: the hole's bytes are never read or written back), under one shared
+    lock per batch that spans the hole: it waits for an exclusive holder (a read-modify-write
+    elsewhere) as forced sieving does, but not for a shared one (another direct writer), which
+    forced sieving still waits for. All finish once the holder lets go, and the hole keeps its
+    bytes."""
     path = tmp_path / "l.bin"
     path.write_bytes(bytes(1 << 19))
     ext = Extents(np.arange(8) * 65536, np.full(8, 100))
@@ -192,7 +195,7 @@ def test_sieving_writes_lock_their_holes_and_automatic_skips_wide_ones(tmp_path)
             "-c",
             "import fcntl, os, sys, time\n"
             f"fd = os.open({str(path)!r}, os.O_RDWR)\n"
-            "fcntl.lockf(fd, fcntl.LOCK_EX, 1000, 1000)\n"
+            f"fcntl.lockf(fd, fcntl.{held}, 1000, 1000)\n"
             "print('locked', flush=True)\n"
             "sys.stdin.readline()\n",
         ],
@@ -215,7 +218,11 @@ def test_sieving_writes_lock_their_holes_and_automatic_skips_wide_ones(tmp_path)
         ]
         for w in workers:
             w.start()
-        assert not done["automatic"].wait(0.5)  # both wait on the bytes the holder locked
+        if held == "LOCK_EX":  # both wait on the bytes the holder locked
+            assert not done["automatic"].wait(0.5)
+        else:  # direct writes share their locks; a read-modify-write waits
+            assert done["automatic"].wait(20)
+            assert not done["enable"].wait(0.5)
         assert not done["enable"].is_set()
         holder.stdin.write("\n")
         holder.stdin.flush()
@@ -317,7 +324,8 @@ def test_locks_are_released_when_taking_them_is_interrupted(
 
 
 def test_contiguous_writes_are_locked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A one-piece write may lie inside another writer's sieving span: it takes a lock too."""
+    """A one-piece write may lie inside another writer's sieving span: it takes a lock too
+    (shared, as the descriptor is open for reading)."""
     import fcntl
 
     calls: list[int] = []
@@ -335,7 +343,7 @@ def test_contiguous_writes_are_locked(tmp_path: Path, monkeypatch: pytest.Monkey
         sieving.SievePlan(one, 1 << 16, None, write=True).run(fd, np.ones(32, dtype=np.uint8))
     finally:
         os.close(fd)
-    assert calls == [fcntl.LOCK_EX, fcntl.LOCK_UN] * 2
+    assert calls == [fcntl.LOCK_SH, fcntl.LOCK_UN] * 2
 
 
 @pytest.mark.mpi

@@ -20,10 +20,15 @@ could be undone. :func:`write_sieved` therefore holds an exclusive POSIX byte-ra
 (``fcntl.lockf``) on each span across its read, modify and write, and also locks the
 hole-free spans it writes directly (one lock per batch of them, covering the gaps between
 them too), so that any number of processes writing interleaved bytes through
-:func:`write_sieved` leave a correct file. A process that writes the same file without
-sieving concurrently must pass ``lock=True`` to :func:`write_direct`. POSIX locks belong to
-the process: threads of one process do not exclude each other, and closing any descriptor of
-the file releases the process's locks on it.
+:func:`write_sieved` leave a correct file. The locks of direct writes are *shared* (on a
+descriptor open for reading; exclusive otherwise, as POSIX wants): a direct write only has to
+exclude read-modify-writes, not other direct writes of other bytes, so interleaving writers
+that sieve nothing never wait for each other (HPIO 4 KiB regions written at 4 ranks on a
+16-core node, where every rank's batch lock covers the gaps the others write: 1146 MB/s with
+exclusive locks). A process that writes the same file without sieving concurrently must pass
+``lock=True`` to :func:`write_direct`. POSIX locks belong to the process: threads of one
+process do not exclude each other, and closing any descriptor of the file releases the
+process's locks on it.
 
 Sieving policy (``automatic``, the default of both hints). Reading or writing through a hole
 costs its bytes; a separate system call per run costs about as much as copying
@@ -158,20 +163,22 @@ def _io(fd: int, ext: Extents, data: np.ndarray, write: bool) -> None:
 
 
 class _LockSet:
-    """Exclusive POSIX locks on byte ranges ``(lo, hi)``, taken in the given (ascending) order
-    for the ``with`` block; on a failure the locks already taken are released."""
+    """POSIX locks on byte ranges ``(lo, hi)``, exclusive or ``shared`` (the descriptor must
+    then be open for reading), taken in the given (ascending) order for the ``with`` block; on
+    a failure the locks already taken are released."""
 
-    __slots__ = ("fd", "locks", "taken")
+    __slots__ = ("fd", "how", "locks", "taken")
 
-    def __init__(self, fd: int, locks: list[tuple[int, int]]) -> None:
+    def __init__(self, fd: int, locks: list[tuple[int, int]], shared: bool = False) -> None:
         # an empty range must not reach lockf: length 0 there means "to the end of the file"
         self.fd, self.locks, self.taken = fd, [r for r in locks if r[1] > r[0]], 0
+        self.how = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
 
     def __enter__(self) -> None:
-        lockf, fd = fcntl.lockf, self.fd
+        lockf, fd, how = fcntl.lockf, self.fd, self.how
         try:
             for lo, hi in self.locks:
-                lockf(fd, fcntl.LOCK_EX, hi - lo, lo)
+                lockf(fd, how, hi - lo, lo)
                 self.taken += 1
         except BaseException as exc:  # an interrupt while waiting must not leave locks held
             lo, hi = self.locks[self.taken]
@@ -282,16 +289,16 @@ class SievePlan:
                 "(or use romio_ds_write=disable)"
             )
         try:
-            self._run(fd, data)
+            self._run(fd, data, fd_readable)
         except OSError as exc:
             what = "write" if self.write else "read"
             raise BackendError(f"sieving {what} failed: {exc}") from exc
 
-    def _run(self, fd: int, data: np.ndarray) -> None:
+    def _run(self, fd: int, data: np.ndarray, fd_readable: bool) -> None:
         if self._direct is not None:
             (self._direct.write if self.write else self._direct.read)(fd, data)
-        for locks, vec in self._plain:
-            with _LockSet(fd, locks):
+        for locks, vec in self._plain:  # direct writes exclude read-modify-writes only
+            with _LockSet(fd, locks, shared=fd_readable):
                 vec.write(fd, data)
         for size, spans, copy in self._holey:
             stage = scratch(size, "sieve")
