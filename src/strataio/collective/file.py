@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from strataio.collective import sieving, twophase
+from strataio.collective import node, sieving, twophase
 from strataio.collective.bufspec import BufferSpec, parse_buffer
 from strataio.collective.hints import Hints, differences, parse_hints
 from strataio.collective.realms import policy_from_hints
@@ -104,8 +104,11 @@ def _same_everywhere(comm: MPI.Comm, amode: int, hints: Hints) -> StrataError | 
 class File:
     """An open file shared by the ranks of a communicator. Create with :meth:`File.open`."""
 
-    def __init__(self, comm: MPI.Comm, path: str, fd: int, amode: int, hints: Hints) -> None:
+    def __init__(
+        self, comm: MPI.Comm, path: str, fd: int, amode: int, hints: Hints, crowded: bool = False
+    ) -> None:
         self._comm = comm
+        self._crowded = crowded  # more ranks than cores on some node (see collective.node)
         self._path = path
         self._fd = fd
         self._fd_rw = sieving.readable(fd)  # read-write: sieving writes may read spans back
@@ -172,6 +175,7 @@ class File:
             comm.bcast(None)
         _agree(comm, err)
         assert hinted is not None
+        crowded = node.crowded(comm)
         comm = comm.Dup()
         rank = comm.Get_rank()
         flags = os.O_RDONLY if amode & MPI.MODE_RDONLY else os.O_RDWR
@@ -199,7 +203,7 @@ class File:
                 os.close(fd)
             comm.Free()
             raise
-        return cls(comm, path, fd, amode, hinted)
+        return cls(comm, path, fd, amode, hinted, crowded)
 
     def close(self) -> None:
         """Close on every rank (collective); ``MODE_DELETE_ON_CLOSE`` removes the file."""
@@ -531,7 +535,7 @@ class File:
         hints = self._hints
         mode = hints.romio_cb_write if write else hints.romio_cb_read
         err: StrataError | None = None
-        two = twophase.use_two_phase(stats, mode)
+        two = twophase.use_two_phase(stats, mode, write, self._crowded)
         self.last_path = "two-phase" if two else "independent"
         if not two:
             # Every rank already knows the call is valid; an I/O failure now is this rank's
