@@ -252,22 +252,23 @@ def test_automatic_choice() -> None:
     assert use_two_phase(disjoint, "enable")
     assert not use_two_phase(tiny_interleaved, "disable")
 
-    # HPIO, 4096 regions of 4 KiB per rank: at 4 ranks a rank's regions lie 12800 bytes apart,
+    # HPIO, 4096 regions of 4 KiB per rank: at 8 ranks a rank's regions lie 29696 bytes apart,
     # wider than sieving crosses, so independent writes would take one call per region; at 2
-    # ranks (4352 bytes apart) they are sieved.
+    # and 4 ranks (4352 and 12800 bytes apart) they are sieved.
     def hpio(nprocs: int) -> np.ndarray:
         slot = nprocs * (4096 + 128)
         return np.array(
             [[0, r * 4224, r * 4224 + 4095 * slot + 4096, 4096 * 4096, 4096] for r in range(nprocs)]
         )
 
-    assert use_two_phase(hpio(4), "automatic", write=True)
-    assert not use_two_phase(hpio(4), "automatic", write=True, crowded=True)
-    assert not use_two_phase(hpio(4), "automatic", write=False)
+    assert use_two_phase(hpio(8), "automatic", write=True)
+    assert not use_two_phase(hpio(8), "automatic", write=True, crowded=True)
+    assert not use_two_phase(hpio(8), "automatic", write=False)
+    assert not use_two_phase(hpio(4), "automatic", write=True)
     assert not use_two_phase(hpio(2), "automatic", write=True)
-    few = hpio(4)
+    few = hpio(8)
     few[:, 4] = 64  # 64 regions of 64 KiB: few calls, each moving much
-    few[:, 2] = few[:, 1] + 63 * 4 * (65536 + 128) + 65536
+    few[:, 2] = few[:, 1] + 63 * 8 * (65536 + 128) + 65536
     few[:, 3] = 64 * 65536
     assert not use_two_phase(few, "automatic", write=True)
 

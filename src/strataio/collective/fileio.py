@@ -23,9 +23,14 @@ from strataio.layout.extents import Extents
 from strataio.layout.pieces import CopyPlan, plan_copy, scratch
 from strataio.storage.vectored import VectoredPlan
 
-# Bytes of page-cache copying that cost as much as one extra pread/pwrite issued from Python
-# (~1.5 us at ~6 GB/s, measured on the project machine).
-SYSCALL_BYTES = 8192
+# Bytes of page-cache copying that cost as much as one extra pread/pwrite issued from Python.
+# One process alone measures ~1.5 us per call, ~8 KiB at ~6 GB/s; with several ranks calling on
+# one file at once a call costs more, and 16 KiB fits both machines measured (strataio bench
+# collective, 8 KiB -> 16 KiB): HPIO 4 KiB regions at 4 ranks (12.5 KiB holes) on 2 cores,
+# read 1646-1831 -> 2433-2952 MB/s and write 628-650 -> 826-886; on a 16-core node HPIO
+# 512-byte regions at 16 ranks (9.5 KiB holes), read 2562 -> 4412, and 4 KiB regions at 4
+# ranks, read 4959 -> 6341 and write 1590 -> 2362.
+SYSCALL_BYTES = 16384
 
 
 def union_runs(offsets: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

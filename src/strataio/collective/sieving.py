@@ -32,7 +32,7 @@ process's locks on it.
 
 Sieving policy (``automatic``, the default of both hints). Reading or writing through a hole
 costs its bytes; a separate system call per run costs about as much as copying
-``SYSCALL_BYTES`` bytes (measured from Python on a page-cached file). ``automatic`` therefore
+``SYSCALL_BYTES`` bytes (measured: see :mod:`strataio.collective.fileio`). ``automatic`` therefore
 joins two neighbouring runs into one span when the hole between them is at most
 ``SYSCALL_BYTES`` for reads. A write that skips a hole pays three system calls for the run
 after it (lock, write, unlock), a write through it pays the hole's bytes twice (read, then

@@ -58,11 +58,12 @@ LARGE_PIECE = 64
 # the kernel (ext4 takes the inode lock for every buffered write), so thousands of small writes
 # from several ranks cost more than moving their bytes to one aggregator that writes large
 # spans. Measured on a 16-core node (strataio bench collective, HPIO 4 KiB regions, 4096 per
-# rank, gaps wider than sieving crosses from 4 ranks on), MB/s independent -> two-phase:
-# 4 ranks 937-1146 -> 1710-1944, 8 ranks 959-1225 -> 1787-2177, 16 ranks 841-964 -> 1682-1910;
-# at 2 ranks the gaps are sieved (one call per 512 KiB) and independent wins, 3173 against 1627.
-# Not on a crowded node (more ranks than cores): there the polling ranks slow the aggregator
-# down, 4 ranks on 2 cores: independent 756, two-phase 566.
+# rank), MB/s independent -> two-phase: 8 ranks (29 KiB gaps, wider than sieving crosses)
+# 899-1225 -> 1670-2177, 16 ranks (62 KiB) 841-964 -> 1566-1910; at 2 and 4 ranks the gaps
+# (4.3 and 12.5 KiB) are sieved, one call per 512 KiB, and independent wins (2 ranks 2591-3474
+# against 1461-1627, 4 ranks 2362 against 1590). Not on a crowded node (more ranks than cores):
+# there the polling ranks slow the aggregator down (HPIO 4 KiB regions written one call each at
+# 4 ranks on 2 cores: independent 756, two-phase 566 MB/s).
 PIECEWISE_WRITES = 1024
 
 # Up to this many ranks the agreed numbers are summed in plain Python (2.5 us for 2-4 ranks
