@@ -345,6 +345,6 @@ def test_repeated_calls_reuse_plans_correctly(ds: str, tmp_path: Path) -> None:
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("nprocs", [1, 3])
-def test_crowded_nodes_are_detected(nprocs: int, tmp_path: Path) -> None:
+def test_spare_cores_are_counted(nprocs: int, tmp_path: Path) -> None:
     out = json.loads(run_mpi(nprocs, "node_crowded.py", tmp_path).strip().splitlines()[-1])
     assert out["answer"] == out["expected"] == out["cached"] == out["file"]

@@ -1,4 +1,4 @@
-"""``collective.node.crowded`` against the CPUs the ranks may use (all ranks of a test run on one
+"""``collective.node.spare_cores`` against the CPUs the ranks may use (all ranks of a test run on one
 node): rank 0 prints what it answered, what the affinity masks say, and whether the answer was
 cached on the communicator and kept for the File opened on it."""
 
@@ -17,11 +17,12 @@ from strataio.collective import node
 def main(workdir: str) -> None:
     comm = MPI.COMM_WORLD
     cpus = set().union(*comm.allgather(os.sched_getaffinity(0)))
-    expected = comm.Get_size() > len(cpus)
-    answer = node.crowded(comm)
+    expected = len(cpus) - comm.Get_size()
+    answer = node.spare_cores(comm)
     cached = comm.Get_attr(node._KEYVAL)
     with strataio.File.open(comm, os.path.join(workdir, "f.bin"), "w") as f:
-        in_file = f._crowded
+        in_file = f._spare_cores
+    assert node.crowded(comm) == (expected < 0)
     if comm.Get_rank() == 0:
         print(
             json.dumps({"answer": answer, "expected": expected, "cached": cached, "file": in_file})

@@ -31,15 +31,17 @@ def main(workdir: str) -> None:
     split = np.zeros(block + 7, dtype=np.uint8)
     split[:half], split[half + 7 :] = mine[:half], mine[half:]
     failed = []
-    for cb_size in (4096, 1 << 20):
+    # small windows: many iterations, with and without the aggregators' background I/O thread
+    for cb_size, overlap in ((4096, "enable"), (4096, "disable"), (1 << 20, "automatic")):
         for cb_nodes in (1, nprocs):
             hints = {
                 "romio_cb_write": "enable",
                 "romio_cb_read": "enable",
                 "cb_buffer_size": str(cb_size),
                 "cb_nodes": str(cb_nodes),
+                "strataio_cb_overlap": overlap,
             }
-            case = f"cb_buffer_size={cb_size} cb_nodes={cb_nodes}"
+            case = f"cb_buffer_size={cb_size} cb_nodes={cb_nodes} overlap={overlap}"
             for name, spec in (
                 ("contiguous", mine),
                 ("strided", [spread, 1, every_other]),
@@ -95,7 +97,7 @@ def main(workdir: str) -> None:
         runs.Free()
         for cb_nodes in (1, nprocs):
             hints = {**hints, "cb_nodes": str(cb_nodes)}
-            failed += _read_modify_write(comm, workdir, hints, f"cb_buffer_size={cb_size}")
+            failed += _read_modify_write(comm, workdir, hints, f"{cb_size}.{overlap}")
     every_other.Free()
     two_blocks.Free()
     failed = sorted(set(sum(comm.allgather(failed), [])))
@@ -113,7 +115,7 @@ def _read_modify_write(comm: MPI.Comm, workdir: str, hints: dict, case: str) -> 
     slot = int(lengths.max()) + hole
     offsets = (np.arange(npieces) * nprocs + rank) * slot
     data = np.random.default_rng(rank).integers(1, 256, int(lengths.sum()), dtype=np.uint8)
-    path = os.path.join(workdir, f"rmw.{case}.{hints['cb_nodes']}.bin".replace("=", ""))
+    path = os.path.join(workdir, f"rmw.{case}.{hints['cb_nodes']}.bin")
     if rank == 0:
         np.full(old_size, 0xAB, dtype=np.uint8).tofile(path)
     comm.Barrier()

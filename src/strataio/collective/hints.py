@@ -68,6 +68,9 @@ class Hints:
     """File-realm policy of two-phase I/O (see ``collective.realms``)."""
     strataio_realm_alignment: int = 0
     """Align realm boundaries to this many bytes (0: ``striping_unit`` or none)."""
+    strataio_cb_overlap: str = AUTOMATIC
+    """Two-phase aggregators read or write each window in an I/O thread while the next one is
+    exchanged: enable / disable / automatic (when every node has a spare core per aggregator)."""
     strataio_pipeline_groups: int = 1
     strataio_cache: str = DISABLE
     strataio_trace: str = DISABLE
@@ -108,6 +111,7 @@ _SPEC: dict[str, tuple[str, int]] = {
     "striping_factor": ("int", 0),
     "strataio_realms": ("str", 0),
     "strataio_realm_alignment": ("int", 0),
+    "strataio_cb_overlap": ("switch", 0),
     "strataio_pipeline_groups": ("int", 1),
     "strataio_cache": ("switch", 0),
     "strataio_trace": ("switch", 0),

@@ -3,8 +3,10 @@
 Collective I/O on a node-local file system depends on whether every rank has a core of its own:
 MPI ranks poll while they wait in a collective, so with more ranks than cores on a node the
 waiting ranks take core time from the ones doing the work (an aggregator, say), while
-independent I/O never waits on another rank. :func:`crowded` answers that question once per
-communicator and caches the answer on it as an MPI attribute (freed with the communicator).
+independent I/O never waits on another rank; and an aggregator can only overlap its file
+access with the exchange in a thread of its own if a core is left for that thread.
+:func:`spare_cores` counts once per communicator and caches the answer on it as an MPI
+attribute (freed with the communicator).
 """
 
 from __future__ import annotations
@@ -24,21 +26,28 @@ def _cpus() -> frozenset[int]:
         return frozenset(range(os.cpu_count() or 1))
 
 
-def crowded(comm: MPI.Comm) -> bool:
-    """True when, on some node, ``comm`` has more ranks than the node's ranks have CPUs to
-    run on together (collective the first time on ``comm``; the same answer on every rank)."""
+def spare_cores(comm: MPI.Comm) -> int:
+    """CPUs left over on the node with the fewest: the CPUs the node's ranks may run on together
+    minus the node's ranks (negative when ranks share cores). Collective the first time on
+    ``comm``; the same answer on every rank."""
     global _KEYVAL
     if _KEYVAL is None:
         _KEYVAL = MPI.Comm.Create_keyval()
     cached = comm.Get_attr(_KEYVAL)
     if cached is not None:
-        return bool(cached)
+        return int(cached)
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
     try:
         cpus = frozenset().union(*node.allgather(_cpus()))
-        mine = node.Get_size() > len(cpus)
+        mine = len(cpus) - node.Get_size()
     finally:
         node.Free()
-    answer = bool(comm.allreduce(mine, op=MPI.LOR))
+    answer = int(comm.allreduce(mine, op=MPI.MIN))
     comm.Set_attr(_KEYVAL, answer)
     return answer
+
+
+def crowded(comm: MPI.Comm) -> bool:
+    """True when, on some node, ``comm`` has more ranks than the node's ranks have CPUs to
+    run on together (collective the first time on ``comm``)."""
+    return spare_cores(comm) < 0
