@@ -70,7 +70,8 @@ class Hints:
     """Align realm boundaries to this many bytes (0: ``striping_unit`` or none)."""
     strataio_cb_overlap: str = AUTOMATIC
     """Two-phase aggregators read or write each window in an I/O thread while the next one is
-    exchanged: enable / disable / automatic (when every node has a spare core per aggregator)."""
+    exchanged: enable / disable / automatic (when every node has a spare core per aggregator).
+    Overlapping keeps two ``cb_buffer_size`` buffers per aggregator instead of one."""
     strataio_pipeline_groups: int = 1
     strataio_cache: str = DISABLE
     strataio_trace: str = DISABLE
@@ -134,6 +135,10 @@ def _items(user: Mapping[str, Any] | MPI.Info | None) -> dict[str, Any]:
     raise HintError(f"hints must be a dict or MPI.Info, not {type(user).__name__}")
 
 
+# Upper bounds: a two-phase window's bytes travel as one MPI count (a C int).
+_MAXIMUM = {"cb_buffer_size": 2**31 - 1}
+
+
 def _parse_int(name: str, value: Any, minimum: int) -> int:
     if isinstance(value, bool):
         raise HintError(f"hint {name}={value!r}: expected an integer")
@@ -143,6 +148,8 @@ def _parse_int(name: str, value: Any, minimum: int) -> int:
         raise HintError(f"hint {name}={value!r}: expected an integer") from None
     if n < minimum:
         raise HintError(f"hint {name}={value!r}: must be at least {minimum}")
+    if n > _MAXIMUM.get(name, n):
+        raise HintError(f"hint {name}={value!r}: must be at most {_MAXIMUM[name]}")
     return n
 
 

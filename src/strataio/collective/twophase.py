@@ -206,14 +206,15 @@ class _Plan:
         mem, lens, dest = self.c_mem[c0:c1], self.c_len[c0:c1], self.c_dest[c0:c1]
         return ExchangeSide(stream, mem, lens, dest, self.nprocs, self.rank, send)
 
-    def window(self, i: int, write: bool, sieve: bool) -> _Window | None:
-        """My window of iteration ``i`` as an aggregator (None: no pieces in it); consecutive
-        iterations use two realm buffers in turn."""
+    def window(self, i: int, write: bool, sieve: bool, double: bool) -> _Window | None:
+        """My window of iteration ``i`` as an aggregator (None: no pieces in it); with
+        ``double`` consecutive iterations use two realm buffers in turn."""
         a0, a1 = self.a_iter_bounds[i], self.a_iter_bounds[i + 1]
         if a1 == a0:
             return None
         span = int(self.win_hi[self.my_agg, i] - self.win_lo[self.my_agg, i])
-        return _Window(self.a_off[a0:a1], self.a_len[a0:a1], write, sieve, span, i % 2)
+        slot = i % 2 if double else 0
+        return _Window(self.a_off[a0:a1], self.a_len[a0:a1], write, sieve, span, slot)
 
     def aggregator_side(self, i: int, window: _Window | None, send: bool) -> ExchangeSide:
         """The clients' pieces of iteration ``i`` in my realm buffer, at their file positions."""
@@ -388,7 +389,7 @@ def _write(
     try:
         for i in range(plan.ntimes):
             send = plan.client_side(i, stream, True)
-            window = plan.window(i, True, ds)
+            window = plan.window(i, True, ds, background)
             recv = plan.aggregator_side(i, window, False)
             if window is not None and failure is None:
                 failure = _attempt(window.read_holes, fd)
@@ -410,7 +411,7 @@ def _read(
     failure: BaseException | None = None
 
     def start(i: int) -> tuple[_Window | None, _Pending | None]:
-        window = plan.window(i, False, ds) if i < plan.ntimes else None
+        window = plan.window(i, False, ds, background) if i < plan.ntimes else None
         return window, None if window is None else _Pending(background, window.read, fd)
 
     upcoming = start(0)
@@ -419,10 +420,13 @@ def _read(
             (window, reading), upcoming = upcoming, (None, None)
             if reading is not None:
                 failure = failure or reading.wait()
-            upcoming = start(i + 1)  # into the other realm buffer
+            if background:  # into the other realm buffer, during the exchange
+                upcoming = start(i + 1)
             send = plan.aggregator_side(i, window, True)  # (a packing side packs here)
             recv = plan.client_side(i, stream, False)
             alltoallw(comm, send, recv)
+            if not background:  # into the same realm buffer, now drained
+                upcoming = start(i + 1)
     finally:
         if upcoming[1] is not None:  # the realm buffer must not be reused while it is read
             failure = failure or upcoming[1].wait()
