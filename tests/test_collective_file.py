@@ -345,6 +345,12 @@ def test_repeated_calls_reuse_plans_correctly(ds: str, tmp_path: Path) -> None:
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("nprocs", [1, 3])
-def test_spare_cores_are_counted(nprocs: int, tmp_path: Path) -> None:
-    out = json.loads(run_mpi(nprocs, "node_crowded.py", tmp_path).strip().splitlines()[-1])
+def test_node_layout_is_counted_and_cached(nprocs: int, tmp_path: Path) -> None:
+    out = json.loads(run_mpi(nprocs, "node_layout.py", tmp_path).strip().splitlines()[-1])
     assert out["answer"] == out["expected"] == out["cached"] == out["file"]
+
+
+@pytest.mark.mpi
+def test_failed_overlapped_read_leaves_no_io_behind(tmp_path: Path) -> None:
+    out = json.loads(run_mpi(2, "two_phase_failure_overlap.py", tmp_path).strip().splitlines()[-1])
+    assert out == {"read": ["BackendError", "BackendError"], "wrong": 0}

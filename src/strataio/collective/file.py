@@ -105,10 +105,16 @@ class File:
     """An open file shared by the ranks of a communicator. Create with :meth:`File.open`."""
 
     def __init__(
-        self, comm: MPI.Comm, path: str, fd: int, amode: int, hints: Hints, spare_cores: int = 0
+        self,
+        comm: MPI.Comm,
+        path: str,
+        fd: int,
+        amode: int,
+        hints: Hints,
+        nodes: node.NodeLayout | None = None,
     ) -> None:
         self._comm = comm
-        self._spare_cores = spare_cores  # CPUs the busiest node has beyond its ranks (node.py)
+        self._nodes = nodes or node.NodeLayout(nodes=1, spare_cores=0)
         self._path = path
         self._fd = fd
         self._fd_rw = sieving.readable(fd)  # read-write: sieving writes may read spans back
@@ -175,7 +181,7 @@ class File:
             comm.bcast(None)
         _agree(comm, err)
         assert hinted is not None
-        spare = node.spare_cores(comm)
+        nodes = node.layout(comm)
         comm = comm.Dup()
         rank = comm.Get_rank()
         flags = os.O_RDONLY if amode & MPI.MODE_RDONLY else os.O_RDWR
@@ -203,7 +209,7 @@ class File:
                 os.close(fd)
             comm.Free()
             raise
-        return cls(comm, path, fd, amode, hinted, spare)
+        return cls(comm, path, fd, amode, hinted, nodes)
 
     def close(self) -> None:
         """Close on every rank (collective); ``MODE_DELETE_ON_CLOSE`` removes the file."""
@@ -535,7 +541,7 @@ class File:
         hints = self._hints
         mode = hints.romio_cb_write if write else hints.romio_cb_read
         err: StrataError | None = None
-        two = twophase.use_two_phase(stats, mode, write, self._spare_cores < 0)
+        two = twophase.use_two_phase(stats, mode, write, self._nodes.crowded)
         self.last_path = "two-phase" if two else "independent"
         if not two:
             # Every rank already knows the call is valid; an I/O failure now is this rank's
@@ -550,7 +556,7 @@ class File:
             return
         try:
             twophase.two_phase(
-                self._comm, self._fd, access, stats, hints, self._policy, write, self._spare_cores
+                self._comm, self._fd, access, stats, hints, self._policy, write, self._nodes
             )
         except StrataError as exc:
             err = exc

@@ -135,10 +135,6 @@ def _items(user: Mapping[str, Any] | MPI.Info | None) -> dict[str, Any]:
     raise HintError(f"hints must be a dict or MPI.Info, not {type(user).__name__}")
 
 
-# Upper bounds: a two-phase window's bytes travel as one MPI count (a C int).
-_MAXIMUM = {"cb_buffer_size": 2**31 - 1}
-
-
 def _parse_int(name: str, value: Any, minimum: int) -> int:
     if isinstance(value, bool):
         raise HintError(f"hint {name}={value!r}: expected an integer")
@@ -148,8 +144,6 @@ def _parse_int(name: str, value: Any, minimum: int) -> int:
         raise HintError(f"hint {name}={value!r}: expected an integer") from None
     if n < minimum:
         raise HintError(f"hint {name}={value!r}: must be at least {minimum}")
-    if n > _MAXIMUM.get(name, n):
-        raise HintError(f"hint {name}={value!r}: must be at most {_MAXIMUM[name]}")
     return n
 
 

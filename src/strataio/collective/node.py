@@ -5,13 +5,14 @@ MPI ranks poll while they wait in a collective, so with more ranks than cores on
 waiting ranks take core time from the ones doing the work (an aggregator, say), while
 independent I/O never waits on another rank; and an aggregator can only overlap its file
 access with the exchange in a thread of its own if a core is left for that thread.
-:func:`spare_cores` counts once per communicator and caches the answer on it as an MPI
-attribute (freed with the communicator).
+:func:`layout` counts once per communicator and caches the answer on it as an MPI attribute
+(freed with the communicator).
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 from mpi4py import MPI
 
@@ -26,28 +27,38 @@ def _cpus() -> frozenset[int]:
         return frozenset(range(os.cpu_count() or 1))
 
 
-def spare_cores(comm: MPI.Comm) -> int:
-    """CPUs left over on the node with the fewest: the CPUs the node's ranks may run on together
-    minus the node's ranks (negative when ranks share cores). Collective the first time on
-    ``comm``; the same answer on every rank."""
+@dataclass(frozen=True, slots=True)
+class NodeLayout:
+    """How a communicator's ranks sit on their nodes."""
+
+    nodes: int
+    """Number of nodes the ranks run on."""
+    spare_cores: int
+    """CPUs left over on the node with the fewest: the CPUs its ranks may run on together minus
+    its ranks (negative when ranks share cores)."""
+
+    @property
+    def crowded(self) -> bool:
+        """Some node has more ranks than CPUs."""
+        return self.spare_cores < 0
+
+
+def layout(comm: MPI.Comm) -> NodeLayout:
+    """The :class:`NodeLayout` of ``comm``: collective the first time on ``comm``, then cached
+    on it; the same answer on every rank."""
     global _KEYVAL
     if _KEYVAL is None:
         _KEYVAL = MPI.Comm.Create_keyval()
     cached = comm.Get_attr(_KEYVAL)
     if cached is not None:
-        return int(cached)
+        return cached
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
     try:
         cpus = frozenset().union(*node.allgather(_cpus()))
-        mine = len(cpus) - node.Get_size()
+        spare, leader = len(cpus) - node.Get_size(), node.Get_rank() == 0
     finally:
         node.Free()
-    answer = int(comm.allreduce(mine, op=MPI.MIN))
+    nodes = int(comm.allreduce(int(leader), op=MPI.SUM))
+    answer = NodeLayout(nodes=nodes, spare_cores=int(comm.allreduce(spare, op=MPI.MIN)))
     comm.Set_attr(_KEYVAL, answer)
     return answer
-
-
-def crowded(comm: MPI.Comm) -> bool:
-    """True when, on some node, ``comm`` has more ranks than the node's ranks have CPUs to
-    run on together (collective the first time on ``comm``)."""
-    return spare_cores(comm) < 0

@@ -40,6 +40,7 @@ from mpi4py import MPI
 
 from strataio.collective import fileio, sieving
 from strataio.collective.exchange import ExchangeSide, alltoallw
+from strataio.collective.node import NodeLayout
 from strataio.collective.realms import RealmPolicy, select_aggregators
 from strataio.errors import StrataError
 from strataio.layout.extents import Extents
@@ -127,7 +128,7 @@ def agree(comm: MPI.Comm, row: np.ndarray) -> np.ndarray:
 def use_two_phase(stats: np.ndarray, mode: str, write: bool = False, crowded: bool = False) -> bool:
     """Whether a collective call aggregates, from the agreed ``stats``, the hint ``mode``, the
     direction and whether some node has more ranks than cores
-    (:func:`strataio.collective.node.crowded`).
+    (:attr:`strataio.collective.node.NodeLayout.crowded`).
 
     ``"enable"`` and ``"disable"`` force the answer; ``"automatic"`` follows the module
     docstring. Every rank computes the same answer from the same numbers.
@@ -369,15 +370,15 @@ def two_phase(
     hints: Any,
     policy: RealmPolicy,
     write: bool,
-    spare_cores: int = 0,
+    nodes: NodeLayout | None = None,
 ) -> None:
     """Collective write (read) of every rank's access: aggregators write (read) their realms,
     each window while the next (previous) one is exchanged when :func:`_overlap` says so.
-    ``spare_cores``: see :func:`strataio.collective.node.spare_cores`."""
+    ``nodes``: where the ranks run (:func:`strataio.collective.node.layout`)."""
     plan = _plan(comm, access.file, stats, hints, policy)
     sieving_hint = getattr(hints, "romio_ds_write" if write else "romio_ds_read", "automatic")
     ds = str(sieving_hint).lower() != "disable"
-    background = _overlap(plan, hints, spare_cores)
+    background = _overlap(plan, hints, nodes)
     (_write if write else _read)(comm, fd, access.stream, plan, ds, background)
 
 
@@ -394,13 +395,12 @@ def _write(
             if window is not None and failure is None:
                 failure = _attempt(window.read_holes, fd)
             alltoallw(comm, send, recv)
-            if writing is not None:
-                failure, writing = failure or writing.wait(), None
+            failure, writing = _settle(failure, writing), None
             if window is not None and failure is None:
                 writing = _Pending(background, window.write, fd)
     finally:
-        if writing is not None:  # the realm buffer must not be reused while it is written
-            failure = failure or writing.wait()
+        # the realm buffer must not be reused while it is written, even after a failure
+        failure = _settle(failure, writing)
     if failure is not None:
         raise failure
 
@@ -412,14 +412,15 @@ def _read(
 
     def start(i: int) -> tuple[_Window | None, _Pending | None]:
         window = plan.window(i, False, ds, background) if i < plan.ntimes else None
-        return window, None if window is None else _Pending(background, window.read, fd)
+        if window is None or failure is not None:  # (after a failure: exchange, read nothing)
+            return window, None
+        return window, _Pending(background, window.read, fd)
 
     upcoming = start(0)
     try:
         for i in range(plan.ntimes):
             (window, reading), upcoming = upcoming, (None, None)
-            if reading is not None:
-                failure = failure or reading.wait()
+            failure = _settle(failure, reading)
             if background:  # into the other realm buffer, during the exchange
                 upcoming = start(i + 1)
             send = plan.aggregator_side(i, window, True)  # (a packing side packs here)
@@ -428,24 +429,36 @@ def _read(
             if not background:  # into the same realm buffer, now drained
                 upcoming = start(i + 1)
     finally:
-        if upcoming[1] is not None:  # the realm buffer must not be reused while it is read
-            failure = failure or upcoming[1].wait()
+        # the realm buffer must not be reused while it is read, even after a failure
+        failure = _settle(failure, upcoming[1])
     if failure is not None:
         raise failure
 
 
-def _overlap(plan: _Plan, hints: Any, spare_cores: int) -> bool:
+def _settle(failure: BaseException | None, pending: _Pending | None) -> BaseException | None:
+    """Wait for ``pending`` (always: its realm buffer is about to be reused) and keep the first
+    failure."""
+    late = pending.wait() if pending is not None else None
+    return failure if failure is not None else late
+
+
+def _overlap(plan: _Plan, hints: Any, nodes: NodeLayout | None) -> bool:
     """Whether aggregators access their windows in a background I/O thread: with more than one
-    iteration, by the ``strataio_cb_overlap`` hint; *automatic* when ``spare_cores`` (CPUs
-    beyond the ranks on the busiest node, :func:`strataio.collective.node.spare_cores`) leave a
-    core for every aggregator's thread. Without one the thread competes with the ranks (HPIO
+    iteration, by the ``strataio_cb_overlap`` hint; *automatic* when every node has a spare
+    core (:class:`~strataio.collective.node.NodeLayout`) for each of its aggregators' threads
+    (aggregators are spread evenly over the ranks, so over the nodes when ranks fill the nodes
+    in turn). Without one the thread competes with the ranks (HPIO
     4 KiB regions, forced two-phase write at 2 ranks on 2 cores: 30-35 ms with it, 35 ms
     without; setting up each exchange took 6-8 ms instead of 1 while the thread held the
     interpreter lock)."""
     mode = str(getattr(hints, "strataio_cb_overlap", "automatic")).lower()
     if plan.ntimes < 2 or mode == "disable":
         return False
-    return mode == "enable" or spare_cores >= plan.aggs.size
+    if mode == "enable":
+        return True
+    if nodes is None:
+        return False
+    return nodes.spare_cores >= -(-plan.aggs.size // max(nodes.nodes, 1))
 
 
 def _attempt(io: Any, *args: Any) -> BaseException | None:
