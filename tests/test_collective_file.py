@@ -354,3 +354,29 @@ def test_node_layout_is_counted_and_cached(nprocs: int, tmp_path: Path) -> None:
 def test_failed_overlapped_read_leaves_no_io_behind(tmp_path: Path) -> None:
     out = json.loads(run_mpi(2, "two_phase_failure_overlap.py", tmp_path).strip().splitlines()[-1])
     assert out == {"read": ["BackendError", "BackendError"], "wrong": 0}
+
+
+def test_exchange_side_frees_its_datatypes_when_building_one_fails(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A typed exchange side builds one datatype per peer; when building the second fails, the
+    first is freed before the error leaves (no datatype leaks per failed call)."""
+    from strataio.collective import exchange
+
+    built: list[MPI.Datatype] = []
+    real = exchange.ExchangeSide._describe
+
+    def describe(self, peer, pos, lens):  # type: ignore[no-untyped-def]
+        if built:
+            raise MemoryError("no room for another datatype")
+        real(self, peer, pos, lens)
+        built.extend(self.types[peer : peer + 1])
+
+    monkeypatch.setattr(exchange.ExchangeSide, "_describe", describe)
+    buf = np.zeros(1 << 16, dtype=np.uint8)
+    pos = np.array([0, 4096, 8192, 12288], dtype=np.int64)  # 2 KiB pieces with gaps: typed
+    lens = np.full(4, 2048, dtype=np.int64)
+    peers = np.array([1, 1, 2, 2], dtype=np.int64)
+    with pytest.raises(MemoryError):
+        exchange.ExchangeSide(buf, pos, lens, peers, 3, 0, send=True)
+    assert len(built) == 1 and built[0] == MPI.DATATYPE_NULL

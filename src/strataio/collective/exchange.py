@@ -85,10 +85,14 @@ class ExchangeSide:
         if typed is None:
             typed = n > 0 and int(lens.sum()) >= TYPED_PIECE * n
         if typed or n == 0:
-            for p in range(nprocs):
-                a, b = bounds[p], bounds[p + 1]
-                if a < b:
-                    self._describe(p, pos[a:b], lens[a:b])
+            try:
+                for p in range(nprocs):
+                    a, b = bounds[p], bounds[p + 1]
+                    if a < b:
+                        self._describe(p, pos[a:b], lens[a:b])
+            except BaseException:
+                self.free()
+                raise
             self.spec = [buf, (self.counts, self.displs), self.types]
             return
         if self._contiguous(pos, lens):  # the whole side is one byte range of buf, in peer order

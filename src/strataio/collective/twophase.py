@@ -390,8 +390,12 @@ def _write(
     try:
         for i in range(plan.ntimes):
             send = plan.client_side(i, stream, True)
-            window = plan.window(i, True, ds, background)
-            recv = plan.aggregator_side(i, window, False)
+            try:
+                window = plan.window(i, True, ds, background)
+                recv = plan.aggregator_side(i, window, False)
+            except BaseException:  # (a realm buffer that cannot be allocated, say)
+                send.free()
+                raise
             if window is not None and failure is None:
                 failure = _attempt(window.read_holes, fd)
             alltoallw(comm, send, recv)
@@ -424,7 +428,11 @@ def _read(
             if background:  # into the other realm buffer, during the exchange
                 upcoming = start(i + 1)
             send = plan.aggregator_side(i, window, True)  # (a packing side packs here)
-            recv = plan.client_side(i, stream, False)
+            try:
+                recv = plan.client_side(i, stream, False)
+            except BaseException:
+                send.free()
+                raise
             alltoallw(comm, send, recv)
             if not background:  # into the same realm buffer, now drained
                 upcoming = start(i + 1)
