@@ -28,6 +28,7 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
+from strataio.layout.extents import exclusive_cumsum
 from strataio.layout.pieces import copy_pieces, scratch
 
 # Mean piece size (bytes) from which a side describes its pieces with a derived datatype
@@ -35,13 +36,6 @@ from strataio.layout.pieces import copy_pieces, scratch
 TYPED_PIECE = 1024
 
 _NO_BYTES = np.zeros(1, dtype=np.int64)
-
-
-def _exclusive(lengths: np.ndarray) -> np.ndarray:
-    out = np.zeros(lengths.size, dtype=np.int64)
-    if lengths.size > 1:
-        np.cumsum(lengths[:-1], out=out[1:])
-    return out
 
 
 class ExchangeSide:
@@ -100,7 +94,7 @@ class ExchangeSide:
         else:
             packed, at = scratch(int(lens.sum()), "send" if send else "recv"), 0
             if send:
-                copy_pieces(packed, _exclusive(lens), buf, pos, lens)
+                copy_pieces(packed, exclusive_cumsum(lens), buf, pos, lens)
             else:
                 self._staged = (packed, pos, lens)
         ends = np.concatenate((_NO_BYTES, np.cumsum(lens)))[bounds].tolist()
@@ -143,7 +137,7 @@ class ExchangeSide:
         if self._staged is not None:
             packed, pos, lens = self._staged
             self._staged = None
-            copy_pieces(self.buf, pos, packed, _exclusive(lens), lens)
+            copy_pieces(self.buf, pos, packed, exclusive_cumsum(lens), lens)
 
 
 def alltoallw(comm: MPI.Comm, send: ExchangeSide, recv: ExchangeSide) -> None:

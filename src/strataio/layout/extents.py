@@ -26,7 +26,8 @@ def _as_i64(a: Any) -> np.ndarray:
     return arr
 
 
-def _exclusive_cumsum(lengths: np.ndarray) -> np.ndarray:
+def exclusive_cumsum(lengths: np.ndarray) -> np.ndarray:
+    """Start of each piece when pieces of ``lengths`` lie back to back (int64)."""
     out = np.empty(lengths.size, dtype=_I64)
     if lengths.size:
         out[0] = 0
@@ -52,7 +53,7 @@ class Extents:
             )
         if self.lengths.size and self.lengths.min() < 0:
             raise StrataError("Extents: negative length")
-        self.mem = _exclusive_cumsum(self.lengths) if mem is None else _as_i64(mem)
+        self.mem = exclusive_cumsum(self.lengths) if mem is None else _as_i64(mem)
         if self.mem.shape != self.offsets.shape:
             raise StrataError("Extents: mem positions do not match the pieces")
 
@@ -136,7 +137,7 @@ class Extents:
 
     def mem_is_packed(self) -> bool:
         """True when ``mem`` is the running sum of ``lengths`` (the default stream layout)."""
-        return bool(np.array_equal(self.mem, _exclusive_cumsum(self.lengths)))
+        return bool(np.array_equal(self.mem, exclusive_cumsum(self.lengths)))
 
     # ----------------------------------------------------------------- transformations
     def take(self, index: np.ndarray) -> Extents:
@@ -223,7 +224,7 @@ class Extents:
         counts = ncuts + 1
         total = int(counts.sum())
         piece = np.repeat(np.arange(len(ext)), counts)
-        first_of_piece = _exclusive_cumsum(counts)
+        first_of_piece = exclusive_cumsum(counts)
         k = np.arange(total, dtype=_I64) - first_of_piece[piece]  # 0..ncuts within each piece
         # start of sub-piece k: offset if k == 0 else b[lo + k - 1]
         bidx = np.clip(lo[piece] + k - 1, 0, b.size - 1)
@@ -292,7 +293,7 @@ class Extents:
         if len(self) == 0:
             return np.zeros(0, dtype=_I64)
         piece = np.repeat(np.arange(len(self)), self.lengths)
-        within = np.arange(piece.size, dtype=_I64) - _exclusive_cumsum(self.lengths)[piece]
+        within = np.arange(piece.size, dtype=_I64) - exclusive_cumsum(self.lengths)[piece]
         return self.offsets[piece] + within
 
 
