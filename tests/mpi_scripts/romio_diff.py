@@ -165,6 +165,8 @@ def run_case(comm: MPI.Comm, seed: int, workdir: str) -> list[str]:
         "romio_ds_read": str(shared.choice(["enable", "disable", "automatic"])),
         "ind_rd_buffer_size": str(int(shared.choice([256, 4096, 1 << 22]))),
         "ind_wr_buffer_size": str(int(shared.choice([256, 4096, 1 << 19]))),
+        # strataio's own: aggregators' I/O in a background thread (ROMIO ignores it)
+        "strataio_cb_overlap": str(shared.choice(["enable", "disable", "automatic"])),
     }
     op = str(shared.choice(["write_all", "write_at_all", "write_at"]))
     offset = int(shared.integers(0, 5))
