@@ -380,3 +380,23 @@ def test_exchange_side_frees_its_datatypes_when_building_one_fails(
     with pytest.raises(MemoryError):
         exchange.ExchangeSide(buf, pos, lens, peers, 3, 0, send=True)
     assert len(built) == 1 and built[0] == MPI.DATATYPE_NULL
+
+
+def test_agreement_falls_back_to_a_plain_allgather_without_persistent_collectives() -> None:
+    """An MPI before 4.0 has no ``MPI_Allgather_init``: the agreement then gathers per call."""
+    from strataio.collective.twophase import Agreement
+
+    class OldComm:  # two ranks that both bring the same row
+        def Get_size(self) -> int:
+            return 2
+
+        def Allgather_init(self, row: np.ndarray, out: np.ndarray) -> None:
+            raise NotImplementedError
+
+        def Allgather(self, row: np.ndarray, out: np.ndarray) -> None:
+            out[:] = row
+
+    agreement = Agreement(OldComm())  # type: ignore[arg-type]
+    row = np.array([0, 10, 20, 10, 1], dtype=np.int64)
+    assert np.array_equal(agreement(row), np.stack([row, row]))
+    agreement.free()

@@ -114,6 +114,7 @@ class File:
         nodes: node.NodeLayout | None = None,
     ) -> None:
         self._comm = comm
+        self._agreement = twophase.Agreement(comm)  # collective: every rank constructs a File
         self._nodes = nodes or node.NodeLayout(nodes=1, spare_cores=0)
         self._path = path
         self._fd = fd
@@ -217,6 +218,7 @@ class File:
             return
         self._comm.Barrier()
         os.close(self._fd)
+        self._agreement.free()
         self._closed = True
         if self._amode & MPI.MODE_DELETE_ON_CLOSE:
             self._comm.Barrier()
@@ -526,7 +528,7 @@ class File:
             except Exception as exc:  # any failure here must reach the other ranks
                 err = exc
             row = twophase.agreement_row(access, 1 if err is not None else 0)
-            stats = twophase.agree(self._comm, row)
+            stats = self._agreement(row)
             if np.count_nonzero(stats[:, twophase.ERR]):  # (faster than any() on a few rows)
                 _raise_agreed(self._comm, err)
             assert access is not None and spec is not None

@@ -5,9 +5,10 @@ byte position of each piece in the rank's buffer — the caller's own memory, or
 when the memory layout is much finer than the file's) and that buffer. A collective call then
 runs:
 
-1. **Agreement** — one ``Allgather`` of five integers per rank (error code, first and last byte
-   touched, bytes, pieces). An error anywhere is known everywhere before any byte moves, and
-   the same numbers drive the choice below, so every rank takes the same path.
+1. **Agreement** — one ``Allgather`` (persistent, :class:`Agreement`) of five integers per
+   rank (error code, first and last byte touched, bytes, pieces). An error anywhere is known
+   everywhere before any byte moves, and the same numbers drive the choice below, so every
+   rank takes the same path.
 2. **Choice** (``romio_cb_read`` / ``romio_cb_write`` = enable / disable / automatic). ROMIO's
    own heuristic only asks "do the ranks' ranges interleave?". On a node-local file system with
    a page cache the exchange costs as much as the I/O it saves, so *automatic* also goes
@@ -116,13 +117,46 @@ def agreement_row(access: Access | None, err: int) -> np.ndarray:
     return np.array((err, *plan.summary), dtype=_I64)
 
 
-def agree(comm: MPI.Comm, row: np.ndarray) -> np.ndarray:
-    """All ranks' rows, ``(nprocs, 5)``; with one rank no communication happens."""
-    if comm.Get_size() == 1:
-        return row[None, :].copy()
-    out = np.empty((comm.Get_size(), row.size), dtype=_I64)
-    comm.Allgather(row, out)
-    return out
+class Agreement:
+    """The agreement of one file's collective calls: a persistent (MPI-4) ``Allgather`` of the
+    ranks' rows, set up once when the file opens (collective) and only started and waited for
+    per call. After a multi-megabyte copy has flushed the caches, as in every benchmark call,
+    that costs 21-24 us against 60-62 us for a plain ``Allgather`` (2 ranks); inside a
+    collective read of 2 MB per rank the agreement took 25-42 us instead of 41-54. Without
+    persistent collectives in the MPI library, a plain ``Allgather`` per call."""
+
+    __slots__ = ("_all", "_comm", "_request", "_row")
+
+    def __init__(self, comm: MPI.Comm) -> None:
+        self._comm = comm
+        self._row = np.zeros(5, dtype=_I64)
+        self._all = np.zeros((comm.Get_size(), 5), dtype=_I64)
+        self._request: MPI.Prequest | None = None
+        if comm.Get_size() > 1:
+            try:
+                self._request = comm.Allgather_init(self._row, self._all)
+            except NotImplementedError:  # an MPI before 4.0
+                self._request = None
+
+    def __call__(self, row: np.ndarray) -> np.ndarray:
+        """All ranks' rows, ``(nprocs, 5)`` (a buffer the next call overwrites); with one
+        rank no communication happens."""
+        if self._all.shape[0] == 1:
+            return row[None, :].copy()
+        if self._request is None:
+            out = np.empty_like(self._all)
+            self._comm.Allgather(row, out)
+            return out
+        self._row[:] = row
+        self._request.Start()
+        self._request.Wait()
+        return self._all
+
+    def free(self) -> None:
+        """Release the persistent request (local)."""
+        if self._request is not None:
+            self._request.Free()
+            self._request = None
 
 
 def use_two_phase(stats: np.ndarray, mode: str, write: bool = False, crowded: bool = False) -> bool:
