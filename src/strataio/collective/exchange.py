@@ -61,7 +61,6 @@ class ExchangeSide:
         nprocs: int,
         me: int,
         send: bool,
-        typed: bool | None = None,
     ) -> None:
         self.buf = buf
         self._owned: list[MPI.Datatype] = []
@@ -76,8 +75,7 @@ class ExchangeSide:
             pos, lens = np.concatenate((pos[:a], pos[b:])), np.concatenate((lens[:a], lens[b:]))
             bounds = [x if p <= me else x - (b - a) for p, x in enumerate(bounds)]
         n = int(lens.size)
-        if typed is None:
-            typed = n > 0 and int(lens.sum()) >= TYPED_PIECE * n
+        typed = n > 0 and int(lens.sum()) >= TYPED_PIECE * n
         if typed or n == 0:
             try:
                 for p in range(nprocs):

@@ -23,17 +23,16 @@ them too), so that any number of processes writing interleaved bytes through
 :func:`write_sieved` leave a correct file. The locks of direct writes are *shared* (on a
 descriptor open for reading; exclusive otherwise, as POSIX wants): a direct write only has to
 exclude read-modify-writes, not other direct writes of other bytes, so interleaving writers
-that sieve nothing never wait for each other (HPIO 4 KiB regions written at 4 ranks on a
-16-core node, where every rank's batch lock covers the gaps the others write: 1146 MB/s with
-exclusive locks). A process that writes the same file without sieving concurrently must pass
-``lock=True`` to :func:`write_direct`. POSIX locks belong to the process: threads of one
+that sieve nothing never wait for each other's locks (they still meet in the kernel, which
+serializes buffered writes to one file). A process that writes the same file without
+sieving concurrently must pass ``lock=True`` to :func:`write_direct`. POSIX locks belong to the process: threads of one
 process do not exclude each other, and closing any descriptor of the file releases the
 process's locks on it.
 
 Sieving policy (``automatic``, the default of both hints). Reading or writing through a hole
 costs its bytes; a separate system call per run costs about as much as copying
-``SYSCALL_BYTES`` bytes (measured: see :mod:`strataio.collective.fileio`). ``automatic`` therefore
-joins two neighbouring runs into one span when the hole between them is at most
+``SYSCALL_BYTES`` bytes (measured: see :mod:`strataio.collective.fileio`). ``automatic``
+therefore joins two neighbouring runs into one span when the hole between them is at most
 ``SYSCALL_BYTES`` for reads. A write that skips a hole pays three system calls for the run
 after it (lock, write, unlock), a write through it pays the hole's bytes twice (read, then
 written back), so writes join runs across holes of up to ``3/2 * SYSCALL_BYTES`` (measured:
