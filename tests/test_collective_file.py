@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from mpi4py import MPI
 
 import strataio
-from mpirun import run_mpi
+from mpirun import launch_mpi, run_mpi
 from strataio.collective.bufspec import parse_buffer
 from strataio.collective.realms import EvenRealms, select_aggregators
 from strataio.collective.twophase import use_two_phase
@@ -354,6 +354,32 @@ def test_node_layout_is_counted_and_cached(nprocs: int, tmp_path: Path) -> None:
 def test_failed_overlapped_read_leaves_no_io_behind(tmp_path: Path) -> None:
     out = json.loads(run_mpi(2, "two_phase_failure_overlap.py", tmp_path).strip().splitlines()[-1])
     assert out == {"read": ["BackendError", "BackendError"], "wrong": 0}
+
+
+@pytest.mark.mpi
+def test_planning_failure_of_any_kind_raises_on_every_rank(tmp_path: Path) -> None:
+    """A MemoryError while one rank plans a two-phase write: every rank raises before a byte is
+    written, and the next collective call on the file works."""
+    out = json.loads(run_mpi(2, "two_phase_unexpected_failure.py", "planning", tmp_path))
+    write = out["write"]
+    assert write[1] == "MemoryError: injected: no memory for the realms"
+    assert write[0].startswith("StrataError: injected: no memory for the realms")
+    assert "rank 1" in write[0]
+    assert out["size_after_failure"] == 0
+    assert out["second_write_whole"] is True
+    size = out["set_size"]
+    assert size[1].startswith("ValueError") and size[0].startswith("StrataError")
+    assert out["size_after_set_size"] == 2 * 3 * 4096
+
+
+@pytest.mark.mpi
+def test_broken_exchange_aborts_the_job_instead_of_hanging(tmp_path: Path) -> None:
+    """A rank that cannot build its side of an exchange the others are already in ends the job
+    with a message (MPI_Abort); without that the other rank would wait forever."""
+    proc = launch_mpi(2, "two_phase_unexpected_failure.py", "exchange", tmp_path, timeout=60)
+    assert proc.returncode != 0
+    assert "rank 1: a two-phase exchange broke off (MemoryError" in proc.stderr
+    assert "rank 0 finished" not in proc.stdout
 
 
 def test_exchange_side_frees_its_datatypes_when_building_one_fails(

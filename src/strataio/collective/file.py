@@ -8,7 +8,10 @@ including noncontiguous memory datatypes.
 
 Collective calls (``open``, ``set_view``, ``*_all``, ``set_size``, ``sync``, ``close``) agree
 on errors: a bad argument on any rank raises the same :class:`~strataio.errors.StrataError`
-subclass on every rank, before any byte is written, and no rank is left waiting.
+subclass on every rank, before any byte is written, and no rank is left waiting. A failure of
+another kind on one rank (a ``MemoryError`` while planning) raises it there and a
+``StrataError`` naming that rank on the others; only one that breaks off a two-phase exchange
+midway aborts the job (see :func:`strataio.collective.twophase.two_phase`).
 """
 
 from __future__ import annotations
@@ -405,19 +408,23 @@ class File:
         return os.fstat(self._fd).st_size
 
     def set_size(self, size: int) -> None:
-        """Truncate or extend the file to ``size`` bytes (collective)."""
+        """Truncate or extend the file to ``size`` bytes (collective). The size is checked on
+        every rank before rank 0 changes the file."""
         self._check_open()
-        err: StrataError | None = None
+        err: Exception | None = None
         try:
             self._check_writable()
-            if int(size) < 0:
+            size = int(size)
+            if size < 0:
                 raise StrataError(f"set_size: negative size {size}")
-            if self._comm.Get_rank() == 0:
-                os.ftruncate(self._fd, int(size))
-        except StrataError as exc:
+        except Exception as exc:  # a size that is not a number, say: every rank must hear it
             err = exc
-        except OSError as exc:
-            err = _os_error(exc, self._path)
+        _agree(self._comm, err)
+        if self._comm.Get_rank() == 0:
+            try:
+                os.ftruncate(self._fd, size)
+            except OSError as exc:
+                err = _os_error(exc, self._path)
         _agree(self._comm, err)
 
     def sync(self) -> None:
@@ -542,7 +549,7 @@ class File:
     def _collective(self, access: Access, stats: np.ndarray, write: bool) -> None:
         hints = self._hints
         mode = hints.romio_cb_write if write else hints.romio_cb_read
-        err: StrataError | None = None
+        err: Exception | None = None
         two = twophase.use_two_phase(stats, mode, write, self._nodes.crowded)
         self.last_path = "two-phase" if two else "independent"
         if not two:
@@ -560,10 +567,14 @@ class File:
             twophase.two_phase(
                 self._comm, self._fd, access, stats, hints, self._policy, write, self._nodes
             )
+        except twophase.PeerFailure:
+            err = None  # the agreement raises the failing rank's own error here
         except StrataError as exc:
             err = exc
         except OSError as exc:
             err = _os_error(exc, self._path)
+        except Exception as exc:  # (planning failures of any kind are agreed on)
+            err = exc
         _agree(self._comm, err)  # an aggregator's failure concerns every rank's data
 
     def __repr__(self) -> str:

@@ -32,6 +32,8 @@ runs:
 
 from __future__ import annotations
 
+import sys
+import traceback
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -44,7 +46,7 @@ from strataio.collective.exchange import ExchangeSide, alltoallw
 from strataio.collective.node import NodeLayout
 from strataio.collective.realms import RealmPolicy, select_aggregators
 from strataio.errors import StrataError
-from strataio.layout.extents import Extents
+from strataio.layout.extents import Extents, exclusive_cumsum
 from strataio.layout.pieces import copy_pieces, scratch
 
 _I64 = np.int64
@@ -234,6 +236,7 @@ class _Plan:
     my_agg: int  # my index among the aggregators, -1 if none
     nprocs: int
     rank: int
+    background: bool  # aggregators access windows in the background I/O thread (_overlap)
 
     def client_side(self, i: int, stream: np.ndarray, send: bool) -> ExchangeSide:
         """My pieces of iteration ``i`` in the caller's buffer, to or from the aggregators."""
@@ -260,10 +263,88 @@ class _Plan:
         return ExchangeSide(window.buf, at, lens, src, self.nprocs, self.rank, send)
 
 
+class PeerFailure(StrataError):
+    """Another rank failed while planning a two-phase call; every rank learned it in the
+    planning's first collective, so none is left waiting. The failing rank raises its own
+    exception; the caller agrees on it (``File`` re-raises that rank's error everywhere)."""
+
+
 def _plan(
-    comm: MPI.Comm, ext: Extents, stats: np.ndarray, hints: Any, policy: RealmPolicy
+    comm: MPI.Comm,
+    ext: Extents,
+    stats: np.ndarray,
+    hints: Any,
+    policy: RealmPolicy,
+    nodes: NodeLayout | None = None,
 ) -> _Plan:
+    """The schedule of a two-phase call (collective). Everything that can fail before the data
+    moves — the realm policy, the cutting of this rank's pieces, the realm buffers — runs
+    before the first collective, whose counts carry the failure: -1 from a rank that failed,
+    so every rank learns it there and raises (:class:`PeerFailure` on the others)."""
     nprocs, rank = comm.Get_size(), comm.Get_rank()
+    failure: Exception | None = None
+    try:
+        local = _plan_locally(ext, stats, hints, policy, nodes, nprocs, rank)
+        scount = local.scount
+    except Exception as exc:  # any failure here must reach the other ranks
+        failure, scount = exc, np.full(nprocs, -1, dtype=_I64)
+    rcount = np.empty(nprocs, dtype=_I64)
+    comm.Alltoall(scount, rcount)
+    if failure is not None:
+        raise failure
+    if int(rcount.min()) < 0:
+        failed = np.flatnonzero(rcount < 0).tolist()
+        raise PeerFailure(f"rank(s) {failed} failed while planning the two-phase call")
+
+    # Descriptors to aggregators, once: grouped by destination, each in (iteration, offset).
+    rdesc = np.empty((int(rcount.sum()), 2), dtype=_I64)
+    sd = exclusive_cumsum(scount) * 2
+    rd = exclusive_cumsum(rcount) * 2
+    comm.Alltoallv(
+        [local.desc, (scount * 2, sd), MPI.INT64_T], [rdesc, (rcount * 2, rd), MPI.INT64_T]
+    )
+    my_agg, realms, cb = local.my_agg, local.realms, local.cb
+    a_off, a_len = rdesc[:, 0], rdesc[:, 1]
+    a_src = np.repeat(np.arange(nprocs, dtype=_I64), rcount)
+    if my_agg >= 0 and a_off.size:
+        a_iter = (a_off - realms[my_agg, 0]) // cb
+        aorder = np.argsort(a_iter, kind="stable")  # keeps (source, client order) inside
+        a_off, a_len, a_src, a_iter = a_off[aorder], a_len[aorder], a_src[aorder], a_iter[aorder]
+    else:
+        a_iter = np.zeros(0, dtype=_I64)
+    a_iter_bounds = np.searchsorted(a_iter, np.arange(local.ntimes + 1))
+    return _Plan(
+        local.ntimes, local.win_lo, local.win_hi, local.aggs, *local.client,
+        a_off, a_len, a_src, a_iter_bounds, my_agg, nprocs, rank, local.background,
+    )  # fmt: skip
+
+
+@dataclass(slots=True)
+class _LocalPlan:
+    """The part of a :class:`_Plan` a rank computes alone, before any communication."""
+
+    ntimes: int
+    win_lo: np.ndarray
+    win_hi: np.ndarray
+    aggs: np.ndarray
+    realms: np.ndarray
+    cb: int
+    my_agg: int
+    background: bool
+    client: tuple[np.ndarray, ...]  # c_off, c_len, c_mem, c_dest, c_iter_bounds
+    scount: np.ndarray  # descriptors for each rank
+    desc: np.ndarray  # (offset, length) rows grouped by destination
+
+
+def _plan_locally(
+    ext: Extents,
+    stats: np.ndarray,
+    hints: Any,
+    policy: RealmPolicy,
+    nodes: NodeLayout | None,
+    nprocs: int,
+    rank: int,
+) -> _LocalPlan:
     active = stats[stats[:, NBYTES] > 0]
     lo, hi = int(active[:, FIRST].min()), int(active[:, LAST].max())
     aggs = select_aggregators(nprocs, int(hints.cb_nodes))
@@ -275,6 +356,12 @@ def _plan(
     it = np.arange(ntimes, dtype=_I64)
     win_lo = np.minimum(realms[:, :1] + it[None, :] * cb, realms[:, 1:])
     win_hi = np.minimum(win_lo + cb, realms[:, 1:])
+    background = _overlap(ntimes, aggs.size, hints, nodes)
+    my_agg = int(np.searchsorted(aggs, rank)) if rank in set(aggs.tolist()) else -1
+    if my_agg >= 0 and ntimes:  # the realm buffers, now rather than in the middle of the exchange
+        span = int((win_hi[my_agg] - win_lo[my_agg]).max())
+        for slot in range(2 if background else 1):
+            scratch(span, f"realm{slot}")
 
     # Client: cut my pieces at every window boundary, then label each with its window.
     ext = ext.compact()
@@ -301,30 +388,12 @@ def _plan(
     else:
         c_off, c_len, c_mem, c_iter, c_dest = d_off, d_len, cut.mem, d_iter, d_dest
     c_iter_bounds = np.searchsorted(c_iter, np.arange(ntimes + 1))
-
-    # Descriptors to aggregators, once: grouped by destination, each in (iteration, offset).
     scount = np.bincount(d_dest, minlength=nprocs).astype(_I64)
-    rcount = np.empty(nprocs, dtype=_I64)
-    comm.Alltoall(scount, rcount)
     desc = np.empty((d_off.size, 2), dtype=_I64)
     desc[:, 0], desc[:, 1] = d_off, d_len
-    rdesc = np.empty((int(rcount.sum()), 2), dtype=_I64)
-    sd = np.concatenate(([0], np.cumsum(scount)[:-1])) * 2
-    rd = np.concatenate(([0], np.cumsum(rcount)[:-1])) * 2
-    comm.Alltoallv([desc, (scount * 2, sd), MPI.INT64_T], [rdesc, (rcount * 2, rd), MPI.INT64_T])
-    my_agg = int(np.searchsorted(aggs, rank)) if rank in set(aggs.tolist()) else -1
-    a_off, a_len = rdesc[:, 0], rdesc[:, 1]
-    a_src = np.repeat(np.arange(nprocs, dtype=_I64), rcount)
-    if my_agg >= 0 and a_off.size:
-        a_iter = (a_off - realms[my_agg, 0]) // cb
-        aorder = np.argsort(a_iter, kind="stable")  # keeps (source, client order) inside
-        a_off, a_len, a_src, a_iter = a_off[aorder], a_len[aorder], a_src[aorder], a_iter[aorder]
-    else:
-        a_iter = np.zeros(0, dtype=_I64)
-    a_iter_bounds = np.searchsorted(a_iter, np.arange(ntimes + 1))
-    return _Plan(
-        ntimes, win_lo, win_hi, aggs, c_off, c_len, c_mem, c_dest, c_iter_bounds,
-        a_off, a_len, a_src, a_iter_bounds, my_agg, nprocs, rank,
+    return _LocalPlan(
+        ntimes, win_lo, win_hi, aggs, realms, cb, my_agg, background,
+        (c_off, c_len, c_mem, c_dest, c_iter_bounds), scount, desc,
     )  # fmt: skip
 
 
@@ -408,17 +477,47 @@ def two_phase(
 ) -> None:
     """Collective write (read) of every rank's access: aggregators write (read) their realms,
     each window while the next (previous) one is exchanged when :func:`_overlap` says so.
-    ``nodes``: where the ranks run (:func:`strataio.collective.node.layout`)."""
-    plan = _plan(comm, access.file, stats, hints, policy)
+    ``nodes``: where the ranks run (:func:`strataio.collective.node.layout`).
+
+    Failures reach every rank: one while planning is known everywhere before any byte moves
+    (:class:`PeerFailure` on the other ranks); an aggregator's I/O failure is raised once the
+    exchange is over (the caller agrees on it). Anything else that breaks off the exchange on
+    one rank — a buffer that cannot be allocated, an MPI error — leaves the others waiting in
+    it for good, so it aborts the job (``MPI_Abort``) after printing what failed, as MPI's
+    default error handler would, rather than hang.
+    """
+    plan = _plan(comm, access.file, stats, hints, policy, nodes)
     sieving_hint = getattr(hints, "romio_ds_write" if write else "romio_ds_read", "automatic")
     ds = str(sieving_hint).lower() != "disable"
-    background = _overlap(plan, hints, nodes)
-    (_write if write else _read)(comm, fd, access.stream, plan, ds, background)
+    try:
+        failure = (_write if write else _read)(comm, fd, access.stream, plan, ds)
+    except Exception as exc:
+        if comm.Get_size() == 1:
+            raise
+        _abort(comm, exc)
+    if failure is not None:
+        raise failure
+
+
+def _abort(comm: MPI.Comm, exc: BaseException) -> None:
+    """End the job: ``exc`` broke off a two-phase exchange that the other ranks are inside."""
+    rank = comm.Get_rank()
+    sys.stderr.write(
+        f"strataio: rank {rank}: a two-phase exchange broke off "
+        f"({type(exc).__name__}: {exc}); the other ranks would wait for it forever, "
+        "so the job is aborted\n"
+    )
+    traceback.print_exception(exc, file=sys.stderr)
+    sys.stderr.flush()
+    comm.Abort(1)
 
 
 def _write(
-    comm: MPI.Comm, fd: int, stream: np.ndarray, plan: _Plan, ds: bool, background: bool
-) -> None:
+    comm: MPI.Comm, fd: int, stream: np.ndarray, plan: _Plan, ds: bool
+) -> BaseException | None:
+    """The windows of a collective write; an aggregator's I/O failure is returned once the
+    exchange is over."""
+    background = plan.background
     failure: BaseException | None = None
     writing: _Pending | None = None
     try:
@@ -439,13 +538,15 @@ def _write(
     finally:
         # the realm buffer must not be reused while it is written, even after a failure
         failure = _settle(failure, writing)
-    if failure is not None:
-        raise failure
+    return failure
 
 
 def _read(
-    comm: MPI.Comm, fd: int, stream: np.ndarray, plan: _Plan, ds: bool, background: bool
-) -> None:
+    comm: MPI.Comm, fd: int, stream: np.ndarray, plan: _Plan, ds: bool
+) -> BaseException | None:
+    """The windows of a collective read; an aggregator's I/O failure is returned once the
+    exchange is over."""
+    background = plan.background
     failure: BaseException | None = None
 
     def start(i: int) -> tuple[_Window | None, _Pending | None]:
@@ -473,8 +574,7 @@ def _read(
     finally:
         # the realm buffer must not be reused while it is read, even after a failure
         failure = _settle(failure, upcoming[1])
-    if failure is not None:
-        raise failure
+    return failure
 
 
 def _settle(failure: BaseException | None, pending: _Pending | None) -> BaseException | None:
@@ -484,7 +584,7 @@ def _settle(failure: BaseException | None, pending: _Pending | None) -> BaseExce
     return failure if failure is not None else late
 
 
-def _overlap(plan: _Plan, hints: Any, nodes: NodeLayout | None) -> bool:
+def _overlap(ntimes: int, naggs: int, hints: Any, nodes: NodeLayout | None) -> bool:
     """Whether aggregators access their windows in a background I/O thread: with more than one
     iteration, by the ``strataio_cb_overlap`` hint; *automatic* when every node has a spare
     core (:class:`~strataio.collective.node.NodeLayout`) for each of its aggregators' threads
@@ -494,13 +594,13 @@ def _overlap(plan: _Plan, hints: Any, nodes: NodeLayout | None) -> bool:
     without; setting up each exchange took 6-8 ms instead of 1 while the thread held the
     interpreter lock)."""
     mode = str(getattr(hints, "strataio_cb_overlap", "automatic")).lower()
-    if plan.ntimes < 2 or mode == "disable":
+    if ntimes < 2 or mode == "disable":
         return False
     if mode == "enable":
         return True
     if nodes is None:
         return False
-    return nodes.spare_cores >= -(-plan.aggs.size // max(nodes.nodes, 1))
+    return nodes.spare_cores >= -(-naggs // max(nodes.nodes, 1))
 
 
 def _attempt(io: Any, *args: Any) -> BaseException | None:
