@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
 
@@ -116,6 +117,59 @@ def test_writes_match_numpy(datafile, ext, mode, bs):
     want[ext.byte_indices()] = data[_stream_positions(ext)]
     got = np.frombuffer(path.read_bytes(), dtype=np.uint8)
     np.testing.assert_array_equal(got, want)
+
+
+SPARSE_BYTES = 1 << 17  # data in the first and third quarter, a hole between, EOF at 3/4
+
+
+def _sparse_file(path: Path) -> np.ndarray:
+    """A file whose middle is a hole (no blocks) and that ends before the bytes a test writes;
+    returns its contents as they read, zero-extended to ``SPARSE_BYTES``."""
+    rng = np.random.default_rng(11)
+    quarter = SPARSE_BYTES // 4
+    image = np.zeros(SPARSE_BYTES, dtype=np.uint8)
+    image[:quarter] = rng.integers(1, 256, quarter, dtype=np.uint8)
+    image[2 * quarter : 3 * quarter] = rng.integers(1, 256, quarter, dtype=np.uint8)
+    with open(path, "wb") as f:
+        f.write(image[:quarter].tobytes())
+        f.seek(2 * quarter)
+        f.write(image[2 * quarter : 3 * quarter].tobytes())
+    return image
+
+
+@st.composite
+def wide_pieces(draw: st.DrawFn) -> Extents:
+    """Disjoint pieces of 512 B to 4 KiB over the whole sparse file, in random stream order."""
+    n = draw(st.integers(2, 60))
+    starts = np.array(sorted(draw(st.sets(st.integers(0, SPARSE_BYTES // 512 - 9), min_size=n,
+                                          max_size=n)))) * 512  # fmt: skip
+    lens = np.minimum(np.diff(starts, append=SPARSE_BYTES), draw(st.integers(512, 4096)))
+    order = np.array(draw(st.permutations(range(n))))
+    mem = np.zeros(n, dtype=np.int64)
+    mem[order] = np.concatenate(([0], np.cumsum(lens[order])[:-1]))
+    return Extents(starts, lens, mem)
+
+
+@settings(max_examples=40, deadline=None)
+@given(wide_pieces(), st.sampled_from(["enable", "automatic"]), st.integers(4096, 1 << 16))
+def test_sieving_writes_into_holes_and_past_eof_match_numpy(ext, mode, bs):
+    """Read-modify-write spans over a file's hole and past its end: the file must read as the
+    old bytes (zeros in the hole and past end-of-file) with the pieces applied, and no hole byte
+    that a span rewrites may come back as anything but zero."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "sparse.bin"
+        image = _sparse_file(path)
+        data = np.random.default_rng(len(ext)).integers(0, 256, ext.nbytes, dtype=np.uint8)
+        fd = os.open(path, os.O_RDWR)
+        try:
+            _run(mode, True, fd, ext, data, bs)
+        finally:
+            os.close(fd)
+        got = np.frombuffer(path.read_bytes(), dtype=np.uint8)
+        want = image.copy()
+        want[ext.byte_indices()] = data[_stream_positions(ext)]
+        want = want[: max(SPARSE_BYTES * 3 // 4, int(ext.ends.max()))]
+        np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.parametrize("descending", [False, True])
