@@ -410,7 +410,8 @@ def test_exchange_side_frees_its_datatypes_when_building_one_fails(
 
 def test_agreement_falls_back_to_a_plain_allgather_without_persistent_collectives() -> None:
     """An MPI before 4.0 has no ``MPI_Allgather_init``: the agreement then gathers per call."""
-    from strataio.collective.twophase import Agreement
+    from strataio.collective.twophase import Access, Agreement, agreement_row
+    from strataio.layout.extents import Extents
 
     class OldComm:  # two ranks that both bring the same row
         def Get_size(self) -> int:
@@ -419,10 +420,13 @@ def test_agreement_falls_back_to_a_plain_allgather_without_persistent_collective
         def Allgather_init(self, row: np.ndarray, out: np.ndarray) -> None:
             raise NotImplementedError
 
-        def Allgather(self, row: np.ndarray, out: np.ndarray) -> None:
-            out[:] = row
+        def Allgather(self, row: memoryview, out: np.ndarray) -> None:
+            out[:] = np.frombuffer(row, dtype=np.int64)
 
     agreement = Agreement(OldComm())  # type: ignore[arg-type]
-    row = np.array([0, 10, 20, 10, 1], dtype=np.int64)
-    assert np.array_equal(agreement(row), np.stack([row, row]))
+    access = Access(Extents(np.array([10]), np.array([10])), np.zeros(10, dtype=np.uint8))
+    rows = agreement(agreement_row(access, 0))
+    assert rows == [[0, 10, 20, 10, 1]] * 2
+    assert np.array_equal(agreement.table, np.array(rows))
+    assert agreement(agreement_row(access, 3)) == [[3, 10, 20, 10, 1]] * 2
     agreement.free()

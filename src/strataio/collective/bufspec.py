@@ -15,7 +15,6 @@ pack order, with their positions in the packed data stream).
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import numpy as np
@@ -36,16 +35,23 @@ class BufferSpec:
     one is made per I/O call, and a frozen dataclass costs a microsecond to build.)
     """
 
-    __slots__ = ("contiguous", "data", "mem", "nbytes", "start")
+    __slots__ = ("_mem", "contiguous", "data", "nbytes", "start")
 
     def __init__(
-        self, data: np.ndarray, mem: Extents, nbytes: int, contiguous: bool, start: int
+        self, data: np.ndarray, mem: Extents | None, nbytes: int, contiguous: bool, start: int
     ) -> None:
         self.data = data
-        self.mem = mem
+        self._mem = mem  # None: contiguous, made when asked for
         self.nbytes = nbytes
         self.contiguous = contiguous
         self.start = start
+
+    @property
+    def mem(self) -> Extents:
+        """The memory pieces: offsets into :attr:`data`, ``mem`` = stream positions."""
+        if self._mem is None:
+            self._mem = freeze(Extents.single(self.start, self.nbytes))
+        return self._mem
 
     def pack(self, out: np.ndarray | None = None) -> np.ndarray:
         """The data stream as one contiguous ``uint8`` array (a view when contiguous), packed
@@ -89,14 +95,33 @@ class BufferSpec:
         return Extents(offs, lengths, bufs).coalesce()
 
 
-@functools.lru_cache(maxsize=256)
-def _leading(nbytes: int) -> Extents:
-    """The memory piece of a plain buffer's first ``nbytes`` bytes (shared, read-only)."""
-    return freeze(Extents.single(0, nbytes))
+def _back_to_back_types() -> dict[int, int]:
+    """Handle -> size of MPI's predefined datatypes whose instances lie back to back (no gap,
+    lower bound 0): a buffer of ``count`` of them is one piece, known without flattening."""
+    out = {}
+    for name in dir(MPI):
+        dt = getattr(MPI, name, None)
+        if type(dt) is not MPI.Datatype or dt == MPI.DATATYPE_NULL or not dt.is_predefined:
+            continue
+        try:
+            size, (lb, extent), (tlb, textent) = (
+                dt.Get_size(),
+                dt.Get_extent(),
+                dt.Get_true_extent(),
+            )
+        except MPI.Exception:  # (a type this MPI library does not support)
+            continue
+        if size > 0 and lb == 0 and tlb == 0 and size == extent == textent:
+            out[dt.handle] = size
+    return out
+
+
+#: see :func:`_back_to_back_types`; the handles of predefined types never change
+_BACK_TO_BACK = _back_to_back_types()
 
 
 def _datatype(dt: Any) -> MPI.Datatype:
-    if isinstance(dt, MPI.Datatype):
+    if type(dt) is MPI.Datatype or isinstance(dt, MPI.Datatype):
         return dt
     if isinstance(dt, str) and dt in MPI._typedict:  # mpi4py's typecode table
         return MPI._typedict[dt]
@@ -130,9 +155,10 @@ def parse_buffer(spec: Any, writable: bool) -> BufferSpec:
     when the datatype reaches outside the buffer, :class:`ReadOnlyError` when a read targets a
     read-only buffer.
     """
-    parts = spec if isinstance(spec, (list, tuple)) else (spec,)
-    if not 1 <= len(parts) <= 3:
-        raise StrataError(f"buffer specification has {len(parts)} entries; expected 1 to 3")
+    parts = spec if type(spec) is list or isinstance(spec, tuple) else (spec,)
+    nparts = len(parts)
+    if not 1 <= nparts <= 3:
+        raise StrataError(f"buffer specification has {nparts} entries; expected 1 to 3")
     obj = parts[0]
     try:
         data = as_bytes(obj, writable=writable)
@@ -142,34 +168,43 @@ def parse_buffer(spec: Any, writable: bool) -> BufferSpec:
         raise StrataError(f"buffer specification: {exc}") from None
     except TypeError:
         raise StrataError(f"buffer specification: {type(obj).__name__} is not a buffer") from None
-    itemsize = int(getattr(obj, "itemsize", 1) or 1)
     count: int | None = None
     disp = 0
     dt: MPI.Datatype | None = None
-    if len(parts) == 2:
+    if nparts == 3:
+        cd, dt = parts[1], _datatype(parts[2])
+        if type(cd) is int:
+            count = cd
+        elif isinstance(cd, (list, tuple)):
+            count, disp = int(cd[0]), int(cd[1])
+        elif cd is not None:
+            count = int(cd)
+    elif nparts == 2:
         if isinstance(parts[1], (int, np.integer)):
             count = int(parts[1])
         else:
             dt = _datatype(parts[1])
-    elif len(parts) == 3:
-        cd, dt = parts[1], _datatype(parts[2])
-        if isinstance(cd, (list, tuple)):
-            count, disp = int(cd[0]), int(cd[1])
-        elif cd is not None:
-            count = int(cd)
     if count is not None and count < 0:
         raise StrataError(f"buffer specification: negative count {count}")
+    size = data.size
     if dt is None:
-        n = data.size if count is None else count * itemsize
-        if n > data.size:
+        itemsize = int(getattr(obj, "itemsize", 1) or 1)
+        n = size if count is None else count * itemsize
+        if n > size:
             raise ShapeMismatchError(
-                f"buffer holds {data.size} bytes but {count} items of {itemsize} bytes were asked"
+                f"buffer holds {size} bytes but {count} items of {itemsize} bytes were asked"
             )
-        return BufferSpec(data, _leading(n), n, True, 0)
+        return BufferSpec(data, None, n, True, 0)
+    unit = _BACK_TO_BACK.get(dt.handle)
+    if unit is not None:  # (the usual case: count bytes, doubles, ... from a displacement)
+        start = disp * unit
+        nbytes = (size - start) // unit * unit if count is None else count * unit
+        if start >= 0 and start + nbytes <= size:
+            return BufferSpec(data, None, nbytes, True, start)
     mem, nbytes, contiguous, start = _spec_layouts.get(
         (dt,),
-        (dt.handle, -1 if count is None else count, disp, data.size),
-        lambda: _datatype_layout(dt, count, disp, data.size),
+        (dt.handle, -1 if count is None else count, disp, size),
+        lambda: _datatype_layout(dt, count, disp, size),
     )
     return BufferSpec(data, mem, nbytes, contiguous, start)
 

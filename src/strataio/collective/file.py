@@ -123,8 +123,11 @@ class File:
         self._fd = fd
         self._fd_rw = sieving.readable(fd)  # read-write: sieving writes may read spans back
         self._amode = amode
+        # transfers the mode forbids: [reads, writes]
+        self._forbidden = (bool(amode & MPI.MODE_WRONLY), bool(amode & MPI.MODE_RDONLY))
         self._hints = hints
         self._policy = policy_from_hints(hints)
+        self._independent = twophase.IndependentIO(hints)
         self._closed = False
         self._pos = 0
         self.last_path = ""
@@ -331,6 +334,8 @@ class File:
         if err is None and len(set(sizes)) > 1 and -1 not in sizes:
             err = ViewError(f"ranks use etypes of different sizes: {sizes}")
         _agree(self._comm, err)
+        if hinted is not self._hints:
+            self._independent = twophase.IndependentIO(hinted)
         self._hints, self._policy = hinted, policy
         self._disp, self._esize, self._ft = int(disp), esize, ft
         self._view = (int(disp), etype, filetype)
@@ -473,11 +478,10 @@ class File:
 
     def _prepare(self, buf: Any, offset: int | None, write: bool) -> tuple[Any, Access, bool]:
         """Validate and map a transfer; the flag says a packed read stream must be unpacked."""
-        self._check_open()
-        if write:
-            self._check_writable()
-        else:
-            self._check_readable()
+        if self._closed:  # (the checks inlined: every call pays for them)
+            self._check_open()
+        if self._forbidden[write]:
+            self._check_writable() if write else self._check_readable()
         spec = parse_buffer(buf, writable=not write)
         if spec.nbytes % self._esize:
             raise ViewError(
@@ -520,13 +524,14 @@ class File:
             self.last_path = "independent"
             try:
                 if write:
-                    twophase.write_independent(self._fd, access, self._hints, self._fd_rw)
+                    self._independent.write(self._fd, access, self._fd_rw)
                 else:
-                    twophase.read_independent(self._fd, access, self._hints)
+                    self._independent.read(self._fd, access)
             except OSError as exc:
                 raise _os_error(exc, self._path) from exc
         else:
-            self._check_open()
+            if self._closed:
+                self._check_open()
             err: Exception | None = None
             spec = access = None
             unpack = False
@@ -534,36 +539,37 @@ class File:
                 spec, access, unpack = self._prepare(buf, offset, write)
             except Exception as exc:  # any failure here must reach the other ranks
                 err = exc
-            row = twophase.agreement_row(access, 1 if err is not None else 0)
-            stats = self._agreement(row)
-            if np.count_nonzero(stats[:, twophase.ERR]):  # (faster than any() on a few rows)
+            rows = self._agreement(twophase.agreement_row(access, 0 if err is None else 1))
+            if any(self._agreement.errors):
                 _raise_agreed(self._comm, err)
             assert access is not None and spec is not None
-            self._collective(access, stats, write)
+            self._collective(access, rows, write)
         if unpack:
             spec.unpack(access.stream)
         if offset is None:
             self._pos += spec.nbytes // self._esize
         return spec.nbytes
 
-    def _collective(self, access: Access, stats: np.ndarray, write: bool) -> None:
+    def _collective(self, access: Access, rows: list[list[int]], write: bool) -> None:
+        """Run a collective transfer whose agreement gave ``rows`` (every rank's numbers)."""
         hints = self._hints
         mode = hints.romio_cb_write if write else hints.romio_cb_read
         err: Exception | None = None
-        two = twophase.use_two_phase(stats, mode, write, self._nodes.crowded)
+        two = twophase.use_two_phase(rows, mode, write, self._nodes.crowded)
         self.last_path = "two-phase" if two else "independent"
         if not two:
             # Every rank already knows the call is valid; an I/O failure now is this rank's
             # own and no rank waits on another, so it is raised here without a collective.
             try:
                 if write:
-                    twophase.write_independent(self._fd, access, hints, self._fd_rw)
+                    self._independent.write(self._fd, access, self._fd_rw)
                 else:
-                    twophase.read_independent(self._fd, access, hints)
+                    self._independent.read(self._fd, access)
             except OSError as exc:
                 raise _os_error(exc, self._path) from exc
             return
         try:
+            stats = self._agreement.table
             twophase.two_phase(
                 self._comm, self._fd, access, stats, hints, self._policy, write, self._nodes
             )

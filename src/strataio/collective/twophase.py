@@ -32,6 +32,7 @@ runs:
 
 from __future__ import annotations
 
+import struct
 import sys
 import traceback
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -71,10 +72,6 @@ LARGE_PIECE = 64
 # 4 ranks on 2 cores: independent 756, two-phase 566 MB/s).
 PIECEWISE_WRITES = 1024
 
-# Up to this many ranks the agreed numbers are summed in plain Python (2.5 us for 2-4 ranks
-# against numpy's 7.7 us; numpy wins from a few dozen rows on).
-_FEW_RANKS = 16
-
 # Columns of the agreement row.
 ERR, FIRST, LAST, NBYTES, NPIECES = range(5)
 
@@ -91,8 +88,7 @@ class AccessPlan:
         self.file = file
         n = len(file)
         self.summary = (file.first, file.last, file.nbytes, n) if n else (0, 0, 0, 0)
-        self.row = np.array((0, *self.summary), dtype=_I64)  # agreement row of a valid call
-        self.row.flags.writeable = False
+        self.row = _ROW.pack(0, *self.summary)  # agreement row of a valid call
         self.reads: dict[tuple[int, int], fileio.ReadPlan | None] = {}
         self.writes: dict[tuple[int, int], sieving.SievePlan] = {}
 
@@ -109,14 +105,18 @@ class Access:
     plan: AccessPlan | None = None
 
 
-def agreement_row(access: Access | None, err: int) -> np.ndarray:
-    """This rank's five agreement numbers (see the module docstring)."""
+#: an agreement row as the persistent Allgather sends it: five native int64
+_ROW = struct.Struct("5q")
+
+
+def agreement_row(access: Access | None, err: int) -> bytes:
+    """This rank's five agreement numbers (see the module docstring), packed."""
     if access is None:
-        return np.array([err, 0, 0, 0, 0], dtype=_I64)
+        return _ROW.pack(err, 0, 0, 0, 0)
     plan = access.plan if access.plan is not None else AccessPlan(access.file)
     if err == 0:
         return plan.row
-    return np.array((err, *plan.summary), dtype=_I64)
+    return _ROW.pack(err, *plan.summary)
 
 
 class Agreement:
@@ -125,34 +125,40 @@ class Agreement:
     per call. After a multi-megabyte copy has flushed the caches, as in every benchmark call,
     that costs 21-24 us against 60-62 us for a plain ``Allgather`` (2 ranks); inside a
     collective read of 2 MB per rank the agreement took 25-42 us instead of 41-54. Without
-    persistent collectives in the MPI library, a plain ``Allgather`` per call."""
+    persistent collectives in the MPI library, a plain ``Allgather`` per call.
 
-    __slots__ = ("_all", "_comm", "_request", "_row")
+    A call's own work stays in plain Python (its rows in, lists out): with cold caches every
+    numpy call costs 10-30 us, more than the whole choice it serves."""
+
+    __slots__ = ("_comm", "_request", "_rows", "_send", "errors", "table")
 
     def __init__(self, comm: MPI.Comm) -> None:
         self._comm = comm
-        self._row = np.zeros(5, dtype=_I64)
-        self._all = np.zeros((comm.Get_size(), 5), dtype=_I64)
+        nprocs = comm.Get_size()
+        self.table = np.zeros((nprocs, 5), dtype=_I64)
+        """Every rank's row of the last call, ``(nprocs, 5)`` (overwritten by the next)."""
+        self._rows = memoryview(self.table)
+        self.errors = self._rows.cast("B").cast("q")[ERR::5]
+        """Every rank's error code of the last call (a view of :attr:`table`)."""
+        send = self.table[0] if nprocs == 1 else np.zeros(5, dtype=_I64)
+        self._send = memoryview(send).cast("B")
         self._request: MPI.Prequest | None = None
-        if comm.Get_size() > 1:
+        if nprocs > 1:
             try:
-                self._request = comm.Allgather_init(self._row, self._all)
+                self._request = comm.Allgather_init(send, self.table)
             except NotImplementedError:  # an MPI before 4.0
                 self._request = None
 
-    def __call__(self, row: np.ndarray) -> np.ndarray:
-        """All ranks' rows, ``(nprocs, 5)`` (a buffer the next call overwrites); with one
-        rank no communication happens."""
-        if self._all.shape[0] == 1:
-            return row[None, :].copy()
-        if self._request is None:
-            out = np.empty_like(self._all)
-            self._comm.Allgather(row, out)
-            return out
-        self._row[:] = row
-        self._request.Start()
-        self._request.Wait()
-        return self._all
+    def __call__(self, row: bytes) -> list[list[int]]:
+        """All ranks' rows (see :func:`agreement_row`), as lists; also in :attr:`table`. With
+        one rank no communication happens."""
+        self._send[:] = row
+        if self._request is not None:
+            self._request.Start()
+            self._request.Wait()
+        elif self.table.shape[0] > 1:
+            self._comm.Allgather(self._send, self.table)
+        return self._rows.tolist()
 
     def free(self) -> None:
         """Release the persistent request (local)."""
@@ -161,15 +167,17 @@ class Agreement:
             self._request = None
 
 
-def use_two_phase(stats: np.ndarray, mode: str, write: bool = False, crowded: bool = False) -> bool:
-    """Whether a collective call aggregates, from the agreed ``stats``, the hint ``mode``, the
-    direction and whether some node has more ranks than cores
-    (:attr:`strataio.collective.node.NodeLayout.crowded`).
+def use_two_phase(
+    stats: np.ndarray | list[list[int]], mode: str, write: bool = False, crowded: bool = False
+) -> bool:
+    """Whether a collective call aggregates, from the agreed ``stats`` (an ``(nprocs, 5)``
+    array or its rows as lists), the hint ``mode``, the direction and whether some node has more
+    ranks than cores (:attr:`strataio.collective.node.NodeLayout.crowded`).
 
-    ``"enable"`` and ``"disable"`` force the answer; ``"automatic"`` follows the module
-    docstring. Every rank computes the same answer from the same numbers.
+    ``"enable"`` and ``"disable"`` force the answer (the values :class:`Hints` holds, lower
+    case); ``"automatic"`` follows the module docstring. Every rank computes the same answer
+    from the same numbers.
     """
-    mode = str(mode).lower()
     if mode == "disable":
         return False
     active, nbytes, pieces = _totals(stats)
@@ -183,34 +191,36 @@ def use_two_phase(stats: np.ndarray, mode: str, write: bool = False, crowded: bo
         write and not crowded and _piecewise_writes(stats) >= PIECEWISE_WRITES
     ):
         return False
-    return not ranges_disjoint(stats)
+    return not ranges_disjoint(np.asarray(stats, dtype=_I64))
 
 
-def _piecewise_writes(stats: np.ndarray) -> int:
+def _piecewise_writes(stats: np.ndarray | list[list[int]]) -> int:
     """How many pieces the ranks would write one system call each on the independent path:
     those of ranks whose pieces lie further apart (on average) than automatic sieving crosses
     and are shorter than ``SYSCALL_BYTES`` (the agreed numbers alone decide, so every rank
     gets the same count whatever its own sieving hints)."""
     hole = sieving.hole_limit("automatic", write=True)
     total = 0
-    for _, first, last, nbytes, npieces in stats.tolist():
+    for _, first, last, nbytes, npieces in _as_rows(stats):
         small = nbytes < fileio.SYSCALL_BYTES * npieces
         if npieces > 1 and small and last - first - nbytes > hole * (npieces - 1):
             total += npieces
     return total
 
 
-def _totals(stats: np.ndarray) -> tuple[int, int, int]:
+def _as_rows(stats: np.ndarray | list[list[int]]) -> list[list[int]]:
+    return stats.tolist() if type(stats) is np.ndarray else stats  # type: ignore[return-value]
+
+
+def _totals(stats: np.ndarray | list[list[int]]) -> tuple[int, int, int]:
     """(ranks with bytes to move, bytes, pieces) of the agreed ``stats``."""
-    if stats.shape[0] <= _FEW_RANKS:  # plain Python beats numpy's cost per call here
-        rows = stats.tolist()
-        return (
-            sum(1 for r in rows if r[NBYTES]),
-            sum(r[NBYTES] for r in rows),
-            sum(r[NPIECES] for r in rows),
-        )
-    nbytes = stats[:, NBYTES]
-    return int(np.count_nonzero(nbytes)), int(nbytes.sum()), int(stats[:, NPIECES].sum())
+    active = nbytes = pieces = 0
+    for row in _as_rows(stats):
+        if row[NBYTES]:
+            active += 1
+            nbytes += row[NBYTES]
+            pieces += row[NPIECES]
+    return active, nbytes, pieces
 
 
 # ---------------------------------------------------------------------------- planning
@@ -642,48 +652,60 @@ class _Pending:
 
 
 # ---------------------------------------------------------------------------- independent
-def write_independent(fd: int, access: Access, hints: Any, fd_readable: bool | None = None) -> None:
-    """This rank's pieces written by itself: sieving under byte-range locks by the
-    ``romio_ds_write`` hint (:mod:`strataio.collective.sieving`), planned once per layout.
-    ``fd_readable`` says whether ``fd`` is open read-write (None: ask the system)."""
-    ds = str(getattr(hints, "romio_ds_write", "automatic")).lower()
-    if fd_readable is None:
-        fd_readable = sieving.readable(fd)
-    if ds == "disable" or not fd_readable:
-        sieving.write_independent(fd, access.file, access.stream, hints)
-        return
-    size = int(getattr(hints, "ind_wr_buffer_size", sieving.DEFAULT_WR_BUFFER))
-    hole = sieving.hole_limit(ds, write=True)
-    plans = access.plan.writes if access.plan is not None else {}
-    key = (size, -1 if hole is None else hole)
-    plan = plans.get(key)
-    if plan is None:
-        plan = plans[key] = sieving.SievePlan(access.file.compact().sort(), size, hole, True)
-    plan.run(fd, access.stream, fd_readable)
+class IndependentIO:
+    """A rank's own reads and writes under one file's hints (data sieving by ``romio_ds_read``
+    / ``romio_ds_write`` and the ``ind_*_buffer_size`` hints), with what the hints imply worked
+    out once, when the file's hints are set, rather than on every call. The plans themselves
+    are remembered per layout in the :class:`AccessPlan`."""
 
+    __slots__ = ("hints", "read_key", "write_key", "write_sieves")
 
-def read_independent(fd: int, access: Access, hints: Any) -> None:
-    """This rank's pieces read by itself (data sieving by the ``romio_ds_read`` hint).
+    def __init__(self, hints: Any) -> None:
+        self.hints = hints
+        ds = str(getattr(hints, "romio_ds_read", "automatic")).lower()
+        size = int(getattr(hints, "ind_rd_buffer_size", sieving.DEFAULT_RD_BUFFER))
+        hole = 0 if ds == "disable" else size if ds == "enable" else fileio.SYSCALL_BYTES
+        self.read_key = (size, hole)
+        """(span, longest hole read through) of independent reads."""
+        ds = str(getattr(hints, "romio_ds_write", "automatic")).lower()
+        size = int(getattr(hints, "ind_wr_buffer_size", sieving.DEFAULT_WR_BUFFER))
+        self.write_sieves = ds != "disable"
+        self.write_key = (size, sieving.hole_limit(ds, write=True))
+        """(span, longest hole written through or None for any) of sieving writes."""
 
-    Disjoint pieces are read by a :class:`~strataio.collective.fileio.ReadPlan` (remembered in
-    ``access.plan``): large pieces straight into the caller's buffer, small ones sieved through
-    a staging buffer. Overlapping pieces go through :mod:`strataio.collective.sieving`.
-    """
-    ds = str(getattr(hints, "romio_ds_read", "automatic")).lower()
-    size = int(getattr(hints, "ind_rd_buffer_size", 4194304))
-    hole = 0 if ds == "disable" else size if ds == "enable" else fileio.SYSCALL_BYTES
-    plans = access.plan.reads if access.plan is not None else {}
-    key = (size, hole)
-    if key in plans:
-        plan = plans[key]
-    else:
-        ext = access.file.compact().sort()
-        plan = fileio.ReadPlan(ext, size, hole) if ext.is_sorted() else None
-        plans[key] = plan
-    if plan is None:  # pieces overlap
-        sieving.read_independent(fd, access.file, access.stream, hints)
-    else:
-        plan.run(fd, access.stream)
+    def write(self, fd: int, access: Access, fd_readable: bool | None = None) -> None:
+        """This rank's pieces written by itself: sieving under byte-range locks
+        (:mod:`strataio.collective.sieving`), planned once per layout. ``fd_readable`` says
+        whether ``fd`` is open read-write (None: ask the system)."""
+        if fd_readable is None:
+            fd_readable = sieving.readable(fd)
+        if not (self.write_sieves and fd_readable):
+            sieving.write_independent(fd, access.file, access.stream, self.hints)
+            return
+        key = self.write_key
+        plans = access.plan.writes if access.plan is not None else {}
+        plan = plans.get(key)
+        if plan is None:
+            plan = sieving.SievePlan(access.file.compact().sort(), key[0], key[1], True)
+            plans[key] = plan
+        plan.run(fd, access.stream, fd_readable)
+
+    def read(self, fd: int, access: Access) -> None:
+        """This rank's pieces read by itself. Disjoint pieces are read by a
+        :class:`~strataio.collective.fileio.ReadPlan` (remembered in ``access.plan``): large
+        pieces straight into the caller's buffer, small ones sieved through a staging buffer.
+        Overlapping pieces go through :mod:`strataio.collective.sieving`."""
+        key = self.read_key
+        plans = access.plan.reads if access.plan is not None else {}
+        plan = plans.get(key, False)
+        if plan is False:
+            ext = access.file.compact().sort()
+            plan = fileio.ReadPlan(ext, *key) if ext.is_sorted() else None
+            plans[key] = plan
+        if plan is None:  # pieces overlap
+            sieving.read_independent(fd, access.file, access.stream, self.hints)
+        else:
+            plan.run(fd, access.stream)
 
 
 def ranges_disjoint(stats: np.ndarray) -> bool:

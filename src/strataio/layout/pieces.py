@@ -18,17 +18,24 @@ import numpy as np
 _LONG = 4096
 
 
+_U8 = np.dtype(np.uint8)
+
+
 def as_bytes(buf: object, writable: bool = False) -> np.ndarray:
     """A flat ``uint8`` view of any buffer-protocol object (no copy). Objects that hold Python
     object references (numpy object arrays) are refused: their bytes are pointers."""
-    if isinstance(buf, np.ndarray) and buf.dtype.hasobject:
+    if type(buf) is np.ndarray:
+        # (every I/O call comes here, usually with caches a large copy has just flushed, where
+        # each numpy attribute read costs microseconds: the common case reads few of them)
+        dtype, flags = buf.dtype, buf.flags
+        if dtype is not _U8 and dtype.hasobject:
+            raise ValueError("an array of Python objects holds references, not data")
+        if flags.c_contiguous:
+            if writable and not flags.writeable:
+                raise ValueError("buffer is read-only")
+            return buf if dtype is _U8 and buf.ndim == 1 else buf.reshape(-1).view(_U8)
+    elif isinstance(buf, np.ndarray) and buf.dtype.hasobject:
         raise ValueError("an array of Python objects holds references, not data")
-    if type(buf) is np.ndarray and buf.flags.c_contiguous:
-        if writable and not buf.flags.writeable:
-            raise ValueError("buffer is read-only")
-        if buf.ndim == 1 and buf.dtype == np.uint8:
-            return buf
-        return buf.reshape(-1).view(np.uint8)
     mv = memoryview(buf)  # type: ignore[arg-type]
     if "O" in mv.format:
         raise ValueError("a buffer of Python objects holds references, not data")

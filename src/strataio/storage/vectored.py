@@ -75,6 +75,7 @@ class VectoredPlan:
         "_hole_max",
         "_lens",
         "_mem",
+        "_one",
         "_pos",
         "_small",
         "_table0",
@@ -133,6 +134,8 @@ class VectoredPlan:
         # A few entries are cheaper as a memoryview list than as a table (no numpy per call).
         self._small = total <= _SMALL and self._hole_idx.size == 0
         self._entries: list[tuple[int, int, bool]] | None = None
+        # one piece (a contiguous access): (buffer position, length, file position)
+        self._one = (int(mem[0]), int(lengths[0]), int(offsets[0])) if total == 1 else None
 
     @property
     def calls(self) -> int:
@@ -141,30 +144,28 @@ class VectoredPlan:
 
     def read(self, fd: int, buf: np.ndarray) -> None:
         """Fill the pieces of ``buf`` from ``fd``; bytes past end-of-file read as zeros."""
-        self._run(fd, buf, write=False)
+        if self._one is not None:
+            self._run_os(fd, buf, write=False)
+        else:
+            self._run(fd, buf, write=False)
 
     def write(self, fd: int, buf: np.ndarray) -> None:
         """Write the pieces of ``buf`` to ``fd`` (holes untouched)."""
-        if self._hole_idx.size:
+        if self._hole_max:
             raise ValueError("vectored I/O: a write cannot cross holes")
         self._run(fd, buf, write=True)
 
     def _run(self, fd: int, buf: np.ndarray, write: bool) -> None:
         if not self._bounds[-1]:  # no entries
             return
-        # The kernel writes wherever the table points: the buffer must hold every piece.
-        flags = buf.flags
-        if buf.dtype != np.uint8 or buf.ndim != 1 or not flags.c_contiguous:
-            raise ValueError("vectored I/O needs a flat, contiguous uint8 buffer")
-        if buf.size < self.need:
-            raise ValueError(
-                f"vectored I/O: pieces reach byte {self.need} of a {buf.size}-byte buffer"
-            )
-        if not write and not flags.writeable:
-            raise ValueError("vectored I/O: cannot read into a read-only buffer")
         if _LIBC is None or self._small:
             self._run_os(fd, buf, write)
             return
+        # The kernel writes wherever the table points: the buffer must hold every piece.
+        flags = buf.flags
+        if buf.dtype != np.uint8 or buf.ndim != 1 or not flags.c_contiguous:
+            raise ValueError(_NOT_FLAT)
+        _check_bounds(self.need, buf.size, write, not flags.writeable)
         iov = self._table0.copy()
         iov[:, 0] += _address(buf)
         hole = None  # the hole buffer must outlive the calls (scratch may not keep it)
@@ -181,14 +182,26 @@ class VectoredPlan:
                 self._finish(fd, buf, g, done, write)
 
     def _run_os(self, fd: int, buf: np.ndarray, write: bool) -> None:
-        """The same calls through ``os.preadv`` / ``os.pwritev`` (no ctypes)."""
+        """The same calls through ``os.preadv`` / ``os.pwritev`` (no ctypes). The buffer is
+        checked through the memoryview the calls need anyway: a plan of a few pieces serves
+        the calls of one large piece, where a numpy attribute read costs microseconds once a
+        large copy has flushed the caches."""
+        mv = memoryview(buf)
+        if mv.ndim != 1 or mv.itemsize != 1 or not mv.c_contiguous:
+            raise ValueError(_NOT_FLAT)
+        _check_bounds(self.need, mv.nbytes, write, mv.readonly)
+        call = os.pwritev if write else os.preadv
+        if self._one is not None:
+            m, n, pos = self._one
+            done = call(fd, [mv[m : m + n]], pos)
+            if done != n:
+                self._finish(fd, buf, 0, done, write)
+            return
         if self._entries is None:  # (mem, length, is_hole) per entry, kept for the next call
             is_hole = np.zeros(self._mem.size, dtype=bool)
             is_hole[self._hole_idx] = True
             self._entries = list(zip(self._mem.tolist(), self._lens.tolist(), is_hole.tolist()))
-        mv = memoryview(buf)
         hole = memoryview(scratch(self._hole_max, "hole")) if self._hole_max else mv
-        call = os.pwritev if write else os.preadv
         for g in range(len(self._bounds) - 1):
             entries = self._entries[self._bounds[g] : self._bounds[g + 1]]
             views = [hole[:n] if h else mv[m : m + n] for m, n, h in entries]
@@ -221,6 +234,18 @@ class VectoredPlan:
                     break
                 rest = rest[moved:]
                 pos += moved
+
+
+_NOT_FLAT = "vectored I/O needs a flat, contiguous uint8 buffer"
+
+
+def _check_bounds(need: int, size: int, write: bool, readonly: bool) -> None:
+    """The kernel writes wherever the iovecs point: refuse a buffer too small for the pieces,
+    and a read into a read-only one."""
+    if size < need:
+        raise ValueError(f"vectored I/O: pieces reach byte {need} of a {size}-byte buffer")
+    if not write and readonly:
+        raise ValueError("vectored I/O: cannot read into a read-only buffer")
 
 
 def _call(fn: object, fd: int, iov: int, count: int, pos: int) -> int:
