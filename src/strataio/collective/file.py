@@ -481,7 +481,10 @@ class File:
         if self._closed:  # (the checks inlined: every call pays for them)
             self._check_open()
         if self._forbidden[write]:
-            self._check_writable() if write else self._check_readable()
+            if write:
+                self._check_writable()
+            else:
+                self._check_readable()
         spec = parse_buffer(buf, writable=not write)
         if spec.nbytes % self._esize:
             raise ViewError(

@@ -90,7 +90,7 @@ class AccessPlan:
         self.summary = (file.first, file.last, file.nbytes, n) if n else (0, 0, 0, 0)
         self.row = _ROW.pack(0, *self.summary)  # agreement row of a valid call
         self.reads: dict[tuple[int, int], fileio.ReadPlan | None] = {}
-        self.writes: dict[tuple[int, int], sieving.SievePlan] = {}
+        self.writes: dict[tuple[int, int | None], sieving.SievePlan] = {}
 
 
 @dataclass(slots=True)

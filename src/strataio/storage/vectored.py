@@ -153,7 +153,10 @@ class VectoredPlan:
         """Write the pieces of ``buf`` to ``fd`` (holes untouched)."""
         if self._hole_max:
             raise ValueError("vectored I/O: a write cannot cross holes")
-        self._run(fd, buf, write=True)
+        if self._one is not None:
+            self._run_os(fd, buf, write=True)
+        else:
+            self._run(fd, buf, write=True)
 
     def _run(self, fd: int, buf: np.ndarray, write: bool) -> None:
         if not self._bounds[-1]:  # no entries
