@@ -130,7 +130,7 @@ class Agreement:
     A call's own work stays in plain Python (its rows in, lists out): with cold caches every
     numpy call costs 10-30 us, more than the whole choice it serves."""
 
-    __slots__ = ("_comm", "_request", "_rows", "_send", "errors", "table")
+    __slots__ = ("_comm", "_request", "_rows", "_send", "_sent", "errors", "table")
 
     def __init__(self, comm: MPI.Comm) -> None:
         self._comm = comm
@@ -142,6 +142,7 @@ class Agreement:
         """Every rank's error code of the last call (a view of :attr:`table`)."""
         send = self.table[0] if nprocs == 1 else np.zeros(5, dtype=_I64)
         self._send = memoryview(send).cast("B")
+        self._sent: bytes | None = None  # the row in the send buffer (an AccessPlan's, often)
         self._request: MPI.Prequest | None = None
         if nprocs > 1:
             try:
@@ -152,7 +153,9 @@ class Agreement:
     def __call__(self, row: bytes) -> list[list[int]]:
         """All ranks' rows (see :func:`agreement_row`), as lists; also in :attr:`table`. With
         one rank no communication happens."""
-        self._send[:] = row
+        if row is not self._sent:  # a call repeating a layout sends the same row object
+            self._send[:] = row
+            self._sent = row
         if self._request is not None:
             self._request.Start()
             self._request.Wait()
@@ -188,7 +191,10 @@ def use_two_phase(
     if active < 2:
         return False
     if nbytes >= LARGE_PIECE * max(pieces, 1) and not (
-        write and not crowded and _piecewise_writes(stats) >= PIECEWISE_WRITES
+        write
+        and not crowded
+        and pieces >= PIECEWISE_WRITES
+        and _piecewise_writes(stats) >= PIECEWISE_WRITES
     ):
         return False
     return not ranges_disjoint(np.asarray(stats, dtype=_I64))
