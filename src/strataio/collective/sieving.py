@@ -51,11 +51,11 @@ from typing import Any
 import numpy as np
 
 from strataio.collective import fileio
-from strataio.collective.fileio import SYSCALL_BYTES, pread_into, pwrite_from
+from strataio.collective.fileio import SYSCALL_BYTES, pread_into, pread_upto, pwrite_from
 from strataio.collective.hints import DISABLE, ENABLE, Hints, parse_hints
 from strataio.errors import BackendError, ShapeMismatchError, StrataError
 from strataio.layout.extents import Extents
-from strataio.layout.pieces import CopyPlan, as_bytes, plan_copy, scratch
+from strataio.layout.pieces import CopyPlan, as_bytes, plan_copy, scratch, zeros
 from strataio.storage.posix import _transfer
 from strataio.storage.vectored import VectoredPlan
 
@@ -230,7 +230,10 @@ class SievePlan:
         self.write = write
         self._direct: VectoredPlan | None = None
         self._plain: list[tuple[int, int, VectoredPlan]] = []  # (lock start, length, writes)
-        self._holey: list[tuple[int, list[tuple[int, int, int]], CopyPlan]] = []
+        # (stage size, spans (offset, length, stage position), copy, zeroing of the holes)
+        self._holey: list[
+            tuple[int, list[tuple[int, int, int]], CopyPlan, tuple[CopyPlan, int] | None]
+        ] = []
         self.needs_read = False
         if len(ext) <= 1:  # a contiguous access is never sieved
             vec = VectoredPlan(ext.offsets, ext.lengths, ext.mem)
@@ -283,9 +286,10 @@ class SievePlan:
             )
             if write:
                 copy = plan_copy(at, part.mem, part.lengths)
+                holes = _holes(at, part.lengths, j)
             else:
-                copy = plan_copy(part.mem, at, part.lengths)
-            self._holey.append((size, spans, copy))
+                copy, holes = plan_copy(part.mem, at, part.lengths), None
+            self._holey.append((size, spans, copy, holes))
 
     def run(self, fd: int, data: np.ndarray, fd_readable: bool | None = None) -> None:
         """Move the planned pieces between ``fd`` and ``data`` (flat ``uint8``);
@@ -315,7 +319,7 @@ class SievePlan:
                 vec.write(fd, data)
             finally:
                 fcntl.lockf(fd, fcntl.LOCK_UN, n, lo)
-        for size, spans, copy in self._holey:
+        for size, spans, copy, holes in self._holey:
             stage = scratch(size, "sieve")
             if not self.write:
                 for o, n, p in spans:
@@ -324,12 +328,51 @@ class SievePlan:
                 continue
             # Every span is locked before it is read and stays locked until written back. Locks
             # are taken in ascending offset order by every writer, so no two wait on each other.
-            with _LockSet(fd, [(o, o + n) for o, n, _ in spans]):
-                for o, n, p in spans:
-                    pread_into(fd, stage[p : p + n], o)
-                copy.run(stage, data)
-                for o, n, p in spans:
-                    pwrite_from(fd, stage[p : p + n], o)
+            if len(spans) == 1:
+                o, n, _ = spans[0]
+                _lock(fd, fcntl.LOCK_EX, o, n)
+                try:
+                    _read_modify_write(fd, data, stage, spans, copy, holes)
+                finally:
+                    fcntl.lockf(fd, fcntl.LOCK_UN, n, o)
+            else:
+                with _LockSet(fd, [(o, o + n) for o, n, _ in spans]):
+                    _read_modify_write(fd, data, stage, spans, copy, holes)
+
+
+def _holes(at: np.ndarray, lengths: np.ndarray, span: np.ndarray) -> tuple[CopyPlan, int] | None:
+    """The zeroing of a staged batch's holes (the gaps between consecutive pieces at stage
+    positions ``at`` of the same ``span``) and the longest hole; None when there are none."""
+    ends = at[:-1] + lengths[:-1]
+    gap = at[1:] - ends
+    keep = (span[1:] == span[:-1]) & (gap > 0)
+    if not keep.any():
+        return None
+    gap_at, gap = ends[keep], gap[keep]
+    return plan_copy(gap_at, np.zeros_like(gap_at), gap), int(gap.max())
+
+
+def _read_modify_write(
+    fd: int,
+    data: np.ndarray,
+    stage: np.ndarray,
+    spans: list[tuple[int, int, int]],
+    copy: CopyPlan,
+    holes: tuple[CopyPlan, int] | None,
+) -> None:
+    """Read the (locked) spans into ``stage``, patch the pieces in, write the spans back.
+    Bytes past end-of-file are zeros; when the whole batch lies there (a new file) only the
+    holes are zeroed, since the pieces overwrite the rest."""
+    got = [pread_upto(fd, stage[p : p + n], o) for o, n, p in spans]
+    if holes is not None and not any(got):
+        holes[0].run(stage, zeros(holes[1]))
+    else:
+        for (_, n, p), g in zip(spans, got):
+            if g < n:
+                stage[p + g : p + n] = 0
+    copy.run(stage, data)
+    for o, n, p in spans:
+        pwrite_from(fd, stage[p : p + n], o)
 
 
 def read_sieved(

@@ -49,6 +49,19 @@ def as_bytes(buf: object, writable: bool = False) -> np.ndarray:
     return arr
 
 
+_zero_bytes = np.zeros(0, dtype=np.uint8)
+
+
+def zeros(nbytes: int) -> np.ndarray:
+    """At least ``nbytes`` zero bytes, shared and read-only: a source to copy zeros from."""
+    global _zero_bytes
+    if _zero_bytes.size < nbytes:
+        fresh = np.zeros(max(nbytes, 4096), dtype=np.uint8)
+        fresh.flags.writeable = False
+        _zero_bytes = fresh
+    return _zero_bytes
+
+
 #: scratch buffers above this size are not kept between calls
 _SCRATCH_KEEP = 64 << 20
 _local = threading.local()
@@ -182,12 +195,13 @@ def plan_copy(dst_off: np.ndarray, src_off: np.ndarray, lengths: np.ndarray) -> 
     return CopyPlan(steps)
 
 
-def _stride(off: np.ndarray) -> int | None:
-    """The common difference of ``off`` when it is an arithmetic progression, else None."""
+def _stride(off: np.ndarray, zero: bool = False) -> int | None:
+    """The common difference of ``off`` when it is an arithmetic progression, else None; a
+    difference of 0 (every piece at one place: a source of zeros, say) only with ``zero``."""
     if off.size < 2:
         return 0
     step = int(off[1] - off[0])
-    if step <= 0:
+    if step < 0 or (step == 0 and not zero):
         return None
     return step if bool(np.all(np.diff(off) == step)) else None
 
@@ -200,7 +214,7 @@ def _plan_group(dst_off: np.ndarray, src_off: np.ndarray, length: int) -> list[t
     fancy-index copy through windows."""
     n = dst_off.size
     dt = _piece_dtype(length)
-    ds, ss = _stride(dst_off), _stride(src_off)
+    ds, ss = _stride(dst_off), _stride(src_off, zero=True)
     if ds is not None and ss is not None and ds >= length:
         return [(_STRIDED, (n,), dt, int(dst_off[0]), (ds,), int(src_off[0]), (ss,))]
     shape = _grid_shape(src_off if ds is not None else dst_off)
