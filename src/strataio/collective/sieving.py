@@ -286,7 +286,7 @@ class SievePlan:
             )
             if write:
                 copy = plan_copy(at, part.mem, part.lengths)
-                holes = _holes(at, part.lengths, j)
+                holes = _holes(at, part.lengths, j, size)
             else:
                 copy, holes = plan_copy(part.mem, at, part.lengths), None
             self._holey.append((size, spans, copy, holes))
@@ -340,15 +340,23 @@ class SievePlan:
                     _read_modify_write(fd, data, stage, spans, copy, holes)
 
 
-def _holes(at: np.ndarray, lengths: np.ndarray, span: np.ndarray) -> tuple[CopyPlan, int] | None:
+# Bytes of memset that cost as much as zeroing one more hole by a strided copy (measured, 512 KiB
+# stage: 128-byte holes every 4 KiB 6 us against a 9 us memset; every 192 bytes 23 us).
+_HOLE_BYTES = 256
+
+
+def _holes(
+    at: np.ndarray, lengths: np.ndarray, span: np.ndarray, size: int
+) -> tuple[CopyPlan, int] | None:
     """The zeroing of a staged batch's holes (the gaps between consecutive pieces at stage
-    positions ``at`` of the same ``span``) and the longest hole; None when there are none."""
+    positions ``at`` of the same ``span``) and the longest hole; None when there are none or
+    when zeroing the whole ``size``-byte stage costs less."""
     ends = at[:-1] + lengths[:-1]
     gap = at[1:] - ends
     keep = (span[1:] == span[:-1]) & (gap > 0)
-    if not keep.any():
-        return None
     gap_at, gap = ends[keep], gap[keep]
+    if gap.size == 0 or gap.size * _HOLE_BYTES + int(gap.sum()) >= size:
+        return None
     return plan_copy(gap_at, np.zeros_like(gap_at), gap), int(gap.max())
 
 
