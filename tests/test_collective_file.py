@@ -373,10 +373,12 @@ def test_planning_failure_of_any_kind_raises_on_every_rank(tmp_path: Path) -> No
 
 
 @pytest.mark.mpi
-def test_broken_exchange_aborts_the_job_instead_of_hanging(tmp_path: Path) -> None:
-    """A rank that cannot build its side of an exchange the others are already in ends the job
-    with a message (MPI_Abort); without that the other rank would wait forever."""
-    proc = launch_mpi(2, "two_phase_unexpected_failure.py", "exchange", tmp_path, timeout=60)
+@pytest.mark.parametrize("where", ["exchange", "descriptors"])
+def test_broken_exchange_aborts_the_job_instead_of_hanging(tmp_path: Path, where: str) -> None:
+    """A rank that fails inside a collective the others are already in (building its side of an
+    exchange, or after the planning's first collective) ends the job with a message
+    (MPI_Abort); without that the other rank would wait forever."""
+    proc = launch_mpi(2, "two_phase_unexpected_failure.py", where, tmp_path, timeout=60)
     assert proc.returncode != 0
     assert "rank 1: a two-phase exchange broke off (MemoryError" in proc.stderr
     assert "rank 0 finished" not in proc.stdout
@@ -420,8 +422,9 @@ def test_agreement_falls_back_to_a_plain_allgather_without_persistent_collective
         def Allgather_init(self, row: np.ndarray, out: np.ndarray) -> None:
             raise NotImplementedError
 
-        def Allgather(self, row: memoryview, out: np.ndarray) -> None:
-            out[:] = np.frombuffer(row, dtype=np.int64)
+        def Allgather(self, row: np.ndarray, out: np.ndarray) -> None:
+            assert row.dtype == out.dtype  # matching type signatures, as MPI requires
+            out[:] = row
 
     agreement = Agreement(OldComm())  # type: ignore[arg-type]
     access = Access(Extents(np.array([10]), np.array([10])), np.zeros(10, dtype=np.uint8))

@@ -395,6 +395,9 @@ def test_contiguous_writes_are_locked(tmp_path: Path, monkeypatch: pytest.Monkey
         one = Extents(np.array([64]), np.array([32]))
         sieving.write_sieved(fd, one, np.ones(32, dtype=np.uint8))
         sieving.SievePlan(one, 1 << 16, None, write=True).run(fd, np.ones(32, dtype=np.uint8))
+        # an empty piece locks nothing (a lock of length 0 would reach to the end of the file)
+        empty = Extents(np.array([64]), np.array([0]))
+        sieving.SievePlan(empty, 1 << 16, None, write=True).run(fd, np.ones(1, dtype=np.uint8))
     finally:
         os.close(fd)
     assert calls == [fcntl.LOCK_SH, fcntl.LOCK_UN] * 2

@@ -6,8 +6,10 @@ and the file must stay usable: a second collective write then lands whole. A ``s
 whose argument is not a number on rank 1 is agreed the same way, and rank 0 leaves the size
 alone. Rank 0 prints one JSON object.
 
-``exchange``: rank 1 fails to build its side of the second exchange. The other ranks are
-already inside that exchange, so the job must end (MPI_Abort) with a message rather than hang.
+``exchange``: rank 1 fails to build its side of the second exchange; ``descriptors``: rank 1
+fails after the planning's first collective, as the others exchange the pieces' descriptors.
+The other ranks are already inside a collective that rank 1 will never join, so the job must
+end (MPI_Abort) with a message rather than hang.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import numpy as np
 from mpi4py import MPI
 
 import strataio
-from strataio.collective import exchange, realms
+from strataio.collective import exchange, realms, twophase
 
 HINTS = {"romio_cb_write": "enable", "romio_cb_read": "enable", "cb_buffer_size": "4096"}
 
@@ -80,7 +82,28 @@ def broken_exchange(path: str) -> None:
     print(f"rank {rank} finished", flush=True)
 
 
+def broken_descriptors(path: str) -> None:
+    """Rank 1 fails right after the planning's first collective, while the others go on to the
+    descriptor exchange."""
+    comm = MPI.COMM_WORLD
+    rank = comm.Get_rank()
+    block = 3 * 4096
+    real = twophase.exclusive_cumsum
+
+    def fails(lengths):  # type: ignore[no-untyped-def]
+        if rank == 1:
+            raise MemoryError("injected: no memory for the descriptors")
+        return real(lengths)
+
+    twophase.exclusive_cumsum = fails
+    with strataio.File.open(comm, path, "w", hints=HINTS) as f:
+        f.write_at_all(rank * block, np.full(block, rank + 1, np.uint8))
+    print(f"rank {rank} finished", flush=True)
+
+
 if __name__ == "__main__":
     mode, workdir = sys.argv[1], sys.argv[2]
     target = os.path.join(workdir, "f.bin")
-    planning(target) if mode == "planning" else broken_exchange(target)
+    {"planning": planning, "exchange": broken_exchange, "descriptors": broken_descriptors}[mode](
+        target
+    )

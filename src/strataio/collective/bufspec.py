@@ -155,7 +155,7 @@ def parse_buffer(spec: Any, writable: bool) -> BufferSpec:
     when the datatype reaches outside the buffer, :class:`ReadOnlyError` when a read targets a
     read-only buffer.
     """
-    parts = spec if type(spec) is list or isinstance(spec, tuple) else (spec,)
+    parts = spec if type(spec) is list or isinstance(spec, (list, tuple)) else (spec,)
     nparts = len(parts)
     if not 1 <= nparts <= 3:
         raise StrataError(f"buffer specification has {nparts} entries; expected 1 to 3")

@@ -235,6 +235,7 @@ class SievePlan:
             tuple[int, list[tuple[int, int, int]], CopyPlan, tuple[CopyPlan, int] | None]
         ] = []
         self.needs_read = False
+        ext = ext.compact()  # (an empty piece must not become a lock: length 0 is "to the end")
         if len(ext) <= 1:  # a contiguous access is never sieved
             vec = VectoredPlan(ext.offsets, ext.lengths, ext.mem)
             if write and len(ext):  # but locked: a sieving writer must not undo it

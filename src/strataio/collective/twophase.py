@@ -37,7 +37,7 @@ import sys
 import traceback
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 from mpi4py import MPI
@@ -130,7 +130,7 @@ class Agreement:
     A call's own work stays in plain Python (its rows in, lists out): with cold caches every
     numpy call costs 10-30 us, more than the whole choice it serves."""
 
-    __slots__ = ("_comm", "_request", "_rows", "_send", "_sent", "errors", "table")
+    __slots__ = ("_comm", "_request", "_rows", "_send", "_send_row", "_sent", "errors", "table")
 
     def __init__(self, comm: MPI.Comm) -> None:
         self._comm = comm
@@ -141,6 +141,7 @@ class Agreement:
         self.errors = self._rows.cast("B").cast("q")[ERR::5]
         """Every rank's error code of the last call (a view of :attr:`table`)."""
         send = self.table[0] if nprocs == 1 else np.zeros(5, dtype=_I64)
+        self._send_row = send  # (what MPI is given: five int64, the type of the table's rows)
         self._send = memoryview(send).cast("B")
         self._sent: bytes | None = None  # the row in the send buffer (an AccessPlan's, often)
         self._request: MPI.Prequest | None = None
@@ -160,7 +161,7 @@ class Agreement:
             self._request.Start()
             self._request.Wait()
         elif self.table.shape[0] > 1:
-            self._comm.Allgather(self._send, self.table)
+            self._comm.Allgather(self._send_row, self.table)
         return self._rows.tolist()
 
     def free(self) -> None:
@@ -253,6 +254,7 @@ class _Plan:
     nprocs: int
     rank: int
     background: bool  # aggregators access windows in the background I/O thread (_overlap)
+    buffers: tuple[np.ndarray, ...]  # realm buffers (two with background I/O), aggregators only
 
     def client_side(self, i: int, stream: np.ndarray, send: bool) -> ExchangeSide:
         """My pieces of iteration ``i`` in the caller's buffer, to or from the aggregators."""
@@ -267,8 +269,8 @@ class _Plan:
         if a1 == a0:
             return None
         span = int(self.win_hi[self.my_agg, i] - self.win_lo[self.my_agg, i])
-        slot = i % 2 if double else 0
-        return _Window(self.a_off[a0:a1], self.a_len[a0:a1], write, sieve, span, slot)
+        buf = self.buffers[i % 2 if double else 0]
+        return _Window(self.a_off[a0:a1], self.a_len[a0:a1], write, sieve, span, buf)
 
     def aggregator_side(self, i: int, window: _Window | None, send: bool) -> ExchangeSide:
         """The clients' pieces of iteration ``i`` in my realm buffer, at their file positions."""
@@ -311,7 +313,20 @@ def _plan(
     if int(rcount.min()) < 0:
         failed = np.flatnonzero(rcount < 0).tolist()
         raise PeerFailure(f"rank(s) {failed} failed while planning the two-phase call")
+    try:
+        return _plan_aggregators(comm, local, scount, rcount)
+    except Exception as exc:  # the other ranks are in the descriptor exchange or past it
+        if nprocs == 1:
+            raise
+        _abort(comm, exc)
 
+
+def _plan_aggregators(
+    comm: MPI.Comm, local: _LocalPlan, scount: np.ndarray, rcount: np.ndarray
+) -> _Plan:
+    """The rest of :func:`_plan` once every rank's planning succeeded: the descriptors of the
+    pieces go to their aggregators, which order them by iteration."""
+    nprocs, rank = comm.Get_size(), comm.Get_rank()
     # Descriptors to aggregators, once: grouped by destination, each in (iteration, offset).
     rdesc = np.empty((int(rcount.sum()), 2), dtype=_I64)
     sd = exclusive_cumsum(scount) * 2
@@ -332,6 +347,7 @@ def _plan(
     return _Plan(
         local.ntimes, local.win_lo, local.win_hi, local.aggs, *local.client,
         a_off, a_len, a_src, a_iter_bounds, my_agg, nprocs, rank, local.background,
+        local.buffers,
     )  # fmt: skip
 
 
@@ -347,6 +363,7 @@ class _LocalPlan:
     cb: int
     my_agg: int
     background: bool
+    buffers: tuple[np.ndarray, ...]  # realm buffers
     client: tuple[np.ndarray, ...]  # c_off, c_len, c_mem, c_dest, c_iter_bounds
     scount: np.ndarray  # descriptors for each rank
     desc: np.ndarray  # (offset, length) rows grouped by destination
@@ -374,10 +391,10 @@ def _plan_locally(
     win_hi = np.minimum(win_lo + cb, realms[:, 1:])
     background = _overlap(ntimes, aggs.size, hints, nodes)
     my_agg = int(np.searchsorted(aggs, rank)) if rank in set(aggs.tolist()) else -1
+    buffers: tuple[np.ndarray, ...] = ()
     if my_agg >= 0 and ntimes:  # the realm buffers, now rather than in the middle of the exchange
         span = int((win_hi[my_agg] - win_lo[my_agg]).max())
-        for slot in range(2 if background else 1):
-            scratch(span, f"realm{slot}")
+        buffers = tuple(scratch(span, f"realm{slot}") for slot in range(2 if background else 1))
 
     # Client: cut my pieces at every window boundary, then label each with its window.
     ext = ext.compact()
@@ -408,7 +425,7 @@ def _plan_locally(
     desc = np.empty((d_off.size, 2), dtype=_I64)
     desc[:, 0], desc[:, 1] = d_off, d_len
     return _LocalPlan(
-        ntimes, win_lo, win_hi, aggs, realms, cb, my_agg, background,
+        ntimes, win_lo, win_hi, aggs, realms, cb, my_agg, background, buffers,
         (c_off, c_len, c_mem, c_dest, c_iter_bounds), scount, desc,
     )  # fmt: skip
 
@@ -440,11 +457,17 @@ class _Window:
     __slots__ = ("base", "buf", "runs", "spans")
 
     def __init__(
-        self, off: np.ndarray, length: np.ndarray, write: bool, sieve: bool, span: int, slot: int
+        self,
+        off: np.ndarray,
+        length: np.ndarray,
+        write: bool,
+        sieve: bool,
+        span: int,
+        buffer: np.ndarray,
     ) -> None:
         run_off, run_len, sp_off, sp_len, holes = _window_runs(off, length, write, span, sieve)
         self.base = int(sp_off[0])
-        self.buf = scratch(int(sp_off[-1] + sp_len[-1]) - self.base, f"realm{slot}")
+        self.buf = buffer[: int(sp_off[-1] + sp_len[-1]) - self.base]
         self.runs = (run_off - self.base, run_len)
         at = (sp_off - self.base).tolist()
         self.spans = list(zip(at, sp_off.tolist(), sp_len.tolist(), holes.tolist()))
@@ -515,7 +538,7 @@ def two_phase(
         raise failure
 
 
-def _abort(comm: MPI.Comm, exc: BaseException) -> None:
+def _abort(comm: MPI.Comm, exc: BaseException) -> NoReturn:
     """End the job: ``exc`` broke off a two-phase exchange that the other ranks are inside."""
     rank = comm.Get_rank()
     sys.stderr.write(
@@ -526,6 +549,7 @@ def _abort(comm: MPI.Comm, exc: BaseException) -> None:
     traceback.print_exception(exc, file=sys.stderr)
     sys.stderr.flush()
     comm.Abort(1)
+    raise exc  # (MPI_Abort does not return)
 
 
 def _write(
