@@ -518,12 +518,13 @@ def two_phase(
     each window while the next (previous) one is exchanged when :func:`_overlap` says so.
     ``nodes``: where the ranks run (:func:`strataio.collective.node.layout`).
 
-    Failures reach every rank: one while planning is known everywhere before any byte moves
-    (:class:`PeerFailure` on the other ranks); an aggregator's I/O failure is raised once the
-    exchange is over (the caller agrees on it). Anything else that breaks off the exchange on
-    one rank — a buffer that cannot be allocated, an MPI error — leaves the others waiting in
-    it for good, so it aborts the job (``MPI_Abort``) after printing what failed, as MPI's
-    default error handler would, rather than hang.
+    Failures reach every rank: one in a rank's own planning (realm buffers included) is known
+    everywhere before any byte moves (:class:`PeerFailure` on the other ranks); an
+    aggregator's I/O failure is raised once the exchange is over (the caller agrees on it).
+    Anything else that breaks off the descriptor or data exchange on one rank — a buffer that
+    cannot be allocated, an MPI error — leaves the others waiting in it for good, so it aborts
+    the job (``MPI_Abort``) after printing what failed, as MPI's default error handler would,
+    rather than hang.
     """
     plan = _plan(comm, access.file, stats, hints, policy, nodes)
     sieving_hint = getattr(hints, "romio_ds_write" if write else "romio_ds_read", "automatic")
