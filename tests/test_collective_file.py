@@ -143,6 +143,33 @@ def test_buffer_spec_layouts_follow_buffer_count_and_datatype() -> None:
         parse_buffer(frozen, writable=True)
 
 
+@pytest.mark.parametrize("name", ["BYTE", "INT", "DOUBLE", "FLOAT_INT", "DOUBLE_INT", "SHORT_INT"])
+def test_predefined_datatypes_parse_as_their_flattened_layout(name: str) -> None:
+    """Buffers of predefined types take a shortcut past flattening when instances lie back to
+    back (BYTE, INT, DOUBLE, FLOAT_INT); the result must equal the flattened layout of the same
+    type (a duplicate of it takes the general path), including the refusals."""
+    dt = getattr(MPI, name)
+    dup = dt.Dup()
+    buf = np.zeros(100, dtype=np.uint8)
+    try:
+        for rest in ([], [3], [(2, 1)], [None], [(0, 4)], [13], [(1, 9)]):
+            spec_of = [buf, *rest[:1], dt] if rest else [buf, dt]
+            dup_of = [buf, *rest[:1], dup] if rest else [buf, dup]
+            try:
+                want = parse_buffer(dup_of, writable=True)
+            except ShapeMismatchError:
+                with pytest.raises(ShapeMismatchError):
+                    parse_buffer(spec_of, writable=True)
+                continue
+            got = parse_buffer(spec_of, writable=True)
+            assert (got.nbytes, got.contiguous) == (want.nbytes, want.contiguous), rest
+            if got.nbytes:
+                assert got.mem.offsets.tolist() == want.mem.offsets.tolist(), rest
+                assert got.mem.lengths.tolist() == want.mem.lengths.tolist(), rest
+    finally:
+        dup.Free()
+
+
 def test_object_arrays_are_refused_and_failed_opens_leave_nothing_open(tmp_path: Path) -> None:
     path = tmp_path / "o.bin"
     with strataio.File.open(None, path, "w") as f:

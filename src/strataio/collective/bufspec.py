@@ -104,11 +104,9 @@ def _back_to_back_types() -> dict[int, int]:
         if type(dt) is not MPI.Datatype or dt == MPI.DATATYPE_NULL or not dt.is_predefined:
             continue
         try:
-            size, (lb, extent), (tlb, textent) = (
-                dt.Get_size(),
-                dt.Get_extent(),
-                dt.Get_true_extent(),
-            )
+            size = dt.Get_size()
+            lb, extent = dt.Get_extent()
+            tlb, textent = dt.Get_true_extent()
         except MPI.Exception:  # (a type this MPI library does not support)
             continue
         if size > 0 and lb == 0 and tlb == 0 and size == extent == textent:

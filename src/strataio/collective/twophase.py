@@ -567,7 +567,7 @@ def _write(
             try:
                 window = plan.window(i, True, ds, background)
                 recv = plan.aggregator_side(i, window, False)
-            except BaseException:  # (a realm buffer that cannot be allocated, say)
+            except BaseException:  # (free the side already built, whatever failed)
                 send.free()
                 raise
             if window is not None and failure is None:
