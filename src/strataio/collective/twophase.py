@@ -48,7 +48,7 @@ from strataio.collective.node import NodeLayout
 from strataio.collective.realms import RealmPolicy, select_aggregators
 from strataio.errors import StrataError
 from strataio.layout.extents import Extents, exclusive_cumsum
-from strataio.layout.pieces import copy_pieces, scratch
+from strataio.layout.pieces import copy_pieces, scratch, zeros
 
 _I64 = np.int64
 
@@ -496,8 +496,8 @@ class _Window:
         keep = gap_end > gap_at
         gap_at, gap_len = gap_at[keep], (gap_end - gap_at)[keep]
         if gap_at.size:
-            zeros = np.zeros(int(gap_len.max()), dtype=np.uint8)
-            copy_pieces(self.buf, gap_at, zeros, np.zeros_like(gap_at), gap_len)
+            source = zeros(int(gap_len.max()))
+            copy_pieces(self.buf, gap_at, source, np.zeros_like(gap_at), gap_len)
 
     def write(self, fd: int) -> None:
         for at, off, n, _ in self.spans:
