@@ -144,19 +144,13 @@ class VectoredPlan:
 
     def read(self, fd: int, buf: np.ndarray) -> None:
         """Fill the pieces of ``buf`` from ``fd``; bytes past end-of-file read as zeros."""
-        if self._one is not None:
-            self._run_os(fd, buf, write=False)
-        else:
-            self._run(fd, buf, write=False)
+        self._run(fd, buf, write=False)
 
     def write(self, fd: int, buf: np.ndarray) -> None:
         """Write the pieces of ``buf`` to ``fd`` (holes untouched)."""
         if self._hole_max:
             raise ValueError("vectored I/O: a write cannot cross holes")
-        if self._one is not None:
-            self._run_os(fd, buf, write=True)
-        else:
-            self._run(fd, buf, write=True)
+        self._run(fd, buf, write=True)
 
     def _run(self, fd: int, buf: np.ndarray, write: bool) -> None:
         if not self._bounds[-1]:  # no entries
