@@ -27,6 +27,7 @@ from mpi4py import MPI
 from strataio.collective import node, sieving, twophase
 from strataio.collective.bufspec import BufferSpec, parse_buffer
 from strataio.collective.hints import Hints, differences, parse_hints
+from strataio.collective.packed import PackedBlocks
 from strataio.collective.realms import policy_from_hints
 from strataio.collective.twophase import Access, AccessPlan
 from strataio.errors import (
@@ -56,7 +57,11 @@ _MODES = {
 #: file layouts of views and their pairings with memory layouts, remembered across calls and
 #: File objects (a time-stepping code repeats the same view and buffer type every step)
 _file_layouts: LayoutMemo[Extents] = LayoutMemo()
-_access_plans: LayoutMemo[tuple[AccessPlan, bool]] = LayoutMemo(16)  # plans can be large
+_access_plans: LayoutMemo[tuple[AccessPlan, PackedBlocks | None]] = LayoutMemo(16)  # (large)
+
+#: the stream of a packed access until its path is known (independent paths pack block by
+#: block; two-phase packs the whole stream)
+_UNPACKED = np.empty(0, dtype=np.uint8)
 
 
 def _os_error(exc: OSError, path: str) -> StrataError:
@@ -476,8 +481,11 @@ class File:
         """Collective :meth:`write`."""
         return self._transfer(buf, None, write=True, collective=True)
 
-    def _prepare(self, buf: Any, offset: int | None, write: bool) -> tuple[Any, Access, bool]:
-        """Validate and map a transfer; the flag says a packed read stream must be unpacked."""
+    def _prepare(
+        self, buf: Any, offset: int | None, write: bool
+    ) -> tuple[Any, Access, PackedBlocks | None]:
+        """Validate and map a transfer; the blocks are those of a packed transfer, whose
+        ``access.stream`` is not filled in yet (see :mod:`strataio.collective.packed`)."""
         if self._closed:  # (the checks inlined: every call pays for them)
             self._check_open()
         if self._forbidden[write]:
@@ -494,22 +502,18 @@ class File:
         if pos < 0:
             raise ViewError(f"negative file offset {pos}")
         start = pos * self._esize
-        plan, packed = _access_plans.get(
+        plan, blocks = _access_plans.get(
             (self._ft, None if spec.contiguous else spec.mem),
             (self._disp, start, spec.nbytes, spec.start if spec.contiguous else -1),
             lambda: self._plan_access(spec, start),
         )
-        if not packed:
-            return spec, Access(plan.file, spec.data, plan), False
-        # The packed stream lives only for this call: a reused buffer spares its page faults.
-        stream = scratch(spec.nbytes, "stream")
-        if write:
-            stream = spec.pack(out=stream)
-        return spec, Access(plan.file, stream, plan), not write
+        if blocks is None:
+            return spec, Access(plan.file, spec.data, plan), None
+        return spec, Access(plan.file, _UNPACKED, plan), blocks
 
-    def _plan_access(self, spec: BufferSpec, start: int) -> tuple[AccessPlan, bool]:
+    def _plan_access(self, spec: BufferSpec, start: int) -> tuple[AccessPlan, PackedBlocks | None]:
         """The file pieces of a transfer of ``spec`` from view-stream byte ``start``, paired with
-        the caller's memory, and whether the data goes through a packed stream."""
+        the caller's memory, or with a packed stream (then also its blocks)."""
         ext = self._file_extents(start, spec.nbytes)
         # Zero-copy (file <-> caller memory) unless the memory layout splits the file pieces
         # much further (e.g. FLASH: variables interleaved in memory, contiguous in file):
@@ -518,42 +522,58 @@ class File:
         if len(spec.mem) <= limit:
             placed = spec.place(ext)
             if len(placed) <= limit:
-                return AccessPlan(freeze(placed)), False
-        return AccessPlan(ext), True
+                return AccessPlan(freeze(placed)), None
+        return AccessPlan(ext), PackedBlocks(spec.mem, ext, spec.nbytes)
+
+    def _independent_transfer(
+        self, spec: BufferSpec, access: Access, blocks: PackedBlocks | None, write: bool
+    ) -> None:
+        """This rank's part moved by itself (an independent call, or a collective one whose
+        ranks chose not to aggregate); OS errors come back as :class:`StrataError`."""
+        try:
+            if blocks is not None:
+                if write:
+                    blocks.write(self._independent, self._fd, spec.data, self._fd_rw)
+                else:
+                    blocks.read(self._independent, self._fd, spec.data)
+            elif write:
+                self._independent.write(self._fd, access, self._fd_rw)
+            else:
+                self._independent.read(self._fd, access)
+        except OSError as exc:
+            raise _os_error(exc, self._path) from exc
 
     def _transfer(self, buf: Any, offset: int | None, write: bool, collective: bool) -> int:
         if not collective:
-            spec, access, unpack = self._prepare(buf, offset, write)
+            spec, access, blocks = self._prepare(buf, offset, write)
             self.last_path = "independent"
-            try:
-                if write:
-                    self._independent.write(self._fd, access, self._fd_rw)
-                else:
-                    self._independent.read(self._fd, access)
-            except OSError as exc:
-                raise _os_error(exc, self._path) from exc
+            self._independent_transfer(spec, access, blocks, write)
         else:
             if self._closed:
                 self._check_open()
             err: Exception | None = None
-            spec = access = None
-            unpack = False
+            spec = access = blocks = None
             try:
-                spec, access, unpack = self._prepare(buf, offset, write)
+                spec, access, blocks = self._prepare(buf, offset, write)
             except Exception as exc:  # any failure here must reach the other ranks
                 err = exc
             rows = self._agreement(twophase.agreement_row(access, 0 if err is None else 1))
             if any(self._agreement.errors):
                 _raise_agreed(self._comm, err)
             assert access is not None and spec is not None
-            self._collective(access, rows, write)
-        if unpack:
-            spec.unpack(access.stream)
+            self._collective(spec, access, blocks, rows, write)
         if offset is None:
             self._pos += spec.nbytes // self._esize
         return spec.nbytes
 
-    def _collective(self, access: Access, rows: list[list[int]], write: bool) -> None:
+    def _collective(
+        self,
+        spec: BufferSpec,
+        access: Access,
+        blocks: PackedBlocks | None,
+        rows: list[list[int]],
+        write: bool,
+    ) -> None:
         """Run a collective transfer whose agreement gave ``rows`` (every rank's numbers)."""
         hints = self._hints
         mode = hints.romio_cb_write if write else hints.romio_cb_read
@@ -563,18 +583,20 @@ class File:
         if not two:
             # Every rank already knows the call is valid; an I/O failure now is this rank's
             # own and no rank waits on another, so it is raised here without a collective.
-            try:
-                if write:
-                    self._independent.write(self._fd, access, self._fd_rw)
-                else:
-                    self._independent.read(self._fd, access)
-            except OSError as exc:
-                raise _os_error(exc, self._path) from exc
+            self._independent_transfer(spec, access, blocks, write)
             return
+        pack = None
+        if blocks is not None:
+
+            def pack() -> None:  # every rank's exchange moves its whole packed stream
+                access.stream = scratch(spec.nbytes, "stream")
+                if write:
+                    spec.pack(out=access.stream)
+
         try:
             stats = self._agreement.table
             twophase.two_phase(
-                self._comm, self._fd, access, stats, hints, self._policy, write, self._nodes
+                self._comm, self._fd, access, stats, hints, self._policy, write, self._nodes, pack
             )
         except twophase.PeerFailure:
             err = None  # the agreement raises the failing rank's own error here
@@ -585,6 +607,8 @@ class File:
         except Exception as exc:  # (planning failures of any kind are agreed on)
             err = exc
         _agree(self._comm, err)  # an aggregator's failure concerns every rank's data
+        if blocks is not None and not write:
+            spec.unpack(access.stream)
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"{self._comm.Get_size()} ranks"

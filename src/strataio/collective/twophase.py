@@ -35,6 +35,7 @@ from __future__ import annotations
 import struct
 import sys
 import traceback
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, NoReturn
@@ -294,14 +295,18 @@ def _plan(
     hints: Any,
     policy: RealmPolicy,
     nodes: NodeLayout | None = None,
+    prepare: Callable[[], None] | None = None,
 ) -> _Plan:
     """The schedule of a two-phase call (collective). Everything that can fail before the data
-    moves — the realm policy, the cutting of this rank's pieces, the realm buffers — runs
-    before the first collective, whose counts carry the failure: -1 from a rank that failed,
-    so every rank learns it there and raises (:class:`PeerFailure` on the others)."""
+    moves — ``prepare()``, the realm policy, the cutting of this rank's pieces, the realm
+    buffers — runs before the first collective, whose counts carry the failure: -1 from a rank
+    that failed, so every rank learns it there and raises (:class:`PeerFailure` on the
+    others)."""
     nprocs, rank = comm.Get_size(), comm.Get_rank()
     failure: Exception | None = None
     try:
+        if prepare is not None:
+            prepare()
         local = _plan_locally(ext, stats, hints, policy, nodes, nprocs, rank)
         scount = local.scount
     except Exception as exc:  # any failure here must reach the other ranks
@@ -513,10 +518,13 @@ def two_phase(
     policy: RealmPolicy,
     write: bool,
     nodes: NodeLayout | None = None,
+    prepare: Callable[[], None] | None = None,
 ) -> None:
     """Collective write (read) of every rank's access: aggregators write (read) their realms,
     each window while the next (previous) one is exchanged when :func:`_overlap` says so.
-    ``nodes``: where the ranks run (:func:`strataio.collective.node.layout`).
+    ``nodes``: where the ranks run (:func:`strataio.collective.node.layout`); ``prepare``:
+    this rank's own work before any data moves (packing ``access.stream``), run as part of
+    the planning, so that its failure reaches every rank like a planning failure.
 
     Failures reach every rank: one in a rank's own planning (realm buffers included) is known
     everywhere before any byte moves (:class:`PeerFailure` on the other ranks); an
@@ -526,7 +534,7 @@ def two_phase(
     the job (``MPI_Abort``) after printing what failed, as MPI's default error handler would,
     rather than hang.
     """
-    plan = _plan(comm, access.file, stats, hints, policy, nodes)
+    plan = _plan(comm, access.file, stats, hints, policy, nodes, prepare)
     sieving_hint = getattr(hints, "romio_ds_write" if write else "romio_ds_read", "automatic")
     ds = str(sieving_hint).lower() != "disable"
     try:

@@ -270,6 +270,16 @@ def _grid_strides(off: np.ndarray, shape: tuple[int, ...]) -> tuple[int, ...] | 
     return tuple(strides) if bool(np.array_equal(g, want)) else None
 
 
+def grid_strides(off: np.ndarray) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """(shape, byte strides) of the row-major N-D grid (2 axes or more) whose points are
+    ``off``, or None when they form none."""
+    shape = _grid_shape(off)
+    if shape is None:
+        return None
+    strides = _grid_strides(off, shape)
+    return None if strides is None else (shape, strides)
+
+
 def gather(src: np.ndarray, src_off: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """The pieces of ``src`` packed back to back into a new ``uint8`` array."""
     lengths = np.asarray(lengths, dtype=np.int64)
