@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from mpi4py import MPI
 
@@ -35,13 +35,35 @@ def _stream_pieces(draw: st.DrawFn, nbytes: int, max_gap: int, shuffle: bool) ->
     return Extents(offsets, lengths, exclusive_cumsum(lengths))
 
 
-@settings(max_examples=60, deadline=None)
+def _grid_pieces(draw: st.DrawFn) -> Extents:
+    """The interior of a padded N-D array (1 to 3 axes of equal pieces): a subarray with
+    ghost cells, in stream order."""
+    shape = draw(st.lists(st.integers(1, 6), min_size=1, max_size=3))
+    piece = draw(st.integers(1, 24))
+    pad = draw(st.lists(st.integers(0, 3), min_size=len(shape), max_size=len(shape)))
+    strides, step = [], piece + pad[-1] * piece
+    for n, p in zip(shape[::-1], pad[::-1]):
+        strides.insert(0, step)
+        step *= n + p
+    grid = np.indices(shape).reshape(len(shape), -1)
+    offsets = piece + sum(grid[k] * strides[k] for k in range(len(shape)))
+    lengths = np.full(offsets.size, piece, dtype=np.int64)
+    return Extents(offsets, lengths, exclusive_cumsum(lengths))
+
+
+@settings(max_examples=80, deadline=None)
 @given(data=st.data())
 def test_packed_blocks_move_the_stream_like_numpy(data: st.DataObject, tmp_path_factory) -> None:
-    """Any memory layout, any file layout, blocks smaller than the stream: the file gets the
-    stream's bytes at the file pieces (holes zero), and reading back restores the buffer."""
-    nbytes = data.draw(st.integers(2, 3000))
-    mem = _stream_pieces(data.draw, nbytes, 40, shuffle=data.draw(st.booleans()))
+    """Any memory layout (N-D grids included), any file layout, blocks smaller than the
+    stream: the file gets the stream's bytes at the file pieces (holes zero), and reading
+    back restores the buffer."""
+    if data.draw(st.booleans()):
+        mem = _grid_pieces(data.draw)
+        nbytes = mem.nbytes
+        assume(nbytes >= 2)
+    else:
+        nbytes = data.draw(st.integers(2, 3000))
+        mem = _stream_pieces(data.draw, nbytes, 40, shuffle=data.draw(st.booleans()))
     file = _stream_pieces(data.draw, nbytes, 300, shuffle=False)  # views are monotone
     block = data.draw(st.integers(1, 700))
     blocks = packed.PackedBlocks(mem, file, nbytes, block)
@@ -90,6 +112,12 @@ def test_grid_layouts_are_cut_into_whole_rows_and_spread_ones_are_not_cut() -> N
         blocks = packed.PackedBlocks(spec.mem, file, spec.nbytes, 3 * 32 * 32 * 8 + 5)
         sizes = [n for n, *_ in blocks.blocks]
         assert sizes == [3 * 32 * 32 * 8] * 10 + [2 * 32 * 32 * 8]  # 3 planes, then the rest
+        assert all(
+            len(pack.steps) == 1 and len(unpack.steps) == 1 for _, pack, unpack, _ in blocks.blocks
+        )
+        # a plane larger than a block: blocks of whole rows inside each plane
+        blocks = packed.PackedBlocks(spec.mem, file, spec.nbytes, 20 * 32 * 8)
+        assert [n for n, *_ in blocks.blocks] == [20 * 32 * 8, 12 * 32 * 8] * 32
         assert all(
             len(pack.steps) == 1 and len(unpack.steps) == 1 for _, pack, unpack, _ in blocks.blocks
         )

@@ -49,7 +49,7 @@ def block_edges(mem: Extents, nbytes: int, size: int) -> np.ndarray:
     if grid is None or grid[1] > size:
         return np.append(np.arange(0, nbytes, size, dtype=np.int64), np.int64(nbytes))
     shape, piece = grid
-    row = np.cumprod((*shape[:0:-1], 1))[::-1] * piece  # bytes of one row of each axis
+    row = np.cumprod((1, *shape[:0:-1]))[::-1] * piece  # bytes of one row of each axis
     j = int(np.flatnonzero(row <= size)[0])  # (a row of the innermost axis is one piece)
     rows = max(size // int(row[j]), 1)
     outer = np.arange(int(np.prod(shape[:j], dtype=np.int64)), dtype=np.int64)
