@@ -31,8 +31,9 @@ from strataio.layout.pieces import CopyPlan, grid_strides, plan_copy, scratch
 #: block and the sieving stage of its write stay cached together (measured: see module docs)
 PACK_BLOCK = 512 * 1024
 
-#: blocks of one transfer at most; larger transfers get larger blocks, which bounds the
-#: planning (a copy plan and an I/O plan per block) of a transfer made once
+#: blocks of one transfer, about: a transfer over MAX_BLOCKS * PACK_BLOCK bytes gets larger
+#: blocks, which bounds the planning (a copy plan and an I/O plan per block) of a transfer
+#: made once (whole grid rows can make up to about twice as many)
 MAX_BLOCKS = 64
 
 
@@ -91,18 +92,30 @@ def _by_stream(ext: Extents) -> Extents:
 
 
 class PackedBlocks:
-    """A packed transfer cut into blocks, planned once per layout: for each block its stream
-    length, the copies between the caller's buffer and the block (pack, unpack), and the
-    block's file pieces (an :class:`AccessPlan`; ``mem`` = positions in the block).
+    """A packed transfer cut into blocks, planned once per layout (on first use: a layout
+    that only ever goes two-phase never needs them): for each block its stream length, the
+    copies between the caller's buffer and the block (pack, unpack), and the block's file
+    pieces (an :class:`AccessPlan`; ``mem`` = positions in the block).
 
     ``mem`` are the memory pieces (offsets into the caller's buffer, ``mem`` = stream
     positions) and ``file`` the file pieces (``mem`` = stream positions) of an ``nbytes``-byte
-    stream; both in stream order.
+    stream; both in stream order. ``block``: bytes per block (default :data:`PACK_BLOCK`).
     """
 
-    __slots__ = ("blocks", "size")
+    __slots__ = ("_blocks", "_layout", "_size")
 
     def __init__(self, mem: Extents, file: Extents, nbytes: int, block: int | None = None) -> None:
+        self._layout = (mem, file, nbytes, block)
+        self._blocks: list[tuple[int, CopyPlan, CopyPlan, AccessPlan]] | None = None
+        self._size = 0
+
+    @property
+    def blocks(self) -> list[tuple[int, CopyPlan, CopyPlan, AccessPlan]]:
+        """(stream bytes, pack copy, unpack copy, file pieces) of each block."""
+        return self._blocks if self._blocks is not None else self._plan()
+
+    def _plan(self) -> list[tuple[int, CopyPlan, CopyPlan, AccessPlan]]:
+        mem, file, nbytes, block = self._layout
         size = max(int(block or PACK_BLOCK), -(-nbytes // MAX_BLOCKS), 1)
         mem = mem.compact()
         edges = block_edges(mem, nbytes, size)
@@ -111,18 +124,15 @@ class PackedBlocks:
         if len(edges) > 2 and not _compact_blocks(m, mcut, nbytes):
             edges, m = np.array([0, nbytes], dtype=np.int64), _by_stream(mem)
             mcut = np.array([0, len(m)])
-        self.size = int(np.diff(edges).max(initial=0))
-        """bytes of the largest block"""
         f = _by_stream(file.compact()).split(edges[1:-1])
         mcut = mcut.tolist()
         fcut = np.searchsorted(f.offsets, edges).tolist()
-        self.blocks: list[tuple[int, CopyPlan, CopyPlan, AccessPlan]] = []
-        """(stream bytes, pack copy, unpack copy, file pieces) of each block"""
+        blocks = []
         for k, lo in enumerate(edges[:-1].tolist()):
             mb = m.take(slice(mcut[k], mcut[k + 1]))
             fb = f.take(slice(fcut[k], fcut[k + 1]))
             at = mb.offsets - lo  # positions in the block
-            self.blocks.append(
+            blocks.append(
                 (
                     int(edges[k + 1]) - lo,
                     plan_copy(at, mb.mem, mb.lengths),
@@ -130,21 +140,26 @@ class PackedBlocks:
                     AccessPlan(Extents(fb.mem, fb.lengths, fb.offsets - lo)),
                 )
             )
+        self._size = int(np.diff(edges).max(initial=0))
+        self._blocks = blocks
+        return blocks
 
     def write(
         self, io: IndependentIO, fd: int, data: np.ndarray, fd_readable: bool | None = None
     ) -> None:
         """Pack each block from ``data`` (the caller's buffer, flat ``uint8``) and write it."""
-        buf = scratch(self.size, "packed")
-        for n, pack, _, plan in self.blocks:
+        blocks = self.blocks
+        buf = scratch(self._size, "packed")
+        for n, pack, _, plan in blocks:
             block = buf[:n]
             pack.run(block, data)
             io.write(fd, Access(plan.file, block, plan), fd_readable)
 
     def read(self, io: IndependentIO, fd: int, data: np.ndarray) -> None:
         """Read each block and unpack it into ``data`` (the caller's buffer, flat ``uint8``)."""
-        buf = scratch(self.size, "packed")
-        for n, _, unpack, plan in self.blocks:
+        blocks = self.blocks
+        buf = scratch(self._size, "packed")
+        for n, _, unpack, plan in blocks:
             block = buf[:n]
             io.read(fd, Access(plan.file, block, plan))
             unpack.run(data, block)
