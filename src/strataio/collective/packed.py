@@ -2,16 +2,16 @@
 
 A transfer whose memory layout is much finer than its file layout (a solver's array with ghost
 cells, FLASH's interleaved variables) moves through a *packed stream*: the data bytes in view
-order, so that the file side stays in few large pieces (see ``File._plan_access``). Packing
-the whole stream first and writing it afterwards makes every byte travel to memory and back
-twice: the stream is larger than the caches, so the system call's copy reads it from memory
-again. Here the stream is cut into blocks of ``PACK_BLOCK`` bytes (larger ones when that
-would make more than about ``MAX_BLOCKS``), and each block is packed and then written (read and
-then unpacked) while it is still in the cache; ROMIO packs through its ``ind_wr_buffer_size``
-buffer the same way. Measured on a 128³ array of doubles with two ghost
-cells on each side (16 MiB, one process, new file): packing all then one ``pwrite`` 9.1 ms, in
-1 MiB blocks 7.6 ms, in 512 KiB blocks 6.0 ms; reading it back 8.0 ms whole, 6.5 ms in 512 KiB
-blocks, 6.3 ms in 256 KiB blocks.
+order, so that the file side stays in few large pieces (see ``File._plan_access``). Packing the
+whole stream first and writing it afterwards makes every byte travel to memory and back twice:
+the stream is larger than the caches, so the system call's copy reads it from memory again.
+Here the stream is cut into blocks of ``PACK_BLOCK`` bytes (larger ones when that would make
+more than about ``MAX_BLOCKS``), and each block is packed and then written (read and then
+unpacked) while it is still in the cache; ROMIO packs through its ``ind_wr_buffer_size`` buffer
+the same way. Measured on a 128³ array of doubles with two ghost cells on each side (16 MiB,
+one process, new file): packing all then one ``pwrite`` 9.1 ms, in 1 MiB blocks 7.6 ms, in 512
+KiB blocks 6.0 ms; reading it back 8.0 ms whole, 6.5 ms in 512 KiB blocks, 6.3 ms in 256 KiB
+blocks.
 
 Each block is an ordinary independent transfer of its own file pieces from (into) the block
 buffer, through the file's :class:`~strataio.collective.twophase.IndependentIO` (data sieving
