@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 import uuid
+import warnings
 from urllib.parse import quote
 
 import pytest
@@ -16,7 +17,11 @@ from servers import missing
 def pg_server():
     """A private PostgreSQL server (the ``pgserver`` wheel) on a Unix socket, for the session."""
     try:
-        import pgserver
+        # pgserver keeps its lock in the user's runtime folder; without XDG_RUNTIME_DIR (as in
+        # CI) platformdirs warns and falls back to /tmp/runtime-<uid>, which serves as well.
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
+            import pgserver
     except ImportError:
         missing("the pgserver wheel is not installed (the postgres extra)")
     # Not under pytest's basetemp: run as root, the server drops to its own user and needs to

@@ -64,3 +64,11 @@ def test_hints_over_a_base_and_their_differences():
     assert parse_hints({"cb_nodes": "8"}, nprocs=4, base=base).cb_nodes == 4  # clamped
     assert differences(more, more) == ""
     assert differences(more, base) == "romio_cb_write=enable (against automatic)"
+
+
+def test_default_aggregators_are_one_per_node():
+    assert parse_hints(None, nprocs=16, nodes=4).cb_nodes == 4
+    assert parse_hints(None, nprocs=2, nodes=4).cb_nodes == 2  # clamped to the communicator
+    assert parse_hints({"cb_nodes": "3"}, nprocs=16, nodes=4).cb_nodes == 3
+    over = parse_hints({"romio_cb_read": "enable"}, 16, base=parse_hints(None, 16, nodes=4))
+    assert over.cb_nodes == 4  # hints given later keep what is in force

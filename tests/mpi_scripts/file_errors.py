@@ -15,6 +15,13 @@ from mpi4py import MPI
 import strataio
 
 
+class BadIndex:
+    """An offset whose conversion fails with an error that is not strataio's."""
+
+    def __index__(self) -> int:
+        raise RuntimeError("no index")
+
+
 def outcome(fn) -> str:
     try:
         fn()
@@ -37,6 +44,14 @@ def main(workdir: str) -> None:
     res["filetype_not_whole_etypes"] = outcome(lambda: f.set_view(0, MPI.INT, six))
     et = MPI.INT if rank == 0 else MPI.DOUBLE
     res["etype_sizes_disagree"] = outcome(lambda: f.set_view(0, et))
+    # an INT etype broken across a hole: 2-byte runs 4 bytes apart
+    halves = MPI.BYTE.Create_hvector(2, 2, 4).Commit()
+    res["filetype_misaligned"] = outcome(
+        lambda: f.set_view(0, MPI.INT, halves if rank == 1 else MPI.INT)
+    )
+    res["disp_not_integer"] = outcome(lambda: f.set_view(2.5 if rank == 0 else 0, MPI.BYTE))
+    res["etype_not_datatype"] = outcome(lambda: f.set_view(0, "int" if rank == 1 else MPI.INT))
+    res["set_size_differs"] = outcome(lambda: f.set_size(64 * comm.Get_size() + rank))
     f.set_view(0, MPI.INT)
     odd = np.zeros(6 if rank == 0 else 8, dtype=np.uint8)
     res["buffer_not_whole_etypes"] = outcome(lambda: f.write_at_all(64, odd))
@@ -55,6 +70,8 @@ def main(workdir: str) -> None:
 
     res["closed_read_all"] = outcome(lambda: f.read_all(small))
     res["closed_write_at"] = outcome(lambda: f.write_at(0, small))
+    res["closed_get_view"] = outcome(f.get_view)
+    res["closed_hints"] = outcome(lambda: f.hints)
 
     r = strataio.File.open(comm, path, "r")
     res["write_all_read_only"] = outcome(lambda: r.write_all(small))
@@ -89,6 +106,8 @@ def main(workdir: str) -> None:
     bad_hint = {"cb_buffer_size": "lots"} if rank == 1 else {}
     res["bad_hint"] = outcome(lambda: strataio.File.open(comm, path, "r", hints=bad_hint))
     res["bad_mode"] = outcome(lambda: strataio.File.open(comm, path, "rw"))
+    sequential = MPI.MODE_RDONLY | MPI.MODE_SEQUENTIAL
+    res["mode_sequential"] = outcome(lambda: strataio.File.open(comm, path, sequential))
     # hints choose the collective path of every call: ranks must agree on them
     size_hint = {"cb_buffer_size": str(1 << 20 if rank == 1 else 1 << 22)}
     res["hints_differ"] = outcome(lambda: strataio.File.open(comm, path, "r", hints=size_hint))
@@ -98,8 +117,8 @@ def main(workdir: str) -> None:
         lambda: strataio.File.open(comm, path, "r", hints={"strataio_realms": "nope"})
     )
     with strataio.File.open(comm, path, "r") as h:
-        # a failure that is not a StrataError (int("x") on rank 1) still reaches every rank
-        res["set_view_not_strata"] = outcome(lambda: h.set_view("x" if rank == 1 else 0))
+        # a failure that is not a StrataError (on rank 1) still reaches every rank
+        res["set_view_not_strata"] = outcome(lambda: h.set_view(BadIndex() if rank == 1 else 0))
         switch = {"romio_cb_read": "enable" if rank == 0 else "disable"}
         res["view_hints_differ"] = outcome(lambda: h.set_view(0, MPI.BYTE, info=switch))
         h.set_view(0, MPI.BYTE, info={"romio_cb_read": "enable"})

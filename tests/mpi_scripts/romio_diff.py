@@ -25,7 +25,8 @@ from strataio.layout.datatypes import flatten
 BASES = [MPI.BYTE, MPI.SHORT, MPI.INT, MPI.DOUBLE]
 KINDS = [
     "contiguous", "vector", "hvector", "indexed", "hindexed", "indexed_block",
-    "struct", "subarray_c", "subarray_f", "darray", "resized",
+    "hindexed_block", "struct", "subarray_c", "subarray_f", "darray", "resized", "resized_lb",
+    "dup",
 ]  # fmt: skip
 
 
@@ -61,6 +62,11 @@ def gen_type(rng: np.random.Generator, base: MPI.Datatype, depth: int) -> MPI.Da
     elif kind == "indexed_block":
         bl = int(rng.integers(1, 3))
         t = child.Create_indexed_block(bl, _incr(rng, n, 0, 2, np.full(n, bl)))
+    elif kind == "hindexed_block":
+        bl = int(rng.integers(1, 3))
+        t = child.Create_hindexed_block(bl, _incr(rng, n, 0, 7, np.full(n, bl * ext)))
+    elif kind == "dup":  # of a derived type (depth 0 dups predefined ones)
+        t = child.Dup()
     elif kind == "struct":
         types = [child, base][: int(rng.integers(1, 3))]
         exts = np.array([ty.Get_extent()[1] for ty in types])
@@ -92,9 +98,13 @@ def gen_type(rng: np.random.Generator, base: MPI.Datatype, depth: int) -> MPI.Da
         t = child.Create_darray(
             size, int(rng.integers(size)), gsizes, distribs, dargs, psizes, order=order
         )
-    else:  # resized: extent at least the true upper bound
+    elif kind == "resized":  # extent at least the true upper bound
         tlb, text = child.Get_true_extent()
         t = child.Create_resized(0, max(tlb + text, ext) + int(rng.integers(0, 9)))
+    else:  # resized_lb: a lower bound inside the leading gap, extent past the data
+        tlb, text = child.Get_true_extent()
+        lb = int(rng.integers(0, max(tlb, 0) + 1))
+        t = child.Create_resized(lb, max(tlb + text - lb, ext) + int(rng.integers(0, 9)))
     t.Commit()
     if not _monotonic(t):
         t.Free()

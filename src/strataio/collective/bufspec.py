@@ -7,7 +7,9 @@ mpi4py):
   all its bytes, in order;
 - ``[buf]``, ``[buf, count]`` (count items of ``buf``'s own item size);
 - ``[buf, dt]`` (as many whole ``dt`` as fit in ``buf``);
-- ``[buf, count, dt]`` and ``[buf, (count, disp), dt]``.
+- ``[buf, count, dt]`` and ``[buf, (count, disp), dt]``;
+- ``[MPI.BOTTOM, count, dt]``: ``dt``'s displacements are absolute addresses (from
+  ``MPI.Get_address``), as in MPI; the memory they name must stay alive during the call.
 
 The result names the bytes a transfer moves: ``mem`` pieces (offsets into the buffer, in MPI
 pack order, with their positions in the packed data stream).
@@ -15,6 +17,7 @@ pack order, with their positions in the packed data stream).
 
 from __future__ import annotations
 
+import ctypes
 from typing import Any
 
 import numpy as np
@@ -158,6 +161,8 @@ def parse_buffer(spec: Any, writable: bool) -> BufferSpec:
     if not 1 <= nparts <= 3:
         raise StrataError(f"buffer specification has {nparts} entries; expected 1 to 3")
     obj = parts[0]
+    if obj is MPI.BOTTOM:
+        return _bottom_spec(parts)
     try:
         data = as_bytes(obj, writable=writable)
     except ValueError as exc:
@@ -205,6 +210,30 @@ def parse_buffer(spec: Any, writable: bool) -> BufferSpec:
         lambda: _datatype_layout(dt, count, disp, size),
     )
     return BufferSpec(data, mem, nbytes, contiguous, start)
+
+
+def _bottom_spec(parts: list | tuple) -> BufferSpec:
+    """``[MPI.BOTTOM, count, dt]`` (or ``(count, disp)``): the memory from the lowest to the
+    highest address the datatype names, as one ``uint8`` array, and its pieces in it."""
+    if len(parts) != 3:
+        raise StrataError("MPI.BOTTOM needs the form [MPI.BOTTOM, count, datatype]")
+    cd, dt = parts[1], _datatype(parts[2])
+    count, disp = (int(cd[0]), int(cd[1])) if isinstance(cd, (list, tuple)) else (int(cd), 0)
+    if count < 0:
+        raise StrataError(f"buffer specification: negative count {count}")
+    flat = flatten(dt)
+    ext = flatten_count(flat, count, disp * flat.extent).compact()
+    if not len(ext):
+        return BufferSpec(np.empty(0, dtype=np.uint8), None, 0, True, 0)
+    lo, hi = ext.first, ext.last
+    if lo <= 0:
+        raise ShapeMismatchError(
+            f"MPI.BOTTOM: the datatype names address {lo}; its displacements must be the "
+            "absolute addresses of live memory (MPI.Get_address)"
+        )
+    data = np.ctypeslib.as_array((ctypes.c_uint8 * (hi - lo)).from_address(lo))
+    mem = freeze(ext.shift(-lo).coalesce())
+    return BufferSpec(data, mem, count * flat.size, len(mem) <= 1, int(mem.offsets[0]))
 
 
 def _datatype_layout(

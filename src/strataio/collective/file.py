@@ -17,6 +17,7 @@ midway aborts the job (see :func:`strataio.collective.twophase.two_phase`).
 from __future__ import annotations
 
 import contextlib
+import operator
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -72,6 +73,15 @@ def _os_error(exc: OSError, path: str) -> StrataError:
     return BackendError(f"{path}: {exc.strerror or exc}")
 
 
+def _integral(value: Any, what: str, error: type[StrataError] = ViewError) -> int:
+    """``value`` as an int (Python or numpy integer); a float or string is a caller's mistake
+    that truncating would hide (raised as ``error``)."""
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise error(f"{what} must be an integer, not {value!r}") from None
+
+
 def _agree(comm: MPI.Comm, exc: BaseException | None) -> None:
     """Raise on every rank if ``exc`` is set on any: the failing rank re-raises its own
     exception, the others an exception of the same class naming the rank."""
@@ -94,6 +104,26 @@ def _raise_agreed(comm: MPI.Comm, exc: BaseException | None) -> None:
     if not (isinstance(cls, type) and issubclass(cls, StrataError)):
         cls = StrataError
     raise cls(f"{msg} (raised on rank {rank})")
+
+
+def _check_etype_alignment(ext: Extents, esize: int) -> None:
+    """Raise :class:`ViewError` if one tile of a filetype (pieces ``ext``, in type-map order)
+    breaks an etype across a hole. MPI builds a filetype from whole etypes; a view whose data
+    breaks off mid-etype (a 4-byte etype over 2-byte runs, say) is a mistake in its
+    construction. (The displacement itself may be any byte, as in MPI and ROMIO: a header of
+    any length may precede the data.)"""
+    if esize <= 1 or len(ext) < 2:
+        return
+    runs = ext.coalesce()
+    ends = np.cumsum(runs.lengths[:-1])
+    split = np.flatnonzero(ends % esize)
+    if split.size:
+        k = int(split[0])
+        raise ViewError(
+            f"filetype is misaligned with its {esize}-byte etype: its data breaks off at file "
+            f"byte {int(runs.ends[k])} (relative to the displacement) after {int(ends[k])} "
+            f"bytes, inside an etype; a filetype must consist of whole etypes"
+        )
 
 
 def _same_everywhere(comm: MPI.Comm, amode: int, hints: Hints) -> StrataError | None:
@@ -135,6 +165,9 @@ class File:
         self._independent = twophase.IndependentIO(hints)
         self._closed = False
         self._pos = 0
+        # Bytes the file holds at least: it only grows (by any rank's writes) except through
+        # set_size, which every rank calls, so a read ending below it cannot reach end-of-file.
+        self._size_floor = os.fstat(fd).st_size
         self.last_path = ""
         """How the last transfer ran: ``"two-phase"`` or ``"independent"`` (for benchmarks)."""
         self._view: tuple[int, MPI.Datatype, MPI.Datatype] = (0, MPI.BYTE, MPI.BYTE)
@@ -163,6 +196,7 @@ class File:
         """
         comm = MPI.COMM_SELF if comm is None else comm
         path = os.fspath(path)
+        nodes = node.layout(comm)  # (collective; ROMIO's default is one aggregator per node)
         err: Exception | None = None
         truncate = mode == "w"
         amode = 0
@@ -183,7 +217,12 @@ class File:
                 )
             if amode & MPI.MODE_RDONLY and amode & (MPI.MODE_CREATE | MPI.MODE_EXCL):
                 raise StrataError("MODE_RDONLY cannot be combined with MODE_CREATE or MODE_EXCL")
-            hinted = parse_hints(hints, comm.Get_size())
+            if amode & MPI.MODE_SEQUENTIAL:
+                raise StrataError(
+                    "MODE_SEQUENTIAL files allow only shared file pointers, which strataio.File "
+                    "does not provide; open without it"
+                )
+            hinted = parse_hints(hints, comm.Get_size(), nodes=nodes.nodes)
             policy_from_hints(hinted)  # an unknown realm policy fails here, before any open
         except Exception as exc:  # any failure here must reach the other ranks
             err = exc
@@ -193,7 +232,6 @@ class File:
             comm.bcast(None)
         _agree(comm, err)
         assert hinted is not None
-        nodes = node.layout(comm)
         comm = comm.Dup()
         rank = comm.Get_rank()
         flags = os.O_RDONLY if amode & MPI.MODE_RDONLY else os.O_RDWR
@@ -261,6 +299,7 @@ class File:
     @property
     def hints(self) -> dict[str, str]:
         """Every hint in force, with string values (as ``MPI_File_get_info``)."""
+        self._check_open()
         return self._hints.as_dict()
 
     def _check_open(self) -> None:
@@ -302,9 +341,13 @@ class File:
             if info is not None:
                 hinted = parse_hints(info, self._comm.Get_size(), base=self._hints)
                 policy = policy_from_hints(hinted)
+            for what, t in (("etype", etype), ("filetype", filetype)):
+                if not isinstance(t, MPI.Datatype):
+                    raise ViewError(f"{what} must be an MPI datatype, not {t!r}")
             if datarep != "native":
                 raise ViewError(f"data representation {datarep!r} is not supported (native only)")
-            if int(disp) < 0:
+            disp = _integral(disp, "view displacement")
+            if disp < 0:
                 raise ViewError(f"view displacement {disp} is negative")
             esize = flatten(etype).size
             ft = flatten(filetype)
@@ -319,6 +362,7 @@ class File:
                 int(ext.offsets.min()) < 0 or not bool(np.all(ext.offsets[1:] >= ext.ends[:-1]))
             ):
                 raise ViewError("filetype displacements must be non-negative and non-decreasing")
+            _check_etype_alignment(ext, esize)
             if ft.size and ft.extent <= 0:
                 raise ViewError(f"filetype extent {ft.extent} must be positive")
             if ft.size and int(ext.offsets[0]) + ft.extent < int(ext.ends[-1]):
@@ -342,12 +386,13 @@ class File:
         if hinted is not self._hints:
             self._independent = twophase.IndependentIO(hinted)
         self._hints, self._policy = hinted, policy
-        self._disp, self._esize, self._ft = int(disp), esize, ft
-        self._view = (int(disp), etype, filetype)
+        self._disp, self._esize, self._ft = disp, esize, ft
+        self._view = (disp, etype, filetype)
         self._pos = 0
 
     def get_view(self) -> tuple[int, MPI.Datatype, MPI.Datatype]:
         """``(disp, etype, filetype)`` of the current view."""
+        self._check_open()
         return self._view
 
     def _file_extents(self, start: int, nbytes: int) -> Extents:
@@ -395,6 +440,7 @@ class File:
         """Move the individual file pointer (etypes); ``MPI.SEEK_SET``, ``SEEK_CUR``,
         ``SEEK_END`` (end of file in the view, rounded up to a whole etype)."""
         self._check_open()
+        offset = _integral(offset, "seek offset")
         if whence == MPI.SEEK_SET:
             pos = offset
         elif whence == MPI.SEEK_CUR:
@@ -418,17 +464,21 @@ class File:
         return os.fstat(self._fd).st_size
 
     def set_size(self, size: int) -> None:
-        """Truncate or extend the file to ``size`` bytes (collective). The size is checked on
-        every rank before rank 0 changes the file."""
+        """Truncate or extend the file to ``size`` bytes (collective; every rank must pass the
+        same size, as in MPI). The size is checked on every rank before rank 0 changes the
+        file; a bad or differing size raises on every rank."""
         self._check_open()
         err: Exception | None = None
         try:
             self._check_writable()
-            size = int(size)
+            size = _integral(size, "set_size: size", StrataError)
             if size < 0:
                 raise StrataError(f"set_size: negative size {size}")
         except Exception as exc:  # a size that is not a number, say: every rank must hear it
             err = exc
+        sizes = self._comm.allgather(None if err is not None else size)
+        if err is None and len({s for s in sizes if s is not None}) > 1:
+            err = StrataError(f"set_size: ranks pass different sizes {sizes}")
         _agree(self._comm, err)
         if self._comm.Get_rank() == 0:
             try:
@@ -436,6 +486,7 @@ class File:
             except OSError as exc:
                 err = _os_error(exc, self._path)
         _agree(self._comm, err)
+        self._size_floor = size
 
     def sync(self) -> None:
         """Flush written data to storage on every rank (collective)."""
@@ -450,11 +501,13 @@ class File:
 
     # ------------------------------------------------------------------ transfers
     def read_at(self, offset: int, buf: Any) -> int:
-        """Read at ``offset`` etypes of the view into ``buf`` (independent). Returns bytes."""
+        """Read at ``offset`` etypes of the view into ``buf`` (independent). Returns the bytes
+        read: fewer than ``buf`` holds when the file ends first (the rest reads as zeros)."""
         return self._transfer(buf, offset, write=False, collective=False)
 
     def write_at(self, offset: int, buf: Any) -> int:
-        """Write ``buf`` at ``offset`` etypes of the view (independent). Returns bytes."""
+        """Write ``buf`` at ``offset`` etypes of the view (independent). Returns the bytes
+        written."""
         return self._transfer(buf, offset, write=True, collective=False)
 
     def read_at_all(self, offset: int, buf: Any) -> int:
@@ -466,7 +519,8 @@ class File:
         return self._transfer(buf, offset, write=True, collective=True)
 
     def read(self, buf: Any) -> int:
-        """Read at the individual file pointer and advance it (independent)."""
+        """Read at the individual file pointer and advance it by the whole etypes read
+        (independent)."""
         return self._transfer(buf, None, write=False, collective=False)
 
     def write(self, buf: Any) -> int:
@@ -498,7 +552,7 @@ class File:
             raise ViewError(
                 f"buffer holds {spec.nbytes} bytes, not a whole number of {self._esize}-byte etypes"
             )
-        pos = self._pos if offset is None else int(offset)
+        pos = self._pos if offset is None else _integral(offset, "file offset")
         if pos < 0:
             raise ViewError(f"negative file offset {pos}")
         start = pos * self._esize
@@ -562,9 +616,25 @@ class File:
                 _raise_agreed(self._comm, err)
             assert access is not None and spec is not None
             self._collective(spec, access, blocks, rows, write)
+        n = spec.nbytes
+        end = access.plan.summary[1]  # one past the last file byte of the transfer
+        if end > self._size_floor:
+            if write:
+                self._size_floor = end
+            else:
+                n = self._read_count(access.file, n, end)
         if offset is None:
-            self._pos += spec.nbytes // self._esize
-        return spec.nbytes
+            self._pos += n // self._esize
+        return n
+
+    def _read_count(self, file: Extents, nbytes: int, end: int) -> int:
+        """The count of a read of ``file`` pieces (``nbytes`` requested) that ends at file byte
+        ``end``: all of it unless the file ends first, else the bytes that lie before its end
+        (a prefix of the view's stream, whose file offsets never decrease)."""
+        self._size_floor = size = os.fstat(self._fd).st_size
+        if end <= size:
+            return nbytes
+        return int(np.clip(size - file.offsets, 0, file.lengths).sum())
 
     def _collective(
         self,

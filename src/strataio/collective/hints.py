@@ -42,7 +42,8 @@ class Hints:
     cb_buffer_size: int = 16777216
     """Collective buffer per aggregator per two-phase iteration."""
     cb_nodes: int = 1
-    """Number of aggregators (clamped to the communicator size)."""
+    """Number of aggregators (clamped to the communicator size); a file opened without it gets
+    one per node (see :func:`parse_hints`)."""
     romio_cb_read: str = AUTOMATIC
     romio_cb_write: str = AUTOMATIC
     romio_ds_read: str = AUTOMATIC
@@ -172,10 +173,14 @@ def _parse(name: str, kind: str, minimum: int, value: Any) -> Any:
 
 
 def parse_hints(
-    user: Mapping[str, Any] | MPI.Info | None, nprocs: int = 1, base: Hints | None = None
+    user: Mapping[str, Any] | MPI.Info | None,
+    nprocs: int = 1,
+    base: Hints | None = None,
+    nodes: int = 1,
 ) -> Hints:
-    """Hints in force for ``user``'s settings on a communicator of ``nprocs`` processes, over
-    ``base`` (the hints already in force; default: ROMIO's defaults).
+    """Hints in force for ``user``'s settings on a communicator of ``nprocs`` processes on
+    ``nodes`` nodes, over ``base`` (the hints already in force; default: ROMIO's defaults,
+    ``cb_nodes`` one aggregator per node).
 
     Unknown keys are ignored; ``cb_nodes`` is clamped to ``nprocs``. Raises
     :class:`~strataio.errors.HintError` for a known hint with an unusable value.
@@ -186,7 +191,7 @@ def parse_hints(
         if spec is None:
             continue
         values[key] = _parse(key, spec[0], spec[1], raw)
-    base = Hints() if base is None else base
+    base = Hints(cb_nodes=max(int(nodes), 1)) if base is None else base
     values["cb_nodes"] = min(values.get("cb_nodes", base.cb_nodes), max(int(nprocs), 1))
     return dataclasses.replace(base, **values)
 
