@@ -2,10 +2,11 @@
 
 For each seeded case every rank builds a random file view (a random datatype, nested up to two
 constructors deep, interleaved across ranks or in per-rank blocks) and a random memory
-datatype, then writes the same buffer through strataio and through ROMIO into two files that
-start with identical random bytes; the files must end byte-identical. Then both read the
-ROMIO file back through random memory types; the buffers must be identical. Hints (buffer
-size, aggregators, collective buffering on/off/automatic) are random and given to both.
+datatype (some running backwards in memory), then writes the same buffer through strataio and
+through ROMIO into two files that start with identical random bytes; the files must end
+byte-identical. Then both read the ROMIO file back through random memory types; the buffers
+must be identical. Hints (buffer size, aggregators, collective buffering on/off/automatic)
+are random and given to both.
 
 Prints ``ok <cases>`` on rank 0 when every case matched; exits 1 with the first differences.
 """
@@ -143,6 +144,11 @@ def make_memtype(rng: np.random.Generator, esize: int, cap: int) -> tuple[MPI.Da
     """A random memory datatype and a count whose bytes are a whole number of etypes."""
     base = BASES[int(rng.integers(len(BASES)))]
     mt = gen_type(rng, base, int(rng.integers(0, 3)))
+    if rng.random() < 0.25:  # memory types may run backwards (MPI orders only file types)
+        n = int(rng.integers(2, 4))
+        tlb, text = mt.Get_true_extent()
+        step = max(mt.Get_extent()[1], tlb + text) + int(rng.integers(0, 9))
+        mt = mt.Create_hindexed([1] * n, [(n - 1 - i) * step for i in range(n)]).Commit()
     size = mt.Get_size()
     step = esize // np.gcd(size, esize)
     count = step * int(rng.integers(1, max(2, cap // max(size * step, 1)) + 1))

@@ -262,7 +262,9 @@ class File:
         return cls(comm, path, fd, amode, hinted, nodes)
 
     def close(self) -> None:
-        """Close on every rank (collective); ``MODE_DELETE_ON_CLOSE`` removes the file."""
+        """Close on every rank (collective); ``MODE_DELETE_ON_CLOSE`` removes the file. Closing
+        a closed file does nothing (as Python's files; every other call raises
+        :class:`~strataio.errors.ClosedError`)."""
         if self._closed:
             return
         self._comm.Barrier()
