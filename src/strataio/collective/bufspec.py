@@ -161,16 +161,6 @@ def parse_buffer(spec: Any, writable: bool) -> BufferSpec:
     if not 1 <= nparts <= 3:
         raise StrataError(f"buffer specification has {nparts} entries; expected 1 to 3")
     obj = parts[0]
-    if obj is MPI.BOTTOM:
-        return _bottom_spec(parts)
-    try:
-        data = as_bytes(obj, writable=writable)
-    except ValueError as exc:
-        if "read-only" in str(exc):
-            raise ReadOnlyError("cannot read into a read-only buffer") from None
-        raise StrataError(f"buffer specification: {exc}") from None
-    except TypeError:
-        raise StrataError(f"buffer specification: {type(obj).__name__} is not a buffer") from None
     count: int | None = None
     disp = 0
     dt: MPI.Datatype | None = None
@@ -189,6 +179,16 @@ def parse_buffer(spec: Any, writable: bool) -> BufferSpec:
             dt = _datatype(parts[1])
     if count is not None and count < 0:
         raise StrataError(f"buffer specification: negative count {count}")
+    if obj is MPI.BOTTOM:
+        return _bottom_spec(count, disp, dt)
+    try:
+        data = as_bytes(obj, writable=writable)
+    except ValueError as exc:
+        if "read-only" in str(exc):
+            raise ReadOnlyError("cannot read into a read-only buffer") from None
+        raise StrataError(f"buffer specification: {exc}") from None
+    except TypeError:
+        raise StrataError(f"buffer specification: {type(obj).__name__} is not a buffer") from None
     size = data.size
     if dt is None:
         itemsize = int(getattr(obj, "itemsize", 1) or 1)
@@ -212,15 +212,11 @@ def parse_buffer(spec: Any, writable: bool) -> BufferSpec:
     return BufferSpec(data, mem, nbytes, contiguous, start)
 
 
-def _bottom_spec(parts: list | tuple) -> BufferSpec:
-    """``[MPI.BOTTOM, count, dt]`` (or ``(count, disp)``): the memory from the lowest to the
-    highest address the datatype names, as one ``uint8`` array, and its pieces in it."""
-    if len(parts) != 3:
+def _bottom_spec(count: int | None, disp: int, dt: MPI.Datatype | None) -> BufferSpec:
+    """``[MPI.BOTTOM, count, dt]`` (``disp`` from a ``(count, disp)`` pair): the memory from the
+    lowest to the highest address the datatype names, as one ``uint8`` array, and its pieces."""
+    if count is None or dt is None:
         raise StrataError("MPI.BOTTOM needs the form [MPI.BOTTOM, count, datatype]")
-    cd, dt = parts[1], _datatype(parts[2])
-    count, disp = (int(cd[0]), int(cd[1])) if isinstance(cd, (list, tuple)) else (int(cd), 0)
-    if count < 0:
-        raise StrataError(f"buffer specification: negative count {count}")
     flat = flatten(dt)
     ext = flatten_count(flat, count, disp * flat.extent).compact()
     if not len(ext):
