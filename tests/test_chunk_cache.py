@@ -127,7 +127,7 @@ def _entry(ds, key="c/0/0"):
 
 
 def test_partial_spans_are_cached_as_read_and_never_rewritten(tmp_path):
-    ds = strataio.create_dataset(tmp_path / "a", (8, 8), "float64", (8, 8))
+    ds = strataio.create_dataset(tmp_path / "a", (8, 8), "float64", (8, 8), codec=None)
     want = np.random.default_rng(1).random((8, 8))
     ds[...] = want
     time.sleep(SETTLED)
@@ -145,6 +145,21 @@ def test_partial_spans_are_cached_as_read_and_never_rewritten(tmp_path):
     np.testing.assert_array_equal(ds[3:5, 1:2], want[3:5, 1:2])  # inside: a hit
     assert _hits() - before == 1
     np.testing.assert_array_equal(ds[...], want)
+
+
+def test_checksummed_chunks_are_read_checked_and_cached_whole(tmp_path):
+    """The default codec (crc32c) reads a chunk whole, checks it in place, keeps it whole."""
+    ds = strataio.create_dataset(tmp_path / "a", (8, 8), "float64", (8, 8))
+    want = np.random.default_rng(1).random((8, 8))
+    ds[...] = want
+    time.sleep(SETTLED)
+    np.testing.assert_array_equal(ds[2:3, :], want[2:3])
+    e = _entry(ds)
+    assert (e.lo, e.hi) == (0, 8 * 8 * 8)
+    np.testing.assert_array_equal(e.chunk, want)
+    before = _hits()
+    np.testing.assert_array_equal(ds[5:7, 1:4], want[5:7, 1:4])
+    assert _hits() - before == 1
 
 
 def test_stores_without_versions_read_without_the_cache():

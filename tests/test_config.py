@@ -10,6 +10,7 @@ import pytest
 from strataio.catalog import TierRecord
 from strataio.config import (
     CONFIG_ENV,
+    CONFIG_FILENAME,
     Config,
     default_config_text,
     load_config,
@@ -203,6 +204,32 @@ def test_bad_files_name_the_file_and_key(tmp_path, text, message):
         load_config(path)
     assert str(path) in str(info.value)
     assert isinstance(info.value, StrataError)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (bytes(range(256)), "not UTF-8 text"),
+        (b"\xff\xfe[catalog]\n", "not UTF-8 text"),
+        (b"[[tiers]]\nname = 'a\x00'\n", "not valid TOML"),
+    ],
+)
+def test_binary_files_are_config_errors(tmp_path, content, message):
+    """A file that is not text (a binary dropped in by mistake) names the file, found by the
+    lookup or given explicitly."""
+    (tmp_path / CONFIG_FILENAME).write_bytes(content)
+    for how in (lambda: load_config(), lambda: load_config(tmp_path / CONFIG_FILENAME)):
+        with pytest.raises(ConfigError, match=message) as info:
+            how()
+        assert CONFIG_FILENAME in str(info.value)
+
+
+def test_unreadable_config_paths_are_config_errors(tmp_path):
+    (tmp_path / "dir.toml").mkdir()
+    with pytest.raises(ConfigError, match="dir.toml"):
+        load_config(tmp_path / "dir.toml")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(_write(tmp_path / "x.toml", "[[tiers]]\nname = "))
 
 
 def test_parse_size():

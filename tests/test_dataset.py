@@ -108,7 +108,7 @@ def test_missing_chunks_read_fill_value_and_partial_writes_keep_neighbours(tmp_p
 
 
 def test_edge_chunks_are_stored_full_size(tmp_path):
-    ds = strataio.create_dataset(tmp_path / "a", (10, 10), "float64", (4, 4))
+    ds = strataio.create_dataset(tmp_path / "a", (10, 10), "float64", (4, 4), codec=None)
     ds[:] = 1.0
     sizes = {os.path.getsize(f) for f in _chunk_files(tmp_path / "a")}
     assert sizes == {4 * 4 * 8}
@@ -265,7 +265,7 @@ def test_corrupt_chunk_is_detected(tmp_path, ds):
 
 
 def test_truncated_raw_chunk_is_detected(tmp_path):
-    d = strataio.create_dataset(tmp_path / "a", (8, 8), "int16", (4, 4))
+    d = strataio.create_dataset(tmp_path / "a", (8, 8), "int16", (4, 4), codec=None)
     d[:] = 1
     victim = _chunk_files(tmp_path / "a")[0]
     os.truncate(victim, 5)
@@ -296,3 +296,172 @@ def test_create_and_open_errors(tmp_path):
         strataio.open_dataset(tmp_path / "bad")
     with pytest.raises(StrataError, match="mode"):
         strataio.open_dataset(tmp_path / "e", mode="w")
+
+
+# ------------------------------------------------------------------ no silent wrong data
+def _tree(path):
+    """Every file and folder below ``path`` (relative), temporary files included."""
+    out = []
+    for d, dirs, fs in os.walk(path):
+        out += [os.path.relpath(os.path.join(d, n), path) for n in dirs + fs]
+    return sorted(out)
+
+
+def test_overwrite_with_another_rank_removes_the_old_tree(tmp_path):
+    old = strataio.create_dataset(tmp_path / "a", (8, 8), "f4", (4, 4))
+    old[...] = 1.0
+    old.close()
+    new = strataio.create_dataset(tmp_path / "a", (8,), "f4", (4,), overwrite=True)
+    np.testing.assert_array_equal(new[...], np.zeros(8, dtype="f4"))
+    new[...] = np.arange(8, dtype="f4")
+    new.close()
+    assert _tree(tmp_path / "a") == ["c", "c/0", "c/1", "zarr.json"]
+    np.testing.assert_array_equal(strataio.open_dataset(tmp_path / "a")[...], np.arange(8))
+
+
+def test_overwrite_of_a_zero_dimensional_chunk_and_debris(tmp_path):
+    """A 0-d array's chunk is the file ``c``; chunk folders without a zarr.json are refused
+    unless overwritten (they are left by an interrupted overwrite, or are not strataio's)."""
+    z = strataio.create_dataset(tmp_path / "a", (), "i4")
+    z[...] = 5
+    z.close()
+    d = strataio.create_dataset(tmp_path / "a", (4,), "i4", (2,), overwrite=True)
+    d[...] = 3
+    assert d[...].tolist() == [3, 3, 3, 3]
+    os.remove(tmp_path / "a" / "zarr.json")
+    with pytest.raises(ExistsError, match="chunk data"):
+        strataio.create_dataset(tmp_path / "a", (4,), "i4", (2,))
+    strataio.create_dataset(tmp_path / "a", (4,), "i4", (2,), overwrite=True)
+    assert _tree(tmp_path / "a") == ["zarr.json"]
+
+
+@pytest.mark.parametrize("dtype", ["int8", "uint8", "int16", "uint16", "int32", "uint32"])
+def test_integer_narrowing_is_checked(tmp_path, dtype):
+    """Values of a wider (or differently signed) integer type are stored when every value fits
+    the dataset's dtype, and refused naming the dataset, the range and a value otherwise."""
+    info = np.iinfo(dtype)
+    ds = strataio.create_dataset(tmp_path / "a", (4,), dtype, (2,))
+    ds[...] = np.array([info.min, 0, 7, info.max], dtype=np.int64)
+    assert ds[...].tolist() == [info.min, 0, 7, info.max]
+    ds[1] = 5  # a Python int
+    assert ds[1] == 5
+    before = _snapshot(tmp_path / "a")
+    for bad in (np.int64(info.max) + 1, np.int64(info.min) - 1):
+        with pytest.raises(DtypeMismatchError, match=rf"{bad}.*{info.min}\.\.{info.max}") as e:
+            ds[1:3] = np.array([1, bad], dtype=np.int64)
+        assert str(tmp_path / "a") in str(e.value)
+        with pytest.raises(DtypeMismatchError):
+            ds.write_section((0,), np.array([bad], dtype=np.int64))
+    assert _snapshot(tmp_path / "a") == before
+    assert ds[...].tolist() == [info.min, 5, 7, info.max]
+
+
+def test_the_reported_narrowing_case(tmp_path):
+    ds = strataio.create_dataset(tmp_path / "a", (4,), "i1")
+    with pytest.raises(DtypeMismatchError, match="1000"):
+        ds[0] = np.int64(1000)
+    with pytest.raises(DtypeMismatchError):
+        ds[0] = 1000
+    assert ds[0] == 0
+    with pytest.raises(DtypeMismatchError):  # uint64 beyond int64: no silent wrap either
+        strataio.create_dataset(tmp_path / "b", (1,), "i8")[0] = np.uint64(2**63)
+
+
+def test_float_overflow_is_refused(tmp_path):
+    ds = strataio.create_dataset(tmp_path / "a", (3,), "f4")
+    ds[...] = np.array([1.5, np.inf, np.nan])  # float64 → float32 rounds as numpy does
+    assert ds[0] == 1.5 and np.isinf(ds[1]) and np.isnan(ds[2])
+    with pytest.raises(DtypeMismatchError, match="1e\\+40"):
+        ds[...] = np.array([1.0, 1e40, np.inf])
+    c = strataio.create_dataset(tmp_path / "c", (2,), "c8")
+    with pytest.raises(DtypeMismatchError):
+        c[...] = np.array([1 + 1e300j, 0j])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"dtype": "u1", "fill_value": 300}, "fill_value 300.*uint8"),
+        ({"dtype": "i1", "fill_value": -129}, "fill_value -129"),
+        ({"dtype": "i4", "fill_value": 1.5}, "fill_value 1.5"),
+        ({"dtype": "i4", "fill_value": "x"}, "fill_value 'x'"),
+        ({"dtype": "bogus"}, "'bogus' is not a numpy dtype"),
+        ({"dtype": object}, "dtype object is not supported"),
+        ({"dtype": "f4", "fill_value": 1e40}, "fill_value 1e\\+40"),
+    ],
+)
+def test_bad_creation_arguments_raise_strata_errors(tmp_path, kwargs, match):
+    kwargs = {"shape": (4,), **kwargs}
+    with pytest.raises(StrataError, match=match):
+        strataio.create_dataset(tmp_path / "a", **kwargs)
+    assert not (tmp_path / "a").exists()
+
+
+def test_unusable_locations_raise_strata_errors(tmp_path):
+    (tmp_path / "file").write_bytes(b"x")
+    with pytest.raises(StrataError, match="file"):
+        strataio.create_dataset(tmp_path / "file" / "a", (4,), "f4")
+    with pytest.raises(StrataError, match="file"):
+        strataio.open_dataset(tmp_path / "file")
+    if os.geteuid() != 0:  # root writes anywhere
+        ro = tmp_path / "ro"
+        ro.mkdir()
+        ro.chmod(0o555)
+        try:
+            with pytest.raises(StrataError, match="ro"):
+                strataio.create_dataset(ro / "a", (4,), "f4")
+        finally:
+            ro.chmod(0o755)
+
+
+def test_a_chunk_that_is_a_folder_is_a_clear_error(tmp_path):
+    """Storage that is not what the metadata says: errors name the dataset and the chunk."""
+    ds = strataio.create_dataset(tmp_path / "a", (4,), "f4", (2,), codec=None)
+    os.makedirs(tmp_path / "a" / "c" / "1" / "x")
+    for op in (lambda: ds[...], lambda: ds.__setitem__(slice(None), 1.0)):
+        with pytest.raises(StrataError, match=r"chunk 'c/1'.*a") as e:
+            op()
+        assert str(tmp_path / "a") in str(e.value)
+    assert not [p for p in _tree(tmp_path / "a") if p.endswith("strataio-tmp")]
+
+
+def _flip(path, at):
+    with open(path, "r+b") as f:
+        f.seek(at)
+        b = f.read(1)
+        f.seek(at)
+        f.write(bytes([b[0] ^ 0x10]))
+
+
+@pytest.mark.parametrize("codec", ["default", "crc32c", "zstd+crc32c", "blosc+crc32c"])
+@pytest.mark.parametrize("at", [0, 37, -1])
+def test_a_flipped_byte_is_found_and_named(tmp_path, codec, at):
+    """The default codec checksums every chunk; a checksum error names dataset and chunk,
+    whichever way the chunk is read (whole, a part, from a fresh handle)."""
+    kw = {} if codec == "default" else {"codec": codec}
+    ds = strataio.create_dataset(tmp_path / "a", (64, 64), "f4", (16, 16), **kw)
+    assert "crc32c" in ds.codecs.names
+    ds[...] = np.arange(64 * 64, dtype="f4").reshape(64, 64)
+    ds.close()
+    victim = tmp_path / "a" / "c" / "1" / "2"
+    _flip(victim, at % os.path.getsize(victim))
+    back = strataio.open_dataset(tmp_path / "a")
+    np.testing.assert_array_equal(back[0:16, 0:32], np.arange(64 * 64).reshape(64, 64)[:16, :32])
+    for index in (..., (slice(16, 17), slice(40, 41)), (20, 33)):
+        with pytest.raises(ChecksumError) as info:
+            back[index]
+        assert "'c/1/2'" in str(info.value) and str(tmp_path / "a") in str(info.value)
+    rw = strataio.open_dataset(tmp_path / "a", "r+")
+    with pytest.raises(ChecksumError, match="c/1/2"):  # read-modify-write reads it too
+        rw[20, 33] = 1.0
+
+
+def test_a_truncated_checksummed_chunk_names_the_chunk(tmp_path):
+    ds = strataio.create_dataset(tmp_path / "a", (8, 8), "int16", (4, 4))
+    ds[:] = 1
+    for size in (2, 20, 33):
+        os.truncate(tmp_path / "a" / "c" / "0" / "1", size)
+        with pytest.raises(CodecError, match=r"chunk 'c/0/1'") as info:
+            ds[0:2, 4:6]
+        assert str(tmp_path / "a") in str(info.value)
+    np.testing.assert_array_equal(ds[4:8, 4:8], np.ones((4, 4)))

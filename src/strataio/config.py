@@ -191,6 +191,10 @@ def load_config(path: str | os.PathLike[str] | None = None) -> Config:
             data = tomllib.load(f)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{file}: not valid TOML: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{file}: not UTF-8 text (byte {exc.start}), so not a TOML configuration"
+        ) from None
     except OSError as exc:
         raise ConfigError(f"{file}: cannot read: {exc.strerror or exc}") from None
     file = file.resolve()

@@ -95,17 +95,23 @@ def _default_spec(name: str, cfg: dict[str, Any], dtype: np.dtype, endian: str) 
 class _Crc32c:
     """Zarr v3 ``crc32c``: the encoded bytes followed by their CRC-32C, little-endian."""
 
-    def encode(self, buf: Any) -> bytes:
+    def encode(self, buf: Any) -> bytearray:
         data = memoryview(buf).cast("B")
-        return bytes(data) + crc32c(data).to_bytes(4, "little")
+        out = bytearray(len(data) + 4)  # one copy of the chunk, not two
+        out[: len(data)] = data
+        out[len(data) :] = crc32c(data).to_bytes(4, "little")
+        return out
 
     def decode(self, buf: Any) -> memoryview:
         data = memoryview(buf).cast("B")
         if len(data) < 4:
-            raise ChecksumError("chunk is shorter than its crc32c checksum")
+            raise ChecksumError(f"stored chunk of {len(data)} bytes is shorter than its crc32c")
         body, stored = data[:-4], int.from_bytes(data[-4:], "little")
         if crc32c(body) != stored:
-            raise ChecksumError("stored and computed crc32c checksums of the chunk differ")
+            raise ChecksumError(
+                f"crc32c checksum mismatch (stored {stored:08x}, computed {crc32c(body):08x}): "
+                "the chunk is corrupt on storage"
+            )
         return body
 
 
@@ -171,6 +177,22 @@ class CodecPipeline:
         return not self._bytes_codecs
 
     @property
+    def is_plain(self) -> bool:
+        """True when a stored chunk is the plain array bytes, raw or followed by their
+        ``crc32c``: it can be read into a buffer of :attr:`stored_nbytes` and used in place."""
+        return self.is_raw or self.names[1:] == ["crc32c"]
+
+    @property
+    def stored_nbytes(self) -> int:
+        """Bytes of one stored plain chunk (:attr:`is_plain`)."""
+        return self.chunk_nbytes + (0 if self.is_raw else 4)
+
+    def verify(self, stored: Any) -> None:
+        """Check a plain chunk's checksum (:class:`ChecksumError` when it differs)."""
+        for codec in self._bytes_codecs:
+            codec.decode(stored)
+
+    @property
     def stored_dtype(self) -> np.dtype:
         return self._stored_dtype
 
@@ -186,7 +208,7 @@ class CodecPipeline:
             parts.append(f"{s['name']}({args})" if args else s["name"])
         return " → ".join(parts)
 
-    def encode(self, chunk: np.ndarray) -> bytes | memoryview:
+    def encode(self, chunk: np.ndarray) -> bytes | bytearray | memoryview:
         """Stored bytes of one full chunk (``chunk`` has :attr:`chunk_shape`)."""
         arr = np.ascontiguousarray(chunk, dtype=self._stored_dtype)
         data: Any = memoryview(arr).cast("B")

@@ -22,7 +22,9 @@ from strataio.arrays.chunk_cache import CachedChunk, chunk_cache, settled
 from strataio.arrays.codecs import CodecPipeline
 from strataio.arrays.metadata import ArrayMetadata
 from strataio.arrays.store import BackendChunkStore, ChunkStore
+from strataio.arrays.values import to_dtype
 from strataio.errors import (
+    BackendError,
     ClosedError,
     CodecError,
     DtypeMismatchError,
@@ -35,6 +37,7 @@ from strataio.layout.chunks import ChunkGrid
 from strataio.layout.memo import LayoutMemo
 from strataio.layout.pieces import scratch
 from strataio.layout.sections import Section
+from strataio.storage.base import BytesLike
 
 _MODES = ("r", "r+")
 #: sections whose chunk plans a Dataset remembers, and the most chunks a remembered plan has
@@ -132,13 +135,13 @@ class Dataset:
         self.grid = ChunkGrid(meta.shape, meta.chunks)
         self.codecs = CodecPipeline(meta.codecs, meta.dtype, meta.chunks)
         self._closed = False
-        self._span_reader = getattr(store, "read_span", None)
-        self._versions = getattr(store, "chunk_versions", None)
-        space = getattr(store, "cache_space", None)
+        caps = store.capabilities
+        self._span_reader = store.read_span if caps.partial_reads else None
+        self._versions = store.chunk_versions if caps.chunk_cache else None
         self._cache_space: tuple[Any, ...] | None = (
-            None
-            if self._versions is None or space is None
-            else (space, meta.dtype.str, meta.chunks, self.codecs.describe())
+            (store.cache_space, meta.dtype.str, meta.chunks, self.codecs.describe())
+            if caps.chunk_cache
+            else None
         )
         self._plans: LayoutMemo[_Plan] = LayoutMemo(_PLAN_MEMO)
         itemsize = meta.dtype.itemsize
@@ -290,6 +293,10 @@ class Dataset:
         return len(self.store.list_chunks())
 
     # ----------------------------------------------------------------- internals
+    def _what(self) -> str:
+        """How messages name this dataset."""
+        return f"dataset {self.name!r}" if self.name else "the dataset"
+
     def _check_open(self) -> None:
         if self._closed:
             raise ClosedError(f"{self!r} is closed")
@@ -312,13 +319,7 @@ class Dataset:
 
     def _coerce(self, value: Any, given_shape: tuple[int, ...], box: tuple[int, ...]) -> np.ndarray:
         """``value`` as an array of the dataset's dtype and the box's shape, or a clear error."""
-        arr = np.asarray(value)
-        lossy = arr.dtype.kind in "OUSVMm" or not np.can_cast(arr.dtype, self.dtype, "same_kind")
-        if arr.dtype != self.dtype and lossy:
-            raise DtypeMismatchError(
-                f"cannot store {arr.dtype} data in a {self.dtype} dataset without loss; "
-                f"convert it explicitly (e.g. data.astype({str(self.dtype)!r}))"
-            )
+        arr = to_dtype(value, self.dtype, self._what())
         try:
             arr = np.broadcast_to(arr, given_shape)
         except ValueError:
@@ -388,7 +389,7 @@ class Dataset:
             v = versions[i] if versions is not None else None
             return v is not None and settled(v, seen)
 
-        if codecs.is_raw and self._span_reader is not None:
+        if codecs.is_plain and self._span_reader is not None:
             # Cached chunks and those in the page cache are copied on this thread (thread
             # hand-offs cost more than the copy); only those that would wait on storage go to
             # the I/O threads.
@@ -402,7 +403,7 @@ class Dataset:
                 # holds is never written (another thread may be copying from it), so an entry
                 # is always the bytes of one read of one version.
                 kept = cacheable(i)
-                buf = None if kept else scratch(codecs.chunk_nbytes, "chunk")
+                buf = None if kept else scratch(codecs.stored_nbytes, "chunk")
                 try:
                     chunk = self._read_raw_span(keys[i], lo, hi, buf, nowait=True)
                 except BlockingIOError:
@@ -410,6 +411,8 @@ class Dataset:
                     continue
                 place(i, chunk)
                 if kept and chunk is not None:
+                    if not codecs.is_raw:  # read and checked whole
+                        lo, hi = 0, codecs.chunk_nbytes
                     cache.store(space, keys[i], CachedChunk(versions[i], chunk, lo, hi))
 
             def fetch(a: int, b: int) -> None:
@@ -417,7 +420,9 @@ class Dataset:
                     lo, hi = spans[i]
                     place(
                         i,
-                        self._read_raw_span(keys[i], lo, hi, scratch(codecs.chunk_nbytes, "chunk")),
+                        self._read_raw_span(
+                            keys[i], lo, hi, scratch(codecs.stored_nbytes, "chunk")
+                        ),
                     )
 
             _run_groups(len(blocked), fetch)
@@ -433,7 +438,7 @@ class Dataset:
         def work(a: int, b: int) -> None:
             idx = todo[a:b]
             for i, blob in zip(idx, self.store.get_chunks([keys[i] for i in idx])):
-                chunk = None if blob is None else codecs.decode(blob)
+                chunk = None if blob is None else self._decode(keys[i], blob)
                 place(i, chunk)
                 if chunk is not None and cacheable(i):
                     cache.store(space, keys[i], CachedChunk(versions[i], chunk, 0, chunk.nbytes))
@@ -443,24 +448,41 @@ class Dataset:
     def _read_raw_span(
         self, key: str, lo: int, hi: int, buf: np.ndarray | None, nowait: bool = False
     ) -> np.ndarray | None:
-        """Uncompressed chunk ``key`` with at least bytes ``[lo, hi)`` read, as a chunk-shaped
-        array of the stored dtype over ``buf`` (a new buffer when None); None when the chunk
-        was never written.
+        """Plain chunk ``key`` (see :attr:`CodecPipeline.is_plain`) with at least bytes
+        ``[lo, hi)`` read, as a chunk-shaped array of the stored dtype over ``buf`` (a new
+        buffer when None); None when the chunk was never written.
 
-        Only the byte span from a box's first to its last element is read: a thin section
-        reads a fraction of each chunk instead of whole chunks.
+        A raw chunk is read only from a box's first to its last element: a thin section reads
+        a fraction of each chunk instead of whole chunks. A checksummed one is read whole (its
+        checksum covers all of it) into ``buf`` and checked there, with no copy.
         """
+        codecs = self.codecs
+        total = codecs.stored_nbytes
+        if not codecs.is_raw:
+            lo, hi = 0, total
         if buf is None:
-            buf = np.empty(self.codecs.chunk_nbytes, dtype=np.uint8)
+            buf = np.empty(total, dtype=np.uint8)
         size = self._span_reader(key, lo, memoryview(buf)[lo:hi], nowait=nowait)
         if size is None:
             return None
-        if size != buf.size:
+        if size != total:
             raise CodecError(
-                f"chunk {key} of {self.name or 'the dataset'} holds {size} bytes, "
-                f"expected {buf.size}: the chunk is truncated or not this array's"
+                f"chunk {key!r} of {self._what()} holds {size} bytes, expected {total}: "
+                "the chunk is truncated or not this array's"
             )
-        return buf.view(self.codecs.stored_dtype).reshape(self.chunks)
+        if not codecs.is_raw:
+            try:
+                codecs.verify(buf)
+            except CodecError as exc:
+                raise type(exc)(f"{self._what()}, chunk {key!r}: {exc}") from None
+        return buf[: codecs.chunk_nbytes].view(codecs.stored_dtype).reshape(self.chunks)
+
+    def _decode(self, key: str, blob: BytesLike) -> np.ndarray:
+        """The chunk array of stored bytes; decode errors name the dataset and the chunk."""
+        try:
+            return self.codecs.decode(blob)
+        except CodecError as exc:
+            raise type(exc)(f"{self._what()}, chunk {key!r}: {exc}") from None
 
     def _write_from(self, section: Section, data: np.ndarray) -> None:
         self._check_writable()
@@ -494,7 +516,7 @@ class Dataset:
                     if blob is None:
                         chunk = np.full(chunk_shape, self.fill_value, dtype=self.dtype)
                     else:
-                        chunk = codecs.decode(blob)
+                        chunk = self._decode(keys[i], blob)
                         if not chunk.flags.writeable:
                             chunk = chunk.copy()
                     chunk[tuple(map(slice, ls, le))] = src
@@ -507,10 +529,24 @@ class Dataset:
 
 
 # --------------------------------------------------------------------------- path helpers
+#: the codec :func:`create_dataset` uses unless told: raw bytes followed by their CRC-32C, so
+#: that a flipped bit on storage is an error rather than a wrong value (see README, Quickstart)
+DEFAULT_CODEC = "crc32c"
+
+
 def _posix_store(path: str | os.PathLike[str], create: bool) -> BackendChunkStore:
     from strataio.storage.posix import PosixBackend
 
-    return BackendChunkStore(PosixBackend(path, create=create))
+    try:
+        backend = PosixBackend(path, create=create)
+    except StrataError:
+        raise
+    except OSError as exc:
+        raise BackendError(
+            f"cannot {'create' if create else 'open'} a dataset at {os.fspath(path)}: "
+            f"{exc.strerror or exc}" + (f" ({exc.filename})" if exc.filename else "")
+        ) from exc
+    return BackendChunkStore(backend, name=os.fspath(path))
 
 
 def create_dataset(
@@ -519,15 +555,18 @@ def create_dataset(
     dtype: Any,
     chunks: Sequence[int] | int | None = None,
     *,
-    codec: Any = None,
+    codec: Any = DEFAULT_CODEC,
     fill_value: Any = 0,
     attrs: dict[str, Any] | None = None,
     overwrite: bool = False,
 ) -> Dataset:
     """Create a sub-filed array at ``path`` (a Zarr v3 array directory) and open it ``r+``.
 
-    ``codec`` as in :func:`strataio.arrays.codecs.normalize_codecs` (``None``, ``"zstd"``,
-    ``"zstd+crc32c"``, ...). An existing array at ``path`` is an error unless ``overwrite``.
+    ``codec`` as in :func:`strataio.arrays.codecs.normalize_codecs` (``"crc32c"``, the
+    default, checksums each chunk; ``None`` stores raw bytes unchecked; ``"zstd"``,
+    ``"zstd+crc32c"``, ...). An existing array at ``path`` is an error unless ``overwrite``,
+    which removes it (its metadata and every chunk) first. Every argument is checked before
+    anything is written.
     """
     from strataio.errors import ExistsError
 
@@ -535,12 +574,15 @@ def create_dataset(
     # Validate the codec pipeline before anything touches the disk.
     CodecPipeline(meta.codecs, meta.dtype, meta.chunks)
     store = _posix_store(path, create=True)
-    if store.get_meta() is not None:
+    if store.get_meta() is not None or store.holds_chunks():
         if not overwrite:
-            raise ExistsError(f"a dataset already exists at {path}; pass overwrite=True")
-        store.delete_chunks(store.list_chunks())
+            what = "a dataset" if store.get_meta() is not None else "chunk data (no zarr.json)"
+            raise ExistsError(f"{what} already exists at {os.fspath(path)}; pass overwrite=True")
+        store.clear()
     store.put_meta(meta.to_json())
-    return Dataset(store, meta, "r+", name=str(path))
+    ds = Dataset(store, meta, "r+", name=os.fspath(path))
+    ds.clear_cache()
+    return ds
 
 
 def open_dataset(path: str | os.PathLike[str], mode: str = "r") -> Dataset:
@@ -550,10 +592,10 @@ def open_dataset(path: str | os.PathLike[str], mode: str = "r") -> Dataset:
     if mode not in _MODES:
         raise StrataError(f"mode must be one of {_MODES}, got {mode!r}")
     if not os.path.isdir(path):
-        raise NotFoundError(f"no dataset at {path}: not a directory")
+        raise NotFoundError(f"no dataset at {os.fspath(path)}: not a directory")
     store = _posix_store(path, create=False)
     raw = store.get_meta()
     if raw is None:
-        raise NotFoundError(f"no dataset at {path}: zarr.json is missing")
-    meta = ArrayMetadata.from_json(raw, where=os.path.join(str(path), "zarr.json"))
-    return Dataset(store, meta, mode, name=str(path))
+        raise NotFoundError(f"no dataset at {os.fspath(path)}: zarr.json is missing")
+    meta = ArrayMetadata.from_json(raw, where=os.path.join(os.fspath(path), "zarr.json"))
+    return Dataset(store, meta, mode, name=os.fspath(path))

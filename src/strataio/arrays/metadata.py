@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from strataio.arrays.codecs import CodecSpec, normalize_codecs
+from strataio.arrays.values import to_dtype
 from strataio.errors import MetadataError, StrataError
 
 #: Zarr v3 data type names of the numpy dtypes strataio stores.
@@ -118,13 +119,15 @@ class ArrayMetadata:
                 f"chunks {chunks_t} have {len(chunks_t)} dimensions but shape {shape_t} "
                 f"has {len(shape_t)}"
             )
-        dt = np.dtype(dtype)
+        try:
+            dt = np.dtype(dtype)
+        except TypeError:
+            raise StrataError(
+                f"dtype {dtype!r} is not a numpy dtype (e.g. 'float32', 'int8', np.uint16)"
+            ) from None
         zarr_data_type(dt)
         codecs = normalize_codecs(codec, dt)
-        try:
-            fill = np.asarray(fill_value if fill_value is not None else 0, dtype=dt)[()]
-        except (TypeError, ValueError) as exc:
-            raise StrataError(f"fill_value {fill_value!r} does not fit dtype {dt}: {exc}") from None
+        fill = _fill(fill_value, dt.newbyteorder("="))
         if attrs is not None and not isinstance(attrs, dict):
             raise StrataError("attrs must be a dict of JSON-serializable values")
         try:
@@ -196,6 +199,22 @@ class ArrayMetadata:
     def chunk_key(self, coords: Any) -> str:
         """The Zarr v3 default-encoded key of a chunk (``c/1/2``; ``c`` for 0-d arrays)."""
         return "c" + "".join(f"{self.separator}{int(c)}" for c in coords)
+
+
+def _fill(value: Any, dtype: np.dtype) -> Any:
+    """The fill value as a scalar of ``dtype``, converted by the rules writes follow."""
+    what = f"fill_value {value!r}"
+    if value is None:
+        value = 0
+    try:
+        arr = np.asarray(value)
+    except (TypeError, ValueError) as exc:
+        raise StrataError(f"{what} is not a number: {exc}") from None
+    if arr.ndim != 0:
+        raise StrataError(f"{what} must be a scalar, got shape {arr.shape}")
+    if dtype.kind == "b" and arr.dtype.kind in "iu" and arr.item() in (0, 1):
+        arr = arr.astype(bool)  # the default fill value 0 on a bool array
+    return to_dtype(arr, dtype, what).astype(dtype)[()]
 
 
 def _int_tuple(value: Any, what: str, allow_zero: bool) -> tuple[int, ...]:

@@ -1,102 +1,207 @@
 """ChunkStore: where a Dataset's chunks and ``zarr.json`` live.
 
-A Dataset talks only to this protocol, so the same array code runs over one backend
+A Dataset talks only to this interface, so the same array code runs over one backend
 (:class:`BackendChunkStore`, a Zarr v3 directory or prefix) or over a storage hierarchy (the
 tiered store of :mod:`strataio.tiers`). Batch calls let a store overlap requests and let a
 tiered store consult its residency once per batch.
+
+Beyond the required methods a store may offer three capabilities, declared in its
+:attr:`ChunkStore.capabilities` (the Dataset asks them, never the store's type):
+
+- ``partial_reads``: :meth:`ChunkStore.read_span` reads part of one stored chunk, so an
+  uncompressed chunk is read only where a section touches it;
+- ``versions``: :meth:`ChunkStore.chunk_versions` tells when a stored chunk changed;
+- ``chunk_cache``: :attr:`ChunkStore.cache_space` names the store's chunks in the process's
+  decoded-chunk cache (:mod:`strataio.arrays.chunk_cache`); it needs ``versions``, which say
+  when an entry went stale.
+
+Calling the method of a capability a store lacks raises :class:`CapabilityError`.
 """
 
 from __future__ import annotations
 
+import abc
+import os
+import shutil
 import threading
-from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from typing import NoReturn
 
-from strataio.errors import NotFoundError
+from strataio.errors import BackendError, NotFoundError, StrataError
 from strataio.storage.base import Backend, BytesLike, Version
 
+#: the array's metadata document, beside its chunks
 META_KEY = "zarr.json"
 
 
-@runtime_checkable
-class ChunkStore(Protocol):
+class CapabilityError(StrataError, NotImplementedError):
+    """A chunk store was asked for a capability it does not declare."""
+
+
+@dataclass(frozen=True, slots=True)
+class StoreCapabilities:
+    """The optional things a :class:`ChunkStore` can do (see the module docstring)."""
+
+    partial_reads: bool = False
+    versions: bool = False
+    chunk_cache: bool = False
+
+    def __post_init__(self) -> None:
+        if self.chunk_cache and not self.versions:
+            raise ValueError("the decoded-chunk cache needs chunk versions")
+
+
+class ChunkStore(abc.ABC):
     """Chunk objects by key (``c/0/1``) plus the array's metadata document.
 
-    A store may also offer ``read_span(key, offset, out, *, nowait=False) -> int | None`` (read
-    part of one stored chunk; the chunk's size or None when missing; BlockingIOError under
-    ``nowait`` when the data is not at hand); the Dataset then reads uncompressed chunks
-    partially, cached ones on the caller's thread and the rest in parallel. A store that can
-    tell when a chunk changed offers ``cache_space`` (a hashable naming its chunks) and
-    ``chunk_versions(keys)`` (as :meth:`Backend.versions`); the Dataset then keeps decoded
-    chunks in memory between reads (:mod:`strataio.arrays.chunk_cache`).
+    ``name`` names the dataset in messages. Errors are :class:`StrataError`\\ s naming the
+    dataset and the chunk.
     """
 
+    capabilities: StoreCapabilities = StoreCapabilities()
+    name: str = ""
+
+    @abc.abstractmethod
     def get_chunks(self, keys: Sequence[str]) -> list[BytesLike | None]:
         """Stored bytes per key, None for chunks never written."""
-        ...
 
+    @abc.abstractmethod
     def put_chunks(self, items: Sequence[tuple[str, BytesLike]]) -> None:
         """Store chunks; each replaces its predecessor atomically."""
-        ...
 
-    def delete_chunks(self, keys: Sequence[str]) -> None: ...
+    @abc.abstractmethod
+    def delete_chunks(self, keys: Sequence[str]) -> None:
+        """Remove chunks (they read as the fill value again); missing ones are no error."""
 
-    def list_chunks(self) -> list[str]: ...
+    @abc.abstractmethod
+    def list_chunks(self) -> list[str]:
+        """Keys of every chunk stored."""
 
-    def get_meta(self) -> bytes | None: ...
+    @abc.abstractmethod
+    def get_meta(self) -> bytes | None:
+        """The ``zarr.json`` document, None when there is none."""
 
-    def put_meta(self, data: bytes) -> None: ...
+    @abc.abstractmethod
+    def put_meta(self, data: bytes) -> None:
+        """Replace ``zarr.json`` durably."""
 
+    @abc.abstractmethod
     def flush(self) -> None:
         """Make every chunk put so far durable."""
-        ...
 
-    def close(self) -> None: ...
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Flush, and release what the store holds."""
+
+    # ----------------------------------------------------------------- capabilities
+    def read_span(
+        self, key: str, offset: int, out: memoryview, *, nowait: bool = False
+    ) -> int | None:
+        """(``partial_reads``) Read ``len(out)`` bytes of chunk ``key`` from ``offset`` into
+        ``out``; the stored chunk's size in bytes, or None when the chunk does not exist. With
+        ``nowait``, raise :class:`BlockingIOError` rather than wait on slow storage."""
+        self._lacks("partial_reads")
+
+    def chunk_versions(self, keys: Sequence[str]) -> list[Version | None]:
+        """(``versions``) Per key a token that changes whenever the stored chunk does (None
+        for a chunk never written), as :meth:`strataio.storage.base.Backend.versions`."""
+        self._lacks("versions")
+
+    @property
+    def cache_space(self) -> Hashable:
+        """(``chunk_cache``) A hashable naming this store's chunks in the decoded-chunk cache."""
+        self._lacks("chunk_cache")
+
+    def _lacks(self, capability: str) -> NoReturn:
+        raise CapabilityError(
+            f"{type(self).__name__} of {self.name or 'this dataset'!r} has no {capability} "
+            "(see its capabilities)"
+        )
 
 
-class BackendChunkStore:
-    """A Zarr v3 array stored under ``prefix`` of one Backend."""
+class BackendChunkStore(ChunkStore):
+    """A Zarr v3 array stored under ``prefix`` of one Backend; ``name`` names the dataset in
+    messages (default: the backend's location)."""
 
-    def __init__(self, backend: Backend, prefix: str = "") -> None:
+    def __init__(self, backend: Backend, prefix: str = "", *, name: str = "") -> None:
         self.backend = backend
         self.prefix = prefix.strip("/")
+        self.name = name or f"{backend.url}/{self.prefix}".rstrip("/")
         self._unsynced: set[str] = set()
         self._lock = threading.Lock()
-        self.cache_space = f"{backend.url}|{self.prefix}"
+        versions = backend.versions([]) is not None
+        self.capabilities = StoreCapabilities(
+            partial_reads=True, versions=versions, chunk_cache=versions
+        )
+        self._space = f"{backend.url}|{self.prefix}"
 
     def _key(self, key: str) -> str:
         return f"{self.prefix}/{key}" if self.prefix else key
 
+    def _failed(self, what: str, key: str, exc: OSError) -> BackendError:
+        err = BackendError(f"dataset {self.name!r}: cannot {what} chunk {key!r}: {exc}")
+        err.__cause__ = exc
+        return err
+
     def get_chunks(self, keys: Sequence[str]) -> list[BytesLike | None]:
-        return self.backend.get_many([self._key(k) for k in keys])
+        try:
+            return self.backend.get_many([self._key(k) for k in keys])
+        except StrataError:
+            raise
+        except OSError as exc:
+            bad = keys[0]
+            for k in keys:  # which chunk: the error path may ask again, one at a time
+                try:
+                    self.backend.get_many([self._key(k)])
+                except OSError:
+                    bad = k
+                    break
+            raise self._failed("read", bad, exc) from exc
 
     def read_span(
         self, key: str, offset: int, out: memoryview, *, nowait: bool = False
     ) -> int | None:
-        """Read ``len(out)`` bytes of chunk ``key`` from ``offset`` into ``out``.
-
-        Returns the chunk object's size, or None when the chunk does not exist. With
-        ``nowait``, raises BlockingIOError rather than wait on slow storage.
-        """
         try:
             return self.backend.readinto_range(self._key(key), offset, out, nowait=nowait)
         except FileNotFoundError:
             return None
+        except (StrataError, BlockingIOError):
+            raise
+        except OSError as exc:
+            raise self._failed("read", key, exc) from exc
 
-    def chunk_versions(self, keys: Sequence[str]) -> list[Version | None] | None:
-        """Per chunk, its stored object's version (None when missing); None when the backend
-        keeps no versions."""
-        return self.backend.versions([self._key(k) for k in keys])
+    def chunk_versions(self, keys: Sequence[str]) -> list[Version | None]:
+        got = self.backend.versions([self._key(k) for k in keys])
+        if got is None:
+            self._lacks("versions")
+        return got
+
+    @property
+    def cache_space(self) -> Hashable:
+        if not self.capabilities.chunk_cache:
+            self._lacks("chunk_cache")
+        return self._space
 
     def put_chunks(self, items: Sequence[tuple[str, BytesLike]]) -> None:
         for key, data in items:
-            self.backend.put(self._key(key), data)
-        with self._lock:
-            self._unsynced.update(self._key(k) for k, _ in items)
+            try:
+                self.backend.put(self._key(key), data)
+            except StrataError:
+                raise
+            except OSError as exc:
+                raise self._failed("write", key, exc) from exc
+            with self._lock:
+                self._unsynced.add(self._key(key))
 
     def delete_chunks(self, keys: Sequence[str]) -> None:
         for key in keys:
-            self.backend.delete(self._key(key))
+            try:
+                self.backend.delete(self._key(key))
+            except StrataError:
+                raise
+            except OSError as exc:
+                raise self._failed("delete", key, exc) from exc
 
     def list_chunks(self) -> list[str]:
         base = self._key("c")
@@ -111,15 +216,64 @@ class BackendChunkStore:
             return bytes(self.backend.get(self._key(META_KEY)))
         except NotFoundError:
             return None
+        except StrataError:
+            raise
+        except OSError as exc:
+            raise BackendError(f"dataset {self.name!r}: cannot read {META_KEY}: {exc}") from exc
 
     def put_meta(self, data: bytes) -> None:
-        self.backend.put(self._key(META_KEY), data, durable=True)
+        try:
+            self.backend.put(self._key(META_KEY), data, durable=True)
+        except StrataError:
+            raise
+        except OSError as exc:
+            raise BackendError(f"dataset {self.name!r}: cannot write {META_KEY}: {exc}") from exc
+
+    def holds_chunks(self) -> bool:
+        """True when anything is stored where chunks go (even folders of another array)."""
+        root = self._chunk_root()
+        if root is not None:
+            return os.path.lexists(root)
+        return bool(self.list_chunks())
+
+    def clear(self) -> None:
+        """Remove the array: ``zarr.json`` first (so that an interruption leaves no array
+        that reads partly as fill values), then every chunk, folders included."""
+        try:
+            self.backend.delete(self._key(META_KEY))
+            root = self._chunk_root()
+            if root is not None:  # the removal is durable before any chunk goes
+                fd = os.open(os.path.dirname(root), os.O_RDONLY | os.O_DIRECTORY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            if root is None:
+                for key in self.list_chunks():
+                    self.backend.delete(self._key(key))
+            elif os.path.isdir(root) and not os.path.islink(root):
+                shutil.rmtree(root)
+            elif os.path.lexists(root):
+                os.unlink(root)
+        except StrataError:
+            raise
+        except OSError as exc:
+            raise BackendError(
+                f"dataset {self.name!r}: cannot remove the old array: {exc}"
+            ) from exc
 
     def flush(self) -> None:
         with self._lock:
             keys, self._unsynced = self._unsynced, set()
         if keys:
-            self.backend.sync(sorted(keys))
+            try:
+                self.backend.sync(sorted(keys))
+            except StrataError:
+                raise
+            except OSError as exc:
+                raise BackendError(
+                    f"dataset {self.name!r}: written chunks may not be durable: {exc}"
+                ) from exc
 
     def close(self) -> None:
         self.flush()
@@ -128,3 +282,7 @@ class BackendChunkStore:
         """The file path of a chunk when the backend is a file system (for tools)."""
         path = getattr(self.backend, "path", None)
         return path(self._key(key)) if path is not None else None
+
+    def _chunk_root(self) -> str | None:
+        """The file system path of the chunk tree (``c``), None on object storage."""
+        return self.chunk_path("c")

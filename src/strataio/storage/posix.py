@@ -187,7 +187,12 @@ class PosixBackend(Backend):
                 os.unlink(tmp)
             raise
         os.close(fd)
-        os.replace(tmp, path)
+        try:
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
         if durable:
             _fsync_dir(os.path.dirname(path))
 

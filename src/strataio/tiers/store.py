@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from strataio.arrays.store import ChunkStore
 from strataio.catalog.base import ChunkCopy
 from strataio.errors import BackendError, ClosedError, NotFoundError, StrataError, TierDownError
 from strataio.storage.base import BytesLike, validate_key
@@ -28,7 +29,7 @@ from strataio.tiers.residency import META_KEY, Residency, object_key
 from strataio.tiers.tier import Tier, TierSet, checksum
 
 
-class TieredChunkStore:
+class TieredChunkStore(ChunkStore):  # no optional capabilities yet
     """Chunks of dataset ``residency.name`` spread over ``tiers``.
 
     ``hint`` is the dataset's placement hint; ``disabled`` marks a DISABLE dataset (writes are

@@ -1,0 +1,77 @@
+"""Storing values in a dataset's dtype: which conversions are allowed, and checked.
+
+The rule (for writes and ``fill_value`` alike):
+
+- the same dtype, or a conversion numpy calls safe (``int8`` → ``int32``, ``float32`` →
+  ``float64``, ``bool`` → anything numeric), is stored as is;
+- an integer of another width or signedness (``int64`` → ``int8``, ``int64`` → ``uint8``,
+  including Python ints, which numpy makes ``int64``) is stored when **every value fits** the
+  dataset's dtype, and refused otherwise: numpy users expect ``ds[i] = 5`` to work on an
+  ``int8`` dataset, and nobody expects 1000 to be stored as -24;
+- a float or complex of more precision (``float64`` → ``float32``) is rounded as numpy rounds,
+  but a finite value beyond the dataset's range (which would become ``inf``) is refused;
+- everything else (floats into integers, complex into floats, numbers into ``bool``, strings,
+  objects, dates) is refused: the caller converts explicitly.
+
+Refusals raise :class:`~strataio.errors.DtypeMismatchError` before anything is stored; the
+checks are whole-array reductions (min / max), never a loop per element.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from strataio.errors import DtypeMismatchError
+
+_NEVER = "OUSVMm"  # object, strings, void, datetime, timedelta
+
+
+def to_dtype(value: Any, dtype: np.dtype, what: str) -> np.ndarray:
+    """``value`` as an array that converts to ``dtype`` without loss (same shape; not yet
+    converted when the conversion is checked), or :class:`DtypeMismatchError` naming
+    ``what`` (e.g. ``"dataset 'run/a'"``), the dtypes and an offending value."""
+    arr = np.asarray(value)
+    src = arr.dtype
+    if src == dtype or (src.kind not in _NEVER and np.can_cast(src, dtype, "safe")):
+        return arr
+    ints = src.kind in "biu" and dtype.kind in "iu"
+    if src.kind in _NEVER or not (ints or np.can_cast(src, dtype, "same_kind")):
+        raise DtypeMismatchError(
+            f"{what}: cannot store {src} data in {dtype} without loss; convert it "
+            f"explicitly (e.g. data.astype({str(dtype)!r}))"
+        )
+    if arr.size == 0:
+        return arr
+    if ints:
+        info = np.iinfo(dtype)
+        lo, hi = int(arr.min()), int(arr.max())
+        if lo < info.min or hi > info.max:
+            bad = lo if lo < info.min else hi
+            raise DtypeMismatchError(
+                f"{what}: value {bad} ({src}) is out of range for {dtype} "
+                f"({info.min}..{info.max}); nothing was stored"
+            )
+        return arr
+    if dtype.kind in "fc":
+        _check_float_range(arr, dtype, what)
+    return arr
+
+
+def _check_float_range(arr: np.ndarray, dtype: np.dtype, what: str) -> None:
+    """Refuse finite values that ``dtype`` would turn into ``inf``."""
+    top = float(np.finfo(dtype).max)
+    real = np.finfo(dtype).dtype  # float32 for complex64
+    for part in (arr.real, arr.imag) if arr.dtype.kind == "c" else (arr,):
+        hi, lo = np.fmax.reduce(part, axis=None), np.fmin.reduce(part, axis=None)
+        if -top <= lo and hi <= top:  # also False when all are NaN: then checked below
+            continue
+        with np.errstate(over="ignore", invalid="ignore"):
+            bad = np.isfinite(part) & np.isinf(part.astype(real))
+        if bad.any():
+            value = part[bad].flat[0]
+            raise DtypeMismatchError(
+                f"{what}: value {value} ({arr.dtype}) is beyond the range of {dtype} "
+                f"(±{top:.6g}) and would be stored as inf; nothing was stored"
+            )
