@@ -465,3 +465,33 @@ def test_a_truncated_checksummed_chunk_names_the_chunk(tmp_path):
             ds[0:2, 4:6]
         assert str(tmp_path / "a") in str(info.value)
     np.testing.assert_array_equal(ds[4:8, 4:8], np.ones((4, 4)))
+
+
+@pytest.mark.parametrize(
+    ("dims", "match"),
+    [
+        (("y",), "name 1 dimensions, the array has 2"),
+        (("y", "x", "z"), "name 3 dimensions"),
+        ("yx", "sequence of names"),
+        (("y", 3), "3 is not a name"),
+        (7, "sequence of names"),
+    ],
+)
+def test_bad_dims_are_refused(tmp_path, dims, match):
+    with pytest.raises(StrataError, match=match):
+        strataio.create_dataset(tmp_path / "a", (4, 4), "f4", dims=dims)
+    assert not (tmp_path / "a").exists()
+
+
+def test_dims_round_trip(tmp_path):
+    ds = strataio.create_dataset(tmp_path / "a", (4, 4), "f4", dims=["y", None])
+    assert ds.dims == ("y", None)
+    assert json.loads((tmp_path / "a" / "zarr.json").read_text())["dimension_names"] == ["y", None]
+    assert strataio.open_dataset(tmp_path / "a").dims == ("y", None)
+    assert strataio.create_dataset(tmp_path / "b", (4,), "f4").dims is None
+    assert "dimension_names" not in json.loads((tmp_path / "b" / "zarr.json").read_text())
+    doc = json.loads((tmp_path / "a" / "zarr.json").read_text())
+    doc["dimension_names"] = ["y"]
+    (tmp_path / "a" / "zarr.json").write_text(json.dumps(doc))
+    with pytest.raises(MetadataError, match="dimension_names"):
+        strataio.open_dataset(tmp_path / "a")

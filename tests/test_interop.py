@@ -1,11 +1,12 @@
-"""Interoperability with real peers: zarr-python and TensorStore read what strataio writes,
-and strataio reads what zarr-python writes."""
+"""Interoperability with real peers: zarr-python, TensorStore and xarray read what strataio
+writes, and strataio reads what zarr-python writes."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import tensorstore as ts
+import xarray as xr
 import zarr
 
 import strataio
@@ -91,3 +92,72 @@ def test_strataio_updates_a_zarr_python_array(tmp_path):
     ds[2:5, 1:7] = -1
     a[2:5, 1:7] = -1
     np.testing.assert_array_equal(zarr.open_array(str(tmp_path / "z"), mode="r")[...], a)
+
+
+def test_xarray_opens_strataio_arrays(tmp_path):
+    """``dims=`` writes Zarr v3 ``dimension_names``; folders strataio creates are groups, so
+    xarray opens the arrays under them, 1-D arrays named after their dimension as coordinates."""
+    rng = np.random.default_rng(9)
+    temp = rng.standard_normal((30, 20)).astype("f4")
+    run = tmp_path / "run1"
+    ds = strataio.create_dataset(run / "temperature", temp.shape, "f4", (8, 8), dims=("y", "x"))
+    ds[...] = temp
+    ds.attrs["units"] = "K"
+    ds.close()
+    for name, n in (("y", 30), ("x", 20)):
+        with strataio.create_dataset(run / name, (n,), "f8", dims=[name]) as c:
+            c[...] = np.arange(n) * 0.5
+    ds = strataio.open_dataset(run / "temperature")
+    assert ds.dims == ("y", "x")
+
+    xds = xr.open_zarr(run, consolidated=False)
+    assert xds["temperature"].dims == ("y", "x")
+    assert xds["temperature"].attrs["units"] == "K"
+    np.testing.assert_array_equal(xds["temperature"].values, temp)
+    np.testing.assert_array_equal(xds["x"].values, np.arange(20) * 0.5)
+    assert set(xds.coords) == {"x", "y"}
+    picked = xds["temperature"].sel(x=2.5, y=slice(1.0, 3.0)).values
+    np.testing.assert_array_equal(picked, temp[2:7, 5])
+
+    z = zarr.open_array(str(run / "temperature"), mode="r")
+    assert z.metadata.dimension_names == ("y", "x")
+    assert zarr.open_group(str(run), mode="r")["temperature"].shape == (30, 20)
+
+
+def test_strataio_reads_zarr_python_dimension_names(tmp_path):
+    z = zarr.create_array(
+        store=str(tmp_path / "z"),
+        shape=(4, 3),
+        chunks=(2, 3),
+        dtype="i2",
+        dimension_names=["time", None],
+    )
+    z[...] = np.arange(12).reshape(4, 3)
+    ds = strataio.open_dataset(tmp_path / "z", "r+")
+    assert ds.dims == ("time", None)
+    ds[0] = 7
+    assert zarr.open_array(str(tmp_path / "z"), mode="r").metadata.dimension_names == (
+        "time",
+        None,
+    )
+
+
+def test_existing_folders_are_left_alone(tmp_path):
+    strataio.create_dataset(tmp_path / "a", (3,), "f4", dims=["x"])
+    assert not (tmp_path / "zarr.json").exists()
+
+
+def test_session_datasets_keep_dimension_names(tmp_path):
+    """A tiered dataset's copy on a tier is a Zarr v3 array with its dimension names."""
+    from strataio.storage.posix import PosixBackend
+    from strataio.tiers.tier import Tier, TierSet
+
+    tiers = TierSet([Tier("disk", PosixBackend(tmp_path / "disk"), "localdisk", order=0)])
+    with strataio.Session(tiers=tiers, catalog=tmp_path / "cat.db") as s:
+        ds = s.create_dataset("t", (4, 6), "i4", (2, 3), dims=("y", "x"))
+        ds[...] = np.arange(24).reshape(4, 6)
+        ds.close()
+        assert s.open_dataset("t").dims == ("y", "x")
+    z = zarr.open_array(str(tmp_path / "disk" / "t"), mode="r")
+    assert z.metadata.dimension_names == ("y", "x")
+    np.testing.assert_array_equal(z[...], np.arange(24).reshape(4, 6))

@@ -79,3 +79,8 @@ class ViewError(StrataError, ValueError):
 
 class DatasetDisabledError(StrataError):
     """A dataset created with the DISABLE placement hint: its data was never stored."""
+
+
+class CapabilityError(StrataError, NotImplementedError):
+    """A store was asked for an optional capability it does not declare (the message names
+    the store, the dataset and the capability)."""

@@ -163,6 +163,7 @@ class Session:
         codec: Any = None,
         fill_value: Any = 0,
         attrs: dict[str, Any] | None = None,
+        dims: Any = None,
     ) -> TieredDataset:
         """Create dataset ``name`` (catalogued, placed by ``hint``) and open it ``r+``.
 
@@ -173,7 +174,7 @@ class Session:
         validate_key(name)
         if name.split("/")[-1] == META_KEY:
             raise StrataError(f"dataset name {name!r} ends in {META_KEY!r}, which is reserved")
-        meta = ArrayMetadata.create(shape, dtype, chunks, codec, fill_value, attrs)
+        meta = ArrayMetadata.create(shape, dtype, chunks, codec, fill_value, attrs, dims)
         CodecPipeline(meta.codecs, meta.dtype, meta.chunks)
         h = self.placement.check_hint(hint)
         record = DatasetRecord(

@@ -3,7 +3,7 @@
 from strataio.arrays.codecs import CodecPipeline, normalize_codecs
 from strataio.arrays.dataset import Dataset, create_dataset, open_dataset
 from strataio.arrays.metadata import ArrayMetadata
-from strataio.arrays.store import BackendChunkStore, ChunkStore
+from strataio.arrays.store import BackendChunkStore, ChunkStore, StoreCapabilities
 
 __all__ = [
     "ArrayMetadata",
@@ -11,6 +11,7 @@ __all__ = [
     "ChunkStore",
     "CodecPipeline",
     "Dataset",
+    "StoreCapabilities",
     "create_dataset",
     "normalize_codecs",
     "open_dataset",

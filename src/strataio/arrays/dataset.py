@@ -180,6 +180,12 @@ class Dataset:
         return self.meta.fill_value
 
     @property
+    def dims(self) -> tuple[str | None, ...] | None:
+        """The dimension names (Zarr v3 ``dimension_names``), None when the array has none."""
+        names = self.meta.dimension_names
+        return None if names is None else tuple(names)
+
+    @property
     def nchunks(self) -> int:
         return self.grid.nchunks
 
@@ -534,6 +540,10 @@ class Dataset:
 DEFAULT_CODEC = "crc32c"
 
 
+#: the ``zarr.json`` of a Zarr v3 group without attributes
+GROUP_META = b'{"zarr_format": 3, "node_type": "group", "attributes": {}}'
+
+
 def _posix_store(path: str | os.PathLike[str], create: bool) -> BackendChunkStore:
     from strataio.storage.posix import PosixBackend
 
@@ -558,22 +568,35 @@ def create_dataset(
     codec: Any = DEFAULT_CODEC,
     fill_value: Any = 0,
     attrs: dict[str, Any] | None = None,
+    dims: Sequence[str | None] | None = None,
     overwrite: bool = False,
 ) -> Dataset:
     """Create a sub-filed array at ``path`` (a Zarr v3 array directory) and open it ``r+``.
 
     ``codec`` as in :func:`strataio.arrays.codecs.normalize_codecs` (``"crc32c"``, the
     default, checksums each chunk; ``None`` stores raw bytes unchecked; ``"zstd"``,
-    ``"zstd+crc32c"``, ...). An existing array at ``path`` is an error unless ``overwrite``,
-    which removes it (its metadata and every chunk) first. Every argument is checked before
-    anything is written.
+    ``"zstd+crc32c"``, ...). ``dims`` names the dimensions (one str or None each; xarray
+    needs them). An existing array at ``path`` is an error unless ``overwrite``, which removes
+    it (its metadata and every chunk) first. Every argument is checked before anything is
+    written.
+
+    Folders this call creates above the array become Zarr v3 groups, as zarr-python makes
+    them, so ``xarray.open_zarr(parent, consolidated=False)`` opens the arrays under
+    ``parent``; a folder that already existed is left as it is.
     """
     from strataio.errors import ExistsError
 
-    meta = ArrayMetadata.create(shape, dtype, chunks, codec, fill_value, attrs)
+    meta = ArrayMetadata.create(shape, dtype, chunks, codec, fill_value, attrs, dims)
     # Validate the codec pipeline before anything touches the disk.
     CodecPipeline(meta.codecs, meta.dtype, meta.chunks)
+    new_parents = []
+    parent = os.path.dirname(os.path.abspath(path))
+    while not os.path.lexists(parent):
+        new_parents.append(parent)
+        parent = os.path.dirname(parent)
     store = _posix_store(path, create=True)
+    for folder in new_parents:
+        _posix_store(folder, create=True).put_meta(GROUP_META)
     if store.get_meta() is not None or store.holds_chunks():
         if not overwrite:
             what = "a dataset" if store.get_meta() is not None else "chunk data (no zarr.json)"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -108,8 +109,12 @@ class ArrayMetadata:
         codec: Any = None,
         fill_value: Any = 0,
         attrs: dict[str, Any] | None = None,
+        dims: Any = None,
     ) -> ArrayMetadata:
-        """Validated metadata for a new array (errors raised here write nothing)."""
+        """Validated metadata for a new array (errors raised here write nothing).
+
+        ``dims`` names the dimensions (Zarr v3 ``dimension_names``, which xarray reads): one
+        string or None per dimension, or None for no names."""
         shape_t = _int_tuple(shape, "shape", allow_zero=True)
         if chunks is None:
             chunks = shape_t
@@ -134,7 +139,10 @@ class ArrayMetadata:
             json.dumps(attrs or {})
         except TypeError as exc:
             raise StrataError(f"attrs are not JSON-serializable: {exc}") from None
-        return cls(shape_t, dt.newbyteorder("="), chunks_t, codecs, fill, dict(attrs or {}))
+        names = _dimension_names(dims, len(shape_t), StrataError, "dims")
+        return cls(
+            shape_t, dt.newbyteorder("="), chunks_t, codecs, fill, dict(attrs or {}), "/", names
+        )
 
     # ----------------------------------------------------------------- zarr.json
     def to_json(self) -> bytes:
@@ -183,15 +191,19 @@ class ArrayMetadata:
             dt = np.dtype(name)
             if doc.get("storage_transformers"):
                 raise MetadataError(f"{where}: storage transformers are not supported")
+            shape = tuple(int(n) for n in doc["shape"])
+            names = _dimension_names(
+                doc.get("dimension_names"), len(shape), MetadataError, f"{where}: dimension_names"
+            )
             return cls(
-                shape=tuple(int(n) for n in doc["shape"]),
+                shape=shape,
                 dtype=dt,
                 chunks=tuple(int(n) for n in grid["configuration"]["chunk_shape"]),
                 codecs=list(doc["codecs"]),
                 fill_value=_fill_from_json(doc.get("fill_value", 0), dt),
                 attrs=dict(doc.get("attributes") or {}),
                 separator=sep,
-                dimension_names=doc.get("dimension_names"),
+                dimension_names=names,
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise MetadataError(f"{where} is malformed: {exc!r}") from None
@@ -199,6 +211,23 @@ class ArrayMetadata:
     def chunk_key(self, coords: Any) -> str:
         """The Zarr v3 default-encoded key of a chunk (``c/1/2``; ``c`` for 0-d arrays)."""
         return "c" + "".join(f"{self.separator}{int(c)}" for c in coords)
+
+
+def _dimension_names(
+    value: Any, ndim: int, error: type[StrataError], what: str
+) -> list[str | None] | None:
+    """``value`` as Zarr v3 ``dimension_names`` for an array of ``ndim`` dimensions."""
+    if value is None:
+        return None
+    if isinstance(value, str) or not isinstance(value, Sequence):
+        raise error(f"{what} must be a sequence of names (str or None), got {value!r}")
+    names = list(value)
+    if len(names) != ndim:
+        raise error(f"{what} {tuple(names)} name {len(names)} dimensions, the array has {ndim}")
+    bad = [n for n in names if n is not None and not isinstance(n, str)]
+    if bad:
+        raise error(f"{what}: {bad[0]!r} is not a name (a str, or None for an unnamed dimension)")
+    return names
 
 
 def _fill(value: Any, dtype: np.dtype) -> Any:

@@ -28,15 +28,11 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import NoReturn
 
-from strataio.errors import BackendError, NotFoundError, StrataError
+from strataio.errors import BackendError, CapabilityError, NotFoundError, StrataError
 from strataio.storage.base import Backend, BytesLike, Version
 
 #: the array's metadata document, beside its chunks
 META_KEY = "zarr.json"
-
-
-class CapabilityError(StrataError, NotImplementedError):
-    """A chunk store was asked for a capability it does not declare."""
 
 
 @dataclass(frozen=True, slots=True)
