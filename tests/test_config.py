@@ -232,6 +232,21 @@ def test_unreadable_config_paths_are_config_errors(tmp_path):
         load_config(_write(tmp_path / "x.toml", "[[tiers]]\nname = "))
 
 
+def test_format_size():
+    from strataio.sizes import format_size
+
+    assert format_size(0) == "0 B"
+    assert format_size(1023) == "1023 B"
+    assert format_size(1024) == "1.0 KiB"
+    assert format_size(1536 * 1024) == "1.5 MiB"
+    assert format_size(2**50) == "1.0 PiB"
+    assert format_size(2**60) == "1024.0 PiB"
+    assert format_size(None) == "-"
+    assert format_size(None, none="unbounded") == "unbounded"
+    assert format_size(1536, raw=True) == "1536"
+    assert parse_size(format_size(3 * 2**30)) == 3 * 2**30
+
+
 def test_parse_size():
     assert parse_size("10GiB") == 10 * 2**30
     assert parse_size("10 GB") == 10 * 10**9

@@ -1,4 +1,5 @@
-"""Sizes in bytes written the way people write them: ``"10GiB"``, ``"500 MB"``, ``4096``."""
+"""Sizes in bytes written the way people write them: ``"10GiB"``, ``"500 MB"``, ``4096``;
+read by :func:`parse_size`, shown by :func:`format_size`."""
 
 from __future__ import annotations
 
@@ -49,3 +50,21 @@ def parse_size(value: Any, *, where: str = "size") -> int | None:
         f"{where}: cannot read {value!r} as a size (use bytes or a number with a unit: "
         "B, kB, MB, GB, TB, KiB, MiB, GiB, TiB)"
     )
+
+
+_BINARY = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+
+
+def format_size(n: float | None, *, raw: bool = False, none: str = "-") -> str:
+    """Bytes for people: ``512 B``, ``1.5 MiB`` (binary units, one decimal); with ``raw`` the
+    plain number of bytes. ``None`` (unbounded) shows as ``none``."""
+    if n is None:
+        return none
+    if raw:
+        return str(int(n))
+    size = float(n)
+    for unit in _BINARY:
+        if abs(size) < 1024 or unit == _BINARY[-1]:
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")

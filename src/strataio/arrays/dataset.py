@@ -33,7 +33,7 @@ from strataio.errors import (
     ShapeMismatchError,
     StrataError,
 )
-from strataio.layout.chunks import ChunkGrid
+from strataio.layout.chunks import ChunkGrid, chunk_key
 from strataio.layout.memo import LayoutMemo
 from strataio.layout.pieces import scratch
 from strataio.layout.sections import Section
@@ -355,7 +355,7 @@ class Dataset:
         plan = _Plan([], [], [], [], [])
         for row in self.grid.cover(section).rows():
             coords, ls, le, os_, oe = row
-            plan.keys.append("c" + "".join(sep + str(c) for c in coords))
+            plan.keys.append(chunk_key(coords, sep))
             plan.rows.append(row)
             # a 0-d array's box must index with Ellipsis to give a view, not a scalar
             plan.dst.append(tuple(map(slice, os_, oe)) or (Ellipsis,))

@@ -17,6 +17,7 @@ import numpy as np
 from strataio.arrays.codecs import CodecSpec, normalize_codecs
 from strataio.arrays.values import to_dtype
 from strataio.errors import MetadataError, StrataError
+from strataio.layout.chunks import chunk_key
 
 #: Zarr v3 data type names of the numpy dtypes strataio stores.
 DATA_TYPES = {
@@ -210,7 +211,7 @@ class ArrayMetadata:
 
     def chunk_key(self, coords: Any) -> str:
         """The Zarr v3 default-encoded key of a chunk (``c/1/2``; ``c`` for 0-d arrays)."""
-        return "c" + "".join(f"{self.separator}{int(c)}" for c in coords)
+        return chunk_key(coords, self.separator)
 
 
 def _dimension_names(

@@ -22,6 +22,7 @@ from strataio.cli.output import UsageProblem as _UsageProblem
 from strataio.cli.output import handle_errors as _handle_errors
 from strataio.cli.output import make_console
 from strataio.config import CONFIG_FILENAME, Config, default_config_text, load_config
+from strataio.sizes import format_size
 
 _config_option = click.option(
     "-c",
@@ -40,18 +41,6 @@ def _open_existing(cfg: Config) -> Catalog:
     if "://" not in url and not os.path.exists(url):
         raise _UsageProblem(f"no catalog at {url} (run `strataio init` first)")
     return open_catalog(url)
-
-
-def _human(n: int | None, raw: bool = False) -> str:
-    """Bytes as ``1.5 MiB`` (or plain digits with ``raw``); ``None`` is unbounded."""
-    if n is None:
-        return "-"
-    if raw:
-        return str(n)
-    if n < 1024:
-        return f"{n} B"
-    exp = min(int(math.log(n, 1024)), 5)
-    return f"{n / 1024**exp:.1f} {'BKMGTP'[exp]}iB"
 
 
 def _dims(t: tuple[int, ...]) -> str:
@@ -138,8 +127,8 @@ def ls_cmd(config_path: Path | None, as_json: bool) -> None:
             f"{_dims(tuple(r['chunks']))} ({r['nchunks']})",
             r["hint"],
             r["state"],
-            _human(r["size_bytes"]),
-            _human(r["stored_bytes"]),
+            format_size(r["size_bytes"]),
+            format_size(r["stored_bytes"]),
             *(str(r["chunks_per_tier"][t.name]) for t in tiers),
         )
     console.print(table)
@@ -191,8 +180,8 @@ def du_cmd(config_path: Path | None, as_json: bool, raw: bool) -> None:
             t.name,
             t.role,
             t.state,
-            _human(t.capacity_bytes, raw),
-            _human(used, raw),
+            format_size(t.capacity_bytes, raw=raw),
+            format_size(used, raw=raw),
             pct,
             str(copies),
         )
@@ -208,7 +197,7 @@ def du_cmd(config_path: Path | None, as_json: bool, raw: bool) -> None:
     for name, per in sorted(by_ds.items()):
         table.add_row(
             name,
-            *(_human(per.get(t.name, 0), raw) for t in tiers),
-            _human(sum(per.values()), raw),
+            *(format_size(per.get(t.name, 0), raw=raw) for t in tiers),
+            format_size(sum(per.values()), raw=raw),
         )
     console.print(table)

@@ -15,14 +15,7 @@ from strataio.arrays import Dataset, open_dataset
 from strataio.cli import main
 from strataio.cli.output import make_console
 from strataio.errors import StrataError
-
-
-def _human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
+from strataio.sizes import format_size
 
 
 def bytes_on_disk(ds: Dataset) -> int:
@@ -68,8 +61,8 @@ def info_cmd(path: Path) -> None:
                 ("codecs", ds.codecs.describe()),
                 ("fill value", repr(np.asarray(ds.fill_value).item())),
                 ("chunks present", f"{present} / {ds.nchunks}"),
-                ("bytes on disk", f"{on_disk} ({_human(on_disk)})"),
-                ("logical bytes", f"{ds.nbytes} ({_human(ds.nbytes)})"),
+                ("bytes on disk", f"{on_disk} ({format_size(on_disk)})"),
+                ("logical bytes", f"{ds.nbytes} ({format_size(ds.nbytes)})"),
                 ("attributes", ", ".join(sorted(ds.attrs)) or "-"),
             ]
     except (StrataError, OSError) as exc:

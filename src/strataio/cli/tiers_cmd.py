@@ -32,6 +32,7 @@ from rich.table import Table
 from strataio.cli import bench, main
 from strataio.cli.output import handle_errors, json_option, make_console, write_json
 from strataio.errors import ConfigError, StrataError
+from strataio.sizes import format_size
 from strataio.tiers.fsck import DEFAULT_GRACE
 
 _config_opt = click.option(
@@ -41,17 +42,6 @@ _config_opt = click.option(
     default=None,
     help="configuration file (default: ./strataio.toml, $STRATAIO_CONFIG, built-in)",
 )
-
-
-def _human(n: int | None) -> str:
-    if n is None:
-        return "unbounded"
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if size < 1024 or unit == "TiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{n} B"
 
 
 def _session(config: str | None) -> Any:
@@ -111,8 +101,8 @@ def tiers_command(config: str | None, check: bool) -> None:
                 t.role,
                 t.backend.url,
                 state,
-                _human(t.capacity),
-                _human(usage.get(t.name, 0)),
+                format_size(t.capacity, none="unbounded"),
+                format_size(usage.get(t.name, 0)),
                 t.last_error[:60],
             )
         console.print(table)
@@ -137,10 +127,10 @@ def _run_move(console: Console, handle: Any, label: str) -> Any:
         task = bar.add_task(label, total=max(1, handle.progress.total), moved="0 B")
         while not handle.done():
             p = handle.progress
-            bar.update(task, completed=p.done, moved=_human(p.nbytes))
+            bar.update(task, completed=p.done, moved=format_size(p.nbytes))
             time.sleep(0.05)
         p = handle.progress
-        bar.update(task, completed=p.total, moved=_human(p.nbytes))
+        bar.update(task, completed=p.total, moved=format_size(p.nbytes))
     return handle.result()
 
 
@@ -164,7 +154,7 @@ def _move(config: str | None, name: str, op: str, section: str | None, tier: str
             raise
         ds.close()
     console.print(
-        f"{op}: {result.moved} chunks moved ({_human(result.nbytes)}), {result.reused} already "
+        f"{op}: {result.moved} chunks moved ({format_size(result.nbytes)}), {result.reused} already "
         f"in place, {len(result.failed)} failed, in {result.seconds:.2f} s"
     )
     for key, msg in result.failed[:10]:
@@ -320,7 +310,7 @@ def residency_info(name: str, config: str | None = None, console: Console | None
         table.add_column(col)
     for t in s.tiers:
         n = per.get(t.name, [0, 0, 0])
-        table.add_row(t.name, str(n[0]), _human(n[1]), str(n[2]))
+        table.add_row(t.name, str(n[0]), format_size(n[1]), str(n[2]))
     console.print(table)
     return True
 

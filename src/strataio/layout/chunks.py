@@ -12,6 +12,12 @@ from strataio.errors import SelectionError, StrataError
 from strataio.layout.sections import Section
 
 
+def chunk_key(coords: Sequence[int], separator: str = "/") -> str:
+    """The Zarr v3 default-encoded key of the chunk at grid ``coords`` (``c/1/2``; ``c`` for
+    a 0-d array's single chunk)."""
+    return "c" + "".join(separator + str(int(c)) for c in coords)
+
+
 class ChunkCover:
     """The chunks a section touches, in C order of chunk coordinates.
 
