@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 
@@ -9,6 +10,13 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 import strataio
 from strataio.errors import (
@@ -221,11 +229,19 @@ def test_bad_writes_raise_and_write_nothing(ds, tmp_path, index, value, error):
     with pytest.raises(error) as info:
         ds[index] = value
     assert isinstance(info.value, StrataError)
-    assert str(info.value)
+    assert str(tmp_path / "a") in str(info.value)  # names the dataset
     assert _snapshot(tmp_path / "a") == before
 
 
 def test_bad_section_calls(ds):
+    for bad in (
+        lambda: ds.read_section((0, 0), (21, 5)),
+        lambda: ds.read_section((0, 0), (2, 2), out=np.empty((2, 2), dtype="float64")),
+        lambda: ds.write_section((0,), np.zeros(3, dtype="float32")),
+        lambda: ds[0, 0, 0],
+    ):
+        with pytest.raises(StrataError, match="dataset '.*a'"):
+            bad()
     with pytest.raises(SelectionError, match="out of bounds"):
         ds.read_section((0, 0), (21, 5))
     with pytest.raises(SelectionError):
@@ -274,7 +290,7 @@ def test_truncated_raw_chunk_is_detected(tmp_path):
 
 
 def test_create_and_open_errors(tmp_path):
-    with pytest.raises(CodecError, match="unknown codec"):
+    with pytest.raises(CodecError, match="dataset '.*a': unknown codec"):
         strataio.create_dataset(tmp_path / "a", (4,), "f4", (2,), codec="lzma9")
     assert not (tmp_path / "a").exists() or not any((tmp_path / "a").iterdir())
     with pytest.raises(StrataError, match="dtype"):
@@ -495,3 +511,95 @@ def test_dims_round_trip(tmp_path):
     (tmp_path / "a" / "zarr.json").write_text(json.dumps(doc))
     with pytest.raises(MetadataError, match="dimension_names"):
         strataio.open_dataset(tmp_path / "a")
+
+
+# ------------------------------------------------------------------ a dataset's life
+class DatasetLife(RuleBasedStateMachine):
+    """Create and overwrite (any rank, dtype, codec), write (values that fit or not), reopen.
+    After every step the dataset reads back the model, and its folder holds exactly
+    ``zarr.json`` and chunk files of the current grid: no debris of an older array, no
+    temporary files."""
+
+    root = None
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.path = os.path.join(self.root, f"ds{next(_life)}")
+        self.ds = None
+        self.model = None
+
+    @rule(
+        shape=st.lists(st.integers(0, 9), min_size=0, max_size=3),
+        data=st.data(),
+        dtype=st.sampled_from(["int8", "uint16", "float32", "int64"]),
+        codec=st.sampled_from([None, "crc32c", "zstd"]),
+    )
+    def create(self, shape, data, dtype, codec):
+        chunks = [data.draw(st.integers(1, max(n, 1))) for n in shape]
+        fill = data.draw(st.integers(-3, 3)) if dtype != "uint16" else 2
+        self.ds = strataio.create_dataset(
+            self.path, shape, dtype, chunks, codec=codec, fill_value=fill, overwrite=True
+        )
+        self.model = np.full(shape, fill, dtype=dtype)
+
+    @precondition(lambda self: self.ds is not None and self.model.size > 0)
+    @rule(data=st.data())
+    def write(self, data):
+        box = tuple(
+            slice(a, data.draw(st.integers(a + 1, n)))
+            for n in self.model.shape
+            for a in [data.draw(st.integers(0, n - 1))]
+        )
+        sub = self.model[box].shape
+        values = np.asarray(
+            data.draw(st.lists(st.integers(-(2**40), 2**40), min_size=1, max_size=1))[0]
+            + np.arange(int(np.prod(sub)), dtype=np.int64).reshape(sub)
+            if data.draw(st.booleans())
+            else data.draw(st.integers(-100, 100)) + np.zeros(sub, dtype=np.int64)
+        )
+        dt = self.model.dtype
+        fits = dt.kind == "f" or (
+            np.iinfo(dt).min <= values.min() and values.max() <= np.iinfo(dt).max
+        )
+        if fits:
+            self.ds[box] = values
+            self.model[box] = values
+        else:
+            with pytest.raises(DtypeMismatchError):
+                self.ds[box] = values
+
+    @precondition(lambda self: self.ds is not None)
+    @rule()
+    def reopen(self):
+        self.ds.close()
+        self.ds = strataio.open_dataset(self.path, "r+")
+
+    @invariant()
+    def reads_back_and_holds_only_its_chunks(self):
+        if self.ds is None:
+            return
+        np.testing.assert_array_equal(self.ds[...], self.model)
+        grid = self.ds.grid
+        keys = {self.ds.chunk_key(c) for c in np.ndindex(*grid.grid_shape)}
+        files = [p for p in _tree(self.path) if os.path.isfile(os.path.join(self.path, p))]
+        assert set(files) - {"zarr.json"} <= keys, files
+
+    def teardown(self):
+        if self.ds is not None:
+            self.ds.close()
+
+
+_life = itertools.count()
+
+
+def test_dataset_life(tmp_path):
+    DatasetLife.root = str(tmp_path)
+    run_state_machine_as_test(
+        DatasetLife,
+        settings=settings(
+            max_examples=40,
+            stateful_step_count=12,
+            deadline=None,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+        ),
+    )

@@ -128,6 +128,8 @@ class Dataset:
     ) -> None:
         if mode not in _MODES:
             raise StrataError(f"mode must be one of {_MODES}, got {mode!r}")
+        if not isinstance(store, ChunkStore):
+            raise StrataError(f"a Dataset's store must be a ChunkStore, not {type(store).__name__}")
         self.store = store
         self.meta = meta
         self.mode = mode
@@ -214,7 +216,7 @@ class Dataset:
 
     # ----------------------------------------------------------------- numpy-style access
     def __getitem__(self, index: Any) -> np.ndarray | Any:
-        section = Section.from_index(index, self.shape)
+        section = self._section(Section.from_index, index)
         out = np.empty(section.shape, dtype=self.dtype)
         self._read_into(section, out)
         res = out.reshape(section.result_shape)
@@ -222,7 +224,7 @@ class Dataset:
 
     def __setitem__(self, index: Any, value: Any) -> None:
         self._check_writable()
-        section = Section.from_index(index, self.shape)
+        section = self._section(Section.from_index, index)
         data = self._coerce(value, section.result_shape, section.shape)
         self._write_from(section, data)
 
@@ -234,20 +236,24 @@ class Dataset:
         self, start: Sequence[int], stop: Sequence[int], out: np.ndarray | None = None
     ) -> np.ndarray:
         """The box ``[start, stop)`` as an array; into ``out`` (same shape, dtype) if given."""
-        section = Section.from_bounds(start, stop, self.shape)
+        section = self._section(Section.from_bounds, start, stop)
         if out is None:
             out = np.empty(section.shape, dtype=self.dtype)
         else:
+            what = self._what()
             if not isinstance(out, np.ndarray):
-                raise ShapeMismatchError("out must be a numpy array")
+                raise ShapeMismatchError(f"{what}: out must be a numpy array")
             if out.shape != section.shape:
                 raise ShapeMismatchError(
-                    f"out has shape {out.shape} but section {section} has shape {section.shape}"
+                    f"{what}: out has shape {out.shape} but section {section} has shape "
+                    f"{section.shape}"
                 )
             if out.dtype != self.dtype:
-                raise DtypeMismatchError(f"out has dtype {out.dtype}, the dataset {self.dtype}")
+                raise DtypeMismatchError(
+                    f"{what}: out has dtype {out.dtype}, the dataset {self.dtype}"
+                )
             if not out.flags.writeable:
-                raise ShapeMismatchError("out is read-only")
+                raise ShapeMismatchError(f"{what}: out is read-only")
         self._read_into(section, out)
         return out
 
@@ -257,15 +263,15 @@ class Dataset:
         arr = np.asarray(data)
         if arr.ndim != self.ndim:
             raise ShapeMismatchError(
-                f"data has {arr.ndim} dimensions, the dataset {self.ndim}; "
+                f"{self._what()}: data has {arr.ndim} dimensions, the dataset {self.ndim}; "
                 "write_section takes an array of the dataset's rank"
             )
         stop = [int(a) + n for a, n in zip(start, arr.shape)] if len(start) == arr.ndim else None
         if stop is None:
             raise SelectionError(
-                f"start {tuple(start)} has {len(start)} dimensions, data {arr.ndim}"
+                f"{self._what()}: start {tuple(start)} has {len(start)} dimensions, data {arr.ndim}"
             )
-        section = Section.from_bounds(start, stop, self.shape)
+        section = self._section(Section.from_bounds, start, stop)
         self._write_from(section, self._coerce(arr, section.shape, section.shape))
 
     # ----------------------------------------------------------------- lifecycle
@@ -303,6 +309,13 @@ class Dataset:
         """How messages name this dataset."""
         return f"dataset {self.name!r}" if self.name else "the dataset"
 
+    def _section(self, make: Callable[..., Section], *args: Any) -> Section:
+        """``make(*args, shape)``, its errors naming this dataset."""
+        try:
+            return make(*args, self.shape)
+        except SelectionError as exc:
+            raise type(exc)(f"{self._what()}: {exc}") from None
+
     def _check_open(self) -> None:
         if self._closed:
             raise ClosedError(f"{self!r} is closed")
@@ -330,7 +343,8 @@ class Dataset:
             arr = np.broadcast_to(arr, given_shape)
         except ValueError:
             raise ShapeMismatchError(
-                f"data of shape {arr.shape} does not fit the selection of shape {given_shape}"
+                f"{self._what()}: data of shape {arr.shape} does not fit the selection of "
+                f"shape {given_shape}"
             ) from None
         return arr.reshape(box) if given_shape != box else arr
 
@@ -586,9 +600,12 @@ def create_dataset(
     """
     from strataio.errors import ExistsError
 
-    meta = ArrayMetadata.create(shape, dtype, chunks, codec, fill_value, attrs, dims)
-    # Validate the codec pipeline before anything touches the disk.
-    CodecPipeline(meta.codecs, meta.dtype, meta.chunks)
+    try:
+        meta = ArrayMetadata.create(shape, dtype, chunks, codec, fill_value, attrs, dims)
+        # Validate the codec pipeline before anything touches the disk.
+        CodecPipeline(meta.codecs, meta.dtype, meta.chunks)
+    except StrataError as exc:
+        raise type(exc)(f"dataset {os.fspath(path)!r}: {exc}") from None
     new_parents = []
     parent = os.path.dirname(os.path.abspath(path))
     while not os.path.lexists(parent):
