@@ -8,7 +8,7 @@ pieces between the file and a packed buffer:
   ``preadv`` / ``pwritev`` per piece (the baseline: list I/O without sieving);
 - ``sieved``: ``read_sieved`` / ``write_sieved`` with ROMIO's default buffers (4 MiB / 512 KiB),
   every hole sieved (``romio_ds_*=enable``);
-- ``automatic``: ``read_independent`` / ``write_independent`` with default hints (cost model);
+- ``automatic``: the independent route of ``strataio.File`` (``IndependentIO``) with default hints (cost model);
 - ``file``: ``strataio.File.read_at`` / ``write_at`` through the equivalent strided file view,
   ``romio_ds_*=enable``: the same sieving, planned once per layout and reused by later calls;
 - ``romio``: ``MPI.File.Read_at`` / ``Write_at`` through that view, ``romio_ds_*=enable``
@@ -37,6 +37,10 @@ from mpi4py import MPI
 
 import strataio
 from strataio.collective import sieving
+from strataio.collective.access import Access
+from strataio.collective.driver import PosixDriver
+from strataio.collective.hints import parse_hints
+from strataio.collective.independent import IndependentIO
 from strataio.layout.extents import Extents
 
 METHODS = ("direct", "sieved", "automatic", "file", "romio")
@@ -84,7 +88,8 @@ def run_sieving(file_mib: int = 32, repeat: int = 3) -> list[SievingResult]:
     with tempfile.TemporaryDirectory(prefix="strataio-sieve-") as tmp:
         path = os.path.join(tmp, "data.bin")
         np.random.default_rng(0).integers(0, 256, size, dtype=np.uint8).tofile(path)
-        fd = os.open(path, os.O_RDWR)
+        fd = PosixDriver.open(path, os.O_RDWR)  # (a driver, as File's engines get)
+        automatic, enable = IndependentIO(), IndependentIO(parse_hints(_ENABLE))
         try:
             for name, (piece, stride) in PATTERNS.items():
                 n = size // stride
@@ -103,16 +108,12 @@ def run_sieving(file_mib: int = 32, repeat: int = 3) -> list[SievingResult]:
                 calls: dict[tuple[str, str], Callable[[], None]] = {
                     ("read", "direct"): lambda e=ext, b=buf: sieving.read_direct(fd, e, b),
                     ("read", "sieved"): lambda e=ext, b=buf: sieving.read_sieved(fd, e, b),
-                    ("read", "automatic"): lambda e=ext, b=buf: sieving.read_independent(fd, e, b),
+                    ("read", "automatic"): lambda e=ext, b=buf: automatic.read(fd, Access(e, b)),
                     ("read", "file"): lambda b=buf, f=sf: f.read_at(0, b),
                     ("read", "romio"): lambda b=buf, f=fh: f.Read_at(0, b),
                     ("write", "direct"): lambda e=ext, d=data: sieving.write_direct(fd, e, d),
-                    ("write", "sieved"): lambda e=ext, d=data: sieving.write_independent(
-                        fd, e, d, _ENABLE
-                    ),
-                    ("write", "automatic"): lambda e=ext, d=data: sieving.write_independent(
-                        fd, e, d
-                    ),
+                    ("write", "sieved"): lambda e=ext, d=data: enable.write(fd, Access(e, d)),
+                    ("write", "automatic"): lambda e=ext, d=data: automatic.write(fd, Access(e, d)),
                     ("write", "file"): lambda d=data, f=sf: f.write_at(0, d),
                     ("write", "romio"): lambda d=data, f=fh: f.Write_at(0, d),
                 }
@@ -142,5 +143,5 @@ def run_sieving(file_mib: int = 32, repeat: int = 3) -> list[SievingResult]:
                     info.Free()
                     view.Free()
         finally:
-            os.close(fd)
+            fd.close()
     return out
