@@ -572,3 +572,23 @@ def test_aggregator_hints_match_romio(nprocs: int, tmp_path: Path) -> None:
     """cb_config_list, cb_nodes and romio_no_indep_rw choose, report and open as ROMIO does."""
     out = run_mpi(nprocs, "aggregators_vs_romio.py", tmp_path)
     assert f"ok 11 on {nprocs} ranks" in out, out
+
+
+def test_file_refuses_hints_of_engines_not_built_before_creating(tmp_path: Path) -> None:
+    path = tmp_path / "never.bin"
+    with pytest.raises(HintError, match="romio_cb_pfr.*not supported yet"):
+        strataio.File.open(None, path, "w", hints={"romio_cb_pfr": "enable"})
+    assert not path.exists()
+    with strataio.File.open(None, path, "w", hints={"romio_no_indep_rw": "true"}) as f:
+        shown = f.hints
+        assert "romio_cb_pfr" not in shown and "striping_factor" not in shown
+        assert (shown["romio_cb_read"], shown["romio_cb_write"]) == ("enable", "enable")
+        assert f.aggregators == [0] and f.driver is not None  # the one rank aggregates
+        f.write_all(np.arange(10, dtype=np.uint8))
+        with pytest.raises(HintError, match="independent write"):
+            f.write_at(0, np.zeros(4, np.uint8))
+        with pytest.raises(HintError, match="independent read"):
+            f.read(np.zeros(4, np.uint8))
+        back = np.zeros(10, np.uint8)
+        f.read_at_all(0, back)
+    assert back.tolist() == list(range(10))

@@ -213,6 +213,7 @@ class File:
         truncate = mode == "w"
         amode = 0
         hinted = None
+        aggregators = np.zeros(0, dtype=_I64)
         try:
             if isinstance(mode, str):
                 if mode not in _MODES:
