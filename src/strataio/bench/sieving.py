@@ -88,7 +88,7 @@ def run_sieving(file_mib: int = 32, repeat: int = 3) -> list[SievingResult]:
     with tempfile.TemporaryDirectory(prefix="strataio-sieve-") as tmp:
         path = os.path.join(tmp, "data.bin")
         np.random.default_rng(0).integers(0, 256, size, dtype=np.uint8).tofile(path)
-        fd = PosixDriver.open(path, os.O_RDWR)  # (a driver, as File's engines get)
+        drv = PosixDriver.open(path, os.O_RDWR)  # (the driver File's engines get)
         automatic, enable = IndependentIO(), IndependentIO(parse_hints(_ENABLE))
         try:
             for name, (piece, stride) in PATTERNS.items():
@@ -106,14 +106,16 @@ def run_sieving(file_mib: int = 32, repeat: int = 3) -> list[SievingResult]:
                 sf = strataio.File.open(None, path, "r+", hints=_ENABLE)
                 sf.set_view(0, MPI.BYTE, view)
                 calls: dict[tuple[str, str], Callable[[], None]] = {
-                    ("read", "direct"): lambda e=ext, b=buf: sieving.read_direct(fd, e, b),
-                    ("read", "sieved"): lambda e=ext, b=buf: sieving.read_sieved(fd, e, b),
-                    ("read", "automatic"): lambda e=ext, b=buf: automatic.read(fd, Access(e, b)),
+                    ("read", "direct"): lambda e=ext, b=buf: sieving.read_direct(drv, e, b),
+                    ("read", "sieved"): lambda e=ext, b=buf: sieving.read_sieved(drv, e, b),
+                    ("read", "automatic"): lambda e=ext, b=buf: automatic.read(drv, Access(e, b)),
                     ("read", "file"): lambda b=buf, f=sf: f.read_at(0, b),
                     ("read", "romio"): lambda b=buf, f=fh: f.Read_at(0, b),
-                    ("write", "direct"): lambda e=ext, d=data: sieving.write_direct(fd, e, d),
-                    ("write", "sieved"): lambda e=ext, d=data: enable.write(fd, Access(e, d)),
-                    ("write", "automatic"): lambda e=ext, d=data: automatic.write(fd, Access(e, d)),
+                    ("write", "direct"): lambda e=ext, d=data: sieving.write_direct(drv, e, d),
+                    ("write", "sieved"): lambda e=ext, d=data: enable.write(drv, Access(e, d)),
+                    ("write", "automatic"): lambda e=ext, d=data: automatic.write(
+                        drv, Access(e, d)
+                    ),
                     ("write", "file"): lambda d=data, f=sf: f.write_at(0, d),
                     ("write", "romio"): lambda d=data, f=fh: f.Write_at(0, d),
                 }
@@ -129,7 +131,7 @@ def run_sieving(file_mib: int = 32, repeat: int = 3) -> list[SievingResult]:
                             if op == "read" and method != "direct":
                                 want = Extents(ext.offsets, ext.lengths)
                                 check = np.empty_like(buf)
-                                sieving.read_direct(fd, want, check)
+                                sieving.read_direct(drv, want, check)
                                 if not np.array_equal(check, buf):
                                     raise AssertionError(f"{name}/{method}: wrong bytes read")
                             out.append(
@@ -143,5 +145,5 @@ def run_sieving(file_mib: int = 32, repeat: int = 3) -> list[SievingResult]:
                     info.Free()
                     view.Free()
         finally:
-            fd.close()
+            drv.close()
     return out
