@@ -15,8 +15,8 @@ from mpi4py import MPI
 import strataio
 from mpirun import launch_mpi, run_mpi
 from strataio.collective.bufspec import parse_buffer
-from strataio.collective.realms import EvenRealms, select_aggregators
-from strataio.collective.twophase import use_two_phase
+from strataio.collective.choice import use_two_phase
+from strataio.collective.realms import EvenRealms, config_aggregators
 from strataio.errors import HintError, ReadOnlyError, ShapeMismatchError, StrataError, ViewError
 from strataio.layout.pieces import copy_pieces
 
@@ -352,8 +352,19 @@ def test_even_realms_and_aggregators() -> None:
     r = EvenRealms(align=16).realms(10, 110, 3, None)
     assert r.tolist() == [[10, 32], [32, 64], [64, 110]]
     assert EvenRealms().realms(5, 7, 4, None).tolist() == [[5, 6], [6, 7], [7, 7], [7, 7]]
-    assert select_aggregators(8, 2).tolist() == [0, 4]
-    assert select_aggregators(4, 9).tolist() == [0, 1, 2, 3]
+    two_nodes = ["a"] * 4 + ["b"] * 4
+    assert config_aggregators("*:1", two_nodes, 8).tolist() == [0, 4]
+    assert config_aggregators("*:1", two_nodes, 1).tolist() == [0]
+    assert config_aggregators("*:2", two_nodes, 8).tolist() == [0, 1, 4, 5]
+    assert config_aggregators("*:*", ["a"] * 4, 9).tolist() == [0, 1, 2, 3]
+    assert config_aggregators("b:2,a:1", two_nodes, 8).tolist() == [4, 5, 0]
+    assert config_aggregators("b:1,*:2", two_nodes, 8).tolist() == [4, 0, 1]  # b passed by
+    assert config_aggregators("b,*", two_nodes, 8).tolist() == [4, 0]
+    assert config_aggregators("nosuch:1,*:3", ["a"] * 4, 4).tolist() == [0, 1, 2]
+    with pytest.raises(HintError, match="no process matches"):
+        config_aggregators("nosuch:2", two_nodes, 8)
+    with pytest.raises(HintError, match="no process matches"):
+        config_aggregators("*:0", two_nodes, 8)
 
 
 def test_automatic_choice() -> None:
@@ -390,7 +401,8 @@ def test_automatic_choice() -> None:
 
 @pytest.mark.parametrize("how", ["scatter", "spans"])
 def test_sieved_reads_match_brute_force(how: str, tmp_path: Path) -> None:
-    from strataio.collective.fileio import read_scatter, read_spans
+    from strataio.collective.driver import PosixDriver
+    from strataio.collective.fileio import ReadPlan
     from strataio.layout.extents import Extents
 
     rng = np.random.default_rng(7)
@@ -406,15 +418,17 @@ def test_sieved_reads_match_brute_force(how: str, tmp_path: Path) -> None:
         mem = np.empty(n, dtype=np.int64)
         mem[perm] = np.cumsum(lens[perm]) - lens[perm]
         out = np.full(int(lens.sum()), 7, dtype=np.uint8)
-        fd = os.open(path, os.O_RDONLY)
+        driver = PosixDriver.open(str(path), os.O_RDONLY)
         try:
             hole = int(rng.integers(0, 500))
+            ext = Extents(offs, lens, mem)
             if how == "scatter":
-                read_scatter(fd, Extents(offs, lens, mem), out, hole)
+                ReadPlan(ext, 0, hole, scatter=True).run(driver, out)
             else:
-                read_spans(fd, Extents(offs, lens, mem), out, int(rng.integers(1, 5000)), hole)
+                span = int(rng.integers(1, 5000))
+                ReadPlan(ext, span, hole, scatter=False).run(driver, out)
         finally:
-            os.close(fd)
+            driver.close()
         full = np.concatenate([init, np.zeros(1000, dtype=np.uint8)])  # zeros past EOF
         within = np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens)
         expect = np.empty_like(out)
@@ -528,7 +542,8 @@ def test_exchange_side_frees_its_datatypes_when_building_one_fails(
 
 def test_agreement_falls_back_to_a_plain_allgather_without_persistent_collectives() -> None:
     """An MPI before 4.0 has no ``MPI_Allgather_init``: the agreement then gathers per call."""
-    from strataio.collective.twophase import Access, Agreement, agreement_row
+    from strataio.collective.access import Access
+    from strataio.collective.agreement import Agreement, agreement_row
     from strataio.layout.extents import Extents
 
     class OldComm:  # two ranks that both bring the same row
@@ -549,3 +564,31 @@ def test_agreement_falls_back_to_a_plain_allgather_without_persistent_collective
     assert np.array_equal(agreement.table, np.array(rows))
     assert agreement(agreement_row(access, 3)) == [[3, 10, 20, 10, 1]] * 2
     agreement.free()
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("nprocs", [1, 4])
+def test_aggregator_hints_match_romio(nprocs: int, tmp_path: Path) -> None:
+    """cb_config_list, cb_nodes and romio_no_indep_rw choose, report and open as ROMIO does."""
+    out = run_mpi(nprocs, "aggregators_vs_romio.py", tmp_path)
+    assert f"ok 11 on {nprocs} ranks" in out, out
+
+
+def test_file_refuses_hints_of_engines_not_built_before_creating(tmp_path: Path) -> None:
+    path = tmp_path / "never.bin"
+    with pytest.raises(HintError, match="romio_cb_pfr.*not supported yet"):
+        strataio.File.open(None, path, "w", hints={"romio_cb_pfr": "enable"})
+    assert not path.exists()
+    with strataio.File.open(None, path, "w", hints={"romio_no_indep_rw": "true"}) as f:
+        shown = f.hints
+        assert "romio_cb_pfr" not in shown and "striping_factor" not in shown
+        assert (shown["romio_cb_read"], shown["romio_cb_write"]) == ("enable", "enable")
+        assert f.aggregators == [0] and f.driver is not None  # the one rank aggregates
+        f.write_all(np.arange(10, dtype=np.uint8))
+        with pytest.raises(HintError, match="independent write"):
+            f.write_at(0, np.zeros(4, np.uint8))
+        with pytest.raises(HintError, match="independent read"):
+            f.read(np.zeros(4, np.uint8))
+        back = np.zeros(10, np.uint8)
+        f.read_at_all(0, back)
+    assert back.tolist() == list(range(10))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from mpi4py import MPI
 
-from strataio.collective.hints import Hints, differences, parse_hints
+from strataio.collective.hints import Hints, differences, parse_config_list, parse_hints
 from strataio.errors import HintError, StrataError
 
 
@@ -61,7 +61,10 @@ def test_hints_over_a_base_and_their_differences():
     base = parse_hints({"cb_buffer_size": "1048576", "cb_nodes": "2"}, nprocs=4)
     more = parse_hints({"romio_cb_write": "ENABLE"}, nprocs=4, base=base)
     assert (more.cb_buffer_size, more.cb_nodes, more.romio_cb_write) == (1048576, 2, "enable")
-    assert parse_hints({"cb_nodes": "8"}, nprocs=4, base=base).cb_nodes == 4  # clamped
+    # as in ROMIO, a view's hints cannot change the aggregators (nor how the file was opened)
+    later = {"cb_nodes": "1", "cb_config_list": "*:*", "romio_no_indep_rw": "true"}
+    assert parse_hints(later, nprocs=4, base=base) == base
+    assert parse_hints({"cb_nodes": "8"}, nprocs=4).cb_nodes == 4  # clamped at open
     assert differences(more, more) == ""
     assert differences(more, base) == "romio_cb_write=enable (against automatic)"
 
@@ -72,3 +75,68 @@ def test_default_aggregators_are_one_per_node():
     assert parse_hints({"cb_nodes": "3"}, nprocs=16, nodes=4).cb_nodes == 3
     over = parse_hints({"romio_cb_read": "enable"}, 16, base=parse_hints(None, 16, nodes=4))
     assert over.cb_nodes == 4  # hints given later keep what is in force
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "romio_cb_pfr",
+        "romio_cb_fr_types",
+        "romio_cb_fr_alignment",
+        "romio_cb_ds_threshold",
+        "strataio_pipeline_groups",
+        "strataio_cache",
+        "strataio_trace",
+    ],
+)
+def test_hints_of_engines_not_built_are_refused(key):
+    """A hint that would change nothing is refused, not shown as if it were in force."""
+    with pytest.raises(HintError, match=f"{key}=.*not supported yet"):
+        parse_hints({key: "enable"})
+    assert key not in Hints().as_dict()
+
+
+def test_every_shown_hint_is_one_that_acts():
+    shown = set(Hints().as_dict())
+    assert "striping_factor" not in shown  # (no stripes on a node-local file system)
+    assert parse_hints({"striping_factor": "4"}) == Hints()  # ignored, as unknown keys are
+    assert not any(k.startswith("strataio_driver_") for k in shown)  # posix: no parameters
+    shaped = parse_hints({"strataio_driver": "shaped", "strataio_driver_latency": "0.001"})
+    assert shaped.as_dict()["strataio_driver_latency"] == "0.001"
+    assert shaped.as_dict()["strataio_driver_bandwidth"] == "200000000"
+
+
+def test_driver_hints():
+    with pytest.raises(HintError, match="strataio_driver='tape'"):
+        parse_hints({"strataio_driver": "tape"})
+    with pytest.raises(HintError, match="needs strataio_driver=shaped"):
+        parse_hints({"strataio_driver_bandwidth": "1000"})
+    for key, value in [
+        ("strataio_driver_latency", "-1"),
+        ("strataio_driver_latency", "soon"),
+        ("strataio_driver_bandwidth", "0"),
+        ("strataio_driver_time_scale", "inf"),
+    ]:
+        with pytest.raises(HintError, match=key):
+            parse_hints({"strataio_driver": "shaped", key: value})
+
+
+def test_no_indep_rw_turns_collective_buffering_on_as_romio_does():
+    h = parse_hints({"romio_no_indep_rw": "true", "romio_cb_read": "disable"}, nprocs=4)
+    assert (h.romio_cb_read, h.romio_cb_write) == ("enable", "enable")
+    later = parse_hints({"romio_cb_write": "disable"}, nprocs=4, base=h)
+    assert later.romio_cb_write == "enable"  # (non-aggregators never opened the file)
+
+
+@pytest.mark.parametrize("text", ["", "a:", "a:b:c", "*x:1", "a:many", ",*:1", "a:-1"])
+def test_bad_cb_config_lists_are_refused(text):
+    with pytest.raises(HintError, match="cb_config_list"):
+        parse_hints({"cb_config_list": text})
+
+
+def test_cb_config_list_syntax():
+    assert parse_config_list("*:1") == [(None, 1)]
+    assert parse_config_list("node1:2, *") == [("node1", 2), (None, 1)]
+    assert parse_config_list("*:*") == [(None, None)]
+    # a list given without cb_nodes may name up to every process
+    assert parse_hints({"cb_config_list": "*:2"}, nprocs=8, nodes=2).cb_nodes == 8

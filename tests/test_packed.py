@@ -14,8 +14,9 @@ from mpi4py import MPI
 import strataio
 from strataio.collective import packed
 from strataio.collective.bufspec import parse_buffer
+from strataio.collective.driver import PosixDriver
 from strataio.collective.hints import parse_hints
-from strataio.collective.twophase import IndependentIO
+from strataio.collective.independent import IndependentIO
 from strataio.layout.extents import Extents, exclusive_cumsum
 
 
@@ -80,14 +81,14 @@ def test_packed_blocks_move_the_stream_like_numpy(data: st.DataObject, tmp_path_
             {"romio_ds_write": data.draw(st.sampled_from(["enable", "disable", "automatic"]))}
         )
     )
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC)
+    driver = PosixDriver.open(str(path), os.O_RDWR | os.O_CREAT | os.O_TRUNC)
     try:
-        blocks.write(io, fd, buf, True)
+        blocks.write(io, driver, buf)
         assert np.array_equal(np.fromfile(path, dtype=np.uint8), expect)
         back = np.zeros_like(buf)
-        blocks.read(io, fd, back)
+        blocks.read(io, driver, back)
     finally:
-        os.close(fd)
+        driver.close()
     touched = np.zeros(buf.size, dtype=bool)
     for o, n in zip(mem.offsets, mem.lengths):
         touched[o : o + n] = True

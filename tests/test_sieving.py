@@ -22,7 +22,10 @@ from mpi4py import MPI
 
 from mpirun import run_mpi
 from strataio.collective import sieving
+from strataio.collective.access import Access
+from strataio.collective.driver import PosixDriver
 from strataio.collective.hints import parse_hints
+from strataio.collective.independent import IndependentIO
 from strataio.errors import BackendError, ShapeMismatchError, StrataError
 from strataio.layout.datatypes import flatten_count
 from strataio.layout.extents import Extents
@@ -55,16 +58,28 @@ def accesses(draw: st.DrawFn, disjoint: bool) -> Extents:
     return Extents(offs, lens, mem)
 
 
+def _drv(fd: int) -> PosixDriver:
+    """A driver over a descriptor the test closes itself."""
+    return PosixDriver(fd)
+
+
+def _independent(fd: int, ext: Extents, buf: np.ndarray, hints: dict, write: bool) -> None:
+    """The one independent route (what ``strataio.File`` runs), by the hints."""
+    io = IndependentIO(parse_hints(hints))
+    (io.write if write else io.read)(_drv(fd), Access(ext, buf))
+
+
 def _run(mode: str, write: bool, fd: int, ext: Extents, buf: np.ndarray, bs: int) -> None:
     if mode == "direct":
-        (sieving.write_direct if write else sieving.read_direct)(fd, ext, buf)
+        (sieving.write_direct if write else sieving.read_direct)(_drv(fd), ext, buf)
     elif mode == "tight":  # sieving with a small hole limit
         f = sieving.write_sieved if write else sieving.read_sieved
-        f(fd, ext, buf, bs, max_hole=16)
+        f(_drv(fd), ext, buf, bs, max_hole=16)
     else:
         key = "ind_wr_buffer_size" if write else "ind_rd_buffer_size"
-        hints = parse_hints({f"romio_ds_{'write' if write else 'read'}": mode, key: bs})
-        (sieving.write_independent if write else sieving.read_independent)(fd, ext, buf, hints)
+        _independent(
+            fd, ext, buf, {f"romio_ds_{'write' if write else 'read'}": mode, key: bs}, write
+        )
 
 
 @pytest.fixture
@@ -180,10 +195,10 @@ def test_strided_pattern_round_trip(datafile, descending):
         offs = offs[::-1]
     ext = Extents(offs, np.full(offs.size, 20))
     buf = np.empty(ext.nbytes, np.uint8)
-    sieving.read_sieved(fd, ext, buf, 1000)
+    sieving.read_sieved(_drv(fd), ext, buf, 1000)
     np.testing.assert_array_equal(buf, initial[ext.byte_indices()])
     data = (np.arange(ext.nbytes) % 251).astype(np.uint8)
-    sieving.write_sieved(fd, ext, data, 1000)
+    sieving.write_sieved(_drv(fd), ext, data, 1000)
     want = initial.copy()
     want[ext.byte_indices()] = data
     np.testing.assert_array_equal(np.frombuffer(path.read_bytes(), np.uint8), want)
@@ -193,11 +208,11 @@ def test_bad_access_raises_before_any_byte_moves(datafile):
     fd, initial, path = datafile
     ext = Extents([0, 100], [10, 10])
     with pytest.raises(ShapeMismatchError):
-        sieving.write_sieved(fd, ext, np.zeros(15, np.uint8))
+        sieving.write_sieved(_drv(fd), ext, np.zeros(15, np.uint8))
     with pytest.raises(StrataError, match="negative file offset"):
-        sieving.write_direct(fd, Extents([-5, 100], [10, 10]), np.zeros(20, np.uint8))
+        sieving.write_direct(_drv(fd), Extents([-5, 100], [10, 10]), np.zeros(20, np.uint8))
     with pytest.raises(ValueError):
-        sieving.read_sieved(fd, ext, b"\x00" * 20)  # read into a read-only buffer
+        sieving.read_sieved(_drv(fd), ext, b"\x00" * 20)  # read into a read-only buffer
     assert path.read_bytes() == initial.tobytes()
 
 
@@ -210,16 +225,16 @@ def test_automatic_skips_sieving_across_wide_holes(tmp_path):
     data = np.arange(800, dtype=np.uint8)
     fd = os.open(path, os.O_WRONLY)
     try:
-        sieving.write_independent(fd, ext, data, {"romio_ds_write": "automatic"})
+        _independent(fd, ext, data, {"romio_ds_write": "automatic"}, True)
         before = path.read_bytes()
         with pytest.raises(BackendError, match="read-write"):
-            sieving.write_sieved(fd, ext, data[::-1].copy())
+            sieving.write_sieved(_drv(fd), ext, data[::-1].copy())
         assert path.read_bytes() == before  # refused before writing anything
         # by the hints, a write-only descriptor falls back to (locked) direct writes
-        sieving.write_independent(fd, ext, data[::-1].copy(), {"romio_ds_write": "enable"})
-        sieving.write_independent(fd, ext, data, {"romio_ds_write": "enable"})
+        _independent(fd, ext, data[::-1].copy(), {"romio_ds_write": "enable"}, True)
+        _independent(fd, ext, data, {"romio_ds_write": "enable"}, True)
         # a contiguous access is never sieved, whatever the hint
-        sieving.write_sieved(fd, Extents([210, 205], [5, 5]), np.arange(10, dtype=np.uint8))
+        sieving.write_sieved(_drv(fd), Extents([210, 205], [5, 5]), np.arange(10, dtype=np.uint8))
     finally:
         os.close(fd)
     got = np.frombuffer(path.read_bytes(), dtype=np.uint8)
@@ -263,7 +278,7 @@ def test_sieving_writes_lock_their_holes_and_automatic_skips_wide_ones(tmp_path,
         done = {"automatic": threading.Event(), "enable": threading.Event()}
 
         def write(mode: str, payload: np.ndarray) -> None:
-            sieving.write_independent(fd, ext, payload, {"romio_ds_write": mode})
+            _independent(fd, ext, payload, {"romio_ds_write": mode}, True)
             done[mode].set()
 
         workers = [
@@ -328,7 +343,7 @@ def test_reads_match_romio_view(tmp_path):
     ours = np.empty_like(romio)
     fd = os.open(path, os.O_RDONLY)
     try:
-        sieving.read_sieved(fd, ext, ours, 512)
+        sieving.read_sieved(_drv(fd), ext, ours, 512)
     finally:
         os.close(fd)
     np.testing.assert_array_equal(ours.view(np.uint8), romio.view(np.uint8))
@@ -346,7 +361,7 @@ def test_piece_ends_that_overflow_are_refused(tmp_path: Path) -> None:
         big = np.iinfo(np.int64).max - 2
         ext = Extents(np.array([0, 100]), np.array([4, big]), np.array([0, 4]))
         with pytest.raises(ShapeMismatchError):
-            sieving.read_direct(fd, ext, np.zeros(16, dtype=np.uint8))
+            sieving.read_direct(_drv(fd), ext, np.zeros(16, dtype=np.uint8))
     finally:
         os.close(fd)
 
@@ -370,7 +385,7 @@ def test_locks_are_released_when_taking_them_is_interrupted(
     monkeypatch.setattr(fcntl, "lockf", lockf)
     fd = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT)
     try:
-        with pytest.raises(KeyboardInterrupt), sieving._LockSet(fd, [(0, 10), (100, 110)]):
+        with pytest.raises(KeyboardInterrupt), sieving._LockSet(_drv(fd), [(0, 10), (100, 110)]):
             pass
     finally:
         os.close(fd)
@@ -393,11 +408,13 @@ def test_contiguous_writes_are_locked(tmp_path: Path, monkeypatch: pytest.Monkey
     fd = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT)
     try:
         one = Extents(np.array([64]), np.array([32]))
-        sieving.write_sieved(fd, one, np.ones(32, dtype=np.uint8))
-        sieving.SievePlan(one, 1 << 16, None, write=True).run(fd, np.ones(32, dtype=np.uint8))
+        sieving.write_sieved(_drv(fd), one, np.ones(32, dtype=np.uint8))
+        sieving.SievePlan(one, 1 << 16, None, write=True).run(_drv(fd), np.ones(32, dtype=np.uint8))
         # an empty piece locks nothing (a lock of length 0 would reach to the end of the file)
         empty = Extents(np.array([64]), np.array([0]))
-        sieving.SievePlan(empty, 1 << 16, None, write=True).run(fd, np.ones(1, dtype=np.uint8))
+        sieving.SievePlan(empty, 1 << 16, None, write=True).run(
+            _drv(fd), np.ones(1, dtype=np.uint8)
+        )
     finally:
         os.close(fd)
     assert calls == [fcntl.LOCK_SH, fcntl.LOCK_UN] * 2

@@ -18,7 +18,11 @@ from strataio.collective import node
 def main(workdir: str) -> None:
     comm = MPI.COMM_WORLD
     cpus = set().union(*comm.allgather(os.sched_getaffinity(0)))
-    expected = {"nodes": 1, "spare_cores": len(cpus) - comm.Get_size()}
+    expected = {
+        "nodes": 1,
+        "spare_cores": len(cpus) - comm.Get_size(),
+        "names": [MPI.Get_processor_name()] * comm.Get_size(),
+    }
     answer = node.layout(comm)
     cached = comm.Get_attr(node._KEYVAL)
     with strataio.File.open(comm, os.path.join(workdir, "f.bin"), "w") as f:

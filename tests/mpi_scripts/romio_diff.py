@@ -175,6 +175,7 @@ def run_case(comm: MPI.Comm, seed: int, workdir: str) -> list[str]:
     hints = {
         "cb_buffer_size": str(int(shared.choice([64, 512, 4096, 1 << 20]))),
         "cb_nodes": str(int(shared.integers(1, nprocs + 1))),
+        "cb_config_list": str(shared.choice(["*:1", "*:2", "*:*"])),
         "romio_cb_write": str(shared.choice(["enable", "disable", "automatic"])),
         "romio_cb_read": str(shared.choice(["enable", "disable", "automatic"])),
         "romio_ds_write": str(shared.choice(["enable", "disable", "automatic"])),

@@ -24,6 +24,7 @@ import sys
 import numpy as np
 from mpi4py import MPI
 
+from strataio.collective.driver import PosixDriver
 from strataio.collective.sieving import write_sieved
 from strataio.layout.datatypes import flatten_count
 
@@ -59,12 +60,12 @@ def main() -> int:
         return np.random.default_rng(1000 * rank + r).integers(0, 256, nb * L, dtype=np.uint8)
 
     def with_strataio(path: str) -> None:
-        fd = os.open(path, os.O_RDWR)
+        driver = PosixDriver.open(path, os.O_RDWR)
         try:
             for r in range(args.rounds):
-                write_sieved(fd, pieces, data(r), args.buffer)
+                write_sieved(driver, pieces, data(r), args.buffer)
         finally:
-            os.close(fd)
+            driver.close()
 
     def with_romio(path: str) -> None:
         fh = MPI.File.Open(MPI.COMM_SELF, path, MPI.MODE_RDWR, info)

@@ -36,11 +36,11 @@ def main(workdir: str) -> None:
     real = fileio.pread_into
     failing = [True]
 
-    def slow_and_failing(fd: int, buf: np.ndarray, offset: int) -> None:
+    def slow_and_failing(driver: object, buf: np.ndarray, offset: int) -> None:
         if failing[0] and offset < window:  # the first window fails
             raise OSError(5, "injected EIO")
         time.sleep(0.02)  # the later windows are still being read when the call ends
-        real(fd, buf, offset)
+        real(driver, buf, offset)
 
     fileio.pread_into = slow_and_failing
     with strataio.File.open(comm, path, "r+", hints=hints) as f:

@@ -39,6 +39,7 @@ def main(workdir: str) -> None:
                 "romio_cb_read": "enable",
                 "cb_buffer_size": str(cb_size),
                 "cb_nodes": str(cb_nodes),
+                "cb_config_list": "*:*",  # (one node: several aggregators only so)
                 "strataio_cb_overlap": overlap,
             }
             case = f"cb_buffer_size={cb_size} cb_nodes={cb_nodes} overlap={overlap}"

@@ -8,7 +8,7 @@ pieces between the file and a packed buffer:
   ``preadv`` / ``pwritev`` per piece (the baseline: list I/O without sieving);
 - ``sieved``: ``read_sieved`` / ``write_sieved`` with ROMIO's default buffers (4 MiB / 512 KiB),
   every hole sieved (``romio_ds_*=enable``);
-- ``automatic``: ``read_independent`` / ``write_independent`` with default hints (cost model);
+- ``automatic``: the independent route of ``strataio.File`` (``IndependentIO``) with default hints (cost model);
 - ``file``: ``strataio.File.read_at`` / ``write_at`` through the equivalent strided file view,
   ``romio_ds_*=enable``: the same sieving, planned once per layout and reused by later calls;
 - ``romio``: ``MPI.File.Read_at`` / ``Write_at`` through that view, ``romio_ds_*=enable``
@@ -37,6 +37,10 @@ from mpi4py import MPI
 
 import strataio
 from strataio.collective import sieving
+from strataio.collective.access import Access
+from strataio.collective.driver import PosixDriver
+from strataio.collective.hints import parse_hints
+from strataio.collective.independent import IndependentIO
 from strataio.layout.extents import Extents
 
 METHODS = ("direct", "sieved", "automatic", "file", "romio")
@@ -84,7 +88,8 @@ def run_sieving(file_mib: int = 32, repeat: int = 3) -> list[SievingResult]:
     with tempfile.TemporaryDirectory(prefix="strataio-sieve-") as tmp:
         path = os.path.join(tmp, "data.bin")
         np.random.default_rng(0).integers(0, 256, size, dtype=np.uint8).tofile(path)
-        fd = os.open(path, os.O_RDWR)
+        drv = PosixDriver.open(path, os.O_RDWR)  # (the driver File's engines get)
+        automatic, enable = IndependentIO(), IndependentIO(parse_hints(_ENABLE))
         try:
             for name, (piece, stride) in PATTERNS.items():
                 n = size // stride
@@ -101,17 +106,15 @@ def run_sieving(file_mib: int = 32, repeat: int = 3) -> list[SievingResult]:
                 sf = strataio.File.open(None, path, "r+", hints=_ENABLE)
                 sf.set_view(0, MPI.BYTE, view)
                 calls: dict[tuple[str, str], Callable[[], None]] = {
-                    ("read", "direct"): lambda e=ext, b=buf: sieving.read_direct(fd, e, b),
-                    ("read", "sieved"): lambda e=ext, b=buf: sieving.read_sieved(fd, e, b),
-                    ("read", "automatic"): lambda e=ext, b=buf: sieving.read_independent(fd, e, b),
+                    ("read", "direct"): lambda e=ext, b=buf: sieving.read_direct(drv, e, b),
+                    ("read", "sieved"): lambda e=ext, b=buf: sieving.read_sieved(drv, e, b),
+                    ("read", "automatic"): lambda e=ext, b=buf: automatic.read(drv, Access(e, b)),
                     ("read", "file"): lambda b=buf, f=sf: f.read_at(0, b),
                     ("read", "romio"): lambda b=buf, f=fh: f.Read_at(0, b),
-                    ("write", "direct"): lambda e=ext, d=data: sieving.write_direct(fd, e, d),
-                    ("write", "sieved"): lambda e=ext, d=data: sieving.write_independent(
-                        fd, e, d, _ENABLE
-                    ),
-                    ("write", "automatic"): lambda e=ext, d=data: sieving.write_independent(
-                        fd, e, d
+                    ("write", "direct"): lambda e=ext, d=data: sieving.write_direct(drv, e, d),
+                    ("write", "sieved"): lambda e=ext, d=data: enable.write(drv, Access(e, d)),
+                    ("write", "automatic"): lambda e=ext, d=data: automatic.write(
+                        drv, Access(e, d)
                     ),
                     ("write", "file"): lambda d=data, f=sf: f.write_at(0, d),
                     ("write", "romio"): lambda d=data, f=fh: f.Write_at(0, d),
@@ -128,7 +131,7 @@ def run_sieving(file_mib: int = 32, repeat: int = 3) -> list[SievingResult]:
                             if op == "read" and method != "direct":
                                 want = Extents(ext.offsets, ext.lengths)
                                 check = np.empty_like(buf)
-                                sieving.read_direct(fd, want, check)
+                                sieving.read_direct(drv, want, check)
                                 if not np.array_equal(check, buf):
                                     raise AssertionError(f"{name}/{method}: wrong bytes read")
                             out.append(
@@ -142,5 +145,5 @@ def run_sieving(file_mib: int = 32, repeat: int = 3) -> list[SievingResult]:
                     info.Free()
                     view.Free()
         finally:
-            os.close(fd)
+            drv.close()
     return out

@@ -12,11 +12,16 @@ subclass on every rank, before any byte is written, and no rank is left waiting.
 another kind on one rank (a ``MemoryError`` while planning) raises it there and a
 ``StrataError`` naming that rank on the others; only one that breaks off a two-phase exchange
 midway aborts the job (see :func:`strataio.collective.twophase.two_phase`).
+
+The file is reached through a storage driver (:mod:`strataio.collective.driver`, chosen by the
+``strataio_driver`` hint); with ``romio_no_indep_rw=true`` only the aggregators open it, as in
+ROMIO, and independent reads and writes raise :class:`~strataio.errors.HintError`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import operator
 import os
 from collections.abc import Mapping
@@ -25,12 +30,16 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from strataio.collective import node, sieving, twophase
+from strataio.collective import node, twophase
+from strataio.collective.access import Access, AccessPlan
+from strataio.collective.agreement import Agreement, agreement_row
 from strataio.collective.bufspec import BufferSpec, parse_buffer
+from strataio.collective.choice import use_two_phase
+from strataio.collective.driver import Driver, open_driver
 from strataio.collective.hints import Hints, differences, parse_hints
+from strataio.collective.independent import IndependentIO
 from strataio.collective.packed import PackedBlocks
-from strataio.collective.realms import policy_from_hints
-from strataio.collective.twophase import Access, AccessPlan
+from strataio.collective.realms import config_aggregators, policy_from_hints
 from strataio.errors import (
     BackendError,
     ClosedError,
@@ -146,28 +155,31 @@ class File:
         self,
         comm: MPI.Comm,
         path: str,
-        fd: int,
+        driver: Driver | None,
         amode: int,
         hints: Hints,
         nodes: node.NodeLayout | None = None,
+        aggregators: np.ndarray | None = None,
     ) -> None:
         self._comm = comm
-        self._agreement = twophase.Agreement(comm)  # collective: every rank constructs a File
+        self._agreement = Agreement(comm)  # collective: every rank constructs a File
         self._nodes = nodes or node.NodeLayout(nodes=1, spare_cores=0)
+        self._aggregators = (
+            np.zeros(1, dtype=_I64) if aggregators is None else np.asarray(aggregators, _I64)
+        )
         self._path = path
-        self._fd = fd
-        self._fd_rw = sieving.readable(fd)  # read-write: sieving writes may read spans back
+        self._driver = driver  # None: a rank that did not open the file (romio_no_indep_rw)
         self._amode = amode
         # transfers the mode forbids: [reads, writes]
         self._forbidden = (bool(amode & MPI.MODE_WRONLY), bool(amode & MPI.MODE_RDONLY))
         self._hints = hints
         self._policy = policy_from_hints(hints)
-        self._independent = twophase.IndependentIO(hints)
+        self._independent = IndependentIO(hints)
         self._closed = False
         self._pos = 0
         # Bytes the file holds at least: it only grows (by any rank's writes) except through
         # set_size, which every rank calls, so a read ending below it cannot reach end-of-file.
-        self._size_floor = os.fstat(fd).st_size
+        self._size_floor = self._size()
         self.last_path = ""
         """How the last transfer ran: ``"two-phase"`` or ``"independent"`` (for benchmarks)."""
         self._view: tuple[int, MPI.Datatype, MPI.Datatype] = (0, MPI.BYTE, MPI.BYTE)
@@ -201,6 +213,7 @@ class File:
         truncate = mode == "w"
         amode = 0
         hinted = None
+        aggregators = np.zeros(0, dtype=_I64)
         try:
             if isinstance(mode, str):
                 if mode not in _MODES:
@@ -224,6 +237,9 @@ class File:
                 )
             hinted = parse_hints(hints, comm.Get_size(), nodes=nodes.nodes)
             policy_from_hints(hinted)  # an unknown realm policy fails here, before any open
+            names = nodes.names or (MPI.Get_processor_name(),) * comm.Get_size()
+            aggregators = config_aggregators(hinted.cb_config_list, names, hinted.cb_nodes)
+            hinted = dataclasses.replace(hinted, cb_nodes=int(aggregators.size))
         except Exception as exc:  # any failure here must reach the other ranks
             err = exc
         if err is None:
@@ -234,32 +250,39 @@ class File:
         assert hinted is not None
         comm = comm.Dup()
         rank = comm.Get_rank()
+        # (romio_no_indep_rw: only aggregators open the file; rank 0 still creates it)
+        opens = not hinted.romio_no_indep_rw or rank in set(aggregators.tolist())
         flags = os.O_RDONLY if amode & MPI.MODE_RDONLY else os.O_RDWR
-        fd = -1
-        if rank == 0 and amode & MPI.MODE_CREATE:
-            create = flags | os.O_CREAT | (os.O_EXCL if amode & MPI.MODE_EXCL else 0)
-            try:
-                fd = os.open(path, create | (os.O_TRUNC if truncate else 0), 0o666)
-            except OSError as exc:
-                err = _os_error(exc, path)
+        driver: Driver | None = None
         try:
-            _agree(comm, err)
-            if fd < 0:
+            if rank == 0 and amode & MPI.MODE_CREATE:
+                create = flags | os.O_CREAT | (os.O_EXCL if amode & MPI.MODE_EXCL else 0)
                 try:
-                    fd = os.open(path, flags)
+                    driver = open_driver(
+                        path, create | (os.O_TRUNC if truncate else 0), 0o666, hinted
+                    )
+                except OSError as exc:
+                    err = _os_error(exc, path)
+                if driver is not None and not opens:
+                    driver.close()
+                    driver = None
+            _agree(comm, err)
+            if driver is None and opens:
+                try:
+                    driver = open_driver(path, flags, 0o666, hinted)
                 except PermissionError:
                     if not amode & MPI.MODE_WRONLY:
                         raise
-                    fd = os.open(path, os.O_WRONLY)  # write-only file: no sieving reads
+                    driver = open_driver(path, os.O_WRONLY, 0o666, hinted)  # no sieving reads
                 except OSError as exc:
                     err = _os_error(exc, path)
             _agree(comm, err)
+            return cls(comm, path, driver, amode, hinted, nodes, aggregators)
         except BaseException:
-            if fd >= 0:
-                os.close(fd)
+            if driver is not None:
+                driver.close()
             comm.Free()
             raise
-        return cls(comm, path, fd, amode, hinted, nodes)
 
     def close(self) -> None:
         """Close on every rank (collective); ``MODE_DELETE_ON_CLOSE`` removes the file. Closing
@@ -268,7 +291,8 @@ class File:
         if self._closed:
             return
         self._comm.Barrier()
-        os.close(self._fd)
+        if self._driver is not None:
+            self._driver.close()
         self._agreement.free()
         self._closed = True
         if self._amode & MPI.MODE_DELETE_ON_CLOSE:
@@ -297,6 +321,18 @@ class File:
     def amode(self) -> int:
         """The ``MPI.MODE_*`` flags the file was opened with."""
         return self._amode
+
+    @property
+    def driver(self) -> Driver | None:
+        """The storage driver this rank reaches the file through (None on a rank that did not
+        open it: ``romio_no_indep_rw=true`` and not an aggregator)."""
+        return self._driver
+
+    @property
+    def aggregators(self) -> list[int]:
+        """The ranks that aggregate two-phase calls, in realm order (ROMIO's
+        ``romio_aggregator_list``)."""
+        return self._aggregators.tolist()
 
     @property
     def hints(self) -> dict[str, str]:
@@ -386,7 +422,7 @@ class File:
             err = ViewError(f"ranks use etypes of different sizes: {sizes}")
         _agree(self._comm, err)
         if hinted is not self._hints:
-            self._independent = twophase.IndependentIO(hinted)
+            self._independent = IndependentIO(hinted)
         self._hints, self._policy = hinted, policy
         self._disp, self._esize, self._ft = disp, esize, ft
         self._view = (disp, etype, filetype)
@@ -463,7 +499,15 @@ class File:
     def get_size(self) -> int:
         """The file's size in bytes."""
         self._check_open()
-        return os.fstat(self._fd).st_size
+        return self._size()
+
+    def _size(self) -> int:
+        try:
+            if self._driver is not None:
+                return self._driver.size()
+            return os.stat(self._path).st_size
+        except OSError as exc:
+            raise _os_error(exc, self._path) from exc
 
     def set_size(self, size: int) -> None:
         """Truncate or extend the file to ``size`` bytes (collective; every rank must pass the
@@ -484,7 +528,10 @@ class File:
         _agree(self._comm, err)
         if self._comm.Get_rank() == 0:
             try:
-                os.ftruncate(self._fd, size)
+                if self._driver is not None:
+                    self._driver.truncate(size)
+                else:
+                    os.truncate(self._path, size)
             except OSError as exc:
                 err = _os_error(exc, self._path)
         _agree(self._comm, err)
@@ -495,8 +542,8 @@ class File:
         self._check_open()
         err: StrataError | None = None
         try:
-            if not self._amode & MPI.MODE_RDONLY:
-                os.fsync(self._fd)
+            if not self._amode & MPI.MODE_RDONLY and self._driver is not None:
+                self._driver.sync()
         except OSError as exc:
             err = _os_error(exc, self._path)
         _agree(self._comm, err)
@@ -586,21 +633,30 @@ class File:
     ) -> None:
         """This rank's part moved by itself (an independent call, or a collective one whose
         ranks chose not to aggregate); OS errors come back as :class:`StrataError`."""
+        driver = self._driver
+        if driver is None:  # (a collective call with no bytes anywhere: nothing to move)
+            return
         try:
             if blocks is not None:
                 if write:
-                    blocks.write(self._independent, self._fd, spec.data, self._fd_rw)
+                    blocks.write(self._independent, driver, spec.data)
                 else:
-                    blocks.read(self._independent, self._fd, spec.data)
+                    blocks.read(self._independent, driver, spec.data)
             elif write:
-                self._independent.write(self._fd, access, self._fd_rw)
+                self._independent.write(driver, access)
             else:
-                self._independent.read(self._fd, access)
+                self._independent.read(driver, access)
         except OSError as exc:
             raise _os_error(exc, self._path) from exc
 
     def _transfer(self, buf: Any, offset: int | None, write: bool, collective: bool) -> int:
         if not collective:
+            if self._hints.romio_no_indep_rw:
+                self._check_open()
+                raise HintError(
+                    f"{self._path}: opened with romio_no_indep_rw=true, a promise of collective "
+                    f"I/O only; an independent {'write' if write else 'read'} breaks it"
+                )
             spec, access, blocks = self._prepare(buf, offset, write)
             self.last_path = "independent"
             self._independent_transfer(spec, access, blocks, write)
@@ -613,7 +669,7 @@ class File:
                 spec, access, blocks = self._prepare(buf, offset, write)
             except Exception as exc:  # any failure here must reach the other ranks
                 err = exc
-            rows = self._agreement(twophase.agreement_row(access, 0 if err is None else 1))
+            rows = self._agreement(agreement_row(access, 0 if err is None else 1))
             if any(self._agreement.errors):
                 _raise_agreed(self._comm, err)
             assert access is not None and spec is not None
@@ -633,7 +689,7 @@ class File:
         """The count of a read of ``file`` pieces (``nbytes`` requested) that ends at file byte
         ``end``: all of it unless the file ends first, else the bytes that lie before its end
         (a prefix of the view's stream, whose file offsets never decrease)."""
-        self._size_floor = size = os.fstat(self._fd).st_size
+        self._size_floor = size = self._size()
         if end <= size:
             return nbytes
         return int(np.clip(size - file.offsets, 0, file.lengths).sum())
@@ -650,7 +706,7 @@ class File:
         hints = self._hints
         mode = hints.romio_cb_write if write else hints.romio_cb_read
         err: Exception | None = None
-        two = twophase.use_two_phase(rows, mode, write, self._nodes.crowded)
+        two = use_two_phase(rows, mode, write, self._nodes.crowded)
         self.last_path = "two-phase" if two else "independent"
         if not two:
             # Every rank already knows the call is valid; an I/O failure now is this rank's
@@ -668,8 +724,9 @@ class File:
         try:
             stats = self._agreement.table
             twophase.two_phase(
-                self._comm, self._fd, access, stats, hints, self._policy, write, self._nodes, pack
-            )
+                self._comm, self._driver, access, stats, hints, self._policy,
+                self._aggregators, write, self._nodes, pack,
+            )  # fmt: skip
         except twophase.PeerFailure:
             err = None  # the agreement raises the failing rank's own error here
         except StrataError as exc:

@@ -1,4 +1,5 @@
-"""Moving byte pieces between a file descriptor and memory, choosing spans by a cost model.
+"""Moving byte pieces between a file (a :class:`~strataio.collective.driver.Driver`) and memory,
+choosing spans by a cost model.
 
 Two ways to satisfy a set of file pieces: one system call per file-contiguous run, or one call
 for a covering *span* that includes the holes between runs (data sieving: read the span and pick
@@ -14,10 +15,9 @@ aggregators use write spans only inside their own realm; independent sieving
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
+from strataio.collective.driver import Driver
 from strataio.errors import BackendError
 from strataio.layout.extents import Extents
 from strataio.layout.pieces import CopyPlan, plan_copy, scratch
@@ -81,41 +81,28 @@ def span_holes(
     return np.add.reduceat(run_len, first) < sp_len
 
 
-def pread_upto(fd: int, buf: np.ndarray, offset: int) -> int:
+def pread_upto(driver: Driver, buf: np.ndarray, offset: int) -> int:
     """Read into ``buf`` from ``offset`` until it is full or end-of-file; the bytes read (the
     rest of ``buf`` is left as it was)."""
-    mv = memoryview(buf)
-    pos = offset
-    while len(mv):
-        try:
-            n = os.preadv(fd, [mv], pos)
-        except OSError as exc:
-            raise BackendError(f"read of {len(mv)} bytes at {pos} failed: {exc}") from exc
-        if n == 0:
-            break
-        mv = mv[n:]
-        pos += n
-    return pos - offset
+    try:
+        return driver.pread(buf, offset)
+    except OSError as exc:
+        raise BackendError(f"read of {len(buf)} bytes at {offset} failed: {exc}") from exc
 
 
-def pread_into(fd: int, buf: np.ndarray, offset: int) -> None:
+def pread_into(driver: Driver, buf: np.ndarray, offset: int) -> None:
     """Fill ``buf`` from ``offset``; bytes past end-of-file read as zeros (holes)."""
-    n = pread_upto(fd, buf, offset)
+    n = pread_upto(driver, buf, offset)
     if n < len(buf):
         buf[n:] = 0
 
 
-def pwrite_from(fd: int, buf: np.ndarray, offset: int) -> None:
+def pwrite_from(driver: Driver, buf: np.ndarray, offset: int) -> None:
     """Write all of ``buf`` at ``offset``."""
-    mv = memoryview(buf)
-    pos = offset
-    while len(mv):
-        try:
-            n = os.pwrite(fd, mv, pos)
-        except OSError as exc:
-            raise BackendError(f"write of {len(mv)} bytes at {pos} failed: {exc}") from exc
-        mv = mv[n:]
-        pos += n
+    try:
+        driver.pwrite(buf, offset)
+    except OSError as exc:
+        raise BackendError(f"write of {len(buf)} bytes at {offset} failed: {exc}") from exc
 
 
 # Mean piece size from which an independent read goes straight into the caller's buffer (holes
@@ -171,23 +158,11 @@ class ReadPlan:
             copy = plan_copy(ext.mem[p0:p1], at, ext.lengths[p0:p1])
             self._batches.append((int(csum[b1 - 1]) - base, spans, copy))
 
-    def run(self, fd: int, buf: np.ndarray) -> None:
-        """Read the planned pieces from ``fd`` into ``buf`` (flat ``uint8``)."""
+    def run(self, driver: Driver, buf: np.ndarray) -> None:
+        """Read the planned pieces through ``driver`` into ``buf`` (flat ``uint8``)."""
         if self._direct is not None:
-            self._direct.read(fd, buf)
+            driver.readv(self._direct, buf)
         for size, spans, copy in self._batches:
             stage = scratch(size, "sieve")
-            spans.read(fd, stage)
+            driver.readv(spans, stage)
             copy.run(buf, stage)
-
-
-def read_scatter(fd: int, ext: Extents, buf: np.ndarray, max_hole: int) -> None:
-    """Read sorted, disjoint file pieces ``ext`` into ``buf`` at ``ext.mem`` with vectored
-    reads that cross holes of at most ``max_hole`` bytes (no staging copy)."""
-    ReadPlan(ext, 0, max_hole, scatter=True).run(fd, buf)
-
-
-def read_spans(fd: int, ext: Extents, buf: np.ndarray, max_span: int, max_hole: int) -> None:
-    """Data-sieving read of sorted, disjoint pieces ``ext`` into ``buf`` at ``ext.mem`` through
-    a staging buffer (see :class:`ReadPlan`)."""
-    ReadPlan(ext, max_span, max_hole, scatter=False).run(fd, buf)

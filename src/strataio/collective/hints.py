@@ -1,8 +1,11 @@
 """I/O hints: ROMIO's names and defaults, parsed once into a typed, frozen :class:`Hints`.
 
 Hints arrive as a dict or an ``MPI.Info`` (string values, as MPI passes them; ints and bools
-are accepted too). Unknown keys are ignored, as MPI does; a known key with a value that cannot
-be used raises :class:`~strataio.errors.HintError` naming the hint. :meth:`Hints.as_dict`
+are accepted too). Unknown keys are ignored, as MPI does (``striping_factor`` among them: a
+node-local file system has no stripes to set); a known key with a value that cannot be used
+raises :class:`~strataio.errors.HintError` naming the hint. Every hint :class:`Hints` holds
+changes what happens; hints of engines strataio does not have yet (:data:`PLANNED`) are
+refused with a :class:`~strataio.errors.HintError` rather than silently ignored. :meth:`Hints.as_dict`
 gives every hint in force as strings, the way ``MPI_File_get_info`` reports them. Every rank
 of a file must pass the same hints, as ROMIO requires: they decide which collective path a
 call takes, and ranks on different paths would wait for each other forever. Only the hints
@@ -11,7 +14,12 @@ differ.
 
 Defaults are ROMIO's on a node-local UFS driver (``cb_buffer_size`` 16 MiB, one aggregator per
 node, independent sieving buffers of 4 MiB for reads and 512 KiB for writes, sieving and
-collective buffering ``automatic``). ``strataio_*`` hints configure engines ROMIO lacks.
+collective buffering ``automatic``). As in ROMIO, ``romio_no_indep_rw=true`` turns collective
+buffering on for reads and writes, and ``cb_nodes`` and ``cb_config_list`` are read at open
+only (a view's hints cannot change the aggregators). ``strataio_*`` hints configure engines
+ROMIO lacks; ``strataio_driver`` picks the storage driver
+(:mod:`strataio.collective.driver`), whose ``strataio_driver_*`` parameters are only taken (and
+only shown) with ``strataio_driver=shaped``.
 """
 
 from __future__ import annotations
@@ -25,7 +33,17 @@ from mpi4py import MPI
 
 from strataio.errors import HintError
 
-__all__ = ["AUTOMATIC", "DISABLE", "ENABLE", "PER_RANK", "Hints", "differences", "parse_hints"]
+__all__ = [
+    "AUTOMATIC",
+    "DISABLE",
+    "ENABLE",
+    "PER_RANK",
+    "PLANNED",
+    "Hints",
+    "differences",
+    "parse_config_list",
+    "parse_hints",
+]
 
 ENABLE = "enable"
 DISABLE = "disable"
@@ -42,8 +60,9 @@ class Hints:
     cb_buffer_size: int = 16777216
     """Collective buffer per aggregator per two-phase iteration."""
     cb_nodes: int = 1
-    """Number of aggregators (clamped to the communicator size); a file opened without it gets
-    one per node (see :func:`parse_hints`)."""
+    """Number of aggregators: at most this many of those ``cb_config_list`` names (clamped to
+    the communicator size); an open file shows how many it got (ROMIO's default: one per
+    node)."""
     romio_cb_read: str = AUTOMATIC
     romio_cb_write: str = AUTOMATIC
     romio_ds_read: str = AUTOMATIC
@@ -54,17 +73,15 @@ class Hints:
     ind_wr_buffer_size: int = 524288
     """Largest span one sieving read-modify-write covers (and holds locked)."""
     romio_no_indep_rw: bool = False
-    """Promise that the file sees only collective I/O (deferred open on non-aggregators)."""
+    """Promise that the file sees only collective I/O: only aggregators open it, collective
+    calls always aggregate, and independent reads and writes raise
+    :class:`~strataio.errors.HintError`."""
     cb_config_list: str = "*:1"
-    romio_cb_pfr: str = DISABLE
-    """Persistent file realms: keep the realms of the first collective call."""
-    romio_cb_fr_types: str = "aar"
-    """How file realms are laid out (ROMIO: ``aar``, aggregate access region)."""
-    romio_cb_fr_alignment: int = 1
-    romio_cb_ds_threshold: int = 0
+    """Which processes may aggregate, ROMIO's syntax: comma-separated ``host:n`` (``n``
+    processes of that host; ``host`` alone means ``host:1``), ``*`` for every host not named
+    yet, ``n = *`` for all of a host's processes (see :func:`parse_config_list`)."""
     striping_unit: int = 0
     """File system stripe size, 0 when unknown; realms align to it when set."""
-    striping_factor: int = 0
     strataio_realms: str = "even"
     """File-realm policy of two-phase I/O (see ``collective.realms``)."""
     strataio_realm_alignment: int = 0
@@ -73,14 +90,24 @@ class Hints:
     """Two-phase aggregators read or write each window in an I/O thread while the next one is
     exchanged: enable / disable / automatic (when every node has a spare core per aggregator).
     Overlapping keeps two ``cb_buffer_size`` buffers per aggregator instead of one."""
-    strataio_pipeline_groups: int = 1
-    strataio_cache: str = DISABLE
-    strataio_trace: str = DISABLE
+    strataio_driver: str = "posix"
+    """Storage driver: ``posix``, or ``shaped`` (POSIX under a cost model)."""
+    strataio_driver_bandwidth: int = 200_000_000
+    """Shaped driver: bytes per second."""
+    strataio_driver_latency: float = 0.0
+    """Shaped driver: seconds per system call."""
+    strataio_driver_concurrency: int = 0
+    """Shaped driver: data calls of one process at once (0: no limit)."""
+    strataio_driver_time_scale: float = 1.0
+    """Shaped driver: factor on every delay (0: account the model's time, do not sleep)."""
 
     def as_dict(self) -> dict[str, str]:
         """Every hint in force, as MPI-style string values."""
         out = {}
+        shaped = self.strataio_driver == "shaped"
         for f in dataclasses.fields(self):
+            if f.name.startswith(_DRIVER_PARAM) and not shaped:
+                continue  # (parameters of a driver not in use: they would change nothing)
             v = getattr(self, f.name)
             out[f.name] = ("true" if v else "false") if isinstance(v, bool) else str(v)
         return out
@@ -93,7 +120,8 @@ class Hints:
         return info
 
 
-# name -> (kind, minimum); kinds: "int" (at least minimum), "switch", "bool", "str"
+# name -> (kind, minimum); kinds: "int" (at least minimum), "float" (at least minimum),
+# "switch", "bool", "str"
 _SPEC: dict[str, tuple[str, int]] = {
     "cb_buffer_size": ("int", 1),
     "cb_nodes": ("int", 1),
@@ -105,19 +133,33 @@ _SPEC: dict[str, tuple[str, int]] = {
     "ind_wr_buffer_size": ("int", 1),
     "romio_no_indep_rw": ("bool", 0),
     "cb_config_list": ("str", 0),
-    "romio_cb_pfr": ("switch", 0),
-    "romio_cb_fr_types": ("str", 0),
-    "romio_cb_fr_alignment": ("int", 1),
-    "romio_cb_ds_threshold": ("int", 0),
     "striping_unit": ("int", 0),
-    "striping_factor": ("int", 0),
     "strataio_realms": ("str", 0),
     "strataio_realm_alignment": ("int", 0),
     "strataio_cb_overlap": ("switch", 0),
-    "strataio_pipeline_groups": ("int", 1),
-    "strataio_cache": ("switch", 0),
-    "strataio_trace": ("switch", 0),
+    "strataio_driver": ("str", 0),
+    "strataio_driver_bandwidth": ("int", 1),
+    "strataio_driver_latency": ("float", 0),
+    "strataio_driver_concurrency": ("int", 0),
+    "strataio_driver_time_scale": ("float", 0),
 }
+
+_DRIVER_PARAM = "strataio_driver_"
+_DRIVERS = ("posix", "shaped")
+
+#: hints of engines not built yet -> what they would do; given, they raise HintError
+PLANNED: dict[str, str] = {
+    "romio_cb_pfr": "persistent file realms",
+    "romio_cb_fr_types": "file realm types",
+    "romio_cb_fr_alignment": "file realm alignment (use strataio_realm_alignment)",
+    "romio_cb_ds_threshold": "a data sieving threshold for two-phase I/O",
+    "strataio_pipeline_groups": "pipelined aggregator groups",
+    "strataio_cache": "a collective write-back cache",
+    "strataio_trace": "I/O tracing",
+}
+
+#: hints read at open only: the aggregators (as in ROMIO), who opened the file, its driver
+_OPEN_ONLY = ("cb_nodes", "cb_config_list", "romio_no_indep_rw", "strataio_driver")
 
 
 def _items(user: Mapping[str, Any] | MPI.Info | None) -> dict[str, Any]:
@@ -148,9 +190,23 @@ def _parse_int(name: str, value: Any, minimum: int) -> int:
     return n
 
 
+def _parse_float(name: str, value: Any, minimum: float) -> float:
+    if isinstance(value, bool):
+        raise HintError(f"hint {name}={value!r}: expected a number")
+    try:
+        x = float(str(value).strip()) if not isinstance(value, int | float) else float(value)
+    except ValueError:
+        raise HintError(f"hint {name}={value!r}: expected a number") from None
+    if not x >= minimum or x == float("inf"):
+        raise HintError(f"hint {name}={value!r}: must be a finite number of at least {minimum}")
+    return x
+
+
 def _parse(name: str, kind: str, minimum: int, value: Any) -> Any:
     if kind == "int":
         return _parse_int(name, value, minimum)
+    if kind == "float":
+        return _parse_float(name, value, minimum)
     text = str(value).strip().lower() if not isinstance(value, bool) else str(value).lower()
     if kind == "switch":
         if value is True:
@@ -172,6 +228,29 @@ def _parse(name: str, kind: str, minimum: int, value: Any) -> Any:
     return raw
 
 
+def parse_config_list(text: str) -> list[tuple[str | None, int | None]]:
+    """``cb_config_list`` as ``(host, count)`` entries in order: host None for ``*`` (every
+    host not yet named), count None for ``*`` (all its processes). Raises
+    :class:`~strataio.errors.HintError` for a list ROMIO would not read in full (an empty
+    entry, a count that is not a number, a host with a ``*`` in it)."""
+    entries: list[tuple[str | None, int | None]] = []
+    for item in text.split(","):
+        host, colon, count = item.strip().partition(":")
+        host, count = host.strip(), count.strip()
+        if not host or (colon and not count) or ("*" in host and host != "*") or ":" in count:
+            raise HintError(
+                f"hint cb_config_list={text!r}: entry {item!r} is not host[:count] "
+                "(host a name or *, count a number or *)"
+            )
+        n: int | None = 1
+        if count == "*":
+            n = None
+        elif count:
+            n = _parse_int("cb_config_list", count, 0)
+        entries.append((None if host == "*" else host, n))
+    return entries
+
+
 def parse_hints(
     user: Mapping[str, Any] | MPI.Info | None,
     nprocs: int = 1,
@@ -179,20 +258,45 @@ def parse_hints(
     nodes: int = 1,
 ) -> Hints:
     """Hints in force for ``user``'s settings on a communicator of ``nprocs`` processes on
-    ``nodes`` nodes, over ``base`` (the hints already in force; default: ROMIO's defaults,
-    ``cb_nodes`` one aggregator per node).
+    ``nodes`` nodes, over ``base`` (the hints already in force; default: ROMIO's defaults).
 
-    Unknown keys are ignored; ``cb_nodes`` is clamped to ``nprocs``. Raises
-    :class:`~strataio.errors.HintError` for a known hint with an unusable value.
+    Unknown keys are ignored. Without ``base`` (at open) ``cb_nodes`` is the most aggregators
+    ``cb_config_list`` may name, clamped to ``nprocs``: by default ``nodes`` (one per node)
+    under the default list, ``nprocs`` under a list the user gives (the open file replaces it
+    with the number it got: :func:`strataio.collective.realms.config_aggregators`). Over a
+    ``base`` (a view's hints) ``cb_nodes`` and ``cb_config_list`` are ignored, as ROMIO does,
+    and so are ``romio_no_indep_rw`` and the driver hints (they decided how the file was
+    opened). ``romio_no_indep_rw=true`` sets ``romio_cb_read`` and ``romio_cb_write`` to
+    ``enable``, as ROMIO does.
+    Raises :class:`~strataio.errors.HintError` for a known hint with an unusable value and for
+    hints of :data:`PLANNED` engines.
     """
     values: dict[str, Any] = {}
     for key, raw in _items(user).items():
+        if key in PLANNED:
+            raise HintError(
+                f"hint {key}={raw!r}: {PLANNED[key]} is not supported yet; remove the hint"
+            )
         spec = _SPEC.get(key)
-        if spec is None:
+        if spec is None or (base is not None and key.startswith(_OPEN_ONLY)):
             continue
         values[key] = _parse(key, spec[0], spec[1], raw)
-    base = Hints(cb_nodes=max(int(nodes), 1)) if base is None else base
-    values["cb_nodes"] = min(values.get("cb_nodes", base.cb_nodes), max(int(nprocs), 1))
+    if "cb_config_list" in values:
+        parse_config_list(values["cb_config_list"])
+    driver = values.get("strataio_driver", base.strataio_driver if base else "posix")
+    if driver not in _DRIVERS:
+        raise HintError(f"hint strataio_driver={driver!r}: expected one of {', '.join(_DRIVERS)}")
+    stray = sorted(k for k in values if k.startswith(_DRIVER_PARAM))
+    if stray and driver != "shaped":
+        raise HintError(
+            f"hint {stray[0]} configures the shaped driver: it needs strataio_driver=shaped"
+        )
+    if values.get("romio_no_indep_rw") or (base is not None and base.romio_no_indep_rw):
+        values["romio_cb_read"] = values["romio_cb_write"] = ENABLE
+    if base is None:
+        limit = values.get("cb_nodes", nprocs if "cb_config_list" in values else nodes)
+        values["cb_nodes"] = min(limit, max(int(nprocs), 1))
+        base = Hints()
     return dataclasses.replace(base, **values)
 
 

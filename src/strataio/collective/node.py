@@ -36,6 +36,9 @@ class NodeLayout:
     spare_cores: int
     """CPUs left over on the node with the fewest: the CPUs its ranks may run on together minus
     its ranks (negative when ranks share cores)."""
+    names: tuple[str, ...] = ()
+    """Each rank's processor name (``MPI.Get_processor_name``), by rank (what
+    ``cb_config_list`` matches)."""
 
     @property
     def crowded(self) -> bool:
@@ -59,6 +62,8 @@ def layout(comm: MPI.Comm) -> NodeLayout:
     finally:
         node.Free()
     nodes = int(comm.allreduce(int(leader), op=MPI.SUM))
-    answer = NodeLayout(nodes=nodes, spare_cores=int(comm.allreduce(spare, op=MPI.MIN)))
+    spare = int(comm.allreduce(spare, op=MPI.MIN))
+    names = tuple(comm.allgather(MPI.Get_processor_name()))
+    answer = NodeLayout(nodes=nodes, spare_cores=spare, names=names)
     comm.Set_attr(_KEYVAL, answer)
     return answer

@@ -14,7 +14,7 @@ KiB blocks 6.0 ms; reading it back 8.0 ms whole, 6.5 ms in 512 KiB blocks, 6.3 m
 blocks.
 
 Each block is an ordinary independent transfer of its own file pieces from (into) the block
-buffer, through the file's :class:`~strataio.collective.twophase.IndependentIO` (data sieving
+buffer, through the file's :class:`~strataio.collective.independent.IndependentIO` (data sieving
 and locking as usual). Since MPI views are monotone, stream order is file order and the blocks'
 file pieces follow each other: no two blocks' sieving spans overlap. Two-phase transfers still
 pack the whole stream (every rank's exchange sends from it).
@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from strataio.collective.twophase import Access, AccessPlan, IndependentIO
+from strataio.collective.access import Access, AccessPlan
+from strataio.collective.driver import Driver
+from strataio.collective.independent import IndependentIO
 from strataio.layout.extents import Extents, exclusive_cumsum
 from strataio.layout.pieces import CopyPlan, grid_strides, plan_copy, scratch
 
@@ -145,22 +147,20 @@ class PackedBlocks:
         self._blocks = blocks
         return blocks
 
-    def write(
-        self, io: IndependentIO, fd: int, data: np.ndarray, fd_readable: bool | None = None
-    ) -> None:
+    def write(self, io: IndependentIO, driver: Driver, data: np.ndarray) -> None:
         """Pack each block from ``data`` (the caller's buffer, flat ``uint8``) and write it."""
         blocks = self.blocks
         buf = scratch(self._size, "packed")
         for n, pack, _, plan in blocks:
             block = buf[:n]
             pack.run(block, data)
-            io.write(fd, Access(plan.file, block, plan), fd_readable)
+            io.write(driver, Access(plan.file, block, plan))
 
-    def read(self, io: IndependentIO, fd: int, data: np.ndarray) -> None:
+    def read(self, io: IndependentIO, driver: Driver, data: np.ndarray) -> None:
         """Read each block and unpack it into ``data`` (the caller's buffer, flat ``uint8``)."""
         blocks = self.blocks
         buf = scratch(self._size, "packed")
         for n, _, unpack, plan in blocks:
             block = buf[:n]
-            io.read(fd, Access(plan.file, block, plan))
+            io.read(driver, Access(plan.file, block, plan))
             unpack.run(data, block)

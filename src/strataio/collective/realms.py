@@ -7,17 +7,20 @@ what makes a two-phase write with holes safe without file locks: the read-modify
 realm's covering span cannot race with another aggregator.
 
 :class:`EvenRealms` is ROMIO's default (``ADIOI_Calc_file_domains``): the AAR cut into
-``ceil(AAR / n)``-byte pieces. Persistent and aligned realms plug in behind the same interface
-(``strataio_realms`` hint).
+``ceil(AAR / n)``-byte pieces, aligned to ``strataio_realm_alignment`` (or ``striping_unit``)
+bytes when set. Other policies plug in behind the same interface (``strataio_realms`` hint).
+:func:`config_aggregators` chooses the aggregators from ``cb_config_list`` and ``cb_nodes``.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from strataio.collective.hints import parse_config_list
 from strataio.errors import HintError, StrataError
 
 
@@ -67,11 +70,6 @@ class EvenRealms(RealmPolicy):
 _POLICIES: dict[str, type[RealmPolicy]] = {"even": EvenRealms, "aar": EvenRealms}
 
 
-def register_policy(name: str, policy: type[RealmPolicy]) -> None:
-    """Make ``policy`` selectable with the ``strataio_realms`` hint value ``name``."""
-    _POLICIES[name] = policy
-
-
 def policy_from_hints(hints: Any) -> RealmPolicy:
     """The policy named by the ``strataio_realms`` hint (default ``even``), aligned to
     ``strataio_realm_alignment`` or else ``striping_unit`` bytes when either is set."""
@@ -88,13 +86,45 @@ def policy_from_hints(hints: Any) -> RealmPolicy:
     return cls(align) if cls is EvenRealms else cls()
 
 
-def select_aggregators(nprocs: int, cb_nodes: int) -> np.ndarray:
-    """Ranks that act as aggregators: ``min(cb_nodes, nprocs)`` of them, spread evenly.
+def config_aggregators(config: str, names: Sequence[str], limit: int) -> np.ndarray:
+    """The ranks that aggregate, in realm order, as ROMIO chooses them (``cb_config_list.c``).
 
-    ROMIO picks one aggregator per node (``cb_config_list "*:1"``) up to ``cb_nodes``; with
-    ranks placed on nodes in blocks, taking every ``nprocs / cb_nodes``-th rank (rank
-    ``floor(a * nprocs / n)`` for aggregator ``a``) lands on distinct nodes in the same way, and
-    on one node it is ROMIO's choice for ``cb_nodes = 1`` (rank 0).
+    ``config``: a ``cb_config_list`` (:func:`~strataio.collective.hints.parse_config_list`);
+    ``names``: each rank's processor name (``MPI.Get_processor_name``); ``limit``: at most this
+    many (``cb_nodes``). Entries are taken in order: ``host:n`` takes the first ``n`` ranks of
+    ``host`` not yet taken; ``*:n`` goes through the hosts not named before, in order of their
+    first rank, taking ``n`` from each; a count ``*`` takes them all. Once an entry has
+    looked at a host, later ``*`` entries pass it by. Raises
+    :class:`~strataio.errors.HintError` when the list names no rank (as ROMIO refuses the open).
     """
-    n = max(1, min(int(cb_nodes), int(nprocs)))
-    return (np.arange(n, dtype=np.int64) * nprocs) // n
+    nprocs = len(names)
+    limit = max(0, min(int(limit), nprocs))
+    if config.strip() == "*:*":
+        return np.arange(limit, dtype=np.int64)
+    chosen: list[int] = []
+    used = [False] * nprocs  # a rank taken, or passed by with its host
+    for host, count in parse_config_list(config):
+        if len(chosen) >= limit:
+            break
+        hosts = [host] if host is not None else _unused_hosts(names, used)
+        for h in hosts:
+            want = limit if count is None else count
+            for r in range(nprocs):
+                if names[r] == h and not used[r]:
+                    if want > 0 and len(chosen) < limit:
+                        chosen.append(r)
+                        want -= 1
+                    used[r] = True
+            if len(chosen) >= limit:
+                break
+    if not chosen:
+        raise HintError(
+            f"hint cb_config_list={config!r}: no process matches (processes run on "
+            f"{', '.join(sorted(set(names)))})"
+        )
+    return np.asarray(chosen, dtype=np.int64)
+
+
+def _unused_hosts(names: Sequence[str], used: list[bool]) -> list[str]:
+    """Hosts with a rank not yet taken or passed by, in order of that rank."""
+    return list(dict.fromkeys(n for n, u in zip(names, used) if not u))

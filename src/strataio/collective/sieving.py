@@ -1,7 +1,7 @@
-"""Independent noncontiguous I/O on a file descriptor: direct (list I/O) or data sieving.
+"""Independent noncontiguous I/O through a driver: direct (list I/O) or data sieving.
 
 Every function moves the file pieces of an :class:`~strataio.layout.extents.Extents` between
-file ``fd`` and ``buf`` — piece ``i`` is file bytes ``offsets[i] : offsets[i] + lengths[i]``
+a file (a :class:`~strataio.collective.driver.Driver`) and ``buf`` — piece ``i`` is file bytes ``offsets[i] : offsets[i] + lengths[i]``
 and buffer bytes ``mem[i] : mem[i] + lengths[i]``. Pieces may come in any order; for writes,
 pieces must not overlap in the file (as MPI requires of one access).
 
@@ -12,16 +12,17 @@ pieces must not overlap in the file (as MPI requires of one access).
   a span with holes is read whole into a staging buffer and the pieces are picked out (reads),
   or read, patched and written back whole (writes). Spans without holes are moved directly.
   Copies between the staging buffer and ``buf`` are vectorized (``layout.pieces.plan_copy``).
-- :func:`read_independent` / :func:`write_independent`: choose by the ``romio_ds_read`` /
-  ``romio_ds_write`` hints (:mod:`strataio.collective.hints`).
+
+The choice between them by the ``romio_ds_read`` / ``romio_ds_write`` hints is made in one
+place, :class:`strataio.collective.independent.IndependentIO`.
 
 Locking. A sieving write rewrites the holes of its spans, so a concurrent writer of those holes
 could be undone. :func:`write_sieved` therefore holds an exclusive POSIX byte-range lock
-(``fcntl.lockf``) on each span across its read, modify and write, and also locks the
+(the driver's :meth:`~strataio.collective.driver.Driver.lock`) on each span across its read, modify and write, and also locks the
 hole-free spans it writes directly (one lock per batch of them, covering the gaps between
 them too), so that any number of processes writing interleaved bytes through
 :func:`write_sieved` leave a correct file. The locks of direct writes are *shared* (on a
-descriptor open for reading; exclusive otherwise, as POSIX wants): a direct write only has to
+file open for reading; exclusive otherwise, as POSIX wants): a direct write only has to
 exclude read-modify-writes, not other direct writes of other bytes, so interleaving writers
 that sieve nothing never wait for each other's locks (they still meet in the kernel, which
 serializes buffered writes to one file). A process that writes the same file without
@@ -44,28 +45,24 @@ concurrent sieving writer's span may cover it.
 
 from __future__ import annotations
 
-import fcntl
-import os
 from typing import Any
 
 import numpy as np
 
 from strataio.collective import fileio
+from strataio.collective.driver import Driver
 from strataio.collective.fileio import SYSCALL_BYTES, pread_into, pread_upto, pwrite_from
-from strataio.collective.hints import DISABLE, ENABLE, Hints, parse_hints
+from strataio.collective.hints import ENABLE
 from strataio.errors import BackendError, ShapeMismatchError, StrataError
 from strataio.layout.extents import Extents
 from strataio.layout.pieces import CopyPlan, as_bytes, plan_copy, scratch, zeros
-from strataio.storage.posix import _transfer
 from strataio.storage.vectored import VectoredPlan
 
 __all__ = [
     "plan_spans",
     "read_direct",
-    "read_independent",
     "read_sieved",
     "write_direct",
-    "write_independent",
     "write_sieved",
 ]
 
@@ -116,11 +113,6 @@ def _runs(ext: Extents) -> Extents:
     return ext.union()
 
 
-def readable(fd: int) -> bool:
-    """Whether ``fd`` is open for reading and writing (a sieving write reads its spans)."""
-    return (fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE) == os.O_RDWR
-
-
 def hole_limit(mode: str, write: bool) -> int | None:
     """The longest hole a sieved span crosses under ``mode`` (``None``: any)."""
     if mode == ENABLE:
@@ -129,17 +121,17 @@ def hole_limit(mode: str, write: bool) -> int | None:
 
 
 # --------------------------------------------------------------------------- direct
-def read_direct(fd: int, extents: Extents, buf: Any) -> None:
-    """Read each piece of ``extents`` from ``fd`` into ``buf`` (at ``mem``), no sieving.
+def read_direct(driver: Driver, extents: Extents, buf: Any) -> None:
+    """Read each piece of ``extents`` from the file into ``buf`` (at ``mem``), no sieving.
 
     Bytes past end-of-file read as zeros.
     """
     ext, data = _prepare(extents, buf, writable=True)
-    _io(fd, ext.sort(), data, write=False)
+    _io(driver, ext.sort(), data, write=False)
 
 
-def write_direct(fd: int, extents: Extents, buf: Any, *, lock: bool = False) -> None:
-    """Write each piece of ``extents`` from ``buf`` (at ``mem``) to ``fd``; holes untouched.
+def write_direct(driver: Driver, extents: Extents, buf: Any, *, lock: bool = False) -> None:
+    """Write each piece of ``extents`` from ``buf`` (at ``mem``) to the file; holes untouched.
 
     With ``lock`` each run is written under an exclusive byte-range lock, so that a concurrent
     :func:`write_sieved` on the same file cannot undo it.
@@ -147,26 +139,23 @@ def write_direct(fd: int, extents: Extents, buf: Any, *, lock: bool = False) -> 
     ext, data = _prepare(extents, buf, writable=False)
     ext = ext.sort()
     if not lock or len(ext) == 0:
-        _io(fd, ext, data, write=True)
+        _io(driver, ext, data, write=True)
         return
     runs = ext.union()
-    with _LockSet(fd, [(runs.first, runs.last)]):
-        _io(fd, ext, data, write=True)
+    with _LockSet(driver, [(runs.first, runs.last)]):
+        _io(driver, ext, data, write=True)
 
 
-def _io(fd: int, ext: Extents, data: np.ndarray, write: bool) -> None:
+def _io(driver: Driver, ext: Extents, data: np.ndarray, write: bool) -> None:
+    if len(ext) == 0:
+        return
     try:
-        _transfer(fd, ext, memoryview(data), write=write)
+        plan = VectoredPlan(ext.offsets, ext.lengths, ext.mem)
+        (driver.writev if write else driver.readv)(plan, data)
+    except ValueError as exc:  # pieces outside the buffer or the file: refused before any I/O
+        raise ShapeMismatchError(str(exc)) from None
     except OSError as exc:
         raise BackendError(f"{'write' if write else 'read'} of {len(ext)} pieces: {exc}") from exc
-
-
-def _lock(fd: int, how: int, lo: int, n: int) -> None:
-    """Take one byte-range lock on ``[lo, lo + n)`` (``n`` > 0: 0 would mean "to the end")."""
-    try:
-        fcntl.lockf(fd, how, n, lo)
-    except OSError as exc:
-        raise BackendError(f"cannot lock bytes [{lo}, {lo + n}) for a write: {exc}") from exc
 
 
 class _LockSet:
@@ -174,26 +163,21 @@ class _LockSet:
     then be open for reading), taken in the given (ascending) order for the ``with`` block; on
     a failure the locks already taken are released."""
 
-    __slots__ = ("fd", "how", "locks", "taken")
+    __slots__ = ("driver", "locks", "shared", "taken")
 
-    def __init__(self, fd: int, locks: list[tuple[int, int]], shared: bool = False) -> None:
-        # an empty range must not reach lockf: length 0 there means "to the end of the file"
-        self.fd, self.locks, self.taken = fd, [r for r in locks if r[1] > r[0]], 0
-        self.how = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
+    def __init__(self, driver: Driver, locks: list[tuple[int, int]], shared: bool = False) -> None:
+        # an empty range must not reach a lock: length 0 there means "to the end of the file"
+        self.driver, self.locks, self.taken = driver, [r for r in locks if r[1] > r[0]], 0
+        self.shared = shared
 
     def __enter__(self) -> None:
-        lockf, fd, how = fcntl.lockf, self.fd, self.how
+        lock, shared = self.driver.lock, self.shared
         try:
             for lo, hi in self.locks:
-                lockf(fd, how, hi - lo, lo)
+                lock(lo, hi - lo, shared)
                 self.taken += 1
-        except BaseException as exc:  # an interrupt while waiting must not leave locks held
-            lo, hi = self.locks[self.taken]
+        except BaseException:  # an interrupt while waiting must not leave locks held
             self.__exit__()
-            if isinstance(exc, OSError):
-                raise BackendError(
-                    f"cannot lock bytes [{lo}, {hi}) for a sieving write: {exc}"
-                ) from exc
             raise
 
     def __exit__(self, *exc: object) -> None:
@@ -204,7 +188,7 @@ class _LockSet:
         """Release ``locks``; every one is tried even when one release fails."""
         for k, (lo, hi) in enumerate(locks):
             try:
-                fcntl.lockf(self.fd, fcntl.LOCK_UN, hi - lo, lo)
+                self.driver.unlock(lo, hi - lo)
             except BaseException:
                 self._release(locks[k + 1 :])
                 raise
@@ -292,53 +276,50 @@ class SievePlan:
                 copy, holes = plan_copy(part.mem, at, part.lengths), None
             self._holey.append((size, spans, copy, holes))
 
-    def run(self, fd: int, data: np.ndarray, fd_readable: bool | None = None) -> None:
-        """Move the planned pieces between ``fd`` and ``data`` (flat ``uint8``);
-        ``fd_readable`` says whether ``fd`` is open read-write (None: ask the system)."""
-        if fd_readable is None:
-            fd_readable = readable(fd)
-        if self.needs_read and not fd_readable:
+    def run(self, driver: Driver, data: np.ndarray) -> None:
+        """Move the planned pieces between the file and ``data`` (flat ``uint8``)."""
+        if self.needs_read and not driver.read_write:
             raise BackendError(
-                "a sieving write reads its spans back: the descriptor must be open read-write "
-                "(or use romio_ds_write=disable)"
+                f"{driver.path or 'file'}: a sieving write reads its spans back: the file must "
+                "be open read-write (or use romio_ds_write=disable)"
             )
         try:
-            self._run(fd, data, fd_readable)
+            self._run(driver, data)
         except OSError as exc:
             what = "write" if self.write else "read"
             raise BackendError(f"sieving {what} failed: {exc}") from exc
 
-    def _run(self, fd: int, data: np.ndarray, fd_readable: bool) -> None:
+    def _run(self, driver: Driver, data: np.ndarray) -> None:
         if self._direct is not None:
-            (self._direct.write if self.write else self._direct.read)(fd, data)
+            (driver.writev if self.write else driver.readv)(self._direct, data)
         # Direct writes exclude read-modify-writes only (one range each: locked without a
         # _LockSet, whose generality costs tens of microseconds on every contiguous write).
-        how = fcntl.LOCK_SH if fd_readable else fcntl.LOCK_EX
+        shared = driver.read_write
         for lo, n, vec in self._plain:
-            _lock(fd, how, lo, n)
+            driver.lock(lo, n, shared)
             try:
-                vec.write(fd, data)
+                driver.writev(vec, data)
             finally:
-                fcntl.lockf(fd, fcntl.LOCK_UN, n, lo)
+                driver.unlock(lo, n)
         for size, spans, copy, holes in self._holey:
             stage = scratch(size, "sieve")
             if not self.write:
                 for o, n, p in spans:
-                    pread_into(fd, stage[p : p + n], o)
+                    pread_into(driver, stage[p : p + n], o)
                 copy.run(data, stage)
                 continue
             # Every span is locked before it is read and stays locked until written back. Locks
             # are taken in ascending offset order by every writer, so no two wait on each other.
             if len(spans) == 1:
                 o, n, _ = spans[0]
-                _lock(fd, fcntl.LOCK_EX, o, n)
+                driver.lock(o, n)
                 try:
-                    _read_modify_write(fd, data, stage, spans, copy, holes)
+                    _read_modify_write(driver, data, stage, spans, copy, holes)
                 finally:
-                    fcntl.lockf(fd, fcntl.LOCK_UN, n, o)
+                    driver.unlock(o, n)
             else:
-                with _LockSet(fd, [(o, o + n) for o, n, _ in spans]):
-                    _read_modify_write(fd, data, stage, spans, copy, holes)
+                with _LockSet(driver, [(o, o + n) for o, n, _ in spans]):
+                    _read_modify_write(driver, data, stage, spans, copy, holes)
 
 
 # Bytes of memset that cost as much as zeroing one more hole by a strided copy (measured, 512 KiB
@@ -362,7 +343,7 @@ def _holes(
 
 
 def _read_modify_write(
-    fd: int,
+    driver: Driver,
     data: np.ndarray,
     stage: np.ndarray,
     spans: list[tuple[int, int, int]],
@@ -372,7 +353,7 @@ def _read_modify_write(
     """Read the (locked) spans into ``stage``, patch the pieces in, write the spans back.
     Bytes past end-of-file are zeros; when the whole batch lies there (a new file) only the
     holes are zeroed, since the pieces overwrite the rest."""
-    got = [pread_upto(fd, stage[p : p + n], o) for o, n, p in spans]
+    got = [pread_upto(driver, stage[p : p + n], o) for o, n, p in spans]
     if holes is not None and not any(got):
         holes[0].run(stage, zeros(holes[1]))
     else:
@@ -381,11 +362,11 @@ def _read_modify_write(
                 stage[p + g : p + n] = 0
     copy.run(stage, data)
     for o, n, p in spans:
-        pwrite_from(fd, stage[p : p + n], o)
+        pwrite_from(driver, stage[p : p + n], o)
 
 
 def read_sieved(
-    fd: int,
+    driver: Driver,
     extents: Extents,
     buf: Any,
     buffer_size: int = DEFAULT_RD_BUFFER,
@@ -401,11 +382,11 @@ def read_sieved(
     ext, data = _prepare(extents, buf, writable=True)
     if len(ext) == 0:
         return
-    SievePlan(ext.sort(), buffer_size, max_hole, write=False).run(fd, data)
+    SievePlan(ext.sort(), buffer_size, max_hole, write=False).run(driver, data)
 
 
 def write_sieved(
-    fd: int,
+    driver: Driver,
     extents: Extents,
     buf: Any,
     buffer_size: int = DEFAULT_WR_BUFFER,
@@ -416,42 +397,10 @@ def write_sieved(
 
     Spans of about ``buffer_size`` bytes (``ind_wr_buffer_size``) with holes are read, patched
     and written back under an exclusive ``fcntl`` lock; see the module docs for the locking
-    contract. A contiguous access is written directly, under one lock. ``fd`` must be open
+    contract. A contiguous access is written directly, under one lock. The file must be open
     for reading and writing.
     """
     ext, data = _prepare(extents, buf, writable=False)
     if len(ext) == 0:
         return
-    SievePlan(ext.sort(), buffer_size, max_hole, write=True).run(fd, data)
-
-
-# --------------------------------------------------------------------------- hint-driven
-def read_independent(
-    fd: int, extents: Extents, buf: Any, hints: Hints | dict[str, Any] | None = None
-) -> None:
-    """Read by the ``romio_ds_read`` / ``ind_rd_buffer_size`` hints (see module docs)."""
-    h = hints if isinstance(hints, Hints) else parse_hints(hints)
-    if h.romio_ds_read == DISABLE:
-        read_direct(fd, extents, buf)
-        return
-    hole = hole_limit(h.romio_ds_read, write=False)
-    read_sieved(fd, extents, buf, h.ind_rd_buffer_size, max_hole=hole)
-
-
-def write_independent(
-    fd: int, extents: Extents, buf: Any, hints: Hints | dict[str, Any] | None = None
-) -> None:
-    """Write by the ``romio_ds_write`` / ``ind_wr_buffer_size`` hints (see module docs).
-
-    On a descriptor that cannot be read (a write-only file) sieving is impossible, so the
-    pieces are written directly — under byte-range locks, since other writers may sieve.
-    """
-    h = hints if isinstance(hints, Hints) else parse_hints(hints)
-    if h.romio_ds_write == DISABLE:
-        write_direct(fd, extents, buf)
-        return
-    if not readable(fd):
-        write_direct(fd, extents, buf, lock=True)
-        return
-    hole = hole_limit(h.romio_ds_write, write=True)
-    write_sieved(fd, extents, buf, h.ind_wr_buffer_size, max_hole=hole)
+    SievePlan(ext.sort(), buffer_size, max_hole, write=True).run(driver, data)

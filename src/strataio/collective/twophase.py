@@ -1,38 +1,24 @@
-"""Two-phase collective I/O, and the per-call choice between it and independent I/O.
+"""Two-phase collective I/O: aggregators move the data of every rank's access in large spans.
 
-Every rank brings one :class:`Access`: its file pieces (offsets and lengths, with ``mem`` the
-byte position of each piece in the rank's buffer — the caller's own memory, or a packed copy
-when the memory layout is much finer than the file's) and that buffer. A collective call then
-runs:
-
-1. **Agreement** — one ``Allgather`` (persistent, :class:`Agreement`) of five integers per
-   rank (error code, first and last byte touched, bytes, pieces). An error anywhere is known
-   everywhere before any byte moves, and the same numbers drive the choice below, so every
-   rank takes the same path.
-2. **Choice** (``romio_cb_read`` / ``romio_cb_write`` = enable / disable / automatic). ROMIO's
-   own heuristic only asks "do the ranks' ranges interleave?". On a node-local file system with
-   a page cache the exchange costs as much as the I/O it saves, so *automatic* also goes
-   independent unless pieces are tiny (mean piece < ``LARGE_PIECE`` bytes, where sieving
-   drags ``1/density`` times the data through every rank) or, for writes, the ranks would
-   write thousands of small pieces one system call each (``PIECEWISE_WRITES``: the kernel
-   serializes them) and every rank has a core of its own, and whenever one rank does all the
-   I/O; it aggregates when ranges interleave and one of those holds.
-3. **Two-phase** — realms from a :class:`~strataio.collective.realms.RealmPolicy` over the
-   aggregate access region; each realm is walked in windows of ``cb_buffer_size`` bytes, one
-   window per aggregator per iteration. The pieces' descriptors (offset, length) are sent to
-   their aggregators once, up front (``Alltoall`` of counts + ``Alltoallv`` of descriptors), so
-   each iteration needs a single ``Alltoallw`` of data whose counts both sides derive locally
-   (:mod:`strataio.collective.exchange`: pieces of 1 KiB and more move through derived
-   datatypes straight between the caller's memory and the aggregator's realm buffer, smaller
-   ones are packed; an aggregator's own pieces are copied without MPI). The realm buffer is
-   laid out like the file: aggregators access each window's covering span, or its runs, by the
-   cost model of :mod:`strataio.collective.fileio` (conditional data sieving); a write window
-   with holes is read-modify-written, which is safe because the aggregator owns its realm.
+Every rank brings one :class:`~strataio.collective.access.Access` and the agreed numbers of
+the call (:mod:`strataio.collective.agreement`). Realms from a
+:class:`~strataio.collective.realms.RealmPolicy` over the aggregate access region are given to
+the aggregators (:func:`~strataio.collective.realms.config_aggregators`: ``cb_config_list`` and
+``cb_nodes``); each realm is walked in windows of ``cb_buffer_size`` bytes, one window per
+aggregator per iteration. The pieces' descriptors (offset, length) are sent to their
+aggregators once, up front (``Alltoall`` of counts + ``Alltoallv`` of descriptors), so each
+iteration needs a single ``Alltoallw`` of data whose counts both sides derive locally
+(:mod:`strataio.collective.exchange`: pieces of 1 KiB and more move through derived datatypes
+straight between the caller's memory and the aggregator's realm buffer, smaller ones are
+packed; an aggregator's own pieces are copied without MPI). The realm buffer is laid out like
+the file: aggregators access each window's covering span, or its runs, through their
+:class:`~strataio.collective.driver.Driver` by the cost model of
+:mod:`strataio.collective.fileio` (conditional data sieving); a write window with holes is
+read-modify-written, which is safe because the aggregator owns its realm.
 """
 
 from __future__ import annotations
 
-import struct
 import sys
 import traceback
 from collections.abc import Callable
@@ -43,192 +29,17 @@ from typing import Any, NoReturn
 import numpy as np
 from mpi4py import MPI
 
-from strataio.collective import fileio, sieving
+from strataio.collective import fileio
+from strataio.collective.access import FIRST, LAST, NBYTES, Access
+from strataio.collective.driver import Driver
 from strataio.collective.exchange import ExchangeSide, alltoallw
 from strataio.collective.node import NodeLayout
-from strataio.collective.realms import RealmPolicy, select_aggregators
+from strataio.collective.realms import RealmPolicy
 from strataio.errors import StrataError
 from strataio.layout.extents import Extents, exclusive_cumsum
 from strataio.layout.pieces import copy_pieces, scratch, zeros
 
 _I64 = np.int64
-
-# Mean piece size from which automatic mode stays independent. Measured with
-# ``strataio bench collective`` on a node-local page-cached file system at 2 and 4 ranks:
-# independent sieving beat two-phase for every HPIO size down to 64-byte regions (reads and
-# writes), because the exchange costs as much as the copies it saves and all ranks sieve in
-# parallel; only pieces smaller than this are worth aggregating.
-LARGE_PIECE = 64
-
-# Pieces written one system call each (see _piecewise_writes) from which automatic mode
-# aggregates a write whose ranges interleave: concurrent writes to one file are serialized by
-# the kernel (ext4 takes the inode lock for every buffered write), so thousands of small writes
-# from several ranks cost more than moving their bytes to one aggregator that writes large
-# spans. Measured on a 16-core node (strataio bench collective, HPIO 4 KiB regions, 4096 per
-# rank), MB/s independent -> two-phase: 8 ranks (29 KiB gaps, wider than sieving crosses)
-# 899-1225 -> 1670-2177, 16 ranks (62 KiB) 841-964 -> 1566-1910; at 2 and 4 ranks the gaps
-# (4.3 and 12.5 KiB) are sieved, one call per 512 KiB, and independent wins (2 ranks 2591-3474
-# against 1461-1627, 4 ranks 2362 against 1590). Not on a crowded node (more ranks than cores):
-# there the polling ranks slow the aggregator down (HPIO 4 KiB regions written one call each at
-# 4 ranks on 2 cores: independent 756, two-phase 566 MB/s).
-PIECEWISE_WRITES = 1024
-
-# Columns of the agreement row.
-ERR, FIRST, LAST, NBYTES, NPIECES = range(5)
-
-
-class AccessPlan:
-    """What one rank's access looks like apart from its bytes: the file pieces (``mem`` =
-    positions in the rank's buffer), the agreement numbers, and the independent read and write
-    plans built for it. A :class:`~strataio.collective.file.File` memoizes these across calls, so a
-    call that repeats a view, a buffer type and an offset skips all of the planning."""
-
-    __slots__ = ("file", "reads", "row", "summary", "writes")
-
-    def __init__(self, file: Extents) -> None:
-        self.file = file
-        n = len(file)
-        self.summary = (file.first, file.last, file.nbytes, n) if n else (0, 0, 0, 0)
-        self.row = _ROW.pack(0, *self.summary)  # agreement row of a valid call
-        self.reads: dict[tuple[int, int], fileio.ReadPlan | None] = {}
-        self.writes: dict[tuple[int, int | None], sieving.SievePlan] = {}
-
-
-@dataclass(slots=True)
-class Access:
-    """One rank's part of a transfer: file pieces ``file`` and the caller's buffer ``stream``
-    (flat ``uint8``; source for writes, destination for reads); ``file.mem`` are byte offsets
-    into ``stream``, so data moves between file and caller memory without a packed copy.
-    ``plan`` carries what was planned for this layout in earlier calls."""
-
-    file: Extents
-    stream: np.ndarray
-    plan: AccessPlan | None = None
-
-
-#: an agreement row as the persistent Allgather sends it: five native int64
-_ROW = struct.Struct("5q")
-
-
-def agreement_row(access: Access | None, err: int) -> bytes:
-    """This rank's five agreement numbers (see the module docstring), packed."""
-    if access is None:
-        return _ROW.pack(err, 0, 0, 0, 0)
-    plan = access.plan if access.plan is not None else AccessPlan(access.file)
-    if err == 0:
-        return plan.row
-    return _ROW.pack(err, *plan.summary)
-
-
-class Agreement:
-    """The agreement of one file's collective calls: a persistent (MPI-4) ``Allgather`` of the
-    ranks' rows, set up once when the file opens (collective) and only started and waited for
-    per call. After a multi-megabyte copy has flushed the caches, as in every benchmark call,
-    that costs 21-24 us against 60-62 us for a plain ``Allgather`` (2 ranks); inside a
-    collective read of 2 MB per rank the agreement took 25-42 us instead of 41-54. Without
-    persistent collectives in the MPI library, a plain ``Allgather`` per call.
-
-    A call's own work stays in plain Python (its rows in, lists out): with cold caches every
-    numpy call costs 10-30 us, more than the whole choice it serves."""
-
-    __slots__ = ("_comm", "_request", "_rows", "_send", "_send_row", "_sent", "errors", "table")
-
-    def __init__(self, comm: MPI.Comm) -> None:
-        self._comm = comm
-        nprocs = comm.Get_size()
-        self.table = np.zeros((nprocs, 5), dtype=_I64)
-        """Every rank's row of the last call, ``(nprocs, 5)`` (overwritten by the next)."""
-        self._rows = memoryview(self.table)
-        self.errors = self._rows.cast("B").cast("q")[ERR::5]
-        """Every rank's error code of the last call (a view of :attr:`table`)."""
-        send = self.table[0] if nprocs == 1 else np.zeros(5, dtype=_I64)
-        self._send_row = send  # (what MPI is given: five int64, the type of the table's rows)
-        self._send = memoryview(send).cast("B")
-        self._sent: bytes | None = None  # the row in the send buffer (an AccessPlan's, often)
-        self._request: MPI.Prequest | None = None
-        if nprocs > 1:
-            try:
-                self._request = comm.Allgather_init(send, self.table)
-            except NotImplementedError:  # an MPI before 4.0
-                self._request = None
-
-    def __call__(self, row: bytes) -> list[list[int]]:
-        """All ranks' rows (see :func:`agreement_row`), as lists; also in :attr:`table`. With
-        one rank no communication happens."""
-        if row is not self._sent:  # a call repeating a layout sends the same row object
-            self._send[:] = row
-            self._sent = row
-        if self._request is not None:
-            self._request.Start()
-            self._request.Wait()
-        elif self.table.shape[0] > 1:
-            self._comm.Allgather(self._send_row, self.table)
-        return self._rows.tolist()
-
-    def free(self) -> None:
-        """Release the persistent request (local)."""
-        if self._request is not None:
-            self._request.Free()
-            self._request = None
-
-
-def use_two_phase(
-    stats: np.ndarray | list[list[int]], mode: str, write: bool = False, crowded: bool = False
-) -> bool:
-    """Whether a collective call aggregates, from the agreed ``stats`` (an ``(nprocs, 5)``
-    array or its rows as lists), the hint ``mode``, the direction and whether some node has more
-    ranks than cores (:attr:`strataio.collective.node.NodeLayout.crowded`).
-
-    ``"enable"`` and ``"disable"`` force the answer (the values :class:`Hints` holds, lower
-    case); ``"automatic"`` follows the module docstring. Every rank computes the same answer
-    from the same numbers.
-    """
-    if mode == "disable":
-        return False
-    active, nbytes, pieces = _totals(stats)
-    if active == 0:
-        return False
-    if mode == "enable":
-        return True
-    if active < 2:
-        return False
-    if nbytes >= LARGE_PIECE * max(pieces, 1) and not (
-        write
-        and not crowded
-        and pieces >= PIECEWISE_WRITES
-        and _piecewise_writes(stats) >= PIECEWISE_WRITES
-    ):
-        return False
-    return not ranges_disjoint(np.asarray(stats, dtype=_I64))
-
-
-def _piecewise_writes(stats: np.ndarray | list[list[int]]) -> int:
-    """How many pieces the ranks would write one system call each on the independent path:
-    those of ranks whose pieces lie further apart (on average) than automatic sieving crosses
-    and are shorter than ``SYSCALL_BYTES`` (the agreed numbers alone decide, so every rank
-    gets the same count whatever its own sieving hints)."""
-    hole = sieving.hole_limit("automatic", write=True)
-    total = 0
-    for _, first, last, nbytes, npieces in _as_rows(stats):
-        small = nbytes < fileio.SYSCALL_BYTES * npieces
-        if npieces > 1 and small and last - first - nbytes > hole * (npieces - 1):
-            total += npieces
-    return total
-
-
-def _as_rows(stats: np.ndarray | list[list[int]]) -> list[list[int]]:
-    return stats.tolist() if type(stats) is np.ndarray else stats  # type: ignore[return-value]
-
-
-def _totals(stats: np.ndarray | list[list[int]]) -> tuple[int, int, int]:
-    """(ranks with bytes to move, bytes, pieces) of the agreed ``stats``."""
-    active = nbytes = pieces = 0
-    for row in _as_rows(stats):
-        if row[NBYTES]:
-            active += 1
-            nbytes += row[NBYTES]
-            pieces += row[NPIECES]
-    return active, nbytes, pieces
 
 
 # ---------------------------------------------------------------------------- planning
@@ -294,6 +105,7 @@ def _plan(
     stats: np.ndarray,
     hints: Any,
     policy: RealmPolicy,
+    aggregators: np.ndarray,
     nodes: NodeLayout | None = None,
     prepare: Callable[[], None] | None = None,
 ) -> _Plan:
@@ -307,7 +119,7 @@ def _plan(
     try:
         if prepare is not None:
             prepare()
-        local = _plan_locally(ext, stats, hints, policy, nodes, nprocs, rank)
+        local = _plan_locally(ext, stats, hints, policy, aggregators, nodes, nprocs, rank)
         scount = local.scount
     except Exception as exc:  # any failure here must reach the other ranks
         failure, scount = exc, np.full(nprocs, -1, dtype=_I64)
@@ -379,13 +191,14 @@ def _plan_locally(
     stats: np.ndarray,
     hints: Any,
     policy: RealmPolicy,
+    aggregators: np.ndarray,
     nodes: NodeLayout | None,
     nprocs: int,
     rank: int,
 ) -> _LocalPlan:
     active = stats[stats[:, NBYTES] > 0]
     lo, hi = int(active[:, FIRST].min()), int(active[:, LAST].max())
-    aggs = select_aggregators(nprocs, int(hints.cb_nodes))
+    aggs = aggregators
     realms = np.asarray(policy.realms(lo, hi, aggs.size, hints), dtype=_I64)
     cb = max(int(hints.cb_buffer_size), 1)
     rlen = realms[:, 1] - realms[:, 0]
@@ -395,7 +208,8 @@ def _plan_locally(
     win_lo = np.minimum(realms[:, :1] + it[None, :] * cb, realms[:, 1:])
     win_hi = np.minimum(win_lo + cb, realms[:, 1:])
     background = _overlap(ntimes, aggs.size, hints, nodes)
-    my_agg = int(np.searchsorted(aggs, rank)) if rank in set(aggs.tolist()) else -1
+    mine = np.flatnonzero(aggs == rank)
+    my_agg = int(mine[0]) if mine.size else -1
     buffers: tuple[np.ndarray, ...] = ()
     if my_agg >= 0 and ntimes:  # the realm buffers, now rather than in the middle of the exchange
         span = int((win_hi[my_agg] - win_lo[my_agg]).max())
@@ -418,7 +232,14 @@ def _plan_locally(
     # one, by iteration: exactly the descriptor order. The per-iteration order (iteration,
     # aggregator, offset) is then one stable sort on the iteration number.
     d_off, d_len, d_dest = cut.offsets, cut.lengths, aggs[d_agg]
-    if ntimes > 1:
+    # Realms ascend in the order cb_config_list names the aggregators, which need not be rank
+    # order; exchanges and descriptors go by rank.
+    by_name = aggs.size > 1 and bool((aggs[1:] < aggs[:-1]).any())
+    if by_name:
+        order = np.lexsort((d_dest, d_iter))
+        c_off, c_len, c_mem = d_off[order], d_len[order], cut.mem[order]
+        c_iter, c_dest = d_iter[order], d_dest[order]
+    elif ntimes > 1:
         key = d_iter.astype(np.int32) if ntimes < 2**31 else d_iter
         order = np.argsort(key, kind="stable")
         c_off, c_len, c_mem = d_off[order], d_len[order], cut.mem[order]
@@ -428,6 +249,9 @@ def _plan_locally(
     c_iter_bounds = np.searchsorted(c_iter, np.arange(ntimes + 1))
     scount = np.bincount(d_dest, minlength=nprocs).astype(_I64)
     desc = np.empty((d_off.size, 2), dtype=_I64)
+    if by_name:  # descriptors grouped by rank, each aggregator's still in offset order
+        by_rank = np.argsort(d_dest, kind="stable")
+        d_off, d_len = d_off[by_rank], d_len[by_rank]
     desc[:, 0], desc[:, 1] = d_off, d_len
     return _LocalPlan(
         ntimes, win_lo, win_hi, aggs, realms, cb, my_agg, background, buffers,
@@ -477,18 +301,18 @@ class _Window:
         at = (sp_off - self.base).tolist()
         self.spans = list(zip(at, sp_off.tolist(), sp_len.tolist(), holes.tolist()))
 
-    def read(self, fd: int) -> None:
+    def read(self, driver: Driver) -> None:
         """Fill the spans from the file (past end-of-file with zeros)."""
         for at, off, n, _ in self.spans:
-            fileio.pread_into(fd, self.buf[at : at + n], off)
+            fileio.pread_into(driver, self.buf[at : at + n], off)
 
-    def read_holes(self, fd: int) -> None:
+    def read_holes(self, driver: Driver) -> None:
         """The read of a read-modify-write (safe because the aggregator owns its realm): the
         file's bytes into the spans with holes. Past end-of-file only the holes are zeroed:
         the exchange overwrites every other byte."""
         for at, off, n, hole in self.spans:
             if hole:
-                got = fileio.pread_upto(fd, self.buf[at : at + n], off)
+                got = fileio.pread_upto(driver, self.buf[at : at + n], off)
                 if got < n:
                     self._zero_holes(at + got, at + n)
 
@@ -504,25 +328,27 @@ class _Window:
             source = zeros(int(gap_len.max()))
             copy_pieces(self.buf, gap_at, source, np.zeros_like(gap_at), gap_len)
 
-    def write(self, fd: int) -> None:
+    def write(self, driver: Driver) -> None:
         for at, off, n, _ in self.spans:
-            fileio.pwrite_from(fd, self.buf[at : at + n], off)
+            fileio.pwrite_from(driver, self.buf[at : at + n], off)
 
 
 def two_phase(
     comm: MPI.Comm,
-    fd: int,
+    driver: Driver | None,
     access: Access,
     stats: np.ndarray,
     hints: Any,
     policy: RealmPolicy,
+    aggregators: np.ndarray,
     write: bool,
     nodes: NodeLayout | None = None,
     prepare: Callable[[], None] | None = None,
 ) -> None:
     """Collective write (read) of every rank's access: aggregators write (read) their realms,
     each window while the next (previous) one is exchanged when :func:`_overlap` says so.
-    ``nodes``: where the ranks run (:func:`strataio.collective.node.layout`); ``prepare``:
+    ``aggregators``: their ranks, in realm order (:func:`strataio.collective.realms.config_aggregators`);
+    ``driver``: the file, on aggregators (other ranks may pass None); ``nodes``: where the ranks run (:func:`strataio.collective.node.layout`); ``prepare``:
     this rank's own work before any data moves (packing ``access.stream``), run as part of
     the planning, so that its failure reaches every rank like a planning failure.
 
@@ -534,11 +360,11 @@ def two_phase(
     the job (``MPI_Abort``) after printing what failed, as MPI's default error handler would,
     rather than hang.
     """
-    plan = _plan(comm, access.file, stats, hints, policy, nodes, prepare)
+    plan = _plan(comm, access.file, stats, hints, policy, aggregators, nodes, prepare)
     sieving_hint = getattr(hints, "romio_ds_write" if write else "romio_ds_read", "automatic")
     ds = str(sieving_hint).lower() != "disable"
     try:
-        failure = (_write if write else _read)(comm, fd, access.stream, plan, ds)
+        failure = (_write if write else _read)(comm, driver, access.stream, plan, ds)
     except Exception as exc:
         if comm.Get_size() == 1:
             raise
@@ -562,7 +388,7 @@ def _abort(comm: MPI.Comm, exc: BaseException) -> NoReturn:
 
 
 def _write(
-    comm: MPI.Comm, fd: int, stream: np.ndarray, plan: _Plan, ds: bool
+    comm: MPI.Comm, driver: Driver | None, stream: np.ndarray, plan: _Plan, ds: bool
 ) -> BaseException | None:
     """The windows of a collective write; an aggregator's I/O failure is returned once the
     exchange is over."""
@@ -579,11 +405,11 @@ def _write(
                 send.free()
                 raise
             if window is not None and failure is None:
-                failure = _attempt(window.read_holes, fd)
+                failure = _attempt(window.read_holes, driver)
             alltoallw(comm, send, recv)
             failure, writing = _settle(failure, writing), None
             if window is not None and failure is None:
-                writing = _Pending(background, window.write, fd)
+                writing = _Pending(background, window.write, driver)
     finally:
         # the realm buffer must not be reused while it is written, even after a failure
         failure = _settle(failure, writing)
@@ -591,7 +417,7 @@ def _write(
 
 
 def _read(
-    comm: MPI.Comm, fd: int, stream: np.ndarray, plan: _Plan, ds: bool
+    comm: MPI.Comm, driver: Driver | None, stream: np.ndarray, plan: _Plan, ds: bool
 ) -> BaseException | None:
     """The windows of a collective read; an aggregator's I/O failure is returned once the
     exchange is over."""
@@ -602,7 +428,7 @@ def _read(
         window = plan.window(i, False, ds, background) if i < plan.ntimes else None
         if window is None or failure is not None:  # (after a failure: exchange, read nothing)
             return window, None
-        return window, _Pending(background, window.read, fd)
+        return window, _Pending(background, window.read, driver)
 
     upcoming = start(0)
     try:
@@ -688,70 +514,3 @@ class _Pending:
         if self._future is not None:
             self._failure, self._future = self._future.result(), None
         return self._failure
-
-
-# ---------------------------------------------------------------------------- independent
-class IndependentIO:
-    """A rank's own reads and writes under one file's hints (data sieving by ``romio_ds_read``
-    / ``romio_ds_write`` and the ``ind_*_buffer_size`` hints), with what the hints imply worked
-    out once, when the file's hints are set, rather than on every call. The plans themselves
-    are remembered per layout in the :class:`AccessPlan`."""
-
-    __slots__ = ("hints", "read_key", "write_key", "write_sieves")
-
-    def __init__(self, hints: Any) -> None:
-        self.hints = hints
-        ds = str(getattr(hints, "romio_ds_read", "automatic")).lower()
-        size = int(getattr(hints, "ind_rd_buffer_size", sieving.DEFAULT_RD_BUFFER))
-        hole = 0 if ds == "disable" else size if ds == "enable" else fileio.SYSCALL_BYTES
-        self.read_key = (size, hole)
-        """(span, longest hole read through) of independent reads."""
-        ds = str(getattr(hints, "romio_ds_write", "automatic")).lower()
-        size = int(getattr(hints, "ind_wr_buffer_size", sieving.DEFAULT_WR_BUFFER))
-        self.write_sieves = ds != "disable"
-        self.write_key = (size, sieving.hole_limit(ds, write=True))
-        """(span, longest hole written through or None for any) of sieving writes."""
-
-    def write(self, fd: int, access: Access, fd_readable: bool | None = None) -> None:
-        """This rank's pieces written by itself: sieving under byte-range locks
-        (:mod:`strataio.collective.sieving`), planned once per layout. ``fd_readable`` says
-        whether ``fd`` is open read-write (None: ask the system)."""
-        if fd_readable is None:
-            fd_readable = sieving.readable(fd)
-        if not (self.write_sieves and fd_readable):
-            sieving.write_independent(fd, access.file, access.stream, self.hints)
-            return
-        key = self.write_key
-        plans = access.plan.writes if access.plan is not None else {}
-        plan = plans.get(key)
-        if plan is None:
-            plan = sieving.SievePlan(access.file.compact().sort(), key[0], key[1], True)
-            plans[key] = plan
-        plan.run(fd, access.stream, fd_readable)
-
-    def read(self, fd: int, access: Access) -> None:
-        """This rank's pieces read by itself. Disjoint pieces are read by a
-        :class:`~strataio.collective.fileio.ReadPlan` (remembered in ``access.plan``): large
-        pieces straight into the caller's buffer, small ones sieved through a staging buffer.
-        Overlapping pieces go through :mod:`strataio.collective.sieving`."""
-        key = self.read_key
-        plans = access.plan.reads if access.plan is not None else {}
-        plan = plans.get(key, False)
-        if plan is False:
-            ext = access.file.compact().sort()
-            plan = fileio.ReadPlan(ext, *key) if ext.is_sorted() else None
-            plans[key] = plan
-        if plan is None:  # pieces overlap
-            sieving.read_independent(fd, access.file, access.stream, self.hints)
-        else:
-            plan.run(fd, access.stream)
-
-
-def ranges_disjoint(stats: np.ndarray) -> bool:
-    """True when no two active ranks' ``[first, last)`` ranges overlap."""
-    active = stats[stats[:, NBYTES] > 0]
-    if active.shape[0] < 2:
-        return True
-    order = np.argsort(active[:, FIRST], kind="stable")
-    first, last = active[order, FIRST], active[order, LAST]
-    return bool(np.all(first[1:] >= np.maximum.accumulate(last)[:-1]))

@@ -140,7 +140,7 @@ PRESETS: dict[str, CostModel] = {
 }
 
 
-class _Drives:
+class Drives:
     """``n`` drives handed out first come, first served (a tape library's mount queue; a plain
     semaphore would let one busy client keep re-taking a drive ahead of waiting ones)."""
 
@@ -203,7 +203,7 @@ class Shaped(Backend):
             preferred_io_size=max(inner_caps.preferred_io_size, merge),
             latency=inner_caps.latency + model.latency * self.time_scale,
         )
-        self._drives = _Drives(model.drives) if model.drives is not None else None
+        self._drives = Drives(model.drives) if model.drives is not None else None
         self._lock = threading.Lock()
         self._connected = False
         self._stats = ShapedStats()

@@ -80,6 +80,7 @@ class VectoredPlan:
         "_small",
         "_table0",
         "_want",
+        "moved",
         "need",
     )
 
@@ -127,6 +128,8 @@ class VectoredPlan:
         starts = np.flatnonzero(brk)
         self._bounds = np.append(starts, total).tolist()
         self._want = np.add.reduceat(self._lens.astype(np.int64), starts).tolist() if total else []
+        self.moved = int(sum(self._want))
+        """Bytes one transfer moves: the pieces' and the holes a read crosses."""
         self._pos = self._filepos[starts].tolist()
         self._table0 = np.empty((total, 2), dtype=np.uintp)  # struct iovec, base relative
         self._table0[:, 0] = self._mem

@@ -1,0 +1,291 @@
+"""Storage drivers of :class:`strataio.File`: the one door through which its engines reach a file.
+
+As ROMIO's ADIO function table does for MPI-IO, a :class:`Driver` offers the few operations
+two-phase, data sieving and independent I/O need — vectored reads and writes of planned file
+pieces (:class:`~strataio.storage.vectored.VectoredPlan`, an iovec table of Extents), a
+contiguous read or write, byte-range locks, size, truncate, sync and close — and the engines
+hold a driver, never a raw descriptor. Two drivers:
+
+- :class:`PosixDriver`: a file descriptor; vectored transfers go through libc's
+  ``preadv`` / ``pwritev`` (the ctypes fast path of :mod:`strataio.storage.vectored`), locks
+  are POSIX ``fcntl`` byte-range locks.
+- :class:`ShapedDriver`: another driver made to cost what a slower device costs, by the cost
+  model of the Shaped backend (:class:`~strataio.storage.shaped.CostModel`): every data call
+  pays the model's fixed time (``open + seeks * seek + close``, ``seeks`` = the system calls
+  the transfer makes) plus ``bytes / bandwidth`` (bytes the calls move, holes a sieving read
+  crosses included), and at most ``concurrency`` data calls of one
+  process proceed at once (an I/O thread and the calling thread share the device). The model's
+  seconds are accounted (:attr:`ShapedDriver.accounted`) and slept for, multiplied by
+  ``time_scale`` (0: account only). The model is per process: each rank's driver stands for its
+  own share of the device (ranks on one node sharing a 200 MB/s disk each get 200 MB/s here).
+
+:func:`open_driver` picks one by the ``strataio_driver`` hint (``posix`` or ``shaped``, with
+``strataio_driver_bandwidth`` in bytes per second, ``strataio_driver_latency`` in seconds per
+call, ``strataio_driver_concurrency`` and ``strataio_driver_time_scale``).
+
+Errors: ``OSError`` from the system comes through as it is (the caller names the file);
+a lock that cannot be taken raises :class:`~strataio.errors.BackendError`.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import threading
+import time
+from abc import ABC, abstractmethod
+from typing import Any
+
+import numpy as np
+
+from strataio.errors import BackendError, HintError
+from strataio.storage.shaped import CostModel, Drives, OpCost
+from strataio.storage.vectored import VectoredPlan
+
+__all__ = ["Driver", "PosixDriver", "ShapedDriver", "open_driver"]
+
+
+class Driver(ABC):
+    """An open file as the engines of :class:`strataio.File` see it. Offsets and sizes are in
+    bytes; buffers are flat ``uint8`` numpy arrays. Reads past end-of-file fill zeros
+    (:meth:`readv`) or stop there (:meth:`pread`)."""
+
+    path: str = ""
+    read_write: bool = False
+    """Whether the file is open for reading and writing (a sieving write reads its spans back;
+    on a write-only file it cannot)."""
+
+    @abstractmethod
+    def readv(self, plan: VectoredPlan, buf: np.ndarray) -> None:
+        """Fill the planned pieces of ``buf`` from the file (``preadv`` of Extents)."""
+
+    @abstractmethod
+    def writev(self, plan: VectoredPlan, buf: np.ndarray) -> None:
+        """Write the planned pieces of ``buf`` to the file (``pwritev`` of Extents)."""
+
+    @abstractmethod
+    def pread(self, buf: np.ndarray, offset: int) -> int:
+        """Read into ``buf`` from ``offset`` until it is full or the file ends; the bytes read
+        (the rest of ``buf`` is left as it was)."""
+
+    @abstractmethod
+    def pwrite(self, buf: np.ndarray, offset: int) -> None:
+        """Write all of ``buf`` at ``offset``."""
+
+    @abstractmethod
+    def lock(self, offset: int, length: int, shared: bool = False) -> None:
+        """Wait for a byte-range lock on ``[offset, offset + length)`` (``length`` > 0),
+        exclusive or ``shared``. Locks belong to the process, as POSIX locks do."""
+
+    @abstractmethod
+    def unlock(self, offset: int, length: int) -> None:
+        """Release a lock taken by :meth:`lock`."""
+
+    @abstractmethod
+    def size(self) -> int:
+        """The file's size in bytes."""
+
+    @abstractmethod
+    def truncate(self, size: int) -> None:
+        """Cut or extend the file to ``size`` bytes."""
+
+    @abstractmethod
+    def sync(self) -> None:
+        """Flush written data to stable storage."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Close the file (the driver is unusable afterwards)."""
+
+
+class PosixDriver(Driver):
+    """A POSIX file descriptor (owned: :meth:`close` closes it)."""
+
+    __slots__ = ("fd", "path", "read_write")
+
+    def __init__(self, fd: int, path: str = "") -> None:
+        self.fd = fd
+        self.path = path
+        self.read_write = (fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE) == os.O_RDWR
+
+    @classmethod
+    def open(cls, path: str, flags: int, mode: int = 0o666) -> PosixDriver:
+        """``os.open(path, flags, mode)`` as a driver (``OSError`` as the system raises it)."""
+        return cls(os.open(path, flags | os.O_CLOEXEC, mode), path)
+
+    def readv(self, plan: VectoredPlan, buf: np.ndarray) -> None:
+        plan.read(self.fd, buf)
+
+    def writev(self, plan: VectoredPlan, buf: np.ndarray) -> None:
+        plan.write(self.fd, buf)
+
+    def pread(self, buf: np.ndarray, offset: int) -> int:
+        mv = memoryview(buf)
+        pos, fd = offset, self.fd
+        while len(mv):
+            n = os.preadv(fd, [mv], pos)
+            if n == 0:
+                break
+            mv = mv[n:]
+            pos += n
+        return pos - offset
+
+    def pwrite(self, buf: np.ndarray, offset: int) -> None:
+        mv = memoryview(buf)
+        pos, fd = offset, self.fd
+        while len(mv):
+            n = os.pwrite(fd, mv, pos)
+            mv = mv[n:]
+            pos += n
+
+    def lock(self, offset: int, length: int, shared: bool = False) -> None:
+        try:
+            fcntl.lockf(self.fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX, length, offset)
+        except OSError as exc:
+            raise BackendError(
+                f"{self.path or 'file'}: cannot lock bytes [{offset}, {offset + length}): {exc}"
+            ) from exc
+
+    def unlock(self, offset: int, length: int) -> None:
+        fcntl.lockf(self.fd, fcntl.LOCK_UN, length, offset)
+
+    def size(self) -> int:
+        return os.fstat(self.fd).st_size
+
+    def truncate(self, size: int) -> None:
+        os.ftruncate(self.fd, size)
+
+    def sync(self) -> None:
+        os.fsync(self.fd)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            fd, self.fd = self.fd, -1
+            os.close(fd)
+
+
+class ShapedDriver(Driver):
+    """``inner`` with the delays of ``model`` around every data call (see the module docs).
+
+    ``concurrency``: data calls of this process that may proceed at once (None: the model's
+    ``drives``, unlimited when that is None too); ``time_scale``: multiplies every sleep.
+    """
+
+    def __init__(
+        self,
+        inner: Driver,
+        model: CostModel,
+        time_scale: float = 1.0,
+        concurrency: int | None = None,
+    ) -> None:
+        if time_scale < 0:
+            raise HintError(f"shaped driver: time scale must be >= 0, got {time_scale}")
+        self.inner = inner
+        self.model = model
+        self.path = inner.path
+        self.read_write = inner.read_write
+        self.time_scale = float(time_scale)
+        n = model.drives if concurrency is None else concurrency
+        self._slots = Drives(n) if n else None
+        self._lock = threading.Lock()
+        self.accounted = 0.0
+        """Model seconds charged so far (before ``time_scale``)."""
+        self.calls = 0
+        """Data calls charged so far."""
+        self.bytes = 0
+        """Bytes moved by the charged calls."""
+
+    @classmethod
+    def with_rate(
+        cls,
+        inner: Driver,
+        bandwidth: float,
+        latency: float = 0.0,
+        concurrency: int | None = None,
+        time_scale: float = 1.0,
+    ) -> ShapedDriver:
+        """A device of ``bandwidth`` bytes per second and ``latency`` seconds per system call
+        (the model's ``seek``), both directions alike."""
+        if bandwidth <= 0 or latency < 0:
+            raise HintError(
+                f"shaped driver: bandwidth must be > 0 and latency >= 0 "
+                f"(got {bandwidth} B/s, {latency} s)"
+            )
+        op = OpCost(seek=latency, bandwidth=bandwidth)
+        model = CostModel(name=f"{bandwidth:.0f}B/s", read=op, write=op)
+        return cls(inner, model, time_scale, concurrency)
+
+    def _charge(self, write: bool, nbytes: int, seeks: int, t0: float) -> None:
+        """Account one data call and sleep out what the model says it costs beyond the wall
+        time the inner driver took (started at ``t0``)."""
+        op = self.model.write if write else self.model.read
+        cost = op.time(nbytes, seeks)
+        with self._lock:
+            self.accounted += cost
+            self.calls += 1
+            self.bytes += nbytes
+        rest = cost * self.time_scale - (time.perf_counter() - t0)
+        if rest > 0:
+            time.sleep(rest)
+
+    def _data(self, write: bool, nbytes: int, seeks: int, io: Any, *args: Any) -> Any:
+        if self._slots is None:
+            t0 = time.perf_counter()
+            out = io(*args)
+            self._charge(write, nbytes, seeks, t0)
+            return out
+        with self._slots:
+            t0 = time.perf_counter()
+            out = io(*args)
+            self._charge(write, nbytes, seeks, t0)
+        return out
+
+    def readv(self, plan: VectoredPlan, buf: np.ndarray) -> None:
+        self._data(False, plan.moved, plan.calls, self.inner.readv, plan, buf)
+
+    def writev(self, plan: VectoredPlan, buf: np.ndarray) -> None:
+        self._data(True, plan.moved, plan.calls, self.inner.writev, plan, buf)
+
+    def pread(self, buf: np.ndarray, offset: int) -> int:
+        return self._data(False, buf.size, 1, self.inner.pread, buf, offset)
+
+    def pwrite(self, buf: np.ndarray, offset: int) -> None:
+        self._data(True, buf.size, 1, self.inner.pwrite, buf, offset)
+
+    def lock(self, offset: int, length: int, shared: bool = False) -> None:
+        self.inner.lock(offset, length, shared)
+
+    def unlock(self, offset: int, length: int) -> None:
+        self.inner.unlock(offset, length)
+
+    def size(self) -> int:
+        return self.inner.size()
+
+    def truncate(self, size: int) -> None:
+        self.inner.truncate(size)
+
+    def sync(self) -> None:
+        self.inner.sync()
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def open_driver(path: str, flags: int, mode: int = 0o666, hints: Any = None) -> Driver:
+    """Open ``path`` (``os.open`` flags and permission ``mode``) through the driver the
+    ``strataio_driver`` hint names (default ``posix``)."""
+    driver = PosixDriver.open(path, flags, mode)
+    kind = getattr(hints, "strataio_driver", "posix")
+    if kind == "posix":
+        return driver
+    if kind == "shaped":
+        concurrency = int(hints.strataio_driver_concurrency) or None
+        return ShapedDriver.with_rate(
+            driver,
+            float(hints.strataio_driver_bandwidth),
+            float(hints.strataio_driver_latency),
+            concurrency,
+            float(hints.strataio_driver_time_scale),
+        )
+    driver.close()
+    raise HintError(f"hint strataio_driver={kind!r}: expected posix or shaped")
