@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import pytest
 from click.testing import CliRunner
 
 import strataio
@@ -155,7 +154,6 @@ def check_data(t: Trial, where: str) -> None:
         os.chdir(cwd)
 
 
-@pytest.mark.xfail(strict=True, reason="fsck leaves in-transit rows for its grace period")
 def test_kill9_during_a_chunkwise_rewrite_reads_back_after_one_repair(tmp_path):
     """Finding 2: with the embedded default configuration, kill -9 during a chunk-by-chunk
     rewrite, ``strataio fsck --repair``, then a read: every chunk is readable at once."""

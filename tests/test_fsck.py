@@ -3,7 +3,6 @@ writes never loses data."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import random
 import shutil
@@ -76,7 +75,7 @@ def test_fsck_finds_and_repairs(tmp_path):
         (d / "c/7/7.123.0.strataio-tmp").write_bytes(b"half")  # leftover of a put
         (t / "c/3/3").unlink()  # rows 0-3 were migrated: its only copy -> lost
         (d / "c/6/6").write_bytes(b"\1" * 400)  # its only copy, corrupt: reported, not adopted
-        report = fsck(s.catalog, s.tiers, grace=0)
+        report = fsck(s.catalog, s.tiers)
         kinds = sorted((f.kind, f.tier, f.key) for f in report.findings)
         assert ("checksum", "disk", "c/0/0") in kinds
         assert ("missing", "tape", "c/0/1") in kinds
@@ -87,7 +86,7 @@ def test_fsck_finds_and_repairs(tmp_path):
             ("lost", "c/3/3"),
         ]
         assert not report.clean
-        fsck(s.catalog, s.tiers, repair=True, grace=0)
+        fsck(s.catalog, s.tiers, repair=True)
         assert not (d / "c/0/0").exists() and not (t / "c/5/5").exists()
         assert not (d / "c/7/7.123.0.strataio-tmp").exists()
         again = fsck(s.catalog, s.tiers)
@@ -129,7 +128,7 @@ def _crash_loop(tmp_path, mode, iterations, seed):
         p.wait()
         done = int(out[-1]) if out else 0
         with open_session(root) as s:
-            first = fsck(s.catalog, s.tiers, repair=True, grace=0)
+            first = fsck(s.catalog, s.tiers, repair=True)
             assert not first.lost, first.lost
             second = fsck(s.catalog, s.tiers)
             assert second.clean, second.problems
@@ -196,7 +195,9 @@ def test_repair_beside_a_running_migrate_leaves_its_destination_alone(tmp_path):
     assert check_chunks(tmp_path, [0]) == {0}
 
 
-def test_orphans_and_leftovers_are_removed_once_older_than_the_grace(tmp_path):
+def test_orphans_and_leftovers_wait_only_for_a_live_writer(tmp_path):
+    """Unnamed objects and temporary files of a dataset a live session has open are left to
+    it; once no live session has the dataset open they are removed at once (no clock)."""
     make(tmp_path, half_on_tape=False)
     d, t = tmp_path / "disk" / "a", tmp_path / "tape" / "a"
     (t / "c/5").mkdir(parents=True)
@@ -204,42 +205,68 @@ def test_orphans_and_leftovers_are_removed_once_older_than_the_grace(tmp_path):
     orphan.write_bytes((d / "c/5/5").read_bytes())
     leftover = d / "c/7/7.123.0.strataio-tmp"
     leftover.write_bytes(b"half")
-    with open_session(tmp_path) as s:
-        report = fsck(s.catalog, s.tiers, repair=True, grace=60)
-        assert sorted((f.kind, f.action) for f in report.findings) == [
-            ("in-flight", "left alone"),
-            ("in-flight", "left alone"),
-        ]
-        assert orphan.exists() and leftover.exists()
-        old = time.time() - 61
-        for p in (orphan, leftover):
-            os.utime(p, (old, old))
-        report = fsck(s.catalog, s.tiers, repair=True, grace=60)
-        assert sorted((f.kind, f.action) for f in report.findings) == [
-            ("leftover", "delete"),
-            ("orphan", "delete"),
-        ]
-        assert not orphan.exists() and not leftover.exists()
-        assert fsck(s.catalog, s.tiers, grace=0).clean
+    with open_session(tmp_path) as job:
+        ds = job.open_dataset("a", "r+")  # a live session has "a" open
+        with open_session(tmp_path) as s:
+            report = fsck(s.catalog, s.tiers, repair=True)
+            assert sorted((f.kind, f.action) for f in report.findings) == [
+                ("in-flight", "left alone"),
+                ("in-flight", "left alone"),
+            ]
+            assert report.clean and not report.repaired
+            assert orphan.exists() and leftover.exists()
+        ds.close()
+        with open_session(tmp_path) as s:
+            report = fsck(s.catalog, s.tiers, repair=True)
+            assert sorted((f.kind, f.action) for f in report.findings) == [
+                ("leftover", "delete"),
+                ("orphan", "delete"),
+            ]
+            assert not orphan.exists() and not leftover.exists()
+            assert fsck(s.catalog, s.tiers).clean
 
 
-def test_a_freshly_announced_rewrite_is_left_to_its_writer(tmp_path):
+_ANNOUNCER = """
+import dataclasses, sys, time
+from strataio.catalog import open_catalog
+cat = open_catalog(sys.argv[1])
+w = cat.register_writer()
+(row,) = [c for c in cat.residency("a") if c.key == "c/1/1"]
+# a rewrite in place announced, about to put the new bytes
+cat.commit([dataclasses.replace(row, checksum="0badc0de", state="in-transit",
+                                old_checksum=row.checksum, writer=w)])
+print("announced", flush=True)
+time.sleep(120)
+"""
+
+
+def test_an_announced_rewrite_waits_only_for_a_live_writer(tmp_path):
     make(tmp_path, half_on_tape=False)
+    child = subprocess.Popen(
+        [sys.executable, "-c", _ANNOUNCER, str(tmp_path / "cat.db")],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout.readline().strip() == "announced"
+        with open_session(tmp_path) as s:
+            report = fsck(s.catalog, s.tiers, repair=True)
+            assert [(f.kind, f.key, f.action) for f in report.findings] == [
+                ("in-flight", "c/1/1", "left alone")
+            ]
+            assert not report.repaired
+            # a reader accepts the copy: its bytes are the announced old version
+            assert check_chunks(tmp_path, [0]) == {0}
+    finally:
+        child.kill()
+        child.wait()
+    # the writer died: resolved at once; the object holds the old bytes, so the row is restored
     with open_session(tmp_path) as s:
-        (row,) = [c for c in s.catalog.residency("a") if c.key == "c/1/1"]
-        # a writer in another process announced a rewrite and is about to put the new bytes
-        intent = dataclasses.replace(row, checksum="0badc0de", state="in-transit")
-        s.catalog.commit([dataclasses.replace(intent, last_access=time.time())])
-        report = fsck(s.catalog, s.tiers, repair=True, grace=60)
+        report = fsck(s.catalog, s.tiers, repair=True)
         assert [(f.kind, f.key, f.action) for f in report.findings] == [
-            ("in-flight", "c/1/1", "left alone")
+            ("state", "c/1/1", "adopt object")
         ]
-        assert s.catalog.residency("a") and not report.repaired
-        # announced long ago: the writer died, so the whole object on disk is adopted
-        s.catalog.commit([dataclasses.replace(intent, last_access=time.time() - 61)])
-        report = fsck(s.catalog, s.tiers, repair=True, grace=60)
-        assert [(f.kind, f.key, f.action) for f in report.findings] == [
-            ("checksum", "c/1/1", "adopt object")
-        ]
+        assert report.writers_gone == 1
         assert fsck(s.catalog, s.tiers).clean
+        assert all(w.alive for w in s.catalog.writers())  # the dead one was forgotten
     assert check_chunks(tmp_path, [0]) == {0}
