@@ -13,10 +13,13 @@ import random
 import subprocess
 import sys
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import quote
 
 import numpy as np
+import pytest
 from click.testing import CliRunner
 
 import strataio
@@ -89,38 +92,48 @@ def prepare(trial: Trial) -> None:
         os.chdir(cwd)
 
 
-def run_trials(trials: list[Trial]) -> None:
-    """Start every trial's worker, kill each (SIGKILL) ``delay`` seconds after it is ready,
-    then repair and check each one."""
+def run_trials(trials: list[Trial], batch: int = 5) -> list[str]:
+    """Run ``trials``, ``batch`` workers at a time: start each worker, kill it (SIGKILL)
+    ``delay`` seconds after it is ready, then repair and check it. Returns one message per
+    failed trial."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     env.pop("STRATAIO_CONFIG", None)
-    for t in trials:
-        prepare(t)
-        t.proc = subprocess.Popen(
-            t.argv(),
-            cwd=t.root,
-            stdout=subprocess.PIPE,
-            stderr=open(t.root / "stderr.txt", "w"),  # noqa: SIM115 - the child owns it
-            text=True,
-            env=env,
-        )
-    for t in trials:
-        assert t.proc.stdout.readline().strip() == "ready", (t.root / "stderr.txt").read_text()
-    t0 = time.monotonic()
-    for t in sorted(trials, key=lambda t: t.delay):
-        time.sleep(max(0.0, t0 + t.delay - time.monotonic()))
-        t.proc.kill()
-    for t in trials:
-        out = t.proc.stdout.read().split()
-        t.proc.wait()
-        t.done = int(out[-1]) if out else 0
-        check(t)
+    failures = []
+    for b in range(0, len(trials), batch):
+        group = trials[b : b + batch]
+        for t in group:
+            prepare(t)
+            t.proc = subprocess.Popen(
+                t.argv(),
+                cwd=t.root,
+                stdout=subprocess.PIPE,
+                stderr=open(t.root / "stderr.txt", "w"),  # noqa: SIM115 - the child owns it
+                text=True,
+                env=env,
+            )
+        for t in group:
+            line = t.proc.stdout.readline().strip()
+            assert line == "ready", (t.root / "stderr.txt").read_text()
+        t0 = time.monotonic()
+        for t in sorted(group, key=lambda t: t.delay):
+            time.sleep(max(0.0, t0 + t.delay - time.monotonic()))
+            t.proc.kill()
+        for t in group:
+            out = t.proc.stdout.read().split()
+            t.proc.wait()
+            t.done = int(out[-1]) if out else 0
+            try:
+                check(t)
+            except AssertionError as exc:
+                failures.append(str(exc))
+    return failures
 
 
 def check(t: Trial) -> None:
     where = f"{t.op} trial in {t.root} (step {t.done} done)"
     first = fsck_cli(t, "--repair")
     assert first.exit_code == 0, f"{where}: fsck --repair:\n{first.output}"
+    t.notes.append(first.output)
     check_data(t, where)
     second = fsck_cli(t)
     assert second.exit_code == 0 and " 0 problems" in second.output, (
@@ -163,5 +176,62 @@ def test_kill9_during_a_chunkwise_rewrite_reads_back_after_one_repair(tmp_path):
         root = tmp_path / f"t{i}"
         root.mkdir()
         trials.append(Trial(root, "chunkwise", None, rng.uniform(0.3, 1.0)))
-    run_trials(trials)
+    assert run_trials(trials) == []
     assert max(t.done for t in trials) >= 1
+
+
+def new_schema(pg_server) -> str:
+    """A ``postgresql://`` URL of a fresh schema of ``pg_server``."""
+    import psycopg
+
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg_server.get_uri(), autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+    uri = pg_server.get_uri()
+    return f"{uri}{'&' if '?' in uri else '?'}options={quote(f'-csearch_path={schema}')}"
+
+
+def make_trials(tmp_path, request, n: int, seed: int) -> list[Trial]:
+    """``n`` trials cycling over every operation on SQLite and PostgreSQL catalogs, in a
+    seeded random order, each killed at a seeded random moment."""
+    rng = random.Random(seed)
+    combos = [(op, cat) for op in crash_worker.OPS for cat in ("sqlite", "postgresql")]
+    rng.shuffle(combos)
+    pg = None
+    trials = []
+    for i in range(n):
+        op, cat = combos[i % len(combos)]
+        root = tmp_path / f"{i:03d}-{op}-{cat}"
+        root.mkdir()
+        if cat == "sqlite":
+            url = str(root / "catalog.db")
+        else:
+            pg = pg or request.getfixturevalue("pg_server")
+            url = new_schema(pg)
+        config = root / "strataio.toml"
+        config.write_text(config_text(root, url))
+        trials.append(Trial(root, op, str(config), rng.uniform(0.02, 1.2)))
+    return trials
+
+
+def crash_matrix(tmp_path, request, n: int, seed: int) -> None:
+    trials = make_trials(tmp_path, request, n, seed)
+    t0 = time.monotonic()
+    failures = run_trials(trials)
+    took = time.monotonic() - t0
+    repaired = sum("repaired" in t.notes[0] for t in trials if t.notes)
+    print(
+        f"\ncrash trials: {len(trials) - len(failures)} of {len(trials)} passed in {took:.0f} s; "
+        f"{repaired} needed a repair"
+    )
+    assert not failures, f"{len(failures)} of {len(trials)} trials failed:\n" + "\n".join(failures)
+    assert repaired, "no kill landed in the middle of an operation: nothing was exercised"
+
+
+def test_kill9_at_random_moments_then_repair_at_once(tmp_path, request):
+    crash_matrix(tmp_path, request, 20, seed=15)
+
+
+@pytest.mark.slow
+def test_kill9_at_random_moments_then_repair_at_once_long(tmp_path, request):
+    crash_matrix(tmp_path, request, 200, seed=1500)
