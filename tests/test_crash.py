@@ -235,3 +235,66 @@ def test_kill9_at_random_moments_then_repair_at_once(tmp_path, request):
 @pytest.mark.slow
 def test_kill9_at_random_moments_then_repair_at_once_long(tmp_path, request):
     crash_matrix(tmp_path, request, 200, seed=1500)
+
+
+_HOLDER = """
+import sys, time
+import strataio
+s = strataio.Session(sys.argv[1])
+ds = s.open_dataset("d", "r+")
+print("open", flush=True)
+sys.stdin.readline()
+got = ds[...]
+print("read", float(got.sum()), flush=True)
+ds.close()
+s.close()
+"""
+
+
+def test_a_dataset_open_in_another_live_session_is_not_evicted(tmp_path):
+    """Two processes with the same dataset open: eviction in one never takes a copy the
+    other has recorded (its residency would name an object that is gone)."""
+    root = tmp_path
+    config = root / "strataio.toml"
+    config.write_text(
+        config_text(root, str(root / "catalog.db")).replace(
+            'role = "localdisk"', 'role = "localdisk"\ncapacity = "20KiB"'
+        )
+    )
+    data = np.random.default_rng(4).random((60, 60), dtype="f4")  # incompressible
+    with strataio.Session(str(config)) as s:
+        d = s.create_dataset("d", data.shape, "f4", (10, 10), hint="LOCALDISK")
+        d[...] = data
+        d.close()
+        fast_d = {c.key for c in s.catalog.residency("d") if c.tier == "local"}
+    assert len(fast_d) == 36
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLDER, str(config)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "open"
+        with strataio.Session(str(config)) as s:
+            e = s.create_dataset("e", data.shape, "f4", (10, 10), hint="LOCALDISK")
+            e[...] = data + 1  # needs room on "local", which only "d" could give
+            e.close()
+            assert {c.key for c in s.catalog.residency("d") if c.tier == "local"} == fast_d
+        holder.stdin.write("\n")
+        holder.stdin.flush()
+        line = holder.stdout.readline().split()
+        assert line[:1] == ["read"], line
+        assert float(line[1]) == pytest.approx(float(data.sum()), rel=1e-6)
+    finally:
+        holder.kill()
+        holder.wait()
+    # "d" is open nowhere now: its copies may make room
+    with strataio.Session(str(config)) as s:
+        f = s.create_dataset("f", data.shape, "f4", (10, 10), hint="LOCALDISK")
+        f[...] = data + 2
+        f.close()
+        assert {c.key for c in s.catalog.residency("d") if c.tier == "local"} != fast_d
+        np.testing.assert_array_equal(s.open_dataset("d")[...], data)
