@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -13,6 +14,9 @@ import time
 from collections import Counter
 
 import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, rule
 
 from strataio.catalog import (
     ChunkCopy,
@@ -509,3 +513,57 @@ def test_announced_rewrite_keeps_both_checksums(cat):
     valid = ChunkCopy("d", "c/0/0", "local", 8, "new")
     assert valid.accepts("new") and not valid.accepts("old")
     assert ChunkCopy("d", "c/0/0", "local", 8).accepts("anything")
+
+
+class WriterRegistry(RuleBasedStateMachine):
+    """Writers registered, released, and marking datasets in use (counted) through one
+    catalog object: the catalog always answers as the model says."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dir = tempfile.mkdtemp(prefix="strataio-writers-")
+        self.cat = open_catalog(os.path.join(self.dir, "cat.db"))
+        self.uses: dict[str, Counter] = {}
+
+    writers = Bundle("writers")
+
+    @rule(target=writers)
+    def register(self):
+        w = self.cat.register_writer()
+        self.uses[w] = Counter()
+        return w
+
+    @rule(w=writers)
+    def release(self, w):
+        self.cat.release_writer(w)
+        self.uses.pop(w, None)
+
+    @rule(w=writers, name=st.sampled_from(["a", "b", "c/d"]))
+    def use(self, w, name):
+        self.cat.use_dataset(name, w)
+        if w in self.uses:
+            self.uses[w][name] += 1
+
+    @rule(w=writers, name=st.sampled_from(["a", "b", "c/d"]))
+    def unuse(self, w, name):
+        self.cat.unuse_dataset(name, w)
+        if w in self.uses and self.uses[w][name] > 0:
+            self.uses[w][name] -= 1
+
+    @invariant()
+    def agrees(self):
+        got = {w.id: (w.alive, set(w.datasets)) for w in self.cat.writers()}
+        want = {w: (True, {d for d, n in c.items() if n > 0}) for w, c in self.uses.items()}
+        assert got == want
+        assert self.cat.datasets_in_use() == {d for _, ds in want.values() for d in ds}
+
+    def teardown(self):
+        self.cat.close()
+        # closing released every writer: no lock file is left behind
+        locks = os.path.join(self.dir, "cat.db.writers")
+        assert not os.path.isdir(locks) or os.listdir(locks) == []
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+WriterRegistry.TestCase.settings = settings(max_examples=20, stateful_step_count=12, deadline=None)
+test_writer_registry = WriterRegistry.TestCase

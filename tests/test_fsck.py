@@ -16,8 +16,19 @@ import numpy as np
 import pytest
 
 import strataio
+from strataio.catalog import ChunkCopy
 from strataio.storage.posix import PosixBackend
-from strataio.tiers.fsck import fsck
+from strataio.tiers.fsck import (
+    Action,
+    CopyCheck,
+    Inventory,
+    Kind,
+    Leftover,
+    UnnamedObject,
+    Verdict,
+    fsck,
+    plan,
+)
 from strataio.tiers.tier import Tier, TierSet
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -270,3 +281,68 @@ def test_an_announced_rewrite_waits_only_for_a_live_writer(tmp_path):
         assert fsck(s.catalog, s.tiers).clean
         assert all(w.alive for w in s.catalog.writers())  # the dead one was forgotten
     assert check_chunks(tmp_path, [0]) == {0}
+
+
+def _check(tier, verdict, state="valid", writer="", n=8):
+    copy = ChunkCopy("a", "c/0/0", tier, 8, "new", state, 0.0, "old" if state else "", writer)
+    digest = {"new": "new", "old": "old", "good": "new", "checksum": "zz"}.get(verdict, "")
+    return CopyCheck(copy, Verdict(verdict), n if verdict != "missing" else -1, digest)
+
+
+@pytest.mark.parametrize(
+    "checks, live, expected",
+    [
+        # an announced rewrite of a live writer: left alone, whatever its bytes
+        ([_check("disk", "checksum", "in-transit", "w1")], {"w1"}, [("in-flight", "left alone")]),
+        # its writer is gone: old bytes restore the row, new bytes are adopted
+        ([_check("disk", "old", "in-transit", "w1")], set(), [("state", "adopt object")]),
+        ([_check("disk", "new", "in-transit", "w1")], set(), [("state", "adopt object")]),
+        # new bytes beside a good copy of the old version: the unflushed rewrite is dropped
+        (
+            [_check("disk", "new", "in-transit", "w1"), _check("tape", "good")],
+            set(),
+            [("state", "drop copy")],
+        ),
+        # bytes matching neither version, and nothing else: corrupt, reported only
+        ([_check("disk", "checksum", "in-transit", "w1")], set(), [("corrupt", "")]),
+        ([_check("disk", "missing"), _check("tape", "good")], set(), [("missing", "drop copy")]),
+        ([_check("disk", "missing"), _check("tape", "missing")], set(), [("lost", "")]),
+        ([_check("disk", "good")], set(), []),
+    ],
+)
+def test_plan_decides_from_the_inventory_alone(checks, live, expected):
+    inv = Inventory(copies=[c.copy for c in checks], checks=checks, live_writers=live)
+    p = plan(inv)
+    assert [(f.kind, f.action) for f in p.findings] == expected
+    assert all(isinstance(f.kind, Kind) and isinstance(f.action, Action) for f in p.findings)
+    adopted = [u for u in p.upserts if u.state == "valid"]
+    if ("state", "adopt object") in expected:
+        (row,) = adopted
+        assert row.checksum == checks[0].digest and row.writer == ""
+    if live:
+        assert not p.changes
+
+
+def test_plan_unnamed_objects_and_leftovers():
+    inv = Inventory(
+        copies=[ChunkCopy("a", "c/0/0", "tape", 8, "x")],
+        unnamed=[
+            UnnamedObject("disk", "a", "c/0/0"),  # a copy of a catalogued chunk
+            UnnamedObject("disk", "a", "c/9/9", 8, "y"),  # a chunk the catalog never saw
+            UnnamedObject("disk", "b", "c/0/0"),  # of a dataset a live writer has open
+        ],
+        leftovers=[Leftover("disk", "/x/a/c/1.t", "a"), Leftover("disk", "/x/b/c/1.t", "b")],
+        in_use={"b"},
+        dead_writers=["gone"],
+    )
+    p = plan(inv)
+    assert [(f.kind, f.dataset, f.action) for f in p.findings] == [
+        ("orphan", "a", "delete"),
+        ("unrecorded", "a", "adopt object"),
+        ("in-flight", "b", "left alone"),
+        ("leftover", "a", "delete"),
+        ("in-flight", "b", "left alone"),
+    ]
+    assert p.objects == [("disk", "a/c/0/0")] and p.files == ["/x/a/c/1.t"]
+    assert p.upserts == [ChunkCopy("a", "c/9/9", "disk", 8, "y")]
+    assert p.forget_writers == ["gone"]

@@ -279,8 +279,9 @@ class Catalog(abc.ABC):
 
     @abc.abstractmethod
     def use_dataset(self, name: str, writer: str | None = None) -> None:
-        """Mark dataset ``name`` in use by ``writer`` (default: this object's default writer;
-        nothing happens without one). Counted: each call needs one :meth:`unuse_dataset`."""
+        """Mark dataset ``name`` in use by ``writer``, a writer registered through this object
+        and not released (default: the first such; nothing happens without one). Counted:
+        each call needs one :meth:`unuse_dataset`."""
 
     @abc.abstractmethod
     def unuse_dataset(self, name: str, writer: str | None = None) -> None:

@@ -510,7 +510,11 @@ class SQLCatalog(Catalog):
                 self._release_token(writer)
 
     def _writer(self, writer: str | None) -> str | None:
-        return writer if writer is not None else (self._writers[0] if self._writers else None)
+        """``writer`` (default: the first registered here) if registered through this object
+        and not released; else None (a mark for it would have no one to release it)."""
+        if writer is None:
+            return self._writers[0] if self._writers else None
+        return writer if writer in self._writers else None
 
     def use_dataset(self, name: str, writer: str | None = None) -> None:
         with self._lock:
