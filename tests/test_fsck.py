@@ -26,7 +26,9 @@ from strataio.tiers.fsck import (
     Leftover,
     UnnamedObject,
     Verdict,
+    apply,
     fsck,
+    inspect,
     plan,
 )
 from strataio.tiers.tier import Tier, TierSet
@@ -343,6 +345,24 @@ def test_plan_unnamed_objects_and_leftovers():
         ("leftover", "a", "delete"),
         ("in-flight", "b", "left alone"),
     ]
-    assert p.objects == [("disk", "a/c/0/0")] and p.files == ["/x/a/c/1.t"]
+    assert p.objects == [("disk", "a/c/0/0")] and [f.path for f in p.files] == ["/x/a/c/1.t"]
     assert p.upserts == [ChunkCopy("a", "c/9/9", "disk", 8, "y")]
     assert p.forget_writers == ["gone"]
+
+
+def test_apply_skips_datasets_opened_since_the_inspection(tmp_path):
+    make(tmp_path, half_on_tape=False)
+    d, t = tmp_path / "disk" / "a", tmp_path / "tape" / "a"
+    (t / "c/5").mkdir(parents=True)
+    orphan = t / "c/5/5"
+    orphan.write_bytes((d / "c/5/5").read_bytes())
+    with open_session(tmp_path) as s:
+        p = plan(inspect(s.catalog, s.tiers))
+        assert [(f.kind, f.key) for f in p.findings] == [("orphan", "c/5/5")]
+        with open_session(tmp_path) as job:
+            ds = job.open_dataset("a", "r+")  # it may be writing that very object now
+            apply(p, s.catalog, s.tiers)
+            assert orphan.exists()
+            ds.close()
+        apply(plan(inspect(s.catalog, s.tiers)), s.catalog, s.tiers)
+        assert not orphan.exists()

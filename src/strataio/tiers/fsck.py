@@ -182,7 +182,7 @@ class Plan:
     deletes: list[CopyId] = field(default_factory=list)
     #: (tier, object key) to delete once the catalog no longer names them
     objects: list[tuple[str, str]] = field(default_factory=list)
-    files: list[str] = field(default_factory=list)
+    files: list[Leftover] = field(default_factory=list)
     #: writers that are gone, whose registration is removed
     forget_writers: list[str] = field(default_factory=list)
 
@@ -237,14 +237,6 @@ def inspect(
     down are skipped. ``progress(done, total)`` is called as copies are checked.
     """
     inv = Inventory()
-    # writers first: a writer that registers after this is not alive "before" anything
-    # listed below, but none of what it does can be listed as in flight for a dead one
-    for w in catalog.writers():
-        if w.alive:
-            inv.live_writers.add(w.id)
-            inv.in_use.update(w.datasets)
-        else:
-            inv.dead_writers.append(w.id)
     inv.copies = catalog.all_residency()
     names = {d.name for d in catalog.list_datasets()}
     inv.skipped_tiers = [t.name for t in tiers if not t.up]
@@ -296,6 +288,9 @@ def inspect(
             if progress is not None:
                 progress(i, len(checked))
 
+    # Writers last: whoever left a row or an object seen above had registered (and marked
+    # its dataset in use) before it did, so it is listed here if it is still alive.
+    _read_writers(catalog, inv)
     named = {(c.tier, object_key(c.dataset, c.key)) for c in inv.copies}
     catalogued = {(c.dataset, c.key) for c in inv.copies}
     for tname, objs in listed.items():
@@ -323,6 +318,15 @@ def inspect(
                 ds, _ = _split(rel, names)
                 inv.leftovers.append(Leftover(tname, path, ds))
     return inv
+
+
+def _read_writers(catalog: Catalog, inv: Inventory) -> None:
+    for w in catalog.writers():
+        if w.alive:
+            inv.live_writers.add(w.id)
+            inv.in_use.update(w.datasets)
+        else:
+            inv.dead_writers.append(w.id)
 
 
 # ----------------------------------------------------------------------------- plan
@@ -393,7 +397,7 @@ def plan(inv: Inventory) -> Plan:
                 Action.DELETE,
             )
         )
-        out.files.append(f.path)
+        out.files.append(f)
     return out
 
 
@@ -470,12 +474,20 @@ def apply(p: Plan, catalog: Catalog, tiers: TierSet) -> bool:
     Returns True if anything was changed."""
     if p.upserts or p.deletes:
         catalog.commit(p.upserts, p.deletes)
+    # A session that opened a dataset since the inspection may be writing the very objects
+    # planned for deletion: its datasets are skipped (a later fsck judges them).
+    busy = catalog.datasets_in_use() if p.objects or p.files else set()
+    names = {d.name for d in catalog.list_datasets()} if busy else set()
     for tname, ok in p.objects:
+        if busy and _split(ok, names)[0] in busy:
+            continue
         with contextlib.suppress(FileNotFoundError):
             tiers[tname].backend.delete(ok)
-    for path in p.files:
+    for f in p.files:
+        if f.dataset in busy:
+            continue
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
+            os.unlink(f.path)
     if p.forget_writers:
         catalog.forget_writers(p.forget_writers)
     return p.changes
