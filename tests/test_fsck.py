@@ -366,3 +366,49 @@ def test_apply_skips_datasets_opened_since_the_inspection(tmp_path):
             ds.close()
         apply(plan(inspect(s.catalog, s.tiers)), s.catalog, s.tiers)
         assert not orphan.exists()
+
+
+class PausingPut(PosixBackend):
+    """A POSIX tier whose put of ``key`` signals ``reached`` and waits for ``release``."""
+
+    def __init__(self, root, key) -> None:
+        super().__init__(root)
+        self.key = key
+        self.reached, self.release = threading.Event(), threading.Event()
+
+    def put(self, key, data, *, durable=False):
+        if key == self.key and not self.release.is_set():
+            self.reached.set()
+            assert self.release.wait(30)
+        return super().put(key, data, durable=durable)
+
+
+def test_a_commit_during_a_rewrite_keeps_its_announcement(tmp_path):
+    """A commit from another thread while a rewrite's put runs (a stage ending, a flush)
+    must record the announcement, never the replaced row: a crash right after it would
+    leave a valid row naming bytes that are gone."""
+    make(tmp_path, half_on_tape=False)
+    disk = PausingPut(tmp_path / "disk", "a/c/0/0")
+    tiers = TierSet(
+        [
+            Tier("disk", disk, "localdisk", order=0),
+            Tier("tape", PosixBackend(tmp_path / "tape"), "remotetape", order=1),
+        ]
+    )
+    with strataio.Session(tiers=tiers, catalog=tmp_path / "cat.db") as s:
+        ds = s.open_dataset("a", "r+")
+        ds[...]  # noqa: B018 - touches every chunk: their rows ride along with the next commit
+        new = tiers_worker.version(1)[0:10, 0:10]
+        writer = threading.Thread(target=ds.__setitem__, args=(np.s_[0:10, 0:10], new))
+        writer.start()
+        assert disk.reached.wait(30)
+        ds.flush()  # commits while the put of c/0/0 is under way
+        (row,) = [c for c in s.catalog.residency("a") if c.key == "c/0/0"]
+        assert (row.state, row.writer) == ("in-transit", s.writer)
+        assert row.old_checksum and row.old_checksum != row.checksum
+        disk.release.set()
+        writer.join()
+        ds.close()
+        (row,) = [c for c in s.catalog.residency("a") if c.key == "c/0/0"]
+        assert row.state == "valid" and not row.old_checksum
+        assert fsck(s.catalog, s.tiers).clean

@@ -371,18 +371,26 @@ class Session:
 
     def _commit(self, upserts: list[ChunkCopy], deletes: list[CopyId]) -> None:
         assert self.catalog is not None
-        self.catalog.commit(upserts, deletes)
+        self.catalog.commit(self._stamped(upserts), deletes)
 
     def _announce(self, intents: list[ChunkCopy]) -> None:
         """Record rewrites in place (``in-transit`` rows) under this session's writer, from
         any rank."""
-        rows = [dataclasses.replace(c, writer=self.writer) for c in intents]
         if self.catalog is not None:
-            self.catalog.commit(rows, [])
+            self._commit(intents, [])
             return
         if self._announcer is None:
             self._announcer = open_catalog(self._catalog_url)
-        self._announcer.commit(rows, [])
+        self._announcer.commit(self._stamped(intents), [])
+
+    def _stamped(self, upserts: list[ChunkCopy]) -> list[ChunkCopy]:
+        """``upserts`` with this session's writer on every announced rewrite."""
+        return [
+            dataclasses.replace(c, writer=self.writer)
+            if c.state == "in-transit" and not c.writer
+            else c
+            for c in upserts
+        ]
 
     def _closed_store(self, store: TieredChunkStore) -> None:
         if store in self._open:

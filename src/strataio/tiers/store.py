@@ -196,7 +196,16 @@ class TieredChunkStore:
                 for (k, v), d in zip(items, sums)
                 if k in olds
             ]
-            self._announce(intents)
+            # in the residency first: a commit from another thread meanwhile (a stage ending
+            # for a read of other chunks) then records the announcement, not the old row
+            for c in intents:
+                self.res.add(c)
+            try:
+                self._announce(intents)
+            except BaseException:
+                for k in olds:
+                    self.res.add(olds[k])
+                raise
 
         def one(kv: tuple[str, memoryview]) -> None:
             tier.call(tier.backend.put, object_key(self.name, kv[0]), kv[1])
