@@ -243,6 +243,12 @@ def fsck_command(config: str | None, repair: bool, quick: bool) -> None:
         f"{len(report.problems)} problems"
         + (", repaired" if report.repaired else "")
         + (f"; {young} in flight in running processes, left alone" if young else "")
+        + (
+            f"; {report.writers_gone} sessions ended without closing"
+            + (" (forgotten)" if repair else "")
+            if report.writers_gone
+            else ""
+        )
         + (skipped if report.skipped_tiers else "")
     )
     unresolved = report.lost or (report.problems and not report.repaired)
