@@ -24,6 +24,7 @@ from click.testing import CliRunner
 
 import strataio
 from strataio.cli import main as cli
+from strataio.errors import StrataError
 
 sys.path.insert(0, str(Path(__file__).parent))
 import crash_worker  # noqa: E402
@@ -124,8 +125,8 @@ def run_trials(trials: list[Trial], batch: int = 5) -> list[str]:
             t.done = int(out[-1]) if out else 0
             try:
                 check(t)
-            except AssertionError as exc:
-                failures.append(str(exc))
+            except (AssertionError, StrataError) as exc:  # a read that fails fails the trial
+                failures.append(f"{t.op} trial in {t.root}: {type(exc).__name__}: {exc}")
     return failures
 
 
