@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import sqlite3
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections import Counter
 
 import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, rule
 
 from strataio.catalog import (
     ChunkCopy,
@@ -367,7 +372,7 @@ def _raw_execute(url: str, statements: list[str]) -> None:
 def test_migration_from_version_1(url):
     _raw_execute(url, V1_SCHEMA)
     with open_catalog(url) as c:
-        assert c.schema_version == SCHEMA_VERSION == 2
+        assert c.schema_version == SCHEMA_VERSION == 3
         assert [(t.name, t.state, t.capacity_bytes) for t in c.tiers()] == [
             ("disk", "up", 1000),
             ("tape", "up", None),
@@ -384,6 +389,10 @@ def test_migration_from_version_1(url):
         c.touch("old", ["c/1/1"], 7.0)
         c.record_perf([PerfRow("tape", "read", 8, 1.0, 1, 1.0)])
         c.set_tier_state("tape", "down")
+        # and the version-3 ones: writers, announced rewrites with both checksums
+        w = c.register_writer()
+        c.commit([ChunkCopy("old", "c/1/1", "tape", 8, "x3", "in-transit", 7.0, "x2", w)])
+        assert c.residency("old")[2].old_checksum == "x2"
     # reopening does not migrate again, and keeps what was written
     with open_catalog(url) as c:
         assert c.residency("old")[2].last_access == 7.0
@@ -439,3 +448,122 @@ def test_open_catalog_urls(tmp_path):
     assert (tmp_path / "x" / "a.db").exists()
     with pytest.raises(MetadataError, match="unsupported scheme"):
         open_catalog("mysql://h/db")
+
+
+_WRITER_CHILD = """
+import sys, time
+from strataio.catalog import open_catalog
+cat = open_catalog(sys.argv[1])
+w = cat.register_writer()
+cat.use_dataset("d")
+print(w, flush=True)
+time.sleep(120)
+"""
+
+
+def test_writers_alive_until_their_process_dies(url, cat):
+    """A writer's liveness is a lock the kernel (SQLite: fcntl on a lock file) or the server
+    (PostgreSQL: a session advisory lock) releases the moment its process dies."""
+    cat.create_dataset(_ds("d"))
+    cat.create_dataset(_ds("e"))
+    mine = cat.register_writer()
+    cat.use_dataset("e")
+    cat.use_dataset("e")  # counted
+    child = subprocess.Popen(
+        [sys.executable, "-c", _WRITER_CHILD, url], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        theirs = child.stdout.readline().strip()
+        assert theirs
+        alive = {w.id: w for w in cat.writers()}
+        assert alive[mine].alive and alive[theirs].alive
+        assert alive[theirs].datasets == ("d",) and alive[mine].datasets == ("e",)
+        assert cat.datasets_in_use() == {"d", "e"}
+        # a second catalog object in this process sees the same (and must not drop our lock)
+        with open_catalog(url) as other:
+            assert {w.id for w in other.writers() if w.alive} == {mine, theirs}
+        assert {w.id for w in cat.writers() if w.alive} == {mine, theirs}
+    finally:
+        child.kill()
+        child.wait()
+    deadline = time.monotonic() + 5.0  # PostgreSQL ends the dead client's backend at once
+    while any(w.alive for w in cat.writers() if w.id == theirs) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    state = {w.id: w.alive for w in cat.writers()}
+    assert state == {mine: True, theirs: False}
+    assert cat.datasets_in_use() == {"e"}
+    cat.forget_writers([theirs])
+    assert [w.id for w in cat.writers()] == [mine]
+    cat.unuse_dataset("e")
+    assert cat.datasets_in_use() == {"e"}
+    cat.unuse_dataset("e")
+    assert cat.datasets_in_use() == set()
+    cat.release_writer(mine)
+    assert cat.writers() == []
+
+
+def test_announced_rewrite_keeps_both_checksums(cat):
+    cat.create_dataset(_ds("d"))
+    w = cat.register_writer()
+    row = ChunkCopy("d", "c/0/0", "local", 8, "new", "in-transit", 1.0, "old", w)
+    cat.commit([row])
+    (got,) = cat.residency("d")
+    assert got == row
+    assert got.accepts("new") and got.accepts("old") and not got.accepts("other")
+    valid = ChunkCopy("d", "c/0/0", "local", 8, "new")
+    assert valid.accepts("new") and not valid.accepts("old")
+    assert ChunkCopy("d", "c/0/0", "local", 8).accepts("anything")
+
+
+class WriterRegistry(RuleBasedStateMachine):
+    """Writers registered, released, and marking datasets in use (counted) through one
+    catalog object: the catalog always answers as the model says."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dir = tempfile.mkdtemp(prefix="strataio-writers-")
+        self.cat = open_catalog(os.path.join(self.dir, "cat.db"))
+        self.uses: dict[str, Counter] = {}
+
+    writers = Bundle("writers")
+
+    @rule(target=writers)
+    def register(self):
+        w = self.cat.register_writer()
+        self.uses[w] = Counter()
+        return w
+
+    @rule(w=writers)
+    def release(self, w):
+        self.cat.release_writer(w)
+        self.uses.pop(w, None)
+
+    @rule(w=writers, name=st.sampled_from(["a", "b", "c/d"]))
+    def use(self, w, name):
+        self.cat.use_dataset(name, w)
+        if w in self.uses:
+            self.uses[w][name] += 1
+
+    @rule(w=writers, name=st.sampled_from(["a", "b", "c/d"]))
+    def unuse(self, w, name):
+        self.cat.unuse_dataset(name, w)
+        if w in self.uses and self.uses[w][name] > 0:
+            self.uses[w][name] -= 1
+
+    @invariant()
+    def agrees(self):
+        got = {w.id: (w.alive, set(w.datasets)) for w in self.cat.writers()}
+        want = {w: (True, {d for d, n in c.items() if n > 0}) for w, c in self.uses.items()}
+        assert got == want
+        assert self.cat.datasets_in_use() == {d for _, ds in want.values() for d in ds}
+
+    def teardown(self):
+        self.cat.close()
+        # closing released every writer: no lock file is left behind
+        locks = os.path.join(self.dir, "cat.db.writers")
+        assert not os.path.isdir(locks) or os.listdir(locks) == []
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+WriterRegistry.TestCase.settings = settings(max_examples=20, stateful_step_count=12, deadline=None)
+test_writer_registry = WriterRegistry.TestCase

@@ -3,7 +3,6 @@ writes never loses data."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import random
 import shutil
@@ -17,8 +16,21 @@ import numpy as np
 import pytest
 
 import strataio
+from strataio.catalog import ChunkCopy
 from strataio.storage.posix import PosixBackend
-from strataio.tiers.fsck import fsck
+from strataio.tiers.fsck import (
+    Action,
+    CopyCheck,
+    Inventory,
+    Kind,
+    Leftover,
+    UnnamedObject,
+    Verdict,
+    apply,
+    fsck,
+    inspect,
+    plan,
+)
 from strataio.tiers.tier import Tier, TierSet
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -76,7 +88,7 @@ def test_fsck_finds_and_repairs(tmp_path):
         (d / "c/7/7.123.0.strataio-tmp").write_bytes(b"half")  # leftover of a put
         (t / "c/3/3").unlink()  # rows 0-3 were migrated: its only copy -> lost
         (d / "c/6/6").write_bytes(b"\1" * 400)  # its only copy, corrupt: reported, not adopted
-        report = fsck(s.catalog, s.tiers, grace=0)
+        report = fsck(s.catalog, s.tiers)
         kinds = sorted((f.kind, f.tier, f.key) for f in report.findings)
         assert ("checksum", "disk", "c/0/0") in kinds
         assert ("missing", "tape", "c/0/1") in kinds
@@ -87,7 +99,7 @@ def test_fsck_finds_and_repairs(tmp_path):
             ("lost", "c/3/3"),
         ]
         assert not report.clean
-        fsck(s.catalog, s.tiers, repair=True, grace=0)
+        fsck(s.catalog, s.tiers, repair=True)
         assert not (d / "c/0/0").exists() and not (t / "c/5/5").exists()
         assert not (d / "c/7/7.123.0.strataio-tmp").exists()
         again = fsck(s.catalog, s.tiers)
@@ -129,7 +141,7 @@ def _crash_loop(tmp_path, mode, iterations, seed):
         p.wait()
         done = int(out[-1]) if out else 0
         with open_session(root) as s:
-            first = fsck(s.catalog, s.tiers, repair=True, grace=0)
+            first = fsck(s.catalog, s.tiers, repair=True)
             assert not first.lost, first.lost
             second = fsck(s.catalog, s.tiers)
             assert second.clean, second.problems
@@ -196,7 +208,9 @@ def test_repair_beside_a_running_migrate_leaves_its_destination_alone(tmp_path):
     assert check_chunks(tmp_path, [0]) == {0}
 
 
-def test_orphans_and_leftovers_are_removed_once_older_than_the_grace(tmp_path):
+def test_orphans_and_leftovers_wait_only_for_a_live_writer(tmp_path):
+    """Unnamed objects and temporary files of a dataset a live session has open are left to
+    it; once no live session has the dataset open they are removed at once (no clock)."""
     make(tmp_path, half_on_tape=False)
     d, t = tmp_path / "disk" / "a", tmp_path / "tape" / "a"
     (t / "c/5").mkdir(parents=True)
@@ -204,42 +218,197 @@ def test_orphans_and_leftovers_are_removed_once_older_than_the_grace(tmp_path):
     orphan.write_bytes((d / "c/5/5").read_bytes())
     leftover = d / "c/7/7.123.0.strataio-tmp"
     leftover.write_bytes(b"half")
-    with open_session(tmp_path) as s:
-        report = fsck(s.catalog, s.tiers, repair=True, grace=60)
-        assert sorted((f.kind, f.action) for f in report.findings) == [
-            ("in-flight", "left alone"),
-            ("in-flight", "left alone"),
-        ]
-        assert orphan.exists() and leftover.exists()
-        old = time.time() - 61
-        for p in (orphan, leftover):
-            os.utime(p, (old, old))
-        report = fsck(s.catalog, s.tiers, repair=True, grace=60)
-        assert sorted((f.kind, f.action) for f in report.findings) == [
-            ("leftover", "delete"),
-            ("orphan", "delete"),
-        ]
-        assert not orphan.exists() and not leftover.exists()
-        assert fsck(s.catalog, s.tiers, grace=0).clean
+    with open_session(tmp_path) as job:
+        ds = job.open_dataset("a", "r+")  # a live session has "a" open
+        with open_session(tmp_path) as s:
+            report = fsck(s.catalog, s.tiers, repair=True)
+            assert sorted((f.kind, f.action) for f in report.findings) == [
+                ("in-flight", "left alone"),
+                ("in-flight", "left alone"),
+            ]
+            assert report.clean and not report.repaired
+            assert orphan.exists() and leftover.exists()
+        ds.close()
+        with open_session(tmp_path) as s:
+            report = fsck(s.catalog, s.tiers, repair=True)
+            assert sorted((f.kind, f.action) for f in report.findings) == [
+                ("leftover", "delete"),
+                ("orphan", "delete"),
+            ]
+            assert not orphan.exists() and not leftover.exists()
+            assert fsck(s.catalog, s.tiers).clean
 
 
-def test_a_freshly_announced_rewrite_is_left_to_its_writer(tmp_path):
+_ANNOUNCER = """
+import dataclasses, sys, time
+from strataio.catalog import open_catalog
+cat = open_catalog(sys.argv[1])
+w = cat.register_writer()
+(row,) = [c for c in cat.residency("a") if c.key == "c/1/1"]
+# a rewrite in place announced, about to put the new bytes
+cat.commit([dataclasses.replace(row, checksum="0badc0de", state="in-transit",
+                                old_checksum=row.checksum, writer=w)])
+print("announced", flush=True)
+time.sleep(120)
+"""
+
+
+def test_an_announced_rewrite_waits_only_for_a_live_writer(tmp_path):
     make(tmp_path, half_on_tape=False)
+    child = subprocess.Popen(
+        [sys.executable, "-c", _ANNOUNCER, str(tmp_path / "cat.db")],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout.readline().strip() == "announced"
+        with open_session(tmp_path) as s:
+            report = fsck(s.catalog, s.tiers, repair=True)
+            assert [(f.kind, f.key, f.action) for f in report.findings] == [
+                ("in-flight", "c/1/1", "left alone")
+            ]
+            assert not report.repaired
+            # a reader accepts the copy: its bytes are the announced old version
+            assert check_chunks(tmp_path, [0]) == {0}
+    finally:
+        child.kill()
+        child.wait()
+    # the writer died: resolved at once; the object holds the old bytes, so the row is restored
     with open_session(tmp_path) as s:
-        (row,) = [c for c in s.catalog.residency("a") if c.key == "c/1/1"]
-        # a writer in another process announced a rewrite and is about to put the new bytes
-        intent = dataclasses.replace(row, checksum="0badc0de", state="in-transit")
-        s.catalog.commit([dataclasses.replace(intent, last_access=time.time())])
-        report = fsck(s.catalog, s.tiers, repair=True, grace=60)
+        report = fsck(s.catalog, s.tiers, repair=True)
         assert [(f.kind, f.key, f.action) for f in report.findings] == [
-            ("in-flight", "c/1/1", "left alone")
+            ("state", "c/1/1", "adopt object")
         ]
-        assert s.catalog.residency("a") and not report.repaired
-        # announced long ago: the writer died, so the whole object on disk is adopted
-        s.catalog.commit([dataclasses.replace(intent, last_access=time.time() - 61)])
-        report = fsck(s.catalog, s.tiers, repair=True, grace=60)
-        assert [(f.kind, f.key, f.action) for f in report.findings] == [
-            ("checksum", "c/1/1", "adopt object")
-        ]
+        assert report.writers_gone == 1
         assert fsck(s.catalog, s.tiers).clean
+        assert all(w.alive for w in s.catalog.writers())  # the dead one was forgotten
     assert check_chunks(tmp_path, [0]) == {0}
+
+
+def _check(tier, verdict, state="valid", writer="", n=8):
+    copy = ChunkCopy("a", "c/0/0", tier, 8, "new", state, 0.0, "old" if state else "", writer)
+    digest = {"new": "new", "old": "old", "good": "new", "checksum": "zz"}.get(verdict, "")
+    return CopyCheck(copy, Verdict(verdict), n if verdict != "missing" else -1, digest)
+
+
+@pytest.mark.parametrize(
+    "checks, live, expected",
+    [
+        # an announced rewrite of a live writer: left alone, whatever its bytes
+        ([_check("disk", "checksum", "in-transit", "w1")], {"w1"}, [("in-flight", "left alone")]),
+        # its writer is gone: old bytes restore the row, new bytes are adopted
+        ([_check("disk", "old", "in-transit", "w1")], set(), [("state", "adopt object")]),
+        ([_check("disk", "new", "in-transit", "w1")], set(), [("state", "adopt object")]),
+        # new bytes beside a good copy of the old version: the unflushed rewrite is dropped
+        (
+            [_check("disk", "new", "in-transit", "w1"), _check("tape", "good")],
+            set(),
+            [("state", "drop copy")],
+        ),
+        # bytes matching neither version, and nothing else: corrupt, reported only
+        ([_check("disk", "checksum", "in-transit", "w1")], set(), [("corrupt", "")]),
+        ([_check("disk", "missing"), _check("tape", "good")], set(), [("missing", "drop copy")]),
+        ([_check("disk", "missing"), _check("tape", "missing")], set(), [("lost", "")]),
+        ([_check("disk", "good")], set(), []),
+    ],
+)
+def test_plan_decides_from_the_inventory_alone(checks, live, expected):
+    inv = Inventory(copies=[c.copy for c in checks], checks=checks, live_writers=live)
+    p = plan(inv)
+    assert [(f.kind, f.action) for f in p.findings] == expected
+    assert all(isinstance(f.kind, Kind) and isinstance(f.action, Action) for f in p.findings)
+    adopted = [u for u in p.upserts if u.state == "valid"]
+    if ("state", "adopt object") in expected:
+        (row,) = adopted
+        assert row.checksum == checks[0].digest and row.writer == ""
+    if live:
+        assert not p.changes
+
+
+def test_plan_unnamed_objects_and_leftovers():
+    inv = Inventory(
+        copies=[ChunkCopy("a", "c/0/0", "tape", 8, "x")],
+        unnamed=[
+            UnnamedObject("disk", "a", "c/0/0"),  # a copy of a catalogued chunk
+            UnnamedObject("disk", "a", "c/9/9", 8, "y"),  # a chunk the catalog never saw
+            UnnamedObject("disk", "b", "c/0/0"),  # of a dataset a live writer has open
+        ],
+        leftovers=[Leftover("disk", "/x/a/c/1.t", "a"), Leftover("disk", "/x/b/c/1.t", "b")],
+        in_use={"b"},
+        dead_writers=["gone"],
+    )
+    p = plan(inv)
+    assert [(f.kind, f.dataset, f.action) for f in p.findings] == [
+        ("orphan", "a", "delete"),
+        ("unrecorded", "a", "adopt object"),
+        ("in-flight", "b", "left alone"),
+        ("leftover", "a", "delete"),
+        ("in-flight", "b", "left alone"),
+    ]
+    assert p.objects == [("disk", "a/c/0/0")] and [f.path for f in p.files] == ["/x/a/c/1.t"]
+    assert p.upserts == [ChunkCopy("a", "c/9/9", "disk", 8, "y")]
+    assert p.forget_writers == ["gone"]
+
+
+def test_apply_skips_datasets_opened_since_the_inspection(tmp_path):
+    make(tmp_path, half_on_tape=False)
+    d, t = tmp_path / "disk" / "a", tmp_path / "tape" / "a"
+    (t / "c/5").mkdir(parents=True)
+    orphan = t / "c/5/5"
+    orphan.write_bytes((d / "c/5/5").read_bytes())
+    with open_session(tmp_path) as s:
+        p = plan(inspect(s.catalog, s.tiers))
+        assert [(f.kind, f.key) for f in p.findings] == [("orphan", "c/5/5")]
+        with open_session(tmp_path) as job:
+            ds = job.open_dataset("a", "r+")  # it may be writing that very object now
+            apply(p, s.catalog, s.tiers)
+            assert orphan.exists()
+            ds.close()
+        apply(plan(inspect(s.catalog, s.tiers)), s.catalog, s.tiers)
+        assert not orphan.exists()
+
+
+class PausingPut(PosixBackend):
+    """A POSIX tier whose put of ``key`` signals ``reached`` and waits for ``release``."""
+
+    def __init__(self, root, key) -> None:
+        super().__init__(root)
+        self.key = key
+        self.reached, self.release = threading.Event(), threading.Event()
+
+    def put(self, key, data, *, durable=False):
+        if key == self.key and not self.release.is_set():
+            self.reached.set()
+            assert self.release.wait(30)
+        return super().put(key, data, durable=durable)
+
+
+def test_a_commit_during_a_rewrite_keeps_its_announcement(tmp_path):
+    """A commit from another thread while a rewrite's put runs (a stage ending, a flush)
+    must record the announcement, never the replaced row: a crash right after it would
+    leave a valid row naming bytes that are gone."""
+    make(tmp_path, half_on_tape=False)
+    disk = PausingPut(tmp_path / "disk", "a/c/0/0")
+    tiers = TierSet(
+        [
+            Tier("disk", disk, "localdisk", order=0),
+            Tier("tape", PosixBackend(tmp_path / "tape"), "remotetape", order=1),
+        ]
+    )
+    with strataio.Session(tiers=tiers, catalog=tmp_path / "cat.db") as s:
+        ds = s.open_dataset("a", "r+")
+        ds[...]  # noqa: B018 - touches every chunk: their rows ride along with the next commit
+        new = tiers_worker.version(1)[0:10, 0:10]
+        writer = threading.Thread(target=ds.__setitem__, args=(np.s_[0:10, 0:10], new))
+        writer.start()
+        assert disk.reached.wait(30)
+        ds.flush()  # commits while the put of c/0/0 is under way
+        (row,) = [c for c in s.catalog.residency("a") if c.key == "c/0/0"]
+        assert (row.state, row.writer) == ("in-transit", s.writer)
+        assert row.old_checksum and row.old_checksum != row.checksum
+        disk.release.set()
+        writer.join()
+        ds.close()
+        (row,) = [c for c in s.catalog.residency("a") if c.key == "c/0/0"]
+        assert row.state == "valid" and not row.old_checksum
+        assert fsck(s.catalog, s.tiers).clean

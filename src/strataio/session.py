@@ -7,11 +7,19 @@ over a :class:`~strataio.tiers.store.TieredChunkStore`, plus ``stage`` / ``prefe
 what a dataset open needs in one round trip and broadcasts it, and at close gathers the other
 ranks' residency changes and commits them in one transaction (APRIL's open/close discipline);
 rank 0's own changes reach the catalog as a single process's do.
+
+Each Session registers as a *writer* of its catalog (:mod:`strataio.catalog.liveness`): a
+token the kernel or the database server releases when the process dies, and the datasets it
+has open. Rewrites in place are announced in the catalog under that writer before they
+happen, on every rank: a rank other than 0 opens its own catalog connection for that, the
+first time it rewrites a catalogued chunk. So ``fsck`` after a crash resolves at once what a
+dead job left, and leaves alone what a live one is doing.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 from typing import Any
@@ -119,6 +127,10 @@ class Session:
         self.stage_on_read = stage_on_read
         self.catalog: Catalog | None = None
         self._own_catalog = False
+        #: this session's writer id (the same on every rank of a job)
+        self.writer = ""
+        self._catalog_url = ""
+        self._announcer: Catalog | None = None  # ranks other than 0: opened on first use
         state: Any = None
         err: BaseException | None = None
         if self.rank == 0:
@@ -132,13 +144,20 @@ class Session:
                 self.tiers.apply_states(self.catalog.tiers())
                 self.catalog.register_tiers(self.tiers.records())
                 self.tiers.account_usage(self.catalog.all_residency())
-                state = [(t.name, t.state, t.used) for t in self.tiers]
+                self.writer = self.catalog.register_writer()
+                tier_state = [(t.name, t.state, t.used) for t in self.tiers]
+                state = (tier_state, self.writer, self.catalog.url)
             except BaseException as exc:
+                if self.writer and self.catalog is not None:
+                    self.catalog.release_writer(self.writer)
+                if self._own_catalog and self.catalog is not None:
+                    self.catalog.close()
                 err = exc
         state, err = self._agree(state, err)
         if err is not None:
             raise err
-        for (_name, st, used), t in zip(state, self.tiers):
+        tier_state, self.writer, self._catalog_url = state
+        for (_name, st, used), t in zip(tier_state, self.tiers):
             t.state, t.used = st, used
             t.listener = self._tier_changed
         if cache_bytes is None:
@@ -192,6 +211,7 @@ class Session:
             try:
                 assert self.catalog is not None
                 self.catalog.create_dataset(record)
+                self.catalog.use_dataset(name, self.writer)
             except BaseException as exc:
                 err = exc
         _, err = self._agree(None, err)
@@ -212,7 +232,13 @@ class Session:
             try:
                 assert self.catalog is not None
                 record = self.catalog.get_dataset(name)
-                copies = self.catalog.residency(name)
+                # in use before its residency is read: other processes evict none of it
+                self.catalog.use_dataset(name, self.writer)
+                try:
+                    copies = self.catalog.residency(name)
+                except BaseException:
+                    self.catalog.unuse_dataset(name, self.writer)
+                    raise
                 got = (record, copies, None)
             except BaseException as exc:
                 err = exc
@@ -288,8 +314,14 @@ class Session:
             self._closed = True
             self.mover.shutdown()
             self.tiers.close()
-            if self.catalog is not None and self._own_catalog:
-                self.catalog.close()
+            if self._announcer is not None:
+                self._announcer.close()
+            if self.catalog is not None:
+                # after the mover: nothing of this session is in flight any more
+                with contextlib.suppress(StrataError):
+                    self.catalog.release_writer(self.writer)
+                if self._own_catalog:
+                    self.catalog.close()
 
     def __enter__(self) -> Session:
         return self
@@ -333,18 +365,39 @@ class Session:
             stage_on_read=self.stage_on_read,
             meta=meta,
             on_close=self._closed_store,
+            announce=self._announce,
         )
         self._open.append(store)
         return store
 
     def _commit(self, upserts: list[ChunkCopy], deletes: list[CopyId]) -> None:
         assert self.catalog is not None
-        self.catalog.commit(upserts, deletes)
+        self.catalog.commit(self._stamped(upserts), deletes)
+
+    def _announce(self, intents: list[ChunkCopy]) -> None:
+        """Record rewrites in place (``in-transit`` rows) under this session's writer, from
+        any rank."""
+        if self.catalog is not None:
+            self._commit(intents, [])
+            return
+        if self._announcer is None:
+            self._announcer = open_catalog(self._catalog_url)
+        self._announcer.commit(self._stamped(intents), [])
+
+    def _stamped(self, upserts: list[ChunkCopy]) -> list[ChunkCopy]:
+        """``upserts`` with this session's writer on every announced rewrite."""
+        return [
+            dataclasses.replace(c, writer=self.writer)
+            if c.state == "in-transit" and not c.writer
+            else c
+            for c in upserts
+        ]
 
     def _closed_store(self, store: TieredChunkStore) -> None:
         if store in self._open:
             self._open.remove(store)
         if self.comm is None:
+            self._release(store.name)
             return
         # Parallel close: rank 0 commits every other rank's changes in one transaction (its
         # own were committed by the flush of the close), then each rank deletes the objects
@@ -365,6 +418,13 @@ class Session:
             raise err
         store.res.delete_obsolete()
         del touched
+        self._release(store.name)
+
+    def _release(self, name: str) -> None:
+        if self.catalog is not None:
+            # if the catalog cannot take it, the mark goes with the writer at close
+            with contextlib.suppress(StrataError):
+                self.catalog.unuse_dataset(name, self.writer)
 
     def _tier_changed(self, tier: Tier) -> None:
         if self.catalog is not None:

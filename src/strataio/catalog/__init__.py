@@ -12,6 +12,7 @@ from strataio.catalog.base import (
     PerfRow,
     TierRecord,
     TierUsage,
+    WriterRecord,
     codec_json,
     open_catalog,
 )
@@ -28,6 +29,7 @@ __all__ = [
     "PerfRow",
     "TierRecord",
     "TierUsage",
+    "WriterRecord",
     "codec_json",
     "open_catalog",
 ]

@@ -96,6 +96,11 @@ class ChunkCopy:
 
     ``nbytes`` is the stored (encoded) size; ``checksum`` a hex digest of the stored bytes
     (empty if unknown); ``last_access`` POSIX seconds, for LRU eviction.
+
+    An ``in-transit`` copy is an announced rewrite in place: ``checksum`` is the new bytes',
+    ``old_checksum`` the replaced bytes', and the object holds one or the other whole (puts
+    are atomic), so a copy matching either is intact (:meth:`accepts`). ``writer`` names the
+    writer (see :mod:`strataio.catalog.liveness`) that announced it.
     """
 
     dataset: str
@@ -105,6 +110,33 @@ class ChunkCopy:
     checksum: str = ""
     state: str = "valid"
     last_access: float = 0.0
+    old_checksum: str = ""
+    writer: str = ""
+
+    def accepts(self, digest: str) -> bool:
+        """True if stored bytes with checksum ``digest`` are an intact version of this copy
+        (any bytes, where no checksum is catalogued)."""
+        if not self.checksum:
+            return True
+        return digest == self.checksum or (
+            self.state == "in-transit" and digest == self.old_checksum != ""
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class WriterRecord:
+    """A registered writer: a Session that may leave rows and objects in flight.
+
+    ``alive`` says whether its liveness token is held (by a live process); ``datasets`` are
+    the datasets it has in use (open, or being evicted from), by name.
+    """
+
+    id: str
+    host: str
+    pid: int
+    started: float
+    alive: bool = True
+    datasets: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,6 +264,41 @@ class Catalog(abc.ABC):
             slot[1] += c.nbytes
         keys = sorted(acc, key=lambda k: (k[0], order.get(k[1], 1 << 30), k[1]))
         return [TierUsage(d, t, acc[d, t][0], acc[d, t][1]) for d, t in keys]
+
+    # -- writers (liveness) -------------------------------------------------------------
+
+    @abc.abstractmethod
+    def register_writer(self) -> str:
+        """Register this process as a writer, take its liveness token (released by the kernel
+        or the database server when the process dies) and return its id. The first writer
+        registered through this catalog object is its default writer."""
+
+    @abc.abstractmethod
+    def release_writer(self, writer: str) -> None:
+        """Drop ``writer``'s row and token (a writer registered through this object)."""
+
+    @abc.abstractmethod
+    def use_dataset(self, name: str, writer: str | None = None) -> None:
+        """Mark dataset ``name`` in use by ``writer``, a writer registered through this object
+        and not released (default: the first such; nothing happens without one). Counted:
+        each call needs one :meth:`unuse_dataset`."""
+
+    @abc.abstractmethod
+    def unuse_dataset(self, name: str, writer: str | None = None) -> None:
+        """Undo one :meth:`use_dataset`."""
+
+    @abc.abstractmethod
+    def writers(self) -> list[WriterRecord]:
+        """Every registered writer, with ``alive`` from its token, by id."""
+
+    @abc.abstractmethod
+    def forget_writers(self, writers: Iterable[str]) -> None:
+        """Remove the rows (and leftover tokens) of writers found dead."""
+
+    def datasets_in_use(self) -> set[str]:
+        """Names of the datasets some live writer has in use: their copies are not evicted by
+        other processes, and fsck leaves their unnamed objects to their writer."""
+        return {d for w in self.writers() if w.alive for d in w.datasets}
 
     # -- performance database -----------------------------------------------------------
 

@@ -15,6 +15,7 @@ from collections.abc import Iterator, Sequence
 import psycopg
 
 from strataio.catalog.base import CopyId, redact_url
+from strataio.catalog.liveness import advisory_halves, advisory_key, note_held, note_released
 from strataio.catalog.sql import _COPY_COLS, _UPSERT, SQLCatalog
 from strataio.errors import BackendError
 
@@ -55,7 +56,8 @@ class PostgresCatalog(SQLCatalog):
         try:
             conn.execute(
                 f"CREATE TEMP TABLE IF NOT EXISTS {_STAGING} (dataset TEXT, key TEXT, tier TEXT, "
-                "nbytes BIGINT, checksum TEXT, state TEXT, last_access DOUBLE PRECISION) "
+                "nbytes BIGINT, checksum TEXT, state TEXT, last_access DOUBLE PRECISION, "
+                "old_checksum TEXT, writer TEXT) "
                 "ON COMMIT DELETE ROWS"
             )
         except BaseException:
@@ -82,6 +84,31 @@ class PostgresCatalog(SQLCatalog):
     def _lock_schema(self, cur: psycopg.Cursor) -> None:
         cur.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
 
+    # A writer's token is a session-level advisory lock held by this connection: the server
+    # releases it when the connection ends, however the client ended.
+
+    def _hold_token(self, writer: str) -> None:
+        self._query("SELECT pg_advisory_lock(?)", (advisory_key(writer),))
+        note_held(writer)
+
+    def _release_token(self, writer: str) -> None:
+        note_released(writer)
+        if not self._closed:
+            self._query("SELECT pg_advisory_unlock(?)", (advisory_key(writer),))
+
+    def _live_tokens(self, writers: Sequence[str]) -> set[str]:
+        if not writers:
+            return set()
+        held = {
+            (int(a), int(b))
+            for a, b in self._query(
+                "SELECT classid::bigint, objid::bigint FROM pg_locks "
+                "WHERE locktype = 'advisory' AND granted AND objsubid = 1 "
+                "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+            )
+        }
+        return {w for w in writers if advisory_halves(advisory_key(w)) in held}
+
     def _bulk_upsert(self, cur: psycopg.Cursor, rows: Sequence[tuple]) -> None:
         if len(rows) < _COPY_THRESHOLD:
             super()._bulk_upsert(cur, rows)
@@ -90,7 +117,7 @@ class PostgresCatalog(SQLCatalog):
             for row in rows:
                 copy.write_row(row)
         upsert_from_staging = _UPSERT.replace(
-            "VALUES (?, ?, ?, ?, ?, ?, ?)", f"SELECT {_COPY_COLS} FROM {_STAGING}"
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", f"SELECT {_COPY_COLS} FROM {_STAGING}"
         )
         cur.execute(upsert_from_staging)
 

@@ -14,7 +14,11 @@ from __future__ import annotations
 import abc
 import contextlib
 import json
+import os
+import socket
 import threading
+import time
+from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -28,7 +32,9 @@ from strataio.catalog.base import (
     PerfRow,
     TierRecord,
     TierUsage,
+    WriterRecord,
 )
+from strataio.catalog.liveness import new_writer_id
 from strataio.errors import (
     BackendError,
     ClosedError,
@@ -93,19 +99,37 @@ _V2 = [
     "CREATE INDEX perf_tier ON perf (tier, measured_at)",
 ]
 
-MIGRATIONS: list[list[str]] = [_V1, _V2]
+# Version 3: announced rewrites keep the replaced bytes' checksum and name their writer;
+# writers register (their liveness is a lock the kernel or the server releases) with the
+# datasets they have in use.
+_V3 = [
+    "ALTER TABLE residency ADD COLUMN old_checksum TEXT NOT NULL DEFAULT ''",
+    "ALTER TABLE residency ADD COLUMN writer TEXT NOT NULL DEFAULT ''",
+    """CREATE TABLE writers (
+        id TEXT PRIMARY KEY,
+        host TEXT NOT NULL,
+        pid INTEGER NOT NULL,
+        started {real} NOT NULL)""",
+    """CREATE TABLE writer_datasets (
+        writer TEXT NOT NULL REFERENCES writers (id) ON DELETE CASCADE,
+        dataset TEXT NOT NULL,
+        PRIMARY KEY (writer, dataset))""",
+]
+
+MIGRATIONS: list[list[str]] = [_V1, _V2, _V3]
 #: the schema version this code writes
 SCHEMA_VERSION = len(MIGRATIONS)
 
-_COPY_COLS = "dataset, key, tier, nbytes, checksum, state, last_access"
+_COPY_COLS = "dataset, key, tier, nbytes, checksum, state, last_access, old_checksum, writer"
 _UPSERT = (
-    f"INSERT INTO residency ({_COPY_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?) "
+    f"INSERT INTO residency ({_COPY_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
     "ON CONFLICT (dataset, key, tier) DO UPDATE SET nbytes = excluded.nbytes, "
-    "checksum = excluded.checksum, state = excluded.state, last_access = excluded.last_access"
+    "checksum = excluded.checksum, state = excluded.state, last_access = excluded.last_access, "
+    "old_checksum = excluded.old_checksum, writer = excluded.writer"
 )
 _SELECT_COPIES = (
-    "SELECT r.dataset, r.key, r.tier, r.nbytes, r.checksum, r.state, r.last_access "
-    "FROM residency r JOIN tiers t ON t.name = r.tier"
+    "SELECT r.dataset, r.key, r.tier, r.nbytes, r.checksum, r.state, r.last_access, "
+    "r.old_checksum, r.writer FROM residency r JOIN tiers t ON t.name = r.tier"
 )
 _DATASET_COLS = "name, shape, dtype, chunks, codec, hint, attrs, state"
 
@@ -146,6 +170,8 @@ class SQLCatalog(Catalog):
         self._closed = False
         self.schema_version = 0
         self._sql_cache: dict[str, str] = {}
+        self._writers: list[str] = []  # registered through this object, oldest first
+        self._uses: Counter[tuple[str, str]] = Counter()  # (writer, dataset) -> uses
         self._conn = self._connect()
         try:
             self._migrate()
@@ -181,6 +207,21 @@ class SQLCatalog(Catalog):
 
     def _lock_schema(self, cur: Cursor) -> None:
         """Serialize migrations across processes (inside the migration transaction)."""
+
+    @abc.abstractmethod
+    def _hold_token(self, writer: str) -> None:
+        """Take ``writer``'s liveness token, for as long as this process (and this catalog
+        object) lives."""
+
+    @abc.abstractmethod
+    def _release_token(self, writer: str) -> None: ...
+
+    @abc.abstractmethod
+    def _live_tokens(self, writers: Sequence[str]) -> set[str]:
+        """The writers among ``writers`` whose token is held."""
+
+    def _forget_tokens(self, writers: Sequence[str]) -> None:
+        """Remove what dead writers' tokens left behind (nothing, by default)."""
 
     def _executemany(self, cur: Cursor, statement: str, rows: Sequence[tuple]) -> None:
         if rows:
@@ -374,7 +415,17 @@ class SQLCatalog(Catalog):
         # keeps PostgreSQL's set-based upsert from touching one row twice.
         latest = {(c.dataset, c.key, c.tier): c for c in upserts}
         rows = [
-            (c.dataset, c.key, c.tier, int(c.nbytes), c.checksum, c.state, float(c.last_access))
+            (
+                c.dataset,
+                c.key,
+                c.tier,
+                int(c.nbytes),
+                c.checksum,
+                c.state,
+                float(c.last_access),
+                c.old_checksum,
+                c.writer,
+            )
             for c in latest.values()
         ]
         ids = list(dict.fromkeys(tuple(d) for d in deletes))
@@ -420,6 +471,105 @@ class SQLCatalog(Catalog):
         )
         return [TierUsage(d, t, int(n), int(b)) for d, t, n, b in rows]
 
+    # -- writers -------------------------------------------------------------------------
+
+    def register_writer(self) -> str:
+        writer = new_writer_id()
+        with self._lock:
+            self._check_open()
+            self._hold_token(writer)
+            try:
+                with self._write() as cur:
+                    cur.execute(
+                        self._sql(
+                            "INSERT INTO writers (id, host, pid, started) VALUES (?, ?, ?, ?)"
+                        ),
+                        (writer, socket.gethostname(), os.getpid(), time.time()),
+                    )
+            except BaseException:
+                self._release_token(writer)
+                raise
+            self._writers.append(writer)
+        return writer
+
+    def release_writer(self, writer: str) -> None:
+        with self._lock:
+            if writer not in self._writers:
+                return
+            self._writers.remove(writer)
+            for k in [k for k in self._uses if k[0] == writer]:
+                del self._uses[k]
+            try:
+                if not self._closed:
+                    with self._write() as cur:
+                        cur.execute(
+                            self._sql("DELETE FROM writer_datasets WHERE writer = ?"), (writer,)
+                        )
+                        cur.execute(self._sql("DELETE FROM writers WHERE id = ?"), (writer,))
+            finally:
+                self._release_token(writer)
+
+    def _writer(self, writer: str | None) -> str | None:
+        """``writer`` (default: the first registered here) if registered through this object
+        and not released; else None (a mark for it would have no one to release it)."""
+        if writer is None:
+            return self._writers[0] if self._writers else None
+        return writer if writer in self._writers else None
+
+    def use_dataset(self, name: str, writer: str | None = None) -> None:
+        with self._lock:
+            w = self._writer(writer)
+            if w is None:
+                return
+            self._uses[w, name] += 1
+            if self._uses[w, name] == 1:
+                with self._write() as cur:
+                    cur.execute(
+                        self._sql(
+                            "INSERT INTO writer_datasets (writer, dataset) VALUES (?, ?) "
+                            "ON CONFLICT (writer, dataset) DO NOTHING"
+                        ),
+                        (w, name),
+                    )
+
+    def unuse_dataset(self, name: str, writer: str | None = None) -> None:
+        with self._lock:
+            w = self._writer(writer)
+            if w is None or self._uses[w, name] <= 0:
+                return
+            self._uses[w, name] -= 1
+            if self._uses[w, name] == 0:
+                del self._uses[w, name]
+                with self._write() as cur:
+                    cur.execute(
+                        self._sql("DELETE FROM writer_datasets WHERE writer = ? AND dataset = ?"),
+                        (w, name),
+                    )
+
+    def writers(self) -> list[WriterRecord]:
+        with self._lock:
+            rows = self._query("SELECT id, host, pid, started FROM writers ORDER BY id{c}")
+            uses = self._query("SELECT writer, dataset FROM writer_datasets ORDER BY dataset{c}")
+            alive = self._live_tokens([r[0] for r in rows])
+        datasets: dict[str, list[str]] = {}
+        for w, d in uses:
+            datasets.setdefault(w, []).append(d)
+        return [
+            WriterRecord(i, h, int(p), float(t), i in alive, tuple(datasets.get(i, ())))
+            for i, h, p, t in rows
+        ]
+
+    def forget_writers(self, writers: Iterable[str]) -> None:
+        ids = [w for w in dict.fromkeys(writers) if w not in self._writers]
+        if not ids:
+            return
+        with self._write() as cur:
+            self._executemany(
+                cur, "DELETE FROM writer_datasets WHERE writer = ?", [(w,) for w in ids]
+            )
+            self._executemany(cur, "DELETE FROM writers WHERE id = ?", [(w,) for w in ids])
+        self._forget_tokens(ids)
+
     # -- performance database ------------------------------------------------------------
 
     def record_perf(self, rows: Iterable[PerfRow]) -> None:
@@ -447,6 +597,9 @@ class SQLCatalog(Catalog):
     def close(self) -> None:
         with self._lock:
             if not self._closed:
+                for w in list(self._writers):
+                    with contextlib.suppress(Exception):
+                        self.release_writer(w)
                 self._closed = True
                 self._disconnect()
 

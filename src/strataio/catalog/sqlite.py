@@ -12,8 +12,9 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
+from strataio.catalog.liveness import LockFiles
 from strataio.catalog.sql import SQLCatalog
 from strataio.errors import BackendError
 
@@ -31,6 +32,8 @@ class SQLiteCatalog(SQLCatalog):
     def __init__(self, path: str | os.PathLike[str], *, timeout: float = 30.0) -> None:
         self.path = os.fspath(path)
         self.timeout = float(timeout)
+        # writers' liveness: an fcntl lock per writer, on files beside the database
+        self._locks = LockFiles(os.path.abspath(self.path) + ".writers")
         super().__init__(self.path)
 
     def _connect(self) -> sqlite3.Connection:
@@ -79,6 +82,23 @@ class SQLiteCatalog(SQLCatalog):
             raise
         finally:
             cur.close()
+
+    def _hold_token(self, writer: str) -> None:
+        try:
+            self._locks.hold(writer)
+        except OSError as exc:
+            raise BackendError(
+                f"catalog {self.path!r}: cannot lock {self._locks.path(writer)}: {exc}"
+            ) from exc
+
+    def _release_token(self, writer: str) -> None:
+        self._locks.release(writer)
+
+    def _live_tokens(self, writers: Sequence[str]) -> set[str]:
+        return self._locks.alive(writers)
+
+    def _forget_tokens(self, writers: Sequence[str]) -> None:
+        self._locks.forget(writers)
 
     def _has_table(self, cur: sqlite3.Cursor, name: str) -> bool:
         cur.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,))

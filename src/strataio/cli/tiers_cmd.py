@@ -33,7 +33,6 @@ from strataio.cli import bench, main
 from strataio.cli.output import handle_errors, json_option, make_console, write_json
 from strataio.errors import ConfigError, StrataError
 from strataio.sizes import format_size
-from strataio.tiers.fsck import DEFAULT_GRACE
 
 _config_opt = click.option(
     "--config",
@@ -201,47 +200,45 @@ def evict_command(config: str | None, name: str, section: str | None, tier: str 
 @_config_opt
 @click.option("--repair", is_flag=True, help="fix what can be fixed")
 @click.option("--quick", is_flag=True, help="check existence and size only (no checksums)")
-@click.option(
-    "--grace",
-    type=click.FloatRange(min=0),
-    default=DEFAULT_GRACE,
-    show_default=True,
-    metavar="SECONDS",
-    help="leave alone unnamed objects modified more recently than this (they may belong to "
-    "a move or write still running); 0 only when nothing else uses the tiers",
-)
 @handle_errors
-def fsck_command(config: str | None, repair: bool, quick: bool, grace: float) -> None:
+def fsck_command(config: str | None, repair: bool, quick: bool) -> None:
     """Verify every catalogued chunk copy. Exit 0 clean, 1 problems (left) found.
 
-    With --repair, bad copies that have a good copy elsewhere are dropped, interrupted
-    rewrites are adopted, and orphans (objects no catalog row names) and temporary leftovers
-    are deleted. It is safe beside running jobs: an orphan or leftover younger than --grace
-    seconds (its mtime on POSIX, last-modified on S3) may be the destination of a migration
-    not yet committed, so it is listed as "in-flight" and left alone; a later fsck removes it
-    if it is still unnamed by then.
+    With --repair, bad copies that have a good copy elsewhere are dropped, rewrites
+    interrupted by a crash are resolved (old or new bytes, whichever the object holds),
+    and orphans (objects no catalog row names) and temporary leftovers are deleted. It is
+    safe beside running jobs and needs no waiting after a crash: what a live process may
+    still be writing (its announced rewrites, unnamed objects of datasets it has open) is
+    listed as "in-flight" and left alone; what a process that died left is resolved at once
+    (a process's liveness is a lock the system releases when it dies).
     """
     from strataio.tiers.fsck import fsck
 
     console = make_console()
     with _session(config) as s, _fsck_progress() as progress:
-        report = fsck(
-            s.catalog, s.tiers, repair=repair, verify=not quick, grace=grace, progress=progress
-        )
+        report = fsck(s.catalog, s.tiers, repair=repair, verify=not quick, progress=progress)
     if report.findings:
         table = Table(title="fsck findings")
         for col in ("kind", "tier", "dataset", "chunk", "detail", "repair"):
             table.add_column(col)
         for f in report.findings[:200]:
-            table.add_row(f.kind, f.tier, f.dataset, f.key, f.detail, f.action or "-")
+            table.add_row(str(f.kind), f.tier, f.dataset, f.key, f.detail, str(f.action) or "-")
         console.print(table)
+        if len(report.findings) > 200:
+            console.print(f"... and {len(report.findings) - 200} more findings")
     skipped = f"; tiers down, not checked: {', '.join(report.skipped_tiers)}"
-    young = sum(f.kind == "in-flight" for f in report.findings)
+    young = len(report.in_flight)
     console.print(
         f"{report.copies} copies of {report.chunks} chunks checked, "
         f"{len(report.problems)} problems"
         + (", repaired" if report.repaired else "")
-        + (f"; {young} objects in flight, left alone" if young else "")
+        + (f"; {young} in flight in running processes, left alone" if young else "")
+        + (
+            f"; {report.writers_gone} sessions ended without closing"
+            + (" (forgotten)" if repair else "")
+            if report.writers_gone
+            else ""
+        )
         + (skipped if report.skipped_tiers else "")
     )
     unresolved = report.lost or (report.problems and not report.repaired)

@@ -1,75 +1,194 @@
 """fsck: check every catalogued chunk copy against the bytes on its tier, and repair.
 
-A copy is good when its object exists with the catalogued size and checksum. Interrupted
-operations leave recognisable traces, all of which :func:`fsck` finds and ``repair`` resolves:
+Three steps, each usable alone:
+
+1. :func:`inspect` reads what there is: the catalog's copies, what each tier holds, the bytes
+   of each copy (size and checksum), objects and temporary files no row names, and which
+   writers are alive (:mod:`strataio.catalog.liveness`). It changes nothing.
+2. :func:`plan` decides, from an :class:`Inventory` alone, what each thing is (a
+   :class:`Finding` of a :class:`Kind`) and what repair it calls for (an :class:`Action`),
+   and gathers the catalog changes and deletions that carry the repairs out.
+3. :func:`apply` carries out a :class:`Plan`: one catalog transaction, then the deletions
+   (objects only after the catalog stops naming them).
+
+:func:`fsck` runs the three (``apply`` only with ``repair``) and returns an
+:class:`FsckReport`.
+
+What interrupted operations leave, and what repair does:
 
 - a migration or stage killed before its commit: destination objects no row names
-  (**orphan**, removed: the catalogued source is intact);
-- one killed after its commit: source objects no row names (**orphan**, removed);
-- a write killed before its flush: an object rewritten in place (announced beforehand by an
-  ``in-transit`` row) or a new object no row names. If another good copy of the chunk exists,
-  the unflushed bytes are dropped (**bad copy**); if not, the object is the only version there
-  is and, written by an atomic put, whole (old or new): it is **adopted** (its row gets the real
-  size and checksum);
-- a put killed mid-write: a temporary file (**leftover**, removed).
+  (**orphan**, deleted: the catalogued source is intact); killed after its commit: source
+  objects no row names (**orphan**, deleted);
+- a rewrite in place killed before its commit: a row announced ``in-transit`` with the old
+  and the new checksum, its object whole in one version or the other (puts are atomic). Old
+  bytes: the row is restored (**state**, adopt). New bytes: dropped if another copy holds
+  the old version, else adopted (**state**);
+- a write of a new chunk killed before its commit: an object of an uncatalogued chunk
+  (**unrecorded**, adopted: it is the only version there is);
+- a put killed mid-write: a temporary file (**leftover**, deleted).
 
-An orphan, a leftover, an unrecorded object or an announced rewrite may also belong to an
-operation still running in another process (a migration's destination before its commit, a
-put being written): removing it would let that operation commit a copy that is gone, then
-delete its source. So these are acted on only when older than ``grace`` seconds (an object's
-mtime on POSIX, its ``last_modified`` on S3, an ``in-transit`` row's announcement time; an
-object whose age a backend cannot tell counts as old); younger ones are reported as
-**in-flight** and left alone, and a later fsck deals with them.
+No clock decides any of this. An announced rewrite whose writer is alive, and an unnamed
+object or temporary file of a dataset some live writer has in use, may belong to an
+operation still running: they are reported **in-flight** and left alone. Everything of a
+writer that is gone is resolved at once.
 
-A ``valid`` copy whose bytes differ from its row is **corrupt**; with another good copy it is
-dropped, without one the chunk is reported (never silently adopted). A chunk with no copy left
-at all is **lost**.
+A ``valid`` copy whose bytes differ from its row is bad (**checksum** / **size**); with
+another good copy it is dropped, without one the chunk is reported **corrupt** (never
+silently adopted). A chunk with no copy left at all is **lost**.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from strataio.catalog.base import Catalog, ChunkCopy, CopyId
 from strataio.tiers.residency import META_KEY, object_key
-from strataio.tiers.tier import Tier, TierSet, checksum, is_backend_failure
+from strataio.tiers.tier import TierSet, checksum, is_backend_failure
 
-#: seconds an unnamed object must have been left untouched before repair removes or adopts it
-DEFAULT_GRACE = 15 * 60.0
+__all__ = [
+    "Action",
+    "CopyCheck",
+    "Finding",
+    "FsckReport",
+    "Inventory",
+    "Kind",
+    "Leftover",
+    "Plan",
+    "UnnamedObject",
+    "Verdict",
+    "apply",
+    "fsck",
+    "inspect",
+    "plan",
+]
 
-#: finding kinds that mean something is wrong (the rest are informational)
-PROBLEMS = (
-    "missing",
-    "size",
-    "checksum",
-    "state",
-    "orphan",
-    "leftover",
-    "unrecorded",
-    "lost",
-    "corrupt",
-)
+
+class Kind(StrEnum):
+    """What a finding is. Every kind but ``IN_FLIGHT`` is a problem."""
+
+    MISSING = "missing"  # a catalogued copy's object is gone
+    SIZE = "size"  # its object has another size than the row says
+    CHECKSUM = "checksum"  # its bytes have another checksum than the row says
+    STATE = "state"  # a rewrite announced by a writer that is gone
+    ORPHAN = "orphan"  # an object of a catalogued chunk that no row names
+    UNRECORDED = "unrecorded"  # an object of a chunk the catalog does not know
+    LEFTOVER = "leftover"  # a temporary file of an interrupted put
+    CORRUPT = "corrupt"  # the only copies left are bad
+    LOST = "lost"  # no tier holds the chunk any more
+    IN_FLIGHT = "in-flight"  # a live writer may still be working on it
+
+    @property
+    def problem(self) -> bool:
+        return self is not Kind.IN_FLIGHT
+
+
+class Action(StrEnum):
+    """What repair does (or did) about a finding."""
+
+    NONE = ""  # nothing can be done: reported
+    DROP_COPY = "drop copy"  # forget the row, delete the object
+    ADOPT = "adopt object"  # record the object's real size and checksum as a valid copy
+    DELETE = "delete"  # delete an object or file no row names
+    LEAVE = "left alone"  # in flight: its writer is alive
+
+
+class Verdict(StrEnum):
+    """What the bytes of one catalogued copy are."""
+
+    GOOD = "good"  # as the row says
+    MISSING = "missing"
+    SIZE = "size"
+    CHECKSUM = "checksum"
+    NEW = "new"  # an announced rewrite's new bytes
+    OLD = "old"  # an announced rewrite's old bytes (the put never happened)
 
 
 @dataclass(frozen=True, slots=True)
 class Finding:
-    """One thing fsck noticed. ``action`` is what ``repair`` does (or did) about it."""
+    """One thing fsck noticed about chunk ``key`` of ``dataset`` on ``tier`` (a temporary
+    file: ``key`` is its path)."""
 
-    kind: str
+    kind: Kind
     tier: str
     dataset: str
     key: str
     detail: str
-    action: str = ""
+    action: Action = Action.NONE
 
     @property
     def problem(self) -> bool:
-        return self.kind in PROBLEMS
+        return self.kind.problem
+
+
+@dataclass(frozen=True, slots=True)
+class CopyCheck:
+    """A catalogued copy and what its object holds (``nbytes`` -1 when missing)."""
+
+    copy: ChunkCopy
+    verdict: Verdict
+    nbytes: int
+    digest: str
+
+
+@dataclass(frozen=True, slots=True)
+class UnnamedObject:
+    """An object of chunk ``key`` of catalogued ``dataset`` on ``tier`` that no row names.
+    ``nbytes`` / ``digest`` are read only where repair would adopt it (else -1 / "")."""
+
+    tier: str
+    dataset: str
+    key: str
+    nbytes: int = -1
+    digest: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Leftover:
+    """A temporary file at ``path`` on ``tier``, of ``dataset`` (None when not known)."""
+
+    tier: str
+    path: str
+    dataset: str | None
+
+
+@dataclass(slots=True)
+class Inventory:
+    """What :func:`inspect` saw; nothing in it is a judgement yet."""
+
+    copies: list[ChunkCopy] = field(default_factory=list)
+    checks: list[CopyCheck] = field(default_factory=list)
+    #: chunks with a copy on a tier that was not checked (down)
+    unchecked: set[tuple[str, str]] = field(default_factory=set)
+    unnamed: list[UnnamedObject] = field(default_factory=list)
+    leftovers: list[Leftover] = field(default_factory=list)
+    live_writers: set[str] = field(default_factory=set)
+    dead_writers: list[str] = field(default_factory=list)
+    #: datasets some live writer has in use
+    in_use: set[str] = field(default_factory=set)
+    skipped_tiers: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Plan:
+    """Findings and the repairs they call for: catalog changes, then deletions."""
+
+    findings: list[Finding] = field(default_factory=list)
+    upserts: list[ChunkCopy] = field(default_factory=list)
+    deletes: list[CopyId] = field(default_factory=list)
+    #: (tier, object key) to delete once the catalog no longer names them
+    objects: list[tuple[str, str]] = field(default_factory=list)
+    files: list[Leftover] = field(default_factory=list)
+    #: writers that are gone, whose registration is removed
+    forget_writers: list[str] = field(default_factory=list)
+
+    @property
+    def changes(self) -> bool:
+        return bool(self.upserts or self.deletes or self.objects or self.files)
 
 
 @dataclass(slots=True)
@@ -81,6 +200,8 @@ class FsckReport:
     findings: list[Finding] = field(default_factory=list)
     skipped_tiers: list[str] = field(default_factory=list)
     repaired: bool = False
+    #: registrations of writers found gone (removed by a repair)
+    writers_gone: int = 0
 
     @property
     def problems(self) -> list[Finding]:
@@ -91,9 +212,285 @@ class FsckReport:
         return not self.problems
 
     @property
+    def in_flight(self) -> list[Finding]:
+        return [f for f in self.findings if f.kind is Kind.IN_FLIGHT]
+
+    @property
     def lost(self) -> list[Finding]:
         """Chunks with no intact copy left (missing everywhere, or corrupt everywhere)."""
-        return [f for f in self.findings if f.kind in ("lost", "corrupt")]
+        return [f for f in self.findings if f.kind in (Kind.LOST, Kind.CORRUPT)]
+
+
+# ----------------------------------------------------------------------------- inspect
+def inspect(
+    catalog: Catalog,
+    tiers: TierSet,
+    *,
+    verify: bool = True,
+    workers: int = 8,
+    progress: Callable[[int, int], None] | None = None,
+) -> Inventory:
+    """Read what the catalog and the tiers hold; change nothing.
+
+    ``verify`` reads every copy and computes its checksum; without it only existence and
+    size are checked (announced rewrites are always read: their bytes decide). Tiers that are
+    down are skipped. ``progress(done, total)`` is called as copies are checked.
+    """
+    inv = Inventory()
+    inv.copies = catalog.all_residency()
+    names = {d.name for d in catalog.list_datasets()}
+    inv.skipped_tiers = [t.name for t in tiers if not t.up]
+
+    listed: dict[str, set[str]] = {}
+    for t in tiers:
+        if not t.up:
+            continue
+        try:
+            listed[t.name] = set(t.backend.list())
+        except Exception as exc:
+            if not is_backend_failure(exc):
+                raise
+            t.mark_down(exc)
+            inv.skipped_tiers.append(t.name)
+    inv.unchecked = {(c.dataset, c.key) for c in inv.copies if c.tier not in listed}
+    checked = [c for c in inv.copies if c.tier in listed]
+
+    def check(c: ChunkCopy) -> CopyCheck:
+        t = tiers[c.tier]
+        ok = object_key(c.dataset, c.key)
+        if ok not in listed[c.tier]:
+            return CopyCheck(c, Verdict.MISSING, -1, "")
+        try:
+            if verify or c.state == "in-transit":
+                data = t.backend.get(ok)
+                n, digest = len(data), checksum(data)
+            else:
+                n, digest = t.backend.size(ok), c.checksum
+        except FileNotFoundError:
+            return CopyCheck(c, Verdict.MISSING, -1, "")
+        if c.state == "in-transit":
+            if c.checksum and digest == c.checksum:
+                return CopyCheck(c, Verdict.NEW, n, digest)
+            if c.old_checksum and digest == c.old_checksum:
+                return CopyCheck(c, Verdict.OLD, n, digest)
+            return CopyCheck(c, Verdict.CHECKSUM, n, digest)
+        if n != c.nbytes:
+            return CopyCheck(c, Verdict.SIZE, n, digest)
+        if c.checksum and digest != c.checksum:
+            return CopyCheck(c, Verdict.CHECKSUM, n, digest)
+        return CopyCheck(c, Verdict.GOOD, n, digest)
+
+    with ThreadPoolExecutor(max(1, workers)) as pool:
+        if progress is not None:
+            progress(0, len(checked))
+        for i, r in enumerate(pool.map(check, checked), start=1):
+            inv.checks.append(r)
+            if progress is not None:
+                progress(i, len(checked))
+
+    # Writers last: whoever left a row or an object seen above had registered (and marked
+    # its dataset in use) before it did, so it is listed here if it is still alive.
+    _read_writers(catalog, inv)
+    named = {(c.tier, object_key(c.dataset, c.key)) for c in inv.copies}
+    catalogued = {(c.dataset, c.key) for c in inv.copies}
+    for tname, objs in listed.items():
+        t = tiers[tname]
+        for ok in sorted(objs):
+            if (tname, ok) in named:
+                continue
+            ds, key = _split(ok, names)
+            if ds is None or key == META_KEY:
+                continue  # not a chunk of a catalogued dataset: not ours to judge
+            n, digest = -1, ""
+            if ds not in inv.in_use and (ds, key) not in catalogued:
+                try:  # a candidate for adoption: its size and checksum make the row
+                    data = t.backend.get(ok)
+                except FileNotFoundError:
+                    continue
+                n, digest = len(data), checksum(data)
+            inv.unnamed.append(UnnamedObject(tname, ds, key, n, digest))
+        base = getattr(t.backend, "inner", t.backend)  # a Shaped tier's own files
+        leftovers = getattr(base, "leftovers", None)
+        if leftovers is not None:
+            root = os.fspath(getattr(base, "root", ""))
+            for path in leftovers():
+                rel = os.path.relpath(path, root).replace(os.sep, "/") if root else ""
+                ds, _ = _split(rel, names)
+                inv.leftovers.append(Leftover(tname, path, ds))
+    return inv
+
+
+def _read_writers(catalog: Catalog, inv: Inventory) -> None:
+    for w in catalog.writers():
+        if w.alive:
+            inv.live_writers.add(w.id)
+            inv.in_use.update(w.datasets)
+        else:
+            inv.dead_writers.append(w.id)
+
+
+# ----------------------------------------------------------------------------- plan
+def plan(inv: Inventory) -> Plan:
+    """What each thing in ``inv`` is, and what repairing it takes (no I/O)."""
+    out = Plan(forget_writers=list(inv.dead_writers))
+    by_chunk: dict[tuple[str, str], list[CopyCheck]] = {}
+    for r in inv.checks:
+        by_chunk.setdefault((r.copy.dataset, r.copy.key), []).append(r)
+    for (ds, key), rows in sorted(by_chunk.items()):
+        _plan_chunk(out, inv, ds, key, rows)
+
+    catalogued = {(c.dataset, c.key) for c in inv.copies}
+    for u in inv.unnamed:
+        if u.dataset in inv.in_use:
+            out.findings.append(
+                Finding(
+                    Kind.IN_FLIGHT,
+                    u.tier,
+                    u.dataset,
+                    u.key,
+                    "object no row names yet, of a dataset a live writer has open",
+                    Action.LEAVE,
+                )
+            )
+        elif (u.dataset, u.key) in catalogued or u.nbytes < 0:
+            out.findings.append(
+                Finding(
+                    Kind.ORPHAN,
+                    u.tier,
+                    u.dataset,
+                    u.key,
+                    "object no catalog row names",
+                    Action.DELETE,
+                )
+            )
+            out.objects.append((u.tier, object_key(u.dataset, u.key)))
+        else:
+            # a write whose commit never happened; its bytes are the only version there is
+            out.findings.append(
+                Finding(
+                    Kind.UNRECORDED, u.tier, u.dataset, u.key, f"{u.nbytes} bytes", Action.ADOPT
+                )
+            )
+            out.upserts.append(ChunkCopy(u.dataset, u.key, u.tier, u.nbytes, u.digest, "valid"))
+            catalogued.add((u.dataset, u.key))
+
+    for f in inv.leftovers:
+        if f.dataset in inv.in_use:
+            out.findings.append(
+                Finding(
+                    Kind.IN_FLIGHT,
+                    f.tier,
+                    f.dataset or "",
+                    f.path,
+                    "temporary file of a put into a dataset a live writer has open",
+                    Action.LEAVE,
+                )
+            )
+            continue
+        out.findings.append(
+            Finding(
+                Kind.LEFTOVER,
+                f.tier,
+                f.dataset or "",
+                f.path,
+                "temporary file of an interrupted put",
+                Action.DELETE,
+            )
+        )
+        out.files.append(f)
+    return out
+
+
+def _plan_chunk(out: Plan, inv: Inventory, ds: str, key: str, rows: list[CopyCheck]) -> None:
+    """Decide about one chunk's catalogued copies (those on tiers that were checked)."""
+    live = [r for r in rows if r.copy.state == "in-transit" and r.copy.writer in inv.live_writers]
+    if live:
+        # its writer commits (or restores) the row itself
+        c = live[0].copy
+        detail = f"rewrite announced by writer {c.writer}, which is still running"
+        out.findings.append(Finding(Kind.IN_FLIGHT, c.tier, ds, key, detail, Action.LEAVE))
+        return
+    good = [r for r in rows if r.verdict is Verdict.GOOD]
+    old = [r for r in rows if r.verdict is Verdict.OLD]
+    new = [r for r in rows if r.verdict is Verdict.NEW]
+    bad = [r for r in rows if r.verdict in (Verdict.MISSING, Verdict.SIZE, Verdict.CHECKSUM)]
+    if not (old or new or bad):
+        return
+
+    def adopt(r: CopyCheck, kind: Kind, detail: str) -> None:
+        out.findings.append(Finding(kind, r.copy.tier, ds, key, detail, Action.ADOPT))
+        c = r.copy
+        out.upserts.append(ChunkCopy(ds, key, c.tier, r.nbytes, r.digest, "valid", c.last_access))
+
+    def drop(r: CopyCheck, kind: Kind, detail: str) -> None:
+        out.findings.append(Finding(kind, r.copy.tier, ds, key, detail, Action.DROP_COPY))
+        out.deletes.append((ds, key, r.copy.tier))
+        if r.verdict is not Verdict.MISSING:
+            out.objects.append((r.copy.tier, object_key(ds, key)))
+
+    for r in old:
+        adopt(r, Kind.STATE, "rewrite announced by a writer that is gone; the old bytes remain")
+    if good or old or (ds, key) in inv.unchecked:
+        # another copy holds the last committed version: unflushed and bad copies go
+        for r in new:
+            drop(r, Kind.STATE, "unflushed rewrite by a writer that is gone; another copy holds")
+        for r in bad:
+            drop(r, Kind(r.verdict.value), _detail(r))
+        return
+    if new:
+        # an atomic put left the new bytes whole, and no other version is left
+        adopt(new[0], Kind.STATE, "rewrite by a writer that is gone; its new bytes are whole")
+        for r in new[1:] + bad:
+            drop(r, Kind(r.verdict.value) if r in bad else Kind.STATE, _detail(r))
+        return
+    corrupt = [r for r in bad if r.verdict is not Verdict.MISSING]
+    if corrupt:
+        r = corrupt[0]
+        out.findings.append(
+            Finding(Kind.CORRUPT, r.copy.tier, ds, key, _detail(r) + "; no other copy")
+        )
+    else:
+        where = ", ".join(r.copy.tier for r in bad)
+        out.findings.append(Finding(Kind.LOST, where, ds, key, "no tier holds this chunk any more"))
+
+
+def _detail(r: CopyCheck) -> str:
+    c = r.copy
+    if r.verdict is Verdict.MISSING:
+        return "object is missing"
+    if r.verdict is Verdict.SIZE:
+        return f"object holds {r.nbytes} bytes, catalog says {c.nbytes}"
+    if r.verdict is Verdict.NEW:
+        return "unflushed rewrite by a writer that is gone"
+    if c.state == "in-transit":
+        return f"bytes match neither the old ({c.old_checksum}) nor the new ({c.checksum}) version"
+    return f"checksum differs from the catalogued {c.checksum}"
+
+
+# ----------------------------------------------------------------------------- apply
+def apply(p: Plan, catalog: Catalog, tiers: TierSet) -> bool:
+    """Carry out ``p``: the catalog changes in one transaction, then the deletions (objects
+    the catalog no longer names, temporary files), then forget writers that are gone.
+    Returns True if anything was changed."""
+    if p.upserts or p.deletes:
+        catalog.commit(p.upserts, p.deletes)
+    # A session that opened a dataset since the inspection may be writing the very objects
+    # planned for deletion: its datasets are skipped (a later fsck judges them).
+    busy = catalog.datasets_in_use() if p.objects or p.files else set()
+    names = {d.name for d in catalog.list_datasets()} if busy else set()
+    for tname, ok in p.objects:
+        if busy and _split(ok, names)[0] in busy:
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            tiers[tname].backend.delete(ok)
+    for f in p.files:
+        if f.dataset in busy:
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(f.path)
+    if p.forget_writers:
+        catalog.forget_writers(p.forget_writers)
+    return p.changes
 
 
 def fsck(
@@ -103,233 +500,22 @@ def fsck(
     repair: bool = False,
     verify: bool = True,
     workers: int = 8,
-    grace: float = DEFAULT_GRACE,
     progress: Callable[[int, int], None] | None = None,
-    now: float | None = None,
 ) -> FsckReport:
-    """Check all catalogued copies on every tier that answers; with ``repair``, fix what can
-    be fixed (one catalog transaction, then object deletions).
-
-    ``verify`` reads every copy and compares checksums; without it only existence and size
-    are checked. Tiers that are down are skipped and listed in the report. Orphans, leftovers,
-    unrecorded objects and in-transit rows younger than ``grace`` seconds at ``now`` (default:
-    the current time) are reported as ``in-flight`` and left alone (see the module doc).
-    ``progress(done, total)`` is called as catalogued copies are checked (from worker threads).
-    """
-    now = time.time() if now is None else now
-    report = FsckReport()
-    copies = catalog.all_residency()
-    names = {d.name for d in catalog.list_datasets()}
-    report.copies = len(copies)
-    report.chunks = len({(c.dataset, c.key) for c in copies})
-    live = [t for t in tiers if t.up]
-    report.skipped_tiers = [t.name for t in tiers if not t.up]
-
-    # what each tier actually holds
-    listed: dict[str, set[str]] = {}
-    for t in live:
-        try:
-            listed[t.name] = set(t.backend.list())
-        except Exception as exc:
-            if not is_backend_failure(exc):
-                raise
-            t.mark_down(exc)
-            report.skipped_tiers.append(t.name)
-    checked = [c for c in copies if c.tier in listed]
-
-    def inspect(c: ChunkCopy) -> tuple[ChunkCopy, str, int, str]:
-        """(copy, verdict, actual size, actual checksum): verdict "" when good."""
-        t = tiers[c.tier]
-        ok = object_key(c.dataset, c.key)
-        if ok not in listed[c.tier]:
-            return c, "missing", -1, ""
-        try:
-            if verify:
-                data = t.backend.get(ok)
-                n, digest = len(data), checksum(data)
-            else:
-                n, digest = t.backend.size(ok), c.checksum
-        except FileNotFoundError:
-            return c, "missing", -1, ""
-        if n != c.nbytes:
-            return c, "size", n, digest
-        if c.checksum and digest != c.checksum:
-            return c, "checksum", n, digest
-        if c.state == "in-transit":
-            return c, "state", n, digest
-        return c, "", n, digest
-
-    with ThreadPoolExecutor(max(1, workers)) as pool:
-        if progress is None:
-            results = list(pool.map(inspect, checked))
-        else:
-            results = []
-            progress(0, len(checked))
-            for i, r in enumerate(pool.map(inspect, checked), start=1):
-                results.append(r)
-                progress(i, len(checked))
-
-    by_chunk: dict[tuple[str, str], list[tuple[ChunkCopy, str, int, str]]] = {}
-    for r in results:
-        by_chunk.setdefault((r[0].dataset, r[0].key), []).append(r)
-    catalogued = {(c.dataset, c.key) for c in copies}
-    named = {(c.tier, object_key(c.dataset, c.key)) for c in copies}
-
-    upserts: list[ChunkCopy] = []
-    deletes: list[CopyId] = []
-    doomed: list[tuple[str, str]] = []  # (tier, object key) to delete after the commit
-    unchecked = {(c.dataset, c.key) for c in copies if c.tier not in listed}
-
-    for (ds, key), rows in sorted(by_chunk.items()):
-        good = [r for r in rows if not r[1]]
-        bad = [r for r in rows if r[1]]
-        if not bad:
-            continue
-        announced = [r[0] for r in bad if r[0].state == "in-transit"]
-        if grace > 0 and any(now - c.last_access < grace for c in announced):
-            # a rewrite announced within the grace period may still be running: its writer
-            # commits (or rolls back) the row itself
-            c = announced[0]
-            report.findings.append(_in_flight(c.tier, ds, key, now - c.last_access))
-            continue
-        if good or (ds, key) in unchecked:
-            for c, verdict, n, _ in bad:
-                report.findings.append(
-                    Finding(verdict, c.tier, ds, key, _detail(c, verdict, n), "drop copy")
-                )
-                deletes.append((ds, key, c.tier))
-                if verdict != "missing":
-                    doomed.append((c.tier, object_key(ds, key)))
-            continue
-        # an announced rewrite (in-transit) is whole whichever version its atomic put left
-        whole = [r for r in bad if r[1] != "missing" and r[0].state == "in-transit"]
-        corrupt = [r for r in bad if r[1] in ("checksum", "size") and r[0].state != "in-transit"]
-        if whole:
-            c, verdict, n, digest = whole[0]
-            report.findings.append(
-                Finding(verdict, c.tier, ds, key, _detail(c, verdict, n), "adopt object")
-            )
-            upserts.append(ChunkCopy(ds, key, c.tier, n, digest, "valid", c.last_access))
-            for c2, v2, _, _ in bad:
-                if c2 is c:
-                    continue
-                report.findings.append(
-                    Finding(v2, c2.tier, ds, key, _detail(c2, v2, -1), "drop copy")
-                )
-                deletes.append((ds, key, c2.tier))
-                if v2 != "missing":
-                    doomed.append((c2.tier, object_key(ds, key)))
-        elif corrupt:
-            c, verdict, n, _ = corrupt[0]
-            report.findings.append(
-                Finding("corrupt", c.tier, ds, key, _detail(c, verdict, n) + "; no other copy", "")
-            )
-        else:
-            tiers_of = ", ".join(r[0].tier for r in bad)
-            report.findings.append(
-                Finding("lost", tiers_of, ds, key, "no tier holds this chunk any more", "")
-            )
-
-    # objects no row names
-    for tname, objs in listed.items():
-        t = tiers[tname]
-        for ok in sorted(objs):
-            if (tname, ok) in named:
-                continue
-            ds, key = _split(ok, names)
-            if ds is None or key == META_KEY:
-                continue  # not a chunk of a catalogued dataset: not ours to judge
-            age = now - _mtime(t, ok)
-            if grace > 0 and age < grace:
-                report.findings.append(_in_flight(tname, ds, key, age))
-                continue
-            if (ds, key) in catalogued:
-                report.findings.append(
-                    Finding("orphan", tname, ds, key, "object no catalog row names", "delete")
-                )
-                doomed.append((tname, ok))
-            else:
-                # a write whose commit never happened; its bytes are the only version there is
-                try:
-                    data = t.backend.get(ok)
-                except FileNotFoundError:
-                    continue
-                report.findings.append(
-                    Finding("unrecorded", tname, ds, key, f"{len(data)} bytes", "adopt object")
-                )
-                upserts.append(ChunkCopy(ds, key, tname, len(data), checksum(data), "valid"))
-                catalogued.add((ds, key))
-        base = getattr(t.backend, "inner", t.backend)  # a Shaped tier's own files
-        leftovers = getattr(base, "leftovers", None)
-        if leftovers is not None:
-            for path in leftovers():
-                try:
-                    age = now - os.stat(path).st_mtime
-                except FileNotFoundError:
-                    continue  # its put finished (renamed) meanwhile
-                if grace > 0 and age < grace:
-                    report.findings.append(_in_flight(tname, "", path, age))
-                    continue
-                report.findings.append(
-                    Finding(
-                        "leftover",
-                        tname,
-                        "",
-                        path,
-                        "temporary file of an interrupted put",
-                        "delete",
-                    )
-                )
-                doomed.append((tname, "\0" + path))
-
-    if repair and (upserts or deletes or doomed):
-        catalog.commit(upserts, deletes)
-        for tname, ok in doomed:
-            if ok.startswith("\0"):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(ok[1:])
-            else:
-                tiers[tname].backend.delete(ok)
-        report.repaired = True
-    return report
-
-
-def _mtime(tier: Tier, obj: str) -> float:
-    """When object ``obj`` on ``tier`` was last modified (epoch seconds); 0 if unknown."""
-    base = getattr(tier.backend, "inner", tier.backend)  # a Shaped tier's own objects
-    try:
-        path = getattr(base, "path", None)
-        if callable(path) and getattr(base, "leftovers", None) is not None:  # POSIX
-            return os.stat(path(obj)).st_mtime
-        head = getattr(base, "head", None)
-        if callable(head):  # S3
-            when = head(obj).get("last_modified")
-            return when.timestamp() if hasattr(when, "timestamp") else 0.0
-    except FileNotFoundError:
-        return 0.0
-    return 0.0
-
-
-def _in_flight(tier: str, dataset: str, key: str, age: float) -> Finding:
-    return Finding(
-        "in-flight",
-        tier,
-        dataset,
-        key,
-        f"modified {max(age, 0.0):.0f} s ago, within the grace period: an operation may "
-        "still be writing it",
-        "left alone",
+    """Check all catalogued copies on every tier that answers (:func:`inspect`, then
+    :func:`plan`); with ``repair``, fix what can be fixed (:func:`apply`)."""
+    inv = inspect(catalog, tiers, verify=verify, workers=workers, progress=progress)
+    p = plan(inv)
+    report = FsckReport(
+        copies=len(inv.copies),
+        chunks=len({(c.dataset, c.key) for c in inv.copies}),
+        findings=p.findings,
+        skipped_tiers=inv.skipped_tiers,
+        writers_gone=len(inv.dead_writers),
     )
-
-
-def _detail(c: ChunkCopy, verdict: str, n: int) -> str:
-    if verdict == "missing":
-        return "object is missing"
-    if verdict == "size":
-        return f"object holds {n} bytes, catalog says {c.nbytes}"
-    if verdict == "state":
-        return "copy left in-transit by an interrupted move"
-    return f"checksum differs from the catalogued {c.checksum}"
+    if repair:
+        report.repaired = apply(p, catalog, tiers)
+    return report
 
 
 def _split(obj: str, names: Iterable[str]) -> tuple[str | None, str]:

@@ -172,7 +172,7 @@ class Placement:
                     if object_key(res.name, c.key) not in keep:
                         victims.append((c.last_access, res, c))
             if self.catalog is not None:
-                names = {r.name for r in open_res}
+                names = {r.name for r in open_res} | self.catalog.datasets_in_use()
                 for c in self.catalog.lru_copies(tier.name, self.CATALOG_BATCH, exclude=names):
                     if object_key(c.dataset, c.key) not in keep:
                         victims.append((c.last_access, c.dataset, c))
@@ -192,8 +192,12 @@ class Placement:
                     continue
                 if res not in touched:
                     touched.append(res)
-            for res in touched:
-                res.commit()
+            try:
+                for res in touched:
+                    res.commit()
+            finally:
+                for name in loaded:
+                    self.catalog.unuse_dataset(name)  # type: ignore[union-attr]
             return tier.has_room(nbytes)
 
     def _load(self, name: str, loaded: dict[str, Residency]) -> Residency:
@@ -204,6 +208,8 @@ class Placement:
         if res is None:
             assert self.catalog is not None
             catalog = self.catalog
+            # in use while its copies move: fsck leaves the write-backs' objects alone
+            catalog.use_dataset(name)
             res = loaded[name] = Residency(
                 name, catalog.residency(name), self.tiers, lambda u, d: catalog.commit(u, d)
             )

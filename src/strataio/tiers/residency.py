@@ -11,6 +11,7 @@ any point leaves the catalog naming only copies that exist (or that fsck can pro
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -70,11 +71,12 @@ class Residency:
         return sorted(got, key=lambda c: self._rank(c.tier))
 
     def readable(self, key: str, *, up_only: bool = True) -> list[ChunkCopy]:
-        """Copies a read may use, fastest first (skipping tiers marked down)."""
+        """Copies a read may use, fastest first (skipping tiers marked down): valid and dirty
+        ones, and announced rewrites (whose object holds the old or the new bytes, whole)."""
         return [
             c
             for c in self.copies(key)
-            if c.state in READABLE and (not up_only or self._tier(c.tier).up)
+            if (c.state in READABLE or c.old_checksum) and (not up_only or self._tier(c.tier).up)
         ]
 
     def on_tier(self, tier: str) -> list[ChunkCopy]:
@@ -125,7 +127,7 @@ class Residency:
                 if not per:
                     continue
                 for t, c in list(per.items()):
-                    per[t] = ChunkCopy(c.dataset, c.key, c.tier, c.nbytes, c.checksum, c.state, now)
+                    per[t] = dataclasses.replace(c, last_access=now)
                 self._touched.add(k)
 
     def take_changes(self) -> tuple[list[ChunkCopy], list[CopyId], list[str]]:

@@ -35,7 +35,8 @@ class TieredChunkStore(ChunkStore):  # no optional capabilities yet
     ``hint`` is the dataset's placement hint; ``disabled`` marks a DISABLE dataset (writes are
     dropped, reads raise :class:`DatasetDisabledError`). ``stage_on_read`` stages chunks whose
     fastest copy is on an archive (``remotetape``) tier before reading them. ``on_close`` is
-    called once after the final flush (the session commits or gathers there).
+    called once after the final flush (the session commits or gathers there);
+    ``announce(intents)`` records rewrites in place in the catalog before they happen.
     """
 
     def __init__(
@@ -51,6 +52,7 @@ class TieredChunkStore(ChunkStore):  # no optional capabilities yet
         stage_on_read: bool = True,
         meta: bytes | None = None,
         on_close: Callable[[TieredChunkStore], None] | None = None,
+        announce: Callable[[list[ChunkCopy]], None] | None = None,
     ) -> None:
         self.res = residency
         self.name = residency.name
@@ -63,6 +65,7 @@ class TieredChunkStore(ChunkStore):  # no optional capabilities yet
         self.stage_on_read = stage_on_read
         self._meta = meta
         self._on_close = on_close
+        self._announce = announce
         self._unsynced: dict[str, set[str]] = {}
         self._lock = threading.Lock()
         self._closed = False
@@ -119,7 +122,7 @@ class TieredChunkStore(ChunkStore):  # no optional capabilities yet
             return  # the down tier is now filtered out of readable()
         for i, blob in zip(idx, blobs):
             copy = next((c for c in self.res.copies(keys[i]) if c.tier == tier.name), None)
-            if blob is None or copy is None or (copy.checksum and checksum(blob) != copy.checksum):
+            if blob is None or copy is None or not copy.accepts(checksum(blob)):
                 pending[i].add(tier.name)  # missing or corrupt here: try another tier
                 continue
             out[i] = blob
@@ -185,16 +188,25 @@ class TieredChunkStore(ChunkStore):  # no optional capabilities yet
         now = time.time()
         sums = [checksum(v) for _, v in items]
         # A rewrite in place replaces the catalogued object before the catalog learns of it.
-        # Announce it first (state in-transit, new checksum, one transaction per batch), so
-        # that after a crash fsck can tell an interrupted rewrite from a corrupt copy.
+        # Announce it first (state in-transit, new and old checksum, one transaction per
+        # batch): the object then holds one of two known versions, which reads and fsck accept.
         olds = {k: c for k, _ in items for c in self.res.copies(k) if c.tier == tier.name}
-        if olds and self.res.committer is not None:
+        if olds and self._announce is not None:
             intents = [
-                ChunkCopy(self.name, k, tier.name, len(v), d, "in-transit", now)
+                ChunkCopy(self.name, k, tier.name, len(v), d, "in-transit", now, olds[k].checksum)
                 for (k, v), d in zip(items, sums)
                 if k in olds
             ]
-            self.res.committer(intents, [])
+            # in the residency first: a commit from another thread meanwhile (a stage ending
+            # for a read of other chunks) then records the announcement, not the old row
+            for c in intents:
+                self.res.add(c)
+            try:
+                self._announce(intents)
+            except BaseException:
+                for k in olds:
+                    self.res.add(olds[k])
+                raise
 
         def one(kv: tuple[str, memoryview]) -> None:
             tier.call(tier.backend.put, object_key(self.name, kv[0]), kv[1])
