@@ -136,3 +136,46 @@ def test_fsck_grace_and_progress(project):
     out = r.invoke(main, ["fsck"], env={"FORCE_COLOR": "1"})
     assert out.exit_code == 0 and "100/100" in out.stderr and "copies" in out.stderr
     assert "100/100" not in out.stdout
+
+
+def _cli(cwd, *args):
+    """``strataio ARGS`` as a user runs it: a new process, in ``cwd``."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "STRATAIO_CONFIG"}
+    cmd = [sys.executable, "-c", "from strataio.cli import main; main()", *args]
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_new_user_sequence_has_no_dead_end(tmp_path):
+    """init, an edit of strataio.toml, then the commands a new user tries, with bad input too:
+    each works or says what is wrong in one line (no traceback), with a non-zero status."""
+    assert _cli(tmp_path, "init").returncode == 0
+    cfg = tmp_path / "strataio.toml"
+    cfg.write_text(cfg.read_text().replace('url = ".strataio/catalog.db"', 'url = "db/catalog.db"'))
+    for args in (["ls"], ["du"], ["tiers"]):
+        p = _cli(tmp_path, *args)
+        assert p.returncode == 0, (args, p.stdout, p.stderr)
+    with strataio.Session(cfg) as s:
+        ds = s.create_dataset("t", (40, 40), "f4", (20, 20))
+        ds[...] = np.ones((40, 40), "f4")
+        ds.close()
+    for args in (["info", "t"], ["stage", "t"], ["migrate", "t"], ["evict", "t"], ["fsck"]):
+        p = _cli(tmp_path, *args)
+        assert p.returncode == 0, (args, p.stdout, p.stderr)
+    bad = {
+        ("info", "nosuch"): "no dataset 'nosuch'",
+        ("stage", "nosuch"): "nosuch",
+        ("stage", "t", "--to", "warp"): "no tier named 'warp'",
+        ("evict", "t", "--tier", "warp"): "no tier named 'warp'",
+        ("stage", "t", "--section", "0:99"): "out of bounds",
+        ("ls", "-c", "missing.toml"): "missing.toml",
+    }
+    (tmp_path / "binary.toml").write_bytes(b"\x00\xff")
+    bad[("du", "-c", "binary.toml")] = "not valid TOML"
+    for args, text in bad.items():
+        p = _cli(tmp_path, *args)
+        assert p.returncode != 0 and text in p.stderr, (args, p.stdout, p.stderr)
+        assert "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) <= 3, args

@@ -189,7 +189,7 @@ def load_config(path: str | os.PathLike[str] | None = None) -> Config:
     try:
         with open(file, "rb") as f:
             data = tomllib.load(f)
-    except tomllib.TOMLDecodeError as exc:
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:  # binary: not UTF-8
         raise ConfigError(f"{file}: not valid TOML: {exc}") from None
     except OSError as exc:
         raise ConfigError(f"{file}: cannot read: {exc.strerror or exc}") from None

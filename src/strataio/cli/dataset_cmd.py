@@ -46,6 +46,16 @@ def fail(message: str) -> None:
     sys.exit(2)
 
 
+def _not_catalogued() -> str:
+    """Where a dataset name was looked for, for a message."""
+    from strataio.config import load_config
+
+    try:
+        return f"not in catalog {load_config().catalog.display_url}"
+    except StrataError as exc:
+        return f"no catalog to look in ({exc})"
+
+
 @main.command("info")
 @click.argument("path", type=click.Path(path_type=Path))
 def info_cmd(path: Path) -> None:
@@ -54,6 +64,9 @@ def info_cmd(path: Path) -> None:
         from strataio.cli.tiers_cmd import residency_info  # a dataset name in the catalog
 
         if residency_info(str(path)):
+            return
+        if not path.exists():
+            fail(f"no dataset {str(path)!r}: {_not_catalogued()}, and no dataset directory there")
             return
     try:
         with open_dataset(path, mode="r") as ds:

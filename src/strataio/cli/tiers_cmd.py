@@ -30,8 +30,9 @@ from rich.progress import (
 from rich.table import Table
 
 from strataio.cli import bench, main
+from strataio.cli.context import open_session
 from strataio.cli.output import handle_errors, json_option, make_console, write_json
-from strataio.errors import ConfigError, StrataError
+from strataio.errors import StrataError
 from strataio.tiers.fsck import DEFAULT_GRACE
 
 _config_opt = click.option(
@@ -52,21 +53,6 @@ def _human(n: int | None) -> str:
             return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1024
     return f"{n} B"
-
-
-def _session(config: str | None) -> Any:
-    from strataio.config import load_config
-    from strataio.session import Session
-    from strataio.tiers.tier import TierSet
-
-    cfg = load_config(config)  # ConfigError: exit 2
-    try:
-        tiers = TierSet.from_config(cfg)
-    except OSError as exc:
-        # e.g. a POSIX tier directory that cannot be created: the configuration names it
-        where = cfg.source or "the default configuration"
-        raise ConfigError(f"cannot set up the tiers configured in {where}: {exc}") from None
-    return Session(cfg, tiers=tiers)
 
 
 def parse_section(spec: str | None) -> Any:
@@ -97,7 +83,7 @@ def parse_section(spec: str | None) -> Any:
 def tiers_command(config: str | None, check: bool) -> None:
     """Show the tiers: health, capacity, usage. Exit 1 if any tier is down."""
     console = make_console()
-    with _session(config) as s:
+    with open_session(config) as s:
         if check:
             s.check_tiers()
         usage = s.usage()
@@ -147,7 +133,7 @@ def _run_move(console: Console, handle: Any, label: str) -> Any:
 def _move(config: str | None, name: str, op: str, section: str | None, tier: str | None) -> None:
     console = make_console()
     idx = parse_section(section)
-    with _session(config) as s:
+    with open_session(config) as s:
         ds = s.open_dataset(name, "r+")
         try:
             if op == "stage":
@@ -234,7 +220,7 @@ def fsck_command(config: str | None, repair: bool, quick: bool, grace: float) ->
     from strataio.tiers.fsck import fsck
 
     console = make_console()
-    with _session(config) as s, _fsck_progress() as progress:
+    with open_session(config) as s, _fsck_progress() as progress:
         report = fsck(
             s.catalog, s.tiers, repair=repair, verify=not quick, grace=grace, progress=progress
         )
