@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+from collections.abc import Callable
 from typing import Any
 
 from strataio.arrays.codecs import CodecPipeline
@@ -30,7 +31,7 @@ from strataio.catalog.base import (
 from strataio.errors import MetadataError, StrataError
 from strataio.storage.base import validate_key
 from strataio.tiers.cache import DEFAULT_CACHE_BYTES, ChunkCache
-from strataio.tiers.mover import MoveHandle, Mover
+from strataio.tiers.mover import MoveHandle, Mover, MoveResult, Progress
 from strataio.tiers.placement import Placement
 from strataio.tiers.residency import META_KEY, Residency, object_key
 from strataio.tiers.store import TieredChunkStore, keys_of
@@ -43,38 +44,121 @@ class TieredDataset(Dataset):
     ``section`` arguments take a :class:`~strataio.layout.sections.Section`, a numpy basic
     index (``np.s_[0:100, :80]``) or None (the whole array); each move returns a
     :class:`~strataio.tiers.mover.MoveHandle`.
+
+    In a parallel job (``comm`` given) ``stage``, ``migrate`` and ``evict`` are collective:
+    every rank calls them with the same arguments, rank 0 moves each chunk once and every rank
+    returns when the move is over, with the same result and the same residency (a failure is
+    raised on every rank). ``prefetch`` fills the calling rank's own chunk cache and is not
+    collective.
     """
 
     store: TieredChunkStore
+
+    def __init__(
+        self,
+        store: TieredChunkStore,
+        meta: ArrayMetadata,
+        mode: str = "r",
+        *,
+        name: str = "",
+        comm: Any = None,
+    ) -> None:
+        super().__init__(store, meta, mode, name=name)
+        self.comm = comm
 
     @property
     def hint(self) -> str:
         return self.store.hint
 
-    def stage(self, section: Any = None, to: str | None = None) -> MoveHandle:
+    def stage(self, section: Any = None, to: str | None = None) -> MoveHandle | FinishedMove:
         """Copy the chunks covering ``section`` to tier ``to`` (default: the fastest disk tier
         with room); chunks already on a tier that fast are not copied again."""
         self._check_open()
-        return self.store.stage(keys_of(self, section), to)
+        keys = keys_of(self, section)
+        return self._move(lambda: self.store.stage(keys, to))
 
     def prefetch(self, section: Any = None) -> MoveHandle:
-        """Read the chunks covering ``section`` into the in-process chunk cache."""
+        """Read the chunks covering ``section`` into the in-process chunk cache (this rank's
+        own cache in a parallel job: not collective)."""
         self._check_open()
         return self.store.prefetch(keys_of(self, section))
 
-    def migrate(self, section: Any = None, to: str | None = None) -> MoveHandle:
+    def migrate(self, section: Any = None, to: str | None = None) -> MoveHandle | FinishedMove:
         """Move the chunks covering ``section`` to tier ``to`` (default: the slowest tier);
         their copies on faster tiers are deleted once the move is committed."""
         self._check_open()
+        keys = keys_of(self, section)
         target = to if to is not None else self.store.placement.persistent()[-1].name
-        return self.store.migrate(keys_of(self, section), target)
+        return self._move(lambda: self.store.migrate(keys, target))
 
-    def evict(self, section: Any = None, tier: str | None = None) -> MoveHandle:
+    def evict(self, section: Any = None, tier: str | None = None) -> MoveHandle | FinishedMove:
         """Drop the copies on ``tier`` (default: the fastest) of the chunks covering
         ``section``, writing back first any chunk whose only copy is there."""
         self._check_open()
+        keys = keys_of(self, section)
         name = tier if tier is not None else self.store.placement.persistent()[0].name
-        return self.store.evict(keys_of(self, section), name)
+        return self._move(lambda: self.store.evict(keys, name))
+
+    def _move(self, start: Callable[[], MoveHandle]) -> MoveHandle | FinishedMove:
+        """Start a move: at once in a single process; collectively in a parallel job.
+
+        Collective protocol: (1) every rank makes its writes durable and hands its buffered
+        residency changes to rank 0, which adopts and commits them, so the move sees every
+        rank's chunks; (2) each rank deletes the objects its handed-over changes made stale,
+        before anything moves (a move may put a new object under the same name); (3) rank 0
+        runs the move to its end (committed by rank 0 as a single process's move is); (4) rank
+        0 broadcasts the result, any error and its residency, and the other ranks adopt that
+        residency. A failure anywhere raises on every rank.
+        """
+        if self.comm is None:
+            return start()
+        comm, res, rank = self.comm, self.store.res, self.comm.Get_rank()
+        mine: Any = None
+        err: BaseException | None = None
+        try:
+            self.store.sync()
+            if rank != 0:
+                mine = res.take_changes()
+        except BaseException as exc:
+            err = exc
+        gathered = comm.gather((mine, err), root=0)
+        changed: list[str] = []
+        if rank == 0:
+            err = next((e for _, e in gathered if e is not None), None)
+            try:
+                if err is None:
+                    for changes, _ in gathered[1:]:
+                        _adopt(res, *changes)
+                        changed += [c.key for c in changes[0]]
+                    self.store.flush()  # commits rank 0's changes and the adopted ones
+            except BaseException as exc:
+                err = exc
+        err, changed = comm.bcast((err, changed), root=0)
+        # chunks another rank rewrote: no rank's prefetch cache may keep their old bytes
+        self.store.cache.invalidate(self.name, changed)
+        if err is None and rank != 0:
+            try:
+                res.delete_obsolete()
+            except BaseException as exc:
+                err = exc
+        errs = comm.gather(err, root=0)
+        result: MoveResult | None = None
+        copies: list[ChunkCopy] | None = None
+        if rank == 0:
+            err = next((e for e in errs if e is not None), None)
+            try:
+                if err is None:
+                    result = start().result()
+            except BaseException as exc:
+                err = exc
+            copies = res.all_copies()
+        result, err, copies = comm.bcast((result, err, copies), root=0)
+        if rank != 0:
+            _replace_residency(res, copies)
+        if err is not None:
+            raise err
+        assert result is not None
+        return FinishedMove(result)
 
     def residency(self) -> dict[str, list[ChunkCopy]]:
         """Each stored chunk's copies, fastest tier first."""
@@ -87,6 +171,68 @@ class TieredDataset(Dataset):
             self._check_writable()
             return
         super()._write_from(section, data)
+
+
+class FinishedMove:
+    """A collective move that is over (see :meth:`TieredDataset._move`): the caller-side
+    API of :class:`~strataio.tiers.mover.MoveHandle`, with the result rank 0 broadcast."""
+
+    def __init__(self, result: MoveResult) -> None:
+        self.op = result.op
+        self._result = result
+
+    def done(self) -> bool:
+        return True
+
+    @property
+    def progress(self) -> Progress:
+        r = self._result
+        return Progress(r.moved + r.reused + r.cancelled + len(r.failed), r.total, r.nbytes)
+
+    def wait(self, timeout: float | None = None) -> MoveResult:
+        """The result; raises :class:`StrataError` if any chunk failed (as ``MoveHandle``)."""
+        r = self._result
+        if r.failed:
+            key, msg = r.failed[0]
+            raise StrataError(
+                f"{self.op}: {len(r.failed)} of {r.total} chunks failed; {key}: {msg}"
+            )
+        return r
+
+    def result(self) -> MoveResult:
+        """The result, failures included (never raises for chunk failures)."""
+        return self._result
+
+    def cancel(self) -> bool:
+        return False
+
+    @property
+    def cancelled(self) -> bool:
+        return False
+
+
+def _adopt(res: Residency, ups: list[ChunkCopy], dels: list[CopyId], touched: list[str]) -> None:
+    """Apply another rank's handed-over residency changes to rank 0's ``res`` (buffered for
+    its next commit; the objects those changes make stale are that rank's to delete)."""
+    for _, key, tier in dels:
+        res.remove(key, tier, delete_object=False)
+    for c in ups:
+        res.add(c)
+    res.touch(touched)
+
+
+def _replace_residency(res: Residency, copies: list[ChunkCopy]) -> None:
+    """Make ``res`` hold exactly ``copies`` (rank 0's residency after a collective move; it
+    is in the catalog already, so the changes this makes are dropped, not handed over)."""
+    want = {(c.key, c.tier): c for c in copies}
+    have = {(c.key, c.tier): c for c in res.all_copies()}
+    for (key, tier), _ in have.items() - want.items():
+        if (key, tier) not in want:
+            res.remove(key, tier, delete_object=False)
+    for kt, c in want.items():
+        if have.get(kt) != c:
+            res.add(c)
+    res.take_changes()
 
 
 class Session:
@@ -199,7 +345,7 @@ class Session:
         store = self._store(record, [], meta.to_json())
         if self.rank == 0 and not store.disabled:
             store.put_meta(meta.to_json())
-        return TieredDataset(store, meta, "r+", name=name)
+        return TieredDataset(store, meta, "r+", name=name, comm=self.comm)
 
     def open_dataset(self, name: str, mode: str = "r") -> TieredDataset:
         """Open catalogued dataset ``name`` (``"r"`` or ``"r+"``); its residency is read from
@@ -236,7 +382,7 @@ class Session:
         else:
             meta = ArrayMetadata.from_json(raw, where=f"{name}/{META_KEY}")
         store._meta = meta.to_json() if raw is None else raw
-        return TieredDataset(store, meta, mode, name=name)
+        return TieredDataset(store, meta, mode, name=name, comm=self.comm)
 
     def list_datasets(self) -> list[DatasetRecord]:
         self._check_open()
