@@ -243,7 +243,10 @@ class Session:
     parallel jobs (None = a single process). ``tiers`` / ``catalog`` override what the
     configuration says (a :class:`TierSet`; a catalog URL or open :class:`Catalog`).
     ``cache_bytes`` bounds the prefetch cache; ``stage_on_read`` stages chunks read from an
-    archive tier to disk, as APRIL does.
+    archive tier to disk, as APRIL does, in a single process only: in a parallel job a read
+    stages nothing (it reads the archive copy), since a copy one rank made on its own would
+    be unknown to another rank rewriting that chunk and would later be read as if current;
+    moves there are collective calls (:meth:`TieredDataset.stage`).
     """
 
     def __init__(
@@ -262,7 +265,7 @@ class Session:
             config = _load(config)
         self.config = config
         self.tiers = tiers if tiers is not None else TierSet.from_config(config)
-        self.stage_on_read = stage_on_read
+        self.stage_on_read = stage_on_read and comm is None
         self.catalog: Catalog | None = None
         self._own_catalog = False
         state: Any = None

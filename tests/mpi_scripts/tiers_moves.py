@@ -1,10 +1,13 @@
-"""Run under ``mpiexec -n N``: stage / migrate / evict / prefetch called on every rank, as the
-serial example reads, move each chunk once and leave every rank with the same residency.
+"""Run under ``mpiexec -n N``: stage / migrate / evict called on every rank, as the serial
+example reads, move each chunk once and leave every rank with the same residency.
 
-Rank 0 writes a dataset to the archive; then every rank stages a section, migrates it back,
-evicts, and prefetches, checking after each move that every rank sees the same copies as the
-catalog and reads the right values. A move that fails (an unknown tier) fails on every rank.
-Prints ``ok`` on rank 0 when all checks pass.
+``python tiers_moves.py ROOT [STEPS] [SEED]``. First a scripted sequence: rank 0 writes a
+dataset to the archive; every rank stages a section, migrates, stages, evicts and prefetches,
+checking after each move the counts, that each chunk was put once, and that every rank holds
+the catalog's residency; an unknown tier fails on every rank; a rank's write made just before a
+move is kept. Then a seeded random walk of STEPS writes (one writing rank per epoch between
+moves) and moves of random sections, checking data and residency after each move. Prints
+``ok`` on rank 0 when all checks pass.
 """
 
 from __future__ import annotations
@@ -65,7 +68,8 @@ def same_everywhere(ds, s) -> dict[str, list[str]]:
     return mine
 
 
-def main(s) -> None:
+def scripted(s) -> None:
+    """Each move once, with the counts it must give."""
     if True:
         ds = s.create_dataset("m", a.shape, a.dtype, (10, 10), hint="REMOTETAPE")
         if rank == 0:
@@ -117,9 +121,57 @@ def main(s) -> None:
         ds.close()
 
 
+def random_walk(s, steps: int, seed: int) -> None:
+    """Random writes by random ranks between collective moves of random sections, the same
+    draws on every rank; after each move every rank holds the catalog's residency and reads
+    the last value written everywhere."""
+    rng = np.random.default_rng(seed)
+    want = np.zeros((40, 40))
+    ds = s.create_dataset("w", want.shape, want.dtype, (10, 10), hint="AUTO")
+    writer = 0
+    for step in range(1, steps + 1):
+        lo = rng.integers(0, 40, 2)
+        hi = lo + rng.integers(1, 25, 2)
+        box = np.s_[lo[0] : min(hi[0], 40), lo[1] : min(hi[1], 40)]
+        op = rng.choice(["write", "write", "stage", "migrate", "evict"])
+        if op == "write":
+            # between two collective points one rank writes (two ranks rewriting a chunk
+            # unsynchronized conflict, as they do in MPI-IO); each epoch draws its writer
+            want[box] = step
+            if rank == writer:
+                ds[box] = want[box]
+            continue
+        writer = int(rng.integers(0, size))
+        puts_everywhere()  # the writes' puts are not the move's
+        if op == "stage":
+            r = ds.stage(box, to="disk").wait()
+        elif op == "migrate":
+            r = ds.migrate(box, to=str(rng.choice(["disk", "tape"]))).wait()
+        else:
+            # from tape, a chunk with no other copy cannot go anywhere: refused, kept
+            r = ds.evict(box, tier=str(rng.choice(["disk", "tape"]))).result()
+            assert all("no slower tier" in m for _, m in r.failed), r
+        assert puts_everywhere() == r.moved or op == "evict", (step, op, r)
+        assert np.array_equal(ds[...], want), f"step {step} ({op}): wrong data"
+        mine = {k: sorted(c.tier for c in cs) for k, cs in ds.residency().items()}
+        every = comm.allgather(mine)
+        assert all(m == every[0] for m in every), f"step {step} ({op}): ranks disagree"
+        if rank == 0:
+            rows: dict[str, list[str]] = {}
+            for c in s.catalog.residency("w"):
+                rows.setdefault(c.key, []).append(c.tier)
+            assert {k: sorted(v) for k, v in rows.items()} == mine, (step, op, rows, mine)
+    ds.close()
+    ds = s.open_dataset("w")
+    assert np.array_equal(ds[...], want), "wrong data after close and reopen"
+    ds.close()
+
+
+steps = int(sys.argv[2]) if len(sys.argv) > 2 else 30
 with strataio.Session(tiers=tiers, catalog=root / "cat.db", comm=comm) as session:
     try:
-        main(session)
+        scripted(session)
+        random_walk(session, steps, seed=int(sys.argv[3]) if len(sys.argv) > 3 else 15)
     except BaseException:
         # a failed check on one rank ends the job rather than leave the others in a collective
         traceback.print_exc()
