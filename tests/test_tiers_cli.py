@@ -180,7 +180,14 @@ def test_new_user_sequence_has_no_dead_end(tmp_path, monkeypatch):
         ("ls", "-c", "missing.toml"): "missing.toml",
     }
     (tmp_path / "binary.toml").write_bytes(b"\x00\xff")
-    bad[("du", "-c", "binary.toml")] = "not valid TOML"
+    (tmp_path / "afile").write_text("")
+    (tmp_path / "filetier.toml").write_text(cfg.read_text().replace(".strataio/local", "afile"))
+    (tmp_path / "ftp.toml").write_text(cfg.read_text().replace('"posix"', '"ftp"', 1))
+    for cmd in (["du"], ["tiers"], ["fsck"], ["stage", "t"], ["info", "t"]):
+        bad[(*cmd, "-c", "binary.toml")] = "not valid TOML"
+        bad[(*cmd, "-c", "ftp.toml")] = "'ftp' is not one of"
+    for cmd in (["tiers"], ["fsck"], ["stage", "t"], ["info", "t"]):
+        bad[(*cmd, "-c", "filetier.toml")] = "cannot set up the tiers"
     for args, text in bad.items():
         res = runner.invoke(main, list(args))
         assert res.exit_code != 0 and text in res.stderr, (args, res.output)

@@ -11,7 +11,6 @@ print one ``error:`` line on stderr, never a traceback.
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -30,12 +29,13 @@ from rich.progress import (
 from rich.table import Table
 
 from strataio.cli import bench, main
-from strataio.cli.context import open_session
+from strataio.cli.context import catalog_exists, open_session
 from strataio.cli.output import handle_errors, json_option, make_console, write_json
 from strataio.errors import StrataError
 from strataio.tiers.fsck import DEFAULT_GRACE
 
 _config_opt = click.option(
+    "-c",
     "--config",
     "config",
     type=click.Path(dir_okay=False),
@@ -270,19 +270,15 @@ def _fsck_progress() -> Iterator[Callable[[int, int], None]]:
 # ----------------------------------------------------------------------------- info
 def residency_info(name: str, config: str | None = None, console: Console | None = None) -> bool:
     """Print per-tier residency of catalogued dataset ``name``; False if the catalog does not
-    know it (the caller then treats ``name`` as a path)."""
+    know it (the caller then treats ``name`` as a path). Raises :class:`ConfigError` for a
+    configuration that cannot be loaded or set up, and other :class:`StrataError` for a
+    catalog that cannot be opened."""
     from strataio.config import load_config
-    from strataio.session import Session
 
     console = console or make_console()
-    try:
-        cfg = load_config(config)
-        url = cfg.catalog.url
-        if "://" not in url and not os.path.exists(url):
-            return False  # no catalog here: do not create one just to look
-        s = Session(cfg)
-    except StrataError:
-        return False
+    if catalog_exists(load_config(config)) is False:
+        return False  # no catalog here: do not create one just to look
+    s = open_session(config)  # a configuration that cannot be set up: ConfigError
     with s:
         try:
             rec = s.catalog.get_dataset(name)
