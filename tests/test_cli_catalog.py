@@ -3,9 +3,23 @@
 from __future__ import annotations
 
 import json
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 from strataio.catalog import ChunkCopy, DatasetRecord, open_catalog
 from strataio.cli import main
@@ -181,3 +195,84 @@ def test_init_on_a_broken_config_says_how_to_fix(runner, tmp_path):
     assert res.exit_code == 2 and "Traceback" not in res.output
     assert "strataio.toml" in res.output and "--force" in res.output
     assert runner.invoke(main, ["init", "--force"]).exit_code == 0
+
+
+class SetupMachine(RuleBasedStateMachine):
+    """A user's project folder: init, edits of strataio.toml, lost pieces, commands in any
+    order. After every step: every command that needs the catalog works, the catalog knows
+    every configured tier, every POSIX tier folder exists after init, and init never changes
+    an existing config unless forced."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.old_cwd = os.getcwd()
+        self.dir = Path(tempfile.mkdtemp(prefix="strataio-setup-"))
+        os.chdir(self.dir)
+        self.runner = CliRunner()
+        self.text: str | None = None  # the config file's content, None while there is none
+        self.extra = 0
+
+    def teardown(self) -> None:
+        os.chdir(self.old_cwd)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _write(self, text: str) -> None:
+        (self.dir / "strataio.toml").write_text(text)
+        self.text = text
+
+    @rule(force=st.booleans())
+    def init(self, force: bool) -> None:
+        res = self.runner.invoke(main, ["init", "--force"] if force else ["init"])
+        assert res.exit_code == 0, res.output
+        if self.text is None or force:
+            self.text = default_config_text()
+        assert (self.dir / "strataio.toml").read_text() == self.text
+        for t in load_config().tiers:
+            if t.kind == "posix":
+                assert Path(t.path).is_dir(), (t.name, res.output)
+
+    @precondition(lambda self: self.text is not None)
+    @rule(place=st.sampled_from(["a.db", "deep/b.db", ".strataio/catalog.db"]))
+    def move_catalog(self, place: str) -> None:
+        self._write(re.sub(r'(?m)^url = ".*"$', f'url = "{place}"', self.text))
+
+    @precondition(lambda self: self.text is not None)
+    @rule()
+    def add_tier(self) -> None:
+        self.extra += 1
+        n = self.extra
+        self._write(
+            self.text
+            + f'\n[[tiers]]\nname = "t{n}"\nkind = "posix"\nrole = "remotetape"\npath = "t{n}"\n'
+        )
+
+    @rule()
+    def lose_catalog(self) -> None:
+        if self.text is not None:
+            url = load_config().catalog.url
+            for suffix in ("", "-wal", "-shm"):
+                Path(url + suffix).unlink(missing_ok=True)
+
+    @rule(cmd=st.sampled_from([["ls"], ["du"], ["ls", "--json"], ["tiers"]]))
+    def command(self, cmd: list[str]) -> None:
+        res = self.runner.invoke(main, cmd)
+        assert res.exit_code == 0, (cmd, res.output)
+
+    @invariant()
+    def catalog_knows_the_configured_tiers(self) -> None:
+        res = self.runner.invoke(main, ["du", "--json"])
+        assert res.exit_code == 0, res.output
+        cfg = load_config()
+        assert [t["name"] for t in json.loads(res.output)["tiers"]][: len(cfg.tiers)] == [
+            t.name for t in cfg.tiers
+        ]
+        with open_catalog(cfg.catalog.url) as cat:
+            assert {t.name for t in cfg.tiers} <= {t.name for t in cat.tiers()}
+
+
+def test_setup_has_no_dead_end_in_any_order(monkeypatch):
+    monkeypatch.delenv(CONFIG_ENV, raising=False)
+    run_state_machine_as_test(
+        SetupMachine,
+        settings=settings(max_examples=25, stateful_step_count=8, deadline=None),
+    )
