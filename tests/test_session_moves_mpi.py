@@ -24,6 +24,7 @@ def test_moves_random_walk_long(tmp_path, seed):
 
 
 @pytest.mark.mpi
-def test_a_read_on_one_rank_leaves_no_copy_another_rank_cannot_see(tmp_path):
+def test_every_rank_reads_what_another_rank_rewrote(tmp_path):
+    """No rank keeps a copy (a staged one, a prefetched one) that hides a later rewrite."""
     out = run_mpi(2, "tiers_stale_stage.py", tmp_path)
     assert out.strip().splitlines()[-1] == "ok"

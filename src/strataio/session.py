@@ -102,59 +102,50 @@ class TieredDataset(Dataset):
     def _move(self, start: Callable[[], MoveHandle]) -> MoveHandle | FinishedMove:
         """Start a move: at once in a single process; collectively in a parallel job.
 
-        Collective protocol: (1) every rank makes its writes durable and hands its buffered
-        residency changes to rank 0, which adopts and commits them, so the move sees every
-        rank's chunks; (2) each rank deletes the objects its handed-over changes made stale,
-        before anything moves (a move may put a new object under the same name); (3) rank 0
-        runs the move to its end (committed by rank 0 as a single process's move is); (4) rank
-        0 broadcasts the result, any error and its residency, and the other ranks adopt that
-        residency. A failure anywhere raises on every rank.
+        Collective protocol: (1) every rank makes its writes durable; (2) every rank hands its
+        buffered residency changes to rank 0, which adopts and commits them, so the move sees
+        every rank's chunks; (3) each rank deletes the objects its handed-over changes made
+        stale, before anything moves (a move may put a new object under the same name); (4)
+        rank 0 runs the move to its end (committed by rank 0 as a single process's move is);
+        (5) rank 0 broadcasts the result, any error and its residency, and the other ranks
+        adopt that residency. A failure anywhere raises on every rank; changes not yet handed
+        over stay buffered (handed over at close), and handed-over ones that rank 0 could not
+        commit stay buffered there.
         """
         if self.comm is None:
             return start()
         comm, res, rank = self.comm, self.store.res, self.comm.Get_rank()
-        mine: Any = None
-        err: BaseException | None = None
-        try:
-            self.store.sync()
-            if rank != 0:
-                mine = res.take_changes()
-        except BaseException as exc:
-            err = exc
-        gathered = comm.gather((mine, err), root=0)
+        err = _first_error(comm, _attempt(self.store.sync))
         changed: list[str] = []
-        if rank == 0:
-            err = next((e for _, e in gathered if e is not None), None)
-            try:
-                if err is None:
-                    for changes, _ in gathered[1:]:
-                        _adopt(res, *changes)
-                        changed += [c.key for c in changes[0]]
+        if err is None:
+            gathered = comm.gather(res.take_changes() if rank != 0 else None, root=0)
+            if rank == 0:
+
+                def adopt_and_commit() -> None:
+                    for ups, dels, touched in gathered[1:]:
+                        _adopt(res, ups, dels, touched)
+                        changed.extend(c.key for c in ups)
                     self.store.flush()  # commits rank 0's changes and the adopted ones
-            except BaseException as exc:
-                err = exc
-        err, changed = comm.bcast((err, changed), root=0)
-        # chunks another rank rewrote: no rank's prefetch cache may keep their old bytes
-        self.store.cache.invalidate(self.name, changed)
-        if err is None and rank != 0:
-            try:
-                res.delete_obsolete()
-            except BaseException as exc:
-                err = exc
-        errs = comm.gather(err, root=0)
+
+                err = _attempt(adopt_and_commit)
+            err, changed = comm.bcast((err, changed), root=0)
+        if err is None:
+            # each rank's stale objects go before anything moves (see the protocol above)
+            err = _first_error(comm, _attempt(res.delete_obsolete) if rank != 0 else None)
         result: MoveResult | None = None
         copies: list[ChunkCopy] | None = None
         if rank == 0:
-            err = next((e for e in errs if e is not None), None)
-            try:
-                if err is None:
+            if err is None:
+                try:
                     result = start().result()
-            except BaseException as exc:
-                err = exc
+                except BaseException as exc:
+                    err = exc
             copies = res.all_copies()
         result, err, copies = comm.bcast((result, err, copies), root=0)
         if rank != 0:
-            _replace_residency(res, copies)
+            changed.extend(_replace_residency(res, copies))
+        # chunks another rank rewrote: no rank's prefetch cache may keep their old bytes
+        self.store.cache.invalidate(self.name, changed)
         if err is not None:
             raise err
         assert result is not None
@@ -221,18 +212,38 @@ def _adopt(res: Residency, ups: list[ChunkCopy], dels: list[CopyId], touched: li
     res.touch(touched)
 
 
-def _replace_residency(res: Residency, copies: list[ChunkCopy]) -> None:
+def _replace_residency(res: Residency, copies: list[ChunkCopy]) -> list[str]:
     """Make ``res`` hold exactly ``copies`` (rank 0's residency after a collective move; it
-    is in the catalog already, so the changes this makes are dropped, not handed over)."""
+    is in the catalog already, so the changes this makes are dropped, not handed over).
+    Returns the keys of chunks whose content changed (a checksum this rank did not know)."""
     want = {(c.key, c.tier): c for c in copies}
     have = {(c.key, c.tier): c for c in res.all_copies()}
-    for (key, tier), _ in have.items() - want.items():
-        if (key, tier) not in want:
-            res.remove(key, tier, delete_object=False)
+    for key, tier in have.keys() - want.keys():
+        res.remove(key, tier, delete_object=False)
     for kt, c in want.items():
         if have.get(kt) != c:
             res.add(c)
     res.take_changes()
+    sums: dict[str, set[str]] = {}
+    for c in have.values():
+        sums.setdefault(c.key, set()).add(c.checksum)
+    return sorted({c.key for c in copies if c.checksum not in sums.get(c.key, ())})
+
+
+def _attempt(fn: Callable[[], Any]) -> BaseException | None:
+    """Run ``fn``; the exception it raised, or None."""
+    try:
+        fn()
+    except BaseException as exc:
+        return exc
+    return None
+
+
+def _first_error(comm: Any, err: BaseException | None) -> BaseException | None:
+    """The lowest rank's error, on every rank (collective)."""
+    errs = comm.gather(err, root=0)
+    first = next((e for e in errs if e is not None), None) if errs is not None else None
+    return comm.bcast(first, root=0)
 
 
 class Session:
@@ -513,6 +524,8 @@ class Session:
             raise err
         store.res.delete_obsolete()
         del touched
+        # another rank may have rewritten chunks this rank holds in its prefetch cache
+        self.cache.invalidate(store.name)
 
     def _tier_changed(self, tier: Tier) -> None:
         if self.catalog is not None:

@@ -6,7 +6,7 @@ dataset to the archive; every rank stages a section, migrates, stages, evicts an
 checking after each move the counts, that each chunk was put once, and that every rank holds
 the catalog's residency; an unknown tier fails on every rank; a rank's write made just before a
 move is kept. Then a seeded random walk of STEPS writes (one writing rank per epoch between
-moves) and moves of random sections, checking data and residency after each move. Prints
+moves), prefetches and moves of random sections, checking data and residency after each move. Prints
 ``ok`` on rank 0 when all checks pass.
 """
 
@@ -128,20 +128,28 @@ def random_walk(s, steps: int, seed: int) -> None:
     rng = np.random.default_rng(seed)
     want = np.zeros((40, 40))
     ds = s.create_dataset("w", want.shape, want.dtype, (10, 10), hint="AUTO")
-    writer = 0
+    writer, written = 0, False
     for step in range(1, steps + 1):
         lo = rng.integers(0, 40, 2)
         hi = lo + rng.integers(1, 25, 2)
         box = np.s_[lo[0] : min(hi[0], 40), lo[1] : min(hi[1], 40)]
-        op = rng.choice(["write", "write", "stage", "migrate", "evict"])
+        op = rng.choice(["write", "write", "prefetch", "stage", "migrate", "evict"])
+        if op == "prefetch":
+            # every rank's own cache, which must not hide a later write by another rank; read
+            # only at an epoch's start (reading what another rank is writing conflicts)
+            if not written:
+                ds.prefetch(box).wait()
+                comm.Barrier()
+            continue
         if op == "write":
             # between two collective points one rank writes (two ranks rewriting a chunk
             # unsynchronized conflict, as they do in MPI-IO); each epoch draws its writer
             want[box] = step
+            written = True
             if rank == writer:
                 ds[box] = want[box]
             continue
-        writer = int(rng.integers(0, size))
+        writer, written = int(rng.integers(0, size)), False
         puts_everywhere()  # the writes' puts are not the move's
         if op == "stage":
             r = ds.stage(box, to="disk").wait()

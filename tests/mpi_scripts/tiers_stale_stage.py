@@ -1,9 +1,13 @@
-"""Run under ``mpiexec -n 2``: a chunk rank 0 has read (and, with staging on read, would have
-copied to disk) and rank 1 then rewrites reads back as rank 1's value on every rank.
+"""Run under ``mpiexec -n 2``: a chunk one rank has read, then another rank rewrites, reads
+back as the new value on every rank after the dataset is closed and reopened.
 
-Staging on read copied the chunk to disk on rank 0 alone; rank 1, rewriting the tape copy it
-knew, left that disk copy standing, and every later read returned the old value from it.
-Prints ``ok`` on rank 0 when the check passes.
+1. Rank 0 reads a chunk kept on tape, rank 1 rewrites it. Staging on read used to copy the
+   chunk to disk on rank 0 alone; rank 1, rewriting the tape copy it knew, left that disk copy
+   standing, and every later read returned the old value from it.
+2. Rank 1 prefetches a chunk, rank 0 rewrites it. Rank 1's prefetch cache outlived the close
+   and served the old bytes after the reopen.
+
+Prints ``ok`` on rank 0 when the checks pass.
 """
 
 from __future__ import annotations
@@ -42,7 +46,22 @@ with strataio.Session(tiers=tiers, catalog=root / "cat.db", comm=comm) as s:
     ds = s.open_dataset("x")
     got = np.unique(ds[0:10, 0:10]).tolist()
     ds.close()
-every = comm.gather(got, root=0)
+    ds = s.create_dataset("y", (20, 20), "f8", (10, 10), hint="LOCALDISK")
+    if rank == 0:
+        ds[...] = 1.0
+    ds.close()
+    ds = s.open_dataset("y", "r+")
+    if rank == 1:
+        ds.prefetch(None).wait()
+    comm.Barrier()
+    if rank == 0:
+        ds[0:10, 0:10] = 3.0
+    ds.close()
+    ds = s.open_dataset("y")
+    cached = np.unique(ds[0:10, 0:10]).tolist()
+    ds.close()
+every = comm.gather((got, cached), root=0)
 if rank == 0:
-    assert every == [[2.0], [2.0]], f"ranks read {every}, rank 1 wrote 2.0"
+    assert [g for g, _ in every] == [[2.0], [2.0]], f"ranks read {every}, rank 1 wrote 2.0"
+    assert [c for _, c in every] == [[3.0], [3.0]], f"ranks read {every}, rank 0 wrote 3.0"
     print("ok", flush=True)
