@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
-import tempfile
 import uuid
-import warnings
 from urllib.parse import quote
 
 import pytest
@@ -16,19 +15,12 @@ from servers import missing
 @pytest.fixture(scope="session")
 def pg_server():
     """A private PostgreSQL server (the ``pgserver`` wheel) on a Unix socket, for the session."""
-    try:
-        # pgserver keeps its lock in the user's runtime folder; without XDG_RUNTIME_DIR (as in
-        # CI) platformdirs warns and falls back to /tmp/runtime-<uid>, which serves as well.
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
-            import pgserver
-    except ImportError:
+    from servers import start_postgres
+
+    if importlib.util.find_spec("pgserver") is None:
         missing("the pgserver wheel is not installed (the postgres extra)")
-    # Not under pytest's basetemp: run as root, the server drops to its own user and needs to
-    # traverse the parent folders, which pytest keeps private (0700).
-    root = tempfile.mkdtemp(prefix="strataio-pg-")
+    srv, root = start_postgres()
     try:
-        srv = pgserver.get_server(root, cleanup_mode="stop")
         yield srv
         srv.cleanup()
     finally:

@@ -1,8 +1,13 @@
-"""Real servers the tests start on 127.0.0.1: a SeaweedFS S3 endpoint (``weed mini``).
+"""Real servers the tests start: a SeaweedFS S3 endpoint (``weed mini``) on 127.0.0.1 and a
+private PostgreSQL (``pgserver``) on a Unix socket.
 
-The server binds loopback only (``-ip.bind=127.0.0.1``) and never phones home
-(``-master.telemetry=false``); every port is an explicit free one, so parallel test sessions
-do not collide.
+The S3 server binds loopback only (``-ip.bind=127.0.0.1``) and never phones home
+(``-master.telemetry=false``). Every port is an explicit one picked free, outside the kernel's
+ephemeral range (where the local ends of outgoing connections land, which could take a port
+between the pick and the server's bind). A port can still be taken by another process in that
+window (parallel test sessions pick too): a start that fails is retried with fresh ports or a
+fresh directory, :data:`START_ATTEMPTS` times at most, and the error that ends it quotes each
+attempt's last output lines.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import secrets
 import shutil
 import signal
@@ -21,6 +27,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -56,34 +63,54 @@ def find_weed() -> str | None:
     return shutil.which("weed")
 
 
-def _free_admin_ports() -> tuple[int, int]:
-    """A free port ``p`` with ``p + 10000`` free too: the embedded maintenance worker dials the
-    admin gRPC service at that fixed offset, whatever ``-admin.port.grpc`` says."""
-    for _ in range(200):
-        (p,) = free_ports(1)
-        if p + 10000 > 65535:
-            continue
-        try:
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-                s.bind(("127.0.0.1", p + 10000))
-        except OSError:
-            continue
-        return p, p + 10000
-    raise RuntimeError("no free port pair for the SeaweedFS admin service")
+#: how many times a server start is tried (fresh ports or directory each time) before giving up
+START_ATTEMPTS = 5
 
 
-def free_ports(n: int) -> list[int]:
-    """``n`` distinct TCP ports that are free on 127.0.0.1 right now (bind to port 0)."""
-    socks = []
+class ServerStartError(RuntimeError):
+    """A test server did not start in :data:`START_ATTEMPTS` tries; the message quotes why."""
+
+
+def ephemeral_range() -> tuple[int, int]:
+    """The kernel's range for the local ports of outgoing connections (Linux; else IANA's)."""
     try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+        lo, hi = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(lo), int(hi)
+    except (OSError, ValueError):
+        return 49152, 65535
+
+
+def _port_is_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_ports(n: int, *, offset: int = 0) -> list[int]:
+    """``n`` distinct ports free on 127.0.0.1 right now, outside the ephemeral range (so no
+    outgoing connection takes one before the server binds it); with ``offset``, ``p + offset``
+    is free and outside that range too (for a service that dials its port plus a fixed
+    offset). Random picks, so that parallel test sessions rarely try the same ones."""
+    lo, hi = ephemeral_range()
+    # usable ports: 1024..65535 minus [lo, hi]; the offset port must be usable as well
+    candidates = [(a, b - offset) for a, b in ((1024, lo - 1), (hi + 1, 65535)) if b - offset >= a]
+    picked: list[int] = []
+    for _ in range(200 * max(n, 1)):
+        if len(picked) == n:
+            return picked
+        a, b = random.choice(candidates)
+        p = random.randint(a, b)
+        twin = p + offset
+        if offset and lo <= twin <= hi:
+            continue
+        if p in picked or (offset and twin in picked):
+            continue
+        if _port_is_free(p) and (not offset or _port_is_free(twin)):
+            picked.append(p)
+    raise ServerStartError(f"no {n} free ports on 127.0.0.1 outside {lo}-{hi}")
 
 
 class SeaweedServer:
@@ -105,6 +132,7 @@ class SeaweedServer:
         self.secret_key = secrets.token_urlsafe(30)
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         self._proc: subprocess.Popen[bytes] | None = None
+        self._log_start = 0
         self.ports: dict[str, int] = {}
         #: a bucket name the owner of this server has created (set by whoever creates it)
         self.bucket = ""
@@ -119,35 +147,67 @@ class SeaweedServer:
         return self._proc is not None and self._proc.poll() is None
 
     @property
+    def pid(self) -> int | None:
+        """Process id of the running server (None when stopped)."""
+        return self._proc.pid if self.running else None  # type: ignore[union-attr]
+
+    @property
     def log_path(self) -> Path:
         assert self._tmp is not None
         return Path(self._tmp.name) / "weed.log"
 
     # ----------------------------------------------------------------- lifecycle
     def start(self) -> SeaweedServer:
-        if self._tmp is None:
-            self._tmp = tempfile.TemporaryDirectory(prefix="strataio-seaweed-")
-            root = Path(self._tmp.name)
-            (root / "data").mkdir()
-            ports = free_ports(2 * len(_PORTS))
-            for i, name in enumerate(_PORTS):
-                self.ports[name] = ports[2 * i]
-                self.ports[name + ".grpc"] = ports[2 * i + 1]
-            self.ports["admin"], self.ports["admin.grpc"] = _free_admin_ports()
-            conf = {
-                "identities": [
-                    {
-                        "name": "strataio-test",
-                        "credentials": [
-                            {"accessKey": self.access_key, "secretKey": self.secret_key}
-                        ],
-                        "actions": ["Admin", "Read", "List", "Tagging", "Write"],
-                    }
-                ]
-            }
-            (root / "s3.json").write_text(json.dumps(conf))
-        self._launch()
-        return self
+        """Start on fresh ports; a start that fails (a port taken meanwhile, a server that
+        exits or does not answer) is retried on other ports, :data:`START_ATTEMPTS` times."""
+        if self._tmp is not None:
+            self._launch()
+            return self
+        self._tmp = tempfile.TemporaryDirectory(prefix="strataio-seaweed-")
+        root = Path(self._tmp.name)
+        (root / "data").mkdir()
+        conf = {
+            "identities": [
+                {
+                    "name": "strataio-test",
+                    "credentials": [{"accessKey": self.access_key, "secretKey": self.secret_key}],
+                    "actions": ["Admin", "Read", "List", "Tagging", "Write"],
+                }
+            ]
+        }
+        (root / "s3.json").write_text(json.dumps(conf))
+        failures = []
+        for attempt in range(1, START_ATTEMPTS + 1):
+            self._pick_ports()
+            try:
+                self._launch()
+                return self
+            except (RuntimeError, TimeoutError) as exc:
+                failures.append(f"attempt {attempt} (ports {self._port_list()}): {exc}")
+                self.kill()
+                # a fresh data directory: a half-started server may have written there
+                shutil.rmtree(root / "data", ignore_errors=True)
+                (root / "data").mkdir()
+        self.close()
+        raise ServerStartError(
+            f"weed mini did not start in {START_ATTEMPTS} attempts:\n" + "\n".join(failures)
+        )
+
+    def _pick_ports(self) -> None:
+        ports = free_ports(2 * len(_PORTS))
+        for i, name in enumerate(_PORTS):
+            self.ports[name] = ports[2 * i]
+            self.ports[name + ".grpc"] = ports[2 * i + 1]
+        # the embedded maintenance worker dials the admin gRPC service at admin port + 10000,
+        # whatever -admin.port.grpc says
+        while True:
+            (admin,) = free_ports(1, offset=10000)
+            if admin not in ports and admin + 10000 not in ports:
+                break
+        self.ports["admin"], self.ports["admin.grpc"] = admin, admin + 10000
+
+    def _port_list(self) -> str:
+        return ", ".join(f"{k}={v}" for k, v in self.ports.items())
 
     def _launch(self) -> None:
         root = Path(self._tmp.name)  # type: ignore[union-attr]
@@ -169,6 +229,7 @@ class SeaweedServer:
             args.append(f"-{name}.port.grpc={self.ports[name + '.grpc']}")
         env = dict(os.environ, GOMEMLIMIT="256MiB")
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child process
+        self._log_start = log.tell()  # this launch's lines start here
         try:
             self._proc = subprocess.Popen(
                 args,
@@ -208,8 +269,11 @@ class SeaweedServer:
             except Exception as exc:  # not ready yet: any failure means try again
                 last = exc
                 time.sleep(0.1)
-        self.stop()
-        raise TimeoutError(f"SeaweedFS S3 not ready within {self.start_timeout} s: {last}")
+        self.kill()
+        raise TimeoutError(
+            f"SeaweedFS S3 not ready within {self.start_timeout} s: {last}; log:\n"
+            + self.log_tail()
+        )
 
     def _probe(self) -> None:
         from strataio.storage.s3 import S3Backend, create_bucket
@@ -230,11 +294,15 @@ class SeaweedServer:
         if bytes(be.get("probe")) != token:
             raise RuntimeError("probe object read back wrong")
 
-    def log_tail(self, n: int = 40) -> str:
+    def log_tail(self, n: int = 20) -> str:
+        """The last ``n`` lines the server printed since its latest launch."""
         try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+            with open(self.log_path, "rb") as f:
+                f.seek(self._log_start)
+                text = f.read().decode(errors="replace")
         except OSError:
             return ""
+        return "\n".join(text.splitlines()[-n:]) or "(no output)"
 
     def stop(self, timeout: float = 8.0) -> None:
         """SIGTERM, then SIGKILL after ``timeout`` seconds; the data directory is kept."""
@@ -260,9 +328,23 @@ class SeaweedServer:
         proc.wait()
 
     def restart(self) -> None:
-        """Start again on the same ports and data directory after ``stop`` or ``kill``."""
+        """Start again on the same ports and data directory after ``stop`` or ``kill`` (the
+        clients know the endpoint, so the ports cannot change): a failed start is retried after
+        a pause, :data:`START_ATTEMPTS` times, in case a port is still being released."""
         self.stop()
-        self._launch()
+        failures = []
+        for attempt in range(1, START_ATTEMPTS + 1):
+            try:
+                self._launch()
+                return
+            except (RuntimeError, TimeoutError) as exc:
+                failures.append(f"attempt {attempt}: {exc}")
+                self.kill()
+                time.sleep(0.5 * attempt)
+        raise ServerStartError(
+            f"weed mini did not restart on ports {self._port_list()} in {START_ATTEMPTS} "
+            "attempts:\n" + "\n".join(failures)
+        )
 
     def close(self) -> None:
         """Stop the server and remove its data directory."""
@@ -280,3 +362,63 @@ class SeaweedServer:
     def __repr__(self) -> str:
         state = "running" if self.running else "stopped"
         return f"SeaweedServer({self.endpoint if self.ports else '-'}, {state})"
+
+
+def _tail(path: Path, n: int = 20) -> str:
+    try:
+        lines = path.read_text(errors="replace").splitlines()[-n:]
+    except OSError:
+        return "(no log)"
+    return "\n".join(lines) or "(empty log)"
+
+
+def _stop_postmaster(pgdata: Path) -> None:
+    """Stop a server a failed start may have left running there (SIGQUIT: PostgreSQL's
+    immediate shutdown), so that a retry in a fresh directory leaves nothing behind."""
+    try:
+        pid = int((pgdata / "postmaster.pid").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, signal.SIGQUIT)
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline:
+            os.kill(pid, 0)
+            time.sleep(0.05)
+
+
+def start_postgres(*, attempts: int | None = None) -> tuple[Any, Path]:
+    """A private PostgreSQL server (the ``pgserver`` wheel) in a fresh temporary directory,
+    listening on a Unix socket there; returns ``(server, directory)``. A start that fails or a
+    server that does not answer ``SELECT 1`` is retried in a fresh directory
+    (:data:`START_ATTEMPTS` times); the error that ends it quotes each attempt's log tail.
+
+    The directory is not under pytest's basetemp: run as root, the server drops to its own
+    user and needs to traverse the parent folders, which pytest keeps private (0700)."""
+    import warnings
+
+    import psycopg
+
+    # pgserver keeps its lock in the user's runtime folder; without XDG_RUNTIME_DIR (as in
+    # CI) platformdirs warns and falls back to /tmp/runtime-<uid>, which serves as well.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
+        import pgserver
+
+    failures = []
+    for attempt in range(1, (attempts or START_ATTEMPTS) + 1):
+        root = Path(tempfile.mkdtemp(prefix="strataio-pg-"))
+        try:
+            srv = pgserver.get_server(root, cleanup_mode="stop")
+            with psycopg.connect(srv.get_uri(), connect_timeout=10) as conn:
+                conn.execute("SELECT 1")
+            return srv, root
+        except Exception as exc:
+            failures.append(
+                f"attempt {attempt} in {root}: {type(exc).__name__}: {exc}\n{_tail(root / 'log')}"
+            )
+            _stop_postmaster(root)
+            shutil.rmtree(root, ignore_errors=True)
+    raise ServerStartError(
+        f"PostgreSQL (pgserver) did not start in {len(failures)} attempts:\n" + "\n".join(failures)
+    )

@@ -79,3 +79,28 @@ def test_info_errors_are_messages_not_tracebacks(tmp_path) -> None:
         assert "Traceback" not in res.output
         assert "error:" in res.stderr and str(target.name) in res.stderr
         assert res.stdout == ""
+
+
+def test_readme_links_stay_in_the_repository_and_its_commands_exist():
+    import re
+    from pathlib import Path
+
+    import click
+
+    root = Path(__file__).resolve().parent.parent
+    for doc in (root / "README.md", root / "docs" / "architecture.md"):
+        text = doc.read_text()
+        for target in re.findall(r"\]\(([^)]+)\)", text):
+            assert "://" not in target, f"{doc.name} links outside the repository: {target}"
+            assert (doc.parent / target.split("#")[0]).exists(), f"{doc.name}: {target} missing"
+        assert "shared documents" not in text
+    shell = "".join(re.findall(r"```sh\n(.*?)```", (root / "README.md").read_text(), re.S))
+    ctx = click.Context(main)
+    lines = re.findall(r"^strataio ([a-z][^\s#]*(?: [a-z][^\s#]*)?)", shell, re.M)
+    assert len(lines) > 10
+    for line in lines:
+        words = line.split()
+        cmd = main.get_command(ctx, words[0])
+        assert cmd is not None, f"README names an unknown command: strataio {line}"
+        if isinstance(cmd, click.Group) and len(words) > 1:
+            assert cmd.get_command(ctx, words[1]) is not None, f"strataio {line}"

@@ -3,9 +3,23 @@
 from __future__ import annotations
 
 import json
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 from strataio.catalog import ChunkCopy, DatasetRecord, open_catalog
 from strataio.cli import main
@@ -40,12 +54,11 @@ def test_init_writes_config_and_catalog(runner, tmp_path):
             ("local", "localdisk", 0),
             ("archive", "remotetape", 1),
         ]
-    # refuses to overwrite (usage error), --force does
+    # keeps an existing file (creating only what is missing), --force overwrites it
     (tmp_path / "strataio.toml").write_text("# mine\n" + default_config_text())
     res = runner.invoke(main, ["init"])
-    assert res.exit_code == 2
-    assert "already exists" in res.output and "--force" in res.output
-    assert "Traceback" not in res.output
+    assert res.exit_code == 0, res.output
+    assert "kept" in res.output and "--force" in res.output and "nothing to create" in res.output
     assert (tmp_path / "strataio.toml").read_text().startswith("# mine")
     res = runner.invoke(main, ["init", "--force"])
     assert res.exit_code == 0, res.output
@@ -110,10 +123,19 @@ def test_du_shows_capacity_use(runner, tmp_path):
 
 
 def test_errors_exit_codes(runner, tmp_path, monkeypatch):
-    # no catalog yet: a setup problem, exit 2 with a hint
+    # no catalog yet: created from the (default) configuration, as a Session does
     res = runner.invoke(main, ["ls"])
-    assert res.exit_code == 2
-    assert "strataio init" in res.output and "Traceback" not in res.output
+    assert res.exit_code == 0 and "no datasets" in res.output, res.output
+    assert (tmp_path / ".strataio" / "catalog.db").is_file()
+    # a catalog that cannot be created: exit 1, naming it
+    blocked = tmp_path / "blocked.toml"
+    (tmp_path / "afile").write_text("")
+    blocked.write_text(
+        default_config_text().replace('url = ".strataio/catalog.db"', 'url = "afile/cat.db"')
+    )
+    res = runner.invoke(main, ["du", "-c", str(blocked)])
+    assert res.exit_code == 1, res.output
+    assert "afile/cat.db" in res.output and "Traceback" not in res.output
     # a bad config file: exit 2, naming file and key
     bad = tmp_path / "bad.toml"
     bad.write_text("[[tiers]]\nname = 'x'\nkind = 'posix'\nrole = 'warp'\n")
@@ -134,3 +156,123 @@ def test_errors_exit_codes(runner, tmp_path, monkeypatch):
     assert "cannot connect" in res.output and "pw" not in res.output
     # click's own usage errors stay exit 2
     assert runner.invoke(main, ["ls", "--nope"]).exit_code == 2
+
+
+def test_init_then_edit_then_ls_has_no_dead_end(runner, tmp_path):
+    """The sequence a new user runs: init, edit the config (a new catalog place, a new tier),
+    then any command; init again only creates what is missing."""
+    assert runner.invoke(main, ["init"]).exit_code == 0
+    text = (
+        default_config_text().replace('url = ".strataio/catalog.db"', 'url = "meta/cat.db"')
+        + '\n[[tiers]]\nname = "deep"\nkind = "posix"\nrole = "remotetape"\npath = "deep"\n'
+    )
+    (tmp_path / "strataio.toml").write_text(text)
+    for cmd in (["ls"], ["du"]):
+        res = runner.invoke(main, cmd)
+        assert res.exit_code == 0, res.output
+        assert "strataio init" not in res.output
+    assert (tmp_path / "meta" / "cat.db").is_file()
+    with open_catalog(tmp_path / "meta" / "cat.db") as cat:
+        assert [t.name for t in cat.tiers()] == ["local", "archive", "deep"]
+    res = runner.invoke(main, ["ls"])
+    assert res.exit_code == 0 and "no datasets" in res.output
+
+    # init on an existing config: keeps it, creates only what is missing, says what it did
+    (tmp_path / "meta" / "cat.db").unlink()
+    res = runner.invoke(main, ["init"])
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "strataio.toml").read_text() == text
+    assert "kept" in res.output and "created catalog" in res.output
+    assert (tmp_path / "deep").is_dir() and "deep" in res.output
+    res = runner.invoke(main, ["init"])
+    assert res.exit_code == 0, res.output
+    assert "nothing to create" in res.output and "created" not in res.output
+
+
+def test_init_on_a_broken_config_says_how_to_fix(runner, tmp_path):
+    (tmp_path / "strataio.toml").write_bytes(b"\x00\xff binary")
+    res = runner.invoke(main, ["init"])
+    assert res.exit_code == 2 and "Traceback" not in res.output
+    assert "strataio.toml" in res.output and "--force" in res.output
+    assert runner.invoke(main, ["init", "--force"]).exit_code == 0
+
+
+class SetupMachine(RuleBasedStateMachine):
+    """A user's project folder: init, edits of strataio.toml, lost pieces, commands in any
+    order. After every step: every command that needs the catalog works, the catalog knows
+    every configured tier, every POSIX tier folder exists after init, and init never changes
+    an existing config unless forced."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.old_cwd = os.getcwd()
+        self.dir = Path(tempfile.mkdtemp(prefix="strataio-setup-"))
+        os.chdir(self.dir)
+        self.runner = CliRunner()
+        self.text: str | None = None  # the config file's content, None while there is none
+        self.extra = 0
+
+    def teardown(self) -> None:
+        os.chdir(self.old_cwd)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _write(self, text: str) -> None:
+        (self.dir / "strataio.toml").write_text(text)
+        self.text = text
+
+    @rule(force=st.booleans())
+    def init(self, force: bool) -> None:
+        res = self.runner.invoke(main, ["init", "--force"] if force else ["init"])
+        assert res.exit_code == 0, res.output
+        if self.text is None or force:
+            self.text = default_config_text()
+        assert (self.dir / "strataio.toml").read_text() == self.text
+        for t in load_config().tiers:
+            if t.kind == "posix":
+                assert Path(t.path).is_dir(), (t.name, res.output)
+
+    @precondition(lambda self: self.text is not None)
+    @rule(place=st.sampled_from(["a.db", "deep/b.db", ".strataio/catalog.db"]))
+    def move_catalog(self, place: str) -> None:
+        self._write(re.sub(r'(?m)^url = ".*"$', f'url = "{place}"', self.text))
+
+    @precondition(lambda self: self.text is not None)
+    @rule()
+    def add_tier(self) -> None:
+        self.extra += 1
+        n = self.extra
+        self._write(
+            self.text
+            + f'\n[[tiers]]\nname = "t{n}"\nkind = "posix"\nrole = "remotetape"\npath = "t{n}"\n'
+        )
+
+    @rule()
+    def lose_catalog(self) -> None:
+        if self.text is not None:
+            url = load_config().catalog.url
+            for suffix in ("", "-wal", "-shm"):
+                Path(url + suffix).unlink(missing_ok=True)
+
+    @rule(cmd=st.sampled_from([["ls"], ["du"], ["ls", "--json"], ["tiers"]]))
+    def command(self, cmd: list[str]) -> None:
+        res = self.runner.invoke(main, cmd)
+        assert res.exit_code == 0, (cmd, res.output)
+
+    @invariant()
+    def catalog_knows_the_configured_tiers(self) -> None:
+        res = self.runner.invoke(main, ["du", "--json"])
+        assert res.exit_code == 0, res.output
+        cfg = load_config()
+        assert [t["name"] for t in json.loads(res.output)["tiers"]][: len(cfg.tiers)] == [
+            t.name for t in cfg.tiers
+        ]
+        with open_catalog(cfg.catalog.url) as cat:
+            assert {t.name for t in cfg.tiers} <= {t.name for t in cat.tiers()}
+
+
+def test_setup_has_no_dead_end_in_any_order(monkeypatch):
+    monkeypatch.delenv(CONFIG_ENV, raising=False)
+    run_state_machine_as_test(
+        SetupMachine,
+        settings=settings(max_examples=25, stateful_step_count=8, deadline=None),
+    )

@@ -138,3 +138,60 @@ def test_fsck_in_flight_and_progress(project):
     out = r.invoke(main, ["fsck"], env={"FORCE_COLOR": "1"})
     assert out.exit_code == 0 and "100/100" in out.stderr and "copies" in out.stderr
     assert "100/100" not in out.stdout
+
+
+def _cli(cwd, *args):
+    """``strataio ARGS`` as a user runs it: a new process, in ``cwd``."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "STRATAIO_CONFIG"}
+    cmd = [sys.executable, "-c", "from strataio.cli import main; main()", *args]
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_new_user_sequence_has_no_dead_end(tmp_path, monkeypatch):
+    """init, an edit of strataio.toml, then the commands a new user tries, with bad input too:
+    each works or says what is wrong in one line (no traceback), with a non-zero status. The
+    first steps run as a user runs them (new processes); the rest through click's runner."""
+    assert _cli(tmp_path, "init").returncode == 0
+    cfg = tmp_path / "strataio.toml"
+    cfg.write_text(cfg.read_text().replace('url = ".strataio/catalog.db"', 'url = "db/catalog.db"'))
+    p = _cli(tmp_path, "ls")
+    assert p.returncode == 0 and "no datasets" in p.stdout, (p.stdout, p.stderr)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("STRATAIO_CONFIG", raising=False)
+    runner = CliRunner()
+    for args in (["du"], ["tiers"]):
+        res = runner.invoke(main, args)
+        assert res.exit_code == 0, (args, res.output)
+    with strataio.Session(cfg) as s:
+        ds = s.create_dataset("t", (40, 40), "f4", (20, 20))
+        ds[...] = np.ones((40, 40), "f4")
+        ds.close()
+    for args in (["info", "t"], ["stage", "t"], ["migrate", "t"], ["evict", "t"], ["fsck"]):
+        res = runner.invoke(main, args)
+        assert res.exit_code == 0, (args, res.output)
+    bad = {
+        ("info", "nosuch"): "no dataset 'nosuch'",
+        ("stage", "nosuch"): "nosuch",
+        ("stage", "t", "--to", "warp"): "no tier named 'warp'",
+        ("evict", "t", "--tier", "warp"): "no tier named 'warp'",
+        ("stage", "t", "--section", "0:99"): "out of bounds",
+        ("ls", "-c", "missing.toml"): "missing.toml",
+    }
+    (tmp_path / "binary.toml").write_bytes(b"\x00\xff")
+    (tmp_path / "afile").write_text("")
+    (tmp_path / "filetier.toml").write_text(cfg.read_text().replace(".strataio/local", "afile"))
+    (tmp_path / "ftp.toml").write_text(cfg.read_text().replace('"posix"', '"ftp"', 1))
+    for cmd in (["du"], ["tiers"], ["fsck"], ["stage", "t"], ["info", "t"]):
+        bad[(*cmd, "-c", "binary.toml")] = "not valid TOML"
+        bad[(*cmd, "-c", "ftp.toml")] = "'ftp' is not one of"
+    for cmd in (["tiers"], ["fsck"], ["stage", "t"], ["info", "t"]):
+        bad[(*cmd, "-c", "filetier.toml")] = "cannot set up the tiers"
+    for args, text in bad.items():
+        res = runner.invoke(main, list(args))
+        assert res.exit_code != 0 and text in res.stderr, (args, res.output)
+        assert isinstance(res.exception, SystemExit), (args, res.exception)  # no traceback
+        assert len(res.stderr.strip().splitlines()) <= 3, args

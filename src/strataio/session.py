@@ -22,6 +22,7 @@ import contextlib
 import dataclasses
 import json
 import os
+from collections.abc import Callable
 from typing import Any
 
 from strataio.arrays.codecs import CodecPipeline
@@ -38,7 +39,7 @@ from strataio.catalog.base import (
 from strataio.errors import MetadataError, StrataError
 from strataio.storage.base import validate_key
 from strataio.tiers.cache import DEFAULT_CACHE_BYTES, ChunkCache
-from strataio.tiers.mover import MoveHandle, Mover
+from strataio.tiers.mover import MoveHandle, Mover, MoveResult, Progress
 from strataio.tiers.placement import Placement
 from strataio.tiers.residency import META_KEY, Residency, object_key
 from strataio.tiers.store import TieredChunkStore, keys_of
@@ -51,38 +52,112 @@ class TieredDataset(Dataset):
     ``section`` arguments take a :class:`~strataio.layout.sections.Section`, a numpy basic
     index (``np.s_[0:100, :80]``) or None (the whole array); each move returns a
     :class:`~strataio.tiers.mover.MoveHandle`.
+
+    In a parallel job (``comm`` given) ``stage``, ``migrate`` and ``evict`` are collective:
+    every rank calls them with the same arguments, rank 0 moves each chunk once and every rank
+    returns when the move is over, with the same result and the same residency (a failure is
+    raised on every rank). ``prefetch`` fills the calling rank's own chunk cache and is not
+    collective.
     """
 
     store: TieredChunkStore
+
+    def __init__(
+        self,
+        store: TieredChunkStore,
+        meta: ArrayMetadata,
+        mode: str = "r",
+        *,
+        name: str = "",
+        comm: Any = None,
+    ) -> None:
+        super().__init__(store, meta, mode, name=name)
+        self.comm = comm
 
     @property
     def hint(self) -> str:
         return self.store.hint
 
-    def stage(self, section: Any = None, to: str | None = None) -> MoveHandle:
+    def stage(self, section: Any = None, to: str | None = None) -> MoveHandle | FinishedMove:
         """Copy the chunks covering ``section`` to tier ``to`` (default: the fastest disk tier
         with room); chunks already on a tier that fast are not copied again."""
         self._check_open()
-        return self.store.stage(keys_of(self, section), to)
+        keys = keys_of(self, section)
+        return self._move(lambda: self.store.stage(keys, to))
 
     def prefetch(self, section: Any = None) -> MoveHandle:
-        """Read the chunks covering ``section`` into the in-process chunk cache."""
+        """Read the chunks covering ``section`` into the in-process chunk cache (this rank's
+        own cache in a parallel job: not collective)."""
         self._check_open()
         return self.store.prefetch(keys_of(self, section))
 
-    def migrate(self, section: Any = None, to: str | None = None) -> MoveHandle:
+    def migrate(self, section: Any = None, to: str | None = None) -> MoveHandle | FinishedMove:
         """Move the chunks covering ``section`` to tier ``to`` (default: the slowest tier);
         their copies on faster tiers are deleted once the move is committed."""
         self._check_open()
+        keys = keys_of(self, section)
         target = to if to is not None else self.store.placement.persistent()[-1].name
-        return self.store.migrate(keys_of(self, section), target)
+        return self._move(lambda: self.store.migrate(keys, target))
 
-    def evict(self, section: Any = None, tier: str | None = None) -> MoveHandle:
+    def evict(self, section: Any = None, tier: str | None = None) -> MoveHandle | FinishedMove:
         """Drop the copies on ``tier`` (default: the fastest) of the chunks covering
         ``section``, writing back first any chunk whose only copy is there."""
         self._check_open()
+        keys = keys_of(self, section)
         name = tier if tier is not None else self.store.placement.persistent()[0].name
-        return self.store.evict(keys_of(self, section), name)
+        return self._move(lambda: self.store.evict(keys, name))
+
+    def _move(self, start: Callable[[], MoveHandle]) -> MoveHandle | FinishedMove:
+        """Start a move: at once in a single process; collectively in a parallel job.
+
+        Collective protocol: (1) every rank makes its writes durable; (2) every rank hands its
+        buffered residency changes to rank 0, which adopts and commits them, so the move sees
+        every rank's chunks; (3) each rank deletes the objects its handed-over changes made
+        stale, before anything moves (a move may put a new object under the same name); (4)
+        rank 0 runs the move to its end (committed by rank 0 as a single process's move is);
+        (5) rank 0 broadcasts the result, any error and its residency, and the other ranks
+        adopt that residency. A failure anywhere raises on every rank; changes not yet handed
+        over stay buffered (handed over at close), and handed-over ones that rank 0 could not
+        commit stay buffered there.
+        """
+        if self.comm is None:
+            return start()
+        comm, res, rank = self.comm, self.store.res, self.comm.Get_rank()
+        err = _first_error(comm, _attempt(self.store.sync))
+        changed: list[str] = []
+        if err is None:
+            gathered = comm.gather(res.take_changes() if rank != 0 else None, root=0)
+            if rank == 0:
+
+                def adopt_and_commit() -> None:
+                    for ups, dels, touched in gathered[1:]:
+                        _adopt(res, ups, dels, touched)
+                        changed.extend(c.key for c in ups)
+                    self.store.flush()  # commits rank 0's changes and the adopted ones
+
+                err = _attempt(adopt_and_commit)
+            err, changed = comm.bcast((err, changed), root=0)
+        if err is None:
+            # each rank's stale objects go before anything moves (see the protocol above)
+            err = _first_error(comm, _attempt(res.delete_obsolete) if rank != 0 else None)
+        result: MoveResult | None = None
+        copies: list[ChunkCopy] | None = None
+        if rank == 0:
+            if err is None:
+                try:
+                    result = start().result()
+                except BaseException as exc:
+                    err = exc
+            copies = res.all_copies()
+        result, err, copies = comm.bcast((result, err, copies), root=0)
+        if rank != 0:
+            changed.extend(_replace_residency(res, copies))
+        # chunks another rank rewrote: no rank's prefetch cache may keep their old bytes
+        self.store.cache.invalidate(self.name, changed)
+        if err is not None:
+            raise err
+        assert result is not None
+        return FinishedMove(result)
 
     def residency(self) -> dict[str, list[ChunkCopy]]:
         """Each stored chunk's copies, fastest tier first."""
@@ -97,6 +172,88 @@ class TieredDataset(Dataset):
         super()._write_from(section, data)
 
 
+class FinishedMove:
+    """A collective move that is over (see :meth:`TieredDataset._move`): the caller-side
+    API of :class:`~strataio.tiers.mover.MoveHandle`, with the result rank 0 broadcast."""
+
+    def __init__(self, result: MoveResult) -> None:
+        self.op = result.op
+        self._result = result
+
+    def done(self) -> bool:
+        return True
+
+    @property
+    def progress(self) -> Progress:
+        r = self._result
+        return Progress(r.moved + r.reused + r.cancelled + len(r.failed), r.total, r.nbytes)
+
+    def wait(self, timeout: float | None = None) -> MoveResult:
+        """The result; raises :class:`StrataError` if any chunk failed (as ``MoveHandle``)."""
+        r = self._result
+        if r.failed:
+            key, msg = r.failed[0]
+            raise StrataError(
+                f"{self.op}: {len(r.failed)} of {r.total} chunks failed; {key}: {msg}"
+            )
+        return r
+
+    def result(self) -> MoveResult:
+        """The result, failures included (never raises for chunk failures)."""
+        return self._result
+
+    def cancel(self) -> bool:
+        return False
+
+    @property
+    def cancelled(self) -> bool:
+        return False
+
+
+def _adopt(res: Residency, ups: list[ChunkCopy], dels: list[CopyId], touched: list[str]) -> None:
+    """Apply another rank's handed-over residency changes to rank 0's ``res`` (buffered for
+    its next commit; the objects those changes make stale are that rank's to delete)."""
+    for _, key, tier in dels:
+        res.remove(key, tier, delete_object=False)
+    for c in ups:
+        res.add(c)
+    res.touch(touched)
+
+
+def _replace_residency(res: Residency, copies: list[ChunkCopy]) -> list[str]:
+    """Make ``res`` hold exactly ``copies`` (rank 0's residency after a collective move; it
+    is in the catalog already, so the changes this makes are dropped, not handed over).
+    Returns the keys of chunks whose content changed (a checksum this rank did not know)."""
+    want = {(c.key, c.tier): c for c in copies}
+    have = {(c.key, c.tier): c for c in res.all_copies()}
+    for key, tier in have.keys() - want.keys():
+        res.remove(key, tier, delete_object=False)
+    for kt, c in want.items():
+        if have.get(kt) != c:
+            res.add(c)
+    res.take_changes()
+    sums: dict[str, set[str]] = {}
+    for c in have.values():
+        sums.setdefault(c.key, set()).add(c.checksum)
+    return sorted({c.key for c in copies if c.checksum not in sums.get(c.key, ())})
+
+
+def _attempt(fn: Callable[[], Any]) -> BaseException | None:
+    """Run ``fn``; the exception it raised, or None."""
+    try:
+        fn()
+    except BaseException as exc:
+        return exc
+    return None
+
+
+def _first_error(comm: Any, err: BaseException | None) -> BaseException | None:
+    """The lowest rank's error, on every rank (collective)."""
+    errs = comm.gather(err, root=0)
+    first = next((e for e in errs if e is not None), None) if errs is not None else None
+    return comm.bcast(first, root=0)
+
+
 class Session:
     """The storage hierarchy of one configuration.
 
@@ -105,7 +262,10 @@ class Session:
     parallel jobs (None = a single process). ``tiers`` / ``catalog`` override what the
     configuration says (a :class:`TierSet`; a catalog URL or open :class:`Catalog`).
     ``cache_bytes`` bounds the prefetch cache; ``stage_on_read`` stages chunks read from an
-    archive tier to disk, as APRIL does.
+    archive tier to disk, as APRIL does, in a single process only: in a parallel job a read
+    stages nothing (it reads the archive copy), since a copy one rank made on its own would
+    be unknown to another rank rewriting that chunk and would later be read as if current;
+    moves there are collective calls (:meth:`TieredDataset.stage`).
     """
 
     def __init__(
@@ -124,7 +284,7 @@ class Session:
             config = _load(config)
         self.config = config
         self.tiers = tiers if tiers is not None else TierSet.from_config(config)
-        self.stage_on_read = stage_on_read
+        self.stage_on_read = stage_on_read and comm is None
         self.catalog: Catalog | None = None
         self._own_catalog = False
         #: this session's writer id (the same on every rank of a job)
@@ -220,7 +380,7 @@ class Session:
         store = self._store(record, [], meta.to_json())
         if self.rank == 0 and not store.disabled:
             store.put_meta(meta.to_json())
-        return TieredDataset(store, meta, "r+", name=name)
+        return TieredDataset(store, meta, "r+", name=name, comm=self.comm)
 
     def open_dataset(self, name: str, mode: str = "r") -> TieredDataset:
         """Open catalogued dataset ``name`` (``"r"`` or ``"r+"``); its residency is read from
@@ -263,7 +423,7 @@ class Session:
         else:
             meta = ArrayMetadata.from_json(raw, where=f"{name}/{META_KEY}")
         store._meta = meta.to_json() if raw is None else raw
-        return TieredDataset(store, meta, mode, name=name)
+        return TieredDataset(store, meta, mode, name=name, comm=self.comm)
 
     def list_datasets(self) -> list[DatasetRecord]:
         self._check_open()
@@ -418,6 +578,8 @@ class Session:
             raise err
         store.res.delete_obsolete()
         del touched
+        # another rank may have rewritten chunks this rank holds in its prefetch cache
+        self.cache.invalidate(store.name)
         self._release(store.name)
 
     def _release(self, name: str) -> None:

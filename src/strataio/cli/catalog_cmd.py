@@ -1,14 +1,15 @@
 """Commands over the configuration and the catalog: ``init``, ``ls``, ``du``.
 
-Exit status: 0 success; 2 a usage or configuration problem (bad or missing file, no catalog
-yet), with a one-line message; 1 a runtime failure (database unreachable, I/O error).
+A missing catalog is created from the configuration, as a Session creates it
+(:mod:`strataio.cli.context`). Exit status: 0 success; 2 a usage or configuration problem (bad
+or missing file, a catalog that cannot be created), with a one-line message; 1 a runtime
+failure (database unreachable, I/O error).
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
 from collections import defaultdict
 from pathlib import Path
 
@@ -16,12 +17,14 @@ import click
 import numpy as np
 from rich.table import Table
 
-from strataio.catalog import Catalog, TierRecord, open_catalog
+from strataio.catalog import Catalog, TierRecord
 from strataio.cli import main
+from strataio.cli.context import catalog_exists, make_tier_dirs, open_configured_catalog
 from strataio.cli.output import UsageProblem as _UsageProblem
 from strataio.cli.output import handle_errors as _handle_errors
 from strataio.cli.output import make_console
 from strataio.config import CONFIG_FILENAME, Config, default_config_text, load_config
+from strataio.errors import ConfigError
 from strataio.sizes import format_size
 
 _config_option = click.option(
@@ -33,14 +36,6 @@ _config_option = click.option(
     help="Configuration file (default: ./strataio.toml, then $STRATAIO_CONFIG, then built-in).",
 )
 _json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON, not a table.")
-
-
-def _open_existing(cfg: Config) -> Catalog:
-    """The configured catalog; for SQLite, refuse (exit 2) rather than create an empty one."""
-    url = cfg.catalog.url
-    if "://" not in url and not os.path.exists(url):
-        raise _UsageProblem(f"no catalog at {url} (run `strataio init` first)")
-    return open_catalog(url)
 
 
 def _dims(t: tuple[int, ...]) -> str:
@@ -59,17 +54,43 @@ def _tiers(cfg: Config, catalog: Catalog) -> list[TierRecord]:
 @click.option("--force", is_flag=True, help=f"Overwrite an existing ./{CONFIG_FILENAME}.")
 @_handle_errors
 def init_cmd(force: bool) -> None:
-    """Write a commented ./strataio.toml and create its catalog with the configured tiers."""
+    """Write a commented ./strataio.toml, then create what it names that is missing: the
+    catalog (with the configured tiers) and the POSIX tier directories.
+
+    An existing ./strataio.toml is kept (--force overwrites it with the default): init then
+    only creates what is missing, and says what it did."""
     target = Path.cwd() / CONFIG_FILENAME
     if target.exists() and not force:
-        raise _UsageProblem(f"{target} already exists (use --force to overwrite it)")
-    target.write_text(default_config_text())
-    cfg = load_config(target)
-    with open_catalog(cfg.catalog.url) as catalog:
-        catalog.register_tiers(cfg.tier_records())
-    names = ", ".join(f"{t.name} ({t.role})" for t in cfg.tiers)
-    click.echo(f"wrote {target}")
-    click.echo(f"catalog {cfg.catalog.display_url}: tiers {names}")
+        try:
+            cfg = load_config(target)
+        except ConfigError as exc:
+            raise _UsageProblem(
+                f"{exc}; fix {target}, or run `strataio init --force` to replace it with the "
+                "default"
+            ) from None
+        click.echo(f"kept {target} (--force replaces it with the default)")
+    else:
+        target.write_text(default_config_text())
+        cfg = load_config(target)
+        click.echo(f"wrote {target}")
+    created = False
+    existed = catalog_exists(cfg)
+    catalog, new_tiers = open_configured_catalog(cfg)
+    catalog.close()
+    names = ", ".join(f"{t.name} ({t.role})" for t in new_tiers)
+    if existed is False:
+        click.echo(f"created catalog {cfg.catalog.display_url} with tiers {names}")
+        created = True
+    elif new_tiers:
+        click.echo(f"catalog {cfg.catalog.display_url}: registered tiers {names}")
+        created = True
+    for path in make_tier_dirs(cfg):
+        click.echo(f"created tier directory {path}")
+        created = True
+    if not created:
+        click.echo(
+            f"catalog {cfg.catalog.display_url} and every tier are in place: nothing to create"
+        )
 
 
 @main.command("ls")
@@ -79,7 +100,7 @@ def init_cmd(force: bool) -> None:
 def ls_cmd(config_path: Path | None, as_json: bool) -> None:
     """List the datasets in the catalog, with their chunk copies per tier."""
     cfg = load_config(config_path)
-    with _open_existing(cfg) as catalog:
+    with open_configured_catalog(cfg)[0] as catalog:
         datasets = catalog.list_datasets()
         usage = catalog.usage()
         tiers = _tiers(cfg, catalog)
@@ -142,7 +163,7 @@ def ls_cmd(config_path: Path | None, as_json: bool) -> None:
 def du_cmd(config_path: Path | None, as_json: bool, raw: bool) -> None:
     """Bytes stored per tier (against its capacity) and per dataset."""
     cfg = load_config(config_path)
-    with _open_existing(cfg) as catalog:
+    with open_configured_catalog(cfg)[0] as catalog:
         usage = catalog.usage()
         tiers = _tiers(cfg, catalog)
     by_tier: dict[str, list[int]] = {t.name: [0, 0] for t in tiers}

@@ -39,14 +39,44 @@ def fail(message: str) -> None:
     sys.exit(2)
 
 
+def _not_catalogued(config: str | None) -> str:
+    """Where a dataset name was looked for, for a message."""
+    from strataio.config import load_config
+
+    try:
+        return f"not in catalog {load_config(config).catalog.display_url}"
+    except StrataError as exc:
+        return f"no catalog to look in ({exc})"
+
+
 @main.command("info")
 @click.argument("path", type=click.Path(path_type=Path))
-def info_cmd(path: Path) -> None:
-    """Describe the dataset at PATH: shape, dtype, chunks, codecs, chunks stored, bytes on disk."""
+@click.option(
+    "-c",
+    "--config",
+    "config",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="configuration whose catalog names datasets (default: ./strataio.toml, "
+    "$STRATAIO_CONFIG, built-in)",
+)
+def info_cmd(path: Path, config: str | None) -> None:
+    """Describe the dataset at PATH: shape, dtype, chunks, codecs, chunks stored, bytes on disk;
+    or, for the NAME of a catalogued dataset, its chunks and bytes per tier."""
     if not path.is_dir():
         from strataio.cli.tiers_cmd import residency_info  # a dataset name in the catalog
 
-        if residency_info(str(path)):
+        try:
+            if residency_info(str(path), config):
+                return
+        except StrataError as exc:
+            if not path.exists():
+                fail(str(exc))
+                return
+            # else a file by that name: described below as a path
+        if not path.exists():
+            where = _not_catalogued(config)
+            fail(f"no dataset {str(path)!r}: {where}, and no dataset directory there")
             return
     try:
         with open_dataset(path, mode="r") as ds:

@@ -11,7 +11,6 @@ print one ``error:`` line on stderr, never a traceback.
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -30,32 +29,19 @@ from rich.progress import (
 from rich.table import Table
 
 from strataio.cli import bench, main
+from strataio.cli.context import catalog_exists, open_session
 from strataio.cli.output import handle_errors, json_option, make_console, write_json
-from strataio.errors import ConfigError, StrataError
+from strataio.errors import StrataError
 from strataio.sizes import format_size
 
 _config_opt = click.option(
+    "-c",
     "--config",
     "config",
     type=click.Path(dir_okay=False),
     default=None,
     help="configuration file (default: ./strataio.toml, $STRATAIO_CONFIG, built-in)",
 )
-
-
-def _session(config: str | None) -> Any:
-    from strataio.config import load_config
-    from strataio.session import Session
-    from strataio.tiers.tier import TierSet
-
-    cfg = load_config(config)  # ConfigError: exit 2
-    try:
-        tiers = TierSet.from_config(cfg)
-    except OSError as exc:
-        # e.g. a POSIX tier directory that cannot be created: the configuration names it
-        where = cfg.source or "the default configuration"
-        raise ConfigError(f"cannot set up the tiers configured in {where}: {exc}") from None
-    return Session(cfg, tiers=tiers)
 
 
 def parse_section(spec: str | None) -> Any:
@@ -86,7 +72,7 @@ def parse_section(spec: str | None) -> Any:
 def tiers_command(config: str | None, check: bool) -> None:
     """Show the tiers: health, capacity, usage. Exit 1 if any tier is down."""
     console = make_console()
-    with _session(config) as s:
+    with open_session(config) as s:
         if check:
             s.check_tiers()
         usage = s.usage()
@@ -136,7 +122,7 @@ def _run_move(console: Console, handle: Any, label: str) -> Any:
 def _move(config: str | None, name: str, op: str, section: str | None, tier: str | None) -> None:
     console = make_console()
     idx = parse_section(section)
-    with _session(config) as s:
+    with open_session(config) as s:
         ds = s.open_dataset(name, "r+")
         try:
             if op == "stage":
@@ -215,7 +201,7 @@ def fsck_command(config: str | None, repair: bool, quick: bool) -> None:
     from strataio.tiers.fsck import fsck
 
     console = make_console()
-    with _session(config) as s, _fsck_progress() as progress:
+    with open_session(config) as s, _fsck_progress() as progress:
         report = fsck(s.catalog, s.tiers, repair=repair, verify=not quick, progress=progress)
     if report.findings:
         table = Table(title="fsck findings")
@@ -271,19 +257,15 @@ def _fsck_progress() -> Iterator[Callable[[int, int], None]]:
 # ----------------------------------------------------------------------------- info
 def residency_info(name: str, config: str | None = None, console: Console | None = None) -> bool:
     """Print per-tier residency of catalogued dataset ``name``; False if the catalog does not
-    know it (the caller then treats ``name`` as a path)."""
+    know it (the caller then treats ``name`` as a path). Raises :class:`ConfigError` for a
+    configuration that cannot be loaded or set up, and other :class:`StrataError` for a
+    catalog that cannot be opened."""
     from strataio.config import load_config
-    from strataio.session import Session
 
     console = console or make_console()
-    try:
-        cfg = load_config(config)
-        url = cfg.catalog.url
-        if "://" not in url and not os.path.exists(url):
-            return False  # no catalog here: do not create one just to look
-        s = Session(cfg)
-    except StrataError:
-        return False
+    if catalog_exists(load_config(config)) is False:
+        return False  # no catalog here: do not create one just to look
+    s = open_session(config)  # a configuration that cannot be set up: ConfigError
     with s:
         try:
             rec = s.catalog.get_dataset(name)

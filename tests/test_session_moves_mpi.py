@@ -1,0 +1,30 @@
+"""Moves on a Session under MPI: stage / migrate / evict called on every rank are collective
+(each chunk moved once, residency the same on every rank, errors agreed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from mpirun import run_mpi
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_moves_called_on_every_rank_are_collective(tmp_path, nprocs):
+    out = run_mpi(nprocs, "tiers_moves.py", tmp_path, 30, 15, timeout=120)
+    assert out.strip().splitlines()[-1] == "ok"
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(5))
+def test_moves_random_walk_long(tmp_path, seed):
+    out = run_mpi(3, "tiers_moves.py", tmp_path, 300, seed, timeout=600)
+    assert out.strip().splitlines()[-1] == "ok"
+
+
+@pytest.mark.mpi
+def test_every_rank_reads_what_another_rank_rewrote(tmp_path):
+    """No rank keeps a copy (a staged one, a prefetched one) that hides a later rewrite."""
+    out = run_mpi(2, "tiers_stale_stage.py", tmp_path)
+    assert out.strip().splitlines()[-1] == "ok"
