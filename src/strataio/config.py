@@ -193,7 +193,7 @@ def load_config(path: str | os.PathLike[str] | None = None) -> Config:
         raise ConfigError(f"{file}: not valid TOML: {exc}") from None
     except UnicodeDecodeError as exc:
         raise ConfigError(
-            f"{file}: not UTF-8 text (byte {exc.start}), so not a TOML configuration"
+            f"{file}: not valid TOML: not UTF-8 text (byte {exc.start}), a binary file?"
         ) from None
     except OSError as exc:
         raise ConfigError(f"{file}: cannot read: {exc.strerror or exc}") from None

@@ -43,11 +43,12 @@ def _dims(t: tuple[int, ...]) -> str:
 
 
 def _tiers(cfg: Config, catalog: Catalog) -> list[TierRecord]:
-    """Registered tiers, then configured ones not yet registered."""
-    known = catalog.tiers()
-    names = {t.name for t in known}
-    extra = [t.record(len(known) + i) for i, t in enumerate(cfg.tiers) if t.name not in names]
-    return known + extra
+    """The configured tiers in the configuration's order (fastest first; the catalog's record
+    where it has one), then tiers the catalog still knows that the configuration dropped."""
+    known = {t.name: t for t in catalog.tiers()}
+    configured = [known.get(t.name) or t.record(i) for i, t in enumerate(cfg.tiers)]
+    names = {t.name for t in configured}
+    return configured + [t for t in known.values() if t.name not in names]
 
 
 @main.command("init")
