@@ -22,7 +22,6 @@ from strataio.arrays.metadata import ArrayMetadata
 from strataio.catalog.base import (
     Catalog,
     ChunkCopy,
-    CopyId,
     DatasetRecord,
     codec_json,
     open_catalog,
@@ -30,11 +29,12 @@ from strataio.catalog.base import (
 from strataio.errors import MetadataError, StrataError
 from strataio.storage.base import validate_key
 from strataio.tiers.cache import DEFAULT_CACHE_BYTES, ChunkCache
+from strataio.tiers.commit import Commit
 from strataio.tiers.mover import MoveHandle, Mover
 from strataio.tiers.placement import Placement
 from strataio.tiers.residency import META_KEY, Residency, object_key
 from strataio.tiers.store import TieredChunkStore, keys_of
-from strataio.tiers.tier import Tier, TierSet
+from strataio.tiers.tier import TierSet
 
 
 class TieredDataset(Dataset):
@@ -138,16 +138,20 @@ class Session:
         state, err = self._agree(state, err)
         if err is not None:
             raise err
+        # one commit object takes every change to the catalog (rank 0 holds the catalog)
+        self.commit = Commit(self.tiers, self.catalog, comm)
         for (_name, st, used), t in zip(state, self.tiers):
             t.state, t.used = st, used
-            t.listener = self._tier_changed
+            t.commit = self.commit
         if cache_bytes is None:
             mem = self.tiers.by_role("memory")
             cache_bytes = mem[0].capacity if mem and mem[0].capacity else DEFAULT_CACHE_BYTES
         # eviction reaches datasets not open here only where this process commits residency
-        self.placement = Placement(self.tiers, catalog=self.catalog if comm is None else None)
+        self.placement = Placement(
+            self.tiers, self.commit, catalog=self.catalog if comm is None else None
+        )
         self.cache = ChunkCache(cache_bytes)
-        self.mover = Mover(self.tiers, self.placement, self.cache)
+        self.mover = Mover(self.tiers, self.placement, self.cache, self.commit)
         self._open: list[TieredChunkStore] = []
         self._closed = False
 
@@ -270,7 +274,7 @@ class Session:
 
     def usage(self) -> dict[str, int]:
         """Bytes of catalogued chunk copies per tier (every dataset)."""
-        if self.catalog is not None and not self._open:
+        if self.catalog is not None and all(s.closed for s in self._open):
             # with datasets open, the in-memory accounting includes their uncommitted changes
             self.tiers.account_usage(self.catalog.all_residency())
         return {t.name: t.used for t in self.tiers}
@@ -316,60 +320,20 @@ class Session:
     def _store(
         self, record: DatasetRecord, copies: list[ChunkCopy], meta: bytes | None
     ) -> TieredChunkStore:
-        # Rank 0 holds the catalog and commits its own changes as a single process does (its
-        # in-place rewrites are announced, its moves and evictions committed when they end);
-        # the other ranks hand theirs over at close.
-        committer = self._commit if self.rank == 0 else None
-        res = Residency(record.name, copies, self.tiers, committer)
         store = TieredChunkStore(
-            res,
+            Residency(record.name, copies, self.tiers),
             self.tiers,
             self.placement,
             self.mover,
             self.cache,
+            self.commit,
             hint=record.hint,
             disabled=record.state == "disabled",
             stage_on_read=self.stage_on_read,
             meta=meta,
-            on_close=self._closed_store,
         )
-        self._open.append(store)
+        self._open = [s for s in self._open if not s.closed] + [store]
         return store
-
-    def _commit(self, upserts: list[ChunkCopy], deletes: list[CopyId]) -> None:
-        assert self.catalog is not None
-        self.catalog.commit(upserts, deletes)
-
-    def _closed_store(self, store: TieredChunkStore) -> None:
-        if store in self._open:
-            self._open.remove(store)
-        if self.comm is None:
-            return
-        # Parallel close: rank 0 commits every other rank's changes in one transaction (its
-        # own were committed by the flush of the close), then each rank deletes the objects
-        # its changes made obsolete.
-        ups, dels, touched = store.res.take_changes()
-        gathered = self.comm.gather((ups, dels), root=0)
-        err: BaseException | None = None
-        if self.rank == 0:
-            try:
-                all_ups = [c for u, _ in gathered for c in u]
-                all_dels = [d for _, d in gathered for d in d]
-                if all_ups or all_dels:
-                    self._commit(all_ups, all_dels)
-            except BaseException as exc:
-                err = exc
-        _, err = self._agree(None, err)
-        if err is not None:
-            raise err
-        store.res.delete_obsolete()
-        del touched
-
-    def _tier_changed(self, tier: Tier) -> None:
-        if self.catalog is not None:
-            # if the catalog cannot take it, the in-memory state still steers this process
-            with contextlib.suppress(StrataError):
-                self.catalog.set_tier_state(tier.name, tier.state)
 
 
 def _load(config: Any) -> Any:

@@ -122,7 +122,8 @@ def fsck(
     names = {d.name for d in catalog.list_datasets()}
     report.copies = len(copies)
     report.chunks = len({(c.dataset, c.key) for c in copies})
-    live = [t for t in tiers if t.up]
+    # memory tiers hold no catalogued copy: what they hold dies with the process
+    live = [t for t in tiers if t.up and not t.volatile]
     report.skipped_tiers = [t.name for t in tiers if not t.up]
 
     # what each tier actually holds

@@ -21,15 +21,15 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 from strataio.catalog.base import ChunkCopy
-from strataio.errors import StrataError, TierDownError
+from strataio.errors import ChecksumError, NotFoundError, StrataError, TierDownError
 from strataio.tiers.cache import ChunkCache
+from strataio.tiers.commit import Commit
 from strataio.tiers.placement import Placement
 from strataio.tiers.residency import Residency, object_key
 from strataio.tiers.tier import Tier, TierSet, checksum, transfer
-
-OPS = ("stage", "prefetch", "migrate", "evict")
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +68,9 @@ class MoveResult:
 class MoveHandle:
     """A running move. ``wait`` / ``result`` block; ``done``, ``progress`` do not."""
 
-    def __init__(self, op: str, total: int) -> None:
+    def __init__(
+        self, op: str, total: int, commit: Commit | None = None, res: Residency | None = None
+    ) -> None:
         self.op = op
         self._result = MoveResult(op, total)
         self._lock = threading.Lock()
@@ -78,7 +80,9 @@ class MoveHandle:
         self._remaining = total
         self._t0 = time.perf_counter()
         self._error: BaseException | None = None
-        self._on_finish: Callable[[], None] | None = None
+        #: what the move changed is committed when its last chunk is done
+        self._commit = commit
+        self._res = res
 
     # ----------------------------------------------------------------- caller side
     def done(self) -> bool:
@@ -151,8 +155,8 @@ class MoveHandle:
 
     def _finish(self) -> None:
         try:
-            if self._on_finish is not None:
-                self._on_finish()
+            if self._commit is not None and self._res is not None:
+                self._commit.apply(self._res)
         except BaseException as exc:  # reported to the waiter
             self._error = exc
         self._result.seconds = time.perf_counter() - self._t0
@@ -165,19 +169,22 @@ class MoveHandle:
 
 
 class Mover:
-    """Moves chunks of open datasets between tiers on a shared thread pool."""
+    """Moves chunks of open datasets between tiers on a shared thread pool; each move's
+    changes are committed through ``commit`` (default: the placement's) when it ends."""
 
     def __init__(
         self,
         tiers: TierSet,
         placement: Placement,
         cache: ChunkCache,
+        commit: Commit | None = None,
         *,
         max_workers: int | None = None,
     ) -> None:
         self.tiers = tiers
         self.placement = placement
         self.cache = cache
+        self.commit = commit if commit is not None else placement.commit
         workers = max_workers or max(4, min(32, sum(t.concurrency for t in tiers)))
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="strataio-mover")
 
@@ -191,10 +198,19 @@ class Mover:
     def migrate(self, res: Residency, keys: Sequence[str], to: str) -> MoveHandle:
         """Move ``keys`` to tier ``to``; copies on faster tiers are deleted after the commit."""
         target = self.tiers[to]
+        if target.volatile:
+            raise StrataError(
+                f"tier {to!r} is a memory tier: it cannot be the only copy of a chunk, so it "
+                "cannot be a migration's target (stage or prefetch to it instead)"
+            )
         return self._start("migrate", res, keys, lambda k: self._migrate_one(res, k, target))
 
     def prefetch(self, res: Residency, keys: Sequence[str]) -> MoveHandle:
-        """Read ``keys`` into the in-process chunk cache (memory level)."""
+        """Bring ``keys`` to the memory level: the fastest up memory tier when one is
+        configured (a stage to it), else the in-process chunk cache."""
+        mem = next((t for t in self.tiers if t.volatile and t.up), None)
+        if mem is not None:
+            return self._start("prefetch", res, keys, lambda k: self._stage_one(res, k, mem))
         return self._start("prefetch", res, keys, lambda k: self._prefetch_one(res, k))
 
     def evict(self, res: Residency, keys: Sequence[str], tier: str) -> MoveHandle:
@@ -202,6 +218,10 @@ class Mover:
         written back to a slower tier first."""
         t = self.tiers[tier]
         return self._start("evict", res, keys, lambda k: self._evict_one(res, k, t))
+
+    def submit(self, fn: Callable[..., None], *args: Any) -> Future[None]:
+        """Run ``fn(*args)`` on the mover's thread pool (the tiered store's parallel puts)."""
+        return self._pool.submit(fn, *args)
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
@@ -215,8 +235,7 @@ class Mover:
         one: Callable[[str], tuple[str, int]],
     ) -> MoveHandle:
         keys = list(dict.fromkeys(keys))
-        h = MoveHandle(op, len(keys))
-        h._on_finish = res.commit if op != "prefetch" else None
+        h = MoveHandle(op, len(keys), self.commit, res)
 
         def job(key: str) -> None:
             if h.cancelled:
@@ -247,40 +266,61 @@ class Mover:
 
     def _copy(self, res: Residency, key: str, dst: Tier) -> tuple[str, int]:
         """Copy ``key`` from its fastest readable copy to ``dst`` (trying further copies
-        when a source tier fails); record the new copy in the residency."""
+        when a source tier fails or its object is missing); record the new copy in the
+        residency unless the chunk was rewritten meanwhile (then the move has nothing to do:
+        the new version is where its write put it)."""
         last: Exception | None = None
         for src in res.readable(key):
             if src.tier == dst.name:
                 return "reused", 0
             protect = [object_key(res.name, key)]
             if not self.placement.claim(dst, src.nbytes, protect=protect):
-                raise StrataError(f"tier {dst.name!r} is full and nothing on it can be evicted")
+                raise StrataError(
+                    f"chunk {key!r} of {res.name!r}: tier {dst.name!r} is full and nothing "
+                    "on it can be evicted"
+                )
             recorded = False
             try:
-                n, digest = transfer(
-                    self.tiers[src.tier], dst, object_key(res.name, key), src.checksum
-                )
-                copy = ChunkCopy(res.name, key, dst.name, n, digest, "valid", time.time())
-                res.add(copy, reserved=src.nbytes)
-                recorded = True
-            except TierDownError as exc:
+                with res.writing(key, dst.name):
+                    version = res.version(key)
+                    if res.copy_on(key, dst.name) is not None:
+                        return "reused", 0  # another move put it there meanwhile
+                    if res.copy_on(key, src.tier) != src:
+                        continue  # rewritten or moved meanwhile: look again
+                    try:
+                        n, digest = transfer(self.tiers[src.tier], dst, res.name, key, src.checksum)
+                    except NotFoundError:
+                        if res.drop_missing(src):  # catalogued but gone: forget it
+                            continue
+                        raise StrataError(
+                            f"chunk {key!r} of {res.name!r}: its copy on {src.tier!r} is "
+                            "missing and no other copy is left; run 'strataio fsck'"
+                        ) from None
+                    copy = ChunkCopy(res.name, key, dst.name, n, digest, "valid", time.time())
+                    recorded = res.record_move(copy, version, reserved=src.nbytes)
+                    return ("moved", n) if recorded else ("reused", 0)
+            except (TierDownError, ChecksumError) as exc:
                 last = exc
-                if not dst.up:
+                if isinstance(exc, TierDownError) and not dst.up:
                     raise
                 continue
             finally:
                 if not recorded:
                     dst.release(src.nbytes)
-            return "moved", n
         if last is not None:
             raise last
-        if res.copies(key):
+        if res.readable(key, up_only=False):
             down = ", ".join(c.tier for c in res.copies(key))
-            raise StrataError(f"chunk {key!r}: no readable copy (its tiers {down} are down)")
-        return "reused", 0  # never written: nothing to move
+            raise StrataError(
+                f"chunk {key!r} of {res.name!r}: no readable copy (its tiers {down} are down)"
+            )
+        return "reused", 0  # never written (or lost): nothing to move
 
     def _stage_one(self, res: Residency, key: str, target: Tier | None) -> tuple[str, int]:
         copies = res.readable(key)
+        if target is None or not target.volatile:
+            # a memory copy dies with the process: staging to a disk ignores it
+            copies = [c for c in copies if not self.tiers[c.tier].volatile]
         if not copies:
             return "reused", 0
         best = self._rank(copies[0].tier)
@@ -317,7 +357,7 @@ class Mover:
         rank = self._rank(target.name)
         for c in copies:
             if self._rank(c.tier) < rank:
-                res.remove(key, c.tier)  # object deleted after the commit
+                res.remove(key, c.tier, expect=c)  # object deleted after the commit
         return outcome, n
 
     def _prefetch_one(self, res: Residency, key: str) -> tuple[str, int]:
@@ -339,17 +379,19 @@ class Mover:
         return "reused", 0
 
     def _evict_one(self, res: Residency, key: str, tier: Tier) -> tuple[str, int]:
-        copy = next((c for c in res.copies(key) if c.tier == tier.name), None)
+        copy = res.copy_on(key, tier.name)
         if copy is None:
             return "reused", 0
-        others = [c for c in res.readable(key) if c.tier != tier.name]
-        n = 0
-        if not others:
-            if not self.placement.write_back(tier, res, copy):
+        kept = tier.volatile or res.kept_elsewhere(key, tier.name)
+        if not self.placement.evict_copy(tier, res, copy):
+            if res.copy_on(key, tier.name) is None:
+                return "reused", 0  # gone meanwhile
+            if res.busy(key):
                 raise StrataError(
-                    f"chunk {key!r}: its only copy is on {tier.name!r} and no slower tier "
-                    "can take it"
+                    f"chunk {key!r} of {res.name!r}: a write of it is in flight; not evicted"
                 )
-            n = copy.nbytes
-        res.remove(key, tier.name)
-        return "moved", n
+            raise StrataError(
+                f"chunk {key!r} of {res.name!r}: its only copy is on {tier.name!r} and no "
+                "slower tier can take it"
+            )
+        return "moved", 0 if kept else copy.nbytes
