@@ -67,9 +67,12 @@ class Commit:
     def announce(self, res: Residency, intents: Sequence[ChunkCopy]) -> None:
         """Record, before the objects are replaced in place, that the copies ``intents`` are
         being rewritten (state ``in-transit``, the new checksum): after a crash fsck can then
-        tell an interrupted rewrite from a corrupt copy. A no-op without a catalog."""
+        tell an interrupted rewrite from a corrupt copy. The caller holds the objects' put
+        slots (:meth:`Residency.writing`), so no later batch overwrites the announcement
+        before the put is recorded. A no-op without a catalog."""
         if self.catalog is not None and intents:
-            self.catalog.commit(list(intents), [])
+            with res.commit_lock:  # after any batch taken before, so none overwrites them
+                self.catalog.commit(list(intents), [])
 
     def close(self, res: Residency) -> None:
         """The last commit of a dataset being closed. In a parallel job this is collective:

@@ -187,6 +187,9 @@ class Mover:
         self.commit = commit if commit is not None else placement.commit
         workers = max_workers or max(4, min(32, sum(t.concurrency for t in tiers)))
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="strataio-mover")
+        # puts of written chunks run apart from moves: a move waiting for a chunk being
+        # written (Residency.writing) never holds up that write's puts
+        self._puts = ThreadPoolExecutor(workers, thread_name_prefix="strataio-put")
 
     # ----------------------------------------------------------------- API
     def stage(self, res: Residency, keys: Sequence[str], to: str | None = None) -> MoveHandle:
@@ -220,11 +223,12 @@ class Mover:
         return self._start("evict", res, keys, lambda k: self._evict_one(res, k, t))
 
     def submit(self, fn: Callable[..., None], *args: Any) -> Future[None]:
-        """Run ``fn(*args)`` on the mover's thread pool (the tiered store's parallel puts)."""
-        return self._pool.submit(fn, *args)
+        """Run ``fn(*args)`` on the pool of puts (the tiered store's parallel puts)."""
+        return self._puts.submit(fn, *args)
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
+        self._puts.shutdown(wait=True, cancel_futures=True)
 
     # ----------------------------------------------------------------- machinery
     def _start(
@@ -287,6 +291,7 @@ class Mover:
                         return "reused", 0  # another move put it there meanwhile
                     if res.copy_on(key, src.tier) != src:
                         continue  # rewritten or moved meanwhile: look again
+                    self._announce(res, key, dst, src)
                     try:
                         n, digest = transfer(self.tiers[src.tier], dst, res.name, key, src.checksum)
                     except NotFoundError:
@@ -315,6 +320,13 @@ class Mover:
                 f"chunk {key!r} of {res.name!r}: no readable copy (its tiers {down} are down)"
             )
         return "reused", 0  # never written (or lost): nothing to move
+
+    def _announce(self, res: Residency, key: str, dst: Tier, src: ChunkCopy) -> None:
+        """A copy put where the catalog may still name a forgotten one is announced first."""
+        if res.catalogued(key, dst.name):
+            now = time.time()
+            intent = ChunkCopy(res.name, key, dst.name, src.nbytes, src.checksum, "in-transit", now)
+            self.commit.announce(res, [intent])
 
     def _stage_one(self, res: Residency, key: str, target: Tier | None) -> tuple[str, int]:
         copies = res.readable(key)

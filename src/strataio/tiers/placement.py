@@ -26,7 +26,9 @@ commit-before-delete rules apply).
 
 from __future__ import annotations
 
+import dataclasses
 import threading
+import time
 import weakref
 from collections.abc import Iterable
 
@@ -263,6 +265,12 @@ class Placement:
                     current = res.copy_on(copy.key, tier.name)
                     if current is None or current.checksum != copy.checksum:
                         return False  # rewritten or gone since it was chosen
+                    if res.catalogued(copy.key, dst.name):
+                        # the catalog may still name a forgotten copy there: announce
+                        intent = dataclasses.replace(
+                            copy, tier=dst.name, state="in-transit", last_access=time.time()
+                        )
+                        self.commit.announce(res, [intent])
                     try:
                         n, digest = transfer(tier, dst, res.name, copy.key, copy.checksum)
                     except NotFoundError:

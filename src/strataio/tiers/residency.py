@@ -80,6 +80,7 @@ class Residency:
         self._unsynced: dict[str, set[str]] = {}  # tier -> chunk keys put, not yet synced
         self._obsolete: set[tuple[str, str]] = set()  # (tier, key) to delete after commit
         self._deleting: set[tuple[str, str]] = set()  # (tier, key) being deleted now
+        self._committing: set[tuple[str, str]] = set()  # (key, tier) rows a batch deletes
         self._writing: set[tuple[str, str]] = set()  # (tier, key) with a put in flight
         self._busy: Counter[str] = Counter()  # key -> puts in flight, any tier
         self._versions: Counter[str] = Counter()
@@ -127,6 +128,18 @@ class Residency:
         with self.lock:
             return self._versions[key]
 
+    def catalogued(self, key: str, tier: str) -> bool:
+        """True if the catalog may name a copy of ``key`` on ``tier``: one is recorded, or its
+        row's deletion is not committed yet. A put there replaces an object the catalog may
+        name, so it is announced first (:meth:`Commit.announce`)."""
+        with self.lock:
+            slot = (key, tier)
+            return (
+                self.copy_on(key, tier) is not None
+                or slot in self._deletes
+                or slot in self._committing
+            )
+
     def busy(self, key: str) -> bool:
         """True while a put of ``key`` (to any tier) is in flight."""
         with self.lock:
@@ -138,10 +151,19 @@ class Residency:
         """Hold the right to put object ``key`` on ``tier`` (one put per object at a time).
 
         A pending deletion of that object is cancelled (the put replaces it); a deletion
-        being carried out is waited for. If no copy on ``tier`` is recorded when the put
-        ends (it failed, or a move found its copy stale), the object is obsolete: the next
-        commit deletes it.
+        being carried out is waited for. While the put is in flight no commit writes a row
+        for that copy (its announcement stands). If no copy on ``tier`` is recorded when the
+        put ends (it failed, or a move found its copy stale), the object is obsolete and any
+        row (an announcement) naming it is dropped: the next commit deletes both.
         """
+        self.begin_write(key, tier)
+        try:
+            yield
+        finally:
+            self.end_write(key, tier)
+
+    def begin_write(self, key: str, tier: str) -> None:
+        """The first half of :meth:`writing`, for puts that another thread carries out."""
         slot = (tier, key)
         with self._cond:
             while slot in self._writing or slot in self._deleting:
@@ -149,17 +171,20 @@ class Residency:
             self._writing.add(slot)
             self._busy[key] += 1
             self._obsolete.discard(slot)
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._writing.discard(slot)
-                if self.copy_on(key, tier) is None:
-                    self._obsolete.add(slot)
-                self._busy[key] -= 1
-                if not self._busy[key]:
-                    del self._busy[key]
-                self._cond.notify_all()
+
+    def end_write(self, key: str, tier: str) -> None:
+        """The second half of :meth:`writing`."""
+        slot = (tier, key)
+        with self._cond:
+            self._writing.discard(slot)
+            if self.copy_on(key, tier) is None:
+                self._obsolete.add(slot)
+                if not self._tier(tier).volatile:
+                    self._deletes.add((key, tier))
+            self._busy[key] -= 1
+            if not self._busy[key]:
+                del self._busy[key]
+            self._cond.notify_all()
 
     # ----------------------------------------------------------------- changes
     def add(self, copy: ChunkCopy, *, reserved: int = 0, unsynced: bool = False) -> None:
@@ -282,6 +307,11 @@ class Residency:
                 for c in self._copies.get(k, {}).values():
                     if not self._tier(c.tier).volatile:
                         ups[(c.key, c.tier)] = c
+            # a row for a copy being rewritten waits for the put's end: the announcement
+            # of the rewrite stands until then
+            held = {slot: c for slot, c in ups.items() if (slot[1], slot[0]) in self._writing}
+            for slot in held:
+                del ups[slot]
             batch = Batch(
                 {t: set(ks) for t, ks in self._unsynced.items() if ks},
                 list(ups.values()),
@@ -289,16 +319,19 @@ class Residency:
                 sorted(self._obsolete),
             )
             self._upserts.clear()
+            self._upserts.update(held)
             self._deletes.clear()
             self._unsynced.clear()
             self._touched.clear()
             self._deleting.update(self._obsolete)
             self._obsolete.clear()
+            self._committing = {(k, t) for _, k, t in batch.deletes}
         return batch
 
     def restore(self, batch: Batch) -> None:
         """Put back a batch that could not be applied, under any change made since."""
         with self._cond:
+            self._committing.clear()
             for t, ks in batch.unsynced.items():
                 self._unsynced.setdefault(t, set()).update(ks)
             for c in batch.upserts:
@@ -318,6 +351,7 @@ class Residency:
         """The obsolete objects ``objs`` of a taken batch are dealt with (deleted, or left as
         orphans on a tier that is down); puts of them may go on."""
         with self._cond:
+            self._committing.clear()
             self._deleting.difference_update(objs)
             self._cond.notify_all()
 

@@ -214,18 +214,21 @@ class TieredChunkStore:
         # A rewrite in place replaces the catalogued object before the catalog learns of it.
         # Announce it first (state in-transit, new checksum, one transaction per batch), so
         # that after a crash fsck can tell an interrupted rewrite from a corrupt copy.
-        olds = {k: c for k, _ in items if (c := self.res.copy_on(k, tier.name)) is not None}
-        self.commit.announce(
-            self.res,
-            [
-                ChunkCopy(self.name, k, tier.name, len(v), d, "in-transit", now)
-                for (k, v), d in zip(items, sums)
-                if k in olds
-            ],
-        )
+        keys = sorted(k for k, _ in items)  # one order for every writer: no deadlock
+        for k in keys:
+            self.res.begin_write(k, tier.name)
+        try:
+            olds = {k: c for k, _ in items if (c := self.res.copy_on(k, tier.name)) is not None}
+            self.commit.announce(
+                self.res,
+                [
+                    ChunkCopy(self.name, k, tier.name, len(v), d, "in-transit", now)
+                    for (k, v), d in zip(items, sums)
+                    if self.res.catalogued(k, tier.name)
+                ],
+            )
 
-        def one(k: str, v: memoryview, digest: str) -> None:
-            with self.res.writing(k, tier.name):
+            def one(k: str, v: memoryview, digest: str) -> None:
                 try:
                     tier.call(tier.backend.put, object_key(self.name, k), v)
                 except BaseException:
@@ -237,10 +240,13 @@ class TieredChunkStore:
                 copy = ChunkCopy(self.name, k, tier.name, len(v), digest, state, now)
                 self.res.record_write(copy, reserved=len(v))
 
-        futures = [self.mover.submit(one, k, v, d) for (k, v), d in zip(items, sums)]
+            futures = [self.mover.submit(one, k, v, d) for (k, v), d in zip(items, sums)]
+            outcomes = [f.exception() for f in futures]
+        finally:
+            for k in keys:
+                self.res.end_write(k, tier.name)
         failed, error = [], None
-        for (k, v), f in zip(items, futures):
-            exc = f.exception()
+        for (k, v), exc in zip(items, outcomes):
             if exc is None:
                 continue
             tier.release(len(v))
