@@ -10,12 +10,17 @@ A migration moves each chunk in the order that keeps it safe across a crash: cop
 (fsync / completed PUT) → read back and verify the checksum → commit the new residency (one
 catalog transaction for the whole move) → delete the source copies. Until the commit the
 catalog names only the source; after it, the destination, and a leftover source object is an
-orphan that fsck removes.
+orphan that fsck removes. The commit is :meth:`strataio.tiers.commit.Commit.apply`, run when the
+move's last chunk is done.
+
+A move that finds the chunk rewritten meanwhile records nothing (the new version is where its
+write put it); a source copy found missing is forgotten and the next copy is used. A prefetch
+stages to the fastest memory tier when one is configured (a volatile cache level, see
+:mod:`strataio.tiers.tier`), else reads into the in-process chunk cache.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -361,7 +366,7 @@ class Mover:
         if have is not None and have.state in ("valid", "dirty"):
             outcome, n = "reused", 0
             if have.state == "dirty":
-                res.add(dataclasses.replace(have, state="valid"))
+                res.mark_valid(have)
         else:
             outcome, n = self._copy(res, key, target)
         if not any(c.tier == target.name for c in res.readable(key, up_only=False)):
@@ -369,7 +374,7 @@ class Mover:
         rank = self._rank(target.name)
         for c in copies:
             if self._rank(c.tier) < rank:
-                res.remove(key, c.tier, expect=c)  # object deleted after the commit
+                res.drop_if_kept(c)  # object deleted after the commit
         return outcome, n
 
     def _prefetch_one(self, res: Residency, key: str) -> tuple[str, int]:

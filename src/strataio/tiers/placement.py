@@ -238,9 +238,8 @@ class Placement:
         """
         if res.busy(copy.key):
             return False  # its new version is being written: not a victim
-        if tier.volatile or res.kept_elsewhere(copy.key, tier.name):
-            done = res.remove(copy.key, tier.name, expect=copy) is not None
-        else:
+        done = res.drop_if_kept(copy)
+        if not done and not tier.volatile and res.copy_on(copy.key, tier.name) is not None:
             done = self.write_back(tier, res, copy)
         if done:
             self.evictions += 1

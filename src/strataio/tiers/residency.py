@@ -27,6 +27,7 @@ catalog: they die with the process, and the catalog names only copies that outli
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 import time
 from collections import Counter
@@ -263,6 +264,26 @@ class Residency:
                 self._obsolete.add((tier, key))
             self._tier(tier).account(-old.nbytes)
         return old
+
+    def mark_valid(self, copy: ChunkCopy) -> bool:
+        """Record that ``copy`` (a ``dirty`` one) is now at the chunk's home tier, if it is
+        still the copy recorded there."""
+        with self.lock:
+            now = self.copy_on(copy.key, copy.tier)
+            if now is None or not _same(now, copy):
+                return False
+            self.add(dataclasses.replace(copy, state="valid"))
+            return True
+
+    def drop_if_kept(self, copy: ChunkCopy) -> bool:
+        """Forget ``copy`` (its object deleted after the next commit) if it is still recorded
+        and the chunk keeps a copy elsewhere (:meth:`kept_elsewhere`; a memory copy always
+        may go). One step under the lock: two evictions of the same chunk from two tiers
+        never both succeed."""
+        with self.lock:
+            if not self._tier(copy.tier).volatile and not self.kept_elsewhere(copy.key, copy.tier):
+                return False
+            return self.remove(copy.key, copy.tier, expect=copy) is not None
 
     def drop_missing(self, copy: ChunkCopy) -> bool:
         """Forget ``copy``, whose object was found missing, if it still is (nothing to
