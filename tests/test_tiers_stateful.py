@@ -1,6 +1,7 @@
 """A stateful property test of the storage hierarchy under capacity pressure.
 
-Rules write random sections, read, stage, migrate, evict, flush and reopen the Session, over
+Rules write random sections (also while a stage of the same dataset runs), read, stage,
+prefetch, migrate, evict, flush and reopen the Session, over
 a memory tier, a fast disk, a slower disk (all with room for a few chunks only) and an
 archive, with several datasets open at once. After every step:
 
@@ -115,6 +116,21 @@ class TieredHierarchy(RuleBasedStateMachine):
     @rule(name=names, where=box, to=st.sampled_from([None, "mem", "fast", "slow"]))
     def stage(self, name, where, to):
         self.ds[name].stage(index(where), to=to).wait()
+
+    @rule(
+        name=names,
+        moved=box,
+        to=st.sampled_from([None, "mem", "fast"]),
+        written=box,
+        value=st.integers(0, 4),
+    )
+    def write_while_staging(self, name, moved, to, written, value):
+        # the stage runs on the mover's threads while the write evicts and puts
+        h = self.ds[name].stage(index(moved), to=to)
+        self.write(name, written, value)
+        # a chunk may find its target full of chunks being written: that stage fails, clearly
+        failed = [msg for _, msg in h.result().failed if "is full" not in msg]
+        assert failed == []
 
     @rule(name=names, where=box)
     def prefetch(self, name, where):

@@ -275,11 +275,19 @@ class Mover:
 
     def _copy(self, res: Residency, key: str, dst: Tier) -> tuple[str, int]:
         """Copy ``key`` from its fastest readable copy to ``dst`` (trying further copies
-        when a source tier fails or its object is missing); record the new copy in the
-        residency unless the chunk was rewritten meanwhile (then the move has nothing to do:
-        the new version is where its write put it)."""
+        when a source tier fails, or its copy went away or is missing); record the new copy
+        in the residency unless the chunk was rewritten meanwhile (then the move has nothing
+        to do: the new version is where its write put it)."""
+        start = res.version(key)
         last: Exception | None = None
-        for src in res.readable(key):
+        tried: set[str] = set()
+        while True:
+            if res.version(key) != start:
+                return "reused", 0  # rewritten since the move began
+            sources = [c for c in res.readable(key) if c.tier not in tried]
+            if not sources:
+                break
+            src = sources[0]
             if src.tier == dst.name:
                 return "reused", 0
             protect = [object_key(res.name, key)]
@@ -294,8 +302,8 @@ class Mover:
                     version = res.version(key)
                     if res.copy_on(key, dst.name) is not None:
                         return "reused", 0  # another move put it there meanwhile
-                    if res.copy_on(key, src.tier) != src:
-                        continue  # rewritten or moved meanwhile: look again
+                    if not res.is_current(src):
+                        continue  # moved, evicted or rewritten meanwhile: look again
                     self._announce(res, key, dst, src)
                     try:
                         n, digest = transfer(self.tiers[src.tier], dst, res.name, key, src.checksum)
@@ -311,9 +319,9 @@ class Mover:
                     return ("moved", n) if recorded else ("reused", 0)
             except (TierDownError, ChecksumError) as exc:
                 last = exc
+                tried.add(src.tier)
                 if isinstance(exc, TierDownError) and not dst.up:
                     raise
-                continue
             finally:
                 if not recorded:
                     dst.release(src.nbytes)

@@ -262,7 +262,7 @@ class Placement:
                 with res.writing(copy.key, dst.name):
                     version = res.version(copy.key)
                     current = res.copy_on(copy.key, tier.name)
-                    if current is None or current.checksum != copy.checksum:
+                    if current is None or not res.is_current(copy):
                         return False  # rewritten or gone since it was chosen
                     if res.catalogued(copy.key, dst.name):
                         # the catalog may still name a forgotten copy there: announce

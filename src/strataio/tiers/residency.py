@@ -102,6 +102,12 @@ class Residency:
         with self.lock:
             return self._copies.get(key, {}).get(tier)
 
+    def is_current(self, copy: ChunkCopy) -> bool:
+        """True if ``copy`` is still the copy recorded on its tier (same size, checksum and
+        state; its access time may have moved on)."""
+        now = self.copy_on(copy.key, copy.tier)
+        return now is not None and _same(now, copy)
+
     def readable(self, key: str, *, up_only: bool = True) -> list[ChunkCopy]:
         """Copies a read may use, fastest first (skipping tiers marked down)."""
         return [
@@ -269,8 +275,7 @@ class Residency:
         """Record that ``copy`` (a ``dirty`` one) is now at the chunk's home tier, if it is
         still the copy recorded there."""
         with self.lock:
-            now = self.copy_on(copy.key, copy.tier)
-            if now is None or not _same(now, copy):
+            if not self.is_current(copy):
                 return False
             self.add(dataclasses.replace(copy, state="valid"))
             return True
