@@ -21,7 +21,7 @@ from strataio.storage.posix import PosixBackend
 from strataio.tiers.commit import Commit
 from strataio.tiers.fsck import fsck
 from strataio.tiers.residency import Residency
-from strataio.tiers.tier import Tier, TierSet, checksum
+from strataio.tiers.tier import DEFAULT_MEMORY_BYTES, Tier, TierSet, checksum
 
 CONFIG = """
 [catalog]
@@ -269,3 +269,23 @@ def test_memory_tier_holds_staged_copies_and_is_never_a_home(tmp_path):
     only_memory = TierSet([Tier("mem", MemoryBackend(), "memory", capacity=1000)])
     with pytest.raises(strataio.StrataError, match="persistent tier"):
         strataio.Session(tiers=only_memory, catalog=tmp_path / "cat2.db")
+
+
+def test_a_configured_memory_tier_is_the_prefetch_target(tmp_path):
+    (tmp_path / "strataio.toml").write_text(
+        '[catalog]\nurl = "cat.db"\n'
+        '[[tiers]]\nname = "ram"\nkind = "memory"\nrole = "memory"\n'
+        '[[tiers]]\nname = "disk"\nkind = "posix"\nrole = "localdisk"\npath = "disk"\n'
+    )
+    with strataio.Session(tmp_path / "strataio.toml") as s:
+        assert s.tiers["ram"].capacity == DEFAULT_MEMORY_BYTES  # bounded by default
+        ds = s.create_dataset("a", A.shape, A.dtype, (10, 10))  # AUTO: the disk, never ram
+        ds[...] = A
+        ds.prefetch().wait()
+        assert {c.tier for c in ds.residency()["c/3/3"]} == {"ram", "disk"}
+        assert len(list(s.tiers["ram"].backend.list())) == 16
+        np.testing.assert_array_equal(ds[...], A)
+        ds.evict(tier="ram").wait()  # dropped: the disk copy stays
+        assert list(s.tiers["ram"].backend.list()) == []
+        assert {c.tier for cs in ds.residency().values() for c in cs} == {"disk"}
+        ds.close()
