@@ -187,6 +187,7 @@ class Residency:
             if self.copy_on(key, tier) is None:
                 self._obsolete.add(slot)
                 if not self._tier(tier).volatile:
+                    self._upserts.pop((key, tier), None)
                     self._deletes.add((key, tier))
             self._busy[key] -= 1
             if not self._busy[key]:
