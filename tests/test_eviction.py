@@ -289,3 +289,71 @@ def test_a_configured_memory_tier_is_the_prefetch_target(tmp_path):
         assert list(s.tiers["ram"].backend.list()) == []
         assert {c.tier for cs in ds.residency().values() for c in cs} == {"disk"}
         ds.close()
+
+
+class RewritingBackend(PosixBackend):
+    """A POSIX backend that runs ``during_put`` (once) when an object is put: the moment at
+    which another thread's write of the same chunk lands in a real run."""
+
+    during_put = None
+
+    def put(self, key, data, *, durable=False):
+        super().put(key, data, durable=durable)
+        hook, self.during_put = self.during_put, None
+        if hook is not None:
+            hook()
+
+
+def eviction_rig(root):
+    """A residency with chunk ``c/0`` (version 1) only on a one-chunk fast tier."""
+    from strataio.catalog.base import DatasetRecord, open_catalog
+    from strataio.tiers.placement import Placement
+
+    tiers = TierSet(
+        [
+            Tier("fast", PosixBackend(root / "fast"), "localdisk", capacity=4, order=0),
+            Tier("archive", RewritingBackend(root / "archive"), "remotetape", order=1),
+        ]
+    )
+    cat = open_catalog(root / "cat.db")
+    cat.register_tiers(tiers.records())
+    cat.create_dataset(DatasetRecord("d", (4,), "<f4", (4,)))
+    commit = Commit(tiers, cat)
+    placement = Placement(tiers, commit, catalog=cat)
+    res = Residency("d", [], tiers)
+    placement.register(res)
+
+    def write(data: bytes) -> ChunkCopy:
+        with res.writing("c/0", "fast"):
+            tiers["fast"].backend.put("d/c/0", data)
+            copy = ChunkCopy("d", "c/0", "fast", len(data), checksum(data))
+            res.record_write(copy)
+        return copy
+
+    write(b"one!")
+    commit.apply(res)
+    return tiers, cat, commit, placement, res, write
+
+
+def test_a_chunk_with_a_put_in_flight_is_not_evicted(tmp_path):
+    tiers, cat, commit, placement, res, write = eviction_rig(tmp_path)
+    v1 = res.copy_on("c/0", "fast")
+    with res.writing("c/0", "fast"):  # its new version is being put
+        assert not placement.evict_copy(tiers["fast"], res, v1)
+        assert not placement.make_room(tiers["fast"], 4)
+    assert res.copy_on("c/0", "fast") == v1
+    cat.close()
+
+
+def test_a_write_back_overtaken_by_a_write_records_nothing_and_loses_nothing(tmp_path):
+    tiers, cat, commit, placement, res, write = eviction_rig(tmp_path)
+    v1 = res.copy_on("c/0", "fast")
+    # the new version lands while the old one is being copied to the archive
+    tiers["archive"].backend.during_put = lambda: write(b"two!")
+    assert not placement.evict_copy(tiers["fast"], res, v1)
+    commit.apply(res)
+    assert [(c.tier, c.checksum) for c in cat.residency("d")] == [("fast", checksum(b"two!"))]
+    assert bytes(tiers["fast"].backend.get("d/c/0")) == b"two!"
+    assert not tiers["archive"].backend.exists("d/c/0")  # the stale copy is gone
+    assert (tiers["fast"].used, tiers["archive"].used, tiers["archive"].reserved) == (4, 0, 0)
+    cat.close()

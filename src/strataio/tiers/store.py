@@ -133,13 +133,13 @@ class TieredChunkStore:
         for (i, copy), blob in zip(wanted, blobs):
             if blob is None:
                 # catalogued but missing: forget the copy and read another
-                if self.res.drop_missing(copy) or self.res.copy_on(keys[i], tier.name) != copy:
+                if self.res.drop_missing(copy) or not self.res.is_current(copy):
                     continue
             elif not copy.checksum or checksum(blob) == copy.checksum:
                 out[i] = blob
                 del pending[i]
                 continue
-            elif self.res.copy_on(keys[i], tier.name) == copy:
+            elif self.res.is_current(copy):
                 corrupt.setdefault(i, []).append(f"{tier.name}: {checksum(blob)}")
             else:
                 continue  # replaced while it was read: read the new copy
@@ -233,7 +233,7 @@ class TieredChunkStore:
                     tier.call(tier.backend.put, object_key(self.name, k), v)
                 except BaseException:
                     old = olds.get(k)
-                    if old is not None and self.res.copy_on(k, tier.name) == old:
+                    if old is not None and self.res.is_current(old):
                         self.res.add(old)  # the next commit restores the announced row
                     raise
                 # recorded unsynced: whatever commit records it syncs it first
