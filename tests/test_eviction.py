@@ -364,3 +364,68 @@ def test_a_write_back_overtaken_by_a_write_records_nothing_and_loses_nothing(tmp
     assert not tiers["archive"].backend.exists("d/c/0")  # the stale copy is gone
     assert (tiers["fast"].used, tiers["archive"].used, tiers["archive"].reserved) == (4, 0, 0)
     cat.close()
+
+
+class HookedBackend(PosixBackend):
+    """A POSIX backend that runs ``before`` / ``after`` (once each) around the put of an
+    object: what another thread sees while a rewrite in place is in flight."""
+
+    before = None
+    after = None
+
+    def put(self, key, data, *, durable=False):
+        hook, self.before = self.before, None
+        if hook is not None:
+            hook()
+        super().put(key, data, durable=durable)
+        hook, self.after = self.after, None
+        if hook is not None:
+            hook()
+
+
+def test_a_rewrite_in_flight_is_announced_and_read_moved_as_either_version(tmp_path):
+    fast = HookedBackend(tmp_path / "fast")
+    tiers = TierSet(
+        [
+            Tier("fast", fast, "localdisk", order=0),
+            Tier("archive", PosixBackend(tmp_path / "archive"), "remotetape", order=1),
+        ]
+    )
+    # (no staging on read: a read that staged from inside the put would wait for itself)
+    with strataio.Session(tiers=tiers, catalog=tmp_path / "cat.db", stage_on_read=False) as s:
+        ds = s.create_dataset("a", (10,), "f4", (10,), hint="LOCALDISK")
+        ds[...] = 1.0
+        ds.flush()
+        (old,) = s.catalog.residency("a")
+        seen: dict[str, object] = {}
+
+        def before():
+            seen["row"] = s.catalog.residency("a")
+            seen["read before"] = ds[...].tolist()
+            seen["migrate"] = ds.store.migrate(["c/0"], "archive").result()
+
+        def after():
+            seen["read after"] = ds[...].tolist()
+
+        fast.before, fast.after = before, after
+        ds[...] = 2.0
+        (row,) = seen["row"]
+        assert (row.tier, row.state, row.old_checksum, row.writer) == (
+            "fast",
+            "in-transit",
+            old.checksum,
+            s.writer,
+        )
+        assert row.checksum != old.checksum
+        assert seen["read before"] == [1.0] * 10  # the old bytes, still whole
+        assert seen["read after"] == [2.0] * 10  # the new bytes, not yet recorded
+        moved = seen["migrate"]
+        assert moved.failed == [] and moved.moved == 0  # rewritten meanwhile: nothing to do
+        ds.flush()
+        assert [(c.tier, c.state, c.checksum) for c in s.catalog.residency("a")] == [
+            ("fast", "valid", row.checksum)
+        ]
+        np.testing.assert_array_equal(ds[...], 2.0)
+        ds.close()
+        assert settled_fsck(s.catalog, s.tiers).clean
+        check_agreement(s)
