@@ -429,3 +429,40 @@ def test_a_rewrite_in_flight_is_announced_and_read_moved_as_either_version(tmp_p
         ds.close()
         assert settled_fsck(s.catalog, s.tiers).clean
         check_agreement(s)
+
+
+def test_a_moves_claim_waits_for_room_held_by_puts_in_flight(tmp_path):
+    """A memory tier full of other threads' reservations: a write's claim fails at once (it
+    fails over), a move's claim waits until those copies are recorded and evicts one."""
+    import threading
+    import time
+
+    from strataio.tiers.placement import Placement
+
+    tiers = TierSet(
+        [
+            Tier("mem", MemoryBackend("mem"), "memory", capacity=4, order=0),
+            Tier("disk", PosixBackend(tmp_path / "disk"), "localdisk", order=1),
+        ]
+    )
+    placement = Placement(tiers)
+    res = Residency("d", [], tiers)
+    placement.register(res)
+    res.add(ChunkCopy("d", "c/0", "disk", 4, checksum(b"abcd")))
+    mem = tiers["mem"]
+    assert placement.claim(mem, 4)  # another put in flight holds the whole tier
+    assert not placement.claim(mem, 4)
+
+    def record() -> None:
+        time.sleep(0.05)
+        mem.backend.put("d/c/0", b"abcd")
+        res.add(ChunkCopy("d", "c/0", "mem", 4, checksum(b"abcd")), reserved=4)
+
+    th = threading.Thread(target=record)
+    th.start()
+    try:
+        assert placement.claim(mem, 4, protect=["d/c/1"], wait=True)
+    finally:
+        th.join()
+    assert res.copy_on("c/0", "mem") is None  # the recorded copy made the room
+    assert (mem.used, mem.reserved) == (0, 4)

@@ -293,7 +293,7 @@ class Mover:
             if src.state == "in-transit" and res.busy(key):
                 return "reused", 0  # being rewritten here: the new version is where it goes
             protect = [object_key(res.name, key)]
-            if not self.placement.claim(dst, src.nbytes, protect=protect):
+            if not self.placement.claim(dst, src.nbytes, protect=protect, wait=True):
                 raise StrataError(
                     f"chunk {key!r} of {res.name!r}: tier {dst.name!r} is full and nothing "
                     "on it can be evicted"

@@ -152,20 +152,37 @@ class Placement:
         return None
 
     # ----------------------------------------------------------------- capacity
-    def claim(self, tier: Tier, nbytes: int, *, protect: Iterable[str] = ()) -> bool:
+    #: how long a move's claim waits, at most, for other puts' reservations (seconds)
+    CLAIM_WAIT = 2.0
+
+    def claim(
+        self, tier: Tier, nbytes: int, *, protect: Iterable[str] = (), wait: bool = False
+    ) -> bool:
         """Reserve ``nbytes`` on ``tier`` for a put in flight, evicting if needed; the caller
-        releases the reservation (:meth:`Tier.release`) once the copy is recorded."""
+        releases the reservation (:meth:`Tier.release`) once the copy is recorded.
+
+        With ``wait`` (a move, whose own earlier puts are all recorded), room held only by
+        other threads' reservations is waited for, up to :attr:`CLAIM_WAIT` seconds: once
+        their copies are recorded they can be evicted. A write does not wait: it goes on to
+        the next tier its hint allows."""
         if tier.reserve(nbytes):
             return True
         keep = list(protect)
-        with self._lock:
-            for _ in range(8):  # other threads may take the room just made; evict again
+        deadline = time.monotonic() + self.CLAIM_WAIT
+        tries = 0
+        while True:
+            with self._lock:
                 if tier.reserve(nbytes):
                     return True
                 before = self.evictions
-                if not self.make_room(tier, nbytes, protect=keep) and self.evictions == before:
-                    return False  # nothing left to evict
-        return tier.reserve(nbytes)
+                if self.make_room(tier, nbytes, protect=keep) or self.evictions != before:
+                    tries += 1
+                    if tries < 8:  # other threads may take the room just made; evict again
+                        continue
+                    return tier.reserve(nbytes)
+            if not wait or not tier.reserved or time.monotonic() > deadline:
+                return False  # nothing left to evict
+            time.sleep(0.002)  # puts in flight hold the room: their copies become victims
 
     def make_room(self, tier: Tier, nbytes: int, *, protect: Iterable[str] = ()) -> bool:
         """Evict from ``tier`` until ``nbytes`` more fit; True if they fit.
