@@ -161,10 +161,10 @@ class Placement:
         """Reserve ``nbytes`` on ``tier`` for a put in flight, evicting if needed; the caller
         releases the reservation (:meth:`Tier.release`) once the copy is recorded.
 
-        With ``wait`` (a move, whose own earlier puts are all recorded), room held only by
-        other threads' reservations is waited for, up to :attr:`CLAIM_WAIT` seconds: once
-        their copies are recorded they can be evicted. A write does not wait: it goes on to
-        the next tier its hint allows."""
+        With ``wait`` (a move, whose own earlier puts are all recorded), room held by other
+        threads' puts in flight (reserved, or recorded copies whose put has not ended) is
+        waited for, up to :attr:`CLAIM_WAIT` seconds: once those puts end their copies can
+        be evicted. A write does not wait: it goes on to the next tier its hint allows."""
         if tier.reserve(nbytes):
             return True
         keep = list(protect)
@@ -180,9 +180,18 @@ class Placement:
                     if tries < 8:  # other threads may take the room just made; evict again
                         continue
                     return tier.reserve(nbytes)
-            if not wait or not tier.reserved or time.monotonic() > deadline:
+            if not wait or not self._held_by_puts(tier) or time.monotonic() > deadline:
                 return False  # nothing left to evict
             time.sleep(0.002)  # puts in flight hold the room: their copies become victims
+
+    def _held_by_puts(self, tier: Tier) -> bool:
+        """True if room on ``tier`` is reserved, or held by a copy of a chunk with a put in
+        flight (not an eviction victim until the put ends)."""
+        if tier.reserved:
+            return True
+        return any(
+            res.busy(c.key) for res in list(self._residencies) for c in res.on_tier(tier.name)
+        )
 
     def make_room(self, tier: Tier, nbytes: int, *, protect: Iterable[str] = ()) -> bool:
         """Evict from ``tier`` until ``nbytes`` more fit; True if they fit.
