@@ -291,7 +291,7 @@ class Mover:
             if src.tier == dst.name:
                 return "reused", 0
             protect = [object_key(res.name, key)]
-            if not self.placement.claim(dst, src.nbytes, protect=protect):
+            if not self.placement.claim(dst, src.nbytes, protect=protect, wait=True):
                 raise StrataError(
                     f"chunk {key!r} of {res.name!r}: tier {dst.name!r} is full and nothing "
                     "on it can be evicted"
@@ -318,6 +318,11 @@ class Mover:
                     recorded = res.record_move(copy, version, reserved=src.nbytes)
                     return ("moved", n) if recorded else ("reused", 0)
             except (TierDownError, ChecksumError) as exc:
+                if isinstance(exc, ChecksumError):
+                    if res.busy(key):
+                        return "reused", 0  # read while being rewritten: the move is moot
+                    if not res.is_current(src):
+                        continue  # replaced while it was read: look again
                 last = exc
                 tried.add(src.tier)
                 if isinstance(exc, TierDownError) and not dst.up:
@@ -411,7 +416,7 @@ class Mover:
         if not self.placement.evict_copy(tier, res, copy):
             if res.copy_on(key, tier.name) is None:
                 return "reused", 0  # gone meanwhile
-            if res.busy(key):
+            if res.busy(key, tier.name):
                 raise StrataError(
                     f"chunk {key!r} of {res.name!r}: a write of it is in flight; not evicted"
                 )

@@ -74,6 +74,8 @@ class Placement:
 
     #: catalog rows read per eviction round when looking for victims of closed datasets
     CATALOG_BATCH = 512
+    #: seconds a move waits for room held by puts in flight (:meth:`claim`)
+    CLAIM_WAIT = 30.0
 
     def __init__(
         self,
@@ -152,9 +154,27 @@ class Placement:
         return None
 
     # ----------------------------------------------------------------- capacity
-    def claim(self, tier: Tier, nbytes: int, *, protect: Iterable[str] = ()) -> bool:
+    def claim(
+        self, tier: Tier, nbytes: int, *, protect: Iterable[str] = (), wait: bool = False
+    ) -> bool:
         """Reserve ``nbytes`` on ``tier`` for a put in flight, evicting if needed; the caller
-        releases the reservation (:meth:`Tier.release`) once the copy is recorded."""
+        releases the reservation (:meth:`Tier.release`) once the copy is recorded.
+
+        With ``wait``, a tier whose room is all held by puts in flight (reserved, or copies
+        being rewritten, so nothing can be evicted yet) is waited on, up to
+        :attr:`CLAIM_WAIT` seconds, for those puts to end. Only a caller that holds no
+        reservation of its own may wait (a move of one chunk; not a batch of writes, which
+        goes on to the next tier instead).
+        """
+        deadline = time.monotonic() + self.CLAIM_WAIT
+        while True:
+            if self._claim_once(tier, nbytes, protect):
+                return True
+            if not wait or not tier.reserved or time.monotonic() > deadline:
+                return False
+            tier.wait_for_change(0.05)
+
+    def _claim_once(self, tier: Tier, nbytes: int, protect: Iterable[str]) -> bool:
         if tier.reserve(nbytes):
             return True
         keep = list(protect)
@@ -236,8 +256,8 @@ class Placement:
         was listed, or cannot be written back. A copy whose object is found missing is
         forgotten (True: its room is free).
         """
-        if res.busy(copy.key):
-            return False  # its new version is being written: not a victim
+        if res.busy(copy.key, tier.name):
+            return False  # its new version is being written there: not a victim
         done = res.drop_if_kept(copy)
         if not done and not tier.volatile and res.copy_on(copy.key, tier.name) is not None:
             done = self.write_back(tier, res, copy)
