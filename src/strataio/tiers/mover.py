@@ -308,8 +308,8 @@ class Mover:
                     try:
                         n, digest = transfer(self.tiers[src.tier], dst, res.name, key, src.checksum)
                     except NotFoundError:
-                        if res.drop_missing(src):  # catalogued but gone: forget it
-                            continue
+                        if res.drop_missing(src) or not res.is_current(src):
+                            continue  # catalogued but gone (forgotten now), or moved away
                         raise StrataError(
                             f"chunk {key!r} of {res.name!r}: its copy on {src.tier!r} is "
                             "missing and no other copy is left; run 'strataio fsck'"

@@ -161,7 +161,7 @@ class Placement:
         releases the reservation (:meth:`Tier.release`) once the copy is recorded.
 
         With ``wait``, a tier whose room is all held by puts in flight (reserved, or copies
-        being rewritten, so nothing can be evicted yet) is waited on, up to
+        being written there, so nothing can be evicted yet) is waited on, up to
         :attr:`CLAIM_WAIT` seconds, for those puts to end. Only a caller that holds no
         reservation of its own may wait (a move of one chunk; not a batch of writes, which
         goes on to the next tier instead).
@@ -170,9 +170,13 @@ class Placement:
         while True:
             if self._claim_once(tier, nbytes, protect):
                 return True
-            if not wait or not tier.reserved or time.monotonic() > deadline:
+            if not wait or not self._in_flight(tier) or time.monotonic() > deadline:
                 return False
             tier.wait_for_change(0.05)
+
+    def _in_flight(self, tier: Tier) -> bool:
+        """True while puts to ``tier`` hold room there (reserved, or copies being written)."""
+        return bool(tier.reserved) or any(r.writing_on(tier.name) for r in list(self._residencies))
 
     def _claim_once(self, tier: Tier, nbytes: int, protect: Iterable[str]) -> bool:
         if tier.reserve(nbytes):

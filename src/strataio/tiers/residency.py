@@ -155,6 +155,11 @@ class Residency:
                 return (tier, key) in self._writing
             return self._busy[key] > 0
 
+    def writing_on(self, tier: str) -> bool:
+        """True while any put to ``tier`` is in flight."""
+        with self.lock:
+            return any(t == tier for t, _ in self._writing)
+
     def wait_quiet(self, key: str, timeout: float = 30.0) -> bool:
         """Wait until no put of ``key`` is in flight (``timeout`` seconds at most); True if
         none is."""
