@@ -161,18 +161,24 @@ class Placement:
         releases the reservation (:meth:`Tier.release`) once the copy is recorded.
 
         With ``wait``, a tier whose room is all held by puts in flight (reserved, or copies
-        being written there, so nothing can be evicted yet) is waited on, up to
-        :attr:`CLAIM_WAIT` seconds, for those puts to end. Only a caller that holds no
+        being written there, so nothing can be evicted yet) is waited on, and room that other
+        moves take as soon as it is made is made again, up to :attr:`CLAIM_WAIT` seconds. Only a caller that holds no
         reservation of its own may wait (a move of one chunk; not a batch of writes, which
         goes on to the next tier instead).
         """
         deadline = time.monotonic() + self.CLAIM_WAIT
         while True:
+            before, busy = self.evictions, self._in_flight(tier)
             if self._claim_once(tier, nbytes, protect):
                 return True
-            if not wait or not self._in_flight(tier) or time.monotonic() > deadline:
+            # other moves may have taken the room this one made, or puts in flight (since
+            # recorded, perhaps) held it: try again while either may be the case
+            if not wait or time.monotonic() > deadline:
                 return False
-            tier.wait_for_change(0.05)
+            if self.evictions == before:
+                if not busy and not self._in_flight(tier):
+                    return False  # nothing on the tier can go, and nothing is changing
+                tier.wait_for_change(0.05)
 
     def _in_flight(self, tier: Tier) -> bool:
         """True while puts to ``tier`` hold room there (reserved, or copies being written)."""
