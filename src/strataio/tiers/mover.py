@@ -317,8 +317,8 @@ class Mover:
                                 f"has checksum {digest}, catalog says {src.checksum}"
                             )
                     except NotFoundError:
-                        if res.drop_missing(src):  # catalogued but gone: forget it
-                            continue
+                        if res.drop_missing(src) or not res.is_current(src):
+                            continue  # catalogued but gone (forgotten now), or moved away
                         raise StrataError(
                             f"chunk {key!r} of {res.name!r}: its copy on {src.tier!r} is "
                             "missing and no other copy is left; run 'strataio fsck'"
@@ -327,6 +327,11 @@ class Mover:
                     recorded = res.record_move(copy, version, reserved=src.nbytes)
                     return ("moved", n) if recorded else ("reused", 0)
             except (TierDownError, ChecksumError) as exc:
+                if isinstance(exc, ChecksumError):
+                    if res.busy(key):
+                        return "reused", 0  # read while being rewritten: the move is moot
+                    if not res.is_current(src):
+                        continue  # replaced while it was read: look again
                 last = exc
                 tried.add(src.tier)
                 if isinstance(exc, TierDownError) and not dst.up:
@@ -420,7 +425,7 @@ class Mover:
         if not self.placement.evict_copy(tier, res, copy):
             if res.copy_on(key, tier.name) is None:
                 return "reused", 0  # gone meanwhile
-            if res.busy(key):
+            if res.busy(key, tier.name):
                 raise StrataError(
                     f"chunk {key!r} of {res.name!r}: a write of it is in flight; not evicted"
                 )

@@ -74,6 +74,8 @@ class Placement:
 
     #: catalog rows read per eviction round when looking for victims of closed datasets
     CATALOG_BATCH = 512
+    #: seconds a move waits for room held by puts in flight (:meth:`claim`)
+    CLAIM_WAIT = 30.0
 
     def __init__(
         self,
@@ -152,46 +154,48 @@ class Placement:
         return None
 
     # ----------------------------------------------------------------- capacity
-    #: how long a move's claim waits, at most, for other puts' reservations (seconds)
-    CLAIM_WAIT = 2.0
-
     def claim(
         self, tier: Tier, nbytes: int, *, protect: Iterable[str] = (), wait: bool = False
     ) -> bool:
         """Reserve ``nbytes`` on ``tier`` for a put in flight, evicting if needed; the caller
         releases the reservation (:meth:`Tier.release`) once the copy is recorded.
 
-        With ``wait`` (a move, whose own earlier puts are all recorded), room held by other
-        threads' puts in flight (reserved, or recorded copies whose put has not ended) is
-        waited for, up to :attr:`CLAIM_WAIT` seconds: once those puts end their copies can
-        be evicted. A write does not wait: it goes on to the next tier its hint allows."""
+        With ``wait``, a tier whose room is all held by puts in flight (reserved, or copies
+        being written there, so nothing can be evicted yet) is waited on, and room that other
+        moves take as soon as it is made is made again, up to :attr:`CLAIM_WAIT` seconds. Only a caller that holds no
+        reservation of its own may wait (a move of one chunk; not a batch of writes, which
+        goes on to the next tier instead).
+        """
+        deadline = time.monotonic() + self.CLAIM_WAIT
+        while True:
+            before, busy = self.evictions, self._in_flight(tier)
+            if self._claim_once(tier, nbytes, protect):
+                return True
+            # other moves may have taken the room this one made, or puts in flight (since
+            # recorded, perhaps) held it: try again while either may be the case
+            if not wait or time.monotonic() > deadline:
+                return False
+            if self.evictions == before:
+                if not busy and not self._in_flight(tier):
+                    return False  # nothing on the tier can go, and nothing is changing
+                tier.wait_for_change(0.05)
+
+    def _in_flight(self, tier: Tier) -> bool:
+        """True while puts to ``tier`` hold room there (reserved, or copies being written)."""
+        return bool(tier.reserved) or any(r.writing_on(tier.name) for r in list(self._residencies))
+
+    def _claim_once(self, tier: Tier, nbytes: int, protect: Iterable[str]) -> bool:
         if tier.reserve(nbytes):
             return True
         keep = list(protect)
-        deadline = time.monotonic() + self.CLAIM_WAIT
-        tries = 0
-        while True:
-            with self._lock:
+        with self._lock:
+            for _ in range(8):  # other threads may take the room just made; evict again
                 if tier.reserve(nbytes):
                     return True
                 before = self.evictions
-                if self.make_room(tier, nbytes, protect=keep) or self.evictions != before:
-                    tries += 1
-                    if tries < 8:  # other threads may take the room just made; evict again
-                        continue
-                    return tier.reserve(nbytes)
-            if not wait or not self._held_by_puts(tier) or time.monotonic() > deadline:
-                return False  # nothing left to evict
-            time.sleep(0.002)  # puts in flight hold the room: their copies become victims
-
-    def _held_by_puts(self, tier: Tier) -> bool:
-        """True if room on ``tier`` is reserved, or held by a copy of a chunk with a put in
-        flight (not an eviction victim until the put ends)."""
-        if tier.reserved:
-            return True
-        return any(
-            res.busy(c.key) for res in list(self._residencies) for c in res.on_tier(tier.name)
-        )
+                if not self.make_room(tier, nbytes, protect=keep) and self.evictions == before:
+                    return False  # nothing left to evict
+        return tier.reserve(nbytes)
 
     def make_room(self, tier: Tier, nbytes: int, *, protect: Iterable[str] = ()) -> bool:
         """Evict from ``tier`` until ``nbytes`` more fit; True if they fit.
@@ -275,8 +279,8 @@ class Placement:
         was listed, or cannot be written back. A copy whose object is found missing is
         forgotten (True: its room is free).
         """
-        if res.busy(copy.key):
-            return False  # its new version is being written: not a victim
+        if res.busy(copy.key, tier.name):
+            return False  # its new version is being written there: not a victim
         done = res.drop_if_kept(copy)
         if not done and not tier.volatile and res.copy_on(copy.key, tier.name) is not None:
             done = self.write_back(tier, res, copy)

@@ -17,8 +17,9 @@ threads at once. Three rules keep them from losing a version:
 - Each chunk has a version, bumped by every write of new content (:meth:`record_write`). A
   move records the copy it made only if the chunk's version is still the one it copied
   (:meth:`record_move`); otherwise the copy is stale and is dropped.
-- A chunk with a put in flight (:meth:`busy`) is not an eviction victim, and an eviction
-  forgets a copy only if it is still the one it chose (:meth:`remove` with ``expect``).
+- A copy with a put of its chunk to its tier in flight (:meth:`busy`) is not an eviction
+  victim, and an eviction forgets a copy only if it is still the one it chose and another
+  copy is kept (:meth:`drop_if_kept`), or through a write-back (:meth:`record_move`).
 
 Copies on a volatile tier (the memory role) are held here like any other but never reach the
 catalog: they die with the process, and the catalog names only copies that outlive it.
@@ -156,10 +157,23 @@ class Residency:
                 or slot in self._committing
             )
 
-    def busy(self, key: str) -> bool:
-        """True while a put of ``key`` (to any tier) is in flight."""
+    def busy(self, key: str, tier: str | None = None) -> bool:
+        """True while a put of ``key`` (to ``tier``; to any tier when None) is in flight."""
         with self.lock:
+            if tier is not None:
+                return (tier, key) in self._writing
             return self._busy[key] > 0
+
+    def writing_on(self, tier: str) -> bool:
+        """True while any put to ``tier`` is in flight."""
+        with self.lock:
+            return any(t == tier for t, _ in self._writing)
+
+    def wait_quiet(self, key: str, timeout: float = 30.0) -> bool:
+        """Wait until no put of ``key`` is in flight (``timeout`` seconds at most); True if
+        none is."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._busy[key] == 0, timeout)
 
     # ----------------------------------------------------------------- puts
     @contextlib.contextmanager

@@ -141,6 +141,8 @@ class TieredChunkStore(ChunkStore):  # no optional capabilities yet
                 out[i] = blob
                 del pending[i]
                 continue
+            elif self.res.busy(keys[i]) and self.res.wait_quiet(keys[i]):
+                continue  # read while a put replaced it: read again once it is recorded
             elif self.res.is_current(copy):
                 corrupt.setdefault(i, []).append(f"{tier.name}: {checksum(blob)}")
             else:

@@ -82,6 +82,7 @@ class Tier:
     commit: Commit | None = field(default=None, repr=False)
     slots: threading.BoundedSemaphore = field(init=False, repr=False)
     _lock: threading.Lock = field(init=False, repr=False, default_factory=threading.Lock)
+    _changed: threading.Condition = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.role not in TIER_ROLES:
@@ -91,6 +92,7 @@ class Tier:
         if self.capacity is not None and self.capacity < 0:
             raise StrataError(f"tier {self.name!r}: negative capacity {self.capacity}")
         self.slots = threading.BoundedSemaphore(max(1, int(self.concurrency)))
+        self._changed = threading.Condition(self._lock)
 
     # ----------------------------------------------------------------- health
     @property
@@ -172,6 +174,13 @@ class Tier:
     def release(self, nbytes: int) -> None:
         with self._lock:
             self.reserved = max(0, self.reserved - nbytes)
+            self._changed.notify_all()
+
+    def wait_for_change(self, timeout: float) -> None:
+        """Wait until a reservation is released or usage changes (``timeout`` seconds at
+        most)."""
+        with self._changed:
+            self._changed.wait(timeout)
 
     def account(self, delta: int, *, release: int = 0) -> None:
         """Add ``delta`` bytes (negative to free) to :attr:`used`, and in the same step drop
@@ -181,6 +190,7 @@ class Tier:
         with self._lock:
             self.used = max(0, self.used + int(delta))
             self.reserved = max(0, self.reserved - int(release))
+            self._changed.notify_all()
 
     def record(self) -> TierRecord:
         """This tier as a catalog row."""
