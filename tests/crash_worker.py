@@ -33,8 +33,9 @@ def version(k: int) -> np.ndarray:
 
 
 def region(k: int) -> tuple[slice, slice]:
-    """The region step ``k`` of a partial rewrite writes (never aligned to chunks)."""
-    r, c = (7 * k) % 40, (13 * k) % 40
+    """The region step ``k`` of a partial rewrite writes (never aligned to chunks; inside
+    the array at every step, however many steps a worker gets to run)."""
+    r, c = (7 * k) % 40, (13 * k) % 37
     return np.s_[r : r + 17 + k % 5, c : c + 23 - k % 7]
 
 

@@ -303,11 +303,6 @@ def test_a_dataset_open_in_another_live_session_is_not_evicted(tmp_path):
         np.testing.assert_array_equal(s.open_dataset("d")[...], data)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a reader's close commits its access times as whole rows from its snapshot "
-    "(Residency.commit), reverting rows another session committed since",
-)
 def test_a_readers_close_keeps_what_a_writer_committed_meanwhile(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with strataio.Session() as s:

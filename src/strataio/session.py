@@ -19,7 +19,6 @@ dead job left, and leaves alone what a live one is doing.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import os
 from collections.abc import Callable
@@ -31,7 +30,6 @@ from strataio.arrays.metadata import ArrayMetadata
 from strataio.catalog.base import (
     Catalog,
     ChunkCopy,
-    CopyId,
     DatasetRecord,
     codec_json,
     open_catalog,
@@ -39,11 +37,12 @@ from strataio.catalog.base import (
 from strataio.errors import MetadataError, StrataError
 from strataio.storage.base import validate_key
 from strataio.tiers.cache import DEFAULT_CACHE_BYTES, ChunkCache
+from strataio.tiers.commit import Commit
 from strataio.tiers.mover import MoveHandle, Mover, MoveResult, Progress
 from strataio.tiers.placement import Placement
 from strataio.tiers.residency import META_KEY, Residency, object_key
 from strataio.tiers.store import TieredChunkStore, keys_of
-from strataio.tiers.tier import Tier, TierSet
+from strataio.tiers.tier import TierSet
 
 
 class TieredDataset(Dataset):
@@ -113,45 +112,32 @@ class TieredDataset(Dataset):
         Collective protocol: (1) every rank makes its writes durable; (2) every rank hands its
         buffered residency changes to rank 0, which adopts and commits them, so the move sees
         every rank's chunks; (3) each rank deletes the objects its handed-over changes made
-        stale, before anything moves (a move may put a new object under the same name); (4)
-        rank 0 runs the move to its end (committed by rank 0 as a single process's move is);
-        (5) rank 0 broadcasts the result, any error and its residency, and the other ranks
-        adopt that residency. A failure anywhere raises on every rank; changes not yet handed
+        stale, before anything moves (a move may put a new object under the same name) --
+        steps 1-3 are :meth:`Commit.share`; (4) rank 0 runs the move to its end (committed by
+        rank 0 as a single process's move is); (5) rank 0 broadcasts the result, any error and
+        its residency, and the other ranks reload theirs from it
+        (:meth:`Residency.reload`). A failure anywhere raises on every rank; changes not yet handed
         over stay buffered (handed over at close), and handed-over ones that rank 0 could not
         commit stay buffered there.
         """
         if self.comm is None:
             return start()
-        comm, res, rank = self.comm, self.store.res, self.comm.Get_rank()
-        err = _first_error(comm, _attempt(self.store.sync))
-        changed: list[str] = []
-        if err is None:
-            gathered = comm.gather(res.take_changes() if rank != 0 else None, root=0)
-            if rank == 0:
-
-                def adopt_and_commit() -> None:
-                    for ups, dels, touched in gathered[1:]:
-                        _adopt(res, ups, dels, touched)
-                        changed.extend(c.key for c in ups)
-                    self.store.flush()  # commits rank 0's changes and the adopted ones
-
-                err = _attempt(adopt_and_commit)
-            err, changed = comm.bcast((err, changed), root=0)
-        if err is None:
-            # each rank's stale objects go before anything moves (see the protocol above)
-            err = _first_error(comm, _attempt(res.delete_obsolete) if rank != 0 else None)
+        comm, res = self.comm, self.store.res
+        # (1)-(3): every rank's changes recorded by rank 0, stale objects deleted
+        changed = self.store.commit.share(res)
         result: MoveResult | None = None
+        err: BaseException | None = None
         copies: list[ChunkCopy] | None = None
-        if rank == 0:
-            if err is None:
-                try:
-                    result = start().result()
-                except BaseException as exc:
-                    err = exc
+        if comm.Get_rank() == 0:
+            try:
+                result = start().result()
+            except BaseException as exc:
+                err = exc
             copies = res.all_copies()
         result, err, copies = comm.bcast((result, err, copies), root=0)
-        if rank != 0:
-            changed.extend(_replace_residency(res, copies))
+        if comm.Get_rank() != 0:
+            assert copies is not None
+            changed = sorted(set(changed) | set(res.reload(copies)))
         # chunks another rank rewrote: no rank's prefetch cache may keep their old bytes
         self.store.cache.invalidate(self.name, changed)
         if err is not None:
@@ -210,50 +196,6 @@ class FinishedMove:
         return False
 
 
-def _adopt(res: Residency, ups: list[ChunkCopy], dels: list[CopyId], touched: list[str]) -> None:
-    """Apply another rank's handed-over residency changes to rank 0's ``res`` (buffered for
-    its next commit; the objects those changes make stale are that rank's to delete)."""
-    for _, key, tier in dels:
-        res.remove(key, tier, delete_object=False)
-    for c in ups:
-        res.add(c)
-    res.touch(touched)
-
-
-def _replace_residency(res: Residency, copies: list[ChunkCopy]) -> list[str]:
-    """Make ``res`` hold exactly ``copies`` (rank 0's residency after a collective move; it
-    is in the catalog already, so the changes this makes are dropped, not handed over).
-    Returns the keys of chunks whose content changed (a checksum this rank did not know)."""
-    want = {(c.key, c.tier): c for c in copies}
-    have = {(c.key, c.tier): c for c in res.all_copies()}
-    for key, tier in have.keys() - want.keys():
-        res.remove(key, tier, delete_object=False)
-    for kt, c in want.items():
-        if have.get(kt) != c:
-            res.add(c)
-    res.take_changes()
-    sums: dict[str, set[str]] = {}
-    for c in have.values():
-        sums.setdefault(c.key, set()).add(c.checksum)
-    return sorted({c.key for c in copies if c.checksum not in sums.get(c.key, ())})
-
-
-def _attempt(fn: Callable[[], Any]) -> BaseException | None:
-    """Run ``fn``; the exception it raised, or None."""
-    try:
-        fn()
-    except BaseException as exc:
-        return exc
-    return None
-
-
-def _first_error(comm: Any, err: BaseException | None) -> BaseException | None:
-    """The lowest rank's error, on every rank (collective)."""
-    errs = comm.gather(err, root=0)
-    first = next((e for e in errs if e is not None), None) if errs is not None else None
-    return comm.bcast(first, root=0)
-
-
 class Session:
     """The storage hierarchy of one configuration.
 
@@ -289,8 +231,6 @@ class Session:
         self._own_catalog = False
         #: this session's writer id (the same on every rank of a job)
         self.writer = ""
-        self._catalog_url = ""
-        self._announcer: Catalog | None = None  # ranks other than 0: opened on first use
         state: Any = None
         err: BaseException | None = None
         if self.rank == 0:
@@ -316,17 +256,24 @@ class Session:
         state, err = self._agree(state, err)
         if err is not None:
             raise err
-        tier_state, self.writer, self._catalog_url = state
+        tier_state, self.writer, catalog_url = state
+        # one commit object takes every change to the catalog (rank 0 holds the catalog; the
+        # other ranks announce their rewrites through a connection of their own)
+        self.commit = Commit(
+            self.tiers, self.catalog, comm, writer=self.writer, catalog_url=catalog_url
+        )
         for (_name, st, used), t in zip(tier_state, self.tiers):
             t.state, t.used = st, used
-            t.listener = self._tier_changed
+            t.commit = self.commit
         if cache_bytes is None:
             mem = self.tiers.by_role("memory")
             cache_bytes = mem[0].capacity if mem and mem[0].capacity else DEFAULT_CACHE_BYTES
         # eviction reaches datasets not open here only where this process commits residency
-        self.placement = Placement(self.tiers, catalog=self.catalog if comm is None else None)
+        self.placement = Placement(
+            self.tiers, self.commit, catalog=self.catalog if comm is None else None
+        )
         self.cache = ChunkCache(cache_bytes)
-        self.mover = Mover(self.tiers, self.placement, self.cache)
+        self.mover = Mover(self.tiers, self.placement, self.cache, self.commit)
         self._open: list[TieredChunkStore] = []
         self._closed = False
 
@@ -457,7 +404,7 @@ class Session:
 
     def usage(self) -> dict[str, int]:
         """Bytes of catalogued chunk copies per tier (every dataset)."""
-        if self.catalog is not None and not self._open:
+        if self.catalog is not None and all(s.closed for s in self._open):
             # with datasets open, the in-memory accounting includes their uncommitted changes
             self.tiers.account_usage(self.catalog.all_residency())
         return {t.name: t.used for t in self.tiers}
@@ -474,8 +421,7 @@ class Session:
             self._closed = True
             self.mover.shutdown()
             self.tiers.close()
-            if self._announcer is not None:
-                self._announcer.close()
+            self.commit.shutdown()
             if self.catalog is not None:
                 # after the mover: nothing of this session is in flight any more
                 with contextlib.suppress(StrataError):
@@ -509,90 +455,20 @@ class Session:
     def _store(
         self, record: DatasetRecord, copies: list[ChunkCopy], meta: bytes | None
     ) -> TieredChunkStore:
-        # Rank 0 holds the catalog and commits its own changes as a single process does (its
-        # in-place rewrites are announced, its moves and evictions committed when they end);
-        # the other ranks hand theirs over at close.
-        committer = self._commit if self.rank == 0 else None
-        res = Residency(record.name, copies, self.tiers, committer)
         store = TieredChunkStore(
-            res,
+            Residency(record.name, copies, self.tiers),
             self.tiers,
             self.placement,
             self.mover,
             self.cache,
+            self.commit,
             hint=record.hint,
             disabled=record.state == "disabled",
             stage_on_read=self.stage_on_read,
             meta=meta,
-            on_close=self._closed_store,
-            announce=self._announce,
         )
-        self._open.append(store)
+        self._open = [s for s in self._open if not s.closed] + [store]
         return store
-
-    def _commit(self, upserts: list[ChunkCopy], deletes: list[CopyId]) -> None:
-        assert self.catalog is not None
-        self.catalog.commit(self._stamped(upserts), deletes)
-
-    def _announce(self, intents: list[ChunkCopy]) -> None:
-        """Record rewrites in place (``in-transit`` rows) under this session's writer, from
-        any rank."""
-        if self.catalog is not None:
-            self._commit(intents, [])
-            return
-        if self._announcer is None:
-            self._announcer = open_catalog(self._catalog_url)
-        self._announcer.commit(self._stamped(intents), [])
-
-    def _stamped(self, upserts: list[ChunkCopy]) -> list[ChunkCopy]:
-        """``upserts`` with this session's writer on every announced rewrite."""
-        return [
-            dataclasses.replace(c, writer=self.writer)
-            if c.state == "in-transit" and not c.writer
-            else c
-            for c in upserts
-        ]
-
-    def _closed_store(self, store: TieredChunkStore) -> None:
-        if store in self._open:
-            self._open.remove(store)
-        if self.comm is None:
-            self._release(store.name)
-            return
-        # Parallel close: rank 0 commits every other rank's changes in one transaction (its
-        # own were committed by the flush of the close), then each rank deletes the objects
-        # its changes made obsolete.
-        ups, dels, touched = store.res.take_changes()
-        gathered = self.comm.gather((ups, dels), root=0)
-        err: BaseException | None = None
-        if self.rank == 0:
-            try:
-                all_ups = [c for u, _ in gathered for c in u]
-                all_dels = [d for _, d in gathered for d in d]
-                if all_ups or all_dels:
-                    self._commit(all_ups, all_dels)
-            except BaseException as exc:
-                err = exc
-        _, err = self._agree(None, err)
-        if err is not None:
-            raise err
-        store.res.delete_obsolete()
-        del touched
-        # another rank may have rewritten chunks this rank holds in its prefetch cache
-        self.cache.invalidate(store.name)
-        self._release(store.name)
-
-    def _release(self, name: str) -> None:
-        if self.catalog is not None:
-            # if the catalog cannot take it, the mark goes with the writer at close
-            with contextlib.suppress(StrataError):
-                self.catalog.unuse_dataset(name, self.writer)
-
-    def _tier_changed(self, tier: Tier) -> None:
-        if self.catalog is not None:
-            # if the catalog cannot take it, the in-memory state still steers this process
-            with contextlib.suppress(StrataError):
-                self.catalog.set_tier_state(tier.name, tier.state)
 
 
 def _load(config: Any) -> Any:

@@ -1,6 +1,8 @@
-"""The storage hierarchy: tiers, placement hints, the mover, the tiered chunk store, fsck."""
+"""The storage hierarchy: tiers, placement hints, the mover, the tiered chunk store, the commit
+of residency changes, fsck."""
 
 from strataio.tiers.cache import ChunkCache
+from strataio.tiers.commit import Commit
 from strataio.tiers.fsck import FsckReport, fsck
 from strataio.tiers.mover import MoveHandle, Mover, MoveResult, Progress
 from strataio.tiers.placement import HINTS, DatasetDisabledError, Placement
@@ -10,6 +12,7 @@ from strataio.tiers.tier import Tier, TierSet
 __all__ = [
     "HINTS",
     "ChunkCache",
+    "Commit",
     "DatasetDisabledError",
     "FsckReport",
     "MoveHandle",

@@ -243,8 +243,8 @@ def inspect(
 
     listed: dict[str, set[str]] = {}
     for t in tiers:
-        if not t.up:
-            continue
+        if not t.up or t.volatile:
+            continue  # memory tiers hold no catalogued copy: what they hold dies with the process
         try:
             listed[t.name] = set(t.backend.list())
         except Exception as exc:

@@ -10,26 +10,31 @@ A migration moves each chunk in the order that keeps it safe across a crash: cop
 (fsync / completed PUT) → read back and verify the checksum → commit the new residency (one
 catalog transaction for the whole move) → delete the source copies. Until the commit the
 catalog names only the source; after it, the destination, and a leftover source object is an
-orphan that fsck removes.
+orphan that fsck removes. The commit is :meth:`strataio.tiers.commit.Commit.apply`, run when the
+move's last chunk is done.
+
+A move that finds the chunk rewritten meanwhile records nothing (the new version is where its
+write put it); a source copy found missing is forgotten and the next copy is used. A prefetch
+stages to the fastest memory tier when one is configured (a volatile cache level, see
+:mod:`strataio.tiers.tier`), else reads into the in-process chunk cache.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 from strataio.catalog.base import ChunkCopy
-from strataio.errors import StrataError, TierDownError
+from strataio.errors import ChecksumError, NotFoundError, StrataError, TierDownError
 from strataio.tiers.cache import ChunkCache
+from strataio.tiers.commit import Commit
 from strataio.tiers.placement import Placement
 from strataio.tiers.residency import Residency, object_key
 from strataio.tiers.tier import Tier, TierSet, checksum, transfer
-
-OPS = ("stage", "prefetch", "migrate", "evict")
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +73,9 @@ class MoveResult:
 class MoveHandle:
     """A running move. ``wait`` / ``result`` block; ``done``, ``progress`` do not."""
 
-    def __init__(self, op: str, total: int) -> None:
+    def __init__(
+        self, op: str, total: int, commit: Commit | None = None, res: Residency | None = None
+    ) -> None:
         self.op = op
         self._result = MoveResult(op, total)
         self._lock = threading.Lock()
@@ -78,7 +85,9 @@ class MoveHandle:
         self._remaining = total
         self._t0 = time.perf_counter()
         self._error: BaseException | None = None
-        self._on_finish: Callable[[], None] | None = None
+        #: what the move changed is committed when its last chunk is done
+        self._commit = commit
+        self._res = res
 
     # ----------------------------------------------------------------- caller side
     def done(self) -> bool:
@@ -151,8 +160,8 @@ class MoveHandle:
 
     def _finish(self) -> None:
         try:
-            if self._on_finish is not None:
-                self._on_finish()
+            if self._commit is not None and self._res is not None:
+                self._commit.apply(self._res)
         except BaseException as exc:  # reported to the waiter
             self._error = exc
         self._result.seconds = time.perf_counter() - self._t0
@@ -165,21 +174,27 @@ class MoveHandle:
 
 
 class Mover:
-    """Moves chunks of open datasets between tiers on a shared thread pool."""
+    """Moves chunks of open datasets between tiers on a shared thread pool; each move's
+    changes are committed through ``commit`` (default: the placement's) when it ends."""
 
     def __init__(
         self,
         tiers: TierSet,
         placement: Placement,
         cache: ChunkCache,
+        commit: Commit | None = None,
         *,
         max_workers: int | None = None,
     ) -> None:
         self.tiers = tiers
         self.placement = placement
         self.cache = cache
+        self.commit = commit if commit is not None else placement.commit
         workers = max_workers or max(4, min(32, sum(t.concurrency for t in tiers)))
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="strataio-mover")
+        # puts of written chunks run apart from moves: a move waiting for a chunk being
+        # written (Residency.writing) never holds up that write's puts
+        self._puts = ThreadPoolExecutor(workers, thread_name_prefix="strataio-put")
 
     # ----------------------------------------------------------------- API
     def stage(self, res: Residency, keys: Sequence[str], to: str | None = None) -> MoveHandle:
@@ -191,10 +206,19 @@ class Mover:
     def migrate(self, res: Residency, keys: Sequence[str], to: str) -> MoveHandle:
         """Move ``keys`` to tier ``to``; copies on faster tiers are deleted after the commit."""
         target = self.tiers[to]
+        if target.volatile:
+            raise StrataError(
+                f"tier {to!r} is a memory tier: it cannot be the only copy of a chunk, so it "
+                "cannot be a migration's target (stage or prefetch to it instead)"
+            )
         return self._start("migrate", res, keys, lambda k: self._migrate_one(res, k, target))
 
     def prefetch(self, res: Residency, keys: Sequence[str]) -> MoveHandle:
-        """Read ``keys`` into the in-process chunk cache (memory level)."""
+        """Bring ``keys`` to the memory level: the fastest up memory tier when one is
+        configured (a stage to it), else the in-process chunk cache."""
+        mem = next((t for t in self.tiers if t.volatile and t.up), None)
+        if mem is not None:
+            return self._start("prefetch", res, keys, lambda k: self._stage_one(res, k, mem))
         return self._start("prefetch", res, keys, lambda k: self._prefetch_one(res, k))
 
     def evict(self, res: Residency, keys: Sequence[str], tier: str) -> MoveHandle:
@@ -203,8 +227,13 @@ class Mover:
         t = self.tiers[tier]
         return self._start("evict", res, keys, lambda k: self._evict_one(res, k, t))
 
+    def submit(self, fn: Callable[..., None], *args: Any) -> Future[None]:
+        """Run ``fn(*args)`` on the pool of puts (the tiered store's parallel puts)."""
+        return self._puts.submit(fn, *args)
+
     def shutdown(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
+        self._puts.shutdown(wait=True, cancel_futures=True)
 
     # ----------------------------------------------------------------- machinery
     def _start(
@@ -215,8 +244,7 @@ class Mover:
         one: Callable[[str], tuple[str, int]],
     ) -> MoveHandle:
         keys = list(dict.fromkeys(keys))
-        h = MoveHandle(op, len(keys))
-        h._on_finish = res.commit if op != "prefetch" else None
+        h = MoveHandle(op, len(keys), self.commit, res)
 
         def job(key: str) -> None:
             if h.cancelled:
@@ -247,40 +275,91 @@ class Mover:
 
     def _copy(self, res: Residency, key: str, dst: Tier) -> tuple[str, int]:
         """Copy ``key`` from its fastest readable copy to ``dst`` (trying further copies
-        when a source tier fails); record the new copy in the residency."""
+        when a source tier fails, or its copy went away or is missing); record the new copy
+        in the residency unless the chunk was rewritten meanwhile (then the move has nothing
+        to do: the new version is where its write put it)."""
+        start = res.version(key)
         last: Exception | None = None
-        for src in res.readable(key):
+        tried: set[str] = set()
+        while True:
+            if res.version(key) != start:
+                return "reused", 0  # rewritten since the move began
+            sources = [c for c in res.readable(key) if c.tier not in tried]
+            if not sources:
+                break
+            src = sources[0]
             if src.tier == dst.name:
                 return "reused", 0
+            if src.state == "in-transit" and res.busy(key):
+                return "reused", 0  # being rewritten here: the new version is where it goes
             protect = [object_key(res.name, key)]
-            if not self.placement.claim(dst, src.nbytes, protect=protect):
-                raise StrataError(f"tier {dst.name!r} is full and nothing on it can be evicted")
+            if not self.placement.claim(dst, src.nbytes, protect=protect, wait=True):
+                raise StrataError(
+                    f"chunk {key!r} of {res.name!r}: tier {dst.name!r} is full and nothing "
+                    "on it can be evicted"
+                )
             recorded = False
             try:
-                n, digest = transfer(
-                    self.tiers[src.tier], dst, object_key(res.name, key), src.checksum
-                )
-                copy = ChunkCopy(res.name, key, dst.name, n, digest, "valid", time.time())
-                res.add(copy, reserved=src.nbytes)
-                recorded = True
-            except TierDownError as exc:
+                with res.writing(key, dst.name):
+                    version = res.version(key)
+                    if res.copy_on(key, dst.name) is not None:
+                        return "reused", 0  # another move put it there meanwhile
+                    if not res.is_current(src):
+                        continue  # moved, evicted or rewritten meanwhile: look again
+                    self._announce(res, key, dst, src)
+                    try:
+                        # an announced rewrite left by another writer holds either version
+                        expect = "" if src.state == "in-transit" else src.checksum
+                        n, digest = transfer(self.tiers[src.tier], dst, res.name, key, expect)
+                        if not src.accepts(digest):
+                            raise ChecksumError(
+                                f"chunk {key!r} of dataset {res.name!r} on tier {src.tier!r} "
+                                f"has checksum {digest}, catalog says {src.checksum}"
+                            )
+                    except NotFoundError:
+                        if res.drop_missing(src) or not res.is_current(src):
+                            continue  # catalogued but gone (forgotten now), or moved away
+                        raise StrataError(
+                            f"chunk {key!r} of {res.name!r}: its copy on {src.tier!r} is "
+                            "missing and no other copy is left; run 'strataio fsck'"
+                        ) from None
+                    copy = ChunkCopy(res.name, key, dst.name, n, digest, "valid", time.time())
+                    recorded = res.record_move(copy, version, reserved=src.nbytes)
+                    return ("moved", n) if recorded else ("reused", 0)
+            except (TierDownError, ChecksumError) as exc:
+                if isinstance(exc, ChecksumError):
+                    if res.busy(key):
+                        return "reused", 0  # read while being rewritten: the move is moot
+                    if not res.is_current(src):
+                        continue  # replaced while it was read: look again
                 last = exc
-                if not dst.up:
+                tried.add(src.tier)
+                if isinstance(exc, TierDownError) and not dst.up:
                     raise
-                continue
             finally:
                 if not recorded:
                     dst.release(src.nbytes)
-            return "moved", n
         if last is not None:
             raise last
-        if res.copies(key):
+        if res.readable(key, up_only=False):
             down = ", ".join(c.tier for c in res.copies(key))
-            raise StrataError(f"chunk {key!r}: no readable copy (its tiers {down} are down)")
-        return "reused", 0  # never written: nothing to move
+            raise StrataError(
+                f"chunk {key!r} of {res.name!r}: no readable copy (its tiers {down} are down)"
+            )
+        return "reused", 0  # never written (or lost): nothing to move
+
+    def _announce(self, res: Residency, key: str, dst: Tier, src: ChunkCopy) -> None:
+        """A copy put where the catalog may still name a forgotten one is announced first."""
+        if res.catalogued(key, dst.name):
+            now = time.time()
+            intent = ChunkCopy(res.name, key, dst.name, src.nbytes, src.checksum, "in-transit", now)
+            self.commit.announce(res, [intent])
 
     def _stage_one(self, res: Residency, key: str, target: Tier | None) -> tuple[str, int]:
         copies = res.readable(key)
+        if target is None or not target.volatile:
+            # a memory copy dies with the process: staging to a disk ignores it
+            copies = [c for c in copies if not self.tiers[c.tier].volatile]
         if not copies:
             return "reused", 0
         best = self._rank(copies[0].tier)
@@ -309,7 +388,7 @@ class Mover:
         if have is not None and have.state in ("valid", "dirty"):
             outcome, n = "reused", 0
             if have.state == "dirty":
-                res.add(dataclasses.replace(have, state="valid"))
+                res.mark_valid(have)
         else:
             outcome, n = self._copy(res, key, target)
         if not any(c.tier == target.name for c in res.readable(key, up_only=False)):
@@ -317,7 +396,7 @@ class Mover:
         rank = self._rank(target.name)
         for c in copies:
             if self._rank(c.tier) < rank:
-                res.remove(key, c.tier)  # object deleted after the commit
+                res.drop_if_kept(c)  # object deleted after the commit
         return outcome, n
 
     def _prefetch_one(self, res: Residency, key: str) -> tuple[str, int]:
@@ -329,7 +408,7 @@ class Mover:
                 data = tier.call(tier.backend.get, object_key(res.name, key))
             except TierDownError:
                 continue
-            if c.checksum and checksum(data) != c.checksum:
+            if not c.accepts(checksum(data)):
                 continue
             self.cache.put(res.name, key, data)
             res.touch([key])
@@ -339,17 +418,19 @@ class Mover:
         return "reused", 0
 
     def _evict_one(self, res: Residency, key: str, tier: Tier) -> tuple[str, int]:
-        copy = next((c for c in res.copies(key) if c.tier == tier.name), None)
+        copy = res.copy_on(key, tier.name)
         if copy is None:
             return "reused", 0
-        others = [c for c in res.readable(key) if c.tier != tier.name]
-        n = 0
-        if not others:
-            if not self.placement.write_back(tier, res, copy):
+        kept = tier.volatile or res.kept_elsewhere(key, tier.name)
+        if not self.placement.evict_copy(tier, res, copy):
+            if res.copy_on(key, tier.name) is None:
+                return "reused", 0  # gone meanwhile
+            if res.busy(key, tier.name):
                 raise StrataError(
-                    f"chunk {key!r}: its only copy is on {tier.name!r} and no slower tier "
-                    "can take it"
+                    f"chunk {key!r} of {res.name!r}: a write of it is in flight; not evicted"
                 )
-            n = copy.nbytes
-        res.remove(key, tier.name)
-        return "moved", n
+            raise StrataError(
+                f"chunk {key!r} of {res.name!r}: its only copy is on {tier.name!r} and no "
+                "slower tier can take it"
+            )
+        return "moved", 0 if kept else copy.nbytes

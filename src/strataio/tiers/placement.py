@@ -8,6 +8,13 @@ goes to the next tier the hint allows: the other persistent tiers by distance fr
 tier, slower ones first on a tie (an archive that is down spills onto disks, as the paper's
 last example does). A fast tier that is full evicts least-recently-used chunks that have
 another valid copy; a chunk whose only copy is there is first written back to a slower tier.
+A copy is forgotten only through the commit that records the copy replacing it, and its
+object is deleted after that commit (:mod:`strataio.tiers.commit`); a chunk with a put in
+flight is never a victim, and a catalogued copy found missing is dropped, never reported to
+the writer that needed the room.
+
+A memory tier is volatile (:mod:`strataio.tiers.tier`): never a write's home, a stage or
+prefetch target whose copies eviction simply drops.
 
 Eviction has hysteresis: once a tier is full it is emptied down to a low-water mark (a
 fraction of its capacity free), so the catalog transaction that records an eviction round is
@@ -19,12 +26,21 @@ commit-before-delete rules apply).
 
 from __future__ import annotations
 
+import dataclasses
 import threading
+import time
 import weakref
 from collections.abc import Iterable
 
 from strataio.catalog.base import Catalog, ChunkCopy
-from strataio.errors import DatasetDisabledError, StrataError, TierDownError
+from strataio.errors import (
+    ChecksumError,
+    DatasetDisabledError,
+    NotFoundError,
+    StrataError,
+    TierDownError,
+)
+from strataio.tiers.commit import Commit
 from strataio.tiers.residency import Residency, object_key
 from strataio.tiers.tier import Tier, TierSet, transfer
 
@@ -58,17 +74,27 @@ class Placement:
 
     #: catalog rows read per eviction round when looking for victims of closed datasets
     CATALOG_BATCH = 512
+    #: seconds a move waits for room held by puts in flight (:meth:`claim`)
+    CLAIM_WAIT = 30.0
 
     def __init__(
         self,
         tiers: TierSet,
+        commit: Commit | None = None,
         *,
         catalog: Catalog | None = None,
         low_water_fraction: float = 0.1,
     ) -> None:
         if not 0.0 <= low_water_fraction <= 1.0:
             raise StrataError(f"low_water_fraction must lie in [0, 1], got {low_water_fraction!r}")
+        if not any(not t.volatile for t in tiers):
+            raise StrataError(
+                "a storage hierarchy needs a persistent tier (localdisk, remotedisk or "
+                f"remotetape); the tiers {', '.join(tiers.names)} are all memory tiers, whose "
+                "copies die with the process"
+            )
         self.tiers = tiers
+        self.commit = commit if commit is not None else Commit(tiers, catalog)
         self.catalog = catalog
         self.low_water_fraction = float(low_water_fraction)
         self._residencies: weakref.WeakSet[Residency] = weakref.WeakSet()
@@ -92,9 +118,8 @@ class Placement:
         return h
 
     def persistent(self) -> list[Tier]:
-        """Tiers that outlive the process (all but memory tiers; all if only memory exists)."""
-        out = [t for t in self.tiers if t.role != "memory"]
-        return out or list(self.tiers)
+        """Tiers that outlive the process: all but the volatile (memory) tiers."""
+        return [t for t in self.tiers if not t.volatile]
 
     def home(self, hint: str) -> Tier | None:
         """The tier a hint names (``None`` for DISABLE); AUTO is the slowest persistent tier."""
@@ -129,9 +154,37 @@ class Placement:
         return None
 
     # ----------------------------------------------------------------- capacity
-    def claim(self, tier: Tier, nbytes: int, *, protect: Iterable[str] = ()) -> bool:
+    def claim(
+        self, tier: Tier, nbytes: int, *, protect: Iterable[str] = (), wait: bool = False
+    ) -> bool:
         """Reserve ``nbytes`` on ``tier`` for a put in flight, evicting if needed; the caller
-        releases the reservation (:meth:`Tier.release`) once the copy is recorded."""
+        releases the reservation (:meth:`Tier.release`) once the copy is recorded.
+
+        With ``wait``, a tier whose room is all held by puts in flight (reserved, or copies
+        being written there, so nothing can be evicted yet) is waited on, and room that other
+        moves take as soon as it is made is made again, up to :attr:`CLAIM_WAIT` seconds. Only a caller that holds no
+        reservation of its own may wait (a move of one chunk; not a batch of writes, which
+        goes on to the next tier instead).
+        """
+        deadline = time.monotonic() + self.CLAIM_WAIT
+        while True:
+            before, busy = self.evictions, self._in_flight(tier)
+            if self._claim_once(tier, nbytes, protect):
+                return True
+            # other moves may have taken the room this one made, or puts in flight (since
+            # recorded, perhaps) held it: try again while either may be the case
+            if not wait or time.monotonic() > deadline:
+                return False
+            if self.evictions == before:
+                if not busy and not self._in_flight(tier):
+                    return False  # nothing on the tier can go, and nothing is changing
+                tier.wait_for_change(0.05)
+
+    def _in_flight(self, tier: Tier) -> bool:
+        """True while puts to ``tier`` hold room there (reserved, or copies being written)."""
+        return bool(tier.reserved) or any(r.writing_on(tier.name) for r in list(self._residencies))
+
+    def _claim_once(self, tier: Tier, nbytes: int, protect: Iterable[str]) -> bool:
         if tier.reserve(nbytes):
             return True
         keep = list(protect)
@@ -172,6 +225,8 @@ class Placement:
                     if object_key(res.name, c.key) not in keep:
                         victims.append((c.last_access, res, c))
             if self.catalog is not None:
+                # datasets another live session has open are never evicted from here: that
+                # session may have recorded copies this one does not know of
                 names = {r.name for r in open_res} | self.catalog.datasets_in_use()
                 for c in self.catalog.lru_copies(tier.name, self.CATALOG_BATCH, exclude=names):
                     if object_key(c.dataset, c.key) not in keep:
@@ -188,13 +243,13 @@ class Placement:
                     res = self._load(owner, loaded)
                     if all(x.tier != tier.name for x in res.copies(c.key)):
                         continue  # gone since the candidates were listed
-                if not self._evict(tier, res, c):
+                if not self.evict_copy(tier, res, c):
                     continue
                 if res not in touched:
                     touched.append(res)
             try:
                 for res in touched:
-                    res.commit()
+                    self.commit.apply(res)
             finally:
                 for name in loaded:
                     self.catalog.unuse_dataset(name)  # type: ignore[union-attr]
@@ -202,30 +257,43 @@ class Placement:
 
     def _load(self, name: str, loaded: dict[str, Residency]) -> Residency:
         """The residency of dataset ``name``, not open here, read from the catalog (one query)
-        the first time an eviction round needs it; its changes commit straight to the
-        catalog (no write of it awaits a sync in this process)."""
+        the first time an eviction round needs it; marked in use by this process until the
+        round's commits are done (so fsck leaves the write-backs' objects alone)."""
         res = loaded.get(name)
         if res is None:
             assert self.catalog is not None
-            catalog = self.catalog
-            # in use while its copies move: fsck leaves the write-backs' objects alone
-            catalog.use_dataset(name)
-            res = loaded[name] = Residency(
-                name, catalog.residency(name), self.tiers, lambda u, d: catalog.commit(u, d)
-            )
+            self.catalog.use_dataset(name)
+            try:
+                copies = self.catalog.residency(name)
+            except BaseException:
+                self.catalog.unuse_dataset(name)
+                raise
+            res = loaded[name] = Residency(name, copies, self.tiers)
         return res
 
-    def _evict(self, tier: Tier, res: Residency, copy: ChunkCopy) -> bool:
-        others = [c for c in res.readable(copy.key) if c.tier != tier.name]
-        if not others and not self.write_back(tier, res, copy):
-            return False
-        res.remove(copy.key, tier.name)
-        self.evictions += 1
-        return True
+    def evict_copy(self, tier: Tier, res: Residency, copy: ChunkCopy) -> bool:
+        """Forget ``copy`` (of ``res``, on ``tier``) so that its object is deleted after the
+        next commit, writing it back first if no other copy is kept on a persistent tier.
+
+        False, and nothing changed, if the chunk has a put in flight, changed since ``copy``
+        was listed, or cannot be written back. A copy whose object is found missing is
+        forgotten (True: its room is free).
+        """
+        if res.busy(copy.key, tier.name):
+            return False  # its new version is being written there: not a victim
+        done = res.drop_if_kept(copy)
+        if not done and not tier.volatile and res.copy_on(copy.key, tier.name) is not None:
+            done = self.write_back(tier, res, copy)
+        if done:
+            self.evictions += 1
+        return done
 
     def write_back(self, tier: Tier, res: Residency, copy: ChunkCopy) -> bool:
-        """Copy ``copy`` (on ``tier``) safely to the nearest slower up tier with room and
-        record it there; False if no slower tier can take it. The source copy is kept."""
+        """Copy ``copy`` (on ``tier``) safely to the nearest slower up persistent tier with
+        room, record it there and forget the source copy (its object is deleted after the
+        commit that records the new one). False if no slower tier can take it or the chunk
+        changed meanwhile; True also when the source object turns out to be missing (the
+        catalogued copy is then forgotten: nothing is left to write back)."""
         rank = self.tiers.rank(tier.name)
         for dst in self.persistent():
             if self.tiers.rank(dst.name) <= rank or not dst.up:
@@ -234,11 +302,30 @@ class Placement:
                 continue
             recorded = False
             try:
-                n, digest = transfer(tier, dst, object_key(res.name, copy.key), copy.checksum)
-                back = ChunkCopy(res.name, copy.key, dst.name, n, digest, "valid", copy.last_access)
-                res.add(back, reserved=copy.nbytes)
-                recorded = True
-                return True
+                with res.writing(copy.key, dst.name):
+                    version = res.version(copy.key)
+                    current = res.copy_on(copy.key, tier.name)
+                    if current is None or not res.is_current(copy):
+                        return False  # rewritten or gone since it was chosen
+                    if res.catalogued(copy.key, dst.name):
+                        # the catalog may still name a forgotten copy there: announce
+                        intent = dataclasses.replace(
+                            copy, tier=dst.name, state="in-transit", last_access=time.time()
+                        )
+                        self.commit.announce(res, [intent])
+                    try:
+                        n, digest = transfer(tier, dst, res.name, copy.key, copy.checksum)
+                    except NotFoundError:
+                        return res.drop_missing(current)
+                    except ChecksumError:
+                        return False  # a corrupt only copy: fsck reports it; never evicted
+                    back = ChunkCopy(
+                        res.name, copy.key, dst.name, n, digest, "valid", copy.last_access
+                    )
+                    recorded = res.record_move(
+                        back, version, reserved=copy.nbytes, replaces=current
+                    )
+                    return recorded
             except TierDownError:
                 if not tier.up:
                     return False

@@ -2,62 +2,95 @@
 
 APRIL touches its metadata database only at open and close; so does strataio. The catalog's
 rows for a dataset are loaded once (:meth:`Catalog.residency`, one query) into a
-:class:`Residency`; reads, writes and moves update it in memory and buffer the changes, which
-:meth:`Residency.commit` applies in one catalog transaction (at flush, close and the end of each
-move). Objects made obsolete by a change (a source copy after a migration, a stale copy after a
-rewrite, an evicted copy) are deleted only *after* the commit that forgets them, so a crash at
-any point leaves the catalog naming only copies that exist (or that fsck can prove stale).
+:class:`Residency`; reads, writes and moves update it in memory and buffer the changes: rows
+to upsert and delete, objects put but not yet synced, objects a change made obsolete. The
+:class:`~strataio.tiers.commit.Commit` takes that buffer as one :class:`Batch` and applies it:
+sync, one catalog transaction, then delete the obsolete objects.
+
+Concurrency. Writes, stages, write-backs and evictions of the same chunk may run on several
+threads at once. Three rules keep them from losing a version:
+
+- Every put of an object (``tier``, ``key``) happens inside :meth:`Residency.writing`, which
+  admits one put per object at a time, cancels a pending deletion of that object (the put
+  replaces it, and its row supersedes the deleted one) and waits while a deletion of it is
+  being carried out.
+- Each chunk has a version, bumped by every write of new content (:meth:`record_write`). A
+  move records the copy it made only if the chunk's version is still the one it copied
+  (:meth:`record_move`); otherwise the copy is stale and is dropped.
+- A copy with a put of its chunk to its tier in flight (:meth:`busy`) is not an eviction
+  victim, and an eviction forgets a copy only if it is still the one it chose and another
+  copy is kept (:meth:`drop_if_kept`), or through a write-back (:meth:`record_move`).
+
+Copies on a volatile tier (the memory role) are held here like any other but never reach the
+catalog: they die with the process, and the catalog names only copies that outlive it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
 
+from strataio.arrays.store import META_KEY
 from strataio.catalog.base import ChunkCopy, CopyId
-from strataio.tiers.tier import Tier, TierSet, is_backend_failure
+from strataio.tiers.tier import Tier, TierSet
+
+__all__ = ["META_KEY", "READABLE", "Batch", "Residency", "object_key"]
 
 #: copy states a read may use
 READABLE = ("valid", "dirty")
 
-Committer = Callable[[list[ChunkCopy], list[CopyId]], None]
-PreCommit = Callable[[], None]
+
+@dataclass(slots=True)
+class Batch:
+    """Changes taken from a residency to be applied together: ``unsynced`` objects per tier
+    (to make durable first), catalog ``upserts`` and ``deletes`` (one transaction), then the
+    ``obsolete`` ``(tier, key)`` objects the transaction stopped naming (to delete last).
+    ``touches`` maps chunk keys read to their access time (POSIX seconds): recorded as access
+    times only, never as whole rows, so a reader never writes back rows another process has
+    changed since it opened the dataset."""
+
+    unsynced: dict[str, set[str]] = field(default_factory=dict)
+    upserts: list[ChunkCopy] = field(default_factory=list)
+    deletes: list[CopyId] = field(default_factory=list)
+    obsolete: list[tuple[str, str]] = field(default_factory=list)
+    touches: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def empty(self) -> bool:
+        return not (self.unsynced or self.upserts or self.deletes or self.obsolete or self.touches)
 
 
 class Residency:
     """The in-memory copy map of dataset ``name`` with a buffer of uncommitted changes.
 
-    ``committer(upserts, deletes)`` applies changes to the catalog in one transaction; it is
-    ``None`` where this process does not talk to the catalog (MPI ranks other than 0), and the
-    changes are then handed over with :meth:`take_changes`. ``pre_commit`` runs before the
-    buffered changes are taken for any commit, under the residency lock: the store installs
-    its sync there, so that whoever triggers a commit (a flush, the end of a move, an eviction
-    for another dataset) never makes the catalog name a copy that is not yet durable; if it
-    raises, nothing is committed. Thread-safe.
+    Thread-safe. ``commit_lock`` serialises the application of batches, so that changes reach
+    the catalog in the order they were made.
     """
 
-    def __init__(
-        self,
-        name: str,
-        copies: Iterable[ChunkCopy],
-        tiers: TierSet,
-        committer: Committer | None = None,
-        pre_commit: PreCommit | None = None,
-    ) -> None:
+    def __init__(self, name: str, copies: Iterable[ChunkCopy], tiers: TierSet) -> None:
         self.name = name
         self.tiers = tiers
-        self.committer = committer
-        self.pre_commit = pre_commit
         self.lock = threading.RLock()
+        self.commit_lock = threading.Lock()
+        self._cond = threading.Condition(self.lock)
         self._copies: dict[str, dict[str, ChunkCopy]] = {}
         for c in copies:
             self._copies.setdefault(c.key, {})[c.tier] = c
         self._upserts: dict[tuple[str, str], ChunkCopy] = {}
         self._deletes: set[tuple[str, str]] = set()
-        self._obsolete: list[tuple[str, str]] = []  # (tier, key) objects to delete after commit
-        self._touched: set[str] = set()
+        self._unsynced: dict[str, set[str]] = {}  # tier -> chunk keys put, not yet synced
+        self._obsolete: set[tuple[str, str]] = set()  # (tier, key) to delete after commit
+        self._deleting: set[tuple[str, str]] = set()  # (tier, key) being deleted now
+        self._committing: set[tuple[str, str]] = set()  # (key, tier) rows a batch deletes
+        self._writing: set[tuple[str, str]] = set()  # (tier, key) with a put in flight
+        self._busy: Counter[str] = Counter()  # key -> puts in flight, any tier
+        self._versions: Counter[str] = Counter()
+        self._touched: dict[str, float] = {}  # key -> latest access time not recorded yet
 
     # ----------------------------------------------------------------- queries
     def chunk_keys(self) -> list[str]:
@@ -70,14 +103,34 @@ class Residency:
             got = list(self._copies.get(key, {}).values())
         return sorted(got, key=lambda c: self._rank(c.tier))
 
+    def copy_on(self, key: str, tier: str) -> ChunkCopy | None:
+        with self.lock:
+            return self._copies.get(key, {}).get(tier)
+
+    def is_current(self, copy: ChunkCopy) -> bool:
+        """True if ``copy`` is still the copy recorded on its tier (same size, checksum and
+        state; its access time may have moved on)."""
+        now = self.copy_on(copy.key, copy.tier)
+        return now is not None and _same(now, copy)
+
     def readable(self, key: str, *, up_only: bool = True) -> list[ChunkCopy]:
         """Copies a read may use, fastest first (skipping tiers marked down): valid and dirty
-        ones, and announced rewrites (whose object holds the old or the new bytes, whole)."""
+        ones, and announced rewrites (whose object holds the old or the new bytes, whole;
+        :meth:`ChunkCopy.accepts`)."""
         return [
             c
             for c in self.copies(key)
             if (c.state in READABLE or c.old_checksum) and (not up_only or self._tier(c.tier).up)
         ]
+
+    def kept_elsewhere(self, key: str, tier: str) -> bool:
+        """True if a valid or dirty copy of ``key`` on an up, persistent tier other than
+        ``tier`` exists: dropping the copy on ``tier`` then loses nothing (the commit that
+        forgets it records the other copy too). A rewrite in flight there does not count."""
+        return any(
+            c.tier != tier and c.state in READABLE and not self._tier(c.tier).volatile
+            for c in self.readable(key)
+        )
 
     def on_tier(self, tier: str) -> list[ChunkCopy]:
         with self.lock:
@@ -87,36 +140,200 @@ class Residency:
         with self.lock:
             return [c for v in self._copies.values() for c in v.values()]
 
-    def nbytes_by_tier(self) -> dict[str, int]:
-        out = dict.fromkeys(self.tiers.names, 0)
-        for c in self.all_copies():
-            out[c.tier] = out.get(c.tier, 0) + c.nbytes
-        return out
+    def version(self, key: str) -> int:
+        """How many writes of new content ``key`` has had in this process."""
+        with self.lock:
+            return self._versions[key]
+
+    def catalogued(self, key: str, tier: str) -> bool:
+        """True if the catalog may name a copy of ``key`` on ``tier``: one is recorded, or its
+        row's deletion is not committed yet. A put there replaces an object the catalog may
+        name, so it is announced first (:meth:`Commit.announce`)."""
+        with self.lock:
+            slot = (key, tier)
+            return (
+                self.copy_on(key, tier) is not None
+                or slot in self._deletes
+                or slot in self._committing
+            )
+
+    def busy(self, key: str, tier: str | None = None) -> bool:
+        """True while a put of ``key`` (to ``tier``; to any tier when None) is in flight."""
+        with self.lock:
+            if tier is not None:
+                return (tier, key) in self._writing
+            return self._busy[key] > 0
+
+    def writing_on(self, tier: str) -> bool:
+        """True while any put to ``tier`` is in flight."""
+        with self.lock:
+            return any(t == tier for t, _ in self._writing)
+
+    def wait_quiet(self, key: str, timeout: float = 30.0) -> bool:
+        """Wait until no put of ``key`` is in flight (``timeout`` seconds at most); True if
+        none is."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._busy[key] == 0, timeout)
+
+    # ----------------------------------------------------------------- puts
+    @contextlib.contextmanager
+    def writing(self, key: str, tier: str) -> Iterator[None]:
+        """Hold the right to put object ``key`` on ``tier`` (one put per object at a time).
+
+        A pending deletion of that object is cancelled (the put replaces it); a deletion
+        being carried out is waited for. While the put is in flight no commit writes a row
+        for that copy (its announcement stands). If no copy on ``tier`` is recorded when the
+        put ends (it failed, or a move found its copy stale), the object is obsolete and any
+        row (an announcement) naming it is dropped: the next commit deletes both.
+        """
+        self.begin_write(key, tier)
+        try:
+            yield
+        finally:
+            self.end_write(key, tier)
+
+    def begin_write(self, key: str, tier: str) -> None:
+        """The first half of :meth:`writing`, for puts that another thread carries out."""
+        slot = (tier, key)
+        with self._cond:
+            while slot in self._writing or slot in self._deleting:
+                self._cond.wait()
+            self._writing.add(slot)
+            self._busy[key] += 1
+            self._obsolete.discard(slot)
+
+    def end_write(self, key: str, tier: str) -> None:
+        """The second half of :meth:`writing`."""
+        slot = (tier, key)
+        with self._cond:
+            self._writing.discard(slot)
+            if self.copy_on(key, tier) is None:
+                self._obsolete.add(slot)
+                if not self._tier(tier).volatile:
+                    self._upserts.pop((key, tier), None)
+                    self._deletes.add((key, tier))
+            self._busy[key] -= 1
+            if not self._busy[key]:
+                del self._busy[key]
+            self._cond.notify_all()
 
     # ----------------------------------------------------------------- changes
-    def add(self, copy: ChunkCopy, *, reserved: int = 0) -> None:
+    def add(self, copy: ChunkCopy, *, reserved: int = 0, unsynced: bool = False) -> None:
         """Record (or replace) a copy; the tier's usage follows, absorbing ``reserved`` bytes
-        that were reserved for this copy (see :meth:`Tier.account`)."""
+        that were reserved for this copy (see :meth:`Tier.account`). ``unsynced``: its object
+        was put without being made durable; the commit syncs it before recording it."""
         with self.lock:
             per = self._copies.setdefault(copy.key, {})
             old = per.get(copy.tier)
             per[copy.tier] = copy
-            self._upserts[(copy.key, copy.tier)] = copy
-            self._deletes.discard((copy.key, copy.tier))
-        self._tier(copy.tier).account(copy.nbytes - (old.nbytes if old else 0), release=reserved)
+            slot = (copy.key, copy.tier)
+            if not self._tier(copy.tier).volatile:
+                self._upserts[slot] = copy
+                self._deletes.discard(slot)
+                if unsynced:
+                    self._unsynced.setdefault(copy.tier, set()).add(copy.key)
+            # the object now holds what this row names: a pending deletion is void
+            self._obsolete.discard((copy.tier, copy.key))
+            self._tier(copy.tier).account(
+                copy.nbytes - (old.nbytes if old else 0), release=reserved
+            )
 
-    def remove(self, key: str, tier: str, *, delete_object: bool = True) -> ChunkCopy | None:
-        """Forget the copy of ``key`` on ``tier``; its object is deleted after the next commit."""
+    def record_write(self, copy: ChunkCopy, *, reserved: int = 0) -> None:
+        """Record new content of a chunk just put (not yet synced) as ``copy``: the chunk's
+        version moves on and its copies on other tiers, stale now, are forgotten."""
         with self.lock:
-            old = self._copies.get(key, {}).pop(tier, None)
-            if old is None:
+            self._versions[copy.key] += 1
+            self.add(copy, reserved=reserved, unsynced=True)
+            for c in list(self._copies.get(copy.key, {}).values()):
+                if c.tier != copy.tier:
+                    self.remove(copy.key, c.tier)
+
+    def record_move(
+        self, copy: ChunkCopy, version: int, *, reserved: int = 0, replaces: ChunkCopy | None = None
+    ) -> bool:
+        """Record ``copy``, made by a move that copied version ``version`` of the chunk, if
+        that is still its version (and, with ``replaces``, forget that copy in the same step:
+        a write-back). False, and nothing recorded, if the chunk changed meanwhile."""
+        with self.lock:
+            if self._versions[copy.key] != version:
+                return False
+            if replaces is not None and self.copy_on(replaces.key, replaces.tier) is None:
+                return False
+            self.add(copy, reserved=reserved)
+            if replaces is not None:
+                self.remove(replaces.key, replaces.tier)
+            return True
+
+    def remove(
+        self,
+        key: str,
+        tier: str,
+        *,
+        delete_object: bool = True,
+        expect: ChunkCopy | None = None,
+    ) -> ChunkCopy | None:
+        """Forget the copy of ``key`` on ``tier``; its object is deleted after the next commit
+        (``delete_object``). With ``expect``, only if the copy there is still that one
+        (same size, checksum and state). Returns the copy forgotten, or None."""
+        with self.lock:
+            per = self._copies.get(key, {})
+            old = per.get(tier)
+            if old is None or (expect is not None and not _same(old, expect)):
                 return None
-            self._upserts.pop((key, tier), None)
-            self._deletes.add((key, tier))
-            if delete_object:
-                self._obsolete.append((tier, key))
-        self._tier(tier).account(-old.nbytes)
+            del per[tier]
+            if not per:
+                self._copies.pop(key, None)
+            if not self._tier(tier).volatile:
+                self._upserts.pop((key, tier), None)
+                self._deletes.add((key, tier))
+                if tier in self._unsynced:
+                    self._unsynced[tier].discard(key)
+            if delete_object and (tier, key) not in self._writing:
+                # (a put in flight there replaces the object; if it records no copy, its
+                # end marks the object obsolete)
+                self._obsolete.add((tier, key))
+            self._tier(tier).account(-old.nbytes)
         return old
+
+    def mark_valid(self, copy: ChunkCopy) -> bool:
+        """Record that ``copy`` (a ``dirty`` one) is now at the chunk's home tier, if it is
+        still the copy recorded there."""
+        with self.lock:
+            if not self.is_current(copy):
+                return False
+            self.add(dataclasses.replace(copy, state="valid"))
+            return True
+
+    def drop_if_kept(self, copy: ChunkCopy) -> bool:
+        """Forget ``copy`` (its object deleted after the next commit) if it is still recorded
+        and the chunk keeps a copy elsewhere (:meth:`kept_elsewhere`; a memory copy always
+        may go). One step under the lock: two evictions of the same chunk from two tiers
+        never both succeed."""
+        with self.lock:
+            if not self._tier(copy.tier).volatile and not self.kept_elsewhere(copy.key, copy.tier):
+                return False
+            return self.remove(copy.key, copy.tier, expect=copy) is not None
+
+    def drop_missing(self, copy: ChunkCopy) -> bool:
+        """Forget ``copy``, whose object was found missing, if it still is (nothing to
+        delete) and the chunk has another copy; True if it was forgotten. The last copy of a
+        chunk is kept, so that its loss stays visible (reads raise, fsck reports it) instead
+        of the chunk reading as never written.
+
+        The object is looked for again under the residency lock: a put records its copy only
+        after the object is there, so a copy recorded meanwhile (the same bytes put again)
+        is never taken for the missing one.
+        """
+        tier = self._tier(copy.tier)
+        with self.lock:
+            if len(self._copies.get(copy.key, {})) < 2:
+                return False
+            try:
+                if tier.backend.exists(object_key(self.name, copy.key)):
+                    return False
+            except Exception:
+                return False  # the tier cannot tell: keep the row
+            return self.remove(copy.key, copy.tier, delete_object=False, expect=copy) is not None
 
     def touch(self, keys: Iterable[str], when: float | None = None) -> None:
         """Note an access (for LRU eviction); reaches the catalog at commit."""
@@ -128,72 +345,121 @@ class Residency:
                     continue
                 for t, c in list(per.items()):
                     per[t] = dataclasses.replace(c, last_access=now)
-                self._touched.add(k)
+                self._touched[k] = max(now, self._touched.get(k, now))
 
-    def take_changes(self) -> tuple[list[ChunkCopy], list[CopyId], list[str]]:
-        """Remove and return the buffered ``(upserts, deletes, touched keys)``."""
+    # ----------------------------------------------------------------- batches
+    def take_batch(self) -> Batch:
+        """Remove and return every buffered change; the obsolete objects are marked as being
+        deleted (puts of them wait) until :meth:`deleted` or :meth:`restore`."""
         with self.lock:
-            ups = list(self._upserts.values())
-            dels = [(self.name, k, t) for k, t in sorted(self._deletes)]
-            touched = sorted(self._touched)
+            ups = dict(self._upserts)
+            # a row for a copy being rewritten waits for the put's end: the announcement
+            # of the rewrite stands until then
+            held = {slot: c for slot, c in ups.items() if (slot[1], slot[0]) in self._writing}
+            for slot in held:
+                del ups[slot]
+            batch = Batch(
+                {t: set(ks) for t, ks in self._unsynced.items() if ks},
+                list(ups.values()),
+                [(self.name, k, t) for k, t in sorted(self._deletes)],
+                sorted(self._obsolete),
+                dict(self._touched),
+            )
             self._upserts.clear()
+            self._upserts.update(held)
             self._deletes.clear()
+            self._unsynced.clear()
             self._touched.clear()
-        return ups, dels, touched
+            self._deleting.update(self._obsolete)
+            self._obsolete.clear()
+            self._committing = {(k, t) for _, k, t in batch.deletes}
+        return batch
 
-    def take_obsolete(self) -> list[tuple[str, str]]:
+    def restore(self, batch: Batch) -> None:
+        """Put back a batch that could not be applied, under any change made since."""
+        with self._cond:
+            self._committing.clear()
+            for t, ks in batch.unsynced.items():
+                self._unsynced.setdefault(t, set()).update(ks)
+            for c in batch.upserts:
+                slot = (c.key, c.tier)
+                if slot not in self._deletes:
+                    self._upserts.setdefault(slot, c)
+            for _, k, t in batch.deletes:
+                if (k, t) not in self._upserts:
+                    self._deletes.add((k, t))
+            for slot in batch.obsolete:
+                self._deleting.discard(slot)
+                if self.copy_on(slot[1], slot[0]) is None:
+                    self._obsolete.add(slot)
+            for k, when in batch.touches.items():
+                self._touched[k] = max(when, self._touched.get(k, when))
+            self._cond.notify_all()
+
+    def deleted(self, objs: Iterable[tuple[str, str]]) -> None:
+        """The obsolete objects ``objs`` of a taken batch are dealt with (deleted, or left as
+        orphans on a tier that is down); puts of them may go on."""
+        with self._cond:
+            self._committing.clear()
+            self._deleting.difference_update(objs)
+            self._cond.notify_all()
+
+    # ----------------------------------------------------------------- parallel jobs
+    def adopt(self, batch: Batch) -> list[str]:
+        """Take over the row changes of ``batch``, taken by another rank of a parallel job
+        from its residency of this dataset: they are buffered here for the next commit. The
+        objects they made obsolete are that rank's to delete, and its objects are synced
+        already. Returns the keys of chunks whose content changed (a checksum new here)."""
         with self.lock:
-            out, self._obsolete = self._obsolete, []
-        return out
+            changed: set[str] = set()
+            for _, key, tier in batch.deletes:
+                if self.remove(key, tier, delete_object=False) is None:
+                    # a row this rank never loaded: the catalog may still hold it
+                    self._upserts.pop((key, tier), None)
+                    self._deletes.add((key, tier))
+            for c in batch.upserts:
+                if all(x.checksum != c.checksum for x in self._copies.get(c.key, {}).values()):
+                    self._versions[c.key] += 1  # a move of the old content records nothing
+                    changed.add(c.key)
+                self.add(c)
+            for k, when in batch.touches.items():
+                self.touch([k], when)
+            return sorted(changed)
 
-    @property
-    def pending(self) -> bool:
+    def reload(self, copies: Iterable[ChunkCopy]) -> list[str]:
+        """Make this residency hold exactly ``copies`` on its persistent tiers: what the
+        catalog records now, after a collective move that rank 0 committed. Nothing is
+        buffered for these copies and no object is deleted (rank 0 did that). Copies on
+        memory tiers stay, unless their chunk's content changed. Returns the keys of chunks
+        whose content changed (a checksum this residency did not hold)."""
         with self.lock:
-            return bool(self._upserts or self._deletes or self._obsolete or self._touched)
-
-    def commit(self) -> None:
-        """Apply the buffered changes in one catalog transaction, then delete obsolete objects.
-
-        Without a committer (non-root MPI ranks) nothing is applied and nothing deleted: the
-        owner of the catalog commits at close and the objects are deleted then.
-        """
-        if self.committer is None:
-            return
-        with self.lock:
-            if self.pre_commit is not None:
-                # copies are recorded only after their objects are durable (see the class doc)
-                self.pre_commit()
-            ups, dels, touched = self.take_changes()
-            if touched:
-                # the latest access time rides along with the copy rows
-                for k in touched:
-                    for c in self._copies.get(k, {}).values():
-                        ups.append(c)
-            ups = list({(c.key, c.tier): c for c in ups}.values())
-            try:
-                if ups or dels:
-                    self.committer(ups, dels)
-            except BaseException:
-                # keep the changes buffered so a later commit retries them
-                for c in ups:
-                    self._upserts.setdefault((c.key, c.tier), c)
-                self._deletes.update((k, t) for _, k, t in dels)
-                raise
-        self.delete_obsolete()
-
-    def delete_obsolete(self) -> None:
-        """Delete objects that the catalog no longer names (after a successful commit)."""
-        for tier_name, key in self.take_obsolete():
-            tier = self._tier(tier_name)
-            if not tier.up:
-                continue  # fsck removes the orphan once the tier answers again
-            try:
-                tier.backend.delete(object_key(self.name, key))
-            except Exception as exc:
-                if is_backend_failure(exc):
-                    tier.mark_down(exc)
-                else:
-                    raise
+            want = {(c.key, c.tier): c for c in copies if not self._tier(c.tier).volatile}
+            have = {(c.key, c.tier): c for c in self.all_copies()}
+            sums: dict[str, set[str]] = {}
+            for c in have.values():
+                sums.setdefault(c.key, set()).add(c.checksum)
+            changed = {c.key for c in want.values() if c.checksum not in sums.get(c.key, ())}
+            for (key, tier), c in have.items():
+                if self._tier(tier).volatile:
+                    if key in changed:
+                        self.remove(key, tier)  # stale now: its object goes too
+                    continue
+                if (key, tier) not in want:
+                    per = self._copies[key]
+                    del per[tier]
+                    if not per:
+                        del self._copies[key]
+                    self._tier(tier).account(-c.nbytes)
+            for (key, tier), c in want.items():
+                old = have.get((key, tier))
+                self._copies.setdefault(key, {})[tier] = c
+                self._tier(tier).account(c.nbytes - (old.nbytes if old else 0))
+            for slot in want.keys() | {s for s in have if not self._tier(s[1]).volatile}:
+                self._upserts.pop(slot, None)
+                self._deletes.discard(slot)
+            for key in changed:
+                self._versions[key] += 1
+            return sorted(changed)
 
     # ----------------------------------------------------------------- helpers
     def _tier(self, name: str) -> Tier:
@@ -203,9 +469,10 @@ class Residency:
         return self.tiers.rank(name) if name in self.tiers else 1 << 30
 
 
+def _same(a: ChunkCopy, b: ChunkCopy) -> bool:
+    return (a.nbytes, a.checksum, a.state) == (b.nbytes, b.checksum, b.state)
+
+
 def object_key(dataset: str, key: str) -> str:
     """The backend key of chunk ``key`` of ``dataset`` on any tier (``name/c/0/1``)."""
     return f"{dataset}/{key}"
-
-
-META_KEY = "zarr.json"

@@ -9,20 +9,34 @@ residency changes reach the catalog in one transaction at flush / close.
 
 Every tier holds the dataset's ``zarr.json`` beside its chunks (``NAME/zarr.json``,
 ``NAME/c/i/j``), so a tier holding all chunks is itself a Zarr v3 array.
+
+Reads check each copy's bytes against the checksum the catalog recorded for it, whatever the
+dataset's codecs (an announced rewrite accepts the old or the new bytes, whole:
+:meth:`ChunkCopy.accepts`): a copy that fails is skipped for the next one, and a chunk whose every copy
+fails raises :class:`ChecksumError` naming the dataset, the chunk and the tiers. A catalogued
+copy whose object is missing is forgotten (the next commit drops its row) and the next copy
+is read.
 """
 
 from __future__ import annotations
 
-import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from strataio.arrays.store import ChunkStore
 from strataio.catalog.base import ChunkCopy
-from strataio.errors import BackendError, ClosedError, NotFoundError, StrataError, TierDownError
+from strataio.errors import (
+    BackendError,
+    ChecksumError,
+    ClosedError,
+    NotFoundError,
+    StrataError,
+    TierDownError,
+)
 from strataio.storage.base import BytesLike, validate_key
 from strataio.tiers.cache import ChunkCache
+from strataio.tiers.commit import Commit
 from strataio.tiers.mover import MoveHandle, Mover
 from strataio.tiers.placement import DatasetDisabledError, Placement, normalize_hint
 from strataio.tiers.residency import META_KEY, Residency, object_key
@@ -34,9 +48,9 @@ class TieredChunkStore(ChunkStore):  # no optional capabilities yet
 
     ``hint`` is the dataset's placement hint; ``disabled`` marks a DISABLE dataset (writes are
     dropped, reads raise :class:`DatasetDisabledError`). ``stage_on_read`` stages chunks whose
-    fastest copy is on an archive (``remotetape``) tier before reading them. ``on_close`` is
-    called once after the final flush (the session commits or gathers there);
-    ``announce(intents)`` records rewrites in place in the catalog before they happen.
+    fastest copy is on an archive (``remotetape``) tier before reading them. ``commit``
+    makes the residency's changes durable (at flush, close and when a rewrite in place is
+    announced).
     """
 
     def __init__(
@@ -46,13 +60,12 @@ class TieredChunkStore(ChunkStore):  # no optional capabilities yet
         placement: Placement,
         mover: Mover,
         cache: ChunkCache,
+        commit: Commit | None = None,
         *,
         hint: str = "AUTO",
         disabled: bool = False,
         stage_on_read: bool = True,
         meta: bytes | None = None,
-        on_close: Callable[[TieredChunkStore], None] | None = None,
-        announce: Callable[[list[ChunkCopy]], None] | None = None,
     ) -> None:
         self.res = residency
         self.name = residency.name
@@ -63,13 +76,9 @@ class TieredChunkStore(ChunkStore):  # no optional capabilities yet
         self.hint = normalize_hint(hint)
         self.disabled = disabled or self.hint == "DISABLE"
         self.stage_on_read = stage_on_read
+        self.commit = commit if commit is not None else placement.commit
         self._meta = meta
-        self._on_close = on_close
-        self._announce = announce
-        self._unsynced: dict[str, set[str]] = {}
-        self._lock = threading.Lock()
         self._closed = False
-        residency.pre_commit = self.sync
         placement.register(residency)
 
     # ----------------------------------------------------------------- reads
@@ -96,15 +105,16 @@ class TieredChunkStore(ChunkStore):  # no optional capabilities yet
         # remembered (not its position: an eviction may change the copy list meanwhile) and
         # the next readable copy on another tier is tried.
         pending: dict[int, set[str]] = {i: set() for i in need}
+        corrupt: dict[int, list[str]] = {}
         while pending:
-            groups: dict[str, list[int]] = {}
+            groups: dict[str, list[tuple[int, ChunkCopy]]] = {}
             for i, tried in list(pending.items()):
                 copies = [c for c in self.res.readable(keys[i]) if c.tier not in tried]
                 if not copies:
-                    raise self._lost(keys[i])
-                groups.setdefault(copies[0].tier, []).append(i)
-            for tier_name, idx in groups.items():
-                self._read_group(self.tiers[tier_name], keys, idx, out, pending)
+                    raise self._lost(keys[i], corrupt.get(i, []))
+                groups.setdefault(copies[0].tier, []).append((i, copies[0]))
+            for tier_name, wanted in groups.items():
+                self._read_group(self.tiers[tier_name], keys, wanted, out, pending, corrupt)
         self.res.touch([keys[i] for i in need])
         return out
 
@@ -112,23 +122,41 @@ class TieredChunkStore(ChunkStore):  # no optional capabilities yet
         self,
         tier: Tier,
         keys: Sequence[str],
-        idx: list[int],
+        wanted: list[tuple[int, ChunkCopy]],
         out: list[BytesLike | None],
         pending: dict[int, set[str]],
+        corrupt: dict[int, list[str]],
     ) -> None:
+        objs = [object_key(self.name, keys[i]) for i, _ in wanted]
         try:
-            blobs = tier.call(tier.backend.get_many, [object_key(self.name, keys[i]) for i in idx])
+            blobs = tier.call(tier.backend.get_many, objs)
         except TierDownError:
             return  # the down tier is now filtered out of readable()
-        for i, blob in zip(idx, blobs):
-            copy = next((c for c in self.res.copies(keys[i]) if c.tier == tier.name), None)
-            if blob is None or copy is None or not copy.accepts(checksum(blob)):
-                pending[i].add(tier.name)  # missing or corrupt here: try another tier
+        for (i, copy), blob in zip(wanted, blobs):
+            if blob is None:
+                # catalogued but missing: forget the copy and read another
+                if self.res.drop_missing(copy) or not self.res.is_current(copy):
+                    continue
+            elif copy.accepts(checksum(blob)):
+                out[i] = blob
+                del pending[i]
                 continue
-            out[i] = blob
-            del pending[i]
+            elif self.res.busy(keys[i]) and self.res.wait_quiet(keys[i]):
+                continue  # read while a put replaced it: read again once it is recorded
+            elif self.res.is_current(copy):
+                corrupt.setdefault(i, []).append(f"{tier.name}: {checksum(blob)}")
+            else:
+                continue  # replaced while it was read: read the new copy
+            pending[i].add(tier.name)
 
-    def _lost(self, key: str) -> StrataError:
+    def _lost(self, key: str, corrupt: list[str]) -> StrataError:
+        if corrupt:
+            sums = self.res.copies(key)
+            return ChecksumError(
+                f"chunk {key!r} of dataset {self.name!r}: every copy read fails the checksum "
+                f"the catalog recorded ({sums[0].checksum if sums else '?'}): "
+                f"{', '.join(corrupt)}; run 'strataio fsck'"
+            )
         where = ", ".join(f"{c.tier}({c.state})" for c in self.res.copies(key)) or "none"
         down = [t.name for t in self.tiers if not t.up]
         return BackendError(
@@ -189,57 +217,68 @@ class TieredChunkStore(ChunkStore):  # no optional capabilities yet
         sums = [checksum(v) for _, v in items]
         # A rewrite in place replaces the catalogued object before the catalog learns of it.
         # Announce it first (state in-transit, new and old checksum, one transaction per
-        # batch): the object then holds one of two known versions, which reads and fsck accept.
-        olds = {k: c for k, _ in items for c in self.res.copies(k) if c.tier == tier.name}
-        if olds and self._announce is not None:
-            intents = [
-                ChunkCopy(self.name, k, tier.name, len(v), d, "in-transit", now, olds[k].checksum)
+        # batch): the object then holds one of two known versions, which reads and fsck
+        # accept, and after a crash fsck can tell an interrupted rewrite from a corrupt copy.
+        keys = sorted(k for k, _ in items)  # one order for every writer: no deadlock
+        for k in keys:
+            self.res.begin_write(k, tier.name)
+        try:
+            olds = {k: c for k, _ in items if (c := self.res.copy_on(k, tier.name)) is not None}
+            # a row the catalog may hold for a copy already forgotten here keeps no old
+            # checksum: those bytes are no version of the chunk to read back
+            intents = {
+                k: ChunkCopy(
+                    self.name,
+                    k,
+                    tier.name,
+                    len(v),
+                    d,
+                    "in-transit",
+                    now,
+                    olds[k].checksum if k in olds else "",
+                )
                 for (k, v), d in zip(items, sums)
-                if k in olds
-            ]
-            # in the residency first: a commit from another thread meanwhile (a stage ending
-            # for a read of other chunks) then records the announcement, not the old row
-            for c in intents:
-                self.res.add(c)
+                if self.res.catalogued(k, tier.name)
+            }
+            # in the residency first (for the copies it holds): a read meanwhile accepts
+            # either version, and a commit from another thread records the announcement,
+            # never the replaced row (rows of copies being put wait for the put's end)
+            for k in olds:
+                self.res.add(intents[k])
             try:
-                self._announce(intents)
+                self.commit.announce(self.res, list(intents.values()))
             except BaseException:
-                for k in olds:
-                    self.res.add(olds[k])
+                for old in olds.values():
+                    self.res.add(old)
                 raise
 
-        def one(kv: tuple[str, memoryview]) -> None:
-            tier.call(tier.backend.put, object_key(self.name, kv[0]), kv[1])
+            def one(k: str, v: memoryview, digest: str) -> None:
+                try:
+                    tier.call(tier.backend.put, object_key(self.name, k), v)
+                except BaseException:
+                    old = olds.get(k)
+                    if old is not None and self.res.is_current(intents[k]):
+                        self.res.add(old)  # the next commit restores the announced row
+                    raise
+                # recorded unsynced: whatever commit records it syncs it first
+                copy = ChunkCopy(self.name, k, tier.name, len(v), digest, state, now)
+                self.res.record_write(copy, reserved=len(v))
 
-        futures = [self.mover._pool.submit(one, kv) for kv in items]
-        failed, error = [], None
-        recorded: set[str] = set()
-        try:
-            for (k, v), d, f in zip(items, sums, futures):
-                exc = f.exception()
-                if exc is None:
-                    # queued for sync before the residency learns of the copy, so any commit
-                    # that records it syncs it first (the residency's pre-commit hook)
-                    with self._lock:
-                        self._unsynced.setdefault(tier.name, set()).add(object_key(self.name, k))
-                    copy = ChunkCopy(self.name, k, tier.name, len(v), d, state, now)
-                    self.res.add(copy, reserved=len(v))
-                    recorded.add(k)
-                    for c in self.res.copies(k):
-                        if c.tier != tier.name:
-                            self.res.remove(k, c.tier)  # stale now; deleted after the commit
-                    continue
-                if k in olds:
-                    self.res.add(olds[k])  # the next commit restores the announced row
-                if isinstance(exc, TierDownError):
-                    failed.append((k, v))
-                    errors.append(str(exc))
-                elif error is None:
-                    error = exc
+            futures = [self.mover.submit(one, k, v, d) for (k, v), d in zip(items, sums)]
+            outcomes = [f.exception() for f in futures]
         finally:
-            for k, v in items:
-                if k not in recorded:
-                    tier.release(len(v))
+            for k in keys:
+                self.res.end_write(k, tier.name)
+        failed, error = [], None
+        for (k, v), exc in zip(items, outcomes):
+            if exc is None:
+                continue
+            tier.release(len(v))
+            if isinstance(exc, TierDownError):
+                failed.append((k, v))
+                errors.append(str(exc))
+            elif error is None:
+                error = exc
         if error is not None:
             raise error
         return failed
@@ -311,48 +350,33 @@ class TieredChunkStore(ChunkStore):  # no optional capabilities yet
         return {k: self.res.copies(k) for k in self.res.chunk_keys()}
 
     # ----------------------------------------------------------------- lifecycle
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def flush(self) -> None:
-        """Make written chunks durable on their tiers, then commit the residency changes."""
+        """Make written chunks durable on their tiers, then commit the residency changes
+        (:meth:`Commit.apply`; where this process holds no catalog, only the sync)."""
         if self._closed:
             return
-        self.sync()  # also run by the commit; here for ranks that hand their changes over
-        self.res.commit()
-
-    def sync(self) -> None:
-        """Make every chunk put since the last sync durable (fsync; a no-op where puts are
-        durable on return). Installed as the residency's pre-commit hook: no commit, whoever
-        triggers it (a flush, a stage, an eviction for another dataset), records a copy
-        before its object is durable. Raises :class:`BackendError` (and keeps the chunks
-        queued) if a tier fails to sync."""
-        with self._lock:
-            unsynced, self._unsynced = self._unsynced, {}
-        failed = []
-        for tier_name, objs in unsynced.items():
-            tier = self.tiers[tier_name]
-            # called even on a tier marked down since the puts: where puts are durable on
-            # return (S3) this is a no-op and the copies stand
-            try:
-                tier.backend.sync(sorted(objs))
-            except Exception as exc:
-                tier.mark_down(exc)
-                failed.append(f"{tier_name}: {exc}")
-                with self._lock:  # retried by the next flush
-                    self._unsynced.setdefault(tier_name, set()).update(objs)
-        if failed:
-            # nothing is committed: the catalog never names a copy that may not be durable
-            raise BackendError(
-                f"dataset {self.name!r}: written chunks may not be durable ({'; '.join(failed)})"
-            )
+        self.commit.apply(self.res)
 
     def close(self) -> None:
+        """Flush and close; copies on memory tiers are dropped (they live while the dataset
+        is open). In a parallel job this is collective (:meth:`Commit.close`)."""
         if self._closed:
             return
         try:
-            self.flush()
+            for tier in self.tiers:
+                if tier.volatile:
+                    for c in self.res.on_tier(tier.name):
+                        self.res.remove(c.key, c.tier, expect=c)
+            self.commit.close(self.res)
         finally:
             self._closed = True
-            if self._on_close is not None:
-                self._on_close(self)
+            if self.commit.comm is not None:
+                # another rank may have rewritten chunks this rank holds in its chunk cache
+                self.cache.invalidate(self.name)
 
     def _check_open(self) -> None:
         if self._closed:

@@ -5,6 +5,12 @@ about it: its role (``memory``, ``localdisk``, ``remotedisk``, ``remotetape``), 
 bytes (``None`` = unbounded), its rank in the hierarchy, whether it answers (``up``/``down`` and
 the last error seen) and how many bytes of chunk copies it holds. A :class:`TierSet` is the
 registry of every configured tier; usage is accounted from the catalog's residency rows.
+
+A tier of the ``memory`` role is **volatile**: a cache level that dies with the process. It
+holds copies as any tier does and is the fastest stage and prefetch target, but it is never a
+write's home nor the only copy of a chunk, its copies are not catalogued, and evicting them
+simply drops them (a persistent copy always exists). Configured without a capacity it gets
+:data:`DEFAULT_MEMORY_BYTES`.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import crc32c
 
@@ -22,8 +28,14 @@ from strataio.catalog.base import TIER_ROLES, ChunkCopy, TierRecord
 from strataio.errors import BackendError, ChecksumError, NotFoundError, StrataError, TierDownError
 from strataio.storage.base import Backend, BytesLike
 
+if TYPE_CHECKING:
+    from strataio.tiers.commit import Commit
+
 #: default number of simultaneous transfers per tier role (a tape has few drives)
 DEFAULT_CONCURRENCY = {"memory": 8, "localdisk": 4, "remotedisk": 8, "remotetape": 2}
+
+#: capacity of a memory tier configured without one
+DEFAULT_MEMORY_BYTES = 256 << 20
 
 #: key of the small object a health check writes, reads back and deletes
 PROBE_KEY = ".strataio/health-probe"
@@ -66,10 +78,11 @@ class Tier:
     concurrency: int = 4
     used: int = 0
     reserved: int = 0
-    #: called with the tier after each health change (the session persists it in the catalog)
-    listener: Callable[[Tier], None] | None = field(default=None, repr=False)
+    #: records each health change in the catalog (set by the session)
+    commit: Commit | None = field(default=None, repr=False)
     slots: threading.BoundedSemaphore = field(init=False, repr=False)
     _lock: threading.Lock = field(init=False, repr=False, default_factory=threading.Lock)
+    _changed: threading.Condition = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.role not in TIER_ROLES:
@@ -79,26 +92,32 @@ class Tier:
         if self.capacity is not None and self.capacity < 0:
             raise StrataError(f"tier {self.name!r}: negative capacity {self.capacity}")
         self.slots = threading.BoundedSemaphore(max(1, int(self.concurrency)))
+        self._changed = threading.Condition(self._lock)
 
     # ----------------------------------------------------------------- health
     @property
     def up(self) -> bool:
         return self.state == "up"
 
+    @property
+    def volatile(self) -> bool:
+        """True for a memory tier: its copies die with the process (see the module doc)."""
+        return self.role == "memory"
+
     def mark_down(self, error: BaseException | str) -> None:
         """Record a backend failure: the tier is skipped until a check finds it answering."""
         changed = self.state != "down"
         self.state = "down"
         self.last_error = str(error) or type(error).__name__
-        if changed and self.listener is not None:
-            self.listener(self)
+        if changed and self.commit is not None:
+            self.commit.tier_changed(self)
 
     def mark_up(self) -> None:
         changed = self.state != "up"
         self.state = "up"
         self.last_error = ""
-        if changed and self.listener is not None:
-            self.listener(self)
+        if changed and self.commit is not None:
+            self.commit.tier_changed(self)
 
     def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run ``fn(*args)`` against this tier within its concurrency slots; a backend failure
@@ -155,6 +174,13 @@ class Tier:
     def release(self, nbytes: int) -> None:
         with self._lock:
             self.reserved = max(0, self.reserved - nbytes)
+            self._changed.notify_all()
+
+    def wait_for_change(self, timeout: float) -> None:
+        """Wait until a reservation is released or usage changes (``timeout`` seconds at
+        most)."""
+        with self._changed:
+            self._changed.wait(timeout)
 
     def account(self, delta: int, *, release: int = 0) -> None:
         """Add ``delta`` bytes (negative to free) to :attr:`used`, and in the same step drop
@@ -164,6 +190,7 @@ class Tier:
         with self._lock:
             self.used = max(0, self.used + int(delta))
             self.reserved = max(0, self.reserved - int(release))
+            self._changed.notify_all()
 
     def record(self) -> TierRecord:
         """This tier as a catalog row."""
@@ -172,25 +199,31 @@ class Tier:
         )
 
 
-def transfer(src: Tier, dst: Tier, key: str, expect: str = "") -> tuple[int, str]:
-    """Copy object ``key`` from ``src`` to ``dst`` the safe way; return ``(nbytes, checksum)``.
+def transfer(src: Tier, dst: Tier, dataset: str, key: str, expect: str = "") -> tuple[int, str]:
+    """Copy chunk ``key`` of ``dataset`` from ``src`` to ``dst`` the safe way; return
+    ``(nbytes, checksum)``.
 
     The bytes read are checked against ``expect`` (when given), put durably (fsync / completed
     PUT) and read back from ``dst`` and checked again, so the copy is known good before anyone
-    records it. A failing tier is marked down (:class:`TierDownError`); a mismatch raises
-    :class:`ChecksumError` and removes the bad destination object.
+    records it. A failing tier is marked down (:class:`TierDownError`); a missing source object
+    raises :class:`NotFoundError`; a mismatch raises :class:`ChecksumError` naming the dataset,
+    the chunk and the tier.
     """
-    data = src.call(src.backend.get, key)
+    obj = f"{dataset}/{key}"
+    data = src.call(src.backend.get, obj)
     got = checksum(data)
     if expect and got != expect:
         raise ChecksumError(
-            f"chunk {key!r} on tier {src.name!r} has checksum {got}, catalog says {expect}"
+            f"chunk {key!r} of dataset {dataset!r} on tier {src.name!r} has checksum {got}, "
+            f"catalog says {expect}"
         )
-    dst.call(dst.backend.put, key, data, durable=True)
-    back = checksum(dst.call(dst.backend.get, key))
+    dst.call(dst.backend.put, obj, data, durable=True)
+    back = checksum(dst.call(dst.backend.get, obj))
     if back != got:
-        dst.call(dst.backend.delete, key)
-        raise ChecksumError(f"chunk {key!r} read back from tier {dst.name!r} does not verify")
+        raise ChecksumError(
+            f"chunk {key!r} of dataset {dataset!r} read back from tier {dst.name!r} has "
+            f"checksum {back}, {got} was written"
+        )
     return len(data), got
 
 
@@ -307,11 +340,14 @@ def tier_from_config(tc: Any, order: int) -> Tier:
         backend = Shaped(backend, CostModel.from_preset(preset), getattr(tc, "time_scale", 1.0))
     role = getattr(tc, "role", "localdisk")
     conc = getattr(tc, "concurrency", None) or DEFAULT_CONCURRENCY.get(role, 4)
+    capacity = tc.capacity_bytes
+    if capacity is None and role == "memory":
+        capacity = DEFAULT_MEMORY_BYTES
     return Tier(
         name=tc.name,
         backend=backend,
         role=role,
-        capacity=tc.capacity_bytes,
+        capacity=capacity,
         order=order,
         concurrency=conc,
     )

@@ -1,0 +1,332 @@
+"""Commit: the one path from a finished write or move to a durable catalog row.
+
+Writes, stages, migrations, write-backs and evictions change a dataset's
+:class:`~strataio.tiers.residency.Residency` in memory. :meth:`Commit.apply` makes those
+changes durable, always in this order:
+
+1. sync: every object put since the last commit and not put durably is made durable (fsync;
+   a no-op where a put is durable on return, as on S3);
+2. one catalog transaction records the new rows and drops the rows the changes replaced;
+3. the objects no row names any more (a migrated source, an evicted copy, a stale copy after a
+   rewrite) are deleted.
+
+So a crash at any point leaves the catalog naming only durable copies, and a copy is deleted
+only after the catalog durably records the copy that replaces it. If the sync or the
+transaction fails, nothing is applied, the changes stay buffered for the next commit, and no
+object is deleted.
+
+Chunks that were only read change no row: their access times are recorded as such
+(:meth:`Catalog.touch`), never by writing back whole rows from this process's snapshot, which
+would revert rows another process has committed since.
+
+One commit object serves a session: its residencies, the mover's moves, eviction rounds, and
+the tiers' health changes. Where this process holds no catalog (MPI ranks other than 0) a
+commit only syncs; the changes are handed to rank 0 when the dataset closes
+(:meth:`Commit.close`) or before a collective move (:meth:`Commit.share`), and rank 0 records
+everyone's in one transaction, after which each rank deletes what its own changes made
+obsolete.
+
+Rewrites in place are announced (:meth:`Commit.announce`) under the session's ``writer`` (see
+:mod:`strataio.catalog.liveness`) on every rank: a rank other than 0 opens its own catalog
+connection (``catalog_url``) for that, the first time it rewrites a catalogued chunk. So fsck
+after a crash resolves at once what a dead job left, and leaves alone what a live one does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from strataio.catalog.base import Catalog, ChunkCopy, CopyId, open_catalog
+from strataio.errors import BackendError, StrataError
+from strataio.tiers.residency import Batch, Residency, object_key
+from strataio.tiers.tier import Tier, TierSet, is_backend_failure
+
+__all__ = ["Commit"]
+
+
+class Commit:
+    """Applies residency changes to ``catalog`` (``None`` where this process holds none) for
+    the tiers ``tiers``; ``comm`` is the MPI communicator of a parallel job (``None``: one
+    process). ``writer`` is the session's writer id, stamped on every announced rewrite;
+    ``catalog_url`` lets a process without ``catalog`` open a connection of its own to
+    announce rewrites (empty: it announces nothing). Datasets it closes are marked no longer
+    in use by ``writer``."""
+
+    def __init__(
+        self,
+        tiers: TierSet,
+        catalog: Catalog | None,
+        comm: Any = None,
+        *,
+        writer: str = "",
+        catalog_url: str = "",
+    ) -> None:
+        self.tiers = tiers
+        self.catalog = catalog
+        self.comm = comm
+        self.writer = writer
+        self._catalog_url = catalog_url
+        self._announcer: Catalog | None = None  # opened on first use (no catalog here)
+        self._announcer_lock = threading.Lock()
+
+    @property
+    def records(self) -> bool:
+        """True if this process writes the catalog (so a commit makes changes durable now)."""
+        return self.catalog is not None
+
+    # ----------------------------------------------------------------- residency changes
+    def apply(self, res: Residency) -> None:
+        """Sync, record and clean up every change buffered in ``res`` (see the module doc).
+
+        Without a catalog only the sync happens; rows and deletions wait for :meth:`close`.
+        Raises :class:`BackendError` if a tier fails to sync (nothing is recorded then).
+        """
+        with res.commit_lock:
+            if self.catalog is None:
+                self._sync_only(res)
+            else:
+                self._apply_locked(res)
+
+    def announce(self, res: Residency, intents: Sequence[ChunkCopy]) -> None:
+        """Record, before the objects are replaced in place, that the copies ``intents`` are
+        being rewritten (state ``in-transit``, the new checksum): after a crash fsck can then
+        tell an interrupted rewrite from a corrupt copy. The caller holds the objects' put
+        slots (:meth:`Residency.writing`), so no later batch overwrites the announcement
+        before the put is recorded. Raises if the catalog cannot take it (nothing was put)."""
+        if not intents:
+            return
+        rows = self._stamped(intents)
+        with res.commit_lock:  # after any batch taken before, so none overwrites them
+            if self.catalog is not None:
+                self.catalog.commit(rows, [])
+            elif self._catalog_url:
+                self._announcing().commit(rows, [])
+
+    def close(self, res: Residency) -> None:
+        """The last commit of a dataset being closed; the dataset is then no longer in use by
+        this session's writer. In a parallel job this is collective: rank 0 records every
+        rank's changes in one transaction, and every rank raises if it failed."""
+        try:
+            if self.comm is None:
+                self.apply(res)
+            else:
+                self._close_parallel(res)
+        finally:
+            if self.catalog is not None and self.writer:
+                # if the catalog cannot take it, the mark goes with the writer at session close
+                with contextlib.suppress(StrataError):
+                    self.catalog.unuse_dataset(res.name, self.writer)
+
+    def _close_parallel(self, res: Residency) -> None:
+        err: BaseException | None = None
+        batch = Batch()
+        with res.commit_lock:
+            try:
+                if self.catalog is not None:
+                    # rank 0 commits its own changes as a single process does
+                    self._apply_locked(res)
+                else:
+                    batch = res.take_batch()
+                    self._sync(res.name, batch)
+            except BaseException as exc:
+                err = exc
+        gathered = self.comm.gather(
+            (batch.upserts, batch.deletes, batch.touches, err is not None), root=0
+        )
+        if self.catalog is not None and err is None:
+            try:
+                if any(failed for *_, failed in gathered):
+                    raise BackendError(f"dataset {res.name!r}: a rank could not sync its chunks")
+                touches: dict[str, float] = {}
+                for _, _, t, _ in gathered:
+                    touches.update(t)
+                self._record(
+                    res.name,
+                    [c for u, _, _, _ in gathered for c in u],
+                    [d for _, ds, _, _ in gathered for d in ds],
+                    touches,
+                )
+            except BaseException as exc:
+                err = exc
+        failed = self.comm.bcast(None if err is None else repr(err), root=0)
+        if err is not None:
+            if self.catalog is None:
+                res.restore(batch)
+            raise err
+        if failed is not None:
+            res.restore(batch)
+            raise BackendError(f"dataset {res.name!r}: closing failed on rank 0: {failed}")
+        if self.catalog is None:
+            self._delete(res, batch.obsolete)
+
+    def share(self, res: Residency) -> list[str]:
+        """Collective, in a parallel job: every rank makes its writes durable and hands its
+        buffered changes of ``res`` to rank 0, which records them with its own; then each
+        rank deletes the objects its own changes made obsolete (before anything moves: a
+        move may put a new object under the same name). Afterwards rank 0's residency and the
+        catalog know every rank's chunks. Returns, on every rank, the keys of chunks another
+        rank wrote new content for.
+
+        A failure anywhere raises on every rank: changes not handed over stay buffered where
+        they are, handed-over ones rank 0 could not record stay buffered on rank 0.
+        """
+        comm = self.comm
+        assert comm is not None, "share() is for parallel jobs"
+        err: BaseException | None = None
+        batch = Batch()
+        with res.commit_lock:
+            try:
+                if self.catalog is None:
+                    batch = res.take_batch()
+                    self._sync(res.name, batch)
+                else:
+                    # rank 0 makes its own writes durable; they are recorded with the others
+                    self._sync_only(res)
+            except BaseException as exc:
+                err = exc
+                if self.catalog is None:
+                    res.restore(batch)
+                batch = Batch()
+        err = _first_error(comm, err)
+        if err is not None:
+            raise err
+        gathered = comm.gather(
+            Batch(upserts=batch.upserts, deletes=batch.deletes, touches=batch.touches), root=0
+        )
+        changed: list[str] = []
+        if self.catalog is not None:
+            try:
+                for theirs in gathered[1:]:
+                    changed.extend(res.adopt(theirs))
+                self.apply(res)
+            except BaseException as exc:
+                err = exc
+        err, changed = comm.bcast((err, sorted(set(changed))), root=0)
+        if err is not None:
+            # handed over, but not recorded: rank 0 keeps the rows; the objects they made
+            # obsolete stay this rank's to delete once they are (at close)
+            res.restore(Batch(obsolete=batch.obsolete))
+            raise err
+        try:
+            self._delete(res, batch.obsolete)
+        except BaseException as exc:
+            err = exc
+        err = _first_error(comm, err)
+        if err is not None:
+            raise err
+        return changed
+
+    def shutdown(self) -> None:
+        """Close the catalog connection this object opened to announce rewrites, if any."""
+        with self._announcer_lock:
+            if self._announcer is not None:
+                with contextlib.suppress(Exception):
+                    self._announcer.close()
+                self._announcer = None
+
+    # ----------------------------------------------------------------- tiers
+    def tier_changed(self, tier: Tier) -> None:
+        """Record a tier's health change in the catalog (if it cannot take it, the in-memory
+        state still steers this process)."""
+        if self.catalog is not None:
+            with contextlib.suppress(StrataError):
+                self.catalog.set_tier_state(tier.name, tier.state)
+
+    # ----------------------------------------------------------------- steps
+    def _apply_locked(self, res: Residency) -> None:
+        assert self.catalog is not None
+        batch = res.take_batch()
+        if batch.empty:
+            return
+        try:
+            self._sync(res.name, batch)
+            self._record(res.name, batch.upserts, batch.deletes, batch.touches)
+        except BaseException:
+            res.restore(batch)
+            raise
+        self._delete(res, batch.obsolete)
+
+    def _record(
+        self,
+        dataset: str,
+        upserts: list[ChunkCopy],
+        deletes: list[CopyId],
+        touches: dict[str, float],
+    ) -> None:
+        """Record rows in one transaction; access times of chunks only read are recorded
+        as access times (one statement batch, at the latest time among them: LRU order is
+        kept between commits)."""
+        assert self.catalog is not None
+        if touches:
+            self.catalog.touch(dataset, sorted(touches), max(touches.values()))
+        if upserts or deletes:
+            self.catalog.commit(self._stamped(upserts), deletes)
+
+    def _stamped(self, rows: Sequence[ChunkCopy]) -> list[ChunkCopy]:
+        """``rows`` with this session's writer on every announced rewrite."""
+        return [
+            dataclasses.replace(c, writer=self.writer)
+            if c.state == "in-transit" and not c.writer and self.writer
+            else c
+            for c in rows
+        ]
+
+    def _announcing(self) -> Catalog:
+        with self._announcer_lock:
+            if self._announcer is None:
+                self._announcer = open_catalog(self._catalog_url)
+            return self._announcer
+
+    def _sync_only(self, res: Residency) -> None:
+        batch = res.take_batch()
+        try:
+            self._sync(res.name, batch)
+        except BaseException:
+            res.restore(batch)
+            raise
+        # the rows stay buffered for close; the synced objects need no second sync
+        batch.unsynced = {}
+        res.restore(batch)
+
+    def _sync(self, dataset: str, batch: Batch) -> None:
+        failed = []
+        for tier_name, keys in batch.unsynced.items():
+            tier = self.tiers[tier_name]
+            # called even on a tier marked down since the puts: where puts are durable on
+            # return (S3) this is a no-op and the copies stand
+            try:
+                tier.backend.sync(sorted(object_key(dataset, k) for k in keys))
+            except Exception as exc:
+                tier.mark_down(exc)
+                failed.append(f"{tier_name}: {exc}")
+        if failed:
+            raise BackendError(
+                f"dataset {dataset!r}: written chunks may not be durable ({'; '.join(failed)})"
+            )
+
+    def _delete(self, res: Residency, objs: list[tuple[str, str]]) -> None:
+        """Delete objects no row names any more; a tier that fails leaves orphans for fsck."""
+        try:
+            for tier_name, key in objs:
+                tier = self.tiers[tier_name]
+                if not tier.up:
+                    continue  # fsck removes the orphan once the tier answers again
+                try:
+                    tier.backend.delete(object_key(res.name, key))
+                except Exception as exc:
+                    if not is_backend_failure(exc):
+                        raise
+                    tier.mark_down(exc)
+        finally:
+            res.deleted(objs)
+
+
+def _first_error(comm: Any, err: BaseException | None) -> BaseException | None:
+    """The lowest rank's error, on every rank (collective)."""
+    errs = comm.gather(err, root=0)
+    first = next((e for e in errs if e is not None), None) if errs is not None else None
+    return comm.bcast(first, root=0)

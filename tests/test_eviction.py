@@ -1,0 +1,468 @@
+"""Eviction and staging under capacity pressure never lose a chunk.
+
+A small fast tier above an archive, datasets several times its size written by random partial
+writes with full reads in between: every chunk reads back its last value, in the same session
+and after a reopen; the catalog, the tiers' usage and the objects present agree; fsck is clean.
+Missing copies are dropped and skipped, never reported to a writer that needed room.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+import strataio
+from strataio.catalog.base import ChunkCopy
+from strataio.errors import BackendError, ChecksumError
+from strataio.storage.memory import MemoryBackend
+from strataio.storage.posix import PosixBackend
+from strataio.tiers.commit import Commit
+from strataio.tiers.fsck import fsck
+from strataio.tiers.residency import Residency
+from strataio.tiers.tier import DEFAULT_MEMORY_BYTES, Tier, TierSet, checksum
+
+CONFIG = """
+[catalog]
+url = "cat.db"
+
+[[tiers]]
+name = "fast"
+kind = "posix"
+role = "localdisk"
+path = "fast"
+capacity = "{capacity}"
+
+[[tiers]]
+name = "archive"
+kind = "posix"
+role = "remotetape"
+path = "archive"
+shaped = "remote_tape_2002"
+time_scale = 0.0
+"""
+
+
+def settled_fsck(catalog, tiers):
+    """fsck where every change is committed: nothing may be left in flight either."""
+    report = fsck(catalog, tiers)
+    assert not report.in_flight, report.in_flight
+    return report
+
+
+def tier_state(s: strataio.Session) -> dict[str, object]:
+    """What the catalog, the tiers' accounting and the objects on disk say, per tier."""
+    rows = s.catalog.all_residency()
+    out: dict[str, object] = {}
+    for t in s.tiers:
+        mine = {f"{c.dataset}/{c.key}": c.nbytes for c in rows if c.tier == t.name}
+        present = {k: t.backend.size(k) for k in t.backend.list() if not k.endswith("zarr.json")}
+        out[t.name] = (t.used, t.reserved, sum(mine.values()), mine, present)
+    return out
+
+
+def check_agreement(s: strataio.Session) -> None:
+    """Usage equals the catalogued bytes, every catalogued copy is present with its size, no
+    object is left that no row names, nothing is reserved."""
+    s.usage()
+    for name, (used, reserved, total, mine, present) in tier_state(s).items():
+        assert reserved == 0, name
+        assert used == total, (name, used, total)
+        assert mine == present, (name, sorted(set(mine) ^ set(present))[:5])
+        cap = s.tiers[name].capacity
+        assert cap is None or used <= cap, (name, used, cap)
+
+
+def run_scenario(root, seed: int, *, datasets: int, writes: int, shape, chunks, capacity):
+    """Finding 1 of the issue: random partial writes with a full read every 10, close,
+    reopen, read; several datasets in a row in one catalog. Returns the failures seen."""
+    (root / "strataio.toml").write_text(CONFIG.format(capacity=capacity))
+    rng = np.random.default_rng(seed)
+    failures: list[str] = []
+    n0, n1 = shape
+    for d in range(datasets):
+        name = f"st{d}"
+        oracle = np.zeros(shape, "f4")
+        with strataio.Session(root / "strataio.toml") as s:
+            ds = s.create_dataset(name, shape, "f4", chunks, hint="LOCALDISK")
+            for i in range(writes):
+                r0, c0 = (int(x) for x in rng.integers(0, [n0, n1]))
+                r1 = int(rng.integers(r0 + 1, min(n0, r0 + n0 // 3) + 1))
+                c1 = int(rng.integers(c0 + 1, min(n1, c0 + n1 // 3) + 1))
+                v = rng.random((r1 - r0, c1 - c0), dtype="f4")
+                ds[r0:r1, c0:c1] = v
+                oracle[r0:r1, c0:c1] = v
+                if i % 10 == 9 and not np.array_equal(ds[...], oracle):
+                    failures.append(f"{name}: read after write {i} differs")
+            ds.close()
+        with strataio.Session(root / "strataio.toml") as s:
+            ds = s.open_dataset(name)
+            if not np.array_equal(ds[...], oracle):
+                failures.append(f"{name}: read after reopen differs")
+            ds.close()
+            report = settled_fsck(s.catalog, s.tiers)
+            failures += [
+                f"{name}: fsck {f.kind} {f.tier} {f.dataset} {f.key}" for f in report.problems
+            ]
+            check_agreement(s)
+    return failures
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_random_partial_writes_through_a_small_fast_tier_lose_nothing(tmp_path, seed):
+    failures = run_scenario(
+        tmp_path, seed, datasets=2, writes=40, shape=(256, 256), chunks=(32, 32), capacity="64KiB"
+    )
+    assert failures == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(5))
+def test_finding_one_as_reported(tmp_path, seed):
+    """The reported configuration: 1024x1024 float32 in 128x128 chunks through 1 MiB, 300
+    writes, five datasets in a row."""
+    failures = run_scenario(
+        tmp_path,
+        seed,
+        datasets=5,
+        writes=300,
+        shape=(1024, 1024),
+        chunks=(128, 128),
+        capacity="1MiB",
+    )
+    assert failures == []
+
+
+def test_a_dataset_four_times_the_tier_keeps_rows_and_objects_in_step(tmp_path):
+    (tmp_path / "strataio.toml").write_text(CONFIG.format(capacity="64KiB"))
+    a = np.random.default_rng(3).random((256, 256), dtype="f4")  # 256 KiB
+    with strataio.Session(tmp_path / "strataio.toml") as s:
+        ds = s.create_dataset("big", a.shape, a.dtype, (32, 32), hint="LOCALDISK")
+        for i in range(0, 256, 32):
+            ds[i : i + 32, :] = a[i : i + 32, :]
+        np.testing.assert_array_equal(ds[...], a)
+        ds.close()
+        check_agreement(s)
+    with strataio.Session(tmp_path / "strataio.toml") as s:
+        np.testing.assert_array_equal(s.open_dataset("big")[...], a)
+        check_agreement(s)
+        assert settled_fsck(s.catalog, s.tiers).clean
+
+
+def two_tier_session(root, cap=4 * 400):
+    tiers = TierSet(
+        [
+            Tier("fast", PosixBackend(root / "fast"), "localdisk", capacity=cap, order=0),
+            Tier("archive", PosixBackend(root / "archive"), "remotetape", order=1),
+        ]
+    )
+    return strataio.Session(tiers=tiers, catalog=root / "cat.db")
+
+
+A = np.arange(40 * 40, dtype="f4").reshape(40, 40)  # 16 chunks of 10x10: 400 bytes each
+
+
+def test_a_lost_only_copy_never_fails_writes_of_other_datasets(tmp_path):
+    with two_tier_session(tmp_path) as s:
+        ds = s.create_dataset("a", (20, 20), "f4", (10, 10), hint="LOCALDISK")
+        ds[...] = A[:20, :20]  # four chunks fill the fast tier
+        ds.close()
+    os.unlink(tmp_path / "fast" / "a" / "c" / "1" / "1")  # lost behind the catalog's back
+    with two_tier_session(tmp_path) as s:
+        b = s.create_dataset("b", A.shape, "f4", (10, 10), hint="LOCALDISK")
+        b[...] = A  # needs the room the lost chunk's row claims: no NotFoundError
+        np.testing.assert_array_equal(b[...], A)
+        b.close()
+        a = s.open_dataset("a")
+        with pytest.raises(BackendError, match=r"'c/1/1' of 'a'"):
+            a[...]
+        np.testing.assert_array_equal(a[0:10, 0:10], A[:10, :10])  # the rest reads
+        a.close()
+        lost = [(f.kind, f.dataset, f.key) for f in settled_fsck(s.catalog, s.tiers).problems]
+        assert lost == [("lost", "a", "c/1/1")]
+
+
+def test_a_missing_copy_is_dropped_and_the_next_copy_read(tmp_path):
+    with two_tier_session(tmp_path, cap=None) as s:
+        ds = s.create_dataset("a", (20, 20), "f4", (10, 10), hint="REMOTETAPE")
+        ds[...] = A[:20, :20]
+        ds.stage(to="fast").wait()
+        ds.close()
+    os.unlink(tmp_path / "fast" / "a" / "c" / "0" / "1")
+    with two_tier_session(tmp_path, cap=None) as s:
+        ds = s.open_dataset("a")
+        np.testing.assert_array_equal(ds[...], A[:20, :20])
+        ds.close()
+        assert {c.tier for c in s.catalog.residency("a") if c.key == "c/0/1"} == {"archive"}
+        assert settled_fsck(s.catalog, s.tiers).clean
+        check_agreement(s)
+
+
+def test_a_flipped_byte_is_found_without_a_checksum_codec_and_names_the_chunk(tmp_path):
+    with two_tier_session(tmp_path, cap=None) as s:
+        ds = s.create_dataset("raw", (20, 20), "f4", (10, 10), hint="LOCALDISK", codec=[])
+        ds[...] = A[:20, :20]
+        ds.close()
+    path = tmp_path / "fast" / "raw" / "c" / "1" / "0"
+    data = bytearray(path.read_bytes())
+    data[7] ^= 0x10
+    path.write_bytes(bytes(data))
+    with two_tier_session(tmp_path, cap=None) as s:
+        ds = s.open_dataset("raw")
+        with pytest.raises(ChecksumError, match=r"chunk 'c/1/0' of dataset 'raw'.*fast"):
+            ds[...]
+        ds.close()
+
+
+def test_a_removed_copy_rewritten_before_the_commit_is_not_deleted(tmp_path):
+    """The object of a copy forgotten and then written again before the commit holds the new
+    version: the commit must not delete it."""
+    tiers = TierSet([Tier("t", PosixBackend(tmp_path / "t"), "localdisk")])
+    from strataio.catalog.base import DatasetRecord, open_catalog
+
+    cat = open_catalog(tmp_path / "cat.db")
+    cat.register_tiers(tiers.records())
+    cat.create_dataset(DatasetRecord("d", (4,), "<f4", (4,)))
+    commit = Commit(tiers, cat)
+    res = Residency("d", [], tiers)
+    t = tiers["t"]
+
+    def put(data: bytes) -> None:
+        with res.writing("c/0", "t"):
+            t.backend.put("d/c/0", data)
+            res.record_write(ChunkCopy("d", "c/0", "t", len(data), checksum(data)))
+
+    put(b"old!")
+    commit.apply(res)
+    res.remove("c/0", "t")  # e.g. evicted: its object is to go after the next commit
+    put(b"new!")  # written again before that commit
+    commit.apply(res)
+    assert bytes(t.backend.get("d/c/0")) == b"new!"
+    assert [(c.tier, c.checksum) for c in cat.residency("d")] == [("t", checksum(b"new!"))]
+    cat.close()
+
+
+def test_memory_tier_holds_staged_copies_and_is_never_a_home(tmp_path):
+    tiers = TierSet(
+        [
+            Tier("mem", MemoryBackend("mem"), "memory", capacity=2 * 400, order=0),
+            Tier("disk", PosixBackend(tmp_path / "disk"), "localdisk", order=1),
+            Tier("tape", PosixBackend(tmp_path / "tape"), "remotetape", order=2),
+        ]
+    )
+    with strataio.Session(tiers=tiers, catalog=tmp_path / "cat.db") as s:
+        ds = s.create_dataset("a", A.shape, A.dtype, (10, 10), hint="LOCALDISK")
+        ds[...] = A
+        assert {c.tier for cs in ds.residency().values() for c in cs} == {"disk"}
+        ds.prefetch(np.s_[0:10, 0:20]).wait()  # two chunks into memory
+        mem = tiers["mem"].backend
+        assert sorted(mem.list()) == ["a/c/0/0", "a/c/0/1"]
+        assert tiers["mem"].used == 800
+        ds.stage(np.s_[10:20, 0:10], to="mem").wait()  # a third: the LRU one is dropped
+        assert len(list(mem.list())) == 2 and tiers["mem"].used == 800
+        np.testing.assert_array_equal(ds[...], A)
+        with pytest.raises(strataio.StrataError, match="memory tier"):
+            ds.migrate(to="mem")
+        ds.flush()
+        # never catalogued: the catalog names only copies that outlive the process
+        assert {c.tier for c in s.catalog.residency("a")} == {"disk"}
+        assert settled_fsck(s.catalog, s.tiers).clean
+        ds[0:10, 0:10] = 7.0  # a write drops the memory copy it makes stale
+        assert "mem" not in [c.tier for c in ds.residency()["c/0/0"]]
+        assert ds[0, 0] == 7.0
+        ds.close()
+        assert list(mem.list()) == [] and tiers["mem"].used == 0
+    only_memory = TierSet([Tier("mem", MemoryBackend(), "memory", capacity=1000)])
+    with pytest.raises(strataio.StrataError, match="persistent tier"):
+        strataio.Session(tiers=only_memory, catalog=tmp_path / "cat2.db")
+
+
+def test_a_configured_memory_tier_is_the_prefetch_target(tmp_path):
+    (tmp_path / "strataio.toml").write_text(
+        '[catalog]\nurl = "cat.db"\n'
+        '[[tiers]]\nname = "ram"\nkind = "memory"\nrole = "memory"\n'
+        '[[tiers]]\nname = "disk"\nkind = "posix"\nrole = "localdisk"\npath = "disk"\n'
+    )
+    with strataio.Session(tmp_path / "strataio.toml") as s:
+        assert s.tiers["ram"].capacity == DEFAULT_MEMORY_BYTES  # bounded by default
+        ds = s.create_dataset("a", A.shape, A.dtype, (10, 10))  # AUTO: the disk, never ram
+        ds[...] = A
+        ds.prefetch().wait()
+        assert {c.tier for c in ds.residency()["c/3/3"]} == {"ram", "disk"}
+        assert len(list(s.tiers["ram"].backend.list())) == 16
+        np.testing.assert_array_equal(ds[...], A)
+        ds.evict(tier="ram").wait()  # dropped: the disk copy stays
+        assert list(s.tiers["ram"].backend.list()) == []
+        assert {c.tier for cs in ds.residency().values() for c in cs} == {"disk"}
+        ds.close()
+
+
+class RewritingBackend(PosixBackend):
+    """A POSIX backend that runs ``during_put`` (once) when an object is put: the moment at
+    which another thread's write of the same chunk lands in a real run."""
+
+    during_put = None
+
+    def put(self, key, data, *, durable=False):
+        super().put(key, data, durable=durable)
+        hook, self.during_put = self.during_put, None
+        if hook is not None:
+            hook()
+
+
+def eviction_rig(root):
+    """A residency with chunk ``c/0`` (version 1) only on a one-chunk fast tier."""
+    from strataio.catalog.base import DatasetRecord, open_catalog
+    from strataio.tiers.placement import Placement
+
+    tiers = TierSet(
+        [
+            Tier("fast", PosixBackend(root / "fast"), "localdisk", capacity=4, order=0),
+            Tier("archive", RewritingBackend(root / "archive"), "remotetape", order=1),
+        ]
+    )
+    cat = open_catalog(root / "cat.db")
+    cat.register_tiers(tiers.records())
+    cat.create_dataset(DatasetRecord("d", (4,), "<f4", (4,)))
+    commit = Commit(tiers, cat)
+    placement = Placement(tiers, commit, catalog=cat)
+    res = Residency("d", [], tiers)
+    placement.register(res)
+
+    def write(data: bytes) -> ChunkCopy:
+        with res.writing("c/0", "fast"):
+            tiers["fast"].backend.put("d/c/0", data)
+            copy = ChunkCopy("d", "c/0", "fast", len(data), checksum(data))
+            res.record_write(copy)
+        return copy
+
+    write(b"one!")
+    commit.apply(res)
+    return tiers, cat, commit, placement, res, write
+
+
+def test_a_chunk_with_a_put_in_flight_is_not_evicted(tmp_path):
+    tiers, cat, commit, placement, res, write = eviction_rig(tmp_path)
+    v1 = res.copy_on("c/0", "fast")
+    with res.writing("c/0", "fast"):  # its new version is being put
+        assert not placement.evict_copy(tiers["fast"], res, v1)
+        assert not placement.make_room(tiers["fast"], 4)
+    assert res.copy_on("c/0", "fast") == v1
+    cat.close()
+
+
+def test_a_write_back_overtaken_by_a_write_records_nothing_and_loses_nothing(tmp_path):
+    tiers, cat, commit, placement, res, write = eviction_rig(tmp_path)
+    v1 = res.copy_on("c/0", "fast")
+    # the new version lands while the old one is being copied to the archive
+    tiers["archive"].backend.during_put = lambda: write(b"two!")
+    assert not placement.evict_copy(tiers["fast"], res, v1)
+    commit.apply(res)
+    assert [(c.tier, c.checksum) for c in cat.residency("d")] == [("fast", checksum(b"two!"))]
+    assert bytes(tiers["fast"].backend.get("d/c/0")) == b"two!"
+    assert not tiers["archive"].backend.exists("d/c/0")  # the stale copy is gone
+    assert (tiers["fast"].used, tiers["archive"].used, tiers["archive"].reserved) == (4, 0, 0)
+    cat.close()
+
+
+class HookedBackend(PosixBackend):
+    """A POSIX backend that runs ``before`` / ``after`` (once each) around the put of an
+    object: what another thread sees while a rewrite in place is in flight."""
+
+    before = None
+    after = None
+
+    def put(self, key, data, *, durable=False):
+        hook, self.before = self.before, None
+        if hook is not None:
+            hook()
+        super().put(key, data, durable=durable)
+        hook, self.after = self.after, None
+        if hook is not None:
+            hook()
+
+
+def test_a_rewrite_in_flight_is_announced_and_read_moved_as_either_version(tmp_path):
+    fast = HookedBackend(tmp_path / "fast")
+    tiers = TierSet(
+        [
+            Tier("fast", fast, "localdisk", order=0),
+            Tier("archive", PosixBackend(tmp_path / "archive"), "remotetape", order=1),
+        ]
+    )
+    # (no staging on read: a read that staged from inside the put would wait for itself)
+    with strataio.Session(tiers=tiers, catalog=tmp_path / "cat.db", stage_on_read=False) as s:
+        ds = s.create_dataset("a", (10,), "f4", (10,), hint="LOCALDISK")
+        ds[...] = 1.0
+        ds.flush()
+        (old,) = s.catalog.residency("a")
+        seen: dict[str, object] = {}
+
+        def before():
+            seen["row"] = s.catalog.residency("a")
+            seen["read before"] = ds[...].tolist()
+            seen["migrate"] = ds.store.migrate(["c/0"], "archive").result()
+
+        def after():
+            seen["read after"] = ds[...].tolist()
+
+        fast.before, fast.after = before, after
+        ds[...] = 2.0
+        (row,) = seen["row"]
+        assert (row.tier, row.state, row.old_checksum, row.writer) == (
+            "fast",
+            "in-transit",
+            old.checksum,
+            s.writer,
+        )
+        assert row.checksum != old.checksum
+        assert seen["read before"] == [1.0] * 10  # the old bytes, still whole
+        assert seen["read after"] == [2.0] * 10  # the new bytes, not yet recorded
+        moved = seen["migrate"]
+        assert moved.failed == [] and moved.moved == 0  # rewritten meanwhile: nothing to do
+        ds.flush()
+        assert [(c.tier, c.state, c.checksum) for c in s.catalog.residency("a")] == [
+            ("fast", "valid", row.checksum)
+        ]
+        np.testing.assert_array_equal(ds[...], 2.0)
+        ds.close()
+        assert settled_fsck(s.catalog, s.tiers).clean
+        check_agreement(s)
+
+
+def test_a_moves_claim_waits_for_room_held_by_puts_in_flight(tmp_path):
+    """A memory tier full of other threads' reservations: a write's claim fails at once (it
+    fails over), a move's claim waits until those copies are recorded and evicts one."""
+    import threading
+    import time
+
+    from strataio.tiers.placement import Placement
+
+    tiers = TierSet(
+        [
+            Tier("mem", MemoryBackend("mem"), "memory", capacity=4, order=0),
+            Tier("disk", PosixBackend(tmp_path / "disk"), "localdisk", order=1),
+        ]
+    )
+    placement = Placement(tiers)
+    res = Residency("d", [], tiers)
+    placement.register(res)
+    res.add(ChunkCopy("d", "c/0", "disk", 4, checksum(b"abcd")))
+    mem = tiers["mem"]
+    assert placement.claim(mem, 4)  # another put in flight holds the whole tier
+    assert not placement.claim(mem, 4)
+
+    def record() -> None:
+        time.sleep(0.05)
+        mem.backend.put("d/c/0", b"abcd")
+        res.add(ChunkCopy("d", "c/0", "mem", 4, checksum(b"abcd")), reserved=4)
+
+    th = threading.Thread(target=record)
+    th.start()
+    try:
+        assert placement.claim(mem, 4, protect=["d/c/1"], wait=True)
+    finally:
+        th.join()
+    assert res.copy_on("c/0", "mem") is None  # the recorded copy made the room
+    assert (mem.used, mem.reserved) == (0, 4)

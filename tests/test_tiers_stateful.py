@@ -1,0 +1,227 @@
+"""A stateful property test of the storage hierarchy under capacity pressure.
+
+Rules write random sections (also while a stage of the same dataset runs), read, stage,
+prefetch, migrate, evict, flush and reopen the Session, over
+a memory tier, a fast disk, a slower disk (all with room for a few chunks only) and an
+archive, with several datasets open at once. After every step:
+
+- every chunk ever written reads back its last value (a numpy oracle);
+- each tier's usage equals the bytes of the copies recorded on it, within its capacity, and
+  nothing stays reserved;
+- every recorded copy, and every copy the catalog names, is present with its size and
+  checksum (nothing catalogued is missing);
+- ``fsck`` reports nothing to fix; after a flush or a reopen, with nothing in flight at all,
+  and the objects on each persistent tier are exactly those the catalog names.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+import strataio
+from strataio.storage.memory import MemoryBackend
+from strataio.storage.posix import PosixBackend
+from strataio.tiers.fsck import fsck
+from strataio.tiers.tier import Tier, TierSet, checksum
+
+SHAPE = (16, 16)
+CHUNKS = (4, 4)  # 16 chunks of 64 bytes (int32, no compression)
+CHUNK = 64
+#: (name, role, capacity in chunks; None = unbounded)
+LEVELS = [
+    ("mem", "memory", 3),
+    ("fast", "localdisk", 4),
+    ("slow", "remotedisk", 10),
+    ("archive", "remotetape", None),
+]
+DATASETS = {"a": "LOCALDISK", "b": "LOCALDISK", "c": "REMOTEDISK"}
+# tmpfs where there is one: the rules are about order and bookkeeping, not fsync latency
+TMP = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+
+box = st.tuples(st.integers(0, SHAPE[0] - 1), st.integers(0, SHAPE[1] - 1)).flatmap(
+    lambda lo: st.tuples(
+        st.just(lo), st.tuples(st.integers(lo[0] + 1, SHAPE[0]), st.integers(lo[1] + 1, SHAPE[1]))
+    )
+)
+names = st.sampled_from(sorted(DATASETS))
+
+
+def index(b) -> tuple[slice, slice]:
+    (r0, c0), (r1, c1) = b
+    return np.s_[r0:r1, c0:c1]
+
+
+class TieredHierarchy(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.root = Path(tempfile.mkdtemp(prefix="strataio-stateful-", dir=TMP))
+        self.oracle = {n: np.zeros(SHAPE, "i4") for n in DATASETS}
+        self.session: strataio.Session | None = None
+        self.ds: dict[str, strataio.Dataset] = {}
+        self._open(create=True)
+
+    # ----------------------------------------------------------------- plumbing
+    def _open(self, *, create: bool = False) -> None:
+        tiers = TierSet(
+            [
+                Tier(
+                    n,
+                    MemoryBackend(n) if role == "memory" else PosixBackend(self.root / n),
+                    role,
+                    capacity=None if cap is None else cap * CHUNK,
+                    order=i,
+                )
+                for i, (n, role, cap) in enumerate(LEVELS)
+            ]
+        )
+        self.session = strataio.Session(tiers=tiers, catalog=self.root / "cat.db")
+        for n, hint in DATASETS.items():
+            if create:
+                self.ds[n] = self.session.create_dataset(
+                    n, SHAPE, "i4", CHUNKS, hint=hint, codec=[]
+                )
+            else:
+                self.ds[n] = self.session.open_dataset(n, "r+")
+
+    def teardown(self) -> None:
+        if self.session is not None:
+            self.session.close()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    @property
+    def tiers(self) -> TierSet:
+        assert self.session is not None
+        return self.session.tiers
+
+    # ----------------------------------------------------------------- rules
+    @rule(name=names, where=box, value=st.integers(0, 4))
+    def write(self, name, where, value):
+        # few distinct values: identical bytes rewritten over a copy are common
+        self.ds[name][index(where)] = value
+        self.oracle[name][index(where)] = value
+
+    @rule(name=names, where=box)
+    def read(self, name, where):
+        np.testing.assert_array_equal(self.ds[name][index(where)], self.oracle[name][index(where)])
+
+    @rule(name=names, where=box, to=st.sampled_from([None, "mem", "fast", "slow"]))
+    def stage(self, name, where, to):
+        self.ds[name].stage(index(where), to=to).wait()
+
+    @rule(
+        name=names,
+        moved=box,
+        to=st.sampled_from([None, "mem", "fast"]),
+        written=box,
+        value=st.integers(0, 4),
+    )
+    def write_while_staging(self, name, moved, to, written, value):
+        # the stage runs on the mover's threads while the write evicts and puts
+        h = self.ds[name].stage(index(moved), to=to)
+        self.write(name, written, value)
+        h.wait()
+
+    @rule(name=names, where=box)
+    def prefetch(self, name, where):
+        self.ds[name].prefetch(index(where)).wait()
+
+    @rule(name=names, where=box, to=st.sampled_from(["slow", "archive"]))
+    def migrate(self, name, where, to):
+        self.ds[name].migrate(index(where), to=to).wait()
+
+    @rule(name=names, where=box, tier=st.sampled_from(["mem", "fast", "slow"]))
+    def evict(self, name, where, tier):
+        self.ds[name].evict(index(where), tier=tier).wait()
+
+    @rule()
+    def flush(self):
+        for ds in self.ds.values():
+            ds.flush()
+        self._check_settled()
+
+    @precondition(lambda self: self.session is not None)
+    @rule()
+    def reopen(self):
+        assert self.session is not None
+        self.session.close()
+        self._open()
+        self._check_settled()
+
+    # ----------------------------------------------------------------- invariants
+    @invariant()
+    def every_chunk_reads_its_last_value(self):
+        for n, ds in self.ds.items():
+            np.testing.assert_array_equal(ds[...], self.oracle[n], err_msg=n)
+
+    @invariant()
+    def usage_equals_the_bytes_recorded(self):
+        copies = [c for ds in self.ds.values() for cs in ds.residency().values() for c in cs]
+        for t in self.tiers:
+            mine = [c for c in copies if c.tier == t.name]
+            assert t.reserved == 0, t.name
+            assert t.used == sum(c.nbytes for c in mine), t.name
+            assert t.capacity is None or t.used <= t.capacity, t.name
+            for c in mine:
+                obj = f"{c.dataset}/{c.key}"
+                got = bytes(t.backend.get(obj))
+                assert (len(got), checksum(got)) == (c.nbytes, c.checksum), (t.name, obj)
+
+    @invariant()
+    def nothing_catalogued_is_missing(self):
+        assert self.session is not None
+        for c in self.session.catalog.all_residency():
+            assert not self.tiers[c.tier].volatile
+            obj = f"{c.dataset}/{c.key}"
+            assert self.tiers[c.tier].backend.exists(obj), (c.tier, obj)
+
+    @invariant()
+    def fsck_finds_nothing_to_fix(self):
+        assert self.session is not None
+        report = fsck(self.session.catalog, self.tiers)
+        assert report.clean, report.problems
+
+    def _check_settled(self):
+        """With every change committed: fsck is clean even with no grace period, and the
+        objects on each persistent tier are exactly the catalogued copies."""
+        assert self.session is not None
+        report = fsck(self.session.catalog, self.tiers)
+        assert report.clean, report.problems
+        assert not report.in_flight, report.in_flight  # nothing is left for a writer to finish
+        rows = self.session.catalog.all_residency()
+        for t in self.tiers:
+            if t.volatile:
+                continue
+            present = {k for k in t.backend.list() if not k.endswith("zarr.json")}
+            named = {f"{c.dataset}/{c.key}" for c in rows if c.tier == t.name}
+            assert present == named, (t.name, sorted(present ^ named))
+
+
+TieredHierarchy.TestCase.settings = settings(
+    max_examples=200,
+    stateful_step_count=8,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+test_tiers_stateful = TieredHierarchy.TestCase
+
+
+class LongerRuns(TieredHierarchy):
+    pass
+
+
+LongerRuns.TestCase.settings = settings(
+    max_examples=1000,
+    stateful_step_count=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+test_tiers_stateful_long = pytest.mark.slow(LongerRuns.TestCase)
