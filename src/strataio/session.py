@@ -176,13 +176,7 @@ class FinishedMove:
 
     def wait(self, timeout: float | None = None) -> MoveResult:
         """The result; raises :class:`StrataError` if any chunk failed (as ``MoveHandle``)."""
-        r = self._result
-        if r.failed:
-            key, msg = r.failed[0]
-            raise StrataError(
-                f"{self.op}: {len(r.failed)} of {r.total} chunks failed; {key}: {msg}"
-            )
-        return r
+        return self._result.checked()
 
     def result(self) -> MoveResult:
         """The result, failures included (never raises for chunk failures)."""

@@ -69,6 +69,16 @@ class MoveResult:
     def ok(self) -> bool:
         return not self.failed
 
+    def checked(self) -> MoveResult:
+        """This result; raises :class:`StrataError` naming the first failure if any chunk
+        failed."""
+        if self.failed:
+            key, msg = self.failed[0]
+            raise StrataError(
+                f"{self.op}: {len(self.failed)} of {self.total} chunks failed; {key}: {msg}"
+            )
+        return self
+
 
 class MoveHandle:
     """A running move. ``wait`` / ``result`` block; ``done``, ``progress`` do not."""
@@ -109,13 +119,7 @@ class MoveHandle:
             raise StrataError(f"{self.op} could not commit its changes: {self._error}") from (
                 self._error
             )
-        r = self._result
-        if r.failed:
-            key, msg = r.failed[0]
-            raise StrataError(
-                f"{self.op}: {len(r.failed)} of {r.total} chunks failed; {key}: {msg}"
-            )
-        return r
+        return self._result.checked()
 
     def result(self) -> MoveResult:
         """The result once finished, failures included (never raises for chunk failures)."""
