@@ -34,7 +34,7 @@ from strataio.tiers.cache import ChunkCache
 from strataio.tiers.commit import Commit
 from strataio.tiers.placement import Placement
 from strataio.tiers.residency import Residency, object_key
-from strataio.tiers.tier import Tier, TierSet, checksum, transfer
+from strataio.tiers.tier import Tier, TierSet, checksum, put_checked, read_checked
 
 
 @dataclass(frozen=True, slots=True)
@@ -310,16 +310,24 @@ class Mover:
                         return "reused", 0  # another move put it there meanwhile
                     if not res.is_current(src):
                         continue  # moved, evicted or rewritten meanwhile: look again
-                    self._announce(res, key, dst, src)
                     try:
                         # an announced rewrite left by another writer holds either version
                         expect = "" if src.state == "in-transit" else src.checksum
-                        n, digest = transfer(self.tiers[src.tier], dst, res.name, key, expect)
-                        if not src.accepts(digest):
-                            raise ChecksumError(
-                                f"chunk {key!r} of dataset {res.name!r} on tier {src.tier!r} "
-                                f"has checksum {digest}, catalog says {src.checksum}"
-                            )
+                        try:
+                            data = read_checked(self.tiers[src.tier], res.name, key, expect)
+                            if not src.accepts(checksum(data)):
+                                raise ChecksumError(
+                                    f"chunk {key!r} of dataset {res.name!r} on tier "
+                                    f"{src.tier!r} has checksum {checksum(data)}, catalog "
+                                    f"says {src.checksum}"
+                                )
+                        except BaseException:
+                            # nothing announced or put: the destination, and any row another
+                            # process recorded for it since this residency was loaded, stay
+                            res.abandon_write(key, dst.name)
+                            raise
+                        self._announce(res, key, dst, src)
+                        n, digest = put_checked(dst, res.name, key, data)
                     except NotFoundError:
                         if res.drop_missing(src) or not res.is_current(src):
                             continue  # catalogued but gone (forgotten now), or moved away

@@ -42,7 +42,7 @@ from strataio.errors import (
 )
 from strataio.tiers.commit import Commit
 from strataio.tiers.residency import Residency, object_key
-from strataio.tiers.tier import Tier, TierSet, transfer
+from strataio.tiers.tier import Tier, TierSet, put_checked, read_checked
 
 __all__ = ["HINTS", "DatasetDisabledError", "Placement", "normalize_hint"]
 
@@ -307,6 +307,18 @@ class Placement:
                     current = res.copy_on(copy.key, tier.name)
                     if current is None or not res.is_current(copy):
                         return False  # rewritten or gone since it was chosen
+                    # the source is read before anything is announced or put: if it cannot
+                    # be, the destination (and any row another process recorded for it, which
+                    # this residency may not know of) is left alone
+                    try:
+                        data = read_checked(tier, res.name, copy.key, copy.checksum)
+                    except BaseException as exc:
+                        res.abandon_write(copy.key, dst.name)
+                        if isinstance(exc, NotFoundError):
+                            return res.drop_missing(current)
+                        if isinstance(exc, ChecksumError):
+                            return False  # a corrupt only copy: fsck reports it; never evicted
+                        raise
                     if res.catalogued(copy.key, dst.name):
                         # the catalog may still name a forgotten copy there: announce
                         intent = dataclasses.replace(
@@ -314,11 +326,9 @@ class Placement:
                         )
                         self.commit.announce(res, [intent])
                     try:
-                        n, digest = transfer(tier, dst, res.name, copy.key, copy.checksum)
-                    except NotFoundError:
-                        return res.drop_missing(current)
+                        n, digest = put_checked(dst, res.name, copy.key, data)
                     except ChecksumError:
-                        return False  # a corrupt only copy: fsck reports it; never evicted
+                        return False
                     back = ChunkCopy(
                         res.name, copy.key, dst.name, n, digest, "valid", copy.last_access
                     )

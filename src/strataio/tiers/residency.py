@@ -88,6 +88,8 @@ class Residency:
         self._deleting: set[tuple[str, str]] = set()  # (tier, key) being deleted now
         self._committing: set[tuple[str, str]] = set()  # (key, tier) rows a batch deletes
         self._writing: set[tuple[str, str]] = set()  # (tier, key) with a put in flight
+        self._cancelled: set[tuple[str, str]] = set()  # (tier, key) deletions a put cancelled
+        self._untouched: set[tuple[str, str]] = set()  # (tier, key) whose put never began
         self._busy: Counter[str] = Counter()  # key -> puts in flight, any tier
         self._versions: Counter[str] = Counter()
         self._touched: dict[str, float] = {}  # key -> latest access time not recorded yet
@@ -184,7 +186,8 @@ class Residency:
         being carried out is waited for. While the put is in flight no commit writes a row
         for that copy (its announcement stands). If no copy on ``tier`` is recorded when the
         put ends (it failed, or a move found its copy stale), the object is obsolete and any
-        row (an announcement) naming it is dropped: the next commit deletes both.
+        row (an announcement) naming it is dropped: the next commit deletes both; unless
+        the put never began (:meth:`abandon_write`).
         """
         self.begin_write(key, tier)
         try:
@@ -200,14 +203,22 @@ class Residency:
                 self._cond.wait()
             self._writing.add(slot)
             self._busy[key] += 1
-            self._obsolete.discard(slot)
+            if slot in self._obsolete:
+                self._obsolete.discard(slot)
+                self._cancelled.add(slot)
 
     def end_write(self, key: str, tier: str) -> None:
         """The second half of :meth:`writing`."""
         slot = (tier, key)
         with self._cond:
             self._writing.discard(slot)
-            if self.copy_on(key, tier) is None:
+            cancelled = slot in self._cancelled
+            self._cancelled.discard(slot)
+            if slot in self._untouched:
+                self._untouched.discard(slot)
+                if cancelled and self.copy_on(key, tier) is None:
+                    self._obsolete.add(slot)  # the deletion the put cancelled stands
+            elif self.copy_on(key, tier) is None:
                 self._obsolete.add(slot)
                 if not self._tier(tier).volatile:
                     self._upserts.pop((key, tier), None)
@@ -216,6 +227,15 @@ class Residency:
             if not self._busy[key]:
                 del self._busy[key]
             self._cond.notify_all()
+
+    def abandon_write(self, key: str, tier: str) -> None:
+        """The put of ``key`` to ``tier`` whose slot the caller holds (:meth:`writing`) never
+        began and announced nothing (its source could not be read): the object there and any
+        row naming it are left as they are when the slot is given up. This residency may not
+        know that row: another process may have recorded a copy there since it was loaded."""
+        with self.lock:
+            if (tier, key) in self._writing:
+                self._untouched.add((tier, key))
 
     # ----------------------------------------------------------------- changes
     def add(self, copy: ChunkCopy, *, reserved: int = 0, unsynced: bool = False) -> None:

@@ -201,22 +201,32 @@ class Tier:
 
 def transfer(src: Tier, dst: Tier, dataset: str, key: str, expect: str = "") -> tuple[int, str]:
     """Copy chunk ``key`` of ``dataset`` from ``src`` to ``dst`` the safe way; return
-    ``(nbytes, checksum)``.
+    ``(nbytes, checksum)``: :func:`read_checked` from ``src``, then :func:`put_checked` to
+    ``dst``."""
+    return put_checked(dst, dataset, key, read_checked(src, dataset, key, expect))
 
-    The bytes read are checked against ``expect`` (when given), put durably (fsync / completed
-    PUT) and read back from ``dst`` and checked again, so the copy is known good before anyone
-    records it. A failing tier is marked down (:class:`TierDownError`); a missing source object
-    raises :class:`NotFoundError`; a mismatch raises :class:`ChecksumError` naming the dataset,
-    the chunk and the tier.
-    """
-    obj = f"{dataset}/{key}"
-    data = src.call(src.backend.get, obj)
+
+def read_checked(src: Tier, dataset: str, key: str, expect: str = "") -> bytes:
+    """The bytes of chunk ``key`` of ``dataset`` on ``src``, checked against ``expect`` (when
+    given). A failing tier is marked down (:class:`TierDownError`); a missing object raises
+    :class:`NotFoundError`; a mismatch raises :class:`ChecksumError` naming the dataset, the
+    chunk and the tier. Nothing is put anywhere."""
+    data = src.call(src.backend.get, f"{dataset}/{key}")
     got = checksum(data)
     if expect and got != expect:
         raise ChecksumError(
             f"chunk {key!r} of dataset {dataset!r} on tier {src.name!r} has checksum {got}, "
             f"catalog says {expect}"
         )
+    return data
+
+
+def put_checked(dst: Tier, dataset: str, key: str, data: BytesLike) -> tuple[int, str]:
+    """Put ``data`` as chunk ``key`` of ``dataset`` on ``dst`` durably (fsync / completed
+    PUT), read it back and check it, so the copy is known good before anyone records it;
+    return ``(nbytes, checksum)``. Raises as :func:`read_checked` does."""
+    obj = f"{dataset}/{key}"
+    got = checksum(data)
     dst.call(dst.backend.put, obj, data, durable=True)
     back = checksum(dst.call(dst.backend.get, obj))
     if back != got:
