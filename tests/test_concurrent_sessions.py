@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import strataio
-from strataio.errors import StrataError
+from strataio.errors import BackendError, StrataError
 from strataio.tiers.fsck import fsck
 
 CONFIG = """
@@ -67,3 +67,39 @@ def test_a_write_back_from_a_stale_residency_keeps_the_copy_another_session_reco
         assert len(s.catalog.residency("a")) == 4
         np.testing.assert_array_equal(s.open_dataset("a")[...], A)
         assert fsck(s.catalog, s.tiers).clean
+
+
+def test_a_read_from_a_stale_residency_finds_the_copy_another_session_moved(tmp_path):
+    (tmp_path / "strataio.toml").write_text(CONFIG)
+    with session(tmp_path) as s:
+        ds = s.create_dataset("a", A.shape, "f4", (10, 10), hint="LOCALDISK")
+        ds[...] = A
+        ds.close()
+    with session(tmp_path) as reader:
+        stale = reader.open_dataset("a")  # its residency: every chunk on "fast" only
+        with session(tmp_path) as evictor:
+            moved = evictor.open_dataset("a")
+            moved.evict(tier="fast").wait()  # written back to the archive, fast copies gone
+            moved.close()
+        # the fast copies it names are missing: it asks the catalog where they are now
+        np.testing.assert_array_equal(stale[...], A)
+        stale.close()
+    with session(tmp_path) as s:
+        assert {c.tier for c in s.catalog.residency("a")} <= {"fast", "archive"}
+        assert len({c.key for c in s.catalog.residency("a")}) == 4
+        np.testing.assert_array_equal(s.open_dataset("a")[...], A)
+        assert fsck(s.catalog, s.tiers).clean
+
+
+def test_a_chunk_lost_for_good_still_reads_as_lost(tmp_path):
+    (tmp_path / "strataio.toml").write_text(CONFIG)
+    with session(tmp_path) as s:
+        ds = s.create_dataset("a", A.shape, "f4", (10, 10), hint="LOCALDISK")
+        ds[...] = A
+        ds.close()
+    (tmp_path / "fast" / "a" / "c" / "1" / "0").unlink()
+    with session(tmp_path) as s:
+        ds = s.open_dataset("a")
+        with pytest.raises(BackendError, match=r"'c/1/0' of 'a'"):
+            ds[...]
+        ds.close()

@@ -481,6 +481,39 @@ class Residency:
                 self._versions[key] += 1
             return sorted(changed)
 
+    def refresh(self, key: str, copies: Iterable[ChunkCopy]) -> bool:
+        """Make the persistent copies of chunk ``key`` those the catalog records now
+        (``copies``), when another process may have moved it since this residency was
+        loaded. Only a chunk with no change buffered here and no put in flight is refreshed;
+        nothing is buffered and no object is deleted. If its content changed, its version
+        moves on and its memory copies are forgotten. True if anything changed."""
+        with self.lock:
+            if self._busy[key] or any(
+                slot[0] == key for slot in (*self._upserts, *self._deletes, *self._committing)
+            ):
+                return False
+            per = self._copies.get(key, {})
+            have = {t: c for t, c in per.items() if not self._tier(t).volatile}
+            want = {c.tier: c for c in copies if c.key == key and not self._tier(c.tier).volatile}
+            if have.keys() == want.keys() and all(_same(have[t], want[t]) for t in want):
+                return False
+            sums = {c.checksum for c in have.values()}
+            for t, c in have.items():
+                del per[t]
+                self._tier(t).account(-c.nbytes)
+            for t, c in want.items():
+                per[t] = c
+                self._tier(t).account(c.nbytes)
+            if any(c.checksum not in sums for c in want.values()):
+                self._versions[key] += 1
+                for t in [t for t in per if self._tier(t).volatile]:
+                    self.remove(key, t)
+            if per:
+                self._copies[key] = per
+            else:
+                self._copies.pop(key, None)
+            return True
+
     # ----------------------------------------------------------------- helpers
     def _tier(self, name: str) -> Tier:
         return self.tiers[name]

@@ -82,6 +82,9 @@ class TieredChunkStore(ChunkStore):  # no optional capabilities yet
         placement.register(residency)
 
     # ----------------------------------------------------------------- reads
+    #: times one read asks the catalog again for chunks whose every known copy is missing
+    REFRESHES = 3
+
     def get_chunks(self, keys: Sequence[str]) -> list[BytesLike | None]:
         self._check_open()
         if self.disabled:
@@ -106,8 +109,20 @@ class TieredChunkStore(ChunkStore):  # no optional capabilities yet
         # the next readable copy on another tier is tried.
         pending: dict[int, set[str]] = {i: set() for i in need}
         corrupt: dict[int, list[str]] = {}
+        refreshes = self.REFRESHES
         while pending:
             groups: dict[str, list[tuple[int, ChunkCopy]]] = {}
+            out_of_copies = [
+                i
+                for i, tried in pending.items()
+                if not [c for c in self.res.readable(keys[i]) if c.tier not in tried]
+            ]
+            if out_of_copies and refreshes:
+                # another process may have moved them since this dataset was opened (and
+                # may move them again while they are read)
+                refreshes -= 1
+                for i in self._refresh([keys[i] for i in out_of_copies]):
+                    pending[out_of_copies[i]] = set()
             for i, tried in list(pending.items()):
                 copies = [c for c in self.res.readable(keys[i]) if c.tier not in tried]
                 if not copies:
@@ -148,6 +163,17 @@ class TieredChunkStore(ChunkStore):  # no optional capabilities yet
             else:
                 continue  # replaced while it was read: read the new copy
             pending[i].add(tier.name)
+
+    def _refresh(self, keys: list[str]) -> list[int]:
+        """Reload the copies of chunks ``keys`` from the catalog (one query; where this
+        process holds one): positions in ``keys`` of the chunks whose copies changed."""
+        catalog = self.commit.catalog
+        if catalog is None:
+            return []
+        rows: dict[str, list[ChunkCopy]] = {}
+        for c in catalog.residency(self.name):
+            rows.setdefault(c.key, []).append(c)
+        return [i for i, k in enumerate(keys) if self.res.refresh(k, rows.get(k, []))]
 
     def _lost(self, key: str, corrupt: list[str]) -> StrataError:
         if corrupt:
