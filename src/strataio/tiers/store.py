@@ -21,6 +21,7 @@ is read.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -82,7 +83,7 @@ class TieredChunkStore(ChunkStore):  # no optional capabilities yet
         placement.register(residency)
 
     # ----------------------------------------------------------------- reads
-    #: times one read asks the catalog again for chunks whose every known copy is missing
+    #: times one read asks the catalog again for a chunk whose every known copy is missing
     REFRESHES = 3
 
     def get_chunks(self, keys: Sequence[str]) -> list[BytesLike | None]:
@@ -109,20 +110,21 @@ class TieredChunkStore(ChunkStore):  # no optional capabilities yet
         # the next readable copy on another tier is tried.
         pending: dict[int, set[str]] = {i: set() for i in need}
         corrupt: dict[int, list[str]] = {}
-        refreshes = self.REFRESHES
+        refreshes: Counter[int] = Counter()  # catalog lookups per chunk in this read
         while pending:
             groups: dict[str, list[tuple[int, ChunkCopy]]] = {}
+            # another process may have moved chunks since this dataset was opened (and may
+            # move them again while they are read): ask the catalog where they are now
             out_of_copies = [
                 i
                 for i, tried in pending.items()
-                if not [c for c in self.res.readable(keys[i]) if c.tier not in tried]
+                if refreshes[i] < self.REFRESHES
+                and not [c for c in self.res.readable(keys[i]) if c.tier not in tried]
             ]
-            if out_of_copies and refreshes:
-                # another process may have moved them since this dataset was opened (and
-                # may move them again while they are read)
-                refreshes -= 1
-                for i in self._refresh([keys[i] for i in out_of_copies]):
-                    pending[out_of_copies[i]] = set()
+            if out_of_copies:
+                refreshes.update(out_of_copies)
+                for j in self._refresh([keys[i] for i in out_of_copies]):
+                    pending[out_of_copies[j]] = set()
             for i, tried in list(pending.items()):
                 copies = [c for c in self.res.readable(keys[i]) if c.tier not in tried]
                 if not copies:
@@ -170,10 +172,15 @@ class TieredChunkStore(ChunkStore):  # no optional capabilities yet
         catalog = self.commit.catalog
         if catalog is None:
             return []
+        # a put of a chunk in flight here (a write-back that found the copy missing too) is
+        # waited out first: only a chunk with nothing in flight is refreshed
+        quiet = [k for k in keys if self.res.wait_quiet(k)]
         rows: dict[str, list[ChunkCopy]] = {}
         for c in catalog.residency(self.name):
             rows.setdefault(c.key, []).append(c)
-        return [i for i, k in enumerate(keys) if self.res.refresh(k, rows.get(k, []))]
+        return [
+            i for i, k in enumerate(keys) if k in quiet and self.res.refresh(k, rows.get(k, []))
+        ]
 
     def _lost(self, key: str, corrupt: list[str]) -> StrataError:
         if corrupt:
