@@ -136,7 +136,7 @@ def check(t: Trial) -> None:
     assert first.exit_code == 0, f"{where}: fsck --repair:\n{first.output}"
     t.notes.append(first.output)
     # the killed worker's registration is found dead at once, by its released lock
-    assert "1 sessions ended without closing (forgotten)" in first.output, first.output
+    assert "1 session ended without closing (forgotten)" in first.output, first.output
     check_data(t, where)
     second = fsck_cli(t)
     assert second.exit_code == 0 and " 0 problems" in second.output, (

@@ -220,8 +220,8 @@ def fsck_command(config: str | None, repair: bool, quick: bool) -> None:
         + (", repaired" if report.repaired else "")
         + (f"; {young} in flight in running processes, left alone" if young else "")
         + (
-            f"; {report.writers_gone} sessions ended without closing"
-            + (" (forgotten)" if repair else "")
+            f"; {report.writers_gone} session{'s' if report.writers_gone != 1 else ''} "
+            "ended without closing" + (" (forgotten)" if repair else "")
             if report.writers_gone
             else ""
         )
