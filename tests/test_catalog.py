@@ -372,7 +372,7 @@ def _raw_execute(url: str, statements: list[str]) -> None:
 def test_migration_from_version_1(url):
     _raw_execute(url, V1_SCHEMA)
     with open_catalog(url) as c:
-        assert c.schema_version == SCHEMA_VERSION == 3
+        assert c.schema_version == SCHEMA_VERSION == 4
         assert [(t.name, t.state, t.capacity_bytes) for t in c.tiers()] == [
             ("disk", "up", 1000),
             ("tape", "up", None),
@@ -502,6 +502,80 @@ def test_writers_alive_until_their_process_dies(url, cat):
     assert cat.writers() == []
 
 
+_EVICTOR_CHILD = """
+import sys, time
+from strataio.catalog import open_catalog
+cat = open_catalog(sys.argv[1])
+cat.register_writer()
+print(cat.claim_eviction("d"), flush=True)
+sys.stdin.readline()  # hold the claim until told
+cat.release_eviction("d")
+print("released", flush=True)
+time.sleep(120)
+"""
+
+
+def _evictor(url: str) -> subprocess.Popen:
+    child = subprocess.Popen(
+        [sys.executable, "-c", _EVICTOR_CHILD, url],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert child.stdout.readline().strip() == "True"
+    return child
+
+
+def test_an_open_waits_out_another_process_s_eviction_round(url, cat):
+    """A process claiming a dataset for eviction keeps others from opening it until the
+    round is over; a process with the dataset open keeps others from claiming it."""
+    cat.create_dataset(_ds("d"))
+    cat.register_writer()
+    child = _evictor(url)
+    try:
+        opened = threading.Event()
+
+        def open_it():
+            cat.use_dataset("d")
+            opened.set()
+
+        t = threading.Thread(target=open_it)
+        t.start()
+        assert not opened.wait(0.5)  # the claim is held: the open waits
+        child.stdin.write("\n")
+        child.stdin.flush()
+        assert child.stdout.readline().strip() == "released"
+        assert opened.wait(10)
+        t.join()
+    finally:
+        child.kill()
+        child.wait()
+    # now this process has it open: nobody else may claim it
+    with open_catalog(url) as other:
+        other.register_writer()
+        assert not other.claim_eviction("d")
+        assert other.datasets_in_use() == {"d"}
+    cat.unuse_dataset("d")
+
+
+def test_a_dead_evictor_s_claim_does_not_block_an_open(url, cat):
+    cat.create_dataset(_ds("d"))
+    cat.register_writer()
+    child = _evictor(url)
+    child.kill()
+    child.wait()
+    deadline = time.monotonic() + 5.0  # PostgreSQL ends the dead client's backend at once
+    while "d" in cat.datasets_in_use() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    t0 = time.monotonic()
+    cat.use_dataset("d")
+    assert time.monotonic() - t0 < 2.0
+    assert cat.claim_eviction("d") is False  # open here
+    cat.unuse_dataset("d")
+    assert cat.claim_eviction("d") is True
+    cat.release_eviction("d")
+
+
 def test_announced_rewrite_keeps_both_checksums(cat):
     cat.create_dataset(_ds("d"))
     w = cat.register_writer()
@@ -516,14 +590,23 @@ def test_announced_rewrite_keeps_both_checksums(cat):
 
 
 class WriterRegistry(RuleBasedStateMachine):
-    """Writers registered, released, and marking datasets in use (counted) through one
-    catalog object: the catalog always answers as the model says."""
+    """Writers registered, released, marking datasets in use (counted) and claiming them for
+    eviction through one catalog object: the catalog always answers as the model says."""
 
     def __init__(self) -> None:
         super().__init__()
         self.dir = tempfile.mkdtemp(prefix="strataio-writers-")
         self.cat = open_catalog(os.path.join(self.dir, "cat.db"))
+        self.cat.EVICTION_WAIT = 0.02  # a use that must wait for a claim here fails at once
         self.uses: dict[str, Counter] = {}
+        self.evicting: set[tuple[str, str]] = set()  # (writer, dataset) whose mark is a claim
+
+    def _others(self, w: str, name: str, *, evicting: bool) -> bool:
+        return any(
+            c[name] > 0 and (not evicting or (v, name) in self.evicting)
+            for v, c in self.uses.items()
+            if v != w
+        )
 
     writers = Bundle("writers")
 
@@ -537,9 +620,14 @@ class WriterRegistry(RuleBasedStateMachine):
     def release(self, w):
         self.cat.release_writer(w)
         self.uses.pop(w, None)
+        self.evicting = {(v, d) for v, d in self.evicting if v != w}
 
     @rule(w=writers, name=st.sampled_from(["a", "b", "c/d"]))
     def use(self, w, name):
+        if w in self.uses and self.uses[w][name] == 0 and self._others(w, name, evicting=True):
+            with pytest.raises(BackendError, match="evicting"):
+                self.cat.use_dataset(name, w)
+            return
         self.cat.use_dataset(name, w)
         if w in self.uses:
             self.uses[w][name] += 1
@@ -547,8 +635,30 @@ class WriterRegistry(RuleBasedStateMachine):
     @rule(w=writers, name=st.sampled_from(["a", "b", "c/d"]))
     def unuse(self, w, name):
         self.cat.unuse_dataset(name, w)
+        self._unused(w, name)
+
+    def _unused(self, w, name):
         if w in self.uses and self.uses[w][name] > 0:
             self.uses[w][name] -= 1
+            if self.uses[w][name] == 0:
+                self.evicting.discard((w, name))
+
+    @rule(w=writers, name=st.sampled_from(["a", "b", "c/d"]))
+    def claim_eviction(self, w, name):
+        got = self.cat.claim_eviction(name, w)
+        if w not in self.uses:
+            assert got  # a released writer marks nothing, as with use_dataset
+        elif self.uses[w][name] or self._others(w, name, evicting=False):
+            assert not got
+        else:
+            assert got
+            self.uses[w][name] += 1
+            self.evicting.add((w, name))
+
+    @rule(w=writers, name=st.sampled_from(["a", "b", "c/d"]))
+    def release_eviction(self, w, name):
+        self.cat.release_eviction(name, w)
+        self._unused(w, name)
 
     @invariant()
     def agrees(self):
@@ -565,5 +675,5 @@ class WriterRegistry(RuleBasedStateMachine):
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-WriterRegistry.TestCase.settings = settings(max_examples=20, stateful_step_count=12, deadline=None)
+WriterRegistry.TestCase.settings = settings(max_examples=40, stateful_step_count=15, deadline=None)
 test_writer_registry = WriterRegistry.TestCase

@@ -37,6 +37,10 @@ path = "archive"
 
 A = np.arange(20 * 20, dtype="f4").reshape(20, 20)  # 4 chunks of 10x10
 
+# "fast" with room for the four chunks of one such dataset (400 bytes each) and little
+# more
+SMALL_FAST = 'path = "fast"\ncapacity = "2KiB"'
+
 
 def session(root) -> strataio.Session:
     return strataio.Session(config=root / "strataio.toml")
@@ -103,3 +107,47 @@ def test_a_chunk_lost_for_good_still_reads_as_lost(tmp_path):
         with pytest.raises(BackendError, match=r"'c/1/0' of 'a'"):
             ds[...]
         ds.close()
+
+
+def test_an_eviction_round_leaves_a_dataset_opened_after_its_listing(tmp_path):
+    """An eviction round lists its victims, then acts; a dataset another process opens in
+    between (and may be writing) is left alone: its claim on the dataset decides, not the
+    listing."""
+    (tmp_path / "strataio.toml").write_text(CONFIG.replace('path = "fast"', SMALL_FAST))
+    with session(tmp_path) as s:
+        ds = s.create_dataset("x", A.shape, "f4", (10, 10), hint="LOCALDISK")
+        ds[...] = A
+        ds.close()
+        assert {c.tier for c in s.catalog.residency("x")} == {"fast"}
+    evictor, opener = session(tmp_path), session(tmp_path)
+    listing = evictor.catalog.lru_copies
+    opened = []
+
+    def list_then_let_the_other_open(*args, **kwargs):
+        victims = listing(*args, **kwargs)
+        if not opened:
+            opened.append(opener.open_dataset("x", mode="r+"))
+        return victims
+
+    evictor.catalog.lru_copies = list_then_let_the_other_open
+    try:
+        y = evictor.create_dataset("y", A.shape, "f4", (10, 10), hint="LOCALDISK")
+        y[...] = A + 1  # needs room on "fast", held by x's chunks
+        y.close()
+        assert opened, "the write did not need an eviction round"
+        # x was opened before the round acted: every chunk of it is still on fast only
+        assert {(c.key, c.tier) for c in opener.catalog.residency("x")} == {
+            (k, "fast") for k in ("c/0/0", "c/0/1", "c/1/0", "c/1/1")
+        }
+        x = opened[0]
+        x[:10, :10] = -A[:10, :10]
+        x.close()
+    finally:
+        evictor.close()
+        opener.close()
+    want = A.copy()
+    want[:10, :10] = -A[:10, :10]
+    with session(tmp_path) as s:
+        np.testing.assert_array_equal(s.open_dataset("x")[...], want)
+        np.testing.assert_array_equal(s.open_dataset("y")[...], A + 1)
+        assert fsck(s.catalog, s.tiers).clean

@@ -179,6 +179,9 @@ class Catalog(abc.ABC):
     #: the URL the catalog was opened with
     url: str = ""
 
+    #: seconds :meth:`use_dataset` waits out another process's eviction round of the dataset
+    EVICTION_WAIT: float = 600.0
+
     # -- tiers --------------------------------------------------------------------------
 
     @abc.abstractmethod
@@ -281,11 +284,32 @@ class Catalog(abc.ABC):
     def use_dataset(self, name: str, writer: str | None = None) -> None:
         """Mark dataset ``name`` in use by ``writer``, a writer registered through this object
         and not released (default: the first such; nothing happens without one). Counted:
-        each call needs one :meth:`unuse_dataset`."""
+        each call needs one :meth:`unuse_dataset`.
+
+        The first mark waits while another live writer evicts from the dataset
+        (:meth:`claim_eviction`): what the caller reads from the catalog next is then whole,
+        and no eviction round of another process deletes an object it is about to write.
+        Raises :class:`~strataio.errors.BackendError` if that round outlasts
+        :attr:`EVICTION_WAIT` seconds."""
 
     @abc.abstractmethod
     def unuse_dataset(self, name: str, writer: str | None = None) -> None:
         """Undo one :meth:`use_dataset`."""
+
+    @abc.abstractmethod
+    def claim_eviction(self, name: str, writer: str | None = None) -> bool:
+        """Mark dataset ``name`` as being evicted from by ``writer`` (default as for
+        :meth:`use_dataset`), unless another live writer has it in use or is evicting from
+        it: then nothing is marked and False is returned. With a claim held, no other process
+        opens the dataset until :meth:`release_eviction` (its :meth:`use_dataset` waits).
+
+        Mark first, look second, on both sides (the mark is committed before the look): of
+        a process opening the dataset and one claiming it at the same moment, at least one
+        sees the other's mark, so they never both go ahead."""
+
+    @abc.abstractmethod
+    def release_eviction(self, name: str, writer: str | None = None) -> None:
+        """End a claim of :meth:`claim_eviction` (after the round's commits and deletes)."""
 
     @abc.abstractmethod
     def writers(self) -> list[WriterRecord]:

@@ -16,7 +16,7 @@ import psycopg
 
 from strataio.catalog.base import CopyId, redact_url
 from strataio.catalog.liveness import advisory_halves, advisory_key, note_held, note_released
-from strataio.catalog.sql import _COPY_COLS, _UPSERT, SQLCatalog
+from strataio.catalog.sql import COPY_COLS, UPSERT_COPY, SQLCatalog
 from strataio.errors import BackendError
 
 # Below this many rows a pipelined executemany beats COPY + INSERT ... SELECT.
@@ -113,11 +113,11 @@ class PostgresCatalog(SQLCatalog):
         if len(rows) < _COPY_THRESHOLD:
             super()._bulk_upsert(cur, rows)
             return
-        with cur.copy(f"COPY {_STAGING} ({_COPY_COLS}) FROM STDIN") as copy:
+        with cur.copy(f"COPY {_STAGING} ({COPY_COLS}) FROM STDIN") as copy:
             for row in rows:
                 copy.write_row(row)
-        upsert_from_staging = _UPSERT.replace(
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", f"SELECT {_COPY_COLS} FROM {_STAGING}"
+        upsert_from_staging = UPSERT_COPY.replace(
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", f"SELECT {COPY_COLS} FROM {_STAGING}"
         )
         cur.execute(upsert_from_staging)
 

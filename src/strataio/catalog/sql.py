@@ -116,13 +116,18 @@ _V3 = [
         PRIMARY KEY (writer, dataset))""",
 ]
 
-MIGRATIONS: list[list[str]] = [_V1, _V2, _V3]
+# Version 4: a writer's mark on a dataset says whether it is evicting from it (a process
+# that opens the dataset waits for such a mark to go) or has it open.
+_V4 = ["ALTER TABLE writer_datasets ADD COLUMN evicting INTEGER NOT NULL DEFAULT 0"]
+
+MIGRATIONS: list[list[str]] = [_V1, _V2, _V3, _V4]
 #: the schema version this code writes
 SCHEMA_VERSION = len(MIGRATIONS)
 
-_COPY_COLS = "dataset, key, tier, nbytes, checksum, state, last_access, old_checksum, writer"
-_UPSERT = (
-    f"INSERT INTO residency ({_COPY_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
+# residency columns and the upsert of one copy row (the PostgreSQL dialect bulk-loads with them)
+COPY_COLS = "dataset, key, tier, nbytes, checksum, state, last_access, old_checksum, writer"
+UPSERT_COPY = (
+    f"INSERT INTO residency ({COPY_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
     "ON CONFLICT (dataset, key, tier) DO UPDATE SET nbytes = excluded.nbytes, "
     "checksum = excluded.checksum, state = excluded.state, last_access = excluded.last_access, "
     "old_checksum = excluded.old_checksum, writer = excluded.writer"
@@ -228,7 +233,7 @@ class SQLCatalog(Catalog):
             cur.executemany(self._sql(statement), rows)
 
     def _bulk_upsert(self, cur: Cursor, rows: Sequence[tuple]) -> None:
-        self._executemany(cur, _UPSERT, rows)
+        self._executemany(cur, UPSERT_COPY, rows)
 
     def _bulk_delete(self, cur: Cursor, ids: Sequence[CopyId]) -> None:
         self._executemany(
@@ -400,7 +405,7 @@ class SQLCatalog(Catalog):
         # are skipped here, and a further page is read only if they filled the first one.
         while len(out) < limit:
             rows = self._query(
-                f"SELECT {_COPY_COLS} FROM residency WHERE tier = ? "
+                f"SELECT {COPY_COLS} FROM residency WHERE tier = ? "
                 "ORDER BY last_access, dataset{c}, key{c} LIMIT ? OFFSET ?",
                 (tier, limit, offset),
             )
@@ -522,15 +527,72 @@ class SQLCatalog(Catalog):
             if w is None:
                 return
             self._uses[w, name] += 1
-            if self._uses[w, name] == 1:
-                with self._write() as cur:
-                    cur.execute(
-                        self._sql(
-                            "INSERT INTO writer_datasets (writer, dataset) VALUES (?, ?) "
-                            "ON CONFLICT (writer, dataset) DO NOTHING"
-                        ),
-                        (w, name),
-                    )
+            if self._uses[w, name] > 1:
+                return
+            try:
+                self._mark(w, name, evicting=False)
+            except BaseException:
+                self._uses[w, name] -= 1
+                raise
+        # (waited out of the lock: an eviction round of this very object must be able to end)
+        deadline = time.monotonic() + self.EVICTION_WAIT
+        pause = 0.005
+        while evictors := self._other_marks(w, name, evicting_only=True):
+            if time.monotonic() > deadline:
+                self.unuse_dataset(name, w)
+                raise BackendError(
+                    f"dataset {name!r}: writer {', '.join(sorted(evictors))} has been evicting "
+                    f"from it for over {self.EVICTION_WAIT:.0f} s; try again later, or run "
+                    "`strataio fsck` if that process is stuck"
+                )
+            time.sleep(pause)
+            pause = min(pause * 2, 0.2)
+
+    def claim_eviction(self, name: str, writer: str | None = None) -> bool:
+        with self._lock:
+            w = self._writer(writer)
+            if w is None:
+                return True  # no writers here: nobody else registers either (no marks to see)
+            if self._uses[w, name]:
+                return False  # open here: evicted from by its own residency, not this way
+            self._mark(w, name, evicting=True)
+            if self._other_marks(w, name, evicting_only=False):
+                self._unmark(w, name)
+                return False
+            self._uses[w, name] += 1
+            return True
+
+    def release_eviction(self, name: str, writer: str | None = None) -> None:
+        self.unuse_dataset(name, writer)
+
+    def _mark(self, writer: str, name: str, *, evicting: bool) -> None:
+        """Insert ``writer``'s mark on dataset ``name``, committed before this returns."""
+        with self._write() as cur:
+            cur.execute(
+                self._sql(
+                    "INSERT INTO writer_datasets (writer, dataset, evicting) VALUES (?, ?, ?) "
+                    "ON CONFLICT (writer, dataset) DO NOTHING"
+                ),
+                (writer, name, int(evicting)),
+            )
+
+    def _unmark(self, writer: str, name: str) -> None:
+        with self._write() as cur:
+            cur.execute(
+                self._sql("DELETE FROM writer_datasets WHERE writer = ? AND dataset = ?"),
+                (writer, name),
+            )
+
+    def _other_marks(self, writer: str, name: str, *, evicting_only: bool) -> set[str]:
+        """Live writers other than ``writer`` with a mark on dataset ``name`` (only evicting
+        marks with ``evicting_only``); a dead writer's leftover mark is not counted."""
+        extra = " AND evicting = 1" if evicting_only else ""
+        with self._lock:
+            rows = self._query(
+                f"SELECT writer FROM writer_datasets WHERE dataset = ? AND writer <> ?{extra}",
+                (name, writer),
+            )
+            return self._live_tokens([r[0] for r in rows]) if rows else set()
 
     def unuse_dataset(self, name: str, writer: str | None = None) -> None:
         with self._lock:
@@ -540,11 +602,7 @@ class SQLCatalog(Catalog):
             self._uses[w, name] -= 1
             if self._uses[w, name] == 0:
                 del self._uses[w, name]
-                with self._write() as cur:
-                    cur.execute(
-                        self._sql("DELETE FROM writer_datasets WHERE writer = ? AND dataset = ?"),
-                        (w, name),
-                    )
+                self._unmark(w, name)
 
     def writers(self) -> list[WriterRecord]:
         with self._lock:

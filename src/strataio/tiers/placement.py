@@ -233,6 +233,7 @@ class Placement:
                         victims.append((c.last_access, c.dataset, c))
             victims.sort(key=lambda v: v[0])
             loaded: dict[str, Residency] = {}
+            refused: set[str] = set()
             touched: list[Residency] = []
             for _, owner, c in victims:
                 if tier.has_room(target):
@@ -240,7 +241,13 @@ class Placement:
                 if isinstance(owner, Residency):
                     res = owner
                 else:
-                    res = self._load(owner, loaded)
+                    if owner in refused:
+                        continue
+                    got = self._load(owner, loaded)
+                    if got is None:
+                        refused.add(owner)  # opened by another process since it was listed
+                        continue
+                    res = got
                     if all(x.tier != tier.name for x in res.copies(c.key)):
                         continue  # gone since the candidates were listed
                 if not self.evict_copy(tier, res, c):
@@ -252,21 +259,26 @@ class Placement:
                     self.commit.apply(res)
             finally:
                 for name in loaded:
-                    self.catalog.unuse_dataset(name)  # type: ignore[union-attr]
+                    self.catalog.release_eviction(name)  # type: ignore[union-attr]
             return tier.has_room(nbytes)
 
-    def _load(self, name: str, loaded: dict[str, Residency]) -> Residency:
+    def _load(self, name: str, loaded: dict[str, Residency]) -> Residency | None:
         """The residency of dataset ``name``, not open here, read from the catalog (one query)
-        the first time an eviction round needs it; marked in use by this process until the
-        round's commits are done (so fsck leaves the write-backs' objects alone)."""
+        the first time an eviction round needs it; None if another process has it open.
+
+        The dataset is claimed for eviction (:meth:`Catalog.claim_eviction`) until the round's
+        commits and deletes are done: no other process opens it meanwhile (and so none writes
+        an object this round deletes), and fsck leaves the write-backs' objects alone. The
+        listing that chose the victims may be stale; the claim is what decides."""
         res = loaded.get(name)
         if res is None:
             assert self.catalog is not None
-            self.catalog.use_dataset(name)
+            if not self.catalog.claim_eviction(name):
+                return None
             try:
                 copies = self.catalog.residency(name)
             except BaseException:
-                self.catalog.unuse_dataset(name)
+                self.catalog.release_eviction(name)
                 raise
             res = loaded[name] = Residency(name, copies, self.tiers)
         return res
