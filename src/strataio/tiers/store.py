@@ -25,7 +25,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from strataio.arrays.store import ChunkStore
+from strataio.arrays.store import ChunkStore, StoreCapabilities
 from strataio.catalog.base import ChunkCopy
 from strataio.errors import (
     BackendError,
@@ -44,7 +44,7 @@ from strataio.tiers.residency import META_KEY, Residency, object_key
 from strataio.tiers.tier import Tier, TierSet, checksum
 
 
-class TieredChunkStore(ChunkStore):  # no optional capabilities yet
+class TieredChunkStore(ChunkStore):
     """Chunks of dataset ``residency.name`` spread over ``tiers``.
 
     ``hint`` is the dataset's placement hint; ``disabled`` marks a DISABLE dataset (writes are
@@ -52,7 +52,17 @@ class TieredChunkStore(ChunkStore):  # no optional capabilities yet
     fastest copy is on an archive (``remotetape``) tier before reading them. ``commit``
     makes the residency's changes durable (at flush, close and when a rewrite in place is
     announced).
+
+    Partial reads (:meth:`read_span`) follow a verified-once rule: the first read of a chunk's
+    copy reads it whole and checks the catalogued checksum; later reads of that copy read only
+    the bytes asked for, as long as the object's version (:meth:`Backend.versions`: a new
+    object, or any write to it, makes a new one) is the one that was checked. A copy
+    replaced by any process is therefore read whole and checked again; what this does not see
+    is the medium decaying under an unchanged object after its check, which the next whole
+    read (or ``strataio fsck``) finds.
     """
+
+    capabilities = StoreCapabilities(partial_reads=True)
 
     def __init__(
         self,
@@ -80,6 +90,8 @@ class TieredChunkStore(ChunkStore):  # no optional capabilities yet
         self.commit = commit if commit is not None else placement.commit
         self._meta = meta
         self._closed = False
+        # chunk key -> (tier, checksum of the bytes checked, object version when checked)
+        self._verified: dict[str, tuple[str, str, Any]] = {}
         placement.register(residency)
 
     # ----------------------------------------------------------------- reads
@@ -134,6 +146,67 @@ class TieredChunkStore(ChunkStore):  # no optional capabilities yet
                 self._read_group(self.tiers[tier_name], keys, wanted, out, pending, corrupt)
         self.res.touch([keys[i] for i in need])
         return out
+
+    def read_span(
+        self, key: str, offset: int, out: memoryview, *, nowait: bool = False
+    ) -> int | None:
+        """Read ``len(out)`` bytes of chunk ``key`` from ``offset`` into ``out`` and return the
+        chunk's size, None for a chunk never written (the verified-once rule of the class
+        doc). With ``nowait``, raise :class:`BlockingIOError` where the bytes would have to
+        wait on storage, or where the copy must first be read whole and checked."""
+        self._check_open()
+        hit = self.cache.get(self.name, key)
+        if hit is not None:
+            return _copy_span(hit, offset, out)
+        copies = self.res.readable(key)
+        if not copies:
+            if self.res.copies(key) or self.disabled:
+                return _copy_span(self._whole(key), offset, out)  # raises with the reason
+            return None
+        copy = copies[0]
+        tier = self.tiers[copy.tier]
+        obj = object_key(self.name, key)
+        seen = self._verified.get(key)
+        if (
+            seen is not None
+            and seen[0] == copy.tier
+            and copy.accepts(seen[1])
+            and not self.res.busy(key)
+        ):
+            try:
+                size = tier.backend.readinto_range(obj, offset, out, nowait=nowait)
+                # checked after the read: a copy replaced before or during it has a new version
+                if tier.backend.versions([obj]) == [seen[2]]:
+                    self.res.touch((key,))
+                    return size
+            except BlockingIOError:
+                raise
+            except (OSError, StrataError):
+                pass  # moved or gone: the whole read below finds where it is now
+            self._verified.pop(key, None)
+        if nowait:
+            raise BlockingIOError(key)
+        if tier.role != "remotetape" and not self.res.busy(key):
+            try:
+                version = tier.backend.versions([obj])
+                blob = tier.call(tier.backend.get, obj)
+            except (OSError, StrataError):
+                pass
+            else:
+                digest = checksum(blob)
+                if version is not None and copy.accepts(digest) and self.res.is_current(copy):
+                    self._verified[key] = (copy.tier, digest, version[0])
+                    self.res.touch((key,))
+                    return _copy_span(blob, offset, out)
+        return _copy_span(self._whole(key), offset, out)
+
+    def _whole(self, key: str) -> BytesLike:
+        """Chunk ``key`` read whole through :meth:`get_chunks` (every rule of a read: staging,
+        failover, catalog refresh, errors naming the copies)."""
+        blob = self.get_chunks([key])[0]
+        if blob is None:
+            raise NotFoundError(f"chunk {key!r} of {self.name!r} has no copy")
+        return blob
 
     def _read_group(
         self,
@@ -341,6 +414,11 @@ class TieredChunkStore(ChunkStore):  # no optional capabilities yet
                 continue
         return None
 
+    def adopt_meta(self, data: bytes) -> None:
+        """Take ``data`` as the dataset's ``zarr.json`` already stored (or to be recreated
+        from the catalog record), without writing it: :meth:`get_meta` returns it."""
+        self._meta = bytes(data)
+
     def put_meta(self, data: bytes) -> None:
         """Write ``zarr.json`` durably to every persistent tier that answers."""
         self._check_open()
@@ -422,6 +500,15 @@ class TieredChunkStore(ChunkStore):  # no optional capabilities yet
 
     def __repr__(self) -> str:
         return f"TieredChunkStore({self.name!r}, hint={self.hint}, tiers={self.tiers.names})"
+
+
+def _copy_span(blob: BytesLike, offset: int, out: memoryview) -> int:
+    """Copy ``blob[offset:offset + len(out)]`` into ``out`` (zeros past its end); its size."""
+    data = memoryview(blob).cast("B")[offset : offset + len(out)]
+    out[: len(data)] = data
+    if len(data) < len(out):
+        out[len(data) :] = bytes(len(out) - len(data))
+    return len(blob)
 
 
 def keys_of(ds: Any, section: Any) -> list[str]:
