@@ -363,7 +363,7 @@ class Session:
             )
         else:
             meta = ArrayMetadata.from_json(raw, where=f"{name}/{META_KEY}")
-        store._meta = meta.to_json() if raw is None else raw
+        store.adopt_meta(meta.to_json() if raw is None else raw)
         return TieredDataset(store, meta, mode, name=name, comm=self.comm)
 
     def list_datasets(self) -> list[DatasetRecord]:

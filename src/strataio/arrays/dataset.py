@@ -45,15 +45,15 @@ _PLAN_MEMO = 32
 _PLAN_MEMO_CHUNKS = 256
 #: chunks below which a section is handled on the calling thread
 _PARALLEL_MIN_CHUNKS = 4
+#: threads of the chunk pool (I/O bound: more than the cores)
+_POOL_WORKERS = min(16, 4 * (os.cpu_count() or 1))
 _pool: ThreadPoolExecutor | None = None
 
 
 def _executor() -> ThreadPoolExecutor:
     global _pool
     if _pool is None:
-        _pool = ThreadPoolExecutor(
-            max_workers=min(16, 4 * (os.cpu_count() or 1)), thread_name_prefix="strataio-chunk"
-        )
+        _pool = ThreadPoolExecutor(max_workers=_POOL_WORKERS, thread_name_prefix="strataio-chunk")
     return _pool
 
 
@@ -63,7 +63,7 @@ def _run_groups(n: int, work: Callable[[int, int], None]) -> None:
         work(0, n)
         return
     pool = _executor()
-    groups = min(n, pool._max_workers)
+    groups = min(n, _POOL_WORKERS)
     bounds = np.linspace(0, n, groups + 1).astype(int).tolist()
     futures = [pool.submit(work, a, b) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
     errors = [f.exception() for f in futures]

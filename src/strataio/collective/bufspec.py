@@ -124,8 +124,11 @@ _BACK_TO_BACK = _back_to_back_types()
 def _datatype(dt: Any) -> MPI.Datatype:
     if type(dt) is MPI.Datatype or isinstance(dt, MPI.Datatype):
         return dt
-    if isinstance(dt, str) and dt in MPI._typedict:  # mpi4py's typecode table
-        return MPI._typedict[dt]
+    if isinstance(dt, str):
+        try:
+            return MPI.Datatype.fromcode(dt)  # a typecode, as mpi4py's buffer specs take
+        except ValueError:
+            pass
     raise StrataError(f"buffer specification: {dt!r} is not an MPI datatype")
 
 
