@@ -36,6 +36,7 @@ from strataio.catalog.base import (
     codec_json,
     open_catalog,
 )
+from strataio.collective.agreement import agree
 from strataio.errors import MetadataError, StrataError
 from strataio.storage.base import validate_key
 from strataio.tiers.cache import DEFAULT_CACHE_BYTES, ChunkCache
@@ -306,13 +307,18 @@ class Session:
         Every argument is validated before anything is stored; a name already in the catalog
         raises :class:`~strataio.errors.ExistsError` (on every rank of a parallel job).
         """
-        self._check_open()
-        validate_key(name)
-        if name.split("/")[-1] == META_KEY:
-            raise StrataError(f"dataset name {name!r} ends in {META_KEY!r}, which is reserved")
-        meta = ArrayMetadata.create(shape, dtype, chunks, codec, fill_value, attrs, dims)
-        CodecPipeline(meta.codecs, meta.dtype, meta.chunks)
-        h = self.placement.check_hint(hint)
+        checked: BaseException | None = None
+        try:
+            self._check_open()
+            validate_key(name)
+            if name.split("/")[-1] == META_KEY:
+                raise StrataError(f"dataset name {name!r} ends in {META_KEY!r}, which is reserved")
+            meta = ArrayMetadata.create(shape, dtype, chunks, codec, fill_value, attrs, dims)
+            CodecPipeline(meta.codecs, meta.dtype, meta.chunks)
+            h = self.placement.check_hint(hint)
+        except Exception as exc:  # a bad argument on one rank raises on every rank
+            checked = exc
+        agree(self.comm, checked)
         record = DatasetRecord(
             name,
             meta.shape,
@@ -342,7 +348,14 @@ class Session:
     def open_dataset(self, name: str, mode: str = "r") -> TieredDataset:
         """Open catalogued dataset ``name`` (``"r"`` or ``"r+"``); its residency is read from
         the catalog once, here."""
-        self._check_open()
+        checked: BaseException | None = None
+        try:
+            self._check_open()
+            if mode not in ("r", "r+"):
+                raise StrataError(f"mode must be one of ('r', 'r+'), got {mode!r}")
+        except Exception as exc:  # a bad argument on one rank raises on every rank
+            checked = exc
+        agree(self.comm, checked)
         got: Any = None
         err: BaseException | None = None
         if self.rank == 0:

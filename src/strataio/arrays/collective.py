@@ -256,7 +256,7 @@ def read_sections(
     out_hi = pairs.hi - sections.start[pairs.rank]
     slo, shi, olo, ohi = stage_lo.tolist(), stage_hi.tolist(), out_lo.tolist(), out_hi.tolist()
     shapes = (pairs.hi - pairs.lo).tolist()
-    for p in np.flatnonzero((pairs.owner == me) & (pairs.rank == me) & (pairs.count > 1)):
+    for p in np.flatnonzero((pairs.owner == me) & (pairs.rank == me) & (slot[pairs.chunk] >= 0)):
         out[_box(olo[p], ohi[p])] = staging[_box(slo[p], shi[p])]
     for p, at in zip(exchange.send.tolist(), exchange.send_at.tolist()):
         exchange.slot(exchange.sendbuf, at, shapes[p], dtype)[...] = staging[_box(slo[p], shi[p])]

@@ -23,6 +23,7 @@ from strataio.arrays.codecs import CodecPipeline
 from strataio.arrays.metadata import ArrayMetadata
 from strataio.arrays.store import BackendChunkStore, ChunkStore
 from strataio.arrays.values import to_dtype
+from strataio.collective.agreement import agree
 from strataio.errors import (
     BackendError,
     ClosedError,
@@ -740,7 +741,7 @@ def create_dataset(
         CodecPipeline(meta.codecs, meta.dtype, meta.chunks)
     except StrataError as exc:
         err = type(exc)(f"dataset {os.fspath(path)!r}: {exc}")
-    _agreed(comm, err)
+    agree(comm, err)
     assert meta is not None
     store: BackendChunkStore | None = None
     if comm is None or comm.Get_rank() == 0:
@@ -748,7 +749,7 @@ def create_dataset(
             store = _create_store(path, meta, overwrite)
         except Exception as exc:  # any failure here must reach the other ranks
             err = exc
-    _agreed(comm, err)
+    agree(comm, err)
     if store is None:
         store = _posix_store(path, create=False)
     ds = Dataset(store, meta, "r+", name=os.fspath(path), comm=comm)
@@ -799,7 +800,7 @@ def open_dataset(path: str | os.PathLike[str], mode: str = "r", *, comm: Any = N
                 raise NotFoundError(f"no dataset at {os.fspath(path)}: zarr.json is missing")
         except Exception as exc:  # any failure here must reach the other ranks
             err = exc
-    _agreed(comm, err)
+    agree(comm, err)
     if comm is not None and comm.Get_size() > 1:
         raw = comm.bcast(raw, root=0)
     meta: ArrayMetadata | None = None
@@ -809,18 +810,6 @@ def open_dataset(path: str | os.PathLike[str], mode: str = "r", *, comm: Any = N
         store = _posix_store(path, create=False)
     except Exception as exc:  # any failure here must reach the other ranks
         err = exc
-    _agreed(comm, err)
+    agree(comm, err)
     assert meta is not None and store is not None
     return Dataset(store, meta, mode, name=os.fspath(path), comm=comm)
-
-
-def _agreed(comm: Any, err: BaseException | None) -> None:
-    """Raise ``err`` here, and an error naming this rank's failure on every other rank of
-    ``comm`` (collective where ``comm`` is given)."""
-    if comm is None:
-        if err is not None:
-            raise err
-        return
-    from strataio.collective.agreement import agree
-
-    agree(comm, err)

@@ -17,11 +17,11 @@ from strataio.errors import StrataError
 _I64 = np.int64
 
 
-def agree(comm: MPI.Comm, exc: BaseException | None) -> None:
+def agree(comm: MPI.Comm | None, exc: BaseException | None) -> None:
     """Raise on every rank if ``exc`` is set on any: the failing rank re-raises its own
     exception, the others an exception of the same class naming the rank (one ``allreduce``
-    when nothing failed)."""
-    if comm.Get_size() == 1:
+    when nothing failed). ``comm`` None is a single process."""
+    if comm is None or comm.Get_size() == 1:
         if exc is not None:
             raise exc
         return
