@@ -153,7 +153,11 @@ def _box(lo: list[int], hi: list[int]) -> tuple[Any, ...]:
 class _Exchange:
     """The pieces one collective call moves between ranks: per rank the pairs it sends and
     receives, in the order both sides agree on (by peer, then chunk), and one ``Alltoallv``.
-    ``src`` / ``dst`` name the sending and the receiving rank of each pair."""
+    ``src`` / ``dst`` name the sending and the receiving rank of each pair.
+
+    Each rank's message to each rank (itself included) starts with one byte saying whether
+    the sender failed before the exchange, so the exchange also agrees on failures: no
+    separate ``allreduce``."""
 
     def __init__(
         self, comm: MPI.Comm, pairs: ChunkPairs, src: np.ndarray, dst: np.ndarray, itemsize: int
@@ -162,13 +166,12 @@ class _Exchange:
         nprocs, me = comm.Get_size(), comm.Get_rank()
         nbytes = np.prod(pairs.hi - pairs.lo, axis=1, dtype=_I64) * itemsize
         remote = src != dst
-        self.needed = bool(remote.any())
-        if self.needed:
+        if remote.any():
             # the same on every rank: all raise, before anything moves
             flow = np.bincount(
                 src[remote] * nprocs + dst[remote], weights=nbytes[remote], minlength=nprocs
             )
-            if flow.max() > _MAX_COUNT:
+            if flow.max() + 1 > _MAX_COUNT:
                 raise StrataError(
                     f"a collective dataset call would move {int(flow.max())} bytes from one "
                     f"rank to another, more than one MPI count holds ({_MAX_COUNT}); split it"
@@ -177,10 +180,11 @@ class _Exchange:
         self.send = send[np.argsort(dst[send], kind="stable")]
         recv = np.flatnonzero(remote & (dst == me))
         self.recv = recv[np.argsort(src[recv], kind="stable")]
-        self.send_counts = np.bincount(dst[self.send], nbytes[self.send], nprocs).astype(_I64)
-        self.recv_counts = np.bincount(src[self.recv], nbytes[self.recv], nprocs).astype(_I64)
-        self.send_at = np.cumsum(nbytes[self.send]) - nbytes[self.send]
-        self.recv_at = np.cumsum(nbytes[self.recv]) - nbytes[self.recv]
+        # a flag byte, then the pieces, per peer
+        self.send_counts = np.bincount(dst[self.send], nbytes[self.send], nprocs).astype(_I64) + 1
+        self.recv_counts = np.bincount(src[self.recv], nbytes[self.recv], nprocs).astype(_I64) + 1
+        self.send_at = np.cumsum(nbytes[self.send]) - nbytes[self.send] + dst[self.send] + 1
+        self.recv_at = np.cumsum(nbytes[self.recv]) - nbytes[self.recv] + src[self.recv] + 1
         self.sendbuf = np.empty(int(self.send_counts.sum()), dtype=np.uint8)
         self.recvbuf = np.empty(int(self.recv_counts.sum()), dtype=np.uint8)
 
@@ -190,18 +194,21 @@ class _Exchange:
         n = int(np.prod(shape, dtype=_I64)) * dtype.itemsize
         return buf[at : at + n].view(dtype).reshape(shape)
 
-    def run(self) -> None:
-        """The one ``Alltoallv`` (called on every rank, or on none)."""
-        if not self.needed:
-            return
-
-        def spec(buf: np.ndarray, counts: np.ndarray) -> list[Any]:
-            displ = np.cumsum(counts) - counts
-            return [buf, (counts.astype(np.int32), displ.astype(np.int32)), MPI.BYTE]
-
-        self.comm.Alltoallv(
-            spec(self.sendbuf, self.send_counts), spec(self.recvbuf, self.recv_counts)
-        )
+    def run(self, failed: BaseException | None) -> None:
+        """The one ``Alltoallv`` (called on every rank); raises on every rank if ``failed``
+        is set on any (the pieces are then worthless)."""
+        sdispl = np.cumsum(self.send_counts) - self.send_counts
+        rdispl = np.cumsum(self.recv_counts) - self.recv_counts
+        self.sendbuf[sdispl] = failed is not None
+        if self.comm.Get_size() == 1:
+            self.recvbuf[:] = self.sendbuf
+        else:
+            self.comm.Alltoallv(
+                [self.sendbuf, (self.send_counts.astype(np.int32), sdispl.astype(np.int32)), MPI.BYTE],
+                [self.recvbuf, (self.recv_counts.astype(np.int32), rdispl.astype(np.int32)), MPI.BYTE],
+            )  # fmt: skip
+        if self.recvbuf[rdispl].any():
+            raise_agreed(self.comm, failed)
 
 
 def read_sections(
@@ -222,9 +229,9 @@ def read_sections(
     staging = np.empty((len(shared) * rows, *ds.chunks[1:]) if ds.ndim else (), dtype=dtype)
     slot = np.full(len(pairs.first), -1, dtype=_I64)
     slot[shared] = np.arange(len(shared), dtype=_I64)
+    exchange = _Exchange(comm, pairs, pairs.owner, pairs.rank, dtype.itemsize)
     failed: BaseException | None = None
     try:
-        exchange = _Exchange(comm, pairs, pairs.owner, pairs.rank, dtype.itemsize)
         p = pairs.first[private]
         origin = pairs.coords[private] * ch
         here = sections.start[me]
@@ -245,7 +252,6 @@ def read_sections(
             ds.read_chunks(pairs.coords[shared], lo - origin, hi - origin, staging, at)
     except Exception as exc:  # a chunk another rank waits for could not be read
         failed = exc
-    agree(comm, failed)
 
     # where each pair's piece lies in the staging array
     stage_lo = pairs.lo - pairs.coords[pairs.chunk] * ch
@@ -256,11 +262,15 @@ def read_sections(
     out_hi = pairs.hi - sections.start[pairs.rank]
     slo, shi, olo, ohi = stage_lo.tolist(), stage_hi.tolist(), out_lo.tolist(), out_hi.tolist()
     shapes = (pairs.hi - pairs.lo).tolist()
-    for p in np.flatnonzero((pairs.owner == me) & (pairs.rank == me) & (slot[pairs.chunk] >= 0)):
-        out[_box(olo[p], ohi[p])] = staging[_box(slo[p], shi[p])]
-    for p, at in zip(exchange.send.tolist(), exchange.send_at.tolist()):
-        exchange.slot(exchange.sendbuf, at, shapes[p], dtype)[...] = staging[_box(slo[p], shi[p])]
-    exchange.run()
+    if failed is None:
+        for p in np.flatnonzero(
+            (pairs.owner == me) & (pairs.rank == me) & (slot[pairs.chunk] >= 0)
+        ):
+            out[_box(olo[p], ohi[p])] = staging[_box(slo[p], shi[p])]
+        for p, at in zip(exchange.send.tolist(), exchange.send_at.tolist()):
+            piece = staging[_box(slo[p], shi[p])]
+            exchange.slot(exchange.sendbuf, at, shapes[p], dtype)[...] = piece
+    exchange.run(failed)
     for p, at in zip(exchange.recv.tolist(), exchange.recv_at.tolist()):
         out[_box(olo[p], ohi[p])] = exchange.slot(exchange.recvbuf, at, shapes[p], dtype)
     return out
@@ -290,7 +300,7 @@ def write_sections(
         exchange.slot(exchange.sendbuf, at, shapes[p], dtype)[...] = data[
             _box(data_lo[p], data_hi[p])
         ]
-    exchange.run()
+    exchange.run(None)
 
     owned = np.flatnonzero(pairs.chunk_owner == me)
     first, count = pairs.first.tolist(), pairs.count.tolist()
