@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from strataio.agreed import agree
 from strataio.arrays.codecs import CodecPipeline
 from strataio.arrays.dataset import Dataset
 from strataio.arrays.metadata import ArrayMetadata
@@ -36,7 +37,6 @@ from strataio.catalog.base import (
     codec_json,
     open_catalog,
 )
-from strataio.collective.agreement import agree
 from strataio.errors import MetadataError, StrataError
 from strataio.storage.base import validate_key
 from strataio.tiers.cache import DEFAULT_CACHE_BYTES, ChunkCache

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from mpi4py import MPI
 
-from strataio.collective.agreement import agree, raise_agreed
+from strataio.agreed import agree, raise_agreed
 from strataio.errors import StrataError
 from strataio.layout.chunks import ChunkGrid, chunk_key
 from strataio.layout.sections import Section

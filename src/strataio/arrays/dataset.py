@@ -18,12 +18,12 @@ from typing import Any
 
 import numpy as np
 
+from strataio.agreed import agree
 from strataio.arrays.chunk_cache import CachedChunk, chunk_cache, settled
 from strataio.arrays.codecs import CodecPipeline
 from strataio.arrays.metadata import ArrayMetadata
 from strataio.arrays.store import BackendChunkStore, ChunkStore
 from strataio.arrays.values import to_dtype
-from strataio.collective.agreement import agree
 from strataio.errors import (
     BackendError,
     ClosedError,

@@ -30,11 +30,11 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from strataio.agreed import agree as _agree
+from strataio.agreed import raise_agreed as _raise_agreed
 from strataio.collective import node, twophase
 from strataio.collective.access import Access, AccessPlan
 from strataio.collective.agreement import Agreement, agreement_row
-from strataio.collective.agreement import agree as _agree
-from strataio.collective.agreement import raise_agreed as _raise_agreed
 from strataio.collective.bufspec import BufferSpec, parse_buffer
 from strataio.collective.choice import use_two_phase
 from strataio.collective.driver import Driver, open_driver
