@@ -21,9 +21,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
+
+from strataio.agreed import agree
 from strataio.arrays.codecs import CodecPipeline
 from strataio.arrays.dataset import Dataset
 from strataio.arrays.metadata import ArrayMetadata
@@ -70,8 +73,7 @@ class TieredDataset(Dataset):
         name: str = "",
         comm: Any = None,
     ) -> None:
-        super().__init__(store, meta, mode, name=name)
-        self.comm = comm
+        super().__init__(store, meta, mode, name=name, comm=comm)
 
     @property
     def hint(self) -> str:
@@ -122,6 +124,12 @@ class TieredDataset(Dataset):
         """
         if self.comm is None:
             return start()
+        result = self._share(start)
+        assert result is not None
+        return FinishedMove(result)
+
+    def _share(self, start: Callable[[], MoveHandle] | None) -> MoveResult | None:
+        """Steps (1)-(5) of :meth:`_move`, the move left out where ``start`` is None."""
         comm, res = self.comm, self.store.res
         # (1)-(3): every rank's changes recorded by rank 0, stale objects deleted
         changed = self.store.commit.share(res)
@@ -130,7 +138,8 @@ class TieredDataset(Dataset):
         copies: list[ChunkCopy] | None = None
         if comm.Get_rank() == 0:
             try:
-                result = start().result()
+                if start is not None:
+                    result = start().result()
             except BaseException as exc:
                 err = exc
             copies = res.all_copies()
@@ -142,20 +151,28 @@ class TieredDataset(Dataset):
         self.store.cache.invalidate(self.name, changed)
         if err is not None:
             raise err
-        assert result is not None
-        return FinishedMove(result)
+        return result
+
+    def _share_writes(self) -> None:
+        # every rank's residency learns the chunks the owners of a collective write wrote
+        self._share(None)
 
     def residency(self) -> dict[str, list[ChunkCopy]]:
         """Each stored chunk's copies, fastest tier first."""
         return self.store.residency_table()
 
-    def _write_from(self, section: Any, data: Any) -> None:
+    def write_chunks(
+        self,
+        keys: Sequence[str],
+        need_old: Sequence[bool],
+        make: Callable[[int, np.ndarray | None], np.ndarray],
+    ) -> None:
         # DISABLE: the write was validated by the caller and is dropped here, before the
         # read-modify-write of partial chunks could ask the store for data it never kept
         if self.store.disabled:
             self._check_writable()
             return
-        super()._write_from(section, data)
+        super().write_chunks(keys, need_old, make)
 
 
 class FinishedMove:
@@ -290,13 +307,18 @@ class Session:
         Every argument is validated before anything is stored; a name already in the catalog
         raises :class:`~strataio.errors.ExistsError` (on every rank of a parallel job).
         """
-        self._check_open()
-        validate_key(name)
-        if name.split("/")[-1] == META_KEY:
-            raise StrataError(f"dataset name {name!r} ends in {META_KEY!r}, which is reserved")
-        meta = ArrayMetadata.create(shape, dtype, chunks, codec, fill_value, attrs, dims)
-        CodecPipeline(meta.codecs, meta.dtype, meta.chunks)
-        h = self.placement.check_hint(hint)
+        checked: BaseException | None = None
+        try:
+            self._check_open()
+            validate_key(name)
+            if name.split("/")[-1] == META_KEY:
+                raise StrataError(f"dataset name {name!r} ends in {META_KEY!r}, which is reserved")
+            meta = ArrayMetadata.create(shape, dtype, chunks, codec, fill_value, attrs, dims)
+            CodecPipeline(meta.codecs, meta.dtype, meta.chunks)
+            h = self.placement.check_hint(hint)
+        except Exception as exc:  # a bad argument on one rank raises on every rank
+            checked = exc
+        agree(self.comm, checked)
         record = DatasetRecord(
             name,
             meta.shape,
@@ -326,7 +348,14 @@ class Session:
     def open_dataset(self, name: str, mode: str = "r") -> TieredDataset:
         """Open catalogued dataset ``name`` (``"r"`` or ``"r+"``); its residency is read from
         the catalog once, here."""
-        self._check_open()
+        checked: BaseException | None = None
+        try:
+            self._check_open()
+            if mode not in ("r", "r+"):
+                raise StrataError(f"mode must be one of ('r', 'r+'), got {mode!r}")
+        except Exception as exc:  # a bad argument on one rank raises on every rank
+            checked = exc
+        agree(self.comm, checked)
         got: Any = None
         err: BaseException | None = None
         if self.rank == 0:

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from strataio.agreed import agree
 from strataio.arrays.chunk_cache import CachedChunk, chunk_cache, settled
 from strataio.arrays.codecs import CodecPipeline
 from strataio.arrays.metadata import ArrayMetadata
@@ -121,10 +122,20 @@ class Dataset:
     ``ds[index]`` and ``ds[index] = value`` take numpy basic indices (integers, slices of step
     1, Ellipsis); :meth:`read_section` / :meth:`write_section` take corners. Reads of chunks
     never written return ``fill_value``.
+
+    ``comm`` (an mpi4py communicator, every rank holding this dataset open) enables the
+    collective calls :meth:`read_all` and :meth:`write_all`; the other calls stay
+    independent (per rank), as MPI-IO's independent calls are.
     """
 
     def __init__(
-        self, store: ChunkStore, meta: ArrayMetadata, mode: str = "r", *, name: str = ""
+        self,
+        store: ChunkStore,
+        meta: ArrayMetadata,
+        mode: str = "r",
+        *,
+        name: str = "",
+        comm: Any = None,
     ) -> None:
         if mode not in _MODES:
             raise StrataError(f"mode must be one of {_MODES}, got {mode!r}")
@@ -134,6 +145,7 @@ class Dataset:
         self.meta = meta
         self.mode = mode
         self.name = name
+        self.comm = comm
         self.grid = ChunkGrid(meta.shape, meta.chunks)
         self.codecs = CodecPipeline(meta.codecs, meta.dtype, meta.chunks)
         self._closed = False
@@ -274,6 +286,136 @@ class Dataset:
         section = self._section(Section.from_bounds, start, stop)
         self._write_from(section, self._coerce(arr, section.shape, section.shape))
 
+    # ----------------------------------------------------------------- collective access
+    def read_all(self, selection: Any) -> np.ndarray | Any | None:
+        """Collective read: every rank of :attr:`comm` calls it with its own ``selection`` (a
+        basic index as for ``ds[...]``, or None for nothing) and gets that section, as
+        ``ds[selection]`` would return it (None for None).
+
+        A chunk wanted by one rank is read by it; a chunk wanted by several is read and
+        decoded once, by one of them, which sends the others their pieces in one
+        ``Alltoallv`` (:mod:`strataio.arrays.collective`). A bad selection or a failed read
+        on any rank raises on every rank. Without a communicator, ``ds[selection]``.
+        """
+        if self.comm is None:
+            return None if selection is None else self[selection]
+        from strataio.arrays.collective import read_sections
+
+        section: Section | None = None
+        err: BaseException | None = None
+        try:
+            self._check_open()
+            if selection is not None:
+                section = self._section(Section.from_index, selection)
+        except Exception as exc:  # any failure here must reach the other ranks
+            err = exc
+        out = read_sections(self, self.comm, section, err)
+        if section is None:
+            return None
+        res = out.reshape(section.result_shape)
+        return res[()] if res.ndim == 0 else res
+
+    def write_all(self, selection: Any, data: Any = None) -> None:
+        """Collective write: every rank of :attr:`comm` calls it with its own ``selection``
+        (a basic index as for ``ds[...] = data``, or None for nothing to write) and ``data``.
+
+        The pieces of a chunk written by several ranks are gathered to one of them, which
+        writes the chunk once (reading it first only where the pieces leave part of it
+        uncovered): no read-modify-write race, no lost update. Where sections overlap, the
+        highest rank's value wins. Errors (a bad selection, data of the wrong shape or
+        dtype, a read-only dataset) on any rank raise on every rank before any byte is
+        written; a failed chunk write raises on every rank afterwards. Without a
+        communicator, ``ds[selection] = data``.
+        """
+        if self.comm is None:
+            if selection is not None:
+                self[selection] = data
+            return
+        from strataio.arrays.collective import write_sections
+
+        section: Section | None = None
+        arr: np.ndarray | None = None
+        err: BaseException | None = None
+        try:
+            self._check_writable()
+            if selection is not None:
+                section = self._section(Section.from_index, selection)
+                arr = self._coerce(data, section.result_shape, section.shape)
+        except Exception as exc:  # any failure here must reach the other ranks
+            err = exc
+        write_sections(self, self.comm, section, arr, err)
+        self._share_writes()
+
+    def _share_writes(self) -> None:
+        """After :meth:`write_all` (collective): make every rank's chunk writes known to every
+        rank. Chunks of a plain dataset are files every rank sees; a store that keeps its own
+        record of them overrides this."""
+
+    # ----------------------------------------------------------------- chunk access
+    def read_chunks(
+        self, coords: np.ndarray, lo: np.ndarray, hi: np.ndarray, out: np.ndarray, at: np.ndarray
+    ) -> None:
+        """Read, for each ``i``, the box ``[lo[i], hi[i])`` (chunk-local element coordinates)
+        of chunk ``coords[i]`` into ``out`` at corner ``at[i]`` (all ``(n, ndim)``). Chunks
+        never written read as ``fill_value``; checksums are verified as for any read."""
+        self._check_open()
+        n = len(coords)
+        if n == 0:
+            return
+        sep = self.meta.separator
+        itemsize = self.dtype.itemsize
+        strides = np.asarray(self._chunk_strides, dtype=np.int64)
+        full = np.asarray(self.chunks, dtype=np.int64)
+        whole = np.all((lo == 0) & (hi == full), axis=1).tolist()
+        span_lo = (lo * strides).sum(axis=1).tolist()
+        span_hi = ((hi - 1) * strides).sum(axis=1) + itemsize
+        lo_, hi_, at_ = lo.tolist(), hi.tolist(), at.tolist()
+        plan = _Plan([], [], [], [], [])
+        for i, c in enumerate(coords.tolist()):
+            plan.keys.append(chunk_key(c, sep))
+            dst = tuple(slice(a, a + b - x) for a, x, b in zip(at_[i], lo_[i], hi_[i]))
+            plan.dst.append(dst or (Ellipsis,))
+            plan.src.append(() if whole[i] else tuple(map(slice, lo_[i], hi_[i])))
+            plan.spans.append((span_lo[i], int(span_hi[i])))
+        self._read_plan(plan, out)
+
+    def write_chunks(
+        self,
+        keys: Sequence[str],
+        need_old: Sequence[bool],
+        make: Callable[[int, np.ndarray | None], np.ndarray],
+    ) -> None:
+        """Replace chunks ``keys``: chunk ``i`` is ``make(i, None)`` (a whole chunk-shaped
+        array) where ``need_old[i]`` is false, else ``make(i, old)`` with ``old`` the
+        chunk's current values (``fill_value`` if never written) in a writable array that
+        ``make`` updates and returns. ``make`` is called from several threads, on distinct
+        ``i``."""
+        self._check_writable()
+        codecs = self.codecs
+
+        def work(lo: int, hi: int) -> None:
+            need = [keys[i] for i in range(lo, hi) if need_old[i]]
+            old = dict(zip(need, self.store.get_chunks(need))) if need else {}
+            items = []
+            for i in range(lo, hi):
+                if keys[i] not in old:
+                    chunk = make(i, None)
+                else:
+                    blob = old[keys[i]]
+                    if blob is None:
+                        base = np.full(self.chunks, self.fill_value, dtype=self.dtype)
+                    else:
+                        base = self._decode(keys[i], blob)
+                        if not base.flags.writeable:
+                            base = base.copy()
+                    chunk = make(i, base)
+                items.append((keys[i], codecs.encode(chunk)))
+            self.store.put_chunks(items)
+            if self._cache_space is not None:
+                chunk_cache().discard(self._cache_space, keys[lo:hi])
+
+        _run_groups(len(keys), work)
+
     # ----------------------------------------------------------------- lifecycle
     def flush(self) -> None:
         """Make every write so far durable (fsync / completed PUT)."""
@@ -383,7 +525,10 @@ class Dataset:
         self._check_open()
         if section.is_empty:
             return
-        plan = self._plan(section)
+        self._read_plan(self._plan(section), out)
+
+    def _read_plan(self, plan: _Plan, out: np.ndarray) -> None:
+        """Read every chunk box of ``plan`` into its place in ``out``."""
         keys, dst, src, spans = plan.keys, plan.dst, plan.src, plan.spans
         codecs = self.codecs
         fill = self.fill_value
@@ -509,43 +654,27 @@ class Dataset:
         if section.is_empty:
             return
         plan = self._plan(section)
-        keys, rows = plan.keys, plan.rows
-        codecs = self.codecs
+        rows = plan.rows
         chunk_shape = self.chunks
         shape = self.shape
 
-        def whole(row: tuple[tuple[int, ...], ...]) -> bool:
-            # the box is the entire chunk, and the chunk lies entirely inside the array
+        def partial(row: tuple[tuple[int, ...], ...]) -> bool:
+            # not (the box is the entire chunk, and the chunk lies entirely inside the array)
             c, ls, le = row[0], row[1], row[2]
-            return all(
+            return not all(
                 a == 0 and b == k and (x + 1) * k <= n
                 for a, b, k, x, n in zip(ls, le, chunk_shape, c, shape)
             )
 
-        def work(lo: int, hi: int) -> None:
-            need = [keys[i] for i in range(lo, hi) if not whole(rows[i])]
-            old = dict(zip(need, self.store.get_chunks(need))) if need else {}
-            items = []
-            for i in range(lo, hi):
-                _, ls, le, os_, oe = rows[i]
-                src = data[tuple(map(slice, os_, oe))]
-                if keys[i] not in old:
-                    chunk = src
-                else:
-                    blob = old[keys[i]]
-                    if blob is None:
-                        chunk = np.full(chunk_shape, self.fill_value, dtype=self.dtype)
-                    else:
-                        chunk = self._decode(keys[i], blob)
-                        if not chunk.flags.writeable:
-                            chunk = chunk.copy()
-                    chunk[tuple(map(slice, ls, le))] = src
-                items.append((keys[i], codecs.encode(chunk)))
-            self.store.put_chunks(items)
-            if self._cache_space is not None:
-                chunk_cache().discard(self._cache_space, keys[lo:hi])
+        def make(i: int, old: np.ndarray | None) -> np.ndarray:
+            _, ls, le, os_, oe = rows[i]
+            src = data[tuple(map(slice, os_, oe))]
+            if old is None:
+                return src
+            old[tuple(map(slice, ls, le))] = src
+            return old
 
-        _run_groups(len(keys), work)
+        self.write_chunks(plan.keys, [partial(r) for r in rows], make)
 
 
 # --------------------------------------------------------------------------- path helpers
@@ -584,6 +713,7 @@ def create_dataset(
     attrs: dict[str, Any] | None = None,
     dims: Sequence[str | None] | None = None,
     overwrite: bool = False,
+    comm: Any = None,
 ) -> Dataset:
     """Create a sub-filed array at ``path`` (a Zarr v3 array directory) and open it ``r+``.
 
@@ -597,15 +727,42 @@ def create_dataset(
     Folders this call creates above the array become Zarr v3 groups, as zarr-python makes
     them, so ``xarray.open_zarr(parent, consolidated=False)`` opens the arrays under
     ``parent``; a folder that already existed is left as it is.
-    """
-    from strataio.errors import ExistsError
 
+    With ``comm`` (an mpi4py communicator) the call is collective: every rank passes the
+    same arguments, rank 0 alone writes the metadata (and removes an old array), an error
+    on any rank raises on every rank, and every rank returns the dataset open on ``comm``
+    (see :meth:`Dataset.read_all`).
+    """
+    meta: ArrayMetadata | None = None
+    err: BaseException | None = None
     try:
         meta = ArrayMetadata.create(shape, dtype, chunks, codec, fill_value, attrs, dims)
         # Validate the codec pipeline before anything touches the disk.
         CodecPipeline(meta.codecs, meta.dtype, meta.chunks)
     except StrataError as exc:
-        raise type(exc)(f"dataset {os.fspath(path)!r}: {exc}") from None
+        err = type(exc)(f"dataset {os.fspath(path)!r}: {exc}")
+    agree(comm, err)
+    assert meta is not None
+    store: BackendChunkStore | None = None
+    if comm is None or comm.Get_rank() == 0:
+        try:
+            store = _create_store(path, meta, overwrite)
+        except Exception as exc:  # any failure here must reach the other ranks
+            err = exc
+    agree(comm, err)
+    if store is None:
+        store = _posix_store(path, create=False)
+    ds = Dataset(store, meta, "r+", name=os.fspath(path), comm=comm)
+    ds.clear_cache()
+    return ds
+
+
+def _create_store(
+    path: str | os.PathLike[str], meta: ArrayMetadata, overwrite: bool
+) -> BackendChunkStore:
+    """Make the array directory at ``path`` (and Zarr groups above it) holding ``meta``."""
+    from strataio.errors import ExistsError
+
     new_parents = []
     parent = os.path.dirname(os.path.abspath(path))
     while not os.path.lexists(parent):
@@ -620,22 +777,39 @@ def create_dataset(
             raise ExistsError(f"{what} already exists at {os.fspath(path)}; pass overwrite=True")
         store.clear()
     store.put_meta(meta.to_json())
-    ds = Dataset(store, meta, "r+", name=os.fspath(path))
-    ds.clear_cache()
-    return ds
+    return store
 
 
-def open_dataset(path: str | os.PathLike[str], mode: str = "r") -> Dataset:
-    """Open the Zarr v3 array at ``path`` (written by strataio, zarr-python or TensorStore)."""
+def open_dataset(path: str | os.PathLike[str], mode: str = "r", *, comm: Any = None) -> Dataset:
+    """Open the Zarr v3 array at ``path`` (written by strataio, zarr-python or TensorStore).
+
+    With ``comm`` the call is collective: rank 0 reads the metadata and sends it to the
+    others; an error on any rank raises on every rank."""
     from strataio.errors import NotFoundError
 
+    raw: bytes | None = None
+    err: BaseException | None = None
     if mode not in _MODES:
-        raise StrataError(f"mode must be one of {_MODES}, got {mode!r}")
-    if not os.path.isdir(path):
-        raise NotFoundError(f"no dataset at {os.fspath(path)}: not a directory")
-    store = _posix_store(path, create=False)
-    raw = store.get_meta()
-    if raw is None:
-        raise NotFoundError(f"no dataset at {os.fspath(path)}: zarr.json is missing")
-    meta = ArrayMetadata.from_json(raw, where=os.path.join(os.fspath(path), "zarr.json"))
-    return Dataset(store, meta, mode, name=os.fspath(path))
+        err = StrataError(f"mode must be one of {_MODES}, got {mode!r}")
+    elif comm is None or comm.Get_rank() == 0:
+        try:
+            if not os.path.isdir(path):
+                raise NotFoundError(f"no dataset at {os.fspath(path)}: not a directory")
+            raw = _posix_store(path, create=False).get_meta()
+            if raw is None:
+                raise NotFoundError(f"no dataset at {os.fspath(path)}: zarr.json is missing")
+        except Exception as exc:  # any failure here must reach the other ranks
+            err = exc
+    agree(comm, err)
+    if comm is not None and comm.Get_size() > 1:
+        raw = comm.bcast(raw, root=0)
+    meta: ArrayMetadata | None = None
+    store: BackendChunkStore | None = None
+    try:
+        meta = ArrayMetadata.from_json(raw, where=os.path.join(os.fspath(path), "zarr.json"))
+        store = _posix_store(path, create=False)
+    except Exception as exc:  # any failure here must reach the other ranks
+        err = exc
+    agree(comm, err)
+    assert meta is not None and store is not None
+    return Dataset(store, meta, mode, name=os.fspath(path), comm=comm)

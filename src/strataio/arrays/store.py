@@ -282,3 +282,59 @@ class BackendChunkStore(ChunkStore):
     def _chunk_root(self) -> str | None:
         """The file system path of the chunk tree (``c``), None on object storage."""
         return self.chunk_path("c")
+
+
+class CountingChunkStore(ChunkStore):
+    """Another store, counting the chunk reads that reach it: ``reads`` is the number of
+    chunks asked for by :meth:`get_chunks` plus the :meth:`read_span` calls (for benchmarks
+    and tests that show how often storage was touched)."""
+
+    def __init__(self, inner: ChunkStore) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.capabilities = inner.capabilities
+        self.reads = 0
+        self._lock = threading.Lock()
+
+    def _count(self, n: int) -> None:
+        with self._lock:
+            self.reads += n
+
+    def get_chunks(self, keys: Sequence[str]) -> list[BytesLike | None]:
+        self._count(len(keys))
+        return self.inner.get_chunks(keys)
+
+    def read_span(
+        self, key: str, offset: int, out: memoryview, *, nowait: bool = False
+    ) -> int | None:
+        got = self.inner.read_span(key, offset, out, nowait=nowait)
+        self._count(1)  # after: a read that would block is retried, and counted then
+        return got
+
+    def chunk_versions(self, keys: Sequence[str]) -> list[Version | None]:
+        return self.inner.chunk_versions(keys)
+
+    @property
+    def cache_space(self) -> Hashable:
+        return self.inner.cache_space
+
+    def put_chunks(self, items: Sequence[tuple[str, BytesLike]]) -> None:
+        self.inner.put_chunks(items)
+
+    def delete_chunks(self, keys: Sequence[str]) -> None:
+        self.inner.delete_chunks(keys)
+
+    def list_chunks(self) -> list[str]:
+        return self.inner.list_chunks()
+
+    def get_meta(self) -> bytes | None:
+        return self.inner.get_meta()
+
+    def put_meta(self, data: bytes) -> None:
+        self.inner.put_meta(data)
+
+    def flush(self) -> None:
+        self.inner.flush()
+
+    def close(self) -> None:
+        self.inner.close()

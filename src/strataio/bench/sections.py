@@ -421,3 +421,170 @@ def _row(
         "gain_pct": (base - t) / base * 100.0 if base > 0 else 0.0,
         "chunks_touched": touched,
     }
+
+
+# --------------------------------------------------------------------------- collective
+#: APRIL's patterns whose regions the collective run splits into sub-columns by default: D
+#: (one small chunk's worth), G (tall and thin) and H (square), where sub-columns share chunks
+COLLECTIVE_PATTERNS = "DGH"
+COLLECTIVE_MODES = ("independent", "collective")
+
+
+@dataclass
+class CollectiveSectionsConfig:
+    """``bench sections --collective``: ``ranks`` ranks read ``ranks`` sub-columns (equal
+    column ranges, side by side) of each pattern's region, once each rank on its own
+    (``ds[...]``) and once together (``ds.read_all``). ``chunks`` of None means APRIL's chunk
+    sides scaled to ``size``; the checksummed default codec, so every chunk is read whole."""
+
+    size: int = 8000
+    chunks: tuple[int, ...] | None = None
+    patterns: str = COLLECTIVE_PATTERNS
+    repeat: int = 5
+    ranks: int = 4
+    caches: tuple[str, ...] = CACHES
+    workdir: Path | None = None
+    seed: int = 0
+
+    def validate(self) -> None:
+        SectionsConfig(
+            size=self.size, chunks=self.chunks, patterns=self.patterns, repeat=self.repeat,
+            caches=self.caches, contenders=("naive",),
+        ).validate()  # fmt: skip
+        if self.ranks < 1:
+            raise StrataError(f"ranks must be at least 1, got {self.ranks}")
+        for pat in self.patterns:
+            (_, x0), (_, x1) = scaled_patterns(self.size)[pat]
+            if x1 - x0 < self.ranks:
+                raise StrataError(
+                    f"pattern {pat} is {x1 - x0} columns wide: too narrow for {self.ranks} "
+                    "sub-columns"
+                )
+
+    @property
+    def chunk_sides(self) -> tuple[int, ...]:
+        return tuple(self.chunks) if self.chunks else scaled_chunks(self.size)
+
+    def args(self) -> list[str]:
+        """The worker's command line (see :func:`collective_main`)."""
+        return [
+            "--collective-worker", str(self.size), ",".join(map(str, self.chunk_sides)),
+            self.patterns, str(self.repeat), ",".join(self.caches),
+            str(self.workdir or Path.cwd()), str(self.seed),
+        ]  # fmt: skip
+
+
+def sub_columns(
+    start: Sequence[int], stop: Sequence[int], nprocs: int
+) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    """The region ``[start, stop)`` cut into ``nprocs`` sub-columns of (nearly) equal width."""
+    (y0, x0), (y1, x1) = start, stop
+    cuts = np.linspace(x0, x1, nprocs + 1).round().astype(int).tolist()
+    return [((y0, a), (y1, b)) for a, b in zip(cuts[:-1], cuts[1:])]
+
+
+def run_collective_rank(cfg: CollectiveSectionsConfig, comm: Any) -> list[dict[str, Any]] | None:
+    """One rank's part of the collective run (every rank calls it); rank 0 returns the rows:
+    per chunk shape, pattern, cache state and mode, the chunks read from storage by all ranks
+    together and the median over ``repeat`` calls of the slowest rank's time."""
+    from mpi4py import MPI
+
+    import strataio
+    from strataio.arrays.dataset import Dataset
+    from strataio.arrays.store import CountingChunkStore
+    from strataio.bench.contenders import CacheDropper
+
+    rank, nprocs = comm.Get_rank(), comm.Get_size()
+    size = cfg.size
+    rng = np.random.default_rng(cfg.seed)
+    data = rng.random((size, size), dtype=np.float32)  # the same on every rank
+    parent = Path(cfg.workdir) if cfg.workdir else Path.cwd()
+    work = Path(
+        comm.bcast(tempfile.mkdtemp(prefix=".strataio-bench-", dir=parent) if rank == 0 else None)
+    )
+    # every call reads storage: the decoded-chunk cache would serve repeated reads
+    cache = chunk_cache()
+    saved = cache.capacity
+    cache.resize(0)
+    dropper = CacheDropper()
+    rows: list[dict[str, Any]] = []
+    try:
+        for side in cfg.chunk_sides:
+            path = work / f"{side}x{side}"
+            ds = strataio.create_dataset(path, data.shape, data.dtype, (side, side), comm=comm)
+            band = sub_columns((0, 0), (size, size), nprocs)[rank]  # write in column bands
+            ds.write_all(np.s_[:, band[0][1] : band[1][1]], data[:, band[0][1] : band[1][1]])
+            ds.flush()
+            files = [str(p) for p in (path / "c").rglob("*") if p.is_file()] if rank == 0 else []
+            counted = Dataset(CountingChunkStore(ds.store), ds.meta, "r", name=str(path), comm=comm)
+            for pat in cfg.patterns:
+                start, stop = scaled_patterns(size)[pat]
+                (y0, x0), (y1, x1) = sub_columns(start, stop, nprocs)[rank]
+                sel = np.s_[y0:y1, x0:x1]
+                want = data[sel]
+                for mode in COLLECTIVE_MODES:
+                    ok = np.array_equal(_read_section(counted, mode, sel), want)
+                    if not comm.allreduce(ok, op=MPI.LAND):
+                        raise StrataError(f"{mode} read of pattern {pat} returned wrong data")
+                for cache_state in cfg.caches:
+                    for mode in COLLECTIVE_MODES:
+                        times, reads = [], []
+                        for _ in range(cfg.repeat):
+                            if cache_state == "cold" and rank == 0:
+                                dropper.drop(files)
+                            counted.store.reads = 0
+                            comm.Barrier()
+                            t0 = time.perf_counter()
+                            _read_section(counted, mode, sel)
+                            t = time.perf_counter() - t0
+                            times.append(comm.allreduce(t, op=MPI.MAX))
+                            reads.append(comm.allreduce(counted.store.reads))
+                        rows.append(
+                            {
+                                "chunks": [side, side], "pattern": pat, "cache": cache_state,
+                                "mode": mode, "ranks": nprocs,
+                                "region": [list(start), list(stop)],
+                                "chunks_read": int(np.median(reads)),
+                                "seconds": statistics.median(times), "samples": times,
+                            }
+                        )  # fmt: skip
+            ds.close()
+    finally:
+        cache.resize(saved)
+        comm.Barrier()
+        if rank == 0:
+            shutil.rmtree(work, ignore_errors=True)
+    return rows if rank == 0 else None
+
+
+def _read_section(ds: Any, mode: str, sel: Any) -> np.ndarray:
+    """Rank's ``sel`` of ``ds``: on its own (``independent``) or with the others."""
+    return ds[sel] if mode == "independent" else ds.read_all(sel)
+
+
+def collective_main(argv: list[str]) -> int:
+    """``python -m strataio.bench.sections --collective-worker SIZE CHUNKS PATTERNS REPEAT
+    CACHES WORKDIR SEED`` on every rank; rank 0 prints the rows as one JSON line."""
+    import json
+
+    from mpi4py import MPI
+
+    size, chunks, patterns, repeat, caches, workdir, seed = argv
+    cfg = CollectiveSectionsConfig(
+        size=int(size), chunks=tuple(int(c) for c in chunks.split(",")), patterns=patterns,
+        repeat=int(repeat), ranks=MPI.COMM_WORLD.Get_size(), caches=tuple(caches.split(",")),
+        workdir=Path(workdir), seed=int(seed),
+    )  # fmt: skip
+    cfg.validate()
+    rows = run_collective_rank(cfg, MPI.COMM_WORLD)
+    if rows is not None:
+        print(json.dumps(rows), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:2] != ["--collective-worker"]:
+        raise SystemExit("usage: python -m strataio.bench.sections --collective-worker ...")
+    raise SystemExit(collective_main(sys.argv[2:]))

@@ -13,9 +13,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from strataio.bench.contenders import CONTENDERS
+from strataio.bench.mpi import run_ranks
 from strataio.bench.sections import (
+    COLLECTIVE_PATTERNS,
     PAPER_ADAPTIVE_GAINS,
     PAPER_GAINS,
+    CollectiveSectionsConfig,
     SectionsConfig,
     count_steps,
     plan_passes,
@@ -114,6 +117,30 @@ def render_tables(result: dict[str, Any], console: Console) -> None:
         )
 
 
+def render_collective(rows: list[dict[str, Any]], console: Console) -> None:
+    """One row per chunk shape, pattern and cache state: chunks read and time, each rank on
+    its own against the ranks together."""
+    table = Table(
+        title=f"Sub-columns of one region, {rows[0]['ranks'] if rows else 0} ranks",
+        caption="chunks = chunks read from storage by all ranks together; time = slowest "
+        "rank, median; ratio = independent time / collective time (> 1: collective faster)",
+        box=box.SIMPLE_HEAD,
+    )
+    for name in ("chunks", "Pat", "Cache", "chunks ind", "chunks coll", "ind", "coll", "ratio"):
+        table.add_column(name, justify="left" if name in ("Pat", "Cache") else "right")
+    by_key: dict[tuple[Any, ...], dict[str, dict[str, Any]]] = {}
+    for r in rows:
+        by_key.setdefault((tuple(r["chunks"]), r["pattern"], r["cache"]), {})[r["mode"]] = r
+    for (chunks, pat, cache), rs in by_key.items():
+        ind, coll = rs["independent"], rs["collective"]
+        table.add_row(
+            f"{chunks[0]}x{chunks[1]}", pat, cache, str(ind["chunks_read"]),
+            str(coll["chunks_read"]), _fmt_time(ind["seconds"]), _fmt_time(coll["seconds"]),
+            f"{ind['seconds'] / coll['seconds']:.2f}",
+        )  # fmt: skip
+    console.print(table)
+
+
 @bench.command("sections")
 @click.option("--size", default=8000, show_default=True, help="Side of the square float32 array.")
 @click.option(
@@ -152,6 +179,13 @@ def render_tables(result: dict[str, Any], console: Console) -> None:
     help="Size of strataio's decoded-chunk cache for the run, e.g. 64MiB; 0 turns it off "
     "[default: $STRATAIO_CHUNK_CACHE or 64MiB].",
 )
+@click.option(
+    "--collective",
+    is_flag=True,
+    help="Instead: --ranks ranks read sub-columns of each pattern's region (default "
+    f"patterns {COLLECTIVE_PATTERNS}), each on its own and with Dataset.read_all.",
+)
+@click.option("--ranks", default=4, show_default=True, help="Ranks of the --collective run.")
 @json_option
 @click.option("--seed", default=0, show_default=True, help="Seed of the random array.")
 def sections_cmd(
@@ -165,6 +199,8 @@ def sections_cmd(
     adaptive: bool,
     workdir: Path | None,
     chunk_cache: str | None,
+    collective: bool,
+    ranks: int,
     json_path: Path | None,
     seed: int,
 ) -> None:
@@ -179,7 +215,16 @@ def sections_cmd(
     Geometry: the paper's (x0,y0)-(x1,y1) is numpy a[y0:y1, x0:x1] with x along a row (G needs
     4000 naive calls, E one, F is the worst naive case): scaled to 8000, E is 13 full rows and
     F is 8000 rows x 13 columns.
+
+    With --collective: --ranks ranks (under mpiexec) read the sub-columns of each pattern's
+    region, one each, first each rank on its own (ds[...]), then together
+    (Dataset.read_all, each shared chunk read once): chunks read from storage and time.
     """
+    if collective:
+        _sections_collective(
+            size, chunks, patterns, repeat, caches, ranks, workdir, json_path, seed
+        )
+        return
     err = make_console(stderr=True)
     names = ["naive", *[c for c in _csv(contenders) if c != "naive"]]
     missing = [c for c in names if c in _MODULES and importlib.util.find_spec(_MODULES[c]) is None]
@@ -229,3 +274,40 @@ def sections_cmd(
     out.width = max(out.width, _TABLE_WIDTH)
     render_tables(result, out)
     write_json(json_path, result)
+
+
+def _sections_collective(
+    size: int,
+    chunks: str | None,
+    patterns: str,
+    repeat: int,
+    caches: str,
+    ranks: int,
+    workdir: Path | None,
+    json_path: Path | None,
+    seed: int,
+) -> None:
+    """``bench sections --collective``: launch the ranks, print their table."""
+    try:
+        sides = tuple(int(c) for c in _csv(chunks)) if chunks else None
+    except ValueError:
+        raise click.BadParameter(
+            f"{chunks!r} is not a list of integers", param_hint="--chunks"
+        ) from None
+    cfg = CollectiveSectionsConfig(
+        size=size, chunks=sides, repeat=repeat, ranks=ranks, caches=_csv(caches),
+        patterns=COLLECTIVE_PATTERNS if patterns == "ABCDEFGH" else patterns.upper(),
+        workdir=workdir, seed=seed,
+    )  # fmt: skip
+    try:
+        cfg.validate()
+    except StrataError as exc:
+        raise click.UsageError(str(exc)) from None
+    try:
+        rows = run_ranks(ranks, "strataio.bench.sections", cfg.args(), timeout=3600)
+    except StrataError as exc:
+        raise click.ClickException(str(exc)) from None
+    out = make_console()
+    out.width = max(out.width, _TABLE_WIDTH)
+    render_collective(rows, out)
+    write_json(json_path, rows)

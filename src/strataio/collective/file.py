@@ -30,6 +30,8 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from strataio.agreed import agree as _agree
+from strataio.agreed import raise_agreed as _raise_agreed
 from strataio.collective import node, twophase
 from strataio.collective.access import Access, AccessPlan
 from strataio.collective.agreement import Agreement, agreement_row
@@ -89,30 +91,6 @@ def _integral(value: Any, what: str, error: type[StrataError] = ViewError) -> in
         return operator.index(value)
     except TypeError:
         raise error(f"{what} must be an integer, not {value!r}") from None
-
-
-def _agree(comm: MPI.Comm, exc: BaseException | None) -> None:
-    """Raise on every rank if ``exc`` is set on any: the failing rank re-raises its own
-    exception, the others an exception of the same class naming the rank."""
-    if comm.Get_size() == 1:
-        if exc is not None:
-            raise exc
-        return
-    if not comm.allreduce(exc is not None, op=MPI.LOR):
-        return
-    _raise_agreed(comm, exc)
-
-
-def _raise_agreed(comm: MPI.Comm, exc: BaseException | None) -> None:
-    """Every rank knows some rank failed: exchange what failed and raise it everywhere."""
-    mine = None if exc is None else (type(exc), str(exc))
-    everyone = comm.allgather(mine)
-    if exc is not None:
-        raise exc
-    rank, (cls, msg) = next((r, m) for r, m in enumerate(everyone) if m is not None)
-    if not (isinstance(cls, type) and issubclass(cls, StrataError)):
-        cls = StrataError
-    raise cls(f"{msg} (raised on rank {rank})")
 
 
 def _check_etype_alignment(ext: Extents, esize: int) -> None:

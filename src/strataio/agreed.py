@@ -1,0 +1,38 @@
+"""Errors agreed on every rank: a collective call that fails on one rank fails on all of them,
+before any byte is written, and no rank is left waiting.
+
+Used by every collective call of strataio (``File``, collective Datasets, a parallel
+Session's opens and creates). A failing rank re-raises its own exception; the others raise
+an exception of the same :class:`StrataError` class naming the failing rank.
+"""
+
+from __future__ import annotations
+
+from mpi4py import MPI
+
+from strataio.errors import StrataError
+
+
+def agree(comm: MPI.Comm | None, exc: BaseException | None) -> None:
+    """Raise on every rank if ``exc`` is set on any: the failing rank re-raises its own
+    exception, the others an exception of the same class naming the rank (one ``allreduce``
+    when nothing failed). ``comm`` None is a single process."""
+    if comm is None or comm.Get_size() == 1:
+        if exc is not None:
+            raise exc
+        return
+    if not comm.allreduce(exc is not None, op=MPI.LOR):
+        return
+    raise_agreed(comm, exc)
+
+
+def raise_agreed(comm: MPI.Comm, exc: BaseException | None) -> None:
+    """Every rank knows some rank failed: exchange what failed and raise it everywhere."""
+    mine = None if exc is None else (type(exc), str(exc))
+    everyone = comm.allgather(mine)
+    if exc is not None:
+        raise exc
+    rank, (cls, msg) = next((r, m) for r, m in enumerate(everyone) if m is not None)
+    if not (isinstance(cls, type) and issubclass(cls, StrataError)):
+        cls = StrataError
+    raise cls(f"{msg} (raised on rank {rank})")
