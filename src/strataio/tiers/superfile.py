@@ -66,11 +66,12 @@ __all__ = [
 ]
 
 #: Containers close at this many bytes of members. Measured with ``strataio bench superfile
-#: --sweep`` (BENCHMARKS.md): reading 1000 members of 64 KiB from the shaped remote disk
-#: (``remote_disk_2002``: 1.05 s per request, 0.309 MB/s) costs 8 % more with 4 MiB containers
-#: than with one container, 2 % more with 16 MiB, and a 16 MiB container still takes 1/16 of
-#: the default 256 MiB prefetch cache. On the shaped tape (6.6 s per mount) 16 MiB is within
-#: 12 % of one container.
+#: --sweep 1MiB,4MiB,16MiB,64MiB`` (BENCHMARKS.md): reading 1000 members of 64 KiB costs, on
+#: the shaped remote disk (``remote_disk_2002``: 1.05 s per request, 0.309 MB/s), 7 % more
+#: with 4 MiB containers than with one 64 MiB container and 1.5 % more with 16 MiB; on the
+#: shaped tape (6.6 s per mount) 45 % and 9 % more. Past 16 MiB the gain is small while a
+#: first read waits for the whole container and takes more of the prefetch cache (256 MiB by
+#: default: sixteen 16 MiB containers).
 DEFAULT_CONTAINER_BYTES = 16 << 20
 #: the dataset attribute that marks a catalogued dataset as a superfile
 SUPERFILE_ATTR = "strataio.superfile"
