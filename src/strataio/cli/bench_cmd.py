@@ -311,3 +311,58 @@ def _sections_collective(
     out.width = max(out.width, _TABLE_WIDTH)
     render_collective(rows, out)
     write_json(json_path, rows)
+
+
+@bench.command("superfile")
+@click.option("--counts", default="100,1000", show_default=True, help="Numbers of files.")
+@click.option("--size", "member_size", default="64KiB", show_default=True, help="Bytes per file.")
+@click.option(
+    "--presets",
+    default="remote_disk_2002,remote_tape_2002",
+    show_default=True,
+    help="Cost-model presets of the remote tier (storage/shaped.py).",
+)
+@click.option(
+    "--time-scale", default=0.001, show_default=True, help="Factor on the model's sleeps."
+)
+@click.option("--container", default=None, help="Container size (default: the library's).")
+@click.option(
+    "--sweep",
+    default="",
+    help="Container sizes to compare on the largest count (e.g. 1MiB,4MiB,16MiB,64MiB).",
+)
+@json_option
+def superfile_cmd(
+    counts: str,
+    member_size: str,
+    presets: str,
+    time_scale: float,
+    container: str | None,
+    sweep: str,
+    json_path: Path | None,
+) -> None:
+    """Small files from a shaped remote tier: a superfile versus one object per file."""
+    from strataio.bench.superfile import run_superfile, superfile_tables
+    from strataio.tiers.superfile import DEFAULT_CONTAINER_BYTES
+
+    def size(text: str) -> int:
+        n = parse_size(text, where="size")
+        if n is None or n <= 0:
+            raise click.BadParameter(f"{text!r} is not a positive size")
+        return n
+
+    try:
+        result = run_superfile(
+            counts=[int(c) for c in _csv(counts)],
+            member_bytes=size(member_size),
+            presets=_csv(presets),
+            time_scale=time_scale,
+            container_bytes=size(container) if container else DEFAULT_CONTAINER_BYTES,
+            sweep=[size(s) for s in _csv(sweep)],
+        )
+    except (StrataError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
+    console = make_console()
+    for table in superfile_tables(result):
+        console.print(table)
+    write_json(json_path, result)
