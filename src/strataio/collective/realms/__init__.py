@@ -1,5 +1,5 @@
 """File realms of two-phase I/O: per-call policies (:mod:`.policy`), persistent striped
-realms (:mod:`.striped`), the thesis's realm sizes (:mod:`.sizes`) and the choice of the
+realms (:mod:`.striped`), the thesis's realm sizes (:mod:`.sizes`, imported on its own) and the choice of the
 aggregators (:mod:`.aggregators`)."""
 
 from strataio.collective.realms.aggregators import config_aggregators
