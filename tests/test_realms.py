@@ -256,3 +256,16 @@ class PersistentRealmsMachine(RuleBasedStateMachine):
 
 TestPersistentRealms = PersistentRealmsMachine.TestCase
 TestPersistentRealms.settings = settings(max_examples=30, stateful_step_count=12, deadline=None)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    bounds=st.lists(st.integers(0, 300), max_size=30, unique=True),
+    pieces=st.lists(st.tuples(st.integers(0, 300), st.integers(1, 40)), max_size=20),
+)
+def test_client_cut_at_inner_bounds_equals_the_full_split(bounds, pieces):
+    """Cutting a rank's pieces only at the window bounds inside them (any overlap) is the
+    full split."""
+    ext = Extents([p[0] for p in pieces], [p[1] for p in pieces]).sort()
+    b = np.array(sorted(bounds), dtype=np.int64)
+    assert ext.split(twophase._inner(b, ext)) == ext.split(b)
