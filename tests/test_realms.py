@@ -110,6 +110,8 @@ def test_realm_hints_parse_and_fold_alignment():
     with pytest.raises(HintError, match="romio_cb_fr_alignment"):
         parse_hints({"romio_cb_fr_alignment": "0"})
     assert "strataio_realm_alignment" not in parse_hints(None).as_dict()
+    with pytest.raises(HintError, match="now called romio_cb_fr_alignment"):
+        parse_hints({"strataio_realm_alignment": "64"})
     with pytest.raises(HintError, match="needs romio_cb_pfr=enable"):
         policy_from_hints(parse_hints({"strataio_realms": "dynamic"}))
     # persistent realms are a property of the open file: a view cannot switch them
