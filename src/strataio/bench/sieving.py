@@ -147,3 +147,154 @@ def run_sieving(file_mib: int = 32, repeat: int = 3) -> list[SievingResult]:
         finally:
             drv.close()
     return out
+
+
+# ---------------------------------------------------------------------------- the sweep
+#: densities (data / extent) of the sweep's datatypes
+SWEEP_DENSITIES = (0.25, 0.5, 0.75)
+
+
+def sweep_extents() -> list[int]:
+    """Datatype extents of the sweep: 1 KiB to 1 MiB in steps of a factor of sqrt(2)."""
+    return sorted({int(round(1024 * 2 ** (k / 2) / 8)) * 8 for k in range(21)})
+
+
+@dataclass(frozen=True, slots=True)
+class SweepCell:
+    """One (op, density, extent) point: a window accessed sieved and one call per piece."""
+
+    op: str
+    density: float
+    extent: int
+    pieces: int
+    sieved: float  # seconds, median
+    per_piece: float
+
+    def as_dict(self) -> dict[str, float | int | str]:
+        return {
+            "op": self.op,
+            "density": self.density,
+            "extent": self.extent,
+            "pieces": self.pieces,
+            "sieved": self.sieved,
+            "per_piece": self.per_piece,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Crossover:
+    """The extent from which one call per piece beats sieving, at one density, and the hole
+    ``(1 - density) * extent`` there (inf: sieving won at every extent)."""
+
+    op: str
+    density: float
+    extent: float
+    hole: float
+
+
+@dataclass(frozen=True, slots=True)
+class SweepResult:
+    cells: list[SweepCell]
+    crossovers: list[Crossover]
+    threshold: dict[str, int]  # op -> picked hole threshold (bytes, a power of two)
+    current: dict[str, int]  # op -> the threshold strataio uses now
+
+
+def _crossover(op: str, density: float, cells: list[SweepCell]) -> Crossover:
+    """First extent where per-piece time <= sieved time, interpolated geometrically between
+    the two sweep points around it."""
+    prev = None
+    for c in cells:
+        r = c.per_piece / c.sieved
+        if r <= 1.0:
+            if prev is None:
+                e = float(c.extent)
+            else:
+                rp = prev.per_piece / prev.sieved
+                t = np.log(rp) / (np.log(rp) - np.log(r)) if rp != r else 1.0
+                e = float(np.exp(np.log(prev.extent) + t * (np.log(c.extent / prev.extent))))
+            return Crossover(op, density, e, (1 - density) * e)
+        prev = c
+    return Crossover(op, density, float("inf"), float("inf"))
+
+
+def _pow2(x: float) -> int:
+    return int(2 ** round(np.log2(x))) if np.isfinite(x) and x > 0 else 0
+
+
+def run_sweep(
+    window_mib: int = 16,
+    repeat: int = 5,
+    densities: tuple[float, ...] = SWEEP_DENSITIES,
+    extents: list[int] | None = None,
+) -> SweepResult:
+    """Conditional data sieving inside two-phase I/O, measured: an aggregator's window of
+    ``window_mib`` MiB (``cb_buffer_size``'s default is 16) holding one piece of
+    ``density * extent`` bytes every ``extent`` bytes, read (written) through
+    :mod:`strataio.collective.fileio` the two ways a window can be: one covering span
+    (sieving: for writes, the read-modify-write of the span) or one call per piece. The file
+    is page-cached. For each density the crossover extent is where one call per piece stops
+    losing; the threshold picked is the median hole at the crossovers, rounded to a power of
+    two — the hole size :func:`strataio.collective.fileio.window_spans` sieves up to."""
+    from strataio.collective import fileio
+
+    size = window_mib << 20
+    extents = extents or sweep_extents()
+    cells: list[SweepCell] = []
+    with tempfile.TemporaryDirectory(prefix="strataio-sweep-") as tmp:
+        path = os.path.join(tmp, "window.bin")
+        np.random.default_rng(0).integers(0, 256, size, dtype=np.uint8).tofile(path)
+        drv = PosixDriver.open(path, os.O_RDWR)
+        buf = np.random.default_rng(1).integers(0, 256, size, dtype=np.uint8)
+        try:
+            for op in ("read", "write"):
+                write = op == "write"
+                for d in densities:
+                    for e in extents:
+                        piece = max(int(round(d * e)), 1)
+                        n = size // e
+                        run_off = np.arange(n, dtype=np.int64) * e
+                        run_len = np.full(n, piece, dtype=np.int64)
+                        sp_off, sp_len = fileio.window_spans(run_off, run_len, size, write, 0)
+                        ways = []
+                        for offs, lens in ((sp_off, sp_len), (run_off, run_len)):
+                            spans = list(zip(offs.tolist(), lens.tolist()))
+                            ways.append(_window_io(drv, buf, spans, write, len(spans) < n))
+                        t_sieve = _median(ways[0], repeat)
+                        t_piece = _median(ways[1], repeat)
+                        cells.append(SweepCell(op, d, e, n, t_sieve, t_piece))
+        finally:
+            drv.close()
+    crossovers = [
+        _crossover(op, d, [c for c in cells if c.op == op and c.density == d])
+        for op in ("read", "write")
+        for d in densities
+    ]
+    threshold = {}
+    for op in ("read", "write"):
+        holes = [c.hole for c in crossovers if c.op == op]
+        threshold[op] = _pow2(float(np.median(holes)))
+    current = {"read": fileio.WINDOW_HOLE_READ, "write": fileio.WINDOW_HOLE_WRITE}
+    return SweepResult(cells, crossovers, threshold, current)
+
+
+def _window_io(
+    drv: PosixDriver, buf: np.ndarray, spans: list[tuple[int, int]], write: bool, holes: bool
+) -> Callable[[], None]:
+    """One window's file access as two-phase does it: spans read, or (writes) spans with
+    holes read first and then every span written."""
+    from strataio.collective import fileio
+
+    def run() -> None:
+        if write:
+            if holes:
+                for off, n in spans:
+                    fileio.pread_upto(drv, buf[off : off + n], off)
+            for off, n in spans:
+                fileio.pwrite_from(drv, buf[off : off + n], off)
+        else:
+            for off, n in spans:
+                fileio.pread_into(drv, buf[off : off + n], off)
+
+    run()  # warm
+    return run
