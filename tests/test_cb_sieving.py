@@ -26,15 +26,18 @@ def _regular(extent: int, density: float, size: int = WINDOW) -> tuple[np.ndarra
 
 
 @pytest.mark.parametrize("write", [False, True])
-def test_measured_rule_sieves_a_window_whose_holes_are_small(write: bool) -> None:
-    limit = fileio.WINDOW_HOLE_WRITE if write else fileio.WINDOW_HOLE_READ
+def test_measured_rule_is_on_extent_and_density(write: bool) -> None:
+    """Reads sieve while the hole (1 - d) E is within SIEVE_READ_BYTES, writes while
+    (2 - d) E (the piece read back, the hole read and written) is within SIEVE_WRITE_BYTES."""
     for density in (0.25, 0.5, 0.75):
-        small = int(limit / (1 - density)) // 2  # extent whose holes are half the threshold
-        off, ln = _regular(small, density)
+        if write:
+            crossover = fileio.SIEVE_WRITE_BYTES / (2 - density)
+        else:
+            crossover = fileio.SIEVE_READ_BYTES / (1 - density)
+        off, ln = _regular(int(crossover * 0.8), density)
         sp_off, sp_len = fileio.window_spans(off, ln, WINDOW, write)
         assert sp_off.size == 1 and int(sp_len[0]) == int(off[-1] + ln[-1])
-        large = int(limit / (1 - density)) * 2  # holes twice the threshold
-        off, ln = _regular(large, density)
+        off, ln = _regular(int(crossover * 1.25), density)
         sp_off, sp_len = fileio.window_spans(off, ln, WINDOW, write)
         assert np.array_equal(sp_off, off) and np.array_equal(sp_len, ln)
 

@@ -12,13 +12,12 @@ Prints ``ok <cases>`` on rank 0 when every case matched; exits 1 with the first 
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
 import numpy as np
 from mpi4py import MPI
-from romio_diff import BASES, gen_type, make_filetype, make_memtype, mem_buffer
+from romio_diff import BASES, gen_type, main, make_filetype, make_memtype, mem_buffer
 
 import strataio
 
@@ -115,26 +114,5 @@ def run_case(comm: MPI.Comm, seed: int, workdir: str) -> list[str]:
     return errors
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--cases", type=int, default=10)
-    ap.add_argument("--dir", required=True)
-    args = ap.parse_args()
-    comm = MPI.COMM_WORLD
-    errors: list[str] = []
-    for c in range(args.cases):
-        errors += run_case(comm, args.seed * 100003 + c, args.dir)
-    everyone = comm.gather(errors, root=0)
-    if comm.Get_rank() == 0:
-        flat = [e for errs in everyone for e in errs]
-        if flat:
-            print("\n".join(flat[:20]))
-            print(f"FAILED {len(flat)} of {args.cases} cases")
-            return 1
-        print(f"ok {args.cases}")
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(run_case))

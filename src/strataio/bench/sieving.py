@@ -183,20 +183,22 @@ class SweepCell:
 
 @dataclass(frozen=True, slots=True)
 class Crossover:
-    """The extent from which one call per piece beats sieving, at one density, and the hole
-    ``(1 - density) * extent`` there (inf: sieving won at every extent)."""
+    """The extent from which one call per piece beats sieving, at one density, the hole
+    ``(1 - density) * extent`` there, and the bytes sieving moves beyond the pieces per call it
+    saves (reads: the hole; writes: extent + hole) (inf: sieving won at every extent)."""
 
     op: str
     density: float
     extent: float
     hole: float
+    extra: float
 
 
 @dataclass(frozen=True, slots=True)
 class SweepResult:
     cells: list[SweepCell]
     crossovers: list[Crossover]
-    threshold: dict[str, int]  # op -> picked hole threshold (bytes, a power of two)
+    threshold: dict[str, int]  # op -> picked bytes per call (4 KiB pages)
     current: dict[str, int]  # op -> the threshold strataio uses now
 
 
@@ -213,13 +215,16 @@ def _crossover(op: str, density: float, cells: list[SweepCell]) -> Crossover:
                 rp = prev.per_piece / prev.sieved
                 t = np.log(rp) / (np.log(rp) - np.log(r)) if rp != r else 1.0
                 e = float(np.exp(np.log(prev.extent) + t * (np.log(c.extent / prev.extent))))
-            return Crossover(op, density, e, (1 - density) * e)
+            hole = (1 - density) * e
+            return Crossover(op, density, e, hole, hole + (e if op == "write" else 0.0))
         prev = c
-    return Crossover(op, density, float("inf"), float("inf"))
+    inf = float("inf")
+    return Crossover(op, density, inf, inf, inf)
 
 
-def _pow2(x: float) -> int:
-    return int(2 ** round(np.log2(x))) if np.isfinite(x) and x > 0 else 0
+def _pages(x: float) -> int:
+    """``x`` bytes rounded to a whole number of 4 KiB pages (0 when not finite)."""
+    return int(round(x / 4096)) * 4096 if np.isfinite(x) else 0
 
 
 def run_sweep(
@@ -234,8 +239,9 @@ def run_sweep(
     :mod:`strataio.collective.fileio` the two ways a window can be: one covering span
     (sieving: for writes, the read-modify-write of the span) or one call per piece. The file
     is page-cached. For each density the crossover extent is where one call per piece stops
-    losing; the threshold picked is the median hole at the crossovers, rounded to a power of
-    two — the hole size :func:`strataio.collective.fileio.window_spans` sieves up to."""
+    losing; the threshold picked is the median of the bytes sieving moves beyond the pieces
+    per call saved there (reads: the hole; writes: extent + hole), rounded to 4 KiB — what
+    :func:`strataio.collective.fileio.window_spans` sieves up to."""
     from strataio.collective import fileio
 
     size = window_mib << 20
@@ -272,9 +278,9 @@ def run_sweep(
     ]
     threshold = {}
     for op in ("read", "write"):
-        holes = [c.hole for c in crossovers if c.op == op]
-        threshold[op] = _pow2(float(np.median(holes)))
-    current = {"read": fileio.WINDOW_HOLE_READ, "write": fileio.WINDOW_HOLE_WRITE}
+        extra = [c.extra for c in crossovers if c.op == op]
+        threshold[op] = _pages(float(np.median(extra)))
+    current = {"read": fileio.SIEVE_READ_BYTES, "write": fileio.SIEVE_WRITE_BYTES}
     return SweepResult(cells, crossovers, threshold, current)
 
 

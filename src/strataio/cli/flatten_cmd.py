@@ -133,12 +133,13 @@ def _sweep(repeat: int, json_path: Path | None) -> None:
     for x in result.crossovers:
         console.print(
             f"crossover {x.op} density {x.density:.2f}: extent {x.extent / 1024:.1f} KiB, "
-            f"hole {x.hole / 1024:.1f} KiB"
+            f"hole {x.hole / 1024:.1f} KiB, bytes per call saved {x.extra / 1024:.1f} KiB"
         )
+    what = {"read": "hole", "write": "extent + hole"}
     for op in ("read", "write"):
         console.print(
-            f"threshold picked ({op}): holes up to {result.threshold[op]:,} bytes are sieved "
-            f"(strataio uses {result.current[op]:,})"
+            f"threshold picked ({op}): sieve while {what[op]} <= {result.threshold[op]:,} "
+            f"bytes (strataio uses {result.current[op]:,})"
         )
     write_json(
         json_path,
@@ -147,7 +148,13 @@ def _sweep(repeat: int, json_path: Path | None) -> None:
             "config": {"repeat": repeat},
             "results": [c.as_dict() for c in result.cells],
             "crossovers": [
-                {"op": x.op, "density": x.density, "extent": x.extent, "hole": x.hole}
+                {
+                    "op": x.op,
+                    "density": x.density,
+                    "extent": x.extent,
+                    "hole": x.hole,
+                    "extra": x.extra,
+                }
                 for x in result.crossovers
             ],
             "threshold": result.threshold,

@@ -9,8 +9,8 @@ hole is worth reading through when it is shorter than that; a hole in a write sp
 (it is read and written back). Spans are further capped at a buffer size.
 
 Inside two-phase I/O the one rule is the same cost model with its threshold measured for an
-aggregator's window by a sweep (``WINDOW_HOLE_READ`` / ``WINDOW_HOLE_WRITE``, conditional data
-sieving: :func:`window_spans`); ``romio_cb_ds_threshold`` replaces it with ROMIO's density rule.
+aggregator's window by a sweep (``SIEVE_READ_BYTES`` / ``SIEVE_WRITE_BYTES``, conditional
+data sieving: :func:`window_spans`); ``romio_cb_ds_threshold`` replaces it with ROMIO's density rule.
 
 Read-modify-write is only safe when nobody else writes the holes concurrently: two-phase
 aggregators use write spans only inside their own realm; independent sieving
@@ -39,16 +39,17 @@ from strataio.storage.vectored import VectoredPlan
 SYSCALL_BYTES = 16384
 
 # Conditional data sieving inside two-phase I/O (thesis ch. 4.3.3, which found a crossover
-# near a 16 KB datatype extent on Lustre): an aggregator reads through a hole of its window
-# up to this many bytes, and read-modify-writes through one up to ``WINDOW_HOLE_WRITE``;
-# a window of one datatype (extent E, density d) is thus one covering span when its holes
-# (1 - d) E are below the threshold, one call per piece above. Measured here with
-# ``strataio bench sieving --sweep`` (16 MiB window, page-cached, extents 1 KiB - 1 MiB at
-# densities 1/4, 1/2, 3/4; see BENCHMARKS.md): the hole at the crossover, not the extent,
-# stays put across densities (reads 28-50 KiB of hole at extents 43-112 KiB; writes
-# 10-23 KiB at 30-46 KiB), median rounded to a power of two.
-WINDOW_HOLE_READ = 32768
-WINDOW_HOLE_WRITE = 16384
+# near a 16 KB datatype extent on Lustre). Sieving a window saves a system call per piece and
+# moves bytes the pieces do not need: for a read, each hole; for a write (read-modify-write of
+# the covering span), each piece read back plus each hole read and written. A window is
+# sieved across a hole while those bytes stay within what one call is worth: for a window of
+# one datatype (extent E, density d) that is one covering span when (1 - d) E (reads) or
+# (2 - d) E = E + hole (writes) is at most the threshold, one call per piece above it.
+# Measured with ``strataio bench sieving --sweep`` (16 MiB window, page-cached, extents 1 KiB
+# - 1 MiB at densities 1/4, 1/2, 3/4; BENCHMARKS.md): these two quantities, not the extent
+# alone, stay put across densities at the crossover.
+SIEVE_READ_BYTES = 40960
+SIEVE_WRITE_BYTES = 69632
 
 
 def union_runs(offsets: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -66,18 +67,23 @@ def plan_spans(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Group sorted disjoint runs into spans worth one system call each.
 
-    Adjacent runs join when the hole between them is at most ``WINDOW_HOLE_READ`` bytes
-    (``WINDOW_HOLE_WRITE`` for writes, whose spans are read and written back; ``max_hole``
-    overrides) and the span stays within ``max_span`` bytes (a single run longer than that
-    stays one span).
+    Adjacent runs join when the hole between them is at most ``SIEVE_READ_BYTES``, for writes
+    when the run after it plus twice the hole (read back, then written) is at most
+    ``SIEVE_WRITE_BYTES`` (``max_hole`` instead: holes of at most that many bytes join), and
+    the span stays within ``max_span`` bytes (a single run longer than that stays one span).
     """
     n = run_off.size
     if n == 0:
         return run_off, run_len
     ends = run_off + run_len
-    limit = (WINDOW_HOLE_WRITE if write else WINDOW_HOLE_READ) if max_hole is None else max_hole
+    holes = run_off[1:] - ends[:-1]
     brk = np.ones(n, dtype=bool)
-    brk[1:] = (run_off[1:] - ends[:-1]) > limit
+    if max_hole is not None:
+        brk[1:] = holes > max_hole
+    elif write:
+        brk[1:] = run_len[1:] + 2 * holes > SIEVE_WRITE_BYTES
+    else:
+        brk[1:] = holes > SIEVE_READ_BYTES
     if max_span > 0:
         gid = np.cumsum(brk) - 1
         gstart = run_off[np.flatnonzero(brk)][gid]
@@ -106,9 +112,9 @@ def window_spans(
     The window is read (read-modify-written) through its holes or accessed one call per run.
     With ``threshold`` = :data:`AUTO_THRESHOLD` the measured rule decides, hole by hole
     (:func:`plan_spans`): for a window of one datatype's repetitions (extent ``E``, density
-    ``d``, every hole ``(1 - d) E`` bytes) that is one covering span when ``(1 - d) E`` is at
-    most ``WINDOW_HOLE_READ`` (``WINDOW_HOLE_WRITE``) and one call per piece otherwise; an
-    irregular window is sieved across its small holes and split at its large ones. A
+    ``d``) that is one covering span when ``(1 - d) E`` is at most ``SIEVE_READ_BYTES``
+    (writes: ``(2 - d) E`` at most ``SIEVE_WRITE_BYTES``) and one call per piece otherwise;
+    an irregular window is sieved where its holes are small and split where they are not. A
     ``threshold`` of 0-100 is ROMIO's ``romio_cb_ds_threshold``: the window is sieved whole
     when ``100 * data // extent`` (integer percent of the covering extent that is data)
     reaches it, else accessed one call per run.

@@ -359,7 +359,8 @@ def two_phase(
     prepare: Callable[[], None] | None = None,
 ) -> None:
     """Collective write (read) of every rank's access: aggregators write (read) their realms,
-    each window while the next (previous) one is exchanged when :func:`_overlap` says so.
+    each window while the next (previous) one is exchanged when :func:`_overlap` says so, or
+    in pipelined groups (``strataio_pipeline_groups``, :mod:`strataio.collective.pipeline`).
     ``aggregators``: their ranks, in realm order (:func:`strataio.collective.realms.config_aggregators`);
     ``driver``: the file, on aggregators (other ranks may pass None); ``nodes``: where the ranks run (:func:`strataio.collective.node.layout`); ``prepare``:
     this rank's own work before any data moves (packing ``access.stream``), run as part of
