@@ -136,3 +136,16 @@ def test_threshold_changes_the_calls_not_the_bytes(
     want.reshape(-1, 4096)[:64, :1024] = data.reshape(64, 1024)
     assert np.array_equal(np.fromfile(path, dtype=np.uint8), want)
     assert np.array_equal(back, data)
+
+
+def test_sweep_reports_crossovers_and_a_threshold() -> None:
+    from strataio.bench.sieving import run_sweep
+
+    r = run_sweep(window_mib=1, repeat=1, rounds=1, extents=[1024, 4096, 262144])
+    assert len(r.cells) == 2 * 3 * 3 and len(r.crossovers) == 2 * 3
+    dense = [c for c in r.cells if c.op == "read" and c.extent == 1024]
+    assert all(c.per_piece > c.sieved for c in dense)  # 1024 calls against one
+    for x in r.crossovers:
+        assert x.extra == pytest.approx(x.hole + (x.extent if x.op == "write" else 0))
+    assert all(t % 4096 == 0 for t in r.threshold.values())
+    assert r.current == {"read": fileio.SIEVE_READ_BYTES, "write": fileio.SIEVE_WRITE_BYTES}

@@ -229,7 +229,8 @@ def _pages(x: float) -> int:
 
 def run_sweep(
     window_mib: int = 16,
-    repeat: int = 5,
+    repeat: int = 3,
+    rounds: int = 5,
     densities: tuple[float, ...] = SWEEP_DENSITIES,
     extents: list[int] | None = None,
 ) -> SweepResult:
@@ -239,47 +240,77 @@ def run_sweep(
     :mod:`strataio.collective.fileio` the two ways a window can be: one covering span
     (sieving: for writes, the read-modify-write of the span) or one call per piece. The file
     is page-cached. For each density the crossover extent is where one call per piece stops
-    losing; the threshold picked is the median of the bytes sieving moves beyond the pieces
-    per call saved there (reads: the hole; writes: extent + hole), rounded to 4 KiB — what
-    :func:`strataio.collective.fileio.window_spans` sieves up to."""
+    losing. The whole sweep runs ``rounds`` times (a shared machine drifts over seconds);
+    the threshold picked is the median over every round and density of the bytes sieving
+    moves beyond the pieces per call saved at the crossover (reads: the hole; writes:
+    extent + hole), rounded to 4 KiB — what
+    :func:`strataio.collective.fileio.window_spans` sieves up to. Cells and crossovers are
+    reported as medians over the rounds."""
     from strataio.collective import fileio
 
     size = window_mib << 20
     extents = extents or sweep_extents()
-    cells: list[SweepCell] = []
+    keys = [(op, d, e) for op in ("read", "write") for d in densities for e in extents]
+    times: dict[tuple[str, float, int], list[tuple[float, float]]] = {k: [] for k in keys}
     with tempfile.TemporaryDirectory(prefix="strataio-sweep-") as tmp:
         path = os.path.join(tmp, "window.bin")
         np.random.default_rng(0).integers(0, 256, size, dtype=np.uint8).tofile(path)
         drv = PosixDriver.open(path, os.O_RDWR)
         buf = np.random.default_rng(1).integers(0, 256, size, dtype=np.uint8)
         try:
-            for op in ("read", "write"):
-                write = op == "write"
-                for d in densities:
-                    for e in extents:
-                        piece = max(int(round(d * e)), 1)
-                        n = size // e
-                        run_off = np.arange(n, dtype=np.int64) * e
-                        run_len = np.full(n, piece, dtype=np.int64)
-                        sp_off, sp_len = fileio.window_spans(run_off, run_len, size, write, 0)
-                        ways = []
-                        for offs, lens in ((sp_off, sp_len), (run_off, run_len)):
-                            spans = list(zip(offs.tolist(), lens.tolist()))
-                            ways.append(_window_io(drv, buf, spans, write, len(spans) < n))
-                        t_sieve = _median(ways[0], repeat)
-                        t_piece = _median(ways[1], repeat)
-                        cells.append(SweepCell(op, d, e, n, t_sieve, t_piece))
+            for _ in range(max(rounds, 1)):
+                for op, d, e in keys:
+                    write = op == "write"
+                    n = size // e
+                    run_off = np.arange(n, dtype=np.int64) * e
+                    run_len = np.full(n, max(int(round(d * e)), 1), dtype=np.int64)
+                    sp_off, sp_len = fileio.window_spans(run_off, run_len, size, write, 0)
+                    sieve, piece = (
+                        _window_io(drv, buf, list(zip(o.tolist(), ln.tolist())), write, holes)
+                        for o, ln, holes in ((sp_off, sp_len, True), (run_off, run_len, False))
+                    )
+                    times[(op, d, e)].append((_median(sieve, repeat), _median(piece, repeat)))
         finally:
             drv.close()
-    crossovers = [
+    per_round = [
+        [
+            SweepCell(op, d, e, size // e, times[(op, d, e)][r][0], times[(op, d, e)][r][1])
+            for op, d, e in keys
+        ]
+        for r in range(max(rounds, 1))
+    ]
+    found = [
         _crossover(op, d, [c for c in cells if c.op == op and c.density == d])
+        for cells in per_round
         for op in ("read", "write")
         for d in densities
     ]
-    threshold = {}
+    cells = [
+        SweepCell(
+            op, d, e, size // e,
+            statistics.median(t[0] for t in times[(op, d, e)]),
+            statistics.median(t[1] for t in times[(op, d, e)]),
+        )
+        for op, d, e in keys
+    ]  # fmt: skip
+    crossovers = []
     for op in ("read", "write"):
-        extra = [c.extra for c in crossovers if c.op == op]
-        threshold[op] = _pages(float(np.median(extra)))
+        for d in densities:
+            mine = [c for c in found if c.op == op and c.density == d]
+            crossovers.append(
+                Crossover(
+                    op,
+                    d,
+                    *(
+                        float(np.median([getattr(c, f) for c in mine]))
+                        for f in ("extent", "hole", "extra")
+                    ),
+                )  # fmt: skip
+            )
+    threshold = {
+        op: _pages(float(np.median([c.extra for c in found if c.op == op])))
+        for op in ("read", "write")
+    }
     current = {"read": fileio.SIEVE_READ_BYTES, "write": fileio.SIEVE_WRITE_BYTES}
     return SweepResult(cells, crossovers, threshold, current)
 

@@ -75,13 +75,16 @@ def flatten_cmd(pieces: int, realms: int, repeat: int, json_path: Path | None) -
     help="Instead: the two-phase window sweep (extent 1 KiB - 1 MiB, sieved vs one call per "
     "piece), its crossovers and the sieving threshold it picks.",
 )
+@click.option("--rounds", default=5, show_default=True, help="With --sweep: whole sweeps, pooled.")
 @json_option
-def sieving_cmd(file_mib: int, repeat: int, sweep: bool, json_path: Path | None) -> None:
+def sieving_cmd(
+    file_mib: int, repeat: int, sweep: bool, rounds: int, json_path: Path | None
+) -> None:
     """Independent strided reads and writes: direct vs data sieving vs ROMIO."""
     from strataio.bench.sieving import run_sieving
 
     if sweep:
-        _sweep(repeat, json_path)
+        _sweep(repeat, rounds, json_path)
         return
 
     results = run_sieving(file_mib=file_mib, repeat=repeat)
@@ -113,13 +116,14 @@ def sieving_cmd(file_mib: int, repeat: int, sweep: bool, json_path: Path | None)
     )
 
 
-def _sweep(repeat: int, json_path: Path | None) -> None:
+def _sweep(repeat: int, rounds: int, json_path: Path | None) -> None:
     from strataio.bench.sieving import run_sweep
 
-    result = run_sweep(repeat=max(repeat, 3))
+    result = run_sweep(repeat=repeat, rounds=rounds)
     table = Table(
         title="Conditional data sieving inside two-phase: one 16 MiB aggregator window",
-        caption="median; ratio = one call per piece / sieved (> 1: sieving wins)",
+        caption=f"median over {rounds} rounds of medians of {repeat}; "
+        "ratio = one call per piece / sieved (> 1: sieving wins)",
     )
     for col in ("op", "density", "extent", "pieces", "sieved", "per piece", "ratio"):
         table.add_column(col, justify="left" if col == "op" else "right")
@@ -145,7 +149,7 @@ def _sweep(repeat: int, json_path: Path | None) -> None:
         json_path,
         {
             "benchmark": "sieving-sweep",
-            "config": {"repeat": repeat},
+            "config": {"repeat": repeat, "rounds": rounds},
             "results": [c.as_dict() for c in result.cells],
             "crossovers": [
                 {

@@ -48,8 +48,8 @@ SYSCALL_BYTES = 16384
 # Measured with ``strataio bench sieving --sweep`` (16 MiB window, page-cached, extents 1 KiB
 # - 1 MiB at densities 1/4, 1/2, 3/4; BENCHMARKS.md): these two quantities, not the extent
 # alone, stay put across densities at the crossover.
-SIEVE_READ_BYTES = 40960
-SIEVE_WRITE_BYTES = 69632
+SIEVE_READ_BYTES = 36864
+SIEVE_WRITE_BYTES = 98304
 
 
 def union_runs(offsets: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
