@@ -4,6 +4,7 @@ mpiexec at 1, 2 and 4 ranks (``tests/mpi_scripts/pipeline_diff.py``)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +32,17 @@ def test_pipelined_equals_plain_and_romio(nprocs: int, cases: int, tmp_path: Pat
 def test_pipelined_equals_plain_and_romio_long(nprocs: int, seed: int, tmp_path: Path) -> None:
     args = ["--seed", seed * 7919 + nprocs, "--cases", 12, "--dir", tmp_path]
     assert "ok 12" in run_mpi(nprocs, "pipeline_diff.py", *args, timeout=300)
+
+
+@pytest.mark.mpi
+def test_failed_pipelined_read_raises_everywhere_and_leaves_no_io_behind(tmp_path: Path) -> None:
+    """An aggregator's read fails while its I/O thread still has work: every rank raises, and
+    the next pipelined write through the same realm buffers writes every byte."""
+    out = run_mpi(2, "two_phase_failure_overlap.py", tmp_path, 2)
+    assert json.loads(out.strip().splitlines()[-1]) == {
+        "read": ["BackendError", "BackendError"],
+        "wrong": 0,
+    }
 
 
 def test_groups_split_the_aggregators_in_rank_order() -> None:
