@@ -242,7 +242,11 @@ class File:
             policy_from_hints(hinted)  # an unknown realm policy fails here, before any open
             names = nodes.names or (MPI.Get_processor_name(),) * comm.Get_size()
             aggregators = config_aggregators(hinted.cb_config_list, names, hinted.cb_nodes)
-            hinted = dataclasses.replace(hinted, cb_nodes=int(aggregators.size))
+            hinted = dataclasses.replace(
+                hinted,
+                cb_nodes=int(aggregators.size),
+                strataio_pipeline_groups=min(hinted.strataio_pipeline_groups, aggregators.size),
+            )
         except Exception as exc:  # any failure here must reach the other ranks
             err = exc
         if err is None:

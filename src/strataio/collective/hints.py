@@ -14,7 +14,9 @@ differ.
 
 Defaults are ROMIO's on a node-local UFS driver (``cb_buffer_size`` 16 MiB, one aggregator per
 node, independent sieving buffers of 4 MiB for reads and 512 KiB for writes, sieving and
-collective buffering ``automatic``). As in ROMIO, ``romio_no_indep_rw=true`` turns collective
+collective buffering ``automatic``), except ``romio_cb_ds_threshold``: ROMIO's ``0`` sieves
+every two-phase window, strataio's ``automatic`` follows a rule measured on this machine. As in
+ROMIO, ``romio_no_indep_rw=true`` turns collective
 buffering on for reads and writes, and ``cb_nodes`` and ``cb_config_list`` are read at open
 only (a view's hints cannot change the aggregators). ``strataio_*`` hints configure engines
 ROMIO lacks; ``strataio_driver`` picks the storage driver
@@ -102,6 +104,17 @@ class Hints:
     """Two-phase aggregators read or write each window in an I/O thread while the next one is
     exchanged: enable / disable / automatic (when every node has a spare core per aggregator).
     Overlapping keeps two ``cb_buffer_size`` buffers per aggregator instead of one."""
+    romio_cb_ds_threshold: str = AUTOMATIC
+    """Data sieving inside two-phase I/O, per aggregator window: ROMIO's percent (0-100) of
+    the window's covering extent that must be data for the window to be sieved (below it:
+    one call per piece); *automatic* (strataio's default; ROMIO's is 0, always sieve): the
+    rule on the window's datatype extent and density measured on this machine
+    (:func:`strataio.collective.fileio.window_spans`)."""
+    strataio_pipeline_groups: int = 1
+    """Pipelined collective I/O: the ranks in this many groups, each with about as many of
+    the aggregators, taking turns at the file while the others exchange
+    (:mod:`strataio.collective.pipeline`); an open file shows it clamped to ``cb_nodes``.
+    1: plain two-phase I/O."""
     strataio_driver: str = "posix"
     """Storage driver: ``posix``, or ``shaped`` (POSIX under a cost model)."""
     strataio_driver_bandwidth: int = 200_000_000
@@ -133,7 +146,7 @@ class Hints:
 
 
 # name -> (kind, minimum); kinds: "int" (at least minimum), "float" (at least minimum),
-# "switch", "bool", "str"
+# "switch", "bool", "str", "percent" (automatic or an int of at least minimum, kept as text)
 _SPEC: dict[str, tuple[str, int]] = {
     "cb_buffer_size": ("int", 1),
     "cb_nodes": ("int", 1),
@@ -151,6 +164,8 @@ _SPEC: dict[str, tuple[str, int]] = {
     "romio_cb_fr_alignment": ("int", 1),
     "strataio_realms": ("str", 0),
     "strataio_cb_overlap": ("switch", 0),
+    "romio_cb_ds_threshold": ("percent", 0),
+    "strataio_pipeline_groups": ("int", 1),
     "strataio_driver": ("str", 0),
     "strataio_driver_bandwidth": ("int", 1),
     "strataio_driver_latency": ("float", 0),
@@ -163,8 +178,6 @@ _DRIVERS = ("posix", "shaped")
 
 #: hints of engines not built yet -> what they would do; given, they raise HintError
 PLANNED: dict[str, str] = {
-    "romio_cb_ds_threshold": "a data sieving threshold for two-phase I/O",
-    "strataio_pipeline_groups": "pipelined aggregator groups",
     "strataio_cache": "a collective write-back cache",
     "strataio_trace": "I/O tracing",
 }
@@ -232,6 +245,10 @@ def _parse(name: str, kind: str, minimum: int, value: Any) -> Any:
         return _parse_float(name, value, minimum)
     if kind == "frtype":
         return parse_fr_type(value)
+    if kind == "percent":  # automatic, or an integer percent (ROMIO reads it with atoi)
+        if str(value).strip().lower() == AUTOMATIC:
+            return AUTOMATIC
+        return str(_parse_int(name, value, minimum))
     text = str(value).strip().lower() if not isinstance(value, bool) else str(value).lower()
     if kind == "switch":
         if value is True:
@@ -346,6 +363,10 @@ def parse_hints(
         limit = values.get("cb_nodes", nprocs if "cb_config_list" in values else nodes)
         values["cb_nodes"] = min(limit, max(int(nprocs), 1))
         base = Hints()
+    if "strataio_pipeline_groups" in values:  # (a group per aggregator at most)
+        values["strataio_pipeline_groups"] = min(
+            values["strataio_pipeline_groups"], values.get("cb_nodes", base.cb_nodes)
+        )
     return dataclasses.replace(base, **values)
 
 

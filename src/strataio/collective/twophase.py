@@ -38,6 +38,7 @@ from strataio.collective.access import FIRST, LAST, NBYTES, Access
 from strataio.collective.driver import Driver
 from strataio.collective.exchange import ExchangeSide, alltoallw
 from strataio.collective.node import NodeLayout
+from strataio.collective.pipeline import Groups, pipeline_groups
 from strataio.collective.realms import RealmPolicy
 from strataio.errors import StrataError
 from strataio.layout.extents import Extents, exclusive_cumsum
@@ -77,15 +78,21 @@ class _Plan:
     background: bool  # aggregators access windows in the background I/O thread (_overlap)
     buffers: tuple[np.ndarray, ...]  # realm buffers (two with background I/O), aggregators only
 
-    def client_side(self, i: int, stream: np.ndarray, send: bool) -> ExchangeSide:
-        """My pieces of iteration ``i`` in the caller's buffer, to or from the aggregators."""
+    def client_side(
+        self, i: int, stream: np.ndarray, send: bool, ranks: tuple[int, int] | None = None
+    ) -> ExchangeSide:
+        """My pieces of iteration ``i`` in the caller's buffer, to or from the aggregators
+        (only those of ranks ``[lo, hi)`` when ``ranks`` is given)."""
         c0, c1 = self.c_iter_bounds[i], self.c_iter_bounds[i + 1]
+        if ranks is not None:  # (an iteration's pieces are grouped by destination rank)
+            c0, c1 = c0 + np.searchsorted(self.c_dest[c0:c1], ranks)
         mem, lens, dest = self.c_mem[c0:c1], self.c_len[c0:c1], self.c_dest[c0:c1]
         return ExchangeSide(stream, mem, lens, dest, self.nprocs, self.rank, send)
 
-    def window(self, i: int, write: bool, sieve: bool, double: bool) -> _Window | None:
+    def window(self, i: int, write: bool, sieve: int | None, double: bool) -> _Window | None:
         """My window of iteration ``i`` as an aggregator (None: no pieces in it); with
-        ``double`` consecutive iterations use two realm buffers in turn."""
+        ``double`` consecutive iterations use two realm buffers in turn; ``sieve``: see
+        :func:`strataio.collective.fileio.sieve_threshold`."""
         a0, a1 = self.a_iter_bounds[i], self.a_iter_bounds[i + 1]
         if a1 == a0:
             return None
@@ -328,14 +335,19 @@ def _stable_by(key: np.ndarray, *arrays: np.ndarray) -> tuple[np.ndarray, ...]:
 
 
 def _window_runs(
-    off: np.ndarray, length: np.ndarray, write: bool, max_span: int, sieve: bool = True
+    off: np.ndarray,
+    length: np.ndarray,
+    write: bool,
+    max_span: int,
+    sieve: int | None = fileio.AUTO_THRESHOLD,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The runs of bytes an aggregator moves in one window, the spans it accesses, and which
-    of the spans have holes (without ``sieve`` the spans are the runs, none with a hole)."""
+    of the spans have holes (``sieve``: :func:`~strataio.collective.fileio.sieve_threshold`;
+    with None the spans are the runs, none with a hole)."""
     run_off, run_len = fileio.union_runs(off, length)
-    if not sieve:
+    if sieve is None:
         return run_off, run_len, run_off, run_len, np.zeros(run_off.size, dtype=bool)
-    sp_off, sp_len = fileio.plan_spans(run_off, run_len, max_span, write)
+    sp_off, sp_len = fileio.window_spans(run_off, run_len, max_span, write, sieve)
     holes = fileio.span_holes(run_off, run_len, sp_off, sp_len)
     return run_off, run_len, sp_off, sp_len, holes
 
@@ -364,8 +376,9 @@ _BYTES = np.zeros(0, dtype=np.uint8)
 
 
 class _Window:
-    """An aggregator's file access in one iteration: the spans it reads or writes (by the cost
-    model of :mod:`strataio.collective.fileio`; without ``sieve`` the runs of bytes themselves)
+    """An aggregator's file access in one iteration: the spans it reads or writes (by the
+    conditional sieving of :func:`strataio.collective.fileio.window_spans`; with ``sieve``
+    None the runs of bytes themselves)
     and a realm buffer laid out like the file from the first span on, which the exchange fills
     (writes) or drains (reads) at the pieces' file positions."""
 
@@ -376,7 +389,7 @@ class _Window:
         pos: np.ndarray,
         length: np.ndarray,
         write: bool,
-        sieve: bool,
+        sieve: int | None,
         span: int,
         buffer: np.ndarray,
         realm: tuple[np.ndarray, np.ndarray],
@@ -443,7 +456,8 @@ def two_phase(
     prepare: Callable[[], None] | None = None,
 ) -> None:
     """Collective write (read) of every rank's access: aggregators write (read) their realms,
-    each window while the next (previous) one is exchanged when :func:`_overlap` says so.
+    each window while the next (previous) one is exchanged when :func:`_overlap` says so, or
+    in pipelined groups (``strataio_pipeline_groups``, :mod:`strataio.collective.pipeline`).
     ``aggregators``: their ranks, in realm order (:func:`strataio.collective.realms.config_aggregators`);
     ``driver``: the file, on aggregators (other ranks may pass None); ``nodes``: where the ranks run (:func:`strataio.collective.node.layout`); ``prepare``:
     this rank's own work before any data moves (packing ``access.stream``), run as part of
@@ -458,10 +472,14 @@ def two_phase(
     rather than hang.
     """
     plan = _plan(comm, access.file, stats, hints, policy, aggregators, nodes, prepare)
-    sieving_hint = getattr(hints, "romio_ds_write" if write else "romio_ds_read", "automatic")
-    ds = str(sieving_hint).lower() != "disable"
+    ds = fileio.sieve_threshold(hints, write)
+    groups = pipeline_groups(hints, aggregators, comm.Get_rank())
     try:
-        failure = (_write if write else _read)(comm, driver, access.stream, plan, ds)
+        if groups is not None:
+            pipelined = _pipelined_write if write else _pipelined_read
+            failure = pipelined(comm, driver, access.stream, plan, ds, groups)
+        else:
+            failure = (_write if write else _read)(comm, driver, access.stream, plan, ds)
     except Exception as exc:
         if comm.Get_size() == 1:
             raise
@@ -485,7 +503,7 @@ def _abort(comm: MPI.Comm, exc: BaseException) -> NoReturn:
 
 
 def _write(
-    comm: MPI.Comm, driver: Driver | None, stream: np.ndarray, plan: _Plan, ds: bool
+    comm: MPI.Comm, driver: Driver | None, stream: np.ndarray, plan: _Plan, ds: int | None
 ) -> BaseException | None:
     """The windows of a collective write; an aggregator's I/O failure is returned once the
     exchange is over."""
@@ -514,7 +532,7 @@ def _write(
 
 
 def _read(
-    comm: MPI.Comm, driver: Driver | None, stream: np.ndarray, plan: _Plan, ds: bool
+    comm: MPI.Comm, driver: Driver | None, stream: np.ndarray, plan: _Plan, ds: int | None
 ) -> BaseException | None:
     """The windows of a collective read; an aggregator's I/O failure is returned once the
     exchange is over."""
@@ -545,6 +563,83 @@ def _read(
                 upcoming = start(i + 1)
     finally:
         # the realm buffer must not be reused while it is read, even after a failure
+        failure = _settle(failure, upcoming[1])
+    return failure
+
+
+def _pipelined_write(
+    comm: MPI.Comm,
+    driver: Driver | None,
+    stream: np.ndarray,
+    plan: _Plan,
+    ds: int | None,
+    groups: Groups,
+) -> BaseException | None:
+    """:func:`_write` in pipelined steps (:mod:`strataio.collective.pipeline`): an aggregator
+    writes its window in the background while the other groups exchange theirs, and waits for
+    that write only when its one realm buffer is needed again."""
+    failure: BaseException | None = None
+    writing: _Pending | None = None
+    try:
+        for i, g in groups.steps(plan.ntimes):
+            send = plan.client_side(i, stream, True, groups.ranks(g))
+            window = None
+            try:
+                if g == groups.mine:
+                    failure, writing = _settle(failure, writing), None
+                    window = plan.window(i, True, ds, False)
+                recv = plan.aggregator_side(i, window, False)
+            except BaseException:
+                send.free()
+                raise
+            if window is not None and failure is None:
+                failure = _attempt(window.read_holes, driver)
+            alltoallw(comm, send, recv)
+            if window is not None and failure is None:
+                writing = _Pending(groups.background, window.write, driver)
+    finally:
+        failure = _settle(failure, writing)
+    return failure
+
+
+def _pipelined_read(
+    comm: MPI.Comm,
+    driver: Driver | None,
+    stream: np.ndarray,
+    plan: _Plan,
+    ds: int | None,
+    groups: Groups,
+) -> BaseException | None:
+    """:func:`_read` in pipelined steps: an aggregator reads its window in the background
+    during the exchange of the step before its own."""
+    failure: BaseException | None = None
+    steps = groups.steps(plan.ntimes)
+    upcoming: tuple[_Window | None, _Pending | None] = (None, None)
+
+    def start(step: int) -> tuple[_Window | None, _Pending | None]:
+        i, g = steps[step]
+        window = plan.window(i, False, ds, False) if g == groups.mine else None
+        if window is None or failure is not None:
+            return window, None
+        return window, _Pending(groups.background, window.read, driver)
+
+    try:
+        upcoming = start(0)
+        for step, (i, g) in enumerate(steps):
+            window = None
+            if g == groups.mine:
+                (window, reading), upcoming = upcoming, (None, None)
+                failure = _settle(failure, reading)
+            elif step + 1 < len(steps) and steps[step + 1][1] == groups.mine:
+                upcoming = start(step + 1)  # into my buffer, free since my last step
+            send = plan.aggregator_side(i, window, True)
+            try:
+                recv = plan.client_side(i, stream, False, groups.ranks(g))
+            except BaseException:
+                send.free()
+                raise
+            alltoallw(comm, send, recv)
+    finally:
         failure = _settle(failure, upcoming[1])
     return failure
 
