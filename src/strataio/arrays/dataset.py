@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterator, MutableMapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -307,6 +307,7 @@ class Dataset:
         if self.comm is None:
             return None if selection is None else self[selection]
         from strataio.arrays.collective import read_sections
+        from strataio.arrays.collective_shards import read_shards
 
         section: Section | None = None
         err: BaseException | None = None
@@ -316,13 +317,16 @@ class Dataset:
                 section = self._section(Section.from_index, selection)
         except Exception as exc:  # any failure here must reach the other ranks
             err = exc
-        out = read_sections(self, self.comm, section, err)
+        read = read_shards if isinstance(self.codecs, ShardCodec) else read_sections
+        out = read(self, self.comm, section, err)
         if section is None:
             return None
         res = out.reshape(section.result_shape)
         return res[()] if res.ndim == 0 else res
 
-    def write_all(self, selection: Any, data: Any = None) -> None:
+    def write_all(
+        self, selection: Any, data: Any = None, *, hints: Mapping[str, Any] | None = None
+    ) -> None:
         """Collective write: every rank of :attr:`comm` calls it with its own ``selection``
         (a basic index as for ``ds[...] = data``, or None for nothing to write) and ``data``.
 
@@ -333,24 +337,36 @@ class Dataset:
         dtype, a read-only dataset) on any rank raise on every rank before any byte is
         written; a failed chunk write raises on every rank afterwards. Without a
         communicator, ``ds[selection] = data``.
+
+        A sharded dataset is written as the module :mod:`strataio.arrays.collective_shards`
+        says: each rank compresses its inner chunks and writes them into the shard files at
+        offsets from a prefix sum; ``hints`` (the same on every rank) tune it:
+        ``strataio_shard_alignment`` (bytes, default 4096), ``strataio_shard_groups``
+        (pipelined groups, default 1) and the storage driver's ``strataio_driver*`` hints.
         """
         if self.comm is None:
             if selection is not None:
                 self[selection] = data
             return
         from strataio.arrays.collective import write_sections
+        from strataio.arrays.collective_shards import ShardWriteOptions, write_shards
 
         section: Section | None = None
         arr: np.ndarray | None = None
         err: BaseException | None = None
+        options = ShardWriteOptions()
         try:
             self._check_writable()
+            options = ShardWriteOptions.parse(hints)
             if selection is not None:
                 section = self._section(Section.from_index, selection)
                 arr = self._coerce(data, section.result_shape, section.shape)
         except Exception as exc:  # any failure here must reach the other ranks
             err = exc
-        write_sections(self, self.comm, section, arr, err)
+        if isinstance(self.codecs, ShardCodec):
+            write_shards(self, self.comm, section, arr, err, options)
+        else:
+            write_sections(self, self.comm, section, arr, err)
         self._share_writes()
 
     def _share_writes(self) -> None:

@@ -207,7 +207,7 @@ class ShardCodec:
 
     def empty_blocks(self, blocks: np.ndarray) -> np.ndarray:
         """Per inner chunk, whether it equals the fill value everywhere (it is not stored)."""
-        flat = blocks.reshape(len(blocks), -1)
+        flat = blocks.reshape(len(blocks), int(np.prod(self.inner_shape, dtype=np.int64)))
         if self.dtype.kind in "fc" and np.isnan(self.fill):
             return np.isnan(flat).all(axis=1)
         return (flat == self.fill).all(axis=1)
