@@ -280,7 +280,7 @@ def write_shards(
         _remove(temps)
         raise
     try:
-        _write_indexes(comm, codec, entries, temps, paths, options)
+        _write_indexes(comm, store, codec, entries, keys, temps, paths, options)
     except Exception as exc:
         failed = exc
     try:
@@ -335,30 +335,31 @@ def _compress_runs(
         chunks = by_shard[k]
         index = old[k]
         read = _read_span(ds, keys[k])
-        blocks = np.empty((len(chunks), *codec.inner_shape), dtype=ds.dtype)
         need = [c for c in chunks if not owned.covered[c]]
         base: dict[int, np.ndarray | None] = {}
         if need and index is not None:
-            nums = number[need]
-            for c, got in zip(need, codec.read_inner(read, index, nums)):
+            for c, got in zip(need, codec.read_inner(read, index, number[need])):
                 base[c] = None if got is None else np.array(got)
-        for j, c in enumerate(chunks):
+        kept: list[int] = []
+        parts: list[Any] = []
+        for c in chunks:
             start = None
             if not owned.covered[c]:
                 start = base.get(c)
                 if start is None:
                     start = np.full(codec.inner_shape, codec.fill, dtype=ds.dtype)
-            blocks[j] = owned.make(c, start)
-        keep = ~codec.empty_blocks(blocks)
-        nums = number[chunks][keep] if chunks else np.zeros(0, dtype=_I64)
-        parts = [bytes(codec.inner.encode(b)) for b in blocks[keep]]
+            chunk = owned.make(c, start)  # a view of the caller's data where it can be
+            if not codec.empty_blocks(chunk[None])[0]:
+                kept.append(c)
+                parts.append(codec.inner.encode(chunk))
+        nums = number[kept] if kept else np.zeros(0, dtype=_I64)
         if index is not None and k % nprocs == me:
             carried = _carried(index, number, which, k)
             if len(carried):
                 raws = _raw_inner(read, index, carried)
                 nums = np.concatenate([nums, carried])
                 parts += raws
-        sizes = np.fromiter(map(len, parts), dtype=_I64, count=len(parts))
+        sizes = np.fromiter((memoryview(p).nbytes for p in parts), dtype=_I64, count=len(parts))
         return _Run(np.asarray(nums, dtype=_I64), sizes, b"".join(parts))
 
     try:
@@ -466,15 +467,19 @@ def _pwrite(path: str, data: bytes, offset: int, hints: Hints) -> None:
 
 def _write_indexes(
     comm: MPI.Comm,
+    store: BackendChunkStore,
     codec: ShardCodec,
     rows: list[np.ndarray],
+    keys: list[str],
     temps: list[str],
     paths: list[str],
     options: ShardWriteOptions,
 ) -> None:
     """Every rank's index entries sent to the shards' leaders (one ``alltoall``); each leader
-    writes its shards' indexes in one write each, makes the shard durable and renames it over
-    the old one."""
+    writes its shards' indexes in one write each and renames each shard over the old one. As
+    for any Dataset write, the shards are durable after :meth:`Dataset.flush` (the leaders'
+    stores record them)."""
+    written: list[str] = []
     me, nprocs = comm.Get_rank(), comm.Get_size()
     table = np.concatenate(rows) if rows else np.zeros((0, 4), dtype=_I64)
     leader = table[:, 0] % nprocs
@@ -494,10 +499,11 @@ def _write_indexes(
         try:
             driver.truncate(end)
             driver.pwrite(np.frombuffer(raw, dtype=np.uint8), end)
-            driver.sync()
         finally:
             driver.close()
         os.replace(temps[k], paths[k])
+        written.append(keys[k])
+    store.note_written(written)
 
 
 def _remove(paths: list[str]) -> None:
