@@ -91,7 +91,11 @@ class ShardWriteOptions:
     @classmethod
     def parse(cls, hints: Mapping[str, Any] | None) -> ShardWriteOptions:
         """Options from hints: ``strataio_shard_alignment``, ``strataio_shard_groups`` and the
-        ``strataio_driver*`` hints of :func:`~strataio.collective.hints.parse_hints`."""
+        ``strataio_driver*`` hints of :func:`~strataio.collective.hints.parse_hints`.
+
+        ``strataio_shard_groups`` is the group count of pipelined collective I/O for shard
+        writes; once ``File``'s pipelined groups (``strataio_pipeline_groups``) leave
+        ``PLANNED``, that hint names the same thing and should be read here too."""
         rest = dict(hints or {})
         try:
             alignment = int(rest.pop("strataio_shard_alignment", ALIGNMENT))
