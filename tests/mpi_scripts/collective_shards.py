@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import tensorstore as ts
 import zarr
+from collective_checks import check, raises_everywhere, random_selection
 from mpi4py import MPI
 
 import strataio
@@ -29,35 +30,6 @@ comm = MPI.COMM_WORLD
 rank, nprocs = comm.Get_rank(), comm.Get_size()
 root = Path(sys.argv[1])
 seed, rounds = int(sys.argv[2]), int(sys.argv[3])
-
-
-def check(ok: bool, what: str) -> None:
-    if not comm.allreduce(bool(ok), op=MPI.LAND):
-        raise SystemExit(f"rank {rank}: check failed: {what}")
-
-
-def raises_everywhere(call, cls: type[BaseException]) -> bool:
-    try:
-        call()
-    except cls:
-        return True
-    except Exception as exc:  # noqa: BLE001
-        print(f"rank {rank}: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return False
-    return False
-
-
-def random_selection(rng: np.random.Generator, shape: tuple[int, ...]) -> object:
-    if rng.random() < 0.15:
-        return None
-    index = []
-    for n in shape:
-        if rng.random() < 0.15:
-            index.append(int(rng.integers(-n, n)))
-        else:
-            a = int(rng.integers(0, n + 1))
-            index.append(slice(a, int(rng.integers(a, n + 1))))
-    return tuple(index)
 
 
 def peers_agree(path: Path, oracle: np.ndarray) -> bool:

@@ -23,8 +23,10 @@ receives the shard's end so far from the previous group's last rank, so a rank w
 its own group and on one message from the group before.
 
 Each shard is written to a temporary file next to it and renamed over it once every rank's
-writes and every index are in place, after an agreement that nothing failed: a failed call
-leaves the old shards as they were. Inner chunks of a shard the call writes only in part are
+runs are written, after an agreement that nothing failed: a call that fails before (a bad
+argument on any rank, a failed compression or write) leaves the old shards as they were; one
+that fails while the leaders write the indexes may leave some shards new and others old, each
+whole. Inner chunks of a shard the call writes only in part are
 read from the old shard first (their owners decode what they update; the leader carries the
 untouched ones over byte for byte).
 
@@ -501,7 +503,6 @@ def _write_indexes(
         os.makedirs(os.path.dirname(paths[k]), exist_ok=True)
         driver = open_driver(temps[k], os.O_WRONLY | os.O_CREAT, 0o644, options.driver)
         try:
-            driver.truncate(end)
             driver.pwrite(np.frombuffer(raw, dtype=np.uint8), end)
         finally:
             driver.close()
