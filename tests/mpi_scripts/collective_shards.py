@@ -132,6 +132,14 @@ check(
     ),
     "bad hint",
 )
+if nprocs > 1:
+    check(
+        raises_everywhere(
+            lambda: ds.write_all(np.s_[rank], 1.0, hints={"strataio_shard_groups": 1 + last}),
+            HintError,
+        ),
+        "groups that differ between ranks",
+    )
 comm.Barrier()
 check(digest(root / "slabs") == before, "nothing written by failed calls")
 

@@ -252,6 +252,7 @@ def write_shards(
     me, nprocs = comm.Get_rank(), comm.Get_size()
     grid = _inner_grid(ds, codec)
     sections = gather_sections(comm, ds.ndim, section, err)
+    _same_options(comm, options)
     pairs = plan_pairs(grid, sections)
     owned = gather_pieces(comm, grid, ds.dtype, ds.fill_value, sections, pairs, data)
     shard, number = _shards_of(codec, pairs.coords)
@@ -294,6 +295,22 @@ def write_shards(
     finally:
         _remove(temps)
     ds.clear_cache()
+
+
+def _same_options(comm: MPI.Comm, options: ShardWriteOptions) -> None:
+    """Raise :class:`HintError` on every rank unless every rank passed the same alignment and
+    groups: ranks splitting the communicator differently would wait for each other forever."""
+    if comm.Get_size() == 1:
+        return
+    mine = np.asarray([options.alignment, options.groups], dtype=_I64)
+    both = np.concatenate([mine, -mine])
+    top = np.empty_like(both)
+    comm.Allreduce(both, top, op=MPI.MAX)
+    if np.any(top[:2] != -top[2:]):
+        raise HintError(
+            "strataio_shard_alignment and strataio_shard_groups differ between ranks "
+            f"(this rank: {options.alignment}, {options.groups}); pass the same on every rank"
+        )
 
 
 def _whole_shards(
