@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from collective_checks import check, raises_everywhere, random_selection
 from mpi4py import MPI
 
 import strataio
@@ -38,40 +39,6 @@ comm = MPI.COMM_WORLD
 rank, nprocs = comm.Get_rank(), comm.Get_size()
 root = Path(sys.argv[1])
 seed, rounds = int(sys.argv[2]), int(sys.argv[3])
-
-
-def check(ok: bool, what: str) -> None:
-    if not comm.allreduce(bool(ok), op=MPI.LAND):
-        raise SystemExit(f"rank {rank}: check failed: {what}")
-
-
-def random_selection(rng: np.random.Generator, shape: tuple[int, ...]) -> object:
-    """A random basic index: None, or per dimension an integer or a slice (maybe empty)."""
-    if rng.random() < 0.15:
-        return None
-    index = []
-    for n in shape:
-        r = rng.random()
-        if r < 0.15:
-            index.append(int(rng.integers(-n, n)))
-        else:
-            a = int(rng.integers(0, n + 1))
-            b = int(rng.integers(a, n + 1)) if rng.random() < 0.95 else a
-            index.append(slice(a, b))
-    if index and rng.random() < 0.2:
-        return (*index[:-1], Ellipsis)
-    return tuple(index)
-
-
-def raises_everywhere(call, cls: type[BaseException]) -> bool:
-    try:
-        call()
-    except cls:
-        return True
-    except Exception as exc:  # noqa: BLE001
-        print(f"rank {rank}: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return False
-    return False
 
 
 def random_rounds(ds: Dataset, oracle: np.ndarray, rng: np.random.Generator, what: str) -> None:

@@ -1,5 +1,6 @@
 """The chunk codec pipeline, in Zarr v3 terms: one array→bytes codec (``bytes``, with its
-endianness) followed by bytes→bytes codecs (``zstd``, ``blosc``, ``gzip``, ``crc32c``).
+endianness) followed by bytes→bytes codecs (``zstd``, ``blosc``, ``gzip``, ``crc32c``; ``lz4``
+is written as ``blosc`` with ``cname: lz4``, the form every Zarr v3 reader knows).
 
 Compression runs through numcodecs; ``crc32c`` appends a little-endian CRC-32C of the encoded
 bytes, as the Zarr v3 spec defines, and a mismatch on decode raises :class:`ChecksumError`.
@@ -75,6 +76,9 @@ def _default_spec(name: str, cfg: dict[str, Any], dtype: np.dtype, endian: str) 
         return _spec("zstd", level=int(cfg.get("level", 0)), checksum=bool(cfg.get("checksum")))
     if name == "gzip":
         return _spec("gzip", level=int(cfg.get("level", 5)))
+    if name == "lz4":
+        # LZ4 as Zarr v3 readers know it: inside blosc (Zarr v3 has no bare lz4 codec)
+        name, cfg = "blosc", {"cname": "lz4", "clevel": 5, **cfg}
     if name == "blosc":
         shuffle = cfg.get("shuffle", "shuffle")
         if shuffle not in _BLOSC_SHUFFLE:
@@ -89,7 +93,14 @@ def _default_spec(name: str, cfg: dict[str, Any], dtype: np.dtype, endian: str) 
         )
     if name == "crc32c":
         return _spec("crc32c")
-    raise CodecError(f"unknown codec {name!r}: strataio supports bytes, {', '.join(_BYTES_CODECS)}")
+    raise CodecError(
+        f"unknown codec {name!r}: strataio supports bytes, lz4, {', '.join(_BYTES_CODECS)}"
+        + (
+            " (sharding_indexed through create_dataset(..., shards=...))"
+            if name == "sharding_indexed"
+            else ""
+        )
+    )
 
 
 class _Crc32c:

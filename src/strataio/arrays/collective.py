@@ -24,6 +24,7 @@ anything moves.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -145,12 +146,12 @@ def plan_pairs(grid: ChunkGrid, sections: Sections) -> ChunkPairs:
     )
 
 
-def _box(lo: list[int], hi: list[int]) -> tuple[Any, ...]:
+def box(lo: list[int], hi: list[int]) -> tuple[Any, ...]:
     """The numpy index of box ``[lo, hi)`` (a view also for a 0-d array)."""
     return tuple(map(slice, lo, hi)) or (Ellipsis,)
 
 
-class _Exchange:
+class PieceExchange:
     """The pieces one collective call moves between ranks: per rank the pairs it sends and
     receives, in the order both sides agree on (by peer, then chunk), and one ``Alltoallv``.
     ``src`` / ``dst`` name the sending and the receiving rank of each pair.
@@ -211,6 +212,10 @@ class _Exchange:
             raise_agreed(self.comm, failed)
 
 
+#: ``read_chunks(coords, lo, hi, out, at)``: as :meth:`Dataset.read_chunks`, for a grid's chunks
+ChunkReader = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray], None]
+
+
 def read_sections(
     ds: Dataset, comm: MPI.Comm, section: Section | None, err: BaseException | None
 ) -> np.ndarray:
@@ -218,24 +223,39 @@ def read_sections(
     empty array for None); ``err`` is this rank's failure so far, raised on every rank."""
     sections = gather_sections(comm, ds.ndim, section, err)
     pairs = plan_pairs(ds.grid, sections)
+    return read_pieces(comm, ds.grid, ds.dtype, sections, pairs, section, ds.read_chunks)
+
+
+def read_pieces(
+    comm: MPI.Comm,
+    grid: ChunkGrid,
+    dtype: np.dtype,
+    sections: Sections,
+    pairs: ChunkPairs,
+    section: Section | None,
+    read_chunks: ChunkReader,
+) -> np.ndarray:
+    """Collective: the chunks of ``grid`` this rank owns in ``pairs`` read by
+    ``read_chunks``, and every rank's pieces of them sent where they are wanted; this rank's
+    ``section`` as an array (an empty one for None)."""
     me = comm.Get_rank()
-    dtype = ds.dtype
-    out = np.empty(section.shape if section is not None else (0,) * ds.ndim, dtype=dtype)
-    ch = np.asarray(ds.chunks, dtype=_I64)
+    ndim = grid.ndim
+    out = np.empty(section.shape if section is not None else (0,) * ndim, dtype=dtype)
+    ch = np.asarray(grid.chunks, dtype=_I64)
     mine = pairs.chunk_owner == me
     private = np.flatnonzero(mine & (pairs.count == 1))
     shared = np.flatnonzero(mine & (pairs.count > 1))
-    rows = ch[0] if ds.ndim else 1  # staging rows per shared chunk
-    staging = np.empty((len(shared) * rows, *ds.chunks[1:]) if ds.ndim else (), dtype=dtype)
+    rows = ch[0] if ndim else 1  # staging rows per shared chunk
+    staging = np.empty((len(shared) * rows, *grid.chunks[1:]) if ndim else (), dtype=dtype)
     slot = np.full(len(pairs.first), -1, dtype=_I64)
     slot[shared] = np.arange(len(shared), dtype=_I64)
-    exchange = _Exchange(comm, pairs, pairs.owner, pairs.rank, dtype.itemsize)
+    exchange = PieceExchange(comm, pairs, pairs.owner, pairs.rank, dtype.itemsize)
     failed: BaseException | None = None
     try:
         p = pairs.first[private]
         origin = pairs.coords[private] * ch
         here = sections.start[me]
-        ds.read_chunks(
+        read_chunks(
             pairs.coords[private],
             pairs.lo[p] - origin,
             pairs.hi[p] - origin,
@@ -247,15 +267,15 @@ def read_sections(
             hi = np.maximum.reduceat(pairs.hi, pairs.first, axis=0)[shared]
             origin = pairs.coords[shared] * ch
             at = lo - origin
-            if ds.ndim:
+            if ndim:
                 at[:, 0] += np.arange(len(shared), dtype=_I64) * rows
-            ds.read_chunks(pairs.coords[shared], lo - origin, hi - origin, staging, at)
+            read_chunks(pairs.coords[shared], lo - origin, hi - origin, staging, at)
     except Exception as exc:  # a chunk another rank waits for could not be read
         failed = exc
 
     # where each pair's piece lies in the staging array
     stage_lo = pairs.lo - pairs.coords[pairs.chunk] * ch
-    if ds.ndim:
+    if ndim:
         stage_lo[:, 0] += slot[pairs.chunk] * rows
     stage_hi = stage_lo + (pairs.hi - pairs.lo)
     out_lo = pairs.lo - sections.start[pairs.rank]
@@ -266,13 +286,13 @@ def read_sections(
         for p in np.flatnonzero(
             (pairs.owner == me) & (pairs.rank == me) & (slot[pairs.chunk] >= 0)
         ):
-            out[_box(olo[p], ohi[p])] = staging[_box(slo[p], shi[p])]
+            out[box(olo[p], ohi[p])] = staging[box(slo[p], shi[p])]
         for p, at in zip(exchange.send.tolist(), exchange.send_at.tolist()):
-            piece = staging[_box(slo[p], shi[p])]
+            piece = staging[box(slo[p], shi[p])]
             exchange.slot(exchange.sendbuf, at, shapes[p], dtype)[...] = piece
     exchange.run(failed)
     for p, at in zip(exchange.recv.tolist(), exchange.recv_at.tolist()):
-        out[_box(olo[p], ohi[p])] = exchange.slot(exchange.recvbuf, at, shapes[p], dtype)
+        out[box(olo[p], ohi[p])] = exchange.slot(exchange.recvbuf, at, shapes[p], dtype)
     return out
 
 
@@ -288,59 +308,104 @@ def write_sections(
     before any byte is written."""
     sections = gather_sections(comm, ds.ndim, section, err)
     pairs = plan_pairs(ds.grid, sections)
+    pieces = gather_pieces(comm, ds.grid, ds.dtype, ds.fill_value, sections, pairs, data)
+    owned = pieces.owned
+    failed: BaseException | None = None
+    try:
+        sep = ds.meta.separator
+        keys = [chunk_key(c, sep) for c in pairs.coords[owned].tolist()]
+        ds.write_chunks(
+            keys, (~pieces.covered[owned]).tolist(), lambda i, old: pieces.make(owned[i], old)
+        )
+    except Exception as exc:  # an owner's failure concerns the data of every rank
+        failed = exc
+    agree(comm, failed)
+
+
+class OwnedChunks:
+    """The chunks of a grid this rank owns in a collective write, with every rank's pieces
+    of them at hand (after :func:`gather_pieces`): :meth:`make` assembles one.
+
+    ``owned``: the owned chunks' indices into ``pairs``' per-chunk arrays, ascending;
+    ``covered`` / ``interior`` per chunk: whether the pieces cover the part of it inside the
+    array, and whether it lies entirely inside the array."""
+
+    def __init__(
+        self,
+        me: int,
+        grid: ChunkGrid,
+        dtype: np.dtype,
+        fill_value: Any,
+        pairs: ChunkPairs,
+        exchange: PieceExchange,
+        data: np.ndarray | None,
+        data_lo: list[list[int]],
+        data_hi: list[list[int]],
+    ) -> None:
+        self.owned = np.flatnonzero(pairs.chunk_owner == me).tolist()
+        self.covered, self.interior = coverage(grid, pairs)
+        self._me, self._grid, self._dtype, self._fill = me, grid, dtype, fill_value
+        self._pairs, self._exchange, self._data = pairs, exchange, data
+        self._data_lo, self._data_hi = data_lo, data_hi
+        origin = pairs.coords * np.asarray(grid.chunks, dtype=_I64)
+        self._chunk_lo = (pairs.lo - origin[pairs.chunk]).tolist()
+        self._chunk_hi = (pairs.hi - origin[pairs.chunk]).tolist()
+        self._shapes = (pairs.hi - pairs.lo).tolist()
+        self._first, self._count = pairs.first.tolist(), pairs.count.tolist()
+        self._received = dict(zip(exchange.recv.tolist(), exchange.recv_at.tolist()))
+
+    def _piece(self, p: int) -> np.ndarray:
+        if int(self._pairs.rank[p]) == self._me:
+            assert self._data is not None
+            return self._data[box(self._data_lo[p], self._data_hi[p])]
+        return self._exchange.slot(
+            self._exchange.recvbuf, self._received[p], self._shapes[p], self._dtype
+        )
+
+    def make(self, c: int, old: np.ndarray | None) -> np.ndarray:
+        """Chunk ``c`` (an owned chunk's index) assembled from its pieces over ``old`` (its
+        current values; None where the pieces cover it)."""
+        shape = self._grid.chunks
+        first, count = self._first[c], self._count[c]
+        if old is None:
+            if count == 1 and self.interior[c] and self._shapes[first] == list(shape):
+                return self._piece(first)  # one rank's piece is the whole chunk: no copy
+            if self.interior[c]:
+                old = np.empty(shape, dtype=self._dtype)
+            else:  # the part beyond the array's edge holds the fill value
+                old = np.full(shape, self._fill, dtype=self._dtype)
+        for p in range(first, first + count):
+            # in rank order: the highest rank's value wins where pieces overlap
+            old[box(self._chunk_lo[p], self._chunk_hi[p])] = self._piece(p)
+        return old
+
+
+def gather_pieces(
+    comm: MPI.Comm,
+    grid: ChunkGrid,
+    dtype: np.dtype,
+    fill_value: Any,
+    sections: Sections,
+    pairs: ChunkPairs,
+    data: np.ndarray | None,
+) -> OwnedChunks:
+    """Collective: every rank's pieces of the chunks of ``grid`` sent to the chunks' owners
+    (one ``Alltoallv``); this rank's owned chunks, ready to assemble."""
     me = comm.Get_rank()
-    dtype = ds.dtype
-    exchange = _Exchange(comm, pairs, pairs.rank, pairs.owner, dtype.itemsize)
-    ch = np.asarray(ds.chunks, dtype=_I64)
+    exchange = PieceExchange(comm, pairs, pairs.rank, pairs.owner, dtype.itemsize)
     data_lo = (pairs.lo - sections.start[pairs.rank]).tolist()
     data_hi = (pairs.hi - sections.start[pairs.rank]).tolist()
     shapes = (pairs.hi - pairs.lo).tolist()
     for p, at in zip(exchange.send.tolist(), exchange.send_at.tolist()):
         assert data is not None
         exchange.slot(exchange.sendbuf, at, shapes[p], dtype)[...] = data[
-            _box(data_lo[p], data_hi[p])
+            box(data_lo[p], data_hi[p])
         ]
     exchange.run(None)
-
-    owned = np.flatnonzero(pairs.chunk_owner == me)
-    first, count = pairs.first.tolist(), pairs.count.tolist()
-    origin = pairs.coords * ch
-    chunk_lo = (pairs.lo - origin[pairs.chunk]).tolist()
-    chunk_hi = (pairs.hi - origin[pairs.chunk]).tolist()
-    received = dict(zip(exchange.recv.tolist(), exchange.recv_at.tolist()))
-    covered, interior = _coverage(ds.grid, pairs)
-
-    def piece(p: int) -> np.ndarray:
-        if int(pairs.rank[p]) == me:
-            assert data is not None
-            return data[_box(data_lo[p], data_hi[p])]
-        return exchange.slot(exchange.recvbuf, received[p], shapes[p], dtype)
-
-    def make(i: int, old: np.ndarray | None) -> np.ndarray:
-        c = int(owned[i])
-        ps = range(first[c], first[c] + count[c])
-        if old is None:
-            if count[c] == 1 and interior[c] and shapes[first[c]] == list(ds.chunks):
-                return piece(first[c])  # one rank's piece is the whole chunk: no copy
-            if interior[c]:
-                old = np.empty(ds.chunks, dtype=dtype)
-            else:  # the part beyond the array's edge holds the fill value
-                old = np.full(ds.chunks, ds.fill_value, dtype=dtype)
-        for p in ps:  # in rank order: the highest rank's value wins where pieces overlap
-            old[_box(chunk_lo[p], chunk_hi[p])] = piece(p)
-        return old
-
-    failed: BaseException | None = None
-    try:
-        sep = ds.meta.separator
-        keys = [chunk_key(c, sep) for c in pairs.coords[owned].tolist()]
-        ds.write_chunks(keys, (~covered[owned]).tolist(), make)
-    except Exception as exc:  # an owner's failure concerns the data of every rank
-        failed = exc
-    agree(comm, failed)
+    return OwnedChunks(me, grid, dtype, fill_value, pairs, exchange, data, data_lo, data_hi)
 
 
-def _coverage(grid: ChunkGrid, pairs: ChunkPairs) -> tuple[np.ndarray, np.ndarray]:
+def coverage(grid: ChunkGrid, pairs: ChunkPairs) -> tuple[np.ndarray, np.ndarray]:
     """Per chunk: whether its pieces together cover the part of it inside the array, and
     whether it lies entirely inside the array."""
     nchunks = len(pairs.first)
@@ -357,6 +422,6 @@ def _coverage(grid: ChunkGrid, pairs: ChunkPairs) -> tuple[np.ndarray, np.ndarra
         origin = pairs.coords[c] * np.asarray(grid.chunks, dtype=_I64)
         f = int(pairs.first[c])
         for p in range(f, f + int(pairs.count[c])):
-            mask[_box((pairs.lo[p] - origin).tolist(), (pairs.hi[p] - origin).tolist())] = True
+            mask[box((pairs.lo[p] - origin).tolist(), (pairs.hi[p] - origin).tolist())] = True
         covered[c] = bool(mask.all())
     return covered, interior

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterator, MutableMapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -20,8 +20,8 @@ import numpy as np
 
 from strataio.agreed import agree
 from strataio.arrays.chunk_cache import CachedChunk, chunk_cache, settled
-from strataio.arrays.codecs import CodecPipeline
 from strataio.arrays.metadata import ArrayMetadata
+from strataio.arrays.sharding import ShardCodec, chunk_codec
 from strataio.arrays.store import BackendChunkStore, ChunkStore
 from strataio.arrays.values import to_dtype
 from strataio.errors import (
@@ -147,7 +147,7 @@ class Dataset:
         self.name = name
         self.comm = comm
         self.grid = ChunkGrid(meta.shape, meta.chunks)
-        self.codecs = CodecPipeline(meta.codecs, meta.dtype, meta.chunks)
+        self.codecs = chunk_codec(meta.codecs, meta.dtype, meta.chunks, meta.fill_value)
         self._closed = False
         caps = store.capabilities
         self._span_reader = store.read_span if caps.partial_reads else None
@@ -176,6 +176,13 @@ class Dataset:
     @property
     def chunks(self) -> tuple[int, ...]:
         return self.meta.chunks
+
+    @property
+    def inner_chunks(self) -> tuple[int, ...] | None:
+        """The inner chunk shape of a sharded dataset (its :attr:`chunks` are the shards),
+        None for a dataset without shards."""
+        codecs = self.codecs
+        return codecs.inner_shape if isinstance(codecs, ShardCodec) else None
 
     @property
     def ndim(self) -> int:
@@ -300,6 +307,7 @@ class Dataset:
         if self.comm is None:
             return None if selection is None else self[selection]
         from strataio.arrays.collective import read_sections
+        from strataio.arrays.collective_shards import read_shards
 
         section: Section | None = None
         err: BaseException | None = None
@@ -309,13 +317,16 @@ class Dataset:
                 section = self._section(Section.from_index, selection)
         except Exception as exc:  # any failure here must reach the other ranks
             err = exc
-        out = read_sections(self, self.comm, section, err)
+        read = read_shards if isinstance(self.codecs, ShardCodec) else read_sections
+        out = read(self, self.comm, section, err)
         if section is None:
             return None
         res = out.reshape(section.result_shape)
         return res[()] if res.ndim == 0 else res
 
-    def write_all(self, selection: Any, data: Any = None) -> None:
+    def write_all(
+        self, selection: Any, data: Any = None, *, hints: Mapping[str, Any] | None = None
+    ) -> None:
         """Collective write: every rank of :attr:`comm` calls it with its own ``selection``
         (a basic index as for ``ds[...] = data``, or None for nothing to write) and ``data``.
 
@@ -326,24 +337,36 @@ class Dataset:
         dtype, a read-only dataset) on any rank raise on every rank before any byte is
         written; a failed chunk write raises on every rank afterwards. Without a
         communicator, ``ds[selection] = data``.
+
+        A sharded dataset is written as the module :mod:`strataio.arrays.collective_shards`
+        says: each rank compresses its inner chunks and writes them into the shard files at
+        offsets from a prefix sum; ``hints`` (the same on every rank) tune it:
+        ``strataio_shard_alignment`` (bytes, default 4096), ``strataio_shard_groups``
+        (pipelined groups, default 1) and the storage driver's ``strataio_driver*`` hints.
         """
         if self.comm is None:
             if selection is not None:
                 self[selection] = data
             return
         from strataio.arrays.collective import write_sections
+        from strataio.arrays.collective_shards import ShardWriteOptions, write_shards
 
         section: Section | None = None
         arr: np.ndarray | None = None
         err: BaseException | None = None
+        options = ShardWriteOptions()
         try:
             self._check_writable()
+            options = ShardWriteOptions.parse(hints)
             if selection is not None:
                 section = self._section(Section.from_index, selection)
                 arr = self._coerce(data, section.result_shape, section.shape)
         except Exception as exc:  # any failure here must reach the other ranks
             err = exc
-        write_sections(self, self.comm, section, arr, err)
+        if isinstance(self.codecs, ShardCodec):
+            write_shards(self, self.comm, section, arr, err, options)
+        else:
+            write_sections(self, self.comm, section, arr, err)
         self._share_writes()
 
     def _share_writes(self) -> None:
@@ -600,6 +623,16 @@ class Dataset:
             else:
                 todo.append(i)
 
+        if isinstance(codecs, ShardCodec) and self._span_reader is not None:
+            # a shard is read in part: its index, then only the inner chunks the box touches
+            def shard_boxes(a: int, b: int) -> None:
+                for i in todo[a:b]:
+                    box = self._read_shard_box(keys[i], src[i])
+                    out[dst[i]] = fill if box is None else box
+
+            _run_groups(len(todo), shard_boxes)
+            return
+
         def work(a: int, b: int) -> None:
             idx = todo[a:b]
             for i, blob in zip(idx, self.store.get_chunks([keys[i] for i in idx])):
@@ -642,12 +675,28 @@ class Dataset:
                 raise type(exc)(f"{self._what()}, chunk {key!r}: {exc}") from None
         return buf[: codecs.chunk_nbytes].view(codecs.stored_dtype).reshape(self.chunks)
 
+    def _read_shard_box(self, key: str, box: tuple[slice, ...]) -> np.ndarray | None:
+        """The box (slices, ``()`` for all) of shard ``key``, None when never written."""
+        codecs = self.codecs
+        assert isinstance(codecs, ShardCodec)
+        lo = [s.start for s in box] if box else [0] * self.ndim
+        hi = [s.stop for s in box] if box else list(self.chunks)
+
+        def read(offset: int, buf: memoryview) -> int | None:
+            return self._span_reader(key, offset, buf)
+
+        try:
+            return codecs.read_box(read, lo, hi)
+        except CodecError as exc:
+            raise type(exc)(f"{self._what()}, shard {key!r}: {exc}") from None
+
     def _decode(self, key: str, blob: BytesLike) -> np.ndarray:
         """The chunk array of stored bytes; decode errors name the dataset and the chunk."""
         try:
             return self.codecs.decode(blob)
         except CodecError as exc:
-            raise type(exc)(f"{self._what()}, chunk {key!r}: {exc}") from None
+            unit = "shard" if isinstance(self.codecs, ShardCodec) else "chunk"
+            raise type(exc)(f"{self._what()}, {unit} {key!r}: {exc}") from None
 
     def _write_from(self, section: Section, data: np.ndarray) -> None:
         self._check_writable()
@@ -712,6 +761,7 @@ def create_dataset(
     fill_value: Any = 0,
     attrs: dict[str, Any] | None = None,
     dims: Sequence[str | None] | None = None,
+    shards: Sequence[int] | int | None = None,
     overwrite: bool = False,
     comm: Any = None,
 ) -> Dataset:
@@ -719,8 +769,12 @@ def create_dataset(
 
     ``codec`` as in :func:`strataio.arrays.codecs.normalize_codecs` (``"crc32c"``, the
     default, checksums each chunk; ``None`` stores raw bytes unchecked; ``"zstd"``,
-    ``"zstd+crc32c"``, ...). ``dims`` names the dimensions (one str or None each; xarray
-    needs them). An existing array at ``path`` is an error unless ``overwrite``, which removes
+    ``"zstd+crc32c"``, ``"lz4"``, ...). ``dims`` names the dimensions (one str or None each;
+    xarray needs them). ``shards`` (a multiple of ``chunks``) stores the array in Zarr v3
+    shards of that shape, one object each, holding ``chunks``-shaped inner chunks encoded by
+    ``codec`` and a checksummed index (as zarr-python's ``shards=``); the dataset's
+    :attr:`~Dataset.chunks` are then the shards and :attr:`~Dataset.inner_chunks` the inner
+    chunks. An existing array at ``path`` is an error unless ``overwrite``, which removes
     it (its metadata and every chunk) first. Every argument is checked before anything is
     written.
 
@@ -736,9 +790,9 @@ def create_dataset(
     meta: ArrayMetadata | None = None
     err: BaseException | None = None
     try:
-        meta = ArrayMetadata.create(shape, dtype, chunks, codec, fill_value, attrs, dims)
+        meta = ArrayMetadata.create(shape, dtype, chunks, codec, fill_value, attrs, dims, shards)
         # Validate the codec pipeline before anything touches the disk.
-        CodecPipeline(meta.codecs, meta.dtype, meta.chunks)
+        chunk_codec(meta.codecs, meta.dtype, meta.chunks, meta.fill_value)
     except StrataError as exc:
         err = type(exc)(f"dataset {os.fspath(path)!r}: {exc}")
     agree(comm, err)

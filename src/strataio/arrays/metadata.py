@@ -1,7 +1,8 @@
 """Zarr v3 array metadata (``zarr.json``): parse, validate and serialize.
 
 Only what strataio writes and reads is accepted: a regular chunk grid, the default chunk key
-encoding (separator ``/`` or ``.``), and the codecs of :mod:`strataio.arrays.codecs`.
+encoding (separator ``/`` or ``.``), and the codecs of :mod:`strataio.arrays.codecs`, alone or
+inside one ``sharding_indexed`` codec (:mod:`strataio.arrays.sharding`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from strataio.arrays.codecs import CodecSpec, normalize_codecs
+from strataio.arrays.sharding import shard_codecs
 from strataio.arrays.values import to_dtype
 from strataio.errors import MetadataError, StrataError
 from strataio.layout.chunks import chunk_key
@@ -111,11 +113,15 @@ class ArrayMetadata:
         fill_value: Any = 0,
         attrs: dict[str, Any] | None = None,
         dims: Any = None,
+        shards: Any = None,
     ) -> ArrayMetadata:
         """Validated metadata for a new array (errors raised here write nothing).
 
         ``dims`` names the dimensions (Zarr v3 ``dimension_names``, which xarray reads): one
-        string or None per dimension, or None for no names."""
+        string or None per dimension, or None for no names. ``shards`` (a shape, a multiple
+        of ``chunks``) stores the array in shards of that shape, each holding ``chunks``-shaped
+        inner chunks encoded by ``codec`` (Zarr v3 ``sharding_indexed``): the array's chunk
+        grid is then the shard grid."""
         shape_t = _int_tuple(shape, "shape", allow_zero=True)
         if chunks is None:
             chunks = shape_t
@@ -132,7 +138,21 @@ class ArrayMetadata:
                 f"dtype {dtype!r} is not a numpy dtype (e.g. 'float32', 'int8', np.uint16)"
             ) from None
         zarr_data_type(dt)
-        codecs = normalize_codecs(codec, dt)
+        if shards is not None:
+            shards_t = _int_tuple(shards, "shards", allow_zero=False)
+            if len(shards_t) != len(shape_t):
+                raise StrataError(
+                    f"shards {shards_t} have {len(shards_t)} dimensions but shape {shape_t} "
+                    f"has {len(shape_t)}"
+                )
+            if any(s % c for s, c in zip(shards_t, chunks_t)):
+                raise StrataError(
+                    f"shards {shards_t} must be a multiple of the inner chunks {chunks_t}"
+                )
+            codecs = shard_codecs(chunks_t, codec, dt, shards_t)
+            chunks_t = shards_t
+        else:
+            codecs = normalize_codecs(codec, dt)
         fill = _fill(fill_value, dt.newbyteorder("="))
         if attrs is not None and not isinstance(attrs, dict):
             raise StrataError("attrs must be a dict of JSON-serializable values")

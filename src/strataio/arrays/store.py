@@ -190,6 +190,13 @@ class BackendChunkStore(ChunkStore):
             with self._lock:
                 self._unsynced.add(self._key(key))
 
+    def note_written(self, keys: Sequence[str]) -> None:
+        """Record chunks written in place by other means than :meth:`put_chunks` (the files
+        a collective shard write renames into place), so that :meth:`flush` makes them
+        durable too."""
+        with self._lock:
+            self._unsynced.update(self._key(k) for k in keys)
+
     def delete_chunks(self, keys: Sequence[str]) -> None:
         for key in keys:
             try:

@@ -1,0 +1,534 @@
+"""Collective reads and writes of a sharded Dataset: compressed inner chunks written by the
+ranks that hold their data into one file per shard, at offsets an exclusive prefix sum gives
+(the chunked, compressed collective I/O of No, Park, Carretero, Choudhary and Chen, §4).
+
+A write plans at the inner chunk level (:func:`~strataio.arrays.collective.plan_pairs` on the
+grid of inner chunks): each inner chunk gets one owner among the ranks whose sections touch
+it, the pieces travel to the owners in one ``Alltoallv``, and each owner compresses its inner
+chunks. A shard's layout comes from the compressed sizes: each rank's inner chunks of the
+shard lie in one run, its offset the exclusive prefix sum (``Exscan``) of the runs of the
+ranks before it, each run rounded up to the alignment (``strataio_shard_alignment``, 4 KiB:
+a run starts on a file system block, as the paper aligns chunks), so each rank writes its run
+with one ``pwrite`` through the storage driver (:mod:`strataio.collective.driver`, which the
+``strataio_driver*`` hints pick). The shard's *leader* (shard ``k`` of the call: rank
+``k mod nprocs``) receives every rank's index entries and writes the index, in one write, at
+the end of the shard.
+
+Compression overlaps communication and I/O: the shards' inner chunks are compressed by a
+thread pool in shard order while the calling thread runs the offset chain of the shards
+already compressed and an I/O thread writes the runs whose offsets are known. With
+``groups`` > 1 (pipelined collective I/O, §2.1: the communicator split into consecutive
+groups) the prefix sum runs within each group and the groups chain: a group's first rank
+receives the shard's end so far from the previous group's last rank, so a rank waits only on
+its own group and on one message from the group before.
+
+Each shard is written to a temporary file next to it and renamed over it once every rank's
+runs are written, after an agreement that nothing failed: a call that fails before (a bad
+argument on any rank, a failed compression or write) leaves the old shards as they were; one
+that fails while the leaders write the indexes may leave some shards new and others old, each
+whole. Inner chunks of a shard the call writes only in part are
+read from the old shard first (their owners decode what they update; the leader carries the
+untouched ones over byte for byte).
+
+A read reads each touched shard's index once (its leader) and broadcasts it; each inner chunk
+is read and decoded by one rank, its owner, and the pieces go where they are wanted
+(:func:`~strataio.arrays.collective.read_pieces`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from mpi4py import MPI
+
+from strataio.agreed import agree
+from strataio.arrays.collective import (
+    ChunkPairs,
+    OwnedChunks,
+    gather_pieces,
+    gather_sections,
+    plan_pairs,
+    read_pieces,
+    read_sections,
+    write_sections,
+)
+from strataio.arrays.sharding import EMPTY, ShardCodec
+from strataio.arrays.store import BackendChunkStore
+from strataio.collective.driver import Driver, open_driver
+from strataio.collective.hints import Hints, parse_hints
+from strataio.errors import HintError, StrataError
+from strataio.layout.chunks import ChunkGrid, chunk_key
+from strataio.layout.sections import Section
+
+if TYPE_CHECKING:
+    from strataio.arrays.dataset import Dataset
+
+_I64 = np.int64
+#: default alignment of each rank's run in a shard: a file system block
+ALIGNMENT = 4096
+#: compression threads per rank (the ranks themselves already share the cores)
+_COMPRESS_THREADS = max(1, min(4, (os.cpu_count() or 1) // 2))
+#: MPI tags of the chain between groups cycle below the least tag bound MPI guarantees
+_TAGS = 32768
+
+
+@dataclass(frozen=True, slots=True)
+class ShardWriteOptions:
+    """How a collective shard write lays out and writes its shards: ``alignment`` (bytes,
+    >= 1) rounds each rank's run up; ``groups`` splits the communicator into that many
+    consecutive groups, each running its own offset chain; ``driver`` are the hints of the
+    storage driver each rank writes through."""
+
+    alignment: int = ALIGNMENT
+    groups: int = 1
+    driver: Hints = Hints()
+
+    @classmethod
+    def parse(cls, hints: Mapping[str, Any] | None) -> ShardWriteOptions:
+        """Options from hints: ``strataio_shard_alignment``, ``strataio_shard_groups`` and the
+        ``strataio_driver*`` hints of :func:`~strataio.collective.hints.parse_hints`.
+
+        ``strataio_shard_groups`` is the group count of pipelined collective I/O for shard
+        writes; once ``File``'s pipelined groups (``strataio_pipeline_groups``) leave
+        ``PLANNED``, that hint names the same thing and should be read here too."""
+        rest = dict(hints or {})
+        try:
+            alignment = int(rest.pop("strataio_shard_alignment", ALIGNMENT))
+            groups = int(rest.pop("strataio_shard_groups", 1))
+        except (TypeError, ValueError) as exc:
+            raise HintError(f"shard hints must be integers: {exc}") from None
+        if alignment < 1 or groups < 1:
+            raise HintError(
+                f"strataio_shard_alignment ({alignment}) and strataio_shard_groups ({groups}) "
+                "must be >= 1"
+            )
+        return cls(alignment, groups, parse_hints(rest))
+
+
+# --------------------------------------------------------------------------- planning
+def _inner_grid(ds: Dataset, codec: ShardCodec) -> ChunkGrid:
+    return ChunkGrid(ds.shape, codec.inner_shape)
+
+
+def _shards_of(codec: ShardCodec, inner_coords: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per inner chunk (array-wide inner grid coordinates): its shard's coordinates and its
+    number (C order) inside the shard."""
+    per = np.asarray(codec.counts, dtype=_I64)
+    shard = inner_coords // per
+    local = inner_coords - shard * per
+    number = np.ravel_multi_index(local.T, codec.counts) if len(local) else np.zeros(0, _I64)
+    return shard, np.asarray(number, dtype=_I64)
+
+
+def _file_store(ds: Dataset) -> BackendChunkStore | None:
+    """The dataset's store when its shards are files the ranks can open, else None."""
+    store = ds.store
+    if isinstance(store, BackendChunkStore) and store.chunk_path("c") is not None:
+        return store
+    return None
+
+
+def _named(ds: Dataset) -> str:
+    return f"dataset {ds.name!r}" if ds.name else "the dataset"
+
+
+def _read_span(ds: Dataset, key: str) -> Any:
+    def read(offset: int, buf: memoryview) -> int | None:
+        return ds.store.read_span(key, offset, buf)
+
+    return read
+
+
+def _shard_indexes(
+    ds: Dataset, comm: MPI.Comm, codec: ShardCodec, keys: list[str]
+) -> list[np.ndarray | None]:
+    """Collective: the index of each shard ``keys[k]`` (None for a shard never written), read
+    once by the shard's leader (rank ``k mod nprocs``) and sent to every rank; a corrupt index
+    raises on every rank."""
+    me, nprocs = comm.Get_rank(), comm.Get_size()
+    mine: dict[int, np.ndarray | None] = {}
+    err: BaseException | None = None
+    for k in range(me, len(keys), nprocs):
+        try:
+            got = codec.read_index(_read_span(ds, keys[k]))
+        except StrataError as exc:
+            err = type(exc)(f"{_named(ds)}, shard {keys[k]!r}: {exc}")
+            break
+        except Exception as exc:  # any failure here must reach the other ranks
+            err = exc
+            break
+        mine[k] = None if got is None else got[0]
+    agree(comm, err)
+    found: list[np.ndarray | None] = [None] * len(keys)
+    for part in comm.allgather(mine) if nprocs > 1 else [mine]:
+        for k, index in part.items():
+            found[k] = index
+    return found
+
+
+# --------------------------------------------------------------------------- reads
+def read_shards(
+    ds: Dataset, comm: MPI.Comm, section: Section | None, err: BaseException | None
+) -> np.ndarray:
+    """Collective: this rank's ``section`` of the sharded ``ds`` (see the module docstring);
+    a dataset whose store reads no parts of objects is read shard by shard."""
+    codec = ds.codecs
+    assert isinstance(codec, ShardCodec)
+    if not ds.store.capabilities.partial_reads:
+        return read_sections(ds, comm, section, err)
+    grid = _inner_grid(ds, codec)
+    sections = gather_sections(comm, ds.ndim, section, err)
+    pairs = plan_pairs(grid, sections)
+    shard, number = _shards_of(codec, pairs.coords)
+    keys, which = _unique_shards(ds, shard)
+    indexes = _shard_indexes(ds, comm, codec, keys)
+    slot = {tuple(c): i for i, c in enumerate(pairs.coords.tolist())}
+
+    def read_chunks(
+        coords: np.ndarray, lo: np.ndarray, hi: np.ndarray, out: np.ndarray, at: np.ndarray
+    ) -> None:
+        ids = np.asarray([slot[tuple(c)] for c in coords.tolist()], dtype=_I64)
+        for k in np.unique(which[ids]).tolist():
+            sel = np.flatnonzero(which[ids] == k)
+            index = indexes[k]
+            if index is None:
+                chunks: list[np.ndarray | None] = [None] * len(sel)
+            else:
+                try:
+                    chunks = codec.read_inner(_read_span(ds, keys[k]), index, number[ids[sel]])
+                except StrataError as exc:
+                    raise type(exc)(f"{_named(ds)}, shard {keys[k]!r}: {exc}") from None
+            for j, chunk in zip(sel.tolist(), chunks):
+                dst = tuple(map(slice, at[j], at[j] + hi[j] - lo[j]))
+                out[dst] = codec.fill if chunk is None else chunk[tuple(map(slice, lo[j], hi[j]))]
+
+    return read_pieces(comm, grid, ds.dtype, sections, pairs, section, read_chunks)
+
+
+def _unique_shards(ds: Dataset, shard: np.ndarray) -> tuple[list[str], np.ndarray]:
+    """The keys of the distinct shards in ``shard`` (coordinates per row), ascending, and
+    per row its shard's position among them."""
+    if not len(shard):
+        return [], np.zeros(0, dtype=_I64)
+    uniq, which = np.unique(shard, axis=0, return_inverse=True)
+    sep = ds.meta.separator
+    return [chunk_key(c, sep) for c in uniq.tolist()], np.asarray(which, dtype=_I64).ravel()
+
+
+# --------------------------------------------------------------------------- writes
+@dataclass(slots=True)
+class _Run:
+    """One rank's part of one shard: its inner chunks' numbers and encoded bytes, packed."""
+
+    numbers: np.ndarray
+    sizes: np.ndarray
+    data: bytes
+
+
+def write_shards(
+    ds: Dataset,
+    comm: MPI.Comm,
+    section: Section | None,
+    data: np.ndarray | None,
+    err: BaseException | None,
+    options: ShardWriteOptions,
+) -> None:
+    """Collective: write ``data`` to this rank's ``section`` of the sharded ``ds`` (see the
+    module docstring); ``err`` is this rank's failure so far, raised on every rank before
+    anything is written. A store whose shards are not files is written shard by shard."""
+    codec = ds.codecs
+    assert isinstance(codec, ShardCodec)
+    store = _file_store(ds)
+    if store is None or codec.location != "end":
+        write_sections(ds, comm, section, data, err)
+        return
+    me, nprocs = comm.Get_rank(), comm.Get_size()
+    grid = _inner_grid(ds, codec)
+    sections = gather_sections(comm, ds.ndim, section, err)
+    _same_options(comm, options)
+    pairs = plan_pairs(grid, sections)
+    owned = gather_pieces(comm, grid, ds.dtype, ds.fill_value, sections, pairs, data)
+    shard, number = _shards_of(codec, pairs.coords)
+    keys, which = _unique_shards(ds, shard)
+    # shards some inner chunk of which the call leaves (partly) as it was: read their indexes
+    whole = _whole_shards(codec, grid, pairs, owned, which, len(keys))
+    partial = [k for k in range(len(keys)) if not whole[k]]
+    old: list[np.ndarray | None] = [None] * len(keys)
+    if partial:
+        got = _shard_indexes(ds, comm, codec, [keys[k] for k in partial])
+        for k, index in zip(partial, got):
+            old[k] = index
+
+    token = comm.bcast(secrets.token_hex(4) if me == 0 else None, root=0) if nprocs > 1 else ""
+    token = token or secrets.token_hex(4)
+    paths = [store.chunk_path(k) for k in keys]
+    temps = [f"{p}.{token}.part" for p in paths]
+    group = comm.Split(me * options.groups // nprocs, me) if options.groups > 1 else comm
+    failed: BaseException | None = None
+    entries: list[np.ndarray] = []
+    try:
+        runs = _compress_runs(ds, codec, owned, which, number, keys, old, me, nprocs)
+        entries = _write_runs(comm, group, codec, runs, temps, options, shard_count=len(keys))
+    except Exception as exc:  # every rank must learn of it before any shard is replaced
+        failed = exc
+    finally:
+        if group is not comm:
+            group.Free()
+    try:
+        agree(comm, failed)
+    except Exception:
+        _remove(temps)
+        raise
+    try:
+        _write_indexes(comm, store, codec, entries, keys, temps, paths, options)
+    except Exception as exc:
+        failed = exc
+    try:
+        agree(comm, failed)
+    finally:
+        _remove(temps)
+    ds.clear_cache()
+
+
+def _same_options(comm: MPI.Comm, options: ShardWriteOptions) -> None:
+    """Raise :class:`HintError` on every rank unless every rank passed the same alignment and
+    groups: ranks splitting the communicator differently would wait for each other forever."""
+    if comm.Get_size() == 1:
+        return
+    mine = np.asarray([options.alignment, options.groups], dtype=_I64)
+    both = np.concatenate([mine, -mine])
+    top = np.empty_like(both)
+    comm.Allreduce(both, top, op=MPI.MAX)
+    if np.any(top[:2] != -top[2:]):
+        raise HintError(
+            "strataio_shard_alignment and strataio_shard_groups differ between ranks "
+            f"(this rank: {options.alignment}, {options.groups}); pass the same on every rank"
+        )
+
+
+def _whole_shards(
+    codec: ShardCodec,
+    grid: ChunkGrid,
+    pairs: ChunkPairs,
+    owned: OwnedChunks,
+    which: np.ndarray,
+    nshards: int,
+) -> np.ndarray:
+    """Per shard of the call: whether the call writes all of it (every inner chunk inside the
+    array is covered by the pieces), so its old contents do not matter."""
+    if not nshards:
+        return np.zeros(0, dtype=bool)
+    covered = np.bincount(which, weights=owned.covered, minlength=nshards)
+    # inner chunks of each shard inside the array: the shard's box clipped to the grid
+    per = np.asarray(codec.counts, dtype=_I64)
+    gshape = np.asarray(grid.grid_shape, dtype=_I64)
+    first = np.zeros((nshards, grid.ndim), dtype=_I64)
+    first[which] = (pairs.coords // per) * per
+    inside = np.prod(np.minimum(first + per, gshape) - first, axis=1)
+    return covered == inside
+
+
+def _compress_runs(
+    ds: Dataset,
+    codec: ShardCodec,
+    owned: OwnedChunks,
+    which: np.ndarray,
+    number: np.ndarray,
+    keys: list[str],
+    old: list[np.ndarray | None],
+    me: int,
+    nprocs: int,
+) -> list[Future[_Run]]:
+    """Per shard of the call, a future of this rank's run: its owned inner chunks assembled
+    and encoded (inner chunks equal to the fill value left out), and for shards it leads the
+    untouched stored inner chunks of the old shard, carried over as they are."""
+    by_shard: list[list[int]] = [[] for _ in keys]
+    for c in owned.owned:
+        by_shard[int(which[c])].append(c)
+    pool = ThreadPoolExecutor(_COMPRESS_THREADS, thread_name_prefix="strataio-compress")
+
+    def run(k: int) -> _Run:
+        chunks = by_shard[k]
+        index = old[k]
+        read = _read_span(ds, keys[k])
+        need = [c for c in chunks if not owned.covered[c]]
+        base: dict[int, np.ndarray | None] = {}
+        if need and index is not None:
+            for c, got in zip(need, codec.read_inner(read, index, number[need])):
+                base[c] = None if got is None else np.array(got)
+        kept: list[int] = []
+        parts: list[Any] = []
+        for c in chunks:
+            start = None
+            if not owned.covered[c]:
+                start = base.get(c)
+                if start is None:
+                    start = np.full(codec.inner_shape, codec.fill, dtype=ds.dtype)
+            chunk = owned.make(c, start)  # a view of the caller's data where it can be
+            if not codec.empty_blocks(chunk[None])[0]:
+                kept.append(c)
+                parts.append(codec.inner.encode(chunk))
+        nums = number[kept] if kept else np.zeros(0, dtype=_I64)
+        if index is not None and k % nprocs == me:
+            carried = _carried(index, number, which, k)
+            if len(carried):
+                raws = _raw_inner(read, index, carried)
+                nums = np.concatenate([nums, carried])
+                parts += raws
+        sizes = np.fromiter((memoryview(p).nbytes for p in parts), dtype=_I64, count=len(parts))
+        return _Run(np.asarray(nums, dtype=_I64), sizes, b"".join(parts))
+
+    try:
+        return [pool.submit(run, k) for k in range(len(keys))]
+    finally:
+        pool.shutdown(wait=False)
+
+
+def _carried(index: np.ndarray, number: np.ndarray, which: np.ndarray, k: int) -> np.ndarray:
+    """Inner chunk numbers stored in an old shard ``k`` that no piece of the call touches."""
+    touched = np.zeros(len(index), dtype=bool)
+    touched[number[which == k]] = True
+    return np.flatnonzero(~touched & (index[:, 0] != EMPTY)).astype(_I64)
+
+
+def _raw_inner(read: Any, index: np.ndarray, numbers: np.ndarray) -> list[bytes]:
+    """The stored (encoded) bytes of inner chunks ``numbers`` of an old shard."""
+    out = []
+    for off, n in index[numbers].tolist():
+        buf = bytearray(n)
+        read(off, memoryview(buf))
+        out.append(bytes(buf))
+    return out
+
+
+def _align(n: int, alignment: int) -> int:
+    return -(-n // alignment) * alignment
+
+
+def _write_runs(
+    comm: MPI.Comm,
+    group: MPI.Comm,
+    codec: ShardCodec,
+    runs: list[Future[_Run]],
+    temps: list[str],
+    options: ShardWriteOptions,
+    shard_count: int,
+) -> list[np.ndarray]:
+    """The offset chain and the writes: per shard in order, this rank's run placed after the
+    runs of the ranks before it (exclusive prefix sum within the group, the groups chained)
+    and written by an I/O thread while later shards are still being compressed. Returns per
+    shard this rank's index entries ``(k, number, offset, nbytes)``, and from the communicator's
+    last rank ``(k, -1, end, 0)`` rows giving each shard's data end."""
+    g_rank, g_size = group.Get_rank(), group.Get_size()
+    me, nprocs = comm.Get_rank(), comm.Get_size()
+    first_of_group = me - g_rank
+    io = ThreadPoolExecutor(1, thread_name_prefix="strataio-shard-io")
+    writes: list[Future[None]] = []
+    rows: list[np.ndarray] = []
+    local = np.zeros(1, dtype=_I64)
+    before = np.zeros(1, dtype=_I64)
+    failed: BaseException | None = None
+    nothing = _Run(np.zeros(0, dtype=_I64), np.zeros(0, dtype=_I64), b"")
+    try:
+        for k in range(shard_count):
+            # a rank whose compression failed stays in the chain (with nothing to write):
+            # the others must not wait on it forever
+            try:
+                run = runs[k].result() if failed is None else nothing
+            except Exception as exc:
+                failed, run = exc, nothing
+            local[0] = _align(len(run.data), options.alignment) if len(run.data) else 0
+            if g_size > 1:
+                group.Exscan(local, before, op=MPI.SUM)
+                if g_rank == 0:
+                    before[0] = 0
+            else:
+                before[0] = 0
+            # the chain between groups: the previous group's end is this group's base
+            base = 0
+            if first_of_group > 0 and g_rank == 0:
+                base = comm.recv(source=first_of_group - 1, tag=k % _TAGS)
+            if g_size > 1:
+                base = group.bcast(base, root=0)
+            at = base + int(before[0])
+            end = at + int(local[0])
+            last_of_group = g_rank == g_size - 1
+            if last_of_group and me < nprocs - 1:
+                comm.send(end, dest=me + 1, tag=k % _TAGS)
+            if len(run.data):
+                writes.append(io.submit(_pwrite, temps[k], run.data, at, options.driver))
+                offsets = at + np.cumsum(run.sizes) - run.sizes
+                rows.append(
+                    np.stack([np.full(len(run.numbers), k), run.numbers, offsets, run.sizes], 1)
+                )
+            if me == nprocs - 1:
+                rows.append(np.asarray([[k, -1, end, 0]], dtype=_I64))
+        for w in writes:
+            w.result()
+    finally:
+        io.shutdown(wait=True)
+    if failed is not None:
+        raise failed
+    return rows
+
+
+def _pwrite(path: str, data: bytes, offset: int, hints: Hints) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    driver: Driver = open_driver(path, os.O_WRONLY | os.O_CREAT, 0o644, hints)
+    try:
+        driver.pwrite(np.frombuffer(data, dtype=np.uint8), offset)
+    finally:
+        driver.close()
+
+
+def _write_indexes(
+    comm: MPI.Comm,
+    store: BackendChunkStore,
+    codec: ShardCodec,
+    rows: list[np.ndarray],
+    keys: list[str],
+    temps: list[str],
+    paths: list[str],
+    options: ShardWriteOptions,
+) -> None:
+    """Every rank's index entries sent to the shards' leaders (one ``alltoall``); each leader
+    writes its shards' indexes in one write each and renames each shard over the old one. As
+    for any Dataset write, the shards are durable after :meth:`Dataset.flush` (the leaders'
+    stores record them)."""
+    written: list[str] = []
+    me, nprocs = comm.Get_rank(), comm.Get_size()
+    table = np.concatenate(rows) if rows else np.zeros((0, 4), dtype=_I64)
+    leader = table[:, 0] % nprocs
+    parts = [table[leader == r] for r in range(nprocs)]
+    got = comm.alltoall(parts) if nprocs > 1 else parts
+    mine = np.concatenate(got) if got else np.zeros((0, 4), dtype=_I64)
+    for k in range(me, len(temps), nprocs):
+        rows_k = mine[mine[:, 0] == k]
+        end = int(rows_k[rows_k[:, 1] == -1, 2][0])
+        chunks = rows_k[rows_k[:, 1] >= 0]
+        index = np.full((codec.nchunks, 2), EMPTY, dtype=np.uint64)
+        index[chunks[:, 1], 0] = chunks[:, 2].astype(np.uint64)
+        index[chunks[:, 1], 1] = chunks[:, 3].astype(np.uint64)
+        raw = codec.encode_index(index)
+        os.makedirs(os.path.dirname(paths[k]), exist_ok=True)
+        driver = open_driver(temps[k], os.O_WRONLY | os.O_CREAT, 0o644, options.driver)
+        try:
+            driver.pwrite(np.frombuffer(raw, dtype=np.uint8), end)
+        finally:
+            driver.close()
+        os.replace(temps[k], paths[k])
+        written.append(keys[k])
+    store.note_written(written)
+
+
+def _remove(paths: list[str]) -> None:
+    for p in paths:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(p)

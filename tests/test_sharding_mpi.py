@@ -1,0 +1,56 @@
+"""Collective writes and reads of sharded datasets at 1, 2 and 4 ranks against a numpy oracle,
+read back by zarr-python and TensorStore (tests/mpi_scripts/collective_shards.py), and the
+single-process forms of the same calls."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import zarr
+from mpi4py import MPI
+
+import strataio
+from mpirun import run_mpi
+from strataio.errors import HintError
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("nprocs", [1, 2, 4])
+def test_collective_shards_against_numpy_and_peers(tmp_path, nprocs):
+    out = run_mpi(nprocs, "collective_shards.py", tmp_path, nprocs, 3, timeout=240)
+    assert out.strip().splitlines()[-1] == "ok"
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(3))
+def test_collective_shards_long(tmp_path, seed):
+    out = run_mpi(4, "collective_shards.py", tmp_path, 100 + seed, 25, timeout=600)
+    assert out.strip().splitlines()[-1] == "ok"
+
+
+def test_write_all_on_comm_self_keeps_untouched_inner_chunks(tmp_path):
+    """A collective write over part of an existing shard carries the other inner chunks over
+    (the leader copies their stored bytes) and updates the touched ones in place."""
+    a = np.arange(12 * 12, dtype="i8").reshape(12, 12)
+    ds = strataio.create_dataset(
+        tmp_path / "a", a.shape, "i8", (3, 4), shards=(6, 8), codec="zstd", comm=MPI.COMM_SELF
+    )
+    ds.write_all(..., a)
+    ds.write_all(np.s_[1:2, 2:7], -1, hints={"strataio_shard_alignment": 1})
+    a[1:2, 2:7] = -1
+    np.testing.assert_array_equal(ds.read_all(...), a)
+    np.testing.assert_array_equal(zarr.open_array(str(tmp_path / "a"), mode="r")[...], a)
+    leftovers = [p for p in (tmp_path / "a").rglob("*.part")]
+    assert not leftovers
+
+
+def test_unknown_shard_hint_values_are_refused(tmp_path):
+    ds = strataio.create_dataset(
+        tmp_path / "a", (4,), "f4", (2,), shards=(4,), codec="zstd", comm=MPI.COMM_SELF
+    )
+    with pytest.raises(HintError, match="strataio_shard_groups"):
+        ds.write_all(..., 1.0, hints={"strataio_shard_groups": 0})
+    with pytest.raises(HintError):
+        ds.write_all(..., 1.0, hints={"strataio_driver": "tape"})
+    assert not (tmp_path / "a" / "c").exists()
