@@ -49,8 +49,8 @@ def test_unknown_shard_hint_values_are_refused(tmp_path):
     ds = strataio.create_dataset(
         tmp_path / "a", (4,), "f4", (2,), shards=(4,), codec="zstd", comm=MPI.COMM_SELF
     )
-    with pytest.raises(HintError, match="strataio_shard_groups"):
-        ds.write_all(..., 1.0, hints={"strataio_shard_groups": 0})
+    with pytest.raises(HintError, match="strataio_pipeline_groups"):
+        ds.write_all(..., 1.0, hints={"strataio_pipeline_groups": 0})
     with pytest.raises(HintError):
         ds.write_all(..., 1.0, hints={"strataio_driver": "tape"})
     assert not (tmp_path / "a" / "c").exists()

@@ -63,7 +63,7 @@ for case, (codec, dtype, groups) in enumerate(cases):
         path, shape, dtype, inner, shards=shards, codec=codec, fill_value=7, comm=comm
     )
     oracle = np.full(shape, 7, dtype=dtype)
-    hints = {"strataio_shard_groups": groups, "strataio_shard_alignment": 512}
+    hints = {"strataio_pipeline_groups": groups, "strataio_shard_alignment": 512}
     what = f"{shape} inner {inner} shards {shards} {codec} groups {groups}"
     for r in range(rounds):
         sels = [random_selection(rng, shape) for _ in range(nprocs)]
@@ -91,7 +91,7 @@ ds = strataio.create_dataset(
 )
 mine = np.add.outer(np.arange(16) + 16 * rank, np.arange(40) / 8).astype("<f8")
 mine[:, 30:] = 0  # inner chunks of fill values are not stored
-ds.write_all(np.s_[16 * rank : 16 * rank + 16], mine, hints={"strataio_shard_groups": 2})
+ds.write_all(np.s_[16 * rank : 16 * rank + 16], mine, hints={"strataio_pipeline_groups": 2})
 oracle = np.concatenate(comm.allgather(mine))
 check(np.array_equal(ds.read_all(...), oracle), "slabs read back")
 check(peers_agree(root / "slabs", oracle), "slabs read by zarr-python and TensorStore")
@@ -135,7 +135,7 @@ check(
 if nprocs > 1:
     check(
         raises_everywhere(
-            lambda: ds.write_all(np.s_[rank], 1.0, hints={"strataio_shard_groups": 1 + last}),
+            lambda: ds.write_all(np.s_[rank], 1.0, hints={"strataio_pipeline_groups": 1 + last}),
             HintError,
         ),
         "groups that differ between ranks",

@@ -92,21 +92,21 @@ class ShardWriteOptions:
 
     @classmethod
     def parse(cls, hints: Mapping[str, Any] | None) -> ShardWriteOptions:
-        """Options from hints: ``strataio_shard_alignment``, ``strataio_shard_groups`` and the
-        ``strataio_driver*`` hints of :func:`~strataio.collective.hints.parse_hints`.
+        """Options from hints: ``strataio_shard_alignment``, ``strataio_pipeline_groups`` and
+        the ``strataio_driver*`` hints of :func:`~strataio.collective.hints.parse_hints`.
 
-        ``strataio_shard_groups`` is the group count of pipelined collective I/O for shard
-        writes; once ``File``'s pipelined groups (``strataio_pipeline_groups``) leave
-        ``PLANNED``, that hint names the same thing and should be read here too."""
+        ``strataio_pipeline_groups`` is the hint of ``File``'s pipelined collective I/O; for
+        shard writes it splits the communicator into that many groups, the offset chain
+        running inside each group and from one group to the next."""
         rest = dict(hints or {})
         try:
             alignment = int(rest.pop("strataio_shard_alignment", ALIGNMENT))
-            groups = int(rest.pop("strataio_shard_groups", 1))
+            groups = int(rest.pop("strataio_pipeline_groups", 1))
         except (TypeError, ValueError) as exc:
             raise HintError(f"shard hints must be integers: {exc}") from None
         if alignment < 1 or groups < 1:
             raise HintError(
-                f"strataio_shard_alignment ({alignment}) and strataio_shard_groups ({groups}) "
+                f"strataio_shard_alignment ({alignment}) and strataio_pipeline_groups ({groups}) "
                 "must be >= 1"
             )
         return cls(alignment, groups, parse_hints(rest))
@@ -308,7 +308,7 @@ def _same_options(comm: MPI.Comm, options: ShardWriteOptions) -> None:
     comm.Allreduce(both, top, op=MPI.MAX)
     if np.any(top[:2] != -top[2:]):
         raise HintError(
-            "strataio_shard_alignment and strataio_shard_groups differ between ranks "
+            "strataio_shard_alignment and strataio_pipeline_groups differ between ranks "
             f"(this rank: {options.alignment}, {options.groups}); pass the same on every rank"
         )
 

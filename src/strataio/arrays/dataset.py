@@ -341,7 +341,7 @@ class Dataset:
         A sharded dataset is written as the module :mod:`strataio.arrays.collective_shards`
         says: each rank compresses its inner chunks and writes them into the shard files at
         offsets from a prefix sum; ``hints`` (the same on every rank) tune it:
-        ``strataio_shard_alignment`` (bytes, default 4096), ``strataio_shard_groups``
+        ``strataio_shard_alignment`` (bytes, default 4096), ``strataio_pipeline_groups``
         (pipelined groups, default 1) and the storage driver's ``strataio_driver*`` hints.
         """
         if self.comm is None:

@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> None:
         for rnd in range(args.repeat + 1):
             for case in cases:
                 storage, _, g, ratio = case
-                hints: dict[str, Any] = {"strataio_shard_groups": g}
+                hints: dict[str, Any] = {"strataio_pipeline_groups": g}
                 if storage == "shaped":
                     hints.update(
                         strataio_driver="shaped",
