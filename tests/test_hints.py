@@ -80,9 +80,6 @@ def test_default_aggregators_are_one_per_node():
 @pytest.mark.parametrize(
     "key",
     [
-        "romio_cb_pfr",
-        "romio_cb_fr_types",
-        "romio_cb_fr_alignment",
         "romio_cb_ds_threshold",
         "strataio_pipeline_groups",
         "strataio_cache",
