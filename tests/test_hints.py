@@ -82,7 +82,6 @@ def test_default_aggregators_are_one_per_node():
     [
         "romio_cb_ds_threshold",
         "strataio_pipeline_groups",
-        "strataio_cache",
         "strataio_trace",
     ],
 )

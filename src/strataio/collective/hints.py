@@ -98,6 +98,11 @@ class Hints:
     strataio_realms: str = "even"
     """``even`` (ROMIO's per-call realms) or ``dynamic`` (with ``romio_cb_pfr=enable``:
     persistent realms recomputed when the view or the memory datatype changes)."""
+    strataio_realm_cache: int = 64 * 1024 * 1024
+    """Bytes of realm cache per aggregator with persistent realms (``romio_cb_pfr=enable`` at
+    open; 0 otherwise, and shown so): LRU pages of the realm kept across collective calls,
+    written back on ``sync``, ``close``, eviction and ``set_size``
+    (:mod:`strataio.collective.realm_cache`). 0 disables it."""
     strataio_cb_overlap: str = AUTOMATIC
     """Two-phase aggregators read or write each window in an I/O thread while the next one is
     exchanged: enable / disable / automatic (when every node has a spare core per aggregator).
@@ -150,6 +155,7 @@ _SPEC: dict[str, tuple[str, int]] = {
     "romio_cb_fr_types": ("frtype", 0),
     "romio_cb_fr_alignment": ("int", 1),
     "strataio_realms": ("str", 0),
+    "strataio_realm_cache": ("int", 0),
     "strataio_cb_overlap": ("switch", 0),
     "strataio_driver": ("str", 0),
     "strataio_driver_bandwidth": ("int", 1),
@@ -165,13 +171,13 @@ _DRIVERS = ("posix", "shaped")
 PLANNED: dict[str, str] = {
     "romio_cb_ds_threshold": "a data sieving threshold for two-phase I/O",
     "strataio_pipeline_groups": "pipelined aggregator groups",
-    "strataio_cache": "a collective write-back cache",
     "strataio_trace": "I/O tracing",
 }
 
 #: hints read at open only: the aggregators (as in ROMIO), who opened the file, its driver
 _OPEN_ONLY = (
     "cb_nodes",
+    "strataio_realm_cache",
     "cb_config_list",
     "romio_no_indep_rw",
     "strataio_driver",

@@ -21,6 +21,8 @@ computation both sides share. Everything is vectorized over pages: no Python wor
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+
 import numpy as np
 
 from strataio.collective.driver import Driver
@@ -99,7 +101,7 @@ class CacheMemory:
         size = self.nbytes(nslots, slot)
         if buffer is None:
             buffer = np.zeros(size, dtype=np.uint8)
-        if buffer.size < size:
+        if buffer.size < self.meta_bytes(nslots):  # (a page table alone has no arena)
             raise StrataError(f"cache memory of {buffer.size} bytes, {size} needed")
         self.buffer = buffer
         self.slot = int(slot)
@@ -187,12 +189,14 @@ class RealmCache(Driver):
         self._keys = self._slots = np.zeros(0, dtype=_I64)  # sorted page numbers -> slots
         self.bytes_read = 0
         self.bytes_written = 0
+        self.guard: Callable[[], None] | None = None
+        """Called before every use of the cache (the owner's lock on a shared cache)."""
 
     @staticmethod
     def shape(capacity: int, page: int = DEFAULT_PAGE) -> tuple[int, int]:
         """``(slot bytes, slots)`` of a cache of ``capacity`` bytes: pages of ``page`` bytes, or
-        one page of ``capacity`` bytes when that is smaller."""
-        slot = max(min(int(page), int(capacity)), 1)
+        smaller ones in a small cache, which keeps at least 16 pages (down to 1-byte pages)."""
+        slot = max(min(int(page), int(capacity) // 16), 1)
         return slot, int(capacity) // slot
 
     @classmethod
@@ -270,7 +274,9 @@ class RealmCache(Driver):
                 self.bytes_read += int(plen.sum())
         return slots
 
-    def _parts(self, off: np.ndarray, length: np.ndarray, at: np.ndarray):  # type: ignore[no-untyped-def]
+    def _parts(
+        self, off: np.ndarray, length: np.ndarray, at: np.ndarray
+    ) -> Iterator[tuple[np.ndarray, ...]]:
         """Pieces (sorted, disjoint, non-empty) cut at pages, grouped in batches of at most
         ``nslots`` pages: per batch the unique pages, and per part its page index in the
         batch, offset within the page, length and buffer position."""
@@ -294,6 +300,8 @@ class RealmCache(Driver):
     ) -> None:
         """Fill ``buf[at : at + length]`` with the file bytes at ``off`` (sorted, disjoint
         pieces; past end-of-file zeros), through the cache."""
+        if self.guard is not None:
+            self.guard()
         keep = length > 0
         off, length, at = off[keep], length[keep], at[keep]
         slot = self.mem.slot
@@ -306,6 +314,8 @@ class RealmCache(Driver):
     ) -> None:
         """Write ``buf[at : at + length]`` at file offsets ``off`` (sorted, disjoint pieces)
         into the cache, dirty until written back."""
+        if self.guard is not None:
+            self.guard()
         keep = length > 0
         off, length, at = off[keep], length[keep], at[keep]
         mem, slot = self.mem, self.mem.slot
@@ -328,10 +338,14 @@ class RealmCache(Driver):
     def flush(self, runs: Extents | None = None) -> None:
         """Write back the dirty pages holding bytes of ``runs`` (sorted disjoint; None: all);
         they stay cached, clean."""
+        if self.guard is not None:
+            self.guard()
         self._write_back(np.flatnonzero(overlapping(self.grid, self.mem.slot_page, runs)))
 
     def invalidate(self, runs: Extents | None = None) -> None:
         """Write back and drop the pages holding bytes of ``runs`` (None: all)."""
+        if self.guard is not None:
+            self.guard()
         slots = np.flatnonzero(overlapping(self.grid, self.mem.slot_page, runs))
         self._write_back(slots)
         self.mem.slot_page[slots] = -1
@@ -341,6 +355,8 @@ class RealmCache(Driver):
         """Forget every cached byte from ``size`` on, as a file cut to ``size`` bytes would:
         pages past it are dropped, dirty or not; the page across it keeps only the bytes below
         (the rest read as zeros). The file itself is left as it is."""
+        if self.guard is not None:
+            self.guard()
         mem = self.mem
         held = np.flatnonzero(mem.slot_page >= 0)
         start, plen = self.grid.bounds(mem.slot_page[held])
