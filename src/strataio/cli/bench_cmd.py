@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -229,3 +233,95 @@ def sections_cmd(
     out.width = max(out.width, _TABLE_WIDTH)
     render_tables(result, out)
     write_json(json_path, result)
+
+
+# ---------------------------------------------------------------------------- realm policies
+def _launch_realms(nprocs: int, args: list[str], timeout: float) -> list[dict[str, Any]]:
+    """Run :mod:`strataio.bench.realms` under the ``mpiexec`` beside this Python."""
+    here = Path(sys.executable).parent
+    mpiexec = str(here / "mpiexec") if (here / "mpiexec").exists() else "mpiexec"
+    cmd = [mpiexec, "-n", str(nprocs), sys.executable, "-m", "strataio.bench.realms", *args]
+    env = dict(os.environ, PATH=f"{here}{os.pathsep}{os.environ.get('PATH', '')}")
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    if proc.returncode != 0:
+        raise click.ClickException(f"mpiexec -n {nprocs} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _render_realms(rows: list[dict[str, Any]], console: Console) -> None:
+    for row in rows:
+        title = f"{row['bench']}, {row['ranks']} ranks, driver {row['driver']}"
+        if "tile_bytes" in row:
+            title += f" (tiles of {row['tile_bytes']} B, file {row['file_bytes']} B)"
+        table = Table(title=title, caption="speedup = no caching time / policy time",
+                      box=box.SIMPLE_HEAD)  # fmt: skip
+        for name in ("policy", "time", "speedup", "read MB", "written MB"):
+            table.add_column(name, justify="left" if name == "policy" else "right")
+        for policy, r in row["policies"].items():
+            style = "green" if r["speedup"] >= 1 else "red"
+            table.add_row(
+                policy, _fmt_time(r["seconds"]), f"[{style}]{r['speedup']:.2f}[/{style}]",
+                f"{r['read_bytes'] / 1e6:.1f}", f"{r['written_bytes'] / 1e6:.1f}",
+            )  # fmt: skip
+        console.print(table)
+
+
+def _realm_bench(benches: list[str], ranks: str, drivers: tuple[str, ...], reps: int,
+                 scale: float, hints: tuple[str, ...], timeout: float) -> list[dict[str, Any]]:  # fmt: skip
+    args = [a for b in benches for a in ("--bench", b)]
+    args += [a for d in drivers for a in ("--driver", d)]
+    args += ["--reps", str(reps), "--scale", str(scale)]
+    args += [a for h in hints for a in ("--hint", h)]
+    rows: list[dict[str, Any]] = []
+    for n in (int(x) for x in _csv(ranks)):
+        rows += _launch_realms(n, args, timeout)
+    return rows
+
+
+_realm_options = [
+    click.option("--ranks", default="1,2,4", show_default=True, help="Comma-separated rank counts."),
+    click.option("--driver", "drivers", multiple=True, type=click.Choice(["local", "pfs"]),
+                 help="local disk, pfs (shaped driver, parallel-file-system preset); default both."),
+    click.option("--reps", default=3, show_default=True, help="Repetitions (median reported)."),
+    click.option("--hint", "hints", multiple=True, help="KEY=VALUE hint added to every policy."),
+    json_option,
+    click.option("--timeout", default=600.0, show_default=True, help="Seconds per mpiexec launch."),
+]  # fmt: skip
+
+
+def _with_realm_options(fn: Any) -> Any:
+    for option in reversed(_realm_options):
+        fn = option(fn)
+    return fn
+
+
+@bench.command("sliding-window")
+@click.option("--scale", default=1 / 16, show_default=True,
+              help="Tile size against the thesis's 3 MiB (1/16: 192 KiB tiles, a 12 MiB file).")  # fmt: skip
+@_with_realm_options
+def sliding_window_cmd(
+    scale: float, ranks: str, drivers: tuple[str, ...], reps: int, hints: tuple[str, ...],
+    json_path: Path | None, timeout: float,
+) -> None:  # fmt: skip
+    """Thesis §3.5.2: each rank reads then writes its tile of 8×8 and moves on, per realm
+    policy (64K, 4M, fsize, aar, intelligent) against no caching: time and storage bytes."""
+    rows = _realm_bench(["sliding-window"], ranks, drivers, reps, scale, hints, timeout)
+    _render_realms(rows, make_console())
+    write_json(json_path, rows)
+
+
+@bench.command("realms")
+@click.option("--pattern", "patterns", multiple=True, type=click.Choice(["block3d", "flash"]),
+              help="Collective patterns of 'bench collective' (default both).")  # fmt: skip
+@click.option("--scale", default=1.0, show_default=True, help="Scale the patterns' sizes.")
+@_with_realm_options
+def realms_cmd(
+    patterns: tuple[str, ...], scale: float, ranks: str, drivers: tuple[str, ...], reps: int,
+    hints: tuple[str, ...], json_path: Path | None, timeout: float,
+) -> None:  # fmt: skip
+    """block3d and flash of 'bench collective', written then read on one open file, per realm
+    policy (64K, 4M, fsize, aar) against no caching: time and storage bytes."""
+    benches = list(patterns or ("block3d", "flash"))
+    rows = _realm_bench(benches, ranks, drivers, reps, scale, hints, timeout)
+    _render_realms(rows, make_console())
+    write_json(json_path, rows)
