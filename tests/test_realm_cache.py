@@ -134,7 +134,7 @@ class CacheMachine(RuleBasedStateMachine):
             return
         cache = self.cache
         mem = cache.mem
-        assert mem.arena.size <= self.capacity
+        assert mem.buffer.size <= self.capacity  # (page table included)
         assert cache.cached <= mem.slot_page.size
         view = bytearray(_file_bytes(self.path))
         held = np.flatnonzero(mem.slot_page >= 0)
@@ -175,7 +175,7 @@ def test_eviction_writes_back_and_counts(tmp_path) -> None:
     path = str(tmp_path / "f")
     open(path, "wb").close()
     driver = PosixDriver.open(path, os.O_RDWR)
-    cache = RealmCache(driver, 16 * 1024, page=1024)
+    cache = RealmCache(driver, 16 * (1024 + 24) + 80, page=1024)  # (+ the page table)
     assert (cache.mem.slot, cache.mem.slot_page.size) == (1024, 16)
     data = np.arange(20 * 1024, dtype=np.int64).astype(np.uint8)
     cache.pwrite(data[: 16 * 1024], 0)  # sixteen whole pages: nothing read, nothing written
@@ -207,8 +207,9 @@ def test_realm_cache_hint() -> None:
 
     assert "strataio_cache" not in PLANNED
     assert parse_hints({"strataio_realm_cache": "4096"}).strataio_realm_cache == 4096
-    with pytest.raises(HintError):
-        parse_hints({"strataio_realm_cache": "-1"})
+    for bad in ("-1", "100"):
+        with pytest.raises(HintError):
+            parse_hints({"strataio_realm_cache": bad})
     # chosen at open (its window is made then): a view's hints leave it as it is
     later = parse_hints({"strataio_realm_cache": "4096"}, base=parse_hints({}))
     assert later.strataio_realm_cache == parse_hints({}).strataio_realm_cache

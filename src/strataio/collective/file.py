@@ -209,7 +209,7 @@ class File:
         self._cached_end = 0  # end of the collective writes that caches may still hold
         if hints.strataio_realm_cache:
             mine = driver is not None and comm.Get_rank() in set(self._aggregators.tolist())
-            size = RealmCache.nbytes(hints.strataio_realm_cache) if mine else 0
+            size = hints.strataio_realm_cache if mine else 0
             self._shared = SharedCaches(comm, size)
         self._size_floor = self._size()
         self.last_path = ""
@@ -887,7 +887,8 @@ class File:
         if shared is None or realms is None or self._driver is None or not len(file):
             return
         runs = file.union()
-        slot, nslots = RealmCache.shape(self._hints.strataio_realm_cache, DEFAULT_PAGE)
+        cap = self._hints.strataio_realm_cache
+        slot, nslots = RealmCache.shape(cap, DEFAULT_PAGE, realms.stripe)
         shape = (slot, nslots, realms.stripe)
         me = self._comm.Get_rank()
         for agg in owners_of(runs, realms.stripe, realms.naggr).tolist():

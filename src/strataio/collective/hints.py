@@ -167,6 +167,9 @@ _SPEC: dict[str, tuple[str, int]] = {
 _DRIVER_PARAM = "strataio_driver_"
 _DRIVERS = ("posix", "shaped")
 
+#: the smallest realm cache (bytes): its page table and a few pages
+MIN_REALM_CACHE = 1024
+
 #: hints of engines not built yet -> what they would do; given, they raise HintError
 PLANNED: dict[str, str] = {
     "romio_cb_ds_threshold": "a data sieving threshold for two-phase I/O",
@@ -334,6 +337,11 @@ def parse_hints(
         values[key] = _parse(key, spec[0], spec[1], raw)
     if "cb_config_list" in values:
         parse_config_list(values["cb_config_list"])
+    if 0 < values.get("strataio_realm_cache", 0) < MIN_REALM_CACHE:
+        raise HintError(
+            f"hint strataio_realm_cache={values['strataio_realm_cache']}: a realm cache needs "
+            f"at least {MIN_REALM_CACHE} bytes (0 disables it)"
+        )
     driver = values.get("strataio_driver", base.strataio_driver if base else "posix")
     if driver not in _DRIVERS:
         raise HintError(f"hint strataio_driver={driver!r}: expected one of {', '.join(_DRIVERS)}")

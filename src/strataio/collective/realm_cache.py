@@ -159,7 +159,7 @@ def dirty_pieces(
 
 
 class RealmCache(Driver):
-    """An aggregator's realm cache of at most ``capacity`` bytes of pages (LRU, write-back) over
+    """An aggregator's realm cache in at most ``capacity`` bytes of memory (LRU, write-back) over
     ``driver``, the file (see the module docs). ``page``: bytes per page and arena slot;
     ``stripe``: the realm stripe pages stay inside (0: none); ``memory``: the buffer to keep
     the cache in (:meth:`nbytes`; e.g. an MPI window's), else one of its own.
@@ -169,12 +169,12 @@ class RealmCache(Driver):
     def __init__(
         self,
         driver: Driver,
-        capacity: int,
+        capacity: int,  # bytes of memory, page table included
         page: int = DEFAULT_PAGE,
         stripe: int = 0,
         memory: np.ndarray | None = None,
     ) -> None:
-        slot, nslots = self.shape(capacity, page)
+        slot, nslots = self.shape(capacity, page, stripe)
         if nslots < 1:
             raise StrataError(f"realm cache of {capacity} bytes holds no page")
         self.inner = driver
@@ -193,17 +193,14 @@ class RealmCache(Driver):
         """Called before every use of the cache (the owner's lock on a shared cache)."""
 
     @staticmethod
-    def shape(capacity: int, page: int = DEFAULT_PAGE) -> tuple[int, int]:
-        """``(slot bytes, slots)`` of a cache of ``capacity`` bytes: pages of ``page`` bytes, or
-        smaller ones in a small cache, which keeps at least 16 pages (down to 1-byte pages)."""
-        slot = max(min(int(page), int(capacity) // 16), 1)
-        return slot, int(capacity) // slot
-
-    @classmethod
-    def nbytes(cls, capacity: int, page: int = DEFAULT_PAGE) -> int:
-        """Bytes of memory a cache of ``capacity`` bytes needs (page table included)."""
-        slot, nslots = cls.shape(capacity, page)
-        return CacheMemory.nbytes(nslots, slot) if nslots else 0
+    def shape(capacity: int, page: int = DEFAULT_PAGE, stripe: int = 0) -> tuple[int, int]:
+        """``(slot bytes, slots)`` of a cache of ``capacity`` bytes, its page table included:
+        pages of ``page`` bytes, or of ``stripe`` bytes when that is smaller, or smaller still
+        in a small cache, which keeps at least 16 pages."""
+        slot = min(int(page), int(capacity) // 16, int(stripe) or int(page))
+        slot = max(slot, 1)
+        # (the table: 24 bytes per slot, a 16-byte header, rounded up to 64 bytes)
+        return slot, max((int(capacity) - 80) // (slot + 24), 0)
 
     @property
     def capacity(self) -> int:
