@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 from strataio.collective.driver import Driver
+from strataio.collective.fileio import SYSCALL_BYTES
 from strataio.errors import StrataError
 from strataio.layout.extents import Extents, exclusive_cumsum
 from strataio.layout.pieces import copy_pieces
@@ -267,7 +268,9 @@ class RealmCache(Driver):
             want = miss[fill[miss]]
             if want.size:
                 start, plen = self.grid.bounds(pages[want])
-                self.inner.readv(VectoredPlan(start, plen, slots[want] * mem.slot), mem.arena)
+                # (one call across short holes, by the cost model of fileio)
+                plan = VectoredPlan(start, plen, slots[want] * mem.slot, SYSCALL_BYTES)
+                self.inner.readv(plan, mem.arena)
                 self.bytes_read += int(plen.sum())
         return slots
 
