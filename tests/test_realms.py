@@ -3,12 +3,16 @@ engine walking them, against ROMIO's default path at 1, 2 and 4 ranks."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 from mpi4py import MPI
 
 import strataio
@@ -106,6 +110,8 @@ def test_realm_hints_parse_and_fold_alignment():
     with pytest.raises(HintError, match="romio_cb_fr_alignment"):
         parse_hints({"romio_cb_fr_alignment": "0"})
     assert "strataio_realm_alignment" not in parse_hints(None).as_dict()
+    with pytest.raises(HintError, match="now called romio_cb_fr_alignment"):
+        parse_hints({"strataio_realm_alignment": "64"})
     with pytest.raises(HintError, match="needs romio_cb_pfr=enable"):
         policy_from_hints(parse_hints({"strataio_realms": "dynamic"}))
     # persistent realms are a property of the open file: a view cannot switch them
@@ -156,3 +162,112 @@ def test_every_realm_policy_matches_romio(nprocs: int, tmp_path: Path) -> None:
     realm policy, against ROMIO's default path; and the thesis's Figure 3.1 scenario."""
     out = run_mpi(nprocs, "realms_vs_romio.py", "--dir", tmp_path, "--cases", 3, timeout=240)
     assert "ok 24 cases" in out, out
+
+
+class PersistentRealmsMachine(RuleBasedStateMachine):
+    """One open file with persistent realms through random views, collective and independent
+    writes and reads; after every step the file reads as a numpy oracle, the realms are fixed
+    from the first two-phase call (recomputed only by dynamic realms on a new pattern), and the
+    hints show their stripe."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dir = tempfile.mkdtemp(prefix="realms-sm-")
+        self.oracle = np.zeros(0, dtype=np.uint8)
+        self.f: strataio.File | None = None
+        self.fixed: StripedRealms | None = None
+        self.stride = 1
+        self.stale = False
+        self.types: list[MPI.Datatype] = []
+
+    @initialize(
+        fr=st.sampled_from(["aar", "-1", "5", "64"]),
+        dynamic=st.booleans(),
+        cb=st.sampled_from([16, 100, 4096]),
+    )
+    def open(self, fr: str, dynamic: bool, cb: int) -> None:
+        hints = {"romio_cb_pfr": "enable", "romio_cb_fr_types": fr, "cb_buffer_size": str(cb),
+                 "romio_cb_read": "enable", "romio_cb_write": "enable"}  # fmt: skip
+        if dynamic:
+            hints["strataio_realms"] = "dynamic"
+        self.dynamic = dynamic
+        self.f = strataio.File.open(None, os.path.join(self.dir, "f.bin"), "w", hints=hints)
+
+    @rule(stride=st.integers(1, 4))
+    def view(self, stride: int) -> None:
+        t = MPI.BYTE.Create_resized(0, stride).Commit()
+        self.types.append(t)
+        self.f.set_view(0, MPI.BYTE, t)
+        if self.dynamic and stride != self.stride:
+            self.fixed, self.stale = None, True  # dynamic realms change at the next call
+        self.stride = stride
+
+    def _positions(self, offset: int, n: int) -> np.ndarray:
+        return (offset + np.arange(n)) * self.stride
+
+    @rule(offset=st.integers(0, 50), n=st.integers(1, 120), collective=st.booleans(),
+          seed=st.integers(0, 2**16))  # fmt: skip
+    def write(self, offset: int, n: int, collective: bool, seed: int) -> None:
+        data = np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8)
+        (self.f.write_at_all if collective else self.f.write_at)(offset, data)
+        self.stale = self.stale and not collective
+        pos = self._positions(offset, n)
+        if pos[-1] >= self.oracle.size:
+            self.oracle = np.concatenate(
+                (self.oracle, np.zeros(pos[-1] + 1 - self.oracle.size, np.uint8))
+            )
+        self.oracle[pos] = data
+
+    @rule(offset=st.integers(0, 50), n=st.integers(1, 120), collective=st.booleans())
+    def read(self, offset: int, n: int, collective: bool) -> None:
+        out = np.full(n, 7, dtype=np.uint8)
+        got = (self.f.read_at_all if collective else self.f.read_at)(offset, out)
+        self.stale = self.stale and not collective
+        pos = self._positions(offset, n)
+        inside = pos < self.oracle.size
+        assert got == int(inside.sum())
+        assert np.array_equal(out[inside], self.oracle[pos[inside]])
+
+    @invariant()
+    def realms_persist(self) -> None:
+        if self.f is None:
+            return
+        realms = self.f.realms
+        if self.stale:
+            return
+        if realms is None:
+            assert self.fixed is None and self.f.hints["romio_cb_fr_types"] in (
+                "aar",
+                "-1",
+                "5",
+                "64",
+            )
+            return
+        assert self.f.hints["romio_cb_fr_types"] == str(realms.stripe)
+        if self.fixed is not None:
+            assert realms == self.fixed
+        self.fixed = realms
+
+    def teardown(self) -> None:
+        if self.f is not None:
+            self.f.close()
+        for t in self.types:
+            t.Free()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+TestPersistentRealms = PersistentRealmsMachine.TestCase
+TestPersistentRealms.settings = settings(max_examples=30, stateful_step_count=12, deadline=None)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    bounds=st.lists(st.integers(0, 300), max_size=30, unique=True),
+    pieces=st.lists(st.tuples(st.integers(0, 300), st.integers(1, 40)), max_size=20),
+)
+def test_client_cut_at_inner_bounds_equals_the_full_split(bounds, pieces):
+    """Cutting a rank's pieces only at the window bounds inside them (any overlap) is the
+    full split."""
+    ext = Extents([p[0] for p in pieces], [p[1] for p in pieces]).sort()
+    b = np.array(sorted(bounds), dtype=np.int64)
+    assert ext.split(twophase._inner(b, ext)) == ext.split(b)

@@ -20,7 +20,7 @@ def test_policy_hints():
 
 def test_sliding_window_and_patterns_per_policy(tmp_path: Path):
     out = tmp_path / "r.json"
-    args = ["bench", "sliding-window", "--ranks", "2", "--reps", "1", "--scale", "0.004",
+    args = ["bench", "sliding-window", "--ranks", "2", "--reps", "1", "--scale", "0.002",
             "--driver", "local", "--json", str(out)]  # fmt: skip
     res = CliRunner().invoke(cli, args)
     assert res.exit_code == 0, res.output
@@ -30,7 +30,7 @@ def test_sliding_window_and_patterns_per_policy(tmp_path: Path):
     for r in row["policies"].values():
         assert r["written_bytes"] >= 2 * row["file_bytes"] and r["seconds"] > 0
     args = ["bench", "realms", "--pattern", "block3d", "--ranks", "2", "--reps", "1",
-            "--scale", "0.05", "--driver", "pfs", "--json", str(out)]  # fmt: skip
+            "--scale", "0.01", "--driver", "pfs", "--json", str(out)]  # fmt: skip
     res = CliRunner().invoke(cli, args)
     assert res.exit_code == 0, res.output
     (row,) = json.loads(out.read_text())

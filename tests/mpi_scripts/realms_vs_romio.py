@@ -56,10 +56,6 @@ class Twins:
         self.s.set_view(disp, etype, ft)
         self.r.Set_view(disp, etype, ft, "native")
 
-    def write(self, op: str, offset: int, spec: list) -> None:
-        getattr(self.s, op)(offset, spec)
-        getattr(self.r, op[0].upper() + op[1:].replace("_all", "_all"))(offset, spec)
-
     def close(self) -> None:
         self.s.close()
         self.r.Close()
@@ -188,7 +184,6 @@ def figure_3_1(comm: MPI.Comm, policy: dict[str, str], workdir: str) -> tuple[li
     for r, h in enumerate(halves):
         ints[r::nprocs] = h
     f = Twins(comm, pa, pb, hints)
-    inter = MPI.INT.Create_resized(0, 4 * nprocs)
     ft = MPI.Datatype.Create_struct([1], [4 * rank], [MPI.INT]).Create_resized(0, 4 * nprocs)
     ft.Commit()
     errors: list[str] = []
@@ -218,7 +213,6 @@ def figure_3_1(comm: MPI.Comm, policy: dict[str, str], workdir: str) -> tuple[li
         for p in (pa, pb):
             os.unlink(p)
     ft.Free()
-    inter.Free()
     return errors, 3
 
 

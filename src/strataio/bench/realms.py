@@ -95,10 +95,11 @@ def _tile_type(g: SlidingWindow, tile: int) -> MPI.Datatype:
 
 def sliding_window(
     comm: MPI.Comm, path: str, g: SlidingWindow, hints: dict[str, str], steps: int
-) -> float:
-    """The sliding window on one open file; the slowest rank's seconds. Every tile is read and
-    written back plus one by each rank in turn, so the run adds ``nprocs`` to every byte:
-    checked afterwards (a policy that loses an update fails the benchmark)."""
+) -> tuple[float, int]:
+    """The sliding window on one open file; the slowest rank's seconds and the persistent
+    realms' stripe (0: none). Every tile is read and written back plus one by each rank in
+    turn, so the run adds ``nprocs`` to every byte: checked afterwards (a policy that loses an
+    update fails the benchmark)."""
     rank = comm.Get_rank()
     before = int(np.fromfile(path, dtype=np.uint8, count=1)[0]) if rank == 0 else 0
     types = [_tile_type(g, t) for t in range(g.ntiles)]
@@ -111,6 +112,7 @@ def sliding_window(
             f.read_at_all(0, buf)
             buf += 1
             f.write_at_all(0, buf)
+        stripe = f.realms.stripe if f.realms is not None else 0
     elapsed = time.perf_counter() - t0
     for t in types:
         t.Free()
@@ -118,11 +120,14 @@ def sliding_window(
         want = (before + comm.Get_size()) % 256
         if not np.all(np.fromfile(path, dtype=np.uint8) == want):
             raise SystemExit(f"sliding window with {hints}: the file lost updates")
-    return float(comm.allreduce(elapsed, op=MPI.MAX))
+    return float(comm.allreduce(elapsed, op=MPI.MAX)), stripe
 
 
-def _pattern(comm: MPI.Comm, path: str, pattern: str, hints: dict[str, str], scale: float) -> float:
-    """``pattern`` written then read back on one open file; the slowest rank's seconds."""
+def _pattern(
+    comm: MPI.Comm, path: str, pattern: str, hints: dict[str, str], scale: float
+) -> tuple[float, int]:
+    """``pattern`` written then read back on one open file; the slowest rank's seconds and the
+    persistent realms' stripe (0: none)."""
     case = make_case(pattern, comm.Get_rank(), comm.Get_size(), scale)
     out = np.zeros_like(case.buf)
     comm.Barrier()
@@ -132,29 +137,34 @@ def _pattern(comm: MPI.Comm, path: str, pattern: str, hints: dict[str, str], sca
         f.write_all([case.buf, case.count, case.memtype])
         f.set_view(case.disp, case.etype, case.filetype)
         f.read_all([out, case.count, case.memtype])
+        stripe = f.realms.stripe if f.realms is not None else 0
     elapsed = time.perf_counter() - t0
-    return float(comm.allreduce(elapsed, op=MPI.MAX))
+    return float(comm.allreduce(elapsed, op=MPI.MAX)), stripe
 
 
-def _sliding_policy(comm: MPI.Comm, path: str, g: SlidingWindow, hinted: Any, policy: str) -> float:
+def _sliding_policy(
+    comm: MPI.Comm, path: str, g: SlidingWindow, hinted: Any, policy: str
+) -> tuple[float, int]:
     return sliding_window(comm, path, g, hinted(policy), g.ntiles)
 
 
 def _pattern_policy(
     comm: MPI.Comm, path: str, pattern: str, base: dict[str, str], scale: float, policy: str
-) -> float:
+) -> tuple[float, int]:
     return _pattern(comm, path, pattern, {**base, **policy_hints(policy)}, scale)
 
 
 def _measure(comm: MPI.Comm, reps: int, policies: list[str], run_one: Any) -> dict[str, Any]:
-    """Round-robin repetitions (after an untimed round) of ``run_one(policy)``: per policy the
-    median seconds and the bytes all ranks read / wrote in one run."""
+    """Round-robin repetitions (after an untimed round) of ``run_one(policy)`` (seconds,
+    stripe): per policy the median seconds, the bytes all ranks read / wrote in one run, and
+    the persistent realms' stripe."""
     times: dict[str, list[float]] = {p: [] for p in policies}
     moved: dict[str, tuple[int, int]] = {}
+    stripes: dict[str, int] = {}
     for rep in range(reps + 1):
         for p in policies:
             r0, w0 = _io_counts()
-            t = run_one(p)
+            t, stripes[p] = run_one(p)
             r1, w1 = _io_counts()
             if rep:
                 times[p].append(t)
@@ -166,6 +176,7 @@ def _measure(comm: MPI.Comm, reps: int, policies: list[str], run_one: Any) -> di
             "read_bytes": moved[p][0],
             "written_bytes": moved[p][1],
             "speedup": base / statistics.median(times[p]),
+            "stripe": stripes[p],
         }
         for p in policies
     }

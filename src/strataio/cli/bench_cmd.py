@@ -255,12 +255,12 @@ def _render_realms(rows: list[dict[str, Any]], console: Console) -> None:
             title += f" (tiles of {row['tile_bytes']} B, file {row['file_bytes']} B)"
         table = Table(title=title, caption="speedup = no caching time / policy time",
                       box=box.SIMPLE_HEAD)  # fmt: skip
-        for name in ("policy", "time", "speedup", "read MB", "written MB"):
+        for name in ("policy", "stripe", "time", "speedup", "read MB", "written MB"):
             table.add_column(name, justify="left" if name == "policy" else "right")
         for policy, r in row["policies"].items():
             style = "green" if r["speedup"] >= 1 else "red"
             table.add_row(
-                policy, _fmt_time(r["seconds"]), f"[{style}]{r['speedup']:.2f}[/{style}]",
+                policy, str(r["stripe"] or "per call"), _fmt_time(r["seconds"]), f"[{style}]{r['speedup']:.2f}[/{style}]",
                 f"{r['read_bytes'] / 1e6:.1f}", f"{r['written_bytes'] / 1e6:.1f}",
             )  # fmt: skip
         console.print(table)

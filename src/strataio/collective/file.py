@@ -13,6 +13,11 @@ another kind on one rank (a ``MemoryError`` while planning) raises it there and 
 ``StrataError`` naming that rank on the others; only one that breaks off a two-phase exchange
 midway aborts the job (see :func:`strataio.collective.twophase.two_phase`).
 
+With ``romio_cb_pfr=enable`` the file fixes persistent striped realms
+(:class:`~strataio.collective.realms.StripedRealms`, :attr:`File.realms`) at its first
+two-phase call and keeps them until close (``strataio_realms=dynamic``: until a rank's view or
+memory layout changes); otherwise every two-phase call cuts its own realms.
+
 The file is reached through a storage driver (:mod:`strataio.collective.driver`, chosen by the
 ``strataio_driver`` hint); with ``romio_no_indep_rw=true`` only the aggregators open it, as in
 ROMIO, and independent reads and writes raise :class:`~strataio.errors.HintError`.

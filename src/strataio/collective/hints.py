@@ -190,6 +190,8 @@ _OPEN_ONLY = (
 
 #: other spellings read for a hint (ROMIO's source reads ``romio_cb_fr_type``)
 _ALIASES = {"romio_cb_fr_type": "romio_cb_fr_types"}
+#: hints strataio once had under another name: refused with the name to use
+_RENAMED = {"strataio_realm_alignment": "romio_cb_fr_alignment"}
 
 
 def _items(user: Mapping[str, Any] | MPI.Info | None) -> dict[str, Any]:
@@ -327,6 +329,8 @@ def parse_hints(
     values: dict[str, Any] = {}
     for key, raw in _items(user).items():
         key = _ALIASES.get(key, key)
+        if key in _RENAMED:
+            raise HintError(f"hint {key}={raw!r} is now called {_RENAMED[key]}")
         if key in PLANNED:
             raise HintError(
                 f"hint {key}={raw!r}: {PLANNED[key]} is not supported yet; remove the hint"

@@ -277,7 +277,8 @@ def _plan_locally(
     # Client: cut my pieces at every window piece's bounds, then label each with its window.
     ext = ext.compact()
     if len(ext):
-        cut = ext.sort().split(np.concatenate((win.off, win.off + win.len)))
+        ext = ext.sort()
+        cut = ext.split(_inner(win.off, ext))
         w = np.searchsorted(win.off, cut.offsets, side="right") - 1
         if w.size and (int(w.min()) < 0 or bool(np.any(cut.ends > win.off[w] + win.len[w]))):
             raise StrataError(
@@ -303,6 +304,20 @@ def _plan_locally(
         ntimes, m_pos, m_off, m_iter, m_bounds, m_span, aggs, my_agg, background, buffers,
         (c_off, c_len, c_mem, c_dest, c_iter_bounds), scount, desc,
     )  # fmt: skip
+
+
+def _inner(bounds: np.ndarray, ext: Extents) -> np.ndarray:
+    """The sorted ``bounds`` that fall inside a piece of ``ext`` (sorted by offset): the only
+    cuts that change it (a realm of many stripes has far more bounds than a rank has pieces).
+    The window pieces tile the access region, so their starts are every bound there is."""
+    if len(ext) == 0:
+        return bounds[:0]
+    k = np.searchsorted(ext.offsets, bounds, side="right") - 1
+    reach = np.maximum.accumulate(ext.ends)  # (pieces may overlap: the furthest end so far)
+    before = np.concatenate(([np.iinfo(_I64).min], reach))  # reach of the pieces before k
+    j = np.maximum(k, 0)
+    inside = (k >= 0) & (bounds < reach[j]) & ((bounds > ext.offsets[j]) | (bounds < before[j]))
+    return bounds[inside]
 
 
 def _stable_by(key: np.ndarray, *arrays: np.ndarray) -> tuple[np.ndarray, ...]:
