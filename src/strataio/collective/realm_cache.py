@@ -163,7 +163,8 @@ class RealmCache(Driver):
     """An aggregator's realm cache in at most ``capacity`` bytes of memory (LRU, write-back) over
     ``driver``, the file (see the module docs). ``page``: bytes per page and arena slot;
     ``stripe``: the realm stripe pages stay inside (0: none); ``memory``: the buffer to keep
-    the cache in (:meth:`nbytes`; e.g. an MPI window's), else one of its own.
+    the cache in (``capacity`` bytes; e.g. an MPI window's), else one of its own. Slots and
+    pages: :meth:`shape`.
 
     Counters: :attr:`bytes_read` / :attr:`bytes_written` to and from ``driver``."""
 
@@ -270,7 +271,11 @@ class RealmCache(Driver):
                 start, plen = self.grid.bounds(pages[want])
                 # (one call across short holes, by the cost model of fileio)
                 plan = VectoredPlan(start, plen, slots[want] * mem.slot, SYSCALL_BYTES)
-                self.inner.readv(plan, mem.arena)
+                try:
+                    self.inner.readv(plan, mem.arena)
+                except BaseException:  # (the slots hold no page after all)
+                    mem.slot_page[slots[want]] = -1
+                    raise
                 self.bytes_read += int(plen.sum())
         return slots
 
