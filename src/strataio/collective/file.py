@@ -326,7 +326,8 @@ class File:
     def close(self) -> None:
         """Close on every rank (collective); ``MODE_DELETE_ON_CLOSE`` removes the file. Closing
         a closed file does nothing (as Python's files; every other call raises
-        :class:`~strataio.errors.ClosedError`)."""
+        :class:`~strataio.errors.ClosedError`). The realm caches are written back first; if
+        that fails on any rank, every rank raises and the file stays open (the data cached)."""
         if self._closed:
             return
         _agree(self._comm, self._write_back())
