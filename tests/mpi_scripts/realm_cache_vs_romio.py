@@ -20,7 +20,7 @@ import sys
 
 import numpy as np
 from mpi4py import MPI
-from realms_vs_romio import figure_3_1, run_case
+from realms_vs_romio import report, run_policies
 
 import strataio
 
@@ -96,29 +96,9 @@ def main() -> int:
     args = ap.parse_args()
     comm = MPI.COMM_WORLD
     errors, checks = engaged(comm, args.dir)
-    cases = 0
-    for p, policy in enumerate(POLICIES):
-        for k, size in enumerate(CACHES):
-            hinted = {**policy, "strataio_realm_cache": size}
-            for c in range(args.cases):
-                seed = ((args.seed * 1009 + p) * 31 + k) * 101 + c + 7
-                e, n = run_case(comm, seed, hinted, args.dir)
-                errors += e
-                checks += n
-                cases += 1
-            e, n = figure_3_1(comm, hinted, args.dir)
-            errors += e
-            checks += n
-    everyone = comm.gather(errors, root=0)
-    total = comm.reduce(checks, root=0)
-    if comm.Get_rank() == 0:
-        flat = [e for errs in everyone for e in errs]
-        if flat:
-            print("\n".join(flat[:20]))
-            print(f"FAILED {len(flat)} checks")
-            return 1
-        print(f"ok {cases} cases, {total} checks")
-    return 0
+    hinted = [{**policy, "strataio_realm_cache": size} for policy in POLICIES for size in CACHES]
+    more, cases, n = run_policies(comm, hinted, args.cases, args.seed + 7, args.dir)
+    return report(comm, errors + more, cases, checks + n)
 
 
 if __name__ == "__main__":
