@@ -83,7 +83,6 @@ def test_default_aggregators_are_one_per_node():
 @pytest.mark.parametrize(
     "key",
     [
-        "strataio_cache",
         "strataio_trace",
     ],
 )

@@ -26,9 +26,12 @@ def test_sliding_window_and_patterns_per_policy(tmp_path: Path):
     assert res.exit_code == 0, res.output
     (row,) = json.loads(out.read_text())
     assert list(row["policies"]) == SLIDING_POLICIES and row["ranks"] == 2
-    # every policy moved at least the tiles' bytes (each rank reads and writes all 64 tiles)
-    for r in row["policies"].values():
-        assert r["written_bytes"] >= 2 * row["file_bytes"] and r["seconds"] > 0
+    # without a cache every rank writes all 64 tiles; the persistent policies' realm caches
+    # (on by default) write each byte back once, at close
+    policies = row["policies"]
+    assert policies["no caching"]["written_bytes"] >= 2 * row["file_bytes"]
+    for r in policies.values():
+        assert r["written_bytes"] >= row["file_bytes"] and r["seconds"] > 0
     args = ["bench", "realms", "--pattern", "block3d", "--ranks", "2", "--reps", "1",
             "--scale", "0.01", "--driver", "pfs", "--json", str(out)]  # fmt: skip
     res = CliRunner().invoke(cli, args)

@@ -223,17 +223,30 @@ def main() -> int:
     ap.add_argument("--dir", required=True)
     args = ap.parse_args()
     comm = MPI.COMM_WORLD
+    errors, cases, checks = run_policies(comm, POLICIES, args.cases, args.seed, args.dir)
+    return report(comm, errors, cases, checks)
+
+
+def run_policies(
+    comm: MPI.Comm, policies: list[dict[str, str]], ncases: int, seed: int, workdir: str
+) -> tuple[list[str], int, int]:
+    """``ncases`` random cases and Figure 3.1 for each policy: (errors, cases, checks)."""
     errors: list[str] = []
     cases = checks = 0
-    for p, policy in enumerate(POLICIES):
-        for c in range(args.cases):
-            e, k = run_case(comm, (args.seed * 1009 + p) * 101 + c, policy, args.dir)
+    for p, policy in enumerate(policies):
+        for c in range(ncases):
+            e, k = run_case(comm, (seed * 1009 + p) * 101 + c, policy, workdir)
             errors += e
             checks += k
             cases += 1
-        e, k = figure_3_1(comm, policy, args.dir)
+        e, k = figure_3_1(comm, policy, workdir)
         errors += e
         checks += k
+    return errors, cases, checks
+
+
+def report(comm: MPI.Comm, errors: list[str], cases: int, checks: int) -> int:
+    """Print every rank's errors on rank 0 (or ``ok``); the exit status."""
     everyone = comm.gather(errors, root=0)
     total = comm.reduce(checks, root=0)
     if comm.Get_rank() == 0:

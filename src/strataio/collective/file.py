@@ -41,11 +41,13 @@ from strataio.collective import node, twophase
 from strataio.collective.access import FIRST, LAST, NBYTES, Access, AccessPlan
 from strataio.collective.agreement import Agreement, agreement_row
 from strataio.collective.bufspec import BufferSpec, parse_buffer
+from strataio.collective.cache_window import SharedCaches, owners_of
 from strataio.collective.choice import use_two_phase
 from strataio.collective.driver import Driver, open_driver
 from strataio.collective.hints import Hints, differences, parse_hints
 from strataio.collective.independent import IndependentIO
 from strataio.collective.packed import PackedBlocks
+from strataio.collective.realm_cache import DEFAULT_PAGE, RealmCache
 from strataio.collective.realms import (
     DYNAMIC,
     RealmPolicy,
@@ -182,6 +184,16 @@ class File:
         self._pos = 0
         # Bytes the file holds at least: it only grows (by any rank's writes) except through
         # set_size, which every rank calls, so a read ending below it cannot reach end-of-file.
+        # the aggregator realm cache (strataio_realm_cache, with persistent realms): every
+        # cache's memory sits in one window from open to close; an aggregator's cache itself
+        # starts when the realms are fixed
+        self._cache: RealmCache | None = None
+        self._shared: SharedCaches | None = None
+        self._cached_end = 0  # end of the collective writes that caches may still hold
+        if hints.strataio_realm_cache:
+            mine = driver is not None and comm.Get_rank() in set(self._aggregators.tolist())
+            size = hints.strataio_realm_cache if mine else 0
+            self._shared = SharedCaches(comm, size)
         self._size_floor = self._size()
         self.last_path = ""
         """How the last transfer ran: ``"two-phase"`` or ``"independent"`` (for benchmarks)."""
@@ -247,6 +259,8 @@ class File:
                 cb_nodes=int(aggregators.size),
                 strataio_pipeline_groups=min(hinted.strataio_pipeline_groups, aggregators.size),
             )
+            if not persistent(hinted):  # (a realm cache needs realms that persist)
+                hinted = dataclasses.replace(hinted, strataio_realm_cache=0)
         except Exception as exc:  # any failure here must reach the other ranks
             err = exc
         if err is None:
@@ -294,10 +308,15 @@ class File:
     def close(self) -> None:
         """Close on every rank (collective); ``MODE_DELETE_ON_CLOSE`` removes the file. Closing
         a closed file does nothing (as Python's files; every other call raises
-        :class:`~strataio.errors.ClosedError`)."""
+        :class:`~strataio.errors.ClosedError`). The realm caches are written back first; if
+        that fails on any rank, every rank raises and the file stays open (the data cached)."""
         if self._closed:
             return
+        _agree(self._comm, self._write_back())
         self._comm.Barrier()
+        if self._shared is not None:
+            self._shared.free()
+            self._shared = self._cache = None
         if self._driver is not None:
             self._driver.close()
         self._agreement.free()
@@ -518,8 +537,8 @@ class File:
     def _size(self) -> int:
         try:
             if self._driver is not None:
-                return self._driver.size()
-            return os.stat(self._path).st_size
+                return max(self._driver.size(), self._cached_end)
+            return max(os.stat(self._path).st_size, self._cached_end)
         except OSError as exc:
             raise _os_error(exc, self._path) from exc
 
@@ -540,6 +559,8 @@ class File:
         if err is None and len({s for s in sizes if s is not None}) > 1:
             err = StrataError(f"set_size: ranks pass different sizes {sizes}")
         _agree(self._comm, err)
+        err = self._write_back(discard_from=size)  # (before the file changes)
+        _agree(self._comm, err)
         if self._comm.Get_rank() == 0:
             try:
                 if self._driver is not None:
@@ -550,11 +571,12 @@ class File:
                 err = _os_error(exc, self._path)
         _agree(self._comm, err)
         self._size_floor = size
+        self._cached_end = min(self._cached_end, size)
 
     def sync(self) -> None:
         """Flush written data to storage on every rank (collective)."""
         self._check_open()
-        err: StrataError | None = None
+        err = self._write_back()
         try:
             if not self._amode & MPI.MODE_RDONLY and self._driver is not None:
                 self._driver.sync()
@@ -651,6 +673,7 @@ class File:
         if driver is None:  # (a collective call with no bytes anywhere: nothing to move)
             return
         try:
+            self._clean_caches(access.file, drop=write)
             if blocks is not None:
                 if write:
                     blocks.write(self._independent, driver, spec.data)
@@ -737,9 +760,14 @@ class File:
 
         stats = self._agreement.table
         policy = self._realms_for(spec, stats) if persistent(hints) else self._policy
+        driver: Driver | None = self._driver
+        if self._cache is not None and policy is self._realms:
+            # window I/O through the realm cache, in this thread (it holds the cache's lock)
+            driver = self._cache
+            hints = dataclasses.replace(hints, strataio_cb_overlap="disable")
         try:
             twophase.two_phase(
-                self._comm, self._driver, access, stats, hints, policy,
+                self._comm, driver, access, stats, hints, policy,
                 self._aggregators, write, self._nodes, pack,
             )  # fmt: skip
         except twophase.PeerFailure:
@@ -750,6 +778,11 @@ class File:
             err = _os_error(exc, self._path)
         except Exception as exc:  # (planning failures of any kind are agreed on)
             err = exc
+        finally:
+            if self._shared is not None:  # (no rank can start an independent call before
+                self._shared.release()  # the agreement below, which this rank enters now)
+        if write and self._shared is not None:
+            self._cached_end = max(self._cached_end, int(stats[stats[:, NBYTES] > 0, LAST].max()))
         _agree(self._comm, err)  # an aggregator's failure concerns every rank's data
         if blocks is not None and not write:
             spec.unpack(access.stream)
@@ -776,15 +809,83 @@ class File:
             align = realm_alignment(self._hints)
             stripe = stripe_size(self._fr_type, lo, hi, size, naggr, align)
             self._realms = StripedRealms(stripe, naggr)
+            self._start_cache(stripe)
             # ROMIO writes the size it chose back into the file's info
             self._hints = dataclasses.replace(self._hints, romio_cb_fr_types=str(stripe))
             self._pattern = pattern
         return self._realms
 
     def _retire_realms(self) -> None:
-        """Drop the persistent realms (collective); the next two-phase call fixes new ones."""
+        """Drop the persistent realms (collective); the next two-phase call fixes new ones.
+        What the old realms cached is written back and forgotten first."""
+        err: Exception | None = None
+        if self._cache is not None:
+            assert self._shared is not None
+            try:
+                with self._shared.own():
+                    self._cache.invalidate()
+            except OSError as exc:
+                err = _os_error(exc, self._path)
+            except StrataError as exc:
+                err = exc
+            self._cache = None
+        _agree(self._comm, err)
         self._realms = None
         self._hints = dataclasses.replace(self._hints, romio_cb_fr_types=self._fr_type)
+
+    # ------------------------------------------------------------------ the realm cache
+    def _start_cache(self, stripe: int) -> None:
+        """This aggregator's realm cache over realms of ``stripe`` bytes (in the window's
+        memory); nothing on other ranks or without the cache."""
+        shared = self._shared
+        if shared is None or not shared.memory.size or self._driver is None:
+            return
+        cap = self._hints.strataio_realm_cache
+        self._cache = RealmCache(self._driver, cap, DEFAULT_PAGE, stripe, shared.memory)
+        self._cache.guard = shared.hold
+
+    @property
+    def realm_cache(self) -> RealmCache | None:
+        """This rank's realm cache (an aggregator's, once persistent realms are fixed, with
+        ``strataio_realm_cache`` > 0), else None."""
+        return self._cache
+
+    def _write_back(self, discard_from: int | None = None) -> StrataError | None:
+        """Write this rank's realm cache back (after forgetting what lies from
+        ``discard_from`` on); the failure, for the caller to agree on."""
+        if self._cache is None:
+            return None
+        assert self._shared is not None
+        try:
+            with self._shared.own():
+                if discard_from is not None:
+                    self._cache.discard_from(discard_from)
+                self._cache.flush()
+        except OSError as exc:
+            return _os_error(exc, self._path)
+        except StrataError as exc:
+            return exc
+        return None
+
+    def _clean_caches(self, file: Extents, drop: bool) -> None:
+        """Before an independent transfer of ``file`` pieces: write back the realm caches'
+        dirty pages holding its bytes, and before a write (``drop``) forget those pages, on
+        every aggregator owning some (:mod:`strataio.collective.cache_window`)."""
+        shared, realms = self._shared, self._realms
+        if shared is None or realms is None or self._driver is None or not len(file):
+            return
+        runs = file.union()
+        cap = self._hints.strataio_realm_cache
+        slot, nslots = RealmCache.shape(cap, DEFAULT_PAGE, realms.stripe)
+        shape = (slot, nslots, realms.stripe)
+        me = self._comm.Get_rank()
+        for agg in owners_of(runs, realms.stripe, realms.naggr).tolist():
+            rank = int(self._aggregators[agg])
+            if rank == me and self._cache is not None:
+                with shared.own():
+                    (self._cache.invalidate if drop else self._cache.flush)(runs)
+            elif rank != me:
+                shared.clean(rank, runs, self._driver, drop, shape)
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"{self._comm.Get_size()} ranks"

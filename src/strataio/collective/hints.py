@@ -100,6 +100,11 @@ class Hints:
     strataio_realms: str = "even"
     """``even`` (ROMIO's per-call realms) or ``dynamic`` (with ``romio_cb_pfr=enable``:
     persistent realms recomputed when the view or the memory datatype changes)."""
+    strataio_realm_cache: int = 64 * 1024 * 1024
+    """Bytes of realm cache per aggregator with persistent realms (``romio_cb_pfr=enable`` at
+    open; 0 otherwise, and shown so): LRU pages of the realm kept across collective calls,
+    written back on ``sync``, ``close``, eviction and ``set_size``
+    (:mod:`strataio.collective.realm_cache`). 0 disables it."""
     strataio_cb_overlap: str = AUTOMATIC
     """Two-phase aggregators read or write each window in an I/O thread while the next one is
     exchanged: enable / disable / automatic (when every node has a spare core per aggregator).
@@ -163,6 +168,7 @@ _SPEC: dict[str, tuple[str, int]] = {
     "romio_cb_fr_types": ("frtype", 0),
     "romio_cb_fr_alignment": ("int", 1),
     "strataio_realms": ("str", 0),
+    "strataio_realm_cache": ("int", 0),
     "strataio_cb_overlap": ("switch", 0),
     "romio_cb_ds_threshold": ("percent", 0),
     "strataio_pipeline_groups": ("int", 1),
@@ -176,15 +182,18 @@ _SPEC: dict[str, tuple[str, int]] = {
 _DRIVER_PARAM = "strataio_driver_"
 _DRIVERS = ("posix", "shaped")
 
+#: the smallest realm cache (bytes): its page table and a few pages
+MIN_REALM_CACHE = 1024
+
 #: hints of engines not built yet -> what they would do; given, they raise HintError
 PLANNED: dict[str, str] = {
-    "strataio_cache": "a collective write-back cache",
     "strataio_trace": "I/O tracing",
 }
 
 #: hints read at open only: the aggregators (as in ROMIO), who opened the file, its driver
 _OPEN_ONLY = (
     "cb_nodes",
+    "strataio_realm_cache",
     "cb_config_list",
     "romio_no_indep_rw",
     "strataio_driver",
@@ -349,6 +358,11 @@ def parse_hints(
         values[key] = _parse(key, spec[0], spec[1], raw)
     if "cb_config_list" in values:
         parse_config_list(values["cb_config_list"])
+    if 0 < values.get("strataio_realm_cache", 0) < MIN_REALM_CACHE:
+        raise HintError(
+            f"hint strataio_realm_cache={values['strataio_realm_cache']}: a realm cache needs "
+            f"at least {MIN_REALM_CACHE} bytes (0 disables it)"
+        )
     driver = values.get("strataio_driver", base.strataio_driver if base else "posix")
     if driver not in _DRIVERS:
         raise HintError(f"hint strataio_driver={driver!r}: expected one of {', '.join(_DRIVERS)}")

@@ -39,6 +39,7 @@ from strataio.collective.driver import Driver
 from strataio.collective.exchange import ExchangeSide, alltoallw
 from strataio.collective.node import NodeLayout
 from strataio.collective.pipeline import Groups, pipeline_groups
+from strataio.collective.realm_cache import RealmCache
 from strataio.collective.realms import RealmPolicy
 from strataio.errors import StrataError
 from strataio.layout.extents import Extents, exclusive_cumsum
@@ -382,7 +383,7 @@ class _Window:
     and a realm buffer laid out like the file from the first span on, which the exchange fills
     (writes) or drains (reads) at the pieces' file positions."""
 
-    __slots__ = ("base", "buf", "runs", "spans")
+    __slots__ = ("base", "buf", "realm", "runs", "spans")
 
     def __init__(
         self,
@@ -406,20 +407,36 @@ class _Window:
         self.base = int(sp_at[0])
         self.buf = buffer[: int(sp_at[-1] + sp_len[-1]) - self.base]
         self.runs = (run_at - self.base, run_len)
+        self.realm = realm
         j = np.searchsorted(realm_pos, sp_at, side="right") - 1
         sp_off = realm_off[j] + (sp_at - realm_pos[j])
         at = (sp_at - self.base).tolist()
         self.spans = list(zip(at, sp_off.tolist(), sp_len.tolist(), holes.tolist()))
 
+    def _cached_runs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The runs' file offsets, lengths and buffer positions (for a realm cache, which moves
+        exactly the runs' bytes in one vectorized call)."""
+        run_at, run_len = self.runs
+        realm_pos, realm_off = self.realm
+        j = np.searchsorted(realm_pos, run_at + self.base, side="right") - 1
+        return realm_off[j] + (run_at + self.base - realm_pos[j]), run_len, run_at
+
     def read(self, driver: Driver) -> None:
         """Fill the spans from the file (past end-of-file with zeros)."""
+        if isinstance(driver, RealmCache):
+            off, length, at = self._cached_runs()
+            driver.read_pieces(off, length, self.buf, at)
+            return
         for at, off, n, _ in self.spans:
             fileio.pread_into(driver, self.buf[at : at + n], off)
 
     def read_holes(self, driver: Driver) -> None:
         """The read of a read-modify-write (safe because the aggregator owns its realm): the
         file's bytes into the spans with holes. Past end-of-file only the holes are zeroed:
-        the exchange overwrites every other byte."""
+        the exchange overwrites every other byte. (A realm cache needs none: it fetches what
+        the pages it writes lack.)"""
+        if isinstance(driver, RealmCache):
+            return
         for at, off, n, hole in self.spans:
             if hole:
                 got = fileio.pread_upto(driver, self.buf[at : at + n], off)
@@ -439,6 +456,10 @@ class _Window:
             copy_pieces(self.buf, gap_at, source, np.zeros_like(gap_at), gap_len)
 
     def write(self, driver: Driver) -> None:
+        if isinstance(driver, RealmCache):
+            off, length, at = self._cached_runs()
+            driver.write_pieces(off, length, self.buf, at)
+            return
         for at, off, n, _ in self.spans:
             fileio.pwrite_from(driver, self.buf[at : at + n], off)
 

@@ -140,6 +140,14 @@ class VectoredPlan:
         # one piece (a contiguous access): (buffer position, length, file position)
         self._one = (int(mem[0]), int(lengths[0]), int(offsets[0])) if total == 1 else None
 
+    def pieces(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The planned pieces (holes a read crosses left out): file offsets, lengths, buffer
+        positions."""
+        data = np.ones(self._filepos.size, dtype=bool)
+        data[self._hole_idx] = False
+        lens = self._lens[data].astype(np.int64)
+        return self._filepos[data], lens, self._mem[data]
+
     @property
     def calls(self) -> int:
         """System calls one transfer makes (without short reads)."""
