@@ -44,6 +44,10 @@ def run_case(comm: MPI.Comm, seed: int, workdir: str) -> list[str]:
     ours = {
         "strataio_cb_overlap": str(shared.choice(["enable", "disable", "automatic"])),
         "romio_cb_ds_threshold": str(shared.choice(["automatic", "0", "50", "100"])),
+        # the groups over persistent realms, with and without the aggregators' realm cache
+        "romio_cb_pfr": str(shared.choice(["disable", "enable"])),
+        "romio_cb_fr_types": str(shared.choice(["aar", "-1", "4096"])),
+        "strataio_realm_cache": str(shared.choice(["0", "4096", "1048576"])),
     }
     mt, count = make_memtype(mine, esize, 6000)
     buf = mem_buffer(mt, count, mine)
