@@ -115,6 +115,10 @@ class Hints:
     the aggregators, taking turns at the file while the others exchange
     (:mod:`strataio.collective.pipeline`); an open file shows it clamped to ``cb_nodes``.
     1: plain two-phase I/O."""
+    strataio_duplicate_writes: str = "error"
+    """A collective write through indirection arrays (``File.write_items``) that names one
+    index on several ranks: ``error`` (:class:`~strataio.errors.DuplicateWriteError` on every
+    rank, nothing written) or ``last-rank`` (the highest rank's value is written)."""
     strataio_driver: str = "posix"
     """Storage driver: ``posix``, or ``shaped`` (POSIX under a cost model)."""
     strataio_driver_bandwidth: int = 200_000_000
@@ -166,6 +170,7 @@ _SPEC: dict[str, tuple[str, int]] = {
     "strataio_cb_overlap": ("switch", 0),
     "romio_cb_ds_threshold": ("percent", 0),
     "strataio_pipeline_groups": ("int", 1),
+    "strataio_duplicate_writes": ("str", 0),
     "strataio_driver": ("str", 0),
     "strataio_driver_bandwidth": ("int", 1),
     "strataio_driver_latency": ("float", 0),
@@ -175,6 +180,7 @@ _SPEC: dict[str, tuple[str, int]] = {
 
 _DRIVER_PARAM = "strataio_driver_"
 _DRIVERS = ("posix", "shaped")
+_DUPLICATE_WRITES = ("error", "last-rank")
 
 #: hints of engines not built yet -> what they would do; given, they raise HintError
 PLANNED: dict[str, str] = {
@@ -349,6 +355,13 @@ def parse_hints(
         values[key] = _parse(key, spec[0], spec[1], raw)
     if "cb_config_list" in values:
         parse_config_list(values["cb_config_list"])
+    dup = values.get("strataio_duplicate_writes")
+    if dup is not None:
+        dup = values["strataio_duplicate_writes"] = dup.lower()
+    if dup is not None and dup not in _DUPLICATE_WRITES:
+        raise HintError(
+            f"hint strataio_duplicate_writes={dup!r}: expected one of {', '.join(_DUPLICATE_WRITES)}"
+        )
     driver = values.get("strataio_driver", base.strataio_driver if base else "posix")
     if driver not in _DRIVERS:
         raise HintError(f"hint strataio_driver={driver!r}: expected one of {', '.join(_DRIVERS)}")
