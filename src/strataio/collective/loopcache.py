@@ -160,9 +160,9 @@ class LoopCache:
 
         held = records(data, size)[cur.last]  # the old loop's items, one per unique index
         self.stats.add_write(self._file.write_items(released, held[~kept]))
-        incoming = np.empty((int(fresh.sum()), held.shape[1]), dtype=held.dtype)
+        incoming = np.empty(int(fresh.sum()), dtype=held.dtype)
         self.stats.add_read(self._file.read_items(new, incoming))
-        merged = np.empty((new_u.size, held.shape[1]), dtype=held.dtype)
+        merged = np.empty(new_u.size, dtype=held.dtype)
         merged[at[kept]] = held[kept]
         merged[fresh] = incoming
         out = np.empty(nxt.n, dtype=self._dtype)
