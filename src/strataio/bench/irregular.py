@@ -41,6 +41,7 @@ import numpy as np
 from mpi4py import MPI
 
 import strataio
+from strataio.bench.realms import DRIVERS
 
 ROMIO_HINTS = {"romio_cb_read": "enable", "romio_cb_write": "enable", "cb_config_list": "*:*"}
 
@@ -161,28 +162,48 @@ def irregular(comm: MPI.Comm, path: str, items: int, itemsize: int, reps: int) -
     return row
 
 
-def _loops(rank: int, nprocs: int, per: int, loops: int) -> tuple[int, list[np.ndarray]]:
-    """Each rank's indices per loop: a window of ``per`` items of a shared permutation sliding
-    by ``per / 8`` per loop (7/8 overlap), in random order; windows of ranks never meet."""
+#: how a rank's loop indices lie in the global array: ``range`` (a contiguous range sliding
+#: by 1/8 per loop, visited in random order: the paper's Figure 1, where the released and the
+#: new data are ranges) or ``scattered`` (the same over a random permutation of the items:
+#: released and new items spread over the whole file)
+LAYOUTS = ("range", "scattered")
+
+
+def _loops(
+    rank: int, nprocs: int, per: int, loops: int, layout: str
+) -> tuple[int, list[np.ndarray]]:
+    """Each rank's indices per loop: a window of ``per`` items sliding by ``per / 8`` per loop
+    (7/8 overlap), in random order; windows of ranks never meet."""
     span = per + (loops - 1) * (per // 8)
     nitems = nprocs * span
-    perm = np.random.default_rng(3).permutation(nitems)
+    items = np.arange(nitems)
+    if layout == "scattered":
+        items = np.random.default_rng(3).permutation(nitems)
     rng = np.random.default_rng(4 + rank)
     out = []
     for k in range(loops):
-        ix = perm[rank * span + k * (per // 8) :][:per].copy()
+        ix = items[rank * span + k * (per // 8) :][:per].copy()
         rng.shuffle(ix)
         out.append(ix)
     return nitems, out
 
 
 def loopcache(
-    comm: MPI.Comm, workdir: str, index_bytes: int, loops: int, reps: int
+    comm: MPI.Comm,
+    workdir: str,
+    index_bytes: int,
+    loops: int,
+    reps: int,
+    driver: str,
+    layout: str = "range",
+    extra: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """One size of the ``loopcache`` benchmark (see the module's notes)."""
+    """One size of the ``loopcache`` benchmark on ``driver`` (``local`` or ``pfs``, the
+    shaped driver's parallel-file-system preset of :mod:`strataio.bench.realms`)."""
+    hints = {**DRIVERS[driver], **(extra or {})}
     nprocs, rank = comm.Get_size(), comm.Get_rank()
     itemsize, per = 8, max(index_bytes // 4, 8)
-    nitems, idx = _loops(rank, nprocs, per, loops)
+    nitems, idx = _loops(rank, nprocs, per, loops, layout)
     paths = [os.path.join(workdir, f"loop-{k}.bin") for k in ("plain", "cached")]
     start = np.random.default_rng(5).integers(0, 1 << 40, nitems, dtype=np.int64)
     if rank == 0:
@@ -195,7 +216,7 @@ def loopcache(
         return v + idx[k] + k
 
     def plain() -> None:
-        with strataio.File.open(comm, paths[0], "r+") as f:
+        with strataio.File.open(comm, paths[0], "r+", hints) as f:
             for k, s in enumerate(scheds):
                 v = np.empty(idx[k].size, np.int64)
                 f.read_items(s, v)
@@ -204,7 +225,7 @@ def loopcache(
     stats: list[Any] = []
 
     def cached() -> None:
-        with strataio.File.open(comm, paths[1], "r+") as f:
+        with strataio.File.open(comm, paths[1], "r+", hints) as f:
             cache = strataio.LoopCache(f, scheds[0], dtype=np.int64)
             v = body(0, cache.values)
             for k in range(1, loops):
@@ -225,7 +246,8 @@ def loopcache(
         for p in paths:
             os.unlink(p)
     tp, tc = statistics.median(t_plain), statistics.median(t_cached)
-    return {"ranks": nprocs, "index_bytes": index_bytes, "items_per_rank": per, "loops": loops,
+    return {"ranks": nprocs, "driver": driver, "hints": extra or {}, "layout": layout,
+            "index_bytes": index_bytes, "items_per_rank": per, "loops": loops,
             "data_bytes": nprocs * per * itemsize, "no_caching": tp, "caching": tc,
             "speedup": tp / tc, "same_bytes": bool(same),
             "items_read": {"no_caching": held, "caching": tot.items_read},
@@ -240,8 +262,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--itemsize", type=int, action="append", help="irregular: bytes per item")
     ap.add_argument("--index-bytes", type=int, action="append", help="loopcache: per rank")
     ap.add_argument("--loops", type=int, default=4)
+    ap.add_argument("--driver", action="append", choices=sorted(DRIVERS), help="loopcache")
+    ap.add_argument("--layout", action="append", choices=LAYOUTS, help="loopcache")
+    ap.add_argument("--hint", action="append", default=[], help="loopcache: KEY=VALUE")
     ap.add_argument("--reps", type=int, default=3)
     args = ap.parse_args(argv)
+    extra = dict(h.split("=", 1) for h in args.hint)
     comm = MPI.COMM_WORLD
     workdir = comm.bcast(tempfile.mkdtemp(prefix="strataio-bench-") if comm.rank == 0 else None)
     rows = []
@@ -253,8 +279,12 @@ def main(argv: list[str] | None = None) -> int:
         if comm.rank == 0:
             os.unlink(path)
     else:
-        for nb in args.index_bytes or [4096, 16384, 65536, 262144, 1048576]:
-            rows.append(loopcache(comm, workdir, nb, args.loops, args.reps))
+        for driver in args.driver or ["local", "pfs"]:
+            for layout in args.layout or ["range"]:
+                for nb in args.index_bytes or [4096, 16384, 65536, 262144, 1048576]:
+                    rows.append(
+                        loopcache(comm, workdir, nb, args.loops, args.reps, driver, layout, extra)
+                    )
     comm.Barrier()
     if comm.rank == 0:
         print(json.dumps(rows))

@@ -111,6 +111,21 @@ def _runs(items: np.ndarray, itemsize: int) -> tuple[np.ndarray, np.ndarray, np.
     return items[first] * itemsize, count * itemsize, first.astype(_I64) * itemsize
 
 
+def _unique(a: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``a``'s sorted unique values, each element's position among them, the stable sort
+    order of ``a`` and where each unique value's run starts in it (``np.unique`` with
+    ``return_inverse`` less its overheads; a stable sort also finds sorted runs, such as
+    the per-rank requests an aggregator receives)."""
+    order = np.argsort(a, kind="stable")
+    s = a[order]
+    new = np.ones(a.size, dtype=bool)
+    new[1:] = s[1:] != s[:-1]
+    first = np.flatnonzero(new)
+    inverse = np.empty(a.size, dtype=np.intp)
+    inverse[order] = np.cumsum(new) - 1
+    return s[first], inverse, order, first
+
+
 class _Group:
     """An aggregator's share of one iteration: the sorted unique items it accesses, and the
     positions in that group of what each rank wants (ordered by rank, then index)."""
@@ -209,6 +224,8 @@ class IndexSchedule:
     ROMIO's ``cb_buffer_size``). ``aggregators``: the ranks that access the file (default:
     every rank). Raises :class:`~strataio.errors.SelectionError` (an index out of range) or
     :class:`~strataio.errors.StrataError` on every rank when any rank's arguments are bad.
+    ``validate=False`` skips that agreement (one collective) for indices every rank knows to
+    be valid, such as subsets of another schedule's (a bad one then fails only its rank).
     """
 
     def __init__(
@@ -220,6 +237,7 @@ class IndexSchedule:
         *,
         buffer_size: int | None = None,
         aggregators: Any = None,
+        validate: bool = True,
     ) -> None:
         t0 = time.perf_counter()
         nprocs, rank = comm.Get_size(), comm.Get_rank()
@@ -256,7 +274,8 @@ class IndexSchedule:
                     )
         except Exception as exc:  # every rank must hear of it
             err = exc
-        agree(comm, err)
+        if validate or err is not None:  # (unchecked: an error only this rank knows)
+            agree(comm, err)
         self.nitems, self.itemsize, self.buffer_size = nitems, itemsize, buffer_size
         self.nprocs, self.rank = nprocs, rank
         self.aggregators = aggs
@@ -267,14 +286,7 @@ class IndexSchedule:
         # The rank's unique indices, sorted (so grouped by destination), with the position of
         # each index among them and the last occurrence of each (whose value a write takes).
         n = idx.size
-        order = np.argsort(idx, kind="stable")
-        s = idx[order]
-        new = np.ones(n, dtype=bool)
-        new[1:] = s[1:] != s[:-1]
-        first = np.flatnonzero(new)
-        self.unique = s[first]
-        self.inverse = np.empty(n, dtype=np.intp)
-        self.inverse[order] = np.cumsum(new) - 1
+        self.unique, self.inverse, order, first = _unique(idx)
         self.last = order[np.append(first[1:], n) - 1] if n else np.zeros(0, dtype=np.intp)
         self.n = n
 
@@ -299,8 +311,8 @@ class IndexSchedule:
         counts = np.zeros((0, nprocs), dtype=_I64)
         if wanted.size:
             src = np.repeat(np.arange(nprocs, dtype=_I64), rcount)
-            union, inv = np.unique(wanted, return_inverse=True)
-            shared = int((np.bincount(inv, minlength=union.size) > 1).sum())
+            union, inv, _, first = _unique(wanted)
+            shared = int((np.diff(np.append(first, wanted.size)) > 1).sum())
             grp = inv // per_iter
             ngroups = -(-union.size // per_iter)
             counts = np.bincount(grp * nprocs + src, minlength=ngroups * nprocs)
@@ -316,8 +328,9 @@ class IndexSchedule:
                         counts[k],
                     )
                 )
-        self.iterations = int(comm.allreduce(len(self.groups), op=MPI.MAX))
-        self.shared = int(comm.allreduce(shared, op=MPI.SUM))
+        table = np.empty((nprocs, 2), dtype=_I64)
+        comm.Allgather(np.array([len(self.groups), shared], dtype=_I64), table)
+        self.iterations, self.shared = int(table[:, 0].max()), int(table[:, 1].sum())
         """Iterations of a transfer (the most groups any aggregator has); ``shared``: indices
         wanted by more than one rank (a write of them needs ``last-rank``)."""
 

@@ -154,21 +154,24 @@ class LoopCache:
 
         t0 = time.perf_counter()
         opts = {"buffer_size": cur.buffer_size, "aggregators": cur.aggregators}
-        released = IndexSchedule(comm, old_u[~kept], cur.nitems, size, **opts)
-        new = IndexSchedule(comm, new_u[fresh], cur.nitems, size, **opts)
+        # (subsets of two checked schedules: no agreement round needed)
+        released = IndexSchedule(comm, old_u[~kept], cur.nitems, size, **opts, validate=False)
+        new = IndexSchedule(comm, new_u[fresh], cur.nitems, size, **opts, validate=False)
         self.stats.schedule_seconds += time.perf_counter() - t0
 
-        held = records(data, size)[cur.last]  # the old loop's items, one per unique index
-        self.stats.add_write(self._file.write_items(released, held[~kept]))
-        incoming = np.empty(int(fresh.sum()), dtype=held.dtype)
+        rec = records(data, size)  # the old loop's values; an index's last occurrence counts
+        self.stats.add_write(self._file.write_items(released, rec[cur.last[~kept]]))
+        incoming = np.empty(new.unique.size, dtype=rec.dtype)
         self.stats.add_read(self._file.read_items(new, incoming))
-        merged = np.empty(new_u.size, dtype=held.dtype)
-        merged[at[kept]] = held[kept]
-        merged[fresh] = incoming
+        # each next item from [old values, incoming]: one gather into the next loop's order
+        src = np.empty(new_u.size, dtype=np.intp)
+        src[at[kept]] = cur.last[kept]
+        src[fresh] = rec.size + np.arange(incoming.size)
+        pool = np.concatenate([rec, incoming])
         out = np.empty(nxt.n, dtype=self._dtype)
-        records(out.reshape(-1).view(np.uint8), size)[:] = merged[nxt.inverse]
+        np.take(pool, src[nxt.inverse], out=records(out.reshape(-1).view(np.uint8), size))
         self.stats.held(
-            data.nbytes + held.nbytes + incoming.nbytes + merged.nbytes + out.nbytes
+            data.nbytes + pool.nbytes + src.nbytes + out.nbytes
             + cur.nbytes + nxt.nbytes + released.nbytes + new.nbytes
         )  # fmt: skip
         self._sched, self.values = nxt, out
