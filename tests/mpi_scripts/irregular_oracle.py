@@ -202,6 +202,29 @@ def main(workdir: str) -> None:
         out[f"cache_items_read_{trial}"] = tot.items_read
         out[f"plain_items_read_{trial}"] = comm.allreduce(held)
 
+    # an aggregator's I/O failure: raised on every rank, no rank left waiting
+    path = os.path.join(workdir, "fail.bin")
+    if rank == 0:
+        np.arange(1000, dtype=np.int64).tofile(path)
+    comm.Barrier()
+    f = strataio.File.open(comm, path, "r+")
+    sched = strataio.IndexSchedule(comm, np.arange(1000)[rank::nprocs], 1000, 8)
+    vals = np.zeros(sched.n, np.int64)
+    fd = f.driver.fd
+    saved = os.dup(fd)
+    for what, mode in (("read", os.O_WRONLY), ("write", os.O_RDONLY)):
+        if rank == nprocs - 1:  # this aggregator's file descriptor now refuses the transfer
+            refusing = os.open(os.devnull, mode)
+            os.dup2(refusing, fd)
+            os.close(refusing)
+        call = f.read_items if what == "read" else f.write_items
+        out[f"io_failure_{what}"] = expect_error(strataio.StrataError, call, sched, vals)
+        os.dup2(saved, fd)
+    os.close(saved)
+    f.read_items(sched, vals)  # usable afterwards
+    check("usable after failures", np.array_equal(vals, np.arange(1000)[rank::nprocs]))
+    f.close()
+
     everyone = comm.gather(failures)
     if rank == 0:
         out["failures"] = sorted({f for fs in everyone for f in fs})

@@ -14,7 +14,7 @@ item, from Python) and ``romio`` (per step what a code without schedules does: a
 file view of the sorted unique indices, ``MPI.Datatype.Create_indexed_block``, then
 ``Read_all`` / ``Write_all`` and the permutation to the rank's order; every rank aggregates in
 both strataio and ROMIO, ``cb_nodes`` = ranks, ``cb_config_list=*:*``). ``romio core`` is
-ROMIO's ``Read_all`` / ``Write_all`` alone (view built beforehand).
+ROMIO's ``Read_at_all`` / ``Write_at_all`` at the view's start alone (view built beforehand).
 
 **loopcache.** Figure 4: ``loops`` irregular loops; each rank's indirection array of
 ``bytes`` (4-byte indices, 4 KB to 1 MB) of 8-byte items moves by 1/8 between loops (7/8
@@ -146,8 +146,10 @@ def irregular(comm: MPI.Comm, path: str, items: int, itemsize: int, reps: int) -
     ok = bool(comm.allreduce(np.array_equal(out, ref), op=MPI.LAND))
     rw = _median(comm, reps, romio_write)
     types = _romio_view(fh, np.sort(idx), itemsize)
-    core_r = _median(comm, reps, lambda: fh.Read_all(sorted_buf))
-    core_w = _median(comm, reps, lambda: fh.Write_all(sorted_buf))
+    core_r = _median(comm, reps, lambda: fh.Read_at_all(0, sorted_buf))
+    ok = ok and np.array_equal(sorted_buf, ref[np.argsort(idx)])
+    ok = bool(comm.allreduce(ok, op=MPI.LAND))
+    core_w = _median(comm, reps, lambda: fh.Write_at_all(0, sorted_buf))
     for t in types:
         t.Free()
     fh.Close()
