@@ -224,8 +224,9 @@ class IndexSchedule:
     ROMIO's ``cb_buffer_size``). ``aggregators``: the ranks that access the file (default:
     every rank). Raises :class:`~strataio.errors.SelectionError` (an index out of range) or
     :class:`~strataio.errors.StrataError` on every rank when any rank's arguments are bad.
-    ``validate=False`` skips that agreement (one collective) for indices every rank knows to
-    be valid, such as subsets of another schedule's (a bad one then fails only its rank).
+    ``validate=False`` skips that agreement (one collective) for indices known to be valid,
+    such as subsets of another schedule's; a bad one then raises on its rank alone, and the
+    others are left waiting, so it is for callers that derive the indices themselves.
     """
 
     def __init__(
@@ -274,8 +275,10 @@ class IndexSchedule:
                     )
         except Exception as exc:  # every rank must hear of it
             err = exc
-        if validate or err is not None:  # (unchecked: an error only this rank knows)
+        if validate:
             agree(comm, err)
+        elif err is not None:  # (a caller's broken promise: only this rank knows)
+            raise err
         self.nitems, self.itemsize, self.buffer_size = nitems, itemsize, buffer_size
         self.nprocs, self.rank = nprocs, rank
         self.aggregators = aggs
@@ -359,7 +362,8 @@ class IndexSchedule:
     @property
     def nbytes(self) -> int:
         """Bytes of memory the schedule holds on this rank (its index arrays and plans'
-        inputs): O(indices of the rank + indices it serves), independent of ``nitems``."""
+        inputs): O(indices of the rank + indices it serves + iterations × ranks),
+        independent of ``nitems``."""
         arrays = [self.unique, self.inverse, self.last, self.counts, self.displs]
         for g in self.groups:
             arrays += [g.items, g.pos, g.counts]
