@@ -84,3 +84,8 @@ class DatasetDisabledError(StrataError):
 class CapabilityError(StrataError, NotImplementedError):
     """A store was asked for an optional capability it does not declare (the message names
     the store, the dataset and the capability)."""
+
+
+class DuplicateWriteError(StrataError, ValueError):
+    """A collective write through indirection arrays names one index on several ranks (the
+    message says how many; the hint ``strataio_duplicate_writes=last-rank`` allows it)."""

@@ -530,3 +530,110 @@ def compress_cmd(
     if not result["verified"]:
         raise click.ClickException("the 8:1 dataset did not read back as written")
     write_json(json_path, result)
+
+
+# ---------------------------------------------------------------------------- irregular I/O
+def _launch(n: int, args: list[str], timeout: float) -> list[dict[str, Any]]:
+    try:
+        rows: list[dict[str, Any]] = run_ranks(n, "strataio.bench.irregular", args, timeout)
+    except StrataError as exc:
+        raise click.ClickException(str(exc)) from None
+    return rows
+
+
+def _render_irregular(rows: list[dict[str, Any]], console: Console) -> None:
+    for row in rows:
+        s, p, r, x = row["strataio"], row["pread"], row["romio"], row["speedup"]
+        title = (f"irregular, {row['ranks']} ranks, {row['items_per_rank']} items of "
+                 f"{row['itemsize']} B per rank ({row['bytes_per_rank'] / 2**20:.0f} MiB)")  # fmt: skip
+        table = Table(title=title, box=box.SIMPLE_HEAD,
+                      caption=f"schedule built once in {_fmt_time(s['build'])}; speedup = "
+                              "contender time / strataio time")  # fmt: skip
+        for name in ("op", "strataio", "pread/item", "romio", "romio core", "vs pread",
+                     "vs romio", "vs core", "reuse"):  # fmt: skip
+            table.add_column(name, justify="left" if name == "op" else "right")
+        for op in ("read", "write"):
+            table.add_row(
+                op, _fmt_time(s[op]), _fmt_time(p[op]), _fmt_time(r[op]),
+                _fmt_time(r[f"core_{op}"]), f"{x[f'{op}_vs_pread']:.1f}",
+                f"{x[f'{op}_vs_romio']:.2f}", f"{x[f'{op}_vs_romio_core']:.2f}",
+                f"{s[f'reuse_speedup_{op}']:.1f}",
+            )  # fmt: skip
+        if not (s["correct"] and p["correct"] and r["correct"]):
+            console.print("[red]a contender read wrong data[/red]")
+        console.print(table)
+
+
+@bench.command("irregular")
+@click.option("--ranks", default="4", show_default=True, help="Comma-separated rank counts.")
+@click.option("--items", default=262144, show_default=True, help="Items per rank.")
+@click.option("--itemsize", "itemsizes", default="16,32", show_default=True,
+              help="Bytes per item (16, 32: 4 and 8 MiB per rank at the default items).")  # fmt: skip
+@click.option("--reps", default=3, show_default=True, help="Repetitions (median reported).")
+@json_option
+@click.option("--timeout", default=600.0, show_default=True, help="Seconds per mpiexec launch.")
+def irregular_cmd(
+    ranks: str, items: int, itemsizes: str, reps: int, json_path: Path | None, timeout: float
+) -> None:
+    """Reads and writes through indirection arrays: index schedules against one pread per
+    item and against ROMIO with an indexed file view (Read_all / Write_all)."""
+    args = ["--bench", "irregular", "--items", str(items), "--reps", str(reps)]
+    args += [a for s in _csv(itemsizes) for a in ("--itemsize", s)]
+    rows = [r for n in _csv(ranks) for r in _launch(int(n), args, timeout)]
+    _render_irregular(rows, make_console())
+    write_json(json_path, rows)
+
+
+def _render_loopcache(rows: list[dict[str, Any]], console: Console) -> None:
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for row in rows:
+        key = (row["ranks"], row["driver"], row["layout"], tuple(sorted(row["hints"].items())))
+        groups.setdefault(key, []).append(row)
+    for (nranks, driver, layout, hints), part in groups.items():
+        extra = "".join(f", {k}={v}" for k, v in hints)
+        table = Table(title=f"loopcache, {nranks} ranks, driver {driver}{extra}, {layout} "
+                            f"windows, {part[0]['loops']} loops, 7/8 overlap",
+                      caption="speedup = no caching time / caching time", box=box.SIMPLE_HEAD)  # fmt: skip
+        for name in ("index array", "data", "no caching", "caching", "speedup", "items read",
+                     "items written", "schedules", "same bytes"):  # fmt: skip
+            table.add_column(name, justify="right")
+        for r in part:
+            style = "green" if r["speedup"] >= 1 else "red"
+            table.add_row(
+                f"{r['index_bytes'] // 1024} KB", f"{r['data_bytes'] / 2**20:.2f} MiB",
+                _fmt_time(r["no_caching"]), _fmt_time(r["caching"]),
+                f"[{style}]{r['speedup']:.2f}[/{style}]",
+                f"{r['items_read']['caching']} / {r['items_read']['no_caching']}",
+                f"{r['items_written']['caching']} / {r['items_written']['no_caching']}",
+                _fmt_time(r["schedule_seconds"]), "yes" if r["same_bytes"] else "[red]NO[/red]",
+            )  # fmt: skip
+        console.print(table)
+
+
+@bench.command("loopcache")
+@click.option("--ranks", default="4", show_default=True, help="Comma-separated rank counts.")
+@click.option("--index-bytes", "sizes", default="4KiB,16KiB,64KiB,256KiB,1MiB",
+              show_default=True, help="Indirection array per rank (4-byte indices).")  # fmt: skip
+@click.option("--loops", default=4, show_default=True, help="Irregular loops.")
+@click.option("--driver", "drivers", multiple=True, type=click.Choice(["local", "pfs"]),
+              help="local disk, pfs (shaped driver, parallel-file-system preset); default both.")  # fmt: skip
+@click.option("--layout", "layouts", multiple=True, type=click.Choice(["range", "scattered"]),
+              help="range (the paper's Figure 1; default) or scattered windows.")  # fmt: skip
+@click.option("--hint", "hints", multiple=True, help="KEY=VALUE hint for both methods.")
+@click.option("--reps", default=3, show_default=True, help="Repetitions (median reported).")
+@json_option
+@click.option("--timeout", default=600.0, show_default=True, help="Seconds per mpiexec launch.")
+def loopcache_cmd(
+    ranks: str, sizes: str, loops: int, drivers: tuple[str, ...], layouts: tuple[str, ...],
+    hints: tuple[str, ...], reps: int, json_path: Path | None, timeout: float,
+) -> None:  # fmt: skip
+    """The paper's Figure 4: software caching across irregular loops (7/8 overlap) against
+    reading and writing every loop in full: total time and items moved."""
+    args = ["--bench", "loopcache", "--loops", str(loops), "--reps", str(reps)]
+    args += [a for s in _csv(sizes) for a in ("--index-bytes", str(parse_size(s)))]
+    args += [a for d in drivers for a in ("--driver", d)]
+    args += [a for lay in layouts for a in ("--layout", lay)]
+    args += [a for h in hints for a in ("--hint", h)]
+    rows = [r for n in _csv(ranks) for r in _launch(int(n), args, timeout)]
+    _render_loopcache(rows, make_console())
+    write_json(json_path, rows)

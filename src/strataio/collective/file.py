@@ -37,7 +37,7 @@ from mpi4py import MPI
 
 from strataio.agreed import agree as _agree
 from strataio.agreed import raise_agreed as _raise_agreed
-from strataio.collective import node, twophase
+from strataio.collective import irregular, node, twophase
 from strataio.collective.access import FIRST, LAST, NBYTES, Access, AccessPlan
 from strataio.collective.agreement import Agreement, agreement_row
 from strataio.collective.bufspec import BufferSpec, parse_buffer
@@ -349,6 +349,11 @@ class File:
         return self._amode
 
     @property
+    def comm(self) -> MPI.Comm:
+        """The file's communicator (a duplicate of the one it was opened on; freed at close)."""
+        return self._comm
+
+    @property
     def driver(self) -> Driver | None:
         """The storage driver this rank reaches the file through (None on a rank that did not
         open it: ``romio_no_indep_rw=true`` and not an aggregator)."""
@@ -619,6 +624,32 @@ class File:
     def write_all(self, buf: Any) -> int:
         """Collective :meth:`write`."""
         return self._transfer(buf, None, write=True, collective=True)
+
+    def read_items(self, sched: irregular.IndexSchedule, out: Any) -> irregular.ItemsIO:
+        """Read the items of an index schedule into ``out`` (collective; a C-contiguous array
+        of ``sched.n * sched.itemsize`` bytes, in this rank's index order). Items are records
+        of ``sched.itemsize`` bytes from byte 0 of the file, whatever the view; see
+        :mod:`strataio.collective.irregular`."""
+        self._check_open()
+        self.last_path = "irregular"
+        return irregular.read_items(
+            self._comm, self._driver, sched, out, self._hints, self._path, self._forbidden[0]
+        )
+
+    def write_items(self, sched: irregular.IndexSchedule, values: Any) -> irregular.ItemsIO:
+        """Write ``values`` (``sched.n`` items of ``sched.itemsize`` bytes, in this rank's
+        index order) to the items of an index schedule (collective); see
+        :meth:`read_items`. An index on two ranks raises
+        :class:`~strataio.errors.DuplicateWriteError` everywhere unless the hint
+        ``strataio_duplicate_writes=last-rank`` is in force."""
+        self._check_open()
+        self.last_path = "irregular"
+        ret = irregular.write_items(
+            self._comm, self._driver, sched, values, self._hints, self._path, self._forbidden[1]
+        )
+        end = sched.nitems * sched.itemsize  # (at most: the highest index written)
+        self._size_floor = max(self._size_floor, min(end, self._size()))
+        return ret
 
     def _prepare(
         self, buf: Any, offset: int | None, write: bool

@@ -120,6 +120,10 @@ class Hints:
     the aggregators, taking turns at the file while the others exchange
     (:mod:`strataio.collective.pipeline`); an open file shows it clamped to ``cb_nodes``.
     1: plain two-phase I/O."""
+    strataio_duplicate_writes: str = "error"
+    """A collective write through indirection arrays (``File.write_items``) that names one
+    index on several ranks: ``error`` (:class:`~strataio.errors.DuplicateWriteError` on every
+    rank, nothing written) or ``last-rank`` (the highest rank's value is written)."""
     strataio_driver: str = "posix"
     """Storage driver: ``posix``, or ``shaped`` (POSIX under a cost model)."""
     strataio_driver_bandwidth: int = 200_000_000
@@ -172,6 +176,7 @@ _SPEC: dict[str, tuple[str, int]] = {
     "strataio_cb_overlap": ("switch", 0),
     "romio_cb_ds_threshold": ("percent", 0),
     "strataio_pipeline_groups": ("int", 1),
+    "strataio_duplicate_writes": ("str", 0),
     "strataio_driver": ("str", 0),
     "strataio_driver_bandwidth": ("int", 1),
     "strataio_driver_latency": ("float", 0),
@@ -181,6 +186,7 @@ _SPEC: dict[str, tuple[str, int]] = {
 
 _DRIVER_PARAM = "strataio_driver_"
 _DRIVERS = ("posix", "shaped")
+_DUPLICATE_WRITES = ("error", "last-rank")
 
 #: the smallest realm cache (bytes): its page table and a few pages
 MIN_REALM_CACHE = 1024
@@ -362,6 +368,13 @@ def parse_hints(
         raise HintError(
             f"hint strataio_realm_cache={values['strataio_realm_cache']}: a realm cache needs "
             f"at least {MIN_REALM_CACHE} bytes (0 disables it)"
+        )
+    dup = values.get("strataio_duplicate_writes")
+    if dup is not None:
+        dup = values["strataio_duplicate_writes"] = dup.lower()
+    if dup is not None and dup not in _DUPLICATE_WRITES:
+        raise HintError(
+            f"hint strataio_duplicate_writes={dup!r}: expected one of {', '.join(_DUPLICATE_WRITES)}"
         )
     driver = values.get("strataio_driver", base.strataio_driver if base else "posix")
     if driver not in _DRIVERS:

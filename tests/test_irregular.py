@@ -1,0 +1,130 @@
+"""Index schedules (``strataio.IndexSchedule``, ``File.read_items`` / ``write_items``): random
+index sets against a numpy oracle in process and at 1, 2 and 4 ranks, errors agreed on every
+rank, and the memory and reuse properties of a schedule."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import strataio
+from mpirun import run_mpi
+from strataio.collective.hints import parse_hints
+from strataio.collective.irregular import IndexSchedule
+from strataio.errors import HintError, SelectionError, ShapeMismatchError, StrataError
+
+
+@pytest.mark.parametrize("nprocs", [1, 2, 4])
+def test_index_schedules_match_a_numpy_oracle_under_mpiexec(tmp_path, nprocs):
+    out = json.loads(run_mpi(nprocs, "irregular_oracle.py", tmp_path, timeout=240).splitlines()[-1])
+    assert out["failures"] == []
+    for key, value in out.items():
+        if key.startswith(("out_of_range", "wrong_count", "duplicate", "io_failure")):
+            assert value == "raised", (key, value)
+    assert "io_failure_read" in out and "io_failure_write" in out
+    if nprocs > 1:
+        assert "duplicate_32" in out
+    for trial in range(3):  # caching reads fewer items than reading every loop in full
+        assert out[f"cache_items_read_{trial}"] < out[f"plain_items_read_{trial}"]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    itemsize=st.sampled_from([1, 3, 8, 32]),
+    nitems=st.integers(1, 200),
+    picks=st.lists(st.floats(0, 1, exclude_max=True), max_size=120),
+    buffer_items=st.sampled_from([1, 2, 7, 1000]),
+    data=st.data(),
+)
+def test_read_and_write_items_agree_with_numpy(
+    tmp_path_factory, itemsize, nitems, picks, buffer_items, data
+):
+    path = tmp_path_factory.mktemp("items") / "a.bin"
+    rng = np.random.default_rng(len(picks))
+    start = rng.integers(0, 256, (nitems, itemsize), dtype=np.uint8)
+    start.tofile(path)
+    idx = (np.array(picks) * nitems).astype(np.int64)
+    sched = IndexSchedule(_self(), idx, nitems, itemsize, buffer_size=buffer_items * itemsize)
+    with strataio.File.open(
+        None, path, "r+", {"romio_ds_read": data.draw(st.sampled_from(["automatic", "disable"]))}
+    ) as f:
+        got = np.empty((idx.size, itemsize), np.uint8)
+        f.read_items(sched, got)
+        assert np.array_equal(got, start[idx])
+        vals = rng.integers(0, 256, (idx.size, itemsize), dtype=np.uint8)
+        f.write_items(sched, vals)
+    expect = start.copy()
+    for i, v in zip(idx.tolist(), vals):  # one by one: the last occurrence wins
+        expect[i] = v
+    assert np.array_equal(np.fromfile(path, dtype=np.uint8).reshape(nitems, itemsize), expect)
+
+
+def _self():
+    from mpi4py import MPI
+
+    return MPI.COMM_SELF
+
+
+def test_a_schedule_is_reused_without_rebuilding(tmp_path):
+    nitems, itemsize = 5000, 32
+    idx = np.random.default_rng(1).integers(0, nitems, 3000)
+    sched = IndexSchedule(_self(), idx, nitems, itemsize)
+    built = sched.build_seconds
+    for name in ("a.bin", "b.bin"):  # across calls and across files of the same item count
+        with strataio.File.open(None, tmp_path / name, "w") as f:
+            vals = np.arange(idx.size * 4, dtype=np.float64).reshape(-1, 4)
+            vals[:] = idx[:, None]  # a repeated index gets the same value everywhere
+            f.write_items(sched, vals)
+            back = np.empty_like(vals)
+            f.read_items(sched, back)
+            f.read_items(sched, back)
+            assert np.array_equal(back, vals)
+            assert f.last_path == "irregular"
+    assert sched.build_seconds == built
+    assert sched.iterations == 1 and np.array_equal(sched.indices, idx)
+
+
+def test_schedule_memory_follows_the_rank_not_the_array():
+    small = IndexSchedule(_self(), [5, 3, 5, 9], 10, 8)
+    huge = IndexSchedule(_self(), [5, 3, 5, 9], 10**15, 8)
+    assert small.nbytes == huge.nbytes < 1024
+
+
+def test_iterations_are_bounded_by_the_buffer():
+    sched = IndexSchedule(_self(), np.arange(100), 100, 8, buffer_size=8 * 30)
+    assert sched.iterations == 4 and max(g.items.size for g in sched.groups) == 30
+
+
+def test_bad_arguments_raise_strata_errors(tmp_path):
+    with pytest.raises(SelectionError, match="out of range"):
+        IndexSchedule(_self(), [0, 10], 10, 4)
+    with pytest.raises(SelectionError, match="out of range"):
+        IndexSchedule(_self(), [-1], 10, 4)
+    with pytest.raises(SelectionError, match="integers"):
+        IndexSchedule(_self(), [0.5], 10, 4)
+    with pytest.raises(StrataError, match="buffer_size"):
+        IndexSchedule(_self(), [0], 10, 4, buffer_size=2)
+    sched = IndexSchedule(_self(), [1, 2], 10, 4)
+    path = tmp_path / "e.bin"
+    path.write_bytes(bytes(range(40)))
+    with strataio.File.open(None, path, "r+") as f:
+        with pytest.raises(ShapeMismatchError, match="need 8"):
+            f.write_items(sched, np.zeros(3, np.int32))
+        with pytest.raises(ShapeMismatchError):
+            f.read_items(sched, np.zeros(2, np.int64))
+    assert path.read_bytes() == bytes(range(40))  # nothing written
+    with strataio.File.open(None, path, "r") as f, pytest.raises(strataio.StrataError):
+        f.write_items(sched, np.zeros(2, np.int32))
+
+
+def test_duplicate_writes_hint():
+    assert parse_hints({"strataio_duplicate_writes": "Last-Rank"}).strataio_duplicate_writes == (
+        "last-rank"
+    )
+    assert parse_hints(None).as_dict()["strataio_duplicate_writes"] == "error"
+    with pytest.raises(HintError, match="strataio_duplicate_writes"):
+        parse_hints({"strataio_duplicate_writes": "first"})
