@@ -1,0 +1,310 @@
+"""Calibration, the paper's PTool: measure each tier's native calls into the performance table.
+
+Per tier, at each concurrency level ``c`` (``c`` processes, launched under ``mpiexec``, making
+the same call at once, each call started after a barrier and the slowest process's time kept), the terms of equation (1) (:mod:`strataio.predict.perfdb` names the ops):
+
+- ``open``, ``seek``, ``close``: a :class:`strataio.File` opened on the tier (alone on its
+  process), its file pointer moved, closed;
+- ``write`` / ``read`` of ``s`` bytes: one independent File call (the ``naive`` method's);
+- ``write_all`` / ``read_all`` of ``s`` bytes: one collective File call moving ``s`` bytes in
+  all through one aggregator in one two-phase window (the ``collective`` method's unit);
+- ``connect`` / ``disconnect``: the tier backend's first request less a second one, and its
+  close;
+- ``put`` / ``get`` of ``s`` bytes: one chunk of ``s`` bytes written or read whole through a
+  collective dataset over the tier's backend (uncompressed).
+
+Sizes are log-spaced (×4) from 1 KiB to 256 MiB unless capped, each measured ``repeat`` times.
+Reads are cold where the tier allows it: before each read the file's pages are dropped from the
+page cache (``POSIX_FADV_DONTNEED``, see :meth:`PosixBackend.drop_cache`); a file system that
+ignores the advice reads warm, which the curves then show. A calibration's rows share one
+``when``, so the latest calibration of a tier replaces earlier ones for prediction while the
+catalog keeps them all.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from strataio.catalog.base import Catalog, PerfRow
+from strataio.predict.perfdb import PerfTable
+
+__all__ = ["DEFAULT_LEVELS", "calibrate", "default_sizes", "plot_perf"]
+
+KIB = 1024
+MAX_SIZE = 256 << 20
+DEFAULT_LEVELS = (1, 2, 4)
+
+
+def default_sizes(max_size: int = MAX_SIZE, min_size: int = KIB) -> list[int]:
+    """Transfer sizes ``min_size · 4^k`` up to ``max_size`` (1 KiB … 256 MiB by default)."""
+    out, s = [], int(min_size)
+    while s <= max_size:
+        out.append(s)
+        s *= 4
+    return out
+
+
+def steps(sizes: Sequence[int], repeat: int) -> int:
+    """Timed calls one calibration level makes (its progress total)."""
+    return 6 * len(sizes) * repeat + 3 * repeat + 2
+
+
+def calibrate(
+    config: Any,
+    catalog: Catalog,
+    tiers: Sequence[str] | None = None,
+    *,
+    sizes: Sequence[int] | None = None,
+    repeat: int = 3,
+    levels: Sequence[int] = DEFAULT_LEVELS,
+    cold: bool = True,
+    on_progress: Callable[[str, int, int], None] | None = None,
+) -> list[PerfRow]:
+    """Calibrate ``tiers`` (names; default every posix tier of ``config``) and record the rows
+    in ``catalog``; returns them. ``on_progress(tier, done, total)`` follows the measurement."""
+    from strataio.predict.native import tier_dir
+    from strataio.predict.ranks import launch
+
+    sizes = list(sizes or default_sizes())
+    names = list(tiers) if tiers else [t.name for t in config.tiers if t.kind == "posix"]
+    configs = [config.tier(n) for n in names]
+    for tc in configs:
+        tier_dir(tc)  # a tier calibration cannot reach: say so before measuring anything
+    per_level = steps(sizes, repeat)
+    all_rows: list[PerfRow] = []
+    for tc in configs:
+        when = time.time()
+        done = 0
+        total = per_level * len(levels)
+        rows: list[PerfRow] = []
+        for c in levels:
+            args = [
+                json.dumps(
+                    {
+                        "config": config.source or "",
+                        "tier": tc.name,
+                        "sizes": sizes,
+                        "repeat": repeat,
+                        "cold": cold,
+                    }
+                )
+            ]
+
+            def progress(k: int, base: int = done) -> None:
+                if on_progress is not None:
+                    on_progress(tc.name, base + k, total)
+
+            got = launch(c, "strataio.predict.calibrate", args, on_progress=progress)
+            rows += [PerfRow(tc.name, op, n, sec, c, when) for op, n, sec in got["rows"]]
+            done += per_level
+        catalog.record_perf(rows)
+        all_rows += rows
+    return all_rows
+
+
+# -- the ranks' side ------------------------------------------------------------------------
+
+
+class _Timer:
+    """Times calls made at once on every rank; keeps the slowest rank's time (rank 0)."""
+
+    def __init__(self, comm: Any) -> None:
+        self.comm = comm
+        self.rows: list[tuple[str, int, float]] = []
+        self.count = 0
+
+    def time(self, op: str, nbytes: int, fn: Callable[[], Any]) -> Any:
+        self.comm.Barrier()
+        t0 = time.perf_counter()
+        out = fn()
+        dt = time.perf_counter() - t0
+        self.record(op, nbytes, dt)
+        return out
+
+    def record(self, op: str, nbytes: int, seconds: float) -> None:
+        from mpi4py import MPI
+
+        slowest = self.comm.allreduce(seconds, op=MPI.MAX)
+        self.rows.append((op, nbytes, slowest))
+        self.count += 1
+        if self.count % 4 == 0:
+            from strataio.predict.ranks import report
+
+            report(self.comm, {"progress": self.count})
+
+
+def _measure(tc: Any, sizes: list[int], repeat: int, cold: bool, comm: Any) -> list:
+    """Every op of the module docs, timed on the ``comm`` ranks at once, as runs use them: one
+    File shared by the ranks, each rank's calls at its own offsets, files grown by each write
+    (a run's dumps are new data); one chunk per rank of a collective dataset."""
+    from strataio.arrays.dataset import Dataset
+    from strataio.arrays.metadata import ArrayMetadata
+    from strataio.arrays.store import BackendChunkStore
+    from strataio.collective.file import File
+    from strataio.predict.native import (
+        WORK_DIR,
+        drop_cached,
+        file_hints,
+        tier_backend,
+        work_path,
+    )
+
+    rank, nprocs = comm.Get_rank(), comm.Get_size()
+    timer = _Timer(comm)
+    buf = np.random.default_rng(rank).integers(0, 256, max(sizes), dtype=np.uint8)
+    out = np.empty_like(buf)
+    path = work_path(tc, "calibrate.bin")
+    wh, rh = file_hints(tc, True), file_hints(tc, False)
+
+    def fresh(hints: dict[str, str]) -> Any:
+        if rank == 0:
+            drop_cached(path)
+        return File.open(comm, path, "w", hints)
+
+    try:
+        for _ in range(repeat):
+            f = timer.time("open", 0, lambda: File.open(comm, path, "w", wh))
+            timer.time("seek", 0, lambda f=f: f.seek(12345))
+            timer.time("close", 0, f.close)
+        # independent calls (naive): rank r's k-th call at slot k * nprocs + r
+        for s in sizes:
+            f = fresh(wh)
+            for k in range(repeat + 1):
+                off = (k * nprocs + rank) * s
+                if k == 0:
+                    f.write_at(off, buf[:s])  # warm-up, untimed
+                else:
+                    timer.time("write", s, lambda s=s, off=off: f.write_at(off, buf[:s]))
+            f.close()
+        f = File.open(comm, path, "r", rh)
+        for s in sizes:
+            for k in range(repeat):
+                off = (k * nprocs + rank) * s
+                if cold and rank == 0:
+                    drop_cached(path)
+                timer.time("read", s, lambda s=s, off=off: f.read_at(off, out[:s]))
+        f.close()
+        # collective calls (two-phase, one aggregator, one window of s bytes)
+        for s in sizes:
+            part = s // nprocs
+            cb = {"cb_nodes": "1", "cb_buffer_size": str(max(s, 1)), "romio_cb_write": "enable"}
+            f = fresh({**wh, **cb})
+            for k in range(repeat + 1):
+                off = k * s + rank * part
+                if k == 0:
+                    f.write_at_all(off, buf[:part])
+                else:
+                    timer.time("write_all", s, lambda off=off: f.write_at_all(off, buf[:part]))
+            f.close()
+            f = File.open(comm, path, "r", {**rh, **cb, "romio_cb_read": "enable"})
+            for k in range(1, repeat + 1):
+                off = k * s + rank * part
+                if cold and rank == 0:
+                    drop_cached(path)
+                timer.time("read_all", s, lambda off=off: f.read_at_all(off, out[:part]))
+            f.close()
+        # the backend: connection, then a collective dataset of one chunk per rank
+        backend = tier_backend(tc)
+        probe = f"{WORK_DIR}/calibrate.bin"
+        comm.Barrier()
+        t0 = time.perf_counter()
+        backend.exists(probe)
+        t1 = time.perf_counter()
+        backend.exists(probe)
+        t2 = time.perf_counter()
+        timer.record("connect", 0, max(0.0, (t1 - t0) - (t2 - t1)))
+        for s in sizes:
+            prefix = f"{WORK_DIR}/calibrate-{s}"
+            meta = ArrayMetadata.create((nprocs * s,), "u1", (s,), None)
+            store = BackendChunkStore(backend, prefix)
+            if rank == 0:
+                store.put_meta(meta.to_json())
+            comm.Barrier()
+            ds = Dataset(store, meta, "r+", comm=comm)
+            mine = slice(rank * s, (rank + 1) * s)
+            ds.write_all(mine, buf[:s])  # warm-up, untimed
+            for _ in range(repeat):
+                timer.time("put", s, lambda ds=ds, s=s: _put(ds, mine, buf[:s]))
+            for _ in range(repeat):
+                ds.clear_cache()
+                if cold and rank == 0:
+                    drop_cached(os.path.join(tc.path, prefix))
+                timer.time("get", s, lambda ds=ds: ds.read_all(mine))
+            ds.close()
+            comm.Barrier()
+            if rank == 0:
+                store.clear()
+        timer.time("disconnect", 0, backend.close)
+    finally:
+        comm.Barrier()
+        if rank == 0:
+            with contextlib.suppress(OSError):
+                os.remove(path)
+    return timer.rows
+
+
+def _put(ds: Any, sel: slice, data: np.ndarray) -> None:
+    ds.write_all(sel, data)
+    ds.flush()
+
+
+def _rank_main(argv: list[str]) -> None:
+    from mpi4py import MPI
+
+    from strataio.config import load_config
+    from strataio.predict.ranks import report
+
+    args = json.loads(argv[0])
+    config = load_config(args["config"] or None)
+    rows = _measure(
+        config.tier(args["tier"]), args["sizes"], args["repeat"], args["cold"], MPI.COMM_WORLD
+    )
+    report(MPI.COMM_WORLD, {"rows": rows})
+
+
+# -- the curves ------------------------------------------------------------------------------
+
+
+def plot_perf(
+    perf: PerfTable, out: str | os.PathLike[str], tiers: Sequence[str] | None = None
+) -> None:
+    """Draw read and write time against size, log-log, per tier (the paper's Figures 6-8):
+    one row per tier, reads left, writes right; File calls and chunks, one line per
+    concurrency."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(tiers) if tiers else perf.tiers
+    fig, axes = plt.subplots(len(names), 2, figsize=(10, 3.6 * len(names)), squeeze=False)
+    for row, tier in zip(axes, names):
+        for ax, (title, ops) in zip(row, (("read", ("read", "get")), ("write", ("write", "put")))):
+            for op, style in zip(ops, ("-o", "--s")):
+                if not perf.has(tier, op):
+                    continue
+                curve = perf.curve(tier, op)
+                for i, c in enumerate(curve.levels):
+                    ok = ~np.isnan(curve.seconds[i])
+                    label = f"{'File call' if op in ('read', 'write') else 'chunk'} ×{int(c)}"
+                    ax.loglog(curve.sizes[ok], curve.seconds[i][ok], style, ms=3, label=label)
+            ax.set_title(f"{tier}: {title} time")
+            ax.set_xlabel("transfer size (bytes)")
+            ax.set_ylabel("seconds")
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    _rank_main(sys.argv[1:])
