@@ -3,8 +3,9 @@
 Per tier, at each concurrency level ``c`` (``c`` processes, launched under ``mpiexec``, making
 the same call at once, each call started after a barrier and the slowest process's time kept), the terms of equation (1) (:mod:`strataio.predict.perfdb` names the ops):
 
-- ``open``, ``seek``, ``close``: a :class:`strataio.File` opened on the tier (alone on its
-  process), its file pointer moved, closed;
+- ``open``, ``seek``, ``view``, ``close``: a :class:`strataio.File` opened on the tier by the
+  ranks together, its file pointer moved, a subarray view set (as the collective method sets
+  one), closed;
 - ``write`` / ``read`` of ``s`` bytes: one independent File call (the ``naive`` method's);
 - ``write_all`` / ``read_all`` of ``s`` bytes: one collective File call moving ``s`` bytes in
   all through one aggregator in one two-phase window (the ``collective`` method's unit);
@@ -54,7 +55,7 @@ def default_sizes(max_size: int = MAX_SIZE, min_size: int = KIB) -> list[int]:
 
 def steps(sizes: Sequence[int], repeat: int) -> int:
     """Timed calls one calibration level makes (its progress total)."""
-    return 6 * len(sizes) * repeat + 3 * repeat + 2
+    return 6 * len(sizes) * repeat + 4 * repeat + 2
 
 
 def calibrate(
@@ -98,16 +99,31 @@ def calibrate(
                 )
             ]
 
-            def progress(k: int, base: int = done) -> None:
-                if on_progress is not None:
-                    on_progress(tc.name, base + k, total)
-
-            got = launch(c, "strataio.predict.calibrate", args, on_progress=progress)
+            got = launch(
+                c,
+                "strataio.predict.calibrate",
+                args,
+                on_progress=_Progress(on_progress, tc.name, done, total),
+            )
             rows += [PerfRow(tc.name, op, n, sec, c, when) for op, n, sec in got["rows"]]
             done += per_level
+            _Progress(on_progress, tc.name, 0, total)(done)
         catalog.record_perf(rows)
         all_rows += rows
     return all_rows
+
+
+class _Progress:
+    """Reports a level's progress lines as the tier's ``(tier, done, total)``."""
+
+    def __init__(
+        self, fn: Callable[[str, int, int], None] | None, tier: str, base: int, total: int
+    ):
+        self.fn, self.tier, self.base, self.total = fn, tier, base, total
+
+    def __call__(self, k: int) -> None:
+        if self.fn is not None:
+            self.fn(self.tier, self.base + k, self.total)
 
 
 # -- the ranks' side ------------------------------------------------------------------------
@@ -121,10 +137,11 @@ class _Timer:
         self.rows: list[tuple[str, int, float]] = []
         self.count = 0
 
-    def time(self, op: str, nbytes: int, fn: Callable[[], Any]) -> Any:
+    def time(self, op: str, nbytes: int, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` started on every rank after a barrier, timed."""
         self.comm.Barrier()
         t0 = time.perf_counter()
-        out = fn()
+        out = fn(*args)
         dt = time.perf_counter() - t0
         self.record(op, nbytes, dt)
         return out
@@ -145,6 +162,8 @@ def _measure(tc: Any, sizes: list[int], repeat: int, cold: bool, comm: Any) -> l
     """Every op of the module docs, timed on the ``comm`` ranks at once, as runs use them: one
     File shared by the ranks, each rank's calls at its own offsets, files grown by each write
     (a run's dumps are new data); one chunk per rank of a collective dataset."""
+    from mpi4py import MPI
+
     from strataio.arrays.dataset import Dataset
     from strataio.arrays.metadata import ArrayMetadata
     from strataio.arrays.store import BackendChunkStore
@@ -163,6 +182,8 @@ def _measure(tc: Any, sizes: list[int], repeat: int, cold: bool, comm: Any) -> l
     out = np.empty_like(buf)
     path = work_path(tc, "calibrate.bin")
     wh, rh = file_hints(tc, True), file_hints(tc, False)
+    # a view as the collective method sets one: this rank's rows of a 2-D array of bytes
+    view = MPI.BYTE.Create_subarray([nprocs * 64, 4096], [64, 2048], [rank * 64, 1024]).Commit()
 
     def fresh(hints: dict[str, str]) -> Any:
         if rank == 0:
@@ -171,8 +192,9 @@ def _measure(tc: Any, sizes: list[int], repeat: int, cold: bool, comm: Any) -> l
 
     try:
         for _ in range(repeat):
-            f = timer.time("open", 0, lambda: File.open(comm, path, "w", wh))
-            timer.time("seek", 0, lambda f=f: f.seek(12345))
+            f = timer.time("open", 0, File.open, comm, path, "w", wh)
+            timer.time("seek", 0, f.seek, 12345)
+            timer.time("view", 0, f.set_view, 0, MPI.BYTE, view)
             timer.time("close", 0, f.close)
         # independent calls (naive): rank r's k-th call at slot k * nprocs + r
         for s in sizes:
@@ -182,7 +204,7 @@ def _measure(tc: Any, sizes: list[int], repeat: int, cold: bool, comm: Any) -> l
                 if k == 0:
                     f.write_at(off, buf[:s])  # warm-up, untimed
                 else:
-                    timer.time("write", s, lambda s=s, off=off: f.write_at(off, buf[:s]))
+                    timer.time("write", s, f.write_at, off, buf[:s])
             f.close()
         f = File.open(comm, path, "r", rh)
         for s in sizes:
@@ -190,7 +212,7 @@ def _measure(tc: Any, sizes: list[int], repeat: int, cold: bool, comm: Any) -> l
                 off = (k * nprocs + rank) * s
                 if cold and rank == 0:
                     drop_cached(path)
-                timer.time("read", s, lambda s=s, off=off: f.read_at(off, out[:s]))
+                timer.time("read", s, f.read_at, off, out[:s])
         f.close()
         # collective calls (two-phase, one aggregator, one window of s bytes)
         for s in sizes:
@@ -202,14 +224,14 @@ def _measure(tc: Any, sizes: list[int], repeat: int, cold: bool, comm: Any) -> l
                 if k == 0:
                     f.write_at_all(off, buf[:part])
                 else:
-                    timer.time("write_all", s, lambda off=off: f.write_at_all(off, buf[:part]))
+                    timer.time("write_all", s, f.write_at_all, off, buf[:part])
             f.close()
             f = File.open(comm, path, "r", {**rh, **cb, "romio_cb_read": "enable"})
             for k in range(1, repeat + 1):
                 off = k * s + rank * part
                 if cold and rank == 0:
                     drop_cached(path)
-                timer.time("read_all", s, lambda off=off: f.read_at_all(off, out[:part]))
+                timer.time("read_all", s, f.read_at_all, off, out[:part])
             f.close()
         # the backend: connection, then a collective dataset of one chunk per rank
         backend = tier_backend(tc)
@@ -232,18 +254,19 @@ def _measure(tc: Any, sizes: list[int], repeat: int, cold: bool, comm: Any) -> l
             mine = slice(rank * s, (rank + 1) * s)
             ds.write_all(mine, buf[:s])  # warm-up, untimed
             for _ in range(repeat):
-                timer.time("put", s, lambda ds=ds, s=s: _put(ds, mine, buf[:s]))
+                timer.time("put", s, _put, ds, mine, buf[:s])
             for _ in range(repeat):
                 ds.clear_cache()
                 if cold and rank == 0:
                     drop_cached(os.path.join(tc.path, prefix))
-                timer.time("get", s, lambda ds=ds: ds.read_all(mine))
+                timer.time("get", s, ds.read_all, mine)
             ds.close()
             comm.Barrier()
             if rank == 0:
                 store.clear()
         timer.time("disconnect", 0, backend.close)
     finally:
+        view.Free()
         comm.Barrier()
         if rank == 0:
             with contextlib.suppress(OSError):
@@ -273,12 +296,22 @@ def _rank_main(argv: list[str]) -> None:
 # -- the curves ------------------------------------------------------------------------------
 
 
+_LABELS = {
+    "read": "File call",
+    "write": "File call",
+    "read_all": "collective call",
+    "write_all": "collective call",
+    "get": "chunk",
+    "put": "chunk",
+}
+
+
 def plot_perf(
     perf: PerfTable, out: str | os.PathLike[str], tiers: Sequence[str] | None = None
 ) -> None:
     """Draw read and write time against size, log-log, per tier (the paper's Figures 6-8):
-    one row per tier, reads left, writes right; File calls and chunks, one line per
-    concurrency."""
+    one row per tier, reads left, writes right; independent File calls, collective calls and
+    chunks, one line per concurrency."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -287,14 +320,15 @@ def plot_perf(
     names = list(tiers) if tiers else perf.tiers
     fig, axes = plt.subplots(len(names), 2, figsize=(10, 3.6 * len(names)), squeeze=False)
     for row, tier in zip(axes, names):
-        for ax, (title, ops) in zip(row, (("read", ("read", "get")), ("write", ("write", "put")))):
-            for op, style in zip(ops, ("-o", "--s")):
+        pairs = (("read", ("read", "read_all", "get")), ("write", ("write", "write_all", "put")))
+        for ax, (title, ops) in zip(row, pairs):
+            for op, style in zip(ops, ("-o", ":^", "--s")):
                 if not perf.has(tier, op):
                     continue
                 curve = perf.curve(tier, op)
                 for i, c in enumerate(curve.levels):
                     ok = ~np.isnan(curve.seconds[i])
-                    label = f"{'File call' if op in ('read', 'write') else 'chunk'} ×{int(c)}"
+                    label = f"{_LABELS[op]} ×{int(c)}"
                     ax.loglog(curve.sizes[ok], curve.seconds[i][ok], style, ms=3, label=label)
             ax.set_title(f"{tier}: {title} time")
             ax.set_xlabel("transfer size (bytes)")

@@ -23,7 +23,8 @@ get whose measured time already includes what the tier's backend pays per object
 tiers' open and close among it), and the connection is set up once per process, outside any
 access. So here ::
 
-    time of one access = T_open + T_close + Σ_groups n · t(s)        (File methods)
+    time of one access = T_open + T_close + Σ_groups n · t(s)        (naive)
+                       = T_open + T_view + T_close + Σ_groups n · t(s)   (collective)
                        = Σ_groups n · t(s)                           (chunked)
 
 The methods (``n`` and ``s`` from the dataset's shape, pattern and the run); every rank takes
@@ -122,7 +123,7 @@ def native_calls(workload: Workload, ds: DatasetSpec) -> Calls:
         if rest:
             groups.append((1, rest))
         op = "write_all" if write else "read_all"
-        return Calls(op, tuple(groups), run.ranks, ("open", "close"))
+        return Calls(op, tuple(groups), run.ranks, ("open", "view", "close"))
     if run.method == "chunked":
         biggest = max(math.prod(part.shape(r)) for r in range(run.ranks)) * item
         return Calls("put" if write else "get", ((1, biggest),), run.ranks, ())

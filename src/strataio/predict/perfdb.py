@@ -11,7 +11,7 @@ Ops (the terms of the paper's equation (1)):
   (one collective call moving ``nbytes`` in all through one two-phase window), ``put`` /
   ``get`` (one chunk of a collective dataset over the tier's backend, per process);
 - constants, ``nbytes`` 0: ``open`` / ``close`` (a :class:`strataio.File`), ``seek`` (moving its
-  file pointer), ``connect`` / ``disconnect`` (the tier's connection set-up and close).
+  file pointer), ``view`` (setting a subarray view), ``connect`` / ``disconnect`` (the tier's connection set-up and close).
 
 ``concurrency`` is how many processes made the same call at once during the measurement.
 
@@ -37,7 +37,7 @@ from strataio.errors import StrataError
 __all__ = ["FIXED_OPS", "SERIES_OPS", "PerfTable", "UncalibratedError"]
 
 SERIES_OPS = ("write", "read", "write_all", "read_all", "put", "get")
-FIXED_OPS = ("connect", "open", "seek", "close", "disconnect")
+FIXED_OPS = ("connect", "open", "seek", "view", "close", "disconnect")
 
 
 class UncalibratedError(StrataError, LookupError):
