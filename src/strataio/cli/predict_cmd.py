@@ -238,3 +238,23 @@ def figure11_table(wl, result: dict) -> Table:  # type: ignore[no-untyped-def]
 
 def _error(predicted: float, measured: float) -> str:
     return f"{(predicted - measured) / measured:+.1%}" if measured > 0 else "-"
+
+
+def placement_lines(record) -> list[str]:  # type: ignore[no-untyped-def]
+    """What ``strataio info NAME`` says about an AUTO dataset's placement by prediction."""
+    from strataio.session import placement_decision
+
+    d = placement_decision(record)
+    if d is None:
+        return []
+    where = d.tier if d.tier is not None else "the default AUTO tier (slowest with room)"
+    asked = f"expected reads {d.expected_reads}"
+    if d.deadline_s is not None:
+        asked += f", deadline {d.deadline_s:g} s"
+    lines = [f"placement: {where}, chosen by prediction ({asked}): {d.reason}"]
+    for tier, (w, r) in d.predicted.items():
+        mark = " <- chosen" if tier == d.tier else ""
+        lines.append(f"  {tier}: predicted write {w:.4g} s + reads {r:.4g} s = {w + r:.4g} s{mark}")
+    if d.skipped:
+        lines.append(f"  not candidates: {', '.join(d.skipped)}")
+    return lines
