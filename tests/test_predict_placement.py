@@ -58,11 +58,11 @@ def test_the_least_predicted_time_wins(tmp_path):
 
 
 def test_large_chunks_go_where_bandwidth_is(tmp_path):
-    # tape: 1 s per chunk but 100x the bandwidth of local: for 64 MiB chunks it wins
+    # tape: 1 s per chunk but 10x the bandwidth of remote: for 1 GiB chunks it wins
     pl = Placement(make_tiers(tmp_path))
-    perf = PerfTable(perf_rows(PUT, GET, sizes=(1024, 1 << 20, 64 << 20)))
+    perf = PerfTable(perf_rows(PUT, GET, sizes=(1024, 1 << 20, 1 << 30)))
     assert pl.choose(perf, 4 << 20, 1 << 20, 4).tier == "remote"  # 10x local's bandwidth
-    assert pl.choose(perf, 128 << 20, 64 << 20, 2).tier == "tape"
+    assert pl.choose(perf, 2 << 30, 1 << 30, 2).tier == "tape"
 
 
 def test_capacity_excludes_a_tier(tmp_path):
