@@ -347,11 +347,11 @@ def test_copy_pieces_of_nd_grids_match_brute_force(dims, length, gaps, packed, n
 
 
 def test_even_realms_and_aggregators() -> None:
-    r = EvenRealms().realms(10, 110, 3, None)
+    r = EvenRealms().bounds(10, 110, 3)
     assert r.tolist() == [[10, 44], [44, 78], [78, 110]]
-    r = EvenRealms(align=16).realms(10, 110, 3, None)
+    r = EvenRealms(align=16).bounds(10, 110, 3)
     assert r.tolist() == [[10, 32], [32, 64], [64, 110]]
-    assert EvenRealms().realms(5, 7, 4, None).tolist() == [[5, 6], [6, 7], [7, 7], [7, 7]]
+    assert EvenRealms().bounds(5, 7, 4).tolist() == [[5, 6], [6, 7], [7, 7], [7, 7]]
     two_nodes = ["a"] * 4 + ["b"] * 4
     assert config_aggregators("*:1", two_nodes, 8).tolist() == [0, 4]
     assert config_aggregators("*:1", two_nodes, 1).tolist() == [0]
@@ -576,12 +576,12 @@ def test_aggregator_hints_match_romio(nprocs: int, tmp_path: Path) -> None:
 
 def test_file_refuses_hints_of_engines_not_built_before_creating(tmp_path: Path) -> None:
     path = tmp_path / "never.bin"
-    with pytest.raises(HintError, match="romio_cb_pfr.*not supported yet"):
-        strataio.File.open(None, path, "w", hints={"romio_cb_pfr": "enable"})
+    with pytest.raises(HintError, match="strataio_trace.*not supported yet"):
+        strataio.File.open(None, path, "w", hints={"strataio_trace": "enable"})
     assert not path.exists()
     with strataio.File.open(None, path, "w", hints={"romio_no_indep_rw": "true"}) as f:
         shown = f.hints
-        assert "romio_cb_pfr" not in shown and "striping_factor" not in shown
+        assert "strataio_trace" not in shown and "striping_factor" not in shown
         assert (shown["romio_cb_read"], shown["romio_cb_write"]) == ("enable", "enable")
         assert f.aggregators == [0] and f.driver is not None  # the one rank aggregates
         f.write_all(np.arange(10, dtype=np.uint8))

@@ -39,14 +39,22 @@ from strataio.catalog.base import (
     codec_json,
     open_catalog,
 )
-from strataio.errors import MetadataError, StrataError
+from strataio.errors import MetadataError, NotFoundError, StrataError
 from strataio.storage.base import validate_key
+from strataio.storage.superfile import SuperfileError
 from strataio.tiers.cache import DEFAULT_CACHE_BYTES, ChunkCache
 from strataio.tiers.commit import Commit
 from strataio.tiers.mover import MoveHandle, Mover, MoveResult, Progress
 from strataio.tiers.placement import AutoDecision, Placement
 from strataio.tiers.residency import META_KEY, Residency, object_key
 from strataio.tiers.store import TieredChunkStore, keys_of
+from strataio.tiers.superfile import (
+    DEFAULT_CONTAINER_BYTES,
+    Superfile,
+    is_superfile,
+    record_container_bytes,
+    superfile_record,
+)
 from strataio.tiers.tier import TierSet
 
 #: key of an AUTO dataset's catalog attrs holding its placement decision (not in zarr.json)
@@ -291,6 +299,7 @@ class Session:
         self.cache = ChunkCache(cache_bytes)
         self.mover = Mover(self.tiers, self.placement, self.cache, self.commit)
         self._open: list[TieredChunkStore] = []
+        self._superfiles: list[Superfile] = []
         self._closed = False
 
     # ----------------------------------------------------------------- datasets
@@ -461,6 +470,59 @@ class Session:
                     t.call(t.backend.delete, object_key(name, META_KEY))
         self.cache.invalidate(name)
 
+    # ----------------------------------------------------------------- superfiles
+    def superfile(
+        self,
+        name: str,
+        mode: str = "a",
+        *,
+        hint: str = "AUTO",
+        container_bytes: int | None = None,
+    ) -> Superfile:
+        """Open superfile ``name``: many small members (bytes or numpy arrays) in few
+        containers on the hierarchy (:mod:`strataio.tiers.superfile`).
+
+        ``mode`` ``"a"`` creates it (catalogued, placed by ``hint``) if missing and allows
+        ``put``; ``"r"`` only reads, and raises :class:`NotFoundError` if it does not exist.
+        ``container_bytes`` closes containers at that many bytes of members (default: the
+        size given at creation, else :data:`~strataio.tiers.superfile.DEFAULT_CONTAINER_BYTES`).
+        A superfile belongs to one process: in an MPI job, open it from a Session without
+        ``comm``.
+        """
+        self._check_open()
+        if self.comm is not None:
+            raise SuperfileError(
+                f"superfile {name!r}: a superfile belongs to one process; open it from a "
+                "Session made without comm"
+            )
+        if mode not in ("r", "a"):
+            raise SuperfileError(f"superfile mode must be 'r' or 'a', got {mode!r}")
+        if container_bytes is not None and container_bytes <= 0:
+            raise SuperfileError(f"container_bytes must be positive, got {container_bytes}")
+        validate_key(name)
+        assert self.catalog is not None
+        try:
+            record = self.catalog.get_dataset(name)
+        except NotFoundError:
+            if mode == "r":
+                raise NotFoundError(f"no superfile {name!r} in the catalog") from None
+            h = self.placement.check_hint(hint)
+            record = superfile_record(name, h, container_bytes or DEFAULT_CONTAINER_BYTES)
+            self.catalog.create_dataset(record)
+        if not is_superfile(record):
+            raise SuperfileError(f"{name!r} is an array dataset, not a superfile")
+        self.catalog.use_dataset(name, self.writer)
+        try:
+            copies = self.catalog.residency(name)
+        except BaseException:
+            self.catalog.unuse_dataset(name, self.writer)
+            raise
+        store = self._store(record, copies, b"")
+        size = container_bytes or record_container_bytes(record)
+        sf = Superfile(store, mode=mode, container_bytes=size)
+        self._superfiles = [f for f in self._superfiles if not f.closed] + [sf]
+        return sf
+
     # ----------------------------------------------------------------- tiers
     def check_tiers(self) -> dict[str, bool]:
         """Probe every tier; record up/down in the catalog. Returns ``{name: up}``."""
@@ -479,6 +541,8 @@ class Session:
         if self._closed:
             return
         try:
+            for sf in list(self._superfiles):
+                sf.close()  # seals its open container before its store closes
             for store in list(self._open):
                 store.close()
         finally:

@@ -1,7 +1,8 @@
 """An aggregator's read fails while its background I/O thread still has work: the call must
 raise on every rank and leave nothing running, so the next collective call (a write through
 the same realm buffers) writes every byte. Rank 0 prints how the read ended on each rank and
-how many bytes are wrong after the write."""
+how many bytes are wrong after the write. An optional second argument pipelines the calls
+in that many groups."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import strataio
 from strataio.collective import fileio
 
 
-def main(workdir: str) -> None:
+def main(workdir: str, groups: int = 1) -> None:
     comm = MPI.COMM_WORLD
     rank, nprocs = comm.Get_rank(), comm.Get_size()
     path = os.path.join(workdir, "f.bin")
@@ -26,8 +27,9 @@ def main(workdir: str) -> None:
         "romio_cb_write": "enable",
         "romio_cb_read": "enable",
         "cb_buffer_size": str(window),
-        "cb_nodes": "1",
+        "cb_nodes": "1" if groups == 1 else str(nprocs),
         "strataio_cb_overlap": "enable",
+        "strataio_pipeline_groups": str(groups),  # (> 1: every rank aggregates)
     }
     block = 8 * window
     if rank == 0:
@@ -62,4 +64,4 @@ def main(workdir: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], *(int(a) for a in sys.argv[2:]))

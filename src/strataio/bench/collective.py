@@ -5,8 +5,9 @@ Run under ``mpiexec -n N python -m strataio.bench.collective --pattern P``; the
 same data through the same file view with the same hints, then reads it back; a rank's time is
 one ``*_all`` call (open and close excluded), the call's time is the slowest rank's, and the
 figure is aggregate bytes / that time, median over repetitions. Repetitions go round-robin over
-the contenders (after one untimed round), so no contender always runs first. Every write goes to
-a newly created file; reads go into a buffer the contender reuses, zeroed before each call.
+the contenders (after one untimed round), each round starting one contender later, so no
+contender always runs first or always follows the same one. Every write goes to a newly
+created file; reads go into a buffer the contender reuses, zeroed before each call.
 
 A *paired* ratio is also given: strataio's time against the better ROMIO contender's within each
 round, median and quartiles over the rounds (drift of the machine between rounds cancels out).
@@ -29,6 +30,11 @@ noncontiguous in memory and file; ``tile2d`` mpi-tile-io (one tile of doubles pe
 ``flash`` FLASH-IO-like (blocks of 8×8×8 doubles × 24 variables, guard cells and variables
 interleaved in memory, file variable-major). ``hpio*-ind`` time independent ``write_at`` /
 ``read_at`` (data sieving) instead of collective calls.
+
+With ``--pipeline 1,2,4`` the strataio contenders are instead ``strataio G=g``: two-phase with
+every rank aggregating (``cb_config_list=*:*``) and ``strataio_pipeline_groups=g``; the row's
+``pipeline`` figures are each G's paired ratio against G = 1 (time at G = 1 / time at G, per
+round: > 1 is faster).
 """
 
 from __future__ import annotations
@@ -128,7 +134,20 @@ def make_case(pattern: str, rank: int, nprocs: int, scale: float = 1.0) -> Case:
     raise SystemExit(f"unknown pattern {pattern!r}; known: {', '.join(PATTERNS)}")
 
 
+def pipeline_contenders(groups: list[int]) -> list[str]:
+    """The contenders of a pipelined run: strataio at each group count, then ROMIO's."""
+    return [f"strataio G={g}" for g in groups] + ["ROMIO coll", "ROMIO ind"]
+
+
 def _hints(contender: str) -> dict[str, str]:
+    if contender.startswith("strataio G="):
+        groups = contender.removeprefix("strataio G=")
+        return {
+            "romio_cb_read": "enable",
+            "romio_cb_write": "enable",
+            "cb_config_list": "*:*",
+            "strataio_pipeline_groups": groups,
+        }
     mode = {"strataio": "automatic", "strataio 2ph": "enable", "strataio ind": "disable"}
     mode |= {"ROMIO coll": "enable", "ROMIO ind": "disable"}
     return {"romio_cb_read": mode[contender], "romio_cb_write": mode[contender]}
@@ -181,7 +200,10 @@ def _one(
     return slowest, wall, chosen
 
 
-def run(pattern: str, reps: int, workdir: str, scale: float) -> list[dict[str, Any]]:
+def run(
+    pattern: str, reps: int, workdir: str, scale: float, contenders: list[str] | None = None
+) -> list[dict[str, Any]]:
+    contenders = contenders or CONTENDERS
     comm = MPI.COMM_WORLD
     rank, nprocs = comm.Get_rank(), comm.Get_size()
     case = make_case(pattern, rank, nprocs, scale)
@@ -190,16 +212,17 @@ def run(pattern: str, reps: int, workdir: str, scale: float) -> list[dict[str, A
     reference: np.ndarray | None = None
     for op in ("write", "read"):
         row: dict[str, Any] = {"pattern": pattern, "ranks": nprocs, "op": op, "bytes": total}
-        times: dict[str, list[float]] = {c: [] for c in CONTENDERS}
-        walls: dict[str, list[float]] = {c: [] for c in CONTENDERS}
+        times: dict[str, list[float]] = {c: [] for c in contenders}
+        walls: dict[str, list[float]] = {c: [] for c in contenders}
         # Round-robin: every repetition runs each contender once, so drift in the machine's
         # speed and the cost of coming first spread evenly; round 0 is an untimed warm-up.
         # Each contender reads into its own buffer, allocated once and zeroed before each call
         # (as an application reuses its arrays): a fresh allocation per call would time the
         # page faults of whatever memory malloc hands out, which differs from call to call.
-        outs = {c: np.zeros_like(case.buf) for c in CONTENDERS}
+        outs = {c: np.zeros_like(case.buf) for c in contenders}
         for rep in range(reps + 1):
-            for contender in CONTENDERS:
+            turn = rep % len(contenders)  # each round starts with the next contender
+            for contender in contenders[turn:] + contenders[:turn]:
                 path = os.path.join(workdir, f"{pattern}.{contender.replace(' ', '_')}")
                 out = outs[contender]
                 out.fill(0)
@@ -222,11 +245,14 @@ def run(pattern: str, reps: int, workdir: str, scale: float) -> list[dict[str, A
                         reference = out.copy()
                     elif not np.array_equal(out, reference):
                         raise SystemExit(f"{pattern}: {contender} read different data")
-        for contender in CONTENDERS:
+        for contender in contenders:
             row[contender] = total / statistics.median(times[contender]) / 1e6
             row.setdefault("wall", {})[contender] = (
                 total / statistics.median(walls[contender]) / 1e6
             )
+        if "strataio" not in contenders:
+            rows.append(_pipeline_figures(row, times, contenders))
+            continue
         best_romio = max(row["ROMIO coll"], row["ROMIO ind"])
         row["ratio"] = row["strataio"] / best_romio if best_romio else float("nan")
         # The same ratio within each round (both calls made back to back), whose spread shows
@@ -247,20 +273,37 @@ def run(pattern: str, reps: int, workdir: str, scale: float) -> list[dict[str, A
     return rows
 
 
+def _pipeline_figures(
+    row: dict[str, Any], times: dict[str, list[float]], contenders: list[str]
+) -> dict[str, Any]:
+    """Each strataio G's paired ratio against the first (G = 1): median and quartiles."""
+    pipelined = [c for c in contenders if c.startswith("strataio G=")]
+    base = times[pipelined[0]]
+    row["pipeline"] = {}
+    for c in pipelined:
+        paired = [b / t for b, t in zip(base, times[c]) if t > 0]
+        q1, med, q3 = np.percentile(paired, [25, 50, 75]) if paired else (np.nan,) * 3
+        row["pipeline"][c] = {"median": float(med), "q1": float(q1), "q3": float(q3)}
+    return row
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pattern", action="append", required=True, choices=PATTERNS)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--scale", type=float, default=1.0)
     ap.add_argument("--dir", default=None)
+    ap.add_argument("--pipeline", default="", help="comma-separated group counts")
     args = ap.parse_args(argv)
+    groups = [int(g) for g in args.pipeline.split(",") if g.strip()]
+    contenders = pipeline_contenders(groups) if groups else None
     comm = MPI.COMM_WORLD
     workdir = args.dir
     if workdir is None:
         workdir = comm.bcast(tempfile.mkdtemp(prefix="strataio-bench-") if comm.rank == 0 else None)
     rows = []
     for pattern in args.pattern:
-        rows += run(pattern, args.reps, workdir, args.scale)
+        rows += run(pattern, args.reps, workdir, args.scale, contenders)
     if comm.Get_rank() == 0:
         print(json.dumps(rows))
         if args.dir is None:

@@ -311,3 +311,141 @@ def _sections_collective(
     out.width = max(out.width, _TABLE_WIDTH)
     render_collective(rows, out)
     write_json(json_path, rows)
+
+
+@bench.command("superfile")
+@click.option("--counts", default="100,1000", show_default=True, help="Numbers of files.")
+@click.option("--size", "member_size", default="64KiB", show_default=True, help="Bytes per file.")
+@click.option(
+    "--presets",
+    default="remote_disk_2002,remote_tape_2002",
+    show_default=True,
+    help="Cost-model presets of the remote tier (storage/shaped.py).",
+)
+@click.option(
+    "--time-scale", default=0.001, show_default=True, help="Factor on the model's sleeps."
+)
+@click.option("--container", default=None, help="Container size (default: the library's).")
+@click.option(
+    "--sweep",
+    default="",
+    help="Container sizes to compare on the largest count (e.g. 1MiB,4MiB,16MiB,64MiB).",
+)
+@json_option
+def superfile_cmd(
+    counts: str,
+    member_size: str,
+    presets: str,
+    time_scale: float,
+    container: str | None,
+    sweep: str,
+    json_path: Path | None,
+) -> None:
+    """Small files from a shaped remote tier: a superfile versus one object per file."""
+    from strataio.bench.superfile import run_superfile, superfile_tables
+    from strataio.tiers.superfile import DEFAULT_CONTAINER_BYTES
+
+    def size(text: str) -> int:
+        n = parse_size(text, where="size")
+        if n is None or n <= 0:
+            raise click.BadParameter(f"{text!r} is not a positive size")
+        return n
+
+    try:
+        result = run_superfile(
+            counts=[int(c) for c in _csv(counts)],
+            member_bytes=size(member_size),
+            presets=_csv(presets),
+            time_scale=time_scale,
+            container_bytes=size(container) if container else DEFAULT_CONTAINER_BYTES,
+            sweep=[size(s) for s in _csv(sweep)],
+        )
+    except (StrataError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
+    console = make_console()
+    for table in superfile_tables(result):
+        console.print(table)
+    write_json(json_path, result)
+
+
+# ---------------------------------------------------------------------------- realm policies
+def _render_realms(rows: list[dict[str, Any]], console: Console) -> None:
+    for row in rows:
+        title = f"{row['bench']}, {row['ranks']} ranks, driver {row['driver']}"
+        if "tile_bytes" in row:
+            title += f" (tiles of {row['tile_bytes']} B, file {row['file_bytes']} B)"
+        table = Table(title=title, caption="speedup = no caching time / policy time",
+                      box=box.SIMPLE_HEAD)  # fmt: skip
+        for name in ("policy", "stripe", "time", "speedup", "read MB", "written MB"):
+            table.add_column(name, justify="left" if name == "policy" else "right")
+        for policy, r in row["policies"].items():
+            style = "green" if r["speedup"] >= 1 else "red"
+            table.add_row(
+                policy, str(r["stripe"] or "per call"), _fmt_time(r["seconds"]), f"[{style}]{r['speedup']:.2f}[/{style}]",
+                f"{r['read_bytes'] / 1e6:.1f}", f"{r['written_bytes'] / 1e6:.1f}",
+            )  # fmt: skip
+        console.print(table)
+
+
+def _realm_bench(benches: list[str], ranks: str, drivers: tuple[str, ...], reps: int,
+                 scale: float, hints: tuple[str, ...], timeout: float) -> list[dict[str, Any]]:  # fmt: skip
+    args = [a for b in benches for a in ("--bench", b)]
+    args += [a for d in drivers for a in ("--driver", d)]
+    args += ["--reps", str(reps), "--scale", str(scale)]
+    args += [a for h in hints for a in ("--hint", h)]
+    rows: list[dict[str, Any]] = []
+    for n in (int(x) for x in _csv(ranks)):
+        try:
+            rows += run_ranks(n, "strataio.bench.realms", args, timeout)
+        except StrataError as exc:
+            raise click.ClickException(str(exc)) from None
+    return rows
+
+
+_realm_options = [
+    click.option("--ranks", default="1,2,4", show_default=True, help="Comma-separated rank counts."),
+    click.option("--driver", "drivers", multiple=True, type=click.Choice(["local", "pfs"]),
+                 help="local disk, pfs (shaped driver, parallel-file-system preset); default both."),
+    click.option("--reps", default=3, show_default=True, help="Repetitions (median reported)."),
+    click.option("--hint", "hints", multiple=True, help="KEY=VALUE hint added to every policy."),
+    json_option,
+    click.option("--timeout", default=600.0, show_default=True, help="Seconds per mpiexec launch."),
+]  # fmt: skip
+
+
+def _with_realm_options(fn: Any) -> Any:
+    for option in reversed(_realm_options):
+        fn = option(fn)
+    return fn
+
+
+@bench.command("sliding-window")
+@click.option("--scale", default=1 / 16, show_default=True,
+              help="Tile size against the thesis's 3 MiB (1/16: 192 KiB tiles, a 12 MiB file).")  # fmt: skip
+@_with_realm_options
+def sliding_window_cmd(
+    scale: float, ranks: str, drivers: tuple[str, ...], reps: int, hints: tuple[str, ...],
+    json_path: Path | None, timeout: float,
+) -> None:  # fmt: skip
+    """Thesis §3.5.2: each rank reads then writes its tile of 8×8 and moves on, per realm
+    policy (64K, 4M, fsize, aar, intelligent) against no caching: time and storage bytes."""
+    rows = _realm_bench(["sliding-window"], ranks, drivers, reps, scale, hints, timeout)
+    _render_realms(rows, make_console())
+    write_json(json_path, rows)
+
+
+@bench.command("realms")
+@click.option("--pattern", "patterns", multiple=True, type=click.Choice(["block3d", "flash"]),
+              help="Collective patterns of 'bench collective' (default both).")  # fmt: skip
+@click.option("--scale", default=1.0, show_default=True, help="Scale the patterns' sizes.")
+@_with_realm_options
+def realms_cmd(
+    patterns: tuple[str, ...], scale: float, ranks: str, drivers: tuple[str, ...], reps: int,
+    hints: tuple[str, ...], json_path: Path | None, timeout: float,
+) -> None:  # fmt: skip
+    """block3d and flash of 'bench collective', written then read on one open file, per realm
+    policy (64K, 4M, fsize, aar) against no caching: time and storage bytes."""
+    benches = list(patterns or ("block3d", "flash"))
+    rows = _realm_bench(benches, ranks, drivers, reps, scale, hints, timeout)
+    _render_realms(rows, make_console())
+    write_json(json_path, rows)

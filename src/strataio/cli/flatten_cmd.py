@@ -69,10 +69,23 @@ def flatten_cmd(pieces: int, realms: int, repeat: int, json_path: Path | None) -
 @bench.command("sieving")
 @click.option("--file-mib", default=32, show_default=True, help="File size in MiB.")
 @click.option("--repeat", default=3, show_default=True, help="Repetitions (median reported).")
+@click.option(
+    "--sweep",
+    is_flag=True,
+    help="Instead: the two-phase window sweep (extent 1 KiB - 1 MiB, sieved vs one call per "
+    "piece), its crossovers and the sieving threshold it picks.",
+)
+@click.option("--rounds", default=5, show_default=True, help="With --sweep: whole sweeps, pooled.")
 @json_option
-def sieving_cmd(file_mib: int, repeat: int, json_path: Path | None) -> None:
+def sieving_cmd(
+    file_mib: int, repeat: int, sweep: bool, rounds: int, json_path: Path | None
+) -> None:
     """Independent strided reads and writes: direct vs data sieving vs ROMIO."""
     from strataio.bench.sieving import run_sieving
+
+    if sweep:
+        _sweep(repeat, rounds, json_path)
+        return
 
     results = run_sieving(file_mib=file_mib, repeat=repeat)
     table = Table(
@@ -99,5 +112,56 @@ def sieving_cmd(file_mib: int, repeat: int, json_path: Path | None) -> None:
             "benchmark": "sieving",
             "config": {"file_mib": file_mib, "repeat": repeat},
             "results": [r.as_dict() for r in results],
+        },
+    )
+
+
+def _sweep(repeat: int, rounds: int, json_path: Path | None) -> None:
+    from strataio.bench.sieving import run_sweep
+
+    result = run_sweep(repeat=repeat, rounds=rounds)
+    table = Table(
+        title="Conditional data sieving inside two-phase: one 16 MiB aggregator window",
+        caption=f"median over {rounds} rounds of medians of {repeat}; "
+        "ratio = one call per piece / sieved (> 1: sieving wins)",
+    )
+    for col in ("op", "density", "extent", "pieces", "sieved", "per piece", "ratio"):
+        table.add_column(col, justify="left" if col == "op" else "right")
+    for c in result.cells:
+        table.add_row(
+            c.op, f"{c.density:.2f}", f"{c.extent:,}", f"{c.pieces:,}", _ms(c.sieved),
+            _ms(c.per_piece), f"{c.per_piece / c.sieved:.2f}",
+        )  # fmt: skip
+    console = make_console()
+    console.print(table)
+    for x in result.crossovers:
+        console.print(
+            f"crossover {x.op} density {x.density:.2f}: extent {x.extent / 1024:.1f} KiB, "
+            f"hole {x.hole / 1024:.1f} KiB, bytes per call saved {x.extra / 1024:.1f} KiB"
+        )
+    what = {"read": "hole", "write": "extent + hole"}
+    for op in ("read", "write"):
+        console.print(
+            f"threshold picked ({op}): sieve while {what[op]} <= {result.threshold[op]:,} "
+            f"bytes (strataio uses {result.current[op]:,})"
+        )
+    write_json(
+        json_path,
+        {
+            "benchmark": "sieving-sweep",
+            "config": {"repeat": repeat, "rounds": rounds},
+            "results": [c.as_dict() for c in result.cells],
+            "crossovers": [
+                {
+                    "op": x.op,
+                    "density": x.density,
+                    "extent": x.extent,
+                    "hole": x.hole,
+                    "extra": x.extra,
+                }
+                for x in result.crossovers
+            ],
+            "threshold": result.threshold,
+            "current": result.current,
         },
     )

@@ -13,6 +13,11 @@ another kind on one rank (a ``MemoryError`` while planning) raises it there and 
 ``StrataError`` naming that rank on the others; only one that breaks off a two-phase exchange
 midway aborts the job (see :func:`strataio.collective.twophase.two_phase`).
 
+With ``romio_cb_pfr=enable`` the file fixes persistent striped realms
+(:class:`~strataio.collective.realms.StripedRealms`, :attr:`File.realms`) at its first
+two-phase call and keeps them until close (``strataio_realms=dynamic``: until a rank's view or
+memory layout changes); otherwise every two-phase call cuts its own realms.
+
 The file is reached through a storage driver (:mod:`strataio.collective.driver`, chosen by the
 ``strataio_driver`` hint); with ``romio_no_indep_rw=true`` only the aggregators open it, as in
 ROMIO, and independent reads and writes raise :class:`~strataio.errors.HintError`.
@@ -33,7 +38,7 @@ from mpi4py import MPI
 from strataio.agreed import agree as _agree
 from strataio.agreed import raise_agreed as _raise_agreed
 from strataio.collective import node, twophase
-from strataio.collective.access import Access, AccessPlan
+from strataio.collective.access import FIRST, LAST, NBYTES, Access, AccessPlan
 from strataio.collective.agreement import Agreement, agreement_row
 from strataio.collective.bufspec import BufferSpec, parse_buffer
 from strataio.collective.choice import use_two_phase
@@ -41,7 +46,16 @@ from strataio.collective.driver import Driver, open_driver
 from strataio.collective.hints import Hints, differences, parse_hints
 from strataio.collective.independent import IndependentIO
 from strataio.collective.packed import PackedBlocks
-from strataio.collective.realms import config_aggregators, policy_from_hints
+from strataio.collective.realms import (
+    DYNAMIC,
+    RealmPolicy,
+    StripedRealms,
+    config_aggregators,
+    persistent,
+    policy_from_hints,
+    realm_alignment,
+    stripe_size,
+)
 from strataio.errors import (
     BackendError,
     ClosedError,
@@ -91,6 +105,13 @@ def _integral(value: Any, what: str, error: type[StrataError] = ViewError) -> in
         return operator.index(value)
     except TypeError:
         raise error(f"{what} must be an integer, not {value!r}") from None
+
+
+def _same_layout(a: Extents | None, b: Extents | None) -> bool:
+    """Whether two memory layouts are one (None: a contiguous buffer, any size)."""
+    if a is None or b is None:
+        return a is b
+    return a is b or (a.offsets.size == b.offsets.size and a == b)
 
 
 def _check_etype_alignment(ext: Extents, esize: int) -> None:
@@ -152,6 +173,10 @@ class File:
         self._forbidden = (bool(amode & MPI.MODE_WRONLY), bool(amode & MPI.MODE_RDONLY))
         self._hints = hints
         self._policy = policy_from_hints(hints)
+        # persistent file realms (romio_cb_pfr=enable): fixed at the first two-phase call
+        self._realms: StripedRealms | None = None
+        self._fr_type = hints.romio_cb_fr_types  # as given: the hints show the size chosen
+        self._pattern: tuple[Any, ...] | None = None  # what dynamic realms were computed for
         self._independent = IndependentIO(hints)
         self._closed = False
         self._pos = 0
@@ -217,7 +242,11 @@ class File:
             policy_from_hints(hinted)  # an unknown realm policy fails here, before any open
             names = nodes.names or (MPI.Get_processor_name(),) * comm.Get_size()
             aggregators = config_aggregators(hinted.cb_config_list, names, hinted.cb_nodes)
-            hinted = dataclasses.replace(hinted, cb_nodes=int(aggregators.size))
+            hinted = dataclasses.replace(
+                hinted,
+                cb_nodes=int(aggregators.size),
+                strataio_pipeline_groups=min(hinted.strataio_pipeline_groups, aggregators.size),
+            )
         except Exception as exc:  # any failure here must reach the other ranks
             err = exc
         if err is None:
@@ -311,6 +340,13 @@ class File:
         """The ranks that aggregate two-phase calls, in realm order (ROMIO's
         ``romio_aggregator_list``)."""
         return self._aggregators.tolist()
+
+    @property
+    def realms(self) -> StripedRealms | None:
+        """The persistent file realms in force (``romio_cb_pfr=enable``), fixed at the first
+        two-phase call until close (with ``strataio_realms=dynamic`` until the view or the
+        memory layout changes); None before that call or without persistent realms."""
+        return self._realms
 
     @property
     def hints(self) -> dict[str, str]:
@@ -699,10 +735,11 @@ class File:
                 if write:
                     spec.pack(out=access.stream)
 
+        stats = self._agreement.table
+        policy = self._realms_for(spec, stats) if persistent(hints) else self._policy
         try:
-            stats = self._agreement.table
             twophase.two_phase(
-                self._comm, self._driver, access, stats, hints, self._policy,
+                self._comm, self._driver, access, stats, hints, policy,
                 self._aggregators, write, self._nodes, pack,
             )  # fmt: skip
         except twophase.PeerFailure:
@@ -716,6 +753,38 @@ class File:
         _agree(self._comm, err)  # an aggregator's failure concerns every rank's data
         if blocks is not None and not write:
             spec.unpack(access.stream)
+
+    # ------------------------------------------------------------------ persistent realms
+    def _realms_for(self, spec: BufferSpec, stats: np.ndarray) -> RealmPolicy:
+        """The persistent realms of a two-phase call (collective: every rank reaches it in the
+        same call), fixed now if not yet (thesis §3.4). With ``strataio_realms=dynamic`` a
+        change of any rank's view or memory layout since they were fixed retires them and fixes
+        new ones for this call's access (§3.4.4)."""
+        pattern = (self._disp, self._ft, None if spec.contiguous else spec.mem)
+        if self._realms is not None and self._hints.strataio_realms == DYNAMIC:
+            changed = pattern[:2] != self._pattern[:2] or not _same_layout(
+                pattern[2], self._pattern[2]
+            )
+            if self._comm.allreduce(changed, op=MPI.LOR):
+                self._retire_realms()
+        if self._realms is None:
+            active = stats[stats[:, NBYTES] > 0]
+            lo, hi = int(active[:, FIRST].min()), int(active[:, LAST].max())
+            # the file's size as every rank knows it at least (the same number everywhere)
+            size = int(self._comm.allreduce(self._size_floor, op=MPI.MAX))
+            naggr = int(self._aggregators.size)
+            align = realm_alignment(self._hints)
+            stripe = stripe_size(self._fr_type, lo, hi, size, naggr, align)
+            self._realms = StripedRealms(stripe, naggr)
+            # ROMIO writes the size it chose back into the file's info
+            self._hints = dataclasses.replace(self._hints, romio_cb_fr_types=str(stripe))
+            self._pattern = pattern
+        return self._realms
+
+    def _retire_realms(self) -> None:
+        """Drop the persistent realms (collective); the next two-phase call fixes new ones."""
+        self._realms = None
+        self._hints = dataclasses.replace(self._hints, romio_cb_fr_types=self._fr_type)
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"{self._comm.Get_size()} ranks"

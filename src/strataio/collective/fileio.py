@@ -8,12 +8,18 @@ cache a system call from Python costs about as much as moving ``SYSCALL_BYTES`` 
 hole is worth reading through when it is shorter than that; a hole in a write span costs twice
 (it is read and written back). Spans are further capped at a buffer size.
 
+Inside two-phase I/O the one rule is the same cost model with its threshold measured for an
+aggregator's window by a sweep (``SIEVE_READ_BYTES`` / ``SIEVE_WRITE_BYTES``, conditional
+data sieving: :func:`window_spans`); ``romio_cb_ds_threshold`` replaces it with ROMIO's density rule.
+
 Read-modify-write is only safe when nobody else writes the holes concurrently: two-phase
 aggregators use write spans only inside their own realm; independent sieving
 (:mod:`strataio.collective.sieving`) takes byte-range locks.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 
@@ -32,6 +38,19 @@ from strataio.storage.vectored import VectoredPlan
 # ranks, read 4959 -> 6341 and write 1590 -> 2362.
 SYSCALL_BYTES = 16384
 
+# Conditional data sieving inside two-phase I/O (thesis ch. 4.3.3, which found a crossover
+# near a 16 KB datatype extent on Lustre). Sieving a window saves a system call per piece and
+# moves bytes the pieces do not need: for a read, each hole; for a write (read-modify-write of
+# the covering span), each piece read back plus each hole read and written. A window is
+# sieved across a hole while those bytes stay within what one call is worth: for a window of
+# one datatype (extent E, density d) that is one covering span when (1 - d) E (reads) or
+# (2 - d) E = E + hole (writes) is at most the threshold, one call per piece above it.
+# Measured with ``strataio bench sieving --sweep`` (16 MiB window, page-cached, extents 1 KiB
+# - 1 MiB at densities 1/4, 1/2, 3/4; BENCHMARKS.md): these two quantities, not the extent
+# alone, stay put across densities at the crossover.
+SIEVE_READ_BYTES = 36864
+SIEVE_WRITE_BYTES = 98304
+
 
 def union_runs(offsets: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Sorted disjoint runs covering the pieces (any order, overlaps allowed)."""
@@ -48,17 +67,23 @@ def plan_spans(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Group sorted disjoint runs into spans worth one system call each.
 
-    Adjacent runs join when the hole between them is at most ``SYSCALL_BYTES`` (half that for
-    writes, whose holes are read and written back; ``max_hole`` overrides) and the span stays
-    within ``max_span`` bytes (a single run longer than that stays one span).
+    Adjacent runs join when the hole between them is at most ``SIEVE_READ_BYTES``, for writes
+    when the run after it plus twice the hole (read back, then written) is at most
+    ``SIEVE_WRITE_BYTES`` (``max_hole`` instead: holes of at most that many bytes join), and
+    the span stays within ``max_span`` bytes (a single run longer than that stays one span).
     """
     n = run_off.size
     if n == 0:
         return run_off, run_len
     ends = run_off + run_len
-    limit = (SYSCALL_BYTES // 2 if write else SYSCALL_BYTES) if max_hole is None else max_hole
+    holes = run_off[1:] - ends[:-1]
     brk = np.ones(n, dtype=bool)
-    brk[1:] = (run_off[1:] - ends[:-1]) > limit
+    if max_hole is not None:
+        brk[1:] = holes > max_hole
+    elif write:
+        brk[1:] = run_len[1:] + 2 * holes > SIEVE_WRITE_BYTES
+    else:
+        brk[1:] = holes > SIEVE_READ_BYTES
     if max_span > 0:
         gid = np.cumsum(brk) - 1
         gstart = run_off[np.flatnonzero(brk)][gid]
@@ -68,6 +93,52 @@ def plan_spans(
     idx = np.flatnonzero(brk)
     span_end = np.maximum.reduceat(ends, idx)
     return run_off[idx], span_end - run_off[idx]
+
+
+# ``romio_cb_ds_threshold`` when not given: the measured rule of :func:`plan_spans`.
+AUTO_THRESHOLD = -1
+
+
+def window_spans(
+    run_off: np.ndarray,
+    run_len: np.ndarray,
+    max_span: int,
+    write: bool,
+    threshold: int = AUTO_THRESHOLD,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The spans a two-phase aggregator accesses for one window's sorted disjoint runs:
+    conditional data sieving.
+
+    The window is read (read-modify-written) through its holes or accessed one call per run.
+    With ``threshold`` = :data:`AUTO_THRESHOLD` the measured rule decides, hole by hole
+    (:func:`plan_spans`): for a window of one datatype's repetitions (extent ``E``, density
+    ``d``) that is one covering span when ``(1 - d) E`` is at most ``SIEVE_READ_BYTES``
+    (writes: ``(2 - d) E`` at most ``SIEVE_WRITE_BYTES``) and one call per piece otherwise;
+    an irregular window is sieved where its holes are small and split where they are not. A
+    ``threshold`` of 0-100 is ROMIO's ``romio_cb_ds_threshold``: the window is sieved whole
+    when ``100 * data // extent`` (integer percent of the covering extent that is data)
+    reaches it, else accessed one call per run.
+    """
+    if threshold == AUTO_THRESHOLD:
+        return plan_spans(run_off, run_len, max_span, write)
+    if run_off.size < 2:
+        return run_off, run_len
+    extent = int(run_off[-1] + run_len[-1] - run_off[0])
+    if 100 * int(run_len.sum()) // extent >= threshold:
+        return plan_spans(run_off, run_len, max_span, write, np.iinfo(np.int64).max)
+    return run_off, run_len
+
+
+def sieve_threshold(hints: Any, write: bool) -> int | None:
+    """How two-phase aggregators sieve their windows (:func:`window_spans`): the
+    ``romio_cb_ds_threshold`` percent when given; else :data:`AUTO_THRESHOLD` (the measured
+    rule), or None (one call per run) when ``romio_ds_write`` (``romio_ds_read``) is
+    ``disable``."""
+    given = str(getattr(hints, "romio_cb_ds_threshold", "automatic"))
+    if given != "automatic":
+        return int(given)
+    ds = str(getattr(hints, "romio_ds_write" if write else "romio_ds_read", "automatic"))
+    return None if ds.lower() == "disable" else AUTO_THRESHOLD
 
 
 def span_holes(

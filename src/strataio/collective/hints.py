@@ -14,7 +14,9 @@ differ.
 
 Defaults are ROMIO's on a node-local UFS driver (``cb_buffer_size`` 16 MiB, one aggregator per
 node, independent sieving buffers of 4 MiB for reads and 512 KiB for writes, sieving and
-collective buffering ``automatic``). As in ROMIO, ``romio_no_indep_rw=true`` turns collective
+collective buffering ``automatic``), except ``romio_cb_ds_threshold``: ROMIO's ``0`` sieves
+every two-phase window, strataio's ``automatic`` follows a rule measured on this machine. As in
+ROMIO, ``romio_no_indep_rw=true`` turns collective
 buffering on for reads and writes, and ``cb_nodes`` and ``cb_config_list`` are read at open
 only (a view's hints cannot change the aggregators). ``strataio_*`` hints configure engines
 ROMIO lacks; ``strataio_driver`` picks the storage driver
@@ -42,6 +44,7 @@ __all__ = [
     "Hints",
     "differences",
     "parse_config_list",
+    "parse_fr_type",
     "parse_hints",
 ]
 
@@ -81,15 +84,37 @@ class Hints:
     processes of that host; ``host`` alone means ``host:1``), ``*`` for every host not named
     yet, ``n = *`` for all of a host's processes (see :func:`parse_config_list`)."""
     striping_unit: int = 0
-    """File system stripe size, 0 when unknown; realms align to it when set."""
+    """File system stripe size, 0 when unknown; realms align to it when
+    ``romio_cb_fr_alignment`` is not set."""
+    romio_cb_pfr: str = DISABLE
+    """Persistent file realms: ``enable`` fixes striped realms at the first two-phase call
+    until close (``collective.realms.striped``); ``disable`` / ``automatic``: per call."""
+    romio_cb_fr_types: str = "aar"
+    """Stripe of persistent realms: ``aar`` (the first call's aggregate access region over the
+    aggregators), ``-1`` (the impending file size over the aggregators) or a size in bytes;
+    once realms are fixed, the size chosen (as ROMIO writes it back). ROMIO's own source
+    spells the key ``romio_cb_fr_type``; both are read."""
+    romio_cb_fr_alignment: int = 1
+    """Align realm boundaries (and persistent stripes) to this many bytes (1: to
+    ``striping_unit`` when set, else none)."""
     strataio_realms: str = "even"
-    """File-realm policy of two-phase I/O (see ``collective.realms``)."""
-    strataio_realm_alignment: int = 0
-    """Align realm boundaries to this many bytes (0: ``striping_unit`` or none)."""
+    """``even`` (ROMIO's per-call realms) or ``dynamic`` (with ``romio_cb_pfr=enable``:
+    persistent realms recomputed when the view or the memory datatype changes)."""
     strataio_cb_overlap: str = AUTOMATIC
     """Two-phase aggregators read or write each window in an I/O thread while the next one is
     exchanged: enable / disable / automatic (when every node has a spare core per aggregator).
     Overlapping keeps two ``cb_buffer_size`` buffers per aggregator instead of one."""
+    romio_cb_ds_threshold: str = AUTOMATIC
+    """Data sieving inside two-phase I/O, per aggregator window: ROMIO's percent (0-100) of
+    the window's covering extent that must be data for the window to be sieved (below it:
+    one call per piece); *automatic* (strataio's default; ROMIO's is 0, always sieve): the
+    rule on the window's datatype extent and density measured on this machine
+    (:func:`strataio.collective.fileio.window_spans`)."""
+    strataio_pipeline_groups: int = 1
+    """Pipelined collective I/O: the ranks in this many groups, each with about as many of
+    the aggregators, taking turns at the file while the others exchange
+    (:mod:`strataio.collective.pipeline`); an open file shows it clamped to ``cb_nodes``.
+    1: plain two-phase I/O."""
     strataio_driver: str = "posix"
     """Storage driver: ``posix``, or ``shaped`` (POSIX under a cost model)."""
     strataio_driver_bandwidth: int = 200_000_000
@@ -121,7 +146,7 @@ class Hints:
 
 
 # name -> (kind, minimum); kinds: "int" (at least minimum), "float" (at least minimum),
-# "switch", "bool", "str"
+# "switch", "bool", "str", "percent" (automatic or an int of at least minimum, kept as text)
 _SPEC: dict[str, tuple[str, int]] = {
     "cb_buffer_size": ("int", 1),
     "cb_nodes": ("int", 1),
@@ -134,9 +159,13 @@ _SPEC: dict[str, tuple[str, int]] = {
     "romio_no_indep_rw": ("bool", 0),
     "cb_config_list": ("str", 0),
     "striping_unit": ("int", 0),
+    "romio_cb_pfr": ("switch", 0),
+    "romio_cb_fr_types": ("frtype", 0),
+    "romio_cb_fr_alignment": ("int", 1),
     "strataio_realms": ("str", 0),
-    "strataio_realm_alignment": ("int", 0),
     "strataio_cb_overlap": ("switch", 0),
+    "romio_cb_ds_threshold": ("percent", 0),
+    "strataio_pipeline_groups": ("int", 1),
     "strataio_driver": ("str", 0),
     "strataio_driver_bandwidth": ("int", 1),
     "strataio_driver_latency": ("float", 0),
@@ -149,17 +178,24 @@ _DRIVERS = ("posix", "shaped")
 
 #: hints of engines not built yet -> what they would do; given, they raise HintError
 PLANNED: dict[str, str] = {
-    "romio_cb_pfr": "persistent file realms",
-    "romio_cb_fr_types": "file realm types",
-    "romio_cb_fr_alignment": "file realm alignment (use strataio_realm_alignment)",
-    "romio_cb_ds_threshold": "a data sieving threshold for two-phase I/O",
-    "strataio_pipeline_groups": "pipelined aggregator groups",
     "strataio_cache": "a collective write-back cache",
     "strataio_trace": "I/O tracing",
 }
 
 #: hints read at open only: the aggregators (as in ROMIO), who opened the file, its driver
-_OPEN_ONLY = ("cb_nodes", "cb_config_list", "romio_no_indep_rw", "strataio_driver")
+_OPEN_ONLY = (
+    "cb_nodes",
+    "cb_config_list",
+    "romio_no_indep_rw",
+    "strataio_driver",
+    "romio_cb_pfr",  # (persistent realms last from the first two-phase call to close)
+    "romio_cb_fr_types",
+)
+
+#: other spellings read for a hint (ROMIO's source reads ``romio_cb_fr_type``)
+_ALIASES = {"romio_cb_fr_type": "romio_cb_fr_types"}
+#: hints strataio once had under another name: refused with the name to use
+_RENAMED = {"strataio_realm_alignment": "romio_cb_fr_alignment"}
 
 
 def _items(user: Mapping[str, Any] | MPI.Info | None) -> dict[str, Any]:
@@ -207,6 +243,12 @@ def _parse(name: str, kind: str, minimum: int, value: Any) -> Any:
         return _parse_int(name, value, minimum)
     if kind == "float":
         return _parse_float(name, value, minimum)
+    if kind == "frtype":
+        return parse_fr_type(value)
+    if kind == "percent":  # automatic, or an integer percent (ROMIO reads it with atoi)
+        if str(value).strip().lower() == AUTOMATIC:
+            return AUTOMATIC
+        return str(_parse_int(name, value, minimum))
     text = str(value).strip().lower() if not isinstance(value, bool) else str(value).lower()
     if kind == "switch":
         if value is True:
@@ -226,6 +268,27 @@ def _parse(name: str, kind: str, minimum: int, value: Any) -> Any:
     if not raw:
         raise HintError(f"hint {name}: empty value")
     return raw
+
+
+def parse_fr_type(value: Any) -> str:
+    """``romio_cb_fr_types`` in canonical form: ``aar`` (also ``0``, ROMIO's
+    ``ADIOI_FR_AAR``), ``-1`` (also ``fsize``: ``ADIOI_FR_FSZ``, the impending file size) or
+    a positive byte count; else :class:`~strataio.errors.HintError`."""
+    text = str(value).strip().lower()
+    if text in ("aar", "0"):
+        return "aar"
+    if text in ("-1", "fsize"):
+        return "-1"
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1 or isinstance(value, bool):
+        raise HintError(
+            f"hint romio_cb_fr_types={value!r}: expected aar, -1 (file size) or a positive "
+            "realm size in bytes"
+        )
+    return str(n)
 
 
 def parse_config_list(text: str) -> list[tuple[str | None, int | None]]:
@@ -273,6 +336,9 @@ def parse_hints(
     """
     values: dict[str, Any] = {}
     for key, raw in _items(user).items():
+        key = _ALIASES.get(key, key)
+        if key in _RENAMED:
+            raise HintError(f"hint {key}={raw!r} is now called {_RENAMED[key]}")
         if key in PLANNED:
             raise HintError(
                 f"hint {key}={raw!r}: {PLANNED[key]} is not supported yet; remove the hint"
@@ -297,6 +363,10 @@ def parse_hints(
         limit = values.get("cb_nodes", nprocs if "cb_config_list" in values else nodes)
         values["cb_nodes"] = min(limit, max(int(nprocs), 1))
         base = Hints()
+    if "strataio_pipeline_groups" in values:  # (a group per aggregator at most)
+        values["strataio_pipeline_groups"] = min(
+            values["strataio_pipeline_groups"], values.get("cb_nodes", base.cb_nodes)
+        )
     return dataclasses.replace(base, **values)
 
 

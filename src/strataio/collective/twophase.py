@@ -1,20 +1,24 @@
 """Two-phase collective I/O: aggregators move the data of every rank's access in large spans.
 
 Every rank brings one :class:`~strataio.collective.access.Access` and the agreed numbers of
-the call (:mod:`strataio.collective.agreement`). Realms from a
-:class:`~strataio.collective.realms.RealmPolicy` over the aggregate access region are given to
-the aggregators (:func:`~strataio.collective.realms.config_aggregators`: ``cb_config_list`` and
-``cb_nodes``); each realm is walked in windows of ``cb_buffer_size`` bytes, one window per
-aggregator per iteration. The pieces' descriptors (offset, length) are sent to their
-aggregators once, up front (``Alltoall`` of counts + ``Alltoallv`` of descriptors), so each
-iteration needs a single ``Alltoallw`` of data whose counts both sides derive locally
+the call (:mod:`strataio.collective.agreement`). A
+:class:`~strataio.collective.realms.RealmPolicy` gives each aggregator its realm over the
+aggregate access region, as :class:`~strataio.layout.extents.Extents` (one range per
+aggregator by default; many stripes with persistent realms); the aggregators are chosen by
+:func:`~strataio.collective.realms.config_aggregators` (``cb_config_list`` and ``cb_nodes``).
+Each realm is walked in windows of ``cb_buffer_size`` of its own bytes, one window per
+aggregator per iteration; all realms are cut into windows at once (:func:`_windows`, numpy
+over every piece, no loop per stripe). The pieces' descriptors (offset, length) are sent to
+their aggregators once, up front (``Alltoall`` of counts + ``Alltoallv`` of descriptors), so
+each iteration needs a single ``Alltoallw`` of data whose counts both sides derive locally
 (:mod:`strataio.collective.exchange`: pieces of 1 KiB and more move through derived datatypes
 straight between the caller's memory and the aggregator's realm buffer, smaller ones are
-packed; an aggregator's own pieces are copied without MPI). The realm buffer is laid out like
-the file: aggregators access each window's covering span, or its runs, through their
-:class:`~strataio.collective.driver.Driver` by the cost model of
-:mod:`strataio.collective.fileio` (conditional data sieving); a write window with holes is
-read-modify-written, which is safe because the aggregator owns its realm.
+packed; an aggregator's own pieces are copied without MPI). A window's buffer holds its realm
+bytes back to back (laid out like the file for a contiguous realm); aggregators access the
+window's spans, or its runs, through their :class:`~strataio.collective.driver.Driver` by the
+cost model of :mod:`strataio.collective.fileio` (conditional data sieving), one access per
+stripe a span crosses, so a sieving span never touches another aggregator's bytes; a write
+window with holes is read-modify-written, which is safe because the aggregator owns its realm.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from strataio.collective.access import FIRST, LAST, NBYTES, Access
 from strataio.collective.driver import Driver
 from strataio.collective.exchange import ExchangeSide, alltoallw
 from strataio.collective.node import NodeLayout
+from strataio.collective.pipeline import Groups, pipeline_groups
 from strataio.collective.realms import RealmPolicy
 from strataio.errors import StrataError
 from strataio.layout.extents import Extents, exclusive_cumsum
@@ -48,8 +53,12 @@ class _Plan:
     """The schedule of one two-phase call, identical in shape on every rank."""
 
     ntimes: int
-    win_lo: np.ndarray  # (A, ntimes) window start of each aggregator per iteration
-    win_hi: np.ndarray
+    # my windows as an aggregator: the pieces of my realm in (iteration, position) order, each
+    # at a position in the window's buffer (the realm's bytes back to back) and in the file
+    m_pos: np.ndarray
+    m_off: np.ndarray
+    m_bounds: np.ndarray  # piece index range of each iteration
+    m_span: np.ndarray  # realm bytes of each window
     aggs: np.ndarray  # aggregator ranks
     # client side: my pieces in (iteration, aggregator, offset) order
     c_off: np.ndarray
@@ -59,6 +68,7 @@ class _Plan:
     c_iter_bounds: np.ndarray  # piece index range of each iteration
     # aggregator side: received pieces in (iteration, source, client) order
     a_off: np.ndarray
+    a_pos: np.ndarray  # position in the window's buffer
     a_len: np.ndarray
     a_src: np.ndarray
     a_iter_bounds: np.ndarray
@@ -68,28 +78,36 @@ class _Plan:
     background: bool  # aggregators access windows in the background I/O thread (_overlap)
     buffers: tuple[np.ndarray, ...]  # realm buffers (two with background I/O), aggregators only
 
-    def client_side(self, i: int, stream: np.ndarray, send: bool) -> ExchangeSide:
-        """My pieces of iteration ``i`` in the caller's buffer, to or from the aggregators."""
+    def client_side(
+        self, i: int, stream: np.ndarray, send: bool, ranks: tuple[int, int] | None = None
+    ) -> ExchangeSide:
+        """My pieces of iteration ``i`` in the caller's buffer, to or from the aggregators
+        (only those of ranks ``[lo, hi)`` when ``ranks`` is given)."""
         c0, c1 = self.c_iter_bounds[i], self.c_iter_bounds[i + 1]
+        if ranks is not None:  # (an iteration's pieces are grouped by destination rank)
+            c0, c1 = c0 + np.searchsorted(self.c_dest[c0:c1], ranks)
         mem, lens, dest = self.c_mem[c0:c1], self.c_len[c0:c1], self.c_dest[c0:c1]
         return ExchangeSide(stream, mem, lens, dest, self.nprocs, self.rank, send)
 
-    def window(self, i: int, write: bool, sieve: bool, double: bool) -> _Window | None:
+    def window(self, i: int, write: bool, sieve: int | None, double: bool) -> _Window | None:
         """My window of iteration ``i`` as an aggregator (None: no pieces in it); with
-        ``double`` consecutive iterations use two realm buffers in turn."""
+        ``double`` consecutive iterations use two realm buffers in turn; ``sieve``: see
+        :func:`strataio.collective.fileio.sieve_threshold`."""
         a0, a1 = self.a_iter_bounds[i], self.a_iter_bounds[i + 1]
         if a1 == a0:
             return None
-        span = int(self.win_hi[self.my_agg, i] - self.win_lo[self.my_agg, i])
+        m0, m1 = self.m_bounds[i], self.m_bounds[i + 1]
+        realm = (self.m_pos[m0:m1], self.m_off[m0:m1])
         buf = self.buffers[i % 2 if double else 0]
-        return _Window(self.a_off[a0:a1], self.a_len[a0:a1], write, sieve, span, buf)
+        span = int(self.m_span[i])
+        return _Window(self.a_pos[a0:a1], self.a_len[a0:a1], write, sieve, span, buf, realm)
 
     def aggregator_side(self, i: int, window: _Window | None, send: bool) -> ExchangeSide:
         """The clients' pieces of iteration ``i`` in my realm buffer, at their file positions."""
         if window is None:
             return ExchangeSide(_BYTES, _NONE, _NONE, _NONE, self.nprocs, self.rank, send)
         a0, a1 = self.a_iter_bounds[i], self.a_iter_bounds[i + 1]
-        at, lens, src = self.a_off[a0:a1] - window.base, self.a_len[a0:a1], self.a_src[a0:a1]
+        at, lens, src = self.a_pos[a0:a1] - window.base, self.a_len[a0:a1], self.a_src[a0:a1]
         return ExchangeSide(window.buf, at, lens, src, self.nprocs, self.rank, send)
 
 
@@ -151,20 +169,24 @@ def _plan_aggregators(
     comm.Alltoallv(
         [local.desc, (scount * 2, sd), MPI.INT64_T], [rdesc, (rcount * 2, rd), MPI.INT64_T]
     )
-    my_agg, realms, cb = local.my_agg, local.realms, local.cb
+    my_agg = local.my_agg
     a_off, a_len = rdesc[:, 0], rdesc[:, 1]
     a_src = np.repeat(np.arange(nprocs, dtype=_I64), rcount)
     if my_agg >= 0 and a_off.size:
-        a_iter = (a_off - realms[my_agg, 0]) // cb
+        # each piece lies in one piece of my realm's windows (the clients cut them so)
+        j = np.searchsorted(local.m_off, a_off, side="right") - 1
+        a_iter = local.m_iter[j]
+        a_pos = local.m_pos[j] + (a_off - local.m_off[j])
         aorder = np.argsort(a_iter, kind="stable")  # keeps (source, client order) inside
         a_off, a_len, a_src, a_iter = a_off[aorder], a_len[aorder], a_src[aorder], a_iter[aorder]
+        a_pos = a_pos[aorder]
     else:
-        a_iter = np.zeros(0, dtype=_I64)
+        a_iter = a_pos = np.zeros(0, dtype=_I64)
     a_iter_bounds = np.searchsorted(a_iter, np.arange(local.ntimes + 1))
     return _Plan(
-        local.ntimes, local.win_lo, local.win_hi, local.aggs, *local.client,
-        a_off, a_len, a_src, a_iter_bounds, my_agg, nprocs, rank, local.background,
-        local.buffers,
+        local.ntimes, local.m_pos, local.m_off, local.m_bounds, local.m_span, local.aggs,
+        *local.client, a_off, a_pos, a_len, a_src, a_iter_bounds, my_agg, nprocs, rank,
+        local.background, local.buffers,
     )  # fmt: skip
 
 
@@ -173,17 +195,61 @@ class _LocalPlan:
     """The part of a :class:`_Plan` a rank computes alone, before any communication."""
 
     ntimes: int
-    win_lo: np.ndarray
-    win_hi: np.ndarray
+    m_pos: np.ndarray  # my realm's window pieces (aggregators only), see _Plan
+    m_off: np.ndarray
+    m_iter: np.ndarray
+    m_bounds: np.ndarray
+    m_span: np.ndarray
     aggs: np.ndarray
-    realms: np.ndarray
-    cb: int
     my_agg: int
     background: bool
     buffers: tuple[np.ndarray, ...]  # realm buffers
     client: tuple[np.ndarray, ...]  # c_off, c_len, c_mem, c_dest, c_iter_bounds
     scount: np.ndarray  # descriptors for each rank
     desc: np.ndarray  # (offset, length) rows grouped by destination
+
+
+@dataclass(slots=True)
+class _Windows:
+    """Every aggregator's realm cut into windows of at most ``cb_buffer_size`` realm bytes: the
+    pieces of all realms in file order, each labelled with its aggregator, its iteration and
+    its position in that window's buffer (where the realm's bytes lie back to back)."""
+
+    ntimes: int
+    off: np.ndarray
+    len: np.ndarray
+    agg: np.ndarray
+    iter: np.ndarray
+    pos: np.ndarray
+
+
+def _windows(realms: list[Extents], cb: int) -> _Windows:
+    """Cut the realms (one :class:`Extents` per aggregator) into windows of ``cb`` realm bytes,
+    all at once: every realm's bytes are laid end to end in a stream of its own, ``stride``
+    apart, and that stream is split at every multiple of ``cb`` (no loop per stripe)."""
+    parts = [r.union() for r in realms]
+    counts = np.array([len(p) for p in parts], dtype=_I64)
+    total = np.array([p.nbytes for p in parts], dtype=_I64)
+    nwin = -(-total // cb)
+    ntimes = int(nwin.max()) if nwin.size else 0
+    if not counts.sum():
+        z = np.zeros(0, dtype=_I64)
+        return _Windows(0, z, z, z, z, z)
+    stride = _I64(max(ntimes, 1) * cb)
+    agg = np.repeat(np.arange(len(parts), dtype=_I64), counts)
+    stream = np.concatenate([p.mem for p in parts]) + agg * stride
+    flat = Extents(stream, np.concatenate([p.lengths for p in parts]),
+                   np.concatenate([p.offsets for p in parts]))  # fmt: skip
+    if ntimes > 1:
+        flat = flat.split(np.arange(cb, int(stride) * len(parts), cb, dtype=_I64))
+    agg = flat.offsets // stride
+    local = flat.offsets - agg * stride
+    it = local // cb
+    order = np.argsort(flat.mem, kind="stable")  # realms are disjoint: file order
+    return _Windows(
+        ntimes, flat.mem[order], flat.lengths[order], agg[order], it[order],
+        (local - it * cb)[order],
+    )  # fmt: skip
 
 
 def _plan_locally(
@@ -199,77 +265,109 @@ def _plan_locally(
     active = stats[stats[:, NBYTES] > 0]
     lo, hi = int(active[:, FIRST].min()), int(active[:, LAST].max())
     aggs = aggregators
-    realms = np.asarray(policy.realms(lo, hi, aggs.size, hints), dtype=_I64)
     cb = max(int(hints.cb_buffer_size), 1)
-    rlen = realms[:, 1] - realms[:, 0]
-    nwin = -(-rlen // cb)
-    ntimes = int(nwin.max()) if nwin.size else 0
-    it = np.arange(ntimes, dtype=_I64)
-    win_lo = np.minimum(realms[:, :1] + it[None, :] * cb, realms[:, 1:])
-    win_hi = np.minimum(win_lo + cb, realms[:, 1:])
+    win = _windows(policy.realms(lo, hi, aggs.size, hints), cb)
+    ntimes = win.ntimes
     background = _overlap(ntimes, aggs.size, hints, nodes)
     mine = np.flatnonzero(aggs == rank)
     my_agg = int(mine[0]) if mine.size else -1
+    m = win.agg == my_agg  # (file order is (iteration, position) order within one realm)
+    m_pos, m_off, m_iter, m_len = win.pos[m], win.off[m], win.iter[m], win.len[m]
+    m_bounds = np.searchsorted(m_iter, np.arange(ntimes + 1))
+    m_span = np.bincount(m_iter, weights=m_len, minlength=ntimes).astype(_I64)
     buffers: tuple[np.ndarray, ...] = ()
-    if my_agg >= 0 and ntimes:  # the realm buffers, now rather than in the middle of the exchange
-        span = int((win_hi[my_agg] - win_lo[my_agg]).max())
+    if my_agg >= 0 and m_span.size:  # the realm buffers, now rather than mid-exchange
+        span = int(m_span.max())
         buffers = tuple(scratch(span, f"realm{slot}") for slot in range(2 if background else 1))
 
-    # Client: cut my pieces at every window boundary, then label each with its window.
+    # Client: cut my pieces at every window piece's bounds, then label each with its window.
     ext = ext.compact()
-    valid = win_hi > win_lo
-    starts = win_lo[valid]  # row-major = ascending offsets: realm by realm, window by window
-    agg_of = np.nonzero(valid)[0]
-    iter_of = np.nonzero(valid)[1]
     if len(ext):
-        cut = ext.sort().split(np.concatenate((starts, win_hi[valid])))
-        w = np.searchsorted(starts, cut.offsets, side="right") - 1
-        d_iter, d_agg = iter_of[w], agg_of[w]
+        ext = ext.sort()
+        cut = ext.split(_inner(win.off, ext))
+        w = np.searchsorted(win.off, cut.offsets, side="right") - 1
+        if w.size and (int(w.min()) < 0 or bool(np.any(cut.ends > win.off[w] + win.len[w]))):
+            raise StrataError(
+                f"realm policy {policy.name!r} leaves bytes of this rank's access in no realm"
+            )
+        d_iter, d_agg = win.iter[w], win.agg[w]
     else:
         cut = Extents.empty()
         d_iter = d_agg = np.zeros(0, dtype=_I64)
-    # In offset order the pieces are already grouped by aggregator (realms ascend) and, inside
-    # one, by iteration: exactly the descriptor order. The per-iteration order (iteration,
-    # aggregator, offset) is then one stable sort on the iteration number.
+    # The pieces are in offset order. Descriptors go grouped by aggregator rank, each group in
+    # (iteration, offset) order; the exchange of each iteration takes them in (aggregator rank,
+    # offset) order. Each is one stable sort of the offset order, skipped when already in order
+    # (contiguous realms that ascend in rank order, the common case).
     d_off, d_len, d_dest = cut.offsets, cut.lengths, aggs[d_agg]
-    # Realms ascend in the order cb_config_list names the aggregators, which need not be rank
-    # order; exchanges and descriptors go by rank.
-    by_name = aggs.size > 1 and bool((aggs[1:] < aggs[:-1]).any())
-    if by_name:
-        order = np.lexsort((d_dest, d_iter))
-        c_off, c_len, c_mem = d_off[order], d_len[order], cut.mem[order]
-        c_iter, c_dest = d_iter[order], d_dest[order]
-    elif ntimes > 1:
-        key = d_iter.astype(np.int32) if ntimes < 2**31 else d_iter
-        order = np.argsort(key, kind="stable")
-        c_off, c_len, c_mem = d_off[order], d_len[order], cut.mem[order]
-        c_iter, c_dest = d_iter[order], d_dest[order]
-    else:
-        c_off, c_len, c_mem, c_iter, c_dest = d_off, d_len, cut.mem, d_iter, d_dest
+    c_off, c_len, c_mem, c_iter, c_dest = _stable_by(
+        d_iter * nprocs + d_dest, d_off, d_len, cut.mem, d_iter, d_dest
+    )
     c_iter_bounds = np.searchsorted(c_iter, np.arange(ntimes + 1))
     scount = np.bincount(d_dest, minlength=nprocs).astype(_I64)
     desc = np.empty((d_off.size, 2), dtype=_I64)
-    if by_name:  # descriptors grouped by rank, each aggregator's still in offset order
-        by_rank = np.argsort(d_dest, kind="stable")
-        d_off, d_len = d_off[by_rank], d_len[by_rank]
-    desc[:, 0], desc[:, 1] = d_off, d_len
+    desc[:, 0], desc[:, 1] = _stable_by(d_dest * max(ntimes, 1) + d_iter, d_off, d_len)
     return _LocalPlan(
-        ntimes, win_lo, win_hi, aggs, realms, cb, my_agg, background, buffers,
+        ntimes, m_pos, m_off, m_iter, m_bounds, m_span, aggs, my_agg, background, buffers,
         (c_off, c_len, c_mem, c_dest, c_iter_bounds), scount, desc,
     )  # fmt: skip
 
 
+def _inner(bounds: np.ndarray, ext: Extents) -> np.ndarray:
+    """The sorted ``bounds`` that fall inside a piece of ``ext`` (sorted by offset): the only
+    cuts that change it (a realm of many stripes has far more bounds than a rank has pieces).
+    The window pieces tile the access region, so their starts are every bound there is."""
+    if len(ext) == 0:
+        return bounds[:0]
+    k = np.searchsorted(ext.offsets, bounds, side="right") - 1
+    reach = np.maximum.accumulate(ext.ends)  # (pieces may overlap: the furthest end so far)
+    before = np.concatenate(([np.iinfo(_I64).min], reach))  # reach of the pieces before k
+    j = np.maximum(k, 0)
+    inside = (k >= 0) & (bounds < reach[j]) & ((bounds > ext.offsets[j]) | (bounds < before[j]))
+    return bounds[inside]
+
+
+def _stable_by(key: np.ndarray, *arrays: np.ndarray) -> tuple[np.ndarray, ...]:
+    """``arrays`` in the stable order of ``key`` (as they are when it already ascends)."""
+    if key.size < 2 or bool(np.all(key[1:] >= key[:-1])):
+        return arrays
+    order = np.argsort(key, kind="stable")
+    return tuple(a[order] for a in arrays)
+
+
 def _window_runs(
-    off: np.ndarray, length: np.ndarray, write: bool, max_span: int, sieve: bool = True
+    off: np.ndarray,
+    length: np.ndarray,
+    write: bool,
+    max_span: int,
+    sieve: int | None = fileio.AUTO_THRESHOLD,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The runs of bytes an aggregator moves in one window, the spans it accesses, and which
-    of the spans have holes (without ``sieve`` the spans are the runs, none with a hole)."""
+    of the spans have holes (``sieve``: :func:`~strataio.collective.fileio.sieve_threshold`;
+    with None the spans are the runs, none with a hole)."""
     run_off, run_len = fileio.union_runs(off, length)
-    if not sieve:
+    if sieve is None:
         return run_off, run_len, run_off, run_len, np.zeros(run_off.size, dtype=bool)
-    sp_off, sp_len = fileio.plan_spans(run_off, run_len, max_span, write)
+    sp_off, sp_len = fileio.window_spans(run_off, run_len, max_span, write, sieve)
     holes = fileio.span_holes(run_off, run_len, sp_off, sp_len)
     return run_off, run_len, sp_off, sp_len, holes
+
+
+def _per_stripe(
+    run_at: np.ndarray,
+    run_len: np.ndarray,
+    sp_at: np.ndarray,
+    sp_len: np.ndarray,
+    realm_pos: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Runs and spans (window buffer positions) cut where the realm's pieces meet, since each
+    piece is its own place in the file; whether each cut span has holes."""
+    runs = Extents(run_at, run_len).split(realm_pos)
+    spans = Extents(sp_at, sp_len).split(realm_pos)
+    r_end = np.concatenate(([0], np.cumsum(runs.lengths)))
+    first = np.searchsorted(runs.offsets, spans.offsets, side="left")
+    last = np.searchsorted(runs.offsets, spans.ends, side="left")
+    holes = (r_end[last] - r_end[first]) < spans.lengths
+    return runs.offsets, runs.lengths, spans.offsets, spans.lengths, holes
 
 
 # ---------------------------------------------------------------------------- the two phases
@@ -278,8 +376,9 @@ _BYTES = np.zeros(0, dtype=np.uint8)
 
 
 class _Window:
-    """An aggregator's file access in one iteration: the spans it reads or writes (by the cost
-    model of :mod:`strataio.collective.fileio`; without ``sieve`` the runs of bytes themselves)
+    """An aggregator's file access in one iteration: the spans it reads or writes (by the
+    conditional sieving of :func:`strataio.collective.fileio.window_spans`; with ``sieve``
+    None the runs of bytes themselves)
     and a realm buffer laid out like the file from the first span on, which the exchange fills
     (writes) or drains (reads) at the pieces' file positions."""
 
@@ -287,18 +386,29 @@ class _Window:
 
     def __init__(
         self,
-        off: np.ndarray,
+        pos: np.ndarray,
         length: np.ndarray,
         write: bool,
-        sieve: bool,
+        sieve: int | None,
         span: int,
         buffer: np.ndarray,
+        realm: tuple[np.ndarray, np.ndarray],
     ) -> None:
-        run_off, run_len, sp_off, sp_len, holes = _window_runs(off, length, write, span, sieve)
-        self.base = int(sp_off[0])
-        self.buf = buffer[: int(sp_off[-1] + sp_len[-1]) - self.base]
-        self.runs = (run_off - self.base, run_len)
-        at = (sp_off - self.base).tolist()
+        """``pos``/``length``: the clients' pieces at their positions in the window's buffer;
+        ``realm``: the window's realm pieces, their buffer positions and file offsets (one
+        piece for a contiguous realm)."""
+        run_at, run_len, sp_at, sp_len, holes = _window_runs(pos, length, write, span, sieve)
+        realm_pos, realm_off = realm
+        if realm_pos.size > 1:  # a span of realm bytes may cross stripes: one access per stripe
+            run_at, run_len, sp_at, sp_len, holes = _per_stripe(
+                run_at, run_len, sp_at, sp_len, realm_pos
+            )
+        self.base = int(sp_at[0])
+        self.buf = buffer[: int(sp_at[-1] + sp_len[-1]) - self.base]
+        self.runs = (run_at - self.base, run_len)
+        j = np.searchsorted(realm_pos, sp_at, side="right") - 1
+        sp_off = realm_off[j] + (sp_at - realm_pos[j])
+        at = (sp_at - self.base).tolist()
         self.spans = list(zip(at, sp_off.tolist(), sp_len.tolist(), holes.tolist()))
 
     def read(self, driver: Driver) -> None:
@@ -346,7 +456,8 @@ def two_phase(
     prepare: Callable[[], None] | None = None,
 ) -> None:
     """Collective write (read) of every rank's access: aggregators write (read) their realms,
-    each window while the next (previous) one is exchanged when :func:`_overlap` says so.
+    each window while the next (previous) one is exchanged when :func:`_overlap` says so, or
+    in pipelined groups (``strataio_pipeline_groups``, :mod:`strataio.collective.pipeline`).
     ``aggregators``: their ranks, in realm order (:func:`strataio.collective.realms.config_aggregators`);
     ``driver``: the file, on aggregators (other ranks may pass None); ``nodes``: where the ranks run (:func:`strataio.collective.node.layout`); ``prepare``:
     this rank's own work before any data moves (packing ``access.stream``), run as part of
@@ -361,10 +472,14 @@ def two_phase(
     rather than hang.
     """
     plan = _plan(comm, access.file, stats, hints, policy, aggregators, nodes, prepare)
-    sieving_hint = getattr(hints, "romio_ds_write" if write else "romio_ds_read", "automatic")
-    ds = str(sieving_hint).lower() != "disable"
+    ds = fileio.sieve_threshold(hints, write)
+    groups = pipeline_groups(hints, aggregators, comm.Get_rank())
     try:
-        failure = (_write if write else _read)(comm, driver, access.stream, plan, ds)
+        if groups is not None:
+            pipelined = _pipelined_write if write else _pipelined_read
+            failure = pipelined(comm, driver, access.stream, plan, ds, groups)
+        else:
+            failure = (_write if write else _read)(comm, driver, access.stream, plan, ds)
     except Exception as exc:
         if comm.Get_size() == 1:
             raise
@@ -388,7 +503,7 @@ def _abort(comm: MPI.Comm, exc: BaseException) -> NoReturn:
 
 
 def _write(
-    comm: MPI.Comm, driver: Driver | None, stream: np.ndarray, plan: _Plan, ds: bool
+    comm: MPI.Comm, driver: Driver | None, stream: np.ndarray, plan: _Plan, ds: int | None
 ) -> BaseException | None:
     """The windows of a collective write; an aggregator's I/O failure is returned once the
     exchange is over."""
@@ -417,7 +532,7 @@ def _write(
 
 
 def _read(
-    comm: MPI.Comm, driver: Driver | None, stream: np.ndarray, plan: _Plan, ds: bool
+    comm: MPI.Comm, driver: Driver | None, stream: np.ndarray, plan: _Plan, ds: int | None
 ) -> BaseException | None:
     """The windows of a collective read; an aggregator's I/O failure is returned once the
     exchange is over."""
@@ -448,6 +563,83 @@ def _read(
                 upcoming = start(i + 1)
     finally:
         # the realm buffer must not be reused while it is read, even after a failure
+        failure = _settle(failure, upcoming[1])
+    return failure
+
+
+def _pipelined_write(
+    comm: MPI.Comm,
+    driver: Driver | None,
+    stream: np.ndarray,
+    plan: _Plan,
+    ds: int | None,
+    groups: Groups,
+) -> BaseException | None:
+    """:func:`_write` in pipelined steps (:mod:`strataio.collective.pipeline`): an aggregator
+    writes its window in the background while the other groups exchange theirs, and waits for
+    that write only when its one realm buffer is needed again."""
+    failure: BaseException | None = None
+    writing: _Pending | None = None
+    try:
+        for i, g in groups.steps(plan.ntimes):
+            send = plan.client_side(i, stream, True, groups.ranks(g))
+            window = None
+            try:
+                if g == groups.mine:
+                    failure, writing = _settle(failure, writing), None
+                    window = plan.window(i, True, ds, False)
+                recv = plan.aggregator_side(i, window, False)
+            except BaseException:
+                send.free()
+                raise
+            if window is not None and failure is None:
+                failure = _attempt(window.read_holes, driver)
+            alltoallw(comm, send, recv)
+            if window is not None and failure is None:
+                writing = _Pending(groups.background, window.write, driver)
+    finally:
+        failure = _settle(failure, writing)
+    return failure
+
+
+def _pipelined_read(
+    comm: MPI.Comm,
+    driver: Driver | None,
+    stream: np.ndarray,
+    plan: _Plan,
+    ds: int | None,
+    groups: Groups,
+) -> BaseException | None:
+    """:func:`_read` in pipelined steps: an aggregator reads its window in the background
+    during the exchange of the step before its own."""
+    failure: BaseException | None = None
+    steps = groups.steps(plan.ntimes)
+    upcoming: tuple[_Window | None, _Pending | None] = (None, None)
+
+    def start(step: int) -> tuple[_Window | None, _Pending | None]:
+        i, g = steps[step]
+        window = plan.window(i, False, ds, False) if g == groups.mine else None
+        if window is None or failure is not None:
+            return window, None
+        return window, _Pending(groups.background, window.read, driver)
+
+    try:
+        upcoming = start(0)
+        for step, (i, g) in enumerate(steps):
+            window = None
+            if g == groups.mine:
+                (window, reading), upcoming = upcoming, (None, None)
+                failure = _settle(failure, reading)
+            elif step + 1 < len(steps) and steps[step + 1][1] == groups.mine:
+                upcoming = start(step + 1)  # into my buffer, free since my last step
+            send = plan.aggregator_side(i, window, True)
+            try:
+                recv = plan.client_side(i, stream, False, groups.ranks(g))
+            except BaseException:
+                send.free()
+                raise
+            alltoallw(comm, send, recv)
+    finally:
         failure = _settle(failure, upcoming[1])
     return failure
 

@@ -35,6 +35,14 @@ writer that is gone is resolved at once.
 A ``valid`` copy whose bytes differ from its row is bad (**checksum** / **size**); with
 another good copy it is dropped, without one the chunk is reported **corrupt** (never
 silently adopted). A chunk with no copy left at all is **lost**.
+
+Superfile containers (:mod:`strataio.tiers.superfile`) are checked inside as well, where
+copies are read (``verify``): a container whose footer or index is unreadable is a **bad
+index**, one with a member outside its member bytes or failing its CRC-32C a **bad member**
+(the finding names the member). Both are reported, never repaired: the bytes are the ones
+the catalog recorded, so no other copy is better. An unrecorded container (a seal whose
+commit never happened) is adopted only if it is whole; otherwise it is a **bad index** and
+deleted, so its members read as missing, never as wrong bytes.
 """
 
 from __future__ import annotations
@@ -47,7 +55,10 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from strataio.catalog.base import Catalog, ChunkCopy, CopyId
+from strataio.storage.base import BytesLike
+from strataio.storage.superfile import ContainerProblem, check_container
 from strataio.tiers.residency import META_KEY, object_key
+from strataio.tiers.superfile import is_superfile
 from strataio.tiers.tier import TierSet, checksum, is_backend_failure
 
 __all__ = [
@@ -80,6 +91,8 @@ class Kind(StrEnum):
     LEFTOVER = "leftover"  # a temporary file of an interrupted put
     CORRUPT = "corrupt"  # the only copies left are bad
     LOST = "lost"  # no tier holds the chunk any more
+    BAD_INDEX = "bad-index"  # a superfile container's footer or index is unreadable
+    BAD_MEMBER = "bad-member"  # a container member out of bounds or failing its checksum
     IN_FLIGHT = "in-flight"  # a live writer may still be working on it
 
     @property
@@ -133,6 +146,8 @@ class CopyCheck:
     verdict: Verdict
     nbytes: int
     digest: str
+    #: what is wrong inside a superfile container whose bytes are as catalogued
+    problems: tuple[ContainerProblem, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +160,8 @@ class UnnamedObject:
     key: str
     nbytes: int = -1
     digest: str = ""
+    #: what is wrong inside it, where it is a superfile container
+    problems: tuple[ContainerProblem, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,7 +255,15 @@ def inspect(
     """
     inv = Inventory()
     inv.copies = catalog.all_residency()
-    names = {d.name for d in catalog.list_datasets()}
+    records = catalog.list_datasets()
+    names = {d.name for d in records}
+    superfiles = {d.name for d in records if is_superfile(d)}
+
+    def inside(dataset: str, key: str, data: BytesLike) -> tuple[ContainerProblem, ...]:
+        if dataset not in superfiles:
+            return ()
+        return tuple(check_container(data, f"{key!r} of superfile {dataset!r}"))
+
     inv.skipped_tiers = [t.name for t in tiers if not t.up]
 
     listed: dict[str, set[str]] = {}
@@ -278,7 +303,8 @@ def inspect(
             return CopyCheck(c, Verdict.SIZE, n, digest)
         if c.checksum and digest != c.checksum:
             return CopyCheck(c, Verdict.CHECKSUM, n, digest)
-        return CopyCheck(c, Verdict.GOOD, n, digest)
+        problems = inside(c.dataset, c.key, data) if verify else ()
+        return CopyCheck(c, Verdict.GOOD, n, digest, problems)
 
     with ThreadPoolExecutor(max(1, workers)) as pool:
         if progress is not None:
@@ -308,7 +334,10 @@ def inspect(
                 except FileNotFoundError:
                     continue
                 n, digest = len(data), checksum(data)
-            inv.unnamed.append(UnnamedObject(tname, ds, key, n, digest))
+                problems = inside(ds, key, data)
+            else:
+                problems = ()
+            inv.unnamed.append(UnnamedObject(tname, ds, key, n, digest, problems))
         base = getattr(t.backend, "inner", t.backend)  # a Shaped tier's own files
         leftovers = getattr(base, "leftovers", None)
         if leftovers is not None:
@@ -338,6 +367,8 @@ def plan(inv: Inventory) -> Plan:
         by_chunk.setdefault((r.copy.dataset, r.copy.key), []).append(r)
     for (ds, key), rows in sorted(by_chunk.items()):
         _plan_chunk(out, inv, ds, key, rows)
+        for r in rows:
+            out.findings.extend(_container_findings(r.copy.tier, ds, key, r.problems))
 
     catalogued = {(c.dataset, c.key) for c in inv.copies}
     for u in inv.unnamed:
@@ -362,6 +393,13 @@ def plan(inv: Inventory) -> Plan:
                     "object no catalog row names",
                     Action.DELETE,
                 )
+            )
+            out.objects.append((u.tier, object_key(u.dataset, u.key)))
+        elif u.problems:
+            # a container that is not whole is never adopted: its members read as missing
+            detail = "unrecorded container that is not whole: " + u.problems[0].detail
+            out.findings.append(
+                Finding(Kind.BAD_INDEX, u.tier, u.dataset, u.key, detail, Action.DELETE)
             )
             out.objects.append((u.tier, object_key(u.dataset, u.key)))
         else:
@@ -452,6 +490,21 @@ def _plan_chunk(out: Plan, inv: Inventory, ds: str, key: str, rows: list[CopyChe
     else:
         where = ", ".join(r.copy.tier for r in bad)
         out.findings.append(Finding(Kind.LOST, where, ds, key, "no tier holds this chunk any more"))
+
+
+def _container_findings(
+    tier: str, ds: str, key: str, problems: Iterable[ContainerProblem]
+) -> list[Finding]:
+    """Findings for what is wrong inside superfile container ``key`` of ``ds`` on ``tier``."""
+    out = []
+    for p in problems:
+        if p.kind == "index":
+            out.append(Finding(Kind.BAD_INDEX, tier, ds, key, p.detail))
+        else:
+            what = "out of bounds" if p.kind == "bounds" else "checksum mismatch"
+            detail = f"member {p.member!r}: {what}: {p.detail}"
+            out.append(Finding(Kind.BAD_MEMBER, tier, ds, key, detail))
+    return out
 
 
 def _detail(r: CopyCheck) -> str:

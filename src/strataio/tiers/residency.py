@@ -355,11 +355,18 @@ class Residency:
                 return False  # the tier cannot tell: keep the row
             return self.remove(copy.key, copy.tier, delete_object=False, expect=copy) is not None
 
+    #: seconds within which a chunk's accesses count as one (LRU order among them is
+    #: arbitrary): a chunk read again and again costs one dictionary look-up per read
+    TOUCH_RESOLUTION = 1.0
+
     def touch(self, keys: Iterable[str], when: float | None = None) -> None:
         """Note an access (for LRU eviction); reaches the catalog at commit."""
         now = time.time() if when is None else when
         with self.lock:
             for k in keys:
+                seen = self._touched.get(k)
+                if seen is not None and 0.0 <= now - seen < self.TOUCH_RESOLUTION:
+                    continue
                 per = self._copies.get(k)
                 if not per:
                     continue
