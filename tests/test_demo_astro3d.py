@@ -65,8 +65,8 @@ def test_workload_leaves_disabled_datasets_out(config) -> None:
     assert all(d.dims == (8, 8, 8) and d.pattern == "BBB" and d.frequency == 1 for d in wl.datasets)
 
 
-def _flat_perf(put: float, get: float) -> PerfTable:
-    rows = []
+def _flat_perf(put: float, get: float, extra: list[PerfRow] = ()) -> PerfTable:
+    rows = list(extra)
     for tier in ("local", "remote", "archive"):
         for n in (1024, 1 << 20):
             rows += [PerfRow(tier, "put", n, put, 2, 1.0), PerfRow(tier, "get", n, get, 2, 1.0)]
@@ -83,6 +83,24 @@ def test_prediction_by_hand(config) -> None:
     # the viewer one container get
     assert predict_scenario(config, TINY, 1, perf) == pytest.approx(
         {"producer": 5.7, "analysis": 0.15, "volren": 0.25, "viewer": 0.05}
+    )
+
+
+def test_prediction_adds_the_tiered_layer_per_access(config) -> None:
+    extra = [
+        PerfRow("archive", "tiered_put", 0, 0.02, 2, 1.0),
+        PerfRow("archive", "tiered_rewrite", 0, 0.03, 2, 1.0),
+        PerfRow("archive", "tiered_get", 0, 0.01, 2, 1.0),
+    ]
+    perf = _flat_perf(0.1, 0.05, extra)
+    got = predict_scenario(config, TINY, 1, perf)
+    # 13 series datasets x 3 dumps pay 0.02 more, 6 checkpoints x 3 rewrites 0.03 more
+    assert got["producer"] == pytest.approx(5.7 + 39 * 0.02 + 18 * 0.03)
+    assert got["analysis"] == pytest.approx(0.15 + 3 * 0.01)
+    # the superfile's container is not a dataset access: no tiered cost
+    assert got["volren"] == pytest.approx(0.25 + 3 * 0.01) and got["viewer"] == 0.05
+    assert sum(predict_scenario(config, TINY, 1, perf, tiered=False).values()) == pytest.approx(
+        6.15
     )
 
 

@@ -38,6 +38,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -162,12 +163,18 @@ class _Clock:
 
     def timed(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)``, its seconds added to component ``what``."""
-        self.comm.Barrier()
-        t0 = time.perf_counter()
-        out = fn(*args)
-        self.comm.Barrier()
-        self.seconds[what] = self.seconds.get(what, 0.0) + time.perf_counter() - t0
+        out, seconds = _between_barriers(self.comm, fn, *args)
+        self.seconds[what] = self.seconds.get(what, 0.0) + seconds
         return out
+
+
+def _between_barriers(comm: Any, fn: Callable[..., Any], *args: Any) -> tuple[Any, float]:
+    """``fn(*args)`` on every rank, and its seconds from a barrier before to one after."""
+    comm.Barrier()
+    t0 = time.perf_counter()
+    out = fn(*args)
+    comm.Barrier()
+    return out, time.perf_counter() - t0
 
 
 def _produce(session: Any, params: DemoParams, scenario: int, box: tuple, clock: _Clock) -> None:
@@ -329,19 +336,75 @@ def run_scenario(config_path: str, params: DemoParams, scenario: int) -> dict[st
     return result
 
 
+#: the location hint that sends a dataset to a tier of each role
+ROLE_HINTS = {"localdisk": "LOCALDISK", "remotedisk": "REMOTEDISK", "remotetape": "REMOTETAPE"}
+
+
+def measure_access_costs(config_path: str, params: DemoParams, repeat: int = 6) -> dict:
+    """Seconds of one collective access of one dump (a float32 block per rank) through a
+    Session dataset on each tier, as the producer and the consumers make them: a dump of a
+    new step (``write_all`` + ``flush``), a rewrite in place (a checkpoint's), and a cold read
+    (``read_all`` from a freshly opened dataset). Each is the mean of ``repeat`` accesses
+    but the first (which sets the connection up). Rank 0's result: ``{tier: {"write",
+    "rewrite", "read", "nbytes"}}``."""
+    from mpi4py import MPI
+
+    from strataio.config import load_config
+    from strataio.predict.workload import Partition
+    from strataio.session import Session
+
+    comm = MPI.COMM_WORLD
+    config = load_config(config_path)
+    part = Partition.of(params.dims, "BBB", params.ranks)
+    box = part.box(comm.Get_rank())
+    out: dict[str, dict[str, float]] = {}
+
+    def mean(fn: Callable[..., Any], *args: Callable[[int], Any]) -> float:
+        times = [_between_barriers(comm, fn, *(a(k) for a in args))[1] for k in range(repeat)]
+        return float(np.mean(times[1:]))
+
+    with Session(config, comm=comm, stage_on_read=False) as session:
+        for tier in config.tiers:
+            hint = ROLE_HINTS.get(tier.role)
+            if hint is None:
+                continue
+            name = f"access-cost/{tier.name}"
+            shape, chunks = (repeat, *params.dims), (1, *part.block)
+            ds = session.create_dataset(name, shape, "float32", chunks, hint=hint)
+            write = mean(partial(_dump, ds), lambda k: (k, *box), lambda k: field("temp", k, box))
+            ds.close()
+            ds = session.open_dataset(name)
+            read = mean(ds.read_all, lambda k: (k, *box))
+            ds.close()
+            ds = session.create_dataset(
+                name + "-restart", params.dims, "float32", part.block, hint=hint
+            )
+            rewrite = mean(partial(_dump, ds), lambda k: box, lambda k: field("temp", k, box))
+            ds.close()
+            for n in (name, name + "-restart"):
+                session.delete_dataset(n)
+            nbytes = 4 * math.prod(part.block)
+            out[tier.name] = {"write": write, "rewrite": rewrite, "read": read, "nbytes": nbytes}
+    return out
+
+
 def _rank_main(argv: list[str]) -> None:
     from mpi4py import MPI
 
     from strataio.predict.ranks import report
 
     params = DemoParams(**json.loads(argv[1]))
-    result = run_scenario(argv[0], params, int(argv[2]))
+    if argv[2] == "access-costs":
+        result: dict[str, Any] = {"costs": measure_access_costs(argv[0], params)}
+    else:
+        result = run_scenario(argv[0], params, int(argv[2]))
     report(MPI.COMM_WORLD, result)
 
 
-def launch_args(config_path: str, params: DemoParams, scenario: int) -> list[str]:
-    """The arguments :func:`run_scenario`'s ranks take on the command line."""
-    return [config_path, json.dumps(asdict(params)), str(scenario)]
+def launch_args(config_path: str, params: DemoParams, what: int | str) -> list[str]:
+    """The arguments the ranks take on the command line: a scenario to run
+    (:func:`run_scenario`), or ``"access-costs"`` (:func:`measure_access_costs`)."""
+    return [config_path, json.dumps(asdict(params)), str(what)]
 
 
 if __name__ == "__main__":
