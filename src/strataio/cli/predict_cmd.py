@@ -1,4 +1,5 @@
-"""``strataio calibrate`` (the paper's PTool) and ``strataio predict`` (its Figure 11)."""
+"""``strataio calibrate`` (the paper's PTool), ``strataio predict`` (its Figure 11) and
+``strataio bench predict`` (prediction accuracy)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import click
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from strataio.cli import main
-from strataio.cli.output import UsageProblem, handle_errors, make_console
+from strataio.cli import bench, main
+from strataio.cli.output import UsageProblem, handle_errors, json_option, make_console, write_json
 from strataio.sizes import parse_size
 
 _config_option = click.option(
@@ -258,3 +259,63 @@ def placement_lines(record) -> list[str]:  # type: ignore[no-untyped-def]
     if d.skipped:
         lines.append(f"  not candidates: {', '.join(d.skipped)}")
     return lines
+
+
+@bench.command("predict")
+@click.option(
+    "--dir",
+    "root",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="folder for the tiers and the catalog (default: a temporary one)",
+)
+@click.option("--max-size", default="4MiB", show_default=True, help="largest calibrated size")
+@click.option("--repeat", default=3, show_default=True, help="measurements per size")
+@click.option("--no-calibrate", is_flag=True, help="reuse the calibration in --dir")
+@click.option("--workload", "names", multiple=True, help="run only these (repeatable)")
+@json_option
+@handle_errors
+def bench_predict(
+    root: Path | None,
+    max_size: str,
+    repeat: int,
+    no_calibrate: bool,
+    names: tuple[str, ...],
+    json_path: Path | None,
+) -> None:
+    """Prediction accuracy: calibrate a local, a shaped remote-disk and a shaped tape tier,
+    then predict and measure workloads of every method; median and worst relative error."""
+    import tempfile
+
+    from strataio.predict.suite import SUITE, run_suite
+
+    unknown = [n for n in names if n not in SUITE]
+    if unknown:
+        raise UsageProblem(f"unknown workload {unknown[0]!r} (known: {', '.join(SUITE)})")
+    top = parse_size(max_size, where="--max-size") or 0
+    err = make_console(stderr=True)
+    with tempfile.TemporaryDirectory(prefix="strataio-bench-predict-") as tmp:
+        result = run_suite(
+            root or tmp,
+            names=list(names) or None,
+            max_size=top,
+            repeat=repeat,
+            calibrate=not no_calibrate,
+            on_step=lambda what: err.print(f"[dim]{what}…[/]"),
+        )
+    table = Table(title="predicted vs measured I/O time (4 processes; workload totals)")
+    for c in ("workload", "method", "tiers", "predicted (s)", "measured (s)", "error"):
+        table.add_column(c, justify="left" if c in ("workload", "method", "tiers") else "right")
+    for r in result["workloads"]:
+        table.add_row(
+            r["name"],
+            r["method"],
+            ",".join(r["tiers"]),
+            f"{r['predicted_s']:.3f}",
+            f"{r['measured_s']:.3f}",
+            _error(r["predicted_s"], r["measured_s"]),
+        )
+    console = make_console()
+    console.print(table)
+    console.print(f"median |error| {result['median_error']:.1%}, worst {result['worst_error']:.1%}")
+    write_json(json_path, result)
