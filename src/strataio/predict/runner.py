@@ -10,8 +10,9 @@ pages of the file before each read access (reads are cold, as calibration's are)
 
 - ``naive``: :class:`strataio.File` opened on every rank, each rank's block moved with one
   independent ``write_at`` / ``read_at`` per contiguous run, then closed.
-- ``collective``: the File opened with ``cb_nodes`` and ``cb_buffer_size`` and collective
-  buffering enabled, each rank's block as a subarray view, one ``write_at_all`` /
+- ``collective``: the File opened with ``cb_nodes`` aggregators (any rank may aggregate:
+  ``cb_config_list`` ``*:*``), ``cb_buffer_size`` and collective buffering enabled, each
+  rank's block as a subarray view (its type made once per run), one ``write_at_all`` /
   ``read_at_all``, closed.
 - ``chunked``: a dataset over the tier's backend, chunked by the block shape and uncompressed,
   created once; each access is one collective ``write_all`` / ``read_all`` of every rank's block.
@@ -96,14 +97,13 @@ class _Access:
         if rank == 0:
             _remove(self.path)
         comm.Barrier()
+        self.filetype = self._filetype() if self.run.method == "collective" else None
         if self.run.method == "chunked":
             self._make_dataset()
         elif self.run.method == "naive":
             self._runs()
-        if not self.write:  # the data a read reads, written once, untimed
-            self.write = True
-            self.access()
-            self.write = False
+        if not self.write:
+            self.access(write=True)  # the data a read reads, written once, untimed
 
     # -------------------------------------------------------------- set-up
     def _runs(self) -> None:
@@ -127,13 +127,14 @@ class _Access:
         self.comm.Barrier()
         self.dataset = Dataset(store, meta, "r+", comm=self.comm)
 
-    def _hints(self) -> dict[str, str]:
+    def _hints(self, write: bool) -> dict[str, str]:
         from strataio.predict.native import file_hints
 
-        hints = file_hints(self.tc, self.write)
+        hints = file_hints(self.tc, write)
         if self.run.method == "collective":
             hints.update(
                 cb_nodes=str(self.run.cb_nodes),
+                cb_config_list="*:*",  # every rank may aggregate: cb_nodes decides how many
                 cb_buffer_size=str(self.run.cb_buffer_size),
                 romio_cb_write="enable",
                 romio_cb_read="enable",
@@ -153,9 +154,11 @@ class _Access:
             drop_cached(self.path)
         self.comm.Barrier()
 
-    def access(self) -> None:
+    def access(self, write: bool | None = None) -> None:
+        """One access: the dataset's mode, or a write when ``write`` says so."""
+        write = self.write if write is None else write
         if self.run.method == "chunked":
-            if self.write:
+            if write:
                 self.dataset.write_all(self.box, self.data)
                 self.dataset.flush()
             else:
@@ -163,37 +166,46 @@ class _Access:
             return
         from strataio.collective.file import File
 
-        f = File.open(self.comm, self.path, "w" if self.write else "r", self._hints())
+        f = File.open(self.comm, self.path, "w" if write else "r", self._hints(write))
         try:
             if self.run.method == "naive":
-                flat = (self.data if self.write else self.out).reshape(-1).view(np.uint8)
+                flat = (self.data if write else self.out).reshape(-1).view(np.uint8)
                 n = self.run_bytes
-                call = f.write_at if self.write else f.read_at
+                call = f.write_at if write else f.read_at
                 for k, off in enumerate(self.offsets.tolist()):  # naive: one call per run
                     call(off, flat[k * n : (k + 1) * n])
             else:
-                self._collective(f)
+                self._collective(f, write)
         finally:
             f.close()
 
-    def _collective(self, f: Any) -> None:
+    def _filetype(self) -> Any:
+        """This rank's block of the file as a subarray of bytes, made once per run as an
+        application makes its view type once (None for a rank without a block)."""
         from mpi4py import MPI
 
         item = self.ds.dtype.itemsize
         shape = [s.stop - s.start for s in self.box]
-        buf = (self.data if self.write else self.out).reshape(-1).view(np.uint8)
-        if buf.size:
-            dims = list(self.part.dims)
-            sizes = dims[:-1] + [dims[-1] * item]
-            sub = shape[:-1] + [shape[-1] * item]
-            starts = [s.start for s in self.box]
-            starts[-1] *= item
-            ft = MPI.BYTE.Create_subarray(sizes, sub, starts).Commit()
-            f.set_view(0, MPI.BYTE, ft)
-            ft.Free()
-        (f.write_at_all if self.write else f.read_at_all)(0, buf)
+        if 0 in shape:
+            return None
+        dims = list(self.part.dims)
+        sizes = dims[:-1] + [dims[-1] * item]
+        sub = shape[:-1] + [shape[-1] * item]
+        starts = [s.start for s in self.box]
+        starts[-1] *= item
+        return MPI.BYTE.Create_subarray(sizes, sub, starts).Commit()
+
+    def _collective(self, f: Any, write: bool) -> None:
+        from mpi4py import MPI
+
+        buf = (self.data if write else self.out).reshape(-1).view(np.uint8)
+        if self.filetype is not None:
+            f.set_view(0, MPI.BYTE, self.filetype)
+        (f.write_at_all if write else f.read_at_all)(0, buf)
 
     def close(self) -> None:
+        if self.filetype is not None:
+            self.filetype.Free()
         if self.run.method == "chunked":
             self.dataset.close()
             self.backend.close()
