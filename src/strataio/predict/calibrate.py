@@ -1,12 +1,14 @@
 """Calibration, the paper's PTool: measure each tier's native calls into the performance table.
 
 Per tier, at each concurrency level ``c`` (``c`` processes, launched under ``mpiexec``, making
-the same call at once, each call started after a barrier and the slowest process's time kept), the terms of equation (1) (:mod:`strataio.predict.perfdb` names the ops):
+the same call at once after a barrier, timed from the first process's start to the last one's
+end), the terms of equation (1) (:mod:`strataio.predict.perfdb` names the ops):
 
 - ``open``, ``seek``, ``view``, ``close``: a :class:`strataio.File` opened on the tier by the
   ranks together, its file pointer moved, a subarray view set (as the collective method sets
   one), closed;
-- ``write`` / ``read`` of ``s`` bytes: one independent File call (the ``naive`` method's);
+- ``write`` / ``read`` of ``s`` bytes: one independent File call (the ``naive`` method's),
+  timed in bursts of calls back to back at successive offsets (up to 8, 4 MiB per rank);
 - ``write_all`` / ``read_all`` of ``s`` bytes: one collective File call moving ``s`` bytes in
   all through one aggregator in one two-phase window (the ``collective`` method's unit);
 - ``connect`` / ``disconnect``: the tier backend's first request less a second one, and its
@@ -30,6 +32,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -130,7 +133,10 @@ class _Progress:
 
 
 class _Timer:
-    """Times calls made at once on every rank; keeps the slowest rank's time (rank 0)."""
+    """Times calls made at once on every rank, as the group's wall time: from the first rank's
+    start to the last rank's end (``perf_counter`` is the node's monotonic clock, the same in
+    every process), so time a rank waits for a core while others run is counted, as it is in
+    a run. A burst of calls made back to back is timed as a whole and divided by its length."""
 
     def __init__(self, comm: Any) -> None:
         self.comm = comm
@@ -139,23 +145,40 @@ class _Timer:
 
     def time(self, op: str, nbytes: int, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)`` started on every rank after a barrier, timed."""
-        self.comm.Barrier()
-        t0 = time.perf_counter()
-        out = fn(*args)
-        dt = time.perf_counter() - t0
-        self.record(op, nbytes, dt)
-        return out
+        out: list[Any] = []
+        self.burst(op, nbytes, [(lambda: out.append(fn(*args)))])
+        return out[0]
 
-    def record(self, op: str, nbytes: int, seconds: float) -> None:
+    def burst(self, op: str, nbytes: int, calls: Sequence[Callable[[], Any]]) -> None:
+        """Each rank makes ``calls`` back to back; one sample of the time per call."""
         from mpi4py import MPI
 
-        slowest = self.comm.allreduce(seconds, op=MPI.MAX)
-        self.rows.append((op, nbytes, slowest))
+        self.comm.Barrier()
+        t0 = time.perf_counter()
+        for call in calls:
+            call()
+        t1 = time.perf_counter()
+        start = self.comm.allreduce(t0, op=MPI.MIN)
+        end = self.comm.allreduce(t1, op=MPI.MAX)
+        self.record(op, nbytes, (end - start) / len(calls))
+
+    def record(self, op: str, nbytes: int, seconds: float) -> None:
+        self.rows.append((op, nbytes, seconds))
         self.count += 1
         if self.count % 4 == 0:
             from strataio.predict.ranks import report
 
             report(self.comm, {"progress": self.count})
+
+
+#: bytes a burst of small calls moves per rank (at most BURST calls): enough calls that the
+#: time processes wait for a core is in the measurement, as it is in a run of many calls
+BURST_BYTES = 4 << 20
+BURST = 8
+
+
+def _burst(size: int) -> int:
+    return max(1, min(BURST, BURST_BYTES // size))
 
 
 def _measure(tc: Any, sizes: list[int], repeat: int, cold: bool, comm: Any) -> list:
@@ -199,20 +222,20 @@ def _measure(tc: Any, sizes: list[int], repeat: int, cold: bool, comm: Any) -> l
         # independent calls (naive): rank r's k-th call at slot k * nprocs + r
         for s in sizes:
             f = fresh(wh)
-            for k in range(repeat + 1):
-                off = (k * nprocs + rank) * s
-                if k == 0:
-                    f.write_at(off, buf[:s])  # warm-up, untimed
-                else:
-                    timer.time("write", s, f.write_at, off, buf[:s])
+            f.write_at(rank * s, buf[:s])  # warm-up, untimed
+            b = _burst(s)
+            for k in range(repeat):
+                slots = [(1 + k * b + j) * nprocs + rank for j in range(b)]
+                timer.burst("write", s, [partial(f.write_at, i * s, buf[:s]) for i in slots])
             f.close()
         f = File.open(comm, path, "r", rh)
         for s in sizes:
+            b = _burst(s)
             for k in range(repeat):
-                off = (k * nprocs + rank) * s
+                slots = [(1 + k * b + j) * nprocs + rank for j in range(b)]
                 if cold and rank == 0:
                     drop_cached(path)
-                timer.time("read", s, f.read_at, off, out[:s])
+                timer.burst("read", s, [partial(f.read_at, i * s, out[:s]) for i in slots])
         f.close()
         # collective calls (two-phase, one aggregator, one window of s bytes)
         for s in sizes:
