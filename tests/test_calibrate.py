@@ -158,3 +158,17 @@ def test_predict_errors_exit_2(tmp_path, monkeypatch):
     )
     out = r.invoke(main, ["predict", "-c", "small.toml", "w.toml"])
     assert out.exit_code == 2 and "too large for every tier" in out.output
+
+
+@pytest.mark.slow
+def test_bench_predict_runs_a_workload(tmp_path):
+    out = CliRunner().invoke(
+        main,
+        ["bench", "predict", "--dir", str(tmp_path), "--max-size", "16KiB", "--repeat", "1"]
+        + ["--runs", "1", "--workload", "chunked-archive", "--json", str(tmp_path / "r.json")],
+    )
+    assert out.exit_code == 0, out.output
+    got = json.loads((tmp_path / "r.json").read_text())
+    (w,) = got["workloads"]
+    assert w["name"] == "chunked-archive" and w["measured_s"] > 0 and w["predicted_s"] > 0
+    assert got["worst_error"] == w["error"]

@@ -272,6 +272,7 @@ def placement_lines(record) -> list[str]:  # type: ignore[no-untyped-def]
 @click.option("--max-size", default="4MiB", show_default=True, help="largest calibrated size")
 @click.option("--repeat", default=3, show_default=True, help="measurements per size")
 @click.option("--no-calibrate", is_flag=True, help="reuse the calibration in --dir")
+@click.option("--runs", default=3, show_default=True, help="measured runs per workload (median)")
 @click.option("--workload", "names", multiple=True, help="run only these (repeatable)")
 @json_option
 @handle_errors
@@ -280,6 +281,7 @@ def bench_predict(
     max_size: str,
     repeat: int,
     no_calibrate: bool,
+    runs: int,
     names: tuple[str, ...],
     json_path: Path | None,
 ) -> None:
@@ -301,6 +303,7 @@ def bench_predict(
             max_size=top,
             repeat=repeat,
             calibrate=not no_calibrate,
+            runs=runs,
             on_step=lambda what: err.print(f"[dim]{what}…[/]"),
         )
     table = Table(title="predicted vs measured I/O time (4 processes; workload totals)")

@@ -10,7 +10,9 @@ end), the terms of equation (1) (:mod:`strataio.predict.perfdb` names the ops):
 - ``write`` / ``read`` of ``s`` bytes: one independent File call (the ``naive`` method's),
   timed in bursts of calls back to back at successive offsets (up to 8, 4 MiB per rank);
 - ``write_all`` / ``read_all`` of ``s`` bytes: one collective File call moving ``s`` bytes in
-  all through one aggregator in one two-phase window (the ``collective`` method's unit);
+  all through one aggregator in one two-phase window (the ``collective`` method's unit), each
+  rank's share in 16 runs interleaved with the others' (a vector view), as a block
+  distribution spreads a rank's block over the file;
 - ``connect`` / ``disconnect``: the tier backend's first request less a second one, and its
   close;
 - ``put`` / ``get`` of ``s`` bytes: one chunk of ``s`` bytes written or read whole through a
@@ -175,6 +177,8 @@ class _Timer:
 #: time processes wait for a core is in the measurement, as it is in a run of many calls
 BURST_BYTES = 4 << 20
 BURST = 8
+#: runs each rank's share of a calibrated collective call is cut into
+PIECES = 16
 
 
 def _burst(size: int) -> int:
@@ -237,25 +241,30 @@ def _measure(tc: Any, sizes: list[int], repeat: int, cold: bool, comm: Any) -> l
                     drop_cached(path)
                 timer.burst("read", s, [partial(f.read_at, i * s, out[:s]) for i in slots])
         f.close()
-        # collective calls (two-phase, one aggregator, one window of s bytes)
+        # collective calls (two-phase, one aggregator, one window of s bytes), each rank's
+        # share in PIECES runs interleaved with the other ranks' as a block pattern makes them
         for s in sizes:
             part = s // nprocs
+            run = max(1, part // PIECES)
+            count = part // run
+            vec = MPI.BYTE.Create_vector(count, run, run * nprocs).Commit()
             cb = {"cb_nodes": "1", "cb_buffer_size": str(max(s, 1)), "romio_cb_write": "enable"}
             f = fresh({**wh, **cb})
             for k in range(repeat + 1):
-                off = k * s + rank * part
+                f.set_view(k * s + rank * run, MPI.BYTE, vec)
                 if k == 0:
-                    f.write_at_all(off, buf[:part])
+                    f.write_at_all(0, buf[: count * run])  # warm-up, untimed
                 else:
-                    timer.time("write_all", s, f.write_at_all, off, buf[:part])
+                    timer.time("write_all", s, f.write_at_all, 0, buf[: count * run])
             f.close()
             f = File.open(comm, path, "r", {**rh, **cb, "romio_cb_read": "enable"})
             for k in range(1, repeat + 1):
-                off = k * s + rank * part
+                f.set_view(k * s + rank * run, MPI.BYTE, vec)
                 if cold and rank == 0:
                     drop_cached(path)
-                timer.time("read_all", s, f.read_at_all, off, out[:part])
+                timer.time("read_all", s, f.read_at_all, 0, out[: count * run])
             f.close()
+            vec.Free()
         # the backend: connection, then a collective dataset of one chunk per rank
         backend = tier_backend(tc)
         probe = f"{WORK_DIR}/calibrate.bin"

@@ -127,11 +127,13 @@ def run_suite(
     max_size: int = 4 << 20,
     repeat: int = 3,
     calibrate: bool = True,
+    runs: int = 3,
     on_step: Callable[[str], None] | None = None,
     on_progress: Callable[[str, int, int], None] | None = None,
 ) -> dict[str, Any]:
     """Calibrate the benchmark's tiers under ``root`` (unless ``calibrate`` is False and a
-    calibration is there), then predict and measure each workload. Returns ``{"workloads":
+    calibration is there), then predict each workload and measure it ``runs`` times (each
+    dataset's median time counts: the machine is shared, one run can be unlucky). Returns ``{"workloads":
     [{"name", "method", "predicted_s", "measured_s", "error", "datasets": [...]}...],
     "median_error", "worst_error"}`` (errors as fractions, absolute)."""
     from strataio.catalog import open_catalog
@@ -166,7 +168,8 @@ def run_suite(
         if on_step is not None:
             on_step(name)
         prediction = predict(wl, perf)
-        measured = run_workload(wl, config)
+        each = [run_workload(wl, config) for _ in range(max(1, runs))]
+        measured = {d.name: statistics.median(m[d.name] for m in each) for d in wl.datasets}
         total = sum(measured.values())
         results.append(
             {
