@@ -168,36 +168,13 @@ def predict_cmd(workload: Path, measure: bool, as_json: bool, config: str | None
         perf = PerfTable(catalog.perf_rows())
     finally:
         catalog.close()
+    from strataio.predict.runner import predict_and_measure
+
     result = predict_and_measure(wl, perf, cfg if measure else None)
     if as_json:
         click.echo(json.dumps(result, indent=1))
         return
     make_console().print(figure11_table(wl, result))
-
-
-def predict_and_measure(wl, perf, config=None) -> dict:  # type: ignore[no-untyped-def]
-    """Predicted (and, with ``config``, measured) seconds of workload ``wl`` per dataset and
-    in total, as ``strataio predict --json`` prints them: ``{"datasets": [{"name",
-    "predicted_s", "measured_s"}...], "predicted_total_s", "measured_total_s"}`` (measured
-    values ``None`` without ``config``)."""
-    from strataio.predict.model import predict
-    from strataio.predict.runner import run_workload
-
-    prediction = predict(wl, perf)
-    measured = run_workload(wl, config) if config is not None else None
-    rows = [
-        {
-            "name": d.spec.name,
-            "predicted_s": d.predicted_s,
-            "measured_s": None if measured is None else measured[d.spec.name],
-        }
-        for d in prediction.datasets
-    ]
-    return {
-        "datasets": rows,
-        "predicted_total_s": prediction.total_s,
-        "measured_total_s": None if measured is None else sum(measured.values()),
-    }
 
 
 def figure11_table(wl, result: dict) -> Table:  # type: ignore[no-untyped-def]

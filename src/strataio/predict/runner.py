@@ -36,7 +36,7 @@ import numpy as np
 
 from strataio.predict.workload import DatasetSpec, Partition, Workload
 
-__all__ = ["run_workload", "workload_to_toml"]
+__all__ = ["predict_and_measure", "run_workload", "workload_to_toml"]
 
 
 def workload_to_toml(workload: Workload) -> str:
@@ -73,6 +73,30 @@ def run_workload(
             timeout=timeout,
         )
     return {k: float(v) for k, v in got["measured"].items()}
+
+
+def predict_and_measure(wl: Workload, perf: Any, config: Any = None) -> dict[str, Any]:
+    """Predicted (and, with ``config``, measured) seconds of workload ``wl`` per dataset and
+    in total, as ``strataio predict --json`` prints them: ``{"datasets": [{"name",
+    "predicted_s", "measured_s"}...], "predicted_total_s", "measured_total_s"}`` (measured
+    values ``None`` without ``config``)."""
+    from strataio.predict.model import predict
+
+    prediction = predict(wl, perf)
+    measured = run_workload(wl, config) if config is not None else None
+    rows = [
+        {
+            "name": d.spec.name,
+            "predicted_s": d.predicted_s,
+            "measured_s": None if measured is None else measured[d.spec.name],
+        }
+        for d in prediction.datasets
+    ]
+    return {
+        "datasets": rows,
+        "predicted_total_s": prediction.total_s,
+        "measured_total_s": None if measured is None else sum(measured.values()),
+    }
 
 
 # -- the ranks' side ------------------------------------------------------------------------
