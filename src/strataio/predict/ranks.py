@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -32,11 +33,13 @@ def launch(
     cmd = [mpiexec(), "-n", str(nprocs), sys.executable, "-m", module, *args]
     env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    with subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
-    ) as proc:
+    # stderr to a file: a pipe nobody reads while stdout is followed could fill and stall
+    with (
+        tempfile.TemporaryFile("w+") as errfile,
+        subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=errfile, text=True, env=env) as proc,
+    ):
         last = None
-        assert proc.stdout is not None and proc.stderr is not None
+        assert proc.stdout is not None
         for line in proc.stdout:
             line = line.strip()
             if not line.startswith("{"):
@@ -47,8 +50,9 @@ def launch(
                     on_progress(int(msg["progress"]))
             else:
                 last = msg
-        err = proc.stderr.read()
         code = proc.wait(timeout=timeout)
+        errfile.seek(0)
+        err = errfile.read()
     if code != 0 or last is None:
         raise StrataError(f"mpiexec -n {nprocs} {module} failed (exit {code}):\n{err[-3000:]}")
     return last
