@@ -172,3 +172,18 @@ def test_bench_predict_runs_a_workload(tmp_path):
     (w,) = got["workloads"]
     assert w["name"] == "chunked-archive" and w["measured_s"] > 0 and w["predicted_s"] > 0
     assert got["worst_error"] == w["error"]
+
+
+def test_ranks_without_a_block_take_part(tmp_path, monkeypatch):
+    # 2 rows over 4 ranks (pattern B**): ranks 2 and 3 hold nothing, yet every collective call
+    # needs them; each method must run to the end
+    from strataio.predict.runner import run_workload
+    from strataio.predict.workload import parse_workload
+
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config(write_config(tmp_path, "cat.db"))
+    for method in ("naive", "collective", "chunked"):
+        text = WORKLOAD.format(method=method).replace("ranks = 2", "ranks = 4")
+        text = text.replace("[8, 16, 16]", "[2, 16, 16]").replace("[16, 16, 16]", "[3, 4, 4]")
+        measured = run_workload(parse_workload(text), cfg, timeout=120)
+        assert set(measured) == {"temp", "vr_temp"} and min(measured.values()) > 0, method

@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,8 +29,8 @@ def launch(
     timeout: float | None = None,
 ) -> Any:
     """Run ``python -m module args`` on ``nprocs`` ranks; call ``on_progress(k)`` for each
-    progress line and return the last line's JSON. A failed run raises :class:`StrataError`
-    with the ranks' stderr."""
+    progress line and return the last line's JSON. A failed run, or one still going after
+    ``timeout`` seconds (then killed), raises :class:`StrataError` with the ranks' stderr."""
     cmd = [mpiexec(), "-n", str(nprocs), sys.executable, "-m", module, *args]
     env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
@@ -40,6 +41,9 @@ def launch(
     ):
         last = None
         assert proc.stdout is not None
+        watchdog = threading.Timer(timeout, proc.kill) if timeout else None
+        if watchdog is not None:
+            watchdog.start()  # a hung rank ends the run instead of the caller waiting forever
         for line in proc.stdout:
             line = line.strip()
             if not line.startswith("{"):
@@ -50,7 +54,9 @@ def launch(
                     on_progress(int(msg["progress"]))
             else:
                 last = msg
-        code = proc.wait(timeout=timeout)
+        code = proc.wait()
+        if watchdog is not None:
+            watchdog.cancel()
         errfile.seek(0)
         err = errfile.read()
     if code != 0 or last is None:

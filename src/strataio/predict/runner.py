@@ -182,11 +182,12 @@ class _Access:
         """One access: the dataset's mode, or a write when ``write`` says so."""
         write = self.write if write is None else write
         if self.run.method == "chunked":
+            mine = None if self.data.size == 0 else self.box  # a rank beyond the grid: nothing
             if write:
-                self.dataset.write_all(self.box, self.data)
+                self.dataset.write_all(mine, self.data if mine is not None else None)
                 self.dataset.flush()
             else:
-                self.dataset.read_all(self.box)
+                self.dataset.read_all(mine)
             return
         from strataio.collective.file import File
 
@@ -223,8 +224,8 @@ class _Access:
         from mpi4py import MPI
 
         buf = (self.data if write else self.out).reshape(-1).view(np.uint8)
-        if self.filetype is not None:
-            f.set_view(0, MPI.BYTE, self.filetype)
+        # set_view is collective: a rank without a block takes the plain byte view
+        f.set_view(0, MPI.BYTE, self.filetype if self.filetype is not None else MPI.BYTE)
         (f.write_at_all if write else f.read_at_all)(0, buf)
 
     def close(self) -> None:
