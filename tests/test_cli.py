@@ -21,7 +21,9 @@ def _chunk_files(path) -> list[str]:
 
 def test_demo_then_info(tmp_path) -> None:
     runner = CliRunner()
-    res = runner.invoke(main, ["demo", "--dir", str(tmp_path), "--size", "400", "--chunk", "50"])
+    res = runner.invoke(
+        main, ["demo", "sections", "--dir", str(tmp_path), "--size", "400", "--chunk", "50"]
+    )
     assert res.exit_code == 0, res.output
     assert res.output.count(" ok") == 8 and "MISMATCH" not in res.output
     for name in "ABCDEFGH":

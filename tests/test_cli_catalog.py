@@ -52,7 +52,8 @@ def test_init_writes_config_and_catalog(runner, tmp_path):
     with open_catalog(tmp_path / ".strataio" / "catalog.db") as cat:
         assert [(t.name, t.role, t.order) for t in cat.tiers()] == [
             ("local", "localdisk", 0),
-            ("archive", "remotetape", 1),
+            ("remote", "remotedisk", 1),
+            ("archive", "remotetape", 2),
         ]
     # keeps an existing file (creating only what is missing), --force overwrites it
     (tmp_path / "strataio.toml").write_text("# mine\n" + default_config_text())
@@ -83,9 +84,9 @@ def test_ls_and_du(runner):
         "state": "active",
         "size_bytes": 64000,
         "stored_bytes": 41000,
-        "chunks_per_tier": {"local": 40, "archive": 1},
+        "chunks_per_tier": {"local": 40, "remote": 0, "archive": 1},
     }
-    assert rows["press"]["chunks_per_tier"] == {"local": 0, "archive": 3}
+    assert rows["press"]["chunks_per_tier"] == {"local": 0, "remote": 0, "archive": 3}
     assert rows["press"]["nchunks"] == 3 and rows["press"]["hint"] == "REMOTETAPE"
     res = runner.invoke(main, ["ls"])
     assert res.exit_code == 0
@@ -97,6 +98,7 @@ def test_ls_and_du(runner):
     du = json.loads(res.output)
     assert [(t["name"], t["copies"], t["bytes"]) for t in du["tiers"]] == [
         ("local", 40, 40000),
+        ("remote", 0, 0),
         ("archive", 4, 1018),
     ]
     assert du["datasets"] == {
@@ -173,7 +175,7 @@ def test_init_then_edit_then_ls_has_no_dead_end(runner, tmp_path):
         assert "strataio init" not in res.output
     assert (tmp_path / "meta" / "cat.db").is_file()
     with open_catalog(tmp_path / "meta" / "cat.db") as cat:
-        assert [t.name for t in cat.tiers()] == ["local", "archive", "deep"]
+        assert [t.name for t in cat.tiers()] == ["local", "remote", "archive", "deep"]
     res = runner.invoke(main, ["ls"])
     assert res.exit_code == 0 and "no datasets" in res.output
 

@@ -37,11 +37,15 @@ def test_default_without_a_file(tmp_path):
     assert cfg.catalog.url == str(tmp_path / ".strataio" / "catalog.db")
     assert [(t.name, t.kind, t.role, t.path) for t in cfg.tiers] == [
         ("local", "posix", "localdisk", str(tmp_path / ".strataio" / "local")),
+        ("remote", "posix", "remotedisk", str(tmp_path / ".strataio" / "remote")),
         ("archive", "posix", "remotetape", str(tmp_path / ".strataio" / "archive")),
     ]
+    shaped = [(t.name, t.shaped, t.time_scale) for t in cfg.tiers if t.shaped]
+    assert shaped == [("remote", "remote_disk_2002", 0.001), ("archive", "remote_tape_2002", 0.001)]
     assert cfg.tier_records() == [
         TierRecord("local", f"posix:{tmp_path}/.strataio/local", "localdisk", None, 0),
-        TierRecord("archive", f"posix:{tmp_path}/.strataio/archive", "remotetape", None, 1),
+        TierRecord("remote", f"posix:{tmp_path}/.strataio/remote", "remotedisk", None, 1),
+        TierRecord("archive", f"posix:{tmp_path}/.strataio/archive", "remotetape", None, 2),
     ]
     # the default text is the default: a file holding it loads to the same thing
     _write(tmp_path / "strataio.toml", default_config_text())
@@ -263,5 +267,5 @@ def test_default_text_is_commented_valid_toml():
     text = default_config_text()
     data = tomllib.loads(text)
     assert data["catalog"]["url"] == ".strataio/catalog.db"
-    assert [t["name"] for t in data["tiers"]] == ["local", "archive"]
+    assert [t["name"] for t in data["tiers"]] == ["local", "remote", "archive"]
     assert sum(line.startswith("#") for line in text.splitlines()) >= 10

@@ -1,8 +1,9 @@
 """The strataio configuration: where the catalog lives and which storage tiers exist.
 
 A TOML file, looked for at ``./strataio.toml``, then at ``$STRATAIO_CONFIG``; with neither,
-the embedded default (:func:`default_config_text`): an SQLite catalog and two POSIX tiers under
-``./.strataio/``. Relative paths in a file are relative to the file's directory (to the
+the embedded default (:func:`default_config_text`): an SQLite catalog and three POSIX tiers under
+``./.strataio/`` (local; a remote disk and a tape archive shaped by the paper's 2002 cost models
+at time scale 0.001). Relative paths in a file are relative to the file's directory (to the
 working directory for the default). Tiers are listed fastest first.
 
 Credentials are never printed: they are left out of every ``repr`` and message. A value of the
@@ -148,13 +149,24 @@ kind = "posix"
 role = "localdisk"
 path = ".strataio/local"
 
+# A remote disk and a tape archive, both posix folders here, shaped to cost what the paper's
+# 2002 SRB remote disk and HPSS tapes cost, at a thousandth of their time (remove `shaped` for
+# a real remote mount; raise time_scale toward 1 for the full cost).
+[[tiers]]
+name = "remote"
+kind = "posix"
+role = "remotedisk"
+path = ".strataio/remote"
+shaped = "remote_disk_2002"
+time_scale = 0.001
+
 [[tiers]]
 name = "archive"
 kind = "posix"
 role = "remotetape"
 path = ".strataio/archive"
-# shaped = "remote_tape_2002"
-# time_scale = 0.001
+shaped = "remote_tape_2002"
+time_scale = 0.001
 """
 
 

@@ -19,7 +19,9 @@ dead job left, and leaves alone what a live one is doing.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
+import math
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -43,7 +45,7 @@ from strataio.storage.superfile import SuperfileError
 from strataio.tiers.cache import DEFAULT_CACHE_BYTES, ChunkCache
 from strataio.tiers.commit import Commit
 from strataio.tiers.mover import MoveHandle, Mover, MoveResult, Progress
-from strataio.tiers.placement import Placement
+from strataio.tiers.placement import AutoDecision, Placement
 from strataio.tiers.residency import META_KEY, Residency, object_key
 from strataio.tiers.store import TieredChunkStore, keys_of
 from strataio.tiers.superfile import (
@@ -54,6 +56,9 @@ from strataio.tiers.superfile import (
     superfile_record,
 )
 from strataio.tiers.tier import TierSet
+
+#: key of an AUTO dataset's catalog attrs holding its placement decision (not in zarr.json)
+PLACEMENT_ATTR = "strataio.placement"
 
 
 class TieredDataset(Dataset):
@@ -310,8 +315,16 @@ class Session:
         fill_value: Any = 0,
         attrs: dict[str, Any] | None = None,
         dims: Any = None,
+        expected_reads: int = 1,
+        deadline_s: float | None = None,
     ) -> TieredDataset:
         """Create dataset ``name`` (catalogued, placed by ``hint``) and open it ``r+``.
+
+        With hint ``AUTO`` the tier is chosen by prediction (:meth:`Placement.choose`): the
+        least predicted time to write the dataset once and read it ``expected_reads`` times,
+        or with ``deadline_s`` (seconds) the slowest tier meeting that; where no tier with
+        room is calibrated, the slowest tier with room. The decision is recorded in the
+        catalog (:func:`placement_decision`).
 
         Every argument is validated before anything is stored; a name already in the catalog
         raises :class:`~strataio.errors.ExistsError` (on every rank of a parallel job).
@@ -325,6 +338,12 @@ class Session:
             meta = ArrayMetadata.create(shape, dtype, chunks, codec, fill_value, attrs, dims)
             CodecPipeline(meta.codecs, meta.dtype, meta.chunks)
             h = self.placement.check_hint(hint)
+            if isinstance(expected_reads, bool) or int(expected_reads) != expected_reads:
+                raise StrataError(f"expected_reads must be an integer, got {expected_reads!r}")
+            if expected_reads < 0:
+                raise StrataError(f"expected_reads must be >= 0, got {expected_reads}")
+            if deadline_s is not None and not deadline_s > 0:
+                raise StrataError(f"deadline_s must be a positive number, got {deadline_s!r}")
         except Exception as exc:  # a bad argument on one rank raises on every rank
             checked = exc
         agree(self.comm, checked)
@@ -342,17 +361,39 @@ class Session:
         if self.rank == 0:
             try:
                 assert self.catalog is not None
+                if h == "AUTO":
+                    decision = self._choose(meta, int(expected_reads), deadline_s)
+                    stored = {**meta.attrs, PLACEMENT_ATTR: decision.to_json()}
+                    record = dataclasses.replace(record, attrs=json.dumps(stored, sort_keys=True))
                 self.catalog.create_dataset(record)
                 self.catalog.use_dataset(name, self.writer)
             except BaseException as exc:
                 err = exc
-        _, err = self._agree(None, err)
+        record, err = self._agree(record, err)
         if err is not None:
             raise err
         store = self._store(record, [], meta.to_json())
         if self.rank == 0 and not store.disabled:
             store.put_meta(meta.to_json())
         return TieredDataset(store, meta, "r+", name=name, comm=self.comm)
+
+    def _choose(self, meta: ArrayMetadata, expected_reads: int, deadline_s: float | None):  # type: ignore[no-untyped-def]
+        """Placement by prediction for a new AUTO dataset (rank 0, which holds the catalog)."""
+        from strataio.predict.perfdb import PerfTable
+
+        assert self.catalog is not None
+        chunk_bytes = math.prod(meta.chunks) * meta.dtype.itemsize
+        nchunks = math.prod(-(-n // c) for n, c in zip(meta.shape, meta.chunks))
+        nprocs = self.comm.Get_size() if self.comm is not None else 1
+        return self.placement.choose(
+            PerfTable(self.catalog.perf_rows()),
+            nchunks * chunk_bytes,
+            chunk_bytes,
+            nchunks,
+            expected_reads=expected_reads,
+            deadline_s=deadline_s,
+            processes=nprocs,
+        )
 
     def open_dataset(self, name: str, mode: str = "r") -> TieredDataset:
         """Open catalogued dataset ``name`` (``"r"`` or ``"r+"``); its residency is read from
@@ -397,7 +438,7 @@ class Session:
                 record.chunks,
                 json.loads(record.codec) or None,
                 0,
-                json.loads(record.attrs),
+                {k: v for k, v in json.loads(record.attrs).items() if k != PLACEMENT_ATTR},
             )
         else:
             meta = ArrayMetadata.from_json(raw, where=f"{name}/{META_KEY}")
@@ -553,9 +594,17 @@ class Session:
             disabled=record.state == "disabled",
             stage_on_read=self.stage_on_read,
             meta=meta,
+            chosen=(placement_decision(record) or AutoDecision(None, "", {}, [])).tier,
         )
         self._open = [s for s in self._open if not s.closed] + [store]
         return store
+
+
+def placement_decision(record: DatasetRecord) -> AutoDecision | None:
+    """The placement by prediction recorded for an AUTO dataset's catalog row (None for
+    datasets placed by an explicit hint, or created before placement by prediction)."""
+    got = json.loads(record.attrs or "{}").get(PLACEMENT_ATTR)
+    return AutoDecision.from_json(got) if isinstance(got, dict) else None
 
 
 def _load(config: Any) -> Any:

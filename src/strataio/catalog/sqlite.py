@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
+import time
 from collections.abc import Iterator, Sequence
 
 from strataio.catalog.liveness import LockFiles
@@ -48,7 +49,7 @@ class SQLiteCatalog(SQLCatalog):
             raise BackendError(f"cannot open catalog {self.path!r}: {exc}") from exc
         try:
             conn.execute(f"PRAGMA busy_timeout = {int(self.timeout * 1000)}")
-            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            mode = self._wal_mode(conn)
             if mode.lower() != "wal":
                 raise BackendError(
                     f"catalog {self.path!r}: cannot switch to WAL mode (got {mode!r}); "
@@ -63,6 +64,22 @@ class SQLiteCatalog(SQLCatalog):
             conn.close()
             raise
         return conn
+
+    def _wal_mode(self, conn: sqlite3.Connection) -> str:
+        """Switch ``conn`` to WAL and return the journal mode it got. Two processes opening
+        a new catalog at once may both try the switch; SQLite then answers "database is
+        locked" at once, without calling the busy handler, so the switch is retried here for
+        up to ``timeout`` seconds."""
+        deadline = time.monotonic() + self.timeout
+        pause = 0.005
+        while True:
+            try:
+                return str(conn.execute("PRAGMA journal_mode = WAL").fetchone()[0])
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    raise
+            time.sleep(pause)
+            pause = min(pause * 2, 0.1)
 
     def _disconnect(self) -> None:
         self._conn.close()

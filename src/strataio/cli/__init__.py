@@ -26,5 +26,6 @@ from strataio.cli import (
     dataset_cmd,
     demo_cmd,
     flatten_cmd,
+    predict_cmd,
     tiers_cmd,
 )

@@ -291,6 +291,10 @@ def residency_info(name: str, config: str | None = None, console: Console | None
         n = per.get(t.name, [0, 0, 0])
         table.add_row(t.name, str(n[0]), format_size(n[1]), str(n[2]))
     console.print(table)
+    from strataio.cli.predict_cmd import placement_lines
+
+    for line in placement_lines(rec):
+        console.print(line, highlight=False)
     return True
 
 

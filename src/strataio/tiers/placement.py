@@ -1,8 +1,10 @@
 """Placement: location hints → tiers, capacity with LRU eviction, and failover order.
 
 The hints are those of the multi-storage resource architecture (its §3): ``LOCALDISK``,
-``REMOTEDISK``, ``REMOTETAPE`` name a tier role; ``AUTO`` leaves the choice to the system, whose
-default is the archive: the slowest tier with room; ``DISABLE`` means the dataset is not stored
+``REMOTEDISK``, ``REMOTETAPE`` name a tier role; ``AUTO`` leaves the choice to the system: the tier
+with the least predicted write + read time from the performance database
+(:meth:`Placement.choose`, the paper's future-work item), and where no tier with room is
+calibrated, the archive: the slowest tier with room; ``DISABLE`` means the dataset is not stored
 this run (writes are accepted and dropped, reads raise). When a tier is down or full, a write
 goes to the next tier the hint allows: the other persistent tiers by distance from the hint's
 tier, slower ones first on a tie (an archive that is down spills onto disks, as the paper's
@@ -31,6 +33,7 @@ import threading
 import time
 import weakref
 from collections.abc import Iterable
+from typing import Any
 
 from strataio.catalog.base import Catalog, ChunkCopy
 from strataio.errors import (
@@ -44,7 +47,7 @@ from strataio.tiers.commit import Commit
 from strataio.tiers.residency import Residency, object_key
 from strataio.tiers.tier import Tier, TierSet, put_checked, read_checked
 
-__all__ = ["HINTS", "DatasetDisabledError", "Placement", "normalize_hint"]
+__all__ = ["HINTS", "AutoDecision", "DatasetDisabledError", "Placement", "normalize_hint"]
 
 HINTS = ("LOCALDISK", "REMOTEDISK", "REMOTETAPE", "AUTO", "DISABLE")
 #: the tier role each explicit hint names
@@ -59,6 +62,44 @@ def normalize_hint(hint: str | None) -> str:
     if h not in HINTS:
         raise StrataError(f"unknown placement hint {hint!r}; use one of {', '.join(HINTS)}")
     return h
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class AutoDecision:
+    """Where placement by prediction put an AUTO dataset, and why.
+
+    ``tier``: the chosen tier's name, ``None`` for the default AUTO (no calibrated tier with
+    room); ``reason``: one sentence; ``predicted``: ``{tier: (write_s, read_s)}`` for every
+    candidate; ``skipped``: tiers left out and why; ``expected_reads`` / ``deadline_s``: what
+    the caller asked for."""
+
+    tier: str | None
+    reason: str
+    predicted: dict[str, tuple[float, float]]
+    skipped: list[str]
+    expected_reads: int = 1
+    deadline_s: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "tier": self.tier,
+            "reason": self.reason,
+            "predicted": {k: list(v) for k, v in self.predicted.items()},
+            "skipped": list(self.skipped),
+            "expected_reads": self.expected_reads,
+            "deadline_s": self.deadline_s,
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> AutoDecision:
+        return cls(
+            d.get("tier"),
+            d.get("reason", ""),
+            {k: (float(v[0]), float(v[1])) for k, v in d.get("predicted", {}).items()},
+            list(d.get("skipped", [])),
+            int(d.get("expected_reads", 1)),
+            d.get("deadline_s"),
+        )
 
 
 class Placement:
@@ -121,29 +162,100 @@ class Placement:
         """Tiers that outlive the process: all but the volatile (memory) tiers."""
         return [t for t in self.tiers if not t.volatile]
 
-    def home(self, hint: str) -> Tier | None:
-        """The tier a hint names (``None`` for DISABLE); AUTO is the slowest persistent tier."""
+    def home(self, hint: str, chosen: str | None = None) -> Tier | None:
+        """The tier a hint names (``None`` for DISABLE); AUTO is the tier ``chosen`` by
+        prediction (:meth:`choose`) when there is one, else the slowest persistent tier."""
         h = normalize_hint(hint)
         if h == "DISABLE":
             return None
         role = HINT_ROLES.get(h)
         if role is None:
+            if chosen is not None and chosen in self.tiers:
+                return self.tiers[chosen]
             return self.persistent()[-1]
         return self.tiers.by_role(role)[0]
 
-    def write_order(self, hint: str) -> list[Tier]:
-        """Tiers a write with ``hint`` may use, in order of preference, skipping down tiers."""
+    def write_order(self, hint: str, chosen: str | None = None) -> list[Tier]:
+        """Tiers a write with ``hint`` may use, in order of preference, skipping down tiers.
+        An AUTO write with a tier ``chosen`` by prediction fails over from it as a write
+        with an explicit hint fails over from the hint's tier."""
         h = normalize_hint(hint)
         if h == "DISABLE":
             return []
         pers = self.persistent()
-        if h == "AUTO":
+        home = self.home(h, chosen)
+        if h == "AUTO" and home is pers[-1]:
             order = pers[::-1]  # the archive by default, faster tiers as it fills
         else:
-            home = self.home(h)
             hr = pers.index(home)  # type: ignore[arg-type]
             order = sorted(pers, key=lambda t: (abs(pers.index(t) - hr), -pers.index(t)))
         return [t for t in order if t.up]
+
+    def choose(
+        self,
+        perf: Any,
+        nbytes: int,
+        chunk_bytes: int,
+        nchunks: int,
+        *,
+        expected_reads: int = 1,
+        deadline_s: float | None = None,
+        processes: int = 1,
+    ) -> AutoDecision:
+        """Placement by prediction, for a dataset with hint AUTO (see :class:`AutoDecision`).
+
+        ``perf`` is a :class:`~strataio.predict.perfdb.PerfTable`. A persistent tier that is
+        up, calibrated and has room for ``nbytes`` is a candidate; its predicted time is the
+        dataset written once and read ``expected_reads`` times whole: ``nchunks`` chunks of
+        ``chunk_bytes``, spread over ``processes`` writing at once, each chunk one ``put``
+        (``get``) of the performance database. Without ``deadline_s`` the candidate with the
+        least predicted time wins; with it, the slowest tier of the hierarchy (the one with the
+        most room to spare) whose prediction meets the deadline, keeping faster tiers free, or
+        the fastest prediction when none does. No candidate: the default AUTO (``tier`` None).
+        """
+        need = max(1, -(-nchunks // max(1, processes)))
+        predicted: dict[str, tuple[float, float]] = {}
+        skipped: list[str] = []
+        for t in self.persistent():
+            if not t.up or not t.has_room(nbytes):
+                skipped.append(f"{t.name} ({'down' if not t.up else 'no room'})")
+            elif not perf.has(t.name, "put") or not perf.has(t.name, "get"):
+                skipped.append(f"{t.name} (not calibrated)")
+            else:
+                put = perf.time(t.name, "put", chunk_bytes, processes)
+                get = perf.time(t.name, "get", chunk_bytes, processes)
+                predicted[t.name] = (need * put, expected_reads * need * get)
+        if not predicted:
+            return AutoDecision(
+                None,
+                "no tier with room is calibrated (run `strataio calibrate`): the default AUTO, "
+                "the slowest tier with room",
+                {},
+                skipped,
+                expected_reads,
+                deadline_s,
+            )
+        total = {name: w + r for name, (w, r) in predicted.items()}
+        fastest = min(total, key=lambda n: total[n])
+        what = f"write + {expected_reads} read{'s' if expected_reads != 1 else ''}"
+        if deadline_s is None:
+            tier = fastest
+            reason = f"least predicted {what}: {total[tier]:.3g} s"
+        else:
+            meets = [n for n in total if total[n] <= deadline_s]
+            if meets:
+                tier = max(meets, key=self.tiers.rank)
+                reason = (
+                    f"slowest tier whose predicted {what} ({total[tier]:.3g} s) meets the "
+                    f"deadline of {deadline_s:.3g} s"
+                )
+            else:
+                tier = fastest
+                reason = (
+                    f"no tier meets the deadline of {deadline_s:.3g} s; least predicted "
+                    f"{what}: {total[tier]:.3g} s"
+                )
+        return AutoDecision(tier, reason, predicted, skipped, expected_reads, deadline_s)
 
     def stage_target(self, below: Tier | None = None) -> Tier | None:
         """The fastest up persistent tier faster than ``below`` (any, when None)."""

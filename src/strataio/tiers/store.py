@@ -47,7 +47,8 @@ from strataio.tiers.tier import Tier, TierSet, checksum
 class TieredChunkStore(ChunkStore):
     """Chunks of dataset ``residency.name`` spread over ``tiers``.
 
-    ``hint`` is the dataset's placement hint; ``disabled`` marks a DISABLE dataset (writes are
+    ``hint`` is the dataset's placement hint (``chosen``: the tier placement by prediction
+    chose for an AUTO dataset, its writes' home); ``disabled`` marks a DISABLE dataset (writes are
     dropped, reads raise :class:`DatasetDisabledError`). ``stage_on_read`` stages chunks whose
     fastest copy is on an archive (``remotetape``) tier before reading them. ``commit``
     makes the residency's changes durable (at flush, close and when a rewrite in place is
@@ -77,6 +78,7 @@ class TieredChunkStore(ChunkStore):
         disabled: bool = False,
         stage_on_read: bool = True,
         meta: bytes | None = None,
+        chosen: str | None = None,
     ) -> None:
         self.res = residency
         self.name = residency.name
@@ -85,6 +87,8 @@ class TieredChunkStore(ChunkStore):
         self.mover = mover
         self.cache = cache
         self.hint = normalize_hint(hint)
+        #: the tier placement by prediction chose for an AUTO dataset (None: the default)
+        self.chosen = chosen
         self.disabled = disabled or self.hint == "DISABLE"
         self.stage_on_read = stage_on_read
         self.commit = commit if commit is not None else placement.commit
@@ -291,10 +295,10 @@ class TieredChunkStore(ChunkStore):
             return  # DISABLE: accepted and dropped
         keys = [k for k, _ in items]
         self.cache.invalidate(self.name, keys)
-        home = self.placement.home(self.hint)
+        home = self.placement.home(self.hint, self.chosen)
         todo = [(k, memoryview(v).cast("B")) for k, v in items]
         errors: list[str] = []
-        for tier in self.placement.write_order(self.hint):
+        for tier in self.placement.write_order(self.hint, self.chosen):
             if not todo or not tier.up:
                 continue
             fits, rest = [], []

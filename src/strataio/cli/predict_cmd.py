@@ -1,0 +1,301 @@
+"""``strataio calibrate`` (the paper's PTool), ``strataio predict`` (its Figure 11) and
+``strataio bench predict`` (prediction accuracy)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from strataio.cli import bench, main
+from strataio.cli.output import UsageProblem, handle_errors, json_option, make_console, write_json
+from strataio.sizes import parse_size
+
+_config_option = click.option(
+    "-c",
+    "--config",
+    "config",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="configuration (default: ./strataio.toml, $STRATAIO_CONFIG, built-in)",
+)
+
+
+@main.command("calibrate")
+@click.option("--tier", "tiers", multiple=True, help="tier to calibrate (repeatable; default all)")
+@click.option("--max-size", default="256MiB", show_default=True, help="largest transfer size")
+@click.option("--repeat", default=3, show_default=True, help="measurements per size")
+@click.option(
+    "--concurrency",
+    default="1,2,4",
+    show_default=True,
+    help="processes calling at once, comma-separated (each level is one mpiexec launch)",
+)
+@click.option("--quick", is_flag=True, help="small and fast: up to 1 MiB, 2 repeats, 1 and 2")
+@click.option("--warm", is_flag=True, help="do not drop the page cache before reads")
+@click.option(
+    "--plot",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="draw the curves log-log into this PNG",
+)
+@_config_option
+@handle_errors
+def calibrate_cmd(
+    tiers: tuple[str, ...],
+    max_size: str,
+    repeat: int,
+    concurrency: str,
+    quick: bool,
+    warm: bool,
+    plot: Path | None,
+    config: str | None,
+) -> None:
+    """Measure each tier's connection, open, seek, view, close and transfer times for sizes
+    1 KiB … 256 MiB (×4 steps) into the catalog's performance table."""
+    from strataio.cli.context import open_configured_catalog
+    from strataio.config import load_config
+    from strataio.predict.calibrate import calibrate, default_sizes, plot_perf
+    from strataio.predict.perfdb import PerfTable
+
+    top = parse_size(max_size, where="--max-size") or 0
+    levels = _levels(concurrency)
+    if quick:
+        top, repeat, levels = min(top, 1 << 20), min(repeat, 2), [c for c in levels if c <= 2]
+    if top < 1024 or repeat < 1:
+        raise UsageProblem("--max-size must be at least 1KiB and --repeat at least 1")
+    cfg = load_config(config)
+    catalog, _ = open_configured_catalog(cfg)
+    console = make_console()
+    try:
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total}"),
+            TimeElapsedColumn(),
+            console=make_console(stderr=True),
+        ) as bar:
+            tasks: dict[str, int] = {}
+
+            def progress(tier: str, done: int, total: int) -> None:
+                if tier not in tasks:
+                    tasks[tier] = bar.add_task(f"calibrating {tier}", total=total)
+                bar.update(tasks[tier], completed=done)
+
+            rows = calibrate(
+                cfg,
+                catalog,
+                tiers or None,
+                sizes=default_sizes(top),
+                repeat=repeat,
+                levels=levels,
+                cold=not warm,
+                on_progress=progress,
+            )
+        perf = PerfTable(rows)
+        console.print(calibration_table(perf))
+        console.print(f"{len(rows)} measurements stored in {cfg.catalog.display_url}")
+        if plot is not None:
+            plot_perf(perf, plot)
+            console.print(f"curves drawn in {plot}")
+    finally:
+        catalog.close()
+
+
+def _levels(text: str) -> list[int]:
+    try:
+        levels = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise UsageProblem(f"--concurrency {text!r}: expected integers like 1,2,4") from None
+    if not levels or levels[0] < 1:
+        raise UsageProblem(f"--concurrency {text!r}: levels must be at least 1")
+    return levels
+
+
+def calibration_table(perf) -> Table:  # type: ignore[no-untyped-def]
+    """The paper's Table 1 (fixed costs) with the transfer curves' ends, one process."""
+    table = Table(
+        title="performance database: milliseconds, one process; transfers at the smallest "
+        "and the largest size measured"
+    )
+    cols = ["tier", "connect", "open", "view", "close", "disconnect"]
+    for c in cols:
+        table.add_column(c, justify="right" if c != "tier" else "left")
+    ops = ("write", "read", "write_all", "read_all", "put", "get")
+    for op in ops:
+        table.add_column(f"{op} smallest→largest", justify="right")
+    for tier in perf.tiers:
+        row = [tier]
+        for op in cols[1:]:
+            row.append(f"{perf.time(tier, op) * 1e3:.3f}" if perf.has(tier, op) else "-")
+        for op in ops:
+            if not perf.has(tier, op):
+                row.append("-")
+                continue
+            lo, hi = perf.measured_range(tier, op)
+            row.append(f"{perf.time(tier, op, lo) * 1e3:.2f}→{perf.time(tier, op, hi) * 1e3:.1f}")
+        table.add_row(*row)
+    return table
+
+
+@main.command("predict")
+@click.argument("workload", type=click.Path(dir_okay=False, path_type=Path))
+@click.option(
+    "--measure", is_flag=True, help="also run the workload under mpiexec and time each dataset"
+)
+@click.option("--json", "as_json", is_flag=True, help="print the results as JSON instead")
+@_config_option
+@handle_errors
+def predict_cmd(workload: Path, measure: bool, as_json: bool, config: str | None) -> None:
+    """Predict the I/O time of the WORKLOAD file (equation (2)) per dataset and in total, as the
+    paper's Figure 11 shows it; with --measure, run it and show the measured time beside."""
+    from strataio.cli.context import open_configured_catalog
+    from strataio.config import load_config
+    from strataio.predict.perfdb import PerfTable
+    from strataio.predict.workload import WorkloadError, load_workload
+
+    cfg = load_config(config)
+    try:
+        wl = load_workload(workload)
+        wl.check_capacity({t.name: t.capacity_bytes for t in cfg.tiers})
+    except WorkloadError as exc:
+        raise UsageProblem(str(exc)) from None
+    catalog, _ = open_configured_catalog(cfg)
+    try:
+        perf = PerfTable(catalog.perf_rows())
+    finally:
+        catalog.close()
+    from strataio.predict.runner import predict_and_measure
+
+    result = predict_and_measure(wl, perf, cfg if measure else None)
+    if as_json:
+        click.echo(json.dumps(result, indent=1))
+        return
+    make_console().print(figure11_table(wl, result))
+
+
+def figure11_table(wl, result: dict) -> Table:  # type: ignore[no-untyped-def]
+    """The paper's Figure 11: one row per dataset, and the total."""
+    run = wl.run
+    measured = result["measured_total_s"] is not None
+    table = Table(
+        title=f"{wl.source}: {run.iterations} iterations, {run.ranks} processes, {run.method} I/O",
+        caption=None if measured else "predicted by equation (2); --measure runs it",
+    )
+    for c in ("name", "access mode", "ndims", "etype", "pattern", "dims", "location", "frequency"):
+        table.add_column(c)
+    table.add_column("predicted (s)", justify="right")
+    if measured:
+        table.add_column("measured (s)", justify="right")
+        table.add_column("error", justify="right")
+    for ds, row in zip(wl.datasets, result["datasets"]):
+        cells = [
+            ds.name,
+            ds.mode,
+            str(len(ds.dims)),
+            ds.dtype.name,
+            ds.pattern,
+            ",".join(map(str, ds.dims)),
+            wl.tier_of(ds),
+            str(ds.frequency),
+            f"{row['predicted_s']:.4f}",
+        ]
+        if measured:
+            cells += [f"{row['measured_s']:.4f}", _error(row["predicted_s"], row["measured_s"])]
+        table.add_row(*cells)
+    total = ["total", "", "", "", "", "", "", "", f"{result['predicted_total_s']:.4f}"]
+    if measured:
+        p, m = result["predicted_total_s"], result["measured_total_s"]
+        total += [f"{m:.4f}", _error(p, m)]
+    table.add_row(*total, style="bold")
+    return table
+
+
+def _error(predicted: float, measured: float) -> str:
+    return f"{(predicted - measured) / measured:+.1%}" if measured > 0 else "-"
+
+
+def placement_lines(record) -> list[str]:  # type: ignore[no-untyped-def]
+    """What ``strataio info NAME`` says about an AUTO dataset's placement by prediction."""
+    from strataio.session import placement_decision
+
+    d = placement_decision(record)
+    if d is None:
+        return []
+    where = d.tier if d.tier is not None else "the default AUTO tier (slowest with room)"
+    asked = f"expected reads {d.expected_reads}"
+    if d.deadline_s is not None:
+        asked += f", deadline {d.deadline_s:g} s"
+    lines = [f"placement: {where}, chosen by prediction ({asked}): {d.reason}"]
+    for tier, (w, r) in d.predicted.items():
+        mark = " <- chosen" if tier == d.tier else ""
+        lines.append(f"  {tier}: predicted write {w:.4g} s + reads {r:.4g} s = {w + r:.4g} s{mark}")
+    if d.skipped:
+        lines.append(f"  not candidates: {', '.join(d.skipped)}")
+    return lines
+
+
+@bench.command("predict")
+@click.option(
+    "--dir",
+    "root",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="folder for the tiers and the catalog (default: a temporary one)",
+)
+@click.option("--max-size", default="4MiB", show_default=True, help="largest calibrated size")
+@click.option("--repeat", default=3, show_default=True, help="measurements per size")
+@click.option("--no-calibrate", is_flag=True, help="reuse the calibration in --dir")
+@click.option("--runs", default=3, show_default=True, help="measured runs per workload (median)")
+@click.option("--workload", "names", multiple=True, help="run only these (repeatable)")
+@json_option
+@handle_errors
+def bench_predict(
+    root: Path | None,
+    max_size: str,
+    repeat: int,
+    no_calibrate: bool,
+    runs: int,
+    names: tuple[str, ...],
+    json_path: Path | None,
+) -> None:
+    """Prediction accuracy: calibrate a local, a shaped remote-disk and a shaped tape tier,
+    then predict and measure workloads of every method; median and worst relative error."""
+    import tempfile
+
+    from strataio.predict.suite import SUITE, run_suite
+
+    unknown = [n for n in names if n not in SUITE]
+    if unknown:
+        raise UsageProblem(f"unknown workload {unknown[0]!r} (known: {', '.join(SUITE)})")
+    top = parse_size(max_size, where="--max-size") or 0
+    err = make_console(stderr=True)
+    with tempfile.TemporaryDirectory(prefix="strataio-bench-predict-") as tmp:
+        result = run_suite(
+            root or tmp,
+            names=list(names) or None,
+            max_size=top,
+            repeat=repeat,
+            calibrate=not no_calibrate,
+            runs=runs,
+            on_step=lambda what: err.print(f"[dim]{what}…[/]"),
+        )
+    table = Table(title="predicted vs measured I/O time (4 processes; workload totals)")
+    for c in ("workload", "method", "tiers", "predicted (s)", "measured (s)", "error"):
+        table.add_column(c, justify="left" if c in ("workload", "method", "tiers") else "right")
+    for r in result["workloads"]:
+        table.add_row(
+            r["name"],
+            r["method"],
+            ",".join(r["tiers"]),
+            f"{r['predicted_s']:.3f}",
+            f"{r['measured_s']:.3f}",
+            _error(r["predicted_s"], r["measured_s"]),
+        )
+    console = make_console()
+    console.print(table)
+    console.print(f"median |error| {result['median_error']:.1%}, worst {result['worst_error']:.1%}")
+    write_json(json_path, result)

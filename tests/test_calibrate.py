@@ -1,0 +1,189 @@
+"""Calibration into the performance table of both catalogs, and the calibrate / predict
+commands end to end (small sizes: each launches mpiexec)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from strataio.catalog.base import open_catalog
+from strataio.cli import main
+from strataio.config import load_config
+from strataio.predict.calibrate import calibrate, default_sizes
+from strataio.predict.perfdb import FIXED_OPS, SERIES_OPS, PerfTable
+
+pytestmark = pytest.mark.mpi
+
+CONFIG = """
+[catalog]
+url = "{catalog}"
+
+[[tiers]]
+name = "local"
+kind = "posix"
+role = "localdisk"
+path = "local"
+
+[[tiers]]
+name = "tape"
+kind = "posix"
+role = "remotetape"
+path = "tape"
+shaped = "remote_tape_2002"
+time_scale = 0.0005
+"""
+
+WORKLOAD = """
+[run]
+ranks = 2
+iterations = 2
+tier = "local"
+method = "{method}"
+cb_nodes = 1
+cb_buffer_size = 4096
+
+[[dataset]]
+name = "temp"
+dtype = "float32"
+dims = [8, 16, 16]
+pattern = "B**"
+frequency = 1
+mode = "write"
+
+[[dataset]]
+name = "vr_temp"
+dtype = "uint8"
+dims = [16, 16, 16]
+pattern = "BBB"
+frequency = 2
+mode = "read"
+tier = "tape"
+"""
+
+
+def write_config(tmp_path, catalog: str) -> str:
+    path = tmp_path / "strataio.toml"
+    path.write_text(CONFIG.format(catalog=catalog))
+    return str(path)
+
+
+def test_default_sizes_are_log_spaced_1k_to_256m():
+    sizes = default_sizes()
+    assert sizes[0] == 1024 and sizes[-1] == 256 << 20
+    assert all(b == 4 * a for a, b in zip(sizes, sizes[1:]))
+    assert default_sizes(5000) == [1024, 4096]
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
+def test_calibration_is_stored_and_read_back(tmp_path, request, kind):
+    url = str(tmp_path / "cat.db") if kind == "sqlite" else request.getfixturevalue("pg_url")
+    cfg = load_config(write_config(tmp_path, url))
+    seen = []
+    with open_catalog(cfg.catalog.url) as cat:
+        cat.register_tiers(cfg.tier_records())
+        rows = calibrate(
+            cfg,
+            cat,
+            ["tape"],
+            sizes=[1024, 4096],
+            repeat=2,
+            levels=(1, 2),
+            on_progress=lambda tier, done, total: seen.append((tier, done, total)),
+        )
+        back = cat.perf_rows("tape")
+    assert sorted(back, key=repr) == sorted(rows, key=repr)
+    assert {r.concurrency for r in back} == {1, 2}
+    assert len({r.when for r in back}) == 1  # one calibration, one time stamp
+    perf = PerfTable(back)
+    for op in (*FIXED_OPS, *SERIES_OPS):
+        assert perf.has("tape", op), op
+    assert perf.measured_range("tape", "put") == (1024, 4096)
+    # the shaped tape pays 6.17 s open + 0.42 s close per object (x 0.0005): a chunk put
+    # takes at least that, a local File open far less
+    assert perf.time("tape", "put", 1024) >= (6.17 + 0.42) * 0.0005
+    assert seen[-1][1] == seen[-1][2] and seen[0][0] == "tape"
+
+
+def test_calibrate_and_predict_commands(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    config = write_config(tmp_path, "cat.db")
+    r = CliRunner()
+    out = r.invoke(
+        main,
+        ["calibrate", "-c", config, "--quick", "--max-size", "16KiB", "--concurrency", "2"]
+        + ["--plot", "curves.png"],
+    )
+    assert out.exit_code == 0, out.output
+    assert "performance database" in out.output and (tmp_path / "curves.png").stat().st_size
+    with open_catalog(str(tmp_path / "cat.db")) as cat:
+        assert {r.tier for r in cat.perf_rows()} == {"local", "tape"}
+
+    for method in ("naive", "collective", "chunked"):
+        (tmp_path / "w.toml").write_text(WORKLOAD.format(method=method))
+        out = r.invoke(main, ["predict", "-c", config, "w.toml"])
+        assert out.exit_code == 0, out.output
+        for word in ("temp", "vr_temp", "BBB", "16,16,16", "tape", "total"):
+            assert word in out.output
+        out = r.invoke(main, ["predict", "-c", config, "w.toml", "--measure", "--json"])
+        assert out.exit_code == 0, out.output
+        got = json.loads(out.output)
+        names = [d["name"] for d in got["datasets"]]
+        assert names == ["temp", "vr_temp"]
+        assert all(d["predicted_s"] > 0 and d["measured_s"] > 0 for d in got["datasets"])
+        assert got["measured_total_s"] == pytest.approx(
+            sum(d["measured_s"] for d in got["datasets"])
+        )
+        # the shaped tape dominates: 2 reads of 6.63 s x 0.0005 at least
+        vr = got["datasets"][1]
+        assert vr["measured_s"] >= 2 * 6.63 * 0.0005 and vr["predicted_s"] >= 2 * 6.63 * 0.0005
+
+
+def test_predict_errors_exit_2(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    config = write_config(tmp_path, "cat.db")
+    r = CliRunner()
+    (tmp_path / "w.toml").write_text(WORKLOAD.format(method="naive").replace("B**", "B*"))
+    out = r.invoke(main, ["predict", "-c", config, "w.toml"])
+    assert out.exit_code == 2 and "one letter per dimension" in out.output
+    (tmp_path / "w.toml").write_text(WORKLOAD.format(method="naive"))
+    out = r.invoke(main, ["predict", "-c", config, "w.toml"])  # nothing calibrated
+    assert out.exit_code == 1 and "strataio calibrate --tier" in out.output
+    big = CONFIG.format(catalog="cat.db").replace(
+        'path = "local"', 'path = "local"\ncapacity = 100'
+    )
+    (tmp_path / "small.toml").write_text(
+        big.replace('path = "tape"\n', 'path = "tape"\ncapacity = 100\n')
+    )
+    out = r.invoke(main, ["predict", "-c", "small.toml", "w.toml"])
+    assert out.exit_code == 2 and "too large for every tier" in out.output
+
+
+@pytest.mark.slow
+def test_bench_predict_runs_a_workload(tmp_path):
+    out = CliRunner().invoke(
+        main,
+        ["bench", "predict", "--dir", str(tmp_path), "--max-size", "16KiB", "--repeat", "1"]
+        + ["--runs", "1", "--workload", "chunked-archive", "--json", str(tmp_path / "r.json")],
+    )
+    assert out.exit_code == 0, out.output
+    got = json.loads((tmp_path / "r.json").read_text())
+    (w,) = got["workloads"]
+    assert w["name"] == "chunked-archive" and w["measured_s"] > 0 and w["predicted_s"] > 0
+    assert got["worst_error"] == w["error"]
+
+
+def test_ranks_without_a_block_take_part(tmp_path, monkeypatch):
+    # 2 rows over 4 ranks (pattern B**): ranks 2 and 3 hold nothing, yet every collective call
+    # needs them; each method must run to the end
+    from strataio.predict.runner import run_workload
+    from strataio.predict.workload import parse_workload
+
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config(write_config(tmp_path, "cat.db"))
+    for method in ("naive", "collective", "chunked"):
+        text = WORKLOAD.format(method=method).replace("ranks = 2", "ranks = 4")
+        text = text.replace("[8, 16, 16]", "[2, 16, 16]").replace("[16, 16, 16]", "[3, 4, 4]")
+        measured = run_workload(parse_workload(text), cfg, timeout=120)
+        assert set(measured) == {"temp", "vr_temp"} and min(measured.values()) > 0, method
