@@ -420,8 +420,8 @@ def _with_realm_options(fn: Any) -> Any:
 
 
 @bench.command("sliding-window")
-@click.option("--scale", default=1 / 16, show_default=True,
-              help="Tile size against the thesis's 3 MiB (1/16: 192 KiB tiles, a 12 MiB file).")  # fmt: skip
+@click.option("--scale", default=1 / 4, show_default=True,
+              help="Tile size against the thesis's 3 MiB (1/4: 768 KiB tiles, a 48 MiB file).")  # fmt: skip
 @_with_realm_options
 def sliding_window_cmd(
     scale: float, ranks: str, drivers: tuple[str, ...], reps: int, hints: tuple[str, ...],
