@@ -128,3 +128,11 @@ def test_duplicate_writes_hint():
     assert parse_hints(None).as_dict()["strataio_duplicate_writes"] == "error"
     with pytest.raises(HintError, match="strataio_duplicate_writes"):
         parse_hints({"strataio_duplicate_writes": "first"})
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("nprocs", [1, 2])
+def test_items_see_and_survive_the_aggregators_realm_caches(tmp_path, nprocs):
+    """read_items / write_items go to the driver directly: the realm caches of persistent
+    realms are written back before them (and forgotten before a write)."""
+    assert run_mpi(nprocs, "items_through_realm_cache.py", tmp_path).strip().endswith("ok")

@@ -157,3 +157,14 @@ def test_info_says_which_tier_and_why(tmp_path, monkeypatch):
     assert "placement: local, chosen by prediction (expected reads 2)" in out.output
     assert "local: predicted write" in out.output and "<- chosen" in out.output
     assert "tape: predicted write" in out.output
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"deadline_s": "5"}, {"deadline_s": 0}, {"expected_reads": None}, {"expected_reads": 1.5}],
+)
+def test_bad_placement_arguments_raise_strata_errors(tmp_path, kwargs):
+    with strataio.Session(tiers=make_tiers(tmp_path), catalog=tmp_path / "cat.db") as s:
+        with pytest.raises(StrataError, match="deadline_s|expected_reads"):
+            s.create_dataset("bad", (4,), "f4", **kwargs)
+        assert [d.name for d in s.list_datasets()] == []

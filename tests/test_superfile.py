@@ -165,6 +165,10 @@ def test_api_errors(tmp_path):
         s.create_dataset("arr", (4,), "f4").close()
         with pytest.raises(SuperfileError, match="'arr' is an array dataset"):
             s.superfile("arr")
+        with pytest.raises(SuperfileError, match="container_bytes must be a positive integer"):
+            s.superfile("x", container_bytes="10")
+        with pytest.raises(StrataError, match="reserved"):
+            s.superfile("x/zarr.json")  # (would be the metadata object of a dataset 'x')
         sf = s.superfile("x")
         with pytest.raises(SuperfileError, match="bytes or a numpy array"):
             sf.put("a", 3.5)

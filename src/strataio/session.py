@@ -22,6 +22,7 @@ import contextlib
 import dataclasses
 import json
 import math
+import numbers
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -220,6 +221,13 @@ class FinishedMove:
         return False
 
 
+def _check_name(name: str) -> None:
+    """Raise unless ``name`` can name a dataset or superfile in the catalog and on tiers."""
+    validate_key(name)
+    if name.split("/")[-1] == META_KEY:
+        raise StrataError(f"name {name!r} ends in {META_KEY!r}, which is reserved")
+
+
 class Session:
     """The storage hierarchy of one configuration.
 
@@ -332,17 +340,19 @@ class Session:
         checked: BaseException | None = None
         try:
             self._check_open()
-            validate_key(name)
-            if name.split("/")[-1] == META_KEY:
-                raise StrataError(f"dataset name {name!r} ends in {META_KEY!r}, which is reserved")
+            _check_name(name)
             meta = ArrayMetadata.create(shape, dtype, chunks, codec, fill_value, attrs, dims)
             CodecPipeline(meta.codecs, meta.dtype, meta.chunks)
             h = self.placement.check_hint(hint)
-            if isinstance(expected_reads, bool) or int(expected_reads) != expected_reads:
+            if not isinstance(expected_reads, numbers.Integral) or isinstance(expected_reads, bool):
                 raise StrataError(f"expected_reads must be an integer, got {expected_reads!r}")
             if expected_reads < 0:
                 raise StrataError(f"expected_reads must be >= 0, got {expected_reads}")
-            if deadline_s is not None and not deadline_s > 0:
+            if deadline_s is not None and (
+                not isinstance(deadline_s, numbers.Real)
+                or isinstance(deadline_s, bool)
+                or not deadline_s > 0
+            ):
                 raise StrataError(f"deadline_s must be a positive number, got {deadline_s!r}")
         except Exception as exc:  # a bad argument on one rank raises on every rank
             checked = exc
@@ -497,9 +507,15 @@ class Session:
             )
         if mode not in ("r", "a"):
             raise SuperfileError(f"superfile mode must be 'r' or 'a', got {mode!r}")
-        if container_bytes is not None and container_bytes <= 0:
-            raise SuperfileError(f"container_bytes must be positive, got {container_bytes}")
-        validate_key(name)
+        if container_bytes is not None and (
+            not isinstance(container_bytes, numbers.Integral)
+            or isinstance(container_bytes, bool)
+            or container_bytes <= 0
+        ):
+            raise SuperfileError(
+                f"container_bytes must be a positive integer, got {container_bytes!r}"
+            )
+        _check_name(name)
         assert self.catalog is not None
         try:
             record = self.catalog.get_dataset(name)

@@ -169,13 +169,18 @@ class PieceExchange:
         remote = src != dst
         if remote.any():
             # the same on every rank: all raise, before anything moves
-            flow = np.bincount(
-                src[remote] * nprocs + dst[remote], weights=nbytes[remote], minlength=nprocs
+            # every count, and every displacement (a rank's running total over its peers,
+            # a flag byte each), must fit one MPI int
+            w = nbytes[remote]
+            worst = max(
+                np.bincount(src[remote] * nprocs + dst[remote], weights=w).max(),
+                np.bincount(src[remote], weights=w, minlength=nprocs).max(),
+                np.bincount(dst[remote], weights=w, minlength=nprocs).max(),
             )
-            if flow.max() + 1 > _MAX_COUNT:
+            if worst + nprocs > _MAX_COUNT:
                 raise StrataError(
-                    f"a collective dataset call would move {int(flow.max())} bytes from one "
-                    f"rank to another, more than one MPI count holds ({_MAX_COUNT}); split it"
+                    f"a collective dataset call would move {int(worst)} bytes to or from one "
+                    f"rank, more than one MPI count holds ({_MAX_COUNT}); split it"
                 )
         send = np.flatnonzero(remote & (src == me))
         self.send = send[np.argsort(dst[send], kind="stable")]

@@ -294,7 +294,7 @@ def write_shards(
         agree(comm, failed)
     finally:
         _remove(temps)
-    ds.clear_cache()
+        ds.clear_cache()  # (after a failure too: some shards may have been replaced)
 
 
 def _same_options(comm: MPI.Comm, options: ShardWriteOptions) -> None:

@@ -632,6 +632,7 @@ class File:
         :mod:`strataio.collective.irregular`."""
         self._check_open()
         self.last_path = "irregular"
+        self._settle_caches(drop=False)  # (items go straight to the driver)
         return irregular.read_items(
             self._comm, self._driver, sched, out, self._hints, self._path, self._forbidden[0]
         )
@@ -644,6 +645,7 @@ class File:
         ``strataio_duplicate_writes=last-rank`` is in force."""
         self._check_open()
         self.last_path = "irregular"
+        self._settle_caches(drop=True)
         ret = irregular.write_items(
             self._comm, self._driver, sched, values, self._hints, self._path, self._forbidden[1]
         )
@@ -849,17 +851,8 @@ class File:
     def _retire_realms(self) -> None:
         """Drop the persistent realms (collective); the next two-phase call fixes new ones.
         What the old realms cached is written back and forgotten first."""
-        err: Exception | None = None
-        if self._cache is not None:
-            assert self._shared is not None
-            try:
-                with self._shared.own():
-                    self._cache.invalidate()
-            except OSError as exc:
-                err = _os_error(exc, self._path)
-            except StrataError as exc:
-                err = exc
-            self._cache = None
+        err = self._settle_caches(drop=True, agree=False)
+        self._cache = None
         _agree(self._comm, err)
         self._realms = None
         self._hints = dataclasses.replace(self._hints, romio_cb_fr_types=self._fr_type)
@@ -881,7 +874,7 @@ class File:
         ``strataio_realm_cache`` > 0), else None."""
         return self._cache
 
-    def _write_back(self, discard_from: int | None = None) -> StrataError | None:
+    def _write_back(self, discard_from: int | None = None) -> Exception | None:
         """Write this rank's realm cache back (after forgetting what lies from
         ``discard_from`` on); the failure, for the caller to agree on."""
         if self._cache is None:
@@ -894,9 +887,31 @@ class File:
                 self._cache.flush()
         except OSError as exc:
             return _os_error(exc, self._path)
-        except StrataError as exc:
+        except Exception as exc:  # any failure must reach the other ranks' agreement
             return exc
         return None
+
+    def _settle_caches(self, *, drop: bool, agree: bool = True) -> Exception | None:
+        """Write this rank's realm cache back, and with ``drop`` forget its pages, so that a
+        transfer bypassing the caches finds the file current and leaves none stale.
+        Collective: with ``agree`` a failure on any rank raises on every rank; without, the
+        failure is returned for the caller to agree on."""
+        err: Exception | None = None
+        if self._cache is not None:
+            assert self._shared is not None
+            try:
+                with self._shared.own():
+                    if drop:
+                        self._cache.invalidate()
+                    else:
+                        self._cache.flush()
+            except OSError as exc:
+                err = _os_error(exc, self._path)
+            except Exception as exc:  # any failure must reach the other ranks' agreement
+                err = exc
+        if agree:
+            _agree(self._comm, err)
+        return err
 
     def _clean_caches(self, file: Extents, drop: bool) -> None:
         """Before an independent transfer of ``file`` pieces: write back the realm caches'

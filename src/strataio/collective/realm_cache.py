@@ -124,7 +124,8 @@ class CacheMemory:
         return cls.meta_bytes(nslots) + nslots * slot
 
     def reset(self) -> None:
-        """Every slot free and clean."""
+        """Every slot free and clean (the memory may come from an unzeroed MPI window)."""
+        self.header[0] = 0
         self.header[1] = self.slot_page.size
         self.slot_page[:] = -1
         self.dirty_lo[:] = 0
