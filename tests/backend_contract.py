@@ -269,3 +269,19 @@ class BackendContract:
                 assert g is None
         assert got[-1] is None
         assert backend.get_many([]) == []
+
+    def test_readinto_range_versioned(self, backend: Backend) -> None:
+        """A range read with the object's version: the version :meth:`Backend.versions`
+        gives while the object is unchanged, a new one once it is replaced."""
+        backend.put("v/a", b"0123456789")
+        out = bytearray(4)
+        size, version = backend.readinto_range_versioned("v/a", 3, memoryview(out))
+        assert (size, bytes(out)) == (10, b"3456")
+        known = backend.versions(["v/a"])
+        if known is None:
+            assert version is None  # a backend without versions
+            return
+        assert version == known[0]
+        backend.put("v/a", b"abcdefghij")
+        _, again = backend.readinto_range_versioned("v/a", 3, memoryview(out))
+        assert bytes(out) == b"defg" and again != version

@@ -427,10 +427,10 @@ class CountingBackend(PosixBackend):
             self.whole += len(data)
         return data
 
-    def readinto_range(self, key, offset, out, *, nowait=False):
-        size = super().readinto_range(key, offset, out, nowait=nowait)
+    def readinto_range_versioned(self, key, offset, out, *, nowait=False):
+        got = super().readinto_range_versioned(key, offset, out, nowait=nowait)
         self.ranged += len(out)
-        return size
+        return got
 
 
 def test_tiered_partial_reads_check_each_copy_whole_once(tmp_path):

@@ -130,6 +130,16 @@ class Backend(abc.ABC):
         out[: len(data)] = data
         return self.size(key)
 
+    def readinto_range_versioned(
+        self, key: str, offset: int, out: memoryview, *, nowait: bool = False
+    ) -> tuple[int, Version | None]:
+        """:meth:`readinto_range`, and the object's version (:meth:`versions`) as of a moment
+        after the bytes were read: a version equal to one taken earlier means the bytes read
+        are that version's."""
+        size = self.readinto_range(key, offset, out, nowait=nowait)
+        got = self.versions([key])
+        return size, (got[0] if got is not None else None)
+
     def get_many(self, keys: Iterable[str]) -> list[BytesLike | None]:
         """Whole objects for ``keys``, None where missing. Backends may overlap the requests."""
         out: list[BytesLike | None] = []

@@ -122,6 +122,14 @@ class PosixBackend(Backend):
     def readinto_range(
         self, key: str, offset: int, out: memoryview, *, nowait: bool = False
     ) -> int:
+        return self.readinto_range_versioned(key, offset, out, nowait=nowait)[0]
+
+    def readinto_range_versioned(
+        self, key: str, offset: int, out: memoryview, *, nowait: bool = False
+    ) -> tuple[int, Version]:
+        """The read and the version from one ``fstat`` of the descriptor read, after the
+        read: the version of the very object the bytes came from (a put that replaces the
+        key meanwhile makes a new inode, which this descriptor does not see)."""
         fd = self._open(key, os.O_RDONLY)
         try:
             # One call reads the whole range, so kernel readahead has nothing to add; worse, its
@@ -130,15 +138,16 @@ class PosixBackend(Backend):
             if nowait:
                 # RWF_NOWAIT: served from the page cache or EAGAIN, never a disk wait
                 got = os.preadv(fd, [out], offset, os.RWF_NOWAIT)
-                size = os.fstat(fd).st_size
-                if got < len(out) and offset + got < size:
+                st = os.fstat(fd)
+                if got < len(out) and offset + got < st.st_size:
                     raise BlockingIOError(key)
             else:
                 got = os.preadv(fd, [out], offset)
-                size = os.fstat(fd).st_size
+                st = os.fstat(fd)
             if got < len(out):
                 _finish_short(fd, [out], offset, got, write=False)
-            return size
+                st = os.fstat(fd)
+            return st.st_size, (st.st_ino, st.st_size, st.st_ctime_ns)
         finally:
             os.close(fd)
 

@@ -178,9 +178,12 @@ class TieredChunkStore(ChunkStore):
             and not self.res.busy(key)
         ):
             try:
-                size = tier.backend.readinto_range(obj, offset, out, nowait=nowait)
-                # checked after the read: a copy replaced before or during it has a new version
-                if tier.backend.versions([obj]) == [seen[2]]:
+                # (the version is taken after the read: a copy replaced or written before or
+                # during it has a new one)
+                size, version = tier.backend.readinto_range_versioned(
+                    obj, offset, out, nowait=nowait
+                )
+                if version == seen[2]:
                     self.res.touch((key,))
                     return size
             except BlockingIOError:
