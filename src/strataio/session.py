@@ -422,14 +422,7 @@ class Session:
             try:
                 assert self.catalog is not None
                 record = self.catalog.get_dataset(name)
-                # in use before its residency is read: other processes evict none of it
-                self.catalog.use_dataset(name, self.writer)
-                try:
-                    copies = self.catalog.residency(name)
-                except BaseException:
-                    self.catalog.unuse_dataset(name, self.writer)
-                    raise
-                got = (record, copies, None)
+                got = (record, self._use_residency(name), None)
             except BaseException as exc:
                 err = exc
         got, err = self._agree(got, err)
@@ -454,6 +447,17 @@ class Session:
             meta = ArrayMetadata.from_json(raw, where=f"{name}/{META_KEY}")
         store.adopt_meta(meta.to_json() if raw is None else raw)
         return TieredDataset(store, meta, mode, name=name, comm=self.comm)
+
+    def _use_residency(self, name: str) -> list[ChunkCopy]:
+        """Mark dataset ``name`` in use by this session, then read its copies from the
+        catalog (in use first: other processes evict none of what is read)."""
+        assert self.catalog is not None
+        self.catalog.use_dataset(name, self.writer)
+        try:
+            return self.catalog.residency(name)
+        except BaseException:
+            self.catalog.unuse_dataset(name, self.writer)
+            raise
 
     def list_datasets(self) -> list[DatasetRecord]:
         self._check_open()
@@ -527,13 +531,7 @@ class Session:
             self.catalog.create_dataset(record)
         if not is_superfile(record):
             raise SuperfileError(f"{name!r} is an array dataset, not a superfile")
-        self.catalog.use_dataset(name, self.writer)
-        try:
-            copies = self.catalog.residency(name)
-        except BaseException:
-            self.catalog.unuse_dataset(name, self.writer)
-            raise
-        store = self._store(record, copies, b"")
+        store = self._store(record, self._use_residency(name), b"")
         size = container_bytes or record_container_bytes(record)
         sf = Superfile(store, mode=mode, container_bytes=size)
         self._superfiles = [f for f in self._superfiles if not f.closed] + [sf]

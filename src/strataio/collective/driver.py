@@ -164,7 +164,35 @@ class PosixDriver(Driver):
             os.close(fd)
 
 
-class ShapedDriver(Driver):
+class LayeredDriver(Driver):
+    """A driver over another, ``inner`` (same file): locks, size, truncation, sync and close
+    pass through; subclasses change the data calls."""
+
+    def __init__(self, inner: Driver) -> None:
+        self.inner = inner
+        self.path = inner.path
+        self.read_write = inner.read_write
+
+    def lock(self, offset: int, length: int, shared: bool = False) -> None:
+        self.inner.lock(offset, length, shared)
+
+    def unlock(self, offset: int, length: int) -> None:
+        self.inner.unlock(offset, length)
+
+    def size(self) -> int:
+        return self.inner.size()
+
+    def truncate(self, size: int) -> None:
+        self.inner.truncate(size)
+
+    def sync(self) -> None:
+        self.inner.sync()
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class ShapedDriver(LayeredDriver):
     """``inner`` with the delays of ``model`` around every data call (see the module docs).
 
     ``concurrency``: data calls of this process that may proceed at once (None: the model's
@@ -180,10 +208,8 @@ class ShapedDriver(Driver):
     ) -> None:
         if time_scale < 0:
             raise HintError(f"shaped driver: time scale must be >= 0, got {time_scale}")
-        self.inner = inner
+        super().__init__(inner)
         self.model = model
-        self.path = inner.path
-        self.read_write = inner.read_write
         self.time_scale = float(time_scale)
         n = model.drives if concurrency is None else concurrency
         self._slots = Drives(n) if n else None
@@ -251,24 +277,6 @@ class ShapedDriver(Driver):
 
     def pwrite(self, buf: np.ndarray, offset: int) -> None:
         self._data(True, buf.size, 1, self.inner.pwrite, buf, offset)
-
-    def lock(self, offset: int, length: int, shared: bool = False) -> None:
-        self.inner.lock(offset, length, shared)
-
-    def unlock(self, offset: int, length: int) -> None:
-        self.inner.unlock(offset, length)
-
-    def size(self) -> int:
-        return self.inner.size()
-
-    def truncate(self, size: int) -> None:
-        self.inner.truncate(size)
-
-    def sync(self) -> None:
-        self.inner.sync()
-
-    def close(self) -> None:
-        self.inner.close()
 
 
 def open_driver(path: str, flags: int, mode: int = 0o666, hints: Any = None) -> Driver:

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from strataio.collective.driver import Driver
+from strataio.collective.driver import Driver, LayeredDriver
 from strataio.collective.fileio import SYSCALL_BYTES
 from strataio.errors import StrataError
 from strataio.layout.extents import Extents, exclusive_cumsum
@@ -160,7 +160,7 @@ def dirty_pieces(
     return off[order], (hi - lo)[order], (slots * mem.slot + lo)[order]
 
 
-class RealmCache(Driver):
+class RealmCache(LayeredDriver):
     """An aggregator's realm cache in at most ``capacity`` bytes of memory (LRU, write-back) over
     ``driver``, the file (see the module docs). ``page``: bytes per page and arena slot;
     ``stripe``: the realm stripe pages stay inside (0: none); ``memory``: the buffer to keep
@@ -180,9 +180,7 @@ class RealmCache(Driver):
         slot, nslots = self.shape(capacity, page, stripe)
         if nslots < 1:
             raise StrataError(f"realm cache of {capacity} bytes holds no page")
-        self.inner = driver
-        self.path = driver.path
-        self.read_write = driver.read_write
+        super().__init__(driver)
         self.grid = PageGrid(slot, stripe)
         self.mem = CacheMemory(nslots, slot, memory)
         self.mem.reset()
@@ -397,12 +395,6 @@ class RealmCache(Driver):
     def writev(self, plan: VectoredPlan, buf: np.ndarray) -> None:
         off, length, at = plan.pieces()
         self.write_pieces(off, length, buf, at)
-
-    def lock(self, offset: int, length: int, shared: bool = False) -> None:
-        self.inner.lock(offset, length, shared)
-
-    def unlock(self, offset: int, length: int) -> None:
-        self.inner.unlock(offset, length)
 
     def size(self) -> int:
         """The file's size on storage (cached writes past it not counted)."""
