@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import errno
 import itertools
 import json
 import os
+import threading
 
 import numpy as np
 import pytest
@@ -19,6 +21,9 @@ from hypothesis.stateful import (
 )
 
 import strataio
+import strataio.arrays.dataset as dataset_module
+from strataio.arrays.dataset import Dataset
+from strataio.arrays.store import CountingChunkStore
 from strataio.errors import (
     ChecksumError,
     ClosedError,
@@ -606,3 +611,42 @@ def test_dataset_life(tmp_path):
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
         ),
     )
+
+
+class _WouldWait(CountingChunkStore):
+    """A store whose nowait reads of every chunk would wait: ``started`` chunks as bytes on
+    their way (errno EINPROGRESS), the others with nothing started; records the thread of
+    each blocking read."""
+
+    def __init__(self, inner, started):
+        super().__init__(inner)
+        self.started = started
+        self.threads: dict[str, int] = {}
+
+    def read_span(self, key, offset, out, *, nowait=False):
+        if nowait:
+            if key in self.started:
+                raise BlockingIOError(errno.EINPROGRESS, key)
+            raise BlockingIOError(key)
+        self.threads[key] = threading.get_ident()
+        return super().read_span(key, offset, out)
+
+
+@pytest.mark.parametrize("ahead", [1, 1 << 20])
+def test_chunks_on_their_way_are_read_here_and_the_rest_on_io_threads(tmp_path, monkeypatch, ahead):
+    """Chunks the store is already fetching are read on the calling thread (within the
+    fetch-ahead bound), the others on the chunk threads; the section is right either way."""
+    monkeypatch.setattr(dataset_module, "_FETCH_AHEAD_BYTES", ahead)
+    a = np.arange(40 * 40, dtype="f4").reshape(40, 40)
+    with strataio.create_dataset(tmp_path / "a.zarr", a.shape, a.dtype, (10, 10)) as ds:
+        ds[...] = a
+    ds = strataio.open_dataset(tmp_path / "a.zarr")
+    started = {f"c/{i}/{j}" for i in range(4) for j in range(4) if (i + j) % 2}
+    store = _WouldWait(ds.store, started)
+    view = Dataset(store, ds.meta)
+    view.clear_cache()
+    np.testing.assert_array_equal(view[3:37, 5:35], a[3:37, 5:35])
+    here = threading.get_ident()
+    assert store.threads.keys() == {f"c/{i}/{j}" for i in range(4) for j in range(4)}
+    assert {k for k, t in store.threads.items() if t == here} == started
+    ds.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 
 import numpy as np
@@ -190,3 +191,21 @@ def test_pieces_outside_the_buffer_are_refused(tmp_path) -> None:
             bytes(8),
         )
     assert b.get("k") == bytes(100)
+
+
+def test_a_nowait_read_off_the_page_cache_starts_the_fetch(backend: PosixBackend) -> None:
+    """A nowait read that would wait on the disk raises BlockingIOError with errno
+    EINPROGRESS (the kernel was asked for the pages), and the blocking read after it returns
+    the bytes."""
+    data = np.random.default_rng(5).integers(0, 256, 64 << 10, dtype=np.uint8)
+    backend.put("cold", memoryview(data), durable=True)
+    backend.drop_cache("cold")
+    out = bytearray(40_000)
+    try:
+        backend.readinto_range("cold", 1000, memoryview(out), nowait=True)
+    except BlockingIOError as exc:
+        assert exc.errno == errno.EINPROGRESS
+        assert backend.readinto_range("cold", 1000, memoryview(out)) == data.size
+    else:
+        pytest.skip("the pages stayed in memory (no page cache to drop here)")
+    assert bytes(out) == data[1000:41_000].tobytes()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import numpy as np
@@ -9,11 +10,12 @@ import pytest
 
 import strataio
 from mpirun import run_mpi
-from strataio.catalog.base import open_catalog
+from strataio.catalog.base import ChunkCopy, open_catalog
 from strataio.errors import ChecksumError, ExistsError, NotFoundError, StrataError
 from strataio.storage.posix import PosixBackend
 from strataio.tiers.fsck import fsck
 from strataio.tiers.placement import DatasetDisabledError, Placement
+from strataio.tiers.residency import Residency
 from strataio.tiers.tier import Tier, TierSet
 
 
@@ -466,4 +468,90 @@ def test_tiered_partial_reads_check_each_copy_whole_once(tmp_path):
         with pytest.raises(ChecksumError, match=r"chunk 'c/0/1' of dataset 'a'"):
             ds[3, 25]
         np.testing.assert_array_equal(ds[30:, :20], a[30:, :20])  # the others read as before
+        ds.close()
+
+
+def test_a_checked_copy_moved_to_another_tier_is_read_there(tmp_path):
+    """Range reads skip the copy checks only while the chunk's copies are unchanged: after a
+    migration the next read finds the copy on its new tier and checks it whole there."""
+    a = np.arange(40 * 40, dtype="f4").reshape(40, 40)
+    local, slow = CountingBackend(tmp_path / "local"), CountingBackend(tmp_path / "slow")
+    tiers = TierSet(
+        [Tier("local", local, "localdisk", order=0), Tier("slow", slow, "remotedisk", order=1)]
+    )
+    with strataio.Session(tiers=tiers, catalog=tmp_path / "cat.db") as s:
+        ds = s.create_dataset("a", a.shape, a.dtype, (20, 20), hint="LOCALDISK")
+        ds[...] = a
+        ds.close()
+        ds = s.open_dataset("a")
+        for _ in range(3):  # read whole and checked, then by range twice
+            np.testing.assert_array_equal(ds[3, :], a[3, :])
+        assert (local.whole, local.ranged, slow.whole) == (2 * 1600, 2 * 2 * 80, 0)
+        ds.migrate(np.s_[:20, :], to="slow").wait()
+        assert {c.tier for cs in ds.residency().values() for c in cs} == {"local", "slow"}
+        assert not (tmp_path / "local" / "a" / "c" / "0" / "0").exists()
+        moved = slow.whole  # (the move reads back what it put)
+        np.testing.assert_array_equal(ds[3, :], a[3, :])
+        assert slow.whole == moved + 2 * 1600  # checked whole on their new tier
+        np.testing.assert_array_equal(ds[3, :], a[3, :])
+        assert slow.whole == moved + 2 * 1600 and slow.ranged == 2 * 80
+        ds.close()
+
+
+def test_a_chunks_stamp_moves_with_its_copies_and_puts_not_its_access_times(tmp_path):
+    tiers = TierSet([Tier("local", PosixBackend(tmp_path / "t"), "localdisk", order=0)])
+    res = Residency("a", [], tiers)
+    seen = [res.stamp("c/0")]
+    copy = ChunkCopy("a", "c/0", "local", 4, "x", "valid", 0.0)
+    res.add(copy)
+    seen.append(res.stamp("c/0"))
+    res.touch(["c/0"], when=5.0)
+    assert res.stamp("c/0") == seen[-1]
+    with res.writing("c/0", "local"):
+        seen.append(res.stamp("c/0"))
+    seen.append(res.stamp("c/0"))
+    res.remove("c/0", "local")
+    seen.append(res.stamp("c/0"))
+    assert len(set(seen)) == len(seen)
+    assert res.stamp("c/1") == 0
+
+
+def test_a_rewrite_announces_once_per_call_and_a_single_chunk_is_put_here(tmp_path, monkeypatch):
+    """A write of many chunks hands the tiered store one batch (one announcement of the
+    rewrites in place, puts overlapped on the mover's threads); a write of one chunk is put
+    on the calling thread."""
+    from strataio.tiers.commit import Commit
+
+    announced: list[int] = []
+    real = Commit.announce
+
+    def counting(self, res, intents):
+        announced.append(len(intents))
+        real(self, res, intents)
+
+    monkeypatch.setattr(Commit, "announce", counting)
+    threads: list[int] = []
+
+    class Recording(PosixBackend):
+        def put(self, key, data, *, durable=False):
+            threads.append(threading.get_ident())
+            super().put(key, data, durable=durable)
+
+    a = np.arange(40 * 40, dtype="f4").reshape(40, 40)
+    tiers = TierSet([Tier("local", Recording(tmp_path / "local"), "localdisk", order=0)])
+    with strataio.Session(tiers=tiers, catalog=tmp_path / "cat.db") as s:
+        ds = s.create_dataset("a", a.shape, a.dtype, (10, 10), hint="LOCALDISK")
+        ds[...] = a
+        ds.flush()
+        announced.clear()
+        ds[...] = a + 1
+        assert announced == [16]
+        threads.clear()
+        ds[2:5, 2:5] = 0
+        assert threads == [threading.get_ident()]
+        ds.close()
+        ds = s.open_dataset("a")
+        want = a + 1
+        want[2:5, 2:5] = 0
+        np.testing.assert_array_equal(ds[...], want)
         ds.close()

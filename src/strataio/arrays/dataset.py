@@ -9,10 +9,12 @@ chunks the section covers only in part are read, modified and written back.
 
 from __future__ import annotations
 
+import errno
 import os
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +51,11 @@ _PARALLEL_MIN_CHUNKS = 4
 #: threads of the chunk pool (I/O bound: more than the cores)
 _POOL_WORKERS = min(16, 4 * (os.cpu_count() or 1))
 _pool: ThreadPoolExecutor | None = None
+#: bytes of encoded chunks a write hands at once to a store that overlaps its puts itself
+_PUT_BATCH_BYTES = 64 << 20
+#: bytes of chunk spans a plain read has the store fetch in the background before it reads
+#: the first of them (bounds the page cache a huge cold section claims ahead of its copies)
+_FETCH_AHEAD_BYTES = 32 << 20
 
 
 def _executor() -> ThreadPoolExecutor:
@@ -63,10 +70,22 @@ def _run_groups(n: int, work: Callable[[int, int], None]) -> None:
     if n < _PARALLEL_MIN_CHUNKS:
         work(0, n)
         return
+    _wait_groups(_start_groups(n, work))
+
+
+def _start_groups(n: int, work: Callable[[int, int], None]) -> list[Future[None]]:
+    """Start ``work(lo, hi)`` over ``range(n)`` cut into contiguous groups on the chunk
+    threads; :func:`_wait_groups` waits for them."""
+    if not n:
+        return []
     pool = _executor()
     groups = min(n, _POOL_WORKERS)
     bounds = np.linspace(0, n, groups + 1).astype(int).tolist()
-    futures = [pool.submit(work, a, b) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+    return [pool.submit(work, a, b) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+
+
+def _wait_groups(futures: list[Future[None]]) -> None:
+    """Wait for every group, then raise the first group's error, if any."""
     errors = [f.exception() for f in futures]
     for exc in errors:
         if exc is not None:
@@ -416,7 +435,7 @@ class Dataset:
         self._check_writable()
         codecs = self.codecs
 
-        def work(lo: int, hi: int) -> None:
+        def encoded(lo: int, hi: int) -> list[tuple[str, BytesLike]]:
             need = [keys[i] for i in range(lo, hi) if need_old[i]]
             old = dict(zip(need, self.store.get_chunks(need))) if need else {}
             items = []
@@ -433,11 +452,33 @@ class Dataset:
                             base = base.copy()
                     chunk = make(i, base)
                 items.append((keys[i], codecs.encode(chunk)))
-            self.store.put_chunks(items)
+            return items
+
+        def forget(lo: int, hi: int) -> None:
             if self._cache_space is not None:
                 chunk_cache().discard(self._cache_space, keys[lo:hi])
 
-        _run_groups(len(keys), work)
+        if not self.store.capabilities.overlapped_puts:
+
+            def work(lo: int, hi: int) -> None:
+                self.store.put_chunks(encoded(lo, hi))
+                forget(lo, hi)
+
+            _run_groups(len(keys), work)
+            return
+        # The store overlaps a call's puts itself and pays a fixed cost per call (a catalog
+        # transaction): chunks are encoded on the chunk threads and handed over in batches.
+        per_batch = max(1, _PUT_BATCH_BYTES // max(1, self.nbytes // max(1, self.nchunks)))
+        for first in range(0, len(keys), per_batch):
+            last = min(len(keys), first + per_batch)
+            parts: dict[int, list[tuple[str, BytesLike]]] = {}
+
+            def encode(lo: int, hi: int, first: int = first, parts: dict = parts) -> None:
+                parts[lo] = encoded(first + lo, first + hi)
+
+            _run_groups(last - first, encode)
+            self.store.put_chunks([item for lo in sorted(parts) for item in parts[lo]])
+            forget(first, last)
 
     # ----------------------------------------------------------------- lifecycle
     def flush(self) -> None:
@@ -552,7 +593,7 @@ class Dataset:
 
     def _read_plan(self, plan: _Plan, out: np.ndarray) -> None:
         """Read every chunk box of ``plan`` into its place in ``out``."""
-        keys, dst, src, spans = plan.keys, plan.dst, plan.src, plan.spans
+        keys, dst, src = plan.keys, plan.dst, plan.src
         codecs = self.codecs
         fill = self.fill_value
         space = self._cache_space
@@ -565,6 +606,7 @@ class Dataset:
         # under its older version, which the next read sees as stale.
         cache = chunk_cache() if space is not None else None
         versions = None
+        seen = 0
         if cache is not None and cache.enabled:
             seen = time.time_ns()
             versions = self._versions(keys)
@@ -578,42 +620,7 @@ class Dataset:
             return v is not None and settled(v, seen)
 
         if codecs.is_plain and self._span_reader is not None:
-            # Cached chunks and those in the page cache are copied on this thread (thread
-            # hand-offs cost more than the copy); only those that would wait on storage go to
-            # the I/O threads.
-            blocked = []
-            for i, e in enumerate(entries):
-                lo, hi = spans[i]
-                if e is not None and e.lo <= lo and hi <= e.hi:
-                    out[dst[i]] = e.chunk[src[i]]
-                    continue
-                # A chunk to keep is read into a buffer of its own: a buffer the cache already
-                # holds is never written (another thread may be copying from it), so an entry
-                # is always the bytes of one read of one version.
-                kept = cacheable(i)
-                buf = None if kept else scratch(codecs.stored_nbytes, "chunk")
-                try:
-                    chunk = self._read_raw_span(keys[i], lo, hi, buf, nowait=True)
-                except BlockingIOError:
-                    blocked.append(i)
-                    continue
-                place(i, chunk)
-                if kept and chunk is not None:
-                    if not codecs.is_raw:  # read and checked whole
-                        lo, hi = 0, codecs.chunk_nbytes
-                    cache.store(space, keys[i], CachedChunk(versions[i], chunk, lo, hi))
-
-            def fetch(a: int, b: int) -> None:
-                for i in blocked[a:b]:
-                    lo, hi = spans[i]
-                    place(
-                        i,
-                        self._read_raw_span(
-                            keys[i], lo, hi, scratch(codecs.stored_nbytes, "chunk")
-                        ),
-                    )
-
-            _run_groups(len(blocked), fetch)
+            self._read_plain(plan, out, entries, versions, seen)
             return
 
         todo = []
@@ -642,6 +649,79 @@ class Dataset:
                     cache.store(space, keys[i], CachedChunk(versions[i], chunk, 0, chunk.nbytes))
 
         _run_groups(len(todo), work)
+
+    def _read_plain(
+        self,
+        plan: _Plan,
+        out: np.ndarray,
+        entries: list[CachedChunk | None],
+        versions: list[Any] | None,
+        seen: int,
+    ) -> None:
+        """Read the plain chunks of ``plan`` (see :attr:`CodecPipeline.is_plain`) into ``out``.
+
+        Chunks in the decoded-chunk cache or the page cache are copied on this thread (a
+        thread hand-off costs more than the copy). The store says which of the others are
+        on their way (``BlockingIOError`` with errno EINPROGRESS: a POSIX file's pages asked
+        for in the background): those are read here too, after the requests of all of them
+        have gone out, at most :data:`_FETCH_AHEAD_BYTES` ahead; only chunks that would wait
+        with nothing started (slow storage, a copy to check whole) go to the I/O threads.
+        """
+        keys, dst, src, spans = plan.keys, plan.dst, plan.src, plan.spans
+        codecs = self.codecs
+        fill = self.fill_value
+        space = self._cache_space
+        cache = chunk_cache()
+
+        def read_one(i: int, nowait: bool) -> None:
+            lo, hi = spans[i]
+            # A chunk to keep is read into a buffer of its own: a buffer the cache already
+            # holds is never written (another thread may be copying from it), so an entry is
+            # always the bytes of one read of one version.
+            v = versions[i] if versions is not None else None
+            kept = v is not None and settled(v, seen)
+            buf = None if kept else scratch(codecs.stored_nbytes, "chunk")
+            chunk = self._read_raw_span(keys[i], lo, hi, buf, nowait=nowait)
+            out[dst[i]] = fill if chunk is None else chunk[src[i]]
+            if kept and chunk is not None:
+                if not codecs.is_raw:  # read and checked whole
+                    lo, hi = 0, codecs.chunk_nbytes
+                cache.store(space, keys[i], CachedChunk(v, chunk, lo, hi))
+
+        blocked: list[int] = []
+        coming: deque[int] = deque()  # chunks whose bytes the store is fetching
+        ahead = 0
+        for i, e in enumerate(entries):
+            lo, hi = spans[i]
+            if e is not None and e.lo <= lo and hi <= e.hi:
+                out[dst[i]] = e.chunk[src[i]]
+                continue
+            try:
+                read_one(i, True)
+            except BlockingIOError as exc:
+                if exc.errno != errno.EINPROGRESS:
+                    blocked.append(i)
+                    continue
+                coming.append(i)
+                ahead += hi - lo
+                while ahead > _FETCH_AHEAD_BYTES:
+                    j = coming.popleft()
+                    ahead -= spans[j][1] - spans[j][0]
+                    read_one(j, False)
+
+        def fetch(a: int, b: int) -> None:
+            for i in blocked[a:b]:
+                read_one(i, False)
+
+        if not coming:
+            _run_groups(len(blocked), fetch)
+            return
+        waiting = _start_groups(len(blocked), fetch)
+        try:
+            for i in coming:
+                read_one(i, False)
+        finally:
+            _wait_groups(waiting)
 
     def _read_raw_span(
         self, key: str, lo: int, hi: int, buf: np.ndarray | None, nowait: bool = False

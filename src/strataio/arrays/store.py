@@ -13,7 +13,10 @@ Beyond the required methods a store may offer three capabilities, declared in it
 - ``versions``: :meth:`ChunkStore.chunk_versions` tells when a stored chunk changed;
 - ``chunk_cache``: :attr:`ChunkStore.cache_space` names the store's chunks in the process's
   decoded-chunk cache (:mod:`strataio.arrays.chunk_cache`); it needs ``versions``, which say
-  when an entry went stale.
+  when an entry went stale;
+- ``overlapped_puts``: :meth:`ChunkStore.put_chunks` overlaps the puts of one call itself and
+  has a fixed cost per call, so a writer hands it many chunks at once rather than one call
+  per thread.
 
 Calling the method of a capability a store lacks raises :class:`CapabilityError`.
 """
@@ -42,6 +45,7 @@ class StoreCapabilities:
     partial_reads: bool = False
     versions: bool = False
     chunk_cache: bool = False
+    overlapped_puts: bool = False
 
     def __post_init__(self) -> None:
         if self.chunk_cache and not self.versions:
@@ -96,7 +100,9 @@ class ChunkStore(abc.ABC):
     ) -> int | None:
         """(``partial_reads``) Read ``len(out)`` bytes of chunk ``key`` from ``offset`` into
         ``out``; the stored chunk's size in bytes, or None when the chunk does not exist. With
-        ``nowait``, raise :class:`BlockingIOError` rather than wait on slow storage."""
+        ``nowait``, raise :class:`BlockingIOError` rather than wait on slow storage (errno
+        EINPROGRESS when the bytes are on their way: see
+        :meth:`strataio.storage.base.Backend.readinto_range`)."""
         self._lacks("partial_reads")
 
     def chunk_versions(self, keys: Sequence[str]) -> list[Version | None]:

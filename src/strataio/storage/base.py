@@ -122,7 +122,10 @@ class Backend(abc.ABC):
 
         With ``nowait``, raise :class:`BlockingIOError` instead of waiting on slow storage
         (a POSIX file not in the page cache, any request with latency), so a caller can serve
-        cached data on its own thread and hand the rest to I/O threads.
+        cached data on its own thread and hand the rest to I/O threads. A backend that has
+        started fetching the bytes in the background raises it with ``errno`` EINPROGRESS: a
+        blocking read of the same range then waits only for what has not arrived yet, and the
+        caller may as well make it on its own thread, after starting the others.
         """
         if nowait and self.capabilities.latency > 0:
             raise BlockingIOError(key)

@@ -27,6 +27,9 @@ class ChunkCache(BoundedLRU[bytes]):
         return len(value)
 
     def get(self, dataset: str, key: str) -> bytes | None:
+        if not self._entries:  # nothing held (the usual case): no lock to take
+            self.misses += 1
+            return None
         with self._lock:
             v = self._entries.get((dataset, key))
             if v is None:

@@ -93,6 +93,7 @@ class Residency:
         self._busy: Counter[str] = Counter()  # key -> puts in flight, any tier
         self._versions: Counter[str] = Counter()
         self._touched: dict[str, float] = {}  # key -> latest access time not recorded yet
+        self._stamps: dict[str, int] = {}  # key -> changes of its copies or puts in flight
 
     # ----------------------------------------------------------------- queries
     def chunk_keys(self) -> list[str]:
@@ -124,6 +125,30 @@ class Residency:
             for c in self.copies(key)
             if (c.state in READABLE or c.old_checksum) and (not up_only or self._tier(c.tier).up)
         ]
+
+    def fastest_readable(self, key: str) -> tuple[ChunkCopy | None, bool, int]:
+        """In one look (a read's fast path): the copy a read of ``key`` uses (the first of
+        :meth:`readable`, None when there is none), whether a put of ``key`` is in flight,
+        and the chunk's :meth:`stamp`."""
+        with self.lock:
+            busy = self._busy.get(key, 0) > 0
+            stamp = self._stamps.get(key, 0)
+            per = self._copies.get(key)
+            if not per or len(per) > 1:
+                first = None if not per else next(iter(self.readable(key)), None)
+                return first, busy, stamp
+            (c,) = per.values()
+            ok = (c.state in READABLE or c.old_checksum) and self._tier(c.tier).up
+            return (c if ok else None), busy, stamp
+
+    def stamp(self, key: str) -> int:
+        """A number that changes whenever a copy of ``key`` is recorded, replaced or forgotten
+        and whenever a put of it begins or ends (an access time moving on is no change): a
+        reader that checked the chunk's copies may skip the check while it stays the same."""
+        return self._stamps.get(key, 0)
+
+    def _changed(self, key: str) -> None:
+        self._stamps[key] = self._stamps.get(key, 0) + 1
 
     def kept_elsewhere(self, key: str, tier: str) -> bool:
         """True if a valid or dirty copy of ``key`` on an up, persistent tier other than
@@ -203,6 +228,7 @@ class Residency:
                 self._cond.wait()
             self._writing.add(slot)
             self._busy[key] += 1
+            self._changed(key)
             if slot in self._obsolete:
                 self._obsolete.discard(slot)
                 self._cancelled.add(slot)
@@ -226,6 +252,7 @@ class Residency:
             self._busy[key] -= 1
             if not self._busy[key]:
                 del self._busy[key]
+            self._changed(key)
             self._cond.notify_all()
 
     def abandon_write(self, key: str, tier: str) -> None:
@@ -246,6 +273,7 @@ class Residency:
             per = self._copies.setdefault(copy.key, {})
             old = per.get(copy.tier)
             per[copy.tier] = copy
+            self._changed(copy.key)
             slot = (copy.key, copy.tier)
             if not self._tier(copy.tier).volatile:
                 self._upserts[slot] = copy
@@ -301,6 +329,7 @@ class Residency:
             if old is None or (expect is not None and not _same(old, expect)):
                 return None
             del per[tier]
+            self._changed(key)
             if not per:
                 self._copies.pop(key, None)
             if not self._tier(tier).volatile:
@@ -362,6 +391,11 @@ class Residency:
     def touch(self, keys: Iterable[str], when: float | None = None) -> None:
         """Note an access (for LRU eviction); reaches the catalog at commit."""
         now = time.time() if when is None else when
+        touched = self._touched
+        # (a look without the lock first: most reads touch chunks touched a moment ago)
+        keys = [k for k in keys if not 0.0 <= now - touched.get(k, -1e300) < self.TOUCH_RESOLUTION]
+        if not keys:
+            return
         with self.lock:
             for k in keys:
                 seen = self._touched.get(k)
@@ -486,6 +520,8 @@ class Residency:
                 self._deletes.discard(slot)
             for key in changed:
                 self._versions[key] += 1
+            for key in {k for k, _ in want} | {k for k, _ in have}:
+                self._changed(key)
             return sorted(changed)
 
     def refresh(self, key: str, copies: Iterable[ChunkCopy]) -> bool:
@@ -519,6 +555,7 @@ class Residency:
                 self._copies[key] = per
             else:
                 self._copies.pop(key, None)
+            self._changed(key)
             return True
 
     # ----------------------------------------------------------------- helpers

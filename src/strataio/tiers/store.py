@@ -23,6 +23,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from strataio.arrays.store import ChunkStore, StoreCapabilities
@@ -63,7 +64,8 @@ class TieredChunkStore(ChunkStore):
     read (or ``strataio fsck``) finds.
     """
 
-    capabilities = StoreCapabilities(partial_reads=True)
+    # (puts run on the mover's threads; each call announces its rewrites in one transaction)
+    capabilities = StoreCapabilities(partial_reads=True, overlapped_puts=True)
 
     def __init__(
         self,
@@ -96,6 +98,9 @@ class TieredChunkStore(ChunkStore):
         self._closed = False
         # chunk key -> (tier, checksum of the bytes checked, object version when checked)
         self._verified: dict[str, tuple[str, str, Any]] = {}
+        # chunk key -> the copy a range read last found verified, and the residency's stamp
+        # of the chunk then: while that stamp holds, the copy checks need not be repeated
+        self._checked: dict[str, _Checked] = {}
         placement.register(residency)
 
     # ----------------------------------------------------------------- reads
@@ -158,25 +163,34 @@ class TieredChunkStore(ChunkStore):
         chunk's size, None for a chunk never written (the verified-once rule of the class
         doc). With ``nowait``, raise :class:`BlockingIOError` where the bytes would have to
         wait on storage, or where the copy must first be read whole and checked."""
-        self._check_open()
+        if self._closed:
+            self._check_open()
         hit = self.cache.get(self.name, key)
         if hit is not None:
             return _copy_span(hit, offset, out)
-        copies = self.res.readable(key)
-        if not copies:
+        checked = self._checked.get(key)
+        if checked is not None and checked.stamp == self.res.stamp(key) and checked.tier.up:
+            # nothing about the chunk's copies changed since the last read checked them
+            try:
+                size, version = checked.tier.backend.readinto_range_versioned(
+                    checked.obj, offset, out, nowait=nowait
+                )
+            except BlockingIOError:
+                raise
+            except (OSError, StrataError):
+                version = None  # moved or gone: the checks below find where it is now
+            if version == checked.version:
+                self.res.touch((key,))
+                return size
+        copy, busy, stamp = self.res.fastest_readable(key)
+        if copy is None:
             if self.res.copies(key) or self.disabled:
                 return _copy_span(self._whole(key), offset, out)  # raises with the reason
             return None
-        copy = copies[0]
         tier = self.tiers[copy.tier]
         obj = object_key(self.name, key)
         seen = self._verified.get(key)
-        if (
-            seen is not None
-            and seen[0] == copy.tier
-            and copy.accepts(seen[1])
-            and not self.res.busy(key)
-        ):
+        if seen is not None and seen[0] == copy.tier and copy.accepts(seen[1]) and not busy:
             try:
                 # (the version is taken after the read: a copy replaced or written before or
                 # during it has a new one)
@@ -184,6 +198,7 @@ class TieredChunkStore(ChunkStore):
                     obj, offset, out, nowait=nowait
                 )
                 if version == seen[2]:
+                    self._checked[key] = _Checked(stamp, tier, obj, version)
                     self.res.touch((key,))
                     return size
             except BlockingIOError:
@@ -191,6 +206,7 @@ class TieredChunkStore(ChunkStore):
             except (OSError, StrataError):
                 pass  # moved or gone: the whole read below finds where it is now
             self._verified.pop(key, None)
+        self._checked.pop(key, None)
         if nowait:
             raise BlockingIOError(key)
         if tier.role != "remotetape" and not self.res.busy(key):
@@ -377,8 +393,11 @@ class TieredChunkStore(ChunkStore):
                 copy = ChunkCopy(self.name, k, tier.name, len(v), digest, state, now)
                 self.res.record_write(copy, reserved=len(v))
 
-            futures = [self.mover.submit(one, k, v, d) for (k, v), d in zip(items, sums)]
-            outcomes = [f.exception() for f in futures]
+            if len(items) == 1:  # nothing to overlap: no hand-off to the mover's threads
+                outcomes = [_outcome(one, *items[0], sums[0])]
+            else:
+                futures = [self.mover.submit(one, k, v, d) for (k, v), d in zip(items, sums)]
+                outcomes = [f.exception() for f in futures]
         finally:
             for k in keys:
                 self.res.end_write(k, tier.name)
@@ -507,6 +526,25 @@ class TieredChunkStore(ChunkStore):
 
     def __repr__(self) -> str:
         return f"TieredChunkStore({self.name!r}, hint={self.hint}, tiers={self.tiers.names})"
+
+
+def _outcome(fn: Any, *args: Any) -> BaseException | None:
+    """The exception ``fn(*args)`` raises, None when it returns (as ``Future.exception``)."""
+    try:
+        fn(*args)
+    except BaseException as exc:  # handed on as the mover's threads hand theirs
+        return exc
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class _Checked:
+    """A chunk's copy found verified by a range read (see ``TieredChunkStore._checked``)."""
+
+    stamp: int
+    tier: Tier
+    obj: str
+    version: Any
 
 
 def _copy_span(blob: BytesLike, offset: int, out: memoryview) -> int:
