@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from strataio.catalog.base import ChunkCopy
 from strataio.errors import ChecksumError, NotFoundError, StrataError, TierDownError
@@ -35,6 +35,8 @@ from strataio.tiers.commit import Commit
 from strataio.tiers.placement import Placement
 from strataio.tiers.residency import Residency, object_key
 from strataio.tiers.tier import Tier, TierSet, checksum, put_checked, read_checked
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,6 +201,7 @@ class Mover:
         # puts of written chunks run apart from moves: a move waiting for a chunk being
         # written (Residency.writing) never holds up that write's puts
         self._puts = ThreadPoolExecutor(workers, thread_name_prefix="strataio-put")
+        self._put_workers = workers
 
     # ----------------------------------------------------------------- API
     def stage(self, res: Residency, keys: Sequence[str], to: str | None = None) -> MoveHandle:
@@ -231,9 +234,14 @@ class Mover:
         t = self.tiers[tier]
         return self._start("evict", res, keys, lambda k: self._evict_one(res, k, t))
 
-    def submit(self, fn: Callable[..., None], *args: Any) -> Future[None]:
+    def submit(self, fn: Callable[..., T], *args: Any) -> Future[T]:
         """Run ``fn(*args)`` on the pool of puts (the tiered store's parallel puts)."""
         return self._puts.submit(fn, *args)
+
+    @property
+    def put_workers(self) -> int:
+        """Threads of the pool of puts."""
+        return self._put_workers
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)

@@ -393,11 +393,20 @@ class TieredChunkStore(ChunkStore):
                 copy = ChunkCopy(self.name, k, tier.name, len(v), digest, state, now)
                 self.res.record_write(copy, reserved=len(v))
 
-            if len(items) == 1:  # nothing to overlap: no hand-off to the mover's threads
-                outcomes = [_outcome(one, *items[0], sums[0])]
+            work = [(k, v, d) for (k, v), d in zip(items, sums)]
+
+            def run(part: list[tuple[str, memoryview, str]]) -> list[BaseException | None]:
+                return [_outcome(one, *args) for args in part]
+
+            # contiguous runs of puts, one per put thread (a hand-off per put costs more than
+            # a small chunk's put); a single chunk is put here, with nothing to overlap
+            runs = min(len(work), self.mover.put_workers)
+            if runs == 1:
+                outcomes = run(work)
             else:
-                futures = [self.mover.submit(one, k, v, d) for (k, v), d in zip(items, sums)]
-                outcomes = [f.exception() for f in futures]
+                cut = [len(work) * r // runs for r in range(runs + 1)]
+                futures = [self.mover.submit(run, work[a:b]) for a, b in zip(cut, cut[1:])]
+                outcomes = [x for f in futures for x in f.result()]
         finally:
             for k in keys:
                 self.res.end_write(k, tier.name)
