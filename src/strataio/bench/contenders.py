@@ -250,6 +250,11 @@ class StrataioTiered(Contender):
     def write(self, start: Sequence[int], data: np.ndarray) -> None:
         self.ds.write_section(start, data)
 
+    def files(self) -> list[str]:
+        """Chunks, metadata and catalog; not SQLite's ``-shm`` index, which the open catalog
+        keeps mapped in memory by design (its pages cannot be evicted)."""
+        return [f for f in super().files() if not f.endswith("-shm")]
+
     def forget(self) -> None:
         """Empty the decoded-chunk cache and the Session's chunk cache, then reopen the
         dataset (its close makes earlier writes durable): a new handle has verified no copy."""
