@@ -27,7 +27,8 @@ Three cache modes (:data:`CACHES`), each timed call a user's step:
 - ``cold``: nothing in memory: the own caches emptied and every file of the contender
   evicted from the page cache before each timed call.
 
-The reported time is the median of ``repeat`` calls. §6.1's adaptive run adds a chunk shaped like pattern E (13 x 8000) for pattern E.
+The reported time is the median of ``repeat`` calls. §6.1's adaptive run adds a chunk shaped
+like pattern E (13 x 8000) for pattern E.
 The same run measures numpy's memcpy bandwidth (``np.copyto`` of the whole array into an
 existing array, best of 3) and reports strataio's warm read of pattern C as a fraction of it,
 like for like: ``read_section(..., out=buf)`` into an existing array, in the steady state of
