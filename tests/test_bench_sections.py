@@ -235,6 +235,28 @@ def test_first_mode_empties_the_chunk_cache(tmp_path) -> None:
         cache.resize(saved)
 
 
+def test_first_mode_forgets_the_tiered_checks(tmp_path) -> None:
+    """A first read after a write finds the copies it reads unchecked: ``forget`` empties the
+    tiered store's record of verified copies (and the data read stays right)."""
+    data = np.random.default_rng(13).random((64, 64), dtype=np.float32)
+    c = make_contender("strataio-tiered", tmp_path / "t", (16, 16))
+    c.setup(data)
+    try:
+        store = c.ds.store
+        assert hasattr(store, "_verified"), (
+            "the tiered store no longer keeps its record of verified copies in _verified: "
+            "StrataioTiered.forget must empty whatever replaces it"
+        )
+        c.read((0, 0), (40, 40))
+        c.read((0, 0), (40, 40))
+        assert store._verified  # the copies read were checked once and remembered
+        c.forget()
+        assert not store._verified
+        assert np.array_equal(c.read((0, 0), (40, 40)), data[:40, :40])
+    finally:
+        c.close()
+
+
 def _kvs_reads() -> dict[str, int]:
     import tensorstore as ts
 
