@@ -1,4 +1,5 @@
-"""``strataio bench sections`` at a small size: complete JSON, correct geometry, checked data."""
+"""``strataio bench sections`` at a small size: complete JSON, correct geometry, checked data,
+the three cache modes doing what they say, before/after against an earlier run."""
 
 from __future__ import annotations
 
@@ -7,17 +8,23 @@ import json
 import mmap
 import os
 import sys
+import time
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from strataio.arrays.chunk_cache import chunk_cache
+from strataio.arrays.chunk_cache import SETTLE_NS, chunk_cache
+from strataio.arrays.dataset import Dataset
+from strataio.arrays.store import CountingChunkStore
 from strataio.bench.contenders import CONTENDERS, make_contender
 from strataio.bench.sections import (
+    CACHES,
     PAPER_PATTERNS,
     SectionsConfig,
+    compare_with_baseline,
     count_steps,
+    measure,
     plan_passes,
     run_sections,
     scaled_chunks,
@@ -73,6 +80,11 @@ def test_bench_sections_small_run(tmp_path) -> None:
     r = json.loads(out.read_text())
     assert "Sections, chunks 25x25" in res.output and "memcpy" in res.output
     assert r["array"]["shape"] == [100, 100]
+    assert list(r["caches"]) == list(CACHES)
+    for mode in CACHES:  # the summary says what each mode is
+        assert f"cache mode {mode}:" in res.output
+    for heading in ("s/zarr", "s/tstore", "s/tstore-c", "tiered/s"):
+        assert heading in res.output
     assert r["memcpy_bytes_per_s"] > 0
     labels = [p["label"] for p in r["passes"]]
     assert labels[:2] == ["25x25", "50x50"] and labels[2].startswith("adaptive")
@@ -82,7 +94,7 @@ def test_bench_sections_small_run(tmp_path) -> None:
             (p, op, cache, c)
             for p in "ABCDEFGH"
             for op in ("read", "write")
-            for cache in ("cold", "warm")
+            for cache in ("warm", "first", "cold")
             for c in CONTENDERS
         }
         assert got == want
@@ -136,6 +148,8 @@ def test_chunk_cache_size_applies_to_the_run_only(tmp_path) -> None:
 
 
 def test_bench_rejects_bad_options(tmp_path) -> None:
+    bad = tmp_path / "other.json"
+    bad.write_text(json.dumps({"benchmark": "superfile", "rows": []}))
     for args in (
         ["--patterns", "AZ"],
         ["--ops", "read,scan"],
@@ -143,9 +157,219 @@ def test_bench_rejects_bad_options(tmp_path) -> None:
         ["--chunks", "a,b"],
         ["--chunk-cache", "lots"],
         ["--chunk-cache", "-1"],
+        ["--baseline", str(bad)],
+        ["--baseline", str(tmp_path / "absent.json")],
     ):
         res = CliRunner().invoke(main, ["bench", "sections", "--size", "50", *args])
         assert res.exit_code == 2, res.output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--cache", "warm,hot"], "unknown cache state ['hot']: choose from warm, first, cold"),
+        (["--cache", ","], "unknown cache state []"),
+        (["--contenders", "naive,tiered"], "unknown contender ['tiered']: choose from naive,"),
+        (["--collective", "--cache", "first"], "for the collective run: choose from cold, warm"),
+    ],
+)
+def test_bad_modes_and_contenders_are_named(args: list[str], message: str) -> None:
+    res = CliRunner().invoke(main, ["bench", "sections", "--size", "50", *args])
+    assert res.exit_code == 2, res.output
+    assert message in " ".join(res.output.split())
+
+
+@pytest.mark.parametrize("name", CONTENDERS)
+def test_every_mode_keeps_the_data(tmp_path, name: str) -> None:
+    """Reads and writes timed in every cache mode, then the store still holds the oracle's
+    data, and a read in each mode returns it."""
+    data = np.random.default_rng(7).random((64, 64), dtype=np.float32)
+    c = make_contender(name, tmp_path / name, (16, 16), 1 << 20)
+    c.setup(data)
+    try:
+        start, stop = (5, 3), (40, 61)
+        payload = np.ascontiguousarray(data[5:40, 3:61])
+        for mode in CACHES:
+            for op in ("read", "write"):
+                times = measure(c, op, mode, start, stop, payload, 2)
+                assert len(times) == 2 and all(t > 0 for t in times)
+            verify(c, start, stop, data)
+            verify(c, (0, 0), (64, 64), data)
+    finally:
+        c.close()
+
+
+def _counting(ds: Dataset) -> Dataset:
+    return Dataset(CountingChunkStore(ds.store), ds.meta, "r+", name=ds.name)
+
+
+def test_first_mode_empties_the_chunk_cache(tmp_path) -> None:
+    """``first`` reads every chunk from storage in every timed call; ``warm`` only in the
+    untimed call before them: the decoded-chunk cache serves the rest."""
+    cache = chunk_cache()
+    saved = cache.capacity
+    cache.resize(64 << 20)
+    data = np.random.default_rng(9).random((64, 64), dtype=np.float32)
+    c = make_contender("strataio", tmp_path / "s", (16, 16))
+    c.setup(data)
+    try:
+        c.ds = _counting(c.ds)
+        time.sleep(2 * SETTLE_NS / 1e9)  # chunks written moments ago are not cached
+        start, stop = (0, 0), (40, 40)
+        c.read(start, stop)
+        per_call = c.ds.store.reads  # 9 chunks, however the read path asks for them
+        assert per_call >= 9
+        c.forget()
+        c.ds.store.reads = 0
+        hits = cache.hits
+        measure(c, "read", "first", start, stop, data[:40, :40], 3)
+        assert c.ds.store.reads == 4 * per_call  # the untimed call and each timed one
+        assert cache.hits == hits
+        c.forget()
+        c.ds.store.reads = 0
+        measure(c, "read", "warm", start, stop, data[:40, :40], 3)
+        assert c.ds.store.reads == per_call  # the untimed call only
+        assert cache.hits >= hits + 3 * 9
+    finally:
+        c.close()
+        cache.resize(saved)
+
+
+def test_first_mode_forgets_the_tiered_checks(tmp_path) -> None:
+    """A first read after a write finds the copies it reads unchecked: ``forget`` empties the
+    tiered store's record of verified copies (and the data read stays right)."""
+    data = np.random.default_rng(13).random((64, 64), dtype=np.float32)
+    c = make_contender("strataio-tiered", tmp_path / "t", (16, 16))
+    c.setup(data)
+    try:
+        store = c.ds.store
+        assert hasattr(store, "_verified"), (
+            "the tiered store no longer keeps its record of verified copies in _verified: "
+            "StrataioTiered.forget must empty whatever replaces it"
+        )
+        c.read((0, 0), (40, 40))
+        c.read((0, 0), (40, 40))
+        assert store._verified  # the copies read were checked once and remembered
+        c.forget()
+        assert not store._verified
+        assert np.array_equal(c.read((0, 0), (40, 40)), data[:40, :40])
+    finally:
+        c.close()
+
+
+def _kvs_reads() -> dict[str, int]:
+    import tensorstore as ts
+
+    (m,) = ts.experimental_collect_matching_metrics("/tensorstore/cache/kvs_cache_read")
+    return {v["category"]: v["value"] for v in m["values"]}
+
+
+def test_first_mode_empties_the_tensorstore_cache_pool(tmp_path) -> None:
+    """With its cache pool on, TensorStore revalidates cached chunks (``unchanged``) on a
+    warm read; after ``forget`` it reads them again (``changed``)."""
+    data = np.random.default_rng(11).random((64, 64), dtype=np.float32)
+    c = make_contender("tensorstore-cached", tmp_path / "t", (16, 16), 1 << 20)
+    c.setup(data)
+    try:
+        c.read((0, 0), (32, 32))
+        before = _kvs_reads()
+        c.read((0, 0), (32, 32))  # 4 chunks, all in the pool
+        warm = _kvs_reads()
+        assert warm["unchanged"] - before["unchanged"] == 4
+        assert warm["changed"] == before["changed"]
+        c.forget()
+        c.read((0, 0), (32, 32))
+        first = _kvs_reads()
+        assert first["unchanged"] == warm["unchanged"]
+        assert first["changed"] - warm["changed"] >= 4
+    finally:
+        c.close()
+
+
+def _result(rows: list[tuple[str, str, str, str, float]]) -> dict:
+    passes: dict[str, list[dict]] = {}
+    for label, pat, cache, name, t in rows:
+        passes.setdefault(label, []).append(
+            {"pattern": pat, "op": "read", "cache": cache, "contender": name, "seconds": t}
+        )
+    return {
+        "benchmark": "sections",
+        "passes": [{"label": k, "results": v} for k, v in passes.items()],
+    }
+
+
+def test_compare_with_baseline_matches_rows_and_names_the_missing() -> None:
+    old = _result(
+        [
+            ("8x8", "A", "warm", "strataio", 2.0),
+            ("8x8", "A", "cold", "strataio", 4.0),  # not run now
+            ("16x16", "A", "warm", "strataio", 1.0),  # a pass not run now
+        ]
+    )
+    new = _result(
+        [
+            ("8x8", "A", "warm", "strataio", 1.0),
+            ("8x8", "A", "first", "strataio", 3.0),  # no earlier row: a new mode
+            ("8x8", "A", "warm", "strataio-tiered", 1.5),  # no earlier row: a new store
+        ]
+    )
+    rows = compare_with_baseline(new, old)
+    got = {
+        (r["pass"], r["cache"], r["contender"]): (r["before"], r["after"], r["ratio"]) for r in rows
+    }
+    assert got == {
+        ("8x8", "warm", "strataio"): (2.0, 1.0, 0.5),
+        ("8x8", "first", "strataio"): (None, 3.0, None),
+        ("8x8", "warm", "strataio-tiered"): (None, 1.5, None),
+        ("8x8", "cold", "strataio"): (4.0, None, None),
+        ("16x16", "warm", "strataio"): (1.0, None, None),
+    }
+    with pytest.raises(StrataError):
+        compare_with_baseline(new, {"benchmark": "superfile"})
+
+
+def test_baseline_from_an_earlier_run(tmp_path) -> None:
+    """One command gives before and after: the earlier run's JSON as --baseline; a row it
+    lacks (here a contender it did not run) is shown as such."""
+    common = [
+        "bench", "sections", "--size", "64", "--chunks", "16", "--patterns", "AE",
+        "--repeat", "1", "--no-adaptive", "--ops", "read", "--dir", str(tmp_path / "w"),
+    ]  # fmt: skip
+    first = tmp_path / "before.json"
+    res = CliRunner().invoke(
+        main, [*common, "--contenders", "naive,strataio", "--json", str(first)]
+    )
+    assert res.exit_code == 0, res.output
+    second = tmp_path / "after.json"
+    res = CliRunner().invoke(
+        main,
+        [
+            *common, "--contenders", "naive,strataio,strataio-tiered", "--cache", "warm,first",
+            "--baseline", str(first), "--json", str(second),
+        ],
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert "Before and after, chunks 16x16" in res.output and "new/old" in res.output
+    assert "no earlier row" in res.output
+    assert "rows of the earlier run not run now" in res.output  # its cold rows
+    r = json.loads(second.read_text())
+    assert r["baseline"]["path"] == str(first)
+    rows = r["baseline"]["rows"]
+    earlier = json.loads(first.read_text())["passes"][0]["results"]
+    by_key = {(x["pattern"], x["cache"], x["contender"]): x["seconds"] for x in earlier}
+    now = {
+        (x["pattern"], x["cache"], x["contender"]): x["seconds"] for x in r["passes"][0]["results"]
+    }
+    for row in rows:
+        key = (row["pattern"], row["cache"], row["contender"])
+        assert row["before"] == by_key.get(key) and row["after"] == now.get(key)
+        if row["before"] is not None and row["after"] is not None:
+            assert row["ratio"] == pytest.approx(row["after"] / row["before"])
+        else:
+            assert row["ratio"] is None
+    tiered = [x for x in rows if x["contender"] == "strataio-tiered"]
+    assert len(tiered) == 4 and all(x["before"] is None for x in tiered)
+    assert {x["cache"] for x in rows if x["after"] is None} == {"cold"}
 
 
 @pytest.mark.parametrize("name", CONTENDERS)
@@ -196,7 +420,8 @@ def test_cold_drop_evicts_every_file(tmp_path, name: str) -> None:
     c.setup(data)
     try:
         files = c.files()
-        assert len(files) >= (65 if name in ("strataio", "zarr", "tensorstore") else 1)
+        chunked = ("strataio", "strataio-tiered", "zarr", "tensorstore", "tensorstore-cached")
+        assert len(files) >= (65 if name in chunked else 1)
         c.read((0, 0), (256, 256))
         assert sum(map(_resident_pages, files)) > 0  # warm: the data is cached
         c.drop_cache()

@@ -15,9 +15,20 @@ is 13 full-width rows (one contiguous piece) and F all 8000 rows by 13 columns.
 
 Every contender (see :mod:`strataio.bench.contenders`) stores the same random data. Each
 pattern is checked once against the numpy oracle, for reads and writes, outside the timings.
-A cold measurement first evicts every file of that contender from the page cache; a warm one
-follows an untimed call of the same kind. The reported time is the median of ``repeat``
-calls. §6.1's adaptive run adds a chunk shaped like pattern E (13 x 8000) for pattern E.
+Three cache modes (:data:`CACHES`), each timed call a user's step:
+
+- ``warm`` (the defaults): every cache as the process has it: after an untimed call of the
+  same kind, the page cache holds the files and each contender's own cache (strataio's
+  decoded-chunk cache at its setting, TensorStore's cache pool in ``tensorstore-cached``)
+  what that call left there;
+- ``first`` (the first read after a write): the page cache warm (an untimed call first), but
+  every contender's own in-process caches emptied before each timed call
+  (:meth:`~strataio.bench.contenders.Contender.forget`);
+- ``cold``: nothing in memory: the own caches emptied and every file of the contender
+  evicted from the page cache before each timed call.
+
+The reported time is the median of ``repeat`` calls. §6.1's adaptive run adds a chunk shaped
+like pattern E (13 x 8000) for pattern E.
 The same run measures numpy's memcpy bandwidth (``np.copyto`` of the whole array into an
 existing array, best of 3) and reports strataio's warm read of pattern C as a fraction of it,
 like for like: ``read_section(..., out=buf)`` into an existing array, in the steady state of
@@ -26,10 +37,10 @@ repeated reads of data at rest (after ``sync`` and untimed reads for twice
 reads, since this machine's speed drifts within a run. (The table's reads allocate their
 result, for every contender; a fresh multi-megabyte result costs a page fault per 4 KiB.)
 
-Caches: h5py's chunk cache and TensorStore's cache pool are off (their defaults for
+Caches: h5py's chunk cache and ``tensorstore``'s cache pool are off (their defaults for
 TensorStore); strataio runs with its decoded-chunk cache at the process's setting (64 MiB by
-default, ``chunk_cache`` / ``--chunk-cache`` to change it, 0 to turn it off). A cold call
-empties it along with the page cache.
+default, ``chunk_cache`` / ``--chunk-cache`` to change it, 0 to turn it off), and
+``tensorstore-cached`` with a cache pool of the same number of bytes.
 """
 
 from __future__ import annotations
@@ -87,7 +98,17 @@ PAPER_GAINS: dict[tuple[str, str], tuple[float, float]] = {
 PAPER_ADAPTIVE_GAINS = {"write": 1.85, "read": -0.61}
 
 OPS = ("read", "write")
-CACHES = ("cold", "warm")
+#: cache modes, in table order (module doc)
+CACHES = ("warm", "first", "cold")
+#: what each cache mode means, for tables and summaries
+CACHE_MEANING = {
+    "warm": "defaults: every cache as the process has it, after an untimed call",
+    "first": "first read after a write: each store's own caches emptied before every call, "
+    "page cache warm",
+    "cold": "nothing in memory: own caches emptied and files evicted from the page cache",
+}
+#: the cache states of ``--collective`` (its chunk cache is off: ``first`` is ``warm`` there)
+COLLECTIVE_CACHES = ("cold", "warm")
 
 
 def _scale(v: int, size: int) -> int:
@@ -220,8 +241,9 @@ def measure(
     payload: np.ndarray,
     repeat: int,
 ) -> list[float]:
-    """Seconds of ``repeat`` calls of ``op`` on the box, each cold (every file of ``c``
-    evicted first) or warm (after an untimed call)."""
+    """Seconds of ``repeat`` calls of ``op`` on the box in cache mode ``cache``: ``warm``
+    after an untimed call; ``first`` after an untimed call, with ``c``'s own caches emptied
+    before each call; ``cold`` with those emptied and every file of ``c`` evicted."""
     if op == "read":
 
         def call() -> None:
@@ -231,11 +253,13 @@ def measure(
         def call() -> None:
             c.write(start, payload)
 
-    if cache == "warm":
+    if cache != "cold":
         call()
     times = []
     for _ in range(repeat):
-        if cache == "cold":
+        if cache == "first":
+            c.forget()
+        elif cache == "cold":
             c.drop_cache()
         t0 = time.perf_counter()
         call()
@@ -278,7 +302,10 @@ def run_sections(cfg: SectionsConfig, step: Callable[[str], None] | None = None)
         naive.setup(data)
         advance("setup naive")
         for ps in passes:
-            _run_pass(cfg, ps, data, patterns, naive, naive_times, pattern_info, work, advance)
+            _run_pass(
+                cfg, ps, data, patterns, naive, naive_times, pattern_info, work,
+                chunk_cache_bytes, advance,
+            )  # fmt: skip
     finally:
         cache.resize(saved_capacity)
         naive.close()
@@ -309,6 +336,7 @@ def run_sections(cfg: SectionsConfig, step: Callable[[str], None] | None = None)
         "geometry": "paper (x0,y0)-(x1,y1) is numpy a[y0:y1, x0:x1], x along a row",
         "memcpy_bytes_per_s": memcpy,
         "chunk_cache_bytes": chunk_cache_bytes,
+        "caches": {c: CACHE_MEANING[c] for c in cfg.caches},
         "patterns": pattern_info,
         "passes": [
             {
@@ -332,6 +360,7 @@ def _run_pass(
     naive_times: dict[tuple[str, str, str], list[float]],
     pattern_info: dict[str, dict[str, Any]],
     work: Path,
+    cache_bytes: int,
     advance: Callable[[str], None],
 ) -> None:
     chunked: list[Contender] = []
@@ -339,7 +368,8 @@ def _run_pass(
         for name in cfg.contenders:
             if name == "naive":
                 continue
-            c = make_contender(name, work / f"{name}-{ps.chunks[0]}x{ps.chunks[1]}", ps.chunks)
+            root = work / f"{name}-{ps.chunks[0]}x{ps.chunks[1]}"
+            c = make_contender(name, root, ps.chunks, cache_bytes)
             chunked.append(c)
             c.setup(data)
             advance(f"{ps.label}: setup {name}")
@@ -423,6 +453,58 @@ def _row(
     }
 
 
+# --------------------------------------------------------------------------- before / after
+def _row_key(label: str, r: dict[str, Any]) -> tuple[str, str, str, str, str]:
+    return (label, r["pattern"], r["op"], r["cache"], r["contender"])
+
+
+def check_baseline(baseline: Any) -> None:
+    """Raise :class:`StrataError` unless ``baseline`` is the JSON of a sections run."""
+    if not (
+        isinstance(baseline, dict)
+        and baseline.get("benchmark") == "sections"
+        and isinstance(baseline.get("passes"), list)
+    ):
+        raise StrataError("not the --json output of a `strataio bench sections` run")
+
+
+def compare_with_baseline(result: dict[str, Any], baseline: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every row of ``result`` next to the row of an earlier run's ``baseline`` with the same
+    pass, pattern, operation, cache mode and contender: ``before`` and ``after`` (median
+    seconds, None where that run has no such row) and ``ratio`` = after / before (None unless
+    both ran). Rows only the earlier run has come last, per pass, with ``after`` None."""
+    check_baseline(baseline)
+    before = {
+        _row_key(ps["label"], r): r["seconds"] for ps in baseline["passes"] for r in ps["results"]
+    }
+    rows: list[dict[str, Any]] = []
+    seen = set()
+    labels = [ps["label"] for ps in result["passes"]]
+    labels += [ps["label"] for ps in baseline["passes"] if ps["label"] not in labels]
+    after_passes = {ps["label"]: ps["results"] for ps in result["passes"]}
+    for label in labels:
+        for r in after_passes.get(label, []):
+            key = _row_key(label, r)
+            seen.add(key)
+            old = before.get(key)
+            rows.append(_compared(key, old, r["seconds"]))
+        rows.extend(
+            _compared(k, t, None) for k, t in before.items() if k[0] == label and k not in seen
+        )
+    return rows
+
+
+def _compared(
+    key: tuple[str, str, str, str, str], before: float | None, after: float | None
+) -> dict[str, Any]:
+    label, pat, op, cache, name = key
+    ratio = after / before if after is not None and before else None
+    return {
+        "pass": label, "pattern": pat, "op": op, "cache": cache, "contender": name,
+        "before": before, "after": after, "ratio": ratio,
+    }  # fmt: skip
+
+
 # --------------------------------------------------------------------------- collective
 #: APRIL's patterns whose regions the collective run splits into sub-columns by default: D
 #: (one small chunk's worth), G (tall and thin) and H (square), where sub-columns share chunks
@@ -442,7 +524,7 @@ class CollectiveSectionsConfig:
     patterns: str = COLLECTIVE_PATTERNS
     repeat: int = 5
     ranks: int = 4
-    caches: tuple[str, ...] = CACHES
+    caches: tuple[str, ...] = COLLECTIVE_CACHES
     workdir: Path | None = None
     seed: int = 0
 
@@ -451,6 +533,12 @@ class CollectiveSectionsConfig:
             size=self.size, chunks=self.chunks, patterns=self.patterns, repeat=self.repeat,
             caches=self.caches, contenders=("naive",),
         ).validate()  # fmt: skip
+        unknown = [c for c in self.caches if c not in COLLECTIVE_CACHES]
+        if unknown:
+            raise StrataError(
+                f"unknown cache state {unknown} for the collective run: choose from "
+                f"{', '.join(COLLECTIVE_CACHES)}"
+            )
         if self.ranks < 1:
             raise StrataError(f"ranks must be at least 1, got {self.ranks}")
         for pat in self.patterns:

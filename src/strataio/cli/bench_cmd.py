@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 from typing import Any
 
@@ -15,11 +16,15 @@ from rich.table import Table
 from strataio.bench.contenders import CONTENDERS
 from strataio.bench.mpi import run_ranks
 from strataio.bench.sections import (
+    CACHES,
+    COLLECTIVE_CACHES,
     COLLECTIVE_PATTERNS,
     PAPER_ADAPTIVE_GAINS,
     PAPER_GAINS,
     CollectiveSectionsConfig,
     SectionsConfig,
+    check_baseline,
+    compare_with_baseline,
     count_steps,
     plan_passes,
     run_sections,
@@ -29,10 +34,23 @@ from strataio.cli.output import json_option, make_console, write_json
 from strataio.errors import StrataError
 from strataio.sizes import parse_size
 
-_MODULES = {"h5py": "h5py", "zarr": "zarr", "tensorstore": "tensorstore"}
-_SHORT = {"tensorstore": "tstore"}
+_MODULES = {
+    "h5py": "h5py",
+    "zarr": "zarr",
+    "tensorstore": "tensorstore",
+    "tensorstore-cached": "tensorstore",
+}
+_SHORT = {"tensorstore": "tstore", "tensorstore-cached": "tstore-c", "strataio-tiered": "tiered"}
+#: ratio columns (numerator, denominator, heading): strataio against its peers, and the
+#: tiered dataset against the plain one on the same disk
+_RATIOS = (
+    ("strataio", "zarr", "s/zarr"),
+    ("strataio", "tensorstore", "s/tstore"),
+    ("strataio", "tensorstore-cached", "s/tstore-c"),
+    ("strataio-tiered", "strataio", "tiered/s"),
+)
 #: the tables need about this many columns; a narrower terminal would fold every cell
-_TABLE_WIDTH = 132
+_TABLE_WIDTH = 176
 
 
 def _csv(value: str) -> tuple[str, ...]:
@@ -70,7 +88,8 @@ def render_tables(result: dict[str, Any], console: Console) -> None:
             title += " (APRIL §6.1: chunk shaped like pattern E)"
         table = Table(
             title=title,
-            caption="time gain-vs-naive %; s/x = strataio time / x time (< 1: strataio faster)",
+            caption="time gain-vs-naive %; s/x = strataio time / x time (< 1: strataio "
+            "faster); tiered/s = tiered dataset time / plain strataio time",
             box=box.SIMPLE_HEAD,
         )
         for name in ("Pat", "Op", "Cache", "naive"):
@@ -80,11 +99,9 @@ def render_tables(result: dict[str, Any], console: Console) -> None:
         show_paper = col is not None or adaptive
         if show_paper:
             table.add_column("APRIL", justify="right")
-        ratio_to = [
-            c for c in ("zarr", "tensorstore") if c in contenders and "strataio" in contenders
-        ]
-        for c in ratio_to:
-            table.add_column(f"s/{_SHORT.get(c, c)}", justify="right")
+        ratios = [(a, b, h) for a, b, h in _RATIOS if a in contenders and b in contenders]
+        for _a, _b, heading in ratios:
+            table.add_column(heading, justify="right")
         by_key: dict[tuple[str, str, str], dict[str, dict[str, Any]]] = {}
         for r in ps["results"]:
             by_key.setdefault((r["pattern"], r["op"], r["cache"]), {})[r["contender"]] = r
@@ -96,10 +113,12 @@ def render_tables(result: dict[str, Any], console: Console) -> None:
             if show_paper:
                 g = PAPER_ADAPTIVE_GAINS[op] if adaptive else PAPER_GAINS[(pat, op)][col]
                 cells.append(f"{g:+.0f}%")
-            for c in ratio_to:
-                cells.append(f"{rs['strataio']['seconds'] / rs[c]['seconds']:.2f}")
+            for a, b, _h in ratios:
+                cells.append(f"{rs[a]['seconds'] / rs[b]['seconds']:.2f}")
             table.add_row(*cells)
         console.print(table)
+    for mode, meaning in result.get("caches", {}).items():
+        console.print(f"cache mode [bold]{mode}[/bold]: {meaning}")
     mem = result["memcpy_bytes_per_s"]
     cache = result["chunk_cache_bytes"]
     console.print(
@@ -115,6 +134,43 @@ def render_tables(result: dict[str, Any], console: Console) -> None:
             f"{_fmt_bw(c['bytes_per_s'])} = {frac:.1%} of memcpy "
             f"({_fmt_bw(c['memcpy_bytes_per_s'])} right after) {verdict}"
         )
+
+
+def render_baseline(rows: list[dict[str, Any]], source: str, console: Console) -> None:
+    """One table per pass run now: each row's median time in the earlier run and now, and
+    their ratio (a row the earlier run lacks shown as such); then a count of the earlier
+    run's rows not run now (all of them are in the JSON)."""
+    passes: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        passes.setdefault(r["pass"], []).append(r)
+    for label, rs in passes.items():
+        now = [r for r in rs if r["after"] is not None]
+        gone = len(rs) - len(now)
+        if now:
+            table = Table(
+                title=f"Before and after, chunks {label}",
+                caption=f"before = {source}; new/old = time now / time before (< 1: faster now)",
+                box=box.SIMPLE_HEAD,
+            )
+            for name in ("Pat", "Op", "Cache", "Store", "before", "now", "new/old"):
+                table.add_column(
+                    name, justify="right" if name in ("before", "now", "new/old") else "left"
+                )
+            for r in now:
+                ratio = r["ratio"]
+                if ratio is None:
+                    shown = "[yellow]no earlier row[/yellow]"
+                else:
+                    color = "green" if ratio <= 1 else "red"
+                    shown = f"[{color}]{ratio:.2f}[/{color}]"
+                before = "-" if r["before"] is None else _fmt_time(r["before"])
+                table.add_row(
+                    r["pattern"], r["op"], r["cache"], r["contender"], before,
+                    _fmt_time(r["after"]), shown,
+                )  # fmt: skip
+            console.print(table)
+        if gone:
+            console.print(f"chunks {label}: {gone} rows of the earlier run not run now")
 
 
 def render_collective(rows: list[dict[str, Any]], console: Console) -> None:
@@ -152,7 +208,13 @@ def render_collective(rows: list[dict[str, Any]], console: Console) -> None:
 @click.option("--patterns", default="ABCDEFGH", show_default=True, help="Patterns to run.")
 @click.option("--repeat", default=3, show_default=True, help="Calls per measurement (median).")
 @click.option("--ops", default="read,write", show_default=True, help="Operations.")
-@click.option("--cache", "caches", default="cold,warm", show_default=True, help="Cache states.")
+@click.option(
+    "--cache",
+    "caches",
+    default=None,
+    help=f"Cache modes, comma-separated, from {', '.join(CACHES)} [default: all three; "
+    f"{','.join(COLLECTIVE_CACHES)} with --collective].",
+)
 @click.option(
     "--contenders",
     default=",".join(CONTENDERS),
@@ -186,6 +248,12 @@ def render_collective(rows: list[dict[str, Any]], console: Console) -> None:
     f"patterns {COLLECTIVE_PATTERNS}), each on its own and with Dataset.read_all.",
 )
 @click.option("--ranks", default=4, show_default=True, help="Ranks of the --collective run.")
+@click.option(
+    "--baseline",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    default=None,
+    help="The --json of an earlier run: also show each row's earlier time and new/old ratio.",
+)
 @json_option
 @click.option("--seed", default=0, show_default=True, help="Seed of the random array.")
 def sections_cmd(
@@ -194,23 +262,30 @@ def sections_cmd(
     patterns: str,
     repeat: int,
     ops: str,
-    caches: str,
+    caches: str | None,
     contenders: str,
     adaptive: bool,
     workdir: Path | None,
     chunk_cache: str | None,
     collective: bool,
     ranks: int,
+    baseline: Path | None,
     json_path: Path | None,
     seed: int,
 ) -> None:
     """APRIL's sub-filing experiment (Tables 2-3, §6.1) scaled to a SIZE x SIZE float32 array.
 
-    Times section reads and writes of patterns A-H, cold (every file of the contender evicted
-    from the page cache before each call) and warm, for a naive single raw file (one system
-    call per row piece), strataio sub-files, h5py, zarr-python and TensorStore with the same
-    chunks, and reports each one's gain over naive. Timed writes end in the page cache (no
-    fsync), alike for every contender. Each pattern is first checked against numpy.
+    Times section reads and writes of patterns A-H for a naive single raw file (one system
+    call per row piece), strataio sub-files (a plain dataset, and a tiered dataset of a
+    Session on one local-disk tier), h5py, zarr-python and TensorStore (cache pool off, and
+    on with strataio's chunk-cache budget) with the same chunks, and reports each one's gain
+    over naive, in three cache modes: warm (every cache as the process has it, after an
+    untimed call), first (the first read after a write: each store's own in-process caches
+    emptied before every call, page cache warm) and cold (nothing in memory: the files
+    evicted from the page cache too). Timed writes end in the page cache (no fsync); the
+    tiered dataset's also announce the rewrite in its catalog. Each pattern is first checked
+    against numpy. With --baseline, the --json of an earlier run, each row's earlier time and
+    new/old ratio are shown too.
 
     Geometry: the paper's (x0,y0)-(x1,y1) is numpy a[y0:y1, x0:x1] with x along a row (G needs
     4000 naive calls, E one, F is the worst naive case): scaled to 8000, E is 13 full rows and
@@ -222,9 +297,17 @@ def sections_cmd(
     """
     if collective:
         _sections_collective(
-            size, chunks, patterns, repeat, caches, ranks, workdir, json_path, seed
-        )
+            size, chunks, patterns, repeat, caches or ",".join(COLLECTIVE_CACHES), ranks,
+            workdir, json_path, seed,
+        )  # fmt: skip
         return
+    earlier = None
+    if baseline is not None:
+        try:
+            earlier = json.loads(baseline.read_text())
+            check_baseline(earlier)
+        except (OSError, ValueError, StrataError) as exc:
+            raise click.BadParameter(f"{baseline}: {exc}", param_hint="--baseline") from None
     err = make_console(stderr=True)
     names = ["naive", *[c for c in _csv(contenders) if c != "naive"]]
     missing = [c for c in names if c in _MODULES and importlib.util.find_spec(_MODULES[c]) is None]
@@ -249,7 +332,7 @@ def sections_cmd(
         patterns=patterns.upper(),
         repeat=repeat,
         ops=_csv(ops),
-        caches=_csv(caches),
+        caches=_csv(caches or ",".join(CACHES)),
         contenders=tuple(c for c in names if c not in missing),
         adaptive=adaptive,
         workdir=workdir,
@@ -273,6 +356,10 @@ def sections_cmd(
     out = make_console()
     out.width = max(out.width, _TABLE_WIDTH)
     render_tables(result, out)
+    if earlier is not None:
+        rows = compare_with_baseline(result, earlier)
+        result["baseline"] = {"path": str(baseline), "rows": rows}
+        render_baseline(rows, str(baseline), out)
     write_json(json_path, result)
 
 
