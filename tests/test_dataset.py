@@ -623,13 +623,20 @@ class _WouldWait(CountingChunkStore):
         self.started = started
         self.threads: dict[str, int] = {}
 
-    def read_span(self, key, offset, out, *, nowait=False):
+    def _would_wait(self, key, nowait):
         if nowait:
             if key in self.started:
                 raise BlockingIOError(errno.EINPROGRESS, key)
             raise BlockingIOError(key)
         self.threads[key] = threading.get_ident()
+
+    def read_span(self, key, offset, out, *, nowait=False):
+        self._would_wait(key, nowait)
         return super().read_span(key, offset, out)
+
+    def read_span_versioned(self, key, offset, out, *, nowait=False):
+        self._would_wait(key, nowait)
+        return super().read_span_versioned(key, offset, out)
 
 
 @pytest.mark.parametrize("ahead", [1, 1 << 20])

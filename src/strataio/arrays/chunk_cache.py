@@ -165,6 +165,11 @@ class DecodedChunkCache(BoundedLRU[CachedChunk]):
     def charge(value: CachedChunk) -> int:
         return value.chunk.nbytes + _ENTRY_BYTES
 
+    def holds_any(self, space: Hashable, keys: Iterable[str]) -> bool:
+        """True if an entry (fresh or stale) of any of ``keys`` is held."""
+        entries = self._entries
+        return bool(entries) and any((space, k) in entries for k in keys)
+
     def lookup(
         self, space: Hashable, keys: Iterable[str], versions: Iterable[Version | None]
     ) -> list[CachedChunk | None]:

@@ -170,6 +170,9 @@ class Dataset:
         self._closed = False
         caps = store.capabilities
         self._span_reader = store.read_span if caps.partial_reads else None
+        self._versioned_span_reader = (
+            store.read_span_versioned if caps.partial_reads and caps.versions else None
+        )
         self._versions = store.chunk_versions if caps.chunk_cache else None
         self._cache_space: tuple[Any, ...] | None = (
             (store.cache_space, meta.dtype.str, meta.chunks, self.codecs.describe())
@@ -607,9 +610,17 @@ class Dataset:
         cache = chunk_cache() if space is not None else None
         versions = None
         seen = 0
+        fill_cache = False  # cache what is read under the version each read saw
         if cache is not None and cache.enabled:
             seen = time.time_ns()
-            versions = self._versions(keys)
+            if (
+                codecs.is_plain
+                and self._versioned_span_reader is not None
+                and not cache.holds_any(space, keys)
+            ):
+                fill_cache = True
+            else:
+                versions = self._versions(keys)
         if versions is not None:
             entries = cache.lookup(space, keys, versions)
         else:  # no cache, or a store that keeps no versions (memory, S3)
@@ -620,7 +631,7 @@ class Dataset:
             return v is not None and settled(v, seen)
 
         if codecs.is_plain and self._span_reader is not None:
-            self._read_plain(plan, out, entries, versions, seen)
+            self._read_plain(plan, out, entries, versions, seen, fill_cache)
             return
 
         todo = []
@@ -657,6 +668,7 @@ class Dataset:
         entries: list[CachedChunk | None],
         versions: list[Any] | None,
         seen: int,
+        fill_cache: bool = False,
     ) -> None:
         """Read the plain chunks of ``plan`` (see :attr:`CodecPipeline.is_plain`) into ``out``.
 
@@ -666,10 +678,14 @@ class Dataset:
         for in the background): those are read here too, after the requests of all of them
         have gone out, at most :data:`_FETCH_AHEAD_BYTES` ahead; only chunks that would wait
         with nothing started (slow storage, a copy to check whole) go to the I/O threads.
+
+        Chunks are cached under ``versions`` (taken before any read: a chunk replaced after
+        its stat is cached under its older version, which the next read sees as stale), or
+        with ``fill_cache`` under the version of the very object each read read from.
         """
         keys, dst, src, spans = plan.keys, plan.dst, plan.src, plan.spans
         codecs = self.codecs
-        fill = self.fill_value
+        fill_value = self.fill_value
         space = self._cache_space
         cache = chunk_cache()
 
@@ -678,11 +694,15 @@ class Dataset:
             # A chunk to keep is read into a buffer of its own: a buffer the cache already
             # holds is never written (another thread may be copying from it), so an entry is
             # always the bytes of one read of one version.
-            v = versions[i] if versions is not None else None
-            kept = v is not None and settled(v, seen)
-            buf = None if kept else scratch(codecs.stored_nbytes, "chunk")
-            chunk = self._read_raw_span(keys[i], lo, hi, buf, nowait=nowait)
-            out[dst[i]] = fill if chunk is None else chunk[src[i]]
+            if fill_cache:
+                chunk, v = self._read_raw_span(keys[i], lo, hi, None, nowait, versioned=True)
+                kept = v is not None and settled(v, seen)
+            else:
+                v = versions[i] if versions is not None else None
+                kept = v is not None and settled(v, seen)
+                buf = None if kept else scratch(codecs.stored_nbytes, "chunk")
+                chunk = self._read_raw_span(keys[i], lo, hi, buf, nowait=nowait)
+            out[dst[i]] = fill_value if chunk is None else chunk[src[i]]
             if kept and chunk is not None:
                 if not codecs.is_raw:  # read and checked whole
                     lo, hi = 0, codecs.chunk_nbytes
@@ -724,8 +744,15 @@ class Dataset:
             _wait_groups(waiting)
 
     def _read_raw_span(
-        self, key: str, lo: int, hi: int, buf: np.ndarray | None, nowait: bool = False
-    ) -> np.ndarray | None:
+        self,
+        key: str,
+        lo: int,
+        hi: int,
+        buf: np.ndarray | None,
+        nowait: bool = False,
+        *,
+        versioned: bool = False,
+    ) -> Any:
         """Plain chunk ``key`` (see :attr:`CodecPipeline.is_plain`) with at least bytes
         ``[lo, hi)`` read, as a chunk-shaped array of the stored dtype over ``buf`` (a new
         buffer when None); None when the chunk was never written.
@@ -733,6 +760,9 @@ class Dataset:
         A raw chunk is read only from a box's first to its last element: a thin section reads
         a fraction of each chunk instead of whole chunks. A checksummed one is read whole (its
         checksum covers all of it) into ``buf`` and checked there, with no copy.
+
+        With ``versioned``, a pair: that, and the version of the object read (from the
+        store's ``versions``; None where the read cannot tell).
         """
         codecs = self.codecs
         total = codecs.stored_nbytes
@@ -740,9 +770,16 @@ class Dataset:
             lo, hi = 0, total
         if buf is None:
             buf = np.empty(total, dtype=np.uint8)
-        size = self._span_reader(key, lo, memoryview(buf)[lo:hi], nowait=nowait)
+        version = None
+        if versioned:
+            assert self._versioned_span_reader is not None
+            size, version = self._versioned_span_reader(
+                key, lo, memoryview(buf)[lo:hi], nowait=nowait
+            )
+        else:
+            size = self._span_reader(key, lo, memoryview(buf)[lo:hi], nowait=nowait)
         if size is None:
-            return None
+            return (None, None) if versioned else None
         if size != total:
             raise CodecError(
                 f"chunk {key!r} of {self._what()} holds {size} bytes, expected {total}: "
@@ -753,7 +790,8 @@ class Dataset:
                 codecs.verify(buf)
             except CodecError as exc:
                 raise type(exc)(f"{self._what()}, chunk {key!r}: {exc}") from None
-        return buf[: codecs.chunk_nbytes].view(codecs.stored_dtype).reshape(self.chunks)
+        chunk = buf[: codecs.chunk_nbytes].view(codecs.stored_dtype).reshape(self.chunks)
+        return (chunk, version) if versioned else chunk
 
     def _read_shard_box(self, key: str, box: tuple[slice, ...]) -> np.ndarray | None:
         """The box (slices, ``()`` for all) of shard ``key``, None when never written."""

@@ -105,6 +105,13 @@ class ChunkStore(abc.ABC):
         :meth:`strataio.storage.base.Backend.readinto_range`)."""
         self._lacks("partial_reads")
 
+    def read_span_versioned(
+        self, key: str, offset: int, out: memoryview, *, nowait: bool = False
+    ) -> tuple[int | None, Version | None]:
+        """(``partial_reads`` and ``versions``) :meth:`read_span`, and the version of the
+        stored chunk the bytes came from (as :meth:`chunk_versions` gives it)."""
+        self._lacks("versions")
+
     def chunk_versions(self, keys: Sequence[str]) -> list[Version | None]:
         """(``versions``) Per key a token that changes whenever the stored chunk does (None
         for a chunk never written), as :meth:`strataio.storage.base.Backend.versions`."""
@@ -168,6 +175,18 @@ class BackendChunkStore(ChunkStore):
             return self.backend.readinto_range(self._key(key), offset, out, nowait=nowait)
         except FileNotFoundError:
             return None
+        except (StrataError, BlockingIOError):
+            raise
+        except OSError as exc:
+            raise self._failed("read", key, exc) from exc
+
+    def read_span_versioned(
+        self, key: str, offset: int, out: memoryview, *, nowait: bool = False
+    ) -> tuple[int | None, Version | None]:
+        try:
+            return self.backend.readinto_range_versioned(self._key(key), offset, out, nowait=nowait)
+        except FileNotFoundError:
+            return None, None
         except (StrataError, BlockingIOError):
             raise
         except OSError as exc:
@@ -322,6 +341,13 @@ class CountingChunkStore(ChunkStore):
     ) -> int | None:
         got = self.inner.read_span(key, offset, out, nowait=nowait)
         self._count(1)  # after: a read that would block is retried, and counted then
+        return got
+
+    def read_span_versioned(
+        self, key: str, offset: int, out: memoryview, *, nowait: bool = False
+    ) -> tuple[int | None, Version | None]:
+        got = self.inner.read_span_versioned(key, offset, out, nowait=nowait)
+        self._count(1)
         return got
 
     def chunk_versions(self, keys: Sequence[str]) -> list[Version | None]:

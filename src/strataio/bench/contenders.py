@@ -263,10 +263,7 @@ class StrataioTiered(Contender):
         (reopening it would also time the rebuilding of the handle's section plans)."""
         self.ds.clear_cache()
         self.session.cache.clear()
-        # no public call forgets the checks yet: the record is the store's own dict
-        verified = getattr(self.ds.store, "_verified", None)
-        if verified is not None:
-            verified.clear()
+        self.ds.store.forget_checks()
 
     def close(self) -> None:
         if getattr(self, "ds", None) is not None:

@@ -223,6 +223,16 @@ class TieredChunkStore(ChunkStore):
                     return _copy_span(blob, offset, out)
         return _copy_span(self._whole(key), offset, out)
 
+    def verified_chunks(self) -> set[str]:
+        """Keys of the chunks whose copy a read checked whole (the verified-once rule)."""
+        return set(self._verified)
+
+    def forget_checks(self) -> None:
+        """Forget every copy checked so far: the next read of each chunk reads its copy whole
+        and checks it again, as the first read after opening the dataset does."""
+        self._verified.clear()
+        self._checked.clear()
+
     def _whole(self, key: str) -> BytesLike:
         """Chunk ``key`` read whole through :meth:`get_chunks` (every rule of a read: staging,
         failover, catalog refresh, errors naming the copies)."""
