@@ -44,7 +44,7 @@ from strataio.collective.bufspec import BufferSpec, parse_buffer
 from strataio.collective.cache_window import SharedCaches, owners_of
 from strataio.collective.choice import use_two_phase
 from strataio.collective.driver import Driver, open_driver
-from strataio.collective.hints import Hints, differences, parse_hints
+from strataio.collective.hints import Hints, differences, parse_hints, shared_digest
 from strataio.collective.independent import IndependentIO
 from strataio.collective.packed import PackedBlocks
 from strataio.collective.realm_cache import DEFAULT_PAGE, RealmCache
@@ -74,6 +74,7 @@ from strataio.layout.memo import LayoutMemo, freeze
 from strataio.layout.pieces import scratch
 
 _I64 = np.int64
+_MASK62 = (1 << 62) - 1
 _MODES = {
     "r": MPI.MODE_RDONLY,
     "r+": MPI.MODE_RDWR,
@@ -136,10 +137,29 @@ def _check_etype_alignment(ext: Extents, esize: int) -> None:
         )
 
 
+def _checked_together(comm: MPI.Comm, err: Exception | None, values: list[int]) -> bool:
+    """Agree on ``err`` and compare ``values`` across the ranks in one ``Allreduce`` (the
+    collective steps of open and set_view): raises on every rank when any rank failed (as
+    :func:`strataio.agreed.agree`), else returns whether every rank passed the same values
+    (non-negative ints below 2**62). Nothing is sent with one rank."""
+    if comm.Get_size() == 1:
+        if err is not None:
+            raise err
+        return True
+    values = [0] * len(values) if err is not None else [x & _MASK62 for x in values]
+    mine = np.array([err is not None] + [v for x in values for v in (x, -x)], dtype=_I64)
+    most = np.empty_like(mine)
+    comm.Allreduce(mine, most, op=MPI.MAX)
+    if most[0]:
+        _raise_agreed(comm, err)
+    return bool(np.all(most[1::2] == -most[2::2]))
+
+
 def _same_everywhere(comm: MPI.Comm, amode: int, hints: Hints) -> StrataError | None:
     """This rank's error if its open mode or hints differ from rank 0's (one broadcast; the
     caller agrees on the outcome). As in ROMIO, they must match: they choose the collective
-    path of every call."""
+    path of every call. (Asked only once :func:`_checked_together` found a difference: it
+    names the difference.)"""
     reference = comm.bcast((amode, hints))
     if reference is None:  # rank 0 failed already; the agreement reports it
         return None
@@ -174,6 +194,7 @@ class File:
         # transfers the mode forbids: [reads, writes]
         self._forbidden = (bool(amode & MPI.MODE_WRONLY), bool(amode & MPI.MODE_RDONLY))
         self._hints = hints
+        self._digest = shared_digest(hints)  # (set_view compares it across the ranks)
         self._policy = policy_from_hints(hints)
         # persistent file realms (romio_cb_pfr=enable): fixed at the first two-phase call
         self._realms: StripedRealms | None = None
@@ -263,18 +284,30 @@ class File:
                 hinted = dataclasses.replace(hinted, strataio_realm_cache=0)
         except Exception as exc:  # any failure here must reach the other ranks
             err = exc
-        if err is None:
-            err = _same_everywhere(comm, amode, hinted)
-        else:
-            comm.bcast(None)
-        _agree(comm, err)
-        assert hinted is not None
-        comm = comm.Dup()
         rank = comm.Get_rank()
-        # (romio_no_indep_rw: only aggregators open the file; rank 0 still creates it)
-        opens = not hinted.romio_no_indep_rw or rank in set(aggregators.tolist())
         flags = os.O_RDONLY if amode & MPI.MODE_RDONLY else os.O_RDWR
         driver: Driver | None = None
+        opens = False
+        if err is None:
+            # (romio_no_indep_rw: only aggregators open the file; rank 0 still creates it)
+            opens = not hinted.romio_no_indep_rw or rank in set(aggregators.tolist())
+            if opens and not amode & MPI.MODE_CREATE:
+                # Nothing to create: every rank opens at once and one agreement covers the
+                # arguments and the opens (opening changes no byte of the file).
+                try:
+                    driver = cls._open_driver(path, flags, amode, hinted)
+                except OSError as exc:
+                    err = _os_error(exc, path)
+        digest = shared_digest(hinted) if hinted is not None else 0
+        try:
+            if not _checked_together(comm, err, [amode, digest]):
+                _agree(comm, _same_everywhere(comm, amode, hinted))
+        except BaseException:
+            if driver is not None:
+                driver.close()
+            raise
+        assert hinted is not None
+        comm = comm.Dup()
         try:
             if rank == 0 and amode & MPI.MODE_CREATE:
                 create = flags | os.O_CREAT | (os.O_EXCL if amode & MPI.MODE_EXCL else 0)
@@ -287,23 +320,30 @@ class File:
                 if driver is not None and not opens:
                     driver.close()
                     driver = None
-            _agree(comm, err)
-            if driver is None and opens:
-                try:
-                    driver = open_driver(path, flags, 0o666, hinted)
-                except PermissionError:
-                    if not amode & MPI.MODE_WRONLY:
-                        raise
-                    driver = open_driver(path, os.O_WRONLY, 0o666, hinted)  # no sieving reads
-                except OSError as exc:
-                    err = _os_error(exc, path)
-            _agree(comm, err)
+            if amode & MPI.MODE_CREATE:
+                _agree(comm, err)
+                if driver is None and opens:
+                    try:
+                        driver = cls._open_driver(path, flags, amode, hinted)
+                    except OSError as exc:
+                        err = _os_error(exc, path)
+                _agree(comm, err)
             return cls(comm, path, driver, amode, hinted, nodes, aggregators)
         except BaseException:
             if driver is not None:
                 driver.close()
             comm.Free()
             raise
+
+    @staticmethod
+    def _open_driver(path: str, flags: int, amode: int, hints: Hints) -> Driver:
+        """This rank's driver of an existing file (``OSError`` as the system raises it)."""
+        try:
+            return open_driver(path, flags, 0o666, hints)
+        except PermissionError:
+            if not amode & MPI.MODE_WRONLY:
+                raise
+            return open_driver(path, os.O_WRONLY, 0o666, hints)  # (no sieving reads then)
 
     def close(self) -> None:
         """Close on every rank (collective); ``MODE_DELETE_ON_CLOSE`` removes the file. Closing
@@ -312,7 +352,8 @@ class File:
         that fails on any rank, every rank raises and the file stays open (the data cached)."""
         if self._closed:
             return
-        _agree(self._comm, self._write_back())
+        if self._shared is not None:  # (realm caches: on every rank or on none)
+            _agree(self._comm, self._write_back())
         self._comm.Barrier()
         if self._shared is not None:
             self._shared.free()
@@ -451,15 +492,15 @@ class File:
                 )
         except Exception as exc:  # any failure here must reach the other ranks
             err = exc
-        if err is None:
+        digest = self._digest if hinted is self._hints else shared_digest(hinted)
+        if not _checked_together(self._comm, err, [digest, esize]):
             err = _same_everywhere(self._comm, self._amode, hinted)
-        else:
-            self._comm.bcast(None)
-        sizes = self._comm.allgather(esize if err is None else -1)
-        if err is None and len(set(sizes)) > 1 and -1 not in sizes:
-            err = ViewError(f"ranks use etypes of different sizes: {sizes}")
-        _agree(self._comm, err)
+            sizes = self._comm.allgather(esize)
+            if err is None and len(set(sizes)) > 1:
+                err = ViewError(f"ranks use etypes of different sizes: {sizes}")
+            _agree(self._comm, err)
         if hinted is not self._hints:
+            self._digest = digest
             self._independent = IndependentIO(hinted)
         self._hints, self._policy = hinted, policy
         self._disp, self._esize, self._ft = disp, esize, ft

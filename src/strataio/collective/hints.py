@@ -27,6 +27,7 @@ only shown) with ``strataio_driver=shaped``.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -401,6 +402,17 @@ def parse_hints(
 PER_RANK = frozenset(
     {"romio_ds_read", "romio_ds_write", "ind_rd_buffer_size", "ind_wr_buffer_size"}
 )
+
+
+_SHARED = tuple(f.name for f in dataclasses.fields(Hints) if f.name not in PER_RANK)
+
+
+def shared_digest(hints: Hints) -> int:
+    """A 62-bit digest of the hints other than :data:`PER_RANK`: equal on two ranks when (up
+    to a collision of 2**-62) :func:`differences` finds nothing, so one ``Allreduce`` of it
+    checks a communicator."""
+    text = repr(tuple(getattr(hints, name) for name in _SHARED)).encode()
+    return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little") >> 2
 
 
 def differences(mine: Hints, reference: Hints) -> str:
