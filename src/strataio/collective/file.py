@@ -241,6 +241,11 @@ class File:
         must pass the same mode. Raises :class:`NotFoundError`, :class:`ExistsError`,
         :class:`BackendError`, :class:`~strataio.errors.HintError` or :class:`StrataError`
         (modes that differ) on every rank when any rank fails.
+
+        The arguments are agreed on before anything touches the file, and then every rank
+        opens it at once (as few collective steps as ROMIO takes: one for a file that exists,
+        two to create one, three with ``"x"``); so when creating fails on rank 0 alone,
+        another rank may already have created the empty file.
         """
         comm = MPI.COMM_SELF if comm is None else comm
         path = os.fspath(path)
@@ -309,22 +314,28 @@ class File:
         assert hinted is not None
         comm = comm.Dup()
         try:
-            if rank == 0 and amode & MPI.MODE_CREATE:
-                create = flags | os.O_CREAT | (os.O_EXCL if amode & MPI.MODE_EXCL else 0)
-                try:
-                    driver = open_driver(
-                        path, create | (os.O_TRUNC if truncate else 0), 0o666, hinted
-                    )
-                except OSError as exc:
-                    err = _os_error(exc, path)
-                if driver is not None and not opens:
-                    driver.close()
-                    driver = None
-            if amode & MPI.MODE_CREATE:
-                _agree(comm, err)
-                if driver is None and opens:
+            if amode & MPI.MODE_CREATE:  # (only now: creating or truncating changes the file)
+                # Every rank opens at once, creating the file if it is missing (rank 0 also
+                # truncates); with MODE_EXCL rank 0 alone creates it and the others open it
+                # after hearing that it did.
+                exclusive = bool(amode & MPI.MODE_EXCL)
+                if rank == 0:
+                    create = flags | os.O_CREAT | (os.O_EXCL if exclusive else 0)
                     try:
-                        driver = cls._open_driver(path, flags, amode, hinted)
+                        driver = open_driver(
+                            path, create | (os.O_TRUNC if truncate else 0), 0o666, hinted
+                        )
+                    except OSError as exc:
+                        err = _os_error(exc, path)
+                    if driver is not None and not opens:
+                        driver.close()
+                        driver = None
+                if exclusive:
+                    _agree(comm, err)
+                if driver is None and opens and rank > 0:
+                    extra = 0 if exclusive else os.O_CREAT
+                    try:
+                        driver = cls._open_driver(path, flags | extra, amode, hinted)
                     except OSError as exc:
                         err = _os_error(exc, path)
                 _agree(comm, err)
