@@ -59,6 +59,8 @@ def test_open_to_close_table(tmp_path: Path) -> None:
             # every phase's slowest rank lies within the whole step
             assert 0 < max(t["phases"].values()) <= t["max"]
             assert len(t.get("dirty MB", [])) == (3 if r["op"] == "write" else 0)
+            assert len(t["stalls ms"]) == 3 and all(len(x) == 3 for x in t["stalls ms"])
+            assert all(v >= 0 for x in t["stalls ms"] for v in x)
         best = r["best ROMIO"]
         assert r[best]["median"] == min(r["ROMIO coll"]["median"], r["ROMIO ind"]["median"])
         assert r["ratio"] == pytest.approx(r[best]["median"] / r["strataio"]["median"])

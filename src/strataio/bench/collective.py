@@ -222,6 +222,20 @@ def _meminfo_mb() -> tuple[float, float]:
     return found["Dirty:"], found["Writeback:"]
 
 
+def _stalls_ms() -> list[float]:
+    """The node's pressure-stall totals, ms (``/proc/pressure``: time some task waited for a
+    CPU, some waited for I/O, all waited for I/O); zeros where the kernel has none."""
+    out = []
+    for name, kind in (("cpu", "some"), ("io", "some"), ("io", "full")):
+        try:
+            with open(f"/proc/pressure/{name}") as f:
+                line = next(x for x in f if x.startswith(kind))
+            out.append(int(line.rsplit("total=", 1)[1]) / 1000)
+        except (OSError, StopIteration, ValueError, IndexError):
+            out.append(0.0)
+    return out
+
+
 def _step(
     comm: MPI.Comm, contender: str, case: Case, path: str, write: bool, out: np.ndarray
 ) -> np.ndarray:
@@ -291,7 +305,9 @@ def run_steps(
     one file, written once (page cache warm). A row: each contender's min / median / max
     seconds and median MB/s, the per-phase medians of the slowest rank, ratio = better ROMIO
     median / strataio median (> 1: strataio faster) and the same ratio per round (paired);
-    writes also give the node's Dirty and Writeback MB before each repetition."""
+    writes also give the node's Dirty and Writeback MB before each repetition. Every
+    repetition also records the node's pressure stalls while it ran (``stalls ms``: CPU some,
+    I/O some, I/O full; see :func:`_stalls_ms`), which tell a slow repetition's cause."""
     comm = MPI.COMM_WORLD
     rank, nprocs = comm.Get_rank(), comm.Get_size()
     base = comm.allreduce(make_case(pattern, rank, nprocs, 1.0).nbytes)
@@ -307,6 +323,7 @@ def run_steps(
         outs = {c: np.zeros_like(case.buf) for c in contenders}
         steps: dict[str, list[np.ndarray]] = {c: [] for c in contenders}
         dirty: dict[str, list[list[float]]] = {c: [] for c in contenders}
+        stalls: dict[str, list[list[float]]] = {c: [] for c in contenders}
         reference: np.ndarray | None = None
         for rep in range(reps + 1):
             turn = rep % len(contenders)
@@ -323,9 +340,13 @@ def run_steps(
                     comm.Barrier()
                 out = outs[contender]
                 out.fill(0)
+                stalled = _stalls_ms() if rank == 0 else []
                 got = _step(comm, contender, case, path, write, out)
                 if rep:
                     steps[contender].append(got)
+                    if rank == 0:
+                        after = _stalls_ms()
+                        stalls[contender].append([b - a for a, b in zip(stalled, after)])
                     if write and rank == 0:
                         dirty[contender].append(list(before))
                 if not write and rep == reps:  # every contender must read the same bytes
@@ -342,6 +363,7 @@ def run_steps(
             row[c] = _spread(t[:, 0].tolist(), nbytes)
             row[c]["phases"] = dict(zip(PHASES, np.median(t[:, 1:], axis=0).tolist()))
             row[c]["times"] = t[:, 0].tolist()
+            row[c]["stalls ms"] = stalls[c]  # (rank 0 only: what the node waited for)
             if write:
                 row[c]["dirty MB"] = dirty[c]
         best = min(("ROMIO coll", "ROMIO ind"), key=lambda c: row[c]["median"])

@@ -92,9 +92,13 @@ def collective(
     the first rank's start to the last rank's end, for contig, hpio512 and tile2d; the table
     gives min / median / max MB/s, ratio = better ROMIO median time / strataio's, and each
     phase's slowest rank (median)."""
-    chosen = list(PATTERNS) if run_all else list(patterns)
     if pipeline:
         mode = "call"
+    chosen = list(patterns)
+    if run_all:
+        chosen = [p for p in PATTERNS if mode == "call" or not p.endswith("-ind")]
+    if mode == "open-close" and any(p.endswith("-ind") for p in chosen):
+        raise click.UsageError("the *-ind patterns time independent calls: use --mode call")
     if not chosen:
         if mode == "call":
             raise click.UsageError("give --pattern (repeatable) or --all")
@@ -129,7 +133,7 @@ def collective(
 def _step_table(rows: list[dict[str, Any]]) -> None:
     """The open-to-close table: MB/s min / median / max per contender, ratio, phases."""
     table = Table(title="Collective I/O open -> close, MB/s (min / median / max of the reps)")
-    for col in ["pattern", "ranks", "op", *STEP_CONTENDERS, "ratio", "paired (IQR)"]:
+    for col in ["pattern", "ranks", "op", *STEP_CONTENDERS, "ratio", "paired (IQR)", "stalls"]:
         table.add_column(col, justify="left" if col in ("pattern", "op") else "right")
     phases = Table(title="Per phase, ms (median of the reps; slowest rank)")
     for col in ["pattern", "ranks", "op", "contender", *PHASES, "total"]:
@@ -144,7 +148,7 @@ def _step_table(rows: list[dict[str, Any]]) -> None:
         p = r["paired"]
         paired = f"{_styled(p['median'])} ({p['q1']:.2f}–{p['q3']:.2f})"
         head = [r["pattern"], str(r["ranks"]), r["op"]]
-        table.add_row(*head, *cells, _styled(r["ratio"]), paired)
+        table.add_row(*head, *cells, _styled(r["ratio"]), paired, _stalls(r["strataio"]))
         for c in ("strataio", r["best ROMIO"]):
             ph = r[c]["phases"]
             total = f"{r[c]['median'] * 1e3:.2f}"
@@ -154,9 +158,25 @@ def _step_table(rows: list[dict[str, Any]]) -> None:
     console.print(
         "ratio = better ROMIO median time / strataio median time (> 1: strataio faster); "
         "paired = the same within each round, median (quartiles); a repetition is timed from "
-        "the first rank's start to the last rank's end"
+        "the first rank's start to the last rank's end; stalls = strataio's slowest and "
+        "fastest repetition: ms, then the node's CPU / I/O pressure stalls (ms) while it ran"
     )
     console.print(phases)
+
+
+def _stalls(timed: dict[str, Any]) -> str:
+    """The slowest and the fastest repetition with the pressure stalls they met."""
+    times, stalls = timed["times"], timed.get("stalls ms") or []
+    if len(stalls) != len(times) or not times:
+        return ""
+    cells = []
+    for k in (
+        max(range(len(times)), key=times.__getitem__),
+        min(range(len(times)), key=times.__getitem__),
+    ):
+        cpu, io = stalls[k][0], stalls[k][1]
+        cells.append(f"{times[k] * 1e3:.0f}: {cpu:.0f}/{io:.0f}")
+    return "  ".join(cells)
 
 
 def _call_table(rows: list[dict[str, Any]]) -> None:

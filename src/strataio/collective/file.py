@@ -137,6 +137,47 @@ def _check_etype_alignment(ext: Extents, esize: int) -> None:
         )
 
 
+#: what open makes of the hints, by (the user's hints, ranks, node layout): parsing them and
+#: placing the aggregators costs ~0.3 ms of cold Python per open, while a program opens file
+#: after file with the same hints
+_open_memo: dict[tuple[Any, ...], tuple[Hints, np.ndarray, int]] = {}
+_OPEN_MEMO_SIZE = 64
+
+
+def _open_hints(
+    user: Mapping[str, Any] | MPI.Info | None, nprocs: int, nodes: node.NodeLayout
+) -> tuple[Hints, np.ndarray, int]:
+    """The hints an open puts in force for the user's ``user`` on ``nprocs`` ranks laid out as
+    ``nodes``, the aggregators' ranks (read-only) and the hints' :func:`shared_digest`.
+    Raises :class:`~strataio.errors.HintError` (and the like) for unusable hints."""
+    key: tuple[Any, ...] | None = None
+    if user is None or isinstance(user, Mapping):
+        items = () if user is None else tuple(sorted((str(k), str(v)) for k, v in user.items()))
+        key = (items, nprocs, nodes)
+        found = _open_memo.get(key)
+        if found is not None:
+            return found
+    hinted = parse_hints(user, nprocs, nodes=nodes.nodes)
+    policy_from_hints(hinted)  # an unknown realm policy fails here, before any open
+    names = nodes.names or (MPI.Get_processor_name(),) * nprocs
+    aggregators = config_aggregators(hinted.cb_config_list, names, hinted.cb_nodes)
+    aggregators = np.asarray(aggregators, dtype=_I64)
+    aggregators.flags.writeable = False
+    hinted = dataclasses.replace(
+        hinted,
+        cb_nodes=int(aggregators.size),
+        strataio_pipeline_groups=min(hinted.strataio_pipeline_groups, aggregators.size),
+    )
+    if not persistent(hinted):  # (a realm cache needs realms that persist)
+        hinted = dataclasses.replace(hinted, strataio_realm_cache=0)
+    found = (hinted, aggregators, shared_digest(hinted))
+    if key is not None:
+        if len(_open_memo) >= _OPEN_MEMO_SIZE:
+            _open_memo.pop(next(iter(_open_memo)))
+        _open_memo[key] = found
+    return found
+
+
 def _checked_together(comm: MPI.Comm, err: Exception | None, values: list[int]) -> bool:
     """Agree on ``err`` and compare ``values`` across the ranks in one ``Allreduce`` (the
     collective steps of open and set_view): raises on every rank when any rank failed (as
@@ -153,6 +194,45 @@ def _checked_together(comm: MPI.Comm, err: Exception | None, values: list[int]) 
     if most[0]:
         _raise_agreed(comm, err)
     return bool(np.all(most[1::2] == -most[2::2]))
+
+
+#: views found valid, by identity of their flattened etype and filetype (held here, so an
+#: id is not reused while its entry lives): a time-stepping code sets the same view every step
+_valid_views: dict[tuple[int, int], tuple[FlatType, FlatType, int]] = {}
+
+
+def _checked_view(etype: FlatType, ft: FlatType) -> int:
+    """The etype's size if ``etype`` and ``ft`` make a valid view (see :meth:`File.set_view`),
+    else raise :class:`ViewError`."""
+    known = _valid_views.get((id(etype), id(ft)))
+    if known is not None and known[0] is etype and known[1] is ft:
+        return known[2]
+    esize = etype.size
+    if esize <= 0:
+        raise ViewError("etype has size 0")
+    if ft.size % esize:
+        raise ViewError(
+            f"filetype holds {ft.size} bytes, not a whole number of {esize}-byte etypes"
+        )
+    ext = ft.extents
+    if len(ext) and (
+        int(ext.offsets.min()) < 0 or not bool(np.all(ext.offsets[1:] >= ext.ends[:-1]))
+    ):
+        raise ViewError("filetype displacements must be non-negative and non-decreasing")
+    _check_etype_alignment(ext, esize)
+    if ft.size and ft.extent <= 0:
+        raise ViewError(f"filetype extent {ft.extent} must be positive")
+    if ft.size and int(ext.offsets[0]) + ft.extent < int(ext.ends[-1]):
+        # the view repeats the filetype every extent bytes: a tile may not reach into the
+        # next one (the view's displacements would go backwards)
+        raise ViewError(
+            f"filetype tiles overlap: its data ends at byte {int(ext.ends[-1])} but the next "
+            f"tile starts at byte {int(ext.offsets[0]) + ft.extent} (extent {ft.extent})"
+        )
+    if len(_valid_views) >= 64:
+        _valid_views.pop(next(iter(_valid_views)))
+    _valid_views[(id(etype), id(ft))] = (etype, ft, esize)
+    return esize
 
 
 def _same_everywhere(comm: MPI.Comm, amode: int, hints: Hints) -> StrataError | None:
@@ -181,6 +261,7 @@ class File:
         hints: Hints,
         nodes: node.NodeLayout | None = None,
         aggregators: np.ndarray | None = None,
+        digest: int | None = None,
     ) -> None:
         self._comm = comm
         self._agreement = Agreement(comm)  # collective: every rank constructs a File
@@ -194,7 +275,8 @@ class File:
         # transfers the mode forbids: [reads, writes]
         self._forbidden = (bool(amode & MPI.MODE_WRONLY), bool(amode & MPI.MODE_RDONLY))
         self._hints = hints
-        self._digest = shared_digest(hints)  # (set_view compares it across the ranks)
+        # (set_view compares it across the ranks)
+        self._digest = shared_digest(hints) if digest is None else digest
         self._policy = policy_from_hints(hints)
         # persistent file realms (romio_cb_pfr=enable): fixed at the first two-phase call
         self._realms: StripedRealms | None = None
@@ -252,7 +334,7 @@ class File:
         nodes = node.layout(comm)  # (collective; ROMIO's default is one aggregator per node)
         err: Exception | None = None
         truncate = mode == "w"
-        amode = 0
+        amode = digest = 0
         hinted = None
         aggregators = np.zeros(0, dtype=_I64)
         try:
@@ -276,17 +358,7 @@ class File:
                     "MODE_SEQUENTIAL files allow only shared file pointers, which strataio.File "
                     "does not provide; open without it"
                 )
-            hinted = parse_hints(hints, comm.Get_size(), nodes=nodes.nodes)
-            policy_from_hints(hinted)  # an unknown realm policy fails here, before any open
-            names = nodes.names or (MPI.Get_processor_name(),) * comm.Get_size()
-            aggregators = config_aggregators(hinted.cb_config_list, names, hinted.cb_nodes)
-            hinted = dataclasses.replace(
-                hinted,
-                cb_nodes=int(aggregators.size),
-                strataio_pipeline_groups=min(hinted.strataio_pipeline_groups, aggregators.size),
-            )
-            if not persistent(hinted):  # (a realm cache needs realms that persist)
-                hinted = dataclasses.replace(hinted, strataio_realm_cache=0)
+            hinted, aggregators, digest = _open_hints(hints, comm.Get_size(), nodes)
         except Exception as exc:  # any failure here must reach the other ranks
             err = exc
         rank = comm.Get_rank()
@@ -303,7 +375,6 @@ class File:
                     driver = cls._open_driver(path, flags, amode, hinted)
                 except OSError as exc:
                     err = _os_error(exc, path)
-        digest = shared_digest(hinted) if hinted is not None else 0
         try:
             if not _checked_together(comm, err, [amode, digest]):
                 _agree(comm, _same_everywhere(comm, amode, hinted))
@@ -339,7 +410,7 @@ class File:
                     except OSError as exc:
                         err = _os_error(exc, path)
                 _agree(comm, err)
-            return cls(comm, path, driver, amode, hinted, nodes, aggregators)
+            return cls(comm, path, driver, amode, hinted, nodes, aggregators, digest)
         except BaseException:
             if driver is not None:
                 driver.close()
@@ -477,30 +548,8 @@ class File:
             disp = _integral(disp, "view displacement")
             if disp < 0:
                 raise ViewError(f"view displacement {disp} is negative")
-            esize = flatten(etype).size
             ft = flatten(filetype)
-            if esize <= 0:
-                raise ViewError("etype has size 0")
-            if ft.size % esize:
-                raise ViewError(
-                    f"filetype holds {ft.size} bytes, not a whole number of {esize}-byte etypes"
-                )
-            ext = ft.extents
-            if len(ext) and (
-                int(ext.offsets.min()) < 0 or not bool(np.all(ext.offsets[1:] >= ext.ends[:-1]))
-            ):
-                raise ViewError("filetype displacements must be non-negative and non-decreasing")
-            _check_etype_alignment(ext, esize)
-            if ft.size and ft.extent <= 0:
-                raise ViewError(f"filetype extent {ft.extent} must be positive")
-            if ft.size and int(ext.offsets[0]) + ft.extent < int(ext.ends[-1]):
-                # the view repeats the filetype every extent bytes: a tile may not reach into
-                # the next one (the view's displacements would go backwards)
-                raise ViewError(
-                    f"filetype tiles overlap: its data ends at byte {int(ext.ends[-1])} but the "
-                    f"next tile starts at byte {int(ext.offsets[0]) + ft.extent} (extent "
-                    f"{ft.extent})"
-                )
+            esize = _checked_view(flatten(etype), ft)
         except Exception as exc:  # any failure here must reach the other ranks
             err = exc
         digest = self._digest if hinted is self._hints else shared_digest(hinted)
