@@ -40,6 +40,7 @@ def test_every_pattern_at_two_ranks(tmp_path: Path) -> None:
 def test_open_to_close_table(tmp_path: Path) -> None:
     out = tmp_path / "steps.json"
     args = ["bench", "collective", "--ranks", "1,2", "--reps", "3", "--size", "1", "--sync"]
+    args += ["--pattern", "contig", "--pattern", "hpio512", "--pattern", "tile2d"]
     result = CliRunner().invoke(main, [*args, "--json", str(out)])
     assert result.exit_code == 0, result.output
     rows = json.loads(out.read_text())

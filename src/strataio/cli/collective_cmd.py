@@ -22,7 +22,7 @@ from strataio.cli.output import json_option, make_console, write_json
 from strataio.errors import StrataError
 
 #: the patterns of the open-to-close table when none is given
-STEP_PATTERNS = ["contig", "hpio512", "tile2d"]
+STEP_PATTERNS = ["contig", "hpio64", "hpio512", "hpio4096", "tile2d"]
 
 
 def _launch(nprocs: int, args: list[str], timeout: float) -> list:
@@ -89,9 +89,9 @@ def collective(
 
     By default (open-close) every repetition is open -> set_view -> read_all/write_all ->
     close (ROMIO: Open -> Set_view -> Read_all/Write_all or Read/Write -> Close), timed from
-    the first rank's start to the last rank's end, for contig, hpio512 and tile2d; the table
-    gives min / median / max MB/s, ratio = better ROMIO median time / strataio's, and each
-    phase's slowest rank (median)."""
+    the first rank's start to the last rank's end, for contig, hpio64, hpio512, hpio4096
+    and tile2d; the table gives min / median / max MB/s, ratio = better ROMIO median time /
+    strataio's, and each phase's slowest rank (median)."""
     if pipeline:
         mode = "call"
     chosen = list(patterns)
