@@ -302,7 +302,7 @@ def run_steps(
     ranks move together (each pattern scaled to it). Every write goes to a new file (the old
     one removed, untimed); with ``sync`` the node's dirty pages are written back (``os.sync``,
     untimed) before each write, so none starts behind another's writeback. All contenders read
-    one file, written once (page cache warm). A row: each contender's min / median / max
+    one file, written once (page cache warm), into one buffer. A row: each contender's min / median / max
     seconds and median MB/s, the per-phase medians of the slowest rank, ratio = better ROMIO
     median / strataio median (> 1: strataio faster) and the same ratio per round (paired);
     writes also give the node's Dirty and Writeback MB before each repetition. Every
@@ -320,7 +320,10 @@ def run_steps(
         write = op == "write"
         if not write and not os.path.exists(read_path):
             _step(comm, "ROMIO coll", case, read_path, True, case.buf)
-        outs = {c: np.zeros_like(case.buf) for c in contenders}
+        # One read buffer for every contender (zeroed before each step): buffers of their own
+        # would differ in where their pages lie (huge pages or not), which showed as a few
+        # per cent between contenders making the same system call.
+        out = np.zeros_like(case.buf)
         steps: dict[str, list[np.ndarray]] = {c: [] for c in contenders}
         dirty: dict[str, list[list[float]]] = {c: [] for c in contenders}
         stalls: dict[str, list[list[float]]] = {c: [] for c in contenders}
@@ -338,7 +341,6 @@ def run_steps(
                             os.sync()
                         before = _meminfo_mb()
                     comm.Barrier()
-                out = outs[contender]
                 out.fill(0)
                 stalled = _stalls_ms() if rank == 0 else []
                 got = _step(comm, contender, case, path, write, out)
