@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from strataio.bench.collective import CONTENDERS, PATTERNS
+from strataio.bench.collective import CONTENDERS, PATTERNS, PHASES, STEP_CONTENDERS
 from strataio.cli import main
 
 
@@ -18,6 +18,7 @@ from strataio.cli import main
 def test_every_pattern_at_two_ranks(tmp_path: Path) -> None:
     out = tmp_path / "collective.json"
     args = ["bench", "collective", "--all", "--ranks", "2", "--reps", "2", "--scale", "0.01"]
+    args += ["--mode", "call"]
     result = CliRunner().invoke(main, [*args, "--json", str(out)])
     assert result.exit_code == 0, result.output
     rows = json.loads(out.read_text())
@@ -33,6 +34,39 @@ def test_every_pattern_at_two_ranks(tmp_path: Path) -> None:
         p = r["paired"]
         assert 0 < p["q1"] <= p["median"] <= p["q3"]
     assert "paired (IQR)" in result.output
+
+
+@pytest.mark.mpi
+def test_open_to_close_table(tmp_path: Path) -> None:
+    out = tmp_path / "steps.json"
+    args = ["bench", "collective", "--ranks", "1,2", "--reps", "3", "--size", "1", "--sync"]
+    args += ["--pattern", "contig", "--pattern", "hpio512", "--pattern", "tile2d"]
+    result = CliRunner().invoke(main, [*args, "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(out.read_text())
+    assert [(r["ranks"], r["pattern"], r["op"]) for r in rows] == [
+        (n, p, op)
+        for n in (1, 2)
+        for p in ("contig", "hpio512", "tile2d")
+        for op in ("write", "read")
+    ]
+    for r in rows:
+        assert r["mode"] == "open-close" and r["bytes"] == pytest.approx(2**20, rel=0.02)
+        for c in STEP_CONTENDERS:
+            t = r[c]
+            assert len(t["times"]) == 3
+            assert t["min"] == min(t["times"]) <= t["median"] <= t["max"] == max(t["times"])
+            assert set(t["phases"]) == set(PHASES)
+            # every phase's slowest rank lies within the whole step
+            assert 0 < max(t["phases"].values()) <= t["max"]
+            assert len(t.get("dirty MB", [])) == (3 if r["op"] == "write" else 0)
+            assert len(t["stalls ms"]) == 3 and all(len(x) == 3 for x in t["stalls ms"])
+            assert all(v >= 0 for x in t["stalls ms"] for v in x)
+        best = r["best ROMIO"]
+        assert r[best]["median"] == min(r["ROMIO coll"]["median"], r["ROMIO ind"]["median"])
+        assert r["ratio"] == pytest.approx(r[best]["median"] / r["strataio"]["median"])
+        assert 0 < r["paired"]["q1"] <= r["paired"]["median"] <= r["paired"]["q3"]
+    assert "Per phase" in result.output and "paired (IQR)" in result.output
 
 
 @pytest.mark.mpi

@@ -51,6 +51,8 @@ def test_errors_agree_on_every_rank(tmp_path: Path) -> None:
         "open_modes_differ": "StrataError",
         "open_x_existing": "ExistsError",
         "open_missing": "NotFoundError",
+        "open_missing_on_one_rank": "NotFoundError",
+        "no_descriptor_left": "ok",
         "bad_hint": "HintError",
         "bad_mode": "StrataError",
         "mode_sequential": "StrataError",
@@ -399,7 +401,7 @@ def test_automatic_choice() -> None:
     assert not use_two_phase(few, "automatic", write=True)
 
 
-@pytest.mark.parametrize("how", ["scatter", "spans"])
+@pytest.mark.parametrize("how", ["scatter", "spans", "chosen"])
 def test_sieved_reads_match_brute_force(how: str, tmp_path: Path) -> None:
     from strataio.collective.driver import PosixDriver
     from strataio.collective.fileio import ReadPlan
@@ -424,6 +426,8 @@ def test_sieved_reads_match_brute_force(how: str, tmp_path: Path) -> None:
             ext = Extents(offs, lens, mem)
             if how == "scatter":
                 ReadPlan(ext, 0, hole, scatter=True).run(driver, out)
+            elif how == "chosen":
+                ReadPlan(ext, int(rng.integers(1, 5000)), hole).run(driver, out)
             else:
                 span = int(rng.integers(1, 5000))
                 ReadPlan(ext, span, hole, scatter=False).run(driver, out)
@@ -434,6 +438,22 @@ def test_sieved_reads_match_brute_force(how: str, tmp_path: Path) -> None:
         expect = np.empty_like(out)
         expect[np.repeat(mem, lens) + within] = full[np.repeat(offs, lens) + within]
         assert np.array_equal(out, expect)
+
+
+def test_read_plans_stage_dense_small_pieces_and_scatter_sparse_large_ones() -> None:
+    from strataio.collective.fileio import _scatters
+    from strataio.layout.extents import Extents
+
+    def strided(piece: int, hole: int, n: int = 1000) -> Extents:
+        return Extents(np.arange(n) * (piece + hole), np.full(n, piece), np.arange(n) * piece)
+
+    # the measured cases (see fileio.SCATTER_PIECE)
+    assert not _scatters(strided(512, 128))  # HPIO 512 B at one rank
+    assert not _scatters(strided(512, 768))  # ... at two ranks
+    assert not _scatters(strided(4096, 128))  # holes short next to the pieces
+    assert not _scatters(strided(64, 8192))  # small pieces
+    assert _scatters(strided(4096, 4096)) and _scatters(strided(1024, 2048))
+    assert _scatters(strided(1 << 20, 0, 1))  # one piece
 
 
 @pytest.mark.parametrize("ds", ["automatic", "enable", "disable"])

@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 from mpi4py import MPI
 
-from strataio.collective.hints import Hints, differences, parse_config_list, parse_hints
+from strataio.collective.hints import (
+    Hints,
+    differences,
+    parse_config_list,
+    parse_hints,
+    shared_digest,
+)
 from strataio.errors import HintError, StrataError
 
 
@@ -16,10 +22,12 @@ def test_defaults_are_romios(tmp_path):
     info.Free()
     fh.Close()
     ours = parse_hints(None, nprocs=4).as_dict()
-    # (the one deliberate difference: two-phase sieving follows the rule measured here, not
-    # ROMIO's "0", sieve every window; the percent is ROMIO's when given)
+    # (the deliberate differences: two-phase sieving follows the rule measured here, not
+    # ROMIO's "0", sieve every window; the percent is ROMIO's when given; and independent
+    # sieving writes spans of 1 MiB, not 512 KiB, measured faster: see Hints)
     assert romio["romio_cb_ds_threshold"] == "0" and ours["romio_cb_ds_threshold"] == "automatic"
-    shared = set(ours) & set(romio) - {"romio_cb_ds_threshold"}
+    assert romio["ind_wr_buffer_size"] == "524288" and ours["ind_wr_buffer_size"] == "1048576"
+    shared = set(ours) & set(romio) - {"romio_cb_ds_threshold", "ind_wr_buffer_size"}
     assert {"cb_buffer_size", "cb_nodes", "ind_rd_buffer_size", "romio_ds_write"} <= shared
     assert {k: ours[k] for k in shared} == {k: romio[k] for k in shared}
 
@@ -70,6 +78,19 @@ def test_hints_over_a_base_and_their_differences():
     assert parse_hints({"cb_nodes": "8"}, nprocs=4).cb_nodes == 4  # clamped at open
     assert differences(more, more) == ""
     assert differences(more, base) == "romio_cb_write=enable (against automatic)"
+
+
+def test_shared_digest_tells_hints_apart_as_differences_does():
+    base = parse_hints({"cb_buffer_size": "1048576"}, nprocs=4)
+    again = parse_hints({"cb_buffer_size": "1048576"}, nprocs=4)
+    assert shared_digest(base) == shared_digest(again)
+    assert 0 <= shared_digest(base) < 2**62
+    for key, value in [("romio_cb_write", "enable"), ("cb_buffer_size", "2097152")]:
+        other = parse_hints({key: value}, nprocs=4, base=base)
+        assert differences(other, base) and shared_digest(other) != shared_digest(base)
+    # a rank's own independent I/O may differ: not part of the digest
+    own = parse_hints({"ind_rd_buffer_size": "65536", "romio_ds_read": "disable"}, 4, base=base)
+    assert differences(own, base) == "" and shared_digest(own) == shared_digest(base)
 
 
 def test_default_aggregators_are_one_per_node():

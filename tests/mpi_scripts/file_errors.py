@@ -103,6 +103,11 @@ def main(workdir: str) -> None:
     res["open_x_existing"] = outcome(lambda: strataio.File.open(comm, path, "x"))
     missing = os.path.join(workdir, "missing.bin")
     res["open_missing"] = outcome(lambda: strataio.File.open(comm, missing, "r"))
+    # an existing file opens on rank 0 before the agreement; that descriptor is closed again
+    fds = len(os.listdir("/proc/self/fd"))
+    one_missing = path if rank == 0 else missing
+    res["open_missing_on_one_rank"] = outcome(lambda: strataio.File.open(comm, one_missing, "r"))
+    res["no_descriptor_left"] = "ok" if len(os.listdir("/proc/self/fd")) == fds else "leak"
     bad_hint = {"cb_buffer_size": "lots"} if rank == 1 else {}
     res["bad_hint"] = outcome(lambda: strataio.File.open(comm, path, "r", hints=bad_hint))
     res["bad_mode"] = outcome(lambda: strataio.File.open(comm, path, "rw"))

@@ -200,6 +200,190 @@ def _one(
     return slowest, wall, chosen
 
 
+# ---------------------------------------------------------------- open to close (the default)
+#: contenders of the open-to-close mode: strataio as a user runs it (default hints), ROMIO's
+#: collective call (``Read_all`` / ``Write_all``, collective buffering on) and ROMIO's
+#: independent call (``Read`` / ``Write``) on the same view
+STEP_CONTENDERS = ["strataio", "ROMIO coll", "ROMIO ind"]
+PHASES = ["open", "set_view", "transfer", "close"]
+
+
+def _meminfo_mb() -> tuple[float, float]:
+    """The node's (Dirty, Writeback) page-cache MB (``/proc/meminfo``; zeros elsewhere)."""
+    found = {"Dirty:": 0.0, "Writeback:": 0.0}
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                key = line.split(None, 1)[0]
+                if key in found:
+                    found[key] = int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return found["Dirty:"], found["Writeback:"]
+
+
+def _stalls_ms() -> list[float]:
+    """The node's pressure-stall totals, ms (``/proc/pressure``: time some task waited for a
+    CPU, some waited for I/O, all waited for I/O); zeros where the kernel has none."""
+    out = []
+    for name, kind in (("cpu", "some"), ("io", "some"), ("io", "full")):
+        try:
+            with open(f"/proc/pressure/{name}") as f:
+                line = next(x for x in f if x.startswith(kind))
+            out.append(int(line.rsplit("total=", 1)[1]) / 1000)
+        except (OSError, StopIteration, ValueError, IndexError):
+            out.append(0.0)
+    return out
+
+
+def _step(
+    comm: MPI.Comm, contender: str, case: Case, path: str, write: bool, out: np.ndarray
+) -> np.ndarray:
+    """One open -> set_view -> read_all/write_all (or read/write) -> close of ``contender``,
+    timed on the node's monotonic clock after a barrier. Returns (first rank's start to last
+    rank's end, then each phase's slowest rank), in seconds, on every rank."""
+    spec = [case.buf if write else out, case.count, case.memtype]
+    clock = time.monotonic
+    if contender == "strataio":
+        comm.Barrier()
+        t0 = clock()
+        f = strataio.File.open(comm, path, "w" if write else "r")
+        t1 = clock()
+        f.set_view(case.disp, case.etype, case.filetype)
+        t2 = clock()
+        (f.write_all if write else f.read_all)(spec)
+        t3 = clock()
+        f.close()
+    else:
+        coll = contender == "ROMIO coll"
+        info = MPI.Info.Create()
+        if coll:
+            info.Set("romio_cb_write" if write else "romio_cb_read", "enable")
+        amode = MPI.MODE_RDWR | MPI.MODE_CREATE if write else MPI.MODE_RDONLY
+        comm.Barrier()
+        t0 = clock()
+        fh = MPI.File.Open(comm, path, amode, info)
+        t1 = clock()
+        fh.Set_view(case.disp, case.etype, case.filetype, "native", info)
+        t2 = clock()
+        if write:
+            (fh.Write_all if coll else fh.Write)(spec)
+        else:
+            (fh.Read_all if coll else fh.Read)(spec)
+        t3 = clock()
+        fh.Close()
+        info.Free()
+    t4 = clock()
+    mine = np.array([-t0, t4, t1 - t0, t2 - t1, t3 - t2, t4 - t3])
+    worst = np.empty_like(mine)
+    comm.Allreduce(mine, worst, op=MPI.MAX)
+    return np.concatenate(([worst[0] + worst[1]], worst[2:]))
+
+
+def _spread(seconds: list[float], nbytes: int) -> dict[str, float]:
+    """min / median / max seconds of the repetitions and the median's MB/s."""
+    med = statistics.median(seconds)
+    return {
+        "min": min(seconds), "median": med, "max": max(seconds),
+        "MB/s": nbytes / med / 1e6 if med > 0 else float("nan"),
+    }  # fmt: skip
+
+
+def run_steps(
+    pattern: str,
+    reps: int,
+    workdir: str,
+    total: int,
+    ops: tuple[str, ...] = ("write", "read"),
+    sync: bool = False,
+) -> list[dict[str, Any]]:
+    """Time ``pattern`` open to close: ``reps`` repetitions per contender and op, round-robin
+    after an untimed round, each round starting one contender later. ``total``: the bytes all
+    ranks move together (each pattern scaled to it). Every write goes to a new file (the old
+    one removed, untimed); with ``sync`` the node's dirty pages are written back (``os.sync``,
+    untimed) before each write, so none starts behind another's writeback. All contenders read
+    one file, written once (page cache warm), into one buffer. A row: each contender's min / median / max
+    seconds and median MB/s, the per-phase medians of the slowest rank, ratio = better ROMIO
+    median / strataio median (> 1: strataio faster) and the same ratio per round (paired);
+    writes also give the node's Dirty and Writeback MB before each repetition. Every
+    repetition also records the node's pressure stalls while it ran (``stalls ms``: CPU some,
+    I/O some, I/O full; see :func:`_stalls_ms`), which tell a slow repetition's cause."""
+    comm = MPI.COMM_WORLD
+    rank, nprocs = comm.Get_rank(), comm.Get_size()
+    base = comm.allreduce(make_case(pattern, rank, nprocs, 1.0).nbytes)
+    case = make_case(pattern, rank, nprocs, total / base)
+    nbytes = comm.allreduce(case.nbytes)
+    contenders = STEP_CONTENDERS
+    rows = []
+    read_path = os.path.join(workdir, f"{pattern}.read")
+    for op in ops:
+        write = op == "write"
+        if not write and not os.path.exists(read_path):
+            _step(comm, "ROMIO coll", case, read_path, True, case.buf)
+        # One read buffer for every contender (zeroed before each step): buffers of their own
+        # would differ in where their pages lie (huge pages or not), which showed as a few
+        # per cent between contenders making the same system call.
+        out = np.zeros_like(case.buf)
+        steps: dict[str, list[np.ndarray]] = {c: [] for c in contenders}
+        dirty: dict[str, list[list[float]]] = {c: [] for c in contenders}
+        stalls: dict[str, list[list[float]]] = {c: [] for c in contenders}
+        reference: np.ndarray | None = None
+        for rep in range(reps + 1):
+            turn = rep % len(contenders)
+            for contender in contenders[turn:] + contenders[:turn]:
+                path = read_path
+                if write:
+                    path = os.path.join(workdir, f"{pattern}.{contender.replace(' ', '_')}")
+                    if rank == 0:
+                        if os.path.exists(path):
+                            os.unlink(path)
+                        if sync:
+                            os.sync()
+                        before = _meminfo_mb()
+                    comm.Barrier()
+                out.fill(0)
+                stalled = _stalls_ms() if rank == 0 else []
+                got = _step(comm, contender, case, path, write, out)
+                if rep:
+                    steps[contender].append(got)
+                    if rank == 0:
+                        after = _stalls_ms()
+                        stalls[contender].append([b - a for a, b in zip(stalled, after)])
+                    if write and rank == 0:
+                        dirty[contender].append(list(before))
+                if not write and rep == reps:  # every contender must read the same bytes
+                    if reference is None:
+                        reference = out.copy()
+                    elif not np.array_equal(out, reference):
+                        raise SystemExit(f"{pattern}: {contender} read different data")
+        row: dict[str, Any] = {
+            "pattern": pattern, "ranks": nprocs, "op": op, "bytes": nbytes, "reps": reps,
+            "mode": "open-close", "sync": sync,
+        }  # fmt: skip
+        for c in contenders:
+            t = np.array(steps[c])
+            row[c] = _spread(t[:, 0].tolist(), nbytes)
+            row[c]["phases"] = dict(zip(PHASES, np.median(t[:, 1:], axis=0).tolist()))
+            row[c]["times"] = t[:, 0].tolist()
+            row[c]["stalls ms"] = stalls[c]  # (rank 0 only: what the node waited for)
+            if write:
+                row[c]["dirty MB"] = dirty[c]
+        best = min(("ROMIO coll", "ROMIO ind"), key=lambda c: row[c]["median"])
+        row["best ROMIO"] = best
+        row["ratio"] = row[best]["median"] / row["strataio"]["median"]
+        paired = [b[0] / s[0] for s, b in zip(steps["strataio"], steps[best])]
+        q1, med, q3 = np.percentile(paired, [25, 50, 75])
+        row["paired"] = {"median": float(med), "q1": float(q1), "q3": float(q3)}
+        rows.append(row)
+    comm.Barrier()
+    if rank == 0:
+        for name in os.listdir(workdir):
+            if name.startswith(pattern + "."):
+                os.unlink(os.path.join(workdir, name))
+    return rows
+
+
+# ---------------------------------------------------------------- one call (--mode call)
 def run(
     pattern: str, reps: int, workdir: str, scale: float, contenders: list[str] | None = None
 ) -> list[dict[str, Any]]:
@@ -294,6 +478,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scale", type=float, default=1.0)
     ap.add_argument("--dir", default=None)
     ap.add_argument("--pipeline", default="", help="comma-separated group counts")
+    ap.add_argument("--mode", choices=["open-close", "call"], default="open-close")
+    ap.add_argument("--size", type=float, default=64.0, help="MiB all ranks move (open-close)")
+    ap.add_argument("--op", choices=["write", "read"], action="append")
+    ap.add_argument("--sync", action="store_true", help="os.sync() before each timed write")
     args = ap.parse_args(argv)
     groups = [int(g) for g in args.pipeline.split(",") if g.strip()]
     contenders = pipeline_contenders(groups) if groups else None
@@ -303,7 +491,12 @@ def main(argv: list[str] | None = None) -> int:
         workdir = comm.bcast(tempfile.mkdtemp(prefix="strataio-bench-") if comm.rank == 0 else None)
     rows = []
     for pattern in args.pattern:
-        rows += run(pattern, args.reps, workdir, args.scale, contenders)
+        if args.mode == "call":
+            rows += run(pattern, args.reps, workdir, args.scale, contenders)
+        else:
+            ops = tuple(args.op or ("write", "read"))
+            total = int(args.size * 2**20)
+            rows += run_steps(pattern, args.reps, workdir, total, ops, args.sync)
     if comm.Get_rank() == 0:
         print(json.dumps(rows))
         if args.dir is None:

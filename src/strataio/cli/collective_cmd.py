@@ -2,41 +2,34 @@
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
+from typing import Any
 
 import click
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from strataio.bench.collective import CONTENDERS, PATTERNS, pipeline_contenders
+from strataio.bench.collective import (
+    CONTENDERS,
+    PATTERNS,
+    PHASES,
+    STEP_CONTENDERS,
+    pipeline_contenders,
+)
+from strataio.bench.mpi import run_ranks
 from strataio.cli import bench
 from strataio.cli.output import json_option, make_console, write_json
+from strataio.errors import StrataError
+
+#: the patterns of the open-to-close table when none is given
+STEP_PATTERNS = ["contig", "hpio64", "hpio512", "hpio4096", "tile2d"]
 
 
-def _mpiexec() -> str:
-    here = Path(sys.executable).parent / "mpiexec"
-    return str(here) if here.exists() else (shutil.which("mpiexec") or "mpiexec")
-
-
-def _launch(
-    nprocs: int, patterns: list[str], reps: int, scale: float, timeout: float, pipeline: str = ""
-) -> list:
-    cmd = [_mpiexec(), "-n", str(nprocs), sys.executable, "-m", "strataio.bench.collective"]
-    for p in patterns:
-        cmd += ["--pattern", p]
-    cmd += ["--reps", str(reps), "--scale", str(scale)]
-    if pipeline:
-        cmd += ["--pipeline", pipeline]
-    env = dict(os.environ)
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
-    if proc.returncode != 0:
-        raise click.ClickException(f"mpiexec -n {nprocs} failed:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+def _launch(nprocs: int, args: list[str], timeout: float) -> list:
+    try:
+        return run_ranks(nprocs, "strataio.bench.collective", args, timeout)
+    except StrataError as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 def _styled(ratio: float) -> str:
@@ -48,37 +41,145 @@ def _styled(ratio: float) -> str:
 @click.option("--pattern", "patterns", multiple=True, type=click.Choice(PATTERNS))
 @click.option("--all", "run_all", is_flag=True, help="Every pattern.")
 @click.option("--ranks", default="1,2,4", show_default=True, help="Comma-separated rank counts.")
-@click.option("--reps", default=5, show_default=True, help="Repetitions (median reported).")
-@click.option("--scale", default=1.0, show_default=True, help="Scale every pattern's size.")
+@click.option(
+    "--mode",
+    type=click.Choice(["open-close", "call"]),
+    default="open-close",
+    show_default=True,
+    help="open-close: each repetition opens, sets the view, reads or writes, closes, timed "
+    "from the first rank's start to the last rank's end; call: only the *_all call on an "
+    "open file.",
+)
+@click.option("--reps", default=7, show_default=True, help="Repetitions per contender.")
+@click.option("--size", default=64.0, show_default=True, help="MiB moved in all (open-close).")
+@click.option("--scale", default=1.0, show_default=True, help="Scale every pattern (call).")
+@click.option(
+    "--op", "ops", multiple=True, type=click.Choice(["write", "read"]), help="Default both."
+)
+@click.option(
+    "--sync/--no-sync",
+    default=False,
+    show_default=True,
+    help="Write the node's dirty pages back (os.sync, untimed) before each timed write.",
+)
 @json_option
 @click.option("--timeout", default=600.0, show_default=True, help="Seconds per mpiexec launch.")
 @click.option(
     "--pipeline",
     default="",
     help="Group counts, e.g. 1,2,4: time strataio's pipelined two-phase I/O at each "
-    "(every rank aggregates) against G = 1 and ROMIO.",
+    "(every rank aggregates) against G = 1 and ROMIO (call mode).",
 )
 def collective(
     patterns: tuple[str, ...],
     run_all: bool,
     ranks: str,
+    mode: str,
     reps: int,
+    size: float,
     scale: float,
+    ops: tuple[str, ...],
+    sync: bool,
     json_path: Path | None,
     timeout: float,
     pipeline: str,
 ) -> None:
-    """Collective write/read MB/s: strataio vs ROMIO collective and independent, same job."""
-    chosen = list(PATTERNS) if run_all else list(patterns)
+    """Collective write/read: strataio.File against ROMIO's collective and independent calls,
+    same job, same view, same file state.
+
+    By default (open-close) every repetition is open -> set_view -> read_all/write_all ->
+    close (ROMIO: Open -> Set_view -> Read_all/Write_all or Read/Write -> Close), timed from
+    the first rank's start to the last rank's end, for contig, hpio64, hpio512, hpio4096
+    and tile2d; the table gives min / median / max MB/s, ratio = better ROMIO median time /
+    strataio's, and each phase's slowest rank (median)."""
+    if pipeline:
+        mode = "call"
+    chosen = list(patterns)
+    if run_all:
+        chosen = [p for p in PATTERNS if mode == "call" or not p.endswith("-ind")]
+    if mode == "open-close" and any(p.endswith("-ind") for p in chosen):
+        raise click.UsageError("the *-ind patterns time independent calls: use --mode call")
     if not chosen:
-        raise click.UsageError("give --pattern (repeatable) or --all")
-    rows = []
-    for n in [int(x) for x in ranks.split(",") if x.strip()]:
-        rows += _launch(n, chosen, reps, scale, timeout, pipeline)
+        if mode == "call":
+            raise click.UsageError("give --pattern (repeatable) or --all")
+        chosen = STEP_PATTERNS
+    counts = [int(x) for x in ranks.split(",") if x.strip()]
+    base = ["--reps", str(reps), "--mode", mode]
+    if mode == "call":
+        base += ["--scale", str(scale)] + (["--pipeline", pipeline] if pipeline else [])
+    else:
+        base += ["--size", str(size)] + [a for op in ops for a in ("--op", op)]
+        base += ["--sync"] if sync else []
+    rows: list[dict[str, Any]] = []
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+        TimeElapsedColumn(), console=make_console(stderr=True), transient=True,
+    ) as progress:  # fmt: skip
+        task = progress.add_task("collective", total=len(counts) * len(chosen))
+        for n in counts:
+            for p in chosen:
+                progress.update(task, description=f"{p} at {n} rank{'s' * (n > 1)}")
+                rows += _launch(n, ["--pattern", p, *base], timeout)
+                progress.advance(task)
     if pipeline:
         _pipeline_table(rows, [int(g) for g in pipeline.split(",") if g.strip()])
-        write_json(json_path, rows)
-        return
+    elif mode == "call":
+        _call_table(rows)
+    else:
+        _step_table(rows)
+    write_json(json_path, rows)
+
+
+def _step_table(rows: list[dict[str, Any]]) -> None:
+    """The open-to-close table: MB/s min / median / max per contender, ratio, phases."""
+    table = Table(title="Collective I/O open -> close, MB/s (min / median / max of the reps)")
+    for col in ["pattern", "ranks", "op", *STEP_CONTENDERS, "ratio", "paired (IQR)", "stalls"]:
+        table.add_column(col, justify="left" if col in ("pattern", "op") else "right")
+    phases = Table(title="Per phase, ms (median of the reps; slowest rank)")
+    for col in ["pattern", "ranks", "op", "contender", *PHASES, "total"]:
+        phases.add_column(col, justify="left" if col in ("pattern", "op", "contender") else "right")
+    for r in rows:
+        mb = r["bytes"] / 1e6
+        cells = [
+            f"{mb / r[c]['max']:.0f} / [bold]{mb / r[c]['median']:.0f}[/bold] / "
+            f"{mb / r[c]['min']:.0f}"
+            for c in STEP_CONTENDERS
+        ]
+        p = r["paired"]
+        paired = f"{_styled(p['median'])} ({p['q1']:.2f}–{p['q3']:.2f})"
+        head = [r["pattern"], str(r["ranks"]), r["op"]]
+        table.add_row(*head, *cells, _styled(r["ratio"]), paired, _stalls(r["strataio"]))
+        for c in ("strataio", r["best ROMIO"]):
+            ph = r[c]["phases"]
+            total = f"{r[c]['median'] * 1e3:.2f}"
+            phases.add_row(*head, c, *[f"{ph[k] * 1e3:.2f}" for k in PHASES], total)
+    console = make_console()
+    console.print(table)
+    console.print(
+        "ratio = better ROMIO median time / strataio median time (> 1: strataio faster); "
+        "paired = the same within each round, median (quartiles); a repetition is timed from "
+        "the first rank's start to the last rank's end; stalls = strataio's slowest and "
+        "fastest repetition: ms, then the node's CPU / I/O pressure stalls (ms) while it ran"
+    )
+    console.print(phases)
+
+
+def _stalls(timed: dict[str, Any]) -> str:
+    """The slowest and the fastest repetition with the pressure stalls they met."""
+    times, stalls = timed["times"], timed.get("stalls ms") or []
+    if len(stalls) != len(times) or not times:
+        return ""
+    cells = []
+    for k in (
+        max(range(len(times)), key=times.__getitem__),
+        min(range(len(times)), key=times.__getitem__),
+    ):
+        cpu, io = stalls[k][0], stalls[k][1]
+        cells.append(f"{times[k] * 1e3:.0f}: {cpu:.0f}/{io:.0f}")
+    return "  ".join(cells)
+
+
+def _call_table(rows: list[dict[str, Any]]) -> None:
     table = Table(title="Collective I/O, aggregate MB/s (median; slowest rank)")
     columns = ["pattern", "ranks", "op", *CONTENDERS, "path", "ratio", "paired (IQR)", "ratio wall"]
     for col in columns:
@@ -97,7 +198,6 @@ def collective(
         "the better of the two, median (quartiles); ratio wall = ratio with each call timed "
         "from the first rank's start to the last rank's end"
     )
-    write_json(json_path, rows)
 
 
 def _pipeline_table(rows: list, groups: list[int]) -> None:

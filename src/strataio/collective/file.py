@@ -44,7 +44,7 @@ from strataio.collective.bufspec import BufferSpec, parse_buffer
 from strataio.collective.cache_window import SharedCaches, owners_of
 from strataio.collective.choice import use_two_phase
 from strataio.collective.driver import Driver, open_driver
-from strataio.collective.hints import Hints, differences, parse_hints
+from strataio.collective.hints import Hints, differences, parse_hints, shared_digest
 from strataio.collective.independent import IndependentIO
 from strataio.collective.packed import PackedBlocks
 from strataio.collective.realm_cache import DEFAULT_PAGE, RealmCache
@@ -74,6 +74,7 @@ from strataio.layout.memo import LayoutMemo, freeze
 from strataio.layout.pieces import scratch
 
 _I64 = np.int64
+_MASK62 = (1 << 62) - 1
 _MODES = {
     "r": MPI.MODE_RDONLY,
     "r+": MPI.MODE_RDWR,
@@ -136,10 +137,109 @@ def _check_etype_alignment(ext: Extents, esize: int) -> None:
         )
 
 
+#: what open makes of the hints, by (the user's hints, ranks, node layout): parsing them and
+#: placing the aggregators costs ~0.3 ms of cold Python per open, while a program opens file
+#: after file with the same hints
+_open_memo: dict[tuple[Any, ...], tuple[Hints, np.ndarray, int]] = {}
+_OPEN_MEMO_SIZE = 64
+
+
+def _open_hints(
+    user: Mapping[str, Any] | MPI.Info | None, nprocs: int, nodes: node.NodeLayout
+) -> tuple[Hints, np.ndarray, int]:
+    """The hints an open puts in force for the user's ``user`` on ``nprocs`` ranks laid out as
+    ``nodes``, the aggregators' ranks (read-only) and the hints' :func:`shared_digest`.
+    Raises :class:`~strataio.errors.HintError` (and the like) for unusable hints."""
+    key: tuple[Any, ...] | None = None
+    if user is None or isinstance(user, Mapping):
+        items = () if user is None else tuple(sorted((str(k), str(v)) for k, v in user.items()))
+        key = (items, nprocs, nodes)
+        found = _open_memo.get(key)
+        if found is not None:
+            return found
+    hinted = parse_hints(user, nprocs, nodes=nodes.nodes)
+    policy_from_hints(hinted)  # an unknown realm policy fails here, before any open
+    names = nodes.names or (MPI.Get_processor_name(),) * nprocs
+    aggregators = config_aggregators(hinted.cb_config_list, names, hinted.cb_nodes)
+    aggregators = np.asarray(aggregators, dtype=_I64)
+    aggregators.flags.writeable = False
+    hinted = dataclasses.replace(
+        hinted,
+        cb_nodes=int(aggregators.size),
+        strataio_pipeline_groups=min(hinted.strataio_pipeline_groups, aggregators.size),
+    )
+    if not persistent(hinted):  # (a realm cache needs realms that persist)
+        hinted = dataclasses.replace(hinted, strataio_realm_cache=0)
+    found = (hinted, aggregators, shared_digest(hinted))
+    if key is not None:
+        if len(_open_memo) >= _OPEN_MEMO_SIZE:
+            _open_memo.pop(next(iter(_open_memo)))
+        _open_memo[key] = found
+    return found
+
+
+def _checked_together(comm: MPI.Comm, err: Exception | None, values: list[int]) -> bool:
+    """Agree on ``err`` and compare ``values`` across the ranks in one ``Allreduce`` (the
+    collective steps of open and set_view): raises on every rank when any rank failed (as
+    :func:`strataio.agreed.agree`), else returns whether every rank passed the same values
+    (non-negative ints below 2**62). Nothing is sent with one rank."""
+    if comm.Get_size() == 1:
+        if err is not None:
+            raise err
+        return True
+    values = [0] * len(values) if err is not None else [x & _MASK62 for x in values]
+    mine = np.array([err is not None] + [v for x in values for v in (x, -x)], dtype=_I64)
+    most = np.empty_like(mine)
+    comm.Allreduce(mine, most, op=MPI.MAX)
+    if most[0]:
+        _raise_agreed(comm, err)
+    return bool(np.all(most[1::2] == -most[2::2]))
+
+
+#: views found valid, by identity of their flattened etype and filetype (held here, so an
+#: id is not reused while its entry lives): a time-stepping code sets the same view every step
+_valid_views: dict[tuple[int, int], tuple[FlatType, FlatType, int]] = {}
+
+
+def _checked_view(etype: FlatType, ft: FlatType) -> int:
+    """The etype's size if ``etype`` and ``ft`` make a valid view (see :meth:`File.set_view`),
+    else raise :class:`ViewError`."""
+    known = _valid_views.get((id(etype), id(ft)))
+    if known is not None and known[0] is etype and known[1] is ft:
+        return known[2]
+    esize = etype.size
+    if esize <= 0:
+        raise ViewError("etype has size 0")
+    if ft.size % esize:
+        raise ViewError(
+            f"filetype holds {ft.size} bytes, not a whole number of {esize}-byte etypes"
+        )
+    ext = ft.extents
+    if len(ext) and (
+        int(ext.offsets.min()) < 0 or not bool(np.all(ext.offsets[1:] >= ext.ends[:-1]))
+    ):
+        raise ViewError("filetype displacements must be non-negative and non-decreasing")
+    _check_etype_alignment(ext, esize)
+    if ft.size and ft.extent <= 0:
+        raise ViewError(f"filetype extent {ft.extent} must be positive")
+    if ft.size and int(ext.offsets[0]) + ft.extent < int(ext.ends[-1]):
+        # the view repeats the filetype every extent bytes: a tile may not reach into the
+        # next one (the view's displacements would go backwards)
+        raise ViewError(
+            f"filetype tiles overlap: its data ends at byte {int(ext.ends[-1])} but the next "
+            f"tile starts at byte {int(ext.offsets[0]) + ft.extent} (extent {ft.extent})"
+        )
+    if len(_valid_views) >= 64:
+        _valid_views.pop(next(iter(_valid_views)))
+    _valid_views[(id(etype), id(ft))] = (etype, ft, esize)
+    return esize
+
+
 def _same_everywhere(comm: MPI.Comm, amode: int, hints: Hints) -> StrataError | None:
     """This rank's error if its open mode or hints differ from rank 0's (one broadcast; the
     caller agrees on the outcome). As in ROMIO, they must match: they choose the collective
-    path of every call."""
+    path of every call. (Asked only once :func:`_checked_together` found a difference: it
+    names the difference.)"""
     reference = comm.bcast((amode, hints))
     if reference is None:  # rank 0 failed already; the agreement reports it
         return None
@@ -161,6 +261,7 @@ class File:
         hints: Hints,
         nodes: node.NodeLayout | None = None,
         aggregators: np.ndarray | None = None,
+        digest: int | None = None,
     ) -> None:
         self._comm = comm
         self._agreement = Agreement(comm)  # collective: every rank constructs a File
@@ -174,6 +275,8 @@ class File:
         # transfers the mode forbids: [reads, writes]
         self._forbidden = (bool(amode & MPI.MODE_WRONLY), bool(amode & MPI.MODE_RDONLY))
         self._hints = hints
+        # (set_view compares it across the ranks)
+        self._digest = shared_digest(hints) if digest is None else digest
         self._policy = policy_from_hints(hints)
         # persistent file realms (romio_cb_pfr=enable): fixed at the first two-phase call
         self._realms: StripedRealms | None = None
@@ -220,13 +323,18 @@ class File:
         must pass the same mode. Raises :class:`NotFoundError`, :class:`ExistsError`,
         :class:`BackendError`, :class:`~strataio.errors.HintError` or :class:`StrataError`
         (modes that differ) on every rank when any rank fails.
+
+        The arguments are agreed on before anything touches the file, and then every rank
+        opens it at once (as few collective steps as ROMIO takes: one for a file that exists,
+        two to create one, three with ``"x"``); so when creating fails on rank 0 alone,
+        another rank may already have created the empty file.
         """
         comm = MPI.COMM_SELF if comm is None else comm
         path = os.fspath(path)
         nodes = node.layout(comm)  # (collective; ROMIO's default is one aggregator per node)
         err: Exception | None = None
         truncate = mode == "w"
-        amode = 0
+        amode = digest = 0
         hinted = None
         aggregators = np.zeros(0, dtype=_I64)
         try:
@@ -250,60 +358,74 @@ class File:
                     "MODE_SEQUENTIAL files allow only shared file pointers, which strataio.File "
                     "does not provide; open without it"
                 )
-            hinted = parse_hints(hints, comm.Get_size(), nodes=nodes.nodes)
-            policy_from_hints(hinted)  # an unknown realm policy fails here, before any open
-            names = nodes.names or (MPI.Get_processor_name(),) * comm.Get_size()
-            aggregators = config_aggregators(hinted.cb_config_list, names, hinted.cb_nodes)
-            hinted = dataclasses.replace(
-                hinted,
-                cb_nodes=int(aggregators.size),
-                strataio_pipeline_groups=min(hinted.strataio_pipeline_groups, aggregators.size),
-            )
-            if not persistent(hinted):  # (a realm cache needs realms that persist)
-                hinted = dataclasses.replace(hinted, strataio_realm_cache=0)
+            hinted, aggregators, digest = _open_hints(hints, comm.Get_size(), nodes)
         except Exception as exc:  # any failure here must reach the other ranks
             err = exc
-        if err is None:
-            err = _same_everywhere(comm, amode, hinted)
-        else:
-            comm.bcast(None)
-        _agree(comm, err)
-        assert hinted is not None
-        comm = comm.Dup()
         rank = comm.Get_rank()
-        # (romio_no_indep_rw: only aggregators open the file; rank 0 still creates it)
-        opens = not hinted.romio_no_indep_rw or rank in set(aggregators.tolist())
         flags = os.O_RDONLY if amode & MPI.MODE_RDONLY else os.O_RDWR
         driver: Driver | None = None
+        opens = False
+        if err is None:
+            # (romio_no_indep_rw: only aggregators open the file; rank 0 still creates it)
+            opens = not hinted.romio_no_indep_rw or rank in set(aggregators.tolist())
+            if opens and not amode & MPI.MODE_CREATE:
+                # Nothing to create: every rank opens at once and one agreement covers the
+                # arguments and the opens (opening changes no byte of the file).
+                try:
+                    driver = cls._open_driver(path, flags, amode, hinted)
+                except OSError as exc:
+                    err = _os_error(exc, path)
         try:
-            if rank == 0 and amode & MPI.MODE_CREATE:
-                create = flags | os.O_CREAT | (os.O_EXCL if amode & MPI.MODE_EXCL else 0)
-                try:
-                    driver = open_driver(
-                        path, create | (os.O_TRUNC if truncate else 0), 0o666, hinted
-                    )
-                except OSError as exc:
-                    err = _os_error(exc, path)
-                if driver is not None and not opens:
-                    driver.close()
-                    driver = None
-            _agree(comm, err)
-            if driver is None and opens:
-                try:
-                    driver = open_driver(path, flags, 0o666, hinted)
-                except PermissionError:
-                    if not amode & MPI.MODE_WRONLY:
-                        raise
-                    driver = open_driver(path, os.O_WRONLY, 0o666, hinted)  # no sieving reads
-                except OSError as exc:
-                    err = _os_error(exc, path)
-            _agree(comm, err)
-            return cls(comm, path, driver, amode, hinted, nodes, aggregators)
+            if not _checked_together(comm, err, [amode, digest]):
+                _agree(comm, _same_everywhere(comm, amode, hinted))
+        except BaseException:
+            if driver is not None:
+                driver.close()
+            raise
+        assert hinted is not None
+        comm = comm.Dup()
+        try:
+            if amode & MPI.MODE_CREATE:  # (only now: creating or truncating changes the file)
+                # Every rank opens at once, creating the file if it is missing (rank 0 also
+                # truncates); with MODE_EXCL rank 0 alone creates it and the others open it
+                # after hearing that it did.
+                exclusive = bool(amode & MPI.MODE_EXCL)
+                if rank == 0:
+                    create = flags | os.O_CREAT | (os.O_EXCL if exclusive else 0)
+                    try:
+                        driver = open_driver(
+                            path, create | (os.O_TRUNC if truncate else 0), 0o666, hinted
+                        )
+                    except OSError as exc:
+                        err = _os_error(exc, path)
+                    if driver is not None and not opens:
+                        driver.close()
+                        driver = None
+                if exclusive:
+                    _agree(comm, err)
+                if driver is None and opens and rank > 0:
+                    extra = 0 if exclusive else os.O_CREAT
+                    try:
+                        driver = cls._open_driver(path, flags | extra, amode, hinted)
+                    except OSError as exc:
+                        err = _os_error(exc, path)
+                _agree(comm, err)
+            return cls(comm, path, driver, amode, hinted, nodes, aggregators, digest)
         except BaseException:
             if driver is not None:
                 driver.close()
             comm.Free()
             raise
+
+    @staticmethod
+    def _open_driver(path: str, flags: int, amode: int, hints: Hints) -> Driver:
+        """This rank's driver of an existing file (``OSError`` as the system raises it)."""
+        try:
+            return open_driver(path, flags, 0o666, hints)
+        except PermissionError:
+            if not amode & MPI.MODE_WRONLY:
+                raise
+            return open_driver(path, os.O_WRONLY, 0o666, hints)  # (no sieving reads then)
 
     def close(self) -> None:
         """Close on every rank (collective); ``MODE_DELETE_ON_CLOSE`` removes the file. Closing
@@ -312,7 +434,8 @@ class File:
         that fails on any rank, every rank raises and the file stays open (the data cached)."""
         if self._closed:
             return
-        _agree(self._comm, self._write_back())
+        if self._shared is not None:  # (realm caches: on every rank or on none)
+            _agree(self._comm, self._write_back())
         self._comm.Barrier()
         if self._shared is not None:
             self._shared.free()
@@ -425,41 +548,19 @@ class File:
             disp = _integral(disp, "view displacement")
             if disp < 0:
                 raise ViewError(f"view displacement {disp} is negative")
-            esize = flatten(etype).size
             ft = flatten(filetype)
-            if esize <= 0:
-                raise ViewError("etype has size 0")
-            if ft.size % esize:
-                raise ViewError(
-                    f"filetype holds {ft.size} bytes, not a whole number of {esize}-byte etypes"
-                )
-            ext = ft.extents
-            if len(ext) and (
-                int(ext.offsets.min()) < 0 or not bool(np.all(ext.offsets[1:] >= ext.ends[:-1]))
-            ):
-                raise ViewError("filetype displacements must be non-negative and non-decreasing")
-            _check_etype_alignment(ext, esize)
-            if ft.size and ft.extent <= 0:
-                raise ViewError(f"filetype extent {ft.extent} must be positive")
-            if ft.size and int(ext.offsets[0]) + ft.extent < int(ext.ends[-1]):
-                # the view repeats the filetype every extent bytes: a tile may not reach into
-                # the next one (the view's displacements would go backwards)
-                raise ViewError(
-                    f"filetype tiles overlap: its data ends at byte {int(ext.ends[-1])} but the "
-                    f"next tile starts at byte {int(ext.offsets[0]) + ft.extent} (extent "
-                    f"{ft.extent})"
-                )
+            esize = _checked_view(flatten(etype), ft)
         except Exception as exc:  # any failure here must reach the other ranks
             err = exc
-        if err is None:
+        digest = self._digest if hinted is self._hints else shared_digest(hinted)
+        if not _checked_together(self._comm, err, [digest, esize]):
             err = _same_everywhere(self._comm, self._amode, hinted)
-        else:
-            self._comm.bcast(None)
-        sizes = self._comm.allgather(esize if err is None else -1)
-        if err is None and len(set(sizes)) > 1 and -1 not in sizes:
-            err = ViewError(f"ranks use etypes of different sizes: {sizes}")
-        _agree(self._comm, err)
+            sizes = self._comm.allgather(esize)
+            if err is None and len(set(sizes)) > 1:
+                err = ViewError(f"ranks use etypes of different sizes: {sizes}")
+            _agree(self._comm, err)
         if hinted is not self._hints:
+            self._digest = digest
             self._independent = IndependentIO(hinted)
         self._hints, self._policy = hinted, policy
         self._disp, self._esize, self._ft = disp, esize, ft

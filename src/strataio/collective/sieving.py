@@ -67,7 +67,7 @@ __all__ = [
 ]
 
 DEFAULT_RD_BUFFER = 4194304
-DEFAULT_WR_BUFFER = 524288
+DEFAULT_WR_BUFFER = 1048576  # (strataio's default ind_wr_buffer_size; ROMIO's is 512 KiB)
 
 
 # --------------------------------------------------------------------------- planning
