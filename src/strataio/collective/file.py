@@ -484,7 +484,9 @@ class File:
 
     @property
     def comm(self) -> MPI.Comm:
-        """The file's communicator (a duplicate of the one it was opened on; freed at close)."""
+        """The file's communicator: a duplicate of the one it was opened on, private to the
+        file while it is open; at close it goes to the next file opened on that communicator
+        (:mod:`strataio.collective.commpool`) or is freed."""
         return self._comm
 
     @property
