@@ -440,6 +440,35 @@ def test_sieved_reads_match_brute_force(how: str, tmp_path: Path) -> None:
         assert np.array_equal(out, expect)
 
 
+def test_files_reuse_the_private_communicator_of_closed_files(tmp_path: Path) -> None:
+    path = tmp_path / "f.bin"
+    user = MPI.COMM_SELF.Dup()
+    first = strataio.File.open(user, path, "w")
+    mine = first.comm
+    assert mine != user and mine != MPI.COMM_NULL
+    first.close()
+    with pytest.raises(StrataError):  # failing before it takes one: kept
+        strataio.File.open(user, tmp_path / "missing.bin", "r")
+    assert mine != MPI.COMM_NULL
+    with pytest.raises(StrataError):  # failing after (creating): freed
+        strataio.File.open(user, path, "x")
+    assert mine == MPI.COMM_NULL
+    again = strataio.File.open(user, path, "r")
+    other = strataio.File.open(user, path, "r")  # open at once: a communicator of its own
+    assert again.comm != other.comm
+    kept = [other.comm, again.comm]
+    other.close()
+    again.close()
+    with strataio.File.open(user, path, "r") as reused:  # the last one handed back
+        assert reused.comm == kept[1]
+    still_open = strataio.File.open(user, path, "r")
+    assert still_open.comm == kept[1]
+    user.Free()  # frees the kept ones; an open file's goes when it closes
+    assert kept[0] == MPI.COMM_NULL and still_open.comm != MPI.COMM_NULL
+    still_open.close()
+    assert still_open.comm == MPI.COMM_NULL
+
+
 def test_read_plans_stage_dense_small_pieces_and_scatter_sparse_large_ones() -> None:
     from strataio.collective.fileio import _scatters
     from strataio.layout.extents import Extents

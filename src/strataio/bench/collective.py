@@ -1,7 +1,14 @@
 """Collective I/O benchmark: strataio.File against ROMIO (mpi4py ``MPI.File``) in one MPI job.
 
 Run under ``mpiexec -n N python -m strataio.bench.collective --pattern P``; the
-``strataio bench collective`` command launches it. For each pattern every contender writes the
+``strataio bench collective`` command launches it. Two modes:
+
+``--mode open-close`` (the default, :func:`run_steps`): each repetition is open -> set_view ->
+read_all/write_all -> close as a program does it, timed from the first rank's start to the
+last rank's end, for strataio and ROMIO's collective and independent calls (see
+:func:`run_steps`), ``--size`` MiB in all.
+
+``--mode call`` (:func:`run`): for each pattern every contender writes the
 same data through the same file view with the same hints, then reads it back; a rank's time is
 one ``*_all`` call (open and close excluded), the call's time is the slowest rank's, and the
 figure is aggregate bytes / that time, median over repetitions. Repetitions go round-robin over

@@ -71,6 +71,11 @@ class Agreement:
             self._comm.Allgather(self._send_row, self.table)
         return self._rows.tolist()
 
+    @property
+    def comm(self) -> MPI.Comm:
+        """The communicator the rows are exchanged on."""
+        return self._comm
+
     def free(self) -> None:
         """Release the persistent request (local)."""
         if self._request is not None:

@@ -37,7 +37,7 @@ from mpi4py import MPI
 
 from strataio.agreed import agree as _agree
 from strataio.agreed import raise_agreed as _raise_agreed
-from strataio.collective import irregular, node, twophase
+from strataio.collective import commpool, irregular, node, twophase
 from strataio.collective.access import FIRST, LAST, NBYTES, Access, AccessPlan
 from strataio.collective.agreement import Agreement, agreement_row
 from strataio.collective.bufspec import BufferSpec, parse_buffer
@@ -262,9 +262,12 @@ class File:
         nodes: node.NodeLayout | None = None,
         aggregators: np.ndarray | None = None,
         digest: int | None = None,
+        agreement: Agreement | None = None,
     ) -> None:
         self._comm = comm
-        self._agreement = Agreement(comm)  # collective: every rank constructs a File
+        # (collective when made here: every rank constructs a File)
+        self._agreement = Agreement(comm) if agreement is None else agreement
+        self._parent: MPI.Comm | None = None  # where the duplicate goes back at close
         self._nodes = nodes or node.NodeLayout(nodes=1, spare_cores=0)
         self._aggregators = (
             np.zeros(1, dtype=_I64) if aggregators is None else np.asarray(aggregators, _I64)
@@ -383,7 +386,9 @@ class File:
                 driver.close()
             raise
         assert hinted is not None
-        comm = comm.Dup()
+        parent = comm
+        agreement = commpool.take(parent)
+        comm = agreement.comm
         try:
             if amode & MPI.MODE_CREATE:  # (only now: creating or truncating changes the file)
                 # Every rank opens at once, creating the file if it is missing (rank 0 also
@@ -410,10 +415,13 @@ class File:
                     except OSError as exc:
                         err = _os_error(exc, path)
                 _agree(comm, err)
-            return cls(comm, path, driver, amode, hinted, nodes, aggregators, digest)
-        except BaseException:
+            file = cls(comm, path, driver, amode, hinted, nodes, aggregators, digest, agreement)
+            file._parent = parent
+            return file
+        except BaseException:  # (freed, not kept: a failure on one rank may leave it in use)
             if driver is not None:
                 driver.close()
+            agreement.free()
             comm.Free()
             raise
 
@@ -442,14 +450,17 @@ class File:
             self._shared = self._cache = None
         if self._driver is not None:
             self._driver.close()
-        self._agreement.free()
         self._closed = True
         if self._amode & MPI.MODE_DELETE_ON_CLOSE:
             self._comm.Barrier()
             if self._comm.Get_rank() == 0:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(self._path)
-        self._comm.Free()
+        if self._parent is not None:
+            commpool.give_back(self._parent, self._agreement)
+        else:
+            self._agreement.free()
+            self._comm.Free()
 
     def __enter__(self) -> File:
         return self
@@ -473,7 +484,9 @@ class File:
 
     @property
     def comm(self) -> MPI.Comm:
-        """The file's communicator (a duplicate of the one it was opened on; freed at close)."""
+        """The file's communicator: a duplicate of the one it was opened on, private to the
+        file while it is open; at close it goes to the next file opened on that communicator
+        (:mod:`strataio.collective.commpool`) or is freed."""
         return self._comm
 
     @property
