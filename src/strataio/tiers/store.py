@@ -26,6 +26,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from strataio.arrays.store import ChunkStore, StoreCapabilities
 from strataio.catalog.base import ChunkCopy
 from strataio.errors import (
@@ -207,20 +209,26 @@ class TieredChunkStore(ChunkStore):
                 pass  # moved or gone: the whole read below finds where it is now
             self._verified.pop(key, None)
         self._checked.pop(key, None)
+        if tier.role != "remotetape" and not self.res.busy(key):
+            # the first read of this copy: read it whole (nowait like the range reads, so a
+            # copy off the page cache is fetched in the background) and check it
+            whole = np.empty(copy.nbytes, dtype=np.uint8)  # (no zeros to write first)
+            try:
+                size, version = tier.backend.readinto_range_versioned(
+                    obj, 0, memoryview(whole), nowait=nowait
+                )
+            except BlockingIOError:
+                raise
+            except (OSError, StrataError):
+                size = version = None  # moved or gone: the whole read below says where
+            if size == copy.nbytes and version is not None:
+                digest = checksum(whole)
+                if copy.accepts(digest) and self.res.is_current(copy):
+                    self._verified[key] = (copy.tier, digest, version)
+                    self.res.touch((key,))
+                    return _copy_span(whole, offset, out)
         if nowait:
             raise BlockingIOError(key)
-        if tier.role != "remotetape" and not self.res.busy(key):
-            try:
-                version = tier.backend.versions([obj])
-                blob = tier.call(tier.backend.get, obj)
-            except (OSError, StrataError):
-                pass
-            else:
-                digest = checksum(blob)
-                if version is not None and copy.accepts(digest) and self.res.is_current(copy):
-                    self._verified[key] = (copy.tier, digest, version[0])
-                    self.res.touch((key,))
-                    return _copy_span(blob, offset, out)
         return _copy_span(self._whole(key), offset, out)
 
     def verified_chunks(self) -> set[str]:
