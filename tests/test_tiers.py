@@ -478,14 +478,20 @@ def test_tiered_partial_reads_check_each_copy_whole_once(tmp_path):
         ds.close()
 
 
-def test_a_checked_copy_moved_to_another_tier_is_read_there(tmp_path):
-    """Range reads skip the copy checks only while the chunk's copies are unchanged: after a
-    migration the next read finds the copy on its new tier and checks it whole there."""
-    a = np.arange(40 * 40, dtype="f4").reshape(40, 40)
+def counted_local_and_slow(tmp_path):
+    """A counted local disk tier over a counted slower one."""
     local, slow = CountingBackend(tmp_path / "local"), CountingBackend(tmp_path / "slow")
     tiers = TierSet(
         [Tier("local", local, "localdisk", order=0), Tier("slow", slow, "remotedisk", order=1)]
     )
+    return local, slow, tiers
+
+
+def test_a_checked_copy_moved_to_another_tier_is_read_there(tmp_path):
+    """Range reads skip the copy checks only while the chunk's copies are unchanged: after a
+    migration the next read finds the copy on its new tier and checks it whole there."""
+    a = np.arange(40 * 40, dtype="f4").reshape(40, 40)
+    local, slow, tiers = counted_local_and_slow(tmp_path)
     with strataio.Session(tiers=tiers, catalog=tmp_path / "cat.db") as s:
         ds = s.create_dataset("a", a.shape, a.dtype, (20, 20), hint="LOCALDISK")
         ds[...] = a
@@ -561,4 +567,37 @@ def test_a_rewrite_announces_once_per_call_and_a_single_chunk_is_put_here(tmp_pa
         want = a + 1
         want[2:5, 2:5] = 0
         np.testing.assert_array_equal(ds[...], want)
+        ds.close()
+
+
+def test_the_decoded_chunk_cache_serves_a_tiered_dataset_until_its_copy_changes(
+    tmp_path, monkeypatch
+):
+    """A tiered dataset's chunks are served from the process's decoded-chunk cache while the
+    copy they were read from is the one a read would take; a copy put or moved is read again."""
+    import strataio.arrays.chunk_cache as cc
+
+    monkeypatch.setattr(cc, "SETTLE_NS", -(1 << 62))  # cache what was written moments ago
+    a = np.arange(40 * 40, dtype="f4").reshape(40, 40)
+    local, slow, tiers = counted_local_and_slow(tmp_path)
+    with strataio.Session(tiers=tiers, catalog=tmp_path / "cat.db") as s:
+        ds = s.create_dataset("a", a.shape, a.dtype, (20, 20), hint="LOCALDISK")
+        ds[...] = a
+        ds.flush()
+        ds.clear_cache()
+        np.testing.assert_array_equal(ds[...], a)
+        read = (local.whole, local.ranged)
+        np.testing.assert_array_equal(ds[...], a)
+        assert (local.whole, local.ranged) == read  # all four chunks from the cache
+        ds[0:2, 0:2] = -1  # a put: that chunk's entry goes
+        a[0:2, 0:2] = -1
+        np.testing.assert_array_equal(ds[...], a)
+        assert local.whole > read[0]
+        ds.migrate(np.s_[20:, :], to="slow").wait()  # moved: read from the new tier
+        before = slow.whole + slow.ranged
+        np.testing.assert_array_equal(ds[...], a)
+        assert slow.whole + slow.ranged > before
+        moved = slow.whole + slow.ranged
+        np.testing.assert_array_equal(ds[...], a)
+        assert slow.whole + slow.ranged == moved  # and cached again
         ds.close()

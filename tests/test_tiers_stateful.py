@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 import strataio
+import strataio.arrays.chunk_cache as chunk_cache_module
 from strataio.storage.memory import MemoryBackend
 from strataio.storage.posix import PosixBackend
 from strataio.tiers.fsck import fsck
@@ -225,3 +226,29 @@ LongerRuns.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 test_tiers_stateful_long = pytest.mark.slow(LongerRuns.TestCase)
+
+
+class EverythingCached(TieredHierarchy):
+    """The same rules with the decoded-chunk cache keeping every chunk as soon as it is read
+    (no settling time): a cached chunk must never outlive the copy it was read from, whatever
+    writes, stages, migrations and evictions do to it."""
+
+    def __init__(self) -> None:
+        self._settle = chunk_cache_module.SETTLE_NS
+        chunk_cache_module.SETTLE_NS = -(1 << 62)
+        super().__init__()
+
+    def teardown(self) -> None:
+        try:
+            super().teardown()
+        finally:
+            chunk_cache_module.SETTLE_NS = self._settle
+
+
+EverythingCached.TestCase.settings = settings(
+    max_examples=100,
+    stateful_step_count=8,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+test_tiers_stateful_everything_cached = EverythingCached.TestCase

@@ -32,7 +32,7 @@ import dataclasses
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from strataio.arrays.store import META_KEY
@@ -140,6 +140,24 @@ class Residency:
             (c,) = per.values()
             ok = (c.state in READABLE or c.old_checksum) and self._tier(c.tier).up
             return (c if ok else None), busy, stamp
+
+    def fastest_readable_many(self, keys: Sequence[str]) -> list[ChunkCopy | None]:
+        """Per key, the copy a read would use, None where there is none or a put of the
+        chunk is in flight (one look for a whole section)."""
+        out: list[ChunkCopy | None] = []
+        with self.lock:
+            busy, copies = self._busy, self._copies
+            for k in keys:
+                per = copies.get(k)
+                if not per or busy.get(k, 0):
+                    out.append(None)
+                elif len(per) == 1:
+                    (c,) = per.values()
+                    ok = (c.state in READABLE or c.old_checksum) and self._tier(c.tier).up
+                    out.append(c if ok else None)
+                else:
+                    out.append(next(iter(self.readable(k)), None))
+        return out
 
     def stamp(self, key: str) -> int:
         """A number that changes whenever a copy of ``key`` is recorded, replaced or forgotten

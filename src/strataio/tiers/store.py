@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,7 +38,7 @@ from strataio.errors import (
     StrataError,
     TierDownError,
 )
-from strataio.storage.base import BytesLike, validate_key
+from strataio.storage.base import BytesLike, Version, validate_key
 from strataio.tiers.cache import ChunkCache
 from strataio.tiers.commit import Commit
 from strataio.tiers.mover import MoveHandle, Mover
@@ -64,10 +64,17 @@ class TieredChunkStore(ChunkStore):
     replaced by any process is therefore read whole and checked again; what this does not see
     is the medium decaying under an unchanged object after its check, which the next whole
     read (or ``strataio fsck``) finds.
+
+    The process's decoded-chunk cache (:mod:`strataio.arrays.chunk_cache`) keeps chunks read
+    this way under the version of the object they came from (:meth:`chunk_versions`: the
+    tier's location and the object's version there), so a copy replaced, moved to another
+    tier or being put is read again, as for a plain dataset.
     """
 
     # (puts run on the mover's threads; each call announces its rewrites in one transaction)
-    capabilities = StoreCapabilities(partial_reads=True, overlapped_puts=True)
+    capabilities = StoreCapabilities(
+        partial_reads=True, versions=True, chunk_cache=True, overlapped_puts=True
+    )
 
     def __init__(
         self,
@@ -165,11 +172,45 @@ class TieredChunkStore(ChunkStore):
         chunk's size, None for a chunk never written (the verified-once rule of the class
         doc). With ``nowait``, raise :class:`BlockingIOError` where the bytes would have to
         wait on storage, or where the copy must first be read whole and checked."""
+        return self.read_span_versioned(key, offset, out, nowait=nowait)[0]
+
+    def chunk_versions(self, keys: Sequence[str]) -> list[Version | None]:
+        """Per key, the version of the object a read would take the chunk from: the tier's
+        location and the object's version there (None where the chunk has no readable copy,
+        a put of it is in flight, or the tier keeps no versions)."""
+        self._check_open()
+        out: list[Version | None] = [None] * len(keys)
+        by_tier: dict[str, list[int]] = {}
+        for i, copy in enumerate(self.res.fastest_readable_many(keys)):
+            if copy is not None:
+                by_tier.setdefault(copy.tier, []).append(i)
+        for name, idx in by_tier.items():
+            backend = self.tiers[name].backend
+            try:
+                got = backend.versions([object_key(self.name, keys[i]) for i in idx])
+            except (OSError, StrataError):
+                continue  # (the read says what is wrong)
+            if got is None:
+                continue
+            for i, v in zip(idx, got):
+                out[i] = None if v is None else (backend.url, *v)
+        return out
+
+    @property
+    def cache_space(self) -> Hashable:
+        return ("tiered", self.name)
+
+    def read_span_versioned(
+        self, key: str, offset: int, out: memoryview, *, nowait: bool = False
+    ) -> tuple[int | None, Version | None]:
+        """:meth:`read_span`, and the version (as :meth:`chunk_versions`) of the object the
+        bytes came from, None where they came from elsewhere (memory, a whole read with
+        failover)."""
         if self._closed:
             self._check_open()
         hit = self.cache.get(self.name, key)
         if hit is not None:
-            return _copy_span(hit, offset, out)
+            return _copy_span(hit, offset, out), None
         checked = self._checked.get(key)
         if checked is not None and checked.stamp == self.res.stamp(key) and checked.tier.up:
             # nothing about the chunk's copies changed since the last read checked them
@@ -183,12 +224,12 @@ class TieredChunkStore(ChunkStore):
                 version = None  # moved or gone: the checks below find where it is now
             if version == checked.version:
                 self.res.touch((key,))
-                return size
+                return size, (checked.tier.backend.url, *version)
         copy, busy, stamp = self.res.fastest_readable(key)
         if copy is None:
             if self.res.copies(key) or self.disabled:
-                return _copy_span(self._whole(key), offset, out)  # raises with the reason
-            return None
+                return _copy_span(self._whole(key), offset, out), None  # raises with the reason
+            return None, None
         tier = self.tiers[copy.tier]
         obj = object_key(self.name, key)
         seen = self._verified.get(key)
@@ -202,7 +243,7 @@ class TieredChunkStore(ChunkStore):
                 if version == seen[2]:
                     self._checked[key] = _Checked(stamp, tier, obj, version)
                     self.res.touch((key,))
-                    return size
+                    return size, (tier.backend.url, *version)
             except BlockingIOError:
                 raise
             except (OSError, StrataError):
@@ -226,10 +267,10 @@ class TieredChunkStore(ChunkStore):
                 if copy.accepts(digest) and self.res.is_current(copy):
                     self._verified[key] = (copy.tier, digest, version)
                     self.res.touch((key,))
-                    return _copy_span(whole, offset, out)
+                    return _copy_span(whole, offset, out), (tier.backend.url, *version)
         if nowait:
             raise BlockingIOError(key)
-        return _copy_span(self._whole(key), offset, out)
+        return _copy_span(self._whole(key), offset, out), None
 
     def verified_chunks(self) -> set[str]:
         """Keys of the chunks whose copy a read checked whole (the verified-once rule)."""
