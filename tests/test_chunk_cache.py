@@ -50,7 +50,8 @@ def _written(tmp_path, codec=None, dtype="int32"):
 def test_repeated_reads_are_served_from_memory(tmp_path):
     ds, want = _written(tmp_path)
     time.sleep(SETTLED)
-    np.testing.assert_array_equal(ds[...], want)  # fills
+    np.testing.assert_array_equal(ds[...], want)  # remembered
+    np.testing.assert_array_equal(ds[...], want)  # read again: kept
     before = _hits()
     out = np.empty((8, 8), dtype="int32")
     ds.read_section((0, 0), (8, 8), out=out)
@@ -132,6 +133,8 @@ def test_partial_spans_are_cached_as_read_and_never_rewritten(tmp_path):
     ds[...] = want
     time.sleep(SETTLED)
     np.testing.assert_array_equal(ds[2:3, :], want[2:3])  # bytes of row 2 only
+    assert _entry(ds) is None  # read once: remembered, not kept
+    np.testing.assert_array_equal(ds[2:3, :], want[2:3])
     first = _entry(ds)
     assert (first.lo, first.hi) == (2 * 64, 3 * 64)
     held = first.chunk.copy()
@@ -153,7 +156,8 @@ def test_checksummed_chunks_are_read_checked_and_cached_whole(tmp_path):
     want = np.random.default_rng(1).random((8, 8))
     ds[...] = want
     time.sleep(SETTLED)
-    np.testing.assert_array_equal(ds[2:3, :], want[2:3])
+    for _ in range(2):  # kept on its second read
+        np.testing.assert_array_equal(ds[2:3, :], want[2:3])
     e = _entry(ds)
     assert (e.lo, e.hi) == (0, 8 * 8 * 8)
     np.testing.assert_array_equal(e.chunk, want)
@@ -218,6 +222,7 @@ def test_big_endian_chunks_are_cached_in_stored_order(tmp_path):
     ds[...] = want
     time.sleep(SETTLED)
     ds[...]
+    ds[...]
     assert not ds.codecs.stored_dtype.isnative
     (e,) = chunk_cache().lookup(ds._cache_space, ["c/1/1"], ds._versions(["c/1/1"]))
     assert e.chunk.dtype == ds.codecs.stored_dtype  # swapped while copying out, not stored
@@ -229,6 +234,8 @@ def test_big_endian_chunks_are_cached_in_stored_order(tmp_path):
 def test_capacity_zero_disables_and_clear_cache_empties(tmp_path):
     ds, want = _written(tmp_path)
     time.sleep(SETTLED)
+    ds[...]
+    assert len(chunk_cache()) == 0  # read once: remembered, not kept
     ds[...]
     assert len(chunk_cache()) == 4
     ds.clear_cache()
@@ -297,3 +304,18 @@ def test_random_reads_and_writes_with_everything_cached(tmp_path_factory, monkey
             b = box()
             np.testing.assert_array_equal(ds[b], oracle[b])
     np.testing.assert_array_equal(ds[...], oracle)
+
+
+def test_a_chunk_is_admitted_on_its_second_read_of_one_version():
+    c = DecodedChunkCache(capacity=1 << 20)
+    assert not c.admit("s", "k", (1, 8, 0))  # first read: remembered only
+    assert not c.admit("s", "k", (2, 8, 0))  # another version: remembered anew
+    assert c.admit("s", "k", (2, 8, 0))  # the same version again: keep it
+    assert not c.admit("s", "k", (2, 8, 0))  # (admitted once; the entry is what counts now)
+    c.discard("s")
+    assert not c.admit("s", "k", (2, 8, 0))  # forgotten with the space's entries
+    c.clear()
+    assert not c.admit("s", "k", (2, 8, 0))
+    for i in range(cc.SEEN_ENTRIES + 1):  # remembered keys are bounded
+        c.admit("t", f"k{i}", (i, 8, 0))
+    assert not c.admit("t", "k0", (0, 8, 0))

@@ -585,7 +585,8 @@ def test_the_decoded_chunk_cache_serves_a_tiered_dataset_until_its_copy_changes(
         ds[...] = a
         ds.flush()
         ds.clear_cache()
-        np.testing.assert_array_equal(ds[...], a)
+        for _ in range(2):  # (a chunk is kept on its second read)
+            np.testing.assert_array_equal(ds[...], a)
         read = (local.whole, local.ranged)
         np.testing.assert_array_equal(ds[...], a)
         assert (local.whole, local.ranged) == read  # all four chunks from the cache
@@ -597,6 +598,7 @@ def test_the_decoded_chunk_cache_serves_a_tiered_dataset_until_its_copy_changes(
         before = slow.whole + slow.ranged
         np.testing.assert_array_equal(ds[...], a)
         assert slow.whole + slow.ranged > before
+        np.testing.assert_array_equal(ds[...], a)
         moved = slow.whole + slow.ranged
         np.testing.assert_array_equal(ds[...], a)
         assert slow.whole + slow.ranged == moved  # and cached again

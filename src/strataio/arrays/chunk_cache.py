@@ -13,7 +13,8 @@ last change is older than :data:`SETTLE_NS` at the moment its version was taken 
 clean" rule): any later change then carries a later time. A chunk written moments ago is read
 from storage until it settles (:data:`COARSE_SETTLE_NS` where file times are whole seconds).
 An entry is always the bytes of one read of one version: a buffer the cache holds is never
-written again. Disable the cache on a network file system whose server clock drifts from this
+written again. A chunk is kept on its second read of one version
+(:meth:`DecodedChunkCache.admit`): a section read once costs what it costs without the cache. Disable the cache on a network file system whose server clock drifts from this
 host's by more than :data:`SETTLE_NS`, and for files another process changes through a shared
 ``mmap`` (such writes update the ctime only when the pages are first dirtied).
 
@@ -44,6 +45,9 @@ SETTLE_NS = 50_000_000
 COARSE_SETTLE_NS = 2_000_000_000
 #: bookkeeping bytes charged per entry on top of its data
 _ENTRY_BYTES = 256
+#: chunks read once that the cache remembers (key and version, no bytes) to admit on a
+#: second read
+SEEN_ENTRIES = 1 << 16
 ENV_VAR = "STRATAIO_CHUNK_CACHE"
 V = TypeVar("V")
 
@@ -160,10 +164,45 @@ class DecodedChunkCache(BoundedLRU[CachedChunk]):
 
     def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
         super().__init__(capacity)
+        self._seen: OrderedDict[tuple[Hashable, str], Version] = OrderedDict()
 
     @staticmethod
     def charge(value: CachedChunk) -> int:
         return value.chunk.nbytes + _ENTRY_BYTES
+
+    def admit(self, space: Hashable, key: str, version: Version) -> bool:
+        """True when chunk ``key`` was read before in ``version``: keep it now. Otherwise
+        remember that it was read (its key and version, not its bytes) and return False.
+
+        A chunk is kept on its second read: one read once (the first read after a write, a
+        scan) then costs what it costs without the cache, where keeping it would cost a
+        buffer of its own and an entry per chunk.
+        """
+        slot = (space, key)
+        with self._lock:
+            if self._seen.get(slot) == version:
+                del self._seen[slot]
+                return True
+            self._seen[slot] = version
+            self._seen.move_to_end(slot)
+            if len(self._seen) > SEEN_ENTRIES:
+                self._seen.popitem(last=False)
+            return False
+
+    def discard(self, space: Hashable, keys: Iterable[str] | None = None) -> None:
+        super().discard(space, keys)
+        with self._lock:
+            if keys is None:
+                for slot in [s for s in self._seen if s[0] == space]:
+                    del self._seen[slot]
+            else:
+                for k in keys:
+                    self._seen.pop((space, k), None)
+
+    def clear(self) -> None:
+        super().clear()
+        with self._lock:
+            self._seen.clear()
 
     def holds_any(self, space: Hashable, keys: Iterable[str]) -> bool:
         """True if an entry (fresh or stale) of any of ``keys`` is held."""

@@ -695,11 +695,24 @@ class Dataset:
             # holds is never written (another thread may be copying from it), so an entry is
             # always the bytes of one read of one version.
             if fill_cache:
-                chunk, v = self._read_raw_span(keys[i], lo, hi, None, nowait, versioned=True)
-                kept = v is not None and settled(v, seen)
+                buf = scratch(codecs.stored_nbytes, "chunk")
+                chunk, v = self._read_raw_span(keys[i], lo, hi, buf, nowait, versioned=True)
+                kept = (
+                    chunk is not None
+                    and v is not None
+                    and settled(v, seen)
+                    and cache.admit(space, keys[i], v)
+                )
+                if kept:  # (the scratch buffer is read into again)
+                    chunk = chunk.copy()
             else:
                 v = versions[i] if versions is not None else None
-                kept = v is not None and settled(v, seen)
+                # (a chunk cached for another span of it is kept again at once)
+                kept = (
+                    v is not None
+                    and settled(v, seen)
+                    and (entries[i] is not None or cache.admit(space, keys[i], v))
+                )
                 buf = None if kept else scratch(codecs.stored_nbytes, "chunk")
                 chunk = self._read_raw_span(keys[i], lo, hi, buf, nowait=nowait)
             out[dst[i]] = fill_value if chunk is None else chunk[src[i]]

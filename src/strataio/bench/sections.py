@@ -27,7 +27,10 @@ Three cache modes (:data:`CACHES`), each timed call a user's step:
 - ``cold``: nothing in memory: the own caches emptied and every file of the contender
   evicted from the page cache before each timed call.
 
-The reported time is the median of ``repeat`` calls. §6.1's adaptive run adds a chunk shaped
+The reported time is the median of ``repeat`` calls. The chunked contenders' calls are
+interleaved, one call of each per round (:func:`measure_round_robin`): this machine's speed
+drifts by tens of percent within a minute, and a ratio of two medians taken a few seconds
+apart would measure the drift. §6.1's adaptive run adds a chunk shaped
 like pattern E (13 x 8000) for pattern E.
 The same run measures numpy's memcpy bandwidth (``np.copyto`` of the whole array into an
 existing array, best of 3) and reports strataio's warm read of pattern C as a fraction of it,
@@ -244,26 +247,41 @@ def measure(
     """Seconds of ``repeat`` calls of ``op`` on the box in cache mode ``cache``: ``warm``
     after an untimed call; ``first`` after an untimed call, with ``c``'s own caches emptied
     before each call; ``cold`` with those emptied and every file of ``c`` evicted."""
-    if op == "read":
+    return measure_round_robin([c], op, cache, start, stop, payload, repeat)[c.name]
 
-        def call() -> None:
-            c.read(start, stop)
-    else:
 
-        def call() -> None:
-            c.write(start, payload)
-
+def measure_round_robin(
+    contenders: Sequence[Contender],
+    op: str,
+    cache: str,
+    start: Sequence[int],
+    stop: Sequence[int],
+    payload: np.ndarray,
+    repeat: int,
+) -> dict[str, list[float]]:
+    """:func:`measure` for several contenders at once, their calls interleaved: each round
+    times one call of every contender, starting one further along the list each round, so
+    that a drift of the machine's speed during the measurement falls on all of them alike."""
+    calls = {}
+    for c in contenders:
+        if op == "read":
+            calls[c.name] = lambda c=c: c.read(start, stop)
+        else:
+            calls[c.name] = lambda c=c: c.write(start, payload)
     if cache != "cold":
-        call()
-    times = []
-    for _ in range(repeat):
-        if cache == "first":
-            c.forget()
-        elif cache == "cold":
-            c.drop_cache()
-        t0 = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - t0)
+        for c in contenders:
+            calls[c.name]()
+    times: dict[str, list[float]] = {c.name: [] for c in contenders}
+    n = len(contenders)
+    for r in range(repeat):
+        for c in (contenders[(r + j) % n] for j in range(n)):
+            if cache == "first":
+                c.forget()
+            elif cache == "cold":
+                c.drop_cache()
+            t0 = time.perf_counter()
+            calls[c.name]()
+            times[c.name].append(time.perf_counter() - t0)
     return times
 
 
@@ -402,9 +420,9 @@ def _run_pass(
                         advance(f"{ps.label} {pat} {op} {cache}: naive")
                     base = statistics.median(naive_times[key])
                     ps.results.append(_row(pat, op, cache, "naive", naive_times[key], base, None))
+                    got = measure_round_robin(chunked, op, cache, start, stop, payload, cfg.repeat)
                     for c in chunked:
-                        t = measure(c, op, cache, start, stop, payload, cfg.repeat)
-                        ps.results.append(_row(pat, op, cache, c.name, t, base, touched))
+                        ps.results.append(_row(pat, op, cache, c.name, got[c.name], base, touched))
                         advance(f"{ps.label} {pat} {op} {cache}: {c.name}")
             if pat == "C":
                 ps.c_read_into = _read_into_times(chunked, start, stop, max(cfg.repeat, 20))
