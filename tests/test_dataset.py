@@ -657,3 +657,27 @@ def test_chunks_on_their_way_are_read_here_and_the_rest_on_io_threads(tmp_path, 
     assert store.threads.keys() == {f"c/{i}/{j}" for i in range(4) for j in range(4)}
     assert {k for k, t in store.threads.items() if t == here} == started
     ds.close()
+
+
+def test_a_read_retried_after_it_would_have_waited_counts_once_for_the_cache(tmp_path, monkeypatch):
+    """The chunk cache keeps a chunk on its second read: a read tried without waiting and
+    then made is one read."""
+    import strataio.arrays.chunk_cache as cc
+
+    monkeypatch.setattr(cc, "SETTLE_NS", -(1 << 62))
+    a = np.arange(40 * 40, dtype="f4").reshape(40, 40)
+    with strataio.create_dataset(tmp_path / "a.zarr", a.shape, a.dtype, (10, 10)) as ds:
+        ds[...] = a
+    ds = strataio.open_dataset(tmp_path / "a.zarr")
+    every = {f"c/{i}/{j}" for i in range(4) for j in range(4)}
+    view = Dataset(_WouldWait(ds.store, every), ds.meta)
+    cache = cc.chunk_cache()
+    cache.clear()
+    for _ in range(2):
+        np.testing.assert_array_equal(view[0:10, 0:10], a[0:10, 0:10])
+    assert len(cache) == 1  # c/0/0, read twice
+    np.testing.assert_array_equal(view[...], a)  # the others once (each tried, then read)
+    assert len(cache) == 1
+    np.testing.assert_array_equal(view[...], a)
+    assert len(cache) == 16
+    ds.close()

@@ -189,6 +189,11 @@ class DecodedChunkCache(BoundedLRU[CachedChunk]):
                 self._seen.popitem(last=False)
             return False
 
+    def remembers(self, space: Hashable, key: str, version: Version) -> bool:
+        """True if chunk ``key`` was read once before in ``version`` (:meth:`admit` would
+        keep it now); nothing changes."""
+        return self._seen.get((space, key)) == version
+
     def discard(self, space: Hashable, keys: Iterable[str] | None = None) -> None:
         super().discard(space, keys)
         with self._lock:

@@ -707,14 +707,13 @@ class Dataset:
                     chunk = chunk.copy()
             else:
                 v = versions[i] if versions is not None else None
+                known = v is not None and settled(v, seen)
                 # (a chunk cached for another span of it is kept again at once)
-                kept = (
-                    v is not None
-                    and settled(v, seen)
-                    and (entries[i] is not None or cache.admit(space, keys[i], v))
-                )
+                kept = known and (entries[i] is not None or cache.remembers(space, keys[i], v))
                 buf = None if kept else scratch(codecs.stored_nbytes, "chunk")
                 chunk = self._read_raw_span(keys[i], lo, hi, buf, nowait=nowait)
+                if known and not kept and chunk is not None:
+                    cache.admit(space, keys[i], v)  # (a read done, not one attempted)
             out[dst[i]] = fill_value if chunk is None else chunk[src[i]]
             if kept and chunk is not None:
                 if not codecs.is_raw:  # read and checked whole
