@@ -62,6 +62,7 @@ def test_errors_agree_on_every_rank(tmp_path: Path) -> None:
         "per_rank_hints": "ok",
         "bad_realms": "HintError",
         "set_view_not_strata": ["StrataError", "RuntimeError"],
+        "close_fails_on_one_rank": ["StrataError", "OSError"],
         "round_trip_after_errors": "ok",
     }
     assert res == {k: v if isinstance(v, list) else [v, v] for k, v in expected.items()}
@@ -483,6 +484,10 @@ def test_read_plans_stage_dense_small_pieces_and_scatter_sparse_large_ones() -> 
     assert not _scatters(strided(64, 8192))  # small pieces
     assert _scatters(strided(4096, 4096)) and _scatters(strided(1024, 2048))
     assert _scatters(strided(1 << 20, 0, 1))  # one piece
+    # pieces beyond the measured sizes: staging would only copy every byte twice
+    assert _scatters(strided(1 << 20, 64 << 10, 16))
+    assert _scatters(strided(8 << 20, 1 << 20, 4))
+    assert _scatters(strided(64 << 20, 4096, 2))
 
 
 @pytest.mark.parametrize("ds", ["automatic", "enable", "disable"])
@@ -641,3 +646,13 @@ def test_file_refuses_hints_of_engines_not_built_before_creating(tmp_path: Path)
         back = np.zeros(10, np.uint8)
         f.read_at_all(0, back)
     assert back.tolist() == list(range(10))
+
+
+def test_the_open_memo_tells_a_value_from_its_text(tmp_path: Path) -> None:
+    """Opens remember what they made of the hints: a value and its text (True, "True") parse
+    differently and must not share what was remembered."""
+    path = tmp_path / "f.bin"
+    with strataio.File.open(None, path, "w", hints={"romio_cb_write": True}) as f:
+        assert f.hints["romio_cb_write"] == "enable"
+    with pytest.raises(HintError):
+        strataio.File.open(None, path, "r", hints={"romio_cb_write": "True"})

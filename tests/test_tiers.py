@@ -603,3 +603,22 @@ def test_the_decoded_chunk_cache_serves_a_tiered_dataset_until_its_copy_changes(
         np.testing.assert_array_equal(ds[...], a)
         assert slow.whole + slow.ranged == moved  # and cached again
         ds.close()
+
+
+def test_a_chunk_rewritten_elsewhere_is_not_read_from_its_old_checked_copy(tmp_path):
+    """A range read skips the copy checks only while the chunk's residency stamp holds: a
+    chunk whose checked copy sits on one tier and is then rewritten onto another (the old
+    object still on disk until the commit) reads its new values."""
+    a = np.arange(40 * 40, dtype="f4").reshape(40, 40)
+    local, slow, tiers = counted_local_and_slow(tmp_path)
+    with strataio.Session(tiers=tiers, catalog=tmp_path / "cat.db") as s:
+        ds = s.create_dataset("a", a.shape, a.dtype, (20, 20), hint="LOCALDISK")
+        ds[...] = a
+        ds.flush()
+        ds.migrate(np.s_[:20, :20], to="slow").wait()
+        for _ in range(3):  # checked whole on slow, then by range on the fast path
+            np.testing.assert_array_equal(ds[3, :20], a[3, :20])
+        ds[0:20, 0:20] = -a[0:20, 0:20]  # the new chunk goes to local (its hint)
+        assert (tmp_path / "slow" / "a" / "c" / "0" / "0").exists()  # (until the commit)
+        np.testing.assert_array_equal(ds[3, :20], -a[3, :20])
+        ds.close()

@@ -5,6 +5,7 @@ per rank."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import sys
@@ -131,6 +132,18 @@ def main(workdir: str) -> None:
         h.read_all(back)
         ok = h.hints["romio_cb_read"] == "enable" and h.last_path == "two-phase"
         res["view_hints_apply"] = "ok" if ok and np.array_equal(back, expect) else "bad"
+
+    # a close that fails on one rank raises on every rank, and the next open is in step
+    failing = strataio.File.open(comm, path, "r")
+    if rank == 1 and failing.driver is not None:
+        real_close = failing.driver.close
+
+        def broken_close() -> None:
+            real_close()
+            raise OSError(errno.EIO, "close failed")
+
+        failing.driver.close = broken_close
+    res["close_fails_on_one_rank"] = outcome(failing.close)
 
     # still in step: a collective round trip works after all of the above
     with strataio.File.open(comm, path, "r+") as g:

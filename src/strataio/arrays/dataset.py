@@ -734,12 +734,13 @@ class Dataset:
                 if exc.errno != errno.EINPROGRESS:
                     blocked.append(i)
                     continue
+                # (counted whole: a checksummed chunk, or a tiered copy's first read, is
+                # fetched whole however little of it the section wants)
                 coming.append(i)
-                ahead += hi - lo
+                ahead += codecs.stored_nbytes
                 while ahead > _FETCH_AHEAD_BYTES:
-                    j = coming.popleft()
-                    ahead -= spans[j][1] - spans[j][0]
-                    read_one(j, False)
+                    read_one(coming.popleft(), False)
+                    ahead -= codecs.stored_nbytes
 
         def fetch(a: int, b: int) -> None:
             for i in blocked[a:b]:
@@ -752,8 +753,11 @@ class Dataset:
         try:
             for i in coming:
                 read_one(i, False)
-        finally:
-            _wait_groups(waiting)
+        except BaseException:
+            for f in waiting:  # (their errors must not hide this one)
+                f.exception()
+            raise
+        _wait_groups(waiting)
 
     def _read_raw_span(
         self,

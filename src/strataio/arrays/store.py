@@ -109,8 +109,9 @@ class ChunkStore(abc.ABC):
         self, key: str, offset: int, out: memoryview, *, nowait: bool = False
     ) -> tuple[int | None, Version | None]:
         """(``partial_reads`` and ``versions``) :meth:`read_span`, and the version of the
-        stored chunk the bytes came from (as :meth:`chunk_versions` gives it)."""
-        self._lacks("versions")
+        stored chunk the bytes came from (as :meth:`chunk_versions` gives it; this default
+        gives None: such bytes are not cached)."""
+        return self.read_span(key, offset, out, nowait=nowait), None
 
     def chunk_versions(self, keys: Sequence[str]) -> list[Version | None]:
         """(``versions``) Per key a token that changes whenever the stored chunk does (None

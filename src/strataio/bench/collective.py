@@ -325,7 +325,9 @@ def run_steps(
     read_path = os.path.join(workdir, f"{pattern}.read")
     for op in ops:
         write = op == "write"
-        if not write and not os.path.exists(read_path):
+        # (rank 0 decides: a collective step that ranks decide on their own could be skipped
+        # by some, on a file system whose view of the file differs between nodes)
+        if not write and not comm.bcast(os.path.exists(read_path) if rank == 0 else None):
             _step(comm, "ROMIO coll", case, read_path, True, case.buf)
         # One read buffer for every contender (zeroed before each step): buffers of their own
         # would differ in where their pages lie (huge pages or not), which showed as a few

@@ -29,6 +29,7 @@ import contextlib
 import dataclasses
 import operator
 import os
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -142,6 +143,8 @@ def _check_etype_alignment(ext: Extents, esize: int) -> None:
 #: after file with the same hints
 _open_memo: dict[tuple[Any, ...], tuple[Hints, np.ndarray, int]] = {}
 _OPEN_MEMO_SIZE = 64
+#: guards the two memos' evictions (threads may open files and set views at once)
+_memo_lock = threading.Lock()
 
 
 def _open_hints(
@@ -152,7 +155,13 @@ def _open_hints(
     Raises :class:`~strataio.errors.HintError` (and the like) for unusable hints."""
     key: tuple[Any, ...] | None = None
     if user is None or isinstance(user, Mapping):
-        items = () if user is None else tuple(sorted((str(k), str(v)) for k, v in user.items()))
+        # (in the user's order, which decides between aliases, and with the value's type:
+        # True and "True" parse differently)
+        items = (
+            ()
+            if user is None
+            else tuple((str(k), type(v).__qualname__, str(v)) for k, v in user.items())
+        )
         key = (items, nprocs, nodes)
         found = _open_memo.get(key)
         if found is not None:
@@ -172,9 +181,10 @@ def _open_hints(
         hinted = dataclasses.replace(hinted, strataio_realm_cache=0)
     found = (hinted, aggregators, shared_digest(hinted))
     if key is not None:
-        if len(_open_memo) >= _OPEN_MEMO_SIZE:
-            _open_memo.pop(next(iter(_open_memo)))
-        _open_memo[key] = found
+        with _memo_lock:
+            if len(_open_memo) >= _OPEN_MEMO_SIZE:
+                _open_memo.pop(next(iter(_open_memo)))
+            _open_memo[key] = found
     return found
 
 
@@ -229,9 +239,10 @@ def _checked_view(etype: FlatType, ft: FlatType) -> int:
             f"filetype tiles overlap: its data ends at byte {int(ext.ends[-1])} but the next "
             f"tile starts at byte {int(ext.offsets[0]) + ft.extent} (extent {ft.extent})"
         )
-    if len(_valid_views) >= 64:
-        _valid_views.pop(next(iter(_valid_views)))
-    _valid_views[(id(etype), id(ft))] = (etype, ft, esize)
+    with _memo_lock:
+        if len(_valid_views) >= 64:
+            _valid_views.pop(next(iter(_valid_views)))
+        _valid_views[(id(etype), id(ft))] = (etype, ft, esize)
     return esize
 
 
@@ -444,23 +455,36 @@ class File:
             return
         if self._shared is not None:  # (realm caches: on every rank or on none)
             _agree(self._comm, self._write_back())
-        self._comm.Barrier()
-        if self._shared is not None:
-            self._shared.free()
-            self._shared = self._cache = None
-        if self._driver is not None:
-            self._driver.close()
+        err: Exception | None = None
+        try:
+            if self._shared is not None:
+                self._shared.free()
+                self._shared = self._cache = None
+            if self._driver is not None:
+                self._driver.close()
+        except Exception as exc:  # (agreed below: every rank raises it, none waits alone)
+            err = exc
         self._closed = True
+        comm = self._comm
+        self._comm = MPI.COMM_NULL  # (the duplicate goes to the next file opened there)
+        try:
+            _agree(comm, err)
+        except BaseException:
+            # kept nowhere: each rank frees its own, so no rank later takes a duplicate that
+            # another rank dropped
+            self._agreement.free()
+            comm.Free()
+            raise
         if self._amode & MPI.MODE_DELETE_ON_CLOSE:
-            self._comm.Barrier()
-            if self._comm.Get_rank() == 0:
+            comm.Barrier()
+            if comm.Get_rank() == 0:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(self._path)
         if self._parent is not None:
             commpool.give_back(self._parent, self._agreement)
         else:
             self._agreement.free()
-            self._comm.Free()
+            comm.Free()
 
     def __enter__(self) -> File:
         return self
@@ -485,8 +509,8 @@ class File:
     @property
     def comm(self) -> MPI.Comm:
         """The file's communicator: a duplicate of the one it was opened on, private to the
-        file while it is open; at close it goes to the next file opened on that communicator
-        (:mod:`strataio.collective.commpool`) or is freed."""
+        file while it is open (``MPI.COMM_NULL`` once closed: the duplicate goes to the next
+        file opened on that communicator, :mod:`strataio.collective.commpool`, or is freed)."""
         return self._comm
 
     @property

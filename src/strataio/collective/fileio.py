@@ -186,9 +186,12 @@ def pwrite_from(driver: Driver, buf: np.ndarray, offset: int) -> None:
 # 6.2, 2 KiB holes 7.4 / 10.2; 4 KiB pieces with 128-byte holes 5.8 / 3.7, 768-byte holes 3.6 /
 # 3.9. So pieces are staged when they are small (mean below SCATTER_PIECE), when pieces and
 # holes together repeat at most every STAGE_STRIDE bytes, or when the holes are short next to
-# the pieces (mean hole at most 1/8 of the mean piece); otherwise scattered.
+# the pieces (mean hole at most 1/8 of the mean piece); otherwise scattered. Pieces larger
+# than STAGE_PIECE on average (beyond what was measured) are always scattered: staging them
+# saves no calls and copies every byte twice.
 SCATTER_PIECE = 512
 STAGE_STRIDE = 1536
+STAGE_PIECE = 4096
 
 
 def _scatters(ext: Extents) -> bool:
@@ -197,6 +200,8 @@ def _scatters(ext: Extents) -> bool:
     n, nbytes = len(ext), ext.nbytes
     if n == 1:
         return True  # (staging one piece would only add a copy)
+    if nbytes > STAGE_PIECE * n:
+        return True
     if nbytes < SCATTER_PIECE * n:
         return False
     span = int(ext.offsets[-1] + ext.lengths[-1] - ext.offsets[0])

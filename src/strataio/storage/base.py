@@ -136,12 +136,15 @@ class Backend(abc.ABC):
     def readinto_range_versioned(
         self, key: str, offset: int, out: memoryview, *, nowait: bool = False
     ) -> tuple[int, Version | None]:
-        """:meth:`readinto_range`, and the object's version (:meth:`versions`) as of a moment
-        after the bytes were read: a version equal to one taken earlier means the bytes read
-        are that version's."""
+        """:meth:`readinto_range`, and the version (:meth:`versions`) of the object the bytes
+        came from: None unless the object had one version before and after the read (this
+        default cannot tell which object a read reached; POSIX asks the descriptor read)."""
+        before = self.versions([key])
         size = self.readinto_range(key, offset, out, nowait=nowait)
-        got = self.versions([key])
-        return size, (got[0] if got is not None else None)
+        after = self.versions([key])
+        if before is None or after is None or before[0] != after[0]:
+            return size, None
+        return size, after[0]
 
     def get_many(self, keys: Iterable[str]) -> list[BytesLike | None]:
         """Whole objects for ``keys``, None where missing. Backends may overlap the requests."""

@@ -304,7 +304,9 @@ def _start_fetch(fd: int, offset: int, nbytes: int) -> None:
     """Have the kernel read ``nbytes`` from ``offset`` into the page cache in the background
     (``POSIX_FADV_WILLNEED`` submits the reads and returns): the reads of many files started
     this way proceed together on the device, and a later ``pread`` on the calling thread
-    waits only for what has not arrived, where a thread per file would pay a hand-off each."""
+    waits only for what has not arrived, where a thread per file would pay a hand-off each.
+    (A recent kernel already starts reading the pages a refused ``RWF_NOWAIT`` read wanted;
+    the advice makes sure of it on kernels that do not.)"""
     with contextlib.suppress(OSError):  # only advice: the later read is what must succeed
         os.posix_fadvise(fd, offset, nbytes, os.POSIX_FADV_WILLNEED)
 

@@ -254,10 +254,13 @@ class TieredChunkStore(ChunkStore):
             # the first read of this copy: read it whole (nowait like the range reads, so a
             # copy off the page cache is fetched in the background) and check it
             whole = np.empty(copy.nbytes, dtype=np.uint8)  # (no zeros to write first)
+            reader = tier.backend.readinto_range_versioned
             try:
-                size, version = tier.backend.readinto_range_versioned(
-                    obj, 0, memoryview(whole), nowait=nowait
-                )
+                if nowait:  # (not through the tier's slots: it never waits, and a refusal
+                    # to wait is no failure of the tier)
+                    size, version = reader(obj, 0, memoryview(whole), nowait=True)
+                else:
+                    size, version = tier.call(reader, obj, 0, memoryview(whole))
             except BlockingIOError:
                 raise
             except (OSError, StrataError):
