@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
@@ -478,23 +479,26 @@ def test_tiered_partial_reads_check_each_copy_whole_once(tmp_path):
         ds.close()
 
 
-def counted_local_and_slow(tmp_path):
-    """A counted local disk tier over a counted slower one."""
+@contextlib.contextmanager
+def counted_session(tmp_path):
+    """A Session over a counted local disk tier and a counted slower one, with dataset "a"
+    (40 x 40 float32 in 20 x 20 chunks, hint LOCALDISK) written: (session, dataset, values,
+    local backend, slow backend)."""
+    a = np.arange(40 * 40, dtype="f4").reshape(40, 40)
     local, slow = CountingBackend(tmp_path / "local"), CountingBackend(tmp_path / "slow")
     tiers = TierSet(
         [Tier("local", local, "localdisk", order=0), Tier("slow", slow, "remotedisk", order=1)]
     )
-    return local, slow, tiers
+    with strataio.Session(tiers=tiers, catalog=tmp_path / "cat.db") as s:
+        ds = s.create_dataset("a", a.shape, a.dtype, (20, 20), hint="LOCALDISK")
+        ds[...] = a
+        yield s, ds, a, local, slow
 
 
 def test_a_checked_copy_moved_to_another_tier_is_read_there(tmp_path):
     """Range reads skip the copy checks only while the chunk's copies are unchanged: after a
     migration the next read finds the copy on its new tier and checks it whole there."""
-    a = np.arange(40 * 40, dtype="f4").reshape(40, 40)
-    local, slow, tiers = counted_local_and_slow(tmp_path)
-    with strataio.Session(tiers=tiers, catalog=tmp_path / "cat.db") as s:
-        ds = s.create_dataset("a", a.shape, a.dtype, (20, 20), hint="LOCALDISK")
-        ds[...] = a
+    with counted_session(tmp_path) as (s, ds, a, local, slow):
         ds.close()
         ds = s.open_dataset("a")
         for _ in range(3):  # read whole and checked, then by range twice
@@ -578,11 +582,7 @@ def test_the_decoded_chunk_cache_serves_a_tiered_dataset_until_its_copy_changes(
     import strataio.arrays.chunk_cache as cc
 
     monkeypatch.setattr(cc, "SETTLE_NS", -(1 << 62))  # cache what was written moments ago
-    a = np.arange(40 * 40, dtype="f4").reshape(40, 40)
-    local, slow, tiers = counted_local_and_slow(tmp_path)
-    with strataio.Session(tiers=tiers, catalog=tmp_path / "cat.db") as s:
-        ds = s.create_dataset("a", a.shape, a.dtype, (20, 20), hint="LOCALDISK")
-        ds[...] = a
+    with counted_session(tmp_path) as (s, ds, a, local, slow):
         ds.flush()
         ds.clear_cache()
         for _ in range(2):  # (a chunk is kept on its second read)
@@ -609,11 +609,7 @@ def test_a_chunk_rewritten_elsewhere_is_not_read_from_its_old_checked_copy(tmp_p
     """A range read skips the copy checks only while the chunk's residency stamp holds: a
     chunk whose checked copy sits on one tier and is then rewritten onto another (the old
     object still on disk until the commit) reads its new values."""
-    a = np.arange(40 * 40, dtype="f4").reshape(40, 40)
-    local, slow, tiers = counted_local_and_slow(tmp_path)
-    with strataio.Session(tiers=tiers, catalog=tmp_path / "cat.db") as s:
-        ds = s.create_dataset("a", a.shape, a.dtype, (20, 20), hint="LOCALDISK")
-        ds[...] = a
+    with counted_session(tmp_path) as (s, ds, a, local, slow):
         ds.flush()
         ds.migrate(np.s_[:20, :20], to="slow").wait()
         for _ in range(3):  # checked whole on slow, then by range on the fast path
