@@ -85,3 +85,17 @@ def test_pipeline_groups_at_two_ranks(tmp_path: Path) -> None:
         assert r["pipeline"]["strataio G=1"]["median"] == pytest.approx(1.0)
         assert r["pipeline"]["strataio G=2"]["median"] > 0
     assert "G=2 / G=1" in result.output
+
+
+@pytest.mark.parametrize(
+    "args, wrong",
+    [
+        (["--size", "0"], "--size"),
+        (["--reps", "0"], "--reps"),
+        (["--mode", "call", "--scale", "-1"], "--scale"),
+        (["--mode", "open-close", "--pattern", "hpio64-ind"], "use --mode call"),
+    ],
+)
+def test_bad_arguments_are_refused_before_any_launch(args: list[str], wrong: str) -> None:
+    got = CliRunner().invoke(main, ["bench", "collective", "--ranks", "1", *args])
+    assert got.exit_code == 2 and wrong in got.output

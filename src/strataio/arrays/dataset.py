@@ -40,7 +40,7 @@ from strataio.layout.chunks import ChunkGrid, chunk_key
 from strataio.layout.memo import LayoutMemo
 from strataio.layout.pieces import scratch
 from strataio.layout.sections import Section
-from strataio.storage.base import BytesLike
+from strataio.storage.base import BytesLike, Version
 
 _MODES = ("r", "r+")
 #: sections whose chunk plans a Dataset remembers, and the most chunks a remembered plan has
@@ -711,7 +711,7 @@ class Dataset:
                 # (a chunk cached for another span of it is kept again at once)
                 kept = known and (entries[i] is not None or cache.remembers(space, keys[i], v))
                 buf = None if kept else scratch(codecs.stored_nbytes, "chunk")
-                chunk = self._read_raw_span(keys[i], lo, hi, buf, nowait=nowait)
+                chunk = self._read_raw_span(keys[i], lo, hi, buf, nowait)[0]
                 if known and not kept and chunk is not None:
                     cache.admit(space, keys[i], v)  # (a read done, not one attempted)
             out[dst[i]] = fill_value if chunk is None else chunk[src[i]]
@@ -768,7 +768,7 @@ class Dataset:
         nowait: bool = False,
         *,
         versioned: bool = False,
-    ) -> Any:
+    ) -> tuple[np.ndarray | None, Version | None]:
         """Plain chunk ``key`` (see :attr:`CodecPipeline.is_plain`) with at least bytes
         ``[lo, hi)`` read, as a chunk-shaped array of the stored dtype over ``buf`` (a new
         buffer when None); None when the chunk was never written.
@@ -777,8 +777,8 @@ class Dataset:
         a fraction of each chunk instead of whole chunks. A checksummed one is read whole (its
         checksum covers all of it) into ``buf`` and checked there, with no copy.
 
-        With ``versioned``, a pair: that, and the version of the object read (from the
-        store's ``versions``; None where the read cannot tell).
+        Returned with the version of the object read when ``versioned`` (as the store's
+        ``versions`` give it; None where the read cannot tell, or without ``versioned``).
         """
         codecs = self.codecs
         total = codecs.stored_nbytes
@@ -795,7 +795,7 @@ class Dataset:
         else:
             size = self._span_reader(key, lo, memoryview(buf)[lo:hi], nowait=nowait)
         if size is None:
-            return (None, None) if versioned else None
+            return None, None
         if size != total:
             raise CodecError(
                 f"chunk {key!r} of {self._what()} holds {size} bytes, expected {total}: "
@@ -807,7 +807,7 @@ class Dataset:
             except CodecError as exc:
                 raise type(exc)(f"{self._what()}, chunk {key!r}: {exc}") from None
         chunk = buf[: codecs.chunk_nbytes].view(codecs.stored_dtype).reshape(self.chunks)
-        return (chunk, version) if versioned else chunk
+        return chunk, version
 
     def _read_shard_box(self, key: str, box: tuple[slice, ...]) -> np.ndarray | None:
         """The box (slices, ``()`` for all) of shard ``key``, None when never written."""

@@ -325,9 +325,7 @@ def run_steps(
     read_path = os.path.join(workdir, f"{pattern}.read")
     for op in ops:
         write = op == "write"
-        # (rank 0 decides: a collective step that ranks decide on their own could be skipped
-        # by some, on a file system whose view of the file differs between nodes)
-        if not write and not comm.bcast(os.path.exists(read_path) if rank == 0 else None):
+        if not write and not _exists_on_rank0(comm, read_path):
             _step(comm, "ROMIO coll", case, read_path, True, case.buf)
         # One read buffer for every contender (zeroed before each step): buffers of their own
         # would differ in where their pages lie (huge pages or not), which showed as a few
@@ -380,16 +378,32 @@ def run_steps(
         best = min(("ROMIO coll", "ROMIO ind"), key=lambda c: row[c]["median"])
         row["best ROMIO"] = best
         row["ratio"] = row[best]["median"] / row["strataio"]["median"]
-        paired = [b[0] / s[0] for s, b in zip(steps["strataio"], steps[best])]
-        q1, med, q3 = np.percentile(paired, [25, 50, 75])
-        row["paired"] = {"median": float(med), "q1": float(q1), "q3": float(q3)}
+        row["paired"] = _quartiles([b[0] / s[0] for s, b in zip(steps["strataio"], steps[best])])
         rows.append(row)
+    _remove_pattern_files(comm, workdir, pattern)
+    return rows
+
+
+def _quartiles(ratios: list[float]) -> dict[str, float]:
+    """Median and quartiles of per-round ratios (NaN when there are none)."""
+    q1, med, q3 = np.percentile(ratios, [25, 50, 75]) if ratios else (np.nan,) * 3
+    return {"median": float(med), "q1": float(q1), "q3": float(q3)}
+
+
+def _exists_on_rank0(comm: MPI.Comm, path: str) -> bool:
+    """Whether ``path`` exists, as rank 0 sees it (collective): a collective step that ranks
+    decided on their own could be skipped by some, on a file system whose view of the file
+    differs between nodes."""
+    return bool(comm.bcast(os.path.exists(path) if comm.Get_rank() == 0 else None))
+
+
+def _remove_pattern_files(comm: MPI.Comm, workdir: str, pattern: str) -> None:
+    """Rank 0 removes the pattern's files once every rank is done with them (collective)."""
     comm.Barrier()
-    if rank == 0:
+    if comm.Get_rank() == 0:
         for name in os.listdir(workdir):
             if name.startswith(pattern + "."):
                 os.unlink(os.path.join(workdir, name))
-    return rows
 
 
 # ---------------------------------------------------------------- one call (--mode call)
@@ -419,7 +433,7 @@ def run(
                 path = os.path.join(workdir, f"{pattern}.{contender.replace(' ', '_')}")
                 out = outs[contender]
                 out.fill(0)
-                if op == "read" and not os.path.exists(path):
+                if op == "read" and not _exists_on_rank0(comm, path):
                     _one(comm, contender, case, path, True, out)
                 if op == "write":
                     # A new file each time: truncating one whose blocks are still being
@@ -451,18 +465,12 @@ def run(
         # The same ratio within each round (both calls made back to back), whose spread shows
         # how much of a row's ratio is the machine drifting between rounds.
         best = "ROMIO coll" if row["ROMIO coll"] >= row["ROMIO ind"] else "ROMIO ind"
-        paired = [b / t for t, b in zip(times["strataio"], times[best]) if t > 0]
-        q1, med, q3 = np.percentile(paired, [25, 50, 75]) if paired else (np.nan,) * 3
-        row["paired"] = {"median": float(med), "q1": float(q1), "q3": float(q3)}
+        row["paired"] = _quartiles([b / t for t, b in zip(times["strataio"], times[best]) if t > 0])
         wall = row["wall"]
         best_wall = max(wall["ROMIO coll"], wall["ROMIO ind"])
         row["ratio wall"] = wall["strataio"] / best_wall if best_wall else float("nan")
         rows.append(row)
-    comm.Barrier()
-    if rank == 0:
-        for name in os.listdir(workdir):
-            if name.startswith(pattern + "."):
-                os.unlink(os.path.join(workdir, name))
+    _remove_pattern_files(comm, workdir, pattern)
     return rows
 
 
@@ -474,9 +482,7 @@ def _pipeline_figures(
     base = times[pipelined[0]]
     row["pipeline"] = {}
     for c in pipelined:
-        paired = [b / t for b, t in zip(base, times[c]) if t > 0]
-        q1, med, q3 = np.percentile(paired, [25, 50, 75]) if paired else (np.nan,) * 3
-        row["pipeline"][c] = {"median": float(med), "q1": float(q1), "q3": float(q3)}
+        row["pipeline"][c] = _quartiles([b / t for b, t in zip(base, times[c]) if t > 0])
     return row
 
 

@@ -50,9 +50,27 @@ def _styled(ratio: float) -> str:
     "from the first rank's start to the last rank's end; call: only the *_all call on an "
     "open file.",
 )
-@click.option("--reps", default=7, show_default=True, help="Repetitions per contender.")
-@click.option("--size", default=64.0, show_default=True, help="MiB moved in all (open-close).")
-@click.option("--scale", default=1.0, show_default=True, help="Scale every pattern (call).")
+@click.option(
+    "--reps",
+    default=7,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Repetitions per contender.",
+)
+@click.option(
+    "--size",
+    default=64.0,
+    show_default=True,
+    type=click.FloatRange(min=0, min_open=True),
+    help="MiB moved in all (open-close).",
+)
+@click.option(
+    "--scale",
+    default=1.0,
+    show_default=True,
+    type=click.FloatRange(min=0, min_open=True),
+    help="Scale every pattern (call).",
+)
 @click.option(
     "--op", "ops", multiple=True, type=click.Choice(["write", "read"]), help="Default both."
 )

@@ -120,11 +120,7 @@ class Residency:
         """Copies a read may use, fastest first (skipping tiers marked down): valid and dirty
         ones, and announced rewrites (whose object holds the old or the new bytes, whole;
         :meth:`ChunkCopy.accepts`)."""
-        return [
-            c
-            for c in self.copies(key)
-            if (c.state in READABLE or c.old_checksum) and (not up_only or self._tier(c.tier).up)
-        ]
+        return [c for c in self.copies(key) if self._readable(c, up_only)]
 
     def fastest_readable(self, key: str) -> tuple[ChunkCopy | None, bool, int]:
         """In one look (a read's fast path): the copy a read of ``key`` uses (the first of
@@ -132,32 +128,29 @@ class Residency:
         and the chunk's :meth:`stamp`."""
         with self.lock:
             busy = self._busy.get(key, 0) > 0
-            stamp = self._stamps.get(key, 0)
-            per = self._copies.get(key)
-            if not per or len(per) > 1:
-                first = None if not per else next(iter(self.readable(key)), None)
-                return first, busy, stamp
-            (c,) = per.values()
-            ok = (c.state in READABLE or c.old_checksum) and self._tier(c.tier).up
-            return (c if ok else None), busy, stamp
+            return self._first_readable(key), busy, self._stamps.get(key, 0)
 
     def fastest_readable_many(self, keys: Sequence[str]) -> list[ChunkCopy | None]:
         """Per key, the copy a read would use, None where there is none or a put of the
         chunk is in flight (one look for a whole section)."""
-        out: list[ChunkCopy | None] = []
         with self.lock:
-            busy, copies = self._busy, self._copies
-            for k in keys:
-                per = copies.get(k)
-                if not per or busy.get(k, 0):
-                    out.append(None)
-                elif len(per) == 1:
-                    (c,) = per.values()
-                    ok = (c.state in READABLE or c.old_checksum) and self._tier(c.tier).up
-                    out.append(c if ok else None)
-                else:
-                    out.append(next(iter(self.readable(k)), None))
-        return out
+            return [None if self._busy.get(k, 0) else self._first_readable(k) for k in keys]
+
+    def _first_readable(self, key: str) -> ChunkCopy | None:
+        """The first of :meth:`readable` (the caller holds the lock; a single copy, the
+        usual case, needs no sort)."""
+        per = self._copies.get(key)
+        if not per:
+            return None
+        if len(per) == 1:
+            (c,) = per.values()
+            return c if self._readable(c) else None
+        return next(iter(self.readable(key)), None)
+
+    def _readable(self, c: ChunkCopy, up_only: bool = True) -> bool:
+        return bool(c.state in READABLE or c.old_checksum) and (
+            not up_only or self._tier(c.tier).up
+        )
 
     def stamp(self, key: str) -> int:
         """A number that changes whenever a copy of ``key`` is recorded, replaced or forgotten
