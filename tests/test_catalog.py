@@ -589,6 +589,44 @@ def test_announced_rewrite_keeps_both_checksums(cat):
     assert ChunkCopy("d", "c/0/0", "local", 8).accepts("anything")
 
 
+_NOWAIT_CHILD = """
+import os, signal, sys
+from strataio.catalog import ChunkCopy, open_catalog
+cat = open_catalog(sys.argv[1])
+cat.commit([ChunkCopy("d", "c/0/1", "local", 8, "new", "in-transit", 1.0, "old")], durable=False)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_commit_that_does_not_wait_for_the_disk(url, cat):
+    """``durable=False`` (a rewrite's announcement): the database is told not to wait for
+    the disk for that transaction alone; the rows are visible to every connection at once
+    and outlive the committing process's kill -9; the next commit waits again."""
+    cat.create_dataset(_ds("d"))
+    row = ChunkCopy("d", "c/0/0", "local", 8, "new", "in-transit", 1.0, "old")
+    with statement_log(cat) as nowait:
+        cat.commit([row], durable=False)
+    with statement_log(cat) as durable:
+        cat.commit([ChunkCopy("d", "c/0/0", "local", 8, "new")])
+    if isinstance(cat, SQLiteCatalog):
+        assert nowait == ["PRAGMA", "BEGIN", "INSERT", "COMMIT", "PRAGMA"]
+        assert cat._conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL again
+    else:
+        assert nowait[0] == "BEGIN" and "SET" in nowait and nowait[-1] == "COMMIT"
+    assert "SET" not in durable and "PRAGMA" not in durable
+    # a failed transaction leaves the connection waiting for the disk again too
+    with pytest.raises(MetadataError):
+        cat.commit([ChunkCopy("nope", "c/0/0", "local", 8, "x")], durable=False)
+    if isinstance(cat, SQLiteCatalog):
+        assert cat._conn.execute("PRAGMA synchronous").fetchone()[0] == 2
+    child = subprocess.run([sys.executable, "-c", _NOWAIT_CHILD, url], capture_output=True)
+    assert child.returncode == -9, child.stderr
+    with open_catalog(url) as other:
+        got = {c.key: c for c in other.residency("d")}
+    assert got["c/0/0"] == ChunkCopy("d", "c/0/0", "local", 8, "new")
+    assert got["c/0/1"].state == "in-transit" and got["c/0/1"].accepts("old")
+
+
 class WriterRegistry(RuleBasedStateMachine):
     """Writers registered, released, marking datasets in use (counted) and claiming them for
     eviction through one catalog object: the catalog always answers as the model says."""

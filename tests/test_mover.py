@@ -45,9 +45,9 @@ class CountingCatalog(SQLiteCatalog):
 
     commits = 0
 
-    def commit(self, upserts=(), deletes=()):
+    def commit(self, upserts=(), deletes=(), *, durable=True):
         self.commits += 1
-        super().commit(upserts, deletes)
+        super().commit(upserts, deletes, durable=durable)
 
 
 def setup(tmp_path, archive, *, concurrency=2, catalog=None):

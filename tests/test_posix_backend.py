@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
+import sys
 import time
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from strataio.errors import InvalidKeyError, NotFoundError, ShapeMismatchError
 from strataio.layout.extents import Extents
+from strataio.storage import posix
 from strataio.storage.posix import TMP_SUFFIX, PosixBackend
 from strataio.storage.vectored import IOV_MAX
 
@@ -220,3 +225,131 @@ def test_a_nowait_read_off_the_page_cache_starts_the_fetch(backend: PosixBackend
     else:
         pytest.skip("the pages stayed in memory (no page cache to drop here)")
     assert bytes(out) == data[1000:41_000].tobytes()
+
+
+# --- one call reading a range of each of many files: compiled and Python loops -------------
+
+
+@pytest.fixture(params=["compiled", "python"])
+def batch_loop(request, monkeypatch) -> str:
+    """Runs a test with the compiled batch read and again with its pure-Python fallback."""
+    if request.param == "python":
+        monkeypatch.setattr(posix, "_filebatch", None)
+    elif posix._filebatch is None:
+        pytest.skip("strataio.storage._filebatch was not built here")
+    return request.param
+
+
+def test_the_compiled_batch_read_is_built_where_it_can_be() -> None:
+    """On Linux with a C compiler the install builds it (a silent build failure would leave
+    every first read of small chunks on the slower Python loop)."""
+    if not sys.platform.startswith("linux") or shutil.which("cc") is None:
+        pytest.skip("no C compiler: the Python loop is the one that runs")
+    assert posix._filebatch is not None
+
+
+def test_batch_read_answers_per_file(backend: PosixBackend, batch_loop: str) -> None:
+    """Each key gets its own outcome: the bytes and (size, version) of a file, zeros past a
+    file's end, NotFoundError for a missing one; nothing stops at a failing key."""
+    rng = np.random.default_rng(11)
+    blobs = {
+        f"c/{i}": rng.integers(0, 256, n, dtype=np.uint8) for i, n in enumerate((0, 7, 4096, 20000))
+    }
+    for k, b in blobs.items():
+        backend.put(k, memoryview(b))
+    keys = ["c/3", "c/missing", "c/1", "c/2", "c/0", "c/3"]
+    spans = [(100, 5000), (0, 8), (3, 10), (4000, 200), (0, 4), (19990, 30)]
+    bufs = [bytearray(b"\xff" * n) for _, n in spans]
+    got = backend.readinto_ranges_versioned(
+        keys, [o for o, _ in spans], [memoryview(b) for b in bufs], nowait=True
+    )
+    versions = dict(zip(blobs, backend.versions(list(blobs))))
+    for k, (off, n), buf, g in zip(keys, spans, bufs, got):
+        if k == "c/missing":
+            assert isinstance(g, NotFoundError) and "c/missing" in str(g)
+            continue
+        data = blobs[k].tobytes()
+        want = data[off : off + n]
+        assert bytes(buf) == want + bytes(n - len(want)), (k, off, n)
+        assert g == (len(data), versions[k])
+    assert backend.readinto_ranges_versioned([], [], []) == []
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    sizes=st.lists(st.integers(0, 9000), min_size=1, max_size=6),
+    reads=st.lists(
+        st.tuples(st.integers(0, 6), st.integers(0, 10000), st.integers(0, 3000)), max_size=12
+    ),
+    nowait=st.booleans(),
+)
+def test_compiled_and_python_batch_reads_agree(tmp_path_factory, sizes, reads, nowait) -> None:
+    """The compiled loop and the Python loop give the same bytes and outcomes as a numpy
+    oracle, for ranges inside, across and past the end of files and for missing files."""
+    root = tmp_path_factory.mktemp("batch")
+    backend = PosixBackend(root)
+    rng = np.random.default_rng(len(sizes) * 7919 + len(reads))
+    files = [rng.integers(0, 256, n, dtype=np.uint8) for n in sizes]
+    for i, f in enumerate(files):
+        backend.put(f"f/{i}", memoryview(f))
+    keys = [f"f/{i}" for i, _, _ in reads]
+    outcomes = {}
+    for loop in ("compiled", "python"):
+        if loop == "compiled" and posix._filebatch is None:
+            continue
+        saved = posix._filebatch
+        if loop == "python":
+            posix._filebatch = None
+        try:
+            bufs = [bytearray(n) for _, _, n in reads]
+            got = backend.readinto_ranges_versioned(
+                keys, [o for _, o, _ in reads], [memoryview(b) for b in bufs], nowait=nowait
+            )
+        finally:
+            posix._filebatch = saved
+        for (i, off, n), buf, g in zip(reads, bufs, got):
+            if i >= len(files):
+                assert isinstance(g, NotFoundError)
+                continue
+            want = files[i][off : off + n].tobytes()
+            assert bytes(buf) == want + bytes(n - len(want))
+            assert g[0] == len(files[i])
+        outcomes[loop] = [type(g).__name__ if isinstance(g, Exception) else g for g in got]
+    if len(outcomes) == 2:
+        assert outcomes["compiled"] == outcomes["python"]
+
+
+def test_a_batch_read_off_the_page_cache_starts_the_fetch(
+    backend: PosixBackend, batch_loop: str
+) -> None:
+    """In a nowait batch, a file whose pages are not in memory comes back as
+    BlockingIOError EINPROGRESS with its pages asked for, the others are read."""
+    data = np.random.default_rng(5).integers(0, 256, 64 << 10, dtype=np.uint8)
+    backend.put("cold", memoryview(data), durable=True)
+    backend.put("warm", b"warm bytes")
+    backend.drop_cache("cold")
+    out, small = bytearray(40_000), bytearray(4)
+    got = backend.readinto_ranges_versioned(
+        ["cold", "warm"], [1000, 5], [memoryview(out), memoryview(small)], nowait=True
+    )
+    assert bytes(small) == b"byte" and got[1][0] == 10
+    if not isinstance(got[0], BlockingIOError):
+        pytest.skip("the pages stayed in memory (no page cache to drop here)")
+    assert got[0].errno == errno.EINPROGRESS
+    (again,) = backend.readinto_ranges_versioned(["cold"], [1000], [memoryview(out)])
+    assert again[0] == len(data) and bytes(out) == data[1000:41_000].tobytes()
+
+
+def test_sections_read_the_same_through_either_loop(tmp_path, batch_loop: str) -> None:
+    """A dataset's first reads, raw and checksummed chunks, go through the batch read."""
+    import strataio
+
+    want = np.random.default_rng(3).random((50, 70)).astype("f4")
+    for codec in (None, "crc32c"):
+        with strataio.create_dataset(
+            tmp_path / f"{batch_loop}-{codec}", want.shape, want.dtype, (8, 9), codec=codec
+        ) as ds:
+            ds[...] = want
+            for sel in (np.s_[3:47, 5:66], np.s_[:, 4:5], np.s_[7:8, :], np.s_[...]):
+                ds.clear_cache()
+                np.testing.assert_array_equal(ds[sel], want[sel])

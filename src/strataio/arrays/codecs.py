@@ -156,6 +156,10 @@ class CodecPipeline:
     _stored_dtype: np.dtype = field(init=False)
     _bytes_codecs: list[Any] = field(init=False)
     _chunk_size: int = field(init=False)
+    # (sizes asked once per chunk read: kept, not computed on each call)
+    _is_raw: bool = field(init=False)
+    _chunk_nbytes: int = field(init=False)
+    _stored_nbytes: int = field(init=False)
 
     def __post_init__(self) -> None:
         if not self.specs or self.specs[0]["name"] != "bytes":
@@ -177,6 +181,9 @@ class CodecPipeline:
         )
         self._bytes_codecs = [_numcodec(s) for s in self.specs[1:]]
         self._chunk_size = int(np.prod(self.chunk_shape, dtype=np.int64))
+        self._is_raw = not self._bytes_codecs
+        self._chunk_nbytes = self._chunk_size * self.dtype.itemsize
+        self._stored_nbytes = self._chunk_nbytes + (0 if self._is_raw else 4)
 
     @property
     def names(self) -> list[str]:
@@ -185,7 +192,7 @@ class CodecPipeline:
     @property
     def is_raw(self) -> bool:
         """True when a stored chunk is the plain array bytes (partial reads are possible)."""
-        return not self._bytes_codecs
+        return self._is_raw
 
     @property
     def is_plain(self) -> bool:
@@ -196,7 +203,7 @@ class CodecPipeline:
     @property
     def stored_nbytes(self) -> int:
         """Bytes of one stored plain chunk (:attr:`is_plain`)."""
-        return self.chunk_nbytes + (0 if self.is_raw else 4)
+        return self._stored_nbytes
 
     def verify(self, stored: Any) -> None:
         """Check a plain chunk's checksum (:class:`ChecksumError` when it differs)."""
@@ -209,7 +216,7 @@ class CodecPipeline:
 
     @property
     def chunk_nbytes(self) -> int:
-        return self._chunk_size * self.dtype.itemsize
+        return self._chunk_nbytes
 
     def describe(self) -> str:
         parts = []

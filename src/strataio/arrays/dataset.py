@@ -40,7 +40,7 @@ from strataio.layout.chunks import ChunkGrid, chunk_key
 from strataio.layout.memo import LayoutMemo
 from strataio.layout.pieces import scratch
 from strataio.layout.sections import Section
-from strataio.storage.base import BytesLike, Version
+from strataio.storage.base import BytesLike
 
 _MODES = ("r", "r+")
 #: sections whose chunk plans a Dataset remembers, and the most chunks a remembered plan has
@@ -56,6 +56,8 @@ _PUT_BATCH_BYTES = 64 << 20
 #: bytes of chunk spans a plain read has the store fetch in the background before it reads
 #: the first of them (bounds the page cache a huge cold section claims ahead of its copies)
 _FETCH_AHEAD_BYTES = 32 << 20
+#: bytes of chunks a plain read asks of the store in one call (one buffer for all of them)
+_BATCH_BYTES = 4 << 20
 
 
 def _executor() -> ThreadPoolExecutor:
@@ -673,78 +675,138 @@ class Dataset:
         """Read the plain chunks of ``plan`` (see :attr:`CodecPipeline.is_plain`) into ``out``.
 
         Chunks in the decoded-chunk cache or the page cache are copied on this thread (a
-        thread hand-off costs more than the copy). The store says which of the others are
-        on their way (``BlockingIOError`` with errno EINPROGRESS: a POSIX file's pages asked
-        for in the background): those are read here too, after the requests of all of them
-        have gone out, at most :data:`_FETCH_AHEAD_BYTES` ahead; only chunks that would wait
-        with nothing started (slow storage, a copy to check whole) go to the I/O threads.
+        thread hand-off costs more than the copy), those the cache lacks asked of the store
+        in batches (:meth:`ChunkStore.read_spans_versioned`: one call for many small chunks).
+        The store says which of them are on their way (``BlockingIOError`` with errno
+        EINPROGRESS: a POSIX file's pages asked for in the background): those are read here
+        too, after the requests of all of them have gone out, at most
+        :data:`_FETCH_AHEAD_BYTES` ahead; only chunks that would wait with nothing started
+        (slow storage, a copy to check whole) go to the I/O threads.
 
+        A raw chunk is read only from a box's first to its last element (a thin section reads
+        a fraction of each chunk); a checksummed one is read whole and checked in place.
         Chunks are cached under ``versions`` (taken before any read: a chunk replaced after
         its stat is cached under its older version, which the next read sees as stale), or
         with ``fill_cache`` under the version of the very object each read read from.
         """
         keys, dst, src, spans = plan.keys, plan.dst, plan.src, plan.spans
         codecs = self.codecs
+        total = codecs.stored_nbytes
+        raw = codecs.is_raw
         fill_value = self.fill_value
         space = self._cache_space
         cache = chunk_cache()
+        store = self.store
 
-        def read_one(i: int, nowait: bool) -> None:
-            lo, hi = spans[i]
-            # A chunk to keep is read into a buffer of its own: a buffer the cache already
-            # holds is never written (another thread may be copying from it), so an entry is
-            # always the bytes of one read of one version.
+        def span(i: int) -> tuple[int, int]:
+            return spans[i] if raw else (0, total)
+
+        def prepare(i: int) -> tuple[np.ndarray | None, bool]:
+            """A buffer of its own for chunk ``i`` (None: a spare one will do), and whether
+            the cache keeps the chunk: a chunk to keep is read into a buffer of its own (a
+            buffer the cache holds is never written: another thread may be copying from
+            it)."""
             if fill_cache:
-                buf = scratch(codecs.stored_nbytes, "chunk")
-                chunk, v = self._read_raw_span(keys[i], lo, hi, buf, nowait, versioned=True)
+                return None, False  # (kept or not once the read gives the version)
+            v = versions[i] if versions is not None else None
+            # (a chunk cached for another span of it is kept again at once)
+            kept = (
+                v is not None
+                and settled(v, seen)
+                and (entries[i] is not None or cache.remembers(space, keys[i], v))
+            )
+            return (np.empty(total, dtype=np.uint8) if kept else None), kept
+
+        def finish(i: int, chunk: np.ndarray | None, kept: bool, v: Any) -> None:
+            """Place chunk ``i`` (None: never written), read as version ``v``."""
+            if fill_cache:
                 kept = (
                     chunk is not None
                     and v is not None
                     and settled(v, seen)
                     and cache.admit(space, keys[i], v)
                 )
-                if kept:  # (the scratch buffer is read into again)
+                if kept:  # (the spare buffer is read into again)
                     chunk = chunk.copy()
             else:
                 v = versions[i] if versions is not None else None
-                known = v is not None and settled(v, seen)
-                # (a chunk cached for another span of it is kept again at once)
-                kept = known and (entries[i] is not None or cache.remembers(space, keys[i], v))
-                buf = None if kept else scratch(codecs.stored_nbytes, "chunk")
-                chunk = self._read_raw_span(keys[i], lo, hi, buf, nowait)[0]
-                if known and not kept and chunk is not None:
+                if not kept and chunk is not None and v is not None and settled(v, seen):
                     cache.admit(space, keys[i], v)  # (a read done, not one attempted)
             out[dst[i]] = fill_value if chunk is None else chunk[src[i]]
             if kept and chunk is not None:
-                if not codecs.is_raw:  # read and checked whole
-                    lo, hi = 0, codecs.chunk_nbytes
+                # (a checksummed chunk was read and checked whole)
+                lo, hi = spans[i] if raw else (0, codecs.chunk_nbytes)
                 cache.store(space, keys[i], CachedChunk(v, chunk, lo, hi))
+
+        def read_one(i: int) -> None:
+            """Chunk ``i`` read on this thread, waiting for it."""
+            buf, kept = prepare(i)
+            if buf is None:
+                buf = scratch(total, "chunk")
+            lo, hi = span(i)
+            (got,) = store.read_spans_versioned([keys[i]], [lo], [memoryview(buf)[lo:hi]])
+            if isinstance(got, BaseException):
+                raise got
+            size, v = got
+            finish(i, None if size is None else self._plain_chunk(keys[i], buf, size), kept, v)
 
         blocked: list[int] = []
         coming: deque[int] = deque()  # chunks whose bytes the store is fetching
         ahead = 0
+        todo = []
         for i, e in enumerate(entries):
             lo, hi = spans[i]
             if e is not None and e.lo <= lo and hi <= e.hi:
                 out[dst[i]] = e.chunk[src[i]]
-                continue
-            try:
-                read_one(i, True)
-            except BlockingIOError as exc:
-                if exc.errno != errno.EINPROGRESS:
-                    blocked.append(i)
+            else:
+                todo.append(i)
+        group = max(1, _BATCH_BYTES // total)
+        for first in range(0, len(todo), group):
+            part = todo[first : first + group]
+            # one spare buffer for the batch, and (raw chunks) every chunk array over it
+            spares = scratch(total * len(part), "chunks")
+            spare_view = memoryview(spares)
+            arrays = (
+                spares.view(codecs.stored_dtype).reshape((len(part), *self.chunks)) if raw else None
+            )
+            bufs, offsets, views, keeps = [], [], [], []
+            for j, i in enumerate(part):
+                buf, kept = prepare(i)
+                lo, hi = span(i)
+                bufs.append(buf)
+                keeps.append(kept)
+                offsets.append(lo)
+                at = j * total
+                views.append(
+                    spare_view[at + lo : at + hi] if buf is None else memoryview(buf)[lo:hi]
+                )
+            got = store.read_spans_versioned([keys[i] for i in part], offsets, views, nowait=True)
+            for j, (i, buf, kept, r) in enumerate(zip(part, bufs, keeps, got)):
+                if isinstance(r, BlockingIOError):
+                    if r.errno != errno.EINPROGRESS:
+                        blocked.append(i)
+                        continue
+                    # (counted whole: a checksummed chunk, or a tiered copy's first read, is
+                    # fetched whole however little of it the section wants)
+                    coming.append(i)
+                    ahead += total
+                    while ahead > _FETCH_AHEAD_BYTES:
+                        read_one(coming.popleft())
+                        ahead -= total
                     continue
-                # (counted whole: a checksummed chunk, or a tiered copy's first read, is
-                # fetched whole however little of it the section wants)
-                coming.append(i)
-                ahead += codecs.stored_nbytes
-                while ahead > _FETCH_AHEAD_BYTES:
-                    read_one(coming.popleft(), False)
-                    ahead -= codecs.stored_nbytes
+                size, v = r
+                if size is None:
+                    chunk = None
+                elif arrays is not None and buf is None and size == total:
+                    chunk = arrays[j]
+                else:
+                    spare = spares[j * total : (j + 1) * total]
+                    chunk = self._plain_chunk(keys[i], spare if buf is None else buf, size)
+                finish(i, chunk, kept, v)
 
         def fetch(a: int, b: int) -> None:
             for i in blocked[a:b]:
-                read_one(i, False)
+                read_one(i)
 
         if not coming:
             _run_groups(len(blocked), fetch)
@@ -752,50 +814,19 @@ class Dataset:
         waiting = _start_groups(len(blocked), fetch)
         try:
             for i in coming:
-                read_one(i, False)
+                read_one(i)
         except BaseException:
             for f in waiting:  # (their errors must not hide this one)
                 f.exception()
             raise
         _wait_groups(waiting)
 
-    def _read_raw_span(
-        self,
-        key: str,
-        lo: int,
-        hi: int,
-        buf: np.ndarray | None,
-        nowait: bool = False,
-        *,
-        versioned: bool = False,
-    ) -> tuple[np.ndarray | None, Version | None]:
-        """Plain chunk ``key`` (see :attr:`CodecPipeline.is_plain`) with at least bytes
-        ``[lo, hi)`` read, as a chunk-shaped array of the stored dtype over ``buf`` (a new
-        buffer when None); None when the chunk was never written.
-
-        A raw chunk is read only from a box's first to its last element: a thin section reads
-        a fraction of each chunk instead of whole chunks. A checksummed one is read whole (its
-        checksum covers all of it) into ``buf`` and checked there, with no copy.
-
-        Returned with the version of the object read when ``versioned`` (as the store's
-        ``versions`` give it; None where the read cannot tell, or without ``versioned``).
-        """
+    def _plain_chunk(self, key: str, buf: np.ndarray, size: int) -> np.ndarray:
+        """Plain chunk ``key`` (see :attr:`CodecPipeline.is_plain`) read into ``buf`` (its
+        stored object is ``size`` bytes) as a chunk-shaped array of the stored dtype over
+        ``buf``; a checksummed one is checked there, with no copy."""
         codecs = self.codecs
         total = codecs.stored_nbytes
-        if not codecs.is_raw:
-            lo, hi = 0, total
-        if buf is None:
-            buf = np.empty(total, dtype=np.uint8)
-        version = None
-        if versioned:
-            assert self._versioned_span_reader is not None
-            size, version = self._versioned_span_reader(
-                key, lo, memoryview(buf)[lo:hi], nowait=nowait
-            )
-        else:
-            size = self._span_reader(key, lo, memoryview(buf)[lo:hi], nowait=nowait)
-        if size is None:
-            return None, None
         if size != total:
             raise CodecError(
                 f"chunk {key!r} of {self._what()} holds {size} bytes, expected {total}: "
@@ -806,8 +837,7 @@ class Dataset:
                 codecs.verify(buf)
             except CodecError as exc:
                 raise type(exc)(f"{self._what()}, chunk {key!r}: {exc}") from None
-        chunk = buf[: codecs.chunk_nbytes].view(codecs.stored_dtype).reshape(self.chunks)
-        return chunk, version
+        return buf[: codecs.chunk_nbytes].view(codecs.stored_dtype).reshape(self.chunks)
 
     def _read_shard_box(self, key: str, box: tuple[slice, ...]) -> np.ndarray | None:
         """The box (slices, ``()`` for all) of shard ``key``, None when never written."""

@@ -113,6 +113,25 @@ class ChunkStore(abc.ABC):
         gives None: such bytes are not cached)."""
         return self.read_span(key, offset, out, nowait=nowait), None
 
+    def read_spans_versioned(
+        self,
+        keys: Sequence[str],
+        offsets: Sequence[int],
+        outs: Sequence[memoryview],
+        *,
+        nowait: bool = False,
+    ) -> list[tuple[int | None, Version | None] | BlockingIOError]:
+        """(``partial_reads``) :meth:`read_span_versioned` of each key into its ``out``, in
+        one call: a chunk that would wait gives its :class:`BlockingIOError` in its place
+        (the others are read); any other error is raised."""
+        got: list[tuple[int | None, Version | None] | BlockingIOError] = []
+        for key, offset, out in zip(keys, offsets, outs):
+            try:
+                got.append(self.read_span_versioned(key, offset, out, nowait=nowait))
+            except BlockingIOError as exc:
+                got.append(exc)
+        return got
+
     def chunk_versions(self, keys: Sequence[str]) -> list[Version | None]:
         """(``versions``) Per key a token that changes whenever the stored chunk does (None
         for a chunk never written), as :meth:`strataio.storage.base.Backend.versions`."""
@@ -184,14 +203,38 @@ class BackendChunkStore(ChunkStore):
     def read_span_versioned(
         self, key: str, offset: int, out: memoryview, *, nowait: bool = False
     ) -> tuple[int | None, Version | None]:
-        try:
-            return self.backend.readinto_range_versioned(self._key(key), offset, out, nowait=nowait)
-        except FileNotFoundError:
-            return None, None
-        except (StrataError, BlockingIOError):
-            raise
-        except OSError as exc:
-            raise self._failed("read", key, exc) from exc
+        if not self.capabilities.versions:
+            return self.read_span(key, offset, out, nowait=nowait), None
+        got = self.read_spans_versioned([key], [offset], [out], nowait=nowait)[0]
+        if isinstance(got, BlockingIOError):
+            raise got
+        return got
+
+    def read_spans_versioned(
+        self,
+        keys: Sequence[str],
+        offsets: Sequence[int],
+        outs: Sequence[memoryview],
+        *,
+        nowait: bool = False,
+    ) -> list[tuple[int | None, Version | None] | BlockingIOError]:
+        if not self.capabilities.versions:  # (one read_span per chunk, no version asked)
+            return super().read_spans_versioned(keys, offsets, outs, nowait=nowait)
+        got = self.backend.readinto_ranges_versioned(
+            [self._key(k) for k in keys], offsets, outs, nowait=nowait
+        )
+        for i, r in enumerate(got):
+            if not isinstance(r, Exception) or isinstance(r, BlockingIOError):
+                continue
+            if isinstance(r, FileNotFoundError):  # (NotFoundError is one)
+                got[i] = (None, None)
+            elif isinstance(r, StrataError):
+                raise r
+            elif isinstance(r, OSError):
+                raise self._failed("read", keys[i], r) from r
+            else:
+                raise r
+        return got  # type: ignore[return-value]
 
     def chunk_versions(self, keys: Sequence[str]) -> list[Version | None]:
         got = self.backend.versions([self._key(k) for k in keys])

@@ -38,10 +38,10 @@ All chunked contenders use the same chunk shape and no compression. What a timed
 includes: ``naive``, ``strataio``, ``h5py``, ``zarr`` and TensorStore write into the page
 cache, no fsync (TensorStore's ``file_io_sync`` is turned off for this: it would otherwise
 fsync each chunk); ``strataio-tiered``'s ``write_section`` also announces a rewrite in the
-catalog (one SQLite transaction, which first syncs the copies earlier writes recorded
-unsynced) before it replaces the chunk objects; the rest of its durability (fsync of the
-new copies and the catalog commit) happens when the dataset is flushed or closed, after
-the timed calls.
+catalog (one SQLite transaction, committed without waiting for the disk) before it replaces
+the chunk objects; the rest of its durability (fsync of the new copies and the catalog
+commit, which makes the announcement durable too) happens when the dataset is flushed or
+closed, after the timed calls.
 """
 
 from __future__ import annotations

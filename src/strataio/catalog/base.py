@@ -231,11 +231,22 @@ class Catalog(abc.ABC):
         """Every chunk copy of every dataset (one query)."""
 
     @abc.abstractmethod
-    def commit(self, upserts: Iterable[ChunkCopy] = (), deletes: Iterable[CopyId] = ()) -> None:
+    def commit(
+        self,
+        upserts: Iterable[ChunkCopy] = (),
+        deletes: Iterable[CopyId] = (),
+        *,
+        durable: bool = True,
+    ) -> None:
         """Apply residency changes atomically, in ONE transaction: insert or replace each
         copy in ``upserts`` (keyed by dataset, key, tier), then remove each
         ``(dataset, key, tier)`` in ``deletes`` (missing rows are fine). Copies naming an
-        unknown dataset or tier raise :class:`MetadataError` and nothing is applied."""
+        unknown dataset or tier raise :class:`MetadataError` and nothing is applied.
+
+        ``durable=False`` returns before the transaction reaches the disk: it is visible to
+        every process at once and survives this process's death, but an OS crash or power
+        cut can lose it until the next durable commit, which makes it durable too (the
+        database's log is sequential)."""
 
     @abc.abstractmethod
     def touch(self, dataset: str, keys: Iterable[str], when: float) -> None:

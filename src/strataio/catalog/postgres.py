@@ -69,8 +69,12 @@ class PostgresCatalog(SQLCatalog):
         self._conn.close()
 
     @contextlib.contextmanager
-    def _begin(self) -> Iterator[psycopg.Cursor]:
+    def _begin(self, durable: bool = True) -> Iterator[psycopg.Cursor]:
         with self._conn.transaction(), self._conn.cursor() as cur:
+            if not durable:
+                # an asynchronous commit: the server's WAL writer flushes it shortly, and
+                # the next synchronous commit flushes the WAL up to itself, this one included
+                cur.execute("SET LOCAL synchronous_commit TO OFF")
             yield cur
 
     def _placeholders(self, statement: str) -> str:

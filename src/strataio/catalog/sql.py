@@ -194,8 +194,9 @@ class SQLCatalog(Catalog):
     def _disconnect(self) -> None: ...
 
     @abc.abstractmethod
-    def _begin(self) -> contextlib.AbstractContextManager[Cursor]:
-        """A write transaction: commits on normal exit, rolls back on an exception."""
+    def _begin(self, durable: bool = True) -> contextlib.AbstractContextManager[Cursor]:
+        """A write transaction: commits on normal exit, rolls back on an exception; with
+        ``durable=False`` the commit does not wait for the disk (see :meth:`Catalog.commit`)."""
 
     def _sql(self, statement: str) -> str:
         """``statement`` with the dialect's slots filled, in the driver's placeholder style."""
@@ -258,11 +259,11 @@ class SQLCatalog(Catalog):
     # -- plumbing ------------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def _write(self) -> Iterator[Cursor]:
+    def _write(self, durable: bool = True) -> Iterator[Cursor]:
         with self._lock:
             self._check_open()
             try:
-                with self._begin() as cur:
+                with self._begin(durable) as cur:
                     yield cur
             except self.INTEGRITY_ERRORS as exc:
                 raise MetadataError(f"catalog {self._label()}: constraint failed: {exc}") from exc
@@ -415,7 +416,13 @@ class SQLCatalog(Catalog):
             offset += limit
         return out[:limit]
 
-    def commit(self, upserts: Iterable[ChunkCopy] = (), deletes: Iterable[CopyId] = ()) -> None:
+    def commit(
+        self,
+        upserts: Iterable[ChunkCopy] = (),
+        deletes: Iterable[CopyId] = (),
+        *,
+        durable: bool = True,
+    ) -> None:
         # Last write wins within a batch, as executemany would do; deduplicating first also
         # keeps PostgreSQL's set-based upsert from touching one row twice.
         latest = {(c.dataset, c.key, c.tier): c for c in upserts}
@@ -442,7 +449,7 @@ class SQLCatalog(Catalog):
         if not rows and not ids:
             return
         try:
-            with self._write() as cur:
+            with self._write(durable) as cur:
                 self._bulk_upsert(cur, rows)
                 self._bulk_delete(cur, ids)
         except MetadataError:

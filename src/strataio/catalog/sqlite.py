@@ -4,7 +4,9 @@ WAL lets readers proceed while a writer commits, so several processes (or a CLI 
 running job) can open the same catalog; writers take the lock up front (``BEGIN IMMEDIATE``)
 and wait up to ``timeout`` seconds for each other rather than failing. ``synchronous=FULL``
 makes a commit durable before it returns: the mover deletes a source copy only after the
-catalog says the destination holds it, so a commit lost to a power cut could lose data.
+catalog says the destination holds it, so a commit lost to a power cut could lose data. A
+commit asked not to be durable (``durable=False``, a rewrite's announcement) runs under
+``synchronous=NORMAL``: appended to the WAL without an fsync, durable with the next commit.
 """
 
 from __future__ import annotations
@@ -85,19 +87,26 @@ class SQLiteCatalog(SQLCatalog):
         self._conn.close()
 
     @contextlib.contextmanager
-    def _begin(self) -> Iterator[sqlite3.Cursor]:
+    def _begin(self, durable: bool = True) -> Iterator[sqlite3.Cursor]:
         cur = self._conn.cursor()
-        # IMMEDIATE: take the write lock now, so a reader-turned-writer never deadlocks on
-        # lock upgrade (which the busy timeout cannot resolve).
-        cur.execute("BEGIN IMMEDIATE")
+        if not durable:
+            # NORMAL in WAL mode: the commit is appended to the WAL without an fsync; the
+            # next FULL commit's fsync of the WAL (or a checkpoint) makes it durable too
+            cur.execute("PRAGMA synchronous = NORMAL")
         try:
-            yield cur
-            cur.execute("COMMIT")
-        except BaseException:
-            if self._conn.in_transaction:
-                self._conn.rollback()
-            raise
+            # IMMEDIATE: take the write lock now, so a reader-turned-writer never deadlocks
+            # on lock upgrade (which the busy timeout cannot resolve).
+            cur.execute("BEGIN IMMEDIATE")
+            try:
+                yield cur
+                cur.execute("COMMIT")
+            except BaseException:
+                if self._conn.in_transaction:
+                    self._conn.rollback()
+                raise
         finally:
+            if not durable:
+                cur.execute("PRAGMA synchronous = FULL")
             cur.close()
 
     def _hold_token(self, writer: str) -> None:

@@ -146,6 +146,27 @@ class Backend(abc.ABC):
             return size, None
         return size, after[0]
 
+    def readinto_ranges_versioned(
+        self,
+        keys: Sequence[str],
+        offsets: Sequence[int],
+        outs: Sequence[memoryview],
+        *,
+        nowait: bool = False,
+    ) -> list[tuple[int, Version | None] | Exception]:
+        """:meth:`readinto_range_versioned` of each key into its ``out``, in one call: per
+        key its result or the exception it raised (a missing object, a read that would wait,
+        a failure), so that one key's outcome stops none of the others. Backends that pay a
+        fixed cost per call (POSIX: several Python calls per file) read the batch in one
+        loop."""
+        got: list[tuple[int, Version | None] | Exception] = []
+        for key, offset, out in zip(keys, offsets, outs):
+            try:
+                got.append(self.readinto_range_versioned(key, offset, out, nowait=nowait))
+            except Exception as exc:
+                got.append(exc)
+        return got
+
     def get_many(self, keys: Iterable[str]) -> list[BytesLike | None]:
         """Whole objects for ``keys``, None where missing. Backends may overlap the requests."""
         out: list[BytesLike | None] = []
