@@ -285,7 +285,8 @@ def test_batch_read_answers_per_file(backend: PosixBackend, batch_loop: str) -> 
 )
 def test_compiled_and_python_batch_reads_agree(tmp_path_factory, sizes, reads, nowait) -> None:
     """The compiled loop and the Python loop give the same bytes and outcomes as a numpy
-    oracle, for ranges inside, across and past the end of files and for missing files."""
+    oracle, for ranges inside, across and past the end of files and for missing files, and
+    the same versions."""
     root = tmp_path_factory.mktemp("batch")
     backend = PosixBackend(root)
     rng = np.random.default_rng(len(sizes) * 7919 + len(reads))
@@ -315,6 +316,13 @@ def test_compiled_and_python_batch_reads_agree(tmp_path_factory, sizes, reads, n
             assert bytes(buf) == want + bytes(n - len(want))
             assert g[0] == len(files[i])
         outcomes[loop] = [type(g).__name__ if isinstance(g, Exception) else g for g in got]
+        saved = posix._filebatch
+        if loop == "python":
+            posix._filebatch = None
+        try:  # the versions of the files (a stat each), missing ones included
+            outcomes[loop].append(backend.versions(keys + ["f/missing"]))
+        finally:
+            posix._filebatch = saved
     if len(outcomes) == 2:
         assert outcomes["compiled"] == outcomes["python"]
 

@@ -1,6 +1,7 @@
-/* strataio.storage._filebatch: one call reads a range of each of many files.
+/* strataio.storage._filebatch: one call reads a range of (or stats) each of many files.
  *
  * read_ranges(paths, offsets, outs, nowait) -> list of (err, size, ino, ctime_ns)
+ * stat_files(paths) -> list of (err, size, ino, ctime_ns)
  *
  * Per file, with the GIL released for the whole batch: open, POSIX_FADV_RANDOM, one
  * preadv2 (RWF_NOWAIT with nowait), fstat, close. err is 0 on success; ENOENT for a
@@ -160,10 +161,54 @@ done:
     return result;
 }
 
+static PyObject *stat_files(PyObject *self, PyObject *args) {
+    PyObject *paths;
+    if (!PyArg_ParseTuple(args, "O!", &PyList_Type, &paths))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(paths);
+    item_t *items = PyMem_Calloc(n ? n : 1, sizeof(item_t));
+    if (items == NULL)
+        return PyErr_NoMemory();
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *p = PyList_GET_ITEM(paths, i);
+        if (!PyBytes_Check(p)) {
+            PyMem_Free(items);
+            PyErr_SetString(PyExc_TypeError, "paths must be bytes");
+            return NULL;
+        }
+        items[i].path = PyBytes_AS_STRING(p);
+    }
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++) {
+        struct stat st;
+        if (stat(items[i].path, &st) != 0) {
+            items[i].err = errno;
+            continue;
+        }
+        items[i].size = (long long)st.st_size;
+        items[i].ino = (unsigned long long)st.st_ino;
+        items[i].ctime_ns = (long long)st.st_ctim.tv_sec * 1000000000LL + st.st_ctim.tv_nsec;
+    }
+    Py_END_ALLOW_THREADS
+    PyObject *result = PyList_New(n);
+    for (Py_ssize_t i = 0; result != NULL && i < n; i++) {
+        PyObject *t = Py_BuildValue("(iLKL)", items[i].err, items[i].size, items[i].ino,
+                                    items[i].ctime_ns);
+        if (t == NULL)
+            Py_CLEAR(result);
+        else
+            PyList_SET_ITEM(result, i, t);
+    }
+    PyMem_Free(items);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"read_ranges", read_ranges, METH_VARARGS,
      "read_ranges(paths, offsets, outs, nowait) -> [(err, size, ino, ctime_ns)]: per file, "
      "open, one read of len(out) bytes from offset into out, fstat, close (GIL released)."},
+    {"stat_files", stat_files, METH_VARARGS,
+     "stat_files(paths) -> [(err, size, ino, ctime_ns)]: one stat per file (GIL released)."},
     {NULL, NULL, 0, NULL},
 };
 

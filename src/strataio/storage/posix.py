@@ -136,7 +136,7 @@ class PosixBackend(Backend):
         """The read and the version from one ``fstat`` of the descriptor read, after the
         read: the version of the very object the bytes came from (a put that replaces the
         key meanwhile makes a new inode, which this descriptor does not see)."""
-        (got,) = self.readinto_ranges_versioned([key], [offset], [out], nowait=nowait)
+        (got,) = self._read_ranges([key], [offset], [out], nowait)
         if isinstance(got, Exception):
             raise got
         return got
@@ -156,6 +156,15 @@ class PosixBackend(Backend):
         (``strataio.storage._filebatch``) where the package was built with it, else in one
         Python loop: a section's first read of many small chunks spent more in Python calls
         per file than in the system calls."""
+        return self._read_ranges(keys, offsets, outs, nowait)
+
+    def _read_ranges(
+        self,
+        keys: Sequence[str],
+        offsets: Sequence[int],
+        outs: Sequence[memoryview],
+        nowait: bool,
+    ) -> list[tuple[int, Version] | Exception]:
         if _filebatch is None:
             return self._read_ranges_python(keys, offsets, outs, nowait)
         prefix = self._prefix
@@ -280,8 +289,19 @@ class PosixBackend(Backend):
     def versions(self, keys: Sequence[str]) -> list[Version | None]:
         """``(inode, size, ctime_ns)`` per key: a put makes a new inode, and any write or
         truncation, by any process, a new ctime (which the kernel, unlike mtime, never lets a
-        user set back)."""
+        user set back). One compiled loop where the package was built with it."""
         prefix = self._prefix
+        if _filebatch is not None:
+            got = _filebatch.stat_files([_fs_path(prefix, k) for k in keys])
+            versions: list[Version | None] = []
+            for key, (err, size, ino, ctime_ns) in zip(keys, got):
+                if err == errno.ENOENT:
+                    versions.append(None)
+                elif err:
+                    raise OSError(err, os.strerror(err), prefix + key)
+                else:
+                    versions.append((ino, size, ctime_ns))
+            return versions
         stat = os.stat
         out: list[Version | None] = []
         for key in keys:

@@ -130,11 +130,16 @@ class Residency:
             busy = self._busy.get(key, 0) > 0
             return self._first_readable(key), busy, self._stamps.get(key, 0)
 
-    def fastest_readable_many(self, keys: Sequence[str]) -> list[ChunkCopy | None]:
-        """Per key, the copy a read would use, None where there is none or a put of the
-        chunk is in flight (one look for a whole section)."""
+    def fastest_readable_many(self, keys: Sequence[str]) -> list[tuple[ChunkCopy | None, int]]:
+        """Per key, the copy a read would use (None where there is none or a put of the
+        chunk is in flight) and the chunk's :meth:`stamp`, in one look for a whole section:
+        a reader whose stamp still holds after its read read a copy nothing replaced."""
         with self.lock:
-            return [None if self._busy.get(k, 0) else self._first_readable(k) for k in keys]
+            busy, stamps = self._busy, self._stamps
+            return [
+                (None if busy.get(k, 0) else self._first_readable(k), stamps.get(k, 0))
+                for k in keys
+            ]
 
     def _first_readable(self, key: str) -> ChunkCopy | None:
         """The first of :meth:`readable` (the caller holds the lock; a single copy, the

@@ -180,14 +180,28 @@ class TieredChunkStore(ChunkStore):
         a put of it is in flight, or the tier keeps no versions)."""
         self._check_open()
         out: list[Version | None] = [None] * len(keys)
-        by_tier: dict[str, list[int]] = {}
-        for i, copy in enumerate(self.res.fastest_readable_many(keys)):
+        by_tier: dict[str, tuple[list[int], list[str]]] = {}
+        # the copy a read takes: the one checked before while the chunk's stamp holds (as
+        # the read's own fast path decides), else the fastest readable one
+        stamp = self.res.stamp
+        rest = []
+        for i, key in enumerate(keys):
+            checked = self._checked.get(key)
+            if checked is not None and checked.stamp == stamp(key) and checked.tier.up:
+                idx, objs = by_tier.setdefault(checked.tier.name, ([], []))
+                idx.append(i)
+                objs.append(checked.obj)
+            else:
+                rest.append(i)
+        for i, (copy, _) in zip(rest, self.res.fastest_readable_many([keys[i] for i in rest])):
             if copy is not None:
-                by_tier.setdefault(copy.tier, []).append(i)
-        for name, idx in by_tier.items():
+                idx, objs = by_tier.setdefault(copy.tier, ([], []))
+                idx.append(i)
+                objs.append(object_key(self.name, keys[i]))
+        for name, (idx, objs) in by_tier.items():
             backend = self.tiers[name].backend
             try:
-                got = backend.versions([object_key(self.name, keys[i]) for i in idx])
+                got = backend.versions(objs)
             except (OSError, StrataError):
                 continue  # (the read says what is wrong)
             if got is None:
@@ -274,6 +288,113 @@ class TieredChunkStore(ChunkStore):
         if nowait:
             raise BlockingIOError(key)
         return _copy_span(self._whole(key), offset, out), None
+
+    def read_spans_versioned(
+        self,
+        keys: Sequence[str],
+        offsets: Sequence[int],
+        outs: Sequence[memoryview],
+        *,
+        nowait: bool = False,
+    ) -> list[tuple[int | None, Version | None] | BlockingIOError]:
+        """:meth:`read_span_versioned` of each key, the usual cases in one batch read per
+        tier (:meth:`Backend.readinto_ranges_versioned`): a copy checked before, read in
+        range under the version it was checked in, and a copy's first read, read whole and
+        checked. Every other case, and a read whose version or checksum does not hold, goes
+        through :meth:`read_span_versioned` on its own."""
+        if self._closed:
+            self._check_open()
+        got: list[Any] = [None] * len(keys)
+        # per tier: [position, kind, what the read must match, whole buffer] and the reads
+        batches: dict[str, tuple[Tier, list[tuple[int, str, Any, Any]], list, list, list]] = {}
+        alone: list[int] = []
+        first: list[int] = []
+
+        def add(tier: Tier, item: tuple[int, str, Any, Any], obj: str, offset: int, out: Any):
+            batch = batches.get(tier.name)
+            if batch is None:
+                batch = batches[tier.name] = (tier, [], [], [], [])
+            batch[1].append(item)
+            batch[2].append(obj)
+            batch[3].append(offset)
+            batch[4].append(out)
+
+        stamp = self.res.stamp
+        for j, key in enumerate(keys):
+            hit = self.cache.get(self.name, key)
+            if hit is not None:
+                got[j] = (_copy_span(hit, offsets[j], outs[j]), None)
+                continue
+            checked = self._checked.get(key)
+            if checked is not None and checked.stamp == stamp(key) and checked.tier.up:
+                # nothing about the chunk's copies changed since a read checked them
+                add(checked.tier, (j, "range", checked, None), checked.obj, offsets[j], outs[j])
+            elif key in self._verified:
+                alone.append(j)  # checked whole before: its second read sets the fast path
+            else:
+                first.append(j)
+        tiers = self.tiers
+        looks = self.res.fastest_readable_many([keys[j] for j in first])
+        for j, (copy, at) in zip(first, looks):
+            tier = tiers[copy.tier] if copy is not None else None
+            if tier is None or tier.role == "remotetape" or not tier.up:
+                alone.append(j)
+                continue
+            # the first read of this copy: whole, to check it (into the caller's buffer
+            # when that is the whole chunk)
+            out = outs[j]
+            whole = out if offsets[j] == 0 and len(out) == copy.nbytes else None
+            if whole is None:
+                whole = memoryview(np.empty(copy.nbytes, dtype=np.uint8))
+            add(tier, (j, "whole", (copy, at), whole), object_key(self.name, keys[j]), 0, whole)
+        touched = []
+        for tier, items, objs, offs, views in batches.values():
+            reader = tier.backend.readinto_ranges_versioned
+            # (a nowait batch not through the tier's slots: it never waits, and a refusal to
+            # wait is no failure of the tier)
+            reads = (
+                reader(objs, offs, views, nowait=True)
+                if nowait
+                else tier.call(reader, objs, offs, views)
+            )
+            url = tier.backend.url
+            for (j, kind, want, whole), r in zip(items, reads):
+                if isinstance(r, BlockingIOError):
+                    got[j] = r
+                    continue
+                if isinstance(r, Exception):
+                    if not isinstance(r, OSError | StrataError):
+                        raise r
+                    alone.append(j)  # moved or gone: the read alone finds where it is now
+                    continue
+                size, version = r
+                key = keys[j]
+                if kind == "range":
+                    if version == want.version:
+                        touched.append(key)
+                        got[j] = (size, (url, *version))
+                        continue
+                else:
+                    copy, at = want
+                    if size == copy.nbytes and version is not None:
+                        digest = checksum(whole)
+                        # (an unchanged stamp: no put or move replaced the copy meanwhile)
+                        if copy.accepts(digest) and stamp(key) == at:
+                            self._verified[key] = (copy.tier, digest, version)
+                            touched.append(key)
+                            if whole is not outs[j]:
+                                _copy_span(whole, offsets[j], outs[j])
+                            got[j] = (size, (url, *version))
+                            continue
+                alone.append(j)
+        if touched:
+            self.res.touch(touched)
+        for j in alone:
+            try:
+                got[j] = self.read_span_versioned(keys[j], offsets[j], outs[j], nowait=nowait)
+            except BlockingIOError as exc:
+                got[j] = exc
+        return got
 
     def verified_chunks(self) -> set[str]:
         """Keys of the chunks whose copy a read checked whole (the verified-once rule)."""
