@@ -434,7 +434,8 @@ def test_cold_drop_evicts_every_file(tmp_path, name: str) -> None:
 
 def test_round_robin_interleaves_the_contenders_calls():
     """Each round times one call of every contender, starting one further along each round;
-    cold rounds evict each contender's files right before its own call."""
+    each timed call follows an untimed call of the same contender (never another's), and
+    cold rounds evict each contender's files right before its timed call."""
     calls: list[str] = []
 
     class Fake:
@@ -444,13 +445,24 @@ def test_round_robin_interleaves_the_contenders_calls():
         def read(self, start, stop):
             calls.append(self.name)
 
+        def forget(self):
+            calls.append(f"forget {self.name}")
+
         def drop_cache(self):
             calls.append(f"drop {self.name}")
 
     a, b, c = Fake("a"), Fake("b"), Fake("c")
     got = measure_round_robin([a, b, c], "read", "warm", (0,), (1,), None, 3)
-    assert calls == ["a", "b", "c", "a", "b", "c", "b", "c", "a", "c", "a", "b"]
+    warm_up = ["a", "b", "c"]
+    rounds = [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"]]
+    assert calls == warm_up + [x for r in rounds for n in r for x in (n, n)]
     assert {k: len(v) for k, v in got.items()} == {"a": 3, "b": 3, "c": 3}
     calls.clear()
     measure_round_robin([a, b], "read", "cold", (0,), (1,), None, 2)
-    assert calls == ["drop a", "a", "drop b", "b", "drop b", "b", "drop a", "a"]
+    assert calls == ["a", "drop a", "a", "b", "drop b", "b", "b", "drop b", "b", "a", "drop a", "a"]
+    calls.clear()
+    measure_round_robin([a, b], "read", "first", (0,), (1,), None, 1)
+    assert calls == ["a", "b", "a", "forget a", "a", "b", "forget b", "b"]
+    calls.clear()
+    measure_round_robin([a], "read", "warm", (0,), (1,), None, 2)  # alone: nothing to settle
+    assert calls == ["a", "a", "a"]

@@ -53,6 +53,8 @@ _POOL_WORKERS = min(16, 4 * (os.cpu_count() or 1))
 _pool: ThreadPoolExecutor | None = None
 #: bytes of encoded chunks a write hands at once to a store that overlaps its puts itself
 _PUT_BATCH_BYTES = 64 << 20
+#: bytes of plain (raw or checksummed) chunks such a write encodes on the calling thread
+_INLINE_ENCODE_BYTES = 4 << 20
 #: bytes of chunk spans a plain read has the store fetch in the background before it reads
 #: the first of them (bounds the page cache a huge cold section claims ahead of its copies)
 _FETCH_AHEAD_BYTES = 32 << 20
@@ -481,7 +483,10 @@ class Dataset:
             def encode(lo: int, hi: int, first: int = first, parts: dict = parts) -> None:
                 parts[lo] = encoded(first + lo, first + hi)
 
-            _run_groups(last - first, encode)
+            if codecs.is_plain and (last - first) * codecs.stored_nbytes <= _INLINE_ENCODE_BYTES:
+                encode(0, last - first)  # a copy per chunk: less than a hand-off to threads
+            else:
+                _run_groups(last - first, encode)
             self.store.put_chunks([item for lo in sorted(parts) for item in parts[lo]])
             forget(first, last)
 

@@ -261,7 +261,13 @@ def measure_round_robin(
 ) -> dict[str, list[float]]:
     """:func:`measure` for several contenders at once, their calls interleaved: each round
     times one call of every contender, starting one further along the list each round, so
-    that a drift of the machine's speed during the measurement falls on all of them alike."""
+    that a drift of the machine's speed during the measurement falls on all of them alike.
+
+    Each timed call follows an untimed call of the same contender (then its caches are
+    emptied or its files evicted, as the mode says): what one store leaves running when
+    its call returns (a peer's threads finishing up) delays the calls right after it by
+    tens of microseconds on a small machine, and in a fixed rotation it would always fall
+    on the same next contender. A user's loop of calls meets only its own store's."""
     calls = {}
     for c in contenders:
         if op == "read":
@@ -275,6 +281,8 @@ def measure_round_robin(
     n = len(contenders)
     for r in range(repeat):
         for c in (contenders[(r + j) % n] for j in range(n)):
+            if n > 1:
+                calls[c.name]()  # (untimed: settles what the contender before left running)
             if cache == "first":
                 c.forget()
             elif cache == "cold":

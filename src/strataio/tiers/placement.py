@@ -278,6 +278,8 @@ class Placement:
         reservation of its own may wait (a move of one chunk; not a batch of writes, which
         goes on to the next tier instead).
         """
+        if tier.reserve(nbytes):  # room at once (the usual case): nothing else to look at
+            return True
         deadline = time.monotonic() + self.CLAIM_WAIT
         while True:
             before, busy = self.evictions, self._in_flight(tier)
