@@ -106,6 +106,41 @@ def test_serial_pointer_size_and_modes(tmp_path: Path) -> None:
     assert not path.exists()
 
 
+def test_a_rank_with_spare_cores_shares_large_reads(tmp_path: Path, monkeypatch) -> None:
+    """A rank alone on its node reads with a thread per spare core (at most
+    MAX_READ_THREADS): large contiguous and strided reads, and one past the end of the file,
+    give the file's bytes as a single read does."""
+    from strataio.collective import driver as driver_module
+
+    monkeypatch.setattr(driver_module, "SPLIT_READ_BYTES", 1 << 16)
+    shared = []
+    run_shared = driver_module._run_shared
+    monkeypatch.setattr(
+        driver_module, "_run_shared", lambda w: (shared.append(len(w)), run_shared(w))
+    )
+    cores = len(os.sched_getaffinity(0))
+    data = np.random.default_rng(4).integers(0, 1 << 31, 300_000, dtype=np.int32)
+    path = tmp_path / "big.bin"
+    data.tofile(path)
+    with strataio.File.open(None, path, "r") as f:
+        assert f.driver.threads == min(driver_module.MAX_READ_THREADS, cores)
+        out = np.zeros_like(data)
+        f.read_at_all(0, out)
+        np.testing.assert_array_equal(out, data)
+        past = np.full(200_000, -1, dtype=np.int32)
+        f.read_at(150_000 * 4, past)
+        np.testing.assert_array_equal(past[:150_000], data[150_000:])
+        ft = MPI.INT.Create_vector(1000, 50, 100).Create_resized(0, 400_000).Commit()
+        f.set_view(0, MPI.INT, ft)
+        every = np.zeros(150_000, dtype=np.int32)
+        f.read_all(every)
+        want = data.reshape(-1, 100)[:, :50].reshape(-1)[:150_000]
+        np.testing.assert_array_equal(every, want)
+        ft.Free()
+    if cores > 1:  # (every read above was shared among the threads)
+        assert len(shared) == 3 and set(shared) == {f.driver.threads}
+
+
 def _romio_read_then_write(path: Path, etype: MPI.Datatype, ft: MPI.Datatype, n: int) -> int:
     """ROMIO's count of an ``n``-byte read at the file pointer; then 4 bytes of 0xFF written
     at the pointer it left."""

@@ -21,6 +21,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from mpi4py import MPI
 
 import strataio
+from strataio.collective import driver as driver_module
 from strataio.collective.driver import Driver, PosixDriver, ShapedDriver, open_driver
 from strataio.collective.hints import parse_hints
 from strataio.errors import HintError
@@ -38,10 +39,14 @@ class DriverMachine(RuleBasedStateMachine):
         self.model = bytearray()
         self.driver: Driver | None = None
 
-    @initialize(shaped=st.booleans())
-    def open(self, shaped: bool) -> None:
+    @initialize(shaped=st.booleans(), threads=st.integers(1, 3))
+    def open(self, shaped: bool, threads: int) -> None:
         path = os.path.join(self.dir.name, "f")
         posix = PosixDriver.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC)
+        # reads of any size shared among ``threads`` threads (a rank with spare cores)
+        self._split_bytes = driver_module.SPLIT_READ_BYTES
+        driver_module.SPLIT_READ_BYTES = 1
+        posix.threads = threads
         self.driver = ShapedDriver.with_rate(posix, 1e6, 0.01, time_scale=0) if shaped else posix
 
     @rule(data=st.data(), n=st.integers(1, 6))
@@ -77,6 +82,17 @@ class DriverMachine(RuleBasedStateMachine):
         want = self._get(offset, n) + self._get(offset + n + hole, n)
         assert buf.tobytes() == want
 
+    @rule(data=st.data(), n=st.integers(1, 6))
+    def readv_pieces(self, data: st.DataObject, n: int) -> None:
+        # pieces in any file order, past the end too, into a buffer in another order
+        off = np.array(data.draw(st.lists(st.integers(0, SIZE + 100), min_size=n, max_size=n)))
+        lens = np.array(data.draw(st.lists(st.integers(1, 300), min_size=n, max_size=n)))
+        mem = np.cumsum(lens[::-1])[::-1] - lens
+        buf = np.full(int(lens.sum()), 7, np.uint8)
+        self.driver.readv(VectoredPlan(off, lens, mem), buf)
+        for o, n_, m in zip(off.tolist(), lens.tolist(), mem.tolist()):
+            assert buf[m : m + n_].tobytes() == self._get(o, n_)
+
     @rule(offset=st.integers(0, SIZE + 100), n=st.integers(1, 400))
     def pread(self, offset: int, n: int) -> None:
         buf = np.zeros(n, np.uint8)
@@ -109,6 +125,7 @@ class DriverMachine(RuleBasedStateMachine):
         if self.driver is not None:
             self.driver.sync()
             self.driver.close()
+            driver_module.SPLIT_READ_BYTES = self._split_bytes
         self.dir.cleanup()
 
 

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from strataio.layout.pieces import plan_copy
 from strataio.storage import vectored
@@ -177,3 +179,32 @@ def test_piece_ends_that_overflow_are_refused() -> None:
         VectoredPlan(np.array([0, 10]), np.array([4, big]), np.array([0, 4]))
     with pytest.raises(ValueError, match="overflows"):
         VectoredPlan(np.array([0, 10]), np.array([4, 8]), np.array([0, big]))
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    lens=st.lists(st.integers(1, 500), min_size=1, max_size=12),
+    gaps=st.lists(st.integers(0, 40), min_size=12, max_size=12),
+    parts=st.integers(1, 5),
+)
+def test_a_split_plan_moves_the_same_bytes_in_balanced_shares(lens, gaps, parts) -> None:
+    """The plans :meth:`VectoredPlan.split` makes move exactly the bytes of the plan, each
+    (file byte, buffer byte) once, in shares that differ by at most one byte."""
+    lengths = np.array(lens, dtype=np.int64)
+    offsets = np.cumsum(lengths + np.array(gaps[: len(lens)])) - lengths
+    mem = np.cumsum(lengths[::-1])[::-1] - lengths  # the buffer in another order
+    plan = VectoredPlan(offsets, lengths, mem)
+    shares = plan.split(parts)
+    assert 1 <= len(shares) <= parts
+    assert sum(s.moved for s in shares) == plan.moved
+    assert max(s.moved for s in shares) - min(s.moved for s in shares) <= 1
+
+    def pairs(p: VectoredPlan) -> set[tuple[int, int]]:
+        o, n, m = p.pieces()
+        return {
+            (a + k, b + k) for a, c, b in zip(o.tolist(), n.tolist(), m.tolist()) for k in range(c)
+        }
+
+    assert set().union(*map(pairs, shares)) == pairs(plan)
+    crossing = VectoredPlan(np.array([0, 50]), np.array([10, 10]), np.array([0, 10]), max_hole=64)
+    assert crossing.split(3) == [crossing]  # a plan reading through holes stays whole

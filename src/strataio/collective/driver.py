@@ -34,6 +34,7 @@ import os
 import threading
 import time
 from abc import ABC, abstractmethod
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -98,15 +99,54 @@ class Driver(ABC):
         """Close the file (the driver is unusable afterwards)."""
 
 
-class PosixDriver(Driver):
-    """A POSIX file descriptor (owned: :meth:`close` closes it)."""
+#: bytes from which a read is shared among the threads a rank may use (below, one thread
+#: reads faster than a hand-off costs)
+SPLIT_READ_BYTES = 8 << 20
+#: most threads one rank's read is shared among (a few saturate a node's memory bandwidth)
+MAX_READ_THREADS = 4
+_split_pool: ThreadPoolExecutor | None = None
+_split_lock = threading.Lock()
 
-    __slots__ = ("fd", "path", "read_write")
+
+def _run_shared(work: list[Any]) -> None:
+    """Run the callables ``work``: the first on this thread, the others on the read threads;
+    raise the first error once all are done."""
+    global _split_pool
+    with _split_lock:
+        if _split_pool is None:
+            _split_pool = ThreadPoolExecutor(
+                MAX_READ_THREADS - 1, thread_name_prefix="strataio-read"
+            )
+        pool = _split_pool
+    futures = [pool.submit(w) for w in work[1:]]
+    error: BaseException | None = None
+    try:
+        work[0]()
+    except BaseException as exc:
+        error = exc
+    for f in futures:
+        exc = f.exception()
+        if error is None and exc is not None:
+            error = exc
+    if error is not None:
+        raise error
+
+
+class PosixDriver(Driver):
+    """A POSIX file descriptor (owned: :meth:`close` closes it).
+
+    ``threads``: how many threads a large read (:data:`SPLIT_READ_BYTES` and more) is shared
+    among; :class:`strataio.File` sets it from the cores its rank's node has spare (one rank
+    alone on a node of several cores reads with more than one). Writes are never shared:
+    the file's inode lock serializes concurrent writes to one file."""
+
+    __slots__ = ("fd", "path", "read_write", "threads")
 
     def __init__(self, fd: int, path: str = "") -> None:
         self.fd = fd
         self.path = path
         self.read_write = (fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE) == os.O_RDWR
+        self.threads = 1
 
     @classmethod
     def open(cls, path: str, flags: int, mode: int = 0o666) -> PosixDriver:
@@ -114,12 +154,37 @@ class PosixDriver(Driver):
         return cls(os.open(path, flags | os.O_CLOEXEC, mode), path)
 
     def readv(self, plan: VectoredPlan, buf: np.ndarray) -> None:
+        if self.threads > 1 and plan.moved >= SPLIT_READ_BYTES:
+            parts = plan.split(self.threads)
+            if len(parts) > 1:
+                fd = self.fd
+                _run_shared([lambda p=p: p.read(fd, buf) for p in parts])
+                return
         plan.read(self.fd, buf)
 
     def writev(self, plan: VectoredPlan, buf: np.ndarray) -> None:
         plan.write(self.fd, buf)
 
     def pread(self, buf: np.ndarray, offset: int) -> int:
+        n = len(buf)
+        if self.threads > 1 and n >= SPLIT_READ_BYTES:
+            cut = [n * k // self.threads for k in range(self.threads + 1)]
+            got = [0] * self.threads
+
+            def part(k: int) -> None:
+                got[k] = self._pread(buf[cut[k] : cut[k + 1]], offset + cut[k])
+
+            _run_shared([lambda k=k: part(k) for k in range(self.threads)])
+            # (a share that ended short ended at the end of the file: none after it read any)
+            done = 0
+            for k in range(self.threads):
+                done += got[k]
+                if got[k] < cut[k + 1] - cut[k]:
+                    break
+            return done
+        return self._pread(buf, offset)
+
+    def _pread(self, buf: np.ndarray, offset: int) -> int:
         mv = memoryview(buf)
         pos, fd = offset, self.fd
         while len(mv):

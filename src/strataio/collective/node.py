@@ -40,6 +40,14 @@ class NodeLayout:
     """Each rank's processor name (``MPI.Get_processor_name``), by rank (what
     ``cb_config_list`` matches)."""
 
+    def spare_per_rank(self, rank: int) -> int:
+        """CPUs ``rank`` may use beside its own: the spare cores of the node with the fewest,
+        shared among the ranks on ``rank``'s node (0 where ranks share cores, or when the
+        ranks' names are not known)."""
+        if self.spare_cores <= 0 or not self.names:
+            return 0
+        return self.spare_cores // self.names.count(self.names[rank])
+
     @property
     def crowded(self) -> bool:
         """Some node has more ranks than CPUs."""

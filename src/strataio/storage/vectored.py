@@ -148,6 +148,32 @@ class VectoredPlan:
         lens = self._lens[data].astype(np.int64)
         return self._filepos[data], lens, self._mem[data]
 
+    def split(self, parts: int) -> list[VectoredPlan]:
+        """This plan as at most ``parts`` plans of about equal bytes, pieces cut where a
+        share ends, for reads run at once on separate threads (the bytes are the same
+        whichever plan moves them). A plan that crosses holes is returned whole."""
+        if parts <= 1 or self._hole_idx.size or not self.moved:
+            return [self]
+        off, lens, mem = self.pieces()
+        first = np.cumsum(lens) - lens  # each piece's first byte among all the plan moves
+        cuts = np.arange(1, parts, dtype=np.int64) * self.moved // parts
+        at = np.union1d(first, cuts)
+        at = at[at < self.moved]
+        piece = np.searchsorted(first, at, side="right") - 1
+        delta = at - first[piece]
+        length = np.append(at[1:], self.moved) - at
+        share = np.searchsorted(cuts, at, side="right")
+        out = []
+        for k in range(parts):
+            mine = share == k
+            if mine.any():
+                out.append(
+                    VectoredPlan(
+                        off[piece[mine]] + delta[mine], length[mine], mem[piece[mine]] + delta[mine]
+                    )
+                )
+        return out
+
     @property
     def calls(self) -> int:
         """System calls one transfer makes (without short reads)."""
