@@ -72,10 +72,10 @@ class MoveResult:
         return not self.failed
 
     def checked(self) -> MoveResult:
-        """This result; raises :class:`StrataError` naming the first failure if any chunk
-        failed."""
+        """This result; raises :class:`StrataError` naming the failure of the first chunk in
+        key order if any chunk failed (the same message whichever thread failed first)."""
         if self.failed:
-            key, msg = self.failed[0]
+            key, msg = min(self.failed)
             raise StrataError(
                 f"{self.op}: {len(self.failed)} of {self.total} chunks failed; {key}: {msg}"
             )
