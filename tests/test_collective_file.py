@@ -691,3 +691,23 @@ def test_the_open_memo_tells_a_value_from_its_text(tmp_path: Path) -> None:
         assert f.hints["romio_cb_write"] == "enable"
     with pytest.raises(HintError):
         strataio.File.open(None, path, "r", hints={"romio_cb_write": "True"})
+
+
+def test_spare_cores_are_shared_with_the_job_s_other_ranks_on_the_node(monkeypatch) -> None:
+    """A file every rank opens on COMM_SELF: the job's other processes on the node (as the
+    launcher says) take their share of the spare cores."""
+    from strataio.collective.node import NodeLayout
+
+    alone = NodeLayout(nodes=1, spare_cores=7, names=("n0",))
+    for var in ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    assert alone.spare_per_rank(0) == 7
+    monkeypatch.setenv("MPI_LOCALNRANKS", "4")  # 8 CPUs, 4 processes of the job
+    assert alone.spare_per_rank(0) == 1
+    monkeypatch.setenv("MPI_LOCALNRANKS", "8")
+    assert alone.spare_per_rank(0) == 0
+    two = NodeLayout(nodes=1, spare_cores=6, names=("n0", "n0"))  # 2 of the 8 processes
+    assert two.spare_per_rank(1) == 0
+    monkeypatch.setenv("MPI_LOCALNRANKS", "2")
+    assert two.spare_per_rank(1) == 3
+    assert NodeLayout(nodes=1, spare_cores=-2, names=("n0",) * 4).spare_per_rank(0) == 0

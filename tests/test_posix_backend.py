@@ -285,8 +285,8 @@ def test_batch_read_answers_per_file(backend: PosixBackend, batch_loop: str) -> 
 )
 def test_compiled_and_python_batch_reads_agree(tmp_path_factory, sizes, reads, nowait) -> None:
     """The compiled loop and the Python loop give the same bytes and outcomes as a numpy
-    oracle, for ranges inside, across and past the end of files and for missing files, and
-    the same versions."""
+    oracle, for ranges inside, across and past the end of files, for missing files and a
+    directory, and the same versions."""
     root = tmp_path_factory.mktemp("batch")
     backend = PosixBackend(root)
     rng = np.random.default_rng(len(sizes) * 7919 + len(reads))
@@ -317,6 +317,14 @@ def test_compiled_and_python_batch_reads_agree(tmp_path_factory, sizes, reads, n
             assert g[0] == len(files[i])
         outcomes[loop] = [type(g).__name__ if isinstance(g, Exception) else g for g in got]
         saved = posix._filebatch
+        if loop == "python":
+            posix._filebatch = None
+        try:  # a key that is a directory: the same error from both loops
+            (err,) = backend.readinto_ranges_versioned(["f"], [0], [memoryview(bytearray(4))])
+        finally:
+            posix._filebatch = saved
+        assert isinstance(err, IsADirectoryError)
+        outcomes[loop].append(type(err).__name__)
         if loop == "python":
             posix._filebatch = None
         try:  # the versions of the files (a stat each), missing ones included

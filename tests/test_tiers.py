@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ from mpirun import run_mpi
 from strataio.catalog.base import ChunkCopy, open_catalog
 from strataio.errors import ChecksumError, ExistsError, NotFoundError, StrataError
 from strataio.storage.base import Backend
+from strataio.storage.memory import MemoryBackend
 from strataio.storage.posix import PosixBackend
 from strataio.tiers.fsck import fsck
 from strataio.tiers.placement import DatasetDisabledError, Placement
@@ -624,4 +626,77 @@ def test_a_chunk_rewritten_elsewhere_is_not_read_from_its_old_checked_copy(tmp_p
         ds[0:20, 0:20] = -a[0:20, 0:20]  # the new chunk goes to local (its hint)
         assert (tmp_path / "slow" / "a" / "c" / "0" / "0").exists()  # (until the commit)
         np.testing.assert_array_equal(ds[3, :20], -a[3, :20])
+        ds.close()
+
+
+def test_a_batch_read_fails_over_when_its_tier_goes_down_meanwhile(tmp_path):
+    """A tier another thread marks down between a batch's look at it and its read: every
+    chunk of that batch is read alone, from the next copy."""
+    a = np.arange(20 * 20, dtype="f4").reshape(20, 20)
+
+    def tiers():
+        return TierSet(
+            [
+                Tier("local", PosixBackend(tmp_path / "local"), "localdisk", order=0),
+                Tier("slow", PosixBackend(tmp_path / "slow"), "remotedisk", order=1),
+            ]
+        )
+
+    with strataio.Session(tiers=tiers(), catalog=tmp_path / "cat.db") as s:
+        ds = s.create_dataset("a", a.shape, a.dtype, (10, 10), hint="REMOTEDISK")
+        ds[...] = a
+        ds.stage(None, to="local").wait()
+        ds.close()
+    with strataio.Session(tiers=tiers(), catalog=tmp_path / "cat.db") as s:
+        ds = s.open_dataset("a")
+        store = ds.store
+        keys = ["c/0/0", "c/0/1", "c/1/0"]
+        outs = [bytearray(400) for _ in keys]
+        for _ in range(2):  # checked whole, then in range: the copies on "local" are known
+            store.read_spans_versioned(keys, [0] * 3, [memoryview(o) for o in outs])
+        assert set(store._checked) == set(keys)
+        local = store.tiers["local"]
+        call = local.call
+
+        def failing_meanwhile(fn, *args, **kw):
+            local.mark_down("EIO seen by another thread")
+            return call(fn, *args, **kw)
+
+        local.call = failing_meanwhile
+        outs = [bytearray(400) for _ in keys]
+        got = store.read_spans_versioned(keys, [0] * 3, [memoryview(o) for o in outs])
+        for (key, out), (size, version) in zip(zip(keys, outs), got):
+            i, j = map(int, key.split("/")[1:])
+            want = a[10 * i : 10 * i + 10, 10 * j : 10 * j + 10]
+            np.testing.assert_array_equal(np.frombuffer(out, "f4").reshape(10, 10), want)
+            assert size == 400 and "slow" in version[0]
+        ds.close()
+
+
+def test_first_reads_on_a_tier_without_versions_read_each_copy_once(tmp_path):
+    """Memory and object-store tiers keep no object versions: their copies are read whole
+    and checked on every read, once per read."""
+    reads = Counter()
+
+    class Counting(MemoryBackend):
+        def readinto_range_versioned(self, key, offset, out, *, nowait=False):
+            reads[key] += 1
+            return super().readinto_range_versioned(key, offset, out, nowait=nowait)
+
+        def get_many(self, keys):
+            reads.update(keys)
+            return super().get_many(keys)
+
+    a = np.arange(400, dtype="f4").reshape(20, 20)
+    tiers = TierSet([Tier("remote", Counting("r"), "remotedisk", order=0)])
+    with strataio.Session(tiers=tiers, catalog=tmp_path / "cat.db") as s:
+        ds = s.create_dataset("a", a.shape, a.dtype, (10, 10), hint="REMOTEDISK", codec=None)
+        ds[...] = a
+        ds.clear_cache()
+        reads.clear()
+        np.testing.assert_array_equal(ds[2:18, 3:17], a[2:18, 3:17])
+        assert reads == Counter(f"a/c/{i}/{j}" for i in range(2) for j in range(2))
+        reads.clear()
+        np.testing.assert_array_equal(ds[2:18, 3:17], a[2:18, 3:17])  # checked again
+        assert reads == Counter(f"a/c/{i}/{j}" for i in range(2) for j in range(2))
         ds.close()

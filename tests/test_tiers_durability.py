@@ -66,7 +66,7 @@ def recording_session(root, ledger: Ledger, *, fast_cap=None):
     cat = open_catalog(root / "cat.db")
     commit = cat.commit
 
-    def checked_commit(upserts=(), deletes=()):
+    def checked_commit(upserts=(), deletes=(), *, durable=True):
         with ledger.lock:
             ledger.commits += 1
             for c in upserts:
@@ -74,7 +74,7 @@ def recording_session(root, ledger: Ledger, *, fast_cap=None):
                     f"{c.dataset}/{c.key}" in ledger.unsynced.get(c.tier, ())
                 ):
                     ledger.violations.append(f"{c.tier}:{c.dataset}/{c.key}")
-        commit(upserts, deletes)
+        commit(upserts, deletes, durable=durable)
 
     cat.commit = checked_commit
     return strataio.Session(tiers=tiers, catalog=cat), cat
@@ -176,3 +176,45 @@ def test_disable_accepts_and_drops_partial_and_full_writes(tmp_path, write):
         with pytest.raises(DatasetDisabledError):
             ds.read_section((0, 0), (1, 1))
         ds.close()
+
+
+def test_announced_rewrites_reach_the_disk_before_their_objects(tmp_path):
+    """A rewrite's announcement is committed without waiting for the disk; the flush that
+    follows syncs the catalog's log before it syncs any rewritten object (so a power cut
+    can never keep an object its announcement did not reach the disk for), and a flush with
+    no announcement since syncs no log."""
+    ledger = Ledger()
+    s, cat = recording_session(tmp_path, ledger)
+    events: list[str] = []
+    sync_log = cat.sync_log
+    cat.sync_log = lambda: (events.append("log"), sync_log())
+    for tier in s.tiers:
+        sync = tier.backend.sync
+        tier.backend.sync = lambda keys=None, sync=sync, name=tier.name: (
+            events.append(f"sync {name}"),
+            sync(keys),
+        )
+    a = np.arange(400, dtype="f4").reshape(20, 20)
+    with s:
+        ds = s.create_dataset("a", a.shape, a.dtype, (10, 10), hint="LOCALDISK")
+        ds[...] = a
+        ds.flush()
+        assert "log" not in events  # new chunks: nothing announced
+        events.clear()
+        ds[0:5, 0:5] = -1  # a rewrite in place: announced
+        assert events == []
+        ds.flush()
+        assert events[:2] == ["log", "sync local"]
+        events.clear()
+        ds[15:20, 15:20] = -2
+        ds[0:5, 0:5] = -3
+        ds.flush()
+        assert events.count("log") == 1 and events[0] == "log"
+        events.clear()
+        ds.flush()  # nothing written since
+        assert "log" not in events
+        ds.close()
+        want = a.copy()
+        want[0:5, 0:5], want[15:20, 15:20] = -3, -2
+        np.testing.assert_array_equal(s.open_dataset("a")[...], want)
+    assert ledger.violations == []

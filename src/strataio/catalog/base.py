@@ -249,6 +249,12 @@ class Catalog(abc.ABC):
         database's log is sequential)."""
 
     @abc.abstractmethod
+    def sync_log(self) -> None:
+        """Make every commit so far durable, those made with ``durable=False`` included
+        (one flush of the database's log): what must reach the disk before anything the
+        catalog says may depend on it does."""
+
+    @abc.abstractmethod
     def touch(self, dataset: str, keys: Iterable[str], when: float) -> None:
         """Set ``last_access = when`` on every copy of the given chunks (one statement batch)."""
 

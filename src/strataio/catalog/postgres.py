@@ -77,6 +77,12 @@ class PostgresCatalog(SQLCatalog):
                 cur.execute("SET LOCAL synchronous_commit TO OFF")
             yield cur
 
+    def sync_log(self) -> None:
+        """A synchronous commit of a transaction with an id: the server flushes its WAL up
+        to that commit, every asynchronous commit before it included."""
+        with self._write() as cur:
+            cur.execute("SELECT txid_current()")
+
     def _placeholders(self, statement: str) -> str:
         # The shared SQL has no literal '?' or '%', so a plain replace is exact.
         return statement.replace("?", "%s")

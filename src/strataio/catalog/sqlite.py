@@ -37,6 +37,7 @@ class SQLiteCatalog(SQLCatalog):
         self.timeout = float(timeout)
         # writers' liveness: an fcntl lock per writer, on files beside the database
         self._locks = LockFiles(os.path.abspath(self.path) + ".writers")
+        self._normal = False  # the connection left at synchronous=NORMAL
         super().__init__(self.path)
 
     def _connect(self) -> sqlite3.Connection:
@@ -86,13 +87,34 @@ class SQLiteCatalog(SQLCatalog):
     def _disconnect(self) -> None:
         self._conn.close()
 
+    def sync_log(self) -> None:
+        """fsync the WAL: every frame a commit appended, durable or not, is then on disk."""
+        with self._lock:
+            self._check_open()
+            try:
+                fd = os.open(self.path + "-wal", os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                return  # no WAL: every commit is in the database file, synced at checkpoint
+            except OSError as exc:
+                raise BackendError(f"catalog {self.path!r}: cannot open its WAL: {exc}") from exc
+            try:
+                os.fsync(fd)
+            except OSError as exc:
+                raise BackendError(f"catalog {self.path!r}: cannot sync its WAL: {exc}") from exc
+            finally:
+                os.close(fd)
+
     @contextlib.contextmanager
     def _begin(self, durable: bool = True) -> Iterator[sqlite3.Cursor]:
         cur = self._conn.cursor()
         if not durable:
             # NORMAL in WAL mode: the commit is appended to the WAL without an fsync; the
-            # next FULL commit's fsync of the WAL (or a checkpoint) makes it durable too
+            # next FULL commit's fsync of the WAL (or sync_log) makes it durable too
             cur.execute("PRAGMA synchronous = NORMAL")
+            self._normal = True
+        elif self._normal:  # a restore that failed last time (see below)
+            cur.execute("PRAGMA synchronous = FULL")
+            self._normal = False
         try:
             # IMMEDIATE: take the write lock now, so a reader-turned-writer never deadlocks
             # on lock upgrade (which the busy timeout cannot resolve).
@@ -105,8 +127,12 @@ class SQLiteCatalog(SQLCatalog):
                     self._conn.rollback()
                 raise
         finally:
-            if not durable:
-                cur.execute("PRAGMA synchronous = FULL")
+            if not durable and not self._conn.in_transaction:
+                # (inside a transaction a failed rollback left, SQLite refuses the change:
+                # the next durable transaction makes it, and the error raised is the first)
+                with contextlib.suppress(sqlite3.Error):
+                    cur.execute("PRAGMA synchronous = FULL")
+                    self._normal = False
             cur.close()
 
     def _hold_token(self, writer: str) -> None:

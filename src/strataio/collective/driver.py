@@ -118,11 +118,13 @@ def _run_shared(work: list[Any]) -> None:
                 MAX_READ_THREADS - 1, thread_name_prefix="strataio-read"
             )
         pool = _split_pool
-    futures = [pool.submit(w) for w in work[1:]]
+    futures = []
     error: BaseException | None = None
     try:
+        for w in work[1:]:
+            futures.append(pool.submit(w))
         work[0]()
-    except BaseException as exc:
+    except BaseException as exc:  # (a refused hand-off too: the shares handed off finish first)
         error = exc
     for f in futures:
         exc = f.exception()

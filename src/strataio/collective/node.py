@@ -19,6 +19,16 @@ from mpi4py import MPI
 _KEYVAL: int | None = None
 
 
+def _job_ranks_here() -> int:
+    """Processes of this MPI job on this node, as its launcher tells them (MPICH's Hydra,
+    Open MPI); 1 where none does."""
+    for var in ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE"):
+        value = os.environ.get(var, "")
+        if value.isdigit() and int(value) > 0:
+            return int(value)
+    return 1
+
+
 def _cpus() -> frozenset[int]:
     """The CPUs this process may run on."""
     try:
@@ -42,11 +52,14 @@ class NodeLayout:
 
     def spare_per_rank(self, rank: int) -> int:
         """CPUs ``rank`` may use beside its own: the spare cores of the node with the fewest,
-        shared among the ranks on ``rank``'s node (0 where ranks share cores, or when the
-        ranks' names are not known)."""
+        less the job's processes on ``rank``'s node outside this communicator (a file opened
+        on ``COMM_SELF`` by every rank of a job), shared among the ranks there (0 where
+        ranks share cores, or when the ranks' names are not known)."""
         if self.spare_cores <= 0 or not self.names:
             return 0
-        return self.spare_cores // self.names.count(self.names[rank])
+        mine = self.names.count(self.names[rank])
+        here = max(mine, _job_ranks_here())
+        return max(0, (self.spare_cores - (here - mine)) // here)
 
     @property
     def crowded(self) -> bool:

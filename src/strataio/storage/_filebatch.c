@@ -4,7 +4,8 @@
  * stat_files(paths) -> list of (err, size, ino, ctime_ns)
  *
  * Per file, with the GIL released for the whole batch: open, POSIX_FADV_RANDOM, one
- * preadv2 (RWF_NOWAIT with nowait), fstat, close. err is 0 on success; ENOENT for a
+ * preadv2 (RWF_NOWAIT with nowait), fstat, close; a call a signal interrupts is made again,
+ * as Python's os functions do, and the advice's failure is no failure of the read. err is 0 on success; ENOENT for a
  * missing file; EINPROGRESS when nowait and the bytes are not in the page cache (their
  * pages are asked for with POSIX_FADV_WILLNEED first); any other errno on failure. Bytes
  * past the end of a file read as zeros. The pure-Python loop of PosixBackend is the same
@@ -32,8 +33,11 @@ typedef struct {
     long long ctime_ns;
 } item_t;
 
+/* A system call retried while a signal interrupts it (as Python's os functions do). */
+#define RETRY(expr) ({ long _r; do { _r = (long)(expr); } while (_r < 0 && errno == EINTR); _r; })
+
 static void read_one(item_t *it, int nowait) {
-    int fd = open(it->path, O_RDONLY | O_CLOEXEC);
+    int fd = (int)RETRY(open(it->path, O_RDONLY | O_CLOEXEC));
     if (fd < 0) {
         it->err = errno;
         return;
@@ -45,7 +49,7 @@ static void read_one(item_t *it, int nowait) {
     posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM);
     struct iovec v = {it->buf, (size_t)it->len};
     if (nowait) {
-        got = preadv2(fd, &v, 1, it->offset, RWF_NOWAIT);
+        got = RETRY(preadv2(fd, &v, 1, it->offset, RWF_NOWAIT));
         if (got < 0) {
             if (errno != EAGAIN) {
                 it->err = errno;
@@ -54,7 +58,7 @@ static void read_one(item_t *it, int nowait) {
             }
             got = 0;
         }
-        if (fstat(fd, &st) != 0) {
+        if (RETRY(fstat(fd, &st)) != 0) {
             it->err = errno;
             close(fd);
             return;
@@ -66,7 +70,7 @@ static void read_one(item_t *it, int nowait) {
             return;
         }
     } else {
-        got = preadv(fd, &v, 1, it->offset);
+        got = RETRY(preadv(fd, &v, 1, it->offset));
         if (got < 0) {
             it->err = errno;
             close(fd);
@@ -89,7 +93,7 @@ static void read_one(item_t *it, int nowait) {
         }
         got += n;
     }
-    if (fstat(fd, &st) != 0) {
+    if (RETRY(fstat(fd, &st)) != 0) {
         it->err = errno;
         close(fd);
         return;
@@ -181,7 +185,7 @@ static PyObject *stat_files(PyObject *self, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t i = 0; i < n; i++) {
         struct stat st;
-        if (stat(items[i].path, &st) != 0) {
+        if (RETRY(stat(items[i].path, &st)) != 0) {
             items[i].err = errno;
             continue;
         }

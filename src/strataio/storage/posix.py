@@ -206,8 +206,9 @@ class PosixBackend(Backend):
             try:
                 # One call reads the whole range, so kernel readahead has nothing to add;
                 # worse, its markers on cached pages make RWF_NOWAIT refuse reads that need
-                # no I/O at all.
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+                # no I/O at all. (Only advice: a file that takes none is read all the same.)
+                with contextlib.suppress(OSError):
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
                 if nowait:
                     # RWF_NOWAIT: served from the page cache or EAGAIN, never a disk wait
                     try:

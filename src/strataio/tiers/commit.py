@@ -72,6 +72,10 @@ class Commit:
         self._catalog_url = catalog_url
         self._announcer: Catalog | None = None  # opened on first use (no catalog here)
         self._announcer_lock = threading.Lock()
+        # announcements committed without waiting for the disk, and how many of them the
+        # last sync of the catalog's log covered
+        self._announced = self._log_synced = 0
+        self._count_lock = threading.Lock()
 
     @property
     def records(self) -> bool:
@@ -99,11 +103,13 @@ class Commit:
         before the put is recorded. Raises if the catalog cannot take it (nothing was put).
 
         The announcement is committed without waiting for the disk (``durable=False``): every
-        process sees it at once and it survives this process's death, and the flush that
-        records the rewritten copies makes it durable with them. What an OS crash or power
-        cut before that flush can do is lose it while the renamed object survives; the
-        copy then fails its old checksum, as a rewrite never flushed is lost from any store.
-        A durable announcement per call cost one WAL fsync, more than the put itself."""
+        process sees it at once and it survives this process's death, and the next commit
+        syncs the catalog's log (:meth:`Catalog.sync_log`) before it syncs the rewritten
+        objects, so the flush never makes an object durable ahead of its announcement. What
+        an OS crash or power cut before that flush can do is lose the announcement while the
+        kernel has written the renamed object back on its own; the copy then fails its old
+        checksum, as a rewrite never flushed is lost from any store. A durable announcement
+        per call cost one WAL fsync, more than the put itself."""
         if not intents:
             return
         rows = self._stamped(intents)
@@ -112,6 +118,10 @@ class Commit:
                 self.catalog.commit(rows, [], durable=False)
             elif self._catalog_url:
                 self._announcing().commit(rows, [], durable=False)
+            else:
+                return
+        with self._count_lock:
+            self._announced += 1
 
     def close(self, res: Residency) -> None:
         """The last commit of a dataset being closed; the dataset is then no longer in use by
@@ -288,6 +298,19 @@ class Commit:
                 self._announcer = open_catalog(self._catalog_url)
             return self._announcer
 
+    def _sync_announcements(self) -> None:
+        """Sync the catalog's log if announcements were committed without waiting for the
+        disk since it was last synced: an object synced before its announcement could
+        outlive a power cut that the announcement does not."""
+        with self._count_lock:
+            announced = self._announced  # (all committed before the sync below)
+        if announced == self._log_synced:
+            return
+        catalog = self.catalog if self.catalog is not None else self._announcing()
+        catalog.sync_log()
+        with self._count_lock:
+            self._log_synced = max(self._log_synced, announced)
+
     def _sync_only(self, res: Residency) -> None:
         batch = res.take_batch()
         try:
@@ -300,6 +323,10 @@ class Commit:
         res.restore(batch)
 
     def _sync(self, dataset: str, batch: Batch) -> None:
+        """Make the objects put since the last commit durable, after the announcements of
+        the rewrites among them (:meth:`_sync_announcements`)."""
+        if batch.unsynced:
+            self._sync_announcements()
         failed = []
         for tier_name, keys in batch.unsynced.items():
             tier = self.tiers[tier_name]

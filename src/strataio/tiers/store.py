@@ -110,6 +110,7 @@ class TieredChunkStore(ChunkStore):
         # chunk key -> the copy a range read last found verified, and the residency's stamp
         # of the chunk then: while that stamp holds, the copy checks need not be repeated
         self._checked: dict[str, _Checked] = {}
+        self._versioned_tiers: dict[str, bool] = {}  # see _keeps_versions
         placement.register(residency)
 
     # ----------------------------------------------------------------- reads
@@ -279,11 +280,13 @@ class TieredChunkStore(ChunkStore):
                 raise
             except (OSError, StrataError):
                 size = version = None  # moved or gone: the whole read below says where
-            if size == copy.nbytes and version is not None:
+            if size == copy.nbytes:
                 digest = checksum(whole)
                 if copy.accepts(digest) and self.res.is_current(copy):
-                    self._verified[key] = (copy.tier, digest, version)
                     self.res.touch((key,))
+                    if version is None:  # (a tier without versions: checked on every read)
+                        return _copy_span(whole, offset, out), None
+                    self._verified[key] = (copy.tier, digest, version)
                     return _copy_span(whole, offset, out), (tier.backend.url, *version)
         if nowait:
             raise BlockingIOError(key)
@@ -337,7 +340,12 @@ class TieredChunkStore(ChunkStore):
         looks = self.res.fastest_readable_many([keys[j] for j in first])
         for j, (copy, at) in zip(first, looks):
             tier = tiers[copy.tier] if copy is not None else None
-            if tier is None or tier.role == "remotetape" or not tier.up:
+            if (
+                tier is None
+                or tier.role == "remotetape"
+                or not tier.up
+                or not self._keeps_versions(tier)
+            ):
                 alone.append(j)
                 continue
             # the first read of this copy: whole, to check it (into the caller's buffer
@@ -352,11 +360,16 @@ class TieredChunkStore(ChunkStore):
             reader = tier.backend.readinto_ranges_versioned
             # (a nowait batch not through the tier's slots: it never waits, and a refusal to
             # wait is no failure of the tier)
-            reads = (
-                reader(objs, offs, views, nowait=True)
-                if nowait
-                else tier.call(reader, objs, offs, views)
-            )
+            try:
+                reads = (
+                    reader(objs, offs, views, nowait=True)
+                    if nowait
+                    else tier.call(reader, objs, offs, views)
+                )
+            except (OSError, StrataError):
+                # (the tier went down meanwhile, say): each read alone fails over
+                alone.extend(item[0] for item in items)
+                continue
             url = tier.backend.url
             for (j, kind, want, whole), r in zip(items, reads):
                 if isinstance(r, BlockingIOError):
@@ -395,6 +408,15 @@ class TieredChunkStore(ChunkStore):
             except BlockingIOError as exc:
                 got[j] = exc
         return got
+
+    def _keeps_versions(self, tier: Tier) -> bool:
+        """Whether ``tier``'s backend gives objects versions (:meth:`Backend.versions`): a
+        copy's first read is then checked once, in a batch; elsewhere each read reads its
+        copy whole (asked once per tier)."""
+        keeps = self._versioned_tiers.get(tier.name)
+        if keeps is None:
+            keeps = self._versioned_tiers[tier.name] = tier.backend.versions([]) is not None
+        return keeps
 
     def verified_chunks(self) -> set[str]:
         """Keys of the chunks whose copy a read checked whole (the verified-once rule)."""
