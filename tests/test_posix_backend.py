@@ -369,3 +369,13 @@ def test_sections_read_the_same_through_either_loop(tmp_path, batch_loop: str) -
             for sel in (np.s_[3:47, 5:66], np.s_[:, 4:5], np.s_[7:8, :], np.s_[...]):
                 ds.clear_cache()
                 np.testing.assert_array_equal(ds[sel], want[sel])
+
+
+def test_a_batch_read_with_lists_of_different_lengths_is_refused(
+    backend: PosixBackend, batch_loop: str
+) -> None:
+    backend.put("k", b"0123")
+    out = bytearray(b"....")
+    with pytest.raises(ValueError, match="2 keys, 1 offsets, 1 buffers"):
+        backend.readinto_ranges_versioned(["k", "k"], [0], [memoryview(out)])
+    assert out == b"...."

@@ -11,6 +11,7 @@ import abc
 import functools
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from strataio.errors import InvalidKeyError
 from strataio.layout.extents import Extents
@@ -34,6 +35,15 @@ class Capabilities:
     append: bool = True
     preferred_io_size: int = 1 << 20
     latency: float = 0.0
+
+
+def check_batch(keys: Sequence[str], offsets: Sequence[int], outs: Sequence[Any]) -> None:
+    """Refuse a batch read whose lists differ in length (before any byte is read)."""
+    if not len(keys) == len(offsets) == len(outs):
+        raise ValueError(
+            f"a batch read needs one offset and one buffer per key: {len(keys)} keys, "
+            f"{len(offsets)} offsets, {len(outs)} buffers"
+        )
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -159,6 +169,7 @@ class Backend(abc.ABC):
         a failure), so that one key's outcome stops none of the others. Backends that pay a
         fixed cost per call (POSIX: several Python calls per file) read the batch in one
         loop."""
+        check_batch(keys, offsets, outs)
         got: list[tuple[int, Version | None] | Exception] = []
         for key, offset, out in zip(keys, offsets, outs):
             try:

@@ -20,7 +20,14 @@ import numpy as np
 
 from strataio.errors import BackendError, NotFoundError, ShapeMismatchError
 from strataio.layout.extents import Extents
-from strataio.storage.base import Backend, BytesLike, Capabilities, Version, validate_key
+from strataio.storage.base import (
+    Backend,
+    BytesLike,
+    Capabilities,
+    Version,
+    check_batch,
+    validate_key,
+)
 from strataio.storage.vectored import VectoredPlan
 
 try:  # the compiled batch read (setup.py); where it was not built, the same loop in Python
@@ -165,6 +172,7 @@ class PosixBackend(Backend):
         outs: Sequence[memoryview],
         nowait: bool,
     ) -> list[tuple[int, Version] | Exception]:
+        check_batch(keys, offsets, outs)
         if _filebatch is None:
             return self._read_ranges_python(keys, offsets, outs, nowait)
         prefix = self._prefix
