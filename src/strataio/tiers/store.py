@@ -184,11 +184,10 @@ class TieredChunkStore(ChunkStore):
         by_tier: dict[str, tuple[list[int], list[str]]] = {}
         # the copy a read takes: the one checked before while the chunk's stamp holds (as
         # the read's own fast path decides), else the fastest readable one
-        stamp = self.res.stamp
         rest = []
         for i, key in enumerate(keys):
-            checked = self._checked.get(key)
-            if checked is not None and checked.stamp == stamp(key) and checked.tier.up:
+            checked = self._still_checked(key)
+            if checked is not None:
                 idx, objs = by_tier.setdefault(checked.tier.name, ([], []))
                 idx.append(i)
                 objs.append(checked.obj)
@@ -226,9 +225,8 @@ class TieredChunkStore(ChunkStore):
         hit = self.cache.get(self.name, key)
         if hit is not None:
             return _copy_span(hit, offset, out), None
-        checked = self._checked.get(key)
-        if checked is not None and checked.stamp == self.res.stamp(key) and checked.tier.up:
-            # nothing about the chunk's copies changed since the last read checked them
+        checked = self._still_checked(key)
+        if checked is not None:
             try:
                 size, version = checked.tier.backend.readinto_range_versioned(
                     checked.obj, offset, out, nowait=nowait
@@ -313,7 +311,9 @@ class TieredChunkStore(ChunkStore):
         alone: list[int] = []
         first: list[int] = []
 
-        def add(tier: Tier, item: tuple[int, str, Any, Any], obj: str, offset: int, out: Any):
+        def add(
+            tier: Tier, item: tuple[int, str, Any, Any], obj: str, offset: int, out: Any
+        ) -> None:
             batch = batches.get(tier.name)
             if batch is None:
                 batch = batches[tier.name] = (tier, [], [], [], [])
@@ -328,9 +328,8 @@ class TieredChunkStore(ChunkStore):
             if hit is not None:
                 got[j] = (_copy_span(hit, offsets[j], outs[j]), None)
                 continue
-            checked = self._checked.get(key)
-            if checked is not None and checked.stamp == stamp(key) and checked.tier.up:
-                # nothing about the chunk's copies changed since a read checked them
+            checked = self._still_checked(key)
+            if checked is not None:
                 add(checked.tier, (j, "range", checked, None), checked.obj, offsets[j], outs[j])
             elif key in self._verified:
                 alone.append(j)  # checked whole before: its second read sets the fast path
@@ -408,6 +407,14 @@ class TieredChunkStore(ChunkStore):
             except BlockingIOError as exc:
                 got[j] = exc
         return got
+
+    def _still_checked(self, key: str) -> _Checked | None:
+        """The copy of ``key`` a range read last found verified, while nothing about the
+        chunk's copies changed since (its residency stamp) and its tier is up."""
+        checked = self._checked.get(key)
+        if checked is not None and checked.stamp == self.res.stamp(key) and checked.tier.up:
+            return checked
+        return None
 
     def _keeps_versions(self, tier: Tier) -> bool:
         """Whether ``tier``'s backend gives objects versions (:meth:`Backend.versions`): a
