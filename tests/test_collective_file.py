@@ -711,3 +711,22 @@ def test_spare_cores_are_shared_with_the_job_s_other_ranks_on_the_node(monkeypat
     monkeypatch.setenv("MPI_LOCALNRANKS", "2")
     assert two.spare_per_rank(1) == 3
     assert NodeLayout(nodes=1, spare_cores=-2, names=("n0",) * 4).spare_per_rank(0) == 0
+
+
+def test_the_read_threads_hint(tmp_path: Path) -> None:
+    """``strataio_read_threads``: a number (clamped to MAX_READ_THREADS) or automatic;
+    anything else is refused before the file is opened."""
+    from strataio.collective.driver import MAX_READ_THREADS
+
+    path = tmp_path / "f.bin"
+    np.zeros(1000, np.uint8).tofile(path)
+    for asked, want in (("1", 1), ("2", 2), ("64", MAX_READ_THREADS)):
+        with strataio.File.open(None, path, "r", hints={"strataio_read_threads": asked}) as f:
+            assert f.driver.threads == want
+            assert f.hints["strataio_read_threads"] == asked
+    with strataio.File.open(None, path, "r") as f:
+        assert f.hints["strataio_read_threads"] == "automatic"
+        assert 1 <= f.driver.threads <= MAX_READ_THREADS
+    for bad in ("0", "many", "-2"):
+        with pytest.raises(HintError, match="strataio_read_threads"):
+            strataio.File.open(None, path, "r", hints={"strataio_read_threads": bad})

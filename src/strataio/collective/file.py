@@ -45,7 +45,13 @@ from strataio.collective.bufspec import BufferSpec, parse_buffer
 from strataio.collective.cache_window import SharedCaches, owners_of
 from strataio.collective.choice import use_two_phase
 from strataio.collective.driver import MAX_READ_THREADS, Driver, PosixDriver, open_driver
-from strataio.collective.hints import Hints, differences, parse_hints, shared_digest
+from strataio.collective.hints import (
+    AUTOMATIC,
+    Hints,
+    differences,
+    parse_hints,
+    shared_digest,
+)
 from strataio.collective.independent import IndependentIO
 from strataio.collective.packed import PackedBlocks
 from strataio.collective.realm_cache import DEFAULT_PAGE, RealmCache
@@ -286,8 +292,10 @@ class File:
         self._path = path
         self._driver = driver  # None: a rank that did not open the file (romio_no_indep_rw)
         if isinstance(driver, PosixDriver):  # large reads shared with this rank's spare cores
-            spare = self._nodes.spare_per_rank(comm.Get_rank())
-            driver.threads = min(MAX_READ_THREADS, 1 + spare)
+            wanted = hints.strataio_read_threads
+            if wanted == AUTOMATIC:
+                wanted = 1 + self._nodes.spare_per_rank(comm.Get_rank())
+            driver.threads = min(MAX_READ_THREADS, int(wanted))
         self._amode = amode
         # transfers the mode forbids: [reads, writes]
         self._forbidden = (bool(amode & MPI.MODE_WRONLY), bool(amode & MPI.MODE_RDONLY))

@@ -129,6 +129,11 @@ class Hints:
     """A collective write through indirection arrays (``File.write_items``) that names one
     index on several ranks: ``error`` (:class:`~strataio.errors.DuplicateWriteError` on every
     rank, nothing written) or ``last-rank`` (the highest rank's value is written)."""
+    strataio_read_threads: str = AUTOMATIC
+    """Threads a rank shares a read of 8 MiB or more among (POSIX driver): *automatic* (one
+    more per core its node has to spare beside the job's processes there), or a number; at
+    most 4 either way, 1 reads on the calling thread only. The number in force is the
+    driver's ``threads`` (it may differ between ranks)."""
     strataio_driver: str = "posix"
     """Storage driver: ``posix``, or ``shaped`` (POSIX under a cost model)."""
     strataio_driver_bandwidth: int = 200_000_000
@@ -160,7 +165,8 @@ class Hints:
 
 
 # name -> (kind, minimum); kinds: "int" (at least minimum), "float" (at least minimum),
-# "switch", "bool", "str", "percent" (automatic or an int of at least minimum, kept as text)
+# "switch", "bool", "str", "percent" and "count" (automatic or an int of at least minimum,
+# kept as text)
 _SPEC: dict[str, tuple[str, int]] = {
     "cb_buffer_size": ("int", 1),
     "cb_nodes": ("int", 1),
@@ -182,6 +188,7 @@ _SPEC: dict[str, tuple[str, int]] = {
     "romio_cb_ds_threshold": ("percent", 0),
     "strataio_pipeline_groups": ("int", 1),
     "strataio_duplicate_writes": ("str", 0),
+    "strataio_read_threads": ("count", 1),
     "strataio_driver": ("str", 0),
     "strataio_driver_bandwidth": ("int", 1),
     "strataio_driver_latency": ("float", 0),
@@ -208,6 +215,7 @@ _OPEN_ONLY = (
     "cb_config_list",
     "romio_no_indep_rw",
     "strataio_driver",
+    "strataio_read_threads",
     "romio_cb_pfr",  # (persistent realms last from the first two-phase call to close)
     "romio_cb_fr_types",
 )
@@ -265,7 +273,7 @@ def _parse(name: str, kind: str, minimum: int, value: Any) -> Any:
         return _parse_float(name, value, minimum)
     if kind == "frtype":
         return parse_fr_type(value)
-    if kind == "percent":  # automatic, or an integer percent (ROMIO reads it with atoi)
+    if kind in ("percent", "count"):  # automatic, or an integer (ROMIO reads it with atoi)
         if str(value).strip().lower() == AUTOMATIC:
             return AUTOMATIC
         return str(_parse_int(name, value, minimum))
@@ -402,9 +410,15 @@ def parse_hints(
     return dataclasses.replace(base, **values)
 
 
-#: hints that only shape a rank's own independent I/O: they may differ between ranks
+#: hints that only shape a rank's own I/O: they may differ between ranks
 PER_RANK = frozenset(
-    {"romio_ds_read", "romio_ds_write", "ind_rd_buffer_size", "ind_wr_buffer_size"}
+    {
+        "romio_ds_read",
+        "romio_ds_write",
+        "ind_rd_buffer_size",
+        "ind_wr_buffer_size",
+        "strataio_read_threads",
+    }
 )
 
 
