@@ -66,7 +66,11 @@ def test_open_to_close_table(tmp_path: Path) -> None:
         assert r[best]["median"] == min(r["ROMIO coll"]["median"], r["ROMIO ind"]["median"])
         assert r["ratio"] == pytest.approx(r[best]["median"] / r["strataio"]["median"])
         assert 0 < r["paired"]["q1"] <= r["paired"]["median"] <= r["paired"]["q3"]
+        assert 1 <= r["read threads"] <= 4
     assert "Per phase" in result.output and "paired (IQR)" in result.output
+    # (the rank counts at which strataio read with more than one thread are named)
+    threads = {r["ranks"]: r["read threads"] for r in rows}
+    assert ("shares each rank's reads" in result.output) == any(t > 1 for t in threads.values())
 
 
 @pytest.mark.mpi

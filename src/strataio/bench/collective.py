@@ -60,6 +60,8 @@ import numpy as np
 from mpi4py import MPI
 
 import strataio
+from strataio.collective import node
+from strataio.collective.driver import MAX_READ_THREADS
 
 PATTERNS = [
     "contig", "hpio64", "hpio512", "hpio4096", "tile2d", "block3d", "flash",
@@ -323,6 +325,9 @@ def run_steps(
     contenders = STEP_CONTENDERS
     rows = []
     read_path = os.path.join(workdir, f"{pattern}.read")
+    # what strataio's large reads are shared among on the busiest rank (cores to spare)
+    spare = node.layout(comm).spare_per_rank(rank)
+    read_threads = comm.allreduce(min(MAX_READ_THREADS, 1 + spare), op=MPI.MAX)
     for op in ops:
         write = op == "write"
         if not write and not _exists_on_rank0(comm, read_path):
@@ -365,7 +370,7 @@ def run_steps(
                         raise SystemExit(f"{pattern}: {contender} read different data")
         row: dict[str, Any] = {
             "pattern": pattern, "ranks": nprocs, "op": op, "bytes": nbytes, "reps": reps,
-            "mode": "open-close", "sync": sync,
+            "mode": "open-close", "sync": sync, "read threads": read_threads,
         }  # fmt: skip
         for c in contenders:
             t = np.array(steps[c])

@@ -179,6 +179,13 @@ def _step_table(rows: list[dict[str, Any]]) -> None:
         "the first rank's start to the last rank's end; stalls = strataio's slowest and "
         "fastest repetition: ms, then the node's CPU / I/O pressure stalls (ms) while it ran"
     )
+    threads = sorted({(r["ranks"], r.get("read threads", 1)) for r in rows})
+    if any(t > 1 for _, t in threads):
+        console.print(
+            "strataio shares each rank's reads of 8 MiB or more among threads on the cores "
+            "its node has to spare (ROMIO reads on one): "
+            + ", ".join(f"{n} rank{'s' if n > 1 else ''}: {t}" for n, t in threads)
+        )
     console.print(phases)
 
 
