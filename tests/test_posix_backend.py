@@ -6,6 +6,7 @@ import errno
 import os
 import shutil
 import sys
+import sysconfig
 import time
 
 import numpy as np
@@ -241,10 +242,13 @@ def batch_loop(request, monkeypatch) -> str:
 
 
 def test_the_compiled_batch_read_is_built_where_it_can_be() -> None:
-    """On Linux with a C compiler the install builds it (a silent build failure would leave
-    every first read of small chunks on the slower Python loop)."""
+    """On Linux with a C compiler and Python's headers the install builds it (a silent build
+    failure would leave every first read of small chunks on the slower Python loop)."""
+    headers = os.path.join(sysconfig.get_paths()["include"], "Python.h")
     if not sys.platform.startswith("linux") or shutil.which("cc") is None:
         pytest.skip("no C compiler: the Python loop is the one that runs")
+    if not os.path.exists(headers):
+        pytest.skip("no Python headers: the Python loop is the one that runs")
     assert posix._filebatch is not None
 
 
