@@ -380,6 +380,6 @@ def test_a_batch_read_with_lists_of_different_lengths_is_refused(
 ) -> None:
     backend.put("k", b"0123")
     out = bytearray(b"....")
-    with pytest.raises(ValueError, match="2 keys, 1 offsets, 1 buffers"):
+    with pytest.raises(ShapeMismatchError, match="2 keys, 1 offsets, 1 buffers"):
         backend.readinto_ranges_versioned(["k", "k"], [0], [memoryview(out)])
     assert out == b"...."

@@ -206,12 +206,17 @@ class TieredHierarchy(RuleBasedStateMachine):
             assert present == named, (t.name, sorted(present ^ named))
 
 
-TieredHierarchy.TestCase.settings = settings(
-    max_examples=200,
-    stateful_step_count=8,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+def _runs(examples: int, steps: int) -> settings:
+    """Hypothesis settings of a state machine here: ``examples`` runs of ``steps`` steps."""
+    return settings(
+        max_examples=examples,
+        stateful_step_count=steps,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
+
+
+TieredHierarchy.TestCase.settings = _runs(200, 8)
 test_tiers_stateful = TieredHierarchy.TestCase
 
 
@@ -219,12 +224,7 @@ class LongerRuns(TieredHierarchy):
     pass
 
 
-LongerRuns.TestCase.settings = settings(
-    max_examples=1000,
-    stateful_step_count=30,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+LongerRuns.TestCase.settings = _runs(1000, 30)
 test_tiers_stateful_long = pytest.mark.slow(LongerRuns.TestCase)
 
 
@@ -245,10 +245,5 @@ class EverythingCached(TieredHierarchy):
             chunk_cache_module.SETTLE_NS = self._settle
 
 
-EverythingCached.TestCase.settings = settings(
-    max_examples=100,
-    stateful_step_count=8,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+EverythingCached.TestCase.settings = _runs(100, 8)
 test_tiers_stateful_everything_cached = EverythingCached.TestCase

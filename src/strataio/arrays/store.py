@@ -193,12 +193,18 @@ class BackendChunkStore(ChunkStore):
     ) -> int | None:
         try:
             return self.backend.readinto_range(self._key(key), offset, out, nowait=nowait)
-        except FileNotFoundError:
+        except Exception as exc:
+            return self._never_written(key, exc)
+
+    def _never_written(self, key: str, exc: Exception) -> None:
+        """None when ``exc``, from a read of chunk ``key``, says its object is missing (a
+        chunk never written); otherwise raise it, a system error as the store's
+        :class:`BackendError` naming the chunk."""
+        if isinstance(exc, FileNotFoundError):  # (NotFoundError is one)
             return None
-        except (StrataError, BlockingIOError):
-            raise
-        except OSError as exc:
+        if isinstance(exc, OSError) and not isinstance(exc, BlockingIOError | StrataError):
             raise self._failed("read", key, exc) from exc
+        raise exc
 
     def read_span_versioned(
         self, key: str, offset: int, out: memoryview, *, nowait: bool = False
@@ -224,16 +230,9 @@ class BackendChunkStore(ChunkStore):
             [self._key(k) for k in keys], offsets, outs, nowait=nowait
         )
         for i, r in enumerate(got):
-            if not isinstance(r, Exception) or isinstance(r, BlockingIOError):
-                continue
-            if isinstance(r, FileNotFoundError):  # (NotFoundError is one)
+            if isinstance(r, Exception) and not isinstance(r, BlockingIOError):
+                self._never_written(keys[i], r)  # (raises unless never written)
                 got[i] = (None, None)
-            elif isinstance(r, StrataError):
-                raise r
-            elif isinstance(r, OSError):
-                raise self._failed("read", keys[i], r) from r
-            else:
-                raise r
         return got  # type: ignore[return-value]
 
     def chunk_versions(self, keys: Sequence[str]) -> list[Version | None]:

@@ -141,6 +141,14 @@ class Contender:
         """Release handles and delete the files."""
         shutil.rmtree(self.root, ignore_errors=True)
 
+    def _release(self, *names: str) -> None:
+        """Close the handles held in attributes ``names`` (those set), in that order."""
+        for name in names:
+            handle = getattr(self, name, None)
+            if handle is not None:
+                handle.close()
+                setattr(self, name, None)
+
 
 class Naive(Contender):
     """One raw file; one system call per contiguous piece of the box."""
@@ -215,9 +223,7 @@ class Strataio(Contender):
         self.ds.clear_cache()
 
     def close(self) -> None:
-        if getattr(self, "ds", None) is not None:
-            self.ds.close()
-            self.ds = None
+        self._release("ds")
         super().close()
 
 
@@ -266,12 +272,7 @@ class StrataioTiered(Contender):
         self.ds.store.forget_checks()
 
     def close(self) -> None:
-        if getattr(self, "ds", None) is not None:
-            self.ds.close()
-            self.ds = None
-        if getattr(self, "session", None) is not None:
-            self.session.close()
-            self.session = None
+        self._release("ds", "session")
         super().close()
 
 
@@ -302,9 +303,7 @@ class H5py(Contender):
         self.dset.write_direct(np.ascontiguousarray(data), dest_sel=_box(start, stop))
 
     def close(self) -> None:
-        if getattr(self, "file", None) is not None:
-            self.file.close()
-            self.file = None
+        self._release("file")
         super().close()
 
 

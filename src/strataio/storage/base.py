@@ -13,7 +13,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from strataio.errors import InvalidKeyError
+from strataio.errors import InvalidKeyError, ShapeMismatchError
 from strataio.layout.extents import Extents
 
 BytesLike = bytes | bytearray | memoryview
@@ -38,9 +38,10 @@ class Capabilities:
 
 
 def check_batch(keys: Sequence[str], offsets: Sequence[int], outs: Sequence[Any]) -> None:
-    """Refuse a batch read whose lists differ in length (before any byte is read)."""
+    """Refuse a batch read whose lists differ in length (:class:`ShapeMismatchError`, before
+    any byte is read)."""
     if not len(keys) == len(offsets) == len(outs):
-        raise ValueError(
+        raise ShapeMismatchError(
             f"a batch read needs one offset and one buffer per key: {len(keys)} keys, "
             f"{len(offsets)} offsets, {len(outs)} buffers"
         )

@@ -278,14 +278,11 @@ class TieredChunkStore(ChunkStore):
                 raise
             except (OSError, StrataError):
                 size = version = None  # moved or gone: the whole read below says where
-            if size == copy.nbytes:
-                digest = checksum(whole)
-                if copy.accepts(digest) and self.res.is_current(copy):
-                    self.res.touch((key,))
-                    if version is None:  # (a tier without versions: checked on every read)
-                        return _copy_span(whole, offset, out), None
-                    self._verified[key] = (copy.tier, digest, version)
-                    return _copy_span(whole, offset, out), (tier.backend.url, *version)
+            if self._check_whole(key, copy, stamp, whole, size, version):
+                self.res.touch((key,))
+                # (a tier without versions has its copies checked on every read)
+                seen_as = None if version is None else (tier.backend.url, *version)
+                return _copy_span(whole, offset, out), seen_as
         if nowait:
             raise BlockingIOError(key)
         return _copy_span(self._whole(key), offset, out), None
@@ -322,7 +319,6 @@ class TieredChunkStore(ChunkStore):
             batch[3].append(offset)
             batch[4].append(out)
 
-        stamp = self.res.stamp
         for j, key in enumerate(keys):
             hit = self.cache.get(self.name, key)
             if hit is not None:
@@ -386,18 +382,12 @@ class TieredChunkStore(ChunkStore):
                         touched.append(key)
                         got[j] = (size, (url, *version))
                         continue
-                else:
-                    copy, at = want
-                    if size == copy.nbytes and version is not None:
-                        digest = checksum(whole)
-                        # (an unchanged stamp: no put or move replaced the copy meanwhile)
-                        if copy.accepts(digest) and stamp(key) == at:
-                            self._verified[key] = (copy.tier, digest, version)
-                            touched.append(key)
-                            if whole is not outs[j]:
-                                _copy_span(whole, offsets[j], outs[j])
-                            got[j] = (size, (url, *version))
-                            continue
+                elif version is not None and self._check_whole(key, *want, whole, size, version):
+                    touched.append(key)
+                    if whole is not outs[j]:
+                        _copy_span(whole, offsets[j], outs[j])
+                    got[j] = (size, (url, *version))
+                    continue
                 alone.append(j)
         if touched:
             self.res.touch(touched)
@@ -407,6 +397,22 @@ class TieredChunkStore(ChunkStore):
             except BlockingIOError as exc:
                 got[j] = exc
         return got
+
+    def _check_whole(
+        self, key: str, copy: ChunkCopy, stamp: int, whole: Any, size: int | None, version: Any
+    ) -> bool:
+        """Whether ``whole`` (the ``size`` bytes of one read of ``copy``, as ``version``) is
+        that copy: its catalogued checksum accepts the bytes and the chunk's stamp is still
+        ``stamp`` (no put or move replaced the copy meanwhile). A copy with a version is
+        then verified (the verified-once rule)."""
+        if size != copy.nbytes:
+            return False
+        digest = checksum(whole)
+        if not copy.accepts(digest) or self.res.stamp(key) != stamp:
+            return False
+        if version is not None:
+            self._verified[key] = (copy.tier, digest, version)
+        return True
 
     def _still_checked(self, key: str) -> _Checked | None:
         """The copy of ``key`` a range read last found verified, while nothing about the
