@@ -8,6 +8,8 @@ an exception of the same :class:`StrataError` class naming the failing rank.
 
 from __future__ import annotations
 
+import array
+
 from mpi4py import MPI
 
 from strataio.errors import StrataError
@@ -15,15 +17,18 @@ from strataio.errors import StrataError
 
 def agree(comm: MPI.Comm | None, exc: BaseException | None) -> None:
     """Raise on every rank if ``exc`` is set on any: the failing rank re-raises its own
-    exception, the others an exception of the same class naming the rank (one ``allreduce``
+    exception, the others an exception of the same class naming the rank (one ``Allreduce``
     when nothing failed). ``comm`` None is a single process."""
     if comm is None or comm.Get_size() == 1:
         if exc is not None:
             raise exc
         return
-    if not comm.allreduce(exc is not None, op=MPI.LOR):
-        return
-    raise_agreed(comm, exc)
+    # (a buffer of one int, not a pickled bool: 2 us against 7 at two ranks, more with the
+    # caches cold, and every collective call of a file agrees at least once)
+    failed = array.array("i", (exc is not None,))
+    comm.Allreduce(MPI.IN_PLACE, [failed, MPI.INT], op=MPI.MAX)
+    if failed[0]:
+        raise_agreed(comm, exc)
 
 
 def raise_agreed(comm: MPI.Comm, exc: BaseException | None) -> None:

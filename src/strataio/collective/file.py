@@ -212,6 +212,25 @@ def _checked_together(comm: MPI.Comm, err: Exception | None, values: list[int]) 
     return bool(np.all(most[1::2] == -most[2::2]))
 
 
+#: what a file works out from its hints once, by the hints' identity (open hands every file
+#: opened with the same hints the same Hints object; held here, so an id is not reused while
+#: its entry lives): ~13 us of cold Python per open otherwise
+_derived_memo: dict[int, tuple[Hints, RealmPolicy, IndependentIO]] = {}
+
+
+def _derived(hints: Hints) -> tuple[RealmPolicy, IndependentIO]:
+    """The realm policy and the independent I/O of a file with ``hints`` (both immutable)."""
+    known = _derived_memo.get(id(hints))
+    if known is not None and known[0] is hints:
+        return known[1], known[2]
+    policy, independent = policy_from_hints(hints), IndependentIO(hints)
+    with _memo_lock:
+        if len(_derived_memo) >= _OPEN_MEMO_SIZE:
+            _derived_memo.pop(next(iter(_derived_memo)))
+        _derived_memo[id(hints)] = (hints, policy, independent)
+    return policy, independent
+
+
 #: views found valid, by identity of their flattened etype and filetype (held here, so an
 #: id is not reused while its entry lives): a time-stepping code sets the same view every step
 _valid_views: dict[tuple[int, int], tuple[FlatType, FlatType, int]] = {}
@@ -302,12 +321,11 @@ class File:
         self._hints = hints
         # (set_view compares it across the ranks)
         self._digest = shared_digest(hints) if digest is None else digest
-        self._policy = policy_from_hints(hints)
+        self._policy, self._independent = _derived(hints)
         # persistent file realms (romio_cb_pfr=enable): fixed at the first two-phase call
         self._realms: StripedRealms | None = None
         self._fr_type = hints.romio_cb_fr_types  # as given: the hints show the size chosen
         self._pattern: tuple[Any, ...] | None = None  # what dynamic realms were computed for
-        self._independent = IndependentIO(hints)
         self._closed = False
         self._pos = 0
         # Bytes the file holds at least: it only grows (by any rank's writes) except through

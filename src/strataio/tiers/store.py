@@ -38,6 +38,7 @@ from strataio.errors import (
     StrataError,
     TierDownError,
 )
+from strataio.layout.pieces import scratch
 from strataio.storage.base import BytesLike, Version, validate_key
 from strataio.tiers.cache import ChunkCache
 from strataio.tiers.commit import Commit
@@ -303,53 +304,34 @@ class TieredChunkStore(ChunkStore):
         if self._closed:
             self._check_open()
         got: list[Any] = [None] * len(keys)
-        # per tier: [position, kind, what the read must match, whole buffer] and the reads
+        # per tier: the tier, [position, kind, what the read must match, whole buffer], and
+        # the reads' objects, offsets and buffers (appended in line: this loop runs per chunk)
         batches: dict[str, tuple[Tier, list[tuple[int, str, Any, Any]], list, list, list]] = {}
         alone: list[int] = []
         first: list[int] = []
-
-        def add(
-            tier: Tier, item: tuple[int, str, Any, Any], obj: str, offset: int, out: Any
-        ) -> None:
-            batch = batches.get(tier.name)
-            if batch is None:
-                batch = batches[tier.name] = (tier, [], [], [], [])
-            batch[1].append(item)
-            batch[2].append(obj)
-            batch[3].append(offset)
-            batch[4].append(out)
-
+        cache_get, name = self.cache.get, self.name
+        checked_of, stamps, verified = self._checked.get, self.res.stamp, self._verified
         for j, key in enumerate(keys):
-            hit = self.cache.get(self.name, key)
+            hit = cache_get(name, key)
             if hit is not None:
                 got[j] = (_copy_span(hit, offsets[j], outs[j]), None)
                 continue
-            checked = self._still_checked(key)
-            if checked is not None:
-                add(checked.tier, (j, "range", checked, None), checked.obj, offsets[j], outs[j])
-            elif key in self._verified:
+            checked = checked_of(key)
+            if checked is not None and checked.stamp == stamps(key) and checked.tier.up:
+                tier = checked.tier
+                batch = batches.get(tier.name)
+                if batch is None:
+                    batch = batches[tier.name] = (tier, [], [], [], [])
+                batch[1].append((j, "range", checked, None))
+                batch[2].append(checked.obj)
+                batch[3].append(offsets[j])
+                batch[4].append(outs[j])
+            elif key in verified:
                 alone.append(j)  # checked whole before: its second read sets the fast path
             else:
                 first.append(j)
-        tiers = self.tiers
-        looks = self.res.fastest_readable_many([keys[j] for j in first])
-        for j, (copy, at) in zip(first, looks):
-            tier = tiers[copy.tier] if copy is not None else None
-            if (
-                tier is None
-                or tier.role == "remotetape"
-                or not tier.up
-                or not self._keeps_versions(tier)
-            ):
-                alone.append(j)
-                continue
-            # the first read of this copy: whole, to check it (into the caller's buffer
-            # when that is the whole chunk)
-            out = outs[j]
-            whole = out if offsets[j] == 0 and len(out) == copy.nbytes else None
-            if whole is None:
-                whole = memoryview(np.empty(copy.nbytes, dtype=np.uint8))
-            add(tier, (j, "whole", (copy, at), whole), object_key(self.name, keys[j]), 0, whole)
+        if first:
+            self._add_first_reads(keys, offsets, outs, first, batches, alone)
         touched = []
         for tier, items, objs, offs, views in batches.values():
             reader = tier.backend.readinto_ranges_versioned
@@ -367,10 +349,10 @@ class TieredChunkStore(ChunkStore):
                 continue
             url = tier.backend.url
             for (j, kind, want, whole), r in zip(items, reads):
-                if isinstance(r, BlockingIOError):
-                    got[j] = r
-                    continue
-                if isinstance(r, Exception):
+                if isinstance(r, BaseException):
+                    if isinstance(r, BlockingIOError):
+                        got[j] = r
+                        continue
                     if not isinstance(r, OSError | StrataError):
                         raise r
                     alone.append(j)  # moved or gone: the read alone finds where it is now
@@ -385,7 +367,11 @@ class TieredChunkStore(ChunkStore):
                 elif version is not None and self._check_whole(key, *want, whole, size, version):
                     touched.append(key)
                     if whole is not outs[j]:
-                        _copy_span(whole, offsets[j], outs[j])
+                        out, at = outs[j], offsets[j]
+                        if at + len(out) <= size:
+                            out[:] = whole[at : at + len(out)]
+                        else:
+                            _copy_span(whole, at, out)
                     got[j] = (size, (url, *version))
                     continue
                 alone.append(j)
@@ -397,6 +383,63 @@ class TieredChunkStore(ChunkStore):
             except BlockingIOError as exc:
                 got[j] = exc
         return got
+
+    def _add_first_reads(
+        self,
+        keys: Sequence[str],
+        offsets: Sequence[int],
+        outs: Sequence[memoryview],
+        first: list[int],
+        batches: dict[str, tuple[Tier, list[tuple[int, str, Any, Any]], list, list, list]],
+        alone: list[int],
+    ) -> None:
+        """Add to ``batches`` the first read of each chunk at positions ``first``: its
+        fastest copy read whole, to be checked (into the caller's buffer when that is the
+        whole chunk, else into one spare buffer for them all); a chunk whose copy a batch
+        cannot read (none, an archive tier, a tier down or without versions) to ``alone``."""
+        tiers, name = self.tiers, self.name
+        eligible: dict[str, bool] = {}  # per tier: whether a batch reads its copies
+        spare: list[tuple[int, ChunkCopy, int, tuple]] = []  # (j, copy, stamp, batch)
+        spare_bytes = 0
+        looks = self.res.fastest_readable_many([keys[j] for j in first])
+        for j, (copy, at) in zip(first, looks):
+            if copy is None:
+                alone.append(j)
+                continue
+            ok = eligible.get(copy.tier)
+            if ok is None:
+                tier = tiers[copy.tier]
+                ok = eligible[copy.tier] = (
+                    tier.role != "remotetape" and tier.up and self._keeps_versions(tier)
+                )
+            if not ok:
+                alone.append(j)
+                continue
+            batch = batches.get(copy.tier)
+            if batch is None:
+                batch = batches[copy.tier] = (tiers[copy.tier], [], [], [], [])
+            out = outs[j]
+            if offsets[j] == 0 and len(out) == copy.nbytes:
+                batch[1].append((j, "whole", (copy, at), out))
+                batch[2].append(object_key(name, keys[j]))
+                batch[3].append(0)
+                batch[4].append(out)
+            else:
+                spare.append((j, copy, at, batch))
+                spare_bytes += copy.nbytes
+        if not spare:
+            return
+        # one spare buffer of this thread's for them all, its pages mapped already (a fresh
+        # buffer per chunk costs page faults)
+        view = memoryview(scratch(spare_bytes, "tiered whole reads"))
+        start = 0
+        for j, copy, at, batch in spare:
+            whole = view[start : start + copy.nbytes]
+            start += copy.nbytes
+            batch[1].append((j, "whole", (copy, at), whole))
+            batch[2].append(object_key(name, keys[j]))
+            batch[3].append(0)
+            batch[4].append(whole)
 
     def _check_whole(
         self, key: str, copy: ChunkCopy, stamp: int, whole: Any, size: int | None, version: Any
