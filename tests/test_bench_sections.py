@@ -33,7 +33,7 @@ from strataio.bench.sections import (
     verify,
 )
 from strataio.cli import main
-from strataio.errors import StrataError
+from strataio.errors import ChecksumError, StrataError
 
 
 def test_geometry_scaled_to_8000() -> None:
@@ -84,7 +84,7 @@ def test_bench_sections_small_run(tmp_path) -> None:
     assert list(r["caches"]) == list(CACHES)
     for mode in CACHES:  # the summary says what each mode is
         assert f"cache mode {mode}:" in res.output
-    for heading in ("s/zarr", "s/tstore", "s/tstore-c", "tiered/s"):
+    for heading in ("s/zarr", "s/tstore", "s/tstore-c", "tiered/s", "tiered/crc"):
         assert heading in res.output
     assert r["memcpy_bytes_per_s"] > 0
     labels = [p["label"] for p in r["passes"]]
@@ -255,6 +255,27 @@ def test_first_mode_forgets_the_tiered_checks(tmp_path) -> None:
         c.close()
 
 
+def test_the_checked_plain_contender_checks_every_read(tmp_path) -> None:
+    """``strataio-crc32c`` stores a CRC-32C with every chunk and a read checks it: a chunk
+    file changed on disk after the first read fails the next read that the decoded-chunk
+    cache does not serve."""
+    data = np.random.default_rng(17).random((64, 64), dtype=np.float32)
+    c = make_contender("strataio-crc32c", tmp_path / "c", (16, 16))
+    c.setup(data)
+    try:
+        assert np.array_equal(c.read((0, 0), (16, 16)), data[:16, :16])
+        chunk = c.root / "array.zarr" / "c" / "0" / "0"
+        raw = bytearray(chunk.read_bytes())
+        assert len(raw) == 16 * 16 * 4 + 4  # the chunk and its checksum
+        raw[7] ^= 0xFF
+        chunk.write_bytes(bytes(raw))
+        c.forget()
+        with pytest.raises(ChecksumError):
+            c.read((0, 0), (16, 16))
+    finally:
+        c.close()
+
+
 def _kvs_reads() -> dict[str, int]:
     import tensorstore as ts
 
@@ -418,7 +439,14 @@ def test_cold_drop_evicts_every_file(tmp_path, name: str) -> None:
     c.setup(data)
     try:
         files = c.files()
-        chunked = ("strataio", "strataio-tiered", "zarr", "tensorstore", "tensorstore-cached")
+        chunked = (
+            "strataio",
+            "strataio-tiered",
+            "strataio-crc32c",
+            "zarr",
+            "tensorstore",
+            "tensorstore-cached",
+        )
         assert len(files) >= (65 if name in chunked else 1)
         c.read((0, 0), (256, 256))
         assert sum(map(_resident_pages, files)) > 0  # warm: the data is cached

@@ -40,17 +40,23 @@ _MODULES = {
     "tensorstore": "tensorstore",
     "tensorstore-cached": "tensorstore",
 }
-_SHORT = {"tensorstore": "tstore", "tensorstore-cached": "tstore-c", "strataio-tiered": "tiered"}
+_SHORT = {
+    "tensorstore": "tstore",
+    "tensorstore-cached": "tstore-c",
+    "strataio-tiered": "tiered",
+    "strataio-crc32c": "crc32c",
+}
 #: ratio columns (numerator, denominator, heading): strataio against its peers, and the
-#: tiered dataset against the plain one on the same disk
+#: tiered dataset against the plain one on the same disk, without and with checksums
 _RATIOS = (
     ("strataio", "zarr", "s/zarr"),
     ("strataio", "tensorstore", "s/tstore"),
     ("strataio", "tensorstore-cached", "s/tstore-c"),
     ("strataio-tiered", "strataio", "tiered/s"),
+    ("strataio-tiered", "strataio-crc32c", "tiered/crc"),
 )
 #: the tables need about this many columns; a narrower terminal would fold every cell
-_TABLE_WIDTH = 176
+_TABLE_WIDTH = 200
 
 
 def _csv(value: str) -> tuple[str, ...]:
@@ -89,7 +95,8 @@ def render_tables(result: dict[str, Any], console: Console) -> None:
         table = Table(
             title=title,
             caption="time gain-vs-naive %; s/x = strataio time / x time (< 1: strataio "
-            "faster); tiered/s = tiered dataset time / plain strataio time",
+            "faster); tiered/s = tiered dataset time / plain strataio time; tiered/crc = the "
+            "same over the plain dataset checking a CRC-32C of every chunk it reads",
             box=box.SIMPLE_HEAD,
         )
         for name in ("Pat", "Op", "Cache", "naive"):
