@@ -316,7 +316,7 @@ class TieredChunkStore(ChunkStore):
             if hit is not None:
                 got[j] = (_copy_span(hit, offsets[j], outs[j]), None)
                 continue
-            checked = checked_of(key)
+            checked = checked_of(key)  # (_still_checked, in line)
             if checked is not None and checked.stamp == stamps(key) and checked.tier.up:
                 tier = checked.tier
                 batch = batches.get(tier.name)
