@@ -609,8 +609,10 @@ def test_a_commit_that_does_not_wait_for_the_disk(url, cat):
     with statement_log(cat) as durable:
         cat.commit([ChunkCopy("d", "c/0/0", "local", 8, "new")])
     if isinstance(cat, SQLiteCatalog):
-        assert nowait == ["PRAGMA", "BEGIN", "INSERT", "COMMIT", "PRAGMA"]
-        assert cat._conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL again
+        # one setting for both (NORMAL: a commit's WAL frames wait for a checkpoint's fsync);
+        # the durable commit syncs the WAL itself before it returns
+        assert nowait == ["BEGIN", "INSERT", "COMMIT"] == durable
+        assert cat._conn.execute("PRAGMA synchronous").fetchone()[0] == 1
     else:
         assert nowait[0] == "BEGIN" and "SET" in nowait and nowait[-1] == "COMMIT"
     assert "SET" not in durable and "PRAGMA" not in durable
@@ -618,17 +620,49 @@ def test_a_commit_that_does_not_wait_for_the_disk(url, cat):
     with statement_log(cat) as synced:
         cat.sync_log()
     assert synced == [] if isinstance(cat, SQLiteCatalog) else synced[-1] == "COMMIT"
-    # a failed transaction leaves the connection waiting for the disk again too
     with pytest.raises(MetadataError):
         cat.commit([ChunkCopy("nope", "c/0/0", "local", 8, "x")], durable=False)
-    if isinstance(cat, SQLiteCatalog):
-        assert cat._conn.execute("PRAGMA synchronous").fetchone()[0] == 2
     child = subprocess.run([sys.executable, "-c", _NOWAIT_CHILD, url], capture_output=True)
     assert child.returncode == -9, child.stderr
     with open_catalog(url) as other:
         got = {c.key: c for c in other.residency("d")}
     assert got["c/0/0"] == ChunkCopy("d", "c/0/0", "local", 8, "new")
     assert got["c/0/1"].state == "in-transit" and got["c/0/1"].accepts("old")
+
+
+def test_a_durable_sqlite_commit_syncs_its_wal_before_it_returns(tmp_path, monkeypatch):
+    """SQLite runs at synchronous=NORMAL, so a durable commit fsyncs the WAL itself, after
+    the commit and before returning; a commit that does not wait for the disk syncs nothing,
+    and a failed sync raises BackendError."""
+    import strataio.catalog.sqlite as sqlite_module
+
+    cat = SQLiteCatalog(tmp_path / "c.db")
+    cat.register_tiers(TIERS)
+    cat.create_dataset(_ds("d"))
+    wal = os.path.realpath(str(tmp_path / "c.db") + "-wal")
+    synced: list[tuple[str, list[str]]] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        # what the file holds on disk now: the catalog as another connection reads it
+        with sqlite3.connect(tmp_path / "c.db") as other:
+            keys = [r[0] for r in other.execute("SELECT key FROM residency ORDER BY key")]
+        synced.append((os.readlink(f"/proc/self/fd/{fd}"), keys))
+        real_fsync(fd)
+
+    monkeypatch.setattr(sqlite_module.os, "fsync", fsync)
+    cat.commit([ChunkCopy("d", "c/0/0", "local", 8, "a")], durable=False)
+    assert synced == []
+    cat.commit([ChunkCopy("d", "c/0/1", "local", 8, "b")])
+    assert synced == [(wal, ["c/0/0", "c/0/1"])]  # once, after both commits
+
+    def failing(fd: int) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(sqlite_module.os, "fsync", failing)
+    with pytest.raises(BackendError, match="cannot sync its WAL"):
+        cat.commit([ChunkCopy("d", "c/0/2", "local", 8, "c")])
+    cat.close()
 
 
 class WriterRegistry(RuleBasedStateMachine):

@@ -2,11 +2,20 @@
 
 WAL lets readers proceed while a writer commits, so several processes (or a CLI next to a
 running job) can open the same catalog; writers take the lock up front (``BEGIN IMMEDIATE``)
-and wait up to ``timeout`` seconds for each other rather than failing. ``synchronous=FULL``
-makes a commit durable before it returns: the mover deletes a source copy only after the
-catalog says the destination holds it, so a commit lost to a power cut could lose data. A
-commit asked not to be durable (``durable=False``, a rewrite's announcement) runs under
-``synchronous=NORMAL``: appended to the WAL without an fsync, durable with the next commit.
+and wait up to ``timeout`` seconds for each other rather than failing.
+
+A commit is durable before it returns: the mover deletes a source copy only after the catalog
+says the destination holds it, so a commit lost to a power cut could lose data. The
+connection runs at ``synchronous=NORMAL`` (a commit is appended to the WAL, whose fsync waits
+for a checkpoint) and a durable commit then fsyncs the WAL itself (:meth:`sync_log`), which is
+what ``synchronous=FULL`` does inside the commit. A commit asked not to be durable
+(``durable=False``, a rewrite's announcement) skips that fsync: every connection sees it at
+once, and the next durable commit, of any process, makes it durable too (the WAL is one file,
+appended in commit order). One setting for both kinds spares each announcement the two
+``PRAGMA synchronous`` switches a per-transaction setting would cost (about 20 µs of 70).
+A durable commit whose fsync fails raises :class:`~strataio.errors.BackendError` although
+other connections may already see it (SQLite's own fsync inside the commit would have kept
+it from them).
 """
 
 from __future__ import annotations
@@ -37,7 +46,6 @@ class SQLiteCatalog(SQLCatalog):
         self.timeout = float(timeout)
         # writers' liveness: an fcntl lock per writer, on files beside the database
         self._locks = LockFiles(os.path.abspath(self.path) + ".writers")
-        self._normal = False  # the connection left at synchronous=NORMAL
         super().__init__(self.path)
 
     def _connect(self) -> sqlite3.Connection:
@@ -58,7 +66,7 @@ class SQLiteCatalog(SQLCatalog):
                     f"catalog {self.path!r}: cannot switch to WAL mode (got {mode!r}); "
                     "is it on a file system without shared memory support?"
                 )
-            conn.execute("PRAGMA synchronous = FULL")
+            conn.execute("PRAGMA synchronous = NORMAL")  # (durable commits: see the module doc)
             conn.execute("PRAGMA foreign_keys = ON")
         except sqlite3.Error as exc:
             conn.close()
@@ -91,30 +99,25 @@ class SQLiteCatalog(SQLCatalog):
         """fsync the WAL: every frame a commit appended, durable or not, is then on disk."""
         with self._lock:
             self._check_open()
-            try:
-                fd = os.open(self.path + "-wal", os.O_RDONLY | os.O_CLOEXEC)
-            except FileNotFoundError:
-                return  # no WAL: every commit is in the database file, synced at checkpoint
-            except OSError as exc:
-                raise BackendError(f"catalog {self.path!r}: cannot open its WAL: {exc}") from exc
-            try:
-                os.fsync(fd)
-            except OSError as exc:
-                raise BackendError(f"catalog {self.path!r}: cannot sync its WAL: {exc}") from exc
-            finally:
-                os.close(fd)
+            self._sync_wal()
+
+    def _sync_wal(self) -> None:
+        try:
+            fd = os.open(self.path + "-wal", os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return  # no WAL: every commit is in the database file, synced at checkpoint
+        except OSError as exc:
+            raise BackendError(f"catalog {self.path!r}: cannot open its WAL: {exc}") from exc
+        try:
+            os.fsync(fd)
+        except OSError as exc:
+            raise BackendError(f"catalog {self.path!r}: cannot sync its WAL: {exc}") from exc
+        finally:
+            os.close(fd)
 
     @contextlib.contextmanager
     def _begin(self, durable: bool = True) -> Iterator[sqlite3.Cursor]:
         cur = self._conn.cursor()
-        if not durable:
-            # NORMAL in WAL mode: the commit is appended to the WAL without an fsync; the
-            # next FULL commit's fsync of the WAL (or sync_log) makes it durable too
-            cur.execute("PRAGMA synchronous = NORMAL")
-            self._normal = True
-        elif self._normal:  # a restore that failed last time (see below)
-            cur.execute("PRAGMA synchronous = FULL")
-            self._normal = False
         try:
             # IMMEDIATE: take the write lock now, so a reader-turned-writer never deadlocks
             # on lock upgrade (which the busy timeout cannot resolve).
@@ -127,13 +130,9 @@ class SQLiteCatalog(SQLCatalog):
                     self._conn.rollback()
                 raise
         finally:
-            if not durable and not self._conn.in_transaction:
-                # (inside a transaction a failed rollback left, SQLite refuses the change:
-                # the next durable transaction makes it, and the error raised is the first)
-                with contextlib.suppress(sqlite3.Error):
-                    cur.execute("PRAGMA synchronous = FULL")
-                    self._normal = False
             cur.close()
+        if durable:
+            self._sync_wal()  # (synchronous=NORMAL: see the module doc)
 
     def _hold_token(self, writer: str) -> None:
         try:

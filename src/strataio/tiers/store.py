@@ -626,6 +626,7 @@ class TieredChunkStore(ChunkStore):
                     "in-transit",
                     now,
                     olds[k].checksum if k in olds else "",
+                    self.commit.writer,  # (the writer an announcement names)
                 )
                 for (k, v), d in zip(items, sums)
                 if self.res.catalogued(k, tier.name)
