@@ -4,18 +4,15 @@ WAL lets readers proceed while a writer commits, so several processes (or a CLI 
 running job) can open the same catalog; writers take the lock up front (``BEGIN IMMEDIATE``)
 and wait up to ``timeout`` seconds for each other rather than failing.
 
-A commit is durable before it returns: the mover deletes a source copy only after the catalog
-says the destination holds it, so a commit lost to a power cut could lose data. The
-connection runs at ``synchronous=NORMAL`` (a commit is appended to the WAL, whose fsync waits
-for a checkpoint) and a durable commit then fsyncs the WAL itself (:meth:`sync_log`), which is
-what ``synchronous=FULL`` does inside the commit. A commit asked not to be durable
-(``durable=False``, a rewrite's announcement) skips that fsync: every connection sees it at
-once, and the next durable commit, of any process, makes it durable too (the WAL is one file,
-appended in commit order). One setting for both kinds spares each announcement the two
-``PRAGMA synchronous`` switches a per-transaction setting would cost (about 20 µs of 70).
-A durable commit whose fsync fails raises :class:`~strataio.errors.BackendError` although
-other connections may already see it (SQLite's own fsync inside the commit would have kept
-it from them).
+A commit is durable before it returns (``synchronous=FULL``: SQLite fsyncs the WAL inside
+the commit, and a commit whose fsync fails is never seen): the mover deletes a source copy only
+after the catalog says the destination holds it, so a commit lost to a power cut could lose
+data. A commit asked not to be durable (``durable=False``, a rewrite's announcement) goes
+through a second connection, opened on first use and kept at ``synchronous=NORMAL``: appended
+to the WAL without an fsync, seen by every connection at once, and made durable by the next
+durable commit of any process (the WAL is one file, appended in commit order) or by
+:meth:`SQLiteCatalog.sync_log`. A connection of its own spares each announcement the two
+``PRAGMA synchronous`` switches that one shared connection would need (about 20 µs of 75).
 """
 
 from __future__ import annotations
@@ -46,7 +43,15 @@ class SQLiteCatalog(SQLCatalog):
         self.timeout = float(timeout)
         # writers' liveness: an fcntl lock per writer, on files beside the database
         self._locks = LockFiles(os.path.abspath(self.path) + ".writers")
+        # the connection of commits that do not wait for the disk (opened on first use)
+        self._relaxed: sqlite3.Connection | None = None
+        self._file: str | None = None
         super().__init__(self.path)
+        # the file SQLite opened (its name made absolute, links followed), for the second
+        # connection and the WAL beside it: the path as given may name it no longer (a
+        # relative path after a chdir)
+        (self._file,) = [r[2] for r in self._conn.execute("PRAGMA database_list") if r[1] == "main"]
+        self._wal = self._file + "-wal"
 
     def _connect(self) -> sqlite3.Connection:
         parent = os.path.dirname(os.path.abspath(self.path))
@@ -54,7 +59,10 @@ class SQLiteCatalog(SQLCatalog):
             os.makedirs(parent, exist_ok=True)
             # isolation_level=None: no implicit transactions; _begin issues them explicitly.
             conn = sqlite3.connect(
-                self.path, timeout=self.timeout, isolation_level=None, check_same_thread=False
+                self._file or self.path,
+                timeout=self.timeout,
+                isolation_level=None,
+                check_same_thread=False,
             )
         except (OSError, sqlite3.Error) as exc:
             raise BackendError(f"cannot open catalog {self.path!r}: {exc}") from exc
@@ -66,7 +74,7 @@ class SQLiteCatalog(SQLCatalog):
                     f"catalog {self.path!r}: cannot switch to WAL mode (got {mode!r}); "
                     "is it on a file system without shared memory support?"
                 )
-            conn.execute("PRAGMA synchronous = NORMAL")  # (durable commits: see the module doc)
+            conn.execute("PRAGMA synchronous = FULL")
             conn.execute("PRAGMA foreign_keys = ON")
         except sqlite3.Error as exc:
             conn.close()
@@ -94,30 +102,42 @@ class SQLiteCatalog(SQLCatalog):
 
     def _disconnect(self) -> None:
         self._conn.close()
+        if self._relaxed is not None:
+            self._relaxed.close()
+            self._relaxed = None
+
+    def _relaxed_connection(self) -> sqlite3.Connection:
+        """The connection of commits that do not wait for the disk (the caller holds the
+        catalog's lock)."""
+        if self._relaxed is None:
+            conn = self._connect()
+            try:
+                conn.execute("PRAGMA synchronous = NORMAL")
+            except sqlite3.Error as exc:
+                conn.close()
+                raise BackendError(f"catalog {self.path!r}: {exc}") from exc
+            self._relaxed = conn
+        return self._relaxed
 
     def sync_log(self) -> None:
         """fsync the WAL: every frame a commit appended, durable or not, is then on disk."""
         with self._lock:
             self._check_open()
-            self._sync_wal()
-
-    def _sync_wal(self) -> None:
-        try:
-            fd = os.open(self.path + "-wal", os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
-            return  # no WAL: every commit is in the database file, synced at checkpoint
-        except OSError as exc:
-            raise BackendError(f"catalog {self.path!r}: cannot open its WAL: {exc}") from exc
-        try:
-            os.fsync(fd)
-        except OSError as exc:
-            raise BackendError(f"catalog {self.path!r}: cannot sync its WAL: {exc}") from exc
-        finally:
-            os.close(fd)
+            try:
+                fd = os.open(self._wal, os.O_RDONLY | os.O_CLOEXEC)
+            except OSError as exc:  # (this open connection keeps the WAL in place)
+                raise BackendError(f"catalog {self.path!r}: cannot open its WAL: {exc}") from exc
+            try:
+                os.fsync(fd)
+            except OSError as exc:
+                raise BackendError(f"catalog {self.path!r}: cannot sync its WAL: {exc}") from exc
+            finally:
+                os.close(fd)
 
     @contextlib.contextmanager
     def _begin(self, durable: bool = True) -> Iterator[sqlite3.Cursor]:
-        cur = self._conn.cursor()
+        conn = self._conn if durable else self._relaxed_connection()
+        cur = conn.cursor()
         try:
             # IMMEDIATE: take the write lock now, so a reader-turned-writer never deadlocks
             # on lock upgrade (which the busy timeout cannot resolve).
@@ -126,13 +146,11 @@ class SQLiteCatalog(SQLCatalog):
                 yield cur
                 cur.execute("COMMIT")
             except BaseException:
-                if self._conn.in_transaction:
-                    self._conn.rollback()
+                if conn.in_transaction:
+                    conn.rollback()
                 raise
         finally:
             cur.close()
-        if durable:
-            self._sync_wal()  # (synchronous=NORMAL: see the module doc)
 
     def _hold_token(self, writer: str) -> None:
         try:
