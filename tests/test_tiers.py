@@ -452,9 +452,13 @@ class CountingBackend(PosixBackend):
     readinto_ranges_versioned = Backend.readinto_ranges_versioned
 
 
-def test_tiered_partial_reads_check_each_copy_whole_once(tmp_path):
+@pytest.mark.parametrize("spare_keep", [None, 0], ids=["kept-buffer", "fresh-buffer"])
+def test_tiered_partial_reads_check_each_copy_whole_once(tmp_path, monkeypatch, spare_keep):
     """A tiered dataset reads only the bytes a section touches once the copy was read whole
-    and checked; a copy changed on disk afterwards is read whole and checked again."""
+    and checked; a copy changed on disk afterwards is read whole and checked again. (First
+    reads go whole into the thread's kept buffer, or into a fresh one above its size.)"""
+    if spare_keep is not None:
+        monkeypatch.setattr(strataio.tiers.store, "_SPARE_KEEP", spare_keep)
     a = np.arange(40 * 40, dtype="f4").reshape(40, 40)
     local = CountingBackend(tmp_path / "local")
     tiers = TierSet(

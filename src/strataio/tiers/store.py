@@ -47,6 +47,10 @@ from strataio.tiers.placement import DatasetDisabledError, Placement, normalize_
 from strataio.tiers.residency import META_KEY, Residency, object_key
 from strataio.tiers.tier import Tier, TierSet, checksum
 
+#: bytes of first reads' whole chunks up to which a batch reads them into a buffer the thread
+#: keeps (above, a buffer of their own: a thread keeps no large one, an I/O thread included)
+_SPARE_KEEP = 4 << 20
+
 
 class TieredChunkStore(ChunkStore):
     """Chunks of dataset ``residency.name`` spread over ``tiers``.
@@ -429,9 +433,13 @@ class TieredChunkStore(ChunkStore):
                 spare_bytes += copy.nbytes
         if not spare:
             return
-        # one spare buffer of this thread's for them all, its pages mapped already (a fresh
-        # buffer per chunk costs page faults)
-        view = memoryview(scratch(spare_bytes, "tiered whole reads"))
+        # one spare buffer for them all: this thread's, its pages mapped already, where that
+        # is small enough to keep (a fresh buffer per small chunk cost more in page faults
+        # than the chunk's read), else a fresh one
+        if spare_bytes <= _SPARE_KEEP:
+            view = memoryview(scratch(spare_bytes, "tiered whole reads"))
+        else:
+            view = memoryview(np.empty(spare_bytes, dtype=np.uint8))
         start = 0
         for j, copy, at, batch in spare:
             whole = view[start : start + copy.nbytes]
