@@ -172,6 +172,8 @@ class PosixBackend(Backend):
         outs: Sequence[memoryview],
         nowait: bool,
     ) -> list[tuple[int, Version] | Exception]:
+        # (the body of both reads, single and batched: a subclass may route the batch
+        # through the single read, Backend's per-key loop, which must then not come back)
         check_batch(keys, offsets, outs)
         if _filebatch is None:
             return self._read_ranges_python(keys, offsets, outs, nowait)
