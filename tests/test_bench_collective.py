@@ -8,20 +8,31 @@ import json
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
+from click.testing import CliRunner, Result
 
-from strataio.bench.collective import CONTENDERS, PATTERNS, PHASES, STEP_CONTENDERS
+from strataio.bench.collective import (
+    CONTENDERS,
+    FILE_PER_RANK,
+    PATTERNS,
+    PHASES,
+    STEP_CONTENDERS,
+)
 from strataio.cli import main
+from strataio.cli.collective_cmd import weak_efficiency
+
+
+def _bench(tmp_path: Path, args: list[str]) -> tuple[Result, list[dict]]:
+    """Run ``strataio bench collective ARGS``; its output and its JSON rows."""
+    out = tmp_path / "rows.json"
+    result = CliRunner().invoke(main, ["bench", "collective", *args, "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    return result, json.loads(out.read_text())
 
 
 @pytest.mark.mpi
 def test_every_pattern_at_two_ranks(tmp_path: Path) -> None:
-    out = tmp_path / "collective.json"
-    args = ["bench", "collective", "--all", "--ranks", "2", "--reps", "2", "--scale", "0.01"]
-    args += ["--mode", "call"]
-    result = CliRunner().invoke(main, [*args, "--json", str(out)])
-    assert result.exit_code == 0, result.output
-    rows = json.loads(out.read_text())
+    args = ["--all", "--ranks", "2", "--reps", "2", "--scale", "0.01", "--mode", "call"]
+    result, rows = _bench(tmp_path, args)
     assert [(r["pattern"], r["op"]) for r in rows] == [
         (p, op) for p in PATTERNS for op in ("write", "read")
     ]
@@ -38,12 +49,9 @@ def test_every_pattern_at_two_ranks(tmp_path: Path) -> None:
 
 @pytest.mark.mpi
 def test_open_to_close_table(tmp_path: Path) -> None:
-    out = tmp_path / "steps.json"
-    args = ["bench", "collective", "--ranks", "1,2", "--reps", "3", "--size", "1", "--sync"]
+    args = ["--ranks", "1,2", "--reps", "3", "--size", "1", "--sync"]
     args += ["--pattern", "contig", "--pattern", "hpio512", "--pattern", "tile2d"]
-    result = CliRunner().invoke(main, [*args, "--json", str(out)])
-    assert result.exit_code == 0, result.output
-    rows = json.loads(out.read_text())
+    result, rows = _bench(tmp_path, args)
     assert [(r["ranks"], r["pattern"], r["op"]) for r in rows] == [
         (n, p, op)
         for n in (1, 2)
@@ -74,13 +82,46 @@ def test_open_to_close_table(tmp_path: Path) -> None:
 
 
 @pytest.mark.mpi
+def test_weak_scaling_moves_the_same_bytes_per_rank(tmp_path: Path) -> None:
+    args = ["--ranks", "1,2", "--per-rank", "0.5", "--reps", "2", "--op", "write"]
+    result, rows = _bench(tmp_path, [*args, "--pattern", "contig", "--pattern", "tile2d"])
+    assert [(r["ranks"], r["pattern"], r["op"]) for r in rows] == [
+        (n, p, "write") for n in (1, 2) for p in ("contig", "tile2d")
+    ]
+    for r in rows:
+        assert r["per rank MiB"] == 0.5
+        assert r["bytes"] / r["ranks"] == pytest.approx(2**19, rel=0.02)
+        fpr = r[FILE_PER_RANK]
+        assert len(fpr["times"]) == 2 and fpr["min"] <= fpr["median"] <= fpr["max"]
+        assert r["best ROMIO"] in ("ROMIO coll", "ROMIO ind")  # the reference is not a peer
+    assert "Weak scaling, 0.5 MiB per rank" in result.output
+    assert FILE_PER_RANK in result.output
+
+
+@pytest.mark.mpi
+def test_the_file_per_rank_reference_reads_back_what_it_wrote(tmp_path: Path) -> None:
+    from strataio.bench.mpi import run_ranks
+
+    args = ["--pattern", "hpio512", "--reps", "1", "--size", "0.25", "--reference"]
+    rows = run_ranks(2, "strataio.bench.collective", [*args, "--dir", str(tmp_path)], 300)
+    assert [r["op"] for r in rows] == ["write", "read"]
+    assert all(r[FILE_PER_RANK]["median"] > 0 for r in rows)
+    assert not list(tmp_path.iterdir())  # every file of the pattern removed
+
+
+def test_weak_efficiency_is_the_rate_per_rank_against_the_fewest_ranks() -> None:
+    def row(n: int, seconds: float) -> dict:
+        return {"pattern": "contig", "op": "write", "ranks": n, "bytes": n * 2**20,
+                "strataio": {"median": seconds}}  # fmt: skip
+
+    eff = weak_efficiency([row(4, 0.4), row(1, 0.1), row(2, 0.1)], "strataio")
+    assert eff == {("contig", "write"): {1: 1.0, 2: 1.0, 4: pytest.approx(0.25)}}
+
+
+@pytest.mark.mpi
 def test_pipeline_groups_at_two_ranks(tmp_path: Path) -> None:
-    out = tmp_path / "pipeline.json"
-    args = ["bench", "collective", "--pattern", "contig", "--pattern", "hpio512", "--ranks", "2"]
-    args += ["--reps", "2", "--scale", "0.01", "--pipeline", "1,2"]
-    result = CliRunner().invoke(main, [*args, "--json", str(out)])
-    assert result.exit_code == 0, result.output
-    rows = json.loads(out.read_text())
+    args = ["--pattern", "contig", "--pattern", "hpio512", "--ranks", "2"]
+    result, rows = _bench(tmp_path, [*args, "--reps", "2", "--scale", "0.01", "--pipeline", "1,2"])
     assert [(r["pattern"], r["op"]) for r in rows] == [
         (p, op) for p in ("contig", "hpio512") for op in ("write", "read")
     ]
@@ -98,6 +139,9 @@ def test_pipeline_groups_at_two_ranks(tmp_path: Path) -> None:
         (["--reps", "0"], "--reps"),
         (["--mode", "call", "--scale", "-1"], "--scale"),
         (["--mode", "open-close", "--pattern", "hpio64-ind"], "use --mode call"),
+        (["--per-rank", "1", "--size", "8"], "not both"),
+        (["--per-rank", "1", "--mode", "call", "--all"], "drop --mode call"),
+        (["--per-rank", "0"], "--per-rank"),
     ],
 )
 def test_bad_arguments_are_refused_before_any_launch(args: list[str], wrong: str) -> None:

@@ -416,20 +416,46 @@ def test_automatic_choice() -> None:
     assert use_two_phase(disjoint, "enable")
     assert not use_two_phase(tiny_interleaved, "disable")
 
-    # HPIO, 4096 regions of 4 KiB per rank: at 8 ranks a rank's regions lie 29696 bytes apart,
-    # wider than sieving crosses, so independent writes would take one call per region; at 2
-    # and 4 ranks (4352 and 12800 bytes apart) they are sieved.
-    def hpio(nprocs: int) -> np.ndarray:
-        slot = nprocs * (4096 + 128)
+    # HPIO, 4096 regions per rank, 128 bytes apart: with 4 KiB regions at 8 ranks a rank's
+    # regions lie 29696 bytes apart, wider than sieving crosses, so independent writes would
+    # take one call per region; at 2 and 4 ranks (4352 and 12800 bytes apart) they are sieved,
+    # dragging 2.1 and 4.1 times the bytes written: the first stays independent, the second
+    # drags enough to aggregate (see SIEVE_DRAG_SCORE).
+    def hpio(nprocs: int, region: int = 4096, regions: int = 4096) -> np.ndarray:
+        slot = nprocs * (region + 128)
         return np.array(
-            [[0, r * 4224, r * 4224 + 4095 * slot + 4096, 4096 * 4096, 4096] for r in range(nprocs)]
+            [
+                [0, r * (region + 128), r * (region + 128) + (regions - 1) * slot + region]
+                + [regions * region, regions]
+                for r in range(nprocs)
+            ]
         )
 
     assert use_two_phase(hpio(8), "automatic", write=True)
     assert not use_two_phase(hpio(8), "automatic", write=True, crowded=True)
     assert not use_two_phase(hpio(8), "automatic", write=False)
-    assert not use_two_phase(hpio(4), "automatic", write=True)
+    assert use_two_phase(hpio(4), "automatic", write=True)
+    assert not use_two_phase(hpio(4), "automatic", write=True, crowded=True)
     assert not use_two_phase(hpio(2), "automatic", write=True)
+    # 512-byte regions: sieving drags 1.25 bytes per rank per byte written; two-phase pays
+    # per piece, so only 16 ranks aggregate
+    assert not use_two_phase(hpio(8, 512, 16384), "automatic", write=True)
+    assert use_two_phase(hpio(16, 512, 8192), "automatic", write=True)
+    assert not use_two_phase(hpio(16, 512, 8192), "automatic", write=False)
+
+    # mpi-tile-io, 4 x 2 tiles of 1024 x 1024 doubles: each rank's rows are 8 KiB, every other
+    # one its own, so sieving drags 2 bytes per byte written in pieces large enough to aggregate
+    def tiles(py: int, px: int, t: int) -> np.ndarray:
+        rows = []
+        for ry in range(py):
+            for rx in range(px):
+                first = (ry * t * px * t + rx * t) * 8
+                rows.append([0, first, first + ((t - 1) * px * t + t) * 8, t * t * 8, t])
+        return np.array(rows)
+
+    assert use_two_phase(tiles(4, 2, 1024), "automatic", write=True)
+    assert not use_two_phase(tiles(4, 2, 1024), "automatic", write=True, crowded=True)
+    assert not use_two_phase(tiles(4, 1, 1024), "automatic", write=True)  # rows contiguous
     few = hpio(8)
     few[:, 4] = 64  # 64 regions of 64 KiB: few calls, each moving much
     few[:, 2] = few[:, 1] + 63 * 8 * (65536 + 128) + 65536

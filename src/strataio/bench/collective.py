@@ -214,6 +214,9 @@ def _one(
 #: collective call (``Read_all`` / ``Write_all``, collective buffering on) and ROMIO's
 #: independent call (``Read`` / ``Write``) on the same view
 STEP_CONTENDERS = ["strataio", "ROMIO coll", "ROMIO ind"]
+#: the reference of a weak-scaling run (``--reference``): each rank writes or reads its own
+#: bytes, packed, in one call to a file of its own -- what the node moves without a shared file
+FILE_PER_RANK = "file per rank"
 PHASES = ["open", "set_view", "transfer", "close"]
 
 
@@ -263,6 +266,16 @@ def _step(
         (f.write_all if write else f.read_all)(spec)
         t3 = clock()
         f.close()
+    elif contender == FILE_PER_RANK:
+        data = memoryview(spec[0]).cast("B")[: case.nbytes]
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC if write else os.O_RDONLY
+        comm.Barrier()
+        t0 = clock()
+        fd = os.open(f"{path}.{comm.Get_rank()}", flags, 0o644)
+        t1 = t2 = clock()
+        (_pwrite_whole if write else _pread_whole)(fd, data)
+        t3 = clock()
+        os.close(fd)
     else:
         coll = contender == "ROMIO coll"
         info = MPI.Info.Create()
@@ -289,6 +302,23 @@ def _step(
     return np.concatenate(([worst[0] + worst[1]], worst[2:]))
 
 
+def _pwrite_whole(fd: int, data: memoryview) -> None:
+    """Write all of ``data`` at offset 0 of ``fd`` (``pwrite`` may write less than asked)."""
+    done = 0
+    while done < len(data):
+        done += os.pwrite(fd, data[done:], done)
+
+
+def _pread_whole(fd: int, data: memoryview) -> None:
+    """Fill ``data`` from offset 0 of ``fd``; a file shorter than ``data`` is an error."""
+    done = 0
+    while done < len(data):
+        got = os.preadv(fd, [data[done:]], done)
+        if got == 0:
+            raise SystemExit(f"file per rank: {len(data) - done} bytes short")
+        done += got
+
+
 def _spread(seconds: list[float], nbytes: int) -> dict[str, float]:
     """min / median / max seconds of the repetitions and the median's MB/s."""
     med = statistics.median(seconds)
@@ -305,6 +335,7 @@ def run_steps(
     total: int,
     ops: tuple[str, ...] = ("write", "read"),
     sync: bool = False,
+    reference: bool = False,
 ) -> list[dict[str, Any]]:
     """Time ``pattern`` open to close: ``reps`` repetitions per contender and op, round-robin
     after an untimed round, each round starting one contender later. ``total``: the bytes all
@@ -316,13 +347,15 @@ def run_steps(
     median / strataio median (> 1: strataio faster) and the same ratio per round (paired);
     writes also give the node's Dirty and Writeback MB before each repetition. Every
     repetition also records the node's pressure stalls while it ran (``stalls ms``: CPU some,
-    I/O some, I/O full; see :func:`_stalls_ms`), which tell a slow repetition's cause."""
+    I/O some, I/O full; see :func:`_stalls_ms`), which tell a slow repetition's cause. With
+    ``reference`` the rows also time :data:`FILE_PER_RANK` (not part of the ratio), the
+    ceiling a weak-scaling run compares against."""
     comm = MPI.COMM_WORLD
     rank, nprocs = comm.Get_rank(), comm.Get_size()
     base = comm.allreduce(make_case(pattern, rank, nprocs, 1.0).nbytes)
     case = make_case(pattern, rank, nprocs, total / base)
     nbytes = comm.allreduce(case.nbytes)
-    contenders = STEP_CONTENDERS
+    contenders = STEP_CONTENDERS + ([FILE_PER_RANK] if reference else [])
     rows = []
     read_path = os.path.join(workdir, f"{pattern}.read")
     # what strataio's large reads are shared among on the busiest rank (cores to spare)
@@ -332,6 +365,8 @@ def run_steps(
         write = op == "write"
         if not write and not _exists_on_rank0(comm, read_path):
             _step(comm, "ROMIO coll", case, read_path, True, case.buf)
+        if not write and reference:
+            _step(comm, FILE_PER_RANK, case, read_path, True, case.buf)
         # One read buffer for every contender (zeroed before each step): buffers of their own
         # would differ in where their pages lie (huge pages or not), which showed as a few
         # per cent between contenders making the same system call.
@@ -339,16 +374,17 @@ def run_steps(
         steps: dict[str, list[np.ndarray]] = {c: [] for c in contenders}
         dirty: dict[str, list[list[float]]] = {c: [] for c in contenders}
         stalls: dict[str, list[list[float]]] = {c: [] for c in contenders}
-        reference: np.ndarray | None = None
+        expected: np.ndarray | None = None
         for rep in range(reps + 1):
             turn = rep % len(contenders)
             for contender in contenders[turn:] + contenders[:turn]:
                 path = read_path
                 if write:
                     path = os.path.join(workdir, f"{pattern}.{contender.replace(' ', '_')}")
+                    own = f"{path}.{rank}" if contender == FILE_PER_RANK else path
+                    if (rank == 0 or own != path) and os.path.exists(own):
+                        os.unlink(own)
                     if rank == 0:
-                        if os.path.exists(path):
-                            os.unlink(path)
                         if sync:
                             os.sync()
                         before = _meminfo_mb()
@@ -364,9 +400,12 @@ def run_steps(
                     if write and rank == 0:
                         dirty[contender].append(list(before))
                 if not write and rep == reps:  # every contender must read the same bytes
-                    if reference is None:
-                        reference = out.copy()
-                    elif not np.array_equal(out, reference):
+                    if contender == FILE_PER_RANK:
+                        if not np.array_equal(out[: case.nbytes], case.buf[: case.nbytes]):
+                            raise SystemExit(f"{pattern}: {contender} read different data")
+                    elif expected is None:
+                        expected = out.copy()
+                    elif not np.array_equal(out, expected):
                         raise SystemExit(f"{pattern}: {contender} read different data")
         row: dict[str, Any] = {
             "pattern": pattern, "ranks": nprocs, "op": op, "bytes": nbytes, "reps": reps,
@@ -502,6 +541,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--size", type=float, default=64.0, help="MiB all ranks move (open-close)")
     ap.add_argument("--op", choices=["write", "read"], action="append")
     ap.add_argument("--sync", action="store_true", help="os.sync() before each timed write")
+    ap.add_argument(
+        "--reference", action="store_true", help=f"also time {FILE_PER_RANK!r} (open-close)"
+    )
     args = ap.parse_args(argv)
     groups = [int(g) for g in args.pipeline.split(",") if g.strip()]
     contenders = pipeline_contenders(groups) if groups else None
@@ -516,7 +558,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             ops = tuple(args.op or ("write", "read"))
             total = int(args.size * 2**20)
-            rows += run_steps(pattern, args.reps, workdir, total, ops, args.sync)
+            rows += run_steps(pattern, args.reps, workdir, total, ops, args.sync, args.reference)
     if comm.Get_rank() == 0:
         print(json.dumps(rows))
         if args.dir is None:

@@ -14,7 +14,11 @@ from strataio.errors import StrataError
 
 
 def mpiexec() -> str:
-    """The ``mpiexec`` beside this Python (the mpich extra), else the one on ``PATH``."""
+    """The launcher named by ``$STRATAIO_MPIEXEC``, else the ``mpiexec`` beside this Python
+    (the mpich extra), else the one on ``PATH``."""
+    named = os.environ.get("STRATAIO_MPIEXEC")
+    if named:
+        return named
     here = Path(sys.executable).parent / "mpiexec"
     return str(here) if here.exists() else (shutil.which("mpiexec") or "mpiexec")
 

@@ -11,6 +11,7 @@ from rich.table import Table
 
 from strataio.bench.collective import (
     CONTENDERS,
+    FILE_PER_RANK,
     PATTERNS,
     PHASES,
     STEP_CONTENDERS,
@@ -65,6 +66,13 @@ def _styled(ratio: float) -> str:
     help="MiB moved in all (open-close).",
 )
 @click.option(
+    "--per-rank",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Weak scaling (open-close): MiB each rank moves, instead of --size; also times each "
+    "rank with a file of its own and prints each rank count's efficiency against the first.",
+)
+@click.option(
     "--scale",
     default=1.0,
     show_default=True,
@@ -95,6 +103,7 @@ def collective(
     mode: str,
     reps: int,
     size: float,
+    per_rank: float | None,
     scale: float,
     ops: tuple[str, ...],
     sync: bool,
@@ -109,9 +118,19 @@ def collective(
     close (ROMIO: Open -> Set_view -> Read_all/Write_all or Read/Write -> Close), timed from
     the first rank's start to the last rank's end, for contig, hpio64, hpio512, hpio4096
     and tile2d; the table gives min / median / max MB/s, ratio = better ROMIO median time /
-    strataio's, and each phase's slowest rank (median)."""
+    strataio's, and each phase's slowest rank (median).
+
+    With --per-rank M each rank moves M MiB at every rank count (weak scaling); a further
+    table gives each contender's efficiency, the median time at the first rank count over
+    the median time at N (1.00: perfect), beside a file per rank, the node's ceiling."""
     if pipeline:
         mode = "call"
+    if per_rank is not None:
+        if mode == "call":
+            raise click.UsageError("--per-rank times open to close: drop --mode call")
+        source = click.get_current_context().get_parameter_source("size")
+        if source is click.core.ParameterSource.COMMANDLINE:
+            raise click.UsageError("give --size (MiB in all) or --per-rank, not both")
     chosen = list(patterns)
     if run_all:
         chosen = [p for p in PATTERNS if mode == "call" or not p.endswith("-ind")]
@@ -126,8 +145,8 @@ def collective(
     if mode == "call":
         base += ["--scale", str(scale)] + (["--pipeline", pipeline] if pipeline else [])
     else:
-        base += ["--size", str(size)] + [a for op in ops for a in ("--op", op)]
-        base += ["--sync"] if sync else []
+        base += [a for op in ops for a in ("--op", op)] + (["--sync"] if sync else [])
+        base += ["--reference"] if per_rank is not None else []
     rows: list[dict[str, Any]] = []
     with Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -137,7 +156,13 @@ def collective(
         for n in counts:
             for p in chosen:
                 progress.update(task, description=f"{p} at {n} rank{'s' * (n > 1)}")
-                rows += _launch(n, ["--pattern", p, *base], timeout)
+                args = ["--pattern", p, *base]
+                if mode == "open-close":
+                    args += ["--size", str(size if per_rank is None else per_rank * n)]
+                got = _launch(n, args, timeout)
+                for r in got if per_rank is not None else []:
+                    r["per rank MiB"] = per_rank
+                rows += got
                 progress.advance(task)
     if pipeline:
         _pipeline_table(rows, [int(g) for g in pipeline.split(",") if g.strip()])
@@ -145,6 +170,8 @@ def collective(
         _call_table(rows)
     else:
         _step_table(rows)
+        if per_rank is not None:
+            _weak_table(rows, per_rank)
     write_json(json_path, rows)
 
 
@@ -187,6 +214,54 @@ def _step_table(rows: list[dict[str, Any]]) -> None:
             + ", ".join(f"{n} rank{'s' if n > 1 else ''}: {t}" for n, t in threads)
         )
     console.print(phases)
+
+
+def weak_efficiency(rows: list[dict[str, Any]], contender: str) -> dict[tuple, dict[int, float]]:
+    """Per (pattern, op), each rank count's weak-scaling efficiency of ``contender``: bytes per
+    rank per second (median time) at N over the same at the fewest ranks timed (1.0: perfect)."""
+    rates: dict[tuple, dict[int, float]] = {}
+    for r in rows:
+        rate = r["bytes"] / r["ranks"] / r[contender]["median"]
+        rates.setdefault((r["pattern"], r["op"]), {})[r["ranks"]] = rate
+    return {
+        key: {n: rate / by_n[min(by_n)] for n, rate in sorted(by_n.items())}
+        for key, by_n in rates.items()
+    }
+
+
+def _weak_table(rows: list[dict[str, Any]], per_rank: float) -> None:
+    """Each contender's MB/s and weak-scaling efficiency per rank count (see --per-rank)."""
+    counts = sorted({r["ranks"] for r in rows})
+    contenders = [*STEP_CONTENDERS, FILE_PER_RANK]
+    table = Table(
+        title=f"Weak scaling, {per_rank:g} MiB per rank: MB/s (median) and efficiency "
+        f"against {counts[0]} rank{'s' * (counts[0] > 1)}"
+    )
+    for col in ["pattern", "op", "contender", *[f"{n} rank{'s' * (n > 1)}" for n in counts]]:
+        table.add_column(col, justify="left" if col in ("pattern", "op", "contender") else "right")
+    by_key = {(r["pattern"], r["op"], r["ranks"]): r for r in rows}
+    efficiency = {c: weak_efficiency(rows, c) for c in contenders}
+    for pattern, op in dict.fromkeys((r["pattern"], r["op"]) for r in rows):
+        for c in contenders:
+            cells = []
+            for n in counts:
+                r = by_key.get((pattern, op, n))
+                if r is None:
+                    cells.append("")
+                    continue
+                eff = efficiency[c][pattern, op][n]
+                style = "green" if eff >= 0.8 else "red"
+                cells.append(
+                    f"{r['bytes'] / r[c]['median'] / 1e6:.0f} ([{style}]{eff:.2f}[/{style}])"
+                )
+            table.add_row(pattern, op, c, *cells)
+    console = make_console()
+    console.print(table)
+    console.print(
+        "efficiency = bytes per rank per second (median time) at N / the same at the fewest "
+        f"ranks (1.00: perfect; green from 0.80); {FILE_PER_RANK}: each rank writes or reads its "
+        "bytes, packed, in one call to a file of its own (no shared file; not in the ratio)"
+    )
 
 
 def _stalls(timed: dict[str, Any]) -> str:

@@ -5,9 +5,10 @@ only asks "do the ranks' ranges interleave?". On a node-local file system with a
 the exchange costs as much as the I/O it saves, so *automatic* also goes independent unless
 pieces are tiny (mean piece < ``LARGE_PIECE`` bytes, where sieving drags ``1/density`` times
 the data through every rank) or, for writes, the ranks would write thousands of small pieces
-one system call each (``PIECEWISE_WRITES``: the kernel serializes them) and every rank has a
-core of its own, and whenever one rank does all the I/O; it aggregates when ranges interleave
-and one of those holds.
+one system call each (``PIECEWISE_WRITES``: the kernel serializes them) or would sieve spans
+that drag far more bytes than they hold (``SIEVE_DRAG_SCORE``) and every rank has a core of its
+own, and whenever one rank does all the I/O; it aggregates when ranges interleave and one of
+those holds.
 """
 
 from __future__ import annotations
@@ -40,6 +41,19 @@ LARGE_PIECE = 64
 # 4 ranks on 2 cores: independent 756, two-phase 566 MB/s).
 PIECEWISE_WRITES = 1024
 
+# Sieved writes whose spans interleave: every rank reads and writes back its whole span, holes
+# included, under locks its neighbours wait for, and the kernel serializes the write-backs, so
+# the bytes written grow with the *drag* (bytes spanned / bytes written) while two-phase writes
+# each byte once and pays per piece in the exchange. Automatic mode aggregates such a write
+# when drag * mean_piece ** SIEVE_DRAG_EXPONENT reaches this score. Fitted on a 16-core node
+# (strataio bench collective --mode call, 64 MiB in all, MB/s two-phase / independent; drag,
+# mean piece): HPIO 512 B at 2, 4, 8, 16 ranks 0.59, 0.70, 0.96, 1.63 (drag 2.5-20); HPIO 64 B
+# 0.28, 0.46, 0.64, 1.16 (6-48); HPIO 4 KiB at 2 and 4 ranks 0.79 and 1.11 (2.1, 4.1); tile2d
+# at 4, 8, 16 ranks 1.23, 1.35, 1.45 (drag 2, 2, 4; pieces 11.6, 8, 5.8 KiB). Scores: the
+# last independent win 578 (HPIO 512 B, 8 ranks), the first two-phase win 704 (tile2d, 8).
+SIEVE_DRAG_SCORE = 640
+SIEVE_DRAG_EXPONENT = 0.65
+
 
 def use_two_phase(
     stats: np.ndarray | list[list[int]], mode: str, write: bool = False, crowded: bool = False
@@ -61,14 +75,34 @@ def use_two_phase(
         return True
     if active < 2:
         return False
-    if nbytes >= LARGE_PIECE * max(pieces, 1) and not (
-        write
-        and not crowded
-        and pieces >= PIECEWISE_WRITES
-        and _piecewise_writes(stats) >= PIECEWISE_WRITES
-    ):
+    tiny = nbytes < LARGE_PIECE * max(pieces, 1)
+    if not tiny and not (write and not crowded and _independent_writes_serialize(stats, pieces)):
         return False
     return not ranges_disjoint(np.asarray(stats, dtype=_I64))
+
+
+def _independent_writes_serialize(stats: np.ndarray | list[list[int]], pieces: int) -> bool:
+    """Whether independent writes would queue in the kernel: thousands of pieces written one
+    call each (``PIECEWISE_WRITES``), or sieved spans that drag far more than they hold
+    (``SIEVE_DRAG_SCORE``)."""
+    if pieces >= PIECEWISE_WRITES and _piecewise_writes(stats) >= PIECEWISE_WRITES:
+        return True
+    drag, piece = _sieving_drag(stats)
+    return drag * piece**SIEVE_DRAG_EXPONENT >= SIEVE_DRAG_SCORE
+
+
+def _sieving_drag(stats: np.ndarray | list[list[int]]) -> tuple[float, float]:
+    """(bytes spanned / bytes written, mean piece bytes) over the ranks whose writes automatic
+    sieving would read, patch and write back (holes between their pieces no wider, on average,
+    than it crosses); (0, 0) unless at least two ranks sieve."""
+    hole = sieving.hole_limit("automatic", write=True)
+    ranks = span = nbytes = pieces = 0
+    for _, first, last, n, k in _as_rows(stats):
+        if k > 1 and 0 < last - first - n <= hole * (k - 1):
+            ranks, span, nbytes, pieces = ranks + 1, span + last - first, nbytes + n, pieces + k
+    if ranks < 2:
+        return 0.0, 0.0
+    return span / nbytes, nbytes / pieces
 
 
 def _piecewise_writes(stats: np.ndarray | list[list[int]]) -> int:
