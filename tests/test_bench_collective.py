@@ -109,6 +109,18 @@ def test_the_file_per_rank_reference_reads_back_what_it_wrote(tmp_path: Path) ->
     assert not list(tmp_path.iterdir())  # every file of the pattern removed
 
 
+def test_the_launcher_is_named_by_strataio_mpiexec(monkeypatch: pytest.MonkeyPatch) -> None:
+    from strataio.bench.mpi import mpiexec, run_ranks
+    from strataio.errors import StrataError
+
+    monkeypatch.setenv("STRATAIO_MPIEXEC", "/nonexistent/launcher")
+    assert mpiexec() == "/nonexistent/launcher"
+    with pytest.raises(StrataError, match="no MPI launcher '/nonexistent/launcher'"):
+        run_ranks(1, "strataio.bench.collective", ["--pattern", "contig"], 10)
+    monkeypatch.delenv("STRATAIO_MPIEXEC")
+    assert mpiexec().endswith("mpiexec")
+
+
 def test_weak_efficiency_is_the_rate_per_rank_against_the_fewest_ranks() -> None:
     def row(n: int, seconds: float) -> dict:
         return {"pattern": "contig", "op": "write", "ranks": n, "bytes": n * 2**20,

@@ -29,7 +29,13 @@ def run_ranks(nprocs: int, module: str, args: list[str], timeout: float) -> Any:
     cmd = [mpiexec(), "-n", str(nprocs), sys.executable, "-m", module, *args]
     env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    except FileNotFoundError:
+        raise StrataError(
+            f"no MPI launcher {cmd[0]!r}: install strataio's mpich extra or name one in "
+            "$STRATAIO_MPIEXEC"
+        ) from None
     if proc.returncode != 0:
         raise StrataError(f"mpiexec -n {nprocs} failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
