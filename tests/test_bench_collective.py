@@ -154,6 +154,12 @@ def test_pipeline_groups_at_two_ranks(tmp_path: Path) -> None:
         (["--per-rank", "1", "--size", "8"], "not both"),
         (["--per-rank", "1", "--mode", "call", "--all"], "drop --mode call"),
         (["--per-rank", "0"], "--per-rank"),
+        (["--per-rank", "nan"], "expected a finite number above 0"),
+        (["--size", "inf"], "expected a finite number above 0"),
+        (["--ranks", "2,a"], "expected counts like 1,2,4"),
+        (["--ranks", "2,0"], "every count must be at least 1"),
+        (["--ranks", ","], "every count must be at least 1"),
+        (["--pipeline", "0,1"], "every count must be at least 1"),
     ],
 )
 def test_bad_arguments_are_refused_before_any_launch(args: list[str], wrong: str) -> None:

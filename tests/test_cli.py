@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 import numpy as np
+import pytest
 import zarr
 from click.testing import CliRunner
 
@@ -106,3 +107,19 @@ def test_readme_links_stay_in_the_repository_and_its_commands_exist():
         assert cmd is not None, f"README names an unknown command: strataio {line}"
         if isinstance(cmd, click.Group) and len(words) > 1:
             assert cmd.get_command(ctx, words[1]) is not None, f"strataio {line}"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["bench", "irregular", "--ranks", "0"],
+        ["bench", "loopcache", "--ranks", "2,x"],
+        ["bench", "realms", "--ranks", "-1"],
+        ["bench", "sections", "--collective", "--ranks", "0"],
+        ["calibrate", "--concurrency", "1,0"],
+    ],
+)
+def test_rank_counts_are_checked_before_anything_runs(args: list[str]) -> None:
+    got = CliRunner().invoke(main, args)
+    assert got.exit_code == 2 and "Traceback" not in got.output
+    assert "--ranks" in got.output or "--concurrency" in got.output

@@ -30,7 +30,7 @@ from strataio.bench.sections import (
     run_sections,
 )
 from strataio.cli import bench
-from strataio.cli.output import json_option, make_console, write_json
+from strataio.cli.output import COUNTS, json_option, make_console, write_json
 from strataio.errors import StrataError
 from strataio.sizes import parse_size
 
@@ -254,7 +254,13 @@ def render_collective(rows: list[dict[str, Any]], console: Console) -> None:
     help="Instead: --ranks ranks read sub-columns of each pattern's region (default "
     f"patterns {COLLECTIVE_PATTERNS}), each on its own and with Dataset.read_all.",
 )
-@click.option("--ranks", default=4, show_default=True, help="Ranks of the --collective run.")
+@click.option(
+    "--ranks",
+    type=click.IntRange(min=1),
+    default=4,
+    show_default=True,
+    help="Ranks of the --collective run.",
+)
 @click.option(
     "--baseline",
     type=click.Path(dir_okay=False, exists=True, path_type=Path),
@@ -481,14 +487,14 @@ def _render_realms(rows: list[dict[str, Any]], console: Console) -> None:
         console.print(table)
 
 
-def _realm_bench(benches: list[str], ranks: str, drivers: tuple[str, ...], reps: int,
+def _realm_bench(benches: list[str], ranks: list[int], drivers: tuple[str, ...], reps: int,
                  scale: float, hints: tuple[str, ...], timeout: float) -> list[dict[str, Any]]:  # fmt: skip
     args = [a for b in benches for a in ("--bench", b)]
     args += [a for d in drivers for a in ("--driver", d)]
     args += ["--reps", str(reps), "--scale", str(scale)]
     args += [a for h in hints for a in ("--hint", h)]
     rows: list[dict[str, Any]] = []
-    for n in (int(x) for x in _csv(ranks)):
+    for n in ranks:
         try:
             rows += run_ranks(n, "strataio.bench.realms", args, timeout)
         except StrataError as exc:
@@ -497,7 +503,8 @@ def _realm_bench(benches: list[str], ranks: str, drivers: tuple[str, ...], reps:
 
 
 _realm_options = [
-    click.option("--ranks", default="1,2,4", show_default=True, help="Comma-separated rank counts."),
+    click.option("--ranks", type=COUNTS, default="1,2,4", show_default=True,
+                 help="Comma-separated rank counts."),
     click.option("--driver", "drivers", multiple=True, type=click.Choice(["local", "pfs"]),
                  help="local disk, pfs (shaped driver, parallel-file-system preset); default both."),
     click.option("--reps", default=3, show_default=True, help="Repetitions (median reported)."),
@@ -518,7 +525,7 @@ def _with_realm_options(fn: Any) -> Any:
               help="Tile size against the thesis's 3 MiB (1/4: 768 KiB tiles, a 48 MiB file).")  # fmt: skip
 @_with_realm_options
 def sliding_window_cmd(
-    scale: float, ranks: str, drivers: tuple[str, ...], reps: int, hints: tuple[str, ...],
+    scale: float, ranks: list[int], drivers: tuple[str, ...], reps: int, hints: tuple[str, ...],
     json_path: Path | None, timeout: float,
 ) -> None:  # fmt: skip
     """Thesis §3.5.2: each rank reads then writes its tile of 8×8 and moves on, per realm
@@ -534,7 +541,7 @@ def sliding_window_cmd(
 @click.option("--scale", default=1.0, show_default=True, help="Scale the patterns' sizes.")
 @_with_realm_options
 def realms_cmd(
-    patterns: tuple[str, ...], scale: float, ranks: str, drivers: tuple[str, ...], reps: int,
+    patterns: tuple[str, ...], scale: float, ranks: list[int], drivers: tuple[str, ...], reps: int,
     hints: tuple[str, ...], json_path: Path | None, timeout: float,
 ) -> None:  # fmt: skip
     """block3d and flash of 'bench collective', written then read on one open file, per realm
@@ -659,7 +666,9 @@ def _render_irregular(rows: list[dict[str, Any]], console: Console) -> None:
 
 
 @bench.command("irregular")
-@click.option("--ranks", default="4", show_default=True, help="Comma-separated rank counts.")
+@click.option(
+    "--ranks", type=COUNTS, default="4", show_default=True, help="Comma-separated rank counts."
+)
 @click.option("--items", default=262144, show_default=True, help="Items per rank.")
 @click.option("--itemsize", "itemsizes", default="16,32", show_default=True,
               help="Bytes per item (16, 32: 4 and 8 MiB per rank at the default items).")  # fmt: skip
@@ -667,13 +676,13 @@ def _render_irregular(rows: list[dict[str, Any]], console: Console) -> None:
 @json_option
 @click.option("--timeout", default=600.0, show_default=True, help="Seconds per mpiexec launch.")
 def irregular_cmd(
-    ranks: str, items: int, itemsizes: str, reps: int, json_path: Path | None, timeout: float
+    ranks: list[int], items: int, itemsizes: str, reps: int, json_path: Path | None, timeout: float
 ) -> None:
     """Reads and writes through indirection arrays: index schedules against one pread per
     item and against ROMIO with an indexed file view (Read_all / Write_all)."""
     args = ["--bench", "irregular", "--items", str(items), "--reps", str(reps)]
     args += [a for s in _csv(itemsizes) for a in ("--itemsize", s)]
-    rows = [r for n in _csv(ranks) for r in _launch(int(n), args, timeout)]
+    rows = [r for n in ranks for r in _launch(n, args, timeout)]
     _render_irregular(rows, make_console())
     write_json(json_path, rows)
 
@@ -705,7 +714,9 @@ def _render_loopcache(rows: list[dict[str, Any]], console: Console) -> None:
 
 
 @bench.command("loopcache")
-@click.option("--ranks", default="4", show_default=True, help="Comma-separated rank counts.")
+@click.option(
+    "--ranks", type=COUNTS, default="4", show_default=True, help="Comma-separated rank counts."
+)
 @click.option("--index-bytes", "sizes", default="4KiB,16KiB,64KiB,256KiB,1MiB",
               show_default=True, help="Indirection array per rank (4-byte indices).")  # fmt: skip
 @click.option("--loops", default=4, show_default=True, help="Irregular loops.")
@@ -718,7 +729,7 @@ def _render_loopcache(rows: list[dict[str, Any]], console: Console) -> None:
 @json_option
 @click.option("--timeout", default=600.0, show_default=True, help="Seconds per mpiexec launch.")
 def loopcache_cmd(
-    ranks: str, sizes: str, loops: int, drivers: tuple[str, ...], layouts: tuple[str, ...],
+    ranks: list[int], sizes: str, loops: int, drivers: tuple[str, ...], layouts: tuple[str, ...],
     hints: tuple[str, ...], reps: int, json_path: Path | None, timeout: float,
 ) -> None:  # fmt: skip
     """The paper's Figure 4: software caching across irregular loops (7/8 overlap) against
@@ -728,6 +739,6 @@ def loopcache_cmd(
     args += [a for d in drivers for a in ("--driver", d)]
     args += [a for lay in layouts for a in ("--layout", lay)]
     args += [a for h in hints for a in ("--hint", h)]
-    rows = [r for n in _csv(ranks) for r in _launch(int(n), args, timeout)]
+    rows = [r for n in ranks for r in _launch(n, args, timeout)]
     _render_loopcache(rows, make_console())
     write_json(json_path, rows)

@@ -19,7 +19,7 @@ from strataio.bench.collective import (
 )
 from strataio.bench.mpi import run_ranks
 from strataio.cli import bench
-from strataio.cli.output import json_option, make_console, write_json
+from strataio.cli.output import COUNTS, POSITIVE, json_option, make_console, write_json
 from strataio.errors import StrataError
 
 #: the patterns of the open-to-close table when none is given
@@ -41,7 +41,9 @@ def _styled(ratio: float) -> str:
 @bench.command("collective")
 @click.option("--pattern", "patterns", multiple=True, type=click.Choice(PATTERNS))
 @click.option("--all", "run_all", is_flag=True, help="Every pattern.")
-@click.option("--ranks", default="1,2,4", show_default=True, help="Comma-separated rank counts.")
+@click.option(
+    "--ranks", type=COUNTS, default="1,2,4", show_default=True, help="Comma-separated rank counts."
+)
 @click.option(
     "--mode",
     type=click.Choice(["open-close", "call"]),
@@ -62,12 +64,12 @@ def _styled(ratio: float) -> str:
     "--size",
     default=64.0,
     show_default=True,
-    type=click.FloatRange(min=0, min_open=True),
+    type=POSITIVE,
     help="MiB moved in all (open-close).",
 )
 @click.option(
     "--per-rank",
-    type=click.FloatRange(min=0, min_open=True),
+    type=POSITIVE,
     default=None,
     help="Weak scaling (open-close): MiB each rank moves, instead of --size; also times each "
     "rank with a file of its own and prints each rank count's efficiency against the first.",
@@ -76,7 +78,7 @@ def _styled(ratio: float) -> str:
     "--scale",
     default=1.0,
     show_default=True,
-    type=click.FloatRange(min=0, min_open=True),
+    type=POSITIVE,
     help="Scale every pattern (call).",
 )
 @click.option(
@@ -92,14 +94,15 @@ def _styled(ratio: float) -> str:
 @click.option("--timeout", default=600.0, show_default=True, help="Seconds per mpiexec launch.")
 @click.option(
     "--pipeline",
-    default="",
+    type=COUNTS,
+    default=None,
     help="Group counts, e.g. 1,2,4: time strataio's pipelined two-phase I/O at each "
     "(every rank aggregates) against G = 1 and ROMIO (call mode).",
 )
 def collective(
     patterns: tuple[str, ...],
     run_all: bool,
-    ranks: str,
+    ranks: list[int],
     mode: str,
     reps: int,
     size: float,
@@ -109,7 +112,7 @@ def collective(
     sync: bool,
     json_path: Path | None,
     timeout: float,
-    pipeline: str,
+    pipeline: list[int] | None,
 ) -> None:
     """Collective write/read: strataio.File against ROMIO's collective and independent calls,
     same job, same view, same file state.
@@ -140,10 +143,11 @@ def collective(
         if mode == "call":
             raise click.UsageError("give --pattern (repeatable) or --all")
         chosen = STEP_PATTERNS
-    counts = [int(x) for x in ranks.split(",") if x.strip()]
+    counts = ranks
     base = ["--reps", str(reps), "--mode", mode]
     if mode == "call":
-        base += ["--scale", str(scale)] + (["--pipeline", pipeline] if pipeline else [])
+        base += ["--scale", str(scale)]
+        base += ["--pipeline", ",".join(map(str, pipeline))] if pipeline else []
     else:
         base += [a for op in ops for a in ("--op", op)] + (["--sync"] if sync else [])
         base += ["--reference"] if per_rank is not None else []
@@ -165,7 +169,7 @@ def collective(
                 rows += got
                 progress.advance(task)
     if pipeline:
-        _pipeline_table(rows, [int(g) for g in pipeline.split(",") if g.strip()])
+        _pipeline_table(rows, pipeline)
     elif mode == "call":
         _call_table(rows)
     else:

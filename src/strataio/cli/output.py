@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -23,6 +24,43 @@ json_option = click.option(
     default=None,
     help="Also write the results to this file as JSON.",
 )
+
+
+class CountList(click.ParamType):
+    """Comma-separated counts of at least 1, e.g. ``1,2,4`` (rank counts, levels): a list of
+    ints in the order given."""
+
+    name = "N[,N...]"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, list):
+            return value
+        try:
+            counts = [int(x) for x in str(value).split(",") if x.strip()]
+        except ValueError:
+            self.fail(f"{value!r}: expected counts like 1,2,4", param, ctx)
+        if not counts or min(counts) < 1:
+            self.fail(f"{value!r}: every count must be at least 1", param, ctx)
+        return counts
+
+
+class PositiveFloat(click.ParamType):
+    """A finite number above 0 (sizes in MiB, scale factors): ``nan`` and ``inf`` refused."""
+
+    name = "float"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number", param, ctx)
+        if not math.isfinite(number) or number <= 0:
+            self.fail(f"{value!r}: expected a finite number above 0", param, ctx)
+        return number
+
+
+COUNTS = CountList()
+POSITIVE = PositiveFloat()
 
 
 def write_json(path: Path | None, result: Any) -> None:

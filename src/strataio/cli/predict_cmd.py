@@ -11,7 +11,14 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from strataio.cli import bench, main
-from strataio.cli.output import UsageProblem, handle_errors, json_option, make_console, write_json
+from strataio.cli.output import (
+    COUNTS,
+    UsageProblem,
+    handle_errors,
+    json_option,
+    make_console,
+    write_json,
+)
 from strataio.sizes import parse_size
 
 _config_option = click.option(
@@ -30,6 +37,7 @@ _config_option = click.option(
 @click.option("--repeat", default=3, show_default=True, help="measurements per size")
 @click.option(
     "--concurrency",
+    type=COUNTS,
     default="1,2,4",
     show_default=True,
     help="processes calling at once, comma-separated (each level is one mpiexec launch)",
@@ -48,7 +56,7 @@ def calibrate_cmd(
     tiers: tuple[str, ...],
     max_size: str,
     repeat: int,
-    concurrency: str,
+    concurrency: list[int],
     quick: bool,
     warm: bool,
     plot: Path | None,
@@ -62,7 +70,7 @@ def calibrate_cmd(
     from strataio.predict.perfdb import PerfTable
 
     top = parse_size(max_size, where="--max-size") or 0
-    levels = _levels(concurrency)
+    levels = sorted(set(concurrency))
     if quick:
         top, repeat, levels = min(top, 1 << 20), min(repeat, 2), [c for c in levels if c <= 2]
     if top < 1024 or repeat < 1:
@@ -103,16 +111,6 @@ def calibrate_cmd(
             console.print(f"curves drawn in {plot}")
     finally:
         catalog.close()
-
-
-def _levels(text: str) -> list[int]:
-    try:
-        levels = sorted({int(x) for x in text.split(",") if x.strip()})
-    except ValueError:
-        raise UsageProblem(f"--concurrency {text!r}: expected integers like 1,2,4") from None
-    if not levels or levels[0] < 1:
-        raise UsageProblem(f"--concurrency {text!r}: levels must be at least 1")
-    return levels
 
 
 def calibration_table(perf) -> Table:  # type: ignore[no-untyped-def]
