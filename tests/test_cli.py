@@ -117,9 +117,13 @@ def test_readme_links_stay_in_the_repository_and_its_commands_exist():
         ["bench", "realms", "--ranks", "-1"],
         ["bench", "sections", "--collective", "--ranks", "0"],
         ["calibrate", "--concurrency", "1,0"],
+        ["bench", "realms", "--scale", "0"],
+        ["bench", "tape", "--time-scale", "nan"],
+        ["bench", "irregular", "--timeout", "-5"],
+        ["demo", "--time-scale", "-1"],
     ],
 )
-def test_rank_counts_are_checked_before_anything_runs(args: list[str]) -> None:
+def test_counts_and_factors_are_checked_before_anything_runs(args: list[str]) -> None:
     got = CliRunner().invoke(main, args)
     assert got.exit_code == 2 and "Traceback" not in got.output
-    assert "--ranks" in got.output or "--concurrency" in got.output
+    assert f"Invalid value for '{args[-2]}'" in got.output

@@ -30,7 +30,14 @@ from strataio.bench.sections import (
     run_sections,
 )
 from strataio.cli import bench
-from strataio.cli.output import COUNTS, json_option, make_console, write_json
+from strataio.cli.output import (
+    COUNTS,
+    NON_NEGATIVE,
+    POSITIVE,
+    json_option,
+    make_console,
+    write_json,
+)
 from strataio.errors import StrataError
 from strataio.sizes import parse_size
 
@@ -423,7 +430,11 @@ def _sections_collective(
     help="Cost-model presets of the remote tier (storage/shaped.py).",
 )
 @click.option(
-    "--time-scale", default=0.001, show_default=True, help="Factor on the model's sleeps."
+    "--time-scale",
+    type=NON_NEGATIVE,
+    default=0.001,
+    show_default=True,
+    help="Factor on the model's sleeps.",
 )
 @click.option("--container", default=None, help="Container size (default: the library's).")
 @click.option(
@@ -510,7 +521,7 @@ _realm_options = [
     click.option("--reps", default=3, show_default=True, help="Repetitions (median reported)."),
     click.option("--hint", "hints", multiple=True, help="KEY=VALUE hint added to every policy."),
     json_option,
-    click.option("--timeout", default=600.0, show_default=True, help="Seconds per mpiexec launch."),
+    click.option("--timeout", type=POSITIVE, default=600.0, show_default=True, help="Seconds per mpiexec launch."),
 ]  # fmt: skip
 
 
@@ -538,7 +549,9 @@ def sliding_window_cmd(
 @bench.command("realms")
 @click.option("--pattern", "patterns", multiple=True, type=click.Choice(["block3d", "flash"]),
               help="Collective patterns of 'bench collective' (default both).")  # fmt: skip
-@click.option("--scale", default=1.0, show_default=True, help="Scale the patterns' sizes.")
+@click.option(
+    "--scale", type=POSITIVE, default=1.0, show_default=True, help="Scale the patterns' sizes."
+)
 @_with_realm_options
 def realms_cmd(
     patterns: tuple[str, ...], scale: float, ranks: list[int], drivers: tuple[str, ...], reps: int,
@@ -674,7 +687,9 @@ def _render_irregular(rows: list[dict[str, Any]], console: Console) -> None:
               help="Bytes per item (16, 32: 4 and 8 MiB per rank at the default items).")  # fmt: skip
 @click.option("--reps", default=3, show_default=True, help="Repetitions (median reported).")
 @json_option
-@click.option("--timeout", default=600.0, show_default=True, help="Seconds per mpiexec launch.")
+@click.option(
+    "--timeout", type=POSITIVE, default=600.0, show_default=True, help="Seconds per mpiexec launch."
+)
 def irregular_cmd(
     ranks: list[int], items: int, itemsizes: str, reps: int, json_path: Path | None, timeout: float
 ) -> None:
@@ -727,7 +742,9 @@ def _render_loopcache(rows: list[dict[str, Any]], console: Console) -> None:
 @click.option("--hint", "hints", multiple=True, help="KEY=VALUE hint for both methods.")
 @click.option("--reps", default=3, show_default=True, help="Repetitions (median reported).")
 @json_option
-@click.option("--timeout", default=600.0, show_default=True, help="Seconds per mpiexec launch.")
+@click.option(
+    "--timeout", type=POSITIVE, default=600.0, show_default=True, help="Seconds per mpiexec launch."
+)
 def loopcache_cmd(
     ranks: list[int], sizes: str, loops: int, drivers: tuple[str, ...], layouts: tuple[str, ...],
     hints: tuple[str, ...], reps: int, json_path: Path | None, timeout: float,

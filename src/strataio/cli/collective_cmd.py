@@ -91,7 +91,9 @@ def _styled(ratio: float) -> str:
     help="Write the node's dirty pages back (os.sync, untimed) before each timed write.",
 )
 @json_option
-@click.option("--timeout", default=600.0, show_default=True, help="Seconds per mpiexec launch.")
+@click.option(
+    "--timeout", type=POSITIVE, default=600.0, show_default=True, help="Seconds per mpiexec launch."
+)
 @click.option(
     "--pipeline",
     type=COUNTS,

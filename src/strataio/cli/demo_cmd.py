@@ -17,7 +17,14 @@ import strataio
 from strataio.bench.sections import scaled_patterns
 from strataio.cli import main
 from strataio.cli.dataset_cmd import bytes_on_disk, fail
-from strataio.cli.output import UsageProblem, handle_errors, json_option, make_console, write_json
+from strataio.cli.output import (
+    NON_NEGATIVE,
+    UsageProblem,
+    handle_errors,
+    json_option,
+    make_console,
+    write_json,
+)
 from strataio.demo.astro3d import ALL, SCENARIOS, DemoParams
 from strataio.demo.pipeline import DEFAULT_TIME_SCALE, DEMO
 from strataio.errors import StrataError
@@ -69,6 +76,7 @@ from strataio.layout.sections import Section
 )
 @click.option(
     "--time-scale",
+    type=NON_NEGATIVE,
     default=DEFAULT_TIME_SCALE,
     show_default=True,
     help="Factor on the shaped remote-disk and tape tiers' modelled times (0: no delay).",

@@ -44,23 +44,29 @@ class CountList(click.ParamType):
         return counts
 
 
-class PositiveFloat(click.ParamType):
-    """A finite number above 0 (sizes in MiB, scale factors): ``nan`` and ``inf`` refused."""
+class FiniteFloat(click.ParamType):
+    """A finite number above 0, or from 0 with ``zero`` (sizes in MiB, scale factors, time
+    factors where 0 means no waiting): ``nan`` and ``inf`` refused."""
 
     name = "float"
+
+    def __init__(self, zero: bool = False) -> None:
+        self.zero = zero
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         try:
             number = float(value)
         except (TypeError, ValueError):
             self.fail(f"{value!r} is not a number", param, ctx)
-        if not math.isfinite(number) or number <= 0:
-            self.fail(f"{value!r}: expected a finite number above 0", param, ctx)
+        if not math.isfinite(number) or number < 0 or (number == 0 and not self.zero):
+            least = "0 or more" if self.zero else "above 0"
+            self.fail(f"{value!r}: expected a finite number {least}", param, ctx)
         return number
 
 
 COUNTS = CountList()
-POSITIVE = PositiveFloat()
+POSITIVE = FiniteFloat()
+NON_NEGATIVE = FiniteFloat(zero=True)
 
 
 def write_json(path: Path | None, result: Any) -> None:

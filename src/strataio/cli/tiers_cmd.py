@@ -30,7 +30,13 @@ from rich.table import Table
 
 from strataio.cli import bench, main
 from strataio.cli.context import catalog_exists, open_session
-from strataio.cli.output import handle_errors, json_option, make_console, write_json
+from strataio.cli.output import (
+    NON_NEGATIVE,
+    handle_errors,
+    json_option,
+    make_console,
+    write_json,
+)
 from strataio.errors import StrataError
 from strataio.sizes import format_size
 
@@ -302,7 +308,13 @@ def residency_info(name: str, config: str | None = None, console: Console | None
 @bench.command("tape")
 @click.option("--size", default=4000, show_default=True, help="array edge (elements)")
 @click.option("--chunk", default=80, show_default=True, help="chunk edge (elements)")
-@click.option("--time-scale", default=0.001, show_default=True, help="tape model time factor")
+@click.option(
+    "--time-scale",
+    type=NON_NEGATIVE,
+    default=0.001,
+    show_default=True,
+    help="tape model time factor",
+)
 @json_option
 def bench_tape(size: int, chunk: int, time_scale: float, json_path: Path | None) -> None:
     """APRIL tape experiment: sub-filing + staging vs whole-file recall, Figure 4 reuse."""
@@ -317,7 +329,13 @@ def bench_tape(size: int, chunk: int, time_scale: float, json_path: Path | None)
 
 @bench.command("overlap")
 @click.option("--sections", default=8, show_default=True, help="sections in the loop")
-@click.option("--time-scale", default=0.002, show_default=True, help="tape model time factor")
+@click.option(
+    "--time-scale",
+    type=NON_NEGATIVE,
+    default=0.002,
+    show_default=True,
+    help="tape model time factor",
+)
 @json_option
 def bench_overlap(sections: int, time_scale: float, json_path: Path | None) -> None:
     """Prestaging: compute on section k while section k+1 stages.
