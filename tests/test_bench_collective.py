@@ -5,6 +5,9 @@ carry every figure the table shows."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -96,6 +99,10 @@ def test_weak_scaling_moves_the_same_bytes_per_rank(tmp_path: Path) -> None:
         assert r["best ROMIO"] in ("ROMIO coll", "ROMIO ind")  # the reference is not a peer
     assert "Weak scaling, 0.5 MiB per rank" in result.output
     assert FILE_PER_RANK in result.output
+    # each row's 1-rank cell is its own reference; the 2-rank cell is the efficiency computed
+    line = next(x for x in result.output.splitlines() if "tile2d" in x and FILE_PER_RANK in x)
+    eff = weak_efficiency(rows, FILE_PER_RANK)[("tile2d", "write")][2]
+    assert "(1.00)" in line and f"({eff:.2f})" in line
 
 
 @pytest.mark.mpi
@@ -109,14 +116,51 @@ def test_the_file_per_rank_reference_reads_back_what_it_wrote(tmp_path: Path) ->
     assert not list(tmp_path.iterdir())  # every file of the pattern removed
 
 
+@pytest.mark.mpi
+def test_a_difference_on_one_rank_stops_every_rank(tmp_path: Path) -> None:
+    from strataio.bench.mpi import mpiexec
+
+    script = tmp_path / "stop.py"
+    script.write_text(
+        "from mpi4py import MPI\n"
+        "from strataio.bench.collective import _same_everywhere\n"
+        "comm = MPI.COMM_WORLD\n"
+        "_same_everywhere(comm, comm.rank != 1, 'rank 1 read different data')\n"
+        "comm.Barrier()\n"
+        "print('past the check')\n"
+    )
+    cmd = [mpiexec(), "-n", "2", sys.executable, str(script)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "past the check" not in proc.stdout
+    assert proc.stderr.count("rank 1 read different data") == 2  # both ranks stopped
+
+
+def test_a_short_own_file_is_reported_not_raised(tmp_path: Path) -> None:
+    from strataio.bench.collective import _pread_whole
+
+    path = tmp_path / "own"
+    path.write_bytes(bytes(range(10)))
+    data = bytearray(16)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert _pread_whole(fd, memoryview(data)) == 6
+    finally:
+        os.close(fd)
+    assert data[:10] == bytes(range(10))
+
+
 def test_the_launcher_is_named_by_strataio_mpiexec(monkeypatch: pytest.MonkeyPatch) -> None:
     from strataio.bench.mpi import mpiexec, run_ranks
     from strataio.errors import StrataError
 
     monkeypatch.setenv("STRATAIO_MPIEXEC", "/nonexistent/launcher")
     assert mpiexec() == "/nonexistent/launcher"
-    with pytest.raises(StrataError, match="no MPI launcher '/nonexistent/launcher'"):
+    with pytest.raises(StrataError, match="cannot run the MPI launcher '/nonexistent/launcher'"):
         run_ranks(1, "strataio.bench.collective", ["--pattern", "contig"], 10)
+    from strataio.predict.ranks import launch
+
+    with pytest.raises(StrataError, match="cannot run the MPI launcher"):
+        launch(1, "strataio.bench.collective", [])
     monkeypatch.delenv("STRATAIO_MPIEXEC")
     assert mpiexec().endswith("mpiexec")
 
@@ -158,8 +202,9 @@ def test_pipeline_groups_at_two_ranks(tmp_path: Path) -> None:
         (["--size", "inf"], "expected a finite number above 0"),
         (["--ranks", "2,a"], "expected counts like 1,2,4"),
         (["--ranks", "2,0"], "every count must be at least 1"),
-        (["--ranks", ","], "every count must be at least 1"),
+        (["--ranks", ","], "expected counts like 1,2,4"),
         (["--pipeline", "0,1"], "every count must be at least 1"),
+        (["--per-rank", "1", "--pipeline", "1,2"], "drop --pipeline"),
     ],
 )
 def test_bad_arguments_are_refused_before_any_launch(args: list[str], wrong: str) -> None:

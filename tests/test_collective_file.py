@@ -455,7 +455,7 @@ def test_automatic_choice() -> None:
 
     assert use_two_phase(tiles(4, 2, 1024), "automatic", write=True)
     assert not use_two_phase(tiles(4, 2, 1024), "automatic", write=True, crowded=True)
-    assert not use_two_phase(tiles(4, 1, 1024), "automatic", write=True)  # rows contiguous
+    assert not use_two_phase(tiles(4, 1, 1024), "automatic", write=True)  # ranges disjoint
     assert not use_two_phase(tiles(1, 2, 1024), "automatic", write=True)  # two ranks only
     few = hpio(8)
     few[:, 4] = 64  # 64 regions of 64 KiB: few calls, each moving much

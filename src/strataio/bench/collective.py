@@ -214,8 +214,9 @@ def _one(
 #: collective call (``Read_all`` / ``Write_all``, collective buffering on) and ROMIO's
 #: independent call (``Read`` / ``Write``) on the same view
 STEP_CONTENDERS = ["strataio", "ROMIO coll", "ROMIO ind"]
-#: the reference of a weak-scaling run (``--reference``): each rank writes or reads its own
-#: bytes, packed, in one call to a file of its own -- what the node moves without a shared file
+#: the reference of a weak-scaling run (``--reference``): each rank writes or reads as many
+#: bytes as its share of the pattern (the start of its buffer), in one call, to a file of its
+#: own -- what the node moves without a shared file
 FILE_PER_RANK = "file per rank"
 PHASES = ["open", "set_view", "transfer", "close"]
 
@@ -256,6 +257,7 @@ def _step(
     rank's end, then each phase's slowest rank), in seconds, on every rank."""
     spec = [case.buf if write else out, case.count, case.memtype]
     clock = time.monotonic
+    missing = 0
     if contender == "strataio":
         comm.Barrier()
         t0 = clock()
@@ -273,7 +275,7 @@ def _step(
         t0 = clock()
         fd = os.open(f"{path}.{comm.Get_rank()}", flags, 0o644)
         t1 = t2 = clock()
-        (_pwrite_whole if write else _pread_whole)(fd, data)
+        missing = _pwrite_whole(fd, data) if write else _pread_whole(fd, data)
         t3 = clock()
         os.close(fd)
     else:
@@ -296,27 +298,40 @@ def _step(
         fh.Close()
         info.Free()
     t4 = clock()
-    mine = np.array([-t0, t4, t1 - t0, t2 - t1, t3 - t2, t4 - t3])
+    # (the bytes a rank's own file lacked go with the times, so every rank stops together)
+    mine = np.array([-t0, t4, t1 - t0, t2 - t1, t3 - t2, t4 - t3, missing])
     worst = np.empty_like(mine)
     comm.Allreduce(mine, worst, op=MPI.MAX)
-    return np.concatenate(([worst[0] + worst[1]], worst[2:]))
+    if worst[6]:
+        raise SystemExit(f"{contender}: a rank's file was {int(worst[6])} bytes short")
+    return np.concatenate(([worst[0] + worst[1]], worst[2:6]))
 
 
-def _pwrite_whole(fd: int, data: memoryview) -> None:
-    """Write all of ``data`` at offset 0 of ``fd`` (``pwrite`` may write less than asked)."""
+def _pwrite_whole(fd: int, data: memoryview) -> int:
+    """Write all of ``data`` at offset 0 of ``fd`` (``pwrite`` may write less than asked);
+    returns 0, the bytes left unwritten."""
     done = 0
     while done < len(data):
         done += os.pwrite(fd, data[done:], done)
+    return 0
 
 
-def _pread_whole(fd: int, data: memoryview) -> None:
-    """Fill ``data`` from offset 0 of ``fd``; a file shorter than ``data`` is an error."""
+def _pread_whole(fd: int, data: memoryview) -> int:
+    """Fill ``data`` from offset 0 of ``fd``; returns the bytes the file lacked (0: all read)."""
     done = 0
     while done < len(data):
         got = os.preadv(fd, [data[done:]], done)
         if got == 0:
-            raise SystemExit(f"file per rank: {len(data) - done} bytes short")
+            return len(data) - done
         done += got
+    return 0
+
+
+def _same_everywhere(comm: MPI.Comm, same: bool, message: str) -> None:
+    """Stop every rank with ``message`` when any rank found a difference (collective: a rank
+    stopping alone would leave the others waiting in their next collective)."""
+    if not comm.allreduce(same, op=MPI.LAND):
+        raise SystemExit(message)
 
 
 def _spread(seconds: list[float], nbytes: int) -> dict[str, float]:
@@ -401,12 +416,12 @@ def run_steps(
                         dirty[contender].append(list(before))
                 if not write and rep == reps:  # every contender must read the same bytes
                     if contender == FILE_PER_RANK:
-                        if not np.array_equal(out[: case.nbytes], case.buf[: case.nbytes]):
-                            raise SystemExit(f"{pattern}: {contender} read different data")
+                        same = np.array_equal(out[: case.nbytes], case.buf[: case.nbytes])
                     elif expected is None:
-                        expected = out.copy()
-                    elif not np.array_equal(out, expected):
-                        raise SystemExit(f"{pattern}: {contender} read different data")
+                        expected, same = out.copy(), True
+                    else:
+                        same = np.array_equal(out, expected)
+                    _same_everywhere(comm, same, f"{pattern}: {contender} read different data")
         row: dict[str, Any] = {
             "pattern": pattern, "ranks": nprocs, "op": op, "bytes": nbytes, "reps": reps,
             "mode": "open-close", "sync": sync, "read threads": read_threads,
@@ -493,9 +508,10 @@ def run(
                     row["path"] = chosen
                 if op == "read" and rep == reps:  # every contender must read the same bytes
                     if reference is None:
-                        reference = out.copy()
-                    elif not np.array_equal(out, reference):
-                        raise SystemExit(f"{pattern}: {contender} read different data")
+                        reference, same = out.copy(), True
+                    else:
+                        same = np.array_equal(out, reference)
+                    _same_everywhere(comm, same, f"{pattern}: {contender} read different data")
         for contender in contenders:
             row[contender] = total / statistics.median(times[contender]) / 1e6
             row.setdefault("wall", {})[contender] = (

@@ -23,18 +23,35 @@ def mpiexec() -> str:
     return str(here) if here.exists() else (shutil.which("mpiexec") or "mpiexec")
 
 
-def run_ranks(nprocs: int, module: str, args: list[str], timeout: float) -> Any:
-    """Run ``python -m module args`` on ``nprocs`` ranks; the JSON its last stdout line holds
-    (rank 0 prints it). A failed launch raises :class:`StrataError` with the ranks' stderr."""
+def rank_command(nprocs: int, module: str, args: list[str]) -> tuple[list[str], dict[str, str]]:
+    """The command line and environment that run ``python -m module args`` on ``nprocs``
+    ranks (this Python's folder first on ``PATH``, as the ranks' own launches expect)."""
     cmd = [mpiexec(), "-n", str(nprocs), sys.executable, "-m", module, *args]
     env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    return cmd, env
+
+
+def launcher_failed(launcher: str, exc: OSError) -> StrataError:
+    """The error for a launcher that cannot be started (missing, not executable)."""
+    return StrataError(
+        f"cannot run the MPI launcher {launcher!r} ({exc.strerror or exc}): install "
+        "strataio's mpich extra or name a launcher program in $STRATAIO_MPIEXEC"
+    )
+
+
+def run_ranks(nprocs: int, module: str, args: list[str], timeout: float) -> Any:
+    """Run ``python -m module args`` on ``nprocs`` ranks; the JSON its last stdout line holds
+    (rank 0 prints it). A failed launch, or one still running after ``timeout`` seconds,
+    raises :class:`StrataError` with the ranks' stderr."""
+    cmd, env = rank_command(nprocs, module, args)
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
-    except FileNotFoundError:
+    except OSError as exc:
+        raise launcher_failed(cmd[0], exc) from None
+    except subprocess.TimeoutExpired:
         raise StrataError(
-            f"no MPI launcher {cmd[0]!r}: install strataio's mpich extra or name one in "
-            "$STRATAIO_MPIEXEC"
+            f"mpiexec -n {nprocs} {module} still running after {timeout:g} s: stopped"
         ) from None
     if proc.returncode != 0:
         raise StrataError(f"mpiexec -n {nprocs} failed:\n{proc.stderr[-3000:]}")

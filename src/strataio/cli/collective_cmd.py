@@ -72,7 +72,8 @@ def _styled(ratio: float) -> str:
     type=POSITIVE,
     default=None,
     help="Weak scaling (open-close): MiB each rank moves, instead of --size; also times each "
-    "rank with a file of its own and prints each rank count's efficiency against the first.",
+    "rank with a file of its own and prints each rank count's efficiency against the fewest "
+    "ranks.",
 )
 @click.option(
     "--scale",
@@ -126,11 +127,13 @@ def collective(
     strataio's, and each phase's slowest rank (median).
 
     With --per-rank M each rank moves M MiB at every rank count (weak scaling); a further
-    table gives each contender's efficiency, the median time at the first rank count over
-    the median time at N (1.00: perfect), beside a file per rank, the node's ceiling."""
+    table gives each contender's efficiency, bytes per rank per second at N over the same at
+    the fewest ranks (1.00: perfect), beside a file per rank, the node's ceiling."""
     if pipeline:
         mode = "call"
     if per_rank is not None:
+        if pipeline:
+            raise click.UsageError("--per-rank times open to close: drop --pipeline")
         if mode == "call":
             raise click.UsageError("--per-rank times open to close: drop --mode call")
         source = click.get_current_context().get_parameter_source("size")
@@ -227,12 +230,16 @@ def weak_efficiency(rows: list[dict[str, Any]], contender: str) -> dict[tuple, d
     rank per second (median time) at N over the same at the fewest ranks timed (1.0: perfect)."""
     rates: dict[tuple, dict[int, float]] = {}
     for r in rows:
-        rate = r["bytes"] / r["ranks"] / r[contender]["median"]
+        rate = _ratio(r["bytes"] / r["ranks"], r[contender]["median"])
         rates.setdefault((r["pattern"], r["op"]), {})[r["ranks"]] = rate
     return {
-        key: {n: rate / by_n[min(by_n)] for n, rate in sorted(by_n.items())}
+        key: {n: _ratio(rate, by_n[min(by_n)]) for n, rate in sorted(by_n.items())}
         for key, by_n in rates.items()
     }
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b > 0 else float("nan")
 
 
 def _weak_table(rows: list[dict[str, Any]], per_rank: float) -> None:
@@ -265,8 +272,9 @@ def _weak_table(rows: list[dict[str, Any]], per_rank: float) -> None:
     console.print(table)
     console.print(
         "efficiency = bytes per rank per second (median time) at N / the same at the fewest "
-        f"ranks (1.00: perfect; green from 0.80); {FILE_PER_RANK}: each rank writes or reads its "
-        "bytes, packed, in one call to a file of its own (no shared file; not in the ratio)"
+        f"ranks (1.00: perfect; green from 0.80); {FILE_PER_RANK}: each rank writes or reads as "
+        "many bytes as its share, in one call, to a file of its own (no shared file; not in "
+        "the ratio)"
     )
 
 

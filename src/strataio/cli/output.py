@@ -28,7 +28,7 @@ json_option = click.option(
 
 class CountList(click.ParamType):
     """Comma-separated counts of at least 1, e.g. ``1,2,4`` (rank counts, levels): a list of
-    ints in the order given."""
+    ints in the order given, each once."""
 
     name = "N[,N...]"
 
@@ -39,9 +39,11 @@ class CountList(click.ParamType):
             counts = [int(x) for x in str(value).split(",") if x.strip()]
         except ValueError:
             self.fail(f"{value!r}: expected counts like 1,2,4", param, ctx)
-        if not counts or min(counts) < 1:
+        if not counts:
+            self.fail(f"{value!r}: expected counts like 1,2,4", param, ctx)
+        if min(counts) < 1:
             self.fail(f"{value!r}: every count must be at least 1", param, ctx)
-        return counts
+        return list(dict.fromkeys(counts))
 
 
 class FiniteFloat(click.ParamType):

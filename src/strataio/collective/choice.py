@@ -46,13 +46,14 @@ PIECEWISE_WRITES = 1024
 # the bytes written grow with the *drag* (bytes spanned / bytes written) while two-phase writes
 # each byte once and pays per piece in the exchange. Automatic mode aggregates such a write
 # when drag * mean_piece ** SIEVE_DRAG_EXPONENT reaches this score. Fitted on a 16-core node
-# (strataio bench collective --mode call, 64 MiB in all, MB/s two-phase / independent; drag,
-# mean piece): HPIO 512 B at 2, 4, 8, 16 ranks 0.59, 0.70, 0.96, 1.63 (drag 2.5-20); HPIO 64 B
-# 0.28, 0.46, 0.64, 1.16 (6-48); HPIO 4 KiB at 2 and 4 ranks 0.79 and 1.11 (2.1, 4.1); tile2d
-# at 4, 8, 16 ranks 1.23, 1.35, 1.45 (drag 2, 2, 4; pieces 11.6, 8, 5.8 KiB). Scores: the
-# last independent win 578 (HPIO 512 B, 8 ranks), the first two-phase win 704 (tile2d, 8).
-# Only from SIEVE_DRAG_RANKS sieving ranks: with two, independent won every case measured
-# (also 2 ranks on 2 cores interleaving 8 KiB pieces, drag 2: 2951 MB/s against 2457).
+# (strataio bench collective --mode call, 64 MiB in all but 8 for HPIO 64 B; MB/s two-phase /
+# independent at 2, 4, 8, 16 ranks, then the drags): HPIO 512 B 0.59, 0.70, 0.96, 1.63 (drag
+# 2.5-20); HPIO 64 B 0.28, 0.46, 0.64, 1.16 (6-48); HPIO 4 KiB at 2 and 4 ranks 0.79, 1.11
+# (2.1, 4.1); tile2d at 4, 8, 16 ranks 1.23, 1.35, 1.45 (drag 2, 2, 4; pieces 11.6, 8, 5.8
+# KiB). Scores: HPIO 512 B at 8 ranks (a tie) 577, the lowest two-phase win 699 (tile2d, 8).
+# Only from SIEVE_DRAG_RANKS sieving ranks: with two, independent won every case measured,
+# also 2 ranks on 2 cores interleaving 8 KiB pieces (drag 2, score 699 as tile2d at 8 ranks:
+# 2951 MB/s against 2457), so the floor, not the score, tells those apart.
 SIEVE_DRAG_SCORE = 640
 SIEVE_DRAG_EXPONENT = 0.65
 SIEVE_DRAG_RANKS = 4

@@ -7,17 +7,21 @@ and its result as the last line. :func:`report` is the rank side, :func:`launch`
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import tempfile
 import threading
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-from strataio.bench.mpi import mpiexec
+from strataio.bench.mpi import launcher_failed, rank_command
 from strataio.errors import StrataError
+
+
+def _started(cmd: list[str], errfile: Any, env: dict[str, str]) -> subprocess.Popen[str]:
+    try:
+        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=errfile, text=True, env=env)
+    except OSError as exc:
+        raise launcher_failed(cmd[0], exc) from None
 
 
 def launch(
@@ -31,14 +35,9 @@ def launch(
     """Run ``python -m module args`` on ``nprocs`` ranks; call ``on_progress(k)`` for each
     progress line and return the last line's JSON. A failed run, or one still going after
     ``timeout`` seconds (then killed), raises :class:`StrataError` with the ranks' stderr."""
-    cmd = [mpiexec(), "-n", str(nprocs), sys.executable, "-m", module, *args]
-    env = dict(os.environ)
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    cmd, env = rank_command(nprocs, module, args)
     # stderr to a file: a pipe nobody reads while stdout is followed could fill and stall
-    with (
-        tempfile.TemporaryFile("w+") as errfile,
-        subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=errfile, text=True, env=env) as proc,
-    ):
+    with tempfile.TemporaryFile("w+") as errfile, _started(cmd, errfile, env) as proc:
         last = None
         assert proc.stdout is not None
         watchdog = threading.Timer(timeout, proc.kill) if timeout else None
