@@ -275,7 +275,10 @@ def _step(
         t0 = clock()
         fd = os.open(f"{path}.{comm.Get_rank()}", flags, 0o644)
         t1 = t2 = clock()
-        missing = _pwrite_whole(fd, data) if write else _pread_whole(fd, data)
+        if write:
+            _pwrite_whole(fd, data)
+        else:
+            missing = _pread_whole(fd, data)
         t3 = clock()
         os.close(fd)
     else:
@@ -307,13 +310,11 @@ def _step(
     return np.concatenate(([worst[0] + worst[1]], worst[2:6]))
 
 
-def _pwrite_whole(fd: int, data: memoryview) -> int:
-    """Write all of ``data`` at offset 0 of ``fd`` (``pwrite`` may write less than asked);
-    returns 0, the bytes left unwritten."""
+def _pwrite_whole(fd: int, data: memoryview) -> None:
+    """Write all of ``data`` at offset 0 of ``fd`` (``pwrite`` may write less than asked)."""
     done = 0
     while done < len(data):
         done += os.pwrite(fd, data[done:], done)
-    return 0
 
 
 def _pread_whole(fd: int, data: memoryview) -> int:

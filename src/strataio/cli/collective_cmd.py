@@ -148,7 +148,6 @@ def collective(
         if mode == "call":
             raise click.UsageError("give --pattern (repeatable) or --all")
         chosen = STEP_PATTERNS
-    counts = ranks
     base = ["--reps", str(reps), "--mode", mode]
     if mode == "call":
         base += ["--scale", str(scale)]
@@ -161,8 +160,8 @@ def collective(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
         TimeElapsedColumn(), console=make_console(stderr=True), transient=True,
     ) as progress:  # fmt: skip
-        task = progress.add_task("collective", total=len(counts) * len(chosen))
-        for n in counts:
+        task = progress.add_task("collective", total=len(ranks) * len(chosen))
+        for n in ranks:
             for p in chosen:
                 progress.update(task, description=f"{p} at {n} rank{'s' * (n > 1)}")
                 args = ["--pattern", p, *base]

@@ -371,11 +371,7 @@ class TieredChunkStore(ChunkStore):
                 elif version is not None and self._check_whole(key, *want, whole, size, version):
                     touched.append(key)
                     if whole is not outs[j]:
-                        out, at = outs[j], offsets[j]
-                        if at + len(out) <= size:
-                            out[:] = whole[at : at + len(out)]
-                        else:
-                            _copy_span(whole, at, out)
+                        _copy_span(whole, offsets[j], outs[j])
                     got[j] = (size, (url, *version))
                     continue
                 alone.append(j)
