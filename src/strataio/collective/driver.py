@@ -8,7 +8,8 @@ hold a driver, never a raw descriptor. Two drivers:
 
 - :class:`PosixDriver`: a file descriptor; vectored transfers go through libc's
   ``preadv`` / ``pwritev`` (the ctypes fast path of :mod:`strataio.storage.vectored`), locks
-  are POSIX ``fcntl`` byte-range locks.
+  are POSIX ``fcntl`` byte-range locks, and large writes past the end of the file allocate
+  their space first where that pays (:mod:`strataio.storage.preallocate`).
 - :class:`ShapedDriver`: another driver made to cost what a slower device costs, by the cost
   model of the Shaped backend (:class:`~strataio.storage.shaped.CostModel`): every data call
   pays the model's fixed time (``open + seeks * seek + close``, ``seeks`` = the system calls
@@ -39,7 +40,9 @@ from typing import Any
 
 import numpy as np
 
+from strataio.collective.hints import AUTOMATIC, ENABLE
 from strataio.errors import BackendError, HintError
+from strataio.storage.preallocate import PREALLOCATE_BYTES, allocate, file_system_preallocates
 from strataio.storage.shaped import CostModel, Drives, OpCost
 from strataio.storage.vectored import VectoredPlan
 
@@ -55,6 +58,8 @@ class Driver(ABC):
     read_write: bool = False
     """Whether the file is open for reading and writing (a sieving write reads its spans back;
     on a write-only file it cannot)."""
+    preallocates: bool = False
+    """Whether large writes past the end of the file allocate their space first."""
 
     @abstractmethod
     def readv(self, plan: VectoredPlan, buf: np.ndarray) -> None:
@@ -140,15 +145,40 @@ class PosixDriver(Driver):
     ``threads``: how many threads a large read (:data:`SPLIT_READ_BYTES` and more) is shared
     among; :class:`strataio.File` sets it from the cores its rank's node has spare (one rank
     alone on a node of several cores reads with more than one). Writes are never shared:
-    the file's inode lock serializes concurrent writes to one file."""
+    the file's inode lock serializes concurrent writes to one file.
 
-    __slots__ = ("fd", "path", "read_write", "threads")
+    :meth:`preallocate` makes a write of :data:`~strataio.storage.preallocate.PREALLOCATE_BYTES`
+    or more past the end of the file as this driver knows it allocate that space first, in
+    one call (:mod:`strataio.storage.preallocate`); :attr:`preallocates` says whether it
+    does. The end it knows is the size at that call and the end of every write since;
+    other processes' writes make it low, which costs only a call that finds the space
+    allocated already."""
+
+    __slots__ = ("_allocated_end", "fd", "path", "preallocates", "read_write", "threads")
 
     def __init__(self, fd: int, path: str = "") -> None:
         self.fd = fd
         self.path = path
         self.read_write = (fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE) == os.O_RDWR
         self.threads = 1
+        self.preallocates = False
+        self._allocated_end = 0
+
+    def preallocate(self, on: bool = True) -> None:
+        """Preallocate extending writes from now on (``on``) or not."""
+        self.preallocates = on
+        if on:
+            self._allocated_end = os.fstat(self.fd).st_size
+
+    def _make_room(self, first: int, end: int, nbytes: int) -> None:
+        """Allocate the part past the known end of a write of ``nbytes`` into file bytes
+        ``[first, end)``, if it is large enough and the write fills its span (pieces with
+        wide holes between them would allocate the holes too)."""
+        start = max(first, self._allocated_end)
+        self._allocated_end = end  # (the write extends the file to here)
+        large = end - start >= PREALLOCATE_BYTES and 4 * nbytes >= 3 * (end - first)
+        if large and not allocate(self.fd, start, end - start):
+            self.preallocates = False  # unsupported here, or the disk is full
 
     @classmethod
     def open(cls, path: str, flags: int, mode: int = 0o666) -> PosixDriver:
@@ -165,6 +195,8 @@ class PosixDriver(Driver):
         plan.read(self.fd, buf)
 
     def writev(self, plan: VectoredPlan, buf: np.ndarray) -> None:
+        if self.preallocates and plan.span[1] > self._allocated_end:
+            self._make_room(*plan.span, plan.moved)
         plan.write(self.fd, buf)
 
     def pread(self, buf: np.ndarray, offset: int) -> int:
@@ -198,6 +230,8 @@ class PosixDriver(Driver):
         return pos - offset
 
     def pwrite(self, buf: np.ndarray, offset: int) -> None:
+        if self.preallocates and offset + len(buf) > self._allocated_end:
+            self._make_room(offset, offset + len(buf), len(buf))
         mv = memoryview(buf)
         pos, fd = offset, self.fd
         while len(mv):
@@ -221,6 +255,8 @@ class PosixDriver(Driver):
 
     def truncate(self, size: int) -> None:
         os.ftruncate(self.fd, size)
+        # (what a cut frees is no longer allocated; what an extension adds is a hole)
+        self._allocated_end = min(self._allocated_end, size)
 
     def sync(self) -> None:
         os.fsync(self.fd)
@@ -239,6 +275,10 @@ class LayeredDriver(Driver):
         self.inner = inner
         self.path = inner.path
         self.read_write = inner.read_write
+
+    @property  # type: ignore[override]
+    def preallocates(self) -> bool:
+        return self.inner.preallocates
 
     def lock(self, offset: int, length: int, shared: bool = False) -> None:
         self.inner.lock(offset, length, shared)
@@ -348,8 +388,14 @@ class ShapedDriver(LayeredDriver):
 
 def open_driver(path: str, flags: int, mode: int = 0o666, hints: Any = None) -> Driver:
     """Open ``path`` (``os.open`` flags and permission ``mode``) through the driver the
-    ``strataio_driver`` hint names (default ``posix``)."""
+    ``strataio_driver`` hint names (default ``posix``); opened for writing, its POSIX file
+    preallocates extending writes as ``strataio_preallocate`` says (default *automatic*: on
+    the file systems where that was measured to pay)."""
     driver = PosixDriver.open(path, flags, mode)
+    if flags & os.O_ACCMODE != os.O_RDONLY:
+        want = getattr(hints, "strataio_preallocate", AUTOMATIC)
+        if want == ENABLE or (want == AUTOMATIC and file_system_preallocates(driver.fd)):
+            driver.preallocate()
     kind = getattr(hints, "strataio_driver", "posix")
     if kind == "posix":
         return driver

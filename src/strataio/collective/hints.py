@@ -134,6 +134,12 @@ class Hints:
     more per core its node has to spare beside the job's processes there), or a number; at
     most 4 either way, 1 reads on the calling thread only. The number in force is the
     driver's ``threads`` (it may differ between ranks)."""
+    strataio_preallocate: str = AUTOMATIC
+    """Writes of 256 KiB or more past the end of the file allocate that space first, in one
+    ``fallocate`` (the size is left to the write): enable / disable / automatic (on ext4, where
+    it made writes into a new file 1.2-1.45 times as fast; elsewhere unmeasured, or slower:
+    tmpfs). Read at open; a file system that refuses it turns it off for that file
+    (:mod:`strataio.storage.preallocate`)."""
     strataio_driver: str = "posix"
     """Storage driver: ``posix``, or ``shaped`` (POSIX under a cost model)."""
     strataio_driver_bandwidth: int = 200_000_000
@@ -189,6 +195,7 @@ _SPEC: dict[str, tuple[str, int]] = {
     "strataio_pipeline_groups": ("int", 1),
     "strataio_duplicate_writes": ("str", 0),
     "strataio_read_threads": ("count", 1),
+    "strataio_preallocate": ("switch", 0),
     "strataio_driver": ("str", 0),
     "strataio_driver_bandwidth": ("int", 1),
     "strataio_driver_latency": ("float", 0),
@@ -216,6 +223,7 @@ _OPEN_ONLY = (
     "romio_no_indep_rw",
     "strataio_driver",
     "strataio_read_threads",
+    "strataio_preallocate",
     "romio_cb_pfr",  # (persistent realms last from the first two-phase call to close)
     "romio_cb_fr_types",
 )
@@ -418,6 +426,7 @@ PER_RANK = frozenset(
         "ind_rd_buffer_size",
         "ind_wr_buffer_size",
         "strataio_read_threads",
+        "strataio_preallocate",
     }
 )
 

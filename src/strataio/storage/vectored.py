@@ -82,6 +82,7 @@ class VectoredPlan:
         "_want",
         "moved",
         "need",
+        "span",
     )
 
     def __init__(
@@ -101,6 +102,8 @@ class VectoredPlan:
             raise ValueError("vectored I/O: a piece's end overflows 64 bits")
         self.need = int((mem + lengths).max()) if n else 0
         ends = offsets + lengths
+        self.span = (int(offsets.min()), int(ends.max())) if n else (0, 0)
+        """The file bytes ``[first, end)`` the pieces lie in."""
         holes = offsets[1:] - ends[:-1]  # < 0: the next piece starts a call of its own
         crossed = (holes > 0) & (holes <= max_hole)  # read through inside one call
         # Entry table: each piece, preceded by an entry for the hole before it when crossed.
