@@ -151,8 +151,8 @@ class PosixDriver(Driver):
     or more past the end of the file as this driver knows it allocate that space first, in
     one call (:mod:`strataio.storage.preallocate`); :attr:`preallocates` says whether it
     does. The end it knows is the size at that call and the end of every write since;
-    other processes' writes make it low, which costs only a call that finds the space
-    allocated already."""
+    a large write past it asks the file's size before allocating (other processes' writes
+    may have moved it)."""
 
     __slots__ = ("_allocated_end", "fd", "path", "preallocates", "read_write", "threads")
 
@@ -171,13 +171,18 @@ class PosixDriver(Driver):
             self._allocated_end = os.fstat(self.fd).st_size
 
     def _make_room(self, first: int, end: int, nbytes: int) -> None:
-        """Allocate the part past the known end of a write of ``nbytes`` into file bytes
+        """Allocate the part past the file's end of a write of ``nbytes`` into file bytes
         ``[first, end)``, if it is large enough and the write fills its span (pieces with
-        wide holes between them would allocate the holes too)."""
+        wide holes between them would allocate the holes too). The size is asked for only
+        then: ranks writing interleaved spans would otherwise each allocate what the first
+        of them did (4 ranks sieving tile2d writes on 2 cores, MB/s in three runs: 1505-1796
+        so, 1830-2258 with the size asked, 1634-2264 without preallocation)."""
         start = max(first, self._allocated_end)
         self._allocated_end = end  # (the write extends the file to here)
-        large = end - start >= PREALLOCATE_BYTES and 4 * nbytes >= 3 * (end - first)
-        if large and not allocate(self.fd, start, end - start):
+        if end - start < PREALLOCATE_BYTES or 4 * nbytes < 3 * (end - first):
+            return
+        start = max(start, os.fstat(self.fd).st_size)
+        if end - start >= PREALLOCATE_BYTES and not allocate(self.fd, start, end - start):
             self.preallocates = False  # unsupported here, or the disk is full
 
     @classmethod
