@@ -11,6 +11,7 @@ from mpi4py import MPI
 
 import strataio
 from mpirun import run_mpi
+from strataio.collective import driver as driver_module
 from strataio.errors import HintError
 
 
@@ -54,3 +55,23 @@ def test_unknown_shard_hint_values_are_refused(tmp_path):
     with pytest.raises(HintError):
         ds.write_all(..., 1.0, hints={"strataio_driver": "tape"})
     assert not (tmp_path / "a" / "c").exists()
+
+
+def test_shard_files_are_never_preallocated(tmp_path, monkeypatch):
+    """Shards go to temporary files renamed over the old ones: a preallocated file is renamed
+    without ext4 starting its write-back, so a crash before the flush could leave zeros where
+    the old shard was durable. Their drivers never allocate, and asking for it is refused."""
+    calls = []
+    monkeypatch.setattr(driver_module, "allocate", lambda fd, off, n: calls.append(n) or True)
+    a = np.random.default_rng(0).random((512, 512))  # 2 MiB that zstd hardly shrinks
+    ds = strataio.create_dataset(
+        tmp_path / "a", a.shape, "f8", (64, 512), shards=(512, 512), codec="zstd",
+        comm=MPI.COMM_SELF,
+    )  # fmt: skip
+    ds.write_all(..., a)
+    ds.write_all(..., a + 1, hints={"strataio_preallocate": "automatic"})
+    np.testing.assert_array_equal(ds.read_all(...), a + 1)
+    assert calls == []
+    with pytest.raises(HintError, match="strataio_preallocate"):
+        ds.write_all(..., a, hints={"strataio_preallocate": "enable"})
+    np.testing.assert_array_equal(ds.read_all(...), a + 1)

@@ -62,7 +62,7 @@ from strataio.arrays.collective import (
 from strataio.arrays.sharding import EMPTY, ShardCodec
 from strataio.arrays.store import BackendChunkStore
 from strataio.collective.driver import Driver, open_driver
-from strataio.collective.hints import Hints, parse_hints
+from strataio.collective.hints import DISABLE, ENABLE, Hints, parse_hints
 from strataio.errors import HintError, StrataError
 from strataio.layout.chunks import ChunkGrid, chunk_key
 from strataio.layout.sections import Section
@@ -97,7 +97,8 @@ class ShardWriteOptions:
 
         ``strataio_pipeline_groups`` is the hint of ``File``'s pipelined collective I/O; for
         shard writes it splits the communicator into that many groups, the offset chain
-        running inside each group and from one group to the next."""
+        running inside each group and from one group to the next. Shard files are never
+        preallocated (``strataio_preallocate=enable`` raises :class:`HintError`)."""
         rest = dict(hints or {})
         try:
             alignment = int(rest.pop("strataio_shard_alignment", ALIGNMENT))
@@ -109,6 +110,17 @@ class ShardWriteOptions:
                 f"strataio_shard_alignment ({alignment}) and strataio_pipeline_groups ({groups}) "
                 "must be >= 1"
             )
+        # Shards are written into temporary files renamed over the old shards at the end:
+        # preallocated, such a file is renamed without ext4 starting its write-back, and a
+        # crash before the flush could leave zeros where the old shard was durable (see
+        # strataio.storage.preallocate).
+        if str(rest.get("strataio_preallocate", DISABLE)).strip().lower() == ENABLE:
+            raise HintError(
+                "strataio_preallocate=enable: shard writes go to temporary files renamed over "
+                "the old shards, which are never preallocated (a crash before the flush could "
+                "leave zeros where the old shard was durable)"
+            )
+        rest["strataio_preallocate"] = DISABLE
         return cls(alignment, groups, parse_hints(rest))
 
 
