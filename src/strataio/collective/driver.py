@@ -176,7 +176,8 @@ class PosixDriver(Driver):
         wide holes between them would allocate the holes too). The size is asked for only
         then: ranks writing interleaved spans would otherwise each allocate what the first
         of them did (4 ranks sieving tile2d writes on 2 cores, MB/s in three runs: 1505-1796
-        so, 1830-2258 with the size asked, 1634-2264 without preallocation)."""
+        so, 1830-2258 with the size asked, 1634-2264 without preallocation). Threads writing
+        through one driver at once can only add or skip an allocation by racing here."""
         start = max(first, self._allocated_end)
         self._allocated_end = end  # (the write extends the file to here)
         if end - start < PREALLOCATE_BYTES or 4 * nbytes < 3 * (end - first):
