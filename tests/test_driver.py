@@ -265,14 +265,17 @@ def test_preallocation_of_extending_writes(tmp_path: Path, monkeypatch: pytest.M
     d.pwrite(data[: 2 * big], big)  # only what lies past the end known (1.5 big)
     assert calls == [(0, big), (big + big // 2, big + big // 2)]
     calls.clear()
-    # vectored: two pieces with a hole of a quarter of their span are allocated whole ...
-    off = np.array([4 * big, 5 * big + big // 2], dtype=np.int64)
-    lens = np.array([big + big // 2, big // 2], dtype=np.int64)
-    d.writev(VectoredPlan(off, lens, np.array([0, lens[0]])), data)
-    assert calls == [(4 * big, 2 * big)]
+    # vectored: pieces filling 3/4 of their span are allocated with the hole between them ...
+    off = np.array([4 * big, 7 * big], dtype=np.int64)
+    lens = np.array([2 * big, big], dtype=np.int64)
+    d.writev(VectoredPlan(off, lens, np.array([0, 2 * big])), data)
+    assert calls == [(4 * big, 4 * big)]
     calls.clear()
-    # ... but pieces spread thinly are not (the holes would be allocated too)
-    off = np.array([8 * big, 16 * big], dtype=np.int64)
+    # ... pieces filling less are not (the holes would be allocated too)
+    off = np.array([9 * big, 11 * big], dtype=np.int64)
+    lens = np.array([big, big + big // 2], dtype=np.int64)
+    d.writev(VectoredPlan(off, lens, np.array([0, big])), data)
+    off = np.array([16 * big, 24 * big], dtype=np.int64)
     lens = np.array([big, big], dtype=np.int64)
     d.writev(VectoredPlan(off, lens, np.array([0, big])), data)
     assert calls == []
@@ -283,6 +286,33 @@ def test_preallocation_of_extending_writes(tmp_path: Path, monkeypatch: pytest.M
     d.close()
     with open(tmp_path / "f", "rb") as f:
         assert f.read() == data[:big].tobytes() * 2
+
+
+def test_preallocation_starts_at_the_files_size(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Bytes another writer put in the file since are not allocated again, however far
+    behind this driver's own record of the end is."""
+    calls: list[tuple[int, int]] = []
+    monkeypatch.setattr(
+        driver_module, "allocate", lambda fd, off, n: calls.append((off, n)) or True
+    )
+    big = driver_module.PREALLOCATE_BYTES
+    path = tmp_path / "f"
+    d = PosixDriver.open(str(path), os.O_RDWR | os.O_CREAT)
+    d.preallocate()
+    other = os.open(path, os.O_WRONLY)
+    try:
+        os.pwrite(other, bytes(2 * big), 0)  # (another rank's write)
+        d.pwrite(np.ones(3 * big, np.uint8), 0)
+        assert calls == [(2 * big, big)]
+        os.pwrite(other, bytes(big), 5 * big)
+        d.pwrite(np.ones(2 * big, np.uint8), 3 * big)  # all below the file's end now
+        assert calls == [(2 * big, big)]
+    finally:
+        os.close(other)
+        d.close()
+    assert path.read_bytes() == bytes([1]) * 5 * big + bytes(big)
 
 
 def test_a_refusal_turns_preallocation_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

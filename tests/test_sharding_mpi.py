@@ -11,6 +11,7 @@ from mpi4py import MPI
 
 import strataio
 from mpirun import run_mpi
+from strataio.arrays.collective_shards import ShardWriteOptions
 from strataio.collective import driver as driver_module
 from strataio.errors import HintError
 
@@ -63,6 +64,7 @@ def test_shard_files_are_never_preallocated(tmp_path, monkeypatch):
     the old shard was durable. Their drivers never allocate, and asking for it is refused."""
     calls = []
     monkeypatch.setattr(driver_module, "allocate", lambda fd, off, n: calls.append(n) or True)
+    monkeypatch.setattr(driver_module, "file_system_preallocates", lambda fd: True)
     a = np.random.default_rng(0).random((512, 512))  # 2 MiB that zstd hardly shrinks
     ds = strataio.create_dataset(
         tmp_path / "a", a.shape, "f8", (64, 512), shards=(512, 512), codec="zstd",
@@ -72,6 +74,8 @@ def test_shard_files_are_never_preallocated(tmp_path, monkeypatch):
     ds.write_all(..., a + 1, hints={"strataio_preallocate": "automatic"})
     np.testing.assert_array_equal(ds.read_all(...), a + 1)
     assert calls == []
-    with pytest.raises(HintError, match="strataio_preallocate"):
-        ds.write_all(..., a, hints={"strataio_preallocate": "enable"})
+    for bad in ("enable", True, "sometimes"):
+        with pytest.raises(HintError, match="strataio_preallocate"):
+            ds.write_all(..., a, hints={"strataio_preallocate": bad})
     np.testing.assert_array_equal(ds.read_all(...), a + 1)
+    assert ShardWriteOptions().driver.strataio_preallocate == "disable"

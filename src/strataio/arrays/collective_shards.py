@@ -38,6 +38,7 @@ is read and decoded by one rank, its owner, and the pieces go where they are wan
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import secrets
 from collections.abc import Mapping
@@ -88,7 +89,7 @@ class ShardWriteOptions:
 
     alignment: int = ALIGNMENT
     groups: int = 1
-    driver: Hints = Hints()
+    driver: Hints = Hints(strataio_preallocate=DISABLE)
 
     @classmethod
     def parse(cls, hints: Mapping[str, Any] | None) -> ShardWriteOptions:
@@ -110,18 +111,13 @@ class ShardWriteOptions:
                 f"strataio_shard_alignment ({alignment}) and strataio_pipeline_groups ({groups}) "
                 "must be >= 1"
             )
-        # Shards are written into temporary files renamed over the old shards at the end:
-        # preallocated, such a file is renamed without ext4 starting its write-back, and a
-        # crash before the flush could leave zeros where the old shard was durable (see
-        # strataio.storage.preallocate).
-        if str(rest.get("strataio_preallocate", DISABLE)).strip().lower() == ENABLE:
+        driver = parse_hints(rest)
+        if driver.strataio_preallocate == ENABLE:
             raise HintError(
-                "strataio_preallocate=enable: shard writes go to temporary files renamed over "
-                "the old shards, which are never preallocated (a crash before the flush could "
-                "leave zeros where the old shard was durable)"
+                "strataio_preallocate=enable: shards are written to temporary files renamed "
+                "over the old ones, which are never preallocated (strataio.storage.preallocate)"
             )
-        rest["strataio_preallocate"] = DISABLE
-        return cls(alignment, groups, parse_hints(rest))
+        return cls(alignment, groups, dataclasses.replace(driver, strataio_preallocate=DISABLE))
 
 
 # --------------------------------------------------------------------------- planning
@@ -475,7 +471,7 @@ def _write_runs(
             if last_of_group and me < nprocs - 1:
                 comm.send(end, dest=me + 1, tag=k % _TAGS)
             if len(run.data):
-                writes.append(io.submit(_pwrite, temps[k], run.data, at, options.driver))
+                writes.append(io.submit(_write_temp, temps[k], run.data, at, options.driver))
                 offsets = at + np.cumsum(run.sizes) - run.sizes
                 rows.append(
                     np.stack([np.full(len(run.numbers), k), run.numbers, offsets, run.sizes], 1)
@@ -491,8 +487,12 @@ def _write_runs(
     return rows
 
 
-def _pwrite(path: str, data: bytes, offset: int, hints: Hints) -> None:
+def _write_temp(path: str, data: bytes, offset: int, hints: Hints) -> None:
+    """Write ``data`` at ``offset`` of the temporary shard file ``path`` through the driver
+    ``hints`` name, never preallocated: the file is renamed over the old shard (see
+    :mod:`strataio.storage.preallocate`)."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
+    hints = dataclasses.replace(hints, strataio_preallocate=DISABLE)
     driver: Driver = open_driver(path, os.O_WRONLY | os.O_CREAT, 0o644, hints)
     try:
         driver.pwrite(np.frombuffer(data, dtype=np.uint8), offset)
@@ -528,13 +528,7 @@ def _write_indexes(
         index = np.full((codec.nchunks, 2), EMPTY, dtype=np.uint64)
         index[chunks[:, 1], 0] = chunks[:, 2].astype(np.uint64)
         index[chunks[:, 1], 1] = chunks[:, 3].astype(np.uint64)
-        raw = codec.encode_index(index)
-        os.makedirs(os.path.dirname(paths[k]), exist_ok=True)
-        driver = open_driver(temps[k], os.O_WRONLY | os.O_CREAT, 0o644, options.driver)
-        try:
-            driver.pwrite(np.frombuffer(raw, dtype=np.uint8), end)
-        finally:
-            driver.close()
+        _write_temp(temps[k], codec.encode_index(index), end, options.driver)
         os.replace(temps[k], paths[k])
         written.append(keys[k])
     store.note_written(written)

@@ -148,11 +148,8 @@ class PosixDriver(Driver):
     the file's inode lock serializes concurrent writes to one file.
 
     :meth:`preallocate` makes a write of :data:`~strataio.storage.preallocate.PREALLOCATE_BYTES`
-    or more past the end of the file as this driver knows it allocate that space first, in
-    one call (:mod:`strataio.storage.preallocate`); :attr:`preallocates` says whether it
-    does. The end it knows is the size at that call and the end of every write since;
-    a large write past it asks the file's size before allocating (other processes' writes
-    may have moved it)."""
+    or more past the end of the file allocate that space first, in one call
+    (:mod:`strataio.storage.preallocate`); :attr:`preallocates` says whether it does."""
 
     __slots__ = ("_allocated_end", "fd", "path", "preallocates", "read_write", "threads")
 
@@ -167,17 +164,19 @@ class PosixDriver(Driver):
     def preallocate(self, on: bool = True) -> None:
         """Preallocate extending writes from now on (``on``) or not."""
         self.preallocates = on
-        if on:
-            self._allocated_end = os.fstat(self.fd).st_size
+        self._allocated_end = 0  # (the first large write asks the size)
 
     def _make_room(self, first: int, end: int, nbytes: int) -> None:
-        """Allocate the part past the file's end of a write of ``nbytes`` into file bytes
-        ``[first, end)``, if it is large enough and the write fills its span (pieces with
-        wide holes between them would allocate the holes too). The size is asked for only
-        then: ranks writing interleaved spans would otherwise each allocate what the first
-        of them did (4 ranks sieving tile2d writes on 2 cores, MB/s in three runs: 1505-1796
-        so, 1830-2258 with the size asked, 1634-2264 without preallocation). Threads writing
-        through one driver at once can only add or skip an allocation by racing here."""
+        """Before a write of ``nbytes`` into file bytes ``[first, end)``: allocate the part
+        past the end of the file, if it is :data:`PREALLOCATE_BYTES` or more and the write
+        fills at least 3/4 of its span (pieces with wide holes between them would allocate
+        the holes too). The file's size is asked only then, and only past the highest end
+        this driver has written: ranks writing interleaved spans would otherwise each
+        allocate what the first of them did (see BENCHMARKS.md, "Writes that allocate their
+        space first"). Threads writing through one driver at once can only add or skip an
+        allocation by racing here."""
+        if end <= self._allocated_end:
+            return
         start = max(first, self._allocated_end)
         self._allocated_end = end  # (the write extends the file to here)
         if end - start < PREALLOCATE_BYTES or 4 * nbytes < 3 * (end - first):
@@ -201,7 +200,7 @@ class PosixDriver(Driver):
         plan.read(self.fd, buf)
 
     def writev(self, plan: VectoredPlan, buf: np.ndarray) -> None:
-        if self.preallocates and plan.span[1] > self._allocated_end:
+        if self.preallocates:
             self._make_room(*plan.span, plan.moved)
         plan.write(self.fd, buf)
 
@@ -236,7 +235,7 @@ class PosixDriver(Driver):
         return pos - offset
 
     def pwrite(self, buf: np.ndarray, offset: int) -> None:
-        if self.preallocates and offset + len(buf) > self._allocated_end:
+        if self.preallocates:
             self._make_room(offset, offset + len(buf), len(buf))
         mv = memoryview(buf)
         pos, fd = offset, self.fd

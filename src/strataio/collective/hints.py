@@ -135,11 +135,12 @@ class Hints:
     most 4 either way, 1 reads on the calling thread only. The number in force is the
     driver's ``threads`` (it may differ between ranks)."""
     strataio_preallocate: str = AUTOMATIC
-    """Writes of 256 KiB or more past the end of the file allocate that space first, in one
-    ``fallocate`` (the size is left to the write): enable / disable / automatic (on ext4, where
-    it made writes into a new file 1.2-1.45 times as fast; elsewhere unmeasured, or slower:
-    tmpfs). Read at open; a file system that refuses it turns it off for that file
-    (:mod:`strataio.storage.preallocate`)."""
+    """A write whose part past the end of the file is 256 KiB or more, and which fills at
+    least 3/4 of its span, allocates that part first, in one ``fallocate`` (the size is left
+    to the write): enable / disable / automatic (on ext4, where it made writes into a new file
+    1.2-1.45 times as fast; elsewhere unmeasured, or slower: tmpfs). Read at open; a file
+    system that refuses it turns it off for that file. Unsynced bytes then reach the disk at
+    the kernel's pace even in a file truncated at open (:mod:`strataio.storage.preallocate`)."""
     strataio_driver: str = "posix"
     """Storage driver: ``posix``, or ``shaped`` (POSIX under a cost model)."""
     strataio_driver_bandwidth: int = 200_000_000
