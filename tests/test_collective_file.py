@@ -114,9 +114,9 @@ def test_a_rank_with_spare_cores_shares_large_reads(tmp_path: Path, monkeypatch)
 
     monkeypatch.setattr(driver_module, "SPLIT_READ_BYTES", 1 << 16)
     shared = []
-    run_shared = driver_module._run_shared
+    run_shared = driver_module.run_shared
     monkeypatch.setattr(
-        driver_module, "_run_shared", lambda w: (shared.append(len(w)), run_shared(w))
+        driver_module, "run_shared", lambda w: (shared.append(len(w)), run_shared(w))
     )
     cores = len(os.sched_getaffinity(0))
     data = np.random.default_rng(4).integers(0, 1 << 31, 300_000, dtype=np.int32)
@@ -464,12 +464,22 @@ def test_automatic_choice() -> None:
     assert not use_two_phase(few, "automatic", write=True)
 
 
-@pytest.mark.parametrize("how", ["scatter", "spans", "chosen"])
-def test_sieved_reads_match_brute_force(how: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("how", ["scatter", "spans", "chosen", "shared"])
+def test_sieved_reads_match_brute_force(
+    how: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from strataio.collective import fileio
     from strataio.collective.driver import PosixDriver
     from strataio.collective.fileio import ReadPlan
     from strataio.layout.extents import Extents
 
+    shared: list[int] = []
+    if how == "shared":  # staged batches shared among 3 threads from 10 kB staged
+        monkeypatch.setattr(fileio, "SPLIT_READ_BYTES", 10_000)
+        run = fileio.run_shared
+        monkeypatch.setattr(
+            fileio, "run_shared", lambda work: shared.append(len(work)) or run(work)
+        )
     rng = np.random.default_rng(7)
     path = tmp_path / "s.bin"
     for _ in range(40):
@@ -484,6 +494,7 @@ def test_sieved_reads_match_brute_force(how: str, tmp_path: Path) -> None:
         mem[perm] = np.cumsum(lens[perm]) - lens[perm]
         out = np.full(int(lens.sum()), 7, dtype=np.uint8)
         driver = PosixDriver.open(str(path), os.O_RDONLY)
+        driver.threads = 3
         try:
             hole = int(rng.integers(0, 500))
             ext = Extents(offs, lens, mem)
@@ -491,6 +502,8 @@ def test_sieved_reads_match_brute_force(how: str, tmp_path: Path) -> None:
                 ReadPlan(ext, 0, hole, scatter=True).run(driver, out)
             elif how == "chosen":
                 ReadPlan(ext, int(rng.integers(1, 5000)), hole).run(driver, out)
+            elif how == "shared":
+                ReadPlan(ext, int(rng.integers(500, 5000)), hole, scatter=False).run(driver, out)
             else:
                 span = int(rng.integers(1, 5000))
                 ReadPlan(ext, span, hole, scatter=False).run(driver, out)
@@ -501,6 +514,8 @@ def test_sieved_reads_match_brute_force(how: str, tmp_path: Path) -> None:
         expect = np.empty_like(out)
         expect[np.repeat(mem, lens) + within] = full[np.repeat(offs, lens) + within]
         assert np.array_equal(out, expect)
+    if how == "shared":
+        assert len(shared) > 20 and set(shared) <= {2, 3}  # (fewer batches than threads: 2)
 
 
 def test_files_reuse_the_private_communicator_of_closed_files(tmp_path: Path) -> None:

@@ -378,3 +378,37 @@ def test_file_on_a_200_mb_per_s_tier(tmp_path: Path) -> None:
     assert (tmp_path / "shaped.bin").read_bytes() == (tmp_path / "posix.bin").read_bytes()
     want = data[: 2 << 20].reshape(1024, 2048)[:, :1024].ravel()
     assert np.array_equal(back, want)
+
+
+def test_work_shared_from_a_read_thread_runs_there() -> None:
+    """Shares that share their work again (a staged batch whose read is large enough to be
+    split) finish: the read threads never wait for one another. The first error is raised
+    once every share is done."""
+    done: list[tuple[int, int]] = []
+    lock = threading.Lock()
+
+    def share(i: int) -> None:
+        def part(j: int) -> None:
+            time.sleep(0.01)
+            with lock:
+                done.append((i, j))
+
+        driver_module.run_shared([lambda j=j: part(j) for j in range(3)])
+
+    outer = threading.Thread(
+        target=driver_module.run_shared, args=([lambda i=i: share(i) for i in range(4)],)
+    )
+    outer.start()
+    outer.join(timeout=30)
+    assert not outer.is_alive(), "shared reads waited for each other"
+    assert sorted(done) == [(i, j) for i in range(4) for j in range(3)]
+
+    def fail(k: int) -> None:
+        with lock:
+            done.append((k, -1))
+        raise ValueError(f"share {k}")
+
+    done.clear()
+    with pytest.raises(ValueError, match="share 0"):
+        driver_module.run_shared([lambda k=k: fail(k) for k in range(4)])
+    assert sorted(done) == [(k, -1) for k in range(4)]

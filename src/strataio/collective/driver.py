@@ -46,7 +46,7 @@ from strataio.storage.preallocate import PREALLOCATE_BYTES, allocate, file_syste
 from strataio.storage.shaped import CostModel, Drives, OpCost
 from strataio.storage.vectored import VectoredPlan
 
-__all__ = ["Driver", "PosixDriver", "ShapedDriver", "open_driver"]
+__all__ = ["Driver", "PosixDriver", "ShapedDriver", "open_driver", "run_shared"]
 
 
 class Driver(ABC):
@@ -113,28 +113,53 @@ _split_pool: ThreadPoolExecutor | None = None
 _split_lock = threading.Lock()
 
 
-def _run_shared(work: list[Any]) -> None:
-    """Run the callables ``work``: the first on this thread, the others on the read threads;
-    raise the first error once all are done."""
+_read_thread = threading.local()  # .busy: this thread is one of the read threads
+
+
+def _mark_read_thread() -> None:
+    _read_thread.busy = True
+
+
+def _read_pool() -> ThreadPoolExecutor:
     global _split_pool
     with _split_lock:
         if _split_pool is None:
             _split_pool = ThreadPoolExecutor(
-                MAX_READ_THREADS - 1, thread_name_prefix="strataio-read"
+                MAX_READ_THREADS - 1,
+                thread_name_prefix="strataio-read",
+                initializer=_mark_read_thread,
             )
-        pool = _split_pool
-    futures = []
-    error: BaseException | None = None
+        return _split_pool
+
+
+def _outcome(fn: Any) -> BaseException | None:
     try:
-        for w in work[1:]:
-            futures.append(pool.submit(w))
-        work[0]()
-    except BaseException as exc:  # (a refused hand-off too: the shares handed off finish first)
-        error = exc
-    for f in futures:
-        exc = f.exception()
-        if error is None and exc is not None:
-            error = exc
+        fn()
+    except BaseException as exc:
+        return exc
+    return None
+
+
+def run_shared(work: list[Any]) -> None:
+    """Run the callables ``work``: the first on this thread, the others on the read threads
+    (at most ``MAX_READ_THREADS - 1`` at once); raise the first error once all are done.
+    Called from a read thread (work shared again), it runs them all on that thread: the
+    others may all be busy with the work that waits for this one."""
+    errors: list[BaseException | None] = []
+    if getattr(_read_thread, "busy", False):
+        errors = [_outcome(w) for w in work]
+    else:
+        pool = _read_pool()
+        futures = []
+        try:
+            for w in work[1:]:
+                futures.append(pool.submit(_outcome, w))
+        except BaseException as exc:  # (a refused hand-off: the shares handed off finish first)
+            errors.append(exc)
+        else:
+            errors.append(_outcome(work[0]))
+        errors += [f.result() for f in futures]
+    error = next((e for e in errors if e is not None), None)
     if error is not None:
         raise error
 
@@ -195,7 +220,7 @@ class PosixDriver(Driver):
             parts = plan.split(self.threads)
             if len(parts) > 1:
                 fd = self.fd
-                _run_shared([lambda p=p: p.read(fd, buf) for p in parts])
+                run_shared([lambda p=p: p.read(fd, buf) for p in parts])
                 return
         plan.read(self.fd, buf)
 
@@ -213,7 +238,7 @@ class PosixDriver(Driver):
             def part(k: int) -> None:
                 got[k] = self._pread(buf[cut[k] : cut[k + 1]], offset + cut[k])
 
-            _run_shared([lambda k=k: part(k) for k in range(self.threads)])
+            run_shared([lambda k=k: part(k) for k in range(self.threads)])
             # (a share that ended short ended at the end of the file: none after it read any)
             done = 0
             for k in range(self.threads):

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from strataio.collective.driver import Driver
+from strataio.collective.driver import SPLIT_READ_BYTES, Driver, run_shared
 from strataio.errors import BackendError
 from strataio.layout.extents import Extents
 from strataio.layout.pieces import CopyPlan, plan_copy, scratch
@@ -222,7 +222,7 @@ class ReadPlan:
     way or the other.
     """
 
-    __slots__ = ("_batches", "_direct")
+    __slots__ = ("_batches", "_direct", "_shared")
 
     def __init__(
         self, ext: Extents, max_span: int, max_hole: int, scatter: bool | None = None
@@ -230,6 +230,7 @@ class ReadPlan:
         ext = ext.compact()
         self._direct: VectoredPlan | None = None
         self._batches: list[tuple[int, VectoredPlan, CopyPlan]] = []
+        self._shared = False  # see run
         if len(ext) == 0:
             return
         if scatter is None:
@@ -254,12 +255,35 @@ class ReadPlan:
             at = (start[s] - base) + (ext.offsets[p0:p1] - sp_off[s])
             copy = plan_copy(ext.mem[p0:p1], at, ext.lengths[p0:p1])
             self._batches.append((int(csum[b1 - 1]) - base, spans, copy))
+        # enough bytes staged to be worth a hand-off, as for one large read
+        self._shared = sum(b[0] for b in self._batches) >= SPLIT_READ_BYTES
 
     def run(self, driver: Driver, buf: np.ndarray) -> None:
-        """Read the planned pieces through ``driver`` into ``buf`` (flat ``uint8``)."""
+        """Read the planned pieces through ``driver`` into ``buf`` (flat ``uint8``). Staged
+        batches are shared among the driver's read threads where it has more than one
+        (:attr:`PosixDriver.threads`), each thread reading and copying out its own."""
         if self._direct is not None:
             driver.readv(self._direct, buf)
-        for size, spans, copy in self._batches:
-            stage = scratch(size, "sieve")
-            driver.readv(spans, stage)
-            copy.run(buf, stage)
+        batches = self._batches
+        threads = min(getattr(driver, "threads", 1), len(batches))
+        if threads > 1 and self._shared:
+            cut = [len(batches) * k // threads for k in range(threads + 1)]
+            run_shared(
+                [
+                    lambda lo=lo, hi=hi: _run_batches(driver, batches[lo:hi], buf)
+                    for lo, hi in zip(cut, cut[1:])
+                ]
+            )
+            return
+        _run_batches(driver, batches, buf)
+
+
+def _run_batches(
+    driver: Driver, batches: list[tuple[int, VectoredPlan, CopyPlan]], buf: np.ndarray
+) -> None:
+    """Read staged ``batches`` (staging bytes, spans, copy out) into ``buf``, in this thread's
+    staging buffer."""
+    for size, spans, copy in batches:
+        stage = scratch(size, "sieve")
+        driver.readv(spans, stage)
+        copy.run(buf, stage)
