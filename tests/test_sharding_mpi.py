@@ -11,7 +11,6 @@ from mpi4py import MPI
 
 import strataio
 from mpirun import run_mpi
-from strataio.arrays.collective_shards import ShardWriteOptions
 from strataio.collective import driver as driver_module
 from strataio.errors import HintError
 
@@ -78,4 +77,3 @@ def test_shard_files_are_never_preallocated(tmp_path, monkeypatch):
         with pytest.raises(HintError, match="strataio_preallocate"):
             ds.write_all(..., a, hints={"strataio_preallocate": bad})
     np.testing.assert_array_equal(ds.read_all(...), a + 1)
-    assert ShardWriteOptions().driver.strataio_preallocate == "disable"

@@ -89,7 +89,7 @@ class ShardWriteOptions:
 
     alignment: int = ALIGNMENT
     groups: int = 1
-    driver: Hints = Hints(strataio_preallocate=DISABLE)
+    driver: Hints = Hints()
 
     @classmethod
     def parse(cls, hints: Mapping[str, Any] | None) -> ShardWriteOptions:
@@ -117,7 +117,7 @@ class ShardWriteOptions:
                 "strataio_preallocate=enable: shards are written to temporary files renamed "
                 "over the old ones, which are never preallocated (strataio.storage.preallocate)"
             )
-        return cls(alignment, groups, dataclasses.replace(driver, strataio_preallocate=DISABLE))
+        return cls(alignment, groups, driver)
 
 
 # --------------------------------------------------------------------------- planning
