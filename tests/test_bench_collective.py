@@ -5,11 +5,11 @@ carry every figure the table shows."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from click.testing import CliRunner, Result
 
@@ -136,17 +136,20 @@ def test_a_difference_on_one_rank_stops_every_rank(tmp_path: Path) -> None:
 
 
 def test_a_short_own_file_is_reported_not_raised(tmp_path: Path) -> None:
-    from strataio.bench.collective import _pread_whole
+    """The file-per-rank read counts the bytes its file lacks (they go into the step's one
+    Allreduce, so every rank stops together) and keeps the bytes it did read."""
+    from mpi4py import MPI
 
+    from strataio.bench.collective import FILE_PER_RANK, _step, make_case
+
+    case = make_case("contig", 0, 1, scale=1 / 1024)  # 8 KiB
     path = tmp_path / "own"
-    path.write_bytes(bytes(range(10)))
-    data = bytearray(16)
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        assert _pread_whole(fd, memoryview(data)) == 6
-    finally:
-        os.close(fd)
-    assert data[:10] == bytes(range(10))
+    short = bytes(range(10))
+    (tmp_path / "own.0").write_bytes(short)
+    out = np.zeros_like(case.buf)
+    with pytest.raises(SystemExit, match=f"{case.nbytes - 10} bytes short"):
+        _step(MPI.COMM_WORLD, FILE_PER_RANK, case, str(path), False, out)
+    assert out[:10].tobytes() == short
 
 
 def test_the_launcher_is_named_by_strataio_mpiexec(monkeypatch: pytest.MonkeyPatch) -> None:

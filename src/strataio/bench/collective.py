@@ -61,7 +61,7 @@ from mpi4py import MPI
 
 import strataio
 from strataio.collective import node
-from strataio.collective.driver import MAX_READ_THREADS
+from strataio.collective.driver import MAX_READ_THREADS, PosixDriver
 
 PATTERNS = [
     "contig", "hpio64", "hpio512", "hpio4096", "tile2d", "block3d", "flash",
@@ -269,18 +269,18 @@ def _step(
         t3 = clock()
         f.close()
     elif contender == FILE_PER_RANK:
-        data = memoryview(spec[0]).cast("B")[: case.nbytes]
+        data = spec[0].view(np.uint8)[: case.nbytes]
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC if write else os.O_RDONLY
         comm.Barrier()
         t0 = clock()
-        fd = os.open(f"{path}.{comm.Get_rank()}", flags, 0o644)
+        raw = PosixDriver.open(f"{path}.{comm.Get_rank()}", flags, 0o644)  # (one thread, as is)
         t1 = t2 = clock()
         if write:
-            _pwrite_whole(fd, data)
+            raw.pwrite(data, 0)
         else:
-            missing = _pread_whole(fd, data)
+            missing = len(data) - raw.pread(data, 0)
         t3 = clock()
-        os.close(fd)
+        raw.close()
     else:
         coll = contender == "ROMIO coll"
         info = MPI.Info.Create()
@@ -308,24 +308,6 @@ def _step(
     if worst[6]:
         raise SystemExit(f"{contender}: a rank's file was {int(worst[6])} bytes short")
     return np.concatenate(([worst[0] + worst[1]], worst[2:6]))
-
-
-def _pwrite_whole(fd: int, data: memoryview) -> None:
-    """Write all of ``data`` at offset 0 of ``fd`` (``pwrite`` may write less than asked)."""
-    done = 0
-    while done < len(data):
-        done += os.pwrite(fd, data[done:], done)
-
-
-def _pread_whole(fd: int, data: memoryview) -> int:
-    """Fill ``data`` from offset 0 of ``fd``; returns the bytes the file lacked (0: all read)."""
-    done = 0
-    while done < len(data):
-        got = os.preadv(fd, [data[done:]], done)
-        if got == 0:
-            return len(data) - done
-        done += got
-    return 0
 
 
 def _same_everywhere(comm: MPI.Comm, same: bool, message: str) -> None:

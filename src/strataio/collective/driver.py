@@ -132,34 +132,28 @@ def _read_pool() -> ThreadPoolExecutor:
         return _split_pool
 
 
-def _outcome(fn: Any) -> BaseException | None:
-    try:
-        fn()
-    except BaseException as exc:
-        return exc
-    return None
-
-
 def run_shared(work: list[Any]) -> None:
     """Run the callables ``work``: the first on this thread, the others on the read threads
     (at most ``MAX_READ_THREADS - 1`` at once); raise the first error once all are done.
     Called from a read thread (work shared again), it runs them all on that thread: the
     others may all be busy with the work that waits for this one."""
-    errors: list[BaseException | None] = []
     if getattr(_read_thread, "busy", False):
-        errors = [_outcome(w) for w in work]
-    else:
-        pool = _read_pool()
-        futures = []
-        try:
-            for w in work[1:]:
-                futures.append(pool.submit(_outcome, w))
-        except BaseException as exc:  # (a refused hand-off: the shares handed off finish first)
-            errors.append(exc)
-        else:
-            errors.append(_outcome(work[0]))
-        errors += [f.result() for f in futures]
-    error = next((e for e in errors if e is not None), None)
+        for w in work:  # (nothing else runs for this call: an error can go at once)
+            w()
+        return
+    pool = _read_pool()
+    futures = []
+    error: BaseException | None = None
+    try:
+        for w in work[1:]:
+            futures.append(pool.submit(w))
+        work[0]()
+    except BaseException as exc:  # (a refused hand-off too: the shares handed off finish first)
+        error = exc
+    for f in futures:
+        exc = f.exception()
+        if error is None and exc is not None:
+            error = exc
     if error is not None:
         raise error
 

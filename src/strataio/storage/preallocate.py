@@ -48,7 +48,7 @@ PREALLOCATE_BYTES = 256 << 10
 
 _KEEP_SIZE = 0x01  # FALLOC_FL_KEEP_SIZE
 #: statfs magic numbers of the file systems where preallocation was measured to pay
-_MEASURED = {0xEF53: "ext4"}  # EXT4_SUPER_MAGIC (ext2 and ext3 share it)
+_MEASURED = frozenset({0xEF53})  # EXT4_SUPER_MAGIC (ext2 and ext3 share it)
 
 
 def _libc_fallocate() -> tuple[object, object] | None:
