@@ -161,6 +161,20 @@ def test_full_file(tmp_path, monkeypatch):
             r"\(a\): capacity: cannot read '10 parsecs'",
         ),
         (
+            "[[tiers]]\nname='a'\nkind='memory'\nrole='memory'\ncapacity='10000PB'\n",
+            r"\(a\): capacity: '10000PB' is larger than the largest size supported \(8 EiB\)",
+        ),
+        (
+            "[[tiers]]\nname='a'\nkind='posix'\nrole='localdisk'\npath='p'\n"
+            "capacity=99999999999999999999\n",
+            r"\(a\): capacity: 99999999999999999999 is larger than the largest size",
+        ),
+        (
+            "[[tiers]]\nname='a'\nkind='memory'\nrole='localdisk'\n",
+            r"\(a\): role: 'localdisk' keeps data across processes; a tier of kind 'memory' can "
+            "only have role 'memory'",
+        ),
+        (
             "[[tiers]]\nname='a'\nkind='memory'\nrole='memory'\ncapacity=true\n",
             r"\(a\): capacity: expected int or str, got bool",
         ),
@@ -258,7 +272,8 @@ def test_parse_size():
     assert parse_size("512") == parse_size(512) == 512
     assert parse_size("4 kb") == 4000
     assert parse_size(None) is None and parse_size("unlimited") is None
-    for bad in ("-1", "1e3", "GiB", "10 GiBs", -5, 2.5):
+    assert parse_size("8PiB") == 8 * 2**50 and parse_size(2**63 - 1) == 2**63 - 1
+    for bad in ("-1", "1e3", "GiB", "10 GiBs", -5, 2.5, 2**63, "9300PB"):
         with pytest.raises(ConfigError):
             parse_size(bad)
 

@@ -314,6 +314,13 @@ def _tier(raw: Mapping[str, Any], where: str, i: int, base: Path) -> TierConfig:
     role = r.get("role", str, need=True)
     if role not in TIER_ROLES:
         raise r.fail("role", f"{role!r} is not one of {', '.join(TIER_ROLES)}")
+    if kind == "memory" and role != "memory":
+        # a persistent role would catalogue copies that die with the process
+        raise r.fail(
+            "role",
+            f"{role!r} keeps data across processes; a tier of kind 'memory' can only "
+            "have role 'memory'",
+        )
     capacity = parse_size(r.get("capacity", (int, str)), where=f"{where}: {r.key('capacity')}")
     shaped = r.get("shaped", str)
     if shaped is not None:

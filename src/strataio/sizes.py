@@ -23,6 +23,8 @@ _UNITS = {
     "pib": 2**50,
 }
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-zA-Z]*)\s*$")
+#: the largest size a catalog stores (a signed 64-bit integer: 8 EiB less one byte)
+MAX_SIZE = 2**63 - 1
 
 
 def parse_size(value: Any, *, where: str = "size") -> int | None:
@@ -35,17 +37,24 @@ def parse_size(value: Any, *, where: str = "size") -> int | None:
         return None
     if isinstance(value, bool):
         raise ConfigError(f"{where}: expected a size in bytes or a string like '10GiB'")
+    n: int | None = None
     if isinstance(value, int):
         if value < 0:
             raise ConfigError(f"{where}: size {value} is negative")
-        return value
-    if isinstance(value, str):
+        n = value
+    elif isinstance(value, str):
         if value.strip().lower() in ("unlimited", "none"):
             return None
         m = _SIZE.match(value)
         unit = _UNITS.get(m.group(2).lower()) if m else None
         if m and unit is not None:
-            return int(float(m.group(1)) * unit)
+            n = int(float(m.group(1)) * unit)
+    if n is not None:
+        if n > MAX_SIZE:
+            raise ConfigError(
+                f"{where}: {value!r} is larger than the largest size supported (8 EiB)"
+            )
+        return n
     raise ConfigError(
         f"{where}: cannot read {value!r} as a size (use bytes or a number with a unit: "
         "B, kB, MB, GB, TB, KiB, MiB, GiB, TiB)"

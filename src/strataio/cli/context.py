@@ -65,7 +65,8 @@ def make_tier_dirs(cfg: Config) -> list[Path]:
 
 
 def open_session(config: str | os.PathLike[str] | None) -> Session:
-    """A Session on the configuration at ``config`` (or the one found as usual); a tier that
+    """A Session on the configuration at ``config`` (or the one found as usual). A POSIX tier
+    whose directory cannot be used is down (see ``tier_from_config``); any other tier that
     cannot be set up is a configuration problem (:class:`ConfigError`, exit 2)."""
     from strataio.session import Session
     from strataio.tiers.tier import TierSet

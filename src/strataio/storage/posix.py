@@ -78,11 +78,14 @@ def _finish_short(fd: int, views: list[memoryview], pos: int, done: int, write: 
 class PosixBackend(Backend):
     """Objects are files under ``root``; keys are relative paths below it."""
 
-    def __init__(self, root: str | os.PathLike[str], *, create: bool = True) -> None:
+    def __init__(self, root: str | os.PathLike[str], *, create: bool | None = True) -> None:
+        """``create``: make ``root`` (and its parents) if missing; False: refuse a ``root``
+        that is not a directory; None: look at nothing (a tier built while its directory is
+        unusable: each operation fails until it is usable again)."""
         self.root = Path(root).absolute()
         if create:
             self.root.mkdir(parents=True, exist_ok=True)
-        elif not self.root.is_dir():
+        elif create is not None and not self.root.is_dir():
             raise NotFoundError(f"backend root {self.root} is not a directory")
         self.url = f"posix:{self.root}"
         self._prefix = str(self.root) + os.sep

@@ -291,10 +291,11 @@ class TierSet:
         return [t.record() for t in self._tiers]
 
     def apply_states(self, records: Iterable[TierRecord]) -> None:
-        """Adopt the health states the catalog holds for known tiers."""
+        """Adopt the health states the catalog holds for known tiers; a tier found unusable
+        here stays down (the catalog then learns it from :meth:`records`)."""
         for r in records:
             t = self._by_name.get(r.name)
-            if t is not None and r.state != t.state:
+            if t is not None and r.state != t.state and t.state != "down":
                 t.state = r.state
                 if r.state == "down" and not t.last_error:
                     t.last_error = "marked down in the catalog"
@@ -319,10 +320,16 @@ def tier_from_config(tc: Any, order: int) -> Tier:
     """Build a :class:`Tier` from one ``TierConfig`` (``kind`` ``posix``/``s3``/``memory``,
     optionally wrapped in a :class:`~strataio.storage.shaped.Shaped` cost model)."""
     kind = getattr(tc, "kind", "posix")
+    unusable = ""
     if kind == "posix":
         from strataio.storage.posix import PosixBackend
 
-        backend: Backend = PosixBackend(tc.path)
+        try:
+            backend: Backend = PosixBackend(tc.path)
+        except OSError as exc:
+            # (a mount point missing, a file in its place): the tier is down, not the hierarchy
+            backend = PosixBackend(tc.path, create=None)
+            unusable = f"cannot use its directory {tc.path}: {exc.strerror or exc}"
     elif kind == "memory":
         from strataio.storage.memory import MemoryBackend
 
@@ -360,4 +367,6 @@ def tier_from_config(tc: Any, order: int) -> Tier:
         capacity=capacity,
         order=order,
         concurrency=conc,
+        state="down" if unusable else "up",
+        last_error=unusable,
     )
