@@ -10,7 +10,7 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 
-$(STAMP): $(BIN)/python pyproject.toml setup.py src/strataio/storage/_filebatch.c
+$(STAMP): $(BIN)/python pyproject.toml setup.py $(wildcard src/strataio/storage/*.c)
 	$(BIN)/python -m pip install -q -e '.[mpich,test]'
 	touch $(STAMP)
 

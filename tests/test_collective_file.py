@@ -529,7 +529,9 @@ def test_staging_buffers_keep_both_copies_off_4k_aliasing(
     """A staged read places its buffer so that neither the kernel's copy into it nor the copy
     out of it writes a few bytes ahead of where it reads within a page (4K aliasing: 3-9
     GB/s against about 20)."""
-    from strataio.collective.fileio import _AHEAD, _PAGE, _stage_at
+    from strataio.collective.fileio import _stage_at
+    from strataio.storage.mapped import ALIAS_BYTES as _AHEAD
+    from strataio.storage.mapped import PAGE as _PAGE
 
     at = _stage_at(raw, file_offset, first_dst)
     stage = raw + at

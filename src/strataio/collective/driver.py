@@ -42,6 +42,7 @@ import numpy as np
 
 from strataio.collective.hints import AUTOMATIC, ENABLE
 from strataio.errors import BackendError, HintError
+from strataio.storage.mapped import MAPPED_READ_BYTES, read_cached
 from strataio.storage.preallocate import PREALLOCATE_BYTES, allocate, file_system_preallocates
 from strataio.storage.shaped import CostModel, Drives, OpCost
 from strataio.storage.vectored import VectoredPlan
@@ -245,6 +246,11 @@ class PosixDriver(Driver):
     def _pread(self, buf: np.ndarray, offset: int) -> int:
         mv = memoryview(buf)
         pos, fd = offset, self.fd
+        if len(mv) >= MAPPED_READ_BYTES:
+            got = read_cached(fd, pos, mv, int(buf.__array_interface__["data"][0]))
+            if got is not None:
+                mv = mv[got:]
+                pos += got
         while len(mv):
             n = os.preadv(fd, [mv], pos)
             if n == 0:

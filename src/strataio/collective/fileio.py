@@ -27,6 +27,7 @@ from strataio.collective.driver import SPLIT_READ_BYTES, Driver, run_shared
 from strataio.errors import BackendError
 from strataio.layout.extents import Extents
 from strataio.layout.pieces import CopyPlan, plan_copy, scratch
+from strataio.storage.mapped import ALIAS_BYTES, PAGE, aliases
 from strataio.storage.vectored import VectoredPlan
 
 # Bytes of page-cache copying that cost as much as one extra pread/pwrite issued from Python.
@@ -287,28 +288,20 @@ def _run_batches(
     :func:`_stage_at`."""
     addr = int(buf.__array_interface__["data"][0])
     for size, spans, copy, lead in batches:
-        raw = scratch(size + _PAGE, "sieve")
+        raw = scratch(size + PAGE, "sieve")
         at = _stage_at(int(raw.__array_interface__["data"][0]), spans.span[0], addr + lead)
         stage = raw[at : at + size]
         driver.readv(spans, stage)
         copy.run(buf, stage)
 
 
-_PAGE = 4096
-#: A copy whose destination lies 1 to this many bytes further into its page than its source
-#: is slow: the processor takes each load for one that depends on a store just made 4 KiB
-#: away (4K aliasing). Measured on the 2-core machine, preadv of 4 MiB from the page cache
-#: into a buffer 1-8 bytes ahead: 3 GB/s, 16-24 bytes: 8-9 GB/s, 32 and more (or behind):
-#: 17-24 GB/s; a numpy copy of 4 KiB pieces 16 bytes ahead: 10 GB/s against 25-36.
-_AHEAD = 64
-
-
 def _stage_at(raw: int, file_offset: int, first_dst: int) -> int:
     """Where a staging buffer starts in scratch memory at address ``raw``: at the page offset
     of the file bytes it receives (the kernel's copy then runs page-aligned on both sides),
-    moved on by ``_AHEAD`` bytes if the copy out to the caller's buffer (the first piece
-    going to address ``first_dst`` less its stage position) would then start slightly ahead."""
-    want = file_offset % _PAGE
-    if 0 < (first_dst - want) % _PAGE < _AHEAD:
-        want += _AHEAD
-    return (want - raw) % _PAGE
+    moved on by ``ALIAS_BYTES`` if the copy out to the caller's buffer (the first piece
+    going to address ``first_dst`` less its stage position) would then alias
+    (:func:`~strataio.storage.mapped.aliases`)."""
+    want = file_offset % PAGE
+    if aliases(first_dst, want):
+        want += ALIAS_BYTES
+    return (want - raw) % PAGE

@@ -24,6 +24,7 @@ import os
 import numpy as np
 
 from strataio.layout.pieces import scratch
+from strataio.storage.mapped import MAPPED_READ_BYTES, read_cached
 
 IOV_MAX = (os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 0) or 1024
 if IOV_MAX < 0:  # "no limit" from sysconf: keep calls bounded anyway
@@ -230,7 +231,11 @@ class VectoredPlan:
         call = os.pwritev if write else os.preadv
         if self._one is not None:
             m, n, pos = self._one
-            done = call(fd, [mv[m : m + n]], pos)
+            done = None
+            if not write and n >= MAPPED_READ_BYTES:
+                done = read_cached(fd, pos, mv[m : m + n], _address(buf) + m)
+            if done is None:
+                done = call(fd, [mv[m : m + n]], pos)
             if done != n:
                 self._finish(fd, buf, 0, done, write)
             return
