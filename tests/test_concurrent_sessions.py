@@ -46,14 +46,19 @@ def session(root) -> strataio.Session:
     return strataio.Session(config=root / "strataio.toml")
 
 
-def test_a_write_back_from_a_stale_residency_keeps_the_copy_another_session_recorded(
-    tmp_path,
-):
-    (tmp_path / "strataio.toml").write_text(CONFIG)
-    with session(tmp_path) as s:
+def dataset_a_on_fast(root) -> None:
+    """The configuration under ``root`` and dataset "a" holding ``A``, its chunks on "fast"."""
+    (root / "strataio.toml").write_text(CONFIG)
+    with session(root) as s:
         ds = s.create_dataset("a", A.shape, "f4", (10, 10), hint="LOCALDISK")
         ds[...] = A
         ds.close()
+
+
+def test_a_write_back_from_a_stale_residency_keeps_the_copy_another_session_recorded(
+    tmp_path,
+):
+    dataset_a_on_fast(tmp_path)
     reader, evictor = session(tmp_path), session(tmp_path)
     stale = reader.open_dataset("a")  # its residency: every chunk on "fast" only
     moved = evictor.open_dataset("a")
@@ -74,11 +79,7 @@ def test_a_write_back_from_a_stale_residency_keeps_the_copy_another_session_reco
 
 
 def test_a_read_from_a_stale_residency_finds_the_copy_another_session_moved(tmp_path):
-    (tmp_path / "strataio.toml").write_text(CONFIG)
-    with session(tmp_path) as s:
-        ds = s.create_dataset("a", A.shape, "f4", (10, 10), hint="LOCALDISK")
-        ds[...] = A
-        ds.close()
+    dataset_a_on_fast(tmp_path)
     with session(tmp_path) as reader:
         stale = reader.open_dataset("a")  # its residency: every chunk on "fast" only
         with session(tmp_path) as evictor:
@@ -96,11 +97,7 @@ def test_a_read_from_a_stale_residency_finds_the_copy_another_session_moved(tmp_
 
 
 def test_a_chunk_lost_for_good_still_reads_as_lost(tmp_path):
-    (tmp_path / "strataio.toml").write_text(CONFIG)
-    with session(tmp_path) as s:
-        ds = s.create_dataset("a", A.shape, "f4", (10, 10), hint="LOCALDISK")
-        ds[...] = A
-        ds.close()
+    dataset_a_on_fast(tmp_path)
     (tmp_path / "fast" / "a" / "c" / "1" / "0").unlink()
     with session(tmp_path) as s:
         ds = s.open_dataset("a")
@@ -150,4 +147,52 @@ def test_an_eviction_round_leaves_a_dataset_opened_after_its_listing(tmp_path):
     with session(tmp_path) as s:
         np.testing.assert_array_equal(s.open_dataset("x")[...], want)
         np.testing.assert_array_equal(s.open_dataset("y")[...], A + 1)
+        assert fsck(s.catalog, s.tiers).clean
+
+
+def test_a_write_from_a_stale_residency_supersedes_the_copy_another_session_made(tmp_path):
+    """Session A has the dataset open; session B migrates it to the archive (its fast copies
+    deleted); A rewrites a chunk. A's write is the chunk's content from then on: the archive
+    copy B recorded, old now, is no copy of it any more, so no eviction brings it back."""
+    dataset_a_on_fast(tmp_path)
+    writer, mover = session(tmp_path), session(tmp_path)
+    stale = writer.open_dataset("a", "r+")  # its residency: every chunk on "fast" only
+    moved = mover.open_dataset("a", "r+")
+    moved.migrate(None, to="archive").wait()
+    moved.close()
+    mover.close()
+    stale[0:10, 0:10] = -1.0  # chunk c/0/0, written to "fast" again
+    stale.close()
+    rows = [c for c in writer.catalog.residency("a") if c.key == "c/0/0"]
+    assert [c.tier for c in rows] == ["fast"], rows
+    assert not (tmp_path / "archive" / "a" / "c" / "0" / "0").exists()  # its object too
+    writer.close()
+    want = A.copy()
+    want[0:10, 0:10] = -1.0
+    with session(tmp_path) as s:
+        ds = s.open_dataset("a", "r+")
+        ds.evict(tier="fast").wait()  # written back first: the new content, not the old
+        np.testing.assert_array_equal(ds[...], want)
+        ds.close()
+        assert fsck(s.catalog, s.tiers).clean
+
+
+@pytest.mark.parametrize("last", ["first writer", "second writer"])
+def test_two_sessions_writing_one_chunk_leave_one_of_their_values(tmp_path, last):
+    """A and B write the same chunk, neither knowing of the other; the one whose object was
+    replaced must not record its checksum over the other's bytes, whichever closes last:
+    the chunk reads back as the value whose object stands, and fsck finds nothing."""
+    dataset_a_on_fast(tmp_path)
+    one, two = session(tmp_path), session(tmp_path)
+    a = one.open_dataset("a", "r+")
+    b = two.open_dataset("a", "r+")
+    a[0:10, 0:10] = 1.0  # put, not yet recorded
+    b[0:10, 0:10] = 2.0  # replaces a's object
+    for ds in (b, a) if last == "first writer" else (a, b):
+        ds.close()
+    one.close()
+    two.close()
+    with session(tmp_path) as s:
+        got = s.open_dataset("a")[0:10, 0:10]
+        np.testing.assert_array_equal(got, np.full((10, 10), 2.0, "f4"))
         assert fsck(s.catalog, s.tiers).clean

@@ -45,9 +45,9 @@ class CountingCatalog(SQLiteCatalog):
 
     commits = 0
 
-    def commit(self, upserts=(), deletes=(), *, durable=True):
+    def commit(self, upserts=(), deletes=(), **kw):
         self.commits += 1
-        super().commit(upserts, deletes, durable=durable)
+        return super().commit(upserts, deletes, **kw)
 
 
 def setup(tmp_path, archive, *, concurrency=2, catalog=None):

@@ -172,10 +172,10 @@ def test_writes_into_a_full_tier_evict_to_low_water_in_few_commits(tmp_path):
     commits: list[int] = []
     commit = cat.commit
 
-    def counting_commit(upserts=(), deletes=()):
+    def counting_commit(upserts=(), deletes=(), **kw):
         upserts, deletes = list(upserts), list(deletes)
         commits.append(len(upserts) + len(deletes))
-        commit(upserts, deletes)
+        return commit(upserts, deletes, **kw)
 
     cat.commit = counting_commit
     with strataio.Session(tiers=make_tiers(tmp_path, fast_cap=cap), catalog=cat) as s:

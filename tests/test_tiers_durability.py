@@ -66,7 +66,7 @@ def recording_session(root, ledger: Ledger, *, fast_cap=None):
     cat = open_catalog(root / "cat.db")
     commit = cat.commit
 
-    def checked_commit(upserts=(), deletes=(), *, durable=True):
+    def checked_commit(upserts=(), deletes=(), **kw):
         with ledger.lock:
             ledger.commits += 1
             for c in upserts:
@@ -74,7 +74,7 @@ def recording_session(root, ledger: Ledger, *, fast_cap=None):
                     f"{c.dataset}/{c.key}" in ledger.unsynced.get(c.tier, ())
                 ):
                     ledger.violations.append(f"{c.tier}:{c.dataset}/{c.key}")
-        commit(upserts, deletes, durable=durable)
+        return commit(upserts, deletes, **kw)
 
     cat.commit = checked_commit
     return strataio.Session(tiers=tiers, catalog=cat), cat

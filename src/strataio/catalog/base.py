@@ -15,7 +15,7 @@ from __future__ import annotations
 import abc
 import json
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -237,11 +237,22 @@ class Catalog(abc.ABC):
         deletes: Iterable[CopyId] = (),
         *,
         durable: bool = True,
-    ) -> None:
+        supersede: Sequence[CopyId] = (),
+        stale: Callable[[Sequence[CopyId]], set[CopyId]] | None = None,
+    ) -> list[CopyId]:
         """Apply residency changes atomically, in ONE transaction: insert or replace each
         copy in ``upserts`` (keyed by dataset, key, tier), then remove each
         ``(dataset, key, tier)`` in ``deletes`` (missing rows are fine). Copies naming an
         unknown dataset or tier raise :class:`MetadataError` and nothing is applied.
+
+        ``supersede`` names copies among ``upserts`` that hold new content of their chunk (a
+        write): every other copy of the same chunk is removed too, also those the caller
+        never knew of (another process may have copied or moved the chunk since the caller
+        loaded its rows). ``stale``, called inside the transaction (no other commit runs
+        meanwhile) with ``supersede``, names those whose object another process has replaced
+        since: they are left out, row and all, as that process's commit records the object.
+        Returns the copies removed by superseding that ``deletes`` did not name: their
+        objects are the caller's to delete.
 
         ``durable=False`` returns before the transaction reaches the disk: it is visible to
         every process at once and survives this process's death, but an OS crash or power

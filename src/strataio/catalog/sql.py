@@ -19,7 +19,7 @@ import socket
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from strataio.catalog.base import (
@@ -422,38 +422,64 @@ class SQLCatalog(Catalog):
         deletes: Iterable[CopyId] = (),
         *,
         durable: bool = True,
-    ) -> None:
+        supersede: Sequence[CopyId] = (),
+        stale: Callable[[Sequence[CopyId]], set[CopyId]] | None = None,
+    ) -> list[CopyId]:
         # Last write wins within a batch, as executemany would do; deduplicating first also
         # keeps PostgreSQL's set-based upsert from touching one row twice.
         latest = {(c.dataset, c.key, c.tier): c for c in upserts}
-        rows = [
-            (
-                c.dataset,
-                c.key,
-                c.tier,
-                int(c.nbytes),
-                c.checksum,
-                c.state,
-                float(c.last_access),
-                c.old_checksum,
-                c.writer,
-            )
-            for c in latest.values()
-        ]
-        ids = list(dict.fromkeys(tuple(d) for d in deletes))
-        bad = {r[5] for r in rows} - set(COPY_STATES)
+        bad = {c.state for c in latest.values()} - set(COPY_STATES)
         if bad:
             raise MetadataError(
                 f"chunk copy state(s) {sorted(bad)} not one of {', '.join(COPY_STATES)}"
             )
-        if not rows and not ids:
-            return
+        ids = list(dict.fromkeys(tuple(d) for d in deletes))
+        if not latest and not ids:
+            return []
+        removed: list[CopyId] = []
         try:
             with self._write(durable) as cur:
+                new = [tuple(c) for c in supersede if tuple(c) in latest]
+                if new and stale is not None:
+                    gone = stale(new)
+                    for c in gone:
+                        latest.pop(c, None)
+                    new = [c for c in new if c not in gone]
+                if new:
+                    removed = self._others(cur, new, set(ids))
+                rows = [
+                    (
+                        c.dataset, c.key, c.tier, int(c.nbytes), c.checksum, c.state,
+                        float(c.last_access), c.old_checksum, c.writer,
+                    )
+                    for c in latest.values()
+                ]  # fmt: skip
                 self._bulk_upsert(cur, rows)
-                self._bulk_delete(cur, ids)
+                self._bulk_delete(cur, ids + removed)
         except MetadataError:
             raise MetadataError(self._explain_unknown(latest.values())) from None
+        return removed
+
+    def _others(self, cur: Cursor, new: Sequence[CopyId], named: set[CopyId]) -> list[CopyId]:
+        """The rows of the chunks of ``new`` on other tiers than theirs, less ``named``
+        (one query per few hundred chunks)."""
+        holds = {(d, k): t for d, k, t in new}
+        found: list[CopyId] = []
+        by_dataset: dict[str, list[str]] = {}
+        for d, k in holds:
+            by_dataset.setdefault(d, []).append(k)
+        for d, keys in by_dataset.items():
+            for i in range(0, len(keys), 500):
+                part = keys[i : i + 500]
+                marks = ", ".join("?" * len(part))
+                cur.execute(
+                    self._sql(
+                        f"SELECT dataset, key, tier FROM residency WHERE dataset = ? AND key IN ({marks})"
+                    ),
+                    (d, *part),
+                )
+                found.extend(tuple(r) for r in cur.fetchall())
+        return [r for r in found if holds[r[0], r[1]] != r[2] and r not in named]
 
     def _explain_unknown(self, copies: Iterable[ChunkCopy]) -> str:
         datasets = {c.dataset for c in copies}

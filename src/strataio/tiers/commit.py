@@ -152,20 +152,24 @@ class Commit:
             except BaseException as exc:
                 err = exc
         gathered = self.comm.gather(
-            (batch.upserts, batch.deletes, batch.touches, err is not None), root=0
+            (batch.upserts, batch.deletes, batch.touches, batch.written, err is not None), root=0
         )
+        superseded: list[tuple[str, str]] = []
         if self.catalog is not None and err is None:
             try:
                 if any(failed for *_, failed in gathered):
                     raise BackendError(f"dataset {res.name!r}: a rank could not sync its chunks")
                 touches: dict[str, float] = {}
-                for _, _, t, _ in gathered:
+                written: dict[tuple[str, str], Any] = {}
+                for _, _, t, w, _ in gathered:
                     touches.update(t)
-                self._record(
+                    written.update(w)
+                superseded, _ = self._record(
                     res.name,
-                    [c for u, _, _, _ in gathered for c in u],
-                    [d for _, ds, _, _ in gathered for d in ds],
+                    [c for u, *_ in gathered for c in u],
+                    [d for _, ds, *_ in gathered for d in ds],
                     touches,
+                    written,
                 )
             except BaseException as exc:
                 err = exc
@@ -179,6 +183,8 @@ class Commit:
             raise BackendError(f"dataset {res.name!r}: closing failed on rank 0: {failed}")
         if self.catalog is None:
             self._delete(res, batch.obsolete)
+        elif superseded:
+            self._delete(res, superseded)  # (rank 0's own obsolete objects went above)
 
     def share(self, res: Residency) -> list[str]:
         """Collective, in a parallel job: every rank makes its writes durable and hands its
@@ -212,7 +218,13 @@ class Commit:
         if err is not None:
             raise err
         gathered = comm.gather(
-            Batch(upserts=batch.upserts, deletes=batch.deletes, touches=batch.touches), root=0
+            Batch(
+                upserts=batch.upserts,
+                deletes=batch.deletes,
+                touches=batch.touches,
+                written=batch.written,
+            ),
+            root=0,
         )
         changed: list[str] = []
         if self.catalog is not None:
@@ -261,11 +273,20 @@ class Commit:
             return
         try:
             self._sync(res.name, batch)
-            self._record(res.name, batch.upserts, batch.deletes, batch.touches)
+            superseded, replaced = self._record(
+                res.name, batch.upserts, batch.deletes, batch.touches, batch.written
+            )
         except BaseException:
             res.restore(batch)
             raise
-        self._delete(res, batch.obsolete)
+        self._delete(res, batch.obsolete + superseded)
+        if replaced:
+            # another process's write stands there: this residency learns its rows
+            rows: dict[str, list[ChunkCopy]] = {}
+            for c in self.catalog.residency(res.name):
+                rows.setdefault(c.key, []).append(c)
+            for key in replaced:
+                res.refresh(key, rows.get(key, []))
 
     def _record(
         self,
@@ -273,15 +294,56 @@ class Commit:
         upserts: list[ChunkCopy],
         deletes: list[CopyId],
         touches: dict[str, float],
-    ) -> None:
+        written: dict[tuple[str, str], Any],
+    ) -> tuple[list[tuple[str, str]], list[str]]:
         """Record rows in one transaction; access times of chunks only read are recorded
         as access times (one statement batch, at the latest time among them: LRU order is
-        kept between commits)."""
+        kept between commits). The rows of ``written`` supersede every other copy of their
+        chunk, unless another process replaced their object since (by its version). Returns
+        the ``(tier, key)`` objects of the copies superseded that this process did not know
+        of, and the keys of the chunks whose write another process's replaced."""
         assert self.catalog is not None
         if touches:
             self.catalog.touch(dataset, sorted(touches), max(touches.values()))
-        if upserts or deletes:
-            self.catalog.commit(self._stamped(upserts), deletes)
+        if not (upserts or deletes):
+            return [], []
+        replaced: set[CopyId] = set()
+
+        def stale(ids: Sequence[CopyId]) -> set[CopyId]:
+            replaced.update(self._replaced(dataset, ids, written))
+            return replaced
+
+        removed = self.catalog.commit(
+            self._stamped(upserts),
+            deletes,
+            supersede=[(dataset, k, t) for k, t in written],
+            stale=stale,
+        )
+        return [(t, k) for _, k, t in removed], sorted({k for _, k, _ in replaced})
+
+    def _replaced(
+        self, dataset: str, ids: Sequence[CopyId], written: dict[tuple[str, str], Any]
+    ) -> set[CopyId]:
+        """Of the copies ``ids`` this process wrote, those whose object is no longer at the
+        version its put left (another process's put replaced it). A tier that cannot say
+        (no versions, down, failing) takes its objects as they were put."""
+        by_tier: dict[str, list[CopyId]] = {}
+        for c in ids:
+            if written.get((c[1], c[2])) is not None:
+                by_tier.setdefault(c[2], []).append(c)
+        out: set[CopyId] = set()
+        for name, mine in by_tier.items():
+            tier = self.tiers[name]
+            if not tier.up:
+                continue
+            try:
+                now = tier.backend.versions([object_key(dataset, k) for _, k, _ in mine])
+            except Exception:
+                continue
+            if now is None:
+                continue
+            out.update(c for c, v in zip(mine, now) if v != written[c[1], c[2]])
+        return out
 
     def _stamped(self, rows: Sequence[ChunkCopy]) -> list[ChunkCopy]:
         """``rows`` with this session's writer on every announced rewrite."""

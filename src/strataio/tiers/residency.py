@@ -34,6 +34,7 @@ import time
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from strataio.arrays.store import META_KEY
 from strataio.catalog.base import ChunkCopy, CopyId
@@ -52,13 +53,17 @@ class Batch:
     ``obsolete`` ``(tier, key)`` objects the transaction stopped naming (to delete last).
     ``touches`` maps chunk keys read to their access time (POSIX seconds): recorded as access
     times only, never as whole rows, so a reader never writes back rows another process has
-    changed since it opened the dataset."""
+    changed since it opened the dataset. ``written`` maps the ``(key, tier)`` of each upsert
+    that records new content (a write, not a move) to the version of the object put (None
+    where the backend has none): the commit checks that no other process replaced the
+    object since, and removes every other copy of the chunk (see :meth:`Catalog.commit`)."""
 
     unsynced: dict[str, set[str]] = field(default_factory=dict)
     upserts: list[ChunkCopy] = field(default_factory=list)
     deletes: list[CopyId] = field(default_factory=list)
     obsolete: list[tuple[str, str]] = field(default_factory=list)
     touches: dict[str, float] = field(default_factory=dict)
+    written: dict[tuple[str, str], Any] = field(default_factory=dict)
 
     @property
     def empty(self) -> bool:
@@ -84,6 +89,7 @@ class Residency:
         self._upserts: dict[tuple[str, str], ChunkCopy] = {}
         self._deletes: set[tuple[str, str]] = set()
         self._unsynced: dict[str, set[str]] = {}  # tier -> chunk keys put, not yet synced
+        self._written: dict[tuple[str, str], Any] = {}  # (key, tier) -> version put (Batch)
         self._obsolete: set[tuple[str, str]] = set()  # (tier, key) to delete after commit
         self._deleting: set[tuple[str, str]] = set()  # (tier, key) being deleted now
         self._committing: set[tuple[str, str]] = set()  # (key, tier) rows a batch deletes
@@ -293,6 +299,7 @@ class Residency:
             slot = (copy.key, copy.tier)
             if not self._tier(copy.tier).volatile:
                 self._upserts[slot] = copy
+                self._written.pop(slot, None)  # (record_write marks its own)
                 self._deletes.discard(slot)
                 if unsynced:
                     self._unsynced.setdefault(copy.tier, set()).add(copy.key)
@@ -302,12 +309,16 @@ class Residency:
                 copy.nbytes - (old.nbytes if old else 0), release=reserved
             )
 
-    def record_write(self, copy: ChunkCopy, *, reserved: int = 0) -> None:
-        """Record new content of a chunk just put (not yet synced) as ``copy``: the chunk's
-        version moves on and its copies on other tiers, stale now, are forgotten."""
+    def record_write(self, copy: ChunkCopy, *, reserved: int = 0, version: Any = None) -> None:
+        """Record new content of a chunk just put (not yet synced) as ``copy``, its object
+        now at ``version`` (:meth:`Backend.versions`): the chunk's version moves on and its
+        copies on other tiers, stale now, are forgotten (in the catalog too, at the commit,
+        those another process made meanwhile included)."""
         with self.lock:
             self._versions[copy.key] += 1
             self.add(copy, reserved=reserved, unsynced=True)
+            if not self._tier(copy.tier).volatile:
+                self._written[copy.key, copy.tier] = version
             for c in list(self._copies.get(copy.key, {}).values()):
                 if c.tier != copy.tier:
                     self.remove(copy.key, c.tier)
@@ -350,6 +361,7 @@ class Residency:
                 self._copies.pop(key, None)
             if not self._tier(tier).volatile:
                 self._upserts.pop((key, tier), None)
+                self._written.pop((key, tier), None)
                 self._deletes.add((key, tier))
                 if tier in self._unsynced:
                     self._unsynced[tier].discard(key)
@@ -441,7 +453,10 @@ class Residency:
                 [(self.name, k, t) for k, t in sorted(self._deletes)],
                 sorted(self._obsolete),
                 dict(self._touched),
+                {slot: v for slot, v in self._written.items() if slot in ups},
             )
+            for slot in batch.written:
+                del self._written[slot]
             self._upserts.clear()
             self._upserts.update(held)
             self._deletes.clear()
@@ -460,8 +475,10 @@ class Residency:
                 self._unsynced.setdefault(t, set()).update(ks)
             for c in batch.upserts:
                 slot = (c.key, c.tier)
-                if slot not in self._deletes:
-                    self._upserts.setdefault(slot, c)
+                if slot not in self._deletes and slot not in self._upserts:
+                    self._upserts[slot] = c
+                    if slot in batch.written:
+                        self._written[slot] = batch.written[slot]
             for _, k, t in batch.deletes:
                 if (k, t) not in self._upserts:
                     self._deletes.add((k, t))
@@ -499,6 +516,8 @@ class Residency:
                     self._versions[c.key] += 1  # a move of the old content records nothing
                     changed.add(c.key)
                 self.add(c)
+                if (c.key, c.tier) in batch.written:
+                    self._written[c.key, c.tier] = batch.written[c.key, c.tier]
             for k, when in batch.touches.items():
                 self.touch([k], when)
             return sorted(changed)

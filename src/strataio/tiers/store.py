@@ -647,17 +647,23 @@ class TieredChunkStore(ChunkStore):
                     self.res.add(old)
                 raise
 
+            versioned = self._keeps_versions(tier)
+
             def one(k: str, v: memoryview, digest: str) -> None:
+                okey = object_key(self.name, k)
                 try:
-                    tier.call(tier.backend.put, object_key(self.name, k), v)
+                    tier.call(tier.backend.put, okey, v)
                 except BaseException:
                     old = olds.get(k)
                     if old is not None and self.res.is_current(intents[k]):
                         self.res.add(old)  # the next commit restores the announced row
                     raise
-                # recorded unsynced: whatever commit records it syncs it first
+                # recorded unsynced: whatever commit records it syncs it first, and checks
+                # that no other process replaced the object meanwhile (by its version)
                 copy = ChunkCopy(self.name, k, tier.name, len(v), digest, state, now)
-                self.res.record_write(copy, reserved=len(v))
+                self.res.record_write(
+                    copy, reserved=len(v), version=_version(tier, okey, versioned)
+                )
 
             work = [(k, v, d) for (k, v), d in zip(items, sums)]
 
@@ -801,6 +807,17 @@ class TieredChunkStore(ChunkStore):
 
     def __repr__(self) -> str:
         return f"TieredChunkStore({self.name!r}, hint={self.hint}, tiers={self.tiers.names})"
+
+
+def _version(tier: Tier, okey: str, versioned: bool) -> Any:
+    """The version of object ``okey`` on ``tier`` (None where the tier keeps none, or its
+    backend cannot say: the commit then takes the object as this process's)."""
+    if not versioned:
+        return None
+    try:
+        return tier.backend.versions([okey])[0]
+    except Exception:  # (a failing tier fails the commit's sync, not this)
+        return None
 
 
 def _outcome(fn: Any, *args: Any) -> BaseException | None:
