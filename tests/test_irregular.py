@@ -23,11 +23,11 @@ def test_index_schedules_match_a_numpy_oracle_under_mpiexec(tmp_path, nprocs):
     out = json.loads(run_mpi(nprocs, "irregular_oracle.py", tmp_path, timeout=240).splitlines()[-1])
     assert out["failures"] == []
     for key, value in out.items():
-        if key.startswith(("out_of_range", "wrong_count", "duplicate", "io_failure")):
+        if key.startswith(("out_of_range", "wrong_count", "duplicate", "io_failure", "mismatch")):
             assert value == "raised", (key, value)
     assert "io_failure_read" in out and "io_failure_write" in out
     if nprocs > 1:
-        assert "duplicate_32" in out
+        assert "duplicate_32" in out and "mismatched_itemsize_32" in out
     for trial in range(3):  # caching reads fewer items than reading every loop in full
         assert out[f"cache_items_read_{trial}"] < out[f"plain_items_read_{trial}"]
 

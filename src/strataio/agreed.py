@@ -9,7 +9,9 @@ an exception of the same :class:`StrataError` class naming the failing rank.
 from __future__ import annotations
 
 import array
+from collections.abc import Sequence
 
+import numpy as np
 from mpi4py import MPI
 
 from strataio.errors import StrataError
@@ -41,3 +43,16 @@ def raise_agreed(comm: MPI.Comm, exc: BaseException | None) -> None:
     if not (isinstance(cls, type) and issubclass(cls, StrataError)):
         cls = StrataError
     raise cls(f"{msg} (raised on rank {rank})")
+
+
+def differs(comm: MPI.Comm | None, values: Sequence[int]) -> bool:
+    """Whether any of the integers ``values`` (the same count on every rank) differs between
+    the ranks of ``comm``; the same answer on every rank (one ``Allreduce`` of the values and
+    their negations)."""
+    if comm is None or comm.Get_size() == 1:
+        return False
+    mine = np.asarray(values, dtype=np.int64)
+    both = np.concatenate([mine, -mine])
+    top = np.empty_like(both)
+    comm.Allreduce(both, top, op=MPI.MAX)
+    return bool(np.any(top[: mine.size] != -top[mine.size :]))

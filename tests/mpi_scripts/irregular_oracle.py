@@ -14,12 +14,13 @@ from __future__ import annotations
 import json
 import os
 import sys
+from functools import partial
 
 import numpy as np
 from mpi4py import MPI
 
 import strataio
-from strataio.errors import DuplicateWriteError, SelectionError, ShapeMismatchError
+from strataio.errors import DuplicateWriteError, SelectionError, ShapeMismatchError, StrataError
 
 
 def file_items(path: str, nitems: int, itemsize: int) -> np.ndarray:
@@ -121,6 +122,23 @@ def main(workdir: str) -> None:
         out[f"out_of_range_{itemsize}"] = expect_error(
             SelectionError, strataio.IndexSchedule, comm, bad, nitems, itemsize
         )
+        if nprocs > 1:  # a schedule's shape must be the same on every rank
+            last = rank == nprocs - 1
+            for what, args in (
+                ("itemsize", (nitems, itemsize * 2 if last else itemsize)),
+                ("nitems", (nitems + last, itemsize)),
+            ):
+                out[f"mismatched_{what}_{itemsize}"] = expect_error(
+                    StrataError, strataio.IndexSchedule, comm, wr, *args
+                )
+            out[f"mismatched_aggregators_{itemsize}"] = expect_error(
+                StrataError,
+                partial(strataio.IndexSchedule, aggregators=[0] if last else [0, 1]),
+                comm,
+                wr,
+                nitems,
+                itemsize,
+            )
         short = np.zeros((max(wr.size - (rank == 0), 0), itemsize), np.uint8)
         out[f"wrong_count_{itemsize}"] = expect_error(
             ShapeMismatchError, f.write_items, sched, short

@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from mpi4py import MPI
 
-from strataio.agreed import agree
+from strataio.agreed import agree, differs
 from strataio.arrays.collective import (
     ChunkPairs,
     OwnedChunks,
@@ -308,13 +308,7 @@ def write_shards(
 def _same_options(comm: MPI.Comm, options: ShardWriteOptions) -> None:
     """Raise :class:`HintError` on every rank unless every rank passed the same alignment and
     groups: ranks splitting the communicator differently would wait for each other forever."""
-    if comm.Get_size() == 1:
-        return
-    mine = np.asarray([options.alignment, options.groups], dtype=_I64)
-    both = np.concatenate([mine, -mine])
-    top = np.empty_like(both)
-    comm.Allreduce(both, top, op=MPI.MAX)
-    if np.any(top[:2] != -top[2:]):
+    if differs(comm, [options.alignment, options.groups]):
         raise HintError(
             "strataio_shard_alignment and strataio_pipeline_groups differ between ranks "
             f"(this rank: {options.alignment}, {options.groups}); pass the same on every rank"

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from strataio.agreed import agree, raise_agreed
+from strataio.agreed import agree, differs, raise_agreed
 from strataio.collective.driver import Driver
 from strataio.collective.fileio import (
     AUTO_THRESHOLD,
@@ -222,8 +222,10 @@ class IndexSchedule:
     allowed, possibly none) of a global array of ``nitems`` items of ``itemsize`` bytes.
     ``buffer_size``: bytes of items an aggregator handles per iteration (default 16 MiB,
     ROMIO's ``cb_buffer_size``). ``aggregators``: the ranks that access the file (default:
-    every rank). Raises :class:`~strataio.errors.SelectionError` (an index out of range) or
-    :class:`~strataio.errors.StrataError` on every rank when any rank's arguments are bad.
+    every rank). ``nitems``, ``itemsize``, ``buffer_size`` and ``aggregators`` must be the
+    same on every rank. Raises :class:`~strataio.errors.SelectionError` (an index out of
+    range) or :class:`~strataio.errors.StrataError` on every rank when any rank's arguments
+    are bad or differ from another's.
     ``validate=False`` skips that agreement (one collective) for indices known to be valid,
     such as subsets of another schedule's; a bad one then raises on its rank alone, and the
     others are left waiting, so it is for callers that derive the indices themselves.
@@ -277,6 +279,15 @@ class IndexSchedule:
             err = exc
         if validate:
             agree(comm, err)
+            # ranks whose items or domains differ would exchange records of other sizes
+            # (truncated messages, wrong bytes) and leave the next collective call waiting
+            shape = [nitems, itemsize, buffer_size, aggs.size, int(aggs.sum()), int(aggs @ aggs)]
+            if differs(comm, shape):
+                raise StrataError(
+                    f"index schedule: nitems, itemsize, buffer_size and aggregators must be "
+                    f"the same on every rank (this rank: {nitems}, {itemsize}, {buffer_size}, "
+                    f"{aggs.tolist() if aggs.size <= 8 else f'{aggs.size} ranks'})"
+                )
         elif err is not None:  # (a caller's broken promise: only this rank knows)
             raise err
         self.nitems, self.itemsize, self.buffer_size = nitems, itemsize, buffer_size
