@@ -542,6 +542,39 @@ def test_staging_buffers_keep_both_copies_off_4k_aliasing(
         assert (stage - file_offset) % _PAGE == 0  # page-aligned on both sides when it can
 
 
+def test_a_file_cut_by_another_handle_reads_short_after_sync(tmp_path: Path) -> None:
+    """MPI's sync makes another handle's (or process's) change of the file visible: a read
+    past the new end returns the bytes before it and moves the pointer by them only."""
+    path = tmp_path / "f.bin"
+    with strataio.File.open(MPI.COMM_SELF, path, "w") as f:
+        f.write_at(0, np.full(2000, 7, np.uint8))
+        f.read_at(0, np.zeros(1500, np.uint8))  # (the size it knows: 2000)
+        with strataio.File.open(MPI.COMM_SELF, path, "r+") as g:
+            g.set_size(100)
+        f.sync()
+        buf = np.full(500, 0xEE, np.uint8)
+        assert f.read_at(0, buf) == 100
+        assert (buf[:100] == 7).all()
+        f.seek(0)
+        assert f.read(buf) == 100 and f.get_position() == 100
+
+
+def test_fortran_ordered_arrays_are_buffers_in_memory_order(tmp_path: Path) -> None:
+    """As mpi4py takes them: the bytes of a Fortran-ordered array in memory order, to write
+    and to read into; a non-contiguous array is refused with a clear error."""
+    path = tmp_path / "f.bin"
+    a = np.asfortranarray(np.arange(12, dtype="f8").reshape(3, 4))
+    with strataio.File.open(MPI.COMM_SELF, path, "w") as f:
+        f.write_at(0, a)
+    assert path.read_bytes() == a.T.tobytes()  # (memory order)
+    back = np.asfortranarray(np.zeros((3, 4)))
+    with strataio.File.open(MPI.COMM_SELF, path, "r") as f:
+        f.read_at(0, back)
+        np.testing.assert_array_equal(back, a)
+        with pytest.raises(StrataError, match="not contiguous"):
+            f.read_at(0, np.zeros((3, 8))[:, ::2])
+
+
 def test_files_reuse_the_private_communicator_of_closed_files(tmp_path: Path) -> None:
     path = tmp_path / "f.bin"
     user = MPI.COMM_SELF.Dup()

@@ -108,13 +108,20 @@ def _os_error(exc: OSError, path: str) -> StrataError:
     return BackendError(f"{path}: {exc.strerror or exc}")
 
 
+#: the largest file offset, MPI_Offset's (a signed 64-bit integer)
+_MAX_OFFSET = 2**63 - 1
+
+
 def _integral(value: Any, what: str, error: type[StrataError] = ViewError) -> int:
-    """``value`` as an int (Python or numpy integer); a float or string is a caller's mistake
-    that truncating would hide (raised as ``error``)."""
+    """``value`` as an int (Python or numpy integer) that fits an MPI_Offset; a float or
+    string is a caller's mistake that truncating would hide (raised as ``error``)."""
     try:
-        return operator.index(value)
+        n = operator.index(value)
     except TypeError:
         raise error(f"{what} must be an integer, not {value!r}") from None
+    if not -_MAX_OFFSET - 1 <= n <= _MAX_OFFSET:
+        raise error(f"{what} {n} does not fit an MPI_Offset (a signed 64-bit integer)")
+    return n
 
 
 def _same_layout(a: Extents | None, b: Extents | None) -> bool:
@@ -746,7 +753,9 @@ class File:
         self._cached_end = min(self._cached_end, size)
 
     def sync(self) -> None:
-        """Flush written data to storage on every rank (collective)."""
+        """Flush written data to storage on every rank (collective). Afterwards reads see the
+        file's size as it is now: another handle or process may have cut it (MPI's
+        sync-barrier-sync makes such changes visible)."""
         self._check_open()
         err = self._write_back()
         try:
@@ -754,6 +763,11 @@ class File:
                 self._driver.sync()
         except OSError as exc:
             err = _os_error(exc, self._path)
+        if err is None:
+            try:
+                self._size_floor = self._size()
+            except StrataError as exc:
+                err = exc
         _agree(self._comm, err)
 
     # ------------------------------------------------------------------ transfers
@@ -841,6 +855,12 @@ class File:
         if pos < 0:
             raise ViewError(f"negative file offset {pos}")
         start = pos * self._esize
+        ft = self._ft  # (whole filetypes up to the access's end, and one more: past its end)
+        if self._disp + ((start + spec.nbytes) // max(ft.size, 1) + 1) * ft.extent > _MAX_OFFSET:
+            raise ViewError(
+                f"an access of {spec.nbytes} bytes at offset {pos} of this view reaches past "
+                f"the largest file offset (2**63 - 1 bytes)"
+            )
         plan, blocks = _access_plans.get(
             (self._ft, None if spec.contiguous else spec.mem),
             (self._disp, start, spec.nbytes, spec.start if spec.contiguous else -1),

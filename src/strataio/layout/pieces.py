@@ -34,6 +34,10 @@ def as_bytes(buf: object, writable: bool = False) -> np.ndarray:
             if writable and not flags.writeable:
                 raise ValueError("buffer is read-only")
             return buf if dtype is _U8 and buf.ndim == 1 else buf.reshape(-1).view(_U8)
+        if flags.f_contiguous:  # (Fortran order: its bytes in memory order, as MPI takes them)
+            if writable and not flags.writeable:
+                raise ValueError("buffer is read-only")
+            return buf.T.reshape(-1).view(_U8)
     elif isinstance(buf, np.ndarray) and buf.dtype.hasobject:
         raise ValueError("an array of Python objects holds references, not data")
     mv = memoryview(buf)  # type: ignore[arg-type]
@@ -41,6 +45,8 @@ def as_bytes(buf: object, writable: bool = False) -> np.ndarray:
         raise ValueError("a buffer of Python objects holds references, not data")
     if not mv.contiguous:
         raise ValueError("buffer is not contiguous")
+    if not mv.c_contiguous:
+        raise ValueError("buffer is contiguous in Fortran order only (a numpy array would do)")
     if writable and mv.readonly:
         raise ValueError("buffer is read-only")
     arr = np.frombuffer(mv.cast("B"), dtype=np.uint8) if mv.nbytes else np.zeros(0, np.uint8)
