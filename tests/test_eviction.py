@@ -12,10 +12,12 @@ import os
 
 import numpy as np
 import pytest
+from click.testing import CliRunner
 
 import strataio
 from strataio.catalog.base import ChunkCopy
-from strataio.errors import BackendError, ChecksumError
+from strataio.cli import main
+from strataio.errors import BackendError, ChecksumError, ConfigError
 from strataio.storage.memory import MemoryBackend
 from strataio.storage.posix import PosixBackend
 from strataio.tiers.commit import Commit
@@ -274,8 +276,13 @@ def test_memory_tier_holds_staged_copies_and_is_never_a_home(tmp_path):
         ds.close()
         assert list(mem.list()) == [] and tiers["mem"].used == 0
     only_memory = TierSet([Tier("mem", MemoryBackend(), "memory", capacity=1000)])
-    with pytest.raises(strataio.StrataError, match="persistent tier"):
+    with pytest.raises(ConfigError, match="persistent tier"):
         strataio.Session(tiers=only_memory, catalog=tmp_path / "cat2.db")
+    # the commands take it for the configuration problem it is: exit 2
+    (tmp_path / "mem.toml").write_text('[[tiers]]\nname = "m"\nkind = "memory"\nrole = "memory"\n')
+    for cmd in (["tiers"], ["fsck"]):  # (ls and du read the catalog alone)
+        out = CliRunner().invoke(main, [*cmd, "--config", str(tmp_path / "mem.toml")])
+        assert out.exit_code == 2 and "persistent tier" in out.stderr, (cmd, out.output)
 
 
 def test_a_configured_memory_tier_is_the_prefetch_target(tmp_path):

@@ -205,6 +205,9 @@ def test_new_user_sequence_has_no_dead_end(tmp_path, monkeypatch):
         ("stage", "t", "--to", "warp"): "no tier named 'warp'",
         ("evict", "t", "--tier", "warp"): "no tier named 'warp'",
         ("stage", "t", "--section", "0:99"): "out of bounds",
+        ("stage", "t", "--section", "0:40:20,0:40"): "no step",
+        ("stage", "t", "--section", "0:8:1:junk"): "no step",
+        ("stage", "t", "--section", "30:8,0:40"): "selects nothing",
         ("ls", "-c", "missing.toml"): "missing.toml",
     }
     (tmp_path / "binary.toml").write_bytes(b"\x00\xff")

@@ -32,12 +32,14 @@ from strataio.cli import bench, main
 from strataio.cli.context import catalog_exists, open_session
 from strataio.cli.output import (
     NON_NEGATIVE,
+    UsageProblem,
     handle_errors,
     json_option,
     make_console,
     write_json,
 )
 from strataio.errors import StrataError
+from strataio.layout.sections import Section
 from strataio.sizes import format_size
 
 _config_opt = click.option(
@@ -54,18 +56,21 @@ def parse_section(spec: str | None) -> Any:
     """A numpy index from ``"0:100,0:80"`` (``:`` = whole axis, ``5`` = one index)."""
     if spec is None or spec.strip() in ("", "all", ":"):
         return None
-    parts = []
+    parts: list[Any] = []
     for p in spec.split(","):
-        p = p.strip()
+        fields = [f.strip() for f in p.split(":")]
         try:
-            if ":" in p:
-                a, b = (p.split(":") + [""])[:2]
+            if len(fields) == 2:
+                a, b = fields
                 parts.append(slice(int(a) if a else None, int(b) if b else None))
+            elif len(fields) == 1:
+                parts.append(int(fields[0]))
             else:
-                parts.append(int(p))
+                raise ValueError
         except ValueError:
-            raise click.BadParameter(
-                f"{spec!r}: write a section as start:stop per axis, e.g. 0:100,0:80"
+            raise UsageProblem(
+                f"--section {spec!r}: write a section as start:stop per axis (no step), "
+                "e.g. 0:100,0:80"
             ) from None
     return tuple(parts)
 
@@ -131,6 +136,8 @@ def _move(config: str | None, name: str, op: str, section: str | None, tier: str
     with open_session(config) as s:
         ds = s.open_dataset(name, "r+")
         try:
+            if idx is not None and Section.from_index(idx, ds.shape).size == 0:
+                raise UsageProblem(f"--section {section!r} selects nothing of {name} {ds.shape}")
             if op == "stage":
                 handle = ds.stage(idx, to=tier)
             elif op == "migrate":

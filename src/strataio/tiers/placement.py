@@ -38,6 +38,7 @@ from typing import Any
 from strataio.catalog.base import Catalog, ChunkCopy
 from strataio.errors import (
     ChecksumError,
+    ConfigError,
     DatasetDisabledError,
     NotFoundError,
     StrataError,
@@ -129,7 +130,7 @@ class Placement:
         if not 0.0 <= low_water_fraction <= 1.0:
             raise StrataError(f"low_water_fraction must lie in [0, 1], got {low_water_fraction!r}")
         if not any(not t.volatile for t in tiers):
-            raise StrataError(
+            raise ConfigError(
                 "a storage hierarchy needs a persistent tier (localdisk, remotedisk or "
                 f"remotetape); the tiers {', '.join(tiers.names)} are all memory tiers, whose "
                 "copies die with the process"
