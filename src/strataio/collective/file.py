@@ -131,17 +131,21 @@ def _same_layout(a: Extents | None, b: Extents | None) -> bool:
     return a is b or (a.offsets.size == b.offsets.size and a == b)
 
 
-def _check_etype_alignment(ext: Extents, esize: int) -> None:
+def _check_etype_alignment(ext: Extents, etype: FlatType) -> None:
     """Raise :class:`ViewError` if one tile of a filetype (pieces ``ext``, in type-map order)
-    breaks an etype across a hole. MPI builds a filetype from whole etypes; a view whose data
-    breaks off mid-etype (a 4-byte etype over 2-byte runs, say) is a mistake in its
-    construction. (The displacement itself may be any byte, as in MPI and ROMIO: a header of
-    any length may precede the data.)"""
+    breaks an etype across a hole where the etype has none. MPI builds a filetype from whole
+    etypes; a view whose data breaks off mid-etype (a 4-byte etype over 2-byte runs, say) is a
+    mistake in its construction. An etype with holes of its own (two ints 8 bytes apart) breaks
+    off where they are. (The displacement itself may be any byte, as in MPI and ROMIO: a
+    header of any length may precede the data.)"""
+    esize = etype.size
     if esize <= 1 or len(ext) < 2:
         return
     runs = ext.coalesce()
     ends = np.cumsum(runs.lengths[:-1])
-    split = np.flatnonzero(ends % esize)
+    own = etype.extents.coalesce()  # where the etype itself breaks off, in its data bytes
+    allowed = np.cumsum(own.lengths)[:-1] if len(own) > 1 else np.zeros(0, np.int64)
+    split = np.flatnonzero(~np.isin(ends % esize, allowed) & (ends % esize != 0))
     if split.size:
         k = int(split[0])
         raise ViewError(
@@ -261,7 +265,7 @@ def _checked_view(etype: FlatType, ft: FlatType) -> int:
         int(ext.offsets.min()) < 0 or not bool(np.all(ext.offsets[1:] >= ext.ends[:-1]))
     ):
         raise ViewError("filetype displacements must be non-negative and non-decreasing")
-    _check_etype_alignment(ext, esize)
+    _check_etype_alignment(ext, etype)
     if ft.size and ft.extent <= 0:
         raise ViewError(f"filetype extent {ft.extent} must be positive")
     if ft.size and int(ext.offsets[0]) + ft.extent < int(ext.ends[-1]):
