@@ -13,7 +13,7 @@ import pytest
 import strataio
 from mpirun import run_mpi
 from strataio.catalog.base import ChunkCopy, open_catalog
-from strataio.errors import ChecksumError, ExistsError, NotFoundError, StrataError
+from strataio.errors import BackendError, ChecksumError, ExistsError, NotFoundError, StrataError
 from strataio.storage.base import Backend
 from strataio.storage.memory import MemoryBackend
 from strataio.storage.posix import PosixBackend
@@ -704,3 +704,25 @@ def test_first_reads_on_a_tier_without_versions_read_each_copy_once(tmp_path):
         np.testing.assert_array_equal(ds[2:18, 3:17], a[2:18, 3:17])  # checked again
         assert reads == Counter(f"a/c/{i}/{j}" for i in range(2) for j in range(2))
         ds.close()
+
+
+def test_a_write_larger_than_every_tier_says_which_chunks_keep_their_values(tmp_path):
+    """Room is claimed tier by tier as chunks are put: a write that outgrows every tier the
+    hint allows stores what fits and says how many chunks were written and which were not;
+    those read back as they were, and nothing else is lost."""
+    tiers = TierSet(
+        [
+            Tier("local", PosixBackend(tmp_path / "local"), "localdisk", capacity=4 << 10),
+            Tier("tape", PosixBackend(tmp_path / "tape"), "remotetape", capacity=8 << 10, order=1),
+        ]
+    )
+    with strataio.Session(tiers=tiers, catalog=tmp_path / "cat.db") as s:
+        ds = s.create_dataset("x", (64, 64), "f4", (16, 16), hint="LOCALDISK")  # 1 KiB chunks
+        with pytest.raises(BackendError, match=r"4 of 16 chunks could not be stored") as info:
+            ds[...] = np.ones((64, 64), "f4")
+        msg = str(info.value)
+        assert "the other 12 were written" in msg and "keep their previous values" in msg
+        got = ds[...]
+        assert (got == 1).sum() == 12 * 256 and (got == 0).sum() == 4 * 256
+        ds.close()
+        assert fsck(s.catalog, s.tiers).clean

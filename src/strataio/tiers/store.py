@@ -594,9 +594,15 @@ class TieredChunkStore(ChunkStore):
                     rest.append((k, v))
             todo = rest + self._put_on(tier, fits, home, errors)
         if todo:
+            # (the chunks that fitted are stored: room is claimed tier by tier, and a claim may
+            # first evict other chunks, so a write cannot know beforehand that all will fit)
+            left = sorted(k for k, _ in todo)
             raise BackendError(
-                f"dataset {self.name!r}: {len(todo)} chunks could not be stored on any tier "
-                f"the hint {self.hint} allows ({'; '.join(errors) or 'all tiers full or down'})"
+                f"dataset {self.name!r}: {len(todo)} of {len(items)} chunks could not be stored "
+                f"on any tier the hint {self.hint} allows "
+                f"({'; '.join(errors) or 'all tiers full or down'}); the other "
+                f"{len(items) - len(todo)} were written, and {', '.join(left[:4])}"
+                f"{', ...' if len(left) > 4 else ''} keep their previous values"
             )
 
     def _put_on(
