@@ -293,7 +293,23 @@ class Mover:
         start = res.version(key)
         last: Exception | None = None
         tried: set[str] = set()
+        # an error a look at the catalog may explain (another process moved or rewrote the
+        # chunk since this residency was loaded), and whether that look was taken
+        explain: Exception | None = None
+        refreshed = False
         while True:
+            if explain is not None or (
+                last is not None
+                and not refreshed
+                and not [c for c in res.readable(key) if c.tier not in tried]
+            ):
+                err = explain or last
+                explain = None
+                if refreshed or not self._refresh(res, key):
+                    raise err  # type: ignore[misc]
+                refreshed, last = True, None
+                tried.clear()
+                start = res.version(key)
             if res.version(key) != start:
                 return "reused", 0  # rewritten since the move began
             sources = [c for c in res.readable(key) if c.tier not in tried]
@@ -339,10 +355,11 @@ class Mover:
                     except NotFoundError:
                         if res.drop_missing(src) or not res.is_current(src):
                             continue  # catalogued but gone (forgotten now), or moved away
-                        raise StrataError(
+                        explain = StrataError(
                             f"chunk {key!r} of {res.name!r}: its copy on {src.tier!r} is "
                             "missing and no other copy is left; run 'strataio fsck'"
-                        ) from None
+                        )
+                        continue
                     copy = ChunkCopy(res.name, key, dst.name, n, digest, "valid", time.time())
                     recorded = res.record_move(copy, version, reserved=src.nbytes)
                     return ("moved", n) if recorded else ("reused", 0)
@@ -437,7 +454,9 @@ class Mover:
             raise StrataError(f"chunk {key!r}: no tier holding it answered with intact bytes")
         return "reused", 0
 
-    def _evict_one(self, res: Residency, key: str, tier: Tier) -> tuple[str, int]:
+    def _evict_one(
+        self, res: Residency, key: str, tier: Tier, *, refreshed: bool = False
+    ) -> tuple[str, int]:
         copy = res.copy_on(key, tier.name)
         if copy is None:
             return "reused", 0
@@ -449,8 +468,20 @@ class Mover:
                 raise StrataError(
                     f"chunk {key!r} of {res.name!r}: a write of it is in flight; not evicted"
                 )
+            if not refreshed and self._refresh(res, key):
+                # another process moved or rewrote it since this residency was loaded
+                return self._evict_one(res, key, tier, refreshed=True)
             raise StrataError(
                 f"chunk {key!r} of {res.name!r}: its only copy is on {tier.name!r} and no "
                 "slower tier can take it"
             )
         return "moved", 0 if kept else copy.nbytes
+
+    def _refresh(self, res: Residency, key: str) -> bool:
+        """Reload the copies of chunk ``key`` from the catalog (where this process holds it),
+        as another process may have moved or rewritten the chunk since ``res`` was loaded:
+        True if they changed."""
+        catalog = self.commit.catalog
+        if catalog is None:
+            return False
+        return res.refresh(key, [c for c in catalog.residency(res.name) if c.key == key])
