@@ -166,6 +166,17 @@ class TierUsage:
 CopyId = tuple[str, str, str]  # (dataset, key, tier)
 
 
+@dataclass(frozen=True, slots=True)
+class CommitOutcome:
+    """What :meth:`Catalog.commit` did besides what it was asked: ``superseded``, the copies
+    it removed for superseding writes that its ``deletes`` did not name (their objects are
+    the caller's to delete); ``kept``, the copies among ``deletes`` it left because they
+    were the last of their chunk (their objects must stay)."""
+
+    superseded: list[CopyId]
+    kept: list[CopyId]
+
+
 class Catalog(abc.ABC):
     """The metadata store. Implementations: SQLite (embedded) and PostgreSQL.
 
@@ -239,7 +250,8 @@ class Catalog(abc.ABC):
         durable: bool = True,
         supersede: Sequence[CopyId] = (),
         stale: Callable[[Sequence[CopyId]], set[CopyId]] | None = None,
-    ) -> list[CopyId]:
+        dropped: Iterable[tuple[str, str]] | None = None,
+    ) -> CommitOutcome:
         """Apply residency changes atomically, in ONE transaction: insert or replace each
         copy in ``upserts`` (keyed by dataset, key, tier), then remove each
         ``(dataset, key, tier)`` in ``deletes`` (missing rows are fine). Copies naming an
@@ -249,10 +261,14 @@ class Catalog(abc.ABC):
         write): every other copy of the same chunk is removed too, also those the caller
         never knew of (another process may have copied or moved the chunk since the caller
         loaded its rows). ``stale``, called inside the transaction (no other commit runs
-        meanwhile) with ``supersede``, names those whose object another process has replaced
-        since: they are left out, row and all, as that process's commit records the object.
-        Returns the copies removed by superseding that ``deletes`` did not name: their
-        objects are the caller's to delete.
+        meanwhile) with every copy of ``upserts``, names those whose object another process
+        has replaced since it was put: they are left out, row and all (superseding too), as
+        that process's commit records the object.
+
+        ``dropped`` (``(dataset, key)`` of chunks deleted on purpose), where given, keeps
+        every other chunk from losing its last copy: a delete that would leave one without
+        any row is left out (the caller's view of its other copies was stale: another
+        process moved or rewrote the chunk).
 
         ``durable=False`` returns before the transaction reaches the disk: it is visible to
         every process at once and survives this process's death, but an OS crash or power

@@ -27,6 +27,7 @@ from strataio.catalog.base import (
     TIER_STATES,
     Catalog,
     ChunkCopy,
+    CommitOutcome,
     CopyId,
     DatasetRecord,
     PerfRow,
@@ -424,7 +425,8 @@ class SQLCatalog(Catalog):
         durable: bool = True,
         supersede: Sequence[CopyId] = (),
         stale: Callable[[Sequence[CopyId]], set[CopyId]] | None = None,
-    ) -> list[CopyId]:
+        dropped: Iterable[tuple[str, str]] | None = None,
+    ) -> CommitOutcome:
         # Last write wins within a batch, as executemany would do; deduplicating first also
         # keeps PostgreSQL's set-based upsert from touching one row twice.
         latest = {(c.dataset, c.key, c.tier): c for c in upserts}
@@ -435,18 +437,30 @@ class SQLCatalog(Catalog):
             )
         ids = list(dict.fromkeys(tuple(d) for d in deletes))
         if not latest and not ids:
-            return []
+            return CommitOutcome([], [])
         removed: list[CopyId] = []
+        kept: list[CopyId] = []
         try:
             with self._write(durable) as cur:
                 new = [tuple(c) for c in supersede if tuple(c) in latest]
-                if new and stale is not None:
-                    gone = stale(new)
+                if stale is not None and latest:
+                    gone = stale(list(latest))
                     for c in gone:
                         latest.pop(c, None)
                     new = [c for c in new if c not in gone]
-                if new:
-                    removed = self._others(cur, new, set(ids))
+                if new:  # (rows this commit records or removes itself are its own)
+                    named = set(ids) | set(latest)
+                    chunks = {(d, k) for d, k, _ in new}
+                    holds = {(d, k): t for d, k, t in new}
+                    removed = [
+                        r
+                        for r in self._rows_of(cur, chunks)
+                        if holds[r[0], r[1]] != r[2] and r not in named
+                    ]
+                if dropped is not None and ids:
+                    kept = self._last_rows(cur, ids, latest, set(dropped))
+                    if kept:
+                        ids = [i for i in ids if i not in set(kept)]
                 rows = [
                     (
                         c.dataset, c.key, c.tier, int(c.nbytes), c.checksum, c.state,
@@ -458,28 +472,50 @@ class SQLCatalog(Catalog):
                 self._bulk_delete(cur, ids + removed)
         except MetadataError:
             raise MetadataError(self._explain_unknown(latest.values())) from None
-        return removed
+        return CommitOutcome(removed, kept)
 
-    def _others(self, cur: Cursor, new: Sequence[CopyId], named: set[CopyId]) -> list[CopyId]:
-        """The rows of the chunks of ``new`` on other tiers than theirs, less ``named``
-        (one query per few hundred chunks)."""
-        holds = {(d, k): t for d, k, t in new}
-        found: list[CopyId] = []
+    def _rows_of(self, cur: Cursor, chunks: Iterable[tuple[str, str]]) -> list[CopyId]:
+        """Every row of the ``(dataset, key)`` chunks (one query per few hundred chunks)."""
         by_dataset: dict[str, list[str]] = {}
-        for d, k in holds:
+        for d, k in chunks:
             by_dataset.setdefault(d, []).append(k)
+        found: list[CopyId] = []
         for d, keys in by_dataset.items():
             for i in range(0, len(keys), 500):
                 part = keys[i : i + 500]
                 marks = ", ".join("?" * len(part))
                 cur.execute(
                     self._sql(
-                        f"SELECT dataset, key, tier FROM residency WHERE dataset = ? AND key IN ({marks})"
+                        "SELECT dataset, key, tier FROM residency "
+                        f"WHERE dataset = ? AND key IN ({marks})"
                     ),
                     (d, *part),
                 )
                 found.extend(tuple(r) for r in cur.fetchall())
-        return [r for r in found if holds[r[0], r[1]] != r[2] and r not in named]
+        return found
+
+    def _last_rows(
+        self,
+        cur: Cursor,
+        ids: Sequence[CopyId],
+        latest: dict[CopyId, ChunkCopy],
+        dropped: set[tuple[str, str]],
+    ) -> list[CopyId]:
+        """Of the rows ``ids`` to delete, those of chunks not ``dropped`` that would leave
+        their chunk without any row once ``latest`` is recorded too."""
+        chunks = {(d, k) for d, k, _ in ids} - dropped
+        if not chunks:
+            return []
+        left: dict[tuple[str, str], set[str]] = {c: set() for c in chunks}
+        for d, k, t in self._rows_of(cur, chunks):
+            left[d, k].add(t)
+        for d, k, t in latest:
+            if (d, k) in left:
+                left[d, k].add(t)
+        for d, k, t in ids:
+            if (d, k) in left:
+                left[d, k].discard(t)
+        return [i for i in ids if (i[0], i[1]) in left and not left[i[0], i[1]]]
 
     def _explain_unknown(self, copies: Iterable[ChunkCopy]) -> str:
         datasets = {c.dataset for c in copies}

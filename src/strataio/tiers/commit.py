@@ -26,6 +26,18 @@ commit only syncs; the changes are handed to rank 0 when the dataset closes
 everyone's in one transaction, after which each rank deletes what its own changes made
 obsolete.
 
+Other processes may have moved or rewritten the same chunks since this one loaded its rows.
+The transaction therefore checks against the catalog itself, not this process's view: a
+write's row supersedes every other copy of its chunk, known here or not; a write's or a
+move's row is left out where another process's put replaced the object since (by the
+object's version; that process's commit records its own); and no chunk loses its last copy
+to a deletion decided on stale rows, unless it was deleted on purpose. Moves refuse a copy
+another live process is rewriting, and a destination object no row known here names. What
+is not covered yet: two processes interleaving moves with unflushed rewrites of the same
+chunks can still leave a chunk unreadable or at an older value (``tests/
+test_sessions_stateful.py``, a slow test, finds such interleavings); a job should flush
+before another process moves what it wrote.
+
 Rewrites in place are announced (:meth:`Commit.announce`) under the session's ``writer`` (see
 :mod:`strataio.catalog.liveness`) on every rank: a rank other than 0 opens its own catalog
 connection (``catalog_url``) for that, the first time it rewrites a catalogued chunk. So fsck
@@ -151,26 +163,29 @@ class Commit:
                     self._sync(res.name, batch)
             except BaseException as exc:
                 err = exc
-        gathered = self.comm.gather(
-            (batch.upserts, batch.deletes, batch.touches, batch.written, err is not None), root=0
+        mine = Batch(
+            upserts=batch.upserts,
+            deletes=batch.deletes,
+            touches=batch.touches,
+            written=batch.written,
+            moved=batch.moved,
+            dropped=batch.dropped,
         )
+        gathered = self.comm.gather((mine, err is not None), root=0)
         superseded: list[tuple[str, str]] = []
         if self.catalog is not None and err is None:
             try:
-                if any(failed for *_, failed in gathered):
+                if any(failed for _, failed in gathered):
                     raise BackendError(f"dataset {res.name!r}: a rank could not sync its chunks")
-                touches: dict[str, float] = {}
-                written: dict[tuple[str, str], Any] = {}
-                for _, _, t, w, _ in gathered:
-                    touches.update(t)
-                    written.update(w)
-                superseded, _ = self._record(
-                    res.name,
-                    [c for u, *_ in gathered for c in u],
-                    [d for _, ds, *_ in gathered for d in ds],
-                    touches,
-                    written,
-                )
+                every = Batch()
+                for b, _ in gathered:
+                    every.upserts.extend(b.upserts)
+                    every.deletes.extend(b.deletes)
+                    every.touches.update(b.touches)
+                    every.written.update(b.written)
+                    every.moved.update(b.moved)
+                    every.dropped |= b.dropped
+                superseded = [(t, k) for _, k, t in self._record(res.name, every).superseded]
             except BaseException as exc:
                 err = exc
         failed = self.comm.bcast(None if err is None else repr(err), root=0)
@@ -223,6 +238,8 @@ class Commit:
                 deletes=batch.deletes,
                 touches=batch.touches,
                 written=batch.written,
+                moved=batch.moved,
+                dropped=batch.dropped,
             ),
             root=0,
         )
@@ -273,63 +290,68 @@ class Commit:
             return
         try:
             self._sync(res.name, batch)
-            superseded, replaced = self._record(
-                res.name, batch.upserts, batch.deletes, batch.touches, batch.written
-            )
+            done = self._record(res.name, batch)
         except BaseException:
             res.restore(batch)
             raise
-        self._delete(res, batch.obsolete + superseded)
-        if replaced:
-            # another process's write stands there: this residency learns its rows
-            rows: dict[str, list[ChunkCopy]] = {}
-            for c in self.catalog.residency(res.name):
-                rows.setdefault(c.key, []).append(c)
-            for key in replaced:
-                res.refresh(key, rows.get(key, []))
+        kept = {(t, k) for _, k, t in done.kept}
+        self._delete(
+            res,
+            [o for o in batch.obsolete if o not in kept] + [(t, k) for _, k, t in done.superseded],
+        )
+        self._relearn(res, done)
 
-    def _record(
-        self,
-        dataset: str,
-        upserts: list[ChunkCopy],
-        deletes: list[CopyId],
-        touches: dict[str, float],
-        written: dict[tuple[str, str], Any],
-    ) -> tuple[list[tuple[str, str]], list[str]]:
-        """Record rows in one transaction; access times of chunks only read are recorded
-        as access times (one statement batch, at the latest time among them: LRU order is
-        kept between commits). The rows of ``written`` supersede every other copy of their
-        chunk, unless another process replaced their object since (by its version). Returns
-        the ``(tier, key)`` objects of the copies superseded that this process did not know
-        of, and the keys of the chunks whose write another process's replaced."""
+    def _relearn(self, res: Residency, done: _Recorded) -> None:
+        """After a commit that found rows this residency's view of which was stale (another
+        process's put replaced a copy, or a copy it dropped was its chunk's last): learn
+        those chunks' rows from the catalog."""
+        keys = {k for _, k, _ in done.kept} | set(done.replaced)
+        if not keys or self.catalog is None:
+            return
+        rows: dict[str, list[ChunkCopy]] = {}
+        for c in self.catalog.residency(res.name):
+            rows.setdefault(c.key, []).append(c)
+        for key in sorted(keys):
+            res.refresh(key, rows.get(key, []))
+
+    def _record(self, dataset: str, batch: Batch) -> _Recorded:
+        """Record ``batch``'s rows in one transaction; access times of chunks only read are
+        recorded as access times (one statement batch, at the latest time among them: LRU
+        order is kept between commits). Its written copies supersede every other copy of
+        their chunk; its written and moved copies are left out where another process
+        replaced their object since it was put (by its version); no chunk but those it
+        dropped loses its last copy (see :meth:`Catalog.commit`)."""
         assert self.catalog is not None
-        if touches:
-            self.catalog.touch(dataset, sorted(touches), max(touches.values()))
-        if not (upserts or deletes):
-            return [], []
+        if batch.touches:
+            self.catalog.touch(dataset, sorted(batch.touches), max(batch.touches.values()))
+        if not (batch.upserts or batch.deletes):
+            return _Recorded([], [], [])
         replaced: set[CopyId] = set()
+        puts = {**batch.moved, **batch.written}
 
         def stale(ids: Sequence[CopyId]) -> set[CopyId]:
-            replaced.update(self._replaced(dataset, ids, written))
+            replaced.update(self._replaced(dataset, ids, puts))
             return replaced
 
-        removed = self.catalog.commit(
-            self._stamped(upserts),
-            deletes,
-            supersede=[(dataset, k, t) for k, t in written],
+        done = self.catalog.commit(
+            self._stamped(batch.upserts),
+            batch.deletes,
+            supersede=[(dataset, k, t) for k, t in batch.written],
             stale=stale,
+            dropped=[(dataset, k) for k in batch.dropped],
         )
-        return [(t, k) for _, k, t in removed], sorted({k for _, k, _ in replaced})
+        return _Recorded(done.superseded, done.kept, sorted({k for _, k, _ in replaced}))
 
     def _replaced(
-        self, dataset: str, ids: Sequence[CopyId], written: dict[tuple[str, str], Any]
+        self, dataset: str, ids: Sequence[CopyId], puts: dict[tuple[str, str], Any]
     ) -> set[CopyId]:
-        """Of the copies ``ids`` this process wrote, those whose object is no longer at the
-        version its put left (another process's put replaced it). A tier that cannot say
-        (no versions, down, failing) takes its objects as they were put."""
+        """Of the copies ``ids`` this process put (``puts``: the version each put left),
+        those whose object is at another version now (another process's put replaced it). A
+        tier that cannot say (no versions, down, failing) takes its objects as they were
+        put."""
         by_tier: dict[str, list[CopyId]] = {}
         for c in ids:
-            if written.get((c[1], c[2])) is not None:
+            if puts.get((c[1], c[2])) is not None:
                 by_tier.setdefault(c[2], []).append(c)
         out: set[CopyId] = set()
         for name, mine in by_tier.items():
@@ -342,7 +364,7 @@ class Commit:
                 continue
             if now is None:
                 continue
-            out.update(c for c, v in zip(mine, now) if v != written[c[1], c[2]])
+            out.update(c for c, v in zip(mine, now) if v != puts[c[1], c[2]])
         return out
 
     def _stamped(self, rows: Sequence[ChunkCopy]) -> list[ChunkCopy]:
@@ -419,6 +441,17 @@ class Commit:
                     tier.mark_down(exc)
         finally:
             res.deleted(objs)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Recorded:
+    """What a commit of a batch found (see :meth:`Commit._record`): copies superseded and
+    copies kept (as :class:`CommitOutcome`), and keys of chunks whose put another process's
+    replaced."""
+
+    superseded: list[CopyId]
+    kept: list[CopyId]
+    replaced: list[str]
 
 
 def _first_error(comm: Any, err: BaseException | None) -> BaseException | None:

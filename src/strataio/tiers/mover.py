@@ -29,12 +29,19 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from strataio.catalog.base import ChunkCopy
-from strataio.errors import ChecksumError, NotFoundError, StrataError, TierDownError
+from strataio.errors import ChecksumError, ExistsError, NotFoundError, StrataError, TierDownError
 from strataio.tiers.cache import ChunkCache
 from strataio.tiers.commit import Commit
 from strataio.tiers.placement import Placement
 from strataio.tiers.residency import Residency, object_key
-from strataio.tiers.tier import Tier, TierSet, checksum, put_checked, read_checked
+from strataio.tiers.tier import (
+    Tier,
+    TierSet,
+    checksum,
+    object_version,
+    put_checked,
+    read_checked,
+)
 
 T = TypeVar("T")
 
@@ -320,6 +327,14 @@ class Mover:
                 return "reused", 0
             if src.state == "in-transit" and res.busy(key):
                 return "reused", 0  # being rewritten here: the new version is where it goes
+            if src.state == "in-transit" and src.writer and src.writer != self.commit.writer:
+                # (a copy would take either version, and a migrate would delete what that
+                # process is writing; it may have recorded its write since this row was read)
+                explain = StrataError(
+                    f"chunk {key!r} of {res.name!r} is being rewritten on {src.tier!r} by "
+                    "another process; not moved"
+                )
+                continue
             protect = [object_key(res.name, key)]
             if not self.placement.claim(dst, src.nbytes, protect=protect, wait=True):
                 raise StrataError(
@@ -350,8 +365,14 @@ class Mover:
                             # process recorded for it since this residency was loaded, stay
                             res.abandon_write(key, dst.name)
                             raise
+                        known = res.catalogued(key, dst.name)
                         self._announce(res, key, dst, src)
-                        n, digest = put_checked(dst, res.name, key, data)
+                        try:
+                            n, digest = put_checked(dst, res.name, key, data, new=not known)
+                        except ExistsError as exc:
+                            res.abandon_write(key, dst.name)
+                            explain = exc  # the catalog may know whose it is
+                            continue
                     except NotFoundError:
                         if res.drop_missing(src) or not res.is_current(src):
                             continue  # catalogued but gone (forgotten now), or moved away
@@ -361,7 +382,12 @@ class Mover:
                         )
                         continue
                     copy = ChunkCopy(res.name, key, dst.name, n, digest, "valid", time.time())
-                    recorded = res.record_move(copy, version, reserved=src.nbytes)
+                    recorded = res.record_move(
+                        copy,
+                        version,
+                        reserved=src.nbytes,
+                        put=object_version(dst, object_key(res.name, key)),
+                    )
                     return ("moved", n) if recorded else ("reused", 0)
             except (TierDownError, ChecksumError) as exc:
                 if isinstance(exc, ChecksumError):
@@ -460,6 +486,13 @@ class Mover:
         copy = res.copy_on(key, tier.name)
         if copy is None:
             return "reused", 0
+        if copy.state == "in-transit" and copy.writer and copy.writer != self.commit.writer:
+            if not refreshed and self._refresh(res, key):  # (it may have recorded it since)
+                return self._evict_one(res, key, tier, refreshed=True)
+            raise StrataError(
+                f"chunk {key!r} of {res.name!r} is being rewritten on {tier.name!r} by another "
+                "process; not evicted"
+            )
         kept = tier.volatile or res.kept_elsewhere(key, tier.name)
         if not self.placement.evict_copy(tier, res, copy):
             if res.copy_on(key, tier.name) is None:

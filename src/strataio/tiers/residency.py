@@ -56,7 +56,10 @@ class Batch:
     changed since it opened the dataset. ``written`` maps the ``(key, tier)`` of each upsert
     that records new content (a write, not a move) to the version of the object put (None
     where the backend has none): the commit checks that no other process replaced the
-    object since, and removes every other copy of the chunk (see :meth:`Catalog.commit`)."""
+    object since, and removes every other copy of the chunk (see :meth:`Catalog.commit`).
+    ``moved`` maps those of moves' copies to the version put, checked the same way.
+    ``dropped``: keys of chunks deleted on purpose; the commit keeps any other chunk from
+    losing its last catalogued copy (a drop decided on stale rows)."""
 
     unsynced: dict[str, set[str]] = field(default_factory=dict)
     upserts: list[ChunkCopy] = field(default_factory=list)
@@ -64,6 +67,8 @@ class Batch:
     obsolete: list[tuple[str, str]] = field(default_factory=list)
     touches: dict[str, float] = field(default_factory=dict)
     written: dict[tuple[str, str], Any] = field(default_factory=dict)
+    moved: dict[tuple[str, str], Any] = field(default_factory=dict)
+    dropped: set[str] = field(default_factory=set)
 
     @property
     def empty(self) -> bool:
@@ -90,6 +95,8 @@ class Residency:
         self._deletes: set[tuple[str, str]] = set()
         self._unsynced: dict[str, set[str]] = {}  # tier -> chunk keys put, not yet synced
         self._written: dict[tuple[str, str], Any] = {}  # (key, tier) -> version put (Batch)
+        self._moved: dict[tuple[str, str], Any] = {}  # the same, of moves' copies
+        self._dropped: set[str] = set()  # chunks deleted on purpose (Batch)
         self._obsolete: set[tuple[str, str]] = set()  # (tier, key) to delete after commit
         self._deleting: set[tuple[str, str]] = set()  # (tier, key) being deleted now
         self._committing: set[tuple[str, str]] = set()  # (key, tier) rows a batch deletes
@@ -295,11 +302,13 @@ class Residency:
             per = self._copies.setdefault(copy.key, {})
             old = per.get(copy.tier)
             per[copy.tier] = copy
+            self._dropped.discard(copy.key)
             self._changed(copy.key)
             slot = (copy.key, copy.tier)
             if not self._tier(copy.tier).volatile:
                 self._upserts[slot] = copy
-                self._written.pop(slot, None)  # (record_write marks its own)
+                self._written.pop(slot, None)  # (record_write and record_move mark their own)
+                self._moved.pop(slot, None)
                 self._deletes.discard(slot)
                 if unsynced:
                     self._unsynced.setdefault(copy.tier, set()).add(copy.key)
@@ -323,18 +332,35 @@ class Residency:
                 if c.tier != copy.tier:
                     self.remove(copy.key, c.tier)
 
+    def drop_chunk(self, key: str) -> None:
+        """Delete chunk ``key`` on purpose: every copy is forgotten, its rows and objects go
+        at the next commit (which otherwise keeps a chunk's last copy)."""
+        with self.lock:
+            for c in list(self._copies.get(key, {}).values()):
+                self.remove(key, c.tier)
+            self._dropped.add(key)
+
     def record_move(
-        self, copy: ChunkCopy, version: int, *, reserved: int = 0, replaces: ChunkCopy | None = None
+        self,
+        copy: ChunkCopy,
+        version: int,
+        *,
+        reserved: int = 0,
+        replaces: ChunkCopy | None = None,
+        put: Any = None,
     ) -> bool:
         """Record ``copy``, made by a move that copied version ``version`` of the chunk, if
         that is still its version (and, with ``replaces``, forget that copy in the same step:
-        a write-back). False, and nothing recorded, if the chunk changed meanwhile."""
+        a write-back). False, and nothing recorded, if the chunk changed meanwhile. ``put``:
+        the version of the object the move put (the commit checks that it is still there)."""
         with self.lock:
             if self._versions[copy.key] != version:
                 return False
             if replaces is not None and self.copy_on(replaces.key, replaces.tier) is None:
                 return False
             self.add(copy, reserved=reserved)
+            if put is not None and not self._tier(copy.tier).volatile:
+                self._moved[copy.key, copy.tier] = put
             if replaces is not None:
                 self.remove(replaces.key, replaces.tier)
             return True
@@ -362,6 +388,7 @@ class Residency:
             if not self._tier(tier).volatile:
                 self._upserts.pop((key, tier), None)
                 self._written.pop((key, tier), None)
+                self._moved.pop((key, tier), None)
                 self._deletes.add((key, tier))
                 if tier in self._unsynced:
                     self._unsynced[tier].discard(key)
@@ -454,9 +481,14 @@ class Residency:
                 sorted(self._obsolete),
                 dict(self._touched),
                 {slot: v for slot, v in self._written.items() if slot in ups},
+                {slot: v for slot, v in self._moved.items() if slot in ups},
+                set(self._dropped),
             )
+            self._dropped.clear()
             for slot in batch.written:
                 del self._written[slot]
+            for slot in batch.moved:
+                del self._moved[slot]
             self._upserts.clear()
             self._upserts.update(held)
             self._deletes.clear()
@@ -479,6 +511,8 @@ class Residency:
                     self._upserts[slot] = c
                     if slot in batch.written:
                         self._written[slot] = batch.written[slot]
+                    if slot in batch.moved:
+                        self._moved[slot] = batch.moved[slot]
             for _, k, t in batch.deletes:
                 if (k, t) not in self._upserts:
                     self._deletes.add((k, t))
@@ -488,6 +522,7 @@ class Residency:
                     self._obsolete.add(slot)
             for k, when in batch.touches.items():
                 self._touched[k] = max(when, self._touched.get(k, when))
+            self._dropped |= {k for k in batch.dropped if not self._copies.get(k)}
             self._cond.notify_all()
 
     def deleted(self, objs: Iterable[tuple[str, str]]) -> None:
@@ -518,8 +553,11 @@ class Residency:
                 self.add(c)
                 if (c.key, c.tier) in batch.written:
                     self._written[c.key, c.tier] = batch.written[c.key, c.tier]
+                if (c.key, c.tier) in batch.moved:
+                    self._moved[c.key, c.tier] = batch.moved[c.key, c.tier]
             for k, when in batch.touches.items():
                 self.touch([k], when)
+            self._dropped |= {k for k in batch.dropped if not self._copies.get(k)}
             return sorted(changed)
 
     def reload(self, copies: Iterable[ChunkCopy]) -> list[str]:

@@ -45,7 +45,7 @@ from strataio.tiers.commit import Commit
 from strataio.tiers.mover import MoveHandle, Mover
 from strataio.tiers.placement import DatasetDisabledError, Placement, normalize_hint
 from strataio.tiers.residency import META_KEY, Residency, object_key
-from strataio.tiers.tier import Tier, TierSet, checksum
+from strataio.tiers.tier import Tier, TierSet, checksum, object_version
 
 #: bytes of first reads' whole chunks up to which a batch reads them into a buffer the thread
 #: keeps (above, a buffer of their own: a thread keeps no large one, an I/O thread included)
@@ -653,8 +653,6 @@ class TieredChunkStore(ChunkStore):
                     self.res.add(old)
                 raise
 
-            versioned = self._keeps_versions(tier)
-
             def one(k: str, v: memoryview, digest: str) -> None:
                 okey = object_key(self.name, k)
                 try:
@@ -667,9 +665,7 @@ class TieredChunkStore(ChunkStore):
                 # recorded unsynced: whatever commit records it syncs it first, and checks
                 # that no other process replaced the object meanwhile (by its version)
                 copy = ChunkCopy(self.name, k, tier.name, len(v), digest, state, now)
-                self.res.record_write(
-                    copy, reserved=len(v), version=_version(tier, okey, versioned)
-                )
+                self.res.record_write(copy, reserved=len(v), version=object_version(tier, okey))
 
             work = [(k, v, d) for (k, v), d in zip(items, sums)]
 
@@ -706,8 +702,7 @@ class TieredChunkStore(ChunkStore):
         self._check_open()
         self.cache.invalidate(self.name, keys)
         for k in keys:
-            for c in self.res.copies(k):
-                self.res.remove(k, c.tier)
+            self.res.drop_chunk(k)
 
     def list_chunks(self) -> list[str]:
         self._check_open()
@@ -813,17 +808,6 @@ class TieredChunkStore(ChunkStore):
 
     def __repr__(self) -> str:
         return f"TieredChunkStore({self.name!r}, hint={self.hint}, tiers={self.tiers.names})"
-
-
-def _version(tier: Tier, okey: str, versioned: bool) -> Any:
-    """The version of object ``okey`` on ``tier`` (None where the tier keeps none, or its
-    backend cannot say: the commit then takes the object as this process's)."""
-    if not versioned:
-        return None
-    try:
-        return tier.backend.versions([okey])[0]
-    except Exception:  # (a failing tier fails the commit's sync, not this)
-        return None
 
 
 def _outcome(fn: Any, *args: Any) -> BaseException | None:

@@ -25,7 +25,14 @@ from typing import TYPE_CHECKING, Any
 import crc32c
 
 from strataio.catalog.base import TIER_ROLES, ChunkCopy, TierRecord
-from strataio.errors import BackendError, ChecksumError, NotFoundError, StrataError, TierDownError
+from strataio.errors import (
+    BackendError,
+    ChecksumError,
+    ExistsError,
+    NotFoundError,
+    StrataError,
+    TierDownError,
+)
 from strataio.storage.base import Backend, BytesLike
 
 if TYPE_CHECKING:
@@ -221,11 +228,21 @@ def read_checked(src: Tier, dataset: str, key: str, expect: str = "") -> bytes:
     return data
 
 
-def put_checked(dst: Tier, dataset: str, key: str, data: BytesLike) -> tuple[int, str]:
+def put_checked(
+    dst: Tier, dataset: str, key: str, data: BytesLike, *, new: bool = False
+) -> tuple[int, str]:
     """Put ``data`` as chunk ``key`` of ``dataset`` on ``dst`` durably (fsync / completed
     PUT), read it back and check it, so the copy is known good before anyone records it;
-    return ``(nbytes, checksum)``. Raises as :func:`read_checked` does."""
+    return ``(nbytes, checksum)``. Raises as :func:`read_checked` does. ``new``: the caller
+    knows of no object there, so one that is there belongs to another process (a write not
+    yet recorded) or is a leftover: raise :class:`ExistsError` rather than replace it."""
     obj = f"{dataset}/{key}"
+    if new and _exists(dst, obj):
+        raise ExistsError(
+            f"chunk {key!r} of dataset {dataset!r}: tier {dst.name!r} holds an object of it "
+            "that no copy known here names (another process may be writing it; "
+            "'strataio fsck --repair' removes leftovers of processes that are gone)"
+        )
     got = checksum(data)
     dst.call(dst.backend.put, obj, data, durable=True)
     back = checksum(dst.call(dst.backend.get, obj))
@@ -235,6 +252,24 @@ def put_checked(dst: Tier, dataset: str, key: str, data: BytesLike) -> tuple[int
             f"checksum {back}, {got} was written"
         )
     return len(data), got
+
+
+def object_version(tier: Tier, obj: str) -> Any:
+    """The version of object ``obj`` on ``tier`` (:meth:`Backend.versions`), None where the
+    backend keeps none or cannot say: a commit then takes the object as the one put."""
+    try:
+        got = tier.backend.versions([obj])
+    except Exception:  # (a failing tier fails the commit's sync, not this)
+        return None
+    return None if got is None else got[0]
+
+
+def _exists(tier: Tier, obj: str) -> bool:
+    try:
+        tier.call(tier.backend.size, obj)
+    except (NotFoundError, FileNotFoundError):
+        return False
+    return True
 
 
 class TierSet:
