@@ -163,15 +163,7 @@ class Commit:
                     self._sync(res.name, batch)
             except BaseException as exc:
                 err = exc
-        mine = Batch(
-            upserts=batch.upserts,
-            deletes=batch.deletes,
-            touches=batch.touches,
-            written=batch.written,
-            moved=batch.moved,
-            dropped=batch.dropped,
-        )
-        gathered = self.comm.gather((mine, err is not None), root=0)
+        gathered = self.comm.gather((batch.for_rank_0(), err is not None), root=0)
         superseded: list[tuple[str, str]] = []
         if self.catalog is not None and err is None:
             try:
@@ -232,17 +224,7 @@ class Commit:
         err = _first_error(comm, err)
         if err is not None:
             raise err
-        gathered = comm.gather(
-            Batch(
-                upserts=batch.upserts,
-                deletes=batch.deletes,
-                touches=batch.touches,
-                written=batch.written,
-                moved=batch.moved,
-                dropped=batch.dropped,
-            ),
-            root=0,
-        )
+        gathered = comm.gather(batch.for_rank_0(), root=0)
         changed: list[str] = []
         if self.catalog is not None:
             try:

@@ -74,6 +74,18 @@ class Batch:
     def empty(self) -> bool:
         return not (self.unsynced or self.upserts or self.deletes or self.obsolete or self.touches)
 
+    def for_rank_0(self) -> Batch:
+        """What rank 0 of a parallel job records for the rank this batch was taken on: its
+        rows, not its objects (each rank syncs and deletes its own)."""
+        return Batch(
+            upserts=self.upserts,
+            deletes=self.deletes,
+            touches=self.touches,
+            written=self.written,
+            moved=self.moved,
+            dropped=self.dropped,
+        )
+
 
 class Residency:
     """The in-memory copy map of dataset ``name`` with a buffer of uncommitted changes.
