@@ -417,6 +417,49 @@ def test_newer_schema_is_refused(url):
         open_catalog(url)
 
 
+def test_commits_supersede_check_staleness_and_keep_last_copies(cat):
+    """A write's row supersedes every other copy of its chunk (those the caller named or
+    upserts itself excepted), a row ``stale`` names is left out, and a delete that would
+    leave a chunk not dropped on purpose without a row is kept."""
+    cat.create_dataset(_ds("d"))
+    old = [
+        ChunkCopy("d", "c/0/0", "archive", 8, "aa"),
+        ChunkCopy("d", "c/0/0", "mem", 8, "aa"),
+        ChunkCopy("d", "c/1/0", "archive", 8, "bb"),
+        ChunkCopy("d", "c/2/0", "archive", 8, "cc"),
+    ]
+    cat.commit(old)
+    new = ChunkCopy("d", "c/0/0", "local", 8, "new")
+    moved = ChunkCopy("d", "c/0/0", "mem", 8, "new")  # upserted too: its own
+    done = cat.commit([new, moved], supersede=[("d", "c/0/0", "local")])
+    assert done.superseded == [("d", "c/0/0", "archive")] and done.kept == []
+    assert {(c.key, c.tier, c.checksum) for c in cat.residency("d") if c.key == "c/0/0"} == {
+        ("c/0/0", "local", "new"),
+        ("c/0/0", "mem", "new"),
+    }
+    # a row whose object another process replaced since its put: left out, superseding too
+    asked = []
+
+    def stale(ids):
+        asked.extend(ids)
+        return {("d", "c/1/0", "local")}
+
+    done = cat.commit(
+        [ChunkCopy("d", "c/1/0", "local", 8, "mine")], supersede=[("d", "c/1/0", "local")],
+        stale=stale,
+    )  # fmt: skip
+    assert asked == [("d", "c/1/0", "local")] and done.superseded == []
+    assert [(c.tier, c.checksum) for c in cat.residency("d") if c.key == "c/1/0"] == [
+        ("archive", "bb")
+    ]
+    # the last copy of a chunk is kept unless the chunk is dropped on purpose
+    done = cat.commit(
+        deletes=[("d", "c/1/0", "archive"), ("d", "c/2/0", "archive")], dropped=[("d", "c/2/0")]
+    )
+    assert done.kept == [("d", "c/1/0", "archive")]
+    assert {c.key for c in cat.residency("d")} == {"c/0/0", "c/1/0"}
+
+
 def test_batched_commit_is_one_transaction(cat):
     """10,000 copies commit in ONE transaction, and a dataset's residency loads in ONE query,
     counted by the database driver's own statement trace."""
