@@ -226,3 +226,35 @@ def test_moves_from_a_stale_residency_look_again_at_chunks_another_session_chang
     with session(tmp_path) as s:
         np.testing.assert_array_equal(s.open_dataset("a")[...], want)
         assert fsck(s.catalog, s.tiers).clean
+
+
+def test_a_failed_put_of_a_new_chunk_leaves_it_writable(tmp_path):
+    """A put that fails leaves a deletion of a row the catalog never held; the commit keeps
+    nothing of it, and the next write of that chunk goes ahead (it once waited forever)."""
+    import threading
+
+    dataset_a_on_fast(tmp_path)
+    with session(tmp_path) as s:
+        ds = s.create_dataset("b", (20, 20), "f4", (10, 10), hint="LOCALDISK")
+        ds[:10, :10] = 1.0
+        ds.flush()
+        fast = s.tiers["fast"]
+        put = fast.backend.put
+
+        def failing(key, data, **kw):
+            if key.endswith("c/1/0"):
+                raise ValueError("refused")
+            return put(key, data, **kw)
+
+        fast.backend.put = failing
+        with pytest.raises(ValueError, match="refused"):
+            ds[10:, :10] = 2.0
+        fast.backend.put = put
+        ds.flush()
+        retry = threading.Thread(target=ds.__setitem__, args=(np.s_[10:, :10], 3.0), daemon=True)
+        retry.start()
+        retry.join(30)
+        assert not retry.is_alive(), "the write of the chunk waits forever"
+        assert (ds[10:, :10] == 3.0).all()
+        ds.close()
+        assert fsck(s.catalog, s.tiers).clean

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import psycopg
 
@@ -76,6 +76,13 @@ class PostgresCatalog(SQLCatalog):
                 # the next synchronous commit flushes the WAL up to itself, this one included
                 cur.execute("SET LOCAL synchronous_commit TO OFF")
             yield cur
+
+    def _lock_residency(self, cur: psycopg.Cursor, datasets: Iterable[str]) -> None:
+        # READ COMMITTED lets another commit change rows this one has read: one advisory
+        # lock per dataset, held to the transaction's end, serializes those commits (taken
+        # in one order, so two commits never wait for each other)
+        for name in sorted(datasets):
+            cur.execute("SELECT pg_advisory_xact_lock(1, hashtext(%s))", (name,))
 
     def sync_log(self) -> None:
         """A synchronous commit of a transaction with an id: the server flushes its WAL up

@@ -448,19 +448,26 @@ class SQLCatalog(Catalog):
                     for c in gone:
                         latest.pop(c, None)
                     new = [c for c in new if c not in gone]
+                if new or (dropped is not None and ids):
+                    # (rows of other processes' commits decide both: taken under a lock where
+                    # the database lets one read them while it runs)
+                    self._lock_residency(cur, {d for d, _, _ in [*new, *ids]})
                 if new:  # (rows this commit records or removes itself are its own)
                     named = set(ids) | set(latest)
                     chunks = {(d, k) for d, k, _ in new}
                     holds = {(d, k): t for d, k, t in new}
+                    # (another live writer's announced rewrite is left to that writer's
+                    # commit, which supersedes in turn: its object may be written right now)
                     removed = [
-                        r
-                        for r in self._rows_of(cur, chunks)
-                        if holds[r[0], r[1]] != r[2] and r not in named
+                        (d, k, t)
+                        for d, k, t, state in self._rows_of(cur, chunks)
+                        if holds[d, k] != t and (d, k, t) not in named and state != "in-transit"
                     ]
                 if dropped is not None and ids:
                     kept = self._last_rows(cur, ids, latest, set(dropped))
                     if kept:
-                        ids = [i for i in ids if i not in set(kept)]
+                        keep = set(kept)
+                        ids = [i for i in ids if i not in keep]
                 rows = [
                     (
                         c.dataset, c.key, c.tier, int(c.nbytes), c.checksum, c.state,
@@ -474,19 +481,27 @@ class SQLCatalog(Catalog):
             raise MetadataError(self._explain_unknown(latest.values())) from None
         return CommitOutcome(removed, kept)
 
-    def _rows_of(self, cur: Cursor, chunks: Iterable[tuple[str, str]]) -> list[CopyId]:
-        """Every row of the ``(dataset, key)`` chunks (one query per few hundred chunks)."""
+    def _lock_residency(self, cur: Cursor, datasets: Iterable[str]) -> None:
+        """Make this transaction's reads of the residency of ``datasets`` stand until it ends
+        (no other commit changes those rows meanwhile). SQLite's write lock, taken when the
+        transaction begins, already does."""
+
+    def _rows_of(
+        self, cur: Cursor, chunks: Iterable[tuple[str, str]]
+    ) -> list[tuple[str, str, str, str]]:
+        """Every row of the ``(dataset, key)`` chunks, as ``(dataset, key, tier, state)``
+        (one query per few hundred chunks)."""
         by_dataset: dict[str, list[str]] = {}
         for d, k in chunks:
             by_dataset.setdefault(d, []).append(k)
-        found: list[CopyId] = []
+        found: list[tuple[str, str, str, str]] = []
         for d, keys in by_dataset.items():
             for i in range(0, len(keys), 500):
                 part = keys[i : i + 500]
                 marks = ", ".join("?" * len(part))
                 cur.execute(
                     self._sql(
-                        "SELECT dataset, key, tier FROM residency "
+                        "SELECT dataset, key, tier, state FROM residency "
                         f"WHERE dataset = ? AND key IN ({marks})"
                     ),
                     (d, *part),
@@ -501,21 +516,23 @@ class SQLCatalog(Catalog):
         latest: dict[CopyId, ChunkCopy],
         dropped: set[tuple[str, str]],
     ) -> list[CopyId]:
-        """Of the rows ``ids`` to delete, those of chunks not ``dropped`` that would leave
-        their chunk without any row once ``latest`` is recorded too."""
+        """Of the rows ``ids`` to delete, those that exist, of chunks not ``dropped``, that
+        would leave their chunk without any row once ``latest`` is recorded too."""
         chunks = {(d, k) for d, k, _ in ids} - dropped
         if not chunks:
             return []
         left: dict[tuple[str, str], set[str]] = {c: set() for c in chunks}
-        for d, k, t in self._rows_of(cur, chunks):
+        exist: set[CopyId] = set()
+        for d, k, t, _ in self._rows_of(cur, chunks):
             left[d, k].add(t)
+            exist.add((d, k, t))
         for d, k, t in latest:
             if (d, k) in left:
                 left[d, k].add(t)
         for d, k, t in ids:
             if (d, k) in left:
                 left[d, k].discard(t)
-        return [i for i in ids if (i[0], i[1]) in left and not left[i[0], i[1]]]
+        return [i for i in ids if i in exist and not left[i[0], i[1]]]
 
     def _explain_unknown(self, copies: Iterable[ChunkCopy]) -> str:
         datasets = {c.dataset for c in copies}

@@ -277,10 +277,14 @@ class Commit:
             res.restore(batch)
             raise
         kept = {(t, k) for _, k, t in done.kept}
-        self._delete(
-            res,
-            [o for o in batch.obsolete if o not in kept] + [(t, k) for _, k, t in done.superseded],
-        )
+        try:
+            self._delete(
+                res,
+                [o for o in batch.obsolete if o not in kept]
+                + [(t, k) for _, k, t in done.superseded],
+            )
+        finally:
+            res.deleted(kept)  # (kept, not deleted: puts of them may go on)
         self._relearn(res, done)
 
     def _relearn(self, res: Residency, done: _Recorded) -> None:
@@ -320,7 +324,9 @@ class Commit:
             batch.deletes,
             supersede=[(dataset, k, t) for k, t in batch.written],
             stale=stale,
-            dropped=[(dataset, k) for k in batch.dropped],
+            # (in a parallel job each rank deletes the objects its own changes made
+            # obsolete, and none learns which rows rank 0's commit kept: no keeping there)
+            dropped=[(dataset, k) for k in batch.dropped] if self.comm is None else None,
         )
         return _Recorded(done.superseded, done.kept, sorted({k for _, k, _ in replaced}))
 

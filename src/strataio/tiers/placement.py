@@ -40,13 +40,14 @@ from strataio.errors import (
     ChecksumError,
     ConfigError,
     DatasetDisabledError,
+    ExistsError,
     NotFoundError,
     StrataError,
     TierDownError,
 )
 from strataio.tiers.commit import Commit
 from strataio.tiers.residency import Residency, object_key
-from strataio.tiers.tier import Tier, TierSet, put_checked, read_checked
+from strataio.tiers.tier import Tier, TierSet, object_version, put_checked, read_checked
 
 __all__ = ["HINTS", "AutoDecision", "DatasetDisabledError", "Placement", "normalize_hint"]
 
@@ -446,21 +447,28 @@ class Placement:
                         if isinstance(exc, ChecksumError):
                             return False  # a corrupt only copy: fsck reports it; never evicted
                         raise
-                    if res.catalogued(copy.key, dst.name):
+                    known = res.catalogued(copy.key, dst.name)
+                    if known:
                         # the catalog may still name a forgotten copy there: announce
                         intent = dataclasses.replace(
                             copy, tier=dst.name, state="in-transit", last_access=time.time()
                         )
                         self.commit.announce(res, [intent])
                     try:
-                        n, digest = put_checked(dst, res.name, copy.key, data)
-                    except ChecksumError:
+                        # (an object there that no row known here names is another
+                        # process's: never replaced)
+                        n, digest = put_checked(dst, res.name, copy.key, data, new=not known)
+                    except (ChecksumError, ExistsError):
                         return False
                     back = ChunkCopy(
                         res.name, copy.key, dst.name, n, digest, "valid", copy.last_access
                     )
                     recorded = res.record_move(
-                        back, version, reserved=copy.nbytes, replaces=current
+                        back,
+                        version,
+                        reserved=copy.nbytes,
+                        replaces=current,
+                        put=object_version(dst, object_key(res.name, copy.key)),
                     )
                     return recorded
             except TierDownError:

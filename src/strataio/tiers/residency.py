@@ -319,8 +319,10 @@ class Residency:
             slot = (copy.key, copy.tier)
             if not self._tier(copy.tier).volatile:
                 self._upserts[slot] = copy
-                self._written.pop(slot, None)  # (record_write and record_move mark their own)
-                self._moved.pop(slot, None)
+                if old is None or old.checksum != copy.checksum:
+                    # another object's row now (record_write and record_move mark their own)
+                    self._written.pop(slot, None)
+                    self._moved.pop(slot, None)
                 self._deletes.discard(slot)
                 if unsynced:
                     self._unsynced.setdefault(copy.tier, set()).add(copy.key)
