@@ -292,13 +292,8 @@ class Commit:
         process's put replaced a copy, or a copy it dropped was its chunk's last): learn
         those chunks' rows from the catalog."""
         keys = {k for _, k, _ in done.kept} | set(done.replaced)
-        if not keys or self.catalog is None:
-            return
-        rows: dict[str, list[ChunkCopy]] = {}
-        for c in self.catalog.residency(res.name):
-            rows.setdefault(c.key, []).append(c)
-        for key in sorted(keys):
-            res.refresh(key, rows.get(key, []))
+        if keys and self.catalog is not None:
+            res.refresh_from(self.catalog, sorted(keys))
 
     def _record(self, dataset: str, batch: Batch) -> _Recorded:
         """Record ``batch``'s rows in one transaction; access times of chunks only read are

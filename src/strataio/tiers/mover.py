@@ -517,4 +517,4 @@ class Mover:
         catalog = self.commit.catalog
         if catalog is None:
             return False
-        return res.refresh(key, [c for c in catalog.residency(res.name) if c.key == key])
+        return bool(res.refresh_from(catalog, [key]))

@@ -611,6 +611,14 @@ class Residency:
                 self._changed(key)
             return sorted(changed)
 
+    def refresh_from(self, catalog: Any, keys: Iterable[str]) -> list[str]:
+        """:meth:`refresh` each of ``keys`` from the rows ``catalog`` holds now (one query):
+        the keys whose copies changed."""
+        rows: dict[str, list[ChunkCopy]] = {}
+        for c in catalog.residency(self.name):
+            rows.setdefault(c.key, []).append(c)
+        return [k for k in keys if self.refresh(k, rows.get(k, []))]
+
     def refresh(self, key: str, copies: Iterable[ChunkCopy]) -> bool:
         """Make the persistent copies of chunk ``key`` those the catalog records now
         (``copies``), when another process may have moved it since this residency was

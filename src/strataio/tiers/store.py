@@ -536,12 +536,8 @@ class TieredChunkStore(ChunkStore):
         # a put of a chunk in flight here (a write-back that found the copy missing too) is
         # waited out first: only a chunk with nothing in flight is refreshed
         quiet = [k for k in keys if self.res.wait_quiet(k)]
-        rows: dict[str, list[ChunkCopy]] = {}
-        for c in catalog.residency(self.name):
-            rows.setdefault(c.key, []).append(c)
-        return [
-            i for i, k in enumerate(keys) if k in quiet and self.res.refresh(k, rows.get(k, []))
-        ]
+        changed = set(self.res.refresh_from(catalog, quiet))
+        return [i for i, k in enumerate(keys) if k in changed]
 
     def _lost(self, key: str, corrupt: list[str]) -> StrataError:
         if corrupt:
