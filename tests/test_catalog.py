@@ -460,6 +460,51 @@ def test_commits_supersede_check_staleness_and_keep_last_copies(cat):
     assert {c.key for c in cat.residency("d")} == {"c/0/0", "c/1/0"}
 
 
+def test_a_delete_applies_only_to_the_row_the_caller_saw(cat):
+    """A delete with an expected checksum is left out (reported kept) where the row holds
+    another one now, or is gone (another process rewrote, replaced or dropped that copy); one
+    the caller knew of no row for keeps any row found, and goes through where none is."""
+    cat.create_dataset(_ds("d"))
+    cat.commit(
+        [
+            ChunkCopy("d", "c/0/0", "local", 8, "rewritten", "in-transit", 0.0, "aa", "w2"),
+            ChunkCopy("d", "c/0/0", "archive", 8, "aa"),
+            ChunkCopy("d", "c/1/0", "local", 8, "bb"),
+            ChunkCopy("d", "c/1/0", "archive", 8, "bb"),
+            ChunkCopy("d", "c/2/0", "local", 8, "cc"),
+            ChunkCopy("d", "c/2/0", "archive", 8, "cc"),
+        ]
+    )
+    ids = [("d", f"c/{i}/0", "local") for i in range(5)]
+    done = cat.commit(
+        deletes=ids,
+        expect={ids[0]: "aa", ids[1]: "bb", ids[2]: "", ids[3]: "dd", ids[4]: ""},
+    )
+    assert sorted(done.kept) == [ids[0], ids[2], ids[3]]
+    assert sorted((c.key, c.tier) for c in cat.residency("d") if c.tier == "local") == [
+        ("c/0/0", "local"),
+        ("c/2/0", "local"),
+    ]
+    # a write's commit removes the other rows of its chunk, changed since or not, but
+    # another writer's announced rewrite
+    cat.commit([ChunkCopy("d", "c/1/0", "archive", 8, "changed")])
+    done = cat.commit(
+        [ChunkCopy("d", "c/1/0", "local", 8, "new")],
+        [("d", "c/1/0", "archive")],
+        supersede=[("d", "c/1/0", "local")],
+        expect={("d", "c/1/0", "archive"): "bb"},
+    )
+    assert done.kept == [] and [c.tier for c in cat.residency("d", ["c/1/0"])] == ["local"]
+    done = cat.commit(
+        [ChunkCopy("d", "c/0/0", "archive", 8, "new")],
+        [("d", "c/0/0", "local")],
+        supersede=[("d", "c/0/0", "archive")],
+        expect={("d", "c/0/0", "local"): "aa"},
+    )
+    assert done.kept == [("d", "c/0/0", "local")]
+    assert {c.tier for c in cat.residency("d", ["c/0/0"])} == {"local", "archive"}
+
+
 def test_batched_commit_is_one_transaction(cat):
     """10,000 copies commit in ONE transaction, and a dataset's residency loads in ONE query,
     counted by the database driver's own statement trace."""
@@ -813,3 +858,20 @@ class WriterRegistry(RuleBasedStateMachine):
 
 WriterRegistry.TestCase.settings = settings(max_examples=40, stateful_step_count=15, deadline=None)
 test_writer_registry = WriterRegistry.TestCase
+
+
+def test_residency_of_some_keys(cat):
+    """``residency(dataset, keys)`` gives the rows of those chunks only, across batches of
+    keys, in key then tier order."""
+    cat.create_dataset(_ds("d", shape=(1200,), chunks=(1,)))
+    cat.commit(
+        [ChunkCopy("d", f"c/{i}", "local", 1, "aa") for i in range(1200)]
+        + [ChunkCopy("d", "c/7", "archive", 1, "aa")]
+    )
+    want = [f"c/{i}" for i in range(0, 1200, 2)] + ["c/7", "c/9999"]
+    got = cat.residency("d", want)
+    assert [(c.key, c.tier) for c in got] == sorted(
+        [(k, "local") for k in set(want) - {"c/9999"}] + [("c/7", "archive")],
+        key=lambda r: (r[0], r[1] != "local"),
+    )
+    assert cat.residency("d", []) == []

@@ -15,7 +15,7 @@ from __future__ import annotations
 import abc
 import json
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -122,6 +122,11 @@ class ChunkCopy:
             self.state == "in-transit" and digest == self.old_checksum != ""
         )
 
+    def rewritten_by_other(self, writer: str) -> bool:
+        """True if this row announces a rewrite by a writer other than ``writer``: its
+        object may be written right now, and only that writer's commit settles it."""
+        return self.state == "in-transit" and bool(self.writer) and self.writer != writer
+
 
 @dataclass(frozen=True, slots=True)
 class WriterRecord:
@@ -171,7 +176,8 @@ class CommitOutcome:
     """What :meth:`Catalog.commit` did besides what it was asked: ``superseded``, the copies
     it removed for superseding writes that its ``deletes`` did not name (their objects are
     the caller's to delete); ``kept``, the copies among ``deletes`` it left because they
-    were the last of their chunk (their objects must stay)."""
+    were the last of their chunk or not what the caller expected (their objects must
+    stay)."""
 
     superseded: list[CopyId]
     kept: list[CopyId]
@@ -234,8 +240,9 @@ class Catalog(abc.ABC):
     # -- residency ----------------------------------------------------------------------
 
     @abc.abstractmethod
-    def residency(self, dataset: str) -> list[ChunkCopy]:
-        """Every chunk copy of ``dataset`` (one query), ordered by key then tier order."""
+    def residency(self, dataset: str, keys: Iterable[str] | None = None) -> list[ChunkCopy]:
+        """Every chunk copy of ``dataset`` (one query), ordered by key then tier order; with
+        ``keys``, those of these chunk keys only (one query per few hundred keys)."""
 
     @abc.abstractmethod
     def all_residency(self) -> list[ChunkCopy]:
@@ -251,6 +258,7 @@ class Catalog(abc.ABC):
         supersede: Sequence[CopyId] = (),
         stale: Callable[[Sequence[CopyId]], set[CopyId]] | None = None,
         dropped: Iterable[tuple[str, str]] | None = None,
+        expect: Mapping[CopyId, str] | None = None,
     ) -> CommitOutcome:
         """Apply residency changes atomically, in ONE transaction: insert or replace each
         copy in ``upserts`` (keyed by dataset, key, tier), then remove each
@@ -269,6 +277,11 @@ class Catalog(abc.ABC):
         every other chunk from losing its last copy: a delete that would leave one without
         any row is left out (the caller's view of its other copies was stale: another
         process moved or rewrote the chunk).
+
+        ``expect`` maps copies among ``deletes`` to the checksum the caller saw in their
+        row (``""``: it saw none): a delete of a row that now holds another checksum, or is
+        gone, or exists where none was seen, is left out, as a kept one is (another process
+        changed that copy since, and the object may be its own).
 
         ``durable=False`` returns before the transaction reaches the disk: it is visible to
         every process at once and survives this process's death, but an OS crash or power

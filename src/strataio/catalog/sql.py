@@ -19,7 +19,7 @@ import socket
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from strataio.catalog.base import (
@@ -388,11 +388,24 @@ class SQLCatalog(Catalog):
 
     # -- residency -----------------------------------------------------------------------
 
-    def residency(self, dataset: str) -> list[ChunkCopy]:
-        rows = self._query(
-            f"{_SELECT_COPIES} WHERE r.dataset = ? ORDER BY r.key{{c}}, t.ord", (dataset,)
-        )
-        return [ChunkCopy(*r) for r in rows]
+    def residency(self, dataset: str, keys: Iterable[str] | None = None) -> list[ChunkCopy]:
+        if keys is None:
+            rows = self._query(
+                f"{_SELECT_COPIES} WHERE r.dataset = ? ORDER BY r.key{{c}}, t.ord", (dataset,)
+            )
+            return [ChunkCopy(*r) for r in rows]
+        wanted = sorted(set(keys))
+        out: list[ChunkCopy] = []
+        for i in range(0, len(wanted), 500):
+            part = wanted[i : i + 500]
+            marks = ", ".join("?" * len(part))
+            rows = self._query(
+                f"{_SELECT_COPIES} WHERE r.dataset = ? AND r.key IN ({marks}) "
+                "ORDER BY r.key{c}, t.ord",
+                (dataset, *part),
+            )
+            out.extend(ChunkCopy(*r) for r in rows)
+        return out
 
     def all_residency(self) -> list[ChunkCopy]:
         rows = self._query(f"{_SELECT_COPIES} ORDER BY r.dataset{{c}}, r.key{{c}}, t.ord")
@@ -426,6 +439,7 @@ class SQLCatalog(Catalog):
         supersede: Sequence[CopyId] = (),
         stale: Callable[[Sequence[CopyId]], set[CopyId]] | None = None,
         dropped: Iterable[tuple[str, str]] | None = None,
+        expect: Mapping[CopyId, str] | None = None,
     ) -> CommitOutcome:
         # Last write wins within a batch, as executemany would do; deduplicating first also
         # keeps PostgreSQL's set-based upsert from touching one row twice.
@@ -448,10 +462,24 @@ class SQLCatalog(Catalog):
                     for c in gone:
                         latest.pop(c, None)
                     new = [c for c in new if c not in gone]
-                if new or (dropped is not None and ids):
-                    # (rows of other processes' commits decide both: taken under a lock where
-                    # the database lets one read them while it runs)
+                guarded = [i for i in ids if expect and i in expect]
+                sup = {(d, k) for d, k, _ in new}
+                if new or guarded or (dropped is not None and ids):
+                    # (rows of other processes' commits decide these: taken under a lock
+                    # where the database lets one read them while it runs)
                     self._lock_residency(cur, {d for d, _, _ in [*new, *ids]})
+                if guarded:
+                    assert expect is not None
+                    now = {
+                        (d, k, t): (state, checksum)
+                        for d, k, t, state, checksum in self._rows_of(cur, {i[:2] for i in guarded})
+                    }
+                    kept = [
+                        i for i in guarded if _changed_since(now.get(i), expect[i], i[:2] in sup)
+                    ]
+                    if kept:
+                        keep = set(kept)
+                        ids = [i for i in ids if i not in keep]
                 if new:  # (rows this commit records or removes itself are its own)
                     named = set(ids) | set(latest)
                     chunks = {(d, k) for d, k, _ in new}
@@ -460,14 +488,15 @@ class SQLCatalog(Catalog):
                     # commit, which supersedes in turn: its object may be written right now)
                     removed = [
                         (d, k, t)
-                        for d, k, t, state in self._rows_of(cur, chunks)
+                        for d, k, t, state, _ in self._rows_of(cur, chunks)
                         if holds[d, k] != t and (d, k, t) not in named and state != "in-transit"
                     ]
                 if dropped is not None and ids:
-                    kept = self._last_rows(cur, ids, latest, set(dropped))
-                    if kept:
-                        keep = set(kept)
+                    last = self._last_rows(cur, ids, latest, set(dropped))
+                    if last:
+                        keep = set(last)
                         ids = [i for i in ids if i not in keep]
+                        kept += last
                 rows = [
                     (
                         c.dataset, c.key, c.tier, int(c.nbytes), c.checksum, c.state,
@@ -488,20 +517,20 @@ class SQLCatalog(Catalog):
 
     def _rows_of(
         self, cur: Cursor, chunks: Iterable[tuple[str, str]]
-    ) -> list[tuple[str, str, str, str]]:
-        """Every row of the ``(dataset, key)`` chunks, as ``(dataset, key, tier, state)``
-        (one query per few hundred chunks)."""
+    ) -> list[tuple[str, str, str, str, str]]:
+        """Every row of the ``(dataset, key)`` chunks, as ``(dataset, key, tier, state,
+        checksum)`` (one query per few hundred chunks)."""
         by_dataset: dict[str, list[str]] = {}
         for d, k in chunks:
             by_dataset.setdefault(d, []).append(k)
-        found: list[tuple[str, str, str, str]] = []
+        found: list[tuple[str, str, str, str, str]] = []
         for d, keys in by_dataset.items():
             for i in range(0, len(keys), 500):
                 part = keys[i : i + 500]
                 marks = ", ".join("?" * len(part))
                 cur.execute(
                     self._sql(
-                        "SELECT dataset, key, tier, state FROM residency "
+                        "SELECT dataset, key, tier, state, checksum FROM residency "
                         f"WHERE dataset = ? AND key IN ({marks})"
                     ),
                     (d, *part),
@@ -523,7 +552,7 @@ class SQLCatalog(Catalog):
             return []
         left: dict[tuple[str, str], set[str]] = {c: set() for c in chunks}
         exist: set[CopyId] = set()
-        for d, k, t, _ in self._rows_of(cur, chunks):
+        for d, k, t, _, _ in self._rows_of(cur, chunks):
             left[d, k].add(t)
             exist.add((d, k, t))
         for d, k, t in latest:
@@ -750,3 +779,16 @@ class SQLCatalog(Catalog):
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"schema v{self.schema_version}"
         return f"{type(self).__name__}({self._label()!r}, {state})"
+
+
+def _changed_since(row: tuple[str, str] | None, expected: str, superseded: bool) -> bool:
+    """Whether a row to delete, now ``(state, checksum)`` (None: gone), is no longer the one
+    its deleter saw (checksum ``expected``; ``""``: none): another process rewrote, replaced
+    or dropped that copy since, and its object may be that process's. A row of a chunk the
+    same commit supersedes goes anyway (the write is newer), but another writer's announced
+    rewrite."""
+    if row is None:
+        return expected != ""  # (its object may be a put not recorded yet)
+    if superseded:
+        return row[0] == "in-transit" and row[1] != expected
+    return row[1] != expected

@@ -30,13 +30,17 @@ Other processes may have moved or rewritten the same chunks since this one loade
 The transaction therefore checks against the catalog itself, not this process's view: a
 write's row supersedes every other copy of its chunk, known here or not; a write's or a
 move's row is left out where another process's put replaced the object since (by the
-object's version; that process's commit records its own); and no chunk loses its last copy
-to a deletion decided on stale rows, unless it was deleted on purpose. Moves refuse a copy
-another live process is rewriting, and a destination object no row known here names. What
-is not covered yet: two processes interleaving moves with unflushed rewrites of the same
-chunks can still leave a chunk unreadable or at an older value (``tests/
-test_sessions_stateful.py``, a slow test, finds such interleavings); a job should flush
-before another process moves what it wrote.
+object's version; that process's commit records its own); a row is deleted, and its object
+with it, only if it still holds the checksum this process last saw in it (another process
+may have announced a rewrite there since); and no chunk loses its last copy to a deletion
+decided on stale rows, unless it was deleted on purpose. Around the commit: moves start
+from the rows the catalog holds then, refuse a copy another live process is rewriting, and
+refuse to replace an object this process holds no copy of (another process's put not
+recorded yet); a write onto a tier where it knows no copy of the chunk learns that chunk's
+rows first, so it is announced as the rewrite it is; a read forgets a copy it finds
+missing in this process only (the catalog's row is fsck's to repair). What remains is the
+few microseconds between such a check and the put it guards (``tests/
+test_sessions_stateful.py`` interleaves two sessions' writes, flushes, moves and reopens).
 
 Rewrites in place are announced (:meth:`Commit.announce`) under the session's ``writer`` (see
 :mod:`strataio.catalog.liveness`) on every rank: a rank other than 0 opens its own catalog
@@ -132,6 +136,7 @@ class Commit:
                 self._announcing().commit(rows, [], durable=False)
             else:
                 return
+            res.announced(rows)
         with self._count_lock:
             self._announced += 1
 
@@ -177,6 +182,7 @@ class Commit:
                     every.written.update(b.written)
                     every.moved.update(b.moved)
                     every.dropped |= b.dropped
+                    every.rewritten |= b.rewritten
                 superseded = [(t, k) for _, k, t in self._record(res.name, every).superseded]
             except BaseException as exc:
                 err = exc
@@ -276,6 +282,11 @@ class Commit:
         except BaseException:
             res.restore(batch)
             raise
+        res.recorded(
+            batch,
+            done.left_out,
+            [*(i for i in batch.deletes if i not in set(done.kept)), *done.superseded],
+        )
         kept = {(t, k) for _, k, t in done.kept}
         try:
             self._delete(
@@ -291,7 +302,7 @@ class Commit:
         """After a commit that found rows this residency's view of which was stale (another
         process's put replaced a copy, or a copy it dropped was its chunk's last): learn
         those chunks' rows from the catalog."""
-        keys = {k for _, k, _ in done.kept} | set(done.replaced)
+        keys = {k for _, k, _ in [*done.kept, *done.left_out]}
         if keys and self.catalog is not None:
             res.refresh_from(self.catalog, sorted(keys))
 
@@ -306,7 +317,7 @@ class Commit:
         if batch.touches:
             self.catalog.touch(dataset, sorted(batch.touches), max(batch.touches.values()))
         if not (batch.upserts or batch.deletes):
-            return _Recorded([], [], [])
+            return _Recorded([], [], set())
         replaced: set[CopyId] = set()
         puts = {**batch.moved, **batch.written}
 
@@ -317,13 +328,14 @@ class Commit:
         done = self.catalog.commit(
             self._stamped(batch.upserts),
             batch.deletes,
-            supersede=[(dataset, k, t) for k, t in batch.written],
+            supersede=[(dataset, c.key, c.tier) for c in batch.upserts if c.key in batch.rewritten],
             stale=stale,
             # (in a parallel job each rank deletes the objects its own changes made
             # obsolete, and none learns which rows rank 0's commit kept: no keeping there)
             dropped=[(dataset, k) for k in batch.dropped] if self.comm is None else None,
+            expect=batch.expect if self.comm is None else None,
         )
-        return _Recorded(done.superseded, done.kept, sorted({k for _, k, _ in replaced}))
+        return _Recorded(done.superseded, done.kept, replaced)
 
     def _replaced(
         self, dataset: str, ids: Sequence[CopyId], puts: dict[tuple[str, str], Any]
@@ -429,12 +441,12 @@ class Commit:
 @dataclasses.dataclass(frozen=True)
 class _Recorded:
     """What a commit of a batch found (see :meth:`Commit._record`): copies superseded and
-    copies kept (as :class:`CommitOutcome`), and keys of chunks whose put another process's
-    replaced."""
+    copies kept (as :class:`CommitOutcome`), and the copies left out because another
+    process's put replaced their object."""
 
     superseded: list[CopyId]
     kept: list[CopyId]
-    replaced: list[str]
+    left_out: set[CopyId]
 
 
 def _first_error(comm: Any, err: BaseException | None) -> BaseException | None:

@@ -41,6 +41,7 @@ from strataio.tiers.tier import (
     object_version,
     put_checked,
     read_checked,
+    refuse_unknown_object,
 )
 
 T = TypeVar("T")
@@ -263,6 +264,10 @@ class Mover:
         one: Callable[[str], tuple[str, int]],
     ) -> MoveHandle:
         keys = list(dict.fromkeys(keys))
+        if keys and self.commit.catalog is not None:
+            # another process may have moved or rewritten these chunks since the dataset was
+            # opened: a move acts on the rows the catalog holds now (one query)
+            res.refresh_from(self.commit.catalog, keys)
         h = MoveHandle(op, len(keys), self.commit, res)
 
         def job(key: str) -> None:
@@ -327,7 +332,7 @@ class Mover:
                 return "reused", 0
             if src.state == "in-transit" and res.busy(key):
                 return "reused", 0  # being rewritten here: the new version is where it goes
-            if src.state == "in-transit" and src.writer and src.writer != self.commit.writer:
+            if src.rewritten_by_other(self.commit.writer):
                 # (a copy would take either version, and a migrate would delete what that
                 # process is writing; it may have recorded its write since this row was read)
                 explain = StrataError(
@@ -365,14 +370,15 @@ class Mover:
                             # process recorded for it since this residency was loaded, stay
                             res.abandon_write(key, dst.name)
                             raise
-                        known = res.catalogued(key, dst.name)
-                        self._announce(res, key, dst, src)
                         try:
-                            n, digest = put_checked(dst, res.name, key, data, new=not known)
+                            if not res.holds_object(key, dst.name):
+                                refuse_unknown_object(dst, res.name, key)
                         except ExistsError as exc:
                             res.abandon_write(key, dst.name)
                             explain = exc  # the catalog may know whose it is
                             continue
+                        self._announce(res, key, dst, src)
+                        n, digest = put_checked(dst, res.name, key, data)
                     except NotFoundError:
                         if res.drop_missing(src) or not res.is_current(src):
                             continue  # catalogued but gone (forgotten now), or moved away
@@ -443,7 +449,9 @@ class Mover:
                         raise
         return "reused", 0
 
-    def _migrate_one(self, res: Residency, key: str, target: Tier) -> tuple[str, int]:
+    def _migrate_one(
+        self, res: Residency, key: str, target: Tier, *, refreshed: bool = False
+    ) -> tuple[str, int]:
         copies = res.copies(key)
         if not copies:
             return "reused", 0
@@ -457,9 +465,18 @@ class Mover:
         if not any(c.tier == target.name for c in res.readable(key, up_only=False)):
             return outcome, n
         rank = self._rank(target.name)
-        for c in copies:
-            if self._rank(c.tier) < rank:
-                res.drop_if_kept(c)  # object deleted after the commit
+        faster = [c for c in res.copies(key) if self._rank(c.tier) < rank]
+        busy = [c.tier for c in faster if c.rewritten_by_other(self.commit.writer)]
+        if busy:
+            # (that writer's commit settles the copy; it may have recorded it since)
+            if not refreshed and self._refresh(res, key):
+                return self._migrate_one(res, key, target, refreshed=True)
+            raise StrataError(
+                f"chunk {key!r} of {res.name!r} is being rewritten on {', '.join(busy)} by "
+                f"another process; copied to {target.name!r}, the copy there stays"
+            )
+        for c in faster:
+            res.drop_if_kept(c)  # object deleted after the commit
         return outcome, n
 
     def _prefetch_one(self, res: Residency, key: str) -> tuple[str, int]:
@@ -486,7 +503,7 @@ class Mover:
         copy = res.copy_on(key, tier.name)
         if copy is None:
             return "reused", 0
-        if copy.state == "in-transit" and copy.writer and copy.writer != self.commit.writer:
+        if copy.rewritten_by_other(self.commit.writer):
             if not refreshed and self._refresh(res, key):  # (it may have recorded it since)
                 return self._evict_one(res, key, tier, refreshed=True)
             raise StrataError(

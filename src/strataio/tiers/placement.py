@@ -47,7 +47,14 @@ from strataio.errors import (
 )
 from strataio.tiers.commit import Commit
 from strataio.tiers.residency import Residency, object_key
-from strataio.tiers.tier import Tier, TierSet, object_version, put_checked, read_checked
+from strataio.tiers.tier import (
+    Tier,
+    TierSet,
+    object_version,
+    put_checked,
+    read_checked,
+    refuse_unknown_object,
+)
 
 __all__ = ["HINTS", "AutoDecision", "DatasetDisabledError", "Placement", "normalize_hint"]
 
@@ -407,7 +414,7 @@ class Placement:
         was listed, or cannot be written back. A copy whose object is found missing is
         forgotten (True: its room is free).
         """
-        if res.busy(copy.key, tier.name):
+        if res.busy(copy.key, tier.name) or copy.rewritten_by_other(self.commit.writer):
             return False  # its new version is being written there: not a victim
         done = res.drop_if_kept(copy)
         if not done and not tier.volatile and res.copy_on(copy.key, tier.name) is not None:
@@ -447,18 +454,23 @@ class Placement:
                         if isinstance(exc, ChecksumError):
                             return False  # a corrupt only copy: fsck reports it; never evicted
                         raise
-                    known = res.catalogued(copy.key, dst.name)
-                    if known:
+                    try:
+                        # (an object there that is not this process's is another
+                        # process's write not recorded yet: never replaced)
+                        if not res.holds_object(copy.key, dst.name):
+                            refuse_unknown_object(dst, res.name, copy.key)
+                    except ExistsError:
+                        res.abandon_write(copy.key, dst.name)
+                        return False
+                    if res.catalogued(copy.key, dst.name):
                         # the catalog may still name a forgotten copy there: announce
                         intent = dataclasses.replace(
                             copy, tier=dst.name, state="in-transit", last_access=time.time()
                         )
                         self.commit.announce(res, [intent])
                     try:
-                        # (an object there that no row known here names is another
-                        # process's: never replaced)
-                        n, digest = put_checked(dst, res.name, copy.key, data, new=not known)
-                    except (ChecksumError, ExistsError):
+                        n, digest = put_checked(dst, res.name, copy.key, data)
+                    except ChecksumError:
                         return False
                     back = ChunkCopy(
                         res.name, copy.key, dst.name, n, digest, "valid", copy.last_access

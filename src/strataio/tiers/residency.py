@@ -56,10 +56,15 @@ class Batch:
     changed since it opened the dataset. ``written`` maps the ``(key, tier)`` of each upsert
     that records new content (a write, not a move) to the version of the object put (None
     where the backend has none): the commit checks that no other process replaced the
-    object since, and removes every other copy of the chunk (see :meth:`Catalog.commit`).
+    object since (see :meth:`Catalog.commit`).
     ``moved`` maps those of moves' copies to the version put, checked the same way.
     ``dropped``: keys of chunks deleted on purpose; the commit keeps any other chunk from
-    losing its last catalogued copy (a drop decided on stale rows)."""
+    losing its last catalogued copy (a drop decided on stale rows). ``expect`` maps each
+    delete to the checksum of the row as this process last loaded or recorded it (empty:
+    it knows of no row): a row that holds another by now is another process's, and is
+    kept, object and all. ``rewritten``: keys of chunks with new content among the upserts
+    (wherever the written copy went since: a write-back or a stage of it before the commit
+    carries the new content too), whose rows supersede every other copy of the chunk."""
 
     unsynced: dict[str, set[str]] = field(default_factory=dict)
     upserts: list[ChunkCopy] = field(default_factory=list)
@@ -69,6 +74,8 @@ class Batch:
     written: dict[tuple[str, str], Any] = field(default_factory=dict)
     moved: dict[tuple[str, str], Any] = field(default_factory=dict)
     dropped: set[str] = field(default_factory=set)
+    expect: dict[CopyId, str] = field(default_factory=dict)
+    rewritten: set[str] = field(default_factory=set)
 
     @property
     def empty(self) -> bool:
@@ -84,6 +91,7 @@ class Batch:
             written=self.written,
             moved=self.moved,
             dropped=self.dropped,
+            rewritten=self.rewritten,
         )
 
 
@@ -101,14 +109,19 @@ class Residency:
         self.commit_lock = threading.Lock()
         self._cond = threading.Condition(self.lock)
         self._copies: dict[str, dict[str, ChunkCopy]] = {}
+        # (key, tier) -> checksum of the catalog's row as this process last loaded or
+        # recorded it: a delete is applied only to the row it was decided on
+        self._known: dict[tuple[str, str], str] = {}
         for c in copies:
             self._copies.setdefault(c.key, {})[c.tier] = c
+            self._known[c.key, c.tier] = c.checksum
         self._upserts: dict[tuple[str, str], ChunkCopy] = {}
         self._deletes: set[tuple[str, str]] = set()
         self._unsynced: dict[str, set[str]] = {}  # tier -> chunk keys put, not yet synced
         self._written: dict[tuple[str, str], Any] = {}  # (key, tier) -> version put (Batch)
         self._moved: dict[tuple[str, str], Any] = {}  # the same, of moves' copies
         self._dropped: set[str] = set()  # chunks deleted on purpose (Batch)
+        self._rewritten: set[str] = set()  # chunks whose new content is not committed (Batch)
         self._obsolete: set[tuple[str, str]] = set()  # (tier, key) to delete after commit
         self._deleting: set[tuple[str, str]] = set()  # (tier, key) being deleted now
         self._committing: set[tuple[str, str]] = set()  # (key, tier) rows a batch deletes
@@ -119,6 +132,7 @@ class Residency:
         self._versions: Counter[str] = Counter()
         self._touched: dict[str, float] = {}  # key -> latest access time not recorded yet
         self._stamps: dict[str, int] = {}  # key -> changes of its copies or puts in flight
+        self._forgotten: set[tuple[str, str]] = set()  # (key, tier) rows forgotten here only
 
     # ----------------------------------------------------------------- queries
     def chunk_keys(self) -> list[str]:
@@ -218,12 +232,28 @@ class Residency:
         row's deletion is not committed yet. A put there replaces an object the catalog may
         name, so it is announced first (:meth:`Commit.announce`)."""
         with self.lock:
-            slot = (key, tier)
+            return self._row_pending(key, tier) or (key, tier) in self._forgotten
+
+    def holds_object(self, key: str, tier: str) -> bool:
+        """True if the object of ``key`` on ``tier``, where there is one, is this process's
+        to replace: a copy recorded here, or one whose deletion is pending here. Any other
+        object there is another process's put not recorded yet (or a leftover)."""
+        with self.lock:
+            obj = (tier, key)
             return (
-                self.copy_on(key, tier) is not None
-                or slot in self._deletes
-                or slot in self._committing
+                self._row_pending(key, tier)
+                or obj in self._obsolete
+                or obj in self._deleting
+                or obj in self._cancelled  # (a deletion the caller's put cancelled)
             )
+
+    def _row_pending(self, key: str, tier: str) -> bool:
+        """A copy of ``key`` on ``tier`` is recorded here, or its row's deletion is not
+        committed yet (the caller holds the lock)."""
+        slot = (key, tier)
+        return (
+            self.copy_on(key, tier) is not None or slot in self._deletes or slot in self._committing
+        )
 
     def busy(self, key: str, tier: str | None = None) -> bool:
         """True while a put of ``key`` (to ``tier``; to any tier when None) is in flight."""
@@ -317,6 +347,7 @@ class Residency:
             self._dropped.discard(copy.key)
             self._changed(copy.key)
             slot = (copy.key, copy.tier)
+            self._forgotten.discard(slot)
             if not self._tier(copy.tier).volatile:
                 self._upserts[slot] = copy
                 if old is None or old.checksum != copy.checksum:
@@ -342,6 +373,7 @@ class Residency:
             self.add(copy, reserved=reserved, unsynced=True)
             if not self._tier(copy.tier).volatile:
                 self._written[copy.key, copy.tier] = version
+                self._rewritten.add(copy.key)
             for c in list(self._copies.get(copy.key, {}).values()):
                 if c.tier != copy.tier:
                     self.remove(copy.key, c.tier)
@@ -413,6 +445,22 @@ class Residency:
             self._tier(tier).account(-old.nbytes)
         return old
 
+    def _forget(self, copy: ChunkCopy) -> bool:
+        """Forget ``copy`` here if it is still the one recorded, buffering nothing: the
+        catalog may still name it (:meth:`catalogued` stays true until a refresh)."""
+        per = self._copies.get(copy.key, {})
+        old = per.get(copy.tier)
+        if old is None or not _same(old, copy):
+            return False
+        del per[copy.tier]
+        if not per:
+            self._copies.pop(copy.key, None)
+        self._changed(copy.key)
+        self._tier(copy.tier).account(-old.nbytes)
+        if not self._tier(copy.tier).volatile:
+            self._forgotten.add((copy.key, copy.tier))
+        return True
+
     def mark_valid(self, copy: ChunkCopy) -> bool:
         """Record that ``copy`` (a ``dirty`` one) is now at the chunk's home tier, if it is
         still the copy recorded there."""
@@ -438,6 +486,13 @@ class Residency:
         chunk is kept, so that its loss stays visible (reads raise, fsck reports it) instead
         of the chunk reading as never written.
 
+        It is forgotten here only, not in the catalog: objects are deleted only after the
+        catalog stops naming them, so a row naming a missing object is either one another
+        process has dropped since this residency was loaded (its deletion is committed
+        already) or a loss fsck reports and repairs. A row deleted on the strength of a
+        missing object could be one another process has just recorded again; and a chunk
+        with a buffered deletion could not be refreshed from the catalog.
+
         The object is looked for again under the residency lock: a put records its copy only
         after the object is there, so a copy recorded meanwhile (the same bytes put again)
         is never taken for the missing one.
@@ -451,7 +506,7 @@ class Residency:
                     return False
             except Exception:
                 return False  # the tier cannot tell: keep the row
-            return self.remove(copy.key, copy.tier, delete_object=False, expect=copy) is not None
+            return self._forget(copy)
 
     #: seconds within which a chunk's accesses count as one (LRU order among them is
     #: arbitrary): a chunk read again and again costs one dictionary look-up per read
@@ -497,8 +552,11 @@ class Residency:
                 {slot: v for slot, v in self._written.items() if slot in ups},
                 {slot: v for slot, v in self._moved.items() if slot in ups},
                 set(self._dropped),
+                {(self.name, k, t): self._known.get((k, t), "") for k, t in self._deletes},
+                {k for k, _ in ups} & self._rewritten,
             )
             self._dropped.clear()
+            self._rewritten -= batch.rewritten
             for slot in batch.written:
                 del self._written[slot]
             for slot in batch.moved:
@@ -537,7 +595,26 @@ class Residency:
             for k, when in batch.touches.items():
                 self._touched[k] = max(when, self._touched.get(k, when))
             self._dropped |= {k for k in batch.dropped if not self._copies.get(k)}
+            self._rewritten |= batch.rewritten
             self._cond.notify_all()
+
+    def recorded(self, batch: Batch, left_out: Iterable[CopyId], gone: Iterable[CopyId]) -> None:
+        """A commit of ``batch`` went through: its rows, but those ``left_out``, are now the
+        catalog's, and its deletes (but those it kept) and the rows ``gone`` (superseded)
+        are gone from it."""
+        skip = set(left_out)
+        with self.lock:
+            for c in batch.upserts:
+                if (c.dataset, c.key, c.tier) not in skip:
+                    self._known[c.key, c.tier] = c.checksum
+            for _, k, t in gone:
+                self._known.pop((k, t), None)
+
+    def announced(self, rows: Iterable[ChunkCopy]) -> None:
+        """Announcements ``rows`` are now the catalog's rows of their copies."""
+        with self.lock:
+            for c in rows:
+                self._known[c.key, c.tier] = c.checksum
 
     def deleted(self, objs: Iterable[tuple[str, str]]) -> None:
         """The obsolete objects ``objs`` of a taken batch are dealt with (deleted, or left as
@@ -572,6 +649,7 @@ class Residency:
             for k, when in batch.touches.items():
                 self.touch([k], when)
             self._dropped |= {k for k in batch.dropped if not self._copies.get(k)}
+            self._rewritten |= batch.rewritten
             return sorted(changed)
 
     def reload(self, copies: Iterable[ChunkCopy]) -> list[str]:
@@ -607,15 +685,18 @@ class Residency:
                 self._deletes.discard(slot)
             for key in changed:
                 self._versions[key] += 1
+            self._forgotten.clear()
+            self._known = {slot: c.checksum for slot, c in want.items()}
             for key in {k for k, _ in want} | {k for k, _ in have}:
                 self._changed(key)
             return sorted(changed)
 
     def refresh_from(self, catalog: Any, keys: Iterable[str]) -> list[str]:
-        """:meth:`refresh` each of ``keys`` from the rows ``catalog`` holds now (one query):
-        the keys whose copies changed."""
+        """:meth:`refresh` each of ``keys`` from the rows ``catalog`` holds now (one query
+        per few hundred keys): the keys whose copies changed."""
+        keys = list(keys)
         rows: dict[str, list[ChunkCopy]] = {}
-        for c in catalog.residency(self.name):
+        for c in catalog.residency(self.name, keys):
             rows.setdefault(c.key, []).append(c)
         return [k for k in keys if self.refresh(k, rows.get(k, []))]
 
@@ -633,6 +714,10 @@ class Residency:
             per = self._copies.get(key, {})
             have = {t: c for t, c in per.items() if not self._tier(t).volatile}
             want = {c.tier: c for c in copies if c.key == key and not self._tier(c.tier).volatile}
+            self._forgotten -= {slot for slot in self._forgotten if slot[0] == key}
+            for tier in self.tiers:
+                self._known.pop((key, tier.name), None)
+            self._known.update({(key, c.tier): c.checksum for c in copies if c.key == key})
             if have.keys() == want.keys() and all(_same(have[t], want[t]) for t in want):
                 return False
             sums = {c.checksum for c in have.values()}

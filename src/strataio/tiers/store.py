@@ -14,8 +14,8 @@ Reads check each copy's bytes against the checksum the catalog recorded for it, 
 dataset's codecs (an announced rewrite accepts the old or the new bytes, whole:
 :meth:`ChunkCopy.accepts`): a copy that fails is skipped for the next one, and a chunk whose every copy
 fails raises :class:`ChecksumError` naming the dataset, the chunk and the tiers. A catalogued
-copy whose object is missing is forgotten (the next commit drops its row) and the next copy
-is read.
+copy whose object is missing is forgotten in this process (its row is fsck's to repair: it
+may be one another process has just recorded again) and the next copy is read.
 """
 
 from __future__ import annotations
@@ -554,6 +554,17 @@ class TieredChunkStore(ChunkStore):
             f"{where}; tiers down: {', '.join(down) or 'none'}); run 'strataio fsck'"
         )
 
+    def _learn_rows_on(self, tier: Tier, keys: list[str]) -> None:
+        """Before chunks ``keys`` are put on ``tier``: where this process knows a chunk on
+        other tiers only, another process may have copied it to ``tier`` since (a stage,
+        say): learn its rows from the catalog (one query), so the put is announced as the
+        rewrite of that copy it is, and no move of that copy deletes the new bytes."""
+        elsewhere = [
+            k for k in keys if self.res.copy_on(k, tier.name) is None and self.res.copies(k)
+        ]
+        if elsewhere and self.commit.catalog is not None:
+            self.res.refresh_from(self.commit.catalog, elsewhere)
+
     def _stage_from_archive(self, keys: list[str]) -> None:
         archive = [
             k
@@ -616,6 +627,7 @@ class TieredChunkStore(ChunkStore):
         # batch): the object then holds one of two known versions, which reads and fsck
         # accept, and after a crash fsck can tell an interrupted rewrite from a corrupt copy.
         keys = sorted(k for k, _ in items)  # one order for every writer: no deadlock
+        self._learn_rows_on(tier, keys)
         for k in keys:
             self.res.begin_write(k, tier.name)
         try:

@@ -237,12 +237,8 @@ def put_checked(
     knows of no object there, so one that is there belongs to another process (a write not
     yet recorded) or is a leftover: raise :class:`ExistsError` rather than replace it."""
     obj = f"{dataset}/{key}"
-    if new and _exists(dst, obj):
-        raise ExistsError(
-            f"chunk {key!r} of dataset {dataset!r}: tier {dst.name!r} holds an object of it "
-            "that no copy known here names (another process may be writing it; "
-            "'strataio fsck --repair' removes leftovers of processes that are gone)"
-        )
+    if new:
+        refuse_unknown_object(dst, dataset, key)
     got = checksum(data)
     dst.call(dst.backend.put, obj, data, durable=True)
     back = checksum(dst.call(dst.backend.get, obj))
@@ -252,6 +248,18 @@ def put_checked(
             f"checksum {back}, {got} was written"
         )
     return len(data), got
+
+
+def refuse_unknown_object(dst: Tier, dataset: str, key: str) -> None:
+    """Raise :class:`ExistsError` if ``dst`` holds an object of chunk ``key`` of
+    ``dataset``: the caller knows of none there, so it belongs to another process (a write
+    not yet recorded) or is a leftover, and is not to be replaced."""
+    if _exists(dst, f"{dataset}/{key}"):
+        raise ExistsError(
+            f"chunk {key!r} of dataset {dataset!r}: tier {dst.name!r} holds an object of it "
+            "that no copy known here names (another process may be writing it; "
+            "'strataio fsck --repair' removes leftovers of processes that are gone)"
+        )
 
 
 def object_version(tier: Tier, obj: str) -> Any:
