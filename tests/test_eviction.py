@@ -483,3 +483,26 @@ def test_a_moves_claim_waits_for_room_held_by_puts_in_flight(tmp_path):
         th.join()
     assert res.copy_on("c/0", "mem") is None  # the recorded copy made the room
     assert (mem.used, mem.reserved) == (0, 4)
+
+
+def test_a_closed_dataset_is_no_longer_an_eviction_candidate_of_its_session(tmp_path):
+    """A closed dataset's residency goes stale (another handle, or process, rewrites and
+    moves its chunks): evicting from it would act on rows it no longer follows, so its
+    session's eviction rounds leave it out, even while the closed object lives on."""
+    with two_tier_session(tmp_path) as s:
+        ds = s.create_dataset("a", (20, 20), "f4", (10, 10), hint="LOCALDISK")
+        ds[...] = A[:20, :20]
+        res = ds.store.res
+        assert res in set(s.placement._residencies)
+        ds.close()
+        assert res not in set(s.placement._residencies)
+        again = s.open_dataset("a", "r+")
+        again[0:10, 0:10] = 7.0
+        b = s.create_dataset("b", (20, 20), "f4", (10, 10), hint="LOCALDISK")
+        b[...] = A[20:, 20:]  # needs the room of "a"'s chunks: evicted through `again`
+        again.close()
+        b.close()
+        want = A[:20, :20].copy()
+        want[0:10, 0:10] = 7.0
+        np.testing.assert_array_equal(s.open_dataset("a")[...], want)
+        assert settled_fsck(s.catalog, s.tiers).clean

@@ -38,9 +38,12 @@ from the rows the catalog holds then, refuse a copy another live process is rewr
 refuse to replace an object this process holds no copy of (another process's put not
 recorded yet); a write onto a tier where it knows no copy of the chunk learns that chunk's
 rows first, so it is announced as the rewrite it is; a read forgets a copy it finds
-missing in this process only (the catalog's row is fsck's to repair). What remains is the
-few microseconds between such a check and the put it guards (``tests/
-test_sessions_stateful.py`` interleaves two sessions' writes, flushes, moves and reopens).
+missing in this process only (the catalog's row is fsck's to repair). What remains: the
+few microseconds between such a check and the put it guards; and unflushed writes of one
+chunk by two processes at once, with evictions writing them back meanwhile, can leave an
+older value of one standing and an announcement for fsck (``tests/
+test_sessions_stateful.py`` interleaves two sessions' writes, flushes, moves and reopens,
+on open tiers and on a full one).
 
 Rewrites in place are announced (:meth:`Commit.announce`) under the session's ``writer`` (see
 :mod:`strataio.catalog.liveness`) on every rank: a rank other than 0 opens its own catalog

@@ -155,6 +155,11 @@ class Placement:
     def register(self, residency: Residency) -> None:
         self._residencies.add(residency)
 
+    def unregister(self, residency: Residency) -> None:
+        """``residency``'s dataset is closed: its copies are no longer this process's to
+        evict (its view of them goes stale from now on)."""
+        self._residencies.discard(residency)
+
     # ----------------------------------------------------------------- hints
     def check_hint(self, hint: str) -> str:
         """Validate ``hint`` against the configured tiers; return its canonical form."""
@@ -414,8 +419,10 @@ class Placement:
         was listed, or cannot be written back. A copy whose object is found missing is
         forgotten (True: its room is free).
         """
-        if res.busy(copy.key, tier.name) or copy.rewritten_by_other(self.commit.writer):
-            return False  # its new version is being written there: not a victim
+        if res.busy(copy.key, tier.name) or copy.state == "in-transit":
+            # its new version is being written there (by a put here, or by whoever announced
+            # it: a copy this residency is not writing): not a victim
+            return False
         done = res.drop_if_kept(copy)
         if not done and not tier.volatile and res.copy_on(copy.key, tier.name) is not None:
             done = self.write_back(tier, res, copy)

@@ -801,6 +801,7 @@ class TieredChunkStore(ChunkStore):
             self.commit.close(self.res)
         finally:
             self._closed = True
+            self.placement.unregister(self.res)
             if self.commit.comm is not None:
                 # another rank may have rewritten chunks this rank holds in its chunk cache
                 self.cache.invalidate(self.name)
