@@ -285,3 +285,16 @@ class BackendContract:
         backend.put("v/a", b"abcdefghij")
         _, again = backend.readinto_range_versioned("v/a", 3, memoryview(out))
         assert bytes(out) == b"defg" and again != version
+
+    def test_put_versioned(self, backend: Backend) -> None:
+        """A put's version is the one :meth:`Backend.versions` then gives for the object (None
+        for a backend without versions); a put of the same bytes again is a new version."""
+        first = backend.put_versioned("pv/a", b"same bytes")
+        assert bytes(backend.get("pv/a")) == b"same bytes"
+        known = backend.versions(["pv/a"])
+        if known is None:
+            assert first is None
+            return
+        assert first == known[0]
+        second = backend.put_versioned("pv/a", b"same bytes", durable=True)
+        assert second == backend.versions(["pv/a"])[0] and second != first

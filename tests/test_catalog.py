@@ -461,9 +461,10 @@ def test_commits_supersede_check_staleness_and_keep_last_copies(cat):
 
 
 def test_a_delete_applies_only_to_the_row_the_caller_saw(cat):
-    """A delete with an expected checksum is left out (reported kept) where the row holds
-    another one now, or is gone (another process rewrote, replaced or dropped that copy); one
-    the caller knew of no row for keeps any row found, and goes through where none is."""
+    """A delete with an expected (state, checksum) is left out (reported kept) where the row
+    holds another now, or is gone (another process rewrote, replaced, announced or dropped
+    that copy); one the caller knew of no row for keeps any row found, and goes through where
+    none is."""
     cat.create_dataset(_ds("d"))
     cat.commit(
         [
@@ -478,13 +479,25 @@ def test_a_delete_applies_only_to_the_row_the_caller_saw(cat):
     ids = [("d", f"c/{i}/0", "local") for i in range(5)]
     done = cat.commit(
         deletes=ids,
-        expect={ids[0]: "aa", ids[1]: "bb", ids[2]: "", ids[3]: "dd", ids[4]: ""},
+        expect={
+            ids[0]: ("valid", "aa"),
+            ids[1]: ("valid", "bb"),
+            ids[2]: None,
+            ids[3]: ("valid", "dd"),
+            ids[4]: None,
+        },
     )
     assert sorted(done.kept) == [ids[0], ids[2], ids[3]]
     assert sorted((c.key, c.tier) for c in cat.residency("d") if c.tier == "local") == [
         ("c/0/0", "local"),
         ("c/2/0", "local"),
     ]
+    # an announcement of the same bytes is a change too
+    cat.commit([ChunkCopy("d", "c/2/0", "archive", 8, "cc", "in-transit", 0.0, "cc", "w2")])
+    done = cat.commit(
+        deletes=[("d", "c/2/0", "archive")], expect={("d", "c/2/0", "archive"): ("valid", "cc")}
+    )
+    assert done.kept == [("d", "c/2/0", "archive")]
     # a write's commit removes the other rows of its chunk, changed since or not, but
     # another writer's announced rewrite
     cat.commit([ChunkCopy("d", "c/1/0", "archive", 8, "changed")])
@@ -492,14 +505,14 @@ def test_a_delete_applies_only_to_the_row_the_caller_saw(cat):
         [ChunkCopy("d", "c/1/0", "local", 8, "new")],
         [("d", "c/1/0", "archive")],
         supersede=[("d", "c/1/0", "local")],
-        expect={("d", "c/1/0", "archive"): "bb"},
+        expect={("d", "c/1/0", "archive"): ("valid", "bb")},
     )
     assert done.kept == [] and [c.tier for c in cat.residency("d", ["c/1/0"])] == ["local"]
     done = cat.commit(
         [ChunkCopy("d", "c/0/0", "archive", 8, "new")],
         [("d", "c/0/0", "local")],
         supersede=[("d", "c/0/0", "archive")],
-        expect={("d", "c/0/0", "local"): "aa"},
+        expect={("d", "c/0/0", "local"): ("valid", "aa")},
     )
     assert done.kept == [("d", "c/0/0", "local")]
     assert {c.tier for c in cat.residency("d", ["c/0/0"])} == {"local", "archive"}

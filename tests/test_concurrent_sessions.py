@@ -239,17 +239,17 @@ def test_a_failed_put_of_a_new_chunk_leaves_it_writable(tmp_path):
         ds[:10, :10] = 1.0
         ds.flush()
         fast = s.tiers["fast"]
-        put = fast.backend.put
+        put = fast.backend.put_versioned
 
         def failing(key, data, **kw):
             if key.endswith("c/1/0"):
                 raise ValueError("refused")
             return put(key, data, **kw)
 
-        fast.backend.put = failing
+        fast.backend.put_versioned = failing
         with pytest.raises(ValueError, match="refused"):
             ds[10:, :10] = 2.0
-        fast.backend.put = put
+        fast.backend.put_versioned = put
         ds.flush()
         retry = threading.Thread(target=ds.__setitem__, args=(np.s_[10:, :10], 3.0), daemon=True)
         retry.start()

@@ -258,7 +258,7 @@ class Catalog(abc.ABC):
         supersede: Sequence[CopyId] = (),
         stale: Callable[[Sequence[CopyId]], set[CopyId]] | None = None,
         dropped: Iterable[tuple[str, str]] | None = None,
-        expect: Mapping[CopyId, str] | None = None,
+        expect: Mapping[CopyId, tuple[str, str] | None] | None = None,
     ) -> CommitOutcome:
         """Apply residency changes atomically, in ONE transaction: insert or replace each
         copy in ``upserts`` (keyed by dataset, key, tier), then remove each
@@ -266,8 +266,8 @@ class Catalog(abc.ABC):
         unknown dataset or tier raise :class:`MetadataError` and nothing is applied.
 
         ``supersede`` names copies among ``upserts`` that hold new content of their chunk (a
-        write): every other copy of the same chunk is removed too, also those the caller
-        never knew of (another process may have copied or moved the chunk since the caller
+        write): every other copy of the same chunk is removed too (but another writer's
+        announced rewrite, its state ``in-transit``), also those the caller never knew of (another process may have copied or moved the chunk since the caller
         loaded its rows). ``stale``, called inside the transaction (no other commit runs
         meanwhile) with every copy of ``upserts``, names those whose object another process
         has replaced since it was put: they are left out, row and all (superseding too), as
@@ -278,10 +278,13 @@ class Catalog(abc.ABC):
         any row is left out (the caller's view of its other copies was stale: another
         process moved or rewrote the chunk).
 
-        ``expect`` maps copies among ``deletes`` to the checksum the caller saw in their
-        row (``""``: it saw none): a delete of a row that now holds another checksum, or is
-        gone, or exists where none was seen, is left out, as a kept one is (another process
-        changed that copy since, and the object may be its own).
+        ``expect`` maps copies among ``deletes`` to the ``(state, checksum)`` the caller saw
+        in their row (None: it saw none): a delete of a row that now holds another state or
+        checksum, or is gone, or exists where none was seen, is left out and reported in
+        ``kept`` (another process changed that copy since, and the object may be its own);
+        but of a chunk this commit supersedes, only another writer's announced rewrite (an
+        ``in-transit`` row changed since) or a row gone is left: the write is newer than any
+        other row.
 
         ``durable=False`` returns before the transaction reaches the disk: it is visible to
         every process at once and survives this process's death, but an OS crash or power

@@ -439,7 +439,7 @@ class SQLCatalog(Catalog):
         supersede: Sequence[CopyId] = (),
         stale: Callable[[Sequence[CopyId]], set[CopyId]] | None = None,
         dropped: Iterable[tuple[str, str]] | None = None,
-        expect: Mapping[CopyId, str] | None = None,
+        expect: Mapping[CopyId, tuple[str, str] | None] | None = None,
     ) -> CommitOutcome:
         # Last write wins within a batch, as executemany would do; deduplicating first also
         # keeps PostgreSQL's set-based upsert from touching one row twice.
@@ -781,14 +781,16 @@ class SQLCatalog(Catalog):
         return f"{type(self).__name__}({self._label()!r}, {state})"
 
 
-def _changed_since(row: tuple[str, str] | None, expected: str, superseded: bool) -> bool:
+def _changed_since(
+    row: tuple[str, str] | None, expected: tuple[str, str] | None, superseded: bool
+) -> bool:
     """Whether a row to delete, now ``(state, checksum)`` (None: gone), is no longer the one
-    its deleter saw (checksum ``expected``; ``""``: none): another process rewrote, replaced
-    or dropped that copy since, and its object may be that process's. A row of a chunk the
-    same commit supersedes goes anyway (the write is newer), but another writer's announced
-    rewrite."""
+    its deleter saw (``expected``; None: it saw none): another process rewrote, replaced,
+    announced or dropped that copy since, and its object may be that process's. A row of a
+    chunk the same commit supersedes goes anyway (the write is newer), but another writer's
+    announced rewrite."""
     if row is None:
-        return expected != ""  # (its object may be a put not recorded yet)
+        return expected is not None  # (its object may be a put not recorded yet)
     if superseded:
-        return row[0] == "in-transit" and row[1] != expected
-    return row[1] != expected
+        return row[0] == "in-transit" and row != expected
+    return row != expected

@@ -98,6 +98,17 @@ class Backend(abc.ABC):
         """Replace the whole object atomically; with ``durable`` it is on stable storage
         (fsync / completed PUT) when this returns."""
 
+    def put_versioned(self, key: str, data: BytesLike, *, durable: bool = False) -> Version | None:
+        """:meth:`put`, and the version (:meth:`versions`) of the object it put: None where
+        the backend keeps none. A backend that can tell its own object's version, whatever
+        another process puts at ``key`` right after, overrides this."""
+        self.put(key, data, durable=durable)
+        try:
+            got = self.versions([key])
+        except Exception:  # (the put stands: a commit takes the object as the one put)
+            return None
+        return None if got is None else got[0]
+
     @abc.abstractmethod
     def size(self, key: str) -> int: ...
 

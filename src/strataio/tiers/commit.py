@@ -31,19 +31,22 @@ The transaction therefore checks against the catalog itself, not this process's 
 write's row supersedes every other copy of its chunk, known here or not; a write's or a
 move's row is left out where another process's put replaced the object since (by the
 object's version; that process's commit records its own); a row is deleted, and its object
-with it, only if it still holds the checksum this process last saw in it (another process
-may have announced a rewrite there since); and no chunk loses its last copy to a deletion
+with it, only if it still holds the state and checksum this process last saw in it
+(another process may have announced a rewrite there since; a write's commit removes every
+other copy of its chunk but another writer's announced rewrite); and no chunk loses its last copy to a deletion
 decided on stale rows, unless it was deleted on purpose. Around the commit: moves start
-from the rows the catalog holds then, refuse a copy another live process is rewriting, and
-refuse to replace an object this process holds no copy of (another process's put not
-recorded yet); a write onto a tier where it knows no copy of the chunk learns that chunk's
-rows first, so it is announced as the rewrite it is; a read forgets a copy it finds
-missing in this process only (the catalog's row is fsck's to repair). What remains: the
-few microseconds between such a check and the put it guards; and unflushed writes of one
-chunk by two processes at once, with evictions writing them back meanwhile, can leave an
-older value of one standing and an announcement for fsck (``tests/
-test_sessions_stateful.py`` interleaves two sessions' writes, flushes, moves and reopens,
-on open tiers and on a full one).
+from the rows the catalog holds then (chunks with changes here not recorded yet excepted),
+refuse a copy another live process is rewriting, and refuse to replace an object this
+process holds no copy of (another process's put not recorded yet); a write onto a tier
+where it knows no copy of the chunk learns that chunk's rows first, so it is announced as
+the rewrite it is; a read that finds an object missing drops its row at once, guarded the
+same way (:meth:`Commit.drop_missing_row`). What remains: the window between such a check
+and the put it guards; a move that copied a chunk's old value while another process
+rewrote it onto another tier records the old value beside the new (a move's row is not yet
+checked against its source row); and unflushed writes of one chunk by two processes at
+once, with evictions writing them back meanwhile, can leave an older value of one standing
+and an announcement for fsck (``tests/test_sessions_stateful.py`` interleaves two
+sessions' writes, flushes, moves and reopens, on open tiers and on a full one).
 
 Rewrites in place are announced (:meth:`Commit.announce`) under the session's ``writer`` (see
 :mod:`strataio.catalog.liveness`) on every rank: a rank other than 0 opens its own catalog
@@ -142,6 +145,28 @@ class Commit:
             res.announced(rows)
         with self._count_lock:
             self._announced += 1
+
+    def drop_missing_row(self, res: Residency, copy: ChunkCopy) -> None:
+        """Delete the row of ``copy``, whose object was found missing and which ``res`` has
+        forgotten, in a transaction of its own: only if it is still the row ``res`` saw and
+        not its chunk's last (so a loss stays visible), and only where this process holds
+        the catalog and no commit of ``res`` is under way (else fsck repairs it)."""
+        if self.catalog is None or self.comm is not None:
+            return
+        if not res.commit_lock.acquire(timeout=1.0):
+            return  # (this thread may be the one committing)
+        try:
+            if res.copy_on(copy.key, copy.tier) is not None:
+                return  # recorded again meanwhile
+            row = (res.name, copy.key, copy.tier)
+            with contextlib.suppress(StrataError):
+                done = self.catalog.commit(
+                    deletes=[row], expect={row: (copy.state, copy.checksum)}, dropped=[]
+                )
+                if not done.kept:
+                    res.row_dropped(copy)
+        finally:
+            res.commit_lock.release()
 
     def close(self, res: Residency) -> None:
         """The last commit of a dataset being closed; the dataset is then no longer in use by
@@ -285,10 +310,11 @@ class Commit:
         except BaseException:
             res.restore(batch)
             raise
+        kept_ids = set(done.kept)
         res.recorded(
             batch,
             done.left_out,
-            [*(i for i in batch.deletes if i not in set(done.kept)), *done.superseded],
+            [*(i for i in batch.deletes if i not in kept_ids), *done.superseded],
         )
         kept = {(t, k) for _, k, t in done.kept}
         try:
@@ -303,8 +329,8 @@ class Commit:
 
     def _relearn(self, res: Residency, done: _Recorded) -> None:
         """After a commit that found rows this residency's view of which was stale (another
-        process's put replaced a copy, or a copy it dropped was its chunk's last): learn
-        those chunks' rows from the catalog."""
+        process's put replaced a copy; a row it deleted had changed since, or was its
+        chunk's last): learn those chunks' rows from the catalog."""
         keys = {k for _, k, _ in [*done.kept, *done.left_out]}
         if keys and self.catalog is not None:
             res.refresh_from(self.catalog, sorted(keys))

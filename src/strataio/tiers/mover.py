@@ -38,7 +38,6 @@ from strataio.tiers.tier import (
     Tier,
     TierSet,
     checksum,
-    object_version,
     put_checked,
     read_checked,
     refuse_unknown_object,
@@ -266,7 +265,8 @@ class Mover:
         keys = list(dict.fromkeys(keys))
         if keys and self.commit.catalog is not None:
             # another process may have moved or rewritten these chunks since the dataset was
-            # opened: a move acts on the rows the catalog holds now (one query)
+            # opened: a move acts on the rows the catalog holds now (but for chunks with
+            # changes here not recorded yet, whose rows here are newer)
             res.refresh_from(self.commit.catalog, keys)
         h = MoveHandle(op, len(keys), self.commit, res)
 
@@ -370,15 +370,18 @@ class Mover:
                             # process recorded for it since this residency was loaded, stay
                             res.abandon_write(key, dst.name)
                             raise
+                        held = res.holds_object(key, dst.name)
                         try:
-                            if not res.holds_object(key, dst.name):
+                            if not held:
+                                refuse_unknown_object(dst, res.name, key)
+                            if self._announce(res, key, dst, src) and not held:
+                                # (the announcement may have waited for a commit)
                                 refuse_unknown_object(dst, res.name, key)
                         except ExistsError as exc:
                             res.abandon_write(key, dst.name)
                             explain = exc  # the catalog may know whose it is
                             continue
-                        self._announce(res, key, dst, src)
-                        n, digest = put_checked(dst, res.name, key, data)
+                        n, digest, put = put_checked(dst, res.name, key, data)
                     except NotFoundError:
                         if res.drop_missing(src) or not res.is_current(src):
                             continue  # catalogued but gone (forgotten now), or moved away
@@ -392,7 +395,7 @@ class Mover:
                         copy,
                         version,
                         reserved=src.nbytes,
-                        put=object_version(dst, object_key(res.name, key)),
+                        put=put,
                     )
                     return ("moved", n) if recorded else ("reused", 0)
             except (TierDownError, ChecksumError) as exc:
@@ -417,12 +420,15 @@ class Mover:
             )
         return "reused", 0  # never written (or lost): nothing to move
 
-    def _announce(self, res: Residency, key: str, dst: Tier, src: ChunkCopy) -> None:
-        """A copy put where the catalog may still name a forgotten one is announced first."""
-        if res.catalogued(key, dst.name):
-            now = time.time()
-            intent = ChunkCopy(res.name, key, dst.name, src.nbytes, src.checksum, "in-transit", now)
-            self.commit.announce(res, [intent])
+    def _announce(self, res: Residency, key: str, dst: Tier, src: ChunkCopy) -> bool:
+        """A copy put where the catalog may still name a forgotten one is announced first;
+        True if it was."""
+        if not res.catalogued(key, dst.name):
+            return False
+        now = time.time()
+        intent = ChunkCopy(res.name, key, dst.name, src.nbytes, src.checksum, "in-transit", now)
+        self.commit.announce(res, [intent])
+        return True
 
     def _stage_one(self, res: Residency, key: str, target: Tier | None) -> tuple[str, int]:
         copies = res.readable(key)

@@ -50,7 +50,6 @@ from strataio.tiers.residency import Residency, object_key
 from strataio.tiers.tier import (
     Tier,
     TierSet,
-    object_version,
     put_checked,
     read_checked,
     refuse_unknown_object,
@@ -461,22 +460,25 @@ class Placement:
                         if isinstance(exc, ChecksumError):
                             return False  # a corrupt only copy: fsck reports it; never evicted
                         raise
+                    # (an object there that is not this process's is another process's
+                    # write not recorded yet: never replaced)
+                    held = res.holds_object(copy.key, dst.name)
                     try:
-                        # (an object there that is not this process's is another
-                        # process's write not recorded yet: never replaced)
-                        if not res.holds_object(copy.key, dst.name):
+                        if not held:
                             refuse_unknown_object(dst, res.name, copy.key)
+                        if res.catalogued(copy.key, dst.name):
+                            # the catalog may still name a forgotten copy there: announce
+                            intent = dataclasses.replace(
+                                copy, tier=dst.name, state="in-transit", last_access=time.time()
+                            )
+                            self.commit.announce(res, [intent])
+                            if not held:  # (the announcement may have waited for a commit)
+                                refuse_unknown_object(dst, res.name, copy.key)
                     except ExistsError:
                         res.abandon_write(copy.key, dst.name)
                         return False
-                    if res.catalogued(copy.key, dst.name):
-                        # the catalog may still name a forgotten copy there: announce
-                        intent = dataclasses.replace(
-                            copy, tier=dst.name, state="in-transit", last_access=time.time()
-                        )
-                        self.commit.announce(res, [intent])
                     try:
-                        n, digest = put_checked(dst, res.name, copy.key, data)
+                        n, digest, put = put_checked(dst, res.name, copy.key, data)
                     except ChecksumError:
                         return False
                     back = ChunkCopy(
@@ -487,7 +489,7 @@ class Placement:
                         version,
                         reserved=copy.nbytes,
                         replaces=current,
-                        put=object_version(dst, object_key(res.name, copy.key)),
+                        put=put,
                     )
                     return recorded
             except TierDownError:

@@ -32,7 +32,7 @@ import dataclasses
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,9 +60,9 @@ class Batch:
     ``moved`` maps those of moves' copies to the version put, checked the same way.
     ``dropped``: keys of chunks deleted on purpose; the commit keeps any other chunk from
     losing its last catalogued copy (a drop decided on stale rows). ``expect`` maps each
-    delete to the checksum of the row as this process last loaded or recorded it (empty:
-    it knows of no row): a row that holds another by now is another process's, and is
-    kept, object and all. ``rewritten``: keys of chunks with new content among the upserts
+    delete to the ``(state, checksum)`` of the row as this process last loaded or recorded
+    it (None: it knows of no row): a row changed since is another process's, and is kept,
+    object and all (see :meth:`Catalog.commit`). ``rewritten``: keys of chunks with new content among the upserts
     (wherever the written copy went since: a write-back or a stage of it before the commit
     carries the new content too), whose rows supersede every other copy of the chunk."""
 
@@ -74,7 +74,7 @@ class Batch:
     written: dict[tuple[str, str], Any] = field(default_factory=dict)
     moved: dict[tuple[str, str], Any] = field(default_factory=dict)
     dropped: set[str] = field(default_factory=set)
-    expect: dict[CopyId, str] = field(default_factory=dict)
+    expect: dict[CopyId, tuple[str, str] | None] = field(default_factory=dict)
     rewritten: set[str] = field(default_factory=set)
 
     @property
@@ -111,10 +111,10 @@ class Residency:
         self._copies: dict[str, dict[str, ChunkCopy]] = {}
         # (key, tier) -> checksum of the catalog's row as this process last loaded or
         # recorded it: a delete is applied only to the row it was decided on
-        self._known: dict[tuple[str, str], str] = {}
+        self._known: dict[tuple[str, str], tuple[str, str]] = {}  # -> (state, checksum)
         for c in copies:
             self._copies.setdefault(c.key, {})[c.tier] = c
-            self._known[c.key, c.tier] = c.checksum
+            self._known[c.key, c.tier] = (c.state, c.checksum)
         self._upserts: dict[tuple[str, str], ChunkCopy] = {}
         self._deletes: set[tuple[str, str]] = set()
         self._unsynced: dict[str, set[str]] = {}  # tier -> chunk keys put, not yet synced
@@ -133,6 +133,9 @@ class Residency:
         self._touched: dict[str, float] = {}  # key -> latest access time not recorded yet
         self._stamps: dict[str, int] = {}  # key -> changes of its copies or puts in flight
         self._forgotten: set[tuple[str, str]] = set()  # (key, tier) rows forgotten here only
+        self._in_commit: set[str] = set()  # keys of the rows a taken batch is recording now
+        #: called with a copy :meth:`drop_missing` forgot, to drop its row from the catalog
+        self.drop_missing_row: Callable[[ChunkCopy], None] | None = None
 
     # ----------------------------------------------------------------- queries
     def chunk_keys(self) -> list[str]:
@@ -228,8 +231,8 @@ class Residency:
             return self._versions[key]
 
     def catalogued(self, key: str, tier: str) -> bool:
-        """True if the catalog may name a copy of ``key`` on ``tier``: one is recorded, or its
-        row's deletion is not committed yet. A put there replaces an object the catalog may
+        """True if the catalog may name a copy of ``key`` on ``tier``: one is recorded, its
+        row's deletion is not committed yet, or it was forgotten here only. A put there replaces an object the catalog may
         name, so it is announced first (:meth:`Commit.announce`)."""
         with self.lock:
             return self._row_pending(key, tier) or (key, tier) in self._forgotten
@@ -486,12 +489,11 @@ class Residency:
         chunk is kept, so that its loss stays visible (reads raise, fsck reports it) instead
         of the chunk reading as never written.
 
-        It is forgotten here only, not in the catalog: objects are deleted only after the
-        catalog stops naming them, so a row naming a missing object is either one another
-        process has dropped since this residency was loaded (its deletion is committed
-        already) or a loss fsck reports and repairs. A row deleted on the strength of a
-        missing object could be one another process has just recorded again; and a chunk
-        with a buffered deletion could not be refreshed from the catalog.
+        Nothing is buffered for it (a chunk with a buffered change is never refreshed from
+        the catalog, where another process may have recorded where it is now): the row goes
+        through :attr:`drop_missing_row` where one is set, a transaction of its own that
+        deletes it only if it is still the row this residency saw; otherwise it stays for
+        fsck to repair (:meth:`catalogued` stays true for it meanwhile).
 
         The object is looked for again under the residency lock: a put records its copy only
         after the object is there, so a copy recorded meanwhile (the same bytes put again)
@@ -506,7 +508,11 @@ class Residency:
                     return False
             except Exception:
                 return False  # the tier cannot tell: keep the row
-            return self._forget(copy)
+            if not self._forget(copy):
+                return False
+        if self.drop_missing_row is not None:
+            self.drop_missing_row(copy)
+        return True
 
     #: seconds within which a chunk's accesses count as one (LRU order among them is
     #: arbitrary): a chunk read again and again costs one dictionary look-up per read
@@ -552,7 +558,7 @@ class Residency:
                 {slot: v for slot, v in self._written.items() if slot in ups},
                 {slot: v for slot, v in self._moved.items() if slot in ups},
                 set(self._dropped),
-                {(self.name, k, t): self._known.get((k, t), "") for k, t in self._deletes},
+                {(self.name, k, t): self._known.get((k, t)) for k, t in self._deletes},
                 {k for k, _ in ups} & self._rewritten,
             )
             self._dropped.clear()
@@ -569,12 +575,14 @@ class Residency:
             self._deleting.update(self._obsolete)
             self._obsolete.clear()
             self._committing = {(k, t) for _, k, t in batch.deletes}
+            self._in_commit = {c.key for c in batch.upserts}
         return batch
 
     def restore(self, batch: Batch) -> None:
         """Put back a batch that could not be applied, under any change made since."""
         with self._cond:
             self._committing.clear()
+            self._in_commit.clear()
             for t, ks in batch.unsynced.items():
                 self._unsynced.setdefault(t, set()).update(ks)
             for c in batch.upserts:
@@ -606,21 +614,28 @@ class Residency:
         with self.lock:
             for c in batch.upserts:
                 if (c.dataset, c.key, c.tier) not in skip:
-                    self._known[c.key, c.tier] = c.checksum
+                    self._known[c.key, c.tier] = (c.state, c.checksum)
             for _, k, t in gone:
                 self._known.pop((k, t), None)
+
+    def row_dropped(self, copy: ChunkCopy) -> None:
+        """The catalog's row of ``copy``, forgotten here, is gone too."""
+        with self.lock:
+            self._forgotten.discard((copy.key, copy.tier))
+            self._known.pop((copy.key, copy.tier), None)
 
     def announced(self, rows: Iterable[ChunkCopy]) -> None:
         """Announcements ``rows`` are now the catalog's rows of their copies."""
         with self.lock:
             for c in rows:
-                self._known[c.key, c.tier] = c.checksum
+                self._known[c.key, c.tier] = (c.state, c.checksum)
 
     def deleted(self, objs: Iterable[tuple[str, str]]) -> None:
         """The obsolete objects ``objs`` of a taken batch are dealt with (deleted, or left as
         orphans on a tier that is down); puts of them may go on."""
         with self._cond:
             self._committing.clear()
+            self._in_commit.clear()
             self._deleting.difference_update(objs)
             self._cond.notify_all()
 
@@ -686,7 +701,7 @@ class Residency:
             for key in changed:
                 self._versions[key] += 1
             self._forgotten.clear()
-            self._known = {slot: c.checksum for slot, c in want.items()}
+            self._known = {slot: (c.state, c.checksum) for slot, c in want.items()}
             for key in {k for k, _ in want} | {k for k, _ in have}:
                 self._changed(key)
             return sorted(changed)
@@ -698,26 +713,38 @@ class Residency:
         rows: dict[str, list[ChunkCopy]] = {}
         for c in catalog.residency(self.name, keys):
             rows.setdefault(c.key, []).append(c)
-        return [k for k in keys if self.refresh(k, rows.get(k, []))]
+        with self.lock:  # (the keys with changes buffered, once: not a scan per key)
+            pending = self._pending_keys()
+            return [k for k in keys if self.refresh(k, rows.get(k, []), pending=pending)]
 
-    def refresh(self, key: str, copies: Iterable[ChunkCopy]) -> bool:
+    def _pending_keys(self) -> set[str]:
+        """Keys of chunks with changes buffered here or being recorded (caller holds the
+        lock): the catalog's rows of those are older than this residency's."""
+        return {s[0] for s in (*self._upserts, *self._deletes, *self._committing)} | (
+            self._in_commit
+        )
+
+    def refresh(
+        self, key: str, copies: Iterable[ChunkCopy], *, pending: set[str] | None = None
+    ) -> bool:
         """Make the persistent copies of chunk ``key`` those the catalog records now
         (``copies``), when another process may have moved it since this residency was
-        loaded. Only a chunk with no change buffered here and no put in flight is refreshed;
-        nothing is buffered and no object is deleted. If its content changed, its version
+        loaded. Only a chunk with no change buffered or being recorded here and no put in
+        flight is refreshed; nothing is buffered and no object is deleted. If its content changed, its version
         moves on and its memory copies are forgotten. True if anything changed."""
         with self.lock:
-            if self._busy[key] or any(
-                slot[0] == key for slot in (*self._upserts, *self._deletes, *self._committing)
-            ):
+            if self._busy[key] or key in (self._pending_keys() if pending is None else pending):
                 return False
             per = self._copies.get(key, {})
             have = {t: c for t, c in per.items() if not self._tier(t).volatile}
             want = {c.tier: c for c in copies if c.key == key and not self._tier(c.tier).volatile}
-            self._forgotten -= {slot for slot in self._forgotten if slot[0] == key}
+            if self._forgotten:
+                self._forgotten -= {slot for slot in self._forgotten if slot[0] == key}
             for tier in self.tiers:
                 self._known.pop((key, tier.name), None)
-            self._known.update({(key, c.tier): c.checksum for c in copies if c.key == key})
+            self._known.update(
+                {(key, c.tier): (c.state, c.checksum) for c in copies if c.key == key}
+            )
             if have.keys() == want.keys() and all(_same(have[t], want[t]) for t in want):
                 return False
             sums = {c.checksum for c in have.values()}

@@ -20,6 +20,7 @@ may be one another process has just recorded again) and the next copy is read.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections import Counter
 from collections.abc import Hashable, Sequence
@@ -45,7 +46,7 @@ from strataio.tiers.commit import Commit
 from strataio.tiers.mover import MoveHandle, Mover
 from strataio.tiers.placement import DatasetDisabledError, Placement, normalize_hint
 from strataio.tiers.residency import META_KEY, Residency, object_key
-from strataio.tiers.tier import Tier, TierSet, checksum, object_version
+from strataio.tiers.tier import Tier, TierSet, checksum
 
 #: bytes of first reads' whole chunks up to which a batch reads them into a buffer the thread
 #: keeps (above, a buffer of their own: a thread keeps no large one, an I/O thread included)
@@ -117,6 +118,7 @@ class TieredChunkStore(ChunkStore):
         self._checked: dict[str, _Checked] = {}
         self._versioned_tiers: dict[str, bool] = {}  # see _keeps_versions
         placement.register(residency)
+        residency.drop_missing_row = functools.partial(self.commit.drop_missing_row, residency)
 
     # ----------------------------------------------------------------- reads
     #: times one read asks the catalog again for a chunk whose every known copy is missing
@@ -557,7 +559,7 @@ class TieredChunkStore(ChunkStore):
     def _learn_rows_on(self, tier: Tier, keys: list[str]) -> None:
         """Before chunks ``keys`` are put on ``tier``: where this process knows a chunk on
         other tiers only, another process may have copied it to ``tier`` since (a stage,
-        say): learn its rows from the catalog (one query), so the put is announced as the
+        say): learn its rows from the catalog (one query per few hundred keys), so the put is announced as the
         rewrite of that copy it is, and no move of that copy deletes the new bytes."""
         elsewhere = [
             k for k in keys if self.res.copy_on(k, tier.name) is None and self.res.copies(k)
@@ -664,7 +666,7 @@ class TieredChunkStore(ChunkStore):
             def one(k: str, v: memoryview, digest: str) -> None:
                 okey = object_key(self.name, k)
                 try:
-                    tier.call(tier.backend.put, okey, v)
+                    version = tier.call(tier.backend.put_versioned, okey, v)
                 except BaseException:
                     old = olds.get(k)
                     if old is not None and self.res.is_current(intents[k]):
@@ -673,7 +675,7 @@ class TieredChunkStore(ChunkStore):
                 # recorded unsynced: whatever commit records it syncs it first, and checks
                 # that no other process replaced the object meanwhile (by its version)
                 copy = ChunkCopy(self.name, k, tier.name, len(v), digest, state, now)
-                self.res.record_write(copy, reserved=len(v), version=object_version(tier, okey))
+                self.res.record_write(copy, reserved=len(v), version=version)
 
             work = [(k, v, d) for (k, v), d in zip(items, sums)]
 

@@ -210,7 +210,8 @@ def transfer(src: Tier, dst: Tier, dataset: str, key: str, expect: str = "") -> 
     """Copy chunk ``key`` of ``dataset`` from ``src`` to ``dst`` the safe way; return
     ``(nbytes, checksum)``: :func:`read_checked` from ``src``, then :func:`put_checked` to
     ``dst``."""
-    return put_checked(dst, dataset, key, read_checked(src, dataset, key, expect))
+    n, digest, _ = put_checked(dst, dataset, key, read_checked(src, dataset, key, expect))
+    return n, digest
 
 
 def read_checked(src: Tier, dataset: str, key: str, expect: str = "") -> bytes:
@@ -228,26 +229,21 @@ def read_checked(src: Tier, dataset: str, key: str, expect: str = "") -> bytes:
     return data
 
 
-def put_checked(
-    dst: Tier, dataset: str, key: str, data: BytesLike, *, new: bool = False
-) -> tuple[int, str]:
+def put_checked(dst: Tier, dataset: str, key: str, data: BytesLike) -> tuple[int, str, Any]:
     """Put ``data`` as chunk ``key`` of ``dataset`` on ``dst`` durably (fsync / completed
     PUT), read it back and check it, so the copy is known good before anyone records it;
-    return ``(nbytes, checksum)``. Raises as :func:`read_checked` does. ``new``: the caller
-    knows of no object there, so one that is there belongs to another process (a write not
-    yet recorded) or is a leftover: raise :class:`ExistsError` rather than replace it."""
+    return ``(nbytes, checksum, version)``, the version that of the object put
+    (:meth:`Backend.put_versioned`). Raises as :func:`read_checked` does."""
     obj = f"{dataset}/{key}"
-    if new:
-        refuse_unknown_object(dst, dataset, key)
     got = checksum(data)
-    dst.call(dst.backend.put, obj, data, durable=True)
+    version = dst.call(dst.backend.put_versioned, obj, data, durable=True)
     back = checksum(dst.call(dst.backend.get, obj))
     if back != got:
         raise ChecksumError(
             f"chunk {key!r} of dataset {dataset!r} read back from tier {dst.name!r} has "
             f"checksum {back}, {got} was written"
         )
-    return len(data), got
+    return len(data), got, version
 
 
 def refuse_unknown_object(dst: Tier, dataset: str, key: str) -> None:
@@ -260,16 +256,6 @@ def refuse_unknown_object(dst: Tier, dataset: str, key: str) -> None:
             "that no copy known here names (another process may be writing it; "
             "'strataio fsck --repair' removes leftovers of processes that are gone)"
         )
-
-
-def object_version(tier: Tier, obj: str) -> Any:
-    """The version of object ``obj`` on ``tier`` (:meth:`Backend.versions`), None where the
-    backend keeps none or cannot say: a commit then takes the object as the one put."""
-    try:
-        got = tier.backend.versions([obj])
-    except Exception:  # (a failing tier fails the commit's sync, not this)
-        return None
-    return None if got is None else got[0]
 
 
 def _exists(tier: Tier, obj: str) -> bool:
