@@ -261,10 +261,31 @@ FOUND = {
 }
 
 
+# The same, found on the full tier.
+FOUND_ON_A_FULL_TIER = {
+    # A's stage makes room on "fast" by writing a chunk back to "slow", where B is putting
+    # its rewrite of that chunk (announced, not flushed)
+    "write-back-over-a-rewrite": [
+        ("move", "B", "evict", "fast"),
+        ("write", "B", [(0, 1), (0, 0), (1, 0)]),
+        ("move", "B", "migrate", "fast"),
+        ("flush", "B"),
+        ("write", "A", [(0, 1), (1, 1)]),
+        ("write", "B", [(0, 0)]),
+        ("move", "A", "stage", "fast"),
+    ],
+}
+
+
 @pytest.mark.filterwarnings("ignore::ResourceWarning")
-@pytest.mark.parametrize("steps", list(FOUND.values()), ids=list(FOUND))
-def test_found_interleavings(steps):
-    machine = TwoSessions()
+@pytest.mark.parametrize(
+    ("machine_class", "steps"),
+    [(TwoSessions, steps) for steps in FOUND.values()]
+    + [(TwoSessionsOnAFullTier, steps) for steps in FOUND_ON_A_FULL_TIER.values()],
+    ids=[*FOUND, *FOUND_ON_A_FULL_TIER],
+)
+def test_found_interleavings(machine_class, steps):
+    machine = machine_class()
     try:
         machine.each_session_reads_the_last_values()
         for rule, *args in steps:

@@ -439,6 +439,9 @@ class Placement:
         for dst in self.persistent():
             if self.tiers.rank(dst.name) <= rank or not dst.up:
                 continue
+            there = res.copy_on(copy.key, dst.name)
+            if there is not None and there.rewritten_by_other(self.commit.writer):
+                continue  # (that process is putting its new bytes there: never replaced)
             if not self.claim(dst, copy.nbytes):
                 continue
             recorded = False
