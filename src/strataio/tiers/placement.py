@@ -147,17 +147,24 @@ class Placement:
         self.catalog = catalog
         self.low_water_fraction = float(low_water_fraction)
         self._residencies: weakref.WeakSet[Residency] = weakref.WeakSet()
+        self._registry_lock = threading.Lock()  # (datasets open and close on any thread)
         self._lock = threading.RLock()
         #: copies evicted so far (by this process)
         self.evictions = 0
 
     def register(self, residency: Residency) -> None:
-        self._residencies.add(residency)
+        with self._registry_lock:
+            self._residencies.add(residency)
 
     def unregister(self, residency: Residency) -> None:
         """``residency``'s dataset is closed: its copies are no longer this process's to
         evict (its view of them goes stale from now on)."""
-        self._residencies.discard(residency)
+        with self._registry_lock:
+            self._residencies.discard(residency)
+
+    def _open_residencies(self) -> list[Residency]:
+        with self._registry_lock:
+            return list(self._residencies)
 
     # ----------------------------------------------------------------- hints
     def check_hint(self, hint: str) -> str:
@@ -309,7 +316,7 @@ class Placement:
 
     def _in_flight(self, tier: Tier) -> bool:
         """True while puts to ``tier`` hold room there (reserved, or copies being written)."""
-        return bool(tier.reserved) or any(r.writing_on(tier.name) for r in list(self._residencies))
+        return bool(tier.reserved) or any(r.writing_on(tier.name) for r in self._open_residencies())
 
     def _claim_once(self, tier: Tier, nbytes: int, protect: Iterable[str]) -> bool:
         if tier.reserve(nbytes):
@@ -346,7 +353,7 @@ class Placement:
         with self._lock:
             # (last access, residency or the name of a dataset not open here, copy)
             victims: list[tuple[float, Residency | str, ChunkCopy]] = []
-            open_res = list(self._residencies)
+            open_res = self._open_residencies()
             for res in open_res:
                 for c in res.on_tier(tier.name):
                     if object_key(res.name, c.key) not in keep:
