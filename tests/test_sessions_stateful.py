@@ -5,12 +5,12 @@ Rules write whole chunks through either session, flush, migrate, stage and evict
 either, and close and reopen either's dataset. Neither session knows what the other did
 until the catalog tells it. After every step where no write is left unflushed, reads
 through each session's open dataset give the last value written to every chunk (by
-whichever session; of a chunk both wrote while the other's write was not flushed yet, one
-of the values they flushed: the last put where both put one object, the last commit
-where they put objects on different tiers), and every move succeeds (but the eviction from the archive of a chunk
-whose only copy is there); while one is, a read or a move may fail (the chunk's object
-holds bytes no catalogued row names yet), but nothing may be lost. After both sessions
-close, a new session reads the last values, and ``fsck`` finds nothing to repair.
+whichever session; of a chunk both wrote while the other's write was not flushed yet, one of
+the values they flushed: the last put where both put one object, the last commit where they
+put objects on different tiers), and every move succeeds (but the eviction from the archive
+of a chunk whose only copy is there); while one is, a read or a move may fail (the chunk's
+object holds bytes no catalogued row names yet), but nothing may be lost. After both
+sessions close, a new session reads the last values, and ``fsck`` finds nothing to repair.
 """
 
 from __future__ import annotations

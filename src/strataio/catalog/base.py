@@ -267,10 +267,11 @@ class Catalog(abc.ABC):
 
         ``supersede`` names copies among ``upserts`` that hold new content of their chunk (a
         write): every other copy of the same chunk is removed too (but another writer's
-        announced rewrite, its state ``in-transit``), also those the caller never knew of (another process may have copied or moved the chunk since the caller
-        loaded its rows). ``stale``, called inside the transaction (no other commit runs
-        meanwhile) with every copy of ``upserts``, names those whose object another process
-        has replaced since it was put: they are left out, row and all (superseding too), as
+        announced rewrite, its state ``in-transit``), also those the caller never knew of
+        (another process may have copied or moved the chunk since the caller loaded its
+        rows). ``stale``, called inside the transaction (no other commit runs meanwhile)
+        with every copy of ``upserts``, names those whose object another process has
+        replaced since it was put: they are left out, row and all (superseding too), as
         that process's commit records the object.
 
         ``dropped`` (``(dataset, key)`` of chunks deleted on purpose), where given, keeps

@@ -31,22 +31,22 @@ The transaction therefore checks against the catalog itself, not this process's 
 write's row supersedes every other copy of its chunk, known here or not; a write's or a
 move's row is left out where another process's put replaced the object since (by the
 object's version; that process's commit records its own); a row is deleted, and its object
-with it, only if it still holds the state and checksum this process last saw in it
-(another process may have announced a rewrite there since; a write's commit removes every
-other copy of its chunk but another writer's announced rewrite); and no chunk loses its last copy to a deletion
-decided on stale rows, unless it was deleted on purpose. Around the commit: moves start
-from the rows the catalog holds then (chunks with changes here not recorded yet excepted),
-refuse a copy another live process is rewriting, and refuse to replace an object this
-process holds no copy of (another process's put not recorded yet); a write onto a tier
+with it, only if it still holds the state and checksum this process last saw in it (another
+process may have announced a rewrite there since; a write's commit removes every other copy
+of its chunk but another writer's announced rewrite); and no chunk loses its last copy to a
+deletion decided on stale rows, unless it was deleted on purpose. Around the commit: moves
+start from the rows the catalog holds then (chunks with changes here not recorded yet
+excepted), refuse a copy another live process is rewriting, and refuse to replace an object
+this process holds no copy of (another process's put not recorded yet); a write onto a tier
 where it knows no copy of the chunk learns that chunk's rows first, so it is announced as
 the rewrite it is; a read that finds an object missing drops its row at once, guarded the
 same way (:meth:`Commit.drop_missing_row`). What remains: the window between such a check
-and the put it guards; a move that copied a chunk's old value while another process
-rewrote it onto another tier records the old value beside the new (a move's row is not yet
-checked against its source row); and unflushed writes of one chunk by two processes at
-once, with evictions writing them back meanwhile, can leave an older value of one standing
-and an announcement for fsck (``tests/test_sessions_stateful.py`` interleaves two
-sessions' writes, flushes, moves and reopens, on open tiers and on a full one).
+and the put it guards; a move that copied a chunk's old value while another process rewrote
+it onto another tier records the old value beside the new (a move's row is not yet checked
+against its source row); and unflushed writes of one chunk by two processes at once, with
+evictions writing them back meanwhile, can leave an older value of one standing and an
+announcement for fsck (``tests/test_sessions_stateful.py`` interleaves two sessions' writes,
+flushes, moves and reopens, on open tiers and on a full one).
 
 Rewrites in place are announced (:meth:`Commit.announce`) under the session's ``writer`` (see
 :mod:`strataio.catalog.liveness`) on every rank: a rank other than 0 opens its own catalog

@@ -62,9 +62,10 @@ class Batch:
     losing its last catalogued copy (a drop decided on stale rows). ``expect`` maps each
     delete to the ``(state, checksum)`` of the row as this process last loaded or recorded
     it (None: it knows of no row): a row changed since is another process's, and is kept,
-    object and all (see :meth:`Catalog.commit`). ``rewritten``: keys of chunks with new content among the upserts
-    (wherever the written copy went since: a write-back or a stage of it before the commit
-    carries the new content too), whose rows supersede every other copy of the chunk."""
+    object and all (see :meth:`Catalog.commit`). ``rewritten``: keys of chunks with new
+    content among the upserts (wherever the written copy went since: a write-back or a
+    stage of it before the commit carries the new content too), whose rows supersede every
+    other copy of the chunk."""
 
     unsynced: dict[str, set[str]] = field(default_factory=dict)
     upserts: list[ChunkCopy] = field(default_factory=list)
@@ -109,9 +110,9 @@ class Residency:
         self.commit_lock = threading.Lock()
         self._cond = threading.Condition(self.lock)
         self._copies: dict[str, dict[str, ChunkCopy]] = {}
-        # (key, tier) -> checksum of the catalog's row as this process last loaded or
-        # recorded it: a delete is applied only to the row it was decided on
-        self._known: dict[tuple[str, str], tuple[str, str]] = {}  # -> (state, checksum)
+        # (key, tier) -> (state, checksum) of the catalog's row as this process last loaded
+        # or recorded it: a delete is applied only to the row it was decided on
+        self._known: dict[tuple[str, str], tuple[str, str]] = {}
         for c in copies:
             self._copies.setdefault(c.key, {})[c.tier] = c
             self._known[c.key, c.tier] = (c.state, c.checksum)
@@ -232,8 +233,9 @@ class Residency:
 
     def catalogued(self, key: str, tier: str) -> bool:
         """True if the catalog may name a copy of ``key`` on ``tier``: one is recorded, its
-        row's deletion is not committed yet, or it was forgotten here only. A put there replaces an object the catalog may
-        name, so it is announced first (:meth:`Commit.announce`)."""
+        row's deletion is not committed yet, or it was forgotten here only. A put there
+        replaces an object the catalog may name, so it is announced first
+        (:meth:`Commit.announce`)."""
         with self.lock:
             return self._row_pending(key, tier) or (key, tier) in self._forgotten
 
@@ -450,7 +452,8 @@ class Residency:
 
     def _forget(self, copy: ChunkCopy) -> bool:
         """Forget ``copy`` here if it is still the one recorded, buffering nothing: the
-        catalog may still name it (:meth:`catalogued` stays true until a refresh)."""
+        catalog may still name it (:meth:`catalogued` stays true until a refresh, or
+        :meth:`row_dropped`)."""
         per = self._copies.get(copy.key, {})
         old = per.get(copy.tier)
         if old is None or not _same(old, copy):
@@ -730,8 +733,9 @@ class Residency:
         """Make the persistent copies of chunk ``key`` those the catalog records now
         (``copies``), when another process may have moved it since this residency was
         loaded. Only a chunk with no change buffered or being recorded here and no put in
-        flight is refreshed; nothing is buffered and no object is deleted. If its content changed, its version
-        moves on and its memory copies are forgotten. True if anything changed."""
+        flight is refreshed; nothing is buffered and no object is deleted. If its content
+        changed, its version moves on and its memory copies are forgotten. True if anything
+        changed."""
         with self.lock:
             if self._busy[key] or key in (self._pending_keys() if pending is None else pending):
                 return False

@@ -14,8 +14,8 @@ Reads check each copy's bytes against the checksum the catalog recorded for it, 
 dataset's codecs (an announced rewrite accepts the old or the new bytes, whole:
 :meth:`ChunkCopy.accepts`): a copy that fails is skipped for the next one, and a chunk whose every copy
 fails raises :class:`ChecksumError` naming the dataset, the chunk and the tiers. A catalogued
-copy whose object is missing is forgotten in this process (its row is fsck's to repair: it
-may be one another process has just recorded again) and the next copy is read.
+copy whose object is missing is forgotten, its row dropped if it is still the one the read
+saw and not the chunk's last (:meth:`Commit.drop_missing_row`), and the next copy is read.
 """
 
 from __future__ import annotations
@@ -558,9 +558,10 @@ class TieredChunkStore(ChunkStore):
 
     def _learn_rows_on(self, tier: Tier, keys: list[str]) -> None:
         """Before chunks ``keys`` are put on ``tier``: where this process knows a chunk on
-        other tiers only, another process may have copied it to ``tier`` since (a stage,
-        say): learn its rows from the catalog (one query per few hundred keys), so the put is announced as the
-        rewrite of that copy it is, and no move of that copy deletes the new bytes."""
+        other tiers only, another process may have copied it to ``tier`` since (a stage, say): learn
+        its rows from the catalog (one query per few hundred keys), so the put is announced
+        as the rewrite of that copy it is, and no move of that copy deletes the new
+        bytes."""
         elsewhere = [
             k for k in keys if self.res.copy_on(k, tier.name) is None and self.res.copies(k)
         ]
