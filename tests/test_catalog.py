@@ -888,3 +888,25 @@ def test_residency_of_some_keys(cat):
         key=lambda r: (r[0], r[1] != "local"),
     )
     assert cat.residency("d", []) == []
+
+
+def test_a_moved_copy_of_a_chunk_rewritten_since_is_left_out(cat):
+    """A move's row (``copied``) is recorded only while another row of its chunk holds its
+    bytes (or announces a rewrite): where another process rewrote the chunk since the move
+    read it, the row is left out as ``orphaned``, its object the caller's to delete."""
+    cat.create_dataset(_ds("d"))
+    cat.commit(
+        [
+            ChunkCopy("d", "c/0/0", "archive", 8, "old"),  # the move's source, still there
+            ChunkCopy("d", "c/1/0", "archive", 8, "new"),  # rewritten since the move read "old"
+            ChunkCopy("d", "c/2/0", "archive", 8, "x", "in-transit", 0.0, "old", "w2"),
+        ]
+    )
+    moved = [ChunkCopy("d", f"c/{i}/0", "local", 8, "old") for i in range(3)]
+    ids = [(c.dataset, c.key, c.tier) for c in moved]
+    done = cat.commit(moved, copied=ids)
+    assert done.orphaned == [ids[1]]
+    assert sorted((c.key, c.tier) for c in cat.residency("d") if c.tier == "local") == [
+        ("c/0/0", "local"),
+        ("c/2/0", "local"),
+    ]

@@ -258,3 +258,44 @@ def test_a_failed_put_of_a_new_chunk_leaves_it_writable(tmp_path):
         assert (ds[10:, :10] == 3.0).all()
         ds.close()
         assert fsck(s.catalog, s.tiers).clean
+
+
+def test_a_stage_that_read_the_old_value_records_nothing_beside_a_rewrite(tmp_path, monkeypatch):
+    """B's stage reads the chunk's archive copy; A then rewrites the chunk onto another tier
+    and flushes (superseding the archive copy); B's copy, of the old value, must not be
+    recorded beside A's: its commit finds no row holding its bytes and deletes its object."""
+    from strataio.tiers import mover
+
+    root = tmp_path
+    (root / "strataio.toml").write_text(
+        CONFIG.replace('role = "remotetape"', 'role = "remotedisk"')
+        + '\n[[tiers]]\nname = "tape"\nkind = "posix"\nrole = "remotetape"\npath = "tape"\n'
+    )
+    with session(root) as s:
+        ds = s.create_dataset("a", (10, 10), "f4", (10, 10), hint="REMOTEDISK")
+        ds[...] = 1.0
+        ds.flush()
+        ds.migrate(to="tape").wait()
+        ds.close()
+    a, b = session(root), session(root)
+    da, db = a.open_dataset("a", "r+"), b.open_dataset("a", "r+")
+    read_checked = mover.read_checked
+
+    def rewritten_meanwhile(*args, **kw):
+        data = read_checked(*args, **kw)
+        if not getattr(rewritten_meanwhile, "done", False):
+            rewritten_meanwhile.done = True
+            da[...] = 2.0  # onto "archive" (REMOTEDISK), not in place: nothing announced
+            da.flush()
+        return data
+
+    monkeypatch.setattr(mover, "read_checked", rewritten_meanwhile)
+    db.stage(to="fast").result()
+    monkeypatch.setattr(mover, "read_checked", read_checked)
+    assert [c.tier for c in a.catalog.residency("a")] == ["archive"]
+    assert not (root / "fast" / "a" / "c" / "0" / "0").exists()
+    np.testing.assert_array_equal(db[...], 2.0)
+    da.close(), db.close(), a.close(), b.close()
+    with session(root) as s:
+        np.testing.assert_array_equal(s.open_dataset("a")[...], 2.0)
+        assert fsck(s.catalog, s.tiers).clean

@@ -16,7 +16,7 @@ import abc
 import json
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -177,10 +177,12 @@ class CommitOutcome:
     it removed for superseding writes that its ``deletes`` did not name (their objects are
     the caller's to delete); ``kept``, the copies among ``deletes`` it left because they
     were the last of their chunk or not what the caller expected (their objects must
-    stay)."""
+    stay); ``orphaned``, the copies among ``copied`` it left out because no other row of
+    their chunk holds their bytes any more (their objects are the caller's to delete)."""
 
     superseded: list[CopyId]
     kept: list[CopyId]
+    orphaned: list[CopyId] = field(default_factory=list)
 
 
 class Catalog(abc.ABC):
@@ -259,6 +261,7 @@ class Catalog(abc.ABC):
         stale: Callable[[Sequence[CopyId]], set[CopyId]] | None = None,
         dropped: Iterable[tuple[str, str]] | None = None,
         expect: Mapping[CopyId, tuple[str, str] | None] | None = None,
+        copied: Iterable[CopyId] = (),
     ) -> CommitOutcome:
         """Apply residency changes atomically, in ONE transaction: insert or replace each
         copy in ``upserts`` (keyed by dataset, key, tier), then remove each
@@ -286,6 +289,11 @@ class Catalog(abc.ABC):
         but of a chunk this commit supersedes, only another writer's announced rewrite (an
         ``in-transit`` row changed since) or a row gone is left: the write is newer than any
         other row.
+
+        ``copied`` names copies among ``upserts`` that a move made of another copy of their
+        chunk: one is left out (``orphaned``) where no other row of the chunk holds its
+        checksum (or is an announced rewrite) any more: another process rewrote the chunk
+        since the move read it, and the copy holds the old value.
 
         ``durable=False`` returns before the transaction reaches the disk: it is visible to
         every process at once and survives this process's death, but an OS crash or power

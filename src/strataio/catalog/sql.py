@@ -440,6 +440,7 @@ class SQLCatalog(Catalog):
         stale: Callable[[Sequence[CopyId]], set[CopyId]] | None = None,
         dropped: Iterable[tuple[str, str]] | None = None,
         expect: Mapping[CopyId, tuple[str, str] | None] | None = None,
+        copied: Iterable[CopyId] = (),
     ) -> CommitOutcome:
         # Last write wins within a batch, as executemany would do; deduplicating first also
         # keeps PostgreSQL's set-based upsert from touching one row twice.
@@ -454,6 +455,7 @@ class SQLCatalog(Catalog):
             return CommitOutcome([], [])
         removed: list[CopyId] = []
         kept: list[CopyId] = []
+        orphaned: list[CopyId] = []
         try:
             with self._write(durable) as cur:
                 new = [tuple(c) for c in supersede if tuple(c) in latest]
@@ -464,10 +466,25 @@ class SQLCatalog(Catalog):
                     new = [c for c in new if c not in gone]
                 guarded = [i for i in ids if expect and i in expect]
                 sup = {(d, k) for d, k, _ in new}
-                if new or guarded or (dropped is not None and ids):
+                moves = [tuple(i) for i in copied if tuple(i) in latest]
+                if new or guarded or moves or (dropped is not None and ids):
                     # (rows of other processes' commits decide these: taken under a lock
                     # where the database lets one read them while it runs)
                     self._lock_residency(cur, {d for d, _, _ in [*new, *ids]})
+                if moves:
+                    held: dict[tuple[str, str], list[tuple[str, str, str]]] = {}
+                    for d, k, t, state, checksum in self._rows_of(cur, {i[:2] for i in moves}):
+                        held.setdefault((d, k), []).append((t, state, checksum))
+                    orphaned = [
+                        i
+                        for i in moves
+                        if not any(
+                            t != i[2] and (checksum == latest[i].checksum or state == "in-transit")
+                            for t, state, checksum in held.get(i[:2], [])
+                        )
+                    ]
+                    for i in orphaned:
+                        del latest[i]
                 if guarded:
                     assert expect is not None
                     now = {
@@ -508,7 +525,7 @@ class SQLCatalog(Catalog):
                 self._bulk_delete(cur, ids + removed)
         except MetadataError:
             raise MetadataError(self._explain_unknown(latest.values())) from None
-        return CommitOutcome(removed, kept)
+        return CommitOutcome(removed, kept, orphaned)
 
     def _lock_residency(self, cur: Cursor, datasets: Iterable[str]) -> None:
         """Make this transaction's reads of the residency of ``datasets`` stand until it ends

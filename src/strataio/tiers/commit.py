@@ -40,10 +40,10 @@ excepted), refuse a copy another live process is rewriting, and refuse to replac
 this process holds no copy of (another process's put not recorded yet); a write onto a tier
 where it knows no copy of the chunk learns that chunk's rows first, so it is announced as
 the rewrite it is; a read that finds an object missing drops its row at once, guarded the
-same way (:meth:`Commit.drop_missing_row`). What remains: the window between such a check
-and the put it guards; a move that copied a chunk's old value while another process rewrote
-it onto another tier records the old value beside the new (a move's row is not yet checked
-against its source row); and unflushed writes of one chunk by two processes at once, with
+same way (:meth:`Commit.drop_missing_row`); a move's row is recorded only while another
+row of its chunk holds its bytes (else another process rewrote the chunk since the move read
+it: the copy, of the old value, is deleted). What remains: the window between such a check
+and the put it guards; and unflushed writes of one chunk by two processes at once, with
 evictions writing them back meanwhile, can leave an older value of one standing and an
 announcement for fsck (``tests/test_sessions_stateful.py`` interleaves two sessions' writes,
 flushes, moves and reopens, on open tiers and on a full one).
@@ -321,7 +321,7 @@ class Commit:
             self._delete(
                 res,
                 [o for o in batch.obsolete if o not in kept]
-                + [(t, k) for _, k, t in done.superseded],
+                + [(t, k) for _, k, t in [*done.superseded, *done.orphaned]],
             )
         finally:
             res.deleted(kept)  # (kept, not deleted: puts of them may go on)
@@ -346,7 +346,7 @@ class Commit:
         if batch.touches:
             self.catalog.touch(dataset, sorted(batch.touches), max(batch.touches.values()))
         if not (batch.upserts or batch.deletes):
-            return _Recorded([], [], set())
+            return _Recorded([], [], set(), [])
         replaced: set[CopyId] = set()
         puts = {**batch.moved, **batch.written}
 
@@ -363,8 +363,13 @@ class Commit:
             # obsolete, and none learns which rows rank 0's commit kept: no keeping there)
             dropped=[(dataset, k) for k in batch.dropped] if self.comm is None else None,
             expect=batch.expect if self.comm is None else None,
+            # (a move's copy of a chunk rewritten elsewhere since holds the old value; its
+            # object is the mover's to delete, which only a single process knows here)
+            copied=[(dataset, k, t) for k, t in batch.moved if k not in batch.rewritten]
+            if self.comm is None
+            else (),
         )
-        return _Recorded(done.superseded, done.kept, replaced)
+        return _Recorded(done.superseded, done.kept, replaced | set(done.orphaned), done.orphaned)
 
     def _replaced(
         self, dataset: str, ids: Sequence[CopyId], puts: dict[tuple[str, str], Any]
@@ -470,12 +475,14 @@ class Commit:
 @dataclasses.dataclass(frozen=True)
 class _Recorded:
     """What a commit of a batch found (see :meth:`Commit._record`): copies superseded and
-    copies kept (as :class:`CommitOutcome`), and the copies left out because another
-    process's put replaced their object."""
+    copies kept (as :class:`CommitOutcome`), the copies left out because another
+    process's put replaced their object or (``orphaned``, their objects this process's to
+    delete) because another process rewrote their chunk since a move copied it."""
 
     superseded: list[CopyId]
     kept: list[CopyId]
     left_out: set[CopyId]
+    orphaned: list[CopyId]
 
 
 def _first_error(comm: Any, err: BaseException | None) -> BaseException | None:
