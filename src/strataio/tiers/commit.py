@@ -59,13 +59,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
 from strataio.catalog.base import Catalog, ChunkCopy, CopyId, open_catalog
 from strataio.errors import BackendError, StrataError
 from strataio.tiers.residency import Batch, Residency, object_key
-from strataio.tiers.tier import Tier, TierSet, is_backend_failure
+from strataio.tiers.tier import Tier, TierSet, is_backend_failure, refuse_unknown_object
 
 __all__ = ["Commit"]
 
@@ -145,6 +146,23 @@ class Commit:
             res.announced(rows)
         with self._count_lock:
             self._announced += 1
+
+    def prepare_copy(self, res: Residency, src: ChunkCopy, dst: Tier) -> None:
+        """Before a move or write-back puts a copy of ``src`` on ``dst`` (the caller holds
+        the put slot, :meth:`Residency.writing`): raise :class:`ExistsError` for an object
+        there this process holds no copy of (another process's put not recorded yet), and
+        announce the put where the catalog may still name a copy there, looking for such an
+        object again after the announcement (which may have waited for a commit)."""
+        held = res.holds_object(src.key, dst.name)
+        if not held:
+            refuse_unknown_object(dst, res.name, src.key)
+        if res.catalogued(src.key, dst.name):
+            intent = ChunkCopy(
+                res.name, src.key, dst.name, src.nbytes, src.checksum, "in-transit", time.time()
+            )
+            self.announce(res, [intent])
+            if not held:
+                refuse_unknown_object(dst, res.name, src.key)
 
     def drop_missing_row(self, res: Residency, copy: ChunkCopy) -> None:
         """Delete the row of ``copy``, whose object was found missing and which ``res`` has

@@ -40,7 +40,6 @@ from strataio.tiers.tier import (
     checksum,
     put_checked,
     read_checked,
-    refuse_unknown_object,
 )
 
 T = TypeVar("T")
@@ -370,13 +369,8 @@ class Mover:
                             # process recorded for it since this residency was loaded, stay
                             res.abandon_write(key, dst.name)
                             raise
-                        held = res.holds_object(key, dst.name)
                         try:
-                            if not held:
-                                refuse_unknown_object(dst, res.name, key)
-                            if self._announce(res, key, dst, src) and not held:
-                                # (the announcement may have waited for a commit)
-                                refuse_unknown_object(dst, res.name, key)
+                            self.commit.prepare_copy(res, src, dst)
                         except ExistsError as exc:
                             res.abandon_write(key, dst.name)
                             explain = exc  # the catalog may know whose it is
@@ -419,16 +413,6 @@ class Mover:
                 f"chunk {key!r} of {res.name!r}: no readable copy (its tiers {down} are down)"
             )
         return "reused", 0  # never written (or lost): nothing to move
-
-    def _announce(self, res: Residency, key: str, dst: Tier, src: ChunkCopy) -> bool:
-        """A copy put where the catalog may still name a forgotten one is announced first;
-        True if it was."""
-        if not res.catalogued(key, dst.name):
-            return False
-        now = time.time()
-        intent = ChunkCopy(res.name, key, dst.name, src.nbytes, src.checksum, "in-transit", now)
-        self.commit.announce(res, [intent])
-        return True
 
     def _stage_one(self, res: Residency, key: str, target: Tier | None) -> tuple[str, int]:
         copies = res.readable(key)

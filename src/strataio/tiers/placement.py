@@ -52,7 +52,6 @@ from strataio.tiers.tier import (
     TierSet,
     put_checked,
     read_checked,
-    refuse_unknown_object,
 )
 
 __all__ = ["HINTS", "AutoDecision", "DatasetDisabledError", "Placement", "normalize_hint"]
@@ -470,20 +469,8 @@ class Placement:
                         if isinstance(exc, ChecksumError):
                             return False  # a corrupt only copy: fsck reports it; never evicted
                         raise
-                    # (an object there that is not this process's is another process's
-                    # write not recorded yet: never replaced)
-                    held = res.holds_object(copy.key, dst.name)
                     try:
-                        if not held:
-                            refuse_unknown_object(dst, res.name, copy.key)
-                        if res.catalogued(copy.key, dst.name):
-                            # the catalog may still name a forgotten copy there: announce
-                            intent = dataclasses.replace(
-                                copy, tier=dst.name, state="in-transit", last_access=time.time()
-                            )
-                            self.commit.announce(res, [intent])
-                            if not held:  # (the announcement may have waited for a commit)
-                                refuse_unknown_object(dst, res.name, copy.key)
+                        self.commit.prepare_copy(res, copy, dst)
                     except ExistsError:
                         res.abandon_write(copy.key, dst.name)
                         return False

@@ -252,6 +252,11 @@ class Residency:
                 or obj in self._cancelled  # (a deletion the caller's put cancelled)
             )
 
+    def elsewhere_only(self, keys: Sequence[str], tier: str) -> list[str]:
+        """Of ``keys``, those with copies here, none of them on ``tier`` (one look)."""
+        with self.lock:
+            return [k for k in keys if (per := self._copies.get(k)) and tier not in per]
+
     def _row_pending(self, key: str, tier: str) -> bool:
         """A copy of ``key`` on ``tier`` is recorded here, or its row's deletion is not
         committed yet (the caller holds the lock)."""
@@ -428,14 +433,9 @@ class Residency:
         (``delete_object``). With ``expect``, only if the copy there is still that one
         (same size, checksum and state). Returns the copy forgotten, or None."""
         with self.lock:
-            per = self._copies.get(key, {})
-            old = per.get(tier)
-            if old is None or (expect is not None and not _same(old, expect)):
+            old = self._take(key, tier, expect)
+            if old is None:
                 return None
-            del per[tier]
-            self._changed(key)
-            if not per:
-                self._copies.pop(key, None)
             if not self._tier(tier).volatile:
                 self._upserts.pop((key, tier), None)
                 self._written.pop((key, tier), None)
@@ -447,22 +447,29 @@ class Residency:
                 # (a put in flight there replaces the object; if it records no copy, its
                 # end marks the object obsolete)
                 self._obsolete.add((tier, key))
-            self._tier(tier).account(-old.nbytes)
+        return old
+
+    def _take(self, key: str, tier: str, expect: ChunkCopy | None) -> ChunkCopy | None:
+        """Take the copy of ``key`` on ``tier`` out of the map (with ``expect``, only if it
+        is still that one) and its bytes out of the tier's use; buffer nothing (the caller
+        holds the lock)."""
+        per = self._copies.get(key, {})
+        old = per.get(tier)
+        if old is None or (expect is not None and not _same(old, expect)):
+            return None
+        del per[tier]
+        if not per:
+            self._copies.pop(key, None)
+        self._changed(key)
+        self._tier(tier).account(-old.nbytes)
         return old
 
     def _forget(self, copy: ChunkCopy) -> bool:
         """Forget ``copy`` here if it is still the one recorded, buffering nothing: the
         catalog may still name it (:meth:`catalogued` stays true until a refresh, or
         :meth:`row_dropped`)."""
-        per = self._copies.get(copy.key, {})
-        old = per.get(copy.tier)
-        if old is None or not _same(old, copy):
+        if self._take(copy.key, copy.tier, copy) is None:
             return False
-        del per[copy.tier]
-        if not per:
-            self._copies.pop(copy.key, None)
-        self._changed(copy.key)
-        self._tier(copy.tier).account(-old.nbytes)
         if not self._tier(copy.tier).volatile:
             self._forgotten.add((copy.key, copy.tier))
         return True

@@ -562,10 +562,10 @@ class TieredChunkStore(ChunkStore):
         its rows from the catalog (one query per few hundred keys), so the put is announced
         as the rewrite of that copy it is, and no move of that copy deletes the new
         bytes."""
-        elsewhere = [
-            k for k in keys if self.res.copy_on(k, tier.name) is None and self.res.copies(k)
-        ]
-        if elsewhere and self.commit.catalog is not None:
+        if self.commit.catalog is None:
+            return
+        elsewhere = self.res.elsewhere_only(keys, tier.name)
+        if elsewhere:
             self.res.refresh_from(self.commit.catalog, elsewhere)
 
     def _stage_from_archive(self, keys: list[str]) -> None:
