@@ -13,7 +13,7 @@ import threading
 import numpy as np
 import pytest
 
-from strataio.errors import InvalidKeyError, NotFoundError
+from strataio.errors import ExistsError, InvalidKeyError, NotFoundError
 from strataio.layout.extents import Extents
 from strataio.storage.base import Backend
 
@@ -298,3 +298,16 @@ class BackendContract:
         assert first == known[0]
         second = backend.put_versioned("pv/a", b"same bytes", durable=True)
         assert second == backend.versions(["pv/a"])[0] and second != first
+
+    def test_put_new_puts_only_where_nothing_is(self, backend: Backend) -> None:
+        """:meth:`Backend.put_new` puts an object under a free name (its version as
+        :meth:`Backend.put_versioned` gives it) and refuses a taken one, changing nothing."""
+        first = backend.put_new("pn/a", b"first", durable=True)
+        assert bytes(backend.get("pn/a")) == b"first"
+        known = backend.versions(["pn/a"])
+        assert first == (None if known is None else known[0])
+        with pytest.raises(ExistsError):
+            backend.put_new("pn/a", b"second")
+        assert bytes(backend.get("pn/a")) == b"first"
+        assert backend.versions(["pn/a"]) == known
+        assert sorted(backend.list("pn/")) == ["pn/a"]  # no temporary file left behind

@@ -12,6 +12,8 @@ connection, writer, tiers and residencies, and the interleaving is made exact.
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 
@@ -54,6 +56,29 @@ def dataset_a_on_fast(root) -> None:
         ds = s.create_dataset("a", A.shape, "f4", (10, 10), hint="LOCALDISK")
         ds[...] = A
         ds.close()
+
+
+@contextlib.contextmanager
+def after_the_first_move_read(monkeypatch, action):
+    """Run ``action`` (another session's step) once, right after a move of this block first
+    reads its source copy: the move then copies a value that ``action`` may have replaced."""
+    from strataio.tiers import mover
+
+    read_checked = mover.read_checked
+    done = []
+
+    def read_then_act(*args, **kw):
+        data = read_checked(*args, **kw)
+        if not done:
+            done.append(True)
+            action()
+        return data
+
+    monkeypatch.setattr(mover, "read_checked", read_then_act)
+    try:
+        yield
+    finally:
+        monkeypatch.setattr(mover, "read_checked", read_checked)
 
 
 def test_a_write_back_from_a_stale_residency_keeps_the_copy_another_session_recorded(
@@ -264,7 +289,6 @@ def test_a_stage_that_read_the_old_value_records_nothing_beside_a_rewrite(tmp_pa
     """B's stage reads the chunk's archive copy; A then rewrites the chunk onto another tier
     and flushes (superseding the archive copy); B's copy, of the old value, must not be
     recorded beside A's: its commit finds no row holding its bytes and deletes its object."""
-    from strataio.tiers import mover
 
     root = tmp_path
     (root / "strataio.toml").write_text(
@@ -279,19 +303,13 @@ def test_a_stage_that_read_the_old_value_records_nothing_beside_a_rewrite(tmp_pa
         ds.close()
     a, b = session(root), session(root)
     da, db = a.open_dataset("a", "r+"), b.open_dataset("a", "r+")
-    read_checked = mover.read_checked
 
-    def rewritten_meanwhile(*args, **kw):
-        data = read_checked(*args, **kw)
-        if not getattr(rewritten_meanwhile, "done", False):
-            rewritten_meanwhile.done = True
-            da[...] = 2.0  # onto "archive" (REMOTEDISK), not in place: nothing announced
-            da.flush()
-        return data
+    def rewrite():
+        da[...] = 2.0  # onto "archive" (REMOTEDISK), not in place: nothing announced
+        da.flush()
 
-    monkeypatch.setattr(mover, "read_checked", rewritten_meanwhile)
-    db.stage(to="fast").result()
-    monkeypatch.setattr(mover, "read_checked", read_checked)
+    with after_the_first_move_read(monkeypatch, rewrite):
+        db.stage(to="fast").result()
     assert [c.tier for c in a.catalog.residency("a")] == ["archive"]
     assert not (root / "fast" / "a" / "c" / "0" / "0").exists()
     np.testing.assert_array_equal(db[...], 2.0)
@@ -299,3 +317,98 @@ def test_a_stage_that_read_the_old_value_records_nothing_beside_a_rewrite(tmp_pa
     with session(root) as s:
         np.testing.assert_array_equal(s.open_dataset("a")[...], 2.0)
         assert fsck(s.catalog, s.tiers).clean
+
+
+def test_a_move_that_read_a_value_since_rewritten_in_place_records_nothing(tmp_path, monkeypatch):
+    """B's migration reads the chunk's value 1; A then writes 2 and flushes, and rewrites it
+    in place to 3 without flushing (its row announced: new 3, old 2). B's copy of 1 is held
+    by no row (the announced rewrite holds 2 or 3): it must not be recorded, or a crash of A
+    before its flush leaves fsck a "good" older copy to fall back to, and the flushed 2 is
+    lost."""
+    (tmp_path / "strataio.toml").write_text(
+        CONFIG.replace('role = "remotetape"', 'role = "remotedisk"')
+    )
+    with session(tmp_path) as s:
+        ds = s.create_dataset("a", (10, 10), "f4", (10, 10), hint="LOCALDISK")
+        ds[...] = 1.0
+        ds.close()
+    a, b = session(tmp_path), session(tmp_path)
+    da, db = a.open_dataset("a", "r+"), b.open_dataset("a", "r")
+
+    def rewrite():
+        da[...] = 2.0
+        da.flush()
+        da[...] = 3.0  # in place on "fast": announced, not flushed
+
+    with after_the_first_move_read(monkeypatch, rewrite):
+        db.migrate(to="archive").result()
+    rows = {c.tier: c for c in a.catalog.residency("a")}
+    assert list(rows) == ["fast"] and rows["fast"].state == "in-transit"
+    assert not (tmp_path / "archive" / "a" / "c" / "0" / "0").exists()
+    # were A to die now, fsck would find no older copy to fall back to; A flushes instead
+    da.close(), db.close(), a.close(), b.close()
+    with session(tmp_path) as s:
+        np.testing.assert_array_equal(s.open_dataset("a")[...], 3.0)
+        assert fsck(s.catalog, s.tiers).clean
+
+
+def test_a_move_never_replaces_an_object_put_after_it_looked(tmp_path, monkeypatch):
+    """Another process's put lands on the destination between a move's look for an unknown
+    object there and the move's own put: the move's put (a link that fails on a taken name)
+    refuses, and the other process's bytes stand."""
+    from strataio.tiers.commit import Commit
+
+    dataset_a_on_fast(tmp_path)
+    theirs = tmp_path / "archive" / "a" / "c" / "0" / "0"
+    prepare_copy = Commit.prepare_copy
+
+    def put_meanwhile(self, res, src, dst):
+        held = prepare_copy(self, res, src, dst)
+        if src.key == "c/0/0":
+            theirs.parent.mkdir(parents=True, exist_ok=True)
+            theirs.write_bytes(b"\x01" * 400)  # (another process's put, not recorded yet)
+        return held
+
+    monkeypatch.setattr(Commit, "prepare_copy", put_meanwhile)
+    with session(tmp_path) as s:
+        ds = s.open_dataset("a", "r+")
+        with pytest.raises(strataio.errors.StrataError, match="c/0/0"):
+            ds.migrate(to="archive").wait()
+        assert theirs.read_bytes() == b"\x01" * 400
+        rows = {(c.key, c.tier) for c in s.catalog.residency("a")}
+        assert ("c/0/0", "fast") in rows and ("c/0/0", "archive") not in rows
+        assert {("c/0/1", "archive"), ("c/1/0", "archive"), ("c/1/1", "archive")} <= rows
+        np.testing.assert_array_equal(ds[...], A)
+        ds.close()
+
+
+def test_a_read_that_keeps_finding_the_chunk_rewritten_says_so(tmp_path, monkeypatch):
+    """Another process rewrites (and flushes) the chunk before each of this process's reads
+    of it: each read finds a version newer than the rows it just looked up. After a bounded
+    number of looks the read raises ChunkChangedError (not a ChecksumError telling the user
+    to run fsck); once the writer stops, the read gives its value."""
+    from strataio.errors import ChunkChangedError
+    from strataio.tiers.store import TieredChunkStore
+
+    dataset_a_on_fast(tmp_path)
+    a, b = session(tmp_path), session(tmp_path)
+    da, db = a.open_dataset("a", "r+"), b.open_dataset("a", "r")
+    db.clear_cache()
+    read_group = TieredChunkStore._read_group
+    rewrites = []
+
+    def rewritten_before_each_read(self, *args):
+        if self is db.store and len(rewrites) < 100:
+            rewrites.append(len(rewrites))
+            da[0:10, 0:10] = float(len(rewrites))
+            da.flush()
+        return read_group(self, *args)
+
+    monkeypatch.setattr(TieredChunkStore, "_read_group", rewritten_before_each_read)
+    with pytest.raises(ChunkChangedError, match="changed .* times while it was read"):
+        db.store.get_chunks(["c/0/0"])
+    assert len(rewrites) > TieredChunkStore.REFRESHES
+    rewrites.extend(range(100))  # the writer stops
+    db.clear_cache()
+    np.testing.assert_array_equal(db[0:10, 0:10], da[0:10, 0:10])
+    da.close(), db.close(), a.close(), b.close()

@@ -59,6 +59,12 @@ class TierDownError(BackendError):
     """A tier is marked down and was not used."""
 
 
+class ChunkChangedError(BackendError):
+    """A chunk that another process kept rewriting or moving while it was read: each copy
+    read was of a version the catalog no longer listed. Nothing is damaged; read it again
+    (or order the writes before the reads)."""
+
+
 class ConfigError(StrataError, ValueError):
     """A configuration file is missing, unreadable or has a bad value (the message names the
     file and the key)."""

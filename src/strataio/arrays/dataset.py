@@ -10,6 +10,7 @@ chunks the section covers only in part are read, modified and written back.
 from __future__ import annotations
 
 import errno
+import math
 import os
 import time
 from collections import deque
@@ -216,7 +217,7 @@ class Dataset:
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.meta.shape, dtype=np.int64))
+        return math.prod(self.meta.shape)
 
     @property
     def nbytes(self) -> int:

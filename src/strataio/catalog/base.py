@@ -292,8 +292,9 @@ class Catalog(abc.ABC):
 
         ``copied`` names copies among ``upserts`` that a move made of another copy of their
         chunk: one is left out (``orphaned``) where no other row of the chunk holds its
-        checksum (or is an announced rewrite) any more: another process rewrote the chunk
-        since the move read it, and the copy holds the old value.
+        checksum (as its checksum, or as the old checksum of an announced rewrite) any more:
+        another process rewrote the chunk since the move read it, and the copy holds an old
+        value.
 
         ``durable=False`` returns before the transaction reaches the disk: it is visible to
         every process at once and survives this process's death, but an OS crash or power

@@ -472,15 +472,19 @@ class SQLCatalog(Catalog):
                     # where the database lets one read them while it runs)
                     self._lock_residency(cur, {d for d, _, _ in [*new, *ids]})
                 if moves:
+                    # (an announced rewrite holds its old bytes or its new ones; one whose
+                    # old bytes are not the move's was announced after another rewrite)
                     held: dict[tuple[str, str], list[tuple[str, str, str]]] = {}
-                    for d, k, t, state, checksum in self._rows_of(cur, {i[:2] for i in moves}):
-                        held.setdefault((d, k), []).append((t, state, checksum))
+                    for d, k, t, state, checksum, old in self._rows_of(cur, {i[:2] for i in moves}):
+                        held.setdefault((d, k), []).append(
+                            (t, checksum, old if state == "in-transit" else "")
+                        )
                     orphaned = [
                         i
                         for i in moves
                         if not any(
-                            t != i[2] and (checksum == latest[i].checksum or state == "in-transit")
-                            for t, state, checksum in held.get(i[:2], [])
+                            t != i[2] and latest[i].checksum in (checksum, old)
+                            for t, checksum, old in held.get(i[:2], [])
                         )
                     ]
                     for i in orphaned:
@@ -489,7 +493,9 @@ class SQLCatalog(Catalog):
                     assert expect is not None
                     now = {
                         (d, k, t): (state, checksum)
-                        for d, k, t, state, checksum in self._rows_of(cur, {i[:2] for i in guarded})
+                        for d, k, t, state, checksum, _ in self._rows_of(
+                            cur, {i[:2] for i in guarded}
+                        )
                     }
                     kept = [
                         i for i in guarded if _changed_since(now.get(i), expect[i], i[:2] in sup)
@@ -505,7 +511,7 @@ class SQLCatalog(Catalog):
                     # commit, which supersedes in turn: its object may be written right now)
                     removed = [
                         (d, k, t)
-                        for d, k, t, state, _ in self._rows_of(cur, chunks)
+                        for d, k, t, state, _, _ in self._rows_of(cur, chunks)
                         if holds[d, k] != t and (d, k, t) not in named and state != "in-transit"
                     ]
                 if dropped is not None and ids:
@@ -534,20 +540,20 @@ class SQLCatalog(Catalog):
 
     def _rows_of(
         self, cur: Cursor, chunks: Iterable[tuple[str, str]]
-    ) -> list[tuple[str, str, str, str, str]]:
+    ) -> list[tuple[str, str, str, str, str, str]]:
         """Every row of the ``(dataset, key)`` chunks, as ``(dataset, key, tier, state,
-        checksum)`` (one query per few hundred chunks)."""
+        checksum, old_checksum)`` (one query per few hundred chunks)."""
         by_dataset: dict[str, list[str]] = {}
         for d, k in chunks:
             by_dataset.setdefault(d, []).append(k)
-        found: list[tuple[str, str, str, str, str]] = []
+        found: list[tuple[str, str, str, str, str, str]] = []
         for d, keys in by_dataset.items():
             for i in range(0, len(keys), 500):
                 part = keys[i : i + 500]
                 marks = ", ".join("?" * len(part))
                 cur.execute(
                     self._sql(
-                        "SELECT dataset, key, tier, state, checksum FROM residency "
+                        "SELECT dataset, key, tier, state, checksum, old_checksum FROM residency "
                         f"WHERE dataset = ? AND key IN ({marks})"
                     ),
                     (d, *part),
@@ -569,7 +575,7 @@ class SQLCatalog(Catalog):
             return []
         left: dict[tuple[str, str], set[str]] = {c: set() for c in chunks}
         exist: set[CopyId] = set()
-        for d, k, t, _, _ in self._rows_of(cur, chunks):
+        for d, k, t, _, _, _ in self._rows_of(cur, chunks):
             left[d, k].add(t)
             exist.add((d, k, t))
         for d, k, t in latest:

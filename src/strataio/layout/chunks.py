@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -136,7 +137,7 @@ class ChunkGrid:
 
     @property
     def nchunks(self) -> int:
-        return int(np.prod(self.grid_shape, dtype=np.int64))
+        return math.prod(self.grid_shape)  # (Python ints: exact, and cheaper than numpy's)
 
     def chunk_section(self, coords: Sequence[int]) -> Section:
         """The part of the array chunk ``coords`` holds (clipped at the array's edge)."""

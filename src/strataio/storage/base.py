@@ -13,7 +13,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from strataio.errors import InvalidKeyError, ShapeMismatchError
+from strataio.errors import ExistsError, InvalidKeyError, ShapeMismatchError
 from strataio.layout.extents import Extents
 
 BytesLike = bytes | bytearray | memoryview
@@ -108,6 +108,15 @@ class Backend(abc.ABC):
         except Exception:  # (the put stands: a commit takes the object as the one put)
             return None
         return None if got is None else got[0]
+
+    def put_new(self, key: str, data: BytesLike, *, durable: bool = False) -> Version | None:
+        """:meth:`put_versioned` of an object that must not exist yet: raise
+        :class:`~strataio.errors.ExistsError`, putting nothing, where one does. Atomic where
+        the backend can make it so (POSIX: a hard link, which fails on a name taken; memory:
+        under its lock); here, the check and the put are two steps."""
+        if self.exists(key):
+            raise ExistsError(f"object {key!r} exists already")
+        return self.put_versioned(key, data, durable=durable)
 
     @abc.abstractmethod
     def size(self, key: str) -> int: ...

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from strataio.errors import NotFoundError
+from strataio.errors import ExistsError, NotFoundError
 from strataio.layout.extents import Extents
 from strataio.layout.pieces import copy_pieces
 from strataio.storage.base import Backend, BytesLike, Capabilities, validate_key
@@ -57,6 +57,13 @@ class MemoryBackend(Backend):
         obj = bytearray(memoryview(data).cast("B"))
         with self._lock:
             self._objects[validate_key(key)] = obj
+
+    def put_new(self, key: str, data: BytesLike, *, durable: bool = False) -> None:
+        obj = bytearray(memoryview(data).cast("B"))
+        with self._lock:
+            if validate_key(key) in self._objects:
+                raise ExistsError(f"object {key!r} exists already")
+            self._objects[key] = obj
 
     def size(self, key: str) -> int:
         return len(self._obj(key))

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from strataio.errors import BackendError, NotFoundError, ShapeMismatchError
+from strataio.errors import BackendError, ExistsError, NotFoundError, ShapeMismatchError
 from strataio.layout.extents import Extents
 from strataio.storage.base import (
     Backend,
@@ -282,7 +282,14 @@ class PosixBackend(Backend):
             return super().put_versioned(key, data, durable=durable)
         return self._put_file(key, data, durable)
 
-    def _put_file(self, key: str, data: BytesLike, durable: bool) -> Version:
+    def put_new(self, key: str, data: BytesLike, *, durable: bool = False) -> Version | None:
+        """:meth:`put_versioned`, linking the new file into place (which fails, atomically,
+        where the name is taken) instead of renaming it over whatever is there."""
+        if type(self).put is not PosixBackend.put:
+            return super().put_new(key, data, durable=durable)
+        return self._put_file(key, data, durable, replace=False)
+
+    def _put_file(self, key: str, data: BytesLike, durable: bool, replace: bool = True) -> Version:
         path = self.path(key)
         with _tmp_lock:
             tmp = f"{path}.{os.getpid()}.{next(_tmp_counter)}{TMP_SUFFIX}"
@@ -297,7 +304,14 @@ class PosixBackend(Backend):
                 view = view[os.write(fd, view) :]
             if durable:
                 os.fsync(fd)
-            os.replace(tmp, path)
+            if replace:
+                os.replace(tmp, path)
+            else:
+                try:
+                    os.link(tmp, path)
+                except FileExistsError:
+                    raise ExistsError(f"object {key!r} exists already") from None
+                os.unlink(tmp)  # (after the link: its ctime, in the version, is then final)
             st = os.fstat(fd)
         except BaseException:
             with contextlib.suppress(OSError):

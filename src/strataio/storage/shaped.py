@@ -285,9 +285,17 @@ class Shaped(Backend):
         return out
 
     def put(self, key: str, data: BytesLike, *, durable: bool = False) -> None:
+        self._put(self.inner.put, key, data, durable)
+
+    def put_new(self, key: str, data: BytesLike, *, durable: bool = False) -> None:
+        # (None: this backend keeps no versions, as put_versioned says)
+        self._put(self.inner.put_new, key, data, durable)
+
+    def _put(self, put: Any, key: str, data: BytesLike, durable: bool) -> None:
+        """``put`` (the inner backend's) of ``data``, charged as one write."""
         n = memoryview(data).nbytes
         with self._drive():
-            self.inner.put(key, data, durable=durable)
+            put(key, data, durable=durable)
             self._access(self.model.write, n, 0)
         self._add(requests=1, bytes_written=n)
 

@@ -37,13 +37,18 @@ of its chunk but another writer's announced rewrite); and no chunk loses its las
 deletion decided on stale rows, unless it was deleted on purpose. Around the commit: moves
 start from the rows the catalog holds then (chunks with changes here not recorded yet
 excepted), refuse a copy another live process is rewriting, and refuse to replace an object
-this process holds no copy of (another process's put not recorded yet); a write onto a tier
+this process holds no copy of (another process's put not recorded yet: the move's put then
+only creates, :meth:`Backend.put_new`, which refuses a name taken after the look, atomically
+on POSIX and memory tiers); a write onto a tier
 where it knows no copy of the chunk learns that chunk's rows first, so it is announced as
 the rewrite it is; a read that finds an object missing drops its row at once, guarded the
 same way (:meth:`Commit.drop_missing_row`); a move's row is recorded only while another
 row of its chunk holds its bytes (else another process rewrote the chunk since the move read
-it: the copy, of the old value, is deleted). What remains: the window between such a check
-and the put it guards; and unflushed writes of one chunk by two processes at once, with
+it: the copy, of the old value, is deleted; an announced rewrite holds the bytes of its old
+checksum too, and no others). What remains: the window between a check and the put it
+guards where a move replaces a copy it knows (an announcement of another writer's rewrite
+there just after the check), or where the tier cannot create atomically (S3); and unflushed
+writes of one chunk by two processes at once, with
 evictions writing them back meanwhile, can leave an older value of one standing and an
 announcement for fsck (``tests/test_sessions_stateful.py`` interleaves two sessions' writes,
 flushes, moves and reopens, on open tiers and on a full one).
@@ -147,12 +152,15 @@ class Commit:
         with self._count_lock:
             self._announced += 1
 
-    def prepare_copy(self, res: Residency, src: ChunkCopy, dst: Tier) -> None:
+    def prepare_copy(self, res: Residency, src: ChunkCopy, dst: Tier) -> bool:
         """Before a move or write-back puts a copy of ``src`` on ``dst`` (the caller holds
         the put slot, :meth:`Residency.writing`): raise :class:`ExistsError` for an object
         there this process holds no copy of (another process's put not recorded yet), and
         announce the put where the catalog may still name a copy there, looking for such an
-        object again after the announcement (which may have waited for a commit)."""
+        object again after the announcement (which may have waited for a commit). Returns
+        whether the put may replace an object there; where not, it is to be put with
+        :meth:`Backend.put_new` (``put_checked(new=True)``), which closes the window between
+        this look and the put where the backend can."""
         held = res.holds_object(src.key, dst.name)
         if not held:
             refuse_unknown_object(dst, res.name, src.key)
@@ -163,6 +171,7 @@ class Commit:
             self.announce(res, [intent])
             if not held:
                 refuse_unknown_object(dst, res.name, src.key)
+        return held
 
     def drop_missing_row(self, res: Residency, copy: ChunkCopy) -> None:
         """Delete the row of ``copy``, whose object was found missing and which ``res`` has

@@ -370,12 +370,12 @@ class Mover:
                             res.abandon_write(key, dst.name)
                             raise
                         try:
-                            self.commit.prepare_copy(res, src, dst)
+                            held = self.commit.prepare_copy(res, src, dst)
+                            n, digest, put = put_checked(dst, res.name, key, data, new=not held)
                         except ExistsError as exc:
                             res.abandon_write(key, dst.name)
                             explain = exc  # the catalog may know whose it is
                             continue
-                        n, digest, put = put_checked(dst, res.name, key, data)
                     except NotFoundError:
                         if res.drop_missing(src) or not res.is_current(src):
                             continue  # catalogued but gone (forgotten now), or moved away

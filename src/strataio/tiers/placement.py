@@ -63,6 +63,8 @@ HINT_ROLES = {"LOCALDISK": "localdisk", "REMOTEDISK": "remotedisk", "REMOTETAPE"
 
 def normalize_hint(hint: str | None) -> str:
     """The canonical spelling of a hint (``"auto"`` → ``"AUTO"``; ``DEFAULT`` is ``AUTO``)."""
+    if hint in HINTS:
+        return hint  # type: ignore[return-value]  (already canonical: every write asks)
     h = "AUTO" if hint is None else str(hint).strip().upper()
     if h == "DEFAULT":
         h = "AUTO"
@@ -470,12 +472,11 @@ class Placement:
                             return False  # a corrupt only copy: fsck reports it; never evicted
                         raise
                     try:
-                        self.commit.prepare_copy(res, copy, dst)
+                        held = self.commit.prepare_copy(res, copy, dst)
+                        n, digest, put = put_checked(dst, res.name, copy.key, data, new=not held)
                     except ExistsError:
                         res.abandon_write(copy.key, dst.name)
                         return False
-                    try:
-                        n, digest, put = put_checked(dst, res.name, copy.key, data)
                     except ChecksumError:
                         return False
                     back = ChunkCopy(

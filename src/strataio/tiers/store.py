@@ -34,6 +34,7 @@ from strataio.catalog.base import ChunkCopy
 from strataio.errors import (
     BackendError,
     ChecksumError,
+    ChunkChangedError,
     ClosedError,
     NotFoundError,
     StrataError,
@@ -123,6 +124,9 @@ class TieredChunkStore(ChunkStore):
     # ----------------------------------------------------------------- reads
     #: times one read asks the catalog again for a chunk whose every known copy is missing
     REFRESHES = 3
+    #: ... and times while each answer differs from the last (another process is rewriting
+    #: or moving the chunk right now: each look finds it further on)
+    REFRESHES_WHILE_CHANGING = 20
 
     def get_chunks(self, keys: Sequence[str]) -> list[BytesLike | None]:
         self._check_open()
@@ -149,6 +153,7 @@ class TieredChunkStore(ChunkStore):
         pending: dict[int, set[str]] = {i: set() for i in need}
         corrupt: dict[int, list[str]] = {}
         refreshes: Counter[int] = Counter()  # catalog lookups per chunk in this read
+        moving: set[int] = set()  # chunks whose last lookup found their rows changed
         while pending:
             groups: dict[str, list[tuple[int, ChunkCopy]]] = {}
             # another process may have moved chunks since this dataset was opened (and may
@@ -156,17 +161,22 @@ class TieredChunkStore(ChunkStore):
             out_of_copies = [
                 i
                 for i, tried in pending.items()
-                if refreshes[i] < self.REFRESHES
+                if (
+                    refreshes[i] < self.REFRESHES
+                    or (i in moving and refreshes[i] < self.REFRESHES_WHILE_CHANGING)
+                )
                 and not [c for c in self.res.readable(keys[i]) if c.tier not in tried]
             ]
             if out_of_copies:
                 refreshes.update(out_of_copies)
+                moving.difference_update(out_of_copies)
                 for j in self._refresh([keys[i] for i in out_of_copies]):
                     pending[out_of_copies[j]] = set()
+                    moving.add(out_of_copies[j])
             for i, tried in list(pending.items()):
                 copies = [c for c in self.res.readable(keys[i]) if c.tier not in tried]
                 if not copies:
-                    raise self._lost(keys[i], corrupt.get(i, []))
+                    raise self._lost(keys[i], corrupt.get(i, []), refreshes[i], i in moving)
                 groups.setdefault(copies[0].tier, []).append((i, copies[0]))
             for tier_name, wanted in groups.items():
                 self._read_group(self.tiers[tier_name], keys, wanted, out, pending, corrupt)
@@ -541,7 +551,17 @@ class TieredChunkStore(ChunkStore):
         changed = set(self.res.refresh_from(catalog, quiet))
         return [i for i, k in enumerate(keys) if k in changed]
 
-    def _lost(self, key: str, corrupt: list[str]) -> StrataError:
+    def _lost(self, key: str, corrupt: list[str], looks: int, moving: bool) -> StrataError:
+        """The error of a read of chunk ``key`` that found no intact copy (``corrupt``: the
+        copies read whose bytes failed their checksum), after ``looks`` lookups in the
+        catalog, the last of which found the chunk's rows changed where ``moving``."""
+        if moving and looks > self.REFRESHES:
+            return ChunkChangedError(
+                f"chunk {key!r} of dataset {self.name!r} changed {looks} times while it was "
+                "read: another process is rewriting or moving it, and each copy read was of a "
+                "version the catalog no longer listed (nothing is damaged); read it again, or "
+                "let the writer flush before this process reads"
+            )
         if corrupt:
             sums = self.res.copies(key)
             return ChecksumError(
@@ -583,8 +603,8 @@ class TieredChunkStore(ChunkStore):
         self._check_open()
         if not items:
             return
-        for k, _ in items:
-            validate_key(object_key(self.name, k))
+        # (the objects a claim's eviction must spare: this write's own)
+        protect = [validate_key(object_key(self.name, k)) for k, _ in items]
         if self.disabled:
             return  # DISABLE: accepted and dropped
         keys = [k for k, _ in items]
@@ -596,7 +616,6 @@ class TieredChunkStore(ChunkStore):
             if not todo or not tier.up:
                 continue
             fits, rest = [], []
-            protect = [object_key(self.name, k) for k in keys]
             for k, v in todo:
                 if self.placement.claim(tier, len(v), protect=protect):
                     fits.append((k, v))

@@ -229,16 +229,28 @@ def read_checked(src: Tier, dataset: str, key: str, expect: str = "") -> bytes:
     return data
 
 
-def put_checked(dst: Tier, dataset: str, key: str, data: BytesLike) -> tuple[int, str, Any]:
+def put_checked(
+    dst: Tier, dataset: str, key: str, data: BytesLike, *, new: bool = False
+) -> tuple[int, str, Any]:
     """Put ``data`` as chunk ``key`` of ``dataset`` on ``dst`` durably (fsync / completed
     PUT), read it back and check it, so the copy is known good before anyone records it;
     return ``(nbytes, checksum, version)``, the version that of the object put
-    (:meth:`Backend.put_versioned`). Raises as :func:`read_checked` does."""
+    (:meth:`Backend.put_versioned`). ``new``: only where no object is there yet
+    (:meth:`Backend.put_new`; else :class:`ExistsError`, and nothing is put). Raises as
+    :func:`read_checked` does."""
     obj = f"{dataset}/{key}"
     got = checksum(data)
-    version = dst.call(dst.backend.put_versioned, obj, data, durable=True)
+    put = dst.backend.put_new if new else dst.backend.put_versioned
+    version = dst.call(put, obj, data, durable=True)
     back = checksum(dst.call(dst.backend.get, obj))
     if back != got:
+        if version is not None and dst.call(dst.backend.versions, [obj]) != [version]:
+            # (a ChecksumError still, as callers take it: the copy is not to be recorded)
+            raise ChecksumError(
+                f"chunk {key!r} of dataset {dataset!r}: another process replaced the copy "
+                f"just put on tier {dst.name!r} before it was read back (nothing is damaged; "
+                "this copy is not recorded)"
+            )
         raise ChecksumError(
             f"chunk {key!r} of dataset {dataset!r} read back from tier {dst.name!r} has "
             f"checksum {back}, {got} was written"
