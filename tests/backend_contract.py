@@ -299,6 +299,20 @@ class BackendContract:
         second = backend.put_versioned("pv/a", b"same bytes", durable=True)
         assert second == backend.versions(["pv/a"])[0] and second != first
 
+    def test_delete_if_deletes_only_the_version_seen(self, backend: Backend) -> None:
+        """:meth:`Backend.delete_if` deletes an object still at the version given, and
+        leaves one put anew since."""
+        seen = backend.put_versioned("di/a", b"old")
+        if seen is None:
+            return  # (no versions: callers delete unconditionally)
+        assert backend.delete_if("di/a", seen)
+        assert not backend.exists("di/a")
+        assert not backend.delete_if("di/a", seen)  # (gone: nothing to do)
+        seen = backend.put_versioned("di/b", b"old")
+        backend.put_versioned("di/b", b"new")
+        assert not backend.delete_if("di/b", seen)
+        assert bytes(backend.get("di/b")) == b"new"
+
     def test_put_new_puts_only_where_nothing_is(self, backend: Backend) -> None:
         """:meth:`Backend.put_new` puts an object under a free name (its version as
         :meth:`Backend.put_versioned` gives it) and refuses a taken one, changing nothing."""

@@ -892,21 +892,31 @@ def test_residency_of_some_keys(cat):
 
 def test_a_moved_copy_of_a_chunk_rewritten_since_is_left_out(cat):
     """A move's row (``copied``) is recorded only while another row of its chunk holds its
-    bytes (or announces a rewrite): where another process rewrote the chunk since the move
-    read it, the row is left out as ``orphaned``, its object the caller's to delete."""
+    bytes (a settled row's checksum, or an announced rewrite's old one): where another
+    process rewrote the chunk since the move read it, the row is left out as ``orphaned``,
+    its object the caller's to delete. Where another writer has announced a rewrite at the
+    move's own place since, the row is left out as ``overtaken`` (the object is that
+    writer's)."""
     cat.create_dataset(_ds("d"))
     cat.commit(
         [
             ChunkCopy("d", "c/0/0", "archive", 8, "old"),  # the move's source, still there
             ChunkCopy("d", "c/1/0", "archive", 8, "new"),  # rewritten since the move read "old"
             ChunkCopy("d", "c/2/0", "archive", 8, "x", "in-transit", 0.0, "old", "w2"),
+            # rewritten twice: "old" is no version of it any more
+            ChunkCopy("d", "c/3/0", "archive", 8, "x", "in-transit", 0.0, "new", "w2"),
+            # another move's announced copy of "old": not put yet, holds nothing
+            ChunkCopy("d", "c/4/0", "archive", 8, "old", "in-transit", 0.0, "", "w3"),
+            # the move's source, and another writer's rewrite announced where it put its copy
+            ChunkCopy("d", "c/5/0", "archive", 8, "old"),
+            ChunkCopy("d", "c/5/0", "local", 8, "y", "in-transit", 0.0, "", "w2"),
         ]
     )
-    moved = [ChunkCopy("d", f"c/{i}/0", "local", 8, "old") for i in range(3)]
+    moved = [ChunkCopy("d", f"c/{i}/0", "local", 8, "old") for i in range(6)]
     ids = [(c.dataset, c.key, c.tier) for c in moved]
-    done = cat.commit(moved, copied=ids)
-    assert done.orphaned == [ids[1]]
-    assert sorted((c.key, c.tier) for c in cat.residency("d") if c.tier == "local") == [
-        ("c/0/0", "local"),
-        ("c/2/0", "local"),
-    ]
+    done = cat.commit(moved, copied=ids, writer="w1")
+    assert done.orphaned == [ids[1], ids[3], ids[4]]
+    assert done.overtaken == [ids[5]]
+    local = {c.key: c for c in cat.residency("d") if c.tier == "local"}
+    assert sorted(local) == ["c/0/0", "c/2/0", "c/5/0"]
+    assert local["c/5/0"].state == "in-transit" and local["c/5/0"].writer == "w2"

@@ -264,17 +264,17 @@ def test_a_failed_put_of_a_new_chunk_leaves_it_writable(tmp_path):
         ds[:10, :10] = 1.0
         ds.flush()
         fast = s.tiers["fast"]
-        put = fast.backend.put_versioned
+        put = fast.backend.put_new  # (a new chunk's put: nothing is there yet)
 
         def failing(key, data, **kw):
             if key.endswith("c/1/0"):
                 raise ValueError("refused")
             return put(key, data, **kw)
 
-        fast.backend.put_versioned = failing
+        fast.backend.put_new = failing
         with pytest.raises(ValueError, match="refused"):
             ds[10:, :10] = 2.0
-        fast.backend.put_versioned = put
+        fast.backend.put_new = put
         ds.flush()
         retry = threading.Thread(target=ds.__setitem__, args=(np.s_[10:, :10], 3.0), daemon=True)
         retry.start()
@@ -412,3 +412,69 @@ def test_a_read_that_keeps_finding_the_chunk_rewritten_says_so(tmp_path, monkeyp
     db.clear_cache()
     np.testing.assert_array_equal(db[0:10, 0:10], da[0:10, 0:10])
     da.close(), db.close(), a.close(), b.close()
+
+
+def test_an_object_put_anew_after_its_row_went_is_not_deleted(tmp_path):
+    """B migrates the chunk to the archive: its commit records the archive copy and drops
+    the fast row, then deletes the fast object. A, whose rewrite of the chunk on "fast" lands
+    between the two (announced after B's commit dropped the row), must keep its bytes: B
+    deletes the object only while it is the one B saw before its commit, and A's flush then
+    records the new value."""
+    dataset_a_on_fast(tmp_path)
+    a, b = session(tmp_path), session(tmp_path)
+    da, db = a.open_dataset("a", "r+"), b.open_dataset("a", "r")
+    commit = db.store.commit
+    delete = commit._delete
+
+    def rewritten_first(res, objs, seen=None):
+        if ("fast", "c/0/0") in objs and not getattr(rewritten_first, "done", False):
+            rewritten_first.done = True
+            da[0:10, 0:10] = -1.0  # in place on "fast" (A still knows its copy there)
+        return delete(res, objs, seen)
+
+    commit._delete = rewritten_first
+    db.migrate(np.s_[0:10, 0:10], to="archive").wait()
+    assert rewritten_first.done
+    da.flush()
+    rows = {(c.key, c.tier): c.state for c in a.catalog.residency("a") if c.key == "c/0/0"}
+    assert rows == {("c/0/0", "fast"): "valid"}
+    np.testing.assert_array_equal(da[0:10, 0:10], -1.0)
+    da.close(), db.close(), a.close(), b.close()
+    with session(tmp_path) as s:
+        np.testing.assert_array_equal(s.open_dataset("a")[0:10, 0:10], -1.0)
+        assert fsck(s.catalog, s.tiers).clean
+
+
+def test_a_write_over_an_object_it_did_not_know_is_announced_and_wins_over_the_move(
+    tmp_path, monkeypatch
+):
+    """B's stage puts the chunk on "fast"; before B records it, A writes the chunk, knowing
+    it on the archive only: A's put finds B's object there, announces its rewrite and
+    replaces it. B's commit must leave its row out (A's announcement stands there) and keep
+    the object, now A's; A's flush records A's value."""
+    from strataio.tiers import mover
+
+    dataset_a_on_fast(tmp_path)
+    with session(tmp_path) as s:
+        s.open_dataset("a", "r+").migrate(to="archive").wait()
+    a, b = session(tmp_path), session(tmp_path)
+    da, db = a.open_dataset("a", "r+"), b.open_dataset("a", "r")
+    put_checked = mover.put_checked
+
+    def written_meanwhile(dst, dataset, key, data, **kw):
+        out = put_checked(dst, dataset, key, data, **kw)
+        if key == "c/0/0":
+            da[0:10, 0:10] = -1.0  # onto "fast" (LOCALDISK), where A knows no copy
+        return out
+
+    monkeypatch.setattr(mover, "put_checked", written_meanwhile)
+    db.stage(np.s_[0:10, 0:10], to="fast").wait()
+    monkeypatch.setattr(mover, "put_checked", put_checked)
+    row = {c.tier: c for c in a.catalog.residency("a") if c.key == "c/0/0"}["fast"]
+    assert row.state == "in-transit" and row.writer == a.writer
+    da.flush()
+    np.testing.assert_array_equal(da[0:10, 0:10], -1.0)
+    da.close(), db.close(), a.close(), b.close()
+    with session(tmp_path) as s:
+        np.testing.assert_array_equal(s.open_dataset("a")[0:10, 0:10], -1.0)
+        assert fsck(s.catalog, s.tiers).clean

@@ -8,6 +8,7 @@ Missing copies are dropped and skipped, never reported to a writer that needed r
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import numpy as np
@@ -204,6 +205,33 @@ def test_a_missing_copy_is_dropped_and_the_next_copy_read(tmp_path):
         assert {c.tier for c in s.catalog.residency("a") if c.key == "c/0/1"} == {"archive"}
         assert settled_fsck(s.catalog, s.tiers).clean
         check_agreement(s)
+
+
+def test_a_copy_of_another_value_elsewhere_does_not_count_as_a_copy_kept(tmp_path):
+    """Evicting a chunk's fast copy while the only other row known for it holds another value
+    (rows of two processes' changes can disagree until fsck): the fast copy is written back
+    over it, never dropped as if kept elsewhere."""
+    with two_tier_session(tmp_path, cap=None) as s:
+        ds = s.create_dataset("a", (10, 10), "f4", (10, 10), hint="REMOTETAPE")
+        ds[...] = 1.0
+        ds.stage(to="fast").wait()
+        ds.close()
+    with two_tier_session(tmp_path, cap=None) as s:
+        ds = s.open_dataset("a", "r+")
+        older = ds.store.res.copy_on("c/0/0", "archive")
+        ds.store.res.refresh(
+            "c/0/0",
+            [
+                ds.store.res.copy_on("c/0/0", "fast"),
+                dataclasses.replace(older, checksum="0bad0bad"),
+            ],
+        )
+        assert not ds.store.res.kept_elsewhere("c/0/0", "fast")
+        ds.evict(tier="fast").wait()
+        assert {c.tier for c in s.catalog.residency("a")} == {"archive"}
+        ds.close()
+        np.testing.assert_array_equal(s.open_dataset("a")[...], 1.0)
+        assert settled_fsck(s.catalog, s.tiers).clean
 
 
 def test_a_flipped_byte_is_found_without_a_checksum_codec_and_names_the_chunk(tmp_path):

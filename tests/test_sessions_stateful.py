@@ -249,6 +249,17 @@ FOUND = {
         ("move", "A", "migrate", "slow"),
         ("flush", "B"),
     ],
+    # A replaces B's unflushed new object on "fast" (announced, no row there yet), flushes
+    # and migrates it away; B's flush finds its object gone
+    "flush-after-its-object-was-replaced-and-moved": [
+        ("move", "A", "migrate", "slow"),
+        ("write", "B", [(0, 0)]),
+        ("write", "A", [(0, 0)]),
+        ("flush", "A"),
+        ("write", "B", [(0, 1)]),
+        ("move", "A", "migrate", "slow"),
+        ("flush", "B"),
+    ],
     # B opened the dataset while A's rewrite was announced; A has recorded it since
     "migrate-after-the-rewrite-is-recorded": [
         ("move", "B", "migrate", "archive"),

@@ -178,11 +178,14 @@ class CommitOutcome:
     the caller's to delete); ``kept``, the copies among ``deletes`` it left because they
     were the last of their chunk or not what the caller expected (their objects must
     stay); ``orphaned``, the copies among ``copied`` it left out because no other row of
-    their chunk holds their bytes any more (their objects are the caller's to delete)."""
+    their chunk holds their bytes any more (their objects are the caller's to delete);
+    ``overtaken``, the copies among ``copied`` it left out because another writer has
+    announced a rewrite of that very copy since (their objects are that writer's)."""
 
     superseded: list[CopyId]
     kept: list[CopyId]
     orphaned: list[CopyId] = field(default_factory=list)
+    overtaken: list[CopyId] = field(default_factory=list)
 
 
 class Catalog(abc.ABC):
@@ -262,6 +265,7 @@ class Catalog(abc.ABC):
         dropped: Iterable[tuple[str, str]] | None = None,
         expect: Mapping[CopyId, tuple[str, str] | None] | None = None,
         copied: Iterable[CopyId] = (),
+        writer: str = "",
     ) -> CommitOutcome:
         """Apply residency changes atomically, in ONE transaction: insert or replace each
         copy in ``upserts`` (keyed by dataset, key, tier), then remove each
@@ -274,8 +278,9 @@ class Catalog(abc.ABC):
         (another process may have copied or moved the chunk since the caller loaded its
         rows). ``stale``, called inside the transaction (no other commit runs meanwhile)
         with every copy of ``upserts``, names those whose object another process has
-        replaced since it was put: they are left out, row and all (superseding too), as
-        that process's commit records the object.
+        replaced (or deleted) since it was put: they are left out, row and all (superseding
+        too, and the deletes of their chunk's other copies, which are reported as ``kept``),
+        as that process's commit records the object.
 
         ``dropped`` (``(dataset, key)`` of chunks deleted on purpose), where given, keeps
         every other chunk from losing its last copy: a delete that would leave one without
@@ -292,9 +297,10 @@ class Catalog(abc.ABC):
 
         ``copied`` names copies among ``upserts`` that a move made of another copy of their
         chunk: one is left out (``orphaned``) where no other row of the chunk holds its
-        checksum (as its checksum, or as the old checksum of an announced rewrite) any more:
+        checksum any more (a settled row's checksum, or the old one of an announced rewrite):
         another process rewrote the chunk since the move read it, and the copy holds an old
-        value.
+        value; and one is left out (``overtaken``) where the row at its own place is a
+        rewrite another writer than ``writer`` (the caller's) has announced since.
 
         ``durable=False`` returns before the transaction reaches the disk: it is visible to
         every process at once and survives this process's death, but an OS crash or power

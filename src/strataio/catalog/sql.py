@@ -441,6 +441,7 @@ class SQLCatalog(Catalog):
         dropped: Iterable[tuple[str, str]] | None = None,
         expect: Mapping[CopyId, tuple[str, str] | None] | None = None,
         copied: Iterable[CopyId] = (),
+        writer: str = "",
     ) -> CommitOutcome:
         # Last write wins within a batch, as executemany would do; deduplicating first also
         # keeps PostgreSQL's set-based upsert from touching one row twice.
@@ -456,6 +457,7 @@ class SQLCatalog(Catalog):
         removed: list[CopyId] = []
         kept: list[CopyId] = []
         orphaned: list[CopyId] = []
+        overtaken: list[CopyId] = []
         try:
             with self._write(durable) as cur:
                 new = [tuple(c) for c in supersede if tuple(c) in latest]
@@ -463,6 +465,12 @@ class SQLCatalog(Catalog):
                     gone = stale(list(latest))
                     for c in gone:
                         latest.pop(c, None)
+                    # (a write left out takes none of its chunk's other copies with it:
+                    # they are all that is left of the chunk where its object went)
+                    unwritten = {c[:2] for c in new if c in gone}
+                    if unwritten:
+                        kept += [i for i in ids if i[:2] in unwritten]
+                        ids = [i for i in ids if i[:2] not in unwritten]
                     new = [c for c in new if c not in gone]
                 guarded = [i for i in ids if expect and i in expect]
                 sup = {(d, k) for d, k, _ in new}
@@ -472,19 +480,31 @@ class SQLCatalog(Catalog):
                     # where the database lets one read them while it runs)
                     self._lock_residency(cur, {d for d, _, _ in [*new, *ids]})
                 if moves:
-                    # (an announced rewrite holds its old bytes or its new ones; one whose
-                    # old bytes are not the move's was announced after another rewrite)
-                    held: dict[tuple[str, str], list[tuple[str, str, str]]] = {}
-                    for d, k, t, state, checksum, old in self._rows_of(cur, {i[:2] for i in moves}):
+                    # (the bytes a row stands for: an announced rewrite's are its old ones,
+                    # the last committed there; its new ones, like those of another move's
+                    # announced copy, may never be put)
+                    held: dict[tuple[str, str], list[tuple[str, str]]] = {}
+                    rewriting: set[CopyId] = set()  # slots another writer announced
+                    for d, k, t, state, checksum, old, who in self._rows_of(
+                        cur, {i[:2] for i in moves}
+                    ):
                         held.setdefault((d, k), []).append(
-                            (t, checksum, old if state == "in-transit" else "")
+                            (t, old if state == "in-transit" else checksum)
                         )
+                        if state == "in-transit" and who and who != writer:
+                            rewriting.add((d, k, t))
+                    # (a move's copy where another writer has announced a rewrite since is
+                    # left out, and its object, which that writer is replacing, stays)
+                    overtaken = [i for i in moves if i in rewriting]
+                    for i in overtaken:
+                        del latest[i]
+                    moves = [i for i in moves if i not in rewriting]
                     orphaned = [
                         i
                         for i in moves
                         if not any(
-                            t != i[2] and latest[i].checksum in (checksum, old)
-                            for t, checksum, old in held.get(i[:2], [])
+                            t != i[2] and stands_for == latest[i].checksum
+                            for t, stands_for in held.get(i[:2], [])
                         )
                     ]
                     for i in orphaned:
@@ -493,7 +513,7 @@ class SQLCatalog(Catalog):
                     assert expect is not None
                     now = {
                         (d, k, t): (state, checksum)
-                        for d, k, t, state, checksum, _ in self._rows_of(
+                        for d, k, t, state, checksum, _, _ in self._rows_of(
                             cur, {i[:2] for i in guarded}
                         )
                     }
@@ -511,7 +531,7 @@ class SQLCatalog(Catalog):
                     # commit, which supersedes in turn: its object may be written right now)
                     removed = [
                         (d, k, t)
-                        for d, k, t, state, _, _ in self._rows_of(cur, chunks)
+                        for d, k, t, state, _, _, _ in self._rows_of(cur, chunks)
                         if holds[d, k] != t and (d, k, t) not in named and state != "in-transit"
                     ]
                 if dropped is not None and ids:
@@ -531,7 +551,7 @@ class SQLCatalog(Catalog):
                 self._bulk_delete(cur, ids + removed)
         except MetadataError:
             raise MetadataError(self._explain_unknown(latest.values())) from None
-        return CommitOutcome(removed, kept, orphaned)
+        return CommitOutcome(removed, kept, orphaned, overtaken)
 
     def _lock_residency(self, cur: Cursor, datasets: Iterable[str]) -> None:
         """Make this transaction's reads of the residency of ``datasets`` stand until it ends
@@ -540,20 +560,21 @@ class SQLCatalog(Catalog):
 
     def _rows_of(
         self, cur: Cursor, chunks: Iterable[tuple[str, str]]
-    ) -> list[tuple[str, str, str, str, str, str]]:
+    ) -> list[tuple[str, str, str, str, str, str, str]]:
         """Every row of the ``(dataset, key)`` chunks, as ``(dataset, key, tier, state,
-        checksum, old_checksum)`` (one query per few hundred chunks)."""
+        checksum, old_checksum, writer)`` (one query per few hundred chunks)."""
         by_dataset: dict[str, list[str]] = {}
         for d, k in chunks:
             by_dataset.setdefault(d, []).append(k)
-        found: list[tuple[str, str, str, str, str, str]] = []
+        found: list[tuple[str, str, str, str, str, str, str]] = []
         for d, keys in by_dataset.items():
             for i in range(0, len(keys), 500):
                 part = keys[i : i + 500]
                 marks = ", ".join("?" * len(part))
                 cur.execute(
                     self._sql(
-                        "SELECT dataset, key, tier, state, checksum, old_checksum FROM residency "
+                        "SELECT dataset, key, tier, state, checksum, old_checksum, writer "
+                        "FROM residency "
                         f"WHERE dataset = ? AND key IN ({marks})"
                     ),
                     (d, *part),
@@ -575,7 +596,7 @@ class SQLCatalog(Catalog):
             return []
         left: dict[tuple[str, str], set[str]] = {c: set() for c in chunks}
         exist: set[CopyId] = set()
-        for d, k, t, _, _, _ in self._rows_of(cur, chunks):
+        for d, k, t, _, _, _, _ in self._rows_of(cur, chunks):
             left[d, k].add(t)
             exist.add((d, k, t))
         for d, k, t in latest:

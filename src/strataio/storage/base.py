@@ -118,6 +118,15 @@ class Backend(abc.ABC):
             raise ExistsError(f"object {key!r} exists already")
         return self.put_versioned(key, data, durable=durable)
 
+    def delete_if(self, key: str, version: Version) -> bool:
+        """Delete the object if it is still at ``version`` (:meth:`versions`); True if it
+        was deleted. The look and the delete are two steps (a rename aside to make them one
+        would change the version of an object put back)."""
+        if self.versions([key]) != [version]:
+            return False
+        self.delete(key)
+        return True
+
     @abc.abstractmethod
     def size(self, key: str) -> int: ...
 

@@ -30,24 +30,28 @@ Other processes may have moved or rewritten the same chunks since this one loade
 The transaction therefore checks against the catalog itself, not this process's view: a
 write's row supersedes every other copy of its chunk, known here or not; a write's or a
 move's row is left out where another process's put replaced the object since (by the
-object's version; that process's commit records its own); a row is deleted, and its object
-with it, only if it still holds the state and checksum this process last saw in it (another
-process may have announced a rewrite there since; a write's commit removes every other copy
-of its chunk but another writer's announced rewrite); and no chunk loses its last copy to a
-deletion decided on stale rows, unless it was deleted on purpose. Around the commit: moves
-start from the rows the catalog holds then (chunks with changes here not recorded yet
-excepted), refuse a copy another live process is rewriting, and refuse to replace an object
-this process holds no copy of (another process's put not recorded yet: the move's put then
-only creates, :meth:`Backend.put_new`, which refuses a name taken after the look, atomically
-on POSIX and memory tiers); a write onto a tier
-where it knows no copy of the chunk learns that chunk's rows first, so it is announced as
-the rewrite it is; a read that finds an object missing drops its row at once, guarded the
-same way (:meth:`Commit.drop_missing_row`); a move's row is recorded only while another
-row of its chunk holds its bytes (else another process rewrote the chunk since the move read
-it: the copy, of the old value, is deleted; an announced rewrite holds the bytes of its old
-checksum too, and no others). What remains: the window between a check and the put it
-guards where a move replaces a copy it knows (an announcement of another writer's rewrite
-there just after the check), or where the tier cannot create atomically (S3); and unflushed
+object's version; that process's commit records its own), and a write so left out
+supersedes nothing; a row is deleted only if it still holds the state and checksum this
+process last saw in it (another process may have announced a rewrite there since; a
+write's commit removes every other copy of its chunk but another writer's announced
+rewrite), and its object only while it is still the object seen before the transaction
+(another process may have put it anew once the row went); and no chunk loses its last copy
+to a deletion decided on stale rows, unless it was deleted on purpose. A move's row is
+recorded only while another settled row of its chunk holds its bytes, or an announced
+rewrite holds them as its old ones (else another process rewrote the chunk since the move
+read it: the copy, of an old value, is deleted), and not over a rewrite another writer has
+announced at its place since (that writer's object now). Around the commit: moves start
+from the rows the catalog holds then (chunks with changes here not recorded yet excepted),
+refuse a copy another live process is rewriting, and never replace an object this process
+holds no copy of (another process's put not recorded yet): they only create it
+(:meth:`Backend.put_new`, which refuses a name taken, atomically on POSIX and memory tiers);
+a write onto a tier where it knows no copy of the chunk learns that chunk's rows first, so
+it is announced as the rewrite it is, and else only creates its object, announcing a
+rewrite before it replaces one found there after all; an eviction counts as kept elsewhere
+only a copy of the same bytes; a read that finds an object missing drops its row at once,
+guarded the same way (:meth:`Commit.drop_missing_row`). What remains: the short windows
+between a look and the step it guards (an object's version and its deletion; on S3, which
+cannot create atomically, a look for an object and the put); and unflushed
 writes of one chunk by two processes at once, with
 evictions writing them back meanwhile, can leave an older value of one standing and an
 announcement for fsck (``tests/test_sessions_stateful.py`` interleaves two sessions' writes,
@@ -65,7 +69,7 @@ import contextlib
 import dataclasses
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from strataio.catalog.base import Catalog, ChunkCopy, CopyId, open_catalog
@@ -332,6 +336,9 @@ class Commit:
         if batch.empty:
             return
         try:
+            # the objects this batch deletes as they are before its rows go: another
+            # process may put a new object there once they have gone (see _delete)
+            seen = self._versions_of(res.name, batch.obsolete)
             self._sync(res.name, batch)
             done = self._record(res.name, batch)
         except BaseException:
@@ -343,12 +350,16 @@ class Commit:
             done.left_out,
             [*(i for i in batch.deletes if i not in kept_ids), *done.superseded],
         )
-        kept = {(t, k) for _, k, t in done.kept}
+        # a write left out (its object replaced or deleted by another process) supersedes
+        # nothing: the other copies of its chunk, rows and objects, are what is left of it
+        void = {k for _, k, t in done.left_out if (k, t) in batch.written}
+        kept = {(t, k) for _, k, t in done.kept} | {o for o in batch.obsolete if o[1] in void}
         try:
             self._delete(
                 res,
                 [o for o in batch.obsolete if o not in kept]
                 + [(t, k) for _, k, t in [*done.superseded, *done.orphaned]],
+                seen,
             )
         finally:
             res.deleted(kept)  # (kept, not deleted: puts of them may go on)
@@ -395,8 +406,10 @@ class Commit:
             copied=[(dataset, k, t) for k, t in batch.moved if k not in batch.rewritten]
             if self.comm is None
             else (),
+            writer=self.writer,
         )
-        return _Recorded(done.superseded, done.kept, replaced | set(done.orphaned), done.orphaned)
+        left_out = replaced | set(done.orphaned) | set(done.overtaken)
+        return _Recorded(done.superseded, done.kept, left_out, done.orphaned)
 
     def _replaced(
         self, dataset: str, ids: Sequence[CopyId], puts: dict[tuple[str, str], Any]
@@ -482,15 +495,49 @@ class Commit:
                 f"dataset {dataset!r}: written chunks may not be durable ({'; '.join(failed)})"
             )
 
-    def _delete(self, res: Residency, objs: list[tuple[str, str]]) -> None:
-        """Delete objects no row names any more; a tier that fails leaves orphans for fsck."""
+    def _versions_of(
+        self, dataset: str, objs: Sequence[tuple[str, str]]
+    ) -> dict[tuple[str, str], Any]:
+        """The version of each object ``(tier, key)`` of ``dataset`` where its tier keeps
+        versions and answers (one look per tier)."""
+        by_tier: dict[str, list[str]] = {}
+        for tier_name, key in objs:
+            by_tier.setdefault(tier_name, []).append(key)
+        seen: dict[tuple[str, str], Any] = {}
+        for tier_name, keys in by_tier.items():
+            tier = self.tiers[tier_name]
+            if tier.volatile or not tier.up:
+                continue
+            try:
+                got = tier.backend.versions([object_key(dataset, k) for k in keys])
+            except Exception:  # (no versions to compare: deleted unchecked, as before)
+                continue
+            if got is not None:
+                seen.update(((tier_name, k), v) for k, v in zip(keys, got) if v is not None)
+        return seen
+
+    def _delete(
+        self,
+        res: Residency,
+        objs: list[tuple[str, str]],
+        seen: Mapping[tuple[str, str], Any] | None = None,
+    ) -> None:
+        """Delete objects no row names any more; a tier that fails leaves orphans for fsck.
+        An object ``seen`` at a version before its row went is deleted only while it is
+        still at that version: else another process put it anew since (its own row names
+        it, or will)."""
+        seen = seen or {}
         try:
             for tier_name, key in objs:
                 tier = self.tiers[tier_name]
                 if not tier.up:
                     continue  # fsck removes the orphan once the tier answers again
                 try:
-                    tier.backend.delete(object_key(res.name, key))
+                    was = seen.get((tier_name, key))
+                    if was is not None:
+                        tier.backend.delete_if(object_key(res.name, key), was)
+                    else:
+                        tier.backend.delete(object_key(res.name, key))
                 except Exception as exc:
                     if not is_backend_failure(exc):
                         raise
@@ -503,8 +550,9 @@ class Commit:
 class _Recorded:
     """What a commit of a batch found (see :meth:`Commit._record`): copies superseded and
     copies kept (as :class:`CommitOutcome`), the copies left out because another
-    process's put replaced their object or (``orphaned``, their objects this process's to
-    delete) because another process rewrote their chunk since a move copied it."""
+    process's put replaced their object or is replacing it (a rewrite announced there
+    since a move put it), or (``orphaned``, their objects this process's to delete)
+    because another process rewrote their chunk since a move copied it."""
 
     superseded: list[CopyId]
     kept: list[CopyId]

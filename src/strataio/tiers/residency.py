@@ -211,10 +211,17 @@ class Residency:
 
     def kept_elsewhere(self, key: str, tier: str) -> bool:
         """True if a valid or dirty copy of ``key`` on an up, persistent tier other than
-        ``tier`` exists: dropping the copy on ``tier`` then loses nothing (the commit that
-        forgets it records the other copy too). A rewrite in flight there does not count."""
+        ``tier`` holds the same bytes as the copy there (its checksum): dropping that copy
+        then loses nothing (the commit that forgets it records the other copy too). A rewrite
+        in flight there does not count, nor a copy of another value (rows another process
+        recorded meanwhile may disagree: only fsck settles which is newer)."""
+        mine = self.copy_on(key, tier)
+        want = mine.checksum if mine is not None and mine.state != "in-transit" else ""
         return any(
-            c.tier != tier and c.state in READABLE and not self._tier(c.tier).volatile
+            c.tier != tier
+            and c.state in READABLE
+            and not self._tier(c.tier).volatile
+            and (not want or not c.checksum or c.checksum == want)
             for c in self.readable(key)
         )
 

@@ -36,6 +36,7 @@ from strataio.errors import (
     ChecksumError,
     ChunkChangedError,
     ClosedError,
+    ExistsError,
     NotFoundError,
     StrataError,
     TierDownError,
@@ -686,7 +687,10 @@ class TieredChunkStore(ChunkStore):
             def one(k: str, v: memoryview, digest: str) -> None:
                 okey = object_key(self.name, k)
                 try:
-                    version = tier.call(tier.backend.put_versioned, okey, v)
+                    if k in intents or self.res.holds_object(k, tier.name):
+                        version = tier.call(tier.backend.put_versioned, okey, v)
+                    else:
+                        version = self._put_unannounced(tier, k, v, digest, now)
                 except BaseException:
                     old = olds.get(k)
                     if old is not None and self.res.is_current(intents[k]):
@@ -727,6 +731,41 @@ class TieredChunkStore(ChunkStore):
         if error is not None:
             raise error
         return failed
+
+    def _put_unannounced(
+        self, tier: Tier, key: str, data: memoryview, digest: str, now: float
+    ) -> Version | None:
+        """Put chunk ``key`` on ``tier``, where this process knows no copy and announced
+        nothing: only as a new object (:meth:`Backend.put_new`). Where one is there after all
+        (another process's copy recorded since this process last looked, perhaps being
+        deleted by its move right now, or another process's put not recorded yet), the put
+        is announced as a rewrite first (of the row there, if any), so that no deletion
+        decided on that row takes the new bytes, and then replaces it."""
+        okey = object_key(self.name, key)
+        if self.commit.catalog is None:  # (in a parallel job: rank 0 alone holds the catalog)
+            return tier.call(tier.backend.put_versioned, okey, data)
+        try:
+            return tier.call(tier.backend.put_new, okey, data)
+        except ExistsError:
+            pass
+        rows = [
+            c
+            for c in self.commit.catalog.residency(self.name, [key])
+            if c.key == key and c.tier == tier.name
+        ]
+        # announced even where no row names the object yet: a move's row for it recorded
+        # after this announcement would replace it, and then that move, taking the object
+        # for its own, could delete these bytes; the move's commit leaves its row out
+        # instead (Catalog.commit: overtaken)
+        old = ""
+        if rows:
+            old = rows[0].checksum if rows[0].state != "in-transit" else rows[0].old_checksum
+        intent = ChunkCopy(
+            self.name, key, tier.name, len(data), digest, "in-transit", now, old,
+            self.commit.writer,
+        )  # fmt: skip
+        self.commit.announce(self.res, [intent])
+        return tier.call(tier.backend.put_versioned, okey, data)
 
     def delete_chunks(self, keys: Sequence[str]) -> None:
         self._check_open()

@@ -241,7 +241,10 @@ def put_checked(
     obj = f"{dataset}/{key}"
     got = checksum(data)
     put = dst.backend.put_new if new else dst.backend.put_versioned
-    version = dst.call(put, obj, data, durable=True)
+    try:
+        version = dst.call(put, obj, data, durable=True)
+    except ExistsError:
+        raise _unknown_object(dst, dataset, key) from None
     back = checksum(dst.call(dst.backend.get, obj))
     if back != got:
         if version is not None and dst.call(dst.backend.versions, [obj]) != [version]:
@@ -263,11 +266,15 @@ def refuse_unknown_object(dst: Tier, dataset: str, key: str) -> None:
     ``dataset``: the caller knows of none there, so it belongs to another process (a write
     not yet recorded) or is a leftover, and is not to be replaced."""
     if _exists(dst, f"{dataset}/{key}"):
-        raise ExistsError(
-            f"chunk {key!r} of dataset {dataset!r}: tier {dst.name!r} holds an object of it "
-            "that no copy known here names (another process may be writing it; "
-            "'strataio fsck --repair' removes leftovers of processes that are gone)"
-        )
+        raise _unknown_object(dst, dataset, key)
+
+
+def _unknown_object(dst: Tier, dataset: str, key: str) -> ExistsError:
+    return ExistsError(
+        f"chunk {key!r} of dataset {dataset!r}: tier {dst.name!r} holds an object of it "
+        "that no copy known here names (another process may be writing it; "
+        "'strataio fsck --repair' removes leftovers of processes that are gone)"
+    )
 
 
 def _exists(tier: Tier, obj: str) -> bool:
