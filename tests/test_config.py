@@ -273,7 +273,8 @@ def test_parse_size():
     assert parse_size("4 kb") == 4000
     assert parse_size(None) is None and parse_size("unlimited") is None
     assert parse_size("8PiB") == 8 * 2**50 and parse_size(2**63 - 1) == 2**63 - 1
-    for bad in ("-1", "1e3", "GiB", "10 GiBs", -5, 2.5, 2**63, "9300PB"):
+    assert parse_size(".5KiB") == 512 and parse_size("1.5TiB") == 3 * 2**39
+    for bad in ("-1", "1e3", "GiB", "10 GiBs", -5, 2.5, 2**63, "9300PB", "0.3B", "5.5"):
         with pytest.raises(ConfigError):
             parse_size(bad)
 

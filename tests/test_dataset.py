@@ -159,6 +159,17 @@ def test_zero_dimensional_and_empty(tmp_path):
     ds = strataio.create_dataset(tmp_path / "s", (), "float64", ())
     ds[...] = 3.5
     assert strataio.open_dataset(tmp_path / "s")[...] == 3.5
+    # as numpy: an Ellipsis selects a 0-d array, integers alone a scalar
+    z = np.array(3.5)
+    for index in (..., ()):
+        got, want = ds[index], z[index]
+        assert type(got) is type(want) and got == want, index
+    b = np.arange(6.0).reshape(2, 3)
+    m = strataio.create_dataset(tmp_path / "m", b.shape, "float64", (1, 2))
+    m[...] = b
+    for index in ((1, 2), (1, 2, ...), (..., 1, 2)):
+        got, want = m[index], b[index]
+        assert type(got) is type(want) and got == want, index
     e = strataio.create_dataset(tmp_path / "e", (0, 5), "int8", (2, 2))
     assert e[:].shape == (0, 5)
     e[:] = np.zeros((0, 5), dtype="int8")  # nothing to write, no error
@@ -338,6 +349,33 @@ def test_overwrite_with_another_rank_removes_the_old_tree(tmp_path):
     new.close()
     assert _tree(tmp_path / "a") == ["c", "c/0", "c/1", "zarr.json"]
     np.testing.assert_array_equal(strataio.open_dataset(tmp_path / "a")[...], np.arange(8))
+
+
+def test_values_with_leading_axes_of_one_element_fit_as_in_numpy(tmp_path):
+    a = np.zeros((4, 4), "f4")
+    ds = strataio.create_dataset(tmp_path / "a", a.shape, "f4", (2, 2))
+    ds[0:3, 0:3] = a[0:3, 0:3] = np.arange(9, dtype="f4").reshape(1, 1, 3, 3)
+    ds[3] = a[3] = np.ones((1, 4), "f4")
+    np.testing.assert_array_equal(ds[...], a)
+    with pytest.raises(ShapeMismatchError, match=r"\(2, 3, 3\)"):
+        ds[0:3, 0:3] = np.ones((2, 3, 3))
+
+
+def test_overwrite_of_a_group_replaces_it_whole(tmp_path):
+    """A Zarr group is no dataset to keep: refused without ``overwrite``, saying it is a
+    group; with it, the group goes with every array in it (an array inside an array would be
+    no Zarr), as zarr-python's overwrite does."""
+    import zarr
+
+    strataio.create_dataset(tmp_path / "run1" / "temperature", (4, 4), "f4", (2, 2)).close()
+    with pytest.raises(ExistsError, match="Zarr group already exists"):
+        strataio.create_dataset(tmp_path / "run1", (4,), "f4", (2,))
+    assert (tmp_path / "run1" / "temperature" / "zarr.json").exists()
+    ds = strataio.create_dataset(tmp_path / "run1", (4,), "f4", (2,), overwrite=True)
+    ds[...] = 1.0
+    ds.close()
+    assert _tree(tmp_path / "run1") == ["c", "c/0", "c/1", "zarr.json"]
+    np.testing.assert_array_equal(zarr.open_array(tmp_path / "run1", mode="r")[...], 1.0)
 
 
 def test_overwrite_of_a_zero_dimensional_chunk_and_debris(tmp_path):

@@ -54,15 +54,21 @@ def test_tier_commands(project):
     assert where("temp") == {"disk": 0, "tape": 100}
     out = r.invoke(main, ["stage", "temp", "--section", "0:20,0:100"])
     assert out.exit_code == 0, out.output
-    assert "20 chunks moved" in out.output and where("temp") == {"disk": 20, "tape": 100}
+    assert "20 chunks staged" in out.output and where("temp") == {"disk": 20, "tape": 100}
+    for bad, says in ((["--section", ""], "is empty"), (["--section", "0:9000,:"], "fit temp")):
+        out = r.invoke(main, ["evict", "temp", *bad])
+        assert out.exit_code == 2 and says in out.output, out.output
+    assert where("temp") == {"disk": 20, "tape": 100}  # (nothing evicted)
     out = r.invoke(main, ["info", "temp"])
     assert out.exit_code == 0 and "residency of temp" in out.output and "REMOTETAPE" in out.output
     out = r.invoke(main, ["evict", "temp", "--tier", "disk"])
     assert out.exit_code == 0 and where("temp") == {"disk": 0, "tape": 100}
+    assert "20 chunk copies dropped from disk" in out.output, out.output
     out = r.invoke(main, ["stage", "temp", "--to", "disk"])
     assert out.exit_code == 0 and where("temp") == {"disk": 100, "tape": 100}
     out = r.invoke(main, ["migrate", "temp", "--section", "0:50,:", "--to", "tape"])
     assert out.exit_code == 0 and where("temp") == {"disk": 50, "tape": 100}
+    assert "50 already on tape; their copies on faster tiers removed" in out.output, out.output
     assert r.invoke(main, ["fsck"]).exit_code == 0
     (root / "tape" / "temp" / "c" / "9" / "9").write_bytes(b"x" * 400)  # corrupt a copy
     out = r.invoke(main, ["fsck"])

@@ -4,6 +4,7 @@ read by :func:`parse_size`, shown by :func:`format_size`."""
 from __future__ import annotations
 
 import re
+from fractions import Fraction
 from typing import Any
 
 from strataio.errors import ConfigError
@@ -48,7 +49,10 @@ def parse_size(value: Any, *, where: str = "size") -> int | None:
         m = _SIZE.match(value)
         unit = _UNITS.get(m.group(2).lower()) if m else None
         if m and unit is not None:
-            n = int(float(m.group(1)) * unit)
+            exact = Fraction(m.group(1)) * unit  # (exact: no float rounding of large sizes)
+            if exact.denominator != 1:
+                raise ConfigError(f"{where}: {value!r} is not a whole number of bytes")
+            n = int(exact)
     if n is not None:
         if n > MAX_SIZE:
             raise ConfigError(

@@ -10,8 +10,10 @@ chunks the section covers only in part are read, modified and written back.
 from __future__ import annotations
 
 import errno
+import json
 import math
 import os
+import shutil
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
@@ -265,8 +267,7 @@ class Dataset:
         section = self._section(Section.from_index, index)
         out = np.empty(section.shape, dtype=self.dtype)
         self._read_into(section, out)
-        res = out.reshape(section.result_shape)
-        return res[()] if res.ndim == 0 else res
+        return _numpy_result(out.reshape(section.result_shape), index)
 
     def __setitem__(self, index: Any, value: Any) -> None:
         self._check_writable()
@@ -348,8 +349,7 @@ class Dataset:
         out = read(self, self.comm, section, err)
         if section is None:
             return None
-        res = out.reshape(section.result_shape)
-        return res[()] if res.ndim == 0 else res
+        return _numpy_result(out.reshape(section.result_shape), selection)
 
     def write_all(
         self, selection: Any, data: Any = None, *, hints: Mapping[str, Any] | None = None
@@ -556,6 +556,9 @@ class Dataset:
     def _coerce(self, value: Any, given_shape: tuple[int, ...], box: tuple[int, ...]) -> np.ndarray:
         """``value`` as an array of the dataset's dtype and the box's shape, or a clear error."""
         arr = to_dtype(value, self.dtype, self._what())
+        extra = arr.ndim - len(given_shape)
+        if extra > 0 and all(n == 1 for n in arr.shape[:extra]):
+            arr = arr.reshape(arr.shape[extra:])  # (leading axes of one element: as numpy)
         try:
             arr = np.broadcast_to(arr, given_shape)
         except ValueError:
@@ -981,6 +984,26 @@ def create_dataset(
     return ds
 
 
+def _node_type(meta: bytes) -> str | None:
+    """The ``node_type`` of a ``zarr.json`` (None where it cannot be read)."""
+    try:
+        return json.loads(meta).get("node_type")
+    except (ValueError, AttributeError):
+        return None
+
+
+def _numpy_result(res: np.ndarray, index: Any) -> np.ndarray | Any:
+    """``res``, what ``index`` selected, as numpy gives it: a scalar where integers alone
+    selected one element, else an array (0-d where an Ellipsis selected one)."""
+    if (
+        res.ndim
+        or index is Ellipsis
+        or (isinstance(index, tuple) and any(i is Ellipsis for i in index))
+    ):
+        return res
+    return res[()]
+
+
 def _create_store(
     path: str | os.PathLike[str], meta: ArrayMetadata, overwrite: bool
 ) -> BackendChunkStore:
@@ -995,9 +1018,20 @@ def _create_store(
     store = _posix_store(path, create=True)
     for folder in new_parents:
         _posix_store(folder, create=True).put_meta(GROUP_META)
-    if store.get_meta() is not None or store.holds_chunks():
+    old = store.get_meta()
+    if old is not None and _node_type(old) == "group":
         if not overwrite:
-            what = "a dataset" if store.get_meta() is not None else "chunk data (no zarr.json)"
+            raise ExistsError(
+                f"a Zarr group already exists at {os.fspath(path)}; pass overwrite=True to "
+                "replace it, and every array and group in it, by this dataset"
+            )
+        # (as zarr-python does: the whole node goes; an array left inside would be no Zarr)
+        os.unlink(os.path.join(path, "zarr.json"))  # (first: an interruption leaves no group)
+        shutil.rmtree(path)
+        store = _posix_store(path, create=True)
+    elif old is not None or store.holds_chunks():
+        if not overwrite:
+            what = "a dataset" if old is not None else "chunk data (no zarr.json)"
             raise ExistsError(f"{what} already exists at {os.fspath(path)}; pass overwrite=True")
         store.clear()
     store.put_meta(meta.to_json())

@@ -106,8 +106,8 @@ def render_tables(result: dict[str, Any], console: Console) -> None:
             "same over the plain dataset checking a CRC-32C of every chunk it reads",
             box=box.SIMPLE_HEAD,
         )
-        for name in ("Pat", "Op", "Cache", "naive"):
-            table.add_column(name, justify="left" if name != "naive" else "right")
+        for name in ("Pat", "Op", "Cache", "naive"):  # (never cut: naive is the baseline)
+            table.add_column(name, justify="left" if name != "naive" else "right", no_wrap=True)
         for c in contenders:
             table.add_column(_SHORT.get(c, c), justify="right", no_wrap=True)
         show_paper = col is not None or adaptive
@@ -115,7 +115,7 @@ def render_tables(result: dict[str, Any], console: Console) -> None:
             table.add_column("APRIL", justify="right")
         ratios = [(a, b, h) for a, b, h in _RATIOS if a in contenders and b in contenders]
         for _a, _b, heading in ratios:
-            table.add_column(heading, justify="right")
+            table.add_column(heading, justify="right", no_wrap=True)
         by_key: dict[tuple[str, str, str], dict[str, dict[str, Any]]] = {}
         for r in ps["results"]:
             by_key.setdefault((r["pattern"], r["op"], r["cache"]), {})[r["contender"]] = r

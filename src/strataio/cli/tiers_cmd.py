@@ -38,7 +38,7 @@ from strataio.cli.output import (
     make_console,
     write_json,
 )
-from strataio.errors import StrataError
+from strataio.errors import SelectionError, StrataError
 from strataio.layout.sections import Section
 from strataio.sizes import format_size
 
@@ -54,8 +54,14 @@ _config_opt = click.option(
 
 def parse_section(spec: str | None) -> Any:
     """A numpy index from ``"0:100,0:80"`` (``:`` = whole axis, ``5`` = one index)."""
-    if spec is None or spec.strip() in ("", "all", ":"):
+    if spec is None or spec.strip() in ("all", ":"):
         return None
+    if not spec.strip():
+        # (an empty shell variable, most likely: never taken for the whole dataset)
+        raise UsageProblem(
+            "--section '' is empty: leave it out (or write 'all') for the whole dataset, or "
+            "write start:stop per axis, e.g. 0:100,0:80"
+        )
     parts: list[Any] = []
     for p in spec.split(","):
         fields = [f.strip() for f in p.split(":")]
@@ -136,8 +142,17 @@ def _move(config: str | None, name: str, op: str, section: str | None, tier: str
     with open_session(config) as s:
         ds = s.open_dataset(name, "r+")
         try:
-            if idx is not None and Section.from_index(idx, ds.shape).size == 0:
-                raise UsageProblem(f"--section {section!r} selects nothing of {name} {ds.shape}")
+            if idx is not None:
+                try:
+                    empty = Section.from_index(idx, ds.shape).size == 0
+                except SelectionError as exc:
+                    raise UsageProblem(
+                        f"--section {section!r} does not fit {name} {ds.shape}: {exc}"
+                    ) from None
+                if empty:
+                    raise UsageProblem(
+                        f"--section {section!r} selects nothing of {name} {ds.shape}"
+                    )
             if op == "stage":
                 handle = ds.stage(idx, to=tier)
             elif op == "migrate":
@@ -151,14 +166,31 @@ def _move(config: str | None, name: str, op: str, section: str | None, tier: str
                 ds.close()
             raise
         ds.close()
-    console.print(
-        f"{op}: {result.moved} chunks moved ({format_size(result.nbytes)}), {result.reused} already "
-        f"in place, {len(result.failed)} failed, in {result.seconds:.2f} s"
-    )
+    console.print(_summary(op, result, tier))
     for key, msg in result.failed[:10]:
         console.print(f"  [red]{key}[/]: {msg}")
     if result.failed:
         sys.exit(1)
+
+
+def _summary(op: str, result: Any, tier: str | None) -> str:
+    """One line saying what a move did, in the words of its kind."""
+    size, tail = (
+        format_size(result.nbytes),
+        f"{len(result.failed)} failed, in {result.seconds:.2f} s",
+    )
+    where = f" {tier}" if tier else ""
+    if op == "evict":
+        return (
+            f"evict: {result.moved} chunk copies dropped from{where or ' the fastest tier'} "
+            f"({size} written back first), {result.reused} not there, {tail}"
+        )
+    if op == "migrate":
+        return (
+            f"migrate: {result.moved} chunks copied ({size}), {result.reused} already on"
+            f"{where or ' the slowest tier'}; their copies on faster tiers removed; {tail}"
+        )
+    return f"stage: {result.moved} chunks staged ({size}), {result.reused} already there, {tail}"
 
 
 @main.command("stage")
