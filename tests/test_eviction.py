@@ -186,33 +186,6 @@ def test_a_lost_only_copy_never_fails_writes_of_other_datasets(tmp_path):
         assert lost == [("lost", "a", "c/1/1")]
 
 
-def test_a_full_hierarchy_still_takes_rewrites_of_the_chunks_it_holds(tmp_path):
-    """Every tier full: a rewrite of a stored chunk replaces its copy in place (it needs no
-    more room); a new chunk is refused, naming it."""
-    tiers = TierSet(
-        [
-            Tier("fast", PosixBackend(tmp_path / "fast"), "localdisk", capacity=800, order=0),
-            Tier("archive", PosixBackend(tmp_path / "archive"), "remotetape", capacity=400),
-        ]
-    )
-    with strataio.Session(tiers=tiers, catalog=tmp_path / "cat.db") as s:
-        ds = s.create_dataset("a", (20, 20), "f4", (10, 10), hint="LOCALDISK")
-        with pytest.raises(BackendError, match=r"1 of 4 chunks could not be stored"):
-            ds[...] = A[:20, :20]
-        stored = sorted(ds.residency())
-        assert len(stored) == 3
-        for key in stored:
-            i, j = (int(x) for x in key.split("/")[1:])
-            ds[i * 10 : i * 10 + 10, j * 10 : j * 10 + 10] = -1.0
-        ds.flush()
-        for key in stored:
-            i, j = (int(x) for x in key.split("/")[1:])
-            np.testing.assert_array_equal(ds[i * 10 : i * 10 + 10, j * 10 : j * 10 + 10], -1.0)
-        assert [t.used for t in s.tiers] == [800, 400]
-        ds.close()
-        check_agreement(s)
-
-
 def test_a_missing_copy_is_dropped_and_the_next_copy_read(tmp_path):
     with two_tier_session(tmp_path, cap=None) as s:
         ds = s.create_dataset("a", (20, 20), "f4", (10, 10), hint="REMOTETAPE")

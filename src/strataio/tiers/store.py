@@ -616,31 +616,13 @@ class TieredChunkStore(ChunkStore):
         for tier in self.placement.write_order(self.hint, self.chosen):
             if not todo or not tier.up:
                 continue
-            self._learn_rows_on(tier, sorted(k for k, _ in todo))
-            fits, rest, room, slots = [], [], {}, set()
-            try:
-                for k, v in sorted(todo, key=lambda item: item[0]):  # (one slot order)
-                    # a rewrite of the copy there needs room only for what it adds; its
-                    # slot, taken first, keeps any eviction from taking that copy away
-                    need = len(v)
-                    if self.res.copy_on(k, tier.name) is not None:
-                        self.res.begin_write(k, tier.name)
-                        slots.add(k)
-                        held = self.res.copy_on(k, tier.name)
-                        need = max(0, len(v) - (held.nbytes if held is not None else 0))
-                    if self.placement.claim(tier, need, protect=protect):
-                        fits.append((k, v))
-                        room[k] = need
-                    else:
-                        rest.append((k, v))
-            except BaseException:
-                for k in slots:
-                    self._give_up_slot(k, tier)
-                tier.release(sum(room.values()))
-                raise
-            for k in slots - room.keys():
-                self._give_up_slot(k, tier)
-            todo = rest + self._put_on(tier, fits, home, errors, room, slots & room.keys())
+            fits, rest = [], []
+            for k, v in todo:
+                if self.placement.claim(tier, len(v), protect=protect):
+                    fits.append((k, v))
+                else:
+                    rest.append((k, v))
+            todo = rest + self._put_on(tier, fits, home, errors)
         if todo:
             # (the chunks that fitted are stored: room is claimed tier by tier, and a claim may
             # first evict other chunks, so a write cannot know beforehand that all will fit)
@@ -653,23 +635,10 @@ class TieredChunkStore(ChunkStore):
                 f"{', ...' if len(left) > 4 else ''} keep their previous values"
             )
 
-    def _give_up_slot(self, key: str, tier: Tier) -> None:
-        """End the put slot of ``key`` on ``tier`` taken for a put that never began (nothing
-        was announced or put: the copy there stays as it is)."""
-        self.res.abandon_write(key, tier.name)
-        self.res.end_write(key, tier.name)
-
     def _put_on(
-        self,
-        tier: Tier,
-        items: list[tuple[str, memoryview]],
-        home: Tier | None,
-        errors: list[str],
-        room: dict[str, int],
-        slots: set[str],
+        self, tier: Tier, items: list[tuple[str, memoryview]], home: Tier | None, errors: list[str]
     ) -> list[tuple[str, memoryview]]:
-        """Put ``items`` on ``tier`` (``room[key]`` bytes reserved for each, the put slots of
-        ``slots`` taken already: this call gives them up); return the ones that failed
+        """Put ``items`` on ``tier`` (room already reserved); return the ones that failed
         because the tier went down."""
         if not items:
             return []
@@ -681,9 +650,9 @@ class TieredChunkStore(ChunkStore):
         # batch): the object then holds one of two known versions, which reads and fsck
         # accept, and after a crash fsck can tell an interrupted rewrite from a corrupt copy.
         keys = sorted(k for k, _ in items)  # one order for every writer: no deadlock
+        self._learn_rows_on(tier, keys)
         for k in keys:
-            if k not in slots:
-                self.res.begin_write(k, tier.name)
+            self.res.begin_write(k, tier.name)
         try:
             olds = {k: c for k, _ in items if (c := self.res.copy_on(k, tier.name)) is not None}
             # a row the catalog may hold for a copy already forgotten here keeps no old
@@ -730,7 +699,7 @@ class TieredChunkStore(ChunkStore):
                 # recorded unsynced: whatever commit records it syncs it first, and checks
                 # that no other process replaced the object meanwhile (by its version)
                 copy = ChunkCopy(self.name, k, tier.name, len(v), digest, state, now)
-                self.res.record_write(copy, reserved=room[k], version=version)
+                self.res.record_write(copy, reserved=len(v), version=version)
 
             work = [(k, v, d) for (k, v), d in zip(items, sums)]
 
@@ -753,7 +722,7 @@ class TieredChunkStore(ChunkStore):
         for (k, v), exc in zip(items, outcomes):
             if exc is None:
                 continue
-            tier.release(room[k])
+            tier.release(len(v))
             if isinstance(exc, TierDownError):
                 failed.append((k, v))
                 errors.append(str(exc))
