@@ -1,0 +1,108 @@
+"""Two processes on one tiered dataset, killed with -9 at random moments, lose no flushed write.
+
+A writer rewrites chunks with values never used before, flushes, migrates, stages and evicts;
+a mover stages, migrates, evicts and reads the same dataset at the same time, on a fast tier
+with room for ten of its 36 chunks. One of the two is killed at a random moment, the other a
+moment later; ``strataio fsck --repair`` runs at once; then a second fsck is clean and every
+chunk reads back whole as the value the writer last flushed, or one it wrote after (see
+``two_process_worker.py`` for the writer's log). The CI run makes 6 trials; ``-m slow``
+makes 100.
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import strataio
+from strataio.tiers.fsck import fsck
+
+sys.path.insert(0, str(Path(__file__).parent))
+from two_process_worker import GRID, box, config_text  # noqa: E402
+
+WORKER = Path(__file__).parent / "two_process_worker.py"
+
+
+def worker(root: Path, role: str, seed: int) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, str(WORKER), str(root), role, str(seed)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+
+
+def acceptable(log: str) -> dict[tuple[int, int], set[int]]:
+    """Per chunk, the values it may hold: the last one logged before the last flush, and
+    every one logged after."""
+    flushed: dict[tuple[int, int], int] = {}
+    since: dict[tuple[int, int], list[int]] = {}
+    for line in log.splitlines():
+        fields = line.split()
+        if fields[:1] == ["F"]:
+            flushed.update({chunk: vals[-1] for chunk, vals in since.items()})
+            since.clear()
+        elif fields[:1] == ["W"]:
+            since.setdefault((int(fields[1]), int(fields[2])), []).append(int(fields[3]))
+    return {
+        chunk: {flushed[chunk], *since.get(chunk, [])} if chunk in flushed else set()
+        for chunk in np.ndindex(GRID)
+    }
+
+
+def trial(root: Path, rng: random.Random) -> None:
+    """One run of the writer and the mover until killed, then repair and check."""
+    procs = [worker(root, "writer", rng.randrange(1, 10_000))]
+    procs.append(worker(root, "mover", rng.randrange(1, 10_000)))
+    for p in procs:
+        assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+    time.sleep(rng.uniform(0.05, 1.5))
+    first = rng.choice(procs)
+    for p in [first, *(p for p in procs if p is not first)]:
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        time.sleep(rng.uniform(0.0, 0.3))
+    with strataio.Session(root / "strataio.toml") as s:
+        fsck(s.catalog, s.tiers, repair=True)
+        report = fsck(s.catalog, s.tiers)
+        assert report.clean, report.problems
+        ds = s.open_dataset("a")
+        may = acceptable((root / "oracle.log").read_text())
+        now = {}
+        for i, j in np.ndindex(GRID):
+            got = np.unique(ds[box(i, i + 1, j, j + 1)])
+            assert len(got) == 1 and int(got[0]) in may[i, j], (
+                f"chunk {i},{j} reads {got[:4]}; the writer flushed or wrote since "
+                f"{sorted(may[i, j])}"
+            )
+            now[i, j] = int(got[0])
+        ds.close()
+    # what this trial left is the next one's start: logged as written and flushed
+    with open(root / "oracle.log", "a") as log:
+        log.writelines(f"W {i} {j} {v}\n" for (i, j), v in now.items())
+        log.write("F\n")
+
+
+def run_trials(root: Path, trials: int, seed: int) -> None:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "strataio.toml").write_text(config_text(local_capacity=10 * 400))
+    subprocess.run([sys.executable, str(WORKER), str(root), "create", "1"], check=True)
+    rng = random.Random(seed)
+    for _ in range(trials):
+        trial(root, rng)
+
+
+def test_kill9_of_a_writer_and_a_mover_loses_no_flushed_write(tmp_path):
+    run_trials(tmp_path, 6, seed=11)
+
+
+@pytest.mark.slow
+def test_kill9_of_a_writer_and_a_mover_loses_no_flushed_write_long(tmp_path):
+    run_trials(tmp_path, 100, seed=12)
