@@ -914,9 +914,11 @@ def test_a_moved_copy_of_a_chunk_rewritten_since_is_left_out(cat):
     )
     moved = [ChunkCopy("d", f"c/{i}/0", "local", 8, "old") for i in range(6)]
     ids = [(c.dataset, c.key, c.tier) for c in moved]
-    done = cat.commit(moved, copied=ids, writer="w1")
+    source = ("d", "c/5/0", "archive")  # (a migration deletes its source in the same commit)
+    done = cat.commit(moved, [source], copied=ids, writer="w1")
     assert done.orphaned == [ids[1], ids[3], ids[4]]
     assert done.overtaken == [ids[5]]
+    assert done.kept == [source]  # (all that is left of the chunk if that writer dies)
     local = {c.key: c for c in cat.residency("d") if c.tier == "local"}
     assert sorted(local) == ["c/0/0", "c/2/0", "c/5/0"]
     assert local["c/5/0"].state == "in-transit" and local["c/5/0"].writer == "w2"

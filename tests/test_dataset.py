@@ -719,3 +719,23 @@ def test_a_read_retried_after_it_would_have_waited_counts_once_for_the_cache(tmp
     np.testing.assert_array_equal(view[...], a)
     assert len(cache) == 16
     ds.close()
+
+
+def test_bad_arguments_raise_value_errors_of_their_own(tmp_path):
+    """Bad arguments raise :class:`ArgumentError`, a ``ValueError`` a caller can catch apart
+    from storage failures; nothing is created."""
+    from strataio.errors import ArgumentError
+
+    for kwargs in (
+        {"shape": (4,), "dtype": "f4", "chunks": (0,)},
+        {"shape": (-1,), "dtype": "f4", "chunks": (2,)},
+        {"shape": (4,), "dtype": "<U3", "chunks": (2,)},
+        {"shape": (4, 4), "dtype": "f4", "chunks": (2,)},
+    ):
+        with pytest.raises(ArgumentError) as exc:
+            strataio.create_dataset(tmp_path / "a", **kwargs)
+        assert isinstance(exc.value, ValueError)
+        assert not (tmp_path / "a" / "zarr.json").exists()
+    strataio.create_dataset(tmp_path / "b", (4,), "f4", (2,)).close()
+    with pytest.raises(ArgumentError, match="mode must be one of"):
+        strataio.open_dataset(tmp_path / "b", mode="w")

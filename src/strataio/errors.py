@@ -11,6 +11,11 @@ class SelectionError(StrataError, IndexError):
     """A selection is out of bounds, stepped, or otherwise not a rectilinear box."""
 
 
+class ArgumentError(StrataError, ValueError):
+    """An argument outside what the call accepts: a shape, a chunk shape, a dtype, a mode,
+    attributes that are no JSON."""
+
+
 class ShapeMismatchError(StrataError, ValueError):
     """Data does not match the shape of the selection it is written to or read into."""
 

@@ -30,6 +30,7 @@ from strataio.arrays.sharding import ShardCodec, chunk_codec
 from strataio.arrays.store import BackendChunkStore, ChunkStore
 from strataio.arrays.values import to_dtype
 from strataio.errors import (
+    ArgumentError,
     BackendError,
     ClosedError,
     CodecError,
@@ -164,9 +165,11 @@ class Dataset:
         comm: Any = None,
     ) -> None:
         if mode not in _MODES:
-            raise StrataError(f"mode must be one of {_MODES}, got {mode!r}")
+            raise ArgumentError(f"mode must be one of {_MODES}, got {mode!r}")
         if not isinstance(store, ChunkStore):
-            raise StrataError(f"a Dataset's store must be a ChunkStore, not {type(store).__name__}")
+            raise ArgumentError(
+                f"a Dataset's store must be a ChunkStore, not {type(store).__name__}"
+            )
         self.store = store
         self.meta = meta
         self.mode = mode
@@ -1048,7 +1051,7 @@ def open_dataset(path: str | os.PathLike[str], mode: str = "r", *, comm: Any = N
     raw: bytes | None = None
     err: BaseException | None = None
     if mode not in _MODES:
-        err = StrataError(f"mode must be one of {_MODES}, got {mode!r}")
+        err = ArgumentError(f"mode must be one of {_MODES}, got {mode!r}")
     elif comm is None or comm.Get_rank() == 0:
         try:
             if not os.path.isdir(path):

@@ -18,7 +18,7 @@ import numpy as np
 from strataio.arrays.codecs import CodecSpec, normalize_codecs
 from strataio.arrays.sharding import shard_codecs
 from strataio.arrays.values import to_dtype
-from strataio.errors import MetadataError, StrataError
+from strataio.errors import ArgumentError, MetadataError, StrataError
 from strataio.layout.chunks import chunk_key
 
 #: Zarr v3 data type names of the numpy dtypes strataio stores.
@@ -45,10 +45,10 @@ def zarr_data_type(dtype: Any) -> str:
     try:
         dt = np.dtype(dtype)
     except TypeError as exc:
-        raise StrataError(f"not a numpy dtype: {dtype!r}") from exc
+        raise ArgumentError(f"not a numpy dtype: {dtype!r}") from exc
     name = dt.newbyteorder("=").name if dt.itemsize > 1 else dt.name
     if name not in DATA_TYPES:
-        raise StrataError(
+        raise ArgumentError(
             f"dtype {dt} is not supported: use bool, (u)int8–64, float16–64 or complex64/128"
         )
     return DATA_TYPES[name]
@@ -127,26 +127,26 @@ class ArrayMetadata:
             chunks = shape_t
         chunks_t = _int_tuple(chunks, "chunks", allow_zero=False)
         if len(chunks_t) != len(shape_t):
-            raise StrataError(
+            raise ArgumentError(
                 f"chunks {chunks_t} have {len(chunks_t)} dimensions but shape {shape_t} "
                 f"has {len(shape_t)}"
             )
         try:
             dt = np.dtype(dtype)
         except TypeError:
-            raise StrataError(
+            raise ArgumentError(
                 f"dtype {dtype!r} is not a numpy dtype (e.g. 'float32', 'int8', np.uint16)"
             ) from None
         zarr_data_type(dt)
         if shards is not None:
             shards_t = _int_tuple(shards, "shards", allow_zero=False)
             if len(shards_t) != len(shape_t):
-                raise StrataError(
+                raise ArgumentError(
                     f"shards {shards_t} have {len(shards_t)} dimensions but shape {shape_t} "
                     f"has {len(shape_t)}"
                 )
             if any(s % c for s, c in zip(shards_t, chunks_t)):
-                raise StrataError(
+                raise ArgumentError(
                     f"shards {shards_t} must be a multiple of the inner chunks {chunks_t}"
                 )
             codecs = shard_codecs(chunks_t, codec, dt, shards_t)
@@ -155,11 +155,11 @@ class ArrayMetadata:
             codecs = normalize_codecs(codec, dt)
         fill = _fill(fill_value, dt.newbyteorder("="))
         if attrs is not None and not isinstance(attrs, dict):
-            raise StrataError("attrs must be a dict of JSON-serializable values")
+            raise ArgumentError("attrs must be a dict of JSON-serializable values")
         try:
             json.dumps(attrs or {})
         except TypeError as exc:
-            raise StrataError(f"attrs are not JSON-serializable: {exc}") from None
+            raise ArgumentError(f"attrs are not JSON-serializable: {exc}") from None
         names = _dimension_names(dims, len(shape_t), StrataError, "dims")
         return cls(
             shape_t, dt.newbyteorder("="), chunks_t, codecs, fill, dict(attrs or {}), "/", names
@@ -259,9 +259,9 @@ def _fill(value: Any, dtype: np.dtype) -> Any:
     try:
         arr = np.asarray(value)
     except (TypeError, ValueError) as exc:
-        raise StrataError(f"{what} is not a number: {exc}") from None
+        raise ArgumentError(f"{what} is not a number: {exc}") from None
     if arr.ndim != 0:
-        raise StrataError(f"{what} must be a scalar, got shape {arr.shape}")
+        raise ArgumentError(f"{what} must be a scalar, got shape {arr.shape}")
     if dtype.kind == "b" and arr.dtype.kind in "iu" and arr.item() in (0, 1):
         arr = arr.astype(bool)  # the default fill value 0 on a bool array
     return to_dtype(arr, dtype, what).astype(dtype)[()]
@@ -275,8 +275,8 @@ def _int_tuple(value: Any, what: str, allow_zero: bool) -> tuple[int, ...]:
         if any(int(v) != v for v in value):
             raise ValueError
     except (TypeError, ValueError):
-        raise StrataError(f"{what} must be a sequence of integers, got {value!r}") from None
+        raise ArgumentError(f"{what} must be a sequence of integers, got {value!r}") from None
     lo = 0 if allow_zero else 1
     if any(v < lo for v in out):
-        raise StrataError(f"{what} {out} must be {'non-negative' if allow_zero else 'positive'}")
+        raise ArgumentError(f"{what} {out} must be {'non-negative' if allow_zero else 'positive'}")
     return out

@@ -300,7 +300,9 @@ class Catalog(abc.ABC):
         checksum any more (a settled row's checksum, or the old one of an announced rewrite):
         another process rewrote the chunk since the move read it, and the copy holds an old
         value; and one is left out (``overtaken``) where the row at its own place is a
-        rewrite another writer than ``writer`` (the caller's) has announced since.
+        rewrite another writer than ``writer`` (the caller's) has announced since, with the
+        deletes of its chunk's other copies (reported as ``kept``: they are the chunk's
+        last committed value should that writer die).
 
         ``durable=False`` returns before the transaction reaches the disk: it is visible to
         every process at once and survives this process's death, but an OS crash or power

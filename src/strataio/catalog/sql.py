@@ -452,6 +452,7 @@ class SQLCatalog(Catalog):
                 f"chunk copy state(s) {sorted(bad)} not one of {', '.join(COPY_STATES)}"
             )
         ids = list(dict.fromkeys(tuple(d) for d in deletes))
+        copied = [tuple(i) for i in copied]
         if not latest and not ids:
             return CommitOutcome([], [])
         removed: list[CopyId] = []
@@ -465,12 +466,11 @@ class SQLCatalog(Catalog):
                     gone = stale(list(latest))
                     for c in gone:
                         latest.pop(c, None)
-                    # (a write left out takes none of its chunk's other copies with it:
-                    # they are all that is left of the chunk where its object went)
-                    unwritten = {c[:2] for c in new if c in gone}
-                    if unwritten:
-                        kept += [i for i in ids if i[:2] in unwritten]
-                        ids = [i for i in ids if i[:2] not in unwritten]
+                    # (a write or move left out takes none of its chunk's other copies
+                    # with it: they are all that is left of the chunk where its object went)
+                    ids = self._keep_chunks_of(
+                        ids, {c[:2] for c in [*new, *copied] if c in gone}, kept
+                    )
                     new = [c for c in new if c not in gone]
                 guarded = [i for i in ids if expect and i in expect]
                 sup = {(d, k) for d, k, _ in new}
@@ -498,6 +498,9 @@ class SQLCatalog(Catalog):
                     overtaken = [i for i in moves if i in rewriting]
                     for i in overtaken:
                         del latest[i]
+                    if overtaken:
+                        ids = self._keep_chunks_of(ids, {i[:2] for i in overtaken}, kept)
+                        guarded = [i for i in guarded if i in ids]
                     moves = [i for i in moves if i not in rewriting]
                     orphaned = [
                         i
@@ -552,6 +555,16 @@ class SQLCatalog(Catalog):
         except MetadataError:
             raise MetadataError(self._explain_unknown(latest.values())) from None
         return CommitOutcome(removed, kept, orphaned, overtaken)
+
+    @staticmethod
+    def _keep_chunks_of(
+        ids: list[CopyId], chunks: set[tuple[str, str]], kept: list[CopyId]
+    ) -> list[CopyId]:
+        """``ids`` less the deletes of rows of ``chunks``, which are added to ``kept``."""
+        if not chunks:
+            return ids
+        kept += [i for i in ids if i[:2] in chunks]
+        return [i for i in ids if i[:2] not in chunks]
 
     def _lock_residency(self, cur: Cursor, datasets: Iterable[str]) -> None:
         """Make this transaction's reads of the residency of ``datasets`` stand until it ends

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from strataio.errors import SelectionError, StrataError
+from strataio.errors import ArgumentError, SelectionError
 from strataio.layout.sections import Section
 
 
@@ -117,14 +117,14 @@ class ChunkGrid:
 
     def __post_init__(self) -> None:
         if len(self.shape) != len(self.chunks):
-            raise StrataError(
+            raise ArgumentError(
                 f"chunk shape {self.chunks} has {len(self.chunks)} dimensions, "
                 f"array shape {self.shape} has {len(self.shape)}"
             )
         if any(c <= 0 for c in self.chunks):
-            raise StrataError(f"chunk shape {self.chunks} must be positive in every dimension")
+            raise ArgumentError(f"chunk shape {self.chunks} must be positive in every dimension")
         if any(n < 0 for n in self.shape):
-            raise StrataError(f"array shape {self.shape} must be non-negative")
+            raise ArgumentError(f"array shape {self.shape} must be non-negative")
 
     @property
     def ndim(self) -> int:

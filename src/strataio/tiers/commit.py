@@ -30,8 +30,8 @@ Other processes may have moved or rewritten the same chunks since this one loade
 The transaction therefore checks against the catalog itself, not this process's view: a
 write's row supersedes every other copy of its chunk, known here or not; a write's or a
 move's row is left out where another process's put replaced the object since (by the
-object's version; that process's commit records its own), and a write so left out
-supersedes nothing; a row is deleted only if it still holds the state and checksum this
+object's version; that process's commit records its own), and a write or move so left out
+takes none of its chunk's other copies with it; a row is deleted only if it still holds the state and checksum this
 process last saw in it (another process may have announced a rewrite there since; a
 write's commit removes every other copy of its chunk but another writer's announced
 rewrite), and its object only while it is still the object seen before the transaction
@@ -350,9 +350,10 @@ class Commit:
             done.left_out,
             [*(i for i in batch.deletes if i not in kept_ids), *done.superseded],
         )
-        # a write left out (its object replaced or deleted by another process) supersedes
-        # nothing: the other copies of its chunk, rows and objects, are what is left of it
-        void = {k for _, k, t in done.left_out if (k, t) in batch.written}
+        # a write or move left out (its object replaced or deleted by another process, or
+        # rewritten by another writer) takes nothing with it: the other copies of its chunk,
+        # rows and objects, are what is left of the chunk
+        void = {k for _, k, t in done.left_out if (k, t) in batch.written or (k, t) in batch.moved}
         kept = {(t, k) for _, k, t in done.kept} | {o for o in batch.obsolete if o[1] in void}
         try:
             self._delete(

@@ -513,7 +513,8 @@ class Mover:
                 return self._evict_one(res, key, tier, refreshed=True)
             raise StrataError(
                 f"chunk {key!r} of {res.name!r}: its only copy is on {tier.name!r} and no "
-                "slower tier can take it"
+                "slower tier can take it (each is full, down, or holds an object of it that "
+                "another process may be writing)"
             )
         return "moved", 0 if kept else copy.nbytes
 

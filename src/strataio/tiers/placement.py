@@ -41,6 +41,7 @@ from strataio.errors import (
     ConfigError,
     DatasetDisabledError,
     ExistsError,
+    HintError,
     NotFoundError,
     StrataError,
     TierDownError,
@@ -69,7 +70,7 @@ def normalize_hint(hint: str | None) -> str:
     if h == "DEFAULT":
         h = "AUTO"
     if h not in HINTS:
-        raise StrataError(f"unknown placement hint {hint!r}; use one of {', '.join(HINTS)}")
+        raise HintError(f"unknown placement hint {hint!r}; use one of {', '.join(HINTS)}")
     return h
 
 

@@ -748,18 +748,17 @@ class TieredChunkStore(ChunkStore):
             return tier.call(tier.backend.put_new, okey, data)
         except ExistsError:
             pass
-        rows = [
-            c
-            for c in self.commit.catalog.residency(self.name, [key])
-            if c.key == key and c.tier == tier.name
-        ]
+        rows = [c for c in self.commit.catalog.residency(self.name, [key]) if c.key == key]
+        there = [c for c in rows if c.tier == tier.name]
         # announced even where no row names the object yet: a move's row for it recorded
         # after this announcement would replace it, and then that move, taking the object
         # for its own, could delete these bytes; the move's commit leaves its row out
-        # instead (Catalog.commit: overtaken)
-        old = ""
-        if rows:
-            old = rows[0].checksum if rows[0].state != "in-transit" else rows[0].old_checksum
+        # instead (Catalog.commit: overtaken). With no row there, the object is most likely
+        # such a move's copy of the chunk's committed value: that is the old version then
+        if there:
+            old = there[0].checksum if there[0].state != "in-transit" else there[0].old_checksum
+        else:
+            old = next((c.checksum for c in rows if c.state != "in-transit"), "")
         intent = ChunkCopy(
             self.name, key, tier.name, len(data), digest, "in-transit", now, old,
             self.commit.writer,
