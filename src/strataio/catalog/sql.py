@@ -500,7 +500,8 @@ class SQLCatalog(Catalog):
                         del latest[i]
                     if overtaken:
                         ids = self._keep_chunks_of(ids, {i[:2] for i in overtaken}, kept)
-                        guarded = [i for i in guarded if i in ids]
+                        left = set(ids)
+                        guarded = [i for i in guarded if i in left]
                     moves = [i for i in moves if i not in rewriting]
                     orphaned = [
                         i
@@ -520,11 +521,12 @@ class SQLCatalog(Catalog):
                             cur, {i[:2] for i in guarded}
                         )
                     }
-                    kept = [
+                    changed = [
                         i for i in guarded if _changed_since(now.get(i), expect[i], i[:2] in sup)
                     ]
-                    if kept:
-                        keep = set(kept)
+                    if changed:
+                        kept += changed
+                        keep = set(changed)
                         ids = [i for i in ids if i not in keep]
                 if new:  # (rows this commit records or removes itself are its own)
                     named = set(ids) | set(latest)
