@@ -90,6 +90,12 @@ class DatasetRecord:
         _check(self.state, DATASET_STATES, f"dataset {self.name!r}: state")
 
 
+def committed_checksum(state: str, checksum: str, old_checksum: str) -> str:
+    """The checksum of the committed bytes a row of ``state`` stands for: an announced
+    rewrite's (``in-transit``) are its old ones, as its new ones may never be put."""
+    return old_checksum if state == "in-transit" else checksum
+
+
 @dataclass(frozen=True, slots=True)
 class ChunkCopy:
     """One copy of one chunk (``key``, e.g. ``"c/0/3"``) of ``dataset`` on ``tier``.
@@ -112,6 +118,12 @@ class ChunkCopy:
     last_access: float = 0.0
     old_checksum: str = ""
     writer: str = ""
+
+    @property
+    def committed_checksum(self) -> str:
+        """The checksum of the bytes this row stands for as committed (see
+        :func:`committed_checksum`)."""
+        return committed_checksum(self.state, self.checksum, self.old_checksum)
 
     def accepts(self, digest: str) -> bool:
         """True if stored bytes with checksum ``digest`` are an intact version of this copy

@@ -34,6 +34,7 @@ from strataio.catalog.base import (
     TierRecord,
     TierUsage,
     WriterRecord,
+    committed_checksum,
 )
 from strataio.catalog.liveness import new_writer_id
 from strataio.errors import (
@@ -480,16 +481,15 @@ class SQLCatalog(Catalog):
                     # where the database lets one read them while it runs)
                     self._lock_residency(cur, {d for d, _, _ in [*new, *ids]})
                 if moves:
-                    # (the bytes a row stands for: an announced rewrite's are its old ones,
-                    # the last committed there; its new ones, like those of another move's
-                    # announced copy, may never be put)
+                    # (a row holds the bytes it stands for as committed: another move's
+                    # announced copy, or a rewrite's new bytes, may never be put)
                     held: dict[tuple[str, str], list[tuple[str, str]]] = {}
                     rewriting: set[CopyId] = set()  # slots another writer announced
                     for d, k, t, state, checksum, old, who in self._rows_of(
                         cur, {i[:2] for i in moves}
                     ):
                         held.setdefault((d, k), []).append(
-                            (t, old if state == "in-transit" else checksum)
+                            (t, committed_checksum(state, checksum, old))
                         )
                         if state == "in-transit" and who and who != writer:
                             rewriting.add((d, k, t))

@@ -756,7 +756,7 @@ class TieredChunkStore(ChunkStore):
         # instead (Catalog.commit: overtaken). With no row there, the object is most likely
         # such a move's copy of the chunk's committed value: that is the old version then
         if there:
-            old = there[0].checksum if there[0].state != "in-transit" else there[0].old_checksum
+            old = there[0].committed_checksum
         else:
             old = next((c.checksum for c in rows if c.state != "in-transit"), "")
         intent = ChunkCopy(
