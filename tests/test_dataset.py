@@ -426,6 +426,22 @@ def test_the_reported_narrowing_case(tmp_path):
         strataio.create_dataset(tmp_path / "b", (1,), "i8")[0] = np.uint64(2**63)
 
 
+@pytest.mark.parametrize("dtype", ["int64", "uint64"])
+def test_python_ints_beyond_64_bits_are_named_out_of_range(tmp_path, dtype):
+    """numpy holds Python ints beyond 64 bits as objects: the refusal still names the value
+    and the range, and ints that fit are stored whatever the others' width."""
+    info = np.iinfo(dtype)
+    ds = strataio.create_dataset(tmp_path / "a", (2,), dtype)
+    for bad in (2**64, info.min - 1, -(2**70)):
+        with pytest.raises(DtypeMismatchError, match=rf"value {bad} .*out of range.*{info.max}"):
+            ds[0:2] = [1, bad]
+    assert ds[...].tolist() == [0, 0]
+    ds[0:2] = np.array([info.min, info.max], dtype=object)
+    assert ds[...].tolist() == [info.min, info.max]
+    with pytest.raises(DtypeMismatchError, match="object data"):
+        ds[0:2] = [1.5, 2**70]  # not all ints: refused as any other object data
+
+
 def test_float_overflow_is_refused(tmp_path):
     ds = strataio.create_dataset(tmp_path / "a", (3,), "f4")
     ds[...] = np.array([1.5, np.inf, np.nan])  # float64 → float32 rounds as numpy does

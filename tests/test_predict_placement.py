@@ -42,6 +42,18 @@ PUT = {"local": (0.001, 1e-7), "remote": (0.01, 1e-8), "tape": (1.0, 1e-9)}
 GET = {"local": (0.001, 1e-7), "remote": (0.01, 1e-8), "tape": (1.0, 1e-9)}
 
 
+def write_config(folder) -> None:
+    """A ``strataio.toml`` in ``folder``: an SQLite catalog and the three POSIX tiers of
+    :data:`ROLES`."""
+    (folder / "strataio.toml").write_text(
+        '[catalog]\nurl = "cat.db"\n'
+        + "".join(
+            f'[[tiers]]\nname = "{n}"\nkind = "posix"\nrole = "{r}"\npath = "{n}"\n'
+            for n, r in ROLES
+        )
+    )
+
+
 def test_the_least_predicted_time_wins(tmp_path):
     pl = Placement(make_tiers(tmp_path))
     perf = PerfTable(perf_rows(PUT, GET))
@@ -142,13 +154,7 @@ def test_session_places_auto_datasets_by_prediction(tmp_path):
 
 def test_info_says_which_tier_and_why(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "strataio.toml").write_text(
-        '[catalog]\nurl = "cat.db"\n'
-        + "".join(
-            f'[[tiers]]\nname = "{n}"\nkind = "posix"\nrole = "{r}"\npath = "{n}"\n'
-            for n, r in ROLES
-        )
-    )
+    write_config(tmp_path)
     with strataio.Session("strataio.toml") as s:
         s.catalog.record_perf(perf_rows(PUT, GET))
         s.create_dataset("temp", (40, 30), "f4", (10, 10), expected_reads=2).close()
@@ -157,6 +163,25 @@ def test_info_says_which_tier_and_why(tmp_path, monkeypatch):
     assert "placement: local, chosen by prediction (expected reads 2)" in out.output
     assert "local: predicted write" in out.output and "<- chosen" in out.output
     assert "tape: predicted write" in out.output
+
+
+def test_info_names_where_writes_go_without_a_calibration(tmp_path, monkeypatch):
+    """An uncalibrated AUTO dataset (the default AUTO) and one with an explicit hint: info
+    names the tiers their writes go to now, in order, not only the rule."""
+    monkeypatch.chdir(tmp_path)
+    write_config(tmp_path)
+    with strataio.Session("strataio.toml") as s:
+        s.create_dataset("auto", (40, 30), "f4", (10, 10), hint="AUTO").close()
+        s.create_dataset("fast", (40, 30), "f4", (10, 10), hint="LOCALDISK").close()
+    out = CliRunner().invoke(main, ["info", "auto"])
+    assert out.exit_code == 0, out.output
+    assert "placement: the default AUTO (the slowest tier with room)" in out.output
+    assert "no tier with room is calibrated" in out.output
+    assert "writes go to: tape, then remote, local as it fills or is down" in out.output
+    out = CliRunner().invoke(main, ["info", "fast"])
+    assert out.exit_code == 0, out.output
+    assert "writes go to: local, then remote, tape as it fills or is down" in out.output
+    assert "placement:" not in out.output
 
 
 @pytest.mark.parametrize(

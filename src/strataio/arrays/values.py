@@ -5,9 +5,9 @@ The rule (for writes and ``fill_value`` alike):
 - the same dtype, or a conversion numpy calls safe (``int8`` → ``int32``, ``float32`` →
   ``float64``, ``bool`` → anything numeric), is stored as is;
 - an integer of another width or signedness (``int64`` → ``int8``, ``int64`` → ``uint8``,
-  including Python ints, which numpy makes ``int64``) is stored when **every value fits** the
-  dataset's dtype, and refused otherwise: numpy users expect ``ds[i] = 5`` to work on an
-  ``int8`` dataset, and nobody expects 1000 to be stored as -24;
+  including Python ints, which numpy makes ``int64``, or objects beyond 64 bits) is stored
+  when **every value fits** the dataset's dtype, and refused otherwise: numpy users expect
+  ``ds[i] = 5`` to work on an ``int8`` dataset, and nobody expects 1000 to be stored as -24;
 - a float or complex of more precision (``float64`` → ``float32``) is rounded as numpy rounds,
   but a finite value beyond the dataset's range (which would become ``inf``) is refused;
 - everything else (floats into integers, complex into floats, numbers into ``bool``, strings,
@@ -34,6 +34,9 @@ def to_dtype(value: Any, dtype: np.dtype, what: str) -> np.ndarray:
     ``what`` (e.g. ``"dataset 'run/a'"``), the dtypes and an offending value."""
     arr = np.asarray(value)
     src = arr.dtype
+    if src.kind == "O" and dtype.kind in "iu":
+        arr = _python_ints(arr, dtype, what)
+        src = arr.dtype
     if src == dtype or (src.kind not in _NEVER and np.can_cast(src, dtype, "safe")):
         return arr
     ints = src.kind in "biu" and dtype.kind in "iu"
@@ -45,18 +48,36 @@ def to_dtype(value: Any, dtype: np.dtype, what: str) -> np.ndarray:
     if arr.size == 0:
         return arr
     if ints:
-        info = np.iinfo(dtype)
-        lo, hi = int(arr.min()), int(arr.max())
-        if lo < info.min or hi > info.max:
-            bad = lo if lo < info.min else hi
-            raise DtypeMismatchError(
-                f"{what}: value {bad} ({src}) is out of range for {dtype} "
-                f"({info.min}..{info.max}); nothing was stored"
-            )
+        _check_int_range(arr, dtype, what, str(src))
         return arr
     if dtype.kind in "fc":
         _check_float_range(arr, dtype, what)
     return arr
+
+
+def _python_ints(arr: np.ndarray, dtype: np.dtype, what: str) -> np.ndarray:
+    """An object array of Python ints (numpy makes one of ints beyond 64 bits, such as
+    ``2**64``) as ``dtype`` when every value fits it, else :class:`DtypeMismatchError` naming
+    the value out of range; any other object array is returned as is (and refused)."""
+    if arr.size == 0 or not all(
+        isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_)) for x in arr.flat
+    ):
+        return arr
+    _check_int_range(arr, dtype, what, "a Python int")
+    return arr.astype(dtype)
+
+
+def _check_int_range(arr: np.ndarray, dtype: np.dtype, what: str, source: str) -> None:
+    """Refuse integers ``arr`` (not empty) of which one lies outside ``dtype``'s range,
+    naming it and its ``source`` type."""
+    info = np.iinfo(dtype)
+    lo, hi = int(arr.min()), int(arr.max())
+    if lo < info.min or hi > info.max:
+        bad = lo if lo < info.min else hi
+        raise DtypeMismatchError(
+            f"{what}: value {bad} ({source}) is out of range for {dtype} "
+            f"({info.min}..{info.max}); nothing was stored"
+        )
 
 
 def _check_float_range(arr: np.ndarray, dtype: np.dtype, what: str) -> None:

@@ -216,18 +216,33 @@ def _error(predicted: float, measured: float) -> str:
     return f"{(predicted - measured) / measured:+.1%}" if measured > 0 else "-"
 
 
-def placement_lines(record) -> list[str]:  # type: ignore[no-untyped-def]
-    """What ``strataio info NAME`` says about an AUTO dataset's placement by prediction."""
+def placement_lines(record, writes_to: list[str]) -> list[str]:  # type: ignore[no-untyped-def]
+    """What ``strataio info NAME`` says about a dataset's placement: the tiers its writes go
+    to now (``writes_to``, in order of preference, down tiers left out) and, for an AUTO
+    dataset, the placement by prediction and why."""
     from strataio.session import placement_decision
 
+    if not writes_to:
+        order = "nowhere (hint DISABLE, or every tier it may use is down)"
+    else:
+        order = writes_to[0]
+        if len(writes_to) > 1:
+            order += f", then {', '.join(writes_to[1:])} as it fills or is down"
     d = placement_decision(record)
     if d is None:
-        return []
-    where = d.tier if d.tier is not None else "the default AUTO tier (slowest with room)"
+        return [f"writes go to: {order}"]
     asked = f"expected reads {d.expected_reads}"
     if d.deadline_s is not None:
         asked += f", deadline {d.deadline_s:g} s"
-    lines = [f"placement: {where}, chosen by prediction ({asked}): {d.reason}"]
+    if d.tier is None:
+        lines = [
+            f"placement: the default AUTO (the slowest tier with room), not chosen by "
+            f"prediction ({asked}): {d.reason}",
+            f"writes go to: {order}",
+        ]
+    else:
+        lines = [f"placement: {d.tier}, chosen by prediction ({asked}): {d.reason}"]
+        lines.append(f"writes go to: {order}")
     for tier, (w, r) in d.predicted.items():
         mark = " <- chosen" if tier == d.tier else ""
         lines.append(f"  {tier}: predicted write {w:.4g} s + reads {r:.4g} s = {w + r:.4g} s{mark}")

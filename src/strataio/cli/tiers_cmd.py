@@ -306,6 +306,7 @@ def residency_info(name: str, config: str | None = None, console: Console | None
     configuration that cannot be loaded or set up, and other :class:`StrataError` for a
     catalog that cannot be opened."""
     from strataio.config import load_config
+    from strataio.session import placement_decision
 
     console = console or make_console()
     if catalog_exists(load_config(config)) is False:
@@ -317,6 +318,10 @@ def residency_info(name: str, config: str | None = None, console: Console | None
         except StrataError:
             return False
         copies = s.catalog.residency(name)
+        decision = placement_decision(rec)
+        writes_to = [
+            t.name for t in s.placement.write_order(rec.hint, decision.tier if decision else None)
+        ]
     per: dict[str, list[int]] = {}
     chunks: dict[str, set[str]] = {}
     for c in copies:
@@ -338,7 +343,7 @@ def residency_info(name: str, config: str | None = None, console: Console | None
     console.print(table)
     from strataio.cli.predict_cmd import placement_lines
 
-    for line in placement_lines(rec):
+    for line in placement_lines(rec, writes_to):
         console.print(line, highlight=False)
     return True
 

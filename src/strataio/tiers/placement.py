@@ -250,8 +250,7 @@ class Placement:
         if not predicted:
             return AutoDecision(
                 None,
-                "no tier with room is calibrated (run `strataio calibrate`): the default AUTO, "
-                "the slowest tier with room",
+                "no tier with room is calibrated (run `strataio calibrate`)",
                 {},
                 skipped,
                 expected_reads,
