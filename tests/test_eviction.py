@@ -186,6 +186,78 @@ def test_a_lost_only_copy_never_fails_writes_of_other_datasets(tmp_path):
         assert lost == [("lost", "a", "c/1/1")]
 
 
+def test_a_full_hierarchy_still_takes_rewrites_of_the_chunks_it_holds(tmp_path):
+    """Every tier full: a rewrite of a stored chunk replaces its copy in place (it needs no
+    more room); a new chunk is refused, naming it."""
+    tiers = TierSet(
+        [
+            Tier("fast", PosixBackend(tmp_path / "fast"), "localdisk", capacity=800, order=0),
+            Tier("archive", PosixBackend(tmp_path / "archive"), "remotetape", capacity=400),
+        ]
+    )
+    with strataio.Session(tiers=tiers, catalog=tmp_path / "cat.db") as s:
+        ds = s.create_dataset("a", (20, 20), "f4", (10, 10), hint="LOCALDISK")
+        with pytest.raises(BackendError, match=r"1 of 4 chunks could not be stored"):
+            ds[...] = A[:20, :20]
+        stored = sorted(ds.residency())
+        assert len(stored) == 3
+        for key in stored:
+            i, j = (int(x) for x in key.split("/")[1:])
+            ds[i * 10 : i * 10 + 10, j * 10 : j * 10 + 10] = -1.0
+        ds.flush()
+        for key in stored:
+            i, j = (int(x) for x in key.split("/")[1:])
+            np.testing.assert_array_equal(ds[i * 10 : i * 10 + 10, j * 10 : j * 10 + 10], -1.0)
+        assert [t.used for t in s.tiers] == [800, 400]
+        ds.close()
+        check_agreement(s)
+
+
+def test_the_room_a_rewrite_counts_on_stays_its_own_if_its_copy_goes_meanwhile(tmp_path):
+    """A rewrite claims only what it adds to the copy it replaces. If that copy is forgotten
+    before the rewrite is recorded (evicted by another thread, say), its room stays reserved
+    for the rewrite: no other put takes it, and the tier never holds more than its capacity."""
+    t = Tier("t", MemoryBackend("t"), "localdisk", capacity=128)
+    res = Residency("d", [], TierSet([t]))
+    res.add(ChunkCopy("d", "c/0", "t", 64, checksum(b"a" * 64)))
+    res.add(ChunkCopy("d", "c/1", "t", 64, checksum(b"b" * 64)))
+    assert res.count_room("c/0", "t") == 64 and t.reserve(0)  # a same-size rewrite: 0 more
+    res.remove("c/0", "t")  # evicted meanwhile
+    assert (t.used, t.reserved) == (64, 64)
+    assert not t.reserve(64)  # the room freed is the rewrite's
+    res.record_write(ChunkCopy("d", "c/0", "t", 64, checksum(b"c" * 64)))
+    assert (t.used, t.reserved) == (128, 0)
+    # a smaller copy replacing it, then a rewrite that puts nothing after all
+    assert res.count_room("c/1", "t") == 64
+    res.add(ChunkCopy("d", "c/1", "t", 16, checksum(b"d" * 16)))
+    assert (t.used, t.reserved) == (80, 48)
+    t.release(res.end_count("c/1", "t"))
+    assert (t.used, t.reserved) == (80, 0)
+
+
+def test_a_write_back_never_takes_a_copy_being_rewritten(tmp_path):
+    """A write-back records its copy and forgets the source only while the source is still
+    the copy it read and no put is rewriting it."""
+    tiers = TierSet(
+        [
+            Tier("fast", MemoryBackend("fast"), "localdisk", order=0),
+            Tier("slow", MemoryBackend("slow"), "remotedisk", order=1),
+        ]
+    )
+    res = Residency("d", [], tiers)
+    src = ChunkCopy("d", "c/0", "fast", 4, checksum(b"old!"))
+    res.add(src)
+    back = ChunkCopy("d", "c/0", "slow", 4, checksum(b"old!"))
+    version = res.version("c/0")
+    with res.writing("c/0", "fast"):  # a rewrite in flight there
+        assert not res.record_move(back, version, replaces=src)
+        res.abandon_write("c/0", "fast")
+    assert [c.tier for c in res.copies("c/0")] == ["fast"]
+    res.add(dataclasses.replace(src, checksum=checksum(b"new!")))  # replaced since it was read
+    assert not res.record_move(back, version, replaces=src)
+    assert [c.tier for c in res.copies("c/0")] == ["fast"]
+
+
 def test_a_missing_copy_is_dropped_and_the_next_copy_read(tmp_path):
     with two_tier_session(tmp_path, cap=None) as s:
         ds = s.create_dataset("a", (20, 20), "f4", (10, 10), hint="REMOTETAPE")

@@ -127,6 +127,9 @@ class Residency:
         self._deleting: set[tuple[str, str]] = set()  # (tier, key) being deleted now
         self._committing: set[tuple[str, str]] = set()  # (key, tier) rows a batch deletes
         self._writing: set[tuple[str, str]] = set()  # (tier, key) with a put in flight
+        # (tier, key) -> [bytes of the copy there a rewrite counts as its room, bytes of
+        # that room freed since and kept reserved for it]: see count_room
+        self._credits: dict[tuple[str, str], list[int]] = {}
         self._cancelled: set[tuple[str, str]] = set()  # (tier, key) deletions a put cancelled
         self._untouched: set[tuple[str, str]] = set()  # (tier, key) whose put never began
         self._busy: Counter[str] = Counter()  # key -> puts in flight, any tier
@@ -352,6 +355,37 @@ class Residency:
             if (tier, key) in self._writing:
                 self._untouched.add((tier, key))
 
+    def count_room(self, key: str, tier: str) -> int:
+        """For a rewrite of ``key`` on ``tier`` whose put slot the caller holds: the bytes of
+        the copy there, which the rewrite replaces and so counts as room of its own (0 where
+        there is none). Until :meth:`record_write` or :meth:`end_count` ends the rewrite,
+        room freed at that place meanwhile (the copy forgotten, or replaced by a smaller one)
+        stays reserved for it: no other put takes it."""
+        with self.lock:
+            held = self.copy_on(key, tier)
+            if held is None:
+                return 0
+            self._credits[tier, key] = [held.nbytes, 0]
+            return held.nbytes
+
+    def end_count(self, key: str, tier: str) -> int:
+        """End the rewrite of :meth:`count_room` that puts nothing after all; returns the
+        bytes kept reserved for it meanwhile, which the caller releases with its own."""
+        with self.lock:
+            got = self._credits.pop((tier, key), None)
+            return got[1] if got is not None else 0
+
+    def _keep_counted(self, tier: str, key: str, size: int) -> int:
+        """The copy at ``(tier, key)`` becomes ``size`` bytes (0: forgotten): the bytes of a
+        rewrite's counted room this frees, now to be kept reserved for it."""
+        got = self._credits.get((tier, key))
+        if got is None or got[0] <= size:
+            return 0
+        kept = got[0] - size
+        got[0] = size
+        got[1] += kept
+        return kept
+
     # ----------------------------------------------------------------- changes
     def add(self, copy: ChunkCopy, *, reserved: int = 0, unsynced: bool = False) -> None:
         """Record (or replace) a copy; the tier's usage follows, absorbing ``reserved`` bytes
@@ -377,7 +411,9 @@ class Residency:
             # the object now holds what this row names: a pending deletion is void
             self._obsolete.discard((copy.tier, copy.key))
             self._tier(copy.tier).account(
-                copy.nbytes - (old.nbytes if old else 0), release=reserved
+                copy.nbytes - (old.nbytes if old else 0),
+                release=reserved,
+                keep=self._keep_counted(copy.tier, copy.key, copy.nbytes),
             )
 
     def record_write(self, copy: ChunkCopy, *, reserved: int = 0, version: Any = None) -> None:
@@ -387,7 +423,9 @@ class Residency:
         those another process made meanwhile included)."""
         with self.lock:
             self._versions[copy.key] += 1
-            self.add(copy, reserved=reserved, unsynced=True)
+            # the room a rewrite counted on and that was freed meanwhile is its own now
+            kept = self._credits.pop((copy.tier, copy.key), (0, 0))[1]
+            self.add(copy, reserved=reserved + kept, unsynced=True)
             if not self._tier(copy.tier).volatile:
                 self._written[copy.key, copy.tier] = version
                 self._rewritten.add(copy.key)
@@ -419,8 +457,12 @@ class Residency:
         with self.lock:
             if self._versions[copy.key] != version:
                 return False
-            if replaces is not None and self.copy_on(replaces.key, replaces.tier) is None:
-                return False
+            if replaces is not None and (
+                (now := self.copy_on(replaces.key, replaces.tier)) is None
+                or not _same(now, replaces)
+                or (replaces.tier, replaces.key) in self._writing
+            ):
+                return False  # (that copy changed, or is being rewritten: it stays)
             self.add(copy, reserved=reserved)
             if put is not None and not self._tier(copy.tier).volatile:
                 self._moved[copy.key, copy.tier] = put
@@ -468,7 +510,7 @@ class Residency:
         if not per:
             self._copies.pop(key, None)
         self._changed(key)
-        self._tier(tier).account(-old.nbytes)
+        self._tier(tier).account(-old.nbytes, keep=self._keep_counted(tier, key, 0))
         return old
 
     def _forget(self, copy: ChunkCopy) -> bool:

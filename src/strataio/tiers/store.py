@@ -616,13 +616,24 @@ class TieredChunkStore(ChunkStore):
         for tier in self.placement.write_order(self.hint, self.chosen):
             if not todo or not tier.up:
                 continue
-            fits, rest = [], []
-            for k, v in todo:
-                if self.placement.claim(tier, len(v), protect=protect):
-                    fits.append((k, v))
-                else:
-                    rest.append((k, v))
-            todo = rest + self._put_on(tier, fits, home, errors)
+            self._learn_rows_on(tier, sorted(k for k, _ in todo))
+            fits, rest, room = [], [], {}
+            try:
+                for k, v in todo:
+                    # a rewrite of the copy there needs room only for what it adds (the
+                    # residency keeps that copy's room for it, whatever happens to the copy)
+                    need = max(0, len(v) - self.res.count_room(k, tier.name))
+                    if self.placement.claim(tier, need, protect=protect):
+                        fits.append((k, v))
+                        room[k] = need
+                    else:
+                        tier.release(self.res.end_count(k, tier.name))
+                        rest.append((k, v))
+            except BaseException:
+                for k, _ in todo:
+                    tier.release(room.get(k, 0) + self.res.end_count(k, tier.name))
+                raise
+            todo = rest + self._put_on(tier, fits, home, errors, room)
         if todo:
             # (the chunks that fitted are stored: room is claimed tier by tier, and a claim may
             # first evict other chunks, so a write cannot know beforehand that all will fit)
@@ -636,10 +647,16 @@ class TieredChunkStore(ChunkStore):
             )
 
     def _put_on(
-        self, tier: Tier, items: list[tuple[str, memoryview]], home: Tier | None, errors: list[str]
+        self,
+        tier: Tier,
+        items: list[tuple[str, memoryview]],
+        home: Tier | None,
+        errors: list[str],
+        room: dict[str, int],
     ) -> list[tuple[str, memoryview]]:
-        """Put ``items`` on ``tier`` (room already reserved); return the ones that failed
-        because the tier went down."""
+        """Put ``items`` on ``tier`` (``room[key]`` bytes reserved for each, besides the room
+        of a copy there it replaces: :meth:`Residency.count_room`); return the ones that
+        failed because the tier went down."""
         if not items:
             return []
         state = "valid" if home is None or tier is home else "dirty"
@@ -650,7 +667,6 @@ class TieredChunkStore(ChunkStore):
         # batch): the object then holds one of two known versions, which reads and fsck
         # accept, and after a crash fsck can tell an interrupted rewrite from a corrupt copy.
         keys = sorted(k for k, _ in items)  # one order for every writer: no deadlock
-        self._learn_rows_on(tier, keys)
         for k in keys:
             self.res.begin_write(k, tier.name)
         try:
@@ -699,7 +715,7 @@ class TieredChunkStore(ChunkStore):
                 # recorded unsynced: whatever commit records it syncs it first, and checks
                 # that no other process replaced the object meanwhile (by its version)
                 copy = ChunkCopy(self.name, k, tier.name, len(v), digest, state, now)
-                self.res.record_write(copy, reserved=len(v), version=version)
+                self.res.record_write(copy, reserved=room[k], version=version)
 
             work = [(k, v, d) for (k, v), d in zip(items, sums)]
 
@@ -722,7 +738,7 @@ class TieredChunkStore(ChunkStore):
         for (k, v), exc in zip(items, outcomes):
             if exc is None:
                 continue
-            tier.release(len(v))
+            tier.release(room[k] + self.res.end_count(k, tier.name))
             if isinstance(exc, TierDownError):
                 failed.append((k, v))
                 errors.append(str(exc))

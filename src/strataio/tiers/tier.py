@@ -189,14 +189,14 @@ class Tier:
         with self._changed:
             self._changed.wait(timeout)
 
-    def account(self, delta: int, *, release: int = 0) -> None:
+    def account(self, delta: int, *, release: int = 0, keep: int = 0) -> None:
         """Add ``delta`` bytes (negative to free) to :attr:`used`, and in the same step drop
-        ``release`` bytes of reservation: a recorded put turns its reservation into usage
-        atomically, so no other thread sees the room counted twice (a false "full") or not
-        at all (an overfilled tier)."""
+        ``release`` bytes of reservation and reserve ``keep`` bytes of the room freed: a
+        recorded put turns its reservation into usage atomically, so no other thread sees the
+        room counted twice (a false "full") or not at all (an overfilled tier)."""
         with self._lock:
             self.used = max(0, self.used + int(delta))
-            self.reserved = max(0, self.reserved - int(release))
+            self.reserved = max(0, self.reserved - int(release)) + int(keep)
             self._changed.notify_all()
 
     def record(self) -> TierRecord:
