@@ -13,7 +13,14 @@ import pytest
 import strataio
 from mpirun import run_mpi
 from strataio.catalog.base import ChunkCopy, open_catalog
-from strataio.errors import BackendError, ChecksumError, ExistsError, NotFoundError, StrataError
+from strataio.errors import (
+    BackendError,
+    ChecksumError,
+    ExistsError,
+    MetadataError,
+    NotFoundError,
+    StrataError,
+)
 from strataio.storage.base import Backend
 from strataio.storage.memory import MemoryBackend
 from strataio.storage.posix import PosixBackend
@@ -544,6 +551,46 @@ def test_a_chunks_stamp_moves_with_its_copies_and_puts_not_its_access_times(tmp_
     seen.append(res.stamp("c/0"))
     assert len(set(seen)) == len(seen)
     assert res.stamp("c/1") == 0
+
+
+def test_a_write_whose_announcement_fails_keeps_no_room_and_no_new_value(tmp_path, monkeypatch):
+    """The catalog refusing a rewrite's announcement fails the write before any put: its
+    room, and the room of the copies it would have replaced, are given back (also when those
+    copies are evicted later), and every chunk keeps its value."""
+    from strataio.tiers.commit import Commit
+
+    a = np.arange(20 * 20, dtype="f4").reshape(20, 20)
+    tiers = TierSet(
+        [
+            Tier("local", PosixBackend(tmp_path / "local"), "localdisk", capacity=4000, order=0),
+            Tier("archive", PosixBackend(tmp_path / "archive"), "remotetape", order=1),
+        ]
+    )
+    with strataio.Session(tiers=tiers, catalog=tmp_path / "cat.db") as s:
+        ds = s.create_dataset("a", a.shape, a.dtype, (10, 10), hint="LOCALDISK", codec=[])
+        ds[...] = a
+        ds.flush()
+        local = s.tiers["local"]
+        assert (local.used, local.reserved) == (1600, 0)
+
+        def refuse(self, res, intents):
+            raise MetadataError("catalog unavailable")
+
+        monkeypatch.setattr(Commit, "announce", refuse)
+        with pytest.raises(MetadataError, match="catalog unavailable"):
+            ds[...] = a + 1
+        assert (local.used, local.reserved) == (1600, 0)
+        monkeypatch.undo()
+        np.testing.assert_array_equal(ds[...], a)
+        ds.evict(np.s_[0:10, :], tier="local").wait()  # written back to the archive
+        assert (local.used, local.reserved) == (800, 0)
+        ds[10:20, 0:10] = -1
+        ds.close()
+        assert (local.used, local.reserved) == (800, 0)
+        ds = s.open_dataset("a")
+        want = a.copy()
+        want[10:20, 0:10] = -1
+        np.testing.assert_array_equal(ds[...], want)
 
 
 def test_a_rewrite_announces_once_per_call_and_a_single_chunk_is_put_here(tmp_path, monkeypatch):

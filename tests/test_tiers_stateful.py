@@ -12,6 +12,10 @@ archive, with several datasets open at once. After every step:
   checksum (nothing catalogued is missing);
 - ``fsck`` reports nothing to fix; after a flush or a reopen, with nothing in flight at all,
   and the objects on each persistent tier are exactly those the catalog names.
+
+:class:`FullHierarchy` bounds the archive too: writes of new chunks are then refused chunk by
+chunk (each refused chunk keeps its previous value whole), and a write that only rewrites
+chunks stored already is never refused.
 """
 
 from __future__ import annotations
@@ -23,12 +27,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 import strataio
 import strataio.arrays.chunk_cache as chunk_cache_module
+from strataio.errors import BackendError, StrataError
 from strataio.storage.memory import MemoryBackend
 from strataio.storage.posix import PosixBackend
 from strataio.tiers.fsck import fsck
@@ -62,6 +67,8 @@ def index(b) -> tuple[slice, slice]:
 
 
 class TieredHierarchy(RuleBasedStateMachine):
+    levels = LEVELS
+
     def __init__(self) -> None:
         super().__init__()
         self.root = Path(tempfile.mkdtemp(prefix="strataio-stateful-", dir=TMP))
@@ -81,7 +88,7 @@ class TieredHierarchy(RuleBasedStateMachine):
                     capacity=None if cap is None else cap * CHUNK,
                     order=i,
                 )
-                for i, (n, role, cap) in enumerate(LEVELS)
+                for i, (n, role, cap) in enumerate(self.levels)
             ]
         )
         self.session = strataio.Session(tiers=tiers, catalog=self.root / "cat.db")
@@ -103,6 +110,10 @@ class TieredHierarchy(RuleBasedStateMachine):
         assert self.session is not None
         return self.session.tiers
 
+    def _wait(self, handle) -> None:
+        """Wait for a move; every move here has room to succeed."""
+        handle.wait()
+
     # ----------------------------------------------------------------- rules
     @rule(name=names, where=box, value=st.integers(0, 4))
     def write(self, name, where, value):
@@ -116,7 +127,7 @@ class TieredHierarchy(RuleBasedStateMachine):
 
     @rule(name=names, where=box, to=st.sampled_from([None, "mem", "fast", "slow"]))
     def stage(self, name, where, to):
-        self.ds[name].stage(index(where), to=to).wait()
+        self._wait(self.ds[name].stage(index(where), to=to))
 
     @rule(
         name=names,
@@ -129,19 +140,19 @@ class TieredHierarchy(RuleBasedStateMachine):
         # the stage runs on the mover's threads while the write evicts and puts
         h = self.ds[name].stage(index(moved), to=to)
         self.write(name, written, value)
-        h.wait()
+        self._wait(h)
 
     @rule(name=names, where=box)
     def prefetch(self, name, where):
-        self.ds[name].prefetch(index(where)).wait()
+        self._wait(self.ds[name].prefetch(index(where)))
 
     @rule(name=names, where=box, to=st.sampled_from(["slow", "archive"]))
     def migrate(self, name, where, to):
-        self.ds[name].migrate(index(where), to=to).wait()
+        self._wait(self.ds[name].migrate(index(where), to=to))
 
     @rule(name=names, where=box, tier=st.sampled_from(["mem", "fast", "slow"]))
     def evict(self, name, where, tier):
-        self.ds[name].evict(index(where), tier=tier).wait()
+        self._wait(self.ds[name].evict(index(where), tier=tier))
 
     @rule()
     def flush(self):
@@ -247,3 +258,58 @@ class EverythingCached(TieredHierarchy):
 
 EverythingCached.TestCase.settings = _runs(100, 8)
 test_tiers_stateful_everything_cached = EverythingCached.TestCase
+
+
+class FullHierarchy(TieredHierarchy):
+    """The same rules over a hierarchy whose archive is bounded too, with room for about half
+    of the chunks the datasets can hold: writes of new chunks fill it and are then refused,
+    chunk by chunk. A refused chunk keeps its previous value whole, and a write that only
+    rewrites chunks stored already is never refused (it needs no more room)."""
+
+    levels = [*LEVELS[:-1], ("archive", "remotetape", 8)]
+
+    def _wait(self, handle) -> None:
+        """Wait for a move, which a full tier may refuse (saying so)."""
+        try:
+            handle.wait()
+        except StrataError as exc:
+            if "full" not in str(exc) and "no slower tier" not in str(exc):
+                raise
+            event("a move refused for want of room")
+
+    @rule(name=names, where=box, value=st.integers(0, 4))
+    def write(self, name, where, value):
+        ds = self.ds[name]
+        stored = set(ds.residency())
+        new = self.oracle[name].copy()
+        new[index(where)] = value
+        (r0, c0), (r1, c1) = where
+        chunks = [
+            (i, j)
+            for i in range(r0 // CHUNKS[0], (r1 - 1) // CHUNKS[0] + 1)
+            for j in range(c0 // CHUNKS[1], (c1 - 1) // CHUNKS[1] + 1)
+        ]
+        try:
+            ds[index(where)] = value
+        except BackendError as exc:
+            event("a write refused for want of room")
+            touched = {ds.chunk_key(c) for c in chunks}
+            assert not touched <= stored, (str(exc), sorted(touched))
+            got = ds[...]
+            for i, j in chunks:
+                sl = np.s_[i * CHUNKS[0] : (i + 1) * CHUNKS[0], j * CHUNKS[1] : (j + 1) * CHUNKS[1]]
+                if not np.array_equal(got[sl], new[sl]):  # refused whole: the old value stands
+                    np.testing.assert_array_equal(got[sl], self.oracle[name][sl], str((i, j)))
+                    new[sl] = self.oracle[name][sl]
+        else:
+            if set(ds.residency()) == stored and all(
+                t.capacity is not None and t.used + CHUNK > t.capacity
+                for t in self.tiers
+                if not t.volatile
+            ):
+                event("a rewrite taken by a full hierarchy")
+        self.oracle[name] = new
+
+
+FullHierarchy.TestCase.settings = _runs(150, 10)
+test_tiers_stateful_full_hierarchy = FullHierarchy.TestCase

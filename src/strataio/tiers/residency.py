@@ -356,11 +356,11 @@ class Residency:
                 self._untouched.add((tier, key))
 
     def count_room(self, key: str, tier: str) -> int:
-        """For a rewrite of ``key`` on ``tier`` whose put slot the caller holds: the bytes of
-        the copy there, which the rewrite replaces and so counts as room of its own (0 where
-        there is none). Until :meth:`record_write` or :meth:`end_count` ends the rewrite,
-        room freed at that place meanwhile (the copy forgotten, or replaced by a smaller one)
-        stays reserved for it: no other put takes it."""
+        """For a write of ``key`` about to claim room on ``tier``: the bytes of the copy
+        there, which the write replaces and so counts as room of its own (0 where there is
+        none). Until :meth:`record_write` or :meth:`end_count` ends the write, room freed at
+        that place meanwhile (the copy forgotten, or replaced by a smaller one) stays reserved
+        for it: no other put takes it."""
         with self.lock:
             held = self.copy_on(key, tier)
             if held is None:

@@ -669,6 +669,8 @@ class TieredChunkStore(ChunkStore):
         keys = sorted(k for k, _ in items)  # one order for every writer: no deadlock
         for k in keys:
             self.res.begin_write(k, tier.name)
+        recorded: set[str] = set()
+        outcomes: list[BaseException | None] | None = None
         try:
             olds = {k: c for k, _ in items if (c := self.res.copy_on(k, tier.name)) is not None}
             # a row the catalog may hold for a copy already forgotten here keeps no old
@@ -716,6 +718,7 @@ class TieredChunkStore(ChunkStore):
                 # that no other process replaced the object meanwhile (by its version)
                 copy = ChunkCopy(self.name, k, tier.name, len(v), digest, state, now)
                 self.res.record_write(copy, reserved=room[k], version=version)
+                recorded.add(k)
 
             work = [(k, v, d) for (k, v), d in zip(items, sums)]
 
@@ -731,6 +734,12 @@ class TieredChunkStore(ChunkStore):
                 cut = [len(work) * r // runs for r in range(runs + 1)]
                 futures = [self.mover.submit(run, work[a:b]) for a, b in zip(cut, cut[1:])]
                 outcomes = [x for f in futures for x in f.result()]
+        except BaseException:
+            if outcomes is None:  # (the announcement failed, say): the room of the unput goes
+                for k, _ in items:
+                    if k not in recorded:
+                        tier.release(room[k] + self.res.end_count(k, tier.name))
+            raise
         finally:
             for k in keys:
                 self.res.end_write(k, tier.name)
