@@ -261,7 +261,7 @@ def fsck_command(config: str | None, repair: bool, quick: bool) -> None:
     young = len(report.in_flight)
     console.print(
         f"{report.copies} copies of {report.chunks} chunks checked, "
-        f"{len(report.problems)} problems"
+        f"{len(report.problems)} problem{'s' if len(report.problems) != 1 else ''}"
         + (", repaired" if report.repaired else "")
         + (f"; {young} in flight in running processes, left alone" if young else "")
         + (
