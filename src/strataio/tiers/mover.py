@@ -336,7 +336,7 @@ class Mover:
                 # process is writing; it may have recorded its write since this row was read)
                 explain = StrataError(
                     f"chunk {key!r} of {res.name!r} is being rewritten on {src.tier!r} by "
-                    "another process; not moved"
+                    "another process; not moved (move it again once that process has flushed)"
                 )
                 continue
             protect = [object_key(res.name, key)]
@@ -463,7 +463,8 @@ class Mover:
                 return self._migrate_one(res, key, target, refreshed=True)
             raise StrataError(
                 f"chunk {key!r} of {res.name!r} is being rewritten on {', '.join(busy)} by "
-                f"another process; copied to {target.name!r}, the copy there stays"
+                f"another process; copied to {target.name!r}, the copy there stays (migrate "
+                "again once that process has flushed)"
             )
         for c in faster:
             res.drop_if_kept(c)  # object deleted after the commit
@@ -498,7 +499,7 @@ class Mover:
                 return self._evict_one(res, key, tier, refreshed=True)
             raise StrataError(
                 f"chunk {key!r} of {res.name!r} is being rewritten on {tier.name!r} by another "
-                "process; not evicted"
+                "process; not evicted (evict it again once that process has flushed)"
             )
         kept = tier.volatile or res.kept_elsewhere(key, tier.name)
         if not self.placement.evict_copy(tier, res, copy):
