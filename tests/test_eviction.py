@@ -215,23 +215,35 @@ def test_a_full_hierarchy_still_takes_rewrites_of_the_chunks_it_holds(tmp_path):
 
 def test_the_room_a_rewrite_counts_on_stays_its_own_if_its_copy_goes_meanwhile(tmp_path):
     """A rewrite claims only what it adds to the copy it replaces. If that copy is forgotten
-    before the rewrite is recorded (evicted by another thread, say), its room stays reserved
-    for the rewrite: no other put takes it, and the tier never holds more than its capacity."""
+    before the rewrite is recorded (evicted by another thread, or found moved by another
+    process), its room stays reserved for the rewrite: no other put takes it, and the tier
+    never holds more than its capacity. A second write of the chunk meanwhile counts nothing
+    and claims its whole size."""
     t = Tier("t", MemoryBackend("t"), "localdisk", capacity=128)
-    res = Residency("d", [], TierSet([t]))
-    res.add(ChunkCopy("d", "c/0", "t", 64, checksum(b"a" * 64)))
-    res.add(ChunkCopy("d", "c/1", "t", 64, checksum(b"b" * 64)))
-    assert res.count_room("c/0", "t") == 64 and t.reserve(0)  # a same-size rewrite: 0 more
+    tiers = TierSet([t, Tier("slow", MemoryBackend("slow"), "remotedisk", order=1)])
+    rows = [
+        ChunkCopy("d", "c/0", "t", 64, checksum(b"a" * 64)),
+        ChunkCopy("d", "c/1", "t", 64, checksum(b"b" * 64)),
+    ]
+    res = Residency("d", rows, tiers)  # as loaded from the catalog
+    tiers.account_usage(rows)
+    w, other = object(), object()
+    assert res.count_room("c/0", "t", w) == 64 and t.reserve(0)  # same size: 0 more
+    assert res.count_room("c/0", "t", other) == 0  # counted already: the second claims all
     res.remove("c/0", "t")  # evicted meanwhile
     assert (t.used, t.reserved) == (64, 64)
     assert not t.reserve(64)  # the room freed is the rewrite's
-    res.record_write(ChunkCopy("d", "c/0", "t", 64, checksum(b"c" * 64)))
+    assert res.end_count("c/0", "t", other) == 0  # not the other write's to end
+    res.record_write(ChunkCopy("d", "c/0", "t", 64, checksum(b"c" * 64)), owner=w)
     assert (t.used, t.reserved) == (128, 0)
-    # a smaller copy replacing it, then a rewrite that puts nothing after all
-    assert res.count_room("c/1", "t") == 64
+    # another process moved it away (a refresh from the catalog), then a smaller copy is
+    # recorded; last, the rewrite puts nothing after all
+    assert res.count_room("c/1", "t", w) == 64
+    res.refresh("c/1", [ChunkCopy("d", "c/1", "slow", 64, checksum(b"b" * 64))])
+    assert (t.used, t.reserved) == (64, 64)
     res.add(ChunkCopy("d", "c/1", "t", 16, checksum(b"d" * 16)))
-    assert (t.used, t.reserved) == (80, 48)
-    t.release(res.end_count("c/1", "t"))
+    assert (t.used, t.reserved) == (80, 64)
+    t.release(res.end_count("c/1", "t", w))
     assert (t.used, t.reserved) == (80, 0)
 
 

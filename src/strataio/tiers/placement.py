@@ -457,8 +457,8 @@ class Placement:
                 with res.writing(copy.key, dst.name):
                     version = res.version(copy.key)
                     current = res.copy_on(copy.key, tier.name)
-                    if current is None or not res.is_current(copy):
-                        return False  # rewritten or gone since it was chosen
+                    if current is None or not res.is_current(copy) or res.busy(copy.key, tier.name):
+                        return False  # rewritten, gone or being rewritten since it was chosen
                     # the source is read before anything is announced or put: if it cannot
                     # be, the destination (and any row another process recorded for it, which
                     # this residency may not know of) is left alone

@@ -127,9 +127,9 @@ class Residency:
         self._deleting: set[tuple[str, str]] = set()  # (tier, key) being deleted now
         self._committing: set[tuple[str, str]] = set()  # (key, tier) rows a batch deletes
         self._writing: set[tuple[str, str]] = set()  # (tier, key) with a put in flight
-        # (tier, key) -> [bytes of the copy there a rewrite counts as its room, bytes of
-        # that room freed since and kept reserved for it]: see count_room
-        self._credits: dict[tuple[str, str], list[int]] = {}
+        # (tier, key) -> [bytes of the copy there a write counts as its room, bytes of that
+        # room freed since and kept reserved for it, the write]: see count_room
+        self._credits: dict[tuple[str, str], list[Any]] = {}
         self._cancelled: set[tuple[str, str]] = set()  # (tier, key) deletions a put cancelled
         self._untouched: set[tuple[str, str]] = set()  # (tier, key) whose put never began
         self._busy: Counter[str] = Counter()  # key -> puts in flight, any tier
@@ -355,29 +355,38 @@ class Residency:
             if (tier, key) in self._writing:
                 self._untouched.add((tier, key))
 
-    def count_room(self, key: str, tier: str) -> int:
-        """For a write of ``key`` about to claim room on ``tier``: the bytes of the copy
-        there, which the write replaces and so counts as room of its own (0 where there is
-        none). Until :meth:`record_write` or :meth:`end_count` ends the write, room freed at
-        that place meanwhile (the copy forgotten, or replaced by a smaller one) stays reserved
-        for it: no other put takes it."""
+    def count_room(self, key: str, tier: str, owner: object) -> int:
+        """For a write (``owner``, any object naming it) of ``key`` about to claim room on
+        ``tier``: the bytes of the copy there, which the write replaces and so counts as room
+        of its own (0 where there is none, or where another write counts it already: the
+        second claims its whole size). Until :meth:`record_write` or :meth:`end_count` ends
+        the count, room freed at that place meanwhile (the copy forgotten, or replaced by a
+        smaller one) stays reserved for the owner: no other put takes it."""
         with self.lock:
             held = self.copy_on(key, tier)
-            if held is None:
+            if held is None or (tier, key) in self._credits:
                 return 0
-            self._credits[tier, key] = [held.nbytes, 0]
+            self._credits[tier, key] = [held.nbytes, 0, owner]
             return held.nbytes
 
-    def end_count(self, key: str, tier: str) -> int:
-        """End the rewrite of :meth:`count_room` that puts nothing after all; returns the
-        bytes kept reserved for it meanwhile, which the caller releases with its own."""
+    def end_count(self, key: str, tier: str, owner: object) -> int:
+        """End ``owner``'s count of :meth:`count_room` (a write that puts nothing after all);
+        returns the bytes kept reserved for it meanwhile, which the caller releases with its
+        own reservation."""
         with self.lock:
-            got = self._credits.pop((tier, key), None)
-            return got[1] if got is not None else 0
+            return self._end_count(tier, key, owner)
+
+    def _end_count(self, tier: str, key: str, owner: object) -> int:
+        got = self._credits.get((tier, key))
+        if got is None or got[2] is not owner:
+            return 0
+        del self._credits[tier, key]
+        return got[1]
 
     def _keep_counted(self, tier: str, key: str, size: int) -> int:
         """The copy at ``(tier, key)`` becomes ``size`` bytes (0: forgotten): the bytes of a
-        rewrite's counted room this frees, now to be kept reserved for it."""
+        write's counted room this frees, now to be kept reserved for it (caller holds the
+        lock and moves them into the tier's reservation in the same step)."""
         got = self._credits.get((tier, key))
         if got is None or got[0] <= size:
             return 0
@@ -416,15 +425,18 @@ class Residency:
                 keep=self._keep_counted(copy.tier, copy.key, copy.nbytes),
             )
 
-    def record_write(self, copy: ChunkCopy, *, reserved: int = 0, version: Any = None) -> None:
+    def record_write(
+        self, copy: ChunkCopy, *, reserved: int = 0, version: Any = None, owner: object = None
+    ) -> None:
         """Record new content of a chunk just put (not yet synced) as ``copy``, its object
         now at ``version`` (:meth:`Backend.versions`): the chunk's version moves on and its
         copies on other tiers, stale now, are forgotten (in the catalog too, at the commit,
-        those another process made meanwhile included)."""
+        those another process made meanwhile included). ``owner``: the write's, whose count
+        of room (:meth:`count_room`) this ends."""
         with self.lock:
             self._versions[copy.key] += 1
             # the room a rewrite counted on and that was freed meanwhile is its own now
-            kept = self._credits.pop((copy.tier, copy.key), (0, 0))[1]
+            kept = self._end_count(copy.tier, copy.key, owner)
             self.add(copy, reserved=reserved + kept, unsynced=True)
             if not self._tier(copy.tier).volatile:
                 self._written[copy.key, copy.tier] = version
@@ -452,17 +464,18 @@ class Residency:
     ) -> bool:
         """Record ``copy``, made by a move that copied version ``version`` of the chunk, if
         that is still its version (and, with ``replaces``, forget that copy in the same step:
-        a write-back). False, and nothing recorded, if the chunk changed meanwhile. ``put``:
-        the version of the object the move put (the commit checks that it is still there)."""
+        a write-back). False, and nothing recorded, if the chunk changed meanwhile, or the
+        copy ``replaces`` holds other bytes now or a put is rewriting it. ``put``: the version
+        of the object the move put (the commit checks that it is still there)."""
         with self.lock:
             if self._versions[copy.key] != version:
                 return False
             if replaces is not None and (
                 (now := self.copy_on(replaces.key, replaces.tier)) is None
-                or not _same(now, replaces)
+                or (now.nbytes, now.checksum) != (replaces.nbytes, replaces.checksum)
                 or (replaces.tier, replaces.key) in self._writing
             ):
-                return False  # (that copy changed, or is being rewritten: it stays)
+                return False  # (that copy's bytes changed, or are being rewritten: it stays)
             self.add(copy, reserved=reserved)
             if put is not None and not self._tier(copy.tier).volatile:
                 self._moved[copy.key, copy.tier] = put
@@ -749,11 +762,14 @@ class Residency:
                     del per[tier]
                     if not per:
                         del self._copies[key]
-                    self._tier(tier).account(-c.nbytes)
+                    self._tier(tier).account(-c.nbytes, keep=self._keep_counted(tier, key, 0))
             for (key, tier), c in want.items():
                 old = have.get((key, tier))
                 self._copies.setdefault(key, {})[tier] = c
-                self._tier(tier).account(c.nbytes - (old.nbytes if old else 0))
+                self._tier(tier).account(
+                    c.nbytes - (old.nbytes if old else 0),
+                    keep=self._keep_counted(tier, key, c.nbytes),
+                )
             for slot in want.keys() | {s for s in have if not self._tier(s[1]).volatile}:
                 self._upserts.pop(slot, None)
                 self._deletes.discard(slot)
@@ -808,12 +824,14 @@ class Residency:
             if have.keys() == want.keys() and all(_same(have[t], want[t]) for t in want):
                 return False
             sums = {c.checksum for c in have.values()}
-            for t, c in have.items():
-                del per[t]
-                self._tier(t).account(-c.nbytes)
-            for t, c in want.items():
-                per[t] = c
-                self._tier(t).account(c.nbytes)
+            for t in have.keys() | want.keys():
+                before = have[t].nbytes if t in have else 0
+                after = want[t].nbytes if t in want else 0
+                if t in want:
+                    per[t] = want[t]
+                else:
+                    del per[t]
+                self._tier(t).account(after - before, keep=self._keep_counted(t, key, after))
             if any(c.checksum not in sums for c in want.values()):
                 self._versions[key] += 1
                 for t in [t for t in per if self._tier(t).volatile]:

@@ -20,6 +20,7 @@ saw and not the chunk's last (:meth:`Commit.drop_missing_row`), and the next cop
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import time
 from collections import Counter
@@ -617,21 +618,22 @@ class TieredChunkStore(ChunkStore):
             if not todo or not tier.up:
                 continue
             self._learn_rows_on(tier, sorted(k for k, _ in todo))
+            # the bytes claimed per chunk; the map also names this write's counts of room
             fits, rest, room = [], [], {}
             try:
                 for k, v in todo:
                     # a rewrite of the copy there needs room only for what it adds (the
-                    # residency keeps that copy's room for it, whatever happens to the copy)
-                    need = max(0, len(v) - self.res.count_room(k, tier.name))
+                    # residency keeps that copy's room for it while the rewrite is on)
+                    need = max(0, len(v) - self.res.count_room(k, tier.name, room))
                     if self.placement.claim(tier, need, protect=protect):
                         fits.append((k, v))
                         room[k] = need
                     else:
-                        tier.release(self.res.end_count(k, tier.name))
+                        tier.release(self.res.end_count(k, tier.name, room))
                         rest.append((k, v))
             except BaseException:
                 for k, _ in todo:
-                    tier.release(room.get(k, 0) + self.res.end_count(k, tier.name))
+                    tier.release(room.get(k, 0) + self.res.end_count(k, tier.name, room))
                 raise
             todo = rest + self._put_on(tier, fits, home, errors, room)
         if todo:
@@ -655,23 +657,28 @@ class TieredChunkStore(ChunkStore):
         room: dict[str, int],
     ) -> list[tuple[str, memoryview]]:
         """Put ``items`` on ``tier`` (``room[key]`` bytes reserved for each, besides the room
-        of a copy there it replaces: :meth:`Residency.count_room`); return the ones that
-        failed because the tier went down."""
+        of a copy there it replaces, counted with ``room`` as the owner:
+        :meth:`Residency.count_room`); return the ones that failed because the tier went
+        down. However it ends, nothing of this reserved room stays held."""
         if not items:
             return []
         state = "valid" if home is None or tier is home else "dirty"
         now = time.time()
-        sums = [checksum(v) for _, v in items]
-        # A rewrite in place replaces the catalogued object before the catalog learns of it.
-        # Announce it first (state in-transit, new and old checksum, one transaction per
-        # batch): the object then holds one of two known versions, which reads and fsck
-        # accept, and after a crash fsck can tell an interrupted rewrite from a corrupt copy.
         keys = sorted(k for k, _ in items)  # one order for every writer: no deadlock
-        for k in keys:
-            self.res.begin_write(k, tier.name)
+        begun: list[str] = []
         recorded: set[str] = set()
+        futures: list[Any] = []
         outcomes: list[BaseException | None] | None = None
         try:
+            sums = [checksum(v) for _, v in items]
+            # A rewrite in place replaces the catalogued object before the catalog learns of
+            # it. Announce it first (state in-transit, new and old checksum, one transaction
+            # per batch): the object then holds one of two known versions, which reads and
+            # fsck accept, and after a crash fsck can tell an interrupted rewrite from a
+            # corrupt copy.
+            for k in keys:
+                self.res.begin_write(k, tier.name)
+                begun.append(k)
             olds = {k: c for k, _ in items if (c := self.res.copy_on(k, tier.name)) is not None}
             # a row the catalog may hold for a copy already forgotten here keeps no old
             # checksum: those bytes are no version of the chunk to read back
@@ -692,9 +699,11 @@ class TieredChunkStore(ChunkStore):
             }
             # in the residency first (for the copies it holds): a read meanwhile accepts
             # either version, and a commit from another thread records the announcement,
-            # never the replaced row (rows of copies being put wait for the put's end)
+            # never the replaced row (rows of copies being put wait for the put's end). The
+            # announced copy has the new size: the room claimed for it is in use from here
             for k in olds:
-                self.res.add(intents[k])
+                self.res.add(intents[k], reserved=room[k])
+                room[k] = 0
             try:
                 self.commit.announce(self.res, list(intents.values()))
             except BaseException:
@@ -717,7 +726,7 @@ class TieredChunkStore(ChunkStore):
                 # recorded unsynced: whatever commit records it syncs it first, and checks
                 # that no other process replaced the object meanwhile (by its version)
                 copy = ChunkCopy(self.name, k, tier.name, len(v), digest, state, now)
-                self.res.record_write(copy, reserved=room[k], version=version)
+                self.res.record_write(copy, reserved=room[k], version=version, owner=room)
                 recorded.add(k)
 
             work = [(k, v, d) for (k, v), d in zip(items, sums)]
@@ -732,22 +741,26 @@ class TieredChunkStore(ChunkStore):
                 outcomes = run(work)
             else:
                 cut = [len(work) * r // runs for r in range(runs + 1)]
-                futures = [self.mover.submit(run, work[a:b]) for a, b in zip(cut, cut[1:])]
+                for a, b in zip(cut, cut[1:]):
+                    futures.append(self.mover.submit(run, work[a:b]))  # (each, as handed over)
                 outcomes = [x for f in futures for x in f.result()]
         except BaseException:
-            if outcomes is None:  # (the announcement failed, say): the room of the unput goes
+            if outcomes is None:
+                # (interrupted, or the announcement failed): the puts handed to other threads
+                # end first, then the room of every chunk not recorded goes
+                concurrent.futures.wait(futures)
                 for k, _ in items:
                     if k not in recorded:
-                        tier.release(room[k] + self.res.end_count(k, tier.name))
+                        tier.release(room[k] + self.res.end_count(k, tier.name, room))
             raise
         finally:
-            for k in keys:
+            for k in begun:
                 self.res.end_write(k, tier.name)
         failed, error = [], None
         for (k, v), exc in zip(items, outcomes):
             if exc is None:
                 continue
-            tier.release(room[k] + self.res.end_count(k, tier.name))
+            tier.release(room[k] + self.res.end_count(k, tier.name, room))
             if isinstance(exc, TierDownError):
                 failed.append((k, v))
                 errors.append(str(exc))
