@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import threading
 
 import numpy as np
 import pytest
@@ -245,6 +246,91 @@ def test_the_room_a_rewrite_counts_on_stays_its_own_if_its_copy_goes_meanwhile(t
     assert (t.used, t.reserved) == (80, 64)
     t.release(res.end_count("c/1", "t", w))
     assert (t.used, t.reserved) == (80, 0)
+
+
+class GatedBackend(MemoryBackend):
+    """A memory backend whose puts from a thread named ``gated`` wait until :attr:`go` is set
+    (:attr:`held` says one is waiting)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.held, self.go = threading.Event(), threading.Event()
+
+    def put(self, key, data, *, durable=False):
+        if threading.current_thread().name == "gated":
+            self.held.set()
+            self.go.wait(10)
+        super().put(key, data, durable=durable)
+
+
+def test_a_same_size_rewrite_fits_beside_a_growing_rewrite_in_flight(tmp_path):
+    """Every tier full: while one thread's rewrite that grows its chunk is being put (its
+    growth claimed and announced), another thread's same-size rewrite of another stored chunk
+    still fits, and the tier ends exactly full."""
+    fastb = GatedBackend("fast")
+    tiers = TierSet(
+        [
+            Tier("fast", fastb, "localdisk", capacity=110, order=0),
+            Tier("archive", MemoryBackend("archive"), "remotetape", capacity=100, order=1),
+        ]
+    )
+    with strataio.Session(tiers=tiers, catalog=tmp_path / "cat.db") as s:
+        s.create_dataset("e", (2, 50), "u1", (1, 50), hint="REMOTETAPE", codec=[])[...] = 7
+        ds = s.create_dataset("d", (2, 50), "u1", (1, 50), hint="LOCALDISK", codec=[])
+        ds[...] = 1
+        fast = s.tiers["fast"]
+        assert (fast.used, s.tiers["archive"].used) == (100, 100)
+        grow = threading.Thread(
+            target=lambda: ds.store.put_chunks([("c/0/0", b"\x02" * 60)]), name="gated"
+        )
+        grow.start()
+        assert fastb.held.wait(10)
+        ds[1, :] = 3  # a same-size rewrite of the other chunk
+        fastb.go.set()
+        grow.join()
+        assert (fast.used, fast.reserved) == (110, 0)
+        assert [c.tier for c in ds.residency()["c/1/0"]] == ["fast"]
+        np.testing.assert_array_equal(ds[1, :], 3)
+
+
+def test_two_rewrites_of_one_chunk_at_once_never_overfill_a_tier(tmp_path):
+    """Two threads rewrite one stored chunk on a full tier while a third write needs room:
+    the first counts the copy's room as its own, the second claims its whole size, and the
+    room the first frees by shrinking the chunk is not given to the third."""
+    tiers = TierSet(
+        [
+            Tier("fast", MemoryBackend("fast"), "localdisk", capacity=100, order=0),
+            Tier("archive", MemoryBackend("archive"), "remotetape", order=1),
+        ]
+    )
+    with strataio.Session(tiers=tiers, catalog=tmp_path / "cat.db") as s:
+        ds = s.create_dataset("d", (2, 100), "u1", (1, 100), hint="LOCALDISK", codec=[])
+        store, fast = ds.store, s.tiers["fast"]
+        store.put_chunks([("c/0/0", b"a" * 100)])
+        held, go = threading.Event(), threading.Event()
+        claim = store.placement.claim
+
+        def slow_claim(tier, nbytes, **kw):  # the second writer pauses right after its claim
+            got = claim(tier, nbytes, **kw)
+            if threading.current_thread().name == "second":
+                held.set()
+                go.wait(10)
+            return got
+
+        store.placement.claim = slow_claim
+        second = threading.Thread(
+            target=lambda: store.put_chunks([("c/0/0", b"B" * 100)]), name="second"
+        )
+        second.start()
+        assert held.wait(10)
+        store.put_chunks([("c/0/0", b"c" * 10)])  # the first: smaller, recorded meanwhile
+        store.put_chunks([("c/1/0", b"d" * 90)])  # a third write that would like that room
+        go.set()
+        second.join()
+        store.placement.claim = claim
+        assert fast.used <= fast.capacity and fast.reserved == 0
+        assert fast.used == sum(c.nbytes for c in store.res.on_tier("fast"))
+        assert bytes(ds[0, :]) == b"B" * 100
 
 
 def test_a_write_back_never_takes_a_copy_being_rewritten(tmp_path):

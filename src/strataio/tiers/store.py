@@ -645,7 +645,8 @@ class TieredChunkStore(ChunkStore):
                 f"on any tier the hint {self.hint} allows "
                 f"({'; '.join(errors) or 'all tiers full or down'}); the other "
                 f"{len(items) - len(todo)} were written, and {', '.join(left[:4])}"
-                f"{', ...' if len(left) > 4 else ''} keep their previous values"
+                f"{', ...' if len(left) > 4 else ''} "
+                f"{'keeps its previous value' if len(left) == 1 else 'keep their previous values'}"
             )
 
     def _put_on(
