@@ -381,7 +381,7 @@ def _raw_execute(url: str, statements: list[str]) -> None:
 def test_migration_from_version_1(url):
     _raw_execute(url, V1_SCHEMA)
     with open_catalog(url) as c:
-        assert c.schema_version == SCHEMA_VERSION == 4
+        assert c.schema_version == SCHEMA_VERSION == 5
         assert [(t.name, t.state, t.capacity_bytes) for t in c.tiers()] == [
             ("disk", "up", 1000),
             ("tape", "up", None),

@@ -17,6 +17,7 @@ import pytest
 
 import strataio
 from strataio.catalog import ChunkCopy
+from strataio.errors import ChecksumError
 from strataio.storage.posix import PosixBackend
 from strataio.tiers.fsck import (
     Action,
@@ -412,3 +413,69 @@ def test_a_commit_during_a_rewrite_keeps_its_announcement(tmp_path):
         (row,) = [c for c in s.catalog.residency("a") if c.key == "c/0/0"]
         assert row.state == "valid" and not row.old_checksum
         assert fsck(s.catalog, s.tiers).clean
+
+
+def test_chunks_that_end_with_their_own_crc32c_get_checksums_telling_versions_apart(tmp_path):
+    """A plain CRC-32C of bytes ending with their own CRC-32C (codec ``crc32c`` last) is one
+    constant for every chunk. The catalog's checksums start from a seeded register instead:
+    two values of a chunk differ, and a copy holding another chunk's (self-consistent) bytes
+    is found by fsck and never read as the chunk."""
+    with open_session(tmp_path) as s:
+        ds = s.create_dataset("x", (8, 16), "f8", (8, 8), hint="LOCALDISK", codec="zstd+crc32c")
+        ds[:, 0:8] = 1.0
+        ds[:, 8:16] = 2.0
+        ds.flush()
+        first = {k: cs[0].checksum for k, cs in ds.residency().items()}
+        assert first["c/0/0"] != first["c/0/1"]
+        ds[:, 0:8] = 3.0
+        ds.flush()
+        assert ds.residency()["c/0/0"][0].checksum not in (first["c/0/0"], first["c/0/1"])
+        ds.migrate(None, to="tape").wait()
+        ds.close()
+    tape = tmp_path / "tape" / "x" / "c" / "0"
+    shutil.copy(tape / "0", tape / "1")  # c/0/1's object now holds c/0/0's bytes
+    with open_session(tmp_path) as s:
+        report = fsck(s.catalog, s.tiers, verify=True)
+        assert {p.key for p in report.problems} == {"c/0/1"}
+        assert {p.kind for p in report.problems} <= {Kind.CHECKSUM, Kind.CORRUPT}
+        with pytest.raises(ChecksumError, match="c/0/1"):
+            s.open_dataset("x")[:, 8:16]
+
+
+def test_a_catalog_of_plain_crc32c_checksums_still_reads_moves_and_checks(tmp_path):
+    """A catalog written when the checksum of a chunk ending with its own CRC-32C was the
+    plain CRC-32C (one constant, schema 4) is upgraded in place: those rows are marked as
+    plain CRC-32C and still verify their copies; moves keep that kind for copies of the same
+    bytes; a rewrite records the chunk's own CRC; other rows are left as they were."""
+    import sqlite3
+
+    a = np.arange(16 * 16, dtype="f4").reshape(16, 16)
+    with open_session(tmp_path) as s:
+        ds = s.create_dataset("x", a.shape, a.dtype, (8, 8), hint="LOCALDISK", codec="crc32c")
+        ds[...] = a
+        plain = s.create_dataset("y", a.shape, a.dtype, (8, 8), hint="LOCALDISK", codec=[])
+        plain[...] = a
+        ds.close()
+        plain.close()
+        kept = {c.key: c.checksum for c in s.catalog.residency("y")}
+    db = sqlite3.connect(tmp_path / "cat.db")  # as the earlier code recorded them
+    with db:
+        db.execute("UPDATE residency SET checksum = '48674bc7' WHERE dataset = 'x'")
+        db.execute("UPDATE schema_version SET version = 4")
+    db.close()
+    with open_session(tmp_path) as s:
+        assert {c.key: c.checksum for c in s.catalog.residency("y")} == kept
+        ds = s.open_dataset("x", "r+")
+        assert {c.checksum for cs in ds.residency().values() for c in cs} == {"crc32c:48674bc7"}
+        np.testing.assert_array_equal(ds[...], a)
+        ds.migrate(np.s_[0:8, :], to="tape").wait()
+        moved = ds.residency()["c/0/0"]
+        assert [(c.tier, c.checksum) for c in moved] == [("tape", "crc32c:48674bc7")]
+        ds[8:16, 0:8] = -1
+        ds.close()
+        assert fsck(s.catalog, s.tiers, verify=True).clean
+        ds = s.open_dataset("x")
+        assert ds.residency()["c/1/0"][0].checksum != "crc32c:48674bc7"
+        want = a.copy()
+        want[8:16, 0:8] = -1
+        np.testing.assert_array_equal(ds[...], want)

@@ -122,7 +122,16 @@ _V3 = [
 # that opens the dataset waits for such a mark to go) or has it open.
 _V4 = ["ALTER TABLE writer_datasets ADD COLUMN evicting INTEGER NOT NULL DEFAULT 0"]
 
-MIGRATIONS: list[list[str]] = [_V1, _V2, _V3, _V4]
+# Version 5: a copy whose bytes end with their own CRC-32C (codec crc32c last) is recorded
+# with that CRC, not with its whole CRC-32C, which is one constant for all such bytes and
+# tells no versions apart; those constants recorded before are marked as plain CRC-32C, which
+# their copies keep until a rewrite.
+_V5 = [
+    "UPDATE residency SET checksum = 'crc32c:' || checksum WHERE checksum = '48674bc7'",
+    "UPDATE residency SET old_checksum = 'crc32c:' || old_checksum WHERE old_checksum = '48674bc7'",
+]
+
+MIGRATIONS: list[list[str]] = [_V1, _V2, _V3, _V4, _V5]
 #: the schema version this code writes
 SCHEMA_VERSION = len(MIGRATIONS)
 

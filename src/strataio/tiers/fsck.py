@@ -59,7 +59,7 @@ from strataio.storage.base import BytesLike
 from strataio.storage.superfile import ContainerProblem, check_container
 from strataio.tiers.residency import META_KEY, object_key
 from strataio.tiers.superfile import is_superfile
-from strataio.tiers.tier import TierSet, checksum, is_backend_failure
+from strataio.tiers.tier import TierSet, checksum, checksum_like, is_backend_failure
 
 __all__ = [
     "Action",
@@ -288,7 +288,7 @@ def inspect(
         try:
             if verify or c.state == "in-transit":
                 data = t.backend.get(ok)
-                n, digest = len(data), checksum(data)
+                n, digest = len(data), checksum_like(c.checksum, data)
             else:
                 n, digest = t.backend.size(ok), c.checksum
         except FileNotFoundError:
@@ -296,8 +296,8 @@ def inspect(
         if c.state == "in-transit":
             if c.checksum and digest == c.checksum:
                 return CopyCheck(c, Verdict.NEW, n, digest)
-            if c.old_checksum and digest == c.old_checksum:
-                return CopyCheck(c, Verdict.OLD, n, digest)
+            if c.old_checksum and checksum_like(c.old_checksum, data) == c.old_checksum:
+                return CopyCheck(c, Verdict.OLD, n, c.old_checksum)
             return CopyCheck(c, Verdict.CHECKSUM, n, digest)
         if n != c.nbytes:
             return CopyCheck(c, Verdict.SIZE, n, digest)

@@ -37,7 +37,8 @@ from strataio.tiers.residency import Residency, object_key
 from strataio.tiers.tier import (
     Tier,
     TierSet,
-    checksum,
+    accepts_data,
+    checksum_like,
     put_checked,
     read_checked,
 )
@@ -358,11 +359,13 @@ class Mover:
                         expect = "" if src.state == "in-transit" else src.checksum
                         try:
                             data = read_checked(self.tiers[src.tier], res.name, key, expect)
-                            if not src.accepts(checksum(data)):
+                            like = accepts_data(src, data)
+                            if like is None:
                                 raise ChecksumError(
                                     f"chunk {key!r} of dataset {res.name!r} on tier "
-                                    f"{src.tier!r} has checksum {checksum(data)}, catalog "
-                                    f"says {src.checksum}"
+                                    f"{src.tier!r} has checksum "
+                                    f"{checksum_like(src.checksum, data)}, catalog says "
+                                    f"{src.checksum}"
                                 )
                         except BaseException:
                             # nothing announced or put: the destination, and any row another
@@ -371,7 +374,9 @@ class Mover:
                             raise
                         try:
                             held = self.commit.prepare_copy(res, src, dst)
-                            n, digest, put = put_checked(dst, res.name, key, data, new=not held)
+                            n, digest, put = put_checked(
+                                dst, res.name, key, data, new=not held, like=like
+                            )
                         except ExistsError as exc:
                             res.abandon_write(key, dst.name)
                             explain = exc  # the catalog may know whose it is
@@ -479,7 +484,7 @@ class Mover:
                 data = tier.call(tier.backend.get, object_key(res.name, key))
             except TierDownError:
                 continue
-            if not c.accepts(checksum(data)):
+            if accepts_data(c, data) is None:
                 continue
             self.cache.put(res.name, key, data)
             res.touch([key])

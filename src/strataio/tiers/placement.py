@@ -473,7 +473,9 @@ class Placement:
                         raise
                     try:
                         held = self.commit.prepare_copy(res, copy, dst)
-                        n, digest, put = put_checked(dst, res.name, copy.key, data, new=not held)
+                        n, digest, put = put_checked(
+                            dst, res.name, copy.key, data, new=not held, like=copy.checksum
+                        )
                     except ExistsError:
                         res.abandon_write(copy.key, dst.name)
                         return False

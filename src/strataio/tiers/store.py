@@ -49,7 +49,7 @@ from strataio.tiers.commit import Commit
 from strataio.tiers.mover import MoveHandle, Mover
 from strataio.tiers.placement import DatasetDisabledError, Placement, normalize_hint
 from strataio.tiers.residency import META_KEY, Residency, object_key
-from strataio.tiers.tier import Tier, TierSet, checksum
+from strataio.tiers.tier import Tier, TierSet, accepts_data, checksum, checksum_like
 
 #: bytes of first reads' whole chunks up to which a batch reads them into a buffer the thread
 #: keeps (above, a buffer of their own: a thread keeps no large one, an I/O thread included)
@@ -468,8 +468,8 @@ class TieredChunkStore(ChunkStore):
         then verified (the verified-once rule)."""
         if size != copy.nbytes:
             return False
-        digest = checksum(whole)
-        if not copy.accepts(digest) or self.res.stamp(key) != stamp:
+        digest = accepts_data(copy, whole)
+        if digest is None or self.res.stamp(key) != stamp:
             return False
         if version is not None:
             self._verified[key] = (copy.tier, digest, version)
@@ -529,14 +529,16 @@ class TieredChunkStore(ChunkStore):
                 # catalogued but missing: forget the copy and read another
                 if self.res.drop_missing(copy) or not self.res.is_current(copy):
                     continue
-            elif copy.accepts(checksum(blob)):
+            elif accepts_data(copy, blob) is not None:
                 out[i] = blob
                 del pending[i]
                 continue
             elif self.res.busy(keys[i]) and self.res.wait_quiet(keys[i]):
                 continue  # read while a put replaced it: read again once it is recorded
             elif self.res.is_current(copy):
-                corrupt.setdefault(i, []).append(f"{tier.name}: {checksum(blob)}")
+                corrupt.setdefault(i, []).append(
+                    f"{tier.name}: {checksum_like(copy.checksum, blob)}"
+                )
             else:
                 continue  # replaced while it was read: read the new copy
             pending[i].add(tier.name)

@@ -48,9 +48,48 @@ DEFAULT_MEMORY_BYTES = 256 << 20
 PROBE_KEY = ".strataio/health-probe"
 
 
+#: the CRC-32C of any bytes that end with their own CRC-32C (little-endian, as the ``crc32c``
+#: codec appends it): the CRC's residue, one constant for all of them
+_RESIDUE = 0x48674BC7
+#: the prefix of checksums recorded as that constant before :func:`checksum` told such
+#: bytes apart (the catalog upgrade marks them so); copies of the same bytes keep that kind
+#: until the chunk is rewritten
+LEGACY = "crc32c:"
+
+
 def checksum(data: BytesLike) -> str:
-    """The hex CRC-32C of ``data``: the checksum the catalog records for every stored copy."""
-    return f"{crc32c.crc32c(memoryview(data).cast('B')):08x}"
+    """The checksum the catalog records for a copy of ``data``: its hex CRC-32C, except for
+    bytes that end with their own CRC-32C (a chunk whose last codec is ``crc32c``), whose
+    CRC-32C is one constant: for those, that own CRC (which the constant just confirmed),
+    so that two versions of such a chunk differ."""
+    view = memoryview(data).cast("B")
+    crc = crc32c.crc32c(view)
+    if crc == _RESIDUE and len(view) >= 4:
+        crc = int.from_bytes(view[-4:], "little")
+    return f"{crc:08x}"
+
+
+def checksum_like(model: str, data: BytesLike) -> str:
+    """The checksum of ``data`` of the kind ``model`` (a recorded checksum) is: a plain
+    CRC-32C for one recorded before :func:`checksum` told self-checked chunks apart
+    (``crc32c:`` prefixed), else :func:`checksum`."""
+    if model.startswith(LEGACY):
+        return f"{LEGACY}{crc32c.crc32c(memoryview(data).cast('B')):08x}"
+    return checksum(data)
+
+
+def accepts_data(copy: Any, data: BytesLike) -> str | None:
+    """The recorded checksum of ``copy`` (:class:`ChunkCopy`) that ``data`` matches, its new
+    or (announced rewrite) its old one, each computed the way it was recorded; ``""`` where
+    the copy records no checksum; None if the bytes are no version of the copy."""
+    if not copy.checksum:
+        return ""
+    if checksum_like(copy.checksum, data) == copy.checksum:
+        return copy.checksum
+    old = copy.old_checksum
+    if copy.state == "in-transit" and old and checksum_like(old, data) == old:
+        return old
+    return None
 
 
 def is_backend_failure(exc: BaseException) -> bool:
@@ -210,7 +249,8 @@ def transfer(src: Tier, dst: Tier, dataset: str, key: str, expect: str = "") -> 
     """Copy chunk ``key`` of ``dataset`` from ``src`` to ``dst`` the safe way; return
     ``(nbytes, checksum)``: :func:`read_checked` from ``src``, then :func:`put_checked` to
     ``dst``."""
-    n, digest, _ = put_checked(dst, dataset, key, read_checked(src, dataset, key, expect))
+    data = read_checked(src, dataset, key, expect)
+    n, digest, _ = put_checked(dst, dataset, key, data, like=expect)
     return n, digest
 
 
@@ -220,7 +260,7 @@ def read_checked(src: Tier, dataset: str, key: str, expect: str = "") -> bytes:
     :class:`NotFoundError`; a mismatch raises :class:`ChecksumError` naming the dataset, the
     chunk and the tier. Nothing is put anywhere."""
     data = src.call(src.backend.get, f"{dataset}/{key}")
-    got = checksum(data)
+    got = checksum_like(expect, data)
     if expect and got != expect:
         raise ChecksumError(
             f"chunk {key!r} of dataset {dataset!r} on tier {src.name!r} has checksum {got}, "
@@ -230,22 +270,23 @@ def read_checked(src: Tier, dataset: str, key: str, expect: str = "") -> bytes:
 
 
 def put_checked(
-    dst: Tier, dataset: str, key: str, data: BytesLike, *, new: bool = False
+    dst: Tier, dataset: str, key: str, data: BytesLike, *, new: bool = False, like: str = ""
 ) -> tuple[int, str, Any]:
     """Put ``data`` as chunk ``key`` of ``dataset`` on ``dst`` durably (fsync / completed
     PUT), read it back and check it, so the copy is known good before anyone records it;
     return ``(nbytes, checksum, version)``, the version that of the object put
     (:meth:`Backend.put_versioned`). ``new``: only where no object is there yet
-    (:meth:`Backend.put_new`; else :class:`ExistsError`, and nothing is put). Raises as
-    :func:`read_checked` does."""
+    (:meth:`Backend.put_new`; else :class:`ExistsError`, and nothing is put). ``like``: the
+    recorded checksum of the copy the bytes come from, whose kind the new copy's keeps
+    (:func:`checksum_like`). Raises as :func:`read_checked` does."""
     obj = f"{dataset}/{key}"
-    got = checksum(data)
+    got = checksum_like(like, data)
     put = dst.backend.put_new if new else dst.backend.put_versioned
     try:
         version = dst.call(put, obj, data, durable=True)
     except ExistsError:
         raise _unknown_object(dst, dataset, key) from None
-    back = checksum(dst.call(dst.backend.get, obj))
+    back = checksum_like(like, dst.call(dst.backend.get, obj))
     if back != got:
         if version is not None and dst.call(dst.backend.versions, [obj]) != [version]:
             # (a ChecksumError still, as callers take it: the copy is not to be recorded)
