@@ -3,6 +3,7 @@ writes never loses data."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import shutil
@@ -32,7 +33,7 @@ from strataio.tiers.fsck import (
     inspect,
     plan,
 )
-from strataio.tiers.tier import Tier, TierSet
+from strataio.tiers.tier import Tier, TierSet, checksum
 
 sys.path.insert(0, str(Path(__file__).parent))
 import tiers_worker  # noqa: E402
@@ -479,3 +480,30 @@ def test_a_catalog_of_plain_crc32c_checksums_still_reads_moves_and_checks(tmp_pa
         want = a.copy()
         want[8:16, 0:8] = -1
         np.testing.assert_array_equal(ds[...], want)
+
+
+def test_copies_of_one_chunk_holding_different_values_are_reported_and_left(tmp_path):
+    """Two settled copies of one chunk with different checksums (each intact) break the rule
+    that a chunk has one value: fsck reports it and repairs nothing there."""
+    a = np.arange(16 * 16, dtype="f4").reshape(16, 16)
+    with open_session(tmp_path) as s:
+        ds = s.create_dataset("x", a.shape, a.dtype, (8, 8), hint="LOCALDISK", codec=[])
+        ds[...] = a
+        ds.flush()
+        ds.stage(np.s_[0:8, 0:8], to="disk").wait()
+        ds.migrate(np.s_[0:8, 0:8], to="tape").wait()
+        ds.stage(np.s_[0:8, 0:8], to="disk").wait()  # c/0/0 on disk and tape
+        ds.close()
+        rows = s.catalog.residency("x", ["c/0/0"])
+        assert sorted(c.tier for c in rows) == ["disk", "tape"]
+        other = (a[0:8, 0:8] + 1).tobytes()  # an intact copy of another value, on tape
+        s.tiers["tape"].backend.put("x/c/0/0", other)
+        tape = next(c for c in rows if c.tier == "tape")
+        s.catalog.commit([dataclasses.replace(tape, checksum=checksum(other))], [])
+        report = fsck(s.catalog, s.tiers, verify=True, repair=True)
+        assert [(f.kind, f.key) for f in report.problems] == [(Kind.DIVERGED, "c/0/0")]
+        assert report.unrepairable and not report.clean
+        assert {c.checksum for c in s.catalog.residency("x", ["c/0/0"])} == {
+            checksum(a[0:8, 0:8].tobytes()),
+            checksum(other),
+        }

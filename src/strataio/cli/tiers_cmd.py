@@ -272,7 +272,7 @@ def fsck_command(config: str | None, repair: bool, quick: bool) -> None:
         )
         + (skipped if report.skipped_tiers else "")
     )
-    unresolved = report.lost or (report.problems and not report.repaired)
+    unresolved = report.unrepairable or (report.problems and not report.repaired)
     if unresolved or report.skipped_tiers:
         sys.exit(1)
 

@@ -91,6 +91,7 @@ class Kind(StrEnum):
     LEFTOVER = "leftover"  # a temporary file of an interrupted put
     CORRUPT = "corrupt"  # the only copies left are bad
     LOST = "lost"  # no tier holds the chunk any more
+    DIVERGED = "diverged"  # settled copies of one chunk hold different values
     BAD_INDEX = "bad-index"  # a superfile container's footer or index is unreadable
     BAD_MEMBER = "bad-member"  # a container member out of bounds or failing its checksum
     IN_FLIGHT = "in-flight"  # a live writer may still be working on it
@@ -236,6 +237,12 @@ class FsckReport:
     def lost(self) -> list[Finding]:
         """Chunks with no intact copy left (missing everywhere, or corrupt everywhere)."""
         return [f for f in self.findings if f.kind in (Kind.LOST, Kind.CORRUPT)]
+
+    @property
+    def unrepairable(self) -> list[Finding]:
+        """Problems no repair resolves: :attr:`lost` chunks, and chunks whose settled copies
+        hold different values (which is the last written is not recorded)."""
+        return [f for f in self.findings if f.kind in (Kind.LOST, Kind.CORRUPT, Kind.DIVERGED)]
 
 
 # ----------------------------------------------------------------------------- inspect
@@ -452,6 +459,19 @@ def _plan_chunk(out: Plan, inv: Inventory, ds: str, key: str, rows: list[CopyChe
     old = [r for r in rows if r.verdict is Verdict.OLD]
     new = [r for r in rows if r.verdict is Verdict.NEW]
     bad = [r for r in rows if r.verdict in (Verdict.MISSING, Verdict.SIZE, Verdict.CHECKSUM)]
+    if len({r.copy.checksum for r in good}) > 1:
+        # every write and move keeps one value per chunk: which of these is the last written
+        # is not recorded, so this is reported and left alone (reads take the fastest copy)
+        where = ", ".join(f"{r.copy.tier} {r.copy.checksum}" for r in good)
+        out.findings.append(
+            Finding(
+                Kind.DIVERGED,
+                ", ".join(r.copy.tier for r in good),
+                ds,
+                key,
+                f"its copies hold different values ({where}); reads take the fastest",
+            )
+        )
     if not (old or new or bad):
         return
 
