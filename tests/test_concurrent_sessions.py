@@ -20,6 +20,7 @@ import pytest
 import strataio
 from strataio.errors import BackendError
 from strataio.tiers.fsck import fsck
+from strataio.tiers.residency import Residency
 
 CONFIG = """
 [catalog]
@@ -478,3 +479,43 @@ def test_a_write_over_an_object_it_did_not_know_is_announced_and_wins_over_the_m
     with session(tmp_path) as s:
         np.testing.assert_array_equal(s.open_dataset("a")[0:10, 0:10], -1.0)
         assert fsck(s.catalog, s.tiers).clean
+
+
+def test_a_copy_marked_valid_on_a_stale_view_is_not_recorded(tmp_path, monkeypatch):
+    """A migrate that finds the chunk's copy on its target already, dirty, only marks it
+    valid. If another session rewrote the chunk since this one loaded its rows (its write
+    superseded that copy, row and object), the mark is left out: no row of the old value
+    comes back beside the new one, and none names an object that is gone."""
+    dataset_a_on_fast(tmp_path)
+    writer, mover = session(tmp_path), session(tmp_path)
+    try:
+        w = writer.open_dataset("a", "r+")
+        fast = writer.tiers["fast"]
+        fast.capacity = 1  # the next write of a chunk goes to the archive: a dirty copy
+        w[0:10, 0:10] = -1.0
+        w.flush()
+        assert [(c.tier, c.state) for c in w.residency()["c/0/0"]] == [("archive", "dirty")]
+        m = mover.open_dataset("a", "r+")
+        fast.capacity = None
+        mark_valid = Residency.mark_valid
+
+        def rewritten_first(res, copy):  # the writer's rewrite lands right before the mark
+            if res is m.store.res:
+                w[0:10, 0:10] = -2.0  # back on "fast": supersedes the archive copy
+                w.flush()
+            return mark_valid(res, copy)
+
+        monkeypatch.setattr(Residency, "mark_valid", rewritten_first)
+        m.migrate(np.s_[0:10, 0:10], to="archive").wait()  # finds it there, dirty: marks it
+        monkeypatch.undo()
+        m.close()
+        w.close()
+    finally:
+        mover.close()
+        writer.close()
+    with session(tmp_path) as s:
+        rows = s.catalog.residency("a", ["c/0/0"])
+        assert len({c.checksum for c in rows}) == 1, rows
+        report = fsck(s.catalog, s.tiers)
+        assert report.clean, report.problems
+        np.testing.assert_array_equal(s.open_dataset("a")[0:10, 0:10], -2.0)

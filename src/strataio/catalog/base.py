@@ -192,7 +192,8 @@ class CommitOutcome:
     stay); ``orphaned``, the copies among ``copied`` it left out because no other row of
     their chunk holds their bytes any more (their objects are the caller's to delete);
     ``overtaken``, the copies among ``copied`` it left out because another writer has
-    announced a rewrite of that very copy since (their objects are that writer's)."""
+    announced a rewrite of that very copy since, and those among ``revalidated`` whose row
+    changed since (their objects are not the caller's to delete)."""
 
     superseded: list[CopyId]
     kept: list[CopyId]
@@ -277,6 +278,7 @@ class Catalog(abc.ABC):
         dropped: Iterable[tuple[str, str]] | None = None,
         expect: Mapping[CopyId, tuple[str, str] | None] | None = None,
         copied: Iterable[CopyId] = (),
+        revalidated: Iterable[CopyId] = (),
         writer: str = "",
     ) -> CommitOutcome:
         """Apply residency changes atomically, in ONE transaction: insert or replace each
@@ -315,6 +317,11 @@ class Catalog(abc.ABC):
         rewrite another writer than ``writer`` (the caller's) has announced since, with the
         deletes of its chunk's other copies (reported as ``kept``: they are the chunk's
         last committed value should that writer die).
+
+        ``revalidated`` names copies among ``upserts`` that only mark a copy valid (it reached
+        its chunk's home): one is left out (``overtaken``) unless the row at its place still
+        holds its checksum, settled (another process may have rewritten or moved the chunk
+        since the caller loaded that row).
 
         ``durable=False`` returns before the transaction reaches the disk: it is visible to
         every process at once and survives this process's death, but an OS crash or power

@@ -451,6 +451,7 @@ class SQLCatalog(Catalog):
         dropped: Iterable[tuple[str, str]] | None = None,
         expect: Mapping[CopyId, tuple[str, str] | None] | None = None,
         copied: Iterable[CopyId] = (),
+        revalidated: Iterable[CopyId] = (),
         writer: str = "",
     ) -> CommitOutcome:
         # Last write wins within a batch, as executemany would do; deduplicating first also
@@ -463,6 +464,7 @@ class SQLCatalog(Catalog):
             )
         ids = list(dict.fromkeys(tuple(d) for d in deletes))
         copied = [tuple(i) for i in copied]
+        revalidated = [tuple(i) for i in revalidated if tuple(i) in latest]
         if not latest and not ids:
             return CommitOutcome([], [])
         removed: list[CopyId] = []
@@ -485,7 +487,7 @@ class SQLCatalog(Catalog):
                 guarded = [i for i in ids if expect and i in expect]
                 sup = {(d, k) for d, k, _ in new}
                 moves = [tuple(i) for i in copied if tuple(i) in latest]
-                if new or guarded or moves or (dropped is not None and ids):
+                if new or guarded or moves or revalidated or (dropped is not None and ids):
                     # (rows of other processes' commits decide these: taken under a lock
                     # where the database lets one read them while it runs)
                     self._lock_residency(cur, {d for d, _, _ in [*new, *ids]})
@@ -522,6 +524,27 @@ class SQLCatalog(Catalog):
                     ]
                     for i in orphaned:
                         del latest[i]
+                if revalidated:
+                    # (a copy marked valid stands only where its row still holds the same
+                    # bytes, settled: the caller's view of it may be stale)
+                    now_rows = {
+                        (d, k, t): (state, checksum)
+                        for d, k, t, state, checksum, _, _ in self._rows_of(
+                            cur, {i[:2] for i in revalidated}
+                        )
+                    }
+                    changed_rows = [
+                        i
+                        for i in revalidated
+                        if now_rows.get(i)
+                        not in (
+                            ("valid", latest[i].checksum),
+                            ("dirty", latest[i].checksum),
+                        )
+                    ]
+                    for i in changed_rows:
+                        del latest[i]
+                    overtaken = [*overtaken, *changed_rows]
                 if guarded:
                     assert expect is not None
                     now = {

@@ -242,6 +242,7 @@ class Commit:
                     every.moved.update(b.moved)
                     every.dropped |= b.dropped
                     every.rewritten |= b.rewritten
+                    every.revalidated |= b.revalidated
                 superseded = [(t, k) for _, k, t in self._record(res.name, every).superseded]
             except BaseException as exc:
                 err = exc
@@ -407,6 +408,7 @@ class Commit:
             copied=[(dataset, k, t) for k, t in batch.moved if k not in batch.rewritten]
             if self.comm is None
             else (),
+            revalidated=[(dataset, k, t) for k, t in batch.revalidated],
             writer=self.writer,
         )
         left_out = replaced | set(done.orphaned) | set(done.overtaken)

@@ -65,7 +65,9 @@ class Batch:
     object and all (see :meth:`Catalog.commit`). ``rewritten``: keys of chunks with new
     content among the upserts (wherever the written copy went since: a write-back or a
     stage of it before the commit carries the new content too), whose rows supersede every
-    other copy of the chunk."""
+    other copy of the chunk. ``revalidated``: the ``(key, tier)`` of upserts that only mark a
+    copy valid (it reached the chunk's home), recorded only while the catalog's row there
+    still holds the same bytes, settled (this process's view of it may be stale)."""
 
     unsynced: dict[str, set[str]] = field(default_factory=dict)
     upserts: list[ChunkCopy] = field(default_factory=list)
@@ -77,6 +79,7 @@ class Batch:
     dropped: set[str] = field(default_factory=set)
     expect: dict[CopyId, tuple[str, str] | None] = field(default_factory=dict)
     rewritten: set[str] = field(default_factory=set)
+    revalidated: set[tuple[str, str]] = field(default_factory=set)
 
     @property
     def empty(self) -> bool:
@@ -93,6 +96,7 @@ class Batch:
             moved=self.moved,
             dropped=self.dropped,
             rewritten=self.rewritten,
+            revalidated=self.revalidated,
         )
 
 
@@ -121,6 +125,7 @@ class Residency:
         self._unsynced: dict[str, set[str]] = {}  # tier -> chunk keys put, not yet synced
         self._written: dict[tuple[str, str], Any] = {}  # (key, tier) -> version put (Batch)
         self._moved: dict[tuple[str, str], Any] = {}  # the same, of moves' copies
+        self._revalidated: set[tuple[str, str]] = set()  # (key, tier) only marked valid (Batch)
         self._dropped: set[str] = set()  # chunks deleted on purpose (Batch)
         self._rewritten: set[str] = set()  # chunks whose new content is not committed (Batch)
         self._obsolete: set[tuple[str, str]] = set()  # (tier, key) to delete after commit
@@ -414,6 +419,7 @@ class Residency:
                     # another object's row now (record_write and record_move mark their own)
                     self._written.pop(slot, None)
                     self._moved.pop(slot, None)
+                self._revalidated.discard(slot)  # (mark_valid marks its own)
                 self._deletes.discard(slot)
                 if unsynced:
                     self._unsynced.setdefault(copy.tier, set()).add(copy.key)
@@ -502,6 +508,7 @@ class Residency:
                 self._upserts.pop((key, tier), None)
                 self._written.pop((key, tier), None)
                 self._moved.pop((key, tier), None)
+                self._revalidated.discard((key, tier))
                 self._deletes.add((key, tier))
                 if tier in self._unsynced:
                     self._unsynced[tier].discard(key)
@@ -543,6 +550,8 @@ class Residency:
             if not self.is_current(copy):
                 return False
             self.add(dataclasses.replace(copy, state="valid"))
+            if not self._tier(copy.tier).volatile:
+                self._revalidated.add((copy.key, copy.tier))
             return True
 
     def drop_if_kept(self, copy: ChunkCopy) -> bool:
@@ -632,6 +641,7 @@ class Residency:
                 set(self._dropped),
                 {(self.name, k, t): self._known.get((k, t)) for k, t in self._deletes},
                 {k for k, _ in ups} & self._rewritten,
+                {slot for slot in self._revalidated if slot in ups},
             )
             self._dropped.clear()
             self._rewritten -= batch.rewritten
@@ -639,6 +649,7 @@ class Residency:
                 del self._written[slot]
             for slot in batch.moved:
                 del self._moved[slot]
+            self._revalidated -= batch.revalidated
             self._upserts.clear()
             self._upserts.update(held)
             self._deletes.clear()
@@ -665,6 +676,8 @@ class Residency:
                         self._written[slot] = batch.written[slot]
                     if slot in batch.moved:
                         self._moved[slot] = batch.moved[slot]
+                    if slot in batch.revalidated:
+                        self._revalidated.add(slot)
             for _, k, t in batch.deletes:
                 if (k, t) not in self._upserts:
                     self._deletes.add((k, t))
