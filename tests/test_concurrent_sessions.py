@@ -320,15 +320,21 @@ def test_a_stage_that_read_the_old_value_records_nothing_beside_a_rewrite(tmp_pa
         assert fsck(s.catalog, s.tiers).clean
 
 
-def test_a_move_that_read_a_value_since_rewritten_in_place_records_nothing(tmp_path, monkeypatch):
+@pytest.mark.parametrize("shaped", [False, True], ids=["posix", "shaped-no-versions"])
+def test_a_move_that_read_a_value_since_rewritten_in_place_records_nothing(
+    tmp_path, monkeypatch, shaped
+):
     """B's migration reads the chunk's value 1; A then writes 2 and flushes, and rewrites it
     in place to 3 without flushing (its row announced: new 3, old 2). B's copy of 1 is held
     by no row (the announced rewrite holds 2 or 3): it must not be recorded, or a crash of A
     before its flush leaves fsck a "good" older copy to fall back to, and the flushed 2 is
-    lost."""
-    (tmp_path / "strataio.toml").write_text(
-        CONFIG.replace('role = "remotetape"', 'role = "remotedisk"')
-    )
+    lost. Also where the destination keeps no object versions (a cost-model tier)."""
+    config = CONFIG.replace('role = "remotetape"', 'role = "remotedisk"')
+    if shaped:
+        config = config.replace(
+            'path = "archive"', 'path = "archive"\nshaped = "remote_disk_2002"\ntime_scale = 0.001'
+        )
+    (tmp_path / "strataio.toml").write_text(config)
     with session(tmp_path) as s:
         ds = s.create_dataset("a", (10, 10), "f4", (10, 10), hint="LOCALDISK")
         ds[...] = 1.0

@@ -483,7 +483,9 @@ class Residency:
             ):
                 return False  # (that copy's bytes changed, or are being rewritten: it stays)
             self.add(copy, reserved=reserved)
-            if put is not None and not self._tier(copy.tier).volatile:
+            if not self._tier(copy.tier).volatile:
+                # (also where the tier keeps no versions, ``put`` None: the commit checks a
+                # move's copy against the chunk's other rows all the same)
                 self._moved[copy.key, copy.tier] = put
             if replaces is not None:
                 self.remove(replaces.key, replaces.tier)
