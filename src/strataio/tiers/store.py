@@ -674,14 +674,14 @@ class TieredChunkStore(ChunkStore):
         outcomes: list[BaseException | None] | None = None
         try:
             sums = [checksum(v) for _, v in items]
+            # (again: the claims before may have taken a while, and another process may
+            # have copied a chunk here meanwhile)
+            self._learn_rows_on(tier, keys)
             # A rewrite in place replaces the catalogued object before the catalog learns of
             # it. Announce it first (state in-transit, new and old checksum, one transaction
             # per batch): the object then holds one of two known versions, which reads and
             # fsck accept, and after a crash fsck can tell an interrupted rewrite from a
             # corrupt copy.
-            # (again: the claims before may have taken a while, and another process may
-            # have copied a chunk here meanwhile)
-            self._learn_rows_on(tier, keys)
             for k in keys:
                 self.res.begin_write(k, tier.name)
                 begun.append(k)
