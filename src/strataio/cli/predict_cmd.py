@@ -234,15 +234,12 @@ def placement_lines(record, writes_to: list[str]) -> list[str]:  # type: ignore[
     asked = f"expected reads {d.expected_reads}"
     if d.deadline_s is not None:
         asked += f", deadline {d.deadline_s:g} s"
-    if d.tier is None:
-        lines = [
-            f"placement: the default AUTO (the slowest tier with room), not chosen by "
-            f"prediction ({asked}): {d.reason}",
-            f"writes go to: {order}",
-        ]
-    else:
-        lines = [f"placement: {d.tier}, chosen by prediction ({asked}): {d.reason}"]
-        lines.append(f"writes go to: {order}")
+    how = (
+        "the default AUTO (the slowest tier with room), not chosen by prediction"
+        if d.tier is None
+        else f"{d.tier}, chosen by prediction"
+    )
+    lines = [f"placement: {how} ({asked}): {d.reason}", f"writes go to: {order}"]
     for tier, (w, r) in d.predicted.items():
         mark = " <- chosen" if tier == d.tier else ""
         lines.append(f"  {tier}: predicted write {w:.4g} s + reads {r:.4g} s = {w + r:.4g} s{mark}")
