@@ -383,3 +383,40 @@ def test_a_batch_read_with_lists_of_different_lengths_is_refused(
     with pytest.raises(ShapeMismatchError, match="2 keys, 1 offsets, 1 buffers"):
         backend.readinto_ranges_versioned(["k", "k"], [0], [memoryview(out)])
     assert out == b"...."
+
+
+def test_a_conditional_delete_never_deletes_a_put_made_after_its_look(tmp_path) -> None:
+    """Two backends on one folder stand for two processes. One deletes a file it saw at a
+    version; the other puts a new file there right between that look and the unlink. The
+    new file stands: the look and the unlink hold the folder's lock, which a put's rename
+    takes too (without it, the unlink took the new file)."""
+    import threading
+
+    deleter, putter = PosixBackend(tmp_path / "r"), PosixBackend(tmp_path / "r")
+    putter.put("a/c/0", b"old")
+    (seen,) = putter.versions(["a/c/0"])
+    looked, put_done = threading.Event(), threading.Event()
+    look = deleter.versions
+
+    def look_then_let_the_other_put(keys):
+        got = look(keys)
+        looked.set()
+        put_done.wait(0.5)  # (a put that had to wait for the lock is not done yet)
+        return got
+
+    deleter.versions = look_then_let_the_other_put
+
+    def put_new_bytes():
+        looked.wait()
+        putter.put("a/c/0", b"new")
+        put_done.set()
+
+    t = threading.Thread(target=put_new_bytes)
+    t.start()
+    assert deleter.delete_if("a/c/0", seen)  # (the old file, still there at its look)
+    t.join()
+    assert putter.get("a/c/0") == b"new"
+    # and a delete of the version it sees now still deletes
+    (now,) = putter.versions(["a/c/0"])
+    assert PosixBackend(tmp_path / "r").delete_if("a/c/0", now)
+    assert not putter.exists("a/c/0")

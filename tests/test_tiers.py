@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import re
 import threading
 import time
 from collections import Counter
@@ -16,6 +17,7 @@ from strataio.catalog.base import ChunkCopy, open_catalog
 from strataio.errors import (
     BackendError,
     ChecksumError,
+    ChunksNotStoredError,
     ExistsError,
     MetadataError,
     NotFoundError,
@@ -493,8 +495,12 @@ def test_tiered_partial_reads_check_each_copy_whole_once(tmp_path, monkeypatch, 
         raw[3 * 80 + 4] ^= 0xFF
         with open(path, "r+b") as f:
             f.write(raw)
-        with pytest.raises(ChecksumError, match=r"chunk 'c/0/1' of dataset 'a'"):
+        recorded = next(c.checksum for c in s.catalog.residency("a") if c.key == "c/0/1")
+        with pytest.raises(ChecksumError, match=r"chunk 'c/0/1' of dataset 'a'") as info:
             ds[3, 25]
+        # (the message gives each copy's bytes' checksum beside the one recorded for it)
+        got = re.search(r"local holds (\w+), recorded (\w+)", str(info.value))
+        assert got is not None and got[2] == recorded != got[1], str(info.value)
         np.testing.assert_array_equal(ds[30:, :20], a[30:, :20])  # the others read as before
         ds.close()
 
@@ -769,7 +775,11 @@ def test_a_write_larger_than_every_tier_says_which_chunks_keep_their_values(tmp_
             ds[...] = np.ones((64, 64), "f4")
         msg = str(info.value)
         assert "the other 12 were written" in msg and "keep their previous values" in msg
+        assert isinstance(info.value, ChunksNotStoredError) and len(info.value.keys) == 4
         got = ds[...]
         assert (got == 1).sum() == 12 * 256 and (got == 0).sum() == 4 * 256
+        for key in info.value.keys:  # the chunks named are those that read as before
+            i, j = (int(x) * 16 for x in key.split("/")[1:])
+            assert (got[i : i + 16, j : j + 16] == 0).all()
         ds.close()
         assert fsck(s.catalog, s.tiers).clean

@@ -230,3 +230,40 @@ def test_new_user_sequence_has_no_dead_end(tmp_path, monkeypatch):
         assert res.exit_code != 0 and text in res.output, (args, res.output)
         assert isinstance(res.exception, SystemExit), (args, res.exception)  # no traceback
         assert len(res.stderr.strip().splitlines()) <= 3, args
+
+
+def test_moves_count_chunks_never_written_apart(project):
+    """Chunks never written read as the fill value: a stage or migrate says so, and does
+    not count them as already there."""
+    with strataio.Session() as s:
+        ds = s.create_dataset("sparse", (100, 100), "f4", (10, 10), hint="REMOTETAPE")
+        ds[0:10, 0:30] = 1.0  # 3 of 100 chunks written
+        ds.close()
+    r = CliRunner()
+    out = r.invoke(main, ["stage", "sparse", "--to", "disk"])
+    assert out.exit_code == 0, out.output
+    assert "3 chunks staged" in out.output and "0 already there" in out.output, out.output
+    assert "97 never written (nothing to move)" in out.output, out.output
+    with strataio.Session() as s:
+        ds = s.open_dataset("sparse")
+        got = ds.migrate(to="tape").wait()
+        assert (got.moved, got.reused, got.unwritten) == (0, 3, 97)
+        assert got.done_count == got.total == 100
+        ds.close()
+
+
+def test_the_command_runs_as_a_module(project):
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "strataio", "tiers"], capture_output=True, text=True, check=False
+    )
+    assert out.returncode == 0 and "disk" in out.stdout, out.stderr
+    out = subprocess.run(
+        [sys.executable, "-m", "strataio.cli", "--version"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert out.returncode == 0 and "strataio" in out.stdout, out.stderr

@@ -70,6 +70,16 @@ class ChunkChangedError(BackendError):
     (or order the writes before the reads)."""
 
 
+class ChunksNotStoredError(BackendError):
+    """A write of a tiered dataset stored some of its chunks but not all: every tier its
+    placement hint allows was full or down for the others. ``keys`` names the chunks not
+    stored (each keeps its previous value); the message lists the first few."""
+
+    def __init__(self, message: str, keys: list[str]) -> None:
+        super().__init__(message)
+        self.keys = keys
+
+
 class ConfigError(StrataError, ValueError):
     """A configuration file is missing, unreadable or has a bad value (the message names the
     file and the key)."""

@@ -203,7 +203,7 @@ class FinishedMove:
     @property
     def progress(self) -> Progress:
         r = self._result
-        return Progress(r.moved + r.reused + r.cancelled + len(r.failed), r.total, r.nbytes)
+        return Progress(r.done_count, r.total, r.nbytes)
 
     def wait(self, timeout: float | None = None) -> MoveResult:
         """The result; raises :class:`StrataError` if any chunk failed (as ``MoveHandle``)."""

@@ -180,6 +180,8 @@ def _summary(op: str, result: Any, tier: str | None) -> str:
         f"{len(result.failed)} failed, in {result.seconds:.2f} s",
     )
     where = f" {tier}" if tier else ""
+    if result.unwritten:
+        tail = f"{result.unwritten} never written (nothing to move), {tail}"
     if op == "evict":
         return (
             f"evict: {result.moved} chunk copies dropped from{where or ' the fastest tier'} "

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import functools
 import os
 import threading
@@ -304,14 +305,15 @@ class PosixBackend(Backend):
                 view = view[os.write(fd, view) :]
             if durable:
                 os.fsync(fd)
-            if replace:
-                os.replace(tmp, path)
-            else:
-                try:
-                    os.link(tmp, path)
-                except FileExistsError:
-                    raise ExistsError(f"object {key!r} exists already") from None
-                os.unlink(tmp)  # (after the link: its ctime, in the version, is then final)
+            with _folder_lock(os.path.dirname(path), exclusive=False):
+                if replace:
+                    os.replace(tmp, path)
+                else:
+                    try:
+                        os.link(tmp, path)
+                    except FileExistsError:
+                        raise ExistsError(f"object {key!r} exists already") from None
+                    os.unlink(tmp)  # (after the link: its ctime, in the version, is final)
             st = os.fstat(fd)
         except BaseException:
             with contextlib.suppress(OSError):
@@ -362,6 +364,18 @@ class PosixBackend(Backend):
     def delete(self, key: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path(key))
+
+    def delete_if(self, key: str, version: Version) -> bool:
+        """Delete the file if it is still at ``version``; the look and the unlink hold the
+        folder's lock, which every put takes (shared) around its rename: a put by another
+        process between the two is never the file deleted."""
+        path = self.path(key)
+        with _folder_lock(os.path.dirname(path), exclusive=True):
+            if self.versions([key]) != [version]:
+                return False
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+        return True
 
     def list(self, prefix: str = "") -> Iterator[str]:
         base = self.root / validate_key(prefix.rstrip("/")) if prefix else self.root
@@ -441,6 +455,25 @@ def _start_fetch(fd: int, offset: int, nbytes: int) -> None:
     the advice makes sure of it on kernels that do not.)"""
     with contextlib.suppress(OSError):  # only advice: the later read is what must succeed
         os.posix_fadvise(fd, offset, nbytes, os.POSIX_FADV_WILLNEED)
+
+
+@contextlib.contextmanager
+def _folder_lock(path: str, *, exclusive: bool) -> Iterator[None]:
+    """An advisory lock (``flock``) on folder ``path``, across processes: puts take it
+    shared around the rename that publishes a file, a conditional delete exclusive around
+    its look and unlink. Where the folder is missing or cannot be locked (a file system
+    without ``flock``), nothing is held: the two steps are then as racy as without it."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        yield
+        return
+    try:
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        yield
+    finally:
+        os.close(fd)  # (releases the lock)
 
 
 def _fsync_dir(path: str) -> None:

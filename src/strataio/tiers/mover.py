@@ -62,13 +62,15 @@ class Progress:
 @dataclass(slots=True)
 class MoveResult:
     """The outcome of one move. ``moved``: chunks copied; ``reused``: chunks already where
-    the move wanted them (or never written); ``failed``: ``(key, message)`` pairs;
-    ``nbytes``: bytes copied; ``seconds``: wall time from start to commit."""
+    the move wanted them; ``unwritten``: chunks never written (they read as the fill value:
+    nothing to move); ``failed``: ``(key, message)`` pairs; ``nbytes``: bytes copied;
+    ``seconds``: wall time from start to commit."""
 
     op: str
     total: int = 0
     moved: int = 0
     reused: int = 0
+    unwritten: int = 0
     cancelled: int = 0
     nbytes: int = 0
     seconds: float = 0.0
@@ -77,6 +79,11 @@ class MoveResult:
     @property
     def ok(self) -> bool:
         return not self.failed
+
+    @property
+    def done_count(self) -> int:
+        """Chunks dealt with so far, whatever their outcome."""
+        return self.moved + self.reused + self.unwritten + self.cancelled + len(self.failed)
 
     def checked(self) -> MoveResult:
         """This result; raises :class:`StrataError` naming the failure of the first chunk in
@@ -116,8 +123,7 @@ class MoveHandle:
     def progress(self) -> Progress:
         r = self._result
         with self._lock:
-            n = r.moved + r.reused + r.cancelled + len(r.failed)
-            return Progress(n, r.total, r.nbytes)
+            return Progress(r.done_count, r.total, r.nbytes)
 
     def wait(self, timeout: float | None = None) -> MoveResult:
         """Block until the move has finished (``timeout`` seconds at most; ``TimeoutError``
@@ -162,6 +168,8 @@ class MoveHandle:
                 r.nbytes += nbytes
             elif outcome == "reused":
                 r.reused += 1
+            elif outcome == "unwritten":
+                r.unwritten += 1
             elif outcome == "cancelled":
                 r.cancelled += 1
             else:
@@ -417,10 +425,12 @@ class Mover:
             raise StrataError(
                 f"chunk {key!r} of {res.name!r}: no readable copy (its tiers {down} are down)"
             )
-        return "reused", 0  # never written (or lost): nothing to move
+        return "unwritten", 0  # never written (or lost): nothing to move
 
     def _stage_one(self, res: Residency, key: str, target: Tier | None) -> tuple[str, int]:
         copies = res.readable(key)
+        if not copies and not res.copies(key):
+            return "unwritten", 0
         if target is None or not target.volatile:
             # a memory copy dies with the process: staging to a disk ignores it
             copies = [c for c in copies if not self.tiers[c.tier].volatile]
@@ -449,7 +459,7 @@ class Mover:
     ) -> tuple[str, int]:
         copies = res.copies(key)
         if not copies:
-            return "reused", 0
+            return "unwritten", 0
         have = next((c for c in copies if c.tier == target.name), None)
         if have is not None and have.state in ("valid", "dirty"):
             outcome, n = "reused", 0

@@ -36,6 +36,7 @@ from strataio.errors import (
     BackendError,
     ChecksumError,
     ChunkChangedError,
+    ChunksNotStoredError,
     ClosedError,
     ExistsError,
     NotFoundError,
@@ -175,6 +176,8 @@ class TieredChunkStore(ChunkStore):
                 for j in self._refresh([keys[i] for i in out_of_copies]):
                     pending[out_of_copies[j]] = set()
                     moving.add(out_of_copies[j])
+                    # (bytes that failed rows since replaced prove nothing against the new ones)
+                    corrupt.pop(out_of_copies[j], None)
             for i, tried in list(pending.items()):
                 copies = [c for c in self.res.readable(keys[i]) if c.tier not in tried]
                 if not copies:
@@ -537,7 +540,8 @@ class TieredChunkStore(ChunkStore):
                 continue  # read while a put replaced it: read again once it is recorded
             elif self.res.is_current(copy):
                 corrupt.setdefault(i, []).append(
-                    f"{tier.name}: {checksum_like(copy.checksum, blob)}"
+                    f"{tier.name} holds {checksum_like(copy.checksum, blob)}, "
+                    f"recorded {copy.checksum}"
                 )
             else:
                 continue  # replaced while it was read: read the new copy
@@ -567,11 +571,9 @@ class TieredChunkStore(ChunkStore):
                 "let the writer flush before this process reads"
             )
         if corrupt:
-            sums = self.res.copies(key)
             return ChecksumError(
                 f"chunk {key!r} of dataset {self.name!r}: every copy read fails the checksum "
-                f"the catalog recorded ({sums[0].checksum if sums else '?'}): "
-                f"{', '.join(corrupt)}; run 'strataio fsck'"
+                f"the catalog recorded ({'; '.join(corrupt)}); run 'strataio fsck'"
             )
         where = ", ".join(f"{c.tier}({c.state})" for c in self.res.copies(key)) or "none"
         down = [t.name for t in self.tiers if not t.up]
@@ -642,13 +644,14 @@ class TieredChunkStore(ChunkStore):
             # (the chunks that fitted are stored: room is claimed tier by tier, and a claim may
             # first evict other chunks, so a write cannot know beforehand that all will fit)
             left = sorted(k for k, _ in todo)
-            raise BackendError(
+            raise ChunksNotStoredError(
                 f"dataset {self.name!r}: {len(todo)} of {len(items)} chunks could not be stored "
                 f"on any tier the hint {self.hint} allows "
                 f"({'; '.join(errors) or 'all tiers full or down'}); the other "
                 f"{len(items) - len(todo)} were written, and {', '.join(left[:4])}"
                 f"{', ...' if len(left) > 4 else ''} "
-                f"{'keeps its previous value' if len(left) == 1 else 'keep their previous values'}"
+                f"{'keeps its previous value' if len(left) == 1 else 'keep their previous values'}",
+                left,
             )
 
     def _put_on(
