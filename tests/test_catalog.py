@@ -518,6 +518,37 @@ def test_a_delete_applies_only_to_the_row_the_caller_saw(cat):
     assert {c.tier for c in cat.residency("d", ["c/0/0"])} == {"local", "archive"}
 
 
+def test_a_row_written_over_the_row_its_caller_saw_only(cat):
+    """An upsert that ``expect`` names is written only while the row at its place is what
+    the caller saw there (None: none); else it is left out and reported overtaken, and the
+    row there (another process's announced rewrite, or a copy it recorded) stays."""
+    cat.create_dataset(_ds("d"))
+    cat.commit(
+        [
+            ChunkCopy("d", "c/0/0", "local", 8, "new", "in-transit", 0.0, "aa", "w2"),
+            ChunkCopy("d", "c/1/0", "local", 8, "bb"),
+        ]
+    )
+    moved = [
+        ChunkCopy("d", f"c/{i}/0", "local", 8, "old", "in-transit", 0.0, "", "w1") for i in range(3)
+    ]
+    ids = [("d", c.key, c.tier) for c in moved]
+    done = cat.commit(
+        moved,
+        durable=False,
+        expect={ids[0]: ("valid", "aa"), ids[1]: ("valid", "bb"), ids[2]: ("valid", "cc")},
+        writer="w1",
+    )
+    assert sorted(done.overtaken) == [ids[0], ids[2]]
+    rows = {c.key: (c.state, c.checksum, c.writer) for c in cat.residency("d")}
+    assert rows == {
+        "c/0/0": ("in-transit", "new", "w2"),  # another writer's rewrite: left be
+        "c/1/0": ("in-transit", "old", "w1"),  # the row seen: replaced
+    }  # and none where the caller saw one that is gone
+    done = cat.commit([moved[2]], expect={ids[2]: None}, writer="w1")
+    assert done.overtaken == [] and len(cat.residency("d", ["c/2/0"])) == 1
+
+
 def test_batched_commit_is_one_transaction(cat):
     """10,000 copies commit in ONE transaction, and a dataset's residency loads in ONE query,
     counted by the database driver's own statement trace."""

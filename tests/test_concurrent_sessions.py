@@ -525,3 +525,102 @@ def test_a_copy_marked_valid_on_a_stale_view_is_not_recorded(tmp_path, monkeypat
         report = fsck(s.catalog, s.tiers)
         assert report.clean, report.problems
         np.testing.assert_array_equal(s.open_dataset("a")[0:10, 0:10], -2.0)
+
+
+def test_a_copy_found_missing_and_put_back_at_its_place_meanwhile_is_read(tmp_path, monkeypatch):
+    """A reads a chunk it knows on "fast" only. B has moved it to "remote" since, so A finds
+    the object missing; before A looks at the catalog again, B stages it back to "fast" and
+    drops the "remote" copy. The catalog then shows what A knew: A's look finds no change,
+    and must read the copy again (it raised "no readable intact copy" before)."""
+    from strataio.tiers.store import TieredChunkStore
+
+    config = CONFIG.replace(
+        '[[tiers]]\nname = "archive"',
+        '[[tiers]]\nname = "remote"\nkind = "posix"\nrole = "remotedisk"\npath = "remote"\n\n'
+        '[[tiers]]\nname = "archive"',
+    )
+    (tmp_path / "strataio.toml").write_text(config)
+    with session(tmp_path) as s:
+        ds = s.create_dataset("a", A.shape, "f4", (10, 10), hint="LOCALDISK")
+        ds[...] = A
+        ds.close()
+    a, b = session(tmp_path), session(tmp_path)
+    da, db = a.open_dataset("a"), b.open_dataset("a", "r+")
+    da.clear_cache()
+    db.migrate(np.s_[0:10, 0:10], to="remote").wait()  # A's view: still on "fast"
+    refresh = TieredChunkStore._refresh
+    put_back = []
+
+    def moved_back_first(self, keys):
+        if self is da.store and not put_back:
+            put_back.append(True)
+            db.stage(np.s_[0:10, 0:10], to="fast").wait()
+            db.evict(np.s_[0:10, 0:10], tier="remote").wait()
+        return refresh(self, keys)
+
+    monkeypatch.setattr(TieredChunkStore, "_refresh", moved_back_first)
+    np.testing.assert_array_equal(da[0:10, 0:10], A[0:10, 0:10])
+    assert put_back
+    assert {c.tier for c in a.catalog.residency("a") if c.key == "c/0/0"} == {"fast"}
+    da.close(), db.close(), a.close(), b.close()
+
+
+def test_a_move_never_announces_over_another_process_s_rewrite(tmp_path, monkeypatch):
+    """B holds a copy of the chunk's old value on "fast" in its view and is about to put a
+    copy there (a move announces first, over the row it saw). A rewrites the chunk in place
+    there meanwhile: A's announcement stands, B's is refused before B puts anything, and
+    A's flush records A's value (B's announcement used to replace A's, and B's put and
+    commit then took the place of A's flushed write)."""
+    from strataio.errors import ExistsError
+
+    dataset_a_on_fast(tmp_path)
+    a, b = session(tmp_path), session(tmp_path)
+    da, db = a.open_dataset("a", "r+"), b.open_dataset("a", "r+")
+    fast = a.tiers["fast"]
+    put = fast.backend.put_versioned
+    refused = []
+
+    def move_first(key, data, **kw):  # A has announced its rewrite; B's move comes now
+        if key == "a/c/0/0" and not refused:
+            res = db.store.res
+            old = res.copy_on("c/0/0", "fast")
+            with pytest.raises(ExistsError, match="another process changed its copy"):
+                db.store.commit.prepare_copy(res, old, b.tiers["fast"])
+            refused.append(True)
+        return put(key, data, **kw)
+
+    monkeypatch.setattr(fast.backend, "put_versioned", move_first)
+    da[0:10, 0:10] = -1.0
+    assert refused
+    row = {c.tier: c for c in a.catalog.residency("a") if c.key == "c/0/0"}["fast"]
+    assert (row.state, row.writer) == ("in-transit", a.writer)
+    da.flush()
+    da.close(), db.close(), a.close(), b.close()
+    with session(tmp_path) as s:
+        np.testing.assert_array_equal(s.open_dataset("a")[0:10, 0:10], -1.0)
+        assert fsck(s.catalog, s.tiers).clean
+
+
+def test_a_move_s_put_never_replaces_a_rewrite_announced_after_the_move_s(tmp_path):
+    """B announces its copy onto "fast", over the row it saw there; A then rewrites the
+    chunk in place there (its announcement replaces B's) and puts its bytes. B's put, which
+    may replace only the object B saw before its announcement, is refused, and A's flushed
+    value stands (B's put used to replace A's object, and A's flush lost its write)."""
+    from strataio.errors import ExistsError
+    from strataio.tiers.tier import put_checked
+
+    dataset_a_on_fast(tmp_path)
+    a, b = session(tmp_path), session(tmp_path)
+    da, db = a.open_dataset("a", "r+"), b.open_dataset("a", "r+")
+    res = db.store.res
+    old = res.copy_on("c/0/0", "fast")
+    replace, seen = db.store.commit.prepare_copy(res, old, b.tiers["fast"])
+    assert replace and seen is not None
+    da[0:10, 0:10] = -1.0  # announced over B's row, and put
+    with pytest.raises(ExistsError):
+        put_checked(b.tiers["fast"], "a", "c/0/0", b"\0" * old.nbytes, over=seen)
+    da.flush()
+    da.close(), db.close(), a.close(), b.close()
+    with session(tmp_path) as s:
+        np.testing.assert_array_equal(s.open_dataset("a")[0:10, 0:10], -1.0)
+        assert fsck(s.catalog, s.tiers).clean

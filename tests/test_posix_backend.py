@@ -420,3 +420,22 @@ def test_a_conditional_delete_never_deletes_a_put_made_after_its_look(tmp_path) 
     (now,) = putter.versions(["a/c/0"])
     assert PosixBackend(tmp_path / "r").delete_if("a/c/0", now)
     assert not putter.exists("a/c/0")
+
+
+def test_a_conditional_put_replaces_only_the_version_seen(backend: PosixBackend) -> None:
+    """put_if puts only over the object at the version given (None: where there is none);
+    another process's put since is left in place and ExistsError raised."""
+    from strataio.errors import ExistsError
+
+    assert backend.put_if("a/c/0", b"first", None) == backend.versions(["a/c/0"])[0]
+    with pytest.raises(ExistsError):
+        backend.put_if("a/c/0", b"second", None)
+    (seen,) = backend.versions(["a/c/0"])
+    PosixBackend(backend.root).put("a/c/0", b"theirs")  # (another process, after the look)
+    with pytest.raises(ExistsError):
+        backend.put_if("a/c/0", b"mine", seen)
+    assert backend.get("a/c/0") == b"theirs"
+    assert not [n for n in os.listdir(backend.root / "a" / "c") if n.endswith(TMP_SUFFIX)]
+    (now,) = backend.versions(["a/c/0"])
+    version = backend.put_if("a/c/0", b"mine", now, durable=True)
+    assert backend.get("a/c/0") == b"mine" and backend.versions(["a/c/0"]) == [version]

@@ -783,3 +783,21 @@ def test_a_write_larger_than_every_tier_says_which_chunks_keep_their_values(tmp_
             assert (got[i : i + 16, j : j + 16] == 0).all()
         ds.close()
         assert fsck(s.catalog, s.tiers).clean
+
+
+def test_a_copy_deleted_before_it_is_read_back_is_not_recorded(tmp_path, monkeypatch):
+    """A move's put is read back before it is recorded. Where another process deleted the
+    object meanwhile, the move says so as a ChecksumError (its callers leave that copy
+    unrecorded), not with the backend's bare NotFoundError naming an internal object."""
+    from strataio.tiers.tier import put_checked
+
+    tier = Tier("t", PosixBackend(tmp_path / "t"), "localdisk")
+    get = tier.backend.get
+
+    def deleted_first(key):
+        tier.backend.delete(key)  # (the other process)
+        return get(key)
+
+    monkeypatch.setattr(tier.backend, "get", deleted_first)
+    with pytest.raises(ChecksumError, match="another process deleted the copy just put"):
+        put_checked(tier, "a", "c/0/0", b"x" * 64)

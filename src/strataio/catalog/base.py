@@ -307,7 +307,10 @@ class Catalog(abc.ABC):
         ``kept`` (another process changed that copy since, and the object may be its own);
         but of a chunk this commit supersedes, only another writer's announced rewrite (an
         ``in-transit`` row changed since) or a row gone is left: the write is newer than any
-        other row.
+        other row. Copies among ``upserts`` that ``expect`` names are written only while the
+        row at their place still holds what the caller saw (None: no row there): else they
+        are left out and reported in ``overtaken`` (another process announced a rewrite
+        there, or recorded a copy, since the caller looked).
 
         ``copied`` names copies among ``upserts`` that a move made of another copy of their
         chunk: one is left out (``orphaned``) where no other row of the chunk holds its

@@ -485,12 +485,31 @@ class SQLCatalog(Catalog):
                     )
                     new = [c for c in new if c not in gone]
                 guarded = [i for i in ids if expect and i in expect]
+                deleting = set(ids)
+                claims = [i for i in latest if expect and i in expect and i not in deleting]
                 sup = {(d, k) for d, k, _ in new}
                 moves = [tuple(i) for i in copied if tuple(i) in latest]
-                if new or guarded or moves or revalidated or (dropped is not None and ids):
+                if (
+                    new
+                    or guarded
+                    or claims
+                    or moves
+                    or revalidated
+                    or (dropped is not None and ids)
+                ):
                     # (rows of other processes' commits decide these: taken under a lock
                     # where the database lets one read them while it runs)
-                    self._lock_residency(cur, {d for d, _, _ in [*new, *ids]})
+                    self._lock_residency(cur, {d for d, _, _ in [*new, *ids, *claims]})
+                if claims:
+                    assert expect is not None
+                    # (a row written only over the row its caller saw there: another
+                    # process's announced rewrite or recorded copy there since is left be)
+                    now_claimed = self._states_of(cur, claims)
+                    moved_on = [i for i in claims if now_claimed.get(i) != expect[i]]
+                    for i in moved_on:
+                        del latest[i]
+                    overtaken = [*overtaken, *moved_on]
+                    moves = [i for i in moves if i in latest]
                 if moves:
                     # (a row holds the bytes it stands for as committed: another move's
                     # announced copy, or a rewrite's new bytes, may never be put)
@@ -506,13 +525,14 @@ class SQLCatalog(Catalog):
                             rewriting.add((d, k, t))
                     # (a move's copy where another writer has announced a rewrite since is
                     # left out, and its object, which that writer is replacing, stays)
-                    overtaken = [i for i in moves if i in rewriting]
-                    for i in overtaken:
+                    rewritten = [i for i in moves if i in rewriting]
+                    for i in rewritten:
                         del latest[i]
-                    if overtaken:
-                        ids = self._keep_chunks_of(ids, {i[:2] for i in overtaken}, kept)
+                    if rewritten:
+                        ids = self._keep_chunks_of(ids, {i[:2] for i in rewritten}, kept)
                         left = set(ids)
                         guarded = [i for i in guarded if i in left]
+                    overtaken = [*overtaken, *rewritten]
                     moves = [i for i in moves if i not in rewriting]
                     orphaned = [
                         i
@@ -527,12 +547,7 @@ class SQLCatalog(Catalog):
                 if revalidated:
                     # (a copy marked valid stands only where its row still holds the same
                     # bytes, settled: the caller's view of it may be stale)
-                    now_rows = {
-                        (d, k, t): (state, checksum)
-                        for d, k, t, state, checksum, _, _ in self._rows_of(
-                            cur, {i[:2] for i in revalidated}
-                        )
-                    }
+                    now_rows = self._states_of(cur, revalidated)
                     changed_rows = [
                         i
                         for i in revalidated
@@ -547,12 +562,7 @@ class SQLCatalog(Catalog):
                     overtaken = [*overtaken, *changed_rows]
                 if guarded:
                     assert expect is not None
-                    now = {
-                        (d, k, t): (state, checksum)
-                        for d, k, t, state, checksum, _, _ in self._rows_of(
-                            cur, {i[:2] for i in guarded}
-                        )
-                    }
+                    now = self._states_of(cur, guarded)
                     changed = [
                         i for i in guarded if _changed_since(now.get(i), expect[i], i[:2] in sup)
                     ]
@@ -604,6 +614,14 @@ class SQLCatalog(Catalog):
         """Make this transaction's reads of the residency of ``datasets`` stand until it ends
         (no other commit changes those rows meanwhile). SQLite's write lock, taken when the
         transaction begins, already does."""
+
+    def _states_of(self, cur: Cursor, ids: Iterable[CopyId]) -> dict[CopyId, tuple[str, str]]:
+        """The ``(state, checksum)`` of the rows of the chunks of ``ids`` (every row of
+        those chunks, keyed by its id)."""
+        return {
+            (d, k, t): (state, checksum)
+            for d, k, t, state, checksum, _, _ in self._rows_of(cur, {i[:2] for i in ids})
+        }
 
     def _rows_of(
         self, cur: Cursor, chunks: Iterable[tuple[str, str]]

@@ -118,6 +118,19 @@ class Backend(abc.ABC):
             raise ExistsError(f"object {key!r} exists already")
         return self.put_versioned(key, data, durable=durable)
 
+    def put_if(
+        self, key: str, data: BytesLike, version: Version | None, *, durable: bool = False
+    ) -> Version | None:
+        """:meth:`put_versioned` only while the object is still at ``version``
+        (:meth:`versions`; None: while there is none): else raise
+        :class:`~strataio.errors.ExistsError`, putting nothing. A backend that keeps no
+        versions puts. Atomic where the backend can make it so (POSIX: the check and the
+        rename under the folder's lock); here, the check and the put are two steps."""
+        now = self.versions([key])
+        if now is not None and now != [version]:
+            raise ExistsError(f"object {key!r} changed since it was looked at")
+        return self.put_versioned(key, data, durable=durable)
+
     def delete_if(self, key: str, version: Version) -> bool:
         """Delete the object if it is still at ``version`` (:meth:`versions`); True if it
         was deleted. The look and the delete are two steps (a rename aside to make them one

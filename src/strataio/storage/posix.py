@@ -39,6 +39,8 @@ except ImportError:  # pragma: no cover - depends on the build
 TMP_SUFFIX = ".strataio-tmp"
 _tmp_counter = iter(range(1 << 62))
 _tmp_lock = threading.Lock()
+#: ``_put_file``'s "whatever version is there" (None means "no object there")
+_ANY_VERSION = object()
 
 
 def _transfer(fd: int, ext: Extents, buf: memoryview, write: bool) -> None:
@@ -290,7 +292,24 @@ class PosixBackend(Backend):
             return super().put_new(key, data, durable=durable)
         return self._put_file(key, data, durable, replace=False)
 
-    def _put_file(self, key: str, data: BytesLike, durable: bool, replace: bool = True) -> Version:
+    def put_if(
+        self, key: str, data: BytesLike, version: Version | None, *, durable: bool = False
+    ) -> Version | None:
+        """:meth:`Backend.put_if`: the look and the rename hold the folder's lock
+        exclusively, so another process's put or conditional delete is either seen by the
+        look or comes after the rename."""
+        if type(self).put is not PosixBackend.put:
+            return super().put_if(key, data, version, durable=durable)
+        return self._put_file(key, data, durable, only_over=version)
+
+    def _put_file(
+        self,
+        key: str,
+        data: BytesLike,
+        durable: bool,
+        replace: bool = True,
+        only_over: Version | None | object = _ANY_VERSION,
+    ) -> Version:
         path = self.path(key)
         with _tmp_lock:
             tmp = f"{path}.{os.getpid()}.{next(_tmp_counter)}{TMP_SUFFIX}"
@@ -305,7 +324,10 @@ class PosixBackend(Backend):
                 view = view[os.write(fd, view) :]
             if durable:
                 os.fsync(fd)
-            with _folder_lock(os.path.dirname(path), exclusive=False):
+            conditional = only_over is not _ANY_VERSION
+            with _folder_lock(os.path.dirname(path), exclusive=conditional):
+                if conditional and self.versions([key]) != [only_over]:
+                    raise ExistsError(f"object {key!r} changed since it was looked at")
                 if replace:
                     os.replace(tmp, path)
                 else:

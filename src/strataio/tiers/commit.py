@@ -73,7 +73,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from strataio.catalog.base import Catalog, ChunkCopy, CopyId, open_catalog
-from strataio.errors import BackendError, StrataError
+from strataio.errors import BackendError, ExistsError, StrataError
+from strataio.storage.base import Version
 from strataio.tiers.residency import Batch, Residency, object_key
 from strataio.tiers.tier import Tier, TierSet, is_backend_failure, refuse_unknown_object
 
@@ -127,7 +128,12 @@ class Commit:
             else:
                 self._apply_locked(res)
 
-    def announce(self, res: Residency, intents: Sequence[ChunkCopy]) -> None:
+    def announce(
+        self,
+        res: Residency,
+        intents: Sequence[ChunkCopy],
+        expect: Mapping[CopyId, tuple[str, str] | None] | None = None,
+    ) -> None:
         """Record, before the objects are replaced in place, that the copies ``intents`` are
         being rewritten (state ``in-transit``, the new checksum): after a crash fsck can then
         tell an interrupted rewrite from a corrupt copy. The caller holds the objects' put
@@ -141,41 +147,68 @@ class Commit:
         an OS crash or power cut before that flush can do is lose the announcement while the
         kernel has written the renamed object back on its own; the copy then fails its old
         checksum, as a rewrite never flushed is lost from any store. A durable announcement
-        per call cost one WAL fsync, more than the put itself."""
+        per call cost one WAL fsync, more than the put itself.
+
+        ``expect``: rows announced only over the catalog row the caller saw at their place
+        (see :meth:`Catalog.commit`); where one changed since, nothing is announced and
+        :class:`ExistsError` says so."""
         if not intents:
             return
         rows = self._stamped(intents)
         with res.commit_lock:  # after any batch taken before, so none overwrites them
             if self.catalog is not None:
-                self.catalog.commit(rows, [], durable=False)
+                done = self.catalog.commit(rows, [], durable=False, expect=expect)
             elif self._catalog_url:
-                self._announcing().commit(rows, [], durable=False)
+                done = self._announcing().commit(rows, [], durable=False, expect=expect)
             else:
                 return
+            if done.overtaken:
+                _, key, tier = done.overtaken[0]
+                raise ExistsError(
+                    f"chunk {key!r} of dataset {res.name!r}: another process changed its "
+                    f"copy on tier {tier!r} since this one looked (a rewrite, or a copy of "
+                    "its own); not replaced"
+                )
             res.announced(rows)
         with self._count_lock:
             self._announced += 1
 
-    def prepare_copy(self, res: Residency, src: ChunkCopy, dst: Tier) -> bool:
+    def prepare_copy(
+        self, res: Residency, src: ChunkCopy, dst: Tier
+    ) -> tuple[bool, Version | None]:
         """Before a move or write-back puts a copy of ``src`` on ``dst`` (the caller holds
         the put slot, :meth:`Residency.writing`): raise :class:`ExistsError` for an object
         there this process holds no copy of (another process's put not recorded yet), and
         announce the put where the catalog may still name a copy there, looking for such an
-        object again after the announcement (which may have waited for a commit). Returns
-        whether the put may replace an object there; where not, it is to be put with
-        :meth:`Backend.put_new` (``put_checked(new=True)``), which closes the window between
-        this look and the put where the backend can."""
+        object again after the announcement (which may have waited for a commit).
+
+        Returns ``(replace, version)``: whether the put may replace an object there, and
+        then the version that object had before the announcement, which the put is to find
+        still (``put_checked(over=version)``: another process's rewrite announced since
+        stands); None where the tier keeps no versions. Where it may not replace one, it is
+        to be put with :meth:`Backend.put_new` (``put_checked(new=True)``), which closes the
+        window between this look and the put where the backend can."""
         held = res.holds_object(src.key, dst.name)
+        seen: Version | None = None
         if not held:
             refuse_unknown_object(dst, res.name, src.key)
+        else:
+            got = dst.call(dst.backend.versions, [object_key(res.name, src.key)])
+            if got is not None:
+                if got[0] is None:
+                    held = False  # (nothing there now: the put is to find nothing either)
+                seen = got[0]
         if res.catalogued(src.key, dst.name):
             intent = ChunkCopy(
                 res.name, src.key, dst.name, src.nbytes, src.checksum, "in-transit", time.time()
             )
-            self.announce(res, [intent])
+            # (only over the row this process saw there: a write of another process
+            # announced or recorded there since is newer than the bytes moved)
+            slot = (res.name, src.key, dst.name)
+            self.announce(res, [intent], {slot: res.catalog_row(src.key, dst.name)})
             if not held:
                 refuse_unknown_object(dst, res.name, src.key)
-        return held
+        return held, seen
 
     def drop_missing_row(self, res: Residency, copy: ChunkCopy) -> None:
         """Delete the row of ``copy``, whose object was found missing and which ``res`` has
@@ -353,8 +386,15 @@ class Commit:
         )
         # a write or move left out (its object replaced or deleted by another process, or
         # rewritten by another writer) takes nothing with it: the other copies of its chunk,
-        # rows and objects, are what is left of the chunk
-        void = {k for _, k, t in done.left_out if (k, t) in batch.written or (k, t) in batch.moved}
+        # rows and objects, are what is left of the chunk. Not so a move left out as
+        # orphaned (its chunk rewritten since it read it): the catalog deleted the rows its
+        # batch dropped, so their objects go too (they would be left for fsck else)
+        orphaned = set(done.orphaned)
+        void = {
+            k
+            for _, k, t in done.left_out - orphaned
+            if (k, t) in batch.written or (k, t) in batch.moved
+        }
         kept = {(t, k) for _, k, t in done.kept} | {o for o in batch.obsolete if o[1] in void}
         try:
             self._delete(

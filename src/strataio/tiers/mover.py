@@ -381,9 +381,9 @@ class Mover:
                             res.abandon_write(key, dst.name)
                             raise
                         try:
-                            held = self.commit.prepare_copy(res, src, dst)
+                            held, seen = self.commit.prepare_copy(res, src, dst)
                             n, digest, put = put_checked(
-                                dst, res.name, key, data, new=not held, like=like
+                                dst, res.name, key, data, new=not held, over=seen, like=like
                             )
                         except ExistsError as exc:
                             res.abandon_write(key, dst.name)

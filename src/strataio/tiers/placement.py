@@ -472,9 +472,15 @@ class Placement:
                             return False  # a corrupt only copy: fsck reports it; never evicted
                         raise
                     try:
-                        held = self.commit.prepare_copy(res, copy, dst)
+                        held, seen = self.commit.prepare_copy(res, copy, dst)
                         n, digest, put = put_checked(
-                            dst, res.name, copy.key, data, new=not held, like=copy.checksum
+                            dst,
+                            res.name,
+                            copy.key,
+                            data,
+                            new=not held,
+                            over=seen,
+                            like=copy.checksum,
                         )
                     except ExistsError:
                         res.abandon_write(copy.key, dst.name)

@@ -711,6 +711,12 @@ class Residency:
             self._forgotten.discard((copy.key, copy.tier))
             self._known.pop((copy.key, copy.tier), None)
 
+    def catalog_row(self, key: str, tier: str) -> tuple[str, str] | None:
+        """The ``(state, checksum)`` of the catalog's row of ``key`` on ``tier`` as this
+        residency last saw or wrote it (None: it knows of none)."""
+        with self.lock:
+            return self._known.get((key, tier))
+
     def announced(self, rows: Iterable[ChunkCopy]) -> None:
         """Announcements ``rows`` are now the catalog's rows of their copies."""
         with self.lock:

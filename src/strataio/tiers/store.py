@@ -130,6 +130,9 @@ class TieredChunkStore(ChunkStore):
     #: ... and times while each answer differs from the last (another process is rewriting
     #: or moving the chunk right now: each look finds it further on)
     REFRESHES_WHILE_CHANGING = 20
+    #: seconds before a chunk found missing or unreadable is read again where the catalog
+    #: shows no change (times the lookups so far)
+    REREAD_PAUSE = 0.01
 
     def get_chunks(self, keys: Sequence[str]) -> list[BytesLike | None]:
         self._check_open()
@@ -173,11 +176,18 @@ class TieredChunkStore(ChunkStore):
             if out_of_copies:
                 refreshes.update(out_of_copies)
                 moving.difference_update(out_of_copies)
-                for j in self._refresh([keys[i] for i in out_of_copies]):
-                    pending[out_of_copies[j]] = set()
-                    moving.add(out_of_copies[j])
-                    # (bytes that failed rows since replaced prove nothing against the new ones)
-                    corrupt.pop(out_of_copies[j], None)
+                changed = set(self._refresh([keys[i] for i in out_of_copies]))
+                if len(changed) < len(out_of_copies):
+                    # Rows the same as the catalog's: another process may have put the copy
+                    # back where it was found missing, or this process learned its new
+                    # bytes since they were read (rows this look cannot see change). Read
+                    # every copy again, a moment later each time.
+                    time.sleep(self.REREAD_PAUSE * max(refreshes[i] for i in out_of_copies))
+                for j, i in enumerate(out_of_copies):
+                    pending[i] = set()
+                    corrupt.pop(i, None)  # (each read again says again what it found)
+                    if j in changed:
+                        moving.add(i)
             for i, tried in list(pending.items()):
                 copies = [c for c in self.res.readable(keys[i]) if c.tier not in tried]
                 if not copies:

@@ -33,7 +33,7 @@ from strataio.errors import (
     StrataError,
     TierDownError,
 )
-from strataio.storage.base import Backend, BytesLike
+from strataio.storage.base import Backend, BytesLike, Version
 
 if TYPE_CHECKING:
     from strataio.tiers.commit import Commit
@@ -270,23 +270,42 @@ def read_checked(src: Tier, dataset: str, key: str, expect: str = "") -> bytes:
 
 
 def put_checked(
-    dst: Tier, dataset: str, key: str, data: BytesLike, *, new: bool = False, like: str = ""
+    dst: Tier,
+    dataset: str,
+    key: str,
+    data: BytesLike,
+    *,
+    new: bool = False,
+    over: Version | None = None,
+    like: str = "",
 ) -> tuple[int, str, Any]:
     """Put ``data`` as chunk ``key`` of ``dataset`` on ``dst`` durably (fsync / completed
     PUT), read it back and check it, so the copy is known good before anyone records it;
     return ``(nbytes, checksum, version)``, the version that of the object put
     (:meth:`Backend.put_versioned`). ``new``: only where no object is there yet
-    (:meth:`Backend.put_new`; else :class:`ExistsError`, and nothing is put). ``like``: the
+    (:meth:`Backend.put_new`; else :class:`ExistsError`, and nothing is put). ``over``: only
+    over the object at that version (:meth:`Backend.put_if`; else as ``new``). ``like``: the
     recorded checksum of the copy the bytes come from, whose kind the new copy's keeps
     (:func:`checksum_like`). Raises as :func:`read_checked` does."""
     obj = f"{dataset}/{key}"
     got = checksum_like(like, data)
-    put = dst.backend.put_new if new else dst.backend.put_versioned
     try:
-        version = dst.call(put, obj, data, durable=True)
+        if new:
+            version = dst.call(dst.backend.put_new, obj, data, durable=True)
+        elif over is not None:
+            version = dst.call(dst.backend.put_if, obj, data, over, durable=True)
+        else:
+            version = dst.call(dst.backend.put_versioned, obj, data, durable=True)
     except ExistsError:
         raise _unknown_object(dst, dataset, key) from None
-    back = checksum_like(like, dst.call(dst.backend.get, obj))
+    try:
+        back = checksum_like(like, dst.call(dst.backend.get, obj))
+    except (NotFoundError, FileNotFoundError):
+        # (a ChecksumError too, as below: the copy is not to be recorded)
+        raise ChecksumError(
+            f"chunk {key!r} of dataset {dataset!r}: another process deleted the copy just "
+            f"put on tier {dst.name!r} before it was read back (this copy is not recorded)"
+        ) from None
     if back != got:
         if version is not None and dst.call(dst.backend.versions, [obj]) != [version]:
             # (a ChecksumError still, as callers take it: the copy is not to be recorded)
