@@ -287,17 +287,18 @@ class BackendContract:
         assert bytes(out) == b"defg" and again != version
 
     def test_put_versioned(self, backend: Backend) -> None:
-        """A put's version is the one :meth:`Backend.versions` then gives for the object (None
-        for a backend without versions); a put of the same bytes again is a new version."""
+        """A put's version is the one :meth:`Backend.object_versions` then gives for the
+        object (None for a backend without versions); a put of the same bytes again is a new
+        version."""
         first = backend.put_versioned("pv/a", b"same bytes")
         assert bytes(backend.get("pv/a")) == b"same bytes"
-        known = backend.versions(["pv/a"])
+        known = backend.object_versions(["pv/a"])
         if known is None:
             assert first is None
             return
         assert first == known[0]
         second = backend.put_versioned("pv/a", b"same bytes", durable=True)
-        assert second == backend.versions(["pv/a"])[0] and second != first
+        assert second == backend.object_versions(["pv/a"])[0] and second != first
 
     def test_delete_if_deletes_only_the_version_seen(self, backend: Backend) -> None:
         """:meth:`Backend.delete_if` deletes an object still at the version given, and
@@ -313,15 +314,31 @@ class BackendContract:
         assert not backend.delete_if("di/b", seen)
         assert bytes(backend.get("di/b")) == b"new"
 
+    def test_put_if_replaces_only_the_version_seen(self, backend: Backend) -> None:
+        """:meth:`Backend.put_if` replaces an object still at the version given (None: puts
+        only where there is none), and refuses, changing nothing, where it changed since."""
+        seen = backend.put_if("pi/a", b"first", None)
+        if seen is None:
+            return  # (no versions: callers put unconditionally)
+        with pytest.raises(ExistsError):
+            backend.put_if("pi/a", b"again", None)
+        backend.put_versioned("pi/a", b"theirs")  # (another process, since the look)
+        with pytest.raises(ExistsError):
+            backend.put_if("pi/a", b"mine", seen)
+        assert bytes(backend.get("pi/a")) == b"theirs"
+        (now,) = backend.object_versions(["pi/a"])
+        assert backend.put_if("pi/a", b"mine", now) == backend.object_versions(["pi/a"])[0]
+        assert bytes(backend.get("pi/a")) == b"mine"
+
     def test_put_new_puts_only_where_nothing_is(self, backend: Backend) -> None:
         """:meth:`Backend.put_new` puts an object under a free name (its version as
         :meth:`Backend.put_versioned` gives it) and refuses a taken one, changing nothing."""
         first = backend.put_new("pn/a", b"first", durable=True)
         assert bytes(backend.get("pn/a")) == b"first"
-        known = backend.versions(["pn/a"])
+        known = backend.object_versions(["pn/a"])
         assert first == (None if known is None else known[0])
         with pytest.raises(ExistsError):
             backend.put_new("pn/a", b"second")
         assert bytes(backend.get("pn/a")) == b"first"
-        assert backend.versions(["pn/a"]) == known
+        assert backend.object_versions(["pn/a"]) == known
         assert sorted(backend.list("pn/")) == ["pn/a"]  # no temporary file left behind

@@ -730,6 +730,29 @@ def test_announced_rewrite_keeps_both_checksums(cat):
     assert ChunkCopy("d", "c/0/0", "local", 8).accepts("anything")
 
 
+def test_an_announcement_not_knowing_the_old_bytes_takes_the_settled_row_s(cat):
+    """An announced rewrite whose caller does not know the bytes it replaces (a copy it
+    forgot, a move's copy) takes the checksum of the settled row at its place as its old
+    one: the object holds those bytes until the put. Over another announcement, or where
+    no row is, it keeps none."""
+    cat.create_dataset(_ds("d"))
+    cat.commit(
+        [
+            ChunkCopy("d", "c/0/0", "local", 8, "aa"),
+            ChunkCopy("d", "c/1/0", "local", 8, "bb", "in-transit", 0.0, "b0", "w2"),
+        ]
+    )
+    cat.commit(
+        [
+            ChunkCopy("d", f"c/{i}/0", "local", 8, "new", "in-transit", 0.0, "", "w1")
+            for i in range(3)
+        ],
+        durable=False,
+    )
+    old = {c.key: c.old_checksum for c in cat.residency("d")}
+    assert old == {"c/0/0": "aa", "c/1/0": "", "c/2/0": ""}
+
+
 _NOWAIT_CHILD = """
 import os, signal, sys
 from strataio.catalog import ChunkCopy, open_catalog

@@ -320,7 +320,7 @@ def test_a_stage_that_read_the_old_value_records_nothing_beside_a_rewrite(tmp_pa
         assert fsck(s.catalog, s.tiers).clean
 
 
-@pytest.mark.parametrize("shaped", [False, True], ids=["posix", "shaped-no-versions"])
+@pytest.mark.parametrize("shaped", [False, True], ids=["posix", "shaped"])
 def test_a_move_that_read_a_value_since_rewritten_in_place_records_nothing(
     tmp_path, monkeypatch, shaped
 ):
@@ -328,7 +328,7 @@ def test_a_move_that_read_a_value_since_rewritten_in_place_records_nothing(
     in place to 3 without flushing (its row announced: new 3, old 2). B's copy of 1 is held
     by no row (the announced rewrite holds 2 or 3): it must not be recorded, or a crash of A
     before its flush leaves fsck a "good" older copy to fall back to, and the flushed 2 is
-    lost. Also where the destination keeps no object versions (a cost-model tier)."""
+    lost. Also where the destination is a cost-model tier (whose reads keep no versions)."""
     config = CONFIG.replace('role = "remotetape"', 'role = "remotedisk"')
     if shaped:
         config = config.replace(
@@ -421,13 +421,21 @@ def test_a_read_that_keeps_finding_the_chunk_rewritten_says_so(tmp_path, monkeyp
     da.close(), db.close(), a.close(), b.close()
 
 
-def test_an_object_put_anew_after_its_row_went_is_not_deleted(tmp_path):
+@pytest.mark.parametrize("shaped", [False, True], ids=["posix", "shaped"])
+def test_an_object_put_anew_after_its_row_went_is_not_deleted(tmp_path, shaped):
     """B migrates the chunk to the archive: its commit records the archive copy and drops
     the fast row, then deletes the fast object. A, whose rewrite of the chunk on "fast" lands
     between the two (announced after B's commit dropped the row), must keep its bytes: B
     deletes the object only while it is the one B saw before its commit, and A's flush then
-    records the new value."""
+    records the new value. Also where "fast" is a cost-model tier, whose reads keep no
+    versions (its deletes were unchecked, and took A's bytes)."""
     dataset_a_on_fast(tmp_path)
+    if shaped:
+        (tmp_path / "strataio.toml").write_text(
+            CONFIG.replace(
+                'path = "fast"', 'path = "fast"\nshaped = "remote_disk_2002"\ntime_scale = 0.001'
+            )
+        )
     a, b = session(tmp_path), session(tmp_path)
     da, db = a.open_dataset("a", "r+"), b.open_dataset("a", "r")
     commit = db.store.commit

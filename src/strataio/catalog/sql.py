@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import dataclasses
 import json
 import os
 import socket
@@ -487,19 +488,40 @@ class SQLCatalog(Catalog):
                 guarded = [i for i in ids if expect and i in expect]
                 deleting = set(ids)
                 claims = [i for i in latest if expect and i in expect and i not in deleting]
+                # announcements that do not know the bytes they replace
+                unknown_old = [
+                    i for i, c in latest.items() if c.state == "in-transit" and not c.old_checksum
+                ]
                 sup = {(d, k) for d, k, _ in new}
                 moves = [tuple(i) for i in copied if tuple(i) in latest]
                 if (
                     new
                     or guarded
                     or claims
+                    or unknown_old
                     or moves
                     or revalidated
                     or (dropped is not None and ids)
                 ):
                     # (rows of other processes' commits decide these: taken under a lock
                     # where the database lets one read them while it runs)
-                    self._lock_residency(cur, {d for d, _, _ in [*new, *ids, *claims]})
+                    self._lock_residency(
+                        cur, {d for d, _, _ in [*new, *ids, *claims, *unknown_old]}
+                    )
+                if unknown_old:
+                    # (an announced rewrite of a settled row takes its checksum as the old
+                    # one: the object holds those bytes until the put, so after a crash
+                    # before it fsck finds the old value, not bytes it cannot place)
+                    settled = {
+                        (d, k, t): checksum
+                        for d, k, t, state, checksum, _, _ in self._rows_of(
+                            cur, {i[:2] for i in unknown_old}
+                        )
+                        if state != "in-transit"
+                    }
+                    for i in unknown_old:
+                        if settled.get(i):
+                            latest[i] = dataclasses.replace(latest[i], old_checksum=settled[i])
                 if claims:
                     assert expect is not None
                     # (a row written only over the row its caller saw there: another

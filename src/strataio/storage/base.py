@@ -118,15 +118,23 @@ class Backend(abc.ABC):
             raise ExistsError(f"object {key!r} exists already")
         return self.put_versioned(key, data, durable=durable)
 
+    def object_versions(self, keys: Sequence[str]) -> list[Version | None] | None:
+        """The versions that :meth:`put_if`, :meth:`delete_if` and the versions puts return
+        compare (None: the backend keeps none): :meth:`versions`, but for a backend whose
+        reads take no versions while its store keeps them (a cost model over a directory),
+        its store's. Processes sharing objects check each other's puts and deletes by
+        these."""
+        return self.versions(keys)
+
     def put_if(
         self, key: str, data: BytesLike, version: Version | None, *, durable: bool = False
     ) -> Version | None:
         """:meth:`put_versioned` only while the object is still at ``version``
-        (:meth:`versions`; None: while there is none): else raise
+        (:meth:`object_versions`; None: while there is none): else raise
         :class:`~strataio.errors.ExistsError`, putting nothing. A backend that keeps no
         versions puts. Atomic where the backend can make it so (POSIX: the check and the
         rename under the folder's lock); here, the check and the put are two steps."""
-        now = self.versions([key])
+        now = self.object_versions([key])
         if now is not None and now != [version]:
             raise ExistsError(f"object {key!r} changed since it was looked at")
         return self.put_versioned(key, data, durable=durable)
@@ -135,7 +143,7 @@ class Backend(abc.ABC):
         """Delete the object if it is still at ``version`` (:meth:`versions`); True if it
         was deleted. The look and the delete are two steps (a rename aside to make them one
         would change the version of an object put back)."""
-        if self.versions([key]) != [version]:
+        if self.object_versions([key]) != [version]:
             return False
         self.delete(key)
         return True

@@ -40,18 +40,19 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from strataio.errors import StrataError
 from strataio.layout.extents import Extents
-from strataio.storage.base import Backend, BytesLike, Capabilities
+from strataio.storage.base import Backend, BytesLike, Capabilities, Version
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,17 +288,36 @@ class Shaped(Backend):
     def put(self, key: str, data: BytesLike, *, durable: bool = False) -> None:
         self._put(self.inner.put, key, data, durable)
 
-    def put_new(self, key: str, data: BytesLike, *, durable: bool = False) -> None:
-        # (None: this backend keeps no versions, as put_versioned says)
-        self._put(self.inner.put_new, key, data, durable)
+    # Reads here keep no versions (each reads its object whole, as the modelled store's
+    # GET does), but the checks that keep two processes from deleting or replacing each
+    # other's objects use the inner store's (object_versions).
+    def put_versioned(self, key: str, data: BytesLike, *, durable: bool = False) -> Version | None:
+        return self._put(self.inner.put_versioned, key, data, durable)
 
-    def _put(self, put: Any, key: str, data: BytesLike, durable: bool) -> None:
-        """``put`` (the inner backend's) of ``data``, charged as one write."""
+    def put_new(self, key: str, data: BytesLike, *, durable: bool = False) -> Version | None:
+        return self._put(self.inner.put_new, key, data, durable)
+
+    def put_if(
+        self, key: str, data: BytesLike, version: Version | None, *, durable: bool = False
+    ) -> Version | None:
+        return self._put(functools.partial(self.inner.put_if, version=version), key, data, durable)
+
+    def object_versions(self, keys: Sequence[str]) -> list[Version | None] | None:
+        self._meta()
+        return self.inner.object_versions(keys)
+
+    def delete_if(self, key: str, version: Version) -> bool:
+        self._meta()
+        return self.inner.delete_if(key, version)
+
+    def _put(self, put: Any, key: str, data: BytesLike, durable: bool) -> Any:
+        """``put`` (the inner backend's) of ``data``, charged as one write; what it returns."""
         n = memoryview(data).nbytes
         with self._drive():
-            put(key, data, durable=durable)
+            got = put(key, data, durable=durable)
             self._access(self.model.write, n, 0)
         self._add(requests=1, bytes_written=n)
+        return got
 
     def _meta(self) -> None:
         self._sleep(self._connection())

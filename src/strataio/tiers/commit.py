@@ -193,7 +193,7 @@ class Commit:
         if not held:
             refuse_unknown_object(dst, res.name, src.key)
         else:
-            got = dst.call(dst.backend.versions, [object_key(res.name, src.key)])
+            got = dst.call(dst.backend.object_versions, [object_key(res.name, src.key)])
             if got is not None:
                 if got[0] is None:
                     held = False  # (nothing there now: the put is to find nothing either)
@@ -471,7 +471,7 @@ class Commit:
             if not tier.up:
                 continue
             try:
-                now = tier.backend.versions([object_key(dataset, k) for _, k, _ in mine])
+                now = tier.backend.object_versions([object_key(dataset, k) for _, k, _ in mine])
             except Exception:
                 continue
             if now is None:
@@ -552,7 +552,7 @@ class Commit:
             if tier.volatile or not tier.up:
                 continue
             try:
-                got = tier.backend.versions([object_key(dataset, k) for k in keys])
+                got = tier.backend.object_versions([object_key(dataset, k) for k in keys])
             except Exception:  # (no versions to compare: deleted unchecked, as before)
                 continue
             if got is not None:

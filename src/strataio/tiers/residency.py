@@ -338,8 +338,14 @@ class Residency:
             self._cancelled.discard(slot)
             if slot in self._untouched:
                 self._untouched.discard(slot)
-                if cancelled and self.copy_on(key, tier) is None:
-                    self._obsolete.add(slot)  # the deletion the put cancelled stands
+                if (
+                    cancelled
+                    and self.copy_on(key, tier) is None
+                    and (self._tier(tier).volatile or (key, tier) in self._deletes)
+                ):
+                    # the deletion the put cancelled stands, with its row's: an object whose
+                    # row another commit kept meanwhile is not this process's to delete
+                    self._obsolete.add(slot)
             elif self.copy_on(key, tier) is None:
                 self._obsolete.add(slot)
                 if not self._tier(tier).volatile:

@@ -307,7 +307,7 @@ def put_checked(
             f"put on tier {dst.name!r} before it was read back (this copy is not recorded)"
         ) from None
     if back != got:
-        if version is not None and dst.call(dst.backend.versions, [obj]) != [version]:
+        if version is not None and dst.call(dst.backend.object_versions, [obj]) != [version]:
             # (a ChecksumError still, as callers take it: the copy is not to be recorded)
             raise ChecksumError(
                 f"chunk {key!r} of dataset {dataset!r}: another process replaced the copy "
