@@ -632,3 +632,34 @@ def test_a_move_s_put_never_replaces_a_rewrite_announced_after_the_move_s(tmp_pa
     with session(tmp_path) as s:
         np.testing.assert_array_equal(s.open_dataset("a")[0:10, 0:10], -1.0)
         assert fsck(s.catalog, s.tiers).clean
+
+
+def test_an_orphaned_move_never_deletes_the_object_a_write_put_over_it(tmp_path, monkeypatch):
+    """B's stage puts the chunk's value on "fast"; before B records it, A writes the chunk
+    there (its put replaces B's object) and flushes, superseding every other copy. B's copy
+    is then of an old value no row holds (orphaned): B's commit leaves it out, and deletes
+    the object only while it is the one B put (it deleted A's flushed bytes before)."""
+    from strataio.tiers import mover
+
+    dataset_a_on_fast(tmp_path)
+    with session(tmp_path) as s:
+        s.open_dataset("a", "r+").migrate(to="archive").wait()
+    a, b = session(tmp_path), session(tmp_path)
+    da, db = a.open_dataset("a", "r+"), b.open_dataset("a", "r")
+    put_checked = mover.put_checked
+
+    def written_and_flushed_meanwhile(dst, dataset, key, data, **kw):
+        out = put_checked(dst, dataset, key, data, **kw)
+        if key == "c/0/0":
+            da[0:10, 0:10] = -1.0  # onto "fast", over B's object
+            da.flush()
+        return out
+
+    monkeypatch.setattr(mover, "put_checked", written_and_flushed_meanwhile)
+    db.stage(np.s_[0:10, 0:10], to="fast").wait()
+    monkeypatch.setattr(mover, "put_checked", put_checked)
+    assert (tmp_path / "fast" / "a" / "c" / "0" / "0").exists()
+    da.close(), db.close(), a.close(), b.close()
+    with session(tmp_path) as s:
+        np.testing.assert_array_equal(s.open_dataset("a")[0:10, 0:10], -1.0)
+        assert fsck(s.catalog, s.tiers).clean

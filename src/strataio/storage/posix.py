@@ -482,9 +482,10 @@ def _start_fetch(fd: int, offset: int, nbytes: int) -> None:
 @contextlib.contextmanager
 def _folder_lock(path: str, *, exclusive: bool) -> Iterator[None]:
     """An advisory lock (``flock``) on folder ``path``, across processes: puts take it
-    shared around the rename that publishes a file, a conditional delete exclusive around
-    its look and unlink. Where the folder is missing or cannot be locked (a file system
-    without ``flock``), nothing is held: the two steps are then as racy as without it."""
+    shared around the rename that publishes a file; a conditional put or delete takes it
+    exclusive around its look at the file's version and its rename or unlink. Where the
+    folder is missing or cannot be locked (a file system without ``flock``), nothing is
+    held: the look and the step are then two steps, as on a backend without the lock."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:

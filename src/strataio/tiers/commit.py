@@ -167,7 +167,7 @@ class Commit:
                 raise ExistsError(
                     f"chunk {key!r} of dataset {res.name!r}: another process changed its "
                     f"copy on tier {tier!r} since this one looked (a rewrite, or a copy of "
-                    "its own); not replaced"
+                    "its own); not copied there (move it again once that process has flushed)"
                 )
             res.announced(rows)
         with self._count_lock:
@@ -396,12 +396,19 @@ class Commit:
             if (k, t) in batch.written or (k, t) in batch.moved
         }
         kept = {(t, k) for _, k, t in done.kept} | {o for o in batch.obsolete if o[1] in void}
+        # an orphaned move's object goes only while it is the one the move put: another
+        # process's write may have replaced it, and recorded it, since
+        put_by_moves = {
+            (t, k): batch.moved[k, t]
+            for _, k, t in done.orphaned
+            if batch.moved.get((k, t)) is not None
+        }
         try:
             self._delete(
                 res,
                 [o for o in batch.obsolete if o not in kept]
                 + [(t, k) for _, k, t in [*done.superseded, *done.orphaned]],
-                seen,
+                {**seen, **put_by_moves},
             )
         finally:
             res.deleted(kept)  # (kept, not deleted: puts of them may go on)
