@@ -635,31 +635,48 @@ def test_a_move_s_put_never_replaces_a_rewrite_announced_after_the_move_s(tmp_pa
 
 
 def test_an_orphaned_move_never_deletes_the_object_a_write_put_over_it(tmp_path, monkeypatch):
-    """B's stage puts the chunk's value on "fast"; before B records it, A writes the chunk
-    there (its put replaces B's object) and flushes, superseding every other copy. B's copy
-    is then of an old value no row holds (orphaned): B's commit leaves it out, and deletes
-    the object only while it is the one B put (it deleted A's flushed bytes before)."""
+    """B's stage puts the chunk's value 1 on "fast"; before B records it, A rewrites the
+    chunk on the archive (its "fast" full) and flushes: no row holds 1 any more, and B's
+    commit leaves its copy out as orphaned. Between that commit and B's deletion of its
+    object, A writes the chunk again, onto "fast" now, over B's object, and flushes. B
+    deletes the object only while it is the one B put: A's flushed bytes stay (B's deletion
+    took them before)."""
     from strataio.tiers import mover
+    from strataio.tiers.commit import Commit
 
     dataset_a_on_fast(tmp_path)
     with session(tmp_path) as s:
         s.open_dataset("a", "r+").migrate(to="archive").wait()
     a, b = session(tmp_path), session(tmp_path)
     da, db = a.open_dataset("a", "r+"), b.open_dataset("a", "r")
+    fast = a.tiers["fast"]
     put_checked = mover.put_checked
 
-    def written_and_flushed_meanwhile(dst, dataset, key, data, **kw):
+    def rewritten_on_the_archive(dst, dataset, key, data, **kw):
         out = put_checked(dst, dataset, key, data, **kw)
         if key == "c/0/0":
-            da[0:10, 0:10] = -1.0  # onto "fast", over B's object
+            fast.capacity = 1
+            da[0:10, 0:10] = -1.0  # onto the archive, over the value B copied
             da.flush()
+            fast.capacity = None
         return out
 
-    monkeypatch.setattr(mover, "put_checked", written_and_flushed_meanwhile)
+    delete = Commit._delete
+    steps = []
+
+    def rewritten_on_fast_first(self, res, objs, seen=None):
+        if res is db.store.res and ("fast", "c/0/0") in objs and not steps:
+            steps.append("orphaned")
+            da[0:10, 0:10] = -2.0  # onto "fast", over B's object
+            da.flush()
+        return delete(self, res, objs, seen)
+
+    monkeypatch.setattr(mover, "put_checked", rewritten_on_the_archive)
+    monkeypatch.setattr(Commit, "_delete", rewritten_on_fast_first)
     db.stage(np.s_[0:10, 0:10], to="fast").wait()
-    monkeypatch.setattr(mover, "put_checked", put_checked)
-    assert (tmp_path / "fast" / "a" / "c" / "0" / "0").exists()
+    monkeypatch.undo()
+    assert steps == ["orphaned"]
     da.close(), db.close(), a.close(), b.close()
     with session(tmp_path) as s:
-        np.testing.assert_array_equal(s.open_dataset("a")[0:10, 0:10], -1.0)
+        np.testing.assert_array_equal(s.open_dataset("a")[0:10, 0:10], -2.0)
         assert fsck(s.catalog, s.tiers).clean
