@@ -211,6 +211,17 @@ test_two_sessions_on_a_full_tier = pytest.mark.filterwarnings("ignore::ResourceW
 # Interleavings the machine found, each of which once lost a value or left a chunk
 # unreadable: (rule, *arguments) steps, the invariant checked after each.
 FOUND = {
+    # A reads a chunk whose "fast" object B has rewritten (not flushed): the bytes fail
+    # A's row and A reads the archive copy instead; what it read was cached under the
+    # version of B's object, and B read A's older value back after its flush
+    "failover-read-cached-as-the-other-copy": [
+        ("move", "A", "migrate", "archive"),
+        ("write", "B", [(0, 0), (0, 1)]),
+        ("write", "A", [(0, 0)]),
+        ("flush", "A"),
+        ("flush", "A"),
+        ("flush", "B"),
+    ],
     # B's read stages its own copy; A evicts the archive copy and migrates: B's read finds
     # both its copies missing and must learn the new one from the catalog
     "read-after-two-moves": [

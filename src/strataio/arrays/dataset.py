@@ -741,7 +741,12 @@ class Dataset:
                 if kept:  # (the spare buffer is read into again)
                     chunk = chunk.copy()
             else:
-                v = versions[i] if versions is not None else None
+                read_as, v = v, versions[i] if versions is not None else None
+                if v is not None and read_as != v:
+                    # the bytes came from another copy than the one versioned before the
+                    # read (a tiered store's failover), or the chunk changed since: not
+                    # cached under that version
+                    v, kept = None, False
                 if not kept and chunk is not None and v is not None and settled(v, seen):
                     cache.admit(space, keys[i], v)  # (a read done, not one attempted)
             out[dst[i]] = fill_value if chunk is None else chunk[src[i]]

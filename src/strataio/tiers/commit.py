@@ -198,7 +198,10 @@ class Commit:
                 if got[0] is None:
                     held = False  # (nothing there now: the put is to find nothing either)
                 seen = got[0]
-        if res.catalogued(src.key, dst.name):
+        # (also where it holds the object only as a deletion of its own not carried out
+        # yet: another process may have recorded a copy there since, and the announcement,
+        # made only over the row this process saw, is refused then)
+        if (held and not dst.volatile) or res.catalogued(src.key, dst.name):
             intent = ChunkCopy(
                 res.name, src.key, dst.name, src.nbytes, src.checksum, "in-transit", time.time()
             )
