@@ -680,3 +680,21 @@ def test_an_orphaned_move_never_deletes_the_object_a_write_put_over_it(tmp_path,
     with session(tmp_path) as s:
         np.testing.assert_array_equal(s.open_dataset("a")[0:10, 0:10], -2.0)
         assert fsck(s.catalog, s.tiers).clean
+
+
+def test_an_object_missing_when_a_commit_looked_is_not_deleted_after_it(tmp_path):
+    """A commit looks at the objects it is to delete before its rows go. One missing then
+    (another process moved the copy away and deleted it) is none of its own: an object put
+    there after the look (another process's move back, say) stays (an unconditional delete
+    took it, and that process's recorded copy with it)."""
+    dataset_a_on_fast(tmp_path)
+    with session(tmp_path) as s:
+        ds = s.open_dataset("a", "r+")
+        commit, res = ds.store.commit, ds.store.res
+        theirs = tmp_path / "fast" / "a" / "c" / "9" / "9"
+        seen = commit._versions_of("a", [("fast", "c/9/9")])  # (nothing there yet)
+        theirs.parent.mkdir(parents=True, exist_ok=True)
+        theirs.write_bytes(b"theirs")  # (another process's put, after the look)
+        commit._delete(res, [("fast", "c/9/9")], seen)
+        assert theirs.read_bytes() == b"theirs"
+        ds.close()

@@ -801,3 +801,36 @@ def test_a_copy_deleted_before_it_is_read_back_is_not_recorded(tmp_path, monkeyp
     monkeypatch.setattr(tier.backend, "get", deleted_first)
     with pytest.raises(ChecksumError, match="another process deleted the copy just put"):
         put_checked(tier, "a", "c/0/0", b"x" * 64)
+
+
+def test_a_read_whose_copies_change_between_two_looks_looks_again(tmp_path, monkeypatch):
+    """A read looks at a chunk's copies twice per round (whether to ask the catalog, then
+    which copy to read). Where another thread changes them in between (the second look
+    finds none left to try), the read looks again instead of saying the chunk is lost."""
+    from strataio.tiers.residency import Residency
+
+    a = np.arange(20 * 20, dtype="f4").reshape(20, 20)
+    with strataio.Session(
+        tiers=TierSet([Tier("local", PosixBackend(tmp_path / "local"), "localdisk")]),
+        catalog=tmp_path / "cat.db",
+    ) as s:
+        ds = s.create_dataset("a", a.shape, a.dtype, (10, 10), hint="LOCALDISK")
+        ds[...] = a
+        ds.clear_cache()
+        ds.store.stage_on_read = False  # (no archive here: the two looks are the only ones)
+        readable = Residency.readable
+        calls = []
+
+        def hidden_at_the_second_look(self, key, **kw):
+            if key == "c/0/0":
+                calls.append(key)
+                if len(calls) == 2:
+                    return []  # (another thread had it then)
+            return readable(self, key, **kw)
+
+        monkeypatch.setattr(Residency, "readable", hidden_at_the_second_look)
+        (blob,) = ds.store.get_chunks(["c/0/0"])  # (raised "no readable intact copy")
+        assert blob is not None and len(calls) >= 3
+        monkeypatch.undo()
+        np.testing.assert_array_equal(ds[0:10, 0:10], a[0:10, 0:10])
+        ds.close()

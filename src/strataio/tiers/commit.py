@@ -552,7 +552,7 @@ class Commit:
         self, dataset: str, objs: Sequence[tuple[str, str]]
     ) -> dict[tuple[str, str], Any]:
         """The version of each object ``(tier, key)`` of ``dataset`` where its tier keeps
-        versions and answers (one look per tier)."""
+        versions and answers (one look per tier); :data:`_MISSING` for one not there."""
         by_tier: dict[str, list[str]] = {}
         for tier_name, key in objs:
             by_tier.setdefault(tier_name, []).append(key)
@@ -566,7 +566,11 @@ class Commit:
             except Exception:  # (no versions to compare: deleted unchecked, as before)
                 continue
             if got is not None:
-                seen.update(((tier_name, k), v) for k, v in zip(keys, got) if v is not None)
+                # (an object missing then is none of this batch's: one there later is another
+                # process's put)
+                seen.update(
+                    ((tier_name, k), _MISSING if v is None else v) for k, v in zip(keys, got)
+                )
         return seen
 
     def _delete(
@@ -578,7 +582,7 @@ class Commit:
         """Delete objects no row names any more; a tier that fails leaves orphans for fsck.
         An object ``seen`` at a version before its row went is deleted only while it is
         still at that version: else another process put it anew since (its own row names
-        it, or will)."""
+        it, or will); one seen missing then is not deleted (one there now is such a put)."""
         seen = seen or {}
         try:
             for tier_name, key in objs:
@@ -587,6 +591,8 @@ class Commit:
                     continue  # fsck removes the orphan once the tier answers again
                 try:
                     was = seen.get((tier_name, key))
+                    if was is _MISSING:
+                        continue  # (nothing of this commit's there to delete)
                     if was is not None:
                         tier.backend.delete_if(object_key(res.name, key), was)
                     else:
@@ -597,6 +603,10 @@ class Commit:
                     tier.mark_down(exc)
         finally:
             res.deleted(objs)
+
+
+#: the version :meth:`Commit._versions_of` gives an object found missing
+_MISSING = object()
 
 
 @dataclasses.dataclass(frozen=True)

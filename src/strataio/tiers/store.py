@@ -167,10 +167,7 @@ class TieredChunkStore(ChunkStore):
             out_of_copies = [
                 i
                 for i, tried in pending.items()
-                if (
-                    refreshes[i] < self.REFRESHES
-                    or (i in moving and refreshes[i] < self.REFRESHES_WHILE_CHANGING)
-                )
+                if self._may_look_again(i, refreshes, moving)
                 and not [c for c in self.res.readable(keys[i]) if c.tier not in tried]
             ]
             if out_of_copies:
@@ -191,6 +188,8 @@ class TieredChunkStore(ChunkStore):
             for i, tried in list(pending.items()):
                 copies = [c for c in self.res.readable(keys[i]) if c.tier not in tried]
                 if not copies:
+                    if i not in out_of_copies and self._may_look_again(i, refreshes, moving):
+                        continue  # (its copies changed since the look above: look again)
                     raise self._lost(keys[i], corrupt.get(i, []), refreshes[i], i in moving)
                 groups.setdefault(copies[0].tier, []).append((i, copies[0]))
             for tier_name, wanted in groups.items():
@@ -556,6 +555,13 @@ class TieredChunkStore(ChunkStore):
             else:
                 continue  # replaced while it was read: read the new copy
             pending[i].add(tier.name)
+
+    def _may_look_again(self, i: int, refreshes: Counter[int], moving: set[int]) -> bool:
+        """Whether a read may ask the catalog again for the chunk at position ``i``: fewer
+        lookups than :attr:`REFRESHES` so far, or than :attr:`REFRESHES_WHILE_CHANGING`
+        where its last lookup found its rows changed."""
+        limit = self.REFRESHES_WHILE_CHANGING if i in moving else self.REFRESHES
+        return refreshes[i] < limit
 
     def _refresh(self, keys: list[str]) -> list[int]:
         """Reload the copies of chunks ``keys`` from the catalog (one query; where this
