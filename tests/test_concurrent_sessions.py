@@ -698,3 +698,33 @@ def test_an_object_missing_when_a_commit_looked_is_not_deleted_after_it(tmp_path
         commit._delete(res, [("fast", "c/9/9")], seen)
         assert theirs.read_bytes() == b"theirs"
         ds.close()
+
+
+def test_a_move_that_gives_up_before_its_put_leaves_the_object_there(tmp_path, monkeypatch):
+    """B's stage holds the put slot on "fast", where another process has just put its own
+    object (not recorded yet), and then finds its source changed: it looks again and puts
+    nothing. The object on "fast" is not B's: B neither deletes nor replaces it (B marked it
+    obsolete before, and its next put or commit took A's bytes)."""
+    dataset_a_on_fast(tmp_path)
+    with session(tmp_path) as s:
+        s.open_dataset("a", "r+").migrate(to="archive").wait()
+    theirs = tmp_path / "fast" / "a" / "c" / "0" / "0"
+    with session(tmp_path) as b:
+        db = b.open_dataset("a", "r")
+        res = db.store.res
+        is_current = Residency.is_current
+        changed = []
+
+        def changed_once(self, copy):
+            if self is res and copy.key == "c/0/0" and not changed:
+                changed.append(True)
+                theirs.parent.mkdir(parents=True, exist_ok=True)
+                theirs.write_bytes(b"\x01" * 400)  # (another process's put, not recorded yet)
+                return False
+            return is_current(self, copy)
+
+        monkeypatch.setattr(Residency, "is_current", changed_once)
+        db.stage(np.s_[0:10, 0:10], to="fast").result()
+        monkeypatch.undo()
+        db.close()
+    assert changed and theirs.read_bytes() == b"\x01" * 400

@@ -361,6 +361,8 @@ class Mover:
                     if res.copy_on(key, dst.name) is not None:
                         return "reused", 0  # another move put it there meanwhile
                     if not res.is_current(src):
+                        # (nothing put: the object there, maybe another process's, stays)
+                        res.abandon_write(key, dst.name)
                         continue  # moved, evicted or rewritten meanwhile: look again
                     try:
                         # an announced rewrite left by another writer holds either version

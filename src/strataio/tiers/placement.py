@@ -458,7 +458,10 @@ class Placement:
                     version = res.version(copy.key)
                     current = res.copy_on(copy.key, tier.name)
                     if current is None or not res.is_current(copy) or res.busy(copy.key, tier.name):
-                        return False  # rewritten, gone or being rewritten since it was chosen
+                        # rewritten, gone or being rewritten since it was chosen: nothing put,
+                        # and the object at the destination (maybe another process's) stays
+                        res.abandon_write(copy.key, dst.name)
+                        return False
                     # the source is read before anything is announced or put: if it cannot
                     # be, the destination (and any row another process recorded for it, which
                     # this residency may not know of) is left alone
