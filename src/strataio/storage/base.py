@@ -140,8 +140,8 @@ class Backend(abc.ABC):
         return self.put_versioned(key, data, durable=durable)
 
     def delete_if(self, key: str, version: Version) -> bool:
-        """Delete the object if it is still at ``version`` (:meth:`versions`); True if it
-        was deleted. The look and the delete are two steps (a rename aside to make them one
+        """Delete the object if it is still at ``version`` (:meth:`object_versions`); True if
+        it was deleted. The look and the delete are two steps (a rename aside to make them one
         would change the version of an object put back)."""
         if self.object_versions([key]) != [version]:
             return False
