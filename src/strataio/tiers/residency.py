@@ -338,14 +338,8 @@ class Residency:
             self._cancelled.discard(slot)
             if slot in self._untouched:
                 self._untouched.discard(slot)
-                if (
-                    cancelled
-                    and self.copy_on(key, tier) is None
-                    and (self._tier(tier).volatile or (key, tier) in self._deletes)
-                ):
-                    # the deletion the put cancelled stands, with its row's: an object whose
-                    # row another commit kept meanwhile is not this process's to delete
-                    self._obsolete.add(slot)
+                if cancelled and self.copy_on(key, tier) is None:
+                    self._obsolete.add(slot)  # the deletion the put cancelled stands
             elif self.copy_on(key, tier) is None:
                 self._obsolete.add(slot)
                 if not self._tier(tier).volatile:
@@ -704,12 +698,18 @@ class Residency:
         catalog's, and its deletes (but those it kept) and the rows ``gone`` (superseded)
         are gone from it."""
         skip = set(left_out)
+        gone = list(gone)
         with self.lock:
             for c in batch.upserts:
                 if (c.dataset, c.key, c.tier) not in skip:
                     self._known[c.key, c.tier] = (c.state, c.checksum)
             for _, k, t in gone:
                 self._known.pop((k, t), None)
+            # a delete the catalog kept leaves a row naming the object (another process's
+            # copy now, or the chunk's last): a put that cancelled that object's deletion
+            # no longer holds it, and its end deletes nothing
+            for _, k, t in set(batch.deletes) - set(gone):
+                self._cancelled.discard((t, k))
 
     def row_dropped(self, copy: ChunkCopy) -> None:
         """The catalog's row of ``copy``, forgotten here, is gone too."""
