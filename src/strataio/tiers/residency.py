@@ -136,6 +136,8 @@ class Residency:
         # room freed since and kept reserved for it, the write]: see count_room
         self._credits: dict[tuple[str, str], list[Any]] = {}
         self._cancelled: set[tuple[str, str]] = set()  # (tier, key) deletions a put cancelled
+        # ... of those, the objects whose row a commit has deleted since (see recorded)
+        self._unnamed_own: set[tuple[str, str]] = set()
         self._untouched: set[tuple[str, str]] = set()  # (tier, key) whose put never began
         self._busy: Counter[str] = Counter()  # key -> puts in flight, any tier
         self._versions: Counter[str] = Counter()
@@ -334,12 +336,19 @@ class Residency:
         slot = (tier, key)
         with self._cond:
             self._writing.discard(slot)
-            cancelled = slot in self._cancelled
+            cancelled, own = slot in self._cancelled, slot in self._unnamed_own
             self._cancelled.discard(slot)
+            self._unnamed_own.discard(slot)
             if slot in self._untouched:
                 self._untouched.discard(slot)
-                if cancelled and self.copy_on(key, tier) is None:
-                    self._obsolete.add(slot)  # the deletion the put cancelled stands
+                if (
+                    cancelled
+                    and self.copy_on(key, tier) is None
+                    and (self._tier(tier).volatile or (key, tier) in self._deletes or own)
+                ):
+                    # the deletion the put cancelled stands, where its row's is pending or
+                    # done: an object whose row another commit kept is not this one's
+                    self._obsolete.add(slot)
             elif self.copy_on(key, tier) is None:
                 self._obsolete.add(slot)
                 if not self._tier(tier).volatile:
@@ -705,11 +714,11 @@ class Residency:
                     self._known[c.key, c.tier] = (c.state, c.checksum)
             for _, k, t in gone:
                 self._known.pop((k, t), None)
-            # a delete the catalog kept leaves a row naming the object (another process's
-            # copy now, or the chunk's last): a put that cancelled that object's deletion
-            # no longer holds it, and its end deletes nothing
-            for _, k, t in set(batch.deletes) - set(gone):
-                self._cancelled.discard((t, k))
+            # an object whose row this commit deleted while a put held its cancelled
+            # deletion is still this process's to delete, should that put give up
+            for _, k, t in set(batch.deletes) & set(gone):
+                if (t, k) in self._cancelled:
+                    self._unnamed_own.add((t, k))
 
     def row_dropped(self, copy: ChunkCopy) -> None:
         """The catalog's row of ``copy``, forgotten here, is gone too."""
