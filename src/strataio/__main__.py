@@ -1,5 +1,3 @@
-"""``python -m strataio``: the ``strataio`` command."""
+"""``python -m strataio``: the ``strataio`` command (as ``python -m strataio.cli``)."""
 
-from strataio.cli import main
-
-main(prog_name="strataio")
+import strataio.cli.__main__  # noqa: F401 (running it runs the command)
