@@ -160,12 +160,13 @@ class ChunkStoreContract:
         store = stores.new()
         caps = store.capabilities
         assert not caps.chunk_cache or caps.versions
-        calls = {
-            "partial_reads": lambda: store.read_span(KEYS[0], 0, memoryview(bytearray(4))),
-            "versions": lambda: store.chunk_versions(KEYS[:1]),
-            "chunk_cache": lambda: store.cache_space,
-        }
-        for name, call in calls.items():
+        calls = [
+            ("partial_reads", lambda: store.read_span(KEYS[0], 0, memoryview(bytearray(4)))),
+            ("versions", lambda: store.chunk_versions(KEYS[:1])),
+            ("versions", lambda: store.get_chunks_as(KEYS[:1], [None])),
+            ("chunk_cache", lambda: store.cache_space),
+        ]
+        for name, call in calls:
             if getattr(caps, name):
                 continue
             with pytest.raises(CapabilityError, match=name) as info:
@@ -197,6 +198,20 @@ class ChunkStoreContract:
         assert store.chunk_versions(KEYS[:1]) != [v1]
         store.delete_chunks(KEYS[:1])
         assert store.chunk_versions(KEYS[:1]) == [None]
+
+    def test_chunks_read_under_their_versions(self, stores: StoreFactory) -> None:
+        """A read through :meth:`get_chunks_as` says its bytes came from the object the
+        versions were taken of, where nothing failed over."""
+        store = stores.new()
+        if not store.capabilities.versions:
+            pytest.skip("no versions")
+        store.put_chunks([(KEYS[0], b"one")])
+        store.flush()
+        store.get_chunks(KEYS[:1])  # (a tiered store may stage it on its first read)
+        versions = store.chunk_versions(KEYS[:2])
+        got = store.get_chunks_as(KEYS[:2], versions)
+        assert [(None if b is None else _bytes(b)) for b, _ in got] == [b"one", None]
+        assert got[0][1] is True
 
     def test_cache_space_names_one_store(self, stores: StoreFactory) -> None:
         a, b = stores.new(), stores.new()

@@ -307,6 +307,21 @@ def _check(tier, verdict, state="valid", writer="", n=8):
             set(),
             [("state", "drop copy")],
         ),
+        # old bytes beside a good copy of another value: an earlier write never flushed
+        (
+            [_check("disk", "old", "in-transit", "w1"), _check("tape", "good")],
+            set(),
+            [("state", "drop copy")],
+        ),
+        # ... and beside a good copy of the same value: the row is restored
+        (
+            [
+                _check("disk", "old", "in-transit", "w1"),
+                CopyCheck(ChunkCopy("a", "c/0/0", "tape", 8, "old"), Verdict.GOOD, 8, "old"),
+            ],
+            set(),
+            [("state", "adopt object")],
+        ),
         # bytes matching neither version, and nothing else: corrupt, reported only
         ([_check("disk", "checksum", "in-transit", "w1")], set(), [("corrupt", "")]),
         ([_check("disk", "missing"), _check("tape", "good")], set(), [("missing", "drop copy")]),
@@ -482,14 +497,20 @@ def test_a_catalog_of_plain_crc32c_checksums_still_reads_moves_and_checks(tmp_pa
         np.testing.assert_array_equal(ds[...], want)
 
 
+def _raw_16x16(s):
+    """Dataset "x" of ``s``: 16² float32 in four raw 8² chunks, written and flushed."""
+    a = np.arange(16 * 16, dtype="f4").reshape(16, 16)
+    ds = s.create_dataset("x", a.shape, a.dtype, (8, 8), hint="LOCALDISK", codec=[])
+    ds[...] = a
+    ds.flush()
+    return a, ds
+
+
 def test_copies_of_one_chunk_holding_different_values_are_reported_and_left(tmp_path):
     """Two settled copies of one chunk with different checksums (each intact) break the rule
     that a chunk has one value: fsck reports it and repairs nothing there."""
-    a = np.arange(16 * 16, dtype="f4").reshape(16, 16)
     with open_session(tmp_path) as s:
-        ds = s.create_dataset("x", a.shape, a.dtype, (8, 8), hint="LOCALDISK", codec=[])
-        ds[...] = a
-        ds.flush()
+        a, ds = _raw_16x16(s)
         ds.stage(np.s_[0:8, 0:8], to="disk").wait()
         ds.migrate(np.s_[0:8, 0:8], to="tape").wait()
         ds.stage(np.s_[0:8, 0:8], to="disk").wait()  # c/0/0 on disk and tape
@@ -507,3 +528,36 @@ def test_copies_of_one_chunk_holding_different_values_are_reported_and_left(tmp_
             checksum(a[0:8, 0:8].tobytes()),
             checksum(other),
         }
+
+
+def test_a_rewrite_announced_over_an_unflushed_write_gives_way_to_the_settled_copies(tmp_path):
+    """A writer wrote a chunk without flushing, then announced its next rewrite of it, and
+    died before the put. The object holds the first write's bytes, recorded as the old ones;
+    the chunk's settled copies on other tiers hold the last flushed value. fsck keeps the
+    flushed value, so the chunk's copies agree."""
+    with open_session(tmp_path) as s:
+        a, ds = _raw_16x16(s)
+        ds.migrate(np.s_[0:8, 0:8], to="tape").wait()
+        ds.close()
+        (tape,) = s.catalog.residency("x", ["c/0/0"])
+        unflushed, announced = (a[0:8, 0:8] + 1).tobytes(), (a[0:8, 0:8] + 2).tobytes()
+        s.tiers["disk"].backend.put("x/c/0/0", unflushed)
+        row = dataclasses.replace(
+            tape,
+            tier="disk",
+            state="in-transit",
+            checksum=checksum(announced),
+            old_checksum=checksum(unflushed),
+            writer="gone",
+        )
+        s.catalog.commit([row], [])
+        report = fsck(s.catalog, s.tiers, repair=True)
+        assert [(f.kind, f.tier, f.action) for f in report.findings] == [
+            (Kind.STATE, "disk", Action.DROP_COPY)
+        ]
+        assert fsck(s.catalog, s.tiers, verify=True).clean
+        assert [c.tier for c in s.catalog.residency("x", ["c/0/0"])] == ["tape"]
+        assert not s.tiers["disk"].backend.exists("x/c/0/0")
+        ds = s.open_dataset("x")
+        np.testing.assert_array_equal(ds[...], a)
+        ds.close()

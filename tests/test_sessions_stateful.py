@@ -18,6 +18,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -42,6 +43,8 @@ chunk_boxes = st.lists(st.tuples(st.integers(0, 1), st.integers(0, 1)), min_size
 class TwoSessions(RuleBasedStateMachine):
     #: bytes the fast tier holds (None: unbounded)
     FAST_CAPACITY: int | None = None
+    #: the dataset's codec (the default: plain chunks with a CRC-32C)
+    CODEC: Any = "crc32c"
 
     def __init__(self) -> None:
         super().__init__()
@@ -49,7 +52,7 @@ class TwoSessions(RuleBasedStateMachine):
         self.oracle = np.zeros(SHAPE, "i4")
         self.sessions = {w: self._session() for w in WHO}
         with self._session() as s:
-            ds = s.create_dataset("d", SHAPE, "i4", CHUNKS, hint="LOCALDISK")
+            ds = s.create_dataset("d", SHAPE, "i4", CHUNKS, hint="LOCALDISK", codec=self.CODEC)
             ds[...] = self.oracle
             ds.close()
         self.ds = {w: self.sessions[w].open_dataset("d", "r+") for w in WHO}
@@ -299,12 +302,20 @@ FOUND_ON_A_FULL_TIER = {
 }
 
 
+class TwoSessionsCompressed(TwoSessions):
+    """The found interleavings again with compressed chunks, which are read whole through
+    another path than plain ones (and cached whole)."""
+
+    CODEC = "zstd"
+
+
 @pytest.mark.filterwarnings("ignore::ResourceWarning")
 @pytest.mark.parametrize(
     ("machine_class", "steps"),
     [(TwoSessions, steps) for steps in FOUND.values()]
+    + [(TwoSessionsCompressed, steps) for steps in FOUND.values()]
     + [(TwoSessionsOnAFullTier, steps) for steps in FOUND_ON_A_FULL_TIER.values()],
-    ids=[*FOUND, *FOUND_ON_A_FULL_TIER],
+    ids=[*FOUND, *(f"{name}-zstd" for name in FOUND), *FOUND_ON_A_FULL_TIER],
 )
 def test_found_interleavings(machine_class, steps):
     machine = machine_class()

@@ -667,10 +667,15 @@ class Dataset:
 
         def work(a: int, b: int) -> None:
             idx = todo[a:b]
-            for i, blob in zip(idx, self.store.get_chunks([keys[i] for i in idx])):
+            names = [keys[i] for i in idx]
+            if versions is None:
+                got = [(blob, False) for blob in self.store.get_chunks(names)]
+            else:  # (bytes a tiered store's failover read elsewhere are not cached)
+                got = self.store.get_chunks_as(names, [versions[i] for i in idx])
+            for i, (blob, as_versioned) in zip(idx, got):
                 chunk = None if blob is None else self._decode(keys[i], blob)
                 place(i, chunk)
-                if chunk is not None and cacheable(i):
+                if chunk is not None and as_versioned and cacheable(i):
                     cache.store(space, keys[i], CachedChunk(versions[i], chunk, 0, chunk.nbytes))
 
         _run_groups(len(todo), work)

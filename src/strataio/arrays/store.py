@@ -132,6 +132,17 @@ class ChunkStore(abc.ABC):
                 got.append(exc)
         return got
 
+    def get_chunks_as(
+        self, keys: Sequence[str], versions: Sequence[Version | None]
+    ) -> list[tuple[BytesLike | None, bool]]:
+        """(``versions``) :meth:`get_chunks`, and per key whether its bytes came from the
+        object ``versions[i]`` (:meth:`chunk_versions`, taken before the read) was taken of:
+        always in a store of one location; a store of several (a tiered one) says no where a
+        read failed over to another copy, whose bytes must not be cached under that version."""
+        if not self.capabilities.versions:
+            self._lacks("versions")
+        return [(blob, True) for blob in self.get_chunks(keys)]
+
     def chunk_versions(self, keys: Sequence[str]) -> list[Version | None]:
         """(``versions``) Per key a token that changes whenever the stored chunk does (None
         for a chunk never written), as :meth:`strataio.storage.base.Backend.versions`."""
@@ -392,6 +403,12 @@ class CountingChunkStore(ChunkStore):
         got = self.inner.read_span_versioned(key, offset, out, nowait=nowait)
         self._count(1)
         return got
+
+    def get_chunks_as(
+        self, keys: Sequence[str], versions: Sequence[Version | None]
+    ) -> list[tuple[BytesLike | None, bool]]:
+        self._count(len(keys))
+        return self.inner.get_chunks_as(keys, versions)
 
     def chunk_versions(self, keys: Sequence[str]) -> list[Version | None]:
         return self.inner.chunk_versions(keys)

@@ -486,8 +486,15 @@ def _plan_chunk(out: Plan, inv: Inventory, ds: str, key: str, rows: list[CopyChe
         if r.verdict is not Verdict.MISSING:
             out.objects.append((r.copy.tier, object_key(ds, key)))
 
+    # A flush's commit drops the rows of every copy its writes made stale, so settled copies
+    # hold the last committed value: old bytes that differ from theirs are an earlier write
+    # by the same writer that was never flushed (it announced its next rewrite over them).
+    settled = {g.copy.checksum for g in good} | {g.digest for g in good}
     for r in old:
-        adopt(r, Kind.STATE, "rewrite announced by a writer that is gone; the old bytes remain")
+        if settled and not {r.digest, r.copy.old_checksum} & settled:
+            drop(r, Kind.STATE, "unflushed write by a writer that is gone; another copy holds")
+        else:
+            adopt(r, Kind.STATE, "rewrite announced by a writer that is gone; the old bytes remain")
     if good or old or (ds, key) in inv.unchecked:
         # another copy holds the last committed version: unflushed and bad copies go
         for r in new:

@@ -135,6 +135,26 @@ class TieredChunkStore(ChunkStore):
     REREAD_PAUSE = 0.01
 
     def get_chunks(self, keys: Sequence[str]) -> list[BytesLike | None]:
+        return self._get_chunks(keys, None)
+
+    def get_chunks_as(
+        self, keys: Sequence[str], versions: Sequence[Version | None]
+    ) -> list[tuple[BytesLike | None, bool]]:
+        """:meth:`get_chunks`, and per key whether the bytes came from the tier that
+        ``versions[i]`` (:meth:`chunk_versions`) names: not where the read failed over to
+        another tier's copy, nor for a chunk held in the session's memory cache."""
+        served: list[str | None] = [None] * len(keys)
+        blobs = self._get_chunks(keys, served)
+        return [
+            (blob, v is not None and url is not None and v[0] == url)
+            for blob, v, url in zip(blobs, versions, served)
+        ]
+
+    def _get_chunks(
+        self, keys: Sequence[str], served: list[str | None] | None
+    ) -> list[BytesLike | None]:
+        """:meth:`get_chunks`; with ``served``, the URL of the backend each chunk's bytes
+        came from is set at its position (left None for memory-cache hits)."""
         self._check_open()
         if self.disabled:
             raise DatasetDisabledError(
@@ -193,7 +213,7 @@ class TieredChunkStore(ChunkStore):
                     raise self._lost(keys[i], corrupt.get(i, []), refreshes[i], i in moving)
                 groups.setdefault(copies[0].tier, []).append((i, copies[0]))
             for tier_name, wanted in groups.items():
-                self._read_group(self.tiers[tier_name], keys, wanted, out, pending, corrupt)
+                self._read_group(self.tiers[tier_name], keys, wanted, out, pending, corrupt, served)
         self.res.touch([keys[i] for i in need])
         return out
 
@@ -530,6 +550,7 @@ class TieredChunkStore(ChunkStore):
         out: list[BytesLike | None],
         pending: dict[int, set[str]],
         corrupt: dict[int, list[str]],
+        served: list[str | None] | None = None,
     ) -> None:
         objs = [object_key(self.name, keys[i]) for i, _ in wanted]
         try:
@@ -544,6 +565,8 @@ class TieredChunkStore(ChunkStore):
             elif accepts_data(copy, blob) is not None:
                 out[i] = blob
                 del pending[i]
+                if served is not None:
+                    served[i] = tier.backend.url
                 continue
             elif self.res.busy(keys[i]) and self.res.wait_quiet(keys[i]):
                 continue  # read while a put replaced it: read again once it is recorded
