@@ -50,9 +50,9 @@ def session(root) -> strataio.Session:
     return strataio.Session(config=root / "strataio.toml")
 
 
-def dataset_a_on_fast(root) -> None:
+def dataset_a_on_fast(root, config: str = CONFIG) -> None:
     """The configuration under ``root`` and dataset "a" holding ``A``, its chunks on "fast"."""
-    (root / "strataio.toml").write_text(CONFIG)
+    (root / "strataio.toml").write_text(config)
     with session(root) as s:
         ds = s.create_dataset("a", A.shape, "f4", (10, 10), hint="LOCALDISK")
         ds[...] = A
@@ -421,16 +421,32 @@ def test_a_read_that_keeps_finding_the_chunk_rewritten_says_so(tmp_path, monkeyp
     da.close(), db.close(), a.close(), b.close()
 
 
-@pytest.mark.parametrize("shaped", [False, True], ids=["posix", "shaped"])
-def test_an_object_put_anew_after_its_row_went_is_not_deleted(tmp_path, shaped):
+def config_with_fast(request, fast: str, prefix: str) -> str:
+    """:data:`CONFIG` ("fast" a POSIX tier), or for ``fast="s3"`` with "fast" an S3 tier on
+    the test session's server under ``prefix``."""
+    if fast != "s3":
+        return CONFIG
+    server = request.getfixturevalue("s3_server")
+    keys = server.access_key, server.secret_key
+    return CONFIG.replace(
+        'kind = "posix"\nrole = "localdisk"\npath = "fast"',
+        f'kind = "s3"\nrole = "localdisk"\nbucket = "{server.bucket}"\nprefix = "{prefix}"\n'
+        f'endpoint = "{server.endpoint}"\nregion = "{server.region}"\n'
+        'credentials = {{ access_key_id = "{}", secret_access_key = "{}" }}'.format(*keys),
+    )
+
+
+@pytest.mark.parametrize("fast", ["posix", "shaped", "s3"])
+def test_an_object_put_anew_after_its_row_went_is_not_deleted(tmp_path, request, fast):
     """B migrates the chunk to the archive: its commit records the archive copy and drops
     the fast row, then deletes the fast object. A, whose rewrite of the chunk on "fast" lands
     between the two (announced after B's commit dropped the row), must keep its bytes: B
     deletes the object only while it is the one B saw before its commit, and A's flush then
     records the new value. Also where "fast" is a cost-model tier, whose reads keep no
-    versions (its deletes were unchecked, and took A's bytes)."""
-    dataset_a_on_fast(tmp_path)
-    if shaped:
+    versions (its deletes were unchecked, and took A's bytes), and an S3 tier (whose versions
+    are ETags)."""
+    dataset_a_on_fast(tmp_path, config_with_fast(request, fast, tmp_path.name))
+    if fast == "shaped":
         (tmp_path / "strataio.toml").write_text(
             CONFIG.replace(
                 'path = "fast"', 'path = "fast"\nshaped = "remote_disk_2002"\ntime_scale = 0.001'
@@ -609,15 +625,17 @@ def test_a_move_never_announces_over_another_process_s_rewrite(tmp_path, monkeyp
         assert fsck(s.catalog, s.tiers).clean
 
 
-def test_a_move_s_put_never_replaces_a_rewrite_announced_after_the_move_s(tmp_path):
+@pytest.mark.parametrize("fast", ["posix", "s3"])
+def test_a_move_s_put_never_replaces_a_rewrite_announced_after_the_move_s(tmp_path, request, fast):
     """B announces its copy onto "fast", over the row it saw there; A then rewrites the
     chunk in place there (its announcement replaces B's) and puts its bytes. B's put, which
     may replace only the object B saw before its announcement, is refused, and A's flushed
-    value stands (B's put used to replace A's object, and A's flush lost its write)."""
+    value stands (B's put used to replace A's object, and A's flush lost its write). On S3
+    the refusal is the server's, to a conditional PUT."""
     from strataio.errors import ExistsError
     from strataio.tiers.tier import put_checked
 
-    dataset_a_on_fast(tmp_path)
+    dataset_a_on_fast(tmp_path, config_with_fast(request, fast, tmp_path.name))
     a, b = session(tmp_path), session(tmp_path)
     da, db = a.open_dataset("a", "r+"), b.open_dataset("a", "r+")
     res = db.store.res

@@ -17,8 +17,9 @@ from strataio.errors import ExistsError, InvalidKeyError, ShapeMismatchError
 from strataio.layout.extents import Extents
 
 BytesLike = bytes | bytearray | memoryview
-#: an object's version token (see :meth:`Backend.versions`); the last element is its change time
-Version = tuple[int, ...]
+#: an object's version token (see :meth:`Backend.versions`: integers, the last one its change
+#: time; :meth:`Backend.object_versions` of an object store: its ETag and version id)
+Version = tuple[int | str, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +84,9 @@ class Backend(abc.ABC):
 
     #: a short human label, e.g. ``posix:/scratch/run1``
     url: str = ""
+    #: whether :meth:`object_versions` are hashes of the bytes (an object store's ETags):
+    #: two puts of the same bytes then have one version
+    content_versions: bool = False
 
     @abc.abstractmethod
     def read(self, key: str, extents: Extents) -> BytesLike: ...

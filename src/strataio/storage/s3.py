@@ -27,17 +27,23 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import urlsplit
 
 import numpy as np
 
-from strataio.errors import BackendError, NotFoundError, ShapeMismatchError, StrataError
+from strataio.errors import (
+    BackendError,
+    ExistsError,
+    NotFoundError,
+    ShapeMismatchError,
+    StrataError,
+)
 from strataio.layout.extents import Extents
 from strataio.layout.pieces import copy_pieces
-from strataio.storage.base import Backend, BytesLike, Capabilities, validate_key
+from strataio.storage.base import Backend, BytesLike, Capabilities, Version, validate_key
 
 try:
     import obstore
@@ -61,6 +67,12 @@ RMW_ATTEMPTS = 8
 _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
 
 
+def _version(meta: Any) -> Version:
+    """The (ETag, version id) of an object's metadata or a PUT's result ("" where the store
+    gives none)."""
+    return (meta["e_tag"] or "", meta["version"] or "")
+
+
 def _td(seconds: float) -> datetime.timedelta:
     return datetime.timedelta(seconds=seconds)
 
@@ -82,6 +94,8 @@ class S3Backend(Backend):
     (whole request) bound each request; ``retries`` transient failures (connection errors,
     5xx, timeouts of idempotent requests) are retried within ``retry_timeout`` seconds.
     """
+
+    content_versions = True
 
     def __init__(
         self,
@@ -215,9 +229,11 @@ class S3Backend(Backend):
                 self._pool = ThreadPoolExecutor(self.max_concurrency, thread_name_prefix="s3")
             return self._pool
 
-    def _put(self, path: str, data: memoryview, mode: Any = None) -> None:
+    def _put(self, path: str, data: memoryview, mode: Any = None) -> Version:
+        """One PUT (a multipart upload above the threshold, unless ``mode`` makes it
+        conditional); the version (:meth:`object_versions`) of the object it put."""
         if mode is None and len(data) > self.multipart_threshold:
-            obstore.put(
+            got = obstore.put(
                 self._store,
                 path,
                 data,
@@ -226,7 +242,8 @@ class S3Backend(Backend):
                 max_concurrency=self.max_concurrency,
             )
         else:
-            obstore.put(self._store, path, data, mode=mode, use_multipart=False)
+            got = obstore.put(self._store, path, data, mode=mode, use_multipart=False)
+        return _version(got)
 
     def _ranges(self, key: str, path: str, starts: np.ndarray, ends: np.ndarray) -> list[Any]:
         """Fetch sorted disjoint byte ranges; parts past the end of the object come back short
@@ -336,9 +353,61 @@ class S3Backend(Backend):
             return memoryview(obstore.get(self._store, path).bytes())
 
     def put(self, key: str, data: BytesLike, *, durable: bool = False) -> None:
+        self.put_versioned(key, data)
+
+    # Object versions are (ETag, version id) pairs, the tokens S3's conditional requests
+    # compare: puts that must find a version (put_if) or no object (put_new) are conditional
+    # PUTs (If-Match, If-None-Match: *), atomic at the server. An ETag is a hash of the
+    # bytes, so two puts of the same bytes have one version where the bucket keeps no version
+    # ids; and S3 has no conditional DELETE here, so delete_if looks, then deletes.
+    def put_versioned(self, key: str, data: BytesLike, *, durable: bool = False) -> Version:
         path = self._path(key)
         with self._errors("PUT", key):
-            self._put(path, memoryview(data).cast("B"))
+            return self._put(path, memoryview(data).cast("B"))
+
+    def put_new(self, key: str, data: BytesLike, *, durable: bool = False) -> Version:
+        return self._put_conditional(key, data, "create")
+
+    def put_if(
+        self, key: str, data: BytesLike, version: Version | None, *, durable: bool = False
+    ) -> Version:
+        if version is None:
+            return self._put_conditional(key, data, "create")
+        etag, vid = version
+        return self._put_conditional(
+            key, data, {"e_tag": etag, **({"version": vid} if vid else {})}
+        )
+
+    def _put_conditional(self, key: str, data: BytesLike, mode: Any) -> Version:
+        path = self._path(key)
+        try:
+            with self._errors("PUT", key):
+                return self._put(path, memoryview(data).cast("B"), mode=mode)
+        except BackendError as exc:
+            if isinstance(exc.__cause__, AlreadyExistsError):
+                raise ExistsError(f"object {key!r} exists already in {self.url}") from None
+            if isinstance(exc.__cause__, PreconditionError):
+                raise ExistsError(
+                    f"object {key!r} in {self.url} changed since it was looked at"
+                ) from None
+            raise
+
+    def object_versions(self, keys: Sequence[str]) -> list[Version | None]:
+        """Per key the object's (ETag, version id), None where there is none: one HEAD per
+        key, run in parallel."""
+        keys = list(keys)
+
+        def one(k: str) -> Version | None:
+            path = self._path(k)
+            try:
+                with self._errors("HEAD", k):
+                    return _version(obstore.head(self._store, path))
+            except NotFoundError:
+                return None
+
+        if len(keys) < 2:
+            return [one(k) for k in keys]
+        return list(self._executor().map(one, keys))
 
     def size(self, key: str) -> int:
         path = self._path(key)
