@@ -317,6 +317,19 @@ class BackendContract:
         assert not backend.delete_if("di/b", seen)
         assert bytes(backend.get("di/b")) == b"new"
 
+    def test_delete_if_many_deletes_only_the_versions_seen(self, backend: Backend) -> None:
+        """:meth:`Backend.delete_if_many` deletes, of several objects, those still at the
+        versions given, and leaves those put anew since."""
+        keys = [f"dm/{i}" for i in range(5)]
+        seen = [backend.put_versioned(k, f"old {k}".encode()) for k in keys]
+        if seen[0] is None:
+            return  # (no versions: callers delete unconditionally)
+        for k in keys[1::2]:
+            backend.put_versioned(k, f"new {k}".encode())  # (another process, since the look)
+        assert backend.delete_if_many(keys, seen) == [True, False, True, False, True]
+        assert sorted(backend.list("dm/")) == keys[1::2]
+        assert backend.delete_if_many([], []) == []
+
     def test_put_if_replaces_only_the_version_seen(self, backend: Backend) -> None:
         """:meth:`Backend.put_if` replaces an object still at the version given (None: puts
         only where there is none), and refuses, changing nothing, where it changed since."""

@@ -152,6 +152,11 @@ class Backend(abc.ABC):
         self.delete(key)
         return True
 
+    def delete_if_many(self, keys: Sequence[str], versions: Sequence[Version]) -> list[bool]:
+        """:meth:`delete_if` of each key at its version, in one call (a backend with a
+        latency per request runs them at once)."""
+        return [self.delete_if(k, v) for k, v in zip(keys, versions, strict=True)]
+
     @abc.abstractmethod
     def size(self, key: str) -> int: ...
 

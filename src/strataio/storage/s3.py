@@ -392,6 +392,11 @@ class S3Backend(Backend):
                 ) from None
             raise
 
+    def delete_if_many(self, keys: Sequence[str], versions: Sequence[Version]) -> list[bool]:
+        if len(keys) < 2:
+            return super().delete_if_many(keys, versions)
+        return list(self._executor().map(self.delete_if, keys, versions))
+
     def object_versions(self, keys: Sequence[str]) -> list[Version | None]:
         """Per key the object's (ETag, version id), None where there is none: one HEAD per
         key, run in parallel."""

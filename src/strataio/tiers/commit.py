@@ -584,19 +584,27 @@ class Commit:
         still at that version: else another process put it anew since (its own row names
         it, or will); one seen missing then is not deleted (one there now is such a put)."""
         seen = seen or {}
+        by_tier: dict[str, tuple[list[str], list[Any], list[str]]] = {}
+        for tier_name, key in objs:
+            was = seen.get((tier_name, key))
+            if was is _MISSING:
+                continue  # (nothing of this commit's there to delete)
+            checked, versions, unchecked = by_tier.setdefault(tier_name, ([], [], []))
+            if was is not None:
+                checked.append(object_key(res.name, key))
+                versions.append(was)
+            else:
+                unchecked.append(object_key(res.name, key))
         try:
-            for tier_name, key in objs:
+            for tier_name, (checked, versions, unchecked) in by_tier.items():
                 tier = self.tiers[tier_name]
                 if not tier.up:
-                    continue  # fsck removes the orphan once the tier answers again
+                    continue  # fsck removes the orphans once the tier answers again
                 try:
-                    was = seen.get((tier_name, key))
-                    if was is _MISSING:
-                        continue  # (nothing of this commit's there to delete)
-                    if was is not None:
-                        tier.backend.delete_if(object_key(res.name, key), was)
-                    else:
-                        tier.backend.delete(object_key(res.name, key))
+                    if checked:
+                        tier.backend.delete_if_many(checked, versions)
+                    for obj in unchecked:
+                        tier.backend.delete(obj)
                 except Exception as exc:
                     if not is_backend_failure(exc):
                         raise
