@@ -422,3 +422,14 @@ def start_postgres(*, attempts: int | None = None) -> tuple[Any, Path]:
     raise ServerStartError(
         f"PostgreSQL (pgserver) did not start in {len(failures)} attempts:\n" + "\n".join(failures)
     )
+
+
+def s3_tier_toml(server: SeaweedServer, prefix: str) -> str:
+    """The TOML lines of an S3 tier under ``prefix`` of ``server``'s bucket (its ``bucket``
+    attribute), from ``kind`` to ``credentials``, for a tier table of a test's config."""
+    return (
+        f'kind = "s3"\nbucket = "{server.bucket}"\nprefix = "{prefix}"\n'  # type: ignore[attr-defined]
+        f'endpoint = "{server.endpoint}"\nregion = "{server.region}"\n'
+        f'credentials = {{ access_key_id = "{server.access_key}", '
+        f'secret_access_key = "{server.secret_key}" }}'
+    )

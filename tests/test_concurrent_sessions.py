@@ -13,6 +13,8 @@ connection, writer, tiers and residencies, and the interleaving is made exact.
 from __future__ import annotations
 
 import contextlib
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,6 +23,9 @@ import strataio
 from strataio.errors import BackendError
 from strataio.tiers.fsck import fsck
 from strataio.tiers.residency import Residency
+
+sys.path.insert(0, str(Path(__file__).parent))
+from servers import s3_tier_toml  # noqa: E402
 
 CONFIG = """
 [catalog]
@@ -426,13 +431,9 @@ def config_with_fast(request, fast: str, prefix: str) -> str:
     the test session's server under ``prefix``."""
     if fast != "s3":
         return CONFIG
-    server = request.getfixturevalue("s3_server")
-    keys = server.access_key, server.secret_key
     return CONFIG.replace(
         'kind = "posix"\nrole = "localdisk"\npath = "fast"',
-        f'kind = "s3"\nrole = "localdisk"\nbucket = "{server.bucket}"\nprefix = "{prefix}"\n'
-        f'endpoint = "{server.endpoint}"\nregion = "{server.region}"\n'
-        'credentials = {{ access_key_id = "{}", secret_access_key = "{}" }}'.format(*keys),
+        'role = "localdisk"\n' + s3_tier_toml(request.getfixturevalue("s3_server"), prefix),
     )
 
 

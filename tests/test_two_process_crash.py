@@ -5,8 +5,8 @@ a mover stages, migrates, evicts and reads the same dataset at the same time, on
 with room for ten of its 36 chunks. One of the two is killed at a random moment, the other a
 moment later; ``strataio fsck --repair`` runs at once; then a second fsck is clean and every
 chunk reads back whole as the value the writer last flushed, or one it wrote after (see
-``two_process_worker.py`` for the writer's log). The CI run makes 6 trials; ``-m slow``
-makes 100.
+``two_process_worker.py`` for the writer's log). The CI run makes 6 trials, and 8 with the
+"remote" tier on S3; ``-m slow`` makes 100.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -25,6 +26,7 @@ import strataio
 from strataio.tiers.fsck import fsck
 
 sys.path.insert(0, str(Path(__file__).parent))
+from servers import s3_tier_toml  # noqa: E402
 from two_process_worker import GRID, box, config_text  # noqa: E402
 
 WORKER = Path(__file__).parent / "two_process_worker.py"
@@ -90,9 +92,17 @@ def trial(root: Path, rng: random.Random) -> None:
         log.write("F\n")
 
 
-def run_trials(root: Path, trials: int, seed: int) -> None:
+def run_trials(root: Path, trials: int, seed: int, s3: Any = None) -> None:
+    """``trials`` trials from ``seed``; with ``s3`` (the test session's server) the
+    "remote" tier is an S3 bucket prefix of it."""
     root.mkdir(parents=True, exist_ok=True)
-    (root / "strataio.toml").write_text(config_text(local_capacity=10 * 400))
+    text = config_text(local_capacity=10 * 400)
+    if s3 is not None:
+        text = text.replace(
+            'kind = "posix"\nrole = "remotedisk"\npath = "remote"',
+            'role = "remotedisk"\n' + s3_tier_toml(s3, root.name),
+        )
+    (root / "strataio.toml").write_text(text)
     subprocess.run([sys.executable, str(WORKER), str(root), "create", "1"], check=True)
     rng = random.Random(seed)
     for _ in range(trials):
@@ -101,6 +111,13 @@ def run_trials(root: Path, trials: int, seed: int) -> None:
 
 def test_kill9_of_a_writer_and_a_mover_loses_no_flushed_write(tmp_path):
     run_trials(tmp_path, 6, seed=11)
+
+
+def test_kill9_of_a_writer_and_a_mover_loses_nothing_on_an_s3_tier(tmp_path, s3_server):
+    """The same with "remote" an S3 tier, whose checks of other processes' puts and deletes
+    are the server's conditional PUTs and ETags (without them chunks were lost within the
+    first 15 trials)."""
+    run_trials(tmp_path, 8, seed=2, s3=s3_server)
 
 
 @pytest.mark.slow
