@@ -237,11 +237,12 @@ def test_first_mode_empties_the_chunk_cache(tmp_path) -> None:
         cache.resize(saved)
 
 
-def test_first_mode_forgets_the_tiered_checks(tmp_path) -> None:
-    """A first read after a write finds the copies it reads unchecked: ``forget`` empties the
-    tiered store's record of verified copies (and the data read stays right)."""
+def test_first_mode_of_the_written_tiered_contender_forgets_every_check(tmp_path) -> None:
+    """``strataio-tiered-written``'s first read finds the copies it reads unchecked, as after
+    their write: ``forget`` empties the tiered store's record of verified copies, the
+    catalog's included (and the data read stays right)."""
     data = np.random.default_rng(13).random((64, 64), dtype=np.float32)
-    c = make_contender("strataio-tiered", tmp_path / "t", (16, 16))
+    c = make_contender("strataio-tiered-written", tmp_path / "t", (16, 16))
     c.setup(data)
     try:
         store = c.ds.store
@@ -251,6 +252,29 @@ def test_first_mode_forgets_the_tiered_checks(tmp_path) -> None:
         c.forget()
         assert not store.verified_chunks()
         assert np.array_equal(c.read((0, 0), (40, 40)), data[:40, :40])
+    finally:
+        c.close()
+
+
+def test_first_mode_of_the_tiered_contender_keeps_the_catalog_s_checks(tmp_path) -> None:
+    """``strataio-tiered``'s ``forget`` leaves what a process opening the dataset anew finds:
+    the checks an earlier read made, from the catalog, so its next read checks no copy whole
+    (and reads the right data)."""
+    data = np.random.default_rng(14).random((64, 64), dtype=np.float32)
+    c = make_contender("strataio-tiered", tmp_path / "t", (16, 16))
+    c.setup(data)
+    try:
+        store = c.ds.store
+        c.read((0, 0), (40, 40))
+        c.forget()
+        assert store.verified_chunks() == {f"c/{i}/{j}" for i in range(3) for j in range(3)}
+        whole = []
+        check = store._check_whole
+        store._check_whole = lambda *a: whole.append(a[0]) or check(*a)
+        assert np.array_equal(c.read((0, 0), (40, 40)), data[:40, :40])
+        assert whole == []
+        assert np.array_equal(c.read((8, 40), (24, 64)), data[8:24, 40:64])
+        assert sorted(whole) == ["c/0/3", "c/1/3"]  # those never read before, checked whole
     finally:
         c.close()
 

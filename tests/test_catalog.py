@@ -24,6 +24,7 @@ from strataio.catalog import (
     PerfRow,
     TierRecord,
     TierUsage,
+    VerifiedCopy,
     open_catalog,
 )
 from strataio.catalog.sql import SCHEMA_VERSION
@@ -381,7 +382,7 @@ def _raw_execute(url: str, statements: list[str]) -> None:
 def test_migration_from_version_1(url):
     _raw_execute(url, V1_SCHEMA)
     with open_catalog(url) as c:
-        assert c.schema_version == SCHEMA_VERSION == 5
+        assert c.schema_version == SCHEMA_VERSION == 6
         assert [(t.name, t.state, t.capacity_bytes) for t in c.tiers()] == [
             ("disk", "up", 1000),
             ("tape", "up", None),
@@ -402,11 +403,40 @@ def test_migration_from_version_1(url):
         w = c.register_writer()
         c.commit([ChunkCopy("old", "c/1/1", "tape", 8, "x3", "in-transit", 7.0, "x2", w)])
         assert c.residency("old")[2].old_checksum == "x2"
+        # and the version-6 one: checks of copies recorded for later readers
+        c.record_verified("old", [VerifiedCopy("c/0/0", "tape", "x0", (3, 8, 11))])
     # reopening does not migrate again, and keeps what was written
     with open_catalog(url) as c:
         assert c.residency("old")[2].last_access == 7.0
         assert c.perf_rows("tape") == [PerfRow("tape", "read", 8, 1.0, 1, 1.0)]
         assert c.tiers()[1].state == "down"
+        assert c.verified_copies("old") == [VerifiedCopy("c/0/0", "tape", "x0", (3, 8, 11))]
+
+
+def test_recorded_checks_replace_earlier_ones_and_go_with_their_dataset(cat):
+    """A copy's check recorded again replaces the earlier record; checks of a dataset that is
+    gone are not recorded, and deleting a dataset deletes its checks."""
+    cat.register_tiers(TIERS)
+    cat.create_dataset(_ds("a"))
+    cat.create_dataset(_ds("b"))
+    cat.record_verified("a", [VerifiedCopy("c/0", "local", "aa", (1, 10, 5))])
+    cat.record_verified(
+        "a",
+        [
+            VerifiedCopy("c/0", "local", "bb", (2, 10, 6)),
+            VerifiedCopy("c/1", "local", "cc", ("e",)),
+        ],
+    )
+    cat.record_verified("b", [VerifiedCopy("c/0", "local", "dd", (3, 10, 7))])
+    assert sorted(cat.verified_copies("a"), key=lambda v: v.key) == [
+        VerifiedCopy("c/0", "local", "bb", (2, 10, 6)),
+        VerifiedCopy("c/1", "local", "cc", ("e",)),
+    ]
+    cat.record_verified("gone", [VerifiedCopy("c/0", "local", "ee", (4, 10, 8))])
+    assert cat.verified_copies("gone") == []
+    cat.delete_dataset("a")
+    assert cat.verified_copies("a") == []
+    assert cat.verified_copies("b") == [VerifiedCopy("c/0", "local", "dd", (3, 10, 7))]
 
 
 def test_newer_schema_is_refused(url):

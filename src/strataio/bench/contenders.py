@@ -4,7 +4,8 @@ Every contender holds the same float32 array and answers the same two calls, ``r
 stop)`` and ``write(start, data)``, on a box of it; :meth:`Contender.files` lists every file it
 keeps, so a benchmark can evict them all from the page cache before a cold measurement, and
 :meth:`Contender.forget` empties its own in-process caches of the array (the state a process
-opening the array anew would find), for a measurement of the first read after a write.
+opening the array anew would find), for a measurement of a process's first read of data
+written before.
 
 - ``naive``: the whole array as one raw row-major file, accessed as a naive application does:
   one ``os.preadv`` / ``os.pwrite`` per contiguous piece of the box (one per row, or a single
@@ -18,9 +19,15 @@ opening the array anew would find), for a measurement of the first read after a 
   chunk copy carries the CRC-32C the catalog records and reads check it (whole on the first
   read of a copy); that checksum belongs to the hierarchy and cannot be turned off. The
   plain ``strataio`` row keeps no checksum (``codec=None``, like zarr and TensorStore here),
-  and the tiered dataset, checksums verified, is measured against it. ``forget`` empties the
-  decoded-chunk cache, the Session's chunk cache and the store's record of copies already
-  verified, so a first read checks each copy it reads, as after a write.
+  and the tiered dataset, checksums verified, is measured against it. ``forget`` leaves the
+  dataset as a process opening it anew finds it: the decoded-chunk cache and the Session's
+  chunk cache empty, and of the copies a read checked only what the catalog records (the
+  store records its checks there, as at flush and close, and takes them back), so a first
+  read reads in range the copies an earlier read checked, each under the object version
+  checked.
+- ``strataio-tiered-written``: the same, except that ``forget`` also forgets every check,
+  the catalog's too: a first read finds its copies as their write left them, unread, and
+  reads each whole to check it (the once-per-write cost of the verified-once rule).
 - ``strataio-crc32c``: the plain dataset with the Zarr ``crc32c`` codec, which reads every
   chunk whole and checks its CRC-32C on every read the decoded-chunk cache does not serve:
   the work of the tiered dataset's first read of a copy, without the hierarchy. In the
@@ -65,6 +72,7 @@ CONTENDERS = (
     "naive",
     "strataio",
     "strataio-tiered",
+    "strataio-tiered-written",
     "strataio-crc32c",
     "h5py",
     "zarr",
@@ -276,18 +284,30 @@ class StrataioTiered(Contender):
         return [f for f in super().files() if not f.endswith("-shm")]
 
     def forget(self) -> None:
-        """Empty the decoded-chunk cache, the Session's chunk cache and the store's record of
-        copies whose checksum a read has checked (the verified-once rule of
-        :class:`~strataio.tiers.store.TieredChunkStore`): a first read after a write finds
-        the copies it reads unchecked. The handle stays open, as the plain dataset's does
-        (reopening it would also time the rebuilding of the handle's section plans)."""
+        """Empty the decoded-chunk cache and the Session's chunk cache, and leave the store's
+        record of checked copies (the verified-once rule of
+        :class:`~strataio.tiers.store.TieredChunkStore`) as a process opening the dataset
+        finds it: what the catalog records. The handle stays open, as the plain dataset's
+        does (reopening it would also time the rebuilding of the handle's section plans)."""
         self.ds.clear_cache()
         self.session.cache.clear()
-        self.ds.store.forget_checks()
+        self.ds.store.forget_checks(reload=True)
 
     def close(self) -> None:
         self._release("ds", "session")
         super().close()
+
+
+class StrataioTieredWritten(StrataioTiered):
+    """:class:`StrataioTiered` whose ``forget`` forgets every check of a copy: a first read
+    finds the copies unread since their write and checks each whole."""
+
+    name = "strataio-tiered-written"
+
+    def forget(self) -> None:
+        self.ds.clear_cache()
+        self.session.cache.clear()
+        self.ds.store.forget_checks()
 
 
 class H5py(Contender):
@@ -426,6 +446,7 @@ _CLASSES: dict[str, type[Contender]] = {
         Naive,
         Strataio,
         StrataioTiered,
+        StrataioTieredWritten,
         StrataioChecked,
         H5py,
         Zarr,

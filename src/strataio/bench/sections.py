@@ -21,9 +21,11 @@ Three cache modes (:data:`CACHES`), each timed call a user's step:
   same kind, the page cache holds the files and each contender's own cache (strataio's
   decoded-chunk cache at its setting, TensorStore's cache pool in ``tensorstore-cached``)
   what that call left there;
-- ``first`` (the first read after a write): the page cache warm (an untimed call first), but
-  every contender's own in-process caches emptied before each timed call
-  (:meth:`~strataio.bench.contenders.Contender.forget`);
+- ``first`` (a process's first read of data written before): the page cache warm (an untimed
+  call first), but every contender's own in-process caches emptied before each timed call
+  (:meth:`~strataio.bench.contenders.Contender.forget`), as a process opening the array
+  anew finds them (a tiered dataset keeps what its catalog records: the checks of copies
+  an earlier read made; ``strataio-tiered-written`` shows it with copies no read checked);
 - ``cold``: nothing in memory: the own caches emptied and every file of the contender
   evicted from the page cache before each timed call.
 
@@ -106,8 +108,8 @@ CACHES = ("warm", "first", "cold")
 #: what each cache mode means, for tables and summaries
 CACHE_MEANING = {
     "warm": "defaults: every cache as the process has it, after an untimed call",
-    "first": "first read after a write: each store's own caches emptied before every call, "
-    "page cache warm",
+    "first": "a process's first read: each store's own caches emptied before every call, as "
+    "a process opening the array anew finds them, page cache warm",
     "cold": "nothing in memory: own caches emptied and files evicted from the page cache",
 }
 #: the cache states of ``--collective`` (its chunk cache is off: ``first`` is ``warm`` there)

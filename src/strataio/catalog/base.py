@@ -141,6 +141,19 @@ class ChunkCopy:
 
 
 @dataclass(frozen=True, slots=True)
+class VerifiedCopy:
+    """A read found the copy of chunk ``key`` on ``tier`` intact: its bytes matched
+    ``checksum`` when the tier's object had ``version`` (:meth:`Backend.versions`). Advisory:
+    a reader trusts it only while the copy's row still accepts ``checksum`` and the object
+    still has ``version`` (see :class:`strataio.tiers.store.TieredChunkStore`)."""
+
+    key: str
+    tier: str
+    checksum: str
+    version: tuple[int | str, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class WriterRecord:
     """A registered writer: a Session that may leave rows and objects in flight.
 
@@ -336,6 +349,16 @@ class Catalog(abc.ABC):
         """Make every commit so far durable, those made with ``durable=False`` included
         (one flush of the database's log): what must reach the disk before anything the
         catalog says may depend on it does."""
+
+    @abc.abstractmethod
+    def verified_copies(self, dataset: str) -> list[VerifiedCopy]:
+        """The copies of ``dataset``'s chunks that reads found intact (one query)."""
+
+    @abc.abstractmethod
+    def record_verified(self, dataset: str, copies: Iterable[VerifiedCopy]) -> None:
+        """Record copies a read found intact (replacing earlier records of the same copies;
+        one transaction, not synced on its own: a crash may lose it, and nothing depends
+        on it but the speed of later first reads)."""
 
     @abc.abstractmethod
     def touch(self, dataset: str, keys: Iterable[str], when: float) -> None:

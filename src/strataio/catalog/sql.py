@@ -34,6 +34,7 @@ from strataio.catalog.base import (
     PerfRow,
     TierRecord,
     TierUsage,
+    VerifiedCopy,
     WriterRecord,
     committed_checksum,
 )
@@ -132,7 +133,19 @@ _V5 = [
     "UPDATE residency SET old_checksum = 'crc32c:' || old_checksum WHERE old_checksum = '48674bc7'",
 ]
 
-MIGRATIONS: list[list[str]] = [_V1, _V2, _V3, _V4, _V5]
+# Version 6: copies a read found intact, with the object version it read (the verified-once
+# rule across processes: a later reader of the same object version need not check it whole).
+_V6 = [
+    """CREATE TABLE verified (
+        dataset TEXT NOT NULL REFERENCES datasets (name) ON DELETE CASCADE,
+        key TEXT NOT NULL,
+        tier TEXT NOT NULL,
+        checksum TEXT NOT NULL,
+        version TEXT NOT NULL,
+        PRIMARY KEY (dataset, key, tier))""",
+]
+
+MIGRATIONS: list[list[str]] = [_V1, _V2, _V3, _V4, _V5, _V6]
 #: the schema version this code writes
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -169,6 +182,21 @@ def _dataset_record(row: Sequence[Any]) -> DatasetRecord:
     return DatasetRecord(
         name, tuple(json.loads(shape)), dtype, tuple(json.loads(chunks)), codec, hint, attrs, state
     )
+
+
+def _version_text(version: Sequence[int | str]) -> str:
+    """An object version as the catalog keeps it: integers comma-separated (a POSIX file's
+    inode, size and change time; read back fast), anything else as a JSON list."""
+    if all(type(p) is int for p in version):
+        return ",".join(map(str, version))
+    return json.dumps(list(version))
+
+
+def _version_of(text: str) -> tuple[int | str, ...]:
+    """The object version :func:`_version_text` wrote."""
+    if text.startswith("["):
+        return tuple(json.loads(text))
+    return tuple(map(int, text.split(","))) if text else ()
 
 
 class SQLCatalog(Catalog):
@@ -393,6 +421,7 @@ class SQLCatalog(Catalog):
         with self._write() as cur:
             # Explicit, so the residency goes even where foreign keys are not enforced.
             cur.execute(self._sql("DELETE FROM residency WHERE dataset = ?"), (name,))
+            cur.execute(self._sql("DELETE FROM verified WHERE dataset = ?"), (name,))
             cur.execute(self._sql("DELETE FROM datasets WHERE name = ?"), (name,))
             if cur.rowcount == 0:
                 raise NotFoundError(f"no dataset {name!r} in catalog {self._label()}")
@@ -706,6 +735,28 @@ class SQLCatalog(Catalog):
             parts.append(f"unknown tier(s) {sorted(tiers - known_t)}")
         what = " and ".join(parts) or "rows the catalog rejected"
         return f"residency commit to catalog {self._label()} names {what}; nothing was applied"
+
+    def verified_copies(self, dataset: str) -> list[VerifiedCopy]:
+        rows = self._query(
+            "SELECT key, tier, checksum, version FROM verified WHERE dataset = ?", (dataset,)
+        )
+        return [VerifiedCopy(k, t, c, _version_of(v)) for k, t, c, v in rows]
+
+    def record_verified(self, dataset: str, copies: Iterable[VerifiedCopy]) -> None:
+        rows = [(dataset, c.key, c.tier, c.checksum, _version_text(c.version)) for c in copies]
+        if not rows:
+            return
+        # (advisory rows, each checked again against the copy and its object when used: no
+        # fsync of their own; a dataset deleted meanwhile takes none)
+        with self._write(durable=False) as cur:
+            self._executemany(
+                cur,
+                "INSERT INTO verified (dataset, key, tier, checksum, version) "
+                "SELECT ?, ?, ?, ?, ? WHERE EXISTS (SELECT 1 FROM datasets WHERE name = ?) "
+                "ON CONFLICT (dataset, key, tier) DO UPDATE SET checksum = excluded.checksum, "
+                "version = excluded.version",
+                [(*r, dataset) for r in rows],
+            )
 
     def touch(self, dataset: str, keys: Iterable[str], when: float) -> None:
         keys = list(dict.fromkeys(keys))

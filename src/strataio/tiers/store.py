@@ -21,6 +21,7 @@ saw and not the chunk's last (:meth:`Commit.drop_missing_row`), and the next cop
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import functools
 import time
 from collections import Counter
@@ -31,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from strataio.arrays.store import ChunkStore, StoreCapabilities
-from strataio.catalog.base import ChunkCopy
+from strataio.catalog.base import ChunkCopy, VerifiedCopy
 from strataio.errors import (
     BackendError,
     ChecksumError,
@@ -74,6 +75,13 @@ class TieredChunkStore(ChunkStore):
     replaced by any process is therefore read whole and checked again; what this does not see
     is the medium decaying under an unchanged object after its check, which the next whole
     read (or ``strataio fsck``) finds.
+
+    The rule holds across processes: the checks a process made reach the catalog at its flush
+    and close (:meth:`record_checks`, :meth:`Catalog.record_verified`), and a process opening
+    the dataset takes them over, each still bound to the checksum the copy's row records and
+    to the object's version when it was checked. So a copy is read whole once after each
+    write of it, by whichever process reads it first, not once per process (a parallel job's
+    ranks other than 0, which hold no catalog, keep their checks to themselves).
 
     The process's decoded-chunk cache (:mod:`strataio.arrays.chunk_cache`) keeps chunks read
     this way under the version of the object they came from (:meth:`chunk_versions`: the
@@ -121,6 +129,9 @@ class TieredChunkStore(ChunkStore):
         # of the chunk then: while that stamp holds, the copy checks need not be repeated
         self._checked: dict[str, _Checked] = {}
         self._versioned_tiers: dict[str, bool] = {}  # see _keeps_versions
+        # checks made here and not yet in the catalog (see record_checks)
+        self._unrecorded: dict[tuple[str, str], VerifiedCopy] = {}
+        self._load_checks()
         placement.register(residency)
         residency.drop_missing_row = functools.partial(self.commit.drop_missing_row, residency)
 
@@ -348,9 +359,10 @@ class TieredChunkStore(ChunkStore):
     ) -> list[tuple[int | None, Version | None] | BlockingIOError]:
         """:meth:`read_span_versioned` of each key, the usual cases in one batch read per
         tier (:meth:`Backend.readinto_ranges_versioned`): a copy checked before, read in
-        range under the version it was checked in, and a copy's first read, read whole and
-        checked. Every other case, and a read whose version or checksum does not hold, goes
-        through :meth:`read_span_versioned` on its own."""
+        range under the version it was checked in (here, or by another process: its first
+        read here takes that version from the check), and a copy's first read, read whole
+        and checked. Every other case, and a read whose version or checksum does not hold,
+        goes through :meth:`read_span_versioned` on its own."""
         if self._closed:
             self._check_open()
         got: list[Any] = [None] * len(keys)
@@ -360,7 +372,7 @@ class TieredChunkStore(ChunkStore):
         alone: list[int] = []
         first: list[int] = []
         cache_get, name = self.cache.get, self.name
-        checked_of, stamps, verified = self._checked.get, self.res.stamp, self._verified
+        checked_of, stamps = self._checked.get, self.res.stamp
         for j, key in enumerate(keys):
             hit = cache_get(name, key)
             if hit is not None:
@@ -376,8 +388,6 @@ class TieredChunkStore(ChunkStore):
                 batch[2].append(checked.obj)
                 batch[3].append(offsets[j])
                 batch[4].append(outs[j])
-            elif key in verified:
-                alone.append(j)  # checked whole before: its second read sets the fast path
             else:
                 first.append(j)
         if first:
@@ -414,6 +424,14 @@ class TieredChunkStore(ChunkStore):
                         touched.append(key)
                         got[j] = (size, (url, *version))
                         continue
+                elif kind == "seen":
+                    seen_version, at, obj = want
+                    if version == seen_version:
+                        self._checked[key] = _Checked(at, tier, obj, version)
+                        touched.append(key)
+                        got[j] = (size, (url, *version))
+                        continue
+                    self._verified.pop(key, None)  # (replaced since: read whole, alone)
                 elif version is not None and self._check_whole(key, *want, whole, size, version):
                     touched.append(key)
                     if whole is not outs[j]:
@@ -440,10 +458,12 @@ class TieredChunkStore(ChunkStore):
         alone: list[int],
     ) -> None:
         """Add to ``batches`` the first read of each chunk at positions ``first``: its
-        fastest copy read whole, to be checked (into the caller's buffer when that is the
-        whole chunk, else into one spare buffer for them all); a chunk whose copy a batch
-        cannot read (none, an archive tier, a tier down or without versions) to ``alone``."""
-        tiers, name = self.tiers, self.name
+        fastest copy read in range where a check of it is known (:attr:`_verified`: the
+        read must find the object at the version checked), else read whole, to be checked
+        (into the caller's buffer when that is the whole chunk, else into one spare buffer
+        for them all); a chunk whose copy a batch cannot read (none, an archive tier, a
+        tier down or without versions) to ``alone``."""
+        tiers, name, verified = self.tiers, self.name, self._verified
         eligible: dict[str, bool] = {}  # per tier: whether a batch reads its copies
         spare: list[tuple[int, ChunkCopy, int, tuple]] = []  # (j, copy, stamp, batch)
         spare_bytes = 0
@@ -465,7 +485,14 @@ class TieredChunkStore(ChunkStore):
             if batch is None:
                 batch = batches[copy.tier] = (tiers[copy.tier], [], [], [], [])
             out = outs[j]
-            if offsets[j] == 0 and len(out) == copy.nbytes:
+            seen = verified.get(keys[j])
+            if seen is not None and seen[0] == copy.tier and copy.accepts(seen[1]):
+                obj = object_key(name, keys[j])
+                batch[1].append((j, "seen", (seen[2], at, obj), None))
+                batch[2].append(obj)
+                batch[3].append(offsets[j])
+                batch[4].append(out)
+            elif offsets[j] == 0 and len(out) == copy.nbytes:
                 batch[1].append((j, "whole", (copy, at), out))
                 batch[2].append(object_key(name, keys[j]))
                 batch[3].append(0)
@@ -505,6 +532,8 @@ class TieredChunkStore(ChunkStore):
             return False
         if version is not None:
             self._verified[key] = (copy.tier, digest, version)
+            if not self.tiers[copy.tier].volatile:
+                self._unrecorded[key, copy.tier] = VerifiedCopy(key, copy.tier, digest, version)
         return True
 
     def _still_checked(self, key: str) -> _Checked | None:
@@ -528,11 +557,55 @@ class TieredChunkStore(ChunkStore):
         """Keys of the chunks whose copy a read checked whole (the verified-once rule)."""
         return set(self._verified)
 
-    def forget_checks(self) -> None:
+    def forget_checks(self, *, reload: bool = False) -> None:
         """Forget every copy checked so far: the next read of each chunk reads its copy whole
-        and checks it again, as the first read after opening the dataset does."""
+        and checks it again, as the first read after its write does. With ``reload``, the
+        checks first go to the catalog and are then taken from it again, as a process
+        opening the dataset anew finds them (:meth:`record_checks`)."""
+        if reload:
+            self.record_checks()
         self._verified.clear()
         self._checked.clear()
+        self._unrecorded.clear()
+        if reload:
+            self._load_checks()
+
+    def record_checks(self) -> None:
+        """Record in the catalog the copies this process's reads found intact since it last
+        did (:meth:`Catalog.record_verified`; at flush and close): a process opening the
+        dataset later reads those copies in range at once. The records are advice, so a
+        catalog that refuses them (read-only, say) costs only that speed."""
+        catalog = self.commit.catalog
+        if catalog is None or not self._unrecorded:
+            return
+        marks = []
+        while self._unrecorded:  # (popitem: reads on other threads may add meanwhile)
+            marks.append(self._unrecorded.popitem()[1])
+        with contextlib.suppress(StrataError):
+            catalog.record_verified(self.name, marks)
+
+    def _load_checks(self) -> None:
+        """Take over the checks the catalog records for this dataset's copies (one query),
+        each as a check of the copy a read would take now, where it is that copy and its
+        row still accepts the bytes checked: the first read of such a chunk reads it in range
+        as any later one (and reads it whole where its object's version moved on)."""
+        catalog = self.commit.catalog
+        if catalog is None:
+            return
+        known, verified = set(self.tiers.names), self._verified
+        marks = [
+            v
+            for v in catalog.verified_copies(self.name)
+            if v.tier in known and v.key not in verified
+        ]
+        tiers, name = self.tiers, self.name
+        looks = self.res.fastest_readable_many([v.key for v in marks])
+        for v, (copy, at) in zip(marks, looks):
+            verified[v.key] = (v.tier, v.checksum, v.version)
+            if copy is not None and copy.tier == v.tier and copy.accepts(v.checksum):
+                self._checked[v.key] = _Checked(
+                    at, tiers[v.tier], object_key(name, v.key), v.version
+                )
 
     def _whole(self, key: str) -> BytesLike:
         """Chunk ``key`` read whole through :meth:`get_chunks` (every rule of a read: staging,
@@ -933,6 +1006,7 @@ class TieredChunkStore(ChunkStore):
         if self._closed:
             return
         self.commit.apply(self.res)
+        self.record_checks()
 
     def close(self) -> None:
         """Flush and close; copies on memory tiers are dropped (they live while the dataset
@@ -945,6 +1019,7 @@ class TieredChunkStore(ChunkStore):
                     for c in self.res.on_tier(tier.name):
                         self.res.remove(c.key, c.tier, expect=c)
             self.commit.close(self.res)
+            self.record_checks()
         finally:
             self._closed = True
             self.placement.unregister(self.res)
