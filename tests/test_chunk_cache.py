@@ -319,3 +319,35 @@ def test_a_chunk_is_admitted_on_its_second_read_of_one_version():
     for i in range(cc.SEEN_ENTRIES + 1):  # remembered keys are bounded
         c.admit("t", f"k{i}", (i, 8, 0))
     assert not c.admit("t", "k0", (0, 8, 0))
+
+
+def test_datasets_of_one_name_in_two_catalogs_keep_their_own_cached_chunks(tmp_path):
+    """Two Sessions of one process, each with its own catalog and a dataset called ``a``:
+    their chunks are two arrays' and are cached apart, so reading them in turn is served
+    from memory (they used to take each other's cache entries at every read)."""
+    from strataio.storage.posix import PosixBackend
+    from strataio.tiers.tier import Tier, TierSet
+
+    handles, wants = [], []
+    for n in range(2):
+        root = tmp_path / f"s{n}"
+        tiers = TierSet([Tier("local", PosixBackend(root / "local"), "localdisk", order=0)])
+        s = strataio.Session(tiers=tiers, catalog=root / "cat.db")
+        want = np.full((8, 8), n + 1, dtype="int32")
+        with s.create_dataset("a", (8, 8), "int32", (4, 4), hint="LOCALDISK", codec=None) as ds:
+            ds[...] = want
+        handles.append((s, s.open_dataset("a")))
+        wants.append(want)
+    try:
+        time.sleep(SETTLED)
+        for _ in range(2):  # remembered, then kept
+            for (_, ds), want in zip(handles, wants):
+                np.testing.assert_array_equal(ds[...], want)
+        before = _hits()
+        for (_, ds), want in zip(handles, wants):
+            np.testing.assert_array_equal(ds[...], want)
+        assert _hits() - before == 8
+    finally:
+        for s, ds in handles:
+            ds.close()
+            s.close()

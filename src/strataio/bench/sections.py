@@ -420,6 +420,11 @@ def _run_pass(
             for c in [naive, *chunked]:
                 verify(c, start, stop, data)
                 advance(f"{ps.label} {pat}: checked {c.name}")
+            # The check rewrote the pattern's chunks: let them come to rest before the timed
+            # calls (a chunk's version is trusted by the decoded-chunk cache only once it is
+            # SETTLE_NS old), else which contender's warm rows find them cacheable depends on
+            # the order the checks ran in.
+            time.sleep(2 * SETTLE_NS / 1e9)
             for op in cfg.ops:
                 for cache in cfg.caches:
                     key = (pat, op, cache)

@@ -102,7 +102,7 @@ class Commit:
         self.catalog = catalog
         self.comm = comm
         self.writer = writer
-        self._catalog_url = catalog_url
+        self.catalog_url = catalog_url
         self._announcer: Catalog | None = None  # opened on first use (no catalog here)
         self._announcer_lock = threading.Lock()
         # announcements committed without waiting for the disk, and how many of them the
@@ -158,7 +158,7 @@ class Commit:
         with res.commit_lock:  # after any batch taken before, so none overwrites them
             if self.catalog is not None:
                 done = self.catalog.commit(rows, [], durable=False, expect=expect)
-            elif self._catalog_url:
+            elif self.catalog_url:
                 done = self._announcing().commit(rows, [], durable=False, expect=expect)
             else:
                 return
@@ -501,7 +501,7 @@ class Commit:
     def _announcing(self) -> Catalog:
         with self._announcer_lock:
             if self._announcer is None:
-                self._announcer = open_catalog(self._catalog_url)
+                self._announcer = open_catalog(self.catalog_url)
             return self._announcer
 
     def _sync_announcements(self) -> None:

@@ -274,7 +274,14 @@ class TieredChunkStore(ChunkStore):
 
     @property
     def cache_space(self) -> Hashable:
-        return ("tiered", self.name)
+        # (the catalog names the dataset: two catalogs' datasets of one name are two arrays,
+        # which would otherwise push each other's chunks out of the cache at every read)
+        catalog = self.commit.catalog
+        return (
+            "tiered",
+            catalog.url if catalog is not None else self.commit.catalog_url,
+            self.name,
+        )
 
     def read_span_versioned(
         self, key: str, offset: int, out: memoryview, *, nowait: bool = False
