@@ -129,8 +129,9 @@ class TieredChunkStore(ChunkStore):
         # of the chunk then: while that stamp holds, the copy checks need not be repeated
         self._checked: dict[str, _Checked] = {}
         self._versioned_tiers: dict[str, bool] = {}  # see _keeps_versions
-        # checks made here and not yet in the catalog (see record_checks)
-        self._unrecorded: dict[tuple[str, str], VerifiedCopy] = {}
+        # keys whose check in _verified this process made and has not recorded in the
+        # catalog yet (see record_checks)
+        self._unrecorded: set[str] = set()
         self._load_checks()
         placement.register(residency)
         residency.drop_missing_row = functools.partial(self.commit.drop_missing_row, residency)
@@ -540,7 +541,7 @@ class TieredChunkStore(ChunkStore):
         if version is not None:
             self._verified[key] = (copy.tier, digest, version)
             if not self.tiers[copy.tier].volatile:
-                self._unrecorded[key, copy.tier] = VerifiedCopy(key, copy.tier, digest, version)
+                self._unrecorded.add(key)
         return True
 
     def _still_checked(self, key: str) -> _Checked | None:
@@ -586,8 +587,11 @@ class TieredChunkStore(ChunkStore):
         if catalog is None or not self._unrecorded:
             return
         marks = []
-        while self._unrecorded:  # (popitem: reads on other threads may add meanwhile)
-            marks.append(self._unrecorded.popitem()[1])
+        while self._unrecorded:  # (pop: reads on other threads may add meanwhile)
+            key = self._unrecorded.pop()
+            seen = self._verified.get(key)
+            if seen is not None:
+                marks.append(VerifiedCopy(key, *seen))
         with contextlib.suppress(StrataError):
             catalog.record_verified(self.name, marks)
 
