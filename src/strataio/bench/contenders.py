@@ -25,9 +25,9 @@ written before.
   store records its checks there, as at flush and close, and takes them back), so a first
   read reads in range the copies an earlier read checked, each under the object version
   checked.
-- ``strataio-tiered-written``: the same, except that ``forget`` also forgets every check,
-  the catalog's too: a first read finds its copies as their write left them, unread, and
-  reads each whole to check it (the once-per-write cost of the verified-once rule).
+- ``strataio-tiered-written``: the same, except that ``forget`` forgets every check and takes
+  none from the catalog: a first read finds its copies as their write left them, unread,
+  and reads each whole to check it (the once-per-write cost of the verified-once rule).
 - ``strataio-crc32c``: the plain dataset with the Zarr ``crc32c`` codec, which reads every
   chunk whole and checks its CRC-32C on every read the decoded-chunk cache does not serve:
   the work of the tiered dataset's first read of a copy, without the hierarchy. In the
