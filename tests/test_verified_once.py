@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import strataio
+from strataio.catalog import VerifiedCopy
 from strataio.errors import ChecksumError
 from strataio.storage.posix import PosixBackend
 from strataio.tiers.tier import Tier, TierSet
@@ -91,18 +92,30 @@ def test_a_copy_changed_on_disk_after_its_check_is_checked_again(tmp_path, data,
         assert "c/1/2" in checks
 
 
-def test_checks_of_a_chunk_rewritten_or_moved_since_are_not_taken_over(tmp_path, data):
+def test_checks_of_a_chunk_rewritten_since_are_not_taken_over(tmp_path, data):
     with _session(tmp_path) as s, s.open_dataset("d") as ds:
         np.testing.assert_array_equal(ds[...], data)
     new = data.copy()
     new[0:8, 0:8] = -1
     with _session(tmp_path) as s, s.open_dataset("d", "r+") as ds:
         ds[0:8, 0:8] = new[0:8, 0:8]  # another process rewrites c/0/0
-        ds.migrate((slice(8, 16), slice(0, 8)), to="slow").result()  # and moves c/1/0
     with _session(tmp_path) as s, s.open_dataset("d") as ds:
         checks = _whole_checks(ds)
         np.testing.assert_array_equal(ds[...], new)
-        assert sorted(checks) == ["c/0/0", "c/1/0"]
+        assert checks == ["c/0/0"]
+
+
+def test_a_check_naming_another_tier_is_not_taken_over(tmp_path, data):
+    """A recorded check holds for the copy on the tier it names only: one naming ``slow``
+    says nothing of the copy on ``fast``, whatever its version."""
+    with _session(tmp_path) as s:
+        (row,) = s.catalog.residency("d", ["c/1/1"])
+        (version,) = PosixBackend(tmp_path / "fast").versions(["d/c/1/1"])
+        s.catalog.record_verified("d", [VerifiedCopy("c/1/1", "slow", row.checksum, version)])
+        with s.open_dataset("d") as ds:
+            checks = _whole_checks(ds)
+            np.testing.assert_array_equal(ds[8:16, 8:16], data[8:16, 8:16])
+            assert checks == ["c/1/1"]
 
 
 def test_a_parallel_rank_without_the_catalog_keeps_its_checks_to_itself(tmp_path, data):
@@ -122,3 +135,23 @@ def test_a_parallel_rank_without_the_catalog_keeps_its_checks_to_itself(tmp_path
                 assert sorted(checks) == sorted(ALL)
             finally:
                 ds.store.commit.catalog = catalog
+
+
+def test_a_copy_a_move_read_back_is_read_in_range_at_once(tmp_path, data):
+    """A move reads the copy it put back and checks it: reads of that copy, in this process
+    and in one opening the dataset later, need not read it whole."""
+    with _session(tmp_path) as s, s.open_dataset("d", "r+") as ds:
+        checks = _whole_checks(ds)
+        ds.migrate(None, to="slow").result()
+        np.testing.assert_array_equal(ds[2:30, 3:5], data[2:30, 3:5])
+        ds.stage((slice(0, 8), slice(None)), to="fast").result()
+        np.testing.assert_array_equal(ds[...], data)
+        assert checks == []
+        assert {c.tier for k, cs in ds.residency().items() if k.startswith("c/0/") for c in cs} == {
+            "fast",
+            "slow",
+        }
+    with _session(tmp_path) as s, s.open_dataset("d") as ds:
+        checks = _whole_checks(ds)
+        np.testing.assert_array_equal(ds[...], data)
+        assert checks == []

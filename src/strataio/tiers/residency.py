@@ -147,6 +147,9 @@ class Residency:
         self._in_commit: set[str] = set()  # keys of the rows a taken batch is recording now
         #: called with a copy :meth:`drop_missing` forgot, to drop its row from the catalog
         self.drop_missing_row: Callable[[ChunkCopy], None] | None = None
+        #: called with a copy a move recorded and the version of the object it put, which
+        #: the move read back and checked (the copy is then verified, as by a whole read)
+        self.moved_checked: Callable[[ChunkCopy, Any], None] | None = None
 
     # ----------------------------------------------------------------- queries
     def chunk_keys(self) -> list[str]:
@@ -481,7 +484,8 @@ class Residency:
         that is still its version (and, with ``replaces``, forget that copy in the same step:
         a write-back). False, and nothing recorded, if the chunk changed meanwhile, or the
         copy ``replaces`` holds other bytes now or a put is rewriting it. ``put``: the version
-        of the object the move put (the commit checks that it is still there)."""
+        of the object the move put (the commit checks that it is still there), which the
+        move read back and checked (:attr:`moved_checked` is told)."""
         with self.lock:
             if self._versions[copy.key] != version:
                 return False
@@ -498,7 +502,9 @@ class Residency:
                 self._moved[copy.key, copy.tier] = put
             if replaces is not None:
                 self.remove(replaces.key, replaces.tier)
-            return True
+        if put is not None and self.moved_checked is not None:
+            self.moved_checked(copy, put)
+        return True
 
     def remove(
         self,

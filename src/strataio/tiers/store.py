@@ -123,18 +123,19 @@ class TieredChunkStore(ChunkStore):
         self.commit = commit if commit is not None else placement.commit
         self._meta = meta
         self._closed = False
-        # chunk key -> (tier, checksum of the bytes checked, object version when checked)
-        self._verified: dict[str, tuple[str, str, Any]] = {}
+        # (chunk key, tier) -> (checksum of the bytes checked, object version when checked)
+        self._verified: dict[tuple[str, str], tuple[str, Any]] = {}
         # chunk key -> the copy a range read last found verified, and the residency's stamp
         # of the chunk then: while that stamp holds, the copy checks need not be repeated
         self._checked: dict[str, _Checked] = {}
         self._versioned_tiers: dict[str, bool] = {}  # see _keeps_versions
-        # keys whose check in _verified this process made and has not recorded in the
-        # catalog yet (see record_checks)
-        self._unrecorded: set[str] = set()
+        # the copies (key, tier) whose check in _verified this process made and has not
+        # recorded in the catalog yet (see record_checks)
+        self._unrecorded: set[tuple[str, str]] = set()
         self._load_checks()
         placement.register(residency)
         residency.drop_missing_row = functools.partial(self.commit.drop_missing_row, residency)
+        residency.moved_checked = self._moved_checked
 
     # ----------------------------------------------------------------- reads
     #: times one read asks the catalog again for a chunk whose every known copy is missing
@@ -315,15 +316,15 @@ class TieredChunkStore(ChunkStore):
             return None, None
         tier = self.tiers[copy.tier]
         obj = object_key(self.name, key)
-        seen = self._verified.get(key)
-        if seen is not None and seen[0] == copy.tier and copy.accepts(seen[1]) and not busy:
+        seen = self._verified.get((key, copy.tier))
+        if seen is not None and copy.accepts(seen[0]) and not busy:
             try:
                 # (the version is taken after the read: a copy replaced or written before or
                 # during it has a new one)
                 size, version = tier.backend.readinto_range_versioned(
                     obj, offset, out, nowait=nowait
                 )
-                if version == seen[2]:
+                if version == seen[1]:
                     self._checked[key] = _Checked(stamp, tier, obj, version)
                     self.res.touch((key,))
                     return size, (tier.backend.url, *version)
@@ -331,7 +332,7 @@ class TieredChunkStore(ChunkStore):
                 raise
             except (OSError, StrataError):
                 pass  # moved or gone: the whole read below finds where it is now
-            self._verified.pop(key, None)
+            self._verified.pop((key, copy.tier), None)
         self._checked.pop(key, None)
         if tier.role != "remotetape" and not self.res.busy(key):
             # the first read of this copy: read it whole (nowait like the range reads, so a
@@ -439,7 +440,8 @@ class TieredChunkStore(ChunkStore):
                         touched.append(key)
                         got[j] = (size, (url, *version))
                         continue
-                    self._verified.pop(key, None)  # (replaced since: read whole, alone)
+                    # (replaced since: read whole, alone)
+                    self._verified.pop((key, tier.name), None)
                 elif version is not None and self._check_whole(key, *want, whole, size, version):
                     touched.append(key)
                     if whole is not outs[j]:
@@ -493,10 +495,10 @@ class TieredChunkStore(ChunkStore):
             if batch is None:
                 batch = batches[copy.tier] = (tiers[copy.tier], [], [], [], [])
             out = outs[j]
-            seen = verified.get(keys[j])
-            if seen is not None and seen[0] == copy.tier and copy.accepts(seen[1]):
+            seen = verified.get((keys[j], copy.tier))
+            if seen is not None and copy.accepts(seen[0]):
                 obj = object_key(name, keys[j])
-                batch[1].append((j, "seen", (seen[2], at, obj), None))
+                batch[1].append((j, "seen", (seen[1], at, obj), None))
                 batch[2].append(obj)
                 batch[3].append(offsets[j])
                 batch[4].append(out)
@@ -539,10 +541,18 @@ class TieredChunkStore(ChunkStore):
         if digest is None or self.res.stamp(key) != stamp:
             return False
         if version is not None:
-            self._verified[key] = (copy.tier, digest, version)
+            self._verified[key, copy.tier] = (digest, version)
             if not self.tiers[copy.tier].volatile:
-                self._unrecorded.add(key)
+                self._unrecorded.add((key, copy.tier))
         return True
+
+    def _moved_checked(self, copy: ChunkCopy, version: Version) -> None:
+        """A move (a stage, migrate, prefetch or write-back) put ``copy`` as the object of
+        ``version`` and read it back intact: the copy is verified, so the first read of it
+        reads in range (where it is still that version)."""
+        self._verified[copy.key, copy.tier] = (copy.checksum, version)
+        if not self.tiers[copy.tier].volatile:
+            self._unrecorded.add((copy.key, copy.tier))
 
     def _still_checked(self, key: str) -> _Checked | None:
         """The copy of ``key`` a range read last found verified, while nothing about the
@@ -562,8 +572,9 @@ class TieredChunkStore(ChunkStore):
         return keeps
 
     def verified_chunks(self) -> set[str]:
-        """Keys of the chunks whose copy a read checked whole (the verified-once rule)."""
-        return set(self._verified)
+        """Keys of the chunks a copy of which is known checked (the verified-once rule): read
+        whole and checked here, read back by a move, or taken over from the catalog."""
+        return {key for key, _ in self._verified}
 
     def forget_checks(self, *, reload: bool = False) -> None:
         """Forget every copy checked so far: the next read of each chunk reads its copy whole
@@ -588,10 +599,10 @@ class TieredChunkStore(ChunkStore):
             return
         marks = []
         while self._unrecorded:  # (pop: reads on other threads may add meanwhile)
-            key = self._unrecorded.pop()
-            seen = self._verified.get(key)
+            key, tier = self._unrecorded.pop()
+            seen = self._verified.get((key, tier))
             if seen is not None:
-                marks.append(VerifiedCopy(key, *seen))
+                marks.append(VerifiedCopy(key, tier, *seen))
         with contextlib.suppress(StrataError):
             catalog.record_verified(self.name, marks)
 
@@ -607,12 +618,12 @@ class TieredChunkStore(ChunkStore):
         marks = [
             v
             for v in catalog.verified_copies(self.name)
-            if v.tier in known and v.key not in verified
+            if v.tier in known and (v.key, v.tier) not in verified
         ]
         tiers, name = self.tiers, self.name
         looks = self.res.fastest_readable_many([v.key for v in marks])
         for v, (copy, at) in zip(marks, looks):
-            verified[v.key] = (v.tier, v.checksum, v.version)
+            verified[v.key, v.tier] = (v.checksum, v.version)
             if copy is not None and copy.tier == v.tier and copy.accepts(v.checksum):
                 self._checked[v.key] = _Checked(
                     at, tiers[v.tier], object_key(name, v.key), v.version
