@@ -541,18 +541,22 @@ class TieredChunkStore(ChunkStore):
         if digest is None or self.res.stamp(key) != stamp:
             return False
         if version is not None:
-            self._verified[key, copy.tier] = (digest, version)
-            if not self.tiers[copy.tier].volatile:
-                self._unrecorded.add((key, copy.tier))
+            self._note_check(key, copy.tier, digest, version)
         return True
 
     def _moved_checked(self, copy: ChunkCopy, version: Version) -> None:
         """A move (a stage, migrate, prefetch or write-back) put ``copy`` as the object of
         ``version`` and read it back intact: the copy is verified, so the first read of it
         reads in range (where it is still that version)."""
-        self._verified[copy.key, copy.tier] = (copy.checksum, version)
-        if not self.tiers[copy.tier].volatile:
-            self._unrecorded.add((copy.key, copy.tier))
+        self._note_check(copy.key, copy.tier, copy.checksum, version)
+
+    def _note_check(self, key: str, tier: str, digest: str, version: Version) -> None:
+        """Chunk ``key``'s copy on ``tier`` held bytes of checksum ``digest`` as the object
+        of ``version``: kept for later reads, and for the catalog where the tier outlives
+        the process (:meth:`record_checks`)."""
+        self._verified[key, tier] = (digest, version)
+        if not self.tiers[tier].volatile:
+            self._unrecorded.add((key, tier))
 
     def _still_checked(self, key: str) -> _Checked | None:
         """The copy of ``key`` a range read last found verified, while nothing about the
@@ -590,10 +594,11 @@ class TieredChunkStore(ChunkStore):
             self._load_checks()
 
     def record_checks(self) -> None:
-        """Record in the catalog the copies this process's reads found intact since it last
-        did (:meth:`Catalog.record_verified`; at flush and close): a process opening the
-        dataset later reads those copies in range at once. The records are advice, so a
-        catalog that refuses them (read-only, say) costs only that speed."""
+        """Record in the catalog the copies this process found intact (read whole and
+        checked, or read back by a move) since it last did (:meth:`Catalog.record_verified`;
+        at flush and close): a process opening the dataset later reads those copies in range
+        at once. The records are advice, so a catalog that refuses them (read-only, say)
+        costs only that speed."""
         catalog = self.commit.catalog
         if catalog is None or not self._unrecorded:
             return
