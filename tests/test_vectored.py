@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from strataio.layout.pieces import plan_copy
-from strataio.storage import vectored
+from strataio.storage import mapped, vectored
 from strataio.storage.vectored import IOV_MAX, VectoredPlan
 
 
@@ -29,12 +29,23 @@ def _pieces(rng: np.random.Generator, n: int, ordered: bool) -> tuple[np.ndarray
     return offs, lens, mem
 
 
-@pytest.fixture(params=["ctypes", "os"])
+@pytest.fixture(params=["ctypes", "os", "mapped", "streamed"])
 def io_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """How reads run: the iovec table through libc, memoryview lists through ``os``, or
+    (where the copy helper is built) every read of more than one byte copied out of a
+    mapping, with ``memcpy`` or with non-temporal stores."""
     if request.param == "os":
         monkeypatch.setattr(vectored, "_LIBC", None)
     elif vectored._LIBC is None:
         pytest.skip("libc has no preadv")
+    if request.param in ("mapped", "streamed"):
+        if mapped._mapcopy is None:
+            pytest.skip("_mapcopy not built")
+        monkeypatch.setattr(vectored, "MAPPED_READ_BYTES", 2)
+        monkeypatch.setattr(mapped, "MAPPED_READ_BYTES", 2)
+        streamed = request.param == "streamed"
+        monkeypatch.setattr(mapped, "STREAM_COPY_BYTES", 2 if streamed else 1 << 62)
+        monkeypatch.setattr(mapped, "GATHER_PIECE_BYTES", 0 if streamed else 1 << 40)
     return str(request.param)
 
 
@@ -58,6 +69,43 @@ def test_reads_match_numpy(tmp_path: Path, io_path: str) -> None:
                 for o, n_, m in zip(offs.tolist(), lens.tolist(), mem.tolist()):
                     assert np.array_equal(buf[m : m + n_], padded[o : o + n_])
                 assert (buf[-5:] == 7).all()  # nothing outside the pieces is touched
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.skipif(mapped._mapcopy is None, reason="_mapcopy not built")
+@pytest.mark.parametrize("stream", [0, 1, 2])
+def test_a_gather_from_a_mapping_copies_the_pieces_or_declines(tmp_path: Path, stream: int) -> None:
+    """Pieces in any order, overlapping in the file, at odd buffer places: the file's bytes
+    and nothing else written; declined (nothing claimed) where the file ends before the
+    pieces do, and refused where a piece lies outside the buffer."""
+    rng = np.random.default_rng(11)
+    path = tmp_path / "f"
+    data = rng.integers(0, 256, 1 << 20, dtype=np.uint8)
+    path.write_bytes(data.tobytes())
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.pread(fd, 1 << 20, 0)  # (cached)
+        for trial in range(30):
+            n = int(rng.integers(1, 400))
+            offs, lens, mem = _pieces(rng, n, ordered=trial % 2 == 0)
+            mem = mem + int(rng.integers(0, 64))
+            buf = np.full(int((mem + lens).max()) + 64, 7, dtype=np.uint8)
+            want = buf.copy()
+            for o, n_, m in zip(offs.tolist(), lens.tolist(), mem.tolist()):
+                want[m : m + n_] = data[o : o + n_]
+            got = mapped._mapcopy.gather_cached(fd, buf, offs, lens, mem, stream)
+            assert got == int(lens.sum())
+            assert np.array_equal(buf, want)
+        past = np.array([(1 << 20) - 10], dtype=np.int64)
+        ten = np.array([20], dtype=np.int64)
+        buf = np.full(64, 7, dtype=np.uint8)
+        at0 = np.array([0], dtype=np.int64)
+        assert mapped._mapcopy.gather_cached(fd, buf, past, ten, at0, stream) == -1
+        with pytest.raises(ValueError, match="outside"):
+            mapped._mapcopy.gather_cached(fd, buf, at0, ten, np.array([50]), stream)
+        with pytest.raises(ValueError, match="int64"):
+            mapped._mapcopy.gather_cached(fd, buf, at0, ten, np.array([0, 1]), stream)
     finally:
         os.close(fd)
 

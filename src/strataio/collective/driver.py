@@ -70,6 +70,12 @@ class Driver(ABC):
     def writev(self, plan: VectoredPlan, buf: np.ndarray) -> None:
         """Write the planned pieces of ``buf`` to the file (``pwritev`` of Extents)."""
 
+    def read_mapped(self, plan: VectoredPlan, buf: np.ndarray) -> bool:
+        """Fill the planned pieces of ``buf`` straight from the file's cached pages, where
+        that beats staging them (:meth:`VectoredPlan.read_mapped`); False where the caller
+        must read them its own way. This base class never does."""
+        return False
+
     @abstractmethod
     def pread(self, buf: np.ndarray, offset: int) -> int:
         """Read into ``buf`` from ``offset`` until it is full or the file ends; the bytes read
@@ -218,6 +224,22 @@ class PosixDriver(Driver):
                 run_shared([lambda p=p: p.read(fd, buf) for p in parts])
                 return
         plan.read(self.fd, buf)
+
+    def read_mapped(self, plan: VectoredPlan, buf: np.ndarray) -> bool:
+        parts = [plan]
+        if self.threads > 1 and plan.moved >= SPLIT_READ_BYTES:
+            parts = plan.split(self.threads)
+        done = [False] * len(parts)
+        fd = self.fd
+
+        def part(k: int) -> None:
+            done[k] = parts[k].read_mapped(fd, buf, staged=True)
+
+        if len(parts) > 1:
+            run_shared([lambda k=k: part(k) for k in range(len(parts))])
+        else:
+            part(0)
+        return all(done)
 
     def writev(self, plan: VectoredPlan, buf: np.ndarray) -> None:
         if self.preallocates:

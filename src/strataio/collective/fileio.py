@@ -27,7 +27,7 @@ from strataio.collective.driver import SPLIT_READ_BYTES, Driver, run_shared
 from strataio.errors import BackendError
 from strataio.layout.extents import Extents
 from strataio.layout.pieces import CopyPlan, plan_copy, scratch
-from strataio.storage.mapped import ALIAS_BYTES, PAGE, aliases
+from strataio.storage.mapped import ALIAS_BYTES, MAPPED_READ_BYTES, PAGE, aliases
 from strataio.storage.vectored import VectoredPlan
 
 # Bytes of page-cache copying that cost as much as one extra pread/pwrite issued from Python.
@@ -223,13 +223,14 @@ class ReadPlan:
     way or the other.
     """
 
-    __slots__ = ("_batches", "_direct", "_shared")
+    __slots__ = ("_batches", "_direct", "_mapped", "_shared")
 
     def __init__(
         self, ext: Extents, max_span: int, max_hole: int, scatter: bool | None = None
     ) -> None:
         ext = ext.compact()
         self._direct: VectoredPlan | None = None
+        self._mapped: VectoredPlan | None = None
         self._batches: list[tuple[int, VectoredPlan, CopyPlan, int]] = []
         self._shared = False  # see run
         if len(ext) == 0:
@@ -259,6 +260,9 @@ class ReadPlan:
             self._batches.append((int(csum[b1 - 1]) - base, spans, copy, lead))
         # enough bytes staged to be worth a hand-off, as for one large read
         self._shared = sum(b[0] for b in self._batches) >= SPLIT_READ_BYTES
+        if ext.nbytes >= MAPPED_READ_BYTES:
+            # the pieces as one plan, for a copy straight out of the file's cached pages
+            self._mapped = VectoredPlan(ext.offsets, ext.lengths, ext.mem)
 
     def run(self, driver: Driver, buf: np.ndarray) -> None:
         """Read the planned pieces through ``driver`` into ``buf`` (flat ``uint8``). Staged
@@ -266,6 +270,8 @@ class ReadPlan:
         (:attr:`PosixDriver.threads`), each thread reading and copying out its own."""
         if self._direct is not None:
             driver.readv(self._direct, buf)
+        if self._mapped is not None and driver.read_mapped(self._mapped, buf):
+            return
         batches = self._batches
         threads = min(getattr(driver, "threads", 1), len(batches))
         if threads > 1 and self._shared:

@@ -24,7 +24,7 @@ import os
 import numpy as np
 
 from strataio.layout.pieces import scratch
-from strataio.storage.mapped import MAPPED_READ_BYTES, read_cached
+from strataio.storage.mapped import MAPPED_READ_BYTES, gather_cached, read_cached
 
 IOV_MAX = (os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 0) or 1024
 if IOV_MAX < 0:  # "no limit" from sysconf: keep calls bounded anyway
@@ -72,6 +72,7 @@ class VectoredPlan:
         "_bounds",
         "_entries",
         "_filepos",
+        "_gather",
         "_hole_idx",
         "_hole_max",
         "_lens",
@@ -79,6 +80,7 @@ class VectoredPlan:
         "_one",
         "_pos",
         "_small",
+        "_splits",
         "_table0",
         "_want",
         "moved",
@@ -143,6 +145,9 @@ class VectoredPlan:
         self._entries: list[tuple[int, int, bool]] | None = None
         # one piece (a contiguous access): (buffer position, length, file position)
         self._one = (int(mem[0]), int(lengths[0]), int(offsets[0])) if total == 1 else None
+        # many pieces moving enough bytes for a mapped copy: the pieces (set on first use)
+        self._gather: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._splits: dict[int, list[VectoredPlan]] = {}  # split's answers, kept
 
     def pieces(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The planned pieces (holes a read crosses left out): file offsets, lengths, buffer
@@ -155,9 +160,17 @@ class VectoredPlan:
     def split(self, parts: int) -> list[VectoredPlan]:
         """This plan as at most ``parts`` plans of about equal bytes, pieces cut where a
         share ends, for reads run at once on separate threads (the bytes are the same
-        whichever plan moves them). A plan that crosses holes is returned whole."""
+        whichever plan moves them). A plan that crosses holes is returned whole. Kept: a plan
+        run again splits at once."""
         if parts <= 1 or self._hole_idx.size or not self.moved:
             return [self]
+        got = self._splits.get(parts)
+        if got is None:
+            got = self._splits[parts] = self._split(parts)
+        return got
+
+    def _split(self, parts: int) -> list[VectoredPlan]:
+        """:meth:`split`, worked out."""
         off, lens, mem = self.pieces()
         first = np.cumsum(lens) - lens  # each piece's first byte among all the plan moves
         cuts = np.arange(1, parts, dtype=np.int64) * self.moved // parts
@@ -204,6 +217,8 @@ class VectoredPlan:
         if buf.dtype != np.uint8 or buf.ndim != 1 or not flags.c_contiguous:
             raise ValueError(_NOT_FLAT)
         _check_bounds(self.need, buf.size, write, not flags.writeable)
+        if not write and self.moved >= MAPPED_READ_BYTES and self._read_mapped(fd, buf):
+            return
         iov = self._table0.copy()
         iov[:, 0] += _address(buf)
         hole = None  # the hole buffer must outlive the calls (scratch may not keep it)
@@ -218,6 +233,28 @@ class VectoredPlan:
             done = _call(call, fd, addr + s * step, bounds[g + 1] - s, pos[g])
             if done != want[g]:
                 self._finish(fd, buf, g, done, write)
+
+    def read_mapped(self, fd: int, buf: np.ndarray, staged: bool = False) -> bool:
+        """The planned pieces (holes left out) copied into ``buf`` out of a mapping of the
+        file's cached pages where :func:`~strataio.storage.mapped.gather_cached` takes them
+        (``staged``: the caller would otherwise stage them); False where the caller must read
+        them its own way (``buf`` may then hold some already)."""
+        flags = buf.flags
+        if buf.dtype != np.uint8 or buf.ndim != 1 or not flags.c_contiguous:
+            raise ValueError(_NOT_FLAT)
+        _check_bounds(self.need, buf.size, False, not flags.writeable)
+        return self.moved >= MAPPED_READ_BYTES and self._read_mapped(fd, buf, staged)
+
+    def _read_mapped(self, fd: int, buf: np.ndarray, staged: bool = False) -> bool:
+        """:meth:`read_mapped` of a checked buffer."""
+        if self._gather is None:
+            file, lengths, mem = self.pieces()
+            self._gather = (
+                np.ascontiguousarray(file, dtype=np.int64),
+                np.ascontiguousarray(lengths, dtype=np.int64),
+                np.ascontiguousarray(mem, dtype=np.int64),
+            )
+        return gather_cached(fd, memoryview(buf), *self._gather, self.span, staged=staged)
 
     def _run_os(self, fd: int, buf: np.ndarray, write: bool) -> None:
         """The same calls through ``os.preadv`` / ``os.pwritev`` (no ctypes). The buffer is
@@ -238,6 +275,8 @@ class VectoredPlan:
                 done = call(fd, [mv[m : m + n]], pos)
             if done != n:
                 self._finish(fd, buf, 0, done, write)
+            return
+        if not write and self.moved >= MAPPED_READ_BYTES and self._read_mapped(fd, buf):
             return
         if self._entries is None:  # (mem, length, is_hole) per entry, kept for the next call
             is_hole = np.zeros(self._mem.size, dtype=bool)
