@@ -464,16 +464,31 @@ def test_automatic_choice() -> None:
     assert not use_two_phase(few, "automatic", write=True)
 
 
-@pytest.mark.parametrize("how", ["scatter", "spans", "chosen", "shared"])
+@pytest.mark.parametrize("how", ["scatter", "spans", "chosen", "shared", "mapped"])
 def test_sieved_reads_match_brute_force(
     how: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from strataio.collective import driver as driver_module
     from strataio.collective import fileio
     from strataio.collective.driver import PosixDriver
     from strataio.collective.fileio import ReadPlan
     from strataio.layout.extents import Extents
+    from strataio.storage import mapped, vectored
 
     shared: list[int] = []
+    gathered: list[bool] = []
+    if how == "mapped":  # staged reads of any size copied out of a mapping, where taken
+        if mapped._mapcopy is None:
+            pytest.skip("_mapcopy not built")
+        for module in (fileio, mapped, vectored):
+            monkeypatch.setattr(module, "MAPPED_READ_BYTES", 1)
+        monkeypatch.setattr(driver_module, "SPLIT_READ_BYTES", 10_000)  # (shared by threads)
+        gather = vectored.gather_cached
+        monkeypatch.setattr(
+            vectored,
+            "gather_cached",
+            lambda *a, **k: gathered.append(ok := gather(*a, **k)) or ok,
+        )
     if how == "shared":  # staged batches shared among 3 threads from 10 kB staged
         monkeypatch.setattr(fileio, "SPLIT_READ_BYTES", 10_000)
         run = fileio.run_shared
@@ -502,7 +517,7 @@ def test_sieved_reads_match_brute_force(
                 ReadPlan(ext, 0, hole, scatter=True).run(driver, out)
             elif how == "chosen":
                 ReadPlan(ext, int(rng.integers(1, 5000)), hole).run(driver, out)
-            elif how == "shared":
+            elif how in ("shared", "mapped"):
                 ReadPlan(ext, int(rng.integers(500, 5000)), hole, scatter=False).run(driver, out)
             else:
                 span = int(rng.integers(1, 5000))
@@ -516,6 +531,8 @@ def test_sieved_reads_match_brute_force(
         assert np.array_equal(out, expect)
     if how == "shared":
         assert len(shared) > 20 and set(shared) <= {2, 3}  # (fewer batches than threads: 2)
+    if how == "mapped":  # (declined where the file ends inside the pieces: read staged)
+        assert gathered.count(True) > 20 and gathered.count(False) > 5
 
 
 @given(
