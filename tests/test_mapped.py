@@ -231,9 +231,9 @@ def test_a_copy_from_pages_past_the_end_fails_instead_of_killing(tmp_path: Path)
 
 @needs_helper
 def test_a_file_cut_during_mapped_reads_never_kills_the_reader(tmp_path: Path) -> None:
-    """One thread cuts the file and writes it back while another reads it through mappings:
-    each read gives the file's bytes, a shorter read, or declines (the caller then reads);
-    the process lives."""
+    """One thread cuts the file and writes it back while another reads it through mappings,
+    whole and as a gather of pieces: each read gives the file's bytes, a shorter read, or
+    declines (the caller then reads); the process lives."""
     path = tmp_path / "race.bin"
     code = f"""
         import os, threading, time
@@ -254,17 +254,30 @@ def test_a_file_cut_during_mapped_reads_never_kills_the_reader(tmp_path: Path) -
         fd = os.open({str(path)!r}, os.O_RDONLY)
         outcomes = set()
         out = np.empty(n, np.uint8)
+        pieces = n // 8192  # every other 4 KiB of the file, gathered
+        file = np.arange(pieces, dtype=np.int64) * 8192 + 4096
+        lengths = np.full(pieces, 4096, dtype=np.int64)
+        mem = np.arange(pieces, dtype=np.int64) * 4096
+        calls = 0
         while time.monotonic() < stop:
-            got = _mapcopy.read_cached(fd, 0, out, len(outcomes) % 3)
-            if got > 0:
-                assert np.array_equal(out[:8192], data[:8192])
-            outcomes.add("declined" if got < 0 else "short" if got < n else "whole")
+            calls += 1
+            if calls % 2:
+                got = _mapcopy.read_cached(fd, 0, out, calls % 3)
+                if got > 0:
+                    assert np.array_equal(out[:8192], data[:8192])
+                outcomes.add("declined" if got < 0 else "short" if got < n else "whole")
+            else:
+                got = _mapcopy.gather_cached(fd, out, file, lengths, mem, calls % 3)
+                if got >= 0:
+                    assert got == pieces * 4096
+                    assert np.array_equal(out[:4096], data[4096:8192])
+                outcomes.add("gather declined" if got < 0 else "gathered")
         t.join()
         print(sorted(outcomes))
     """
     run = _run_python(code)
     assert run.returncode == 0, run.stderr
-    assert "[" in run.stdout
+    assert "gather" in run.stdout and ("whole" in run.stdout or "short" in run.stdout)
 
 
 @pytest.mark.parametrize("helper", ["built", "streamed", "absent"])
