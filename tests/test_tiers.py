@@ -837,3 +837,18 @@ def test_a_read_whose_copies_change_between_two_looks_looks_again(tmp_path, monk
         monkeypatch.undo()
         np.testing.assert_array_equal(ds[0:10, 0:10], a[0:10, 0:10])
         ds.close()
+
+
+def test_a_span_read_of_a_chunk_moved_to_the_archive_stages_it(tmp_path):
+    """A migration reads back the archive copy it put, which counts as that copy's check;
+    a span read of the chunk still stages it to disk first (APRIL's read path), as a read
+    of an archive copy no process checked does, rather than reading the archive in range."""
+    a = np.random.default_rng(2).random((20, 20)).astype("f4")
+    with session(tmp_path) as s:
+        ds = s.create_dataset("a", a.shape, a.dtype, (10, 10), hint="LOCALDISK")
+        ds[...] = a
+        ds.flush()
+        ds.migrate(np.s_[0:10, 0:10], to="tape").wait()
+        assert where(ds)["c/0/0"] == ["tape"]
+        np.testing.assert_array_equal(ds[2:5, 3:7], a[2:5, 3:7])
+        assert "local" in where(ds)["c/0/0"]

@@ -155,3 +155,24 @@ def test_a_copy_a_move_read_back_is_read_in_range_at_once(tmp_path, data):
         checks = _whole_checks(ds)
         np.testing.assert_array_equal(ds[...], data)
         assert checks == []
+
+
+def test_a_copy_this_process_put_is_read_in_range_here_and_whole_once_elsewhere(tmp_path, data):
+    """The writer knows the bytes it put and their object's version: its next read of the
+    chunk reads in range. The check is its own: another process reads the copy whole once,
+    from the disk, where decay since the put would show."""
+    new = data.copy()
+    new[0:8, 0:8] = -1
+    with _session(tmp_path) as s, s.open_dataset("d", "r+") as ds:
+        ds[0:8, 0:8] = new[0:8, 0:8]
+        checks = _whole_checks(ds)
+        np.testing.assert_array_equal(ds[0:8, 2:3], new[0:8, 2:3])
+        ds[0:4, 0:4] = -2  # a read-modify-write of the chunk
+        new[0:4, 0:4] = -2
+        np.testing.assert_array_equal(ds[0:8, 0:8], new[0:8, 0:8])
+        assert checks == []
+        assert ("c/0/0", "fast") not in ds.store._unrecorded
+    with _session(tmp_path) as s, s.open_dataset("d") as ds:
+        checks = _whole_checks(ds)
+        np.testing.assert_array_equal(ds[0:8, 0:8], new[0:8, 0:8])
+        assert checks == ["c/0/0"]

@@ -81,7 +81,10 @@ class TieredChunkStore(ChunkStore):
     the dataset takes them over, each still bound to the checksum the copy's row records and
     to the object's version when it was checked. So a copy is read whole once after each
     write of it, by whichever process reads it first, not once per process (a parallel job's
-    ranks other than 0, which hold no catalog, keep their checks to themselves).
+    ranks other than 0, which hold no catalog, keep their checks to themselves). The
+    process that put a copy counts its own put as the check, for itself only
+    (:meth:`_put_checked`): it knows the bytes and the object's version from the put, and
+    a whole read right after would only compare the page cache with the buffer it wrote.
 
     The process's decoded-chunk cache (:mod:`strataio.arrays.chunk_cache`) keeps chunks read
     this way under the version of the object they came from (:meth:`chunk_versions`: the
@@ -317,7 +320,8 @@ class TieredChunkStore(ChunkStore):
         tier = self.tiers[copy.tier]
         obj = object_key(self.name, key)
         seen = self._verified.get((key, copy.tier))
-        if seen is not None and copy.accepts(seen[0]) and not busy:
+        # (an archive copy is staged and read from disk, checked or not, as in a batch)
+        if seen is not None and copy.accepts(seen[0]) and not busy and tier.role != "remotetape":
             try:
                 # (the version is taken after the read: a copy replaced or written before or
                 # during it has a new one)
@@ -549,6 +553,17 @@ class TieredChunkStore(ChunkStore):
         ``version`` and read it back intact: the copy is verified, so the first read of it
         reads in range (where it is still that version)."""
         self._note_check(copy.key, copy.tier, copy.checksum, version)
+
+    def _put_checked(self, key: str, tier: str, digest: str, version: Version) -> None:
+        """This process put chunk ``key``'s copy on ``tier``, bytes of checksum ``digest``,
+        as the object of ``version`` (taken from the put itself): here the copy counts as
+        checked, so its next read (a write's read-modify-write of the chunk, say) reads in
+        range where the object is still that version. A whole read right after the put
+        would only compare the page cache with the buffer just written. The check is not
+        recorded in the catalog (:meth:`record_checks`): another process still reads the
+        copy whole once, which, from the disk, is what finds bytes that decayed since."""
+        self._verified[key, tier] = (digest, version)
+        self._unrecorded.discard((key, tier))
 
     def _note_check(self, key: str, tier: str, digest: str, version: Version) -> None:
         """Chunk ``key``'s copy on ``tier`` held bytes of checksum ``digest`` as the object
@@ -876,6 +891,8 @@ class TieredChunkStore(ChunkStore):
                 copy = ChunkCopy(self.name, k, tier.name, len(v), digest, state, now)
                 self.res.record_write(copy, reserved=room[k], version=version, owner=room)
                 recorded.add(k)
+                if version is not None:
+                    self._put_checked(k, tier.name, digest, version)
 
             work = [(k, v, d) for (k, v), d in zip(items, sums)]
 
