@@ -4,11 +4,15 @@ is written as ``blosc`` with ``cname: lz4``, the form every Zarr v3 reader knows
 
 Compression runs through numcodecs; ``crc32c`` appends a little-endian CRC-32C of the encoded
 bytes, as the Zarr v3 spec defines, and a mismatch on decode raises :class:`ChecksumError`.
+A compressed chunk decodes to its chunk's size or raises :class:`CodecError`: the size its
+header declares (zstd, blosc) is checked before anything is allocated, a zstd frame that
+declares none and a gzip stream are inflated no further than that size.
 """
 
 from __future__ import annotations
 
 import sys
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -126,6 +130,55 @@ class _Crc32c:
         return body
 
 
+_ZSTD_MAGIC = 0xFD2FB528
+
+
+def _zstd_content_size(data: Any) -> int | None:
+    """The decompressed size a Zstandard frame's header declares (RFC 8878 §3.1.1.1), or
+    None where it declares none (or is no frame: the decoder then says what is wrong)."""
+    head = bytes(memoryview(data).cast("B")[:18])
+    if len(head) < 5 or int.from_bytes(head[:4], "little") != _ZSTD_MAGIC:
+        return None
+    fhd = head[4]
+    single, fcs_flag = (fhd >> 5) & 1, fhd >> 6
+    size = (1 if single else 0, 2, 4, 8)[fcs_flag]
+    if not size:
+        return None
+    at = 5 + (0 if single else 1) + (0, 1, 2, 4)[fhd & 3]
+    if len(head) < at + size:
+        return None
+    value = int.from_bytes(head[at : at + size], "little")
+    return value + 256 if size == 2 else value
+
+
+def _decode_to(codec: Any, data: Any, nbytes: int) -> Any:
+    """``codec.decode(data)`` for the codec whose output is the chunk's ``nbytes`` array
+    bytes, refusing (:class:`CodecError`) before it allocates or inflates anything else: a
+    corrupt or hostile chunk whose header declares gigabytes, or whose stream inflates
+    without end, costs no more memory or time than the chunk itself."""
+    if isinstance(codec, numcodecs.Blosc):
+        head = bytes(memoryview(data).cast("B")[:16])
+        # (a Blosc header: version, format, flags, type size, then the decoded size)
+        declared = int.from_bytes(head[4:8], "little") if len(head) == 16 else None
+        if declared != nbytes:
+            raise CodecError(f"blosc header declares {declared} bytes, expected {nbytes}")
+        return codec.decode(data)
+    if isinstance(codec, numcodecs.Zstd):
+        declared = _zstd_content_size(data)
+        if declared is None:  # (no size in the header: decoded into a buffer of the size)
+            return codec.decode(data, out=np.empty(nbytes, dtype=np.uint8))
+        if declared != nbytes:
+            raise CodecError(f"zstd frame declares {declared} bytes, expected {nbytes}")
+        return codec.decode(data)
+    if isinstance(codec, numcodecs.GZip):
+        inflate = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        out = inflate.decompress(memoryview(data).cast("B"), nbytes + 1)
+        if len(out) != nbytes or not inflate.eof:
+            raise CodecError(f"gzip stream does not inflate to {nbytes} bytes")
+        return out
+    return codec.decode(data)
+
+
 def _numcodec(spec: CodecSpec) -> Any:
     name = spec["name"]
     cfg = spec.get("configuration", {})
@@ -236,10 +289,13 @@ class CodecPipeline:
 
     def decode(self, data: Any) -> np.ndarray:
         """The chunk array (native byte order, :attr:`chunk_shape`) of stored bytes."""
-        for codec in reversed(self._bytes_codecs):
+        codecs = self._bytes_codecs
+        for i in range(len(codecs) - 1, -1, -1):
+            codec = codecs[i]
             try:
-                data = codec.decode(data)
-            except ChecksumError:
+                # (the first codec's output is the array's bytes: its size is known)
+                data = codec.decode(data) if i else _decode_to(codec, data, self._chunk_nbytes)
+            except (ChecksumError, CodecError):
                 raise
             except Exception as exc:  # numcodecs raises assorted types on corrupt input
                 raise CodecError(f"cannot decode chunk with {type(codec).__name__}: {exc}") from exc
