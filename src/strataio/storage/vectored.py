@@ -137,9 +137,9 @@ class VectoredPlan:
         self.moved = int(sum(self._want))
         """Bytes one transfer moves: the pieces' and the holes a read crosses."""
         self._pos = self._filepos[starts].tolist()
-        self._table0 = np.empty((total, 2), dtype=np.uintp)  # struct iovec, base relative
-        self._table0[:, 0] = self._mem
-        self._table0[:, 1] = self._lens
+        # struct iovec per entry, relative to the buffer (built by the first libc call: a
+        # plan that only ever gathers out of a mapping never needs it)
+        self._table0: np.ndarray | None = None
         # A few entries are cheaper as a memoryview list than as a table (no numpy per call).
         self._small = total <= _SMALL and self._hole_idx.size == 0
         self._entries: list[tuple[int, int, bool]] | None = None
@@ -219,6 +219,10 @@ class VectoredPlan:
         _check_bounds(self.need, buf.size, write, not flags.writeable)
         if not write and self.moved >= MAPPED_READ_BYTES and self._read_mapped(fd, buf):
             return
+        if self._table0 is None:
+            self._table0 = np.empty((self._mem.size, 2), dtype=np.uintp)
+            self._table0[:, 0] = self._mem
+            self._table0[:, 1] = self._lens
         iov = self._table0.copy()
         iov[:, 0] += _address(buf)
         hole = None  # the hole buffer must outlive the calls (scratch may not keep it)
