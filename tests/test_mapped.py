@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from strataio.collective.driver import PosixDriver
+from strataio.errors import ConfigError
 from strataio.storage import mapped
 from strataio.storage.mapped import ALIAS_BYTES, MAPPED_READ_BYTES, PAGE, aliases, read_cached
 from strataio.storage.vectored import VectoredPlan
@@ -154,10 +155,13 @@ def test_the_streaming_threshold_follows_the_cache_or_the_environment(
     assert mapped.last_level_cache_bytes() >= 1 << 10
     monkeypatch.setenv("STRATAIO_STREAM_COPY_BYTES", str(8 << 20))
     assert mapped._stream_copy_bytes() == 8 << 20
-    monkeypatch.setenv("STRATAIO_STREAM_COPY_BYTES", "0")
-    assert mapped._stream_copy_bytes() > 1 << 60  # never
-    monkeypatch.setenv("STRATAIO_STREAM_COPY_BYTES", "16M")
-    with pytest.raises(ValueError, match="STRATAIO_STREAM_COPY_BYTES"):
+    monkeypatch.setenv("STRATAIO_STREAM_COPY_BYTES", "24MiB")
+    assert mapped._stream_copy_bytes() == 24 << 20
+    for never in ("0", "none"):
+        monkeypatch.setenv("STRATAIO_STREAM_COPY_BYTES", never)
+        assert mapped._stream_copy_bytes() > 1 << 60
+    monkeypatch.setenv("STRATAIO_STREAM_COPY_BYTES", "16 apples")
+    with pytest.raises(ConfigError, match="STRATAIO_STREAM_COPY_BYTES"):
         mapped._stream_copy_bytes()
 
 

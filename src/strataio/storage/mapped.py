@@ -28,7 +28,7 @@ GB/s against 14 with ``memcpy`` from the mapping and 19 with ``preadv`` that doe
 (7 where it does); four processes copying 16 MiB each at once, 24-27 GiB/s in all against
 16-17 and 9-13. Below it ``memcpy`` is faster (8 MiB: 26 against 23 GB/s) and leaves the
 bytes cached for what reads them next. ``STRATAIO_STREAM_COPY_BYTES`` sets that size
-(0: never stream).
+(bytes or a size like ``16MiB``; 0: never stream).
 
 :func:`gather_cached` does the same for a read of many pieces (a vectored read's) that
 moves :data:`MAPPED_READ_BYTES` or more: one mapping of the file bytes they span, a copy
@@ -59,6 +59,8 @@ import os
 from pathlib import Path
 
 import numpy as np
+
+from strataio.sizes import parse_size
 
 try:
     from strataio.storage import _mapcopy
@@ -105,17 +107,14 @@ def last_level_cache_bytes(default: int = 32 << 20) -> int:
 
 
 def _stream_copy_bytes() -> int:
-    """``$STRATAIO_STREAM_COPY_BYTES`` (0: never stream), else half the last-level cache (the
-    source and the destination of a larger copy cannot both stay in it), 4 MiB at least."""
+    """``$STRATAIO_STREAM_COPY_BYTES`` (bytes, or a size like ``16MiB``; 0 or ``none``: never
+    stream), else half the last-level cache (the source and the destination of a larger
+    copy cannot both stay in it), 4 MiB at least. A value it cannot read raises
+    :class:`~strataio.errors.ConfigError`."""
     given = os.environ.get("STRATAIO_STREAM_COPY_BYTES", "").strip()
     if given:
-        try:
-            n = int(given)
-        except ValueError:
-            raise ValueError(
-                f"STRATAIO_STREAM_COPY_BYTES={given!r}: not a whole number of bytes"
-            ) from None
-        return n if n > 0 else 1 << 62
+        n = parse_size(given, where="$STRATAIO_STREAM_COPY_BYTES")
+        return n if n else 1 << 62
     return max(4 << 20, last_level_cache_bytes() // 2)
 
 
