@@ -349,7 +349,9 @@ def test_a_gather_is_taken_where_it_is_large_dense_and_cached(
         ]:
             file = np.arange(count, dtype=np.int64) * stride
             out = np.full(n * piece, 0xA5, dtype=np.uint8)
-            got = mapped.gather_cached(fd, memoryview(out), file, lengths[:count], mem[:count])
+            got = mapped.gather_cached(
+                fd, memoryview(out), _address(out), file, lengths[:count], mem[:count]
+            )
             assert got == taken
             if taken:
                 for f, m in zip(file.tolist(), mem[:count].tolist()):
@@ -359,7 +361,9 @@ def test_a_gather_is_taken_where_it_is_large_dense_and_cached(
         past = np.array([size - MAPPED_READ_BYTES // 2], dtype=np.int64)
         out = np.full(MAPPED_READ_BYTES, 0xA5, dtype=np.uint8)
         whole = np.array([MAPPED_READ_BYTES], dtype=np.int64)
-        assert not mapped.gather_cached(fd, memoryview(out), past, whole, np.zeros(1, np.int64))
+        assert not mapped.gather_cached(
+            fd, memoryview(out), _address(out), past, whole, np.zeros(1, np.int64)
+        )
     finally:
         os.close(fd)
 
@@ -382,7 +386,10 @@ def test_a_gather_of_large_pieces_is_taken_where_they_alias_or_stream(
         ]:
             monkeypatch.setattr(mapped, "STREAM_COPY_BYTES", stream_from)
             out = _buffer_at(n * piece, page_offset)
-            assert mapped.gather_cached(fd, memoryview(out), file, lengths, mem) == taken
+            assert (
+                mapped.gather_cached(fd, memoryview(out), _address(out), file, lengths, mem)
+                == taken
+            )
             if taken:
                 assert np.array_equal(out, data[: n * piece])
             else:

@@ -156,6 +156,7 @@ def read_cached(fd: int, offset: int, out: memoryview, address: int) -> int | No
 def gather_cached(
     fd: int,
     out: memoryview,
+    address: int,
     file: np.ndarray,
     lengths: np.ndarray,
     mem: np.ndarray,
@@ -163,9 +164,10 @@ def gather_cached(
     *,
     staged: bool = False,
 ) -> bool:
-    """Copy each piece (``lengths[i]`` bytes of file ``fd`` at ``file[i]``, to ``out`` at
-    ``mem[i]``; int64 vectors) through one mapping, where the module doc's rules take the
-    read: the pieces move :data:`MAPPED_READ_BYTES` or more and fill at least
+    """Copy each piece (``lengths[i]`` bytes of file ``fd`` at ``file[i]``, to ``out``, whose
+    data is at ``address``, at ``mem[i]``; int64 vectors) through one mapping, where the
+    module doc's rules take the read: the pieces move :data:`MAPPED_READ_BYTES` or more and
+    fill at least
     1 / :data:`GATHER_SPAN_RATIO` of the file bytes they span (``span``, ``(first, end)``,
     where the caller knows it); they are enough to stream, or most of their bytes would
     alias, or they average under :data:`GATHER_PIECE_BYTES`, or the caller would otherwise
@@ -184,13 +186,7 @@ def gather_cached(
     small = total < GATHER_PIECE_BYTES * len(file)
     stream = total >= STREAM_COPY_BYTES and not small
     if not stream and not small and not staged:
-        address = _address_of(out)
         ahead = (address + mem - file) % PAGE
         if 2 * int(lengths[(ahead > 0) & (ahead < ALIAS_BYTES)].sum()) < total:
             return False
     return _mapcopy.gather_cached(fd, out, file, lengths, mem, int(stream)) == total
-
-
-def _address_of(out: memoryview) -> int:
-    """The address of ``out``'s first byte."""
-    return int(np.frombuffer(out, dtype=np.uint8).ctypes.data) if len(out) else 0

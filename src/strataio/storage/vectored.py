@@ -258,7 +258,9 @@ class VectoredPlan:
                 np.ascontiguousarray(lengths, dtype=np.int64),
                 np.ascontiguousarray(mem, dtype=np.int64),
             )
-        return gather_cached(fd, memoryview(buf), *self._gather, self.span, staged=staged)
+        return gather_cached(
+            fd, memoryview(buf), _address(buf), *self._gather, self.span, staged=staged
+        )
 
     def _run_os(self, fd: int, buf: np.ndarray, write: bool) -> None:
         """The same calls through ``os.preadv`` / ``os.pwritev`` (no ctypes). The buffer is
