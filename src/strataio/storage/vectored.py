@@ -213,10 +213,7 @@ class VectoredPlan:
             self._run_os(fd, buf, write)
             return
         # The kernel writes wherever the table points: the buffer must hold every piece.
-        flags = buf.flags
-        if buf.dtype != np.uint8 or buf.ndim != 1 or not flags.c_contiguous:
-            raise ValueError(_NOT_FLAT)
-        _check_bounds(self.need, buf.size, write, not flags.writeable)
+        _check_flat(buf, self.need, write)
         if not write and self.moved >= MAPPED_READ_BYTES and self._read_mapped(fd, buf):
             return
         if self._table0 is None:
@@ -243,21 +240,13 @@ class VectoredPlan:
         file's cached pages where :func:`~strataio.storage.mapped.gather_cached` takes them
         (``staged``: the caller would otherwise stage them); False where the caller must read
         them its own way (``buf`` may then hold some already)."""
-        flags = buf.flags
-        if buf.dtype != np.uint8 or buf.ndim != 1 or not flags.c_contiguous:
-            raise ValueError(_NOT_FLAT)
-        _check_bounds(self.need, buf.size, False, not flags.writeable)
+        _check_flat(buf, self.need, False)
         return self.moved >= MAPPED_READ_BYTES and self._read_mapped(fd, buf, staged)
 
     def _read_mapped(self, fd: int, buf: np.ndarray, staged: bool = False) -> bool:
         """:meth:`read_mapped` of a checked buffer."""
         if self._gather is None:
-            file, lengths, mem = self.pieces()
-            self._gather = (
-                np.ascontiguousarray(file, dtype=np.int64),
-                np.ascontiguousarray(lengths, dtype=np.int64),
-                np.ascontiguousarray(mem, dtype=np.int64),
-            )
+            self._gather = self.pieces()  # (contiguous int64 vectors, as the gather needs)
         return gather_cached(
             fd, memoryview(buf), _address(buf), *self._gather, self.span, staged=staged
         )
@@ -324,6 +313,15 @@ class VectoredPlan:
 
 
 _NOT_FLAT = "vectored I/O needs a flat, contiguous uint8 buffer"
+
+
+def _check_flat(buf: np.ndarray, need: int, write: bool) -> None:
+    """Refuse a buffer that is not a flat, contiguous ``uint8`` array, or that
+    :func:`_check_bounds` refuses."""
+    flags = buf.flags
+    if buf.dtype != np.uint8 or buf.ndim != 1 or not flags.c_contiguous:
+        raise ValueError(_NOT_FLAT)
+    _check_bounds(need, buf.size, write, not flags.writeable)
 
 
 def _check_bounds(need: int, size: int, write: bool, readonly: bool) -> None:

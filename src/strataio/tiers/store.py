@@ -83,7 +83,7 @@ class TieredChunkStore(ChunkStore):
     write of it, by whichever process reads it first, not once per process (a parallel job's
     ranks other than 0, which hold no catalog, keep their checks to themselves). The
     process that put a copy counts its own put as the check, for itself only
-    (:meth:`_put_checked`): it knows the bytes and the object's version from the put, and
+    (:meth:`_note_check`): it knows the bytes and the object's version from the put, and
     a whole read right after would only compare the page cache with the buffer it wrote.
 
     The process's decoded-chunk cache (:mod:`strataio.arrays.chunk_cache`) keeps chunks read
@@ -554,23 +554,23 @@ class TieredChunkStore(ChunkStore):
         reads in range (where it is still that version)."""
         self._note_check(copy.key, copy.tier, copy.checksum, version)
 
-    def _put_checked(self, key: str, tier: str, digest: str, version: Version) -> None:
-        """This process put chunk ``key``'s copy on ``tier``, bytes of checksum ``digest``,
-        as the object of ``version`` (taken from the put itself): here the copy counts as
-        checked, so its next read (a write's read-modify-write of the chunk, say) reads in
-        range where the object is still that version. A whole read right after the put
-        would only compare the page cache with the buffer just written. The check is not
-        recorded in the catalog (:meth:`record_checks`): another process still reads the
-        copy whole once, which, from the disk, is what finds bytes that decayed since."""
-        self._verified[key, tier] = (digest, version)
-        self._unrecorded.discard((key, tier))
-
-    def _note_check(self, key: str, tier: str, digest: str, version: Version) -> None:
+    def _note_check(
+        self, key: str, tier: str, digest: str, version: Version, *, record: bool = True
+    ) -> None:
         """Chunk ``key``'s copy on ``tier`` held bytes of checksum ``digest`` as the object
-        of ``version``: kept for later reads, and for the catalog where the tier outlives
-        the process (:meth:`record_checks`)."""
+        of ``version``: kept for later reads, and, with ``record``, for the catalog where the
+        tier outlives the process (:meth:`record_checks`).
+
+        Without ``record``, the check is this process's own: its put of the copy, whose
+        bytes and object version it knows from the put itself. Its next read of the chunk
+        (a write's read-modify-write, say) then reads in range; a whole read right after the
+        put would only compare the page cache with the buffer just written. Another process
+        still reads the copy whole once, which, from the disk, is what finds bytes that
+        decayed since."""
         self._verified[key, tier] = (digest, version)
-        if not self.tiers[tier].volatile:
+        if not record:
+            self._unrecorded.discard((key, tier))
+        elif not self.tiers[tier].volatile:
             self._unrecorded.add((key, tier))
 
     def _still_checked(self, key: str) -> _Checked | None:
@@ -892,7 +892,7 @@ class TieredChunkStore(ChunkStore):
                 self.res.record_write(copy, reserved=room[k], version=version, owner=room)
                 recorded.add(k)
                 if version is not None:
-                    self._put_checked(k, tier.name, digest, version)
+                    self._note_check(k, tier.name, digest, version, record=False)
 
             work = [(k, v, d) for (k, v), d in zip(items, sums)]
 
