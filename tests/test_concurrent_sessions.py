@@ -1,7 +1,9 @@
 """Sessions of several processes working on one catalog never lose a chunk.
 
-Each session loads a dataset's residency once, at open; another process may move its chunks
-afterwards (an eviction round writes a copy back to the archive and deletes the fast copy).
+Each session reads a chunk's rows into its dataset's residency once: the first time it looks
+the chunk up (one process), or all of them at open (a parallel job's ranks, and the
+``looked_up`` runs here, which make every view old from the start). Another process may move
+its chunks afterwards (an eviction round writes a copy back to the archive and deletes the fast copy).
 A session acting on such a stale residency looks at the catalog again where a copy it
 believes in is missing or changed, and must never drop a row, or delete an object, that the
 other process recorded; a write supersedes every copy, known or not.
@@ -45,6 +47,24 @@ path = "archive"
 """
 
 A = np.arange(20 * 20, dtype="f4").reshape(20, 20)  # 4 chunks of 10x10
+
+
+@pytest.fixture(autouse=True, params=["on_demand", "looked_up"])
+def residency_views(request, monkeypatch):
+    """Every test twice: datasets learning their chunks' rows on demand, and datasets that
+    look every chunk up as they open (so each process's view dates from its open, as a
+    parallel job's does, and the other process's moves make it stale)."""
+    if request.param == "looked_up":
+        open_dataset = strataio.Session.open_dataset
+
+        def opened_looked_up(self, *args, **kwargs):
+            ds = open_dataset(self, *args, **kwargs)
+            ds.store.res.chunk_keys()  # (iterating the copy map learns every row)
+            return ds
+
+        monkeypatch.setattr(strataio.Session, "open_dataset", opened_looked_up)
+    return request.param
+
 
 # "fast" with room for the four chunks of one such dataset (400 bytes each) and little
 # more
@@ -572,6 +592,7 @@ def test_a_copy_found_missing_and_put_back_at_its_place_meanwhile_is_read(tmp_pa
     a, b = session(tmp_path), session(tmp_path)
     da, db = a.open_dataset("a"), b.open_dataset("a", "r+")
     da.clear_cache()
+    da.store.res.chunk_keys()  # (A looks its chunks up: its view dates from now)
     db.migrate(np.s_[0:10, 0:10], to="remote").wait()  # A's view: still on "fast"
     refresh = TieredChunkStore._refresh
     put_back = []
@@ -601,6 +622,7 @@ def test_a_move_never_announces_over_another_process_s_rewrite(tmp_path, monkeyp
     dataset_a_on_fast(tmp_path)
     a, b = session(tmp_path), session(tmp_path)
     da, db = a.open_dataset("a", "r+"), b.open_dataset("a", "r+")
+    db.store.res.chunk_keys()  # (B looks its chunks up: its view dates from now)
     fast = a.tiers["fast"]
     put = fast.backend.put_versioned
     refused = []

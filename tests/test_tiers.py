@@ -713,7 +713,10 @@ def test_a_batch_read_fails_over_when_its_tier_goes_down_meanwhile(tmp_path):
         outs = [bytearray(400) for _ in keys]
         for _ in range(2):  # checked whole, then in range: the copies on "local" are known
             store.read_spans_versioned(keys, [0] * 3, [memoryview(o) for o in outs])
-        # (c/1/1 too: the stage read every copy it put back, and the catalog recorded it)
+        assert set(store._checked) == set(keys)
+        # c/1/1's too once it is looked up: the stage read back every copy it put, the
+        # catalog recorded those checks, and a chunk's checks come with its rows
+        store.res.learn(["c/1/1"])
         assert set(store._checked) == {*keys, "c/1/1"}
         local = store.tiers["local"]
         call = local.call

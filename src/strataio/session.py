@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import math
 import numbers
@@ -422,14 +423,16 @@ class Session:
             try:
                 assert self.catalog is not None
                 record = self.catalog.get_dataset(name)
-                got = (record, self._use_residency(name), None)
+                # (one process learns each chunk's rows when it first looks the chunk up;
+                # a parallel job's ranks take all of them from rank 0 now)
+                got = (record, self._use_residency(name, every=self.comm is not None), None)
             except BaseException as exc:
                 err = exc
         got, err = self._agree(got, err)
         if err is not None:
             raise err
         record, copies, _ = got
-        store = self._store(record, copies, None)
+        store = self._store(record, copies, None, lazy=self.comm is None)
         raw = None
         if self.rank == 0 and not store.disabled:
             raw = store.get_meta()
@@ -448,13 +451,14 @@ class Session:
         store.adopt_meta(meta.to_json() if raw is None else raw)
         return TieredDataset(store, meta, mode, name=name, comm=self.comm)
 
-    def _use_residency(self, name: str) -> list[ChunkCopy]:
+    def _use_residency(self, name: str, *, every: bool = True) -> list[ChunkCopy]:
         """Mark dataset ``name`` in use by this session, then read its copies from the
-        catalog (in use first: other processes evict none of what is read)."""
+        catalog (in use first: other processes evict none of what is read); with ``every``
+        false none yet (its residency learns them chunk by chunk)."""
         assert self.catalog is not None
         self.catalog.use_dataset(name, self.writer)
         try:
-            return self.catalog.residency(name)
+            return self.catalog.residency(name) if every else []
         except BaseException:
             self.catalog.unuse_dataset(name, self.writer)
             raise
@@ -595,10 +599,20 @@ class Session:
         return value, msg
 
     def _store(
-        self, record: DatasetRecord, copies: list[ChunkCopy], meta: bytes | None
+        self,
+        record: DatasetRecord,
+        copies: list[ChunkCopy],
+        meta: bytes | None,
+        *,
+        lazy: bool = False,
     ) -> TieredChunkStore:
+        """The store of dataset ``record`` whose residency holds ``copies``, or with ``lazy``
+        learns its rows from the catalog chunk by chunk (:class:`Residency`)."""
+        load = None
+        if lazy and self.catalog is not None:
+            load = functools.partial(self.catalog.residency, record.name)
         store = TieredChunkStore(
-            Residency(record.name, copies, self.tiers),
+            Residency(record.name, copies, self.tiers, load=load),
             self.tiers,
             self.placement,
             self.mover,

@@ -351,8 +351,11 @@ class Catalog(abc.ABC):
         catalog says may depend on it does."""
 
     @abc.abstractmethod
-    def verified_copies(self, dataset: str) -> list[VerifiedCopy]:
-        """The copies of ``dataset``'s chunks that reads found intact (one query)."""
+    def verified_copies(
+        self, dataset: str, keys: Iterable[str] | None = None
+    ) -> list[VerifiedCopy]:
+        """The copies of ``dataset``'s chunks that reads found intact (one query); with
+        ``keys``, those of these chunk keys only (one query per few hundred keys)."""
 
     @abc.abstractmethod
     def record_verified(self, dataset: str, copies: Iterable[VerifiedCopy]) -> None:

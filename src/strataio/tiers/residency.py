@@ -1,11 +1,15 @@
 """Residency: which tiers hold which chunk of one dataset, cached in memory since open.
 
-APRIL touches its metadata database only at open and close; so does strataio. The catalog's
-rows for a dataset are loaded once (:meth:`Catalog.residency`, one query) into a
-:class:`Residency`; reads, writes and moves update it in memory and buffer the changes: rows
-to upsert and delete, objects put but not yet synced, objects a change made obsolete. The
-:class:`~strataio.tiers.commit.Commit` takes that buffer as one :class:`Batch` and applies it:
-sync, one catalog transaction, then delete the obsolete objects.
+APRIL touches its metadata database only at open and close. strataio reads a chunk's catalog
+rows once, into a :class:`Residency`: in a parallel job all of them at open (rank 0 reads them
+and hands them to every rank); in a single process the first time the chunk is looked up
+(:meth:`Residency.learn`, one query per section or batch of keys, and all rows at once where
+every chunk is asked for). Opening a dataset of a million chunks to read a few of them then
+costs what those few cost, not a scan of the million rows (4 µs each). Reads, writes and
+moves update it in memory and buffer the changes: rows to upsert and delete, objects put but
+not yet synced, objects a change made obsolete. The :class:`~strataio.tiers.commit.Commit`
+takes that buffer as one :class:`Batch` and applies it: sync, one catalog transaction, then
+delete the obsolete objects.
 
 Concurrency. Writes, stages, write-backs and evictions of the same chunk may run on several
 threads at once. Three rules keep them from losing a version:
@@ -107,16 +111,30 @@ class Residency:
     the catalog in the order they were made.
     """
 
-    def __init__(self, name: str, copies: Iterable[ChunkCopy], tiers: TierSet) -> None:
+    def __init__(
+        self,
+        name: str,
+        copies: Iterable[ChunkCopy],
+        tiers: TierSet,
+        *,
+        load: Callable[[Sequence[str] | None], Iterable[ChunkCopy]] | None = None,
+    ) -> None:
+        """``copies``: the dataset's catalog rows, all of them; or, with ``load``, none:
+        ``load(keys)`` then returns the rows of chunks ``keys`` (all rows where None) as the
+        catalog holds them when a chunk is first looked up (see the module doc)."""
         self.name = name
         self.tiers = tiers
         self.lock = threading.RLock()
         self.commit_lock = threading.Lock()
         self._cond = threading.Condition(self.lock)
-        self._copies: dict[str, dict[str, ChunkCopy]] = {}
         # (key, tier) -> (state, checksum) of the catalog's row as this process last loaded
         # or recorded it: a delete is applied only to the row it was decided on
         self._known: dict[tuple[str, str], tuple[str, str]] = {}
+        self._copies: dict[str, dict[str, ChunkCopy]] = (
+            {} if load is None else _CopyMap(load, self._known, self._learned)
+        )
+        #: called with the keys of chunks whose rows were just learned (see :meth:`learn`)
+        self.on_learned: Callable[[list[str]], None] | None = None
         for c in copies:
             self._copies.setdefault(c.key, {})[c.tier] = c
             self._known[c.key, c.tier] = (c.state, c.checksum)
@@ -152,6 +170,34 @@ class Residency:
         self.moved_checked: Callable[[ChunkCopy, Any], None] | None = None
 
     # ----------------------------------------------------------------- queries
+    def learn(self, keys: Iterable[str]) -> None:
+        """Read the catalog rows of those of chunks ``keys`` not looked up yet, in one query
+        made outside the lock (a residency loaded whole at open has nothing to learn). Any
+        lookup of a chunk learns it anyway; this batches the lookups of a section."""
+        copies = self._copies
+        if not isinstance(copies, _CopyMap) or copies.whole:
+            return
+        with self.lock:
+            missing = copies.missing(keys)
+        if missing:
+            rows = list(copies.load(missing))
+            with self.lock:
+                learned = copies.take(rows, missing)
+            self._learned(learned)
+
+    def learned_keys(self) -> list[str] | None:
+        """Keys of the chunks whose rows this residency holds, or None where it holds every
+        row of the dataset."""
+        copies = self._copies
+        if not isinstance(copies, _CopyMap) or copies.whole:
+            return None
+        with self.lock:
+            return copies.learned()
+
+    def _learned(self, keys: list[str]) -> None:
+        if keys and self.on_learned is not None:
+            self.on_learned(keys)
+
     def chunk_keys(self) -> list[str]:
         with self.lock:
             return sorted(k for k, v in self._copies.items() if v)
@@ -190,6 +236,7 @@ class Residency:
         """Per key, the copy a read would use (None where there is none or a put of the
         chunk is in flight) and the chunk's :meth:`stamp`, in one look for a whole section:
         a reader whose stamp still holds after its read read a copy nothing replaced."""
+        self.learn(keys)
         with self.lock:
             busy, stamps = self._busy, self._stamps
             return [
@@ -274,6 +321,7 @@ class Residency:
 
     def elsewhere_only(self, keys: Sequence[str], tier: str) -> list[str]:
         """Of ``keys``, those with copies here, none of them on ``tier`` (one look)."""
+        self.learn(keys)
         with self.lock:
             return [k for k in keys if (per := self._copies.get(k)) and tier not in per]
 
@@ -827,12 +875,18 @@ class Residency:
         """:meth:`refresh` each of ``keys`` from the rows ``catalog`` holds now (one query
         per few hundred keys): the keys whose copies changed."""
         keys = list(keys)
+        got = catalog.residency(self.name, keys)
         rows: dict[str, list[ChunkCopy]] = {}
-        for c in catalog.residency(self.name, keys):
+        for c in got:
             rows.setdefault(c.key, []).append(c)
+        learned: list[str] = []
         with self.lock:  # (the keys with changes buffered, once: not a scan per key)
+            if isinstance(self._copies, _CopyMap):  # (rows of chunks not looked up yet)
+                learned = self._copies.take(got, self._copies.missing(keys))
             pending = self._pending_keys()
-            return [k for k in keys if self.refresh(k, rows.get(k, []), pending=pending)]
+            changed = [k for k in keys if self.refresh(k, rows.get(k, []), pending=pending)]
+        self._learned(learned)
+        return changed
 
     def _pending_keys(self) -> set[str]:
         """Keys of chunks with changes buffered here or being recorded (caller holds the
@@ -891,6 +945,114 @@ class Residency:
 
     def _rank(self, name: str) -> int:
         return self.tiers.rank(name) if name in self.tiers else 1 << 30
+
+
+class _CopyMap(dict):
+    """A residency's copy map (chunk key -> tier -> copy) that reads a chunk's catalog rows
+    the first time the chunk is looked up, and every row the first time it is iterated
+    over; the rows learned also go to ``known`` (the residency's view of the catalog). Its
+    residency holds the lock around every use: a lookup of a chunk not learned yet queries
+    the catalog there (:meth:`Residency.learn` batches them outside it)."""
+
+    __slots__ = ("_learned", "after", "known", "load", "whole")
+
+    def __init__(
+        self,
+        load: Callable[[Sequence[str] | None], Iterable[ChunkCopy]],
+        known: dict[tuple[str, str], tuple[str, str]],
+        after: Callable[[list[str]], None],
+    ) -> None:
+        super().__init__()
+        self.load = load
+        self.known = known
+        self.after = after  # called with the keys a lookup learned
+        self.whole = False  # every row learned
+        self._learned: set[str] = set()
+
+    def missing(self, keys: Iterable[str]) -> list[str]:
+        """Of ``keys``, those not learned yet (each once)."""
+        if self.whole:
+            return []
+        learned = self._learned
+        return list(dict.fromkeys(k for k in keys if k not in learned))
+
+    def learned(self) -> list[str]:
+        return sorted(self._learned)
+
+    def take(self, rows: Iterable[ChunkCopy], keys: Sequence[str] | None) -> list[str]:
+        """Hold ``rows``, the catalog's rows of chunks ``keys`` (all chunks where None), for
+        the chunks among them not learned meanwhile (whose rows here may have changed
+        since); return the keys learned now."""
+        learned = self._learned
+        new = {c.key for c in rows if c.key not in learned} if keys is None else set(keys) - learned
+        if self.whole or not new:
+            self.whole = self.whole or keys is None
+            return []
+        for c in rows:
+            if c.key in new:
+                dict.setdefault(self, c.key, {})[c.tier] = c
+                self.known[c.key, c.tier] = (c.state, c.checksum)
+        learned |= new
+        if keys is None:
+            self.whole = True
+        return sorted(new)
+
+    def _learn(self, key: str) -> None:
+        if not self.whole and key not in self._learned:
+            self.after(self.take(list(self.load([key])), [key]))
+
+    def _learn_all(self) -> None:
+        if not self.whole:
+            self.after(self.take(list(self.load(None)), None))
+
+    def get(self, key: str, default: Any = None) -> Any:
+        self._learn(key)
+        return dict.get(self, key, default)
+
+    def setdefault(self, key: str, default: Any = None) -> Any:
+        self._learn(key)
+        return dict.setdefault(self, key, default)
+
+    def pop(self, key: str, *default: Any) -> Any:
+        self._learn(key)
+        return dict.pop(self, key, *default)
+
+    def __getitem__(self, key: str) -> Any:
+        self._learn(key)
+        return dict.__getitem__(self, key)
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self._learn(key)
+        dict.__setitem__(self, key, value)
+
+    def __delitem__(self, key: str) -> None:
+        self._learn(key)
+        dict.__delitem__(self, key)
+
+    def __contains__(self, key: object) -> bool:
+        if isinstance(key, str):
+            self._learn(key)
+        return dict.__contains__(self, key)
+
+    def __iter__(self) -> Iterator[str]:
+        self._learn_all()
+        return dict.__iter__(self)
+
+    def __len__(self) -> int:
+        self._learn_all()
+        return dict.__len__(self)
+
+    def keys(self) -> Any:
+        self._learn_all()
+        return dict.keys(self)
+
+    def values(self) -> Any:
+        self._learn_all()
+        return dict.values(self)
+
+    def items(self) -> Any:
+        self._learn_all()
+        return dict.items(self)
 
 
 def _same(a: ChunkCopy, b: ChunkCopy) -> bool:

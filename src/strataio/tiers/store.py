@@ -136,6 +136,7 @@ class TieredChunkStore(ChunkStore):
         # recorded in the catalog yet (see record_checks)
         self._unrecorded: set[tuple[str, str]] = set()
         self._load_checks()
+        residency.on_learned = self._load_checks  # (the checks of chunks learned later)
         placement.register(residency)
         residency.drop_missing_row = functools.partial(self.commit.drop_missing_row, residency)
         residency.moved_checked = self._moved_checked
@@ -177,6 +178,7 @@ class TieredChunkStore(ChunkStore):
                 f"dataset {self.name!r} was created with the DISABLE hint: its data was not "
                 "stored, so it cannot be read"
             )
+        self.res.learn(keys)  # (the rows of chunks not looked up yet, in one query)
         out: list[BytesLike | None] = [None] * len(keys)
         need: list[int] = []
         for i, k in enumerate(keys):
@@ -378,6 +380,7 @@ class TieredChunkStore(ChunkStore):
         goes through :meth:`read_span_versioned` on its own."""
         if self._closed:
             self._check_open()
+        self.res.learn(keys)  # (before the fast path: the checks come with the rows)
         got: list[Any] = [None] * len(keys)
         # per tier: the tier, [position, kind, what the read must match, whole buffer], and
         # the reads' objects, offsets and buffers (appended in line: this loop runs per chunk)
@@ -626,18 +629,23 @@ class TieredChunkStore(ChunkStore):
         with contextlib.suppress(StrataError):
             catalog.record_verified(self.name, marks)
 
-    def _load_checks(self) -> None:
-        """Take over the checks the catalog records for this dataset's copies (one query),
-        each as a check of the copy a read would take now, where it is that copy and its
-        row still accepts the bytes checked: the first read of such a chunk reads it in range
-        as any later one (and reads it whole where its object's version moved on)."""
+    def _load_checks(self, keys: Sequence[str] | None = None) -> None:
+        """Take over the checks the catalog records for the copies of chunks ``keys`` (those
+        whose rows the residency holds where None; one query), each as a check of the copy a
+        read would take now, where it is that copy and its row still accepts the bytes
+        checked: the first read of such a chunk reads it in range as any later one (and
+        reads it whole where its object's version moved on)."""
         catalog = self.commit.catalog
         if catalog is None:
+            return
+        if keys is None:
+            keys = self.res.learned_keys()
+        if keys is not None and not keys:
             return
         known, verified = set(self.tiers.names), self._verified
         marks = [
             v
-            for v in catalog.verified_copies(self.name)
+            for v in catalog.verified_copies(self.name, keys)
             if v.tier in known and (v.key, v.tier) not in verified
         ]
         tiers, name = self.tiers, self.name
@@ -769,6 +777,7 @@ class TieredChunkStore(ChunkStore):
             return  # DISABLE: accepted and dropped
         keys = [k for k, _ in items]
         self.cache.invalidate(self.name, keys)
+        self.res.learn(keys)
         home = self.placement.home(self.hint, self.chosen)
         todo = [(k, memoryview(v).cast("B")) for k, v in items]
         errors: list[str] = []
@@ -972,6 +981,7 @@ class TieredChunkStore(ChunkStore):
     def delete_chunks(self, keys: Sequence[str]) -> None:
         self._check_open()
         self.cache.invalidate(self.name, keys)
+        self.res.learn(keys)
         for k in keys:
             self.res.drop_chunk(k)
 
@@ -1017,15 +1027,18 @@ class TieredChunkStore(ChunkStore):
     # ----------------------------------------------------------------- moves
     def stage(self, keys: Sequence[str], to: str | None = None) -> MoveHandle:
         self._check_readable()
+        self.res.learn(keys)
         return self.mover.stage(self.res, keys, to)
 
     def prefetch(self, keys: Sequence[str]) -> MoveHandle:
         self._check_readable()
+        self.res.learn(keys)
         return self.mover.prefetch(self.res, keys)
 
     def migrate(self, keys: Sequence[str], to: str) -> MoveHandle:
         self._check_readable()
         self.flush()  # a migration only moves durable, catalogued chunks
+        self.res.learn(keys)
         return self.mover.migrate(self.res, keys, to)
 
     def evict(self, keys: Sequence[str], tier: str) -> MoveHandle:

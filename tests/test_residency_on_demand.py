@@ -1,0 +1,141 @@
+"""A dataset opened by one process learns each chunk's catalog rows when it first looks the
+chunk up: opening reads none, a section read asks for its own chunks in one query, and a
+chunk's checks come with its rows. A parallel job's ranks still take every row at open."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import strataio
+from strataio.catalog.base import ChunkCopy
+from strataio.storage.posix import PosixBackend
+from strataio.tiers.fsck import fsck
+from strataio.tiers.residency import Residency
+from strataio.tiers.tier import Tier, TierSet
+
+SHAPE = (40, 40)
+CHUNKS = (4, 4)  # 100 chunks
+
+
+def _session(root: Path) -> strataio.Session:
+    tiers = TierSet([Tier("fast", PosixBackend(root / "fast"), "localdisk", order=0)])
+    return strataio.Session(tiers=tiers, catalog=root / "cat.db")
+
+
+def _asked(session: strataio.Session) -> list[list[str] | None]:
+    """Record the chunk keys of every residency query of ``session``'s catalog (None: all)."""
+    asked: list[list[str] | None] = []
+    residency = session.catalog.residency
+
+    def counted(dataset, keys=None):
+        asked.append(None if keys is None else sorted(keys))
+        return residency(dataset, keys)
+
+    session.catalog.residency = counted
+    return asked
+
+
+@pytest.fixture
+def data(tmp_path) -> np.ndarray:
+    values = np.arange(np.prod(SHAPE), dtype="f4").reshape(SHAPE)
+    with _session(tmp_path) as s:
+        s.create_dataset("d", SHAPE, "f4", CHUNKS, hint="LOCALDISK", codec=None)[...] = values
+    return values
+
+
+def test_opening_reads_no_row_and_a_section_asks_for_its_chunks_once(tmp_path, data):
+    with _session(tmp_path) as s:
+        asked = _asked(s)
+        with s.open_dataset("d") as ds:
+            assert asked == []
+            np.testing.assert_array_equal(ds[3:9, 5:7], data[3:9, 5:7])
+            assert asked == [["c/0/1", "c/1/1", "c/2/1"]]
+            ds.clear_cache()
+            np.testing.assert_array_equal(ds[3:9, 5:7], data[3:9, 5:7])
+            np.testing.assert_array_equal(ds[30:32, 30:32], data[30:32, 30:32])
+            assert asked[1:] == [["c/7/7"]]  # (learned chunks are not asked for again)
+            table = ds.store.residency_table()  # every chunk: one query of all rows
+            assert asked[2:] == [None] and len(table) == 100
+            np.testing.assert_array_equal(ds[...], data)
+            assert len(asked) == 3
+
+
+def test_a_chunk_never_written_is_asked_for_once(tmp_path):
+    with _session(tmp_path) as s:
+        s.create_dataset("e", SHAPE, "f4", CHUNKS, hint="LOCALDISK", fill_value=7).close()
+        asked = _asked(s)
+        with s.open_dataset("e") as ds:
+            for _ in range(3):
+                np.testing.assert_array_equal(ds[0:2, 0:2], 7)
+                ds.clear_cache()
+            assert asked == [["c/0/0"]]
+
+
+def test_a_rewrite_committed_by_another_process_after_the_open_is_what_a_read_finds(tmp_path, data):
+    with _session(tmp_path) as a, _session(tmp_path) as b:
+        reader = a.open_dataset("d")
+        with b.open_dataset("d", "r+") as writer:
+            writer[0:8, 0:8] = -data[0:8, 0:8]
+        # the reader never looked at these chunks: it learns the rows recorded now
+        np.testing.assert_array_equal(reader[0:8, 0:8], -data[0:8, 0:8])
+        copies = reader.store.res.copies("c/0/0")
+        assert [(c.tier, c.state) for c in copies] == [("fast", "valid")]
+        reader.close()
+
+
+def test_a_write_of_a_chunk_not_looked_up_yet_is_announced_as_the_rewrite_it_is(tmp_path, data):
+    """A write learns the chunk's rows first: the copy it replaces is catalogued, so the
+    write is announced and its commit replaces that row (no second row, no orphan)."""
+    with _session(tmp_path) as s:
+        with s.open_dataset("d", "r+") as ds:
+            announced = []
+            announce = ds.store.commit.announce
+            ds.store.commit.announce = lambda res, rows, *a: (
+                announced.extend(c.key for c in rows) or announce(res, rows, *a)
+            )
+            ds[0:4, 0:4] = 1.0
+            assert announced == ["c/0/0"]
+        rows = [c for c in s.catalog.residency("d") if c.key == "c/0/0"]
+        assert [(c.tier, c.state) for c in rows] == [("fast", "valid")]
+        with s.open_dataset("d") as ds:
+            np.testing.assert_array_equal(ds[0:4, 0:4], 1.0)
+            np.testing.assert_array_equal(ds[4:40, :], data[4:40, :])
+        assert fsck(s.catalog, s.tiers).clean
+
+
+def test_the_checks_of_a_chunk_come_with_its_rows(tmp_path, data):
+    with _session(tmp_path) as s, s.open_dataset("d") as ds:
+        np.testing.assert_array_equal(ds[...], data)  # every copy read whole and checked
+    with _session(tmp_path) as s, s.open_dataset("d") as ds:
+        store = ds.store
+        assert store._checked == {}
+        np.testing.assert_array_equal(ds[0:4, 0:8], data[0:4, 0:8])
+        assert set(store._checked) == {"c/0/0", "c/0/1"}  # read in range, as checked before
+
+
+def test_lookups_of_every_kind_learn_the_rows_they_need():
+    """The copy map learns on any lookup, not only through :meth:`Residency.learn`."""
+    tiers = TierSet([Tier("fast", PosixBackend("/nonexistent-never-used"), "localdisk")])
+    rows = {
+        k: ChunkCopy("d", k, "fast", 16, "crc32c:00000001", "valid", 0.0)
+        for k in ("c/0", "c/1", "c/2")
+    }
+    asked: list[list[str] | None] = []
+
+    def load(keys):
+        asked.append(None if keys is None else list(keys))
+        return [rows[k] for k in (rows if keys is None else keys) if k in rows]
+
+    res = Residency("d", [], tiers, load=load)
+    assert res.copy_on("c/1", "fast") == rows["c/1"]
+    assert res.copies("c/9") == [] and res.copies("c/9") == []
+    assert res.fastest_readable_many(["c/0", "c/1", "c/9"])[0][0] == rows["c/0"]
+    assert asked == [["c/1"], ["c/9"], ["c/0"]]
+    assert res.learned_keys() == ["c/0", "c/1", "c/9"]
+    assert res.chunk_keys() == ["c/0", "c/1", "c/2"]
+    assert asked[3:] == [None] and res.learned_keys() is None
+    res.learn(["c/5"])
+    assert len(asked) == 4  # (all rows are held: nothing more to ask)
