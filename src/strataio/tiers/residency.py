@@ -177,8 +177,8 @@ class Residency:
         copies = self._copies
         if not isinstance(copies, _CopyMap) or copies.whole:
             return
-        with self.lock:
-            missing = copies.missing(keys)
+        # (a look without the lock: a chunk learned meanwhile is skipped by take)
+        missing = copies.missing(keys)
         if missing:
             rows = list(copies.load(missing))
             with self.lock:
@@ -974,7 +974,8 @@ class _CopyMap(dict):
         if self.whole:
             return []
         learned = self._learned
-        return list(dict.fromkeys(k for k in keys if k not in learned))
+        out = [k for k in keys if k not in learned]
+        return list(dict.fromkeys(out)) if out else out
 
     def learned(self) -> list[str]:
         return sorted(self._learned)
