@@ -139,3 +139,21 @@ def test_lookups_of_every_kind_learn_the_rows_they_need():
     assert asked[3:] == [None] and res.learned_keys() is None
     res.learn(["c/5"])
     assert len(asked) == 4  # (all rows are held: nothing more to ask)
+
+
+def test_a_session_takes_tier_usage_from_the_catalog_s_sums(tmp_path, data, monkeypatch):
+    """Starting a session reads no copy row (a catalog of millions of rows would take
+    seconds): the catalog sums the bytes per tier, and they are the copies' bytes."""
+    from strataio.catalog.sqlite import SQLiteCatalog
+
+    scans = []
+    all_residency = SQLiteCatalog.all_residency
+    monkeypatch.setattr(
+        SQLiteCatalog, "all_residency", lambda self: scans.append(1) or all_residency(self)
+    )
+    with _session(tmp_path) as s:
+        assert s.tiers["fast"].used == data.nbytes  # 100 raw chunks of 64 bytes
+        assert s.usage() == {"fast": data.nbytes}
+        s.create_dataset("f", (4, 4), "f4", (2, 2), hint="LOCALDISK")[...] = 1
+        assert s.usage() == {"fast": data.nbytes + 64}
+    assert scans == []

@@ -276,7 +276,8 @@ class Session:
                     self._own_catalog = True
                 self.tiers.apply_states(self.catalog.tiers())
                 self.catalog.register_tiers(self.tiers.records())
-                self.tiers.account_usage(self.catalog.all_residency())
+                # (the database's sums: not a scan of every catalogued copy in Python)
+                self.tiers.account_usage(self.catalog.usage())
                 self.writer = self.catalog.register_writer()
                 tier_state = [(t.name, t.state, t.used) for t in self.tiers]
                 state = (tier_state, self.writer, self.catalog.url)
@@ -550,7 +551,7 @@ class Session:
         """Bytes of catalogued chunk copies per tier (every dataset)."""
         if self.catalog is not None and all(s.closed for s in self._open):
             # with datasets open, the in-memory accounting includes their uncommitted changes
-            self.tiers.account_usage(self.catalog.all_residency())
+            self.tiers.account_usage(self.catalog.usage())
         return {t.name: t.used for t in self.tiers}
 
     # ----------------------------------------------------------------- lifecycle

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import crc32c
 
-from strataio.catalog.base import TIER_ROLES, ChunkCopy, TierRecord
+from strataio.catalog.base import TIER_ROLES, ChunkCopy, TierRecord, TierUsage
 from strataio.errors import (
     BackendError,
     ChecksumError,
@@ -408,8 +408,9 @@ class TierSet:
                 if r.state == "down" and not t.last_error:
                     t.last_error = "marked down in the catalog"
 
-    def account_usage(self, copies: Iterable[ChunkCopy]) -> None:
-        """Set each tier's :attr:`Tier.used` from catalogued copies (all datasets)."""
+    def account_usage(self, copies: Iterable[ChunkCopy | TierUsage]) -> None:
+        """Set each tier's :attr:`Tier.used` from catalogued copies of all datasets, or from
+        the catalog's sums of them (:meth:`Catalog.usage`: a row per dataset and tier)."""
         used = dict.fromkeys(self._by_name, 0)
         for c in copies:
             if c.tier in used:
