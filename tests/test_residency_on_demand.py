@@ -8,6 +8,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 import strataio
 from strataio.catalog.base import ChunkCopy
@@ -157,3 +160,120 @@ def test_a_session_takes_tier_usage_from_the_catalog_s_sums(tmp_path, data, monk
         s.create_dataset("f", (4, 4), "f4", (2, 2), hint="LOCALDISK")[...] = 1
         assert s.usage() == {"fast": data.nbytes + 64}
     assert scans == []
+
+
+KEYS = [f"c/{i}" for i in range(4)]
+TIERS = ["fast", "slow"]
+
+
+class OnDemandResidency(RuleBasedStateMachine):
+    """A residency learning rows on demand against a model: a chunk's rows are those the
+    catalog held at its first lookup (of any kind), changed since only by this process;
+    each chunk is asked for at most once; iterating learns every chunk not learned yet, and
+    then nothing is asked for again. Another process changes the catalog between steps."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tiers = TierSet(
+            [
+                Tier("fast", PosixBackend("/nonexistent/fast"), "localdisk", order=0),
+                Tier("slow", PosixBackend("/nonexistent/slow"), "remotedisk", order=1),
+            ]
+        )
+        self.catalog: dict[str, dict[str, ChunkCopy]] = {}
+        self.asked: list[str | None] = []
+        self.view: dict[str, dict[str, ChunkCopy]] = {}  # the model of what res holds
+        self.changed: set[str] = set()  # chunks with a change buffered here
+        self.whole = False
+        self.res = Residency("d", [], self.tiers, load=self._load)
+
+    def _load(self, keys):
+        self.asked.extend([None] if keys is None else keys)
+        return self._rows(keys)
+
+    def _rows(self, keys):
+        wanted = self.catalog if keys is None else {k: self.catalog.get(k, {}) for k in keys}
+        return [c for per in wanted.values() for c in per.values()]
+
+    def _looked_up(self, keys) -> None:
+        for k in keys:
+            if k not in self.view:
+                self.view[k] = dict(self.catalog.get(k, {}))
+
+    @rule(key=st.sampled_from(KEYS), tier=st.sampled_from(TIERS), n=st.integers(1, 9))
+    def another_process_records(self, key, tier, n):
+        self.catalog.setdefault(key, {})[tier] = ChunkCopy("d", key, tier, n, f"crc32c:{n:08x}")
+
+    @rule(key=st.sampled_from(KEYS), tier=st.sampled_from(TIERS))
+    def another_process_drops(self, key, tier):
+        self.catalog.get(key, {}).pop(tier, None)
+
+    @rule(
+        keys=st.lists(st.sampled_from(KEYS), min_size=1, max_size=4),
+        how=st.sampled_from(["learn", "many", "copies", "copy_on", "elsewhere", "catalogued"]),
+    )
+    def look_up(self, keys, how):
+        res = self.res
+        if how == "learn":
+            res.learn(keys)
+        elif how == "many":
+            res.fastest_readable_many(keys)
+        elif how == "elsewhere":
+            res.elsewhere_only(keys, "slow")
+        else:
+            for k in keys:
+                if how == "copies":
+                    res.copies(k)
+                elif how == "copy_on":
+                    res.copy_on(k, "fast")
+                else:
+                    res.catalogued(k, "fast")
+        self._looked_up(keys)
+
+    @rule(key=st.sampled_from(KEYS), tier=st.sampled_from(TIERS), n=st.integers(10, 19))
+    def this_process_records(self, key, tier, n):
+        self._looked_up([key])  # (a change learns the chunk's rows first)
+        copy = ChunkCopy("d", key, tier, n, f"crc32c:{n:08x}")
+        self.res.add(copy)
+        self.view[key][tier] = copy
+        self.changed.add(key)
+
+    @rule(keys=st.lists(st.sampled_from(KEYS), min_size=1, max_size=4))
+    def refresh_from_the_catalog(self, keys):
+        """A chunk not learned yet is learned from the rows the refresh read; a learned one
+        takes them unless this process changed it (its rows here are newer)."""
+
+        class Catalog:
+            residency = staticmethod(lambda name, ks: self._rows(ks))
+
+        asked = len(self.asked)
+        self.res.refresh_from(Catalog(), keys)
+        assert len(self.asked) == asked  # (it learns from the rows it read: no query more)
+        for k in dict.fromkeys(keys):
+            if k not in self.view or k not in self.changed:
+                self.view[k] = dict(self.catalog.get(k, {}))
+
+    @rule()
+    def iterate(self):
+        self.res.chunk_keys()
+        self._looked_up(KEYS)  # (every chunk, as it was then: a whole map learns no more)
+        self.whole = True
+
+    @invariant()
+    def holds_what_the_catalog_held_at_the_first_lookup(self):
+        held = {k: dict(v) for k, v in dict.items(self.res._copies) if v}
+        assert held == {k: v for k, v in self.view.items() if v}
+
+    @invariant()
+    def asks_for_each_chunk_once(self):
+        named = [k for k in self.asked if k is not None]
+        assert len(named) == len(set(named))
+        assert self.asked.count(None) <= 1
+        assert None not in self.asked or self.asked[-1] is None  # (then nothing more)
+        assert (self.res.learned_keys() is None) == self.whole
+
+
+OnDemandResidency.TestCase.settings = settings(
+    max_examples=300, stateful_step_count=30, deadline=None
+)
+test_on_demand_residency = OnDemandResidency.TestCase

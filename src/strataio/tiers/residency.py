@@ -986,7 +986,7 @@ class _CopyMap(dict):
         since); return the keys learned now."""
         learned = self._learned
         new = {c.key for c in rows if c.key not in learned} if keys is None else set(keys) - learned
-        if self.whole or not new:
+        if not new:
             self.whole = self.whole or keys is None
             return []
         for c in rows:
