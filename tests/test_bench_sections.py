@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from strataio.arrays.chunk_cache import SETTLE_NS, chunk_cache
 from strataio.arrays.dataset import Dataset
 from strataio.arrays.store import CountingChunkStore
-from strataio.bench.contenders import CONTENDERS, make_contender
+from strataio.bench.contenders import CONTENDERS, can_reopen, make_contender
 from strataio.bench.sections import (
     CACHES,
     PAPER_PATTERNS,
@@ -172,6 +172,7 @@ def test_bench_rejects_bad_options(tmp_path) -> None:
         (["--cache", ","], "unknown cache state []"),
         (["--contenders", "naive,tiered"], "unknown contender ['tiered']: choose from naive,"),
         (["--collective", "--cache", "first"], "for the collective run: choose from cold, warm"),
+        (["--collective", "--reopen"], "--reopen times the single-process table"),
     ],
 )
 def test_bad_modes_and_contenders_are_named(args: list[str], message: str) -> None:
@@ -180,10 +181,14 @@ def test_bad_modes_and_contenders_are_named(args: list[str], message: str) -> No
     assert message in " ".join(res.output.split())
 
 
+@pytest.mark.parametrize("reopen", [False, True], ids=["kept-open", "reopen"])
 @pytest.mark.parametrize("name", CONTENDERS)
-def test_every_mode_keeps_the_data(tmp_path, name: str) -> None:
-    """Reads and writes timed in every cache mode, then the store still holds the oracle's
-    data, and a read in each mode returns it."""
+def test_every_mode_keeps_the_data(tmp_path, name: str, reopen: bool) -> None:
+    """Reads and writes timed in every cache mode (with every call opening and closing the
+    array, too), then the store still holds the oracle's data, a read in each mode returns
+    it, and the contender holds a handle again."""
+    if reopen and not can_reopen(name):
+        pytest.skip(f"{name} is timed with its handle kept open only")
     data = np.random.default_rng(7).random((64, 64), dtype=np.float32)
     c = make_contender(name, tmp_path / name, (16, 16), 1 << 20)
     c.setup(data)
@@ -192,7 +197,7 @@ def test_every_mode_keeps_the_data(tmp_path, name: str) -> None:
         payload = np.ascontiguousarray(data[5:40, 3:61])
         for mode in CACHES:
             for op in ("read", "write"):
-                times = measure(c, op, mode, start, stop, payload, 2)
+                times = measure(c, op, mode, start, stop, payload, 2, reopen=reopen)
                 assert len(times) == 2 and all(t > 0 for t in times)
             verify(c, start, stop, data)
             verify(c, (0, 0), (64, 64), data)
@@ -518,3 +523,52 @@ def test_round_robin_interleaves_the_contenders_calls():
     calls.clear()
     measure_round_robin([a], "read", "warm", (0,), (1,), None, 2)  # alone: nothing to settle
     assert calls == ["a", "a", "a"]
+
+
+def test_reopen_times_open_section_close_for_every_call(tmp_path) -> None:
+    """With ``reopen`` each call opens the dataset and closes it (a timed call includes
+    both), the contender holds its own handle again afterwards, and a run leaves out the
+    contender whose first reads need a handle kept open."""
+
+    data = np.random.default_rng(3).random((64, 64), dtype=np.float32)
+    c = make_contender("strataio-tiered", tmp_path / "t", (16, 16))
+    c.setup(data)
+    try:
+        opened, closed = [], []
+        open_dataset = c.session.open_dataset
+
+        def counted(*a, **kw):
+            ds = open_dataset(*a, **kw)
+            opened.append(kw.get("mode"))
+            close = ds.close
+            ds.close = lambda: closed.append(1) or close()
+            return ds
+
+        c.session.open_dataset = counted
+        standing = c.ds
+        assert standing is not None
+        measure(c, "read", "first", (0, 0), (20, 20), data[:20, :20], 3, reopen=True)
+        # the untimed call, three timed ones, then the handle held between measurements
+        assert opened == ["r"] * 4 + ["r+"] and len(closed) == 4
+        assert standing.store.closed and c.ds is not standing and not c.ds.store.closed
+        np.testing.assert_array_equal(c.read((0, 0), (64, 64)), data)
+    finally:
+        c.close()
+    cfg = SectionsConfig(
+        size=48,
+        chunks=(16,),
+        patterns="A",
+        repeat=1,
+        ops=("read", "write"),
+        caches=("first",),
+        contenders=("naive", "strataio", "strataio-tiered", "strataio-tiered-written"),
+        adaptive=False,
+        workdir=tmp_path,
+        reopen=True,
+    )
+    steps: list[str] = []
+    r = run_sections(cfg, steps.append)
+    assert len(steps) == count_steps(cfg, plan_passes(cfg))
+    assert r["config"]["reopen"] is True
+    timed = {x["contender"] for x in r["passes"][0]["results"]}
+    assert timed == {"naive", "strataio", "strataio-tiered"}

@@ -60,8 +60,9 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -109,9 +110,13 @@ def _row_blocks(data: np.ndarray, chunk_rows: int) -> list[tuple[int, int]]:
 
 
 class Contender:
-    """A way of storing the benchmark array. Subclasses fill in the five methods."""
+    """A way of storing the benchmark array. Subclasses fill in the five methods, and
+    :meth:`open_handle` / :meth:`release_handle` for the rows that open the array for every
+    call (``bench sections --reopen``)."""
 
     name = ""
+    #: whether its calls can each open and close the array (:meth:`reopened`)
+    reopens = True
 
     def __init__(self, root: Path, chunks: tuple[int, ...], cache_bytes: int = 0) -> None:
         self.root = root
@@ -137,6 +142,23 @@ class Contender:
 
     def forget(self) -> None:
         """Empty this contender's own in-process caches of the array (not the page cache)."""
+
+    def open_handle(self, mode: str) -> None:
+        """Open the handle the calls use (``mode`` ``"r"`` or ``"r+"``), as after setup."""
+        raise NotImplementedError
+
+    def release_handle(self) -> None:
+        """Close the handle the calls use; the calls need :meth:`open_handle` again."""
+        raise NotImplementedError
+
+    def reopened(self, call: Callable[[], Any], mode: str) -> Any:
+        """``call()`` on a handle opened for it (``mode``) and closed after it: a user's
+        open → section → close, every step in the time of the call."""
+        self.open_handle(mode)
+        try:
+            return call()
+        finally:
+            self.release_handle()
 
     def drop_cache(self) -> None:
         """Nothing in memory: :meth:`forget`, then evict every file of this contender from the
@@ -180,6 +202,14 @@ class Naive(Contender):
         while pos < len(view):
             pos += os.pwrite(self.fd, view[pos : pos + _BLOCK_BYTES], pos)
 
+    def open_handle(self, mode: str) -> None:
+        flags = os.O_RDONLY if mode == "r" else os.O_RDWR
+        self.fd = os.open(self.path, flags | os.O_CLOEXEC)
+
+    def release_handle(self) -> None:
+        os.close(self.fd)
+        self.fd = None
+
     def _pieces(self, start: Sequence[int], stop: Sequence[int]) -> tuple[list[int], ...]:
         ext = section_extents(self.shape, self.itemsize, start, stop)
         return ext.offsets.tolist(), ext.lengths.tolist(), ext.mem.tolist()
@@ -220,13 +250,21 @@ class Strataio(Contender):
     def setup(self, data: np.ndarray) -> None:
         import strataio
 
-        path = self.root / "array.zarr"
+        self.path = self.root / "array.zarr"
         with strataio.create_dataset(
-            path, data.shape, data.dtype, self.chunks, codec=self.codec, overwrite=True
+            self.path, data.shape, data.dtype, self.chunks, codec=self.codec, overwrite=True
         ) as ds:
             for a, b in _row_blocks(data, self.chunks[0]):
                 ds.write_section((a, 0), data[a:b])
-        self.ds = strataio.open_dataset(path, mode="r+")
+        self.open_handle("r+")
+
+    def open_handle(self, mode: str) -> None:
+        import strataio
+
+        self.ds = self.named_by = strataio.open_dataset(self.path, mode=mode)
+
+    def release_handle(self) -> None:
+        self._release("ds")
 
     def read(self, start: Sequence[int], stop: Sequence[int]) -> np.ndarray:
         return self.ds.read_section(start, stop)
@@ -235,7 +273,9 @@ class Strataio(Contender):
         self.ds.write_section(start, data)
 
     def forget(self) -> None:
-        self.ds.clear_cache()
+        """Its chunks out of the process's decoded-chunk cache, which outlives a handle
+        (``named_by``, the last handle opened, names them there, closed or not)."""
+        self.named_by.clear_cache()
 
     def close(self) -> None:
         self._release("ds")
@@ -272,7 +312,15 @@ class StrataioTiered(Contender):
         ) as ds:
             for a, b in _row_blocks(data, self.chunks[0]):
                 ds.write_section((a, 0), data[a:b])
-        self.ds = self.session.open_dataset(self.dataset, mode="r+")
+        self.open_handle("r+")
+
+    def open_handle(self, mode: str) -> None:
+        """A dataset handle of the contender's Session (a process opens its Session once,
+        as it makes its TensorStore context once, and datasets through it)."""
+        self.ds = self.named_by = self.session.open_dataset(self.dataset, mode=mode)
+
+    def release_handle(self) -> None:
+        self._release("ds")
 
     def read(self, start: Sequence[int], stop: Sequence[int]) -> np.ndarray:
         return self.ds.read_section(start, stop)
@@ -290,10 +338,13 @@ class StrataioTiered(Contender):
         record of checked copies (the verified-once rule of
         :class:`~strataio.tiers.store.TieredChunkStore`) as a process opening the dataset
         finds it: what the catalog records. The handle stays open, as the plain dataset's
-        does (reopening it would also time the rebuilding of the handle's section plans)."""
-        self.ds.clear_cache()
+        does (reopening it would also time the rebuilding of the handle's section plans).
+        Between handles (``--reopen``) only the caches: a handle opened next takes the
+        checks the catalog records, as every process does."""
+        self.named_by.clear_cache()
         self.session.cache.clear()
-        self.ds.store.forget_checks(reload=self.reload_checks)
+        if self.ds is not None:
+            self.ds.store.forget_checks(reload=self.reload_checks)
 
     def close(self) -> None:
         self._release("ds", "session")
@@ -306,6 +357,8 @@ class StrataioTieredWritten(StrataioTiered):
 
     name = "strataio-tiered-written"
     reload_checks = False
+    #: (a handle opened anew takes the catalog's checks: no first reads to show that way)
+    reopens = False
 
 
 class H5py(Contender):
@@ -322,8 +375,18 @@ class H5py(Contender):
             d = f.create_dataset("a", shape=data.shape, dtype=data.dtype, chunks=self.chunks)
             for a, b in _row_blocks(data, self.chunks[0]):
                 d[a:b] = data[a:b]
-        self.file = h5py.File(path, "r+", rdcc_nbytes=0)
+        self.path = path
+        self.open_handle("r+")
+
+    def open_handle(self, mode: str) -> None:
+        import h5py
+
+        self.file = h5py.File(self.path, mode, rdcc_nbytes=0)
         self.dset = self.file["a"]
+
+    def release_handle(self) -> None:
+        self.dset = None
+        self._release("file")
 
     def read(self, start: Sequence[int], stop: Sequence[int]) -> np.ndarray:
         out = np.empty([b - a for a, b in zip(start, stop)], dtype=self.dset.dtype)
@@ -360,7 +423,16 @@ class Zarr(Contender):
         )
         for a, b in _row_blocks(data, self.chunks[0]):
             z[a:b] = data[a:b]
-        self.z = zarr.open_array(store=path, mode="r+")
+        self.path = path
+        self.open_handle("r+")
+
+    def open_handle(self, mode: str) -> None:
+        import zarr
+
+        self.z = zarr.open_array(store=self.path, mode=mode)
+
+    def release_handle(self) -> None:
+        self.z = None  # (zarr-python's arrays hold nothing to close)
 
     def read(self, start: Sequence[int], stop: Sequence[int]) -> np.ndarray:
         return self.z[_box(start, stop)]
@@ -412,6 +484,12 @@ class TensorStore(Contender):
         # a new context: a new (empty) cache pool
         self.t = ts.open(self._spec(False), context=ts.Context()).result()
 
+    def open_handle(self, mode: str) -> None:
+        self._open()
+
+    def release_handle(self) -> None:
+        self.t = None  # (a TensorStore is closed when its last reference goes)
+
     def setup(self, data: np.ndarray) -> None:
         import tensorstore as ts
 
@@ -452,6 +530,12 @@ _CLASSES: dict[str, type[Contender]] = {
         TensorStoreCached,
     )
 }
+
+
+def can_reopen(name: str) -> bool:
+    """Whether contender ``name``'s calls can each open and close the array
+    (:meth:`Contender.reopened`)."""
+    return _CLASSES[name].reopens
 
 
 def make_contender(

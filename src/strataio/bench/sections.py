@@ -29,6 +29,14 @@ Three cache modes (:data:`CACHES`), each timed call a user's step:
 - ``cold``: nothing in memory: the own caches emptied and every file of the contender
   evicted from the page cache before each timed call.
 
+With ``reopen`` (``--reopen``) every timed call is a user's open → section → close: each
+contender opens the array for the call and closes it after (a file descriptor, a dataset of
+strataio or of its Session, an h5py file, a zarr-python array, a TensorStore in a new
+context), so the rows count what opening costs each store, its metadata and, for a tiered
+dataset, its catalog (``strataio-tiered-written``, whose first reads need a handle kept
+open, is left out). A write's close is the store's own: a tiered dataset's commits its
+catalog rows and syncs its chunks there.
+
 The reported time is the median of ``repeat`` calls. The chunked contenders' calls are
 interleaved, one call of each per round (:func:`measure_round_robin`): this machine's speed
 drifts by tens of percent within a minute, and a ratio of two medians taken a few seconds
@@ -50,6 +58,7 @@ default, ``chunk_cache`` / ``--chunk-cache`` to change it, 0 to turn it off), an
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import statistics
@@ -63,7 +72,7 @@ from typing import Any
 import numpy as np
 
 from strataio.arrays.chunk_cache import SETTLE_NS, chunk_cache
-from strataio.bench.contenders import CONTENDERS, Contender, make_contender
+from strataio.bench.contenders import CONTENDERS, Contender, can_reopen, make_contender
 from strataio.errors import StrataError
 from strataio.layout.extents import section_extents
 
@@ -152,6 +161,8 @@ class SectionsConfig:
     seed: int = 0
     #: bytes of strataio's decoded-chunk cache during the run; None keeps the process's setting
     chunk_cache: int | None = None
+    #: every timed call opens the array and closes it after (see the module doc)
+    reopen: bool = False
 
     def validate(self) -> None:
         if self.size < 2:
@@ -245,11 +256,14 @@ def measure(
     stop: Sequence[int],
     payload: np.ndarray,
     repeat: int,
+    *,
+    reopen: bool = False,
 ) -> list[float]:
     """Seconds of ``repeat`` calls of ``op`` on the box in cache mode ``cache``: ``warm``
     after an untimed call; ``first`` after an untimed call, with ``c``'s own caches emptied
-    before each call; ``cold`` with those emptied and every file of ``c`` evicted."""
-    return measure_round_robin([c], op, cache, start, stop, payload, repeat)[c.name]
+    before each call; ``cold`` with those emptied and every file of ``c`` evicted. With
+    ``reopen``, each call opens the array and closes it after."""
+    return measure_round_robin([c], op, cache, start, stop, payload, repeat, reopen=reopen)[c.name]
 
 
 def measure_round_robin(
@@ -260,6 +274,8 @@ def measure_round_robin(
     stop: Sequence[int],
     payload: np.ndarray,
     repeat: int,
+    *,
+    reopen: bool = False,
 ) -> dict[str, list[float]]:
     """:func:`measure` for several contenders at once, their calls interleaved: each round
     times one call of every contender, starting one further along the list each round, so
@@ -270,34 +286,45 @@ def measure_round_robin(
     its call returns (a peer's threads finishing up) delays the calls right after it by
     tens of microseconds on a small machine, and in a fixed rotation it would always fall
     on the same next contender. A user's loop of calls meets only its own store's."""
-    calls = {}
+    calls: dict[str, Callable[[], Any]] = {}
     for c in contenders:
         if op == "read":
-            calls[c.name] = lambda c=c: c.read(start, stop)
+            call = functools.partial(c.read, start, stop)
         else:
-            calls[c.name] = lambda c=c: c.write(start, payload)
-    if cache != "cold":
-        for c in contenders:
-            calls[c.name]()
+            call = functools.partial(c.write, start, payload)
+        calls[c.name] = (
+            functools.partial(c.reopened, call, "r" if op == "read" else "r+") if reopen else call
+        )
     times: dict[str, list[float]] = {c.name: [] for c in contenders}
     n = len(contenders)
-    for r in range(repeat):
-        for c in (contenders[(r + j) % n] for j in range(n)):
-            if n > 1:
-                calls[c.name]()  # (untimed: settles what the contender before left running)
-            if cache == "first":
-                c.forget()
-            elif cache == "cold":
-                c.drop_cache()
-            t0 = time.perf_counter()
-            calls[c.name]()
-            times[c.name].append(time.perf_counter() - t0)
+    if reopen:
+        for c in contenders:
+            c.release_handle()
+    try:
+        if cache != "cold":
+            for c in contenders:
+                calls[c.name]()
+        for r in range(repeat):
+            for c in (contenders[(r + j) % n] for j in range(n)):
+                if n > 1:
+                    calls[c.name]()  # (untimed: settles what the contender before left running)
+                if cache == "first":
+                    c.forget()
+                elif cache == "cold":
+                    c.drop_cache()
+                t0 = time.perf_counter()
+                calls[c.name]()
+                times[c.name].append(time.perf_counter() - t0)
+    finally:
+        if reopen:  # (the handle each contender holds between measurements, as after setup)
+            for c in contenders:
+                c.open_handle("r+")
     return times
 
 
 def count_steps(cfg: SectionsConfig, passes: list[Pass]) -> int:
     """Progress steps :func:`run_sections` reports: setups, checks and measurements."""
-    chunked = [c for c in cfg.contenders if c != "naive"]
+    chunked = [c for c in cfg.contenders if c != "naive" and (can_reopen(c) or not cfg.reopen)]
     n = 1 + len(cfg.ops) * len(cfg.caches) * len(set(p for ps in passes for p in ps.patterns))
     for ps in passes:
         n += len(chunked) * (1 + len(ps.patterns) * (1 + len(cfg.ops) * len(cfg.caches)))
@@ -396,6 +423,8 @@ def _run_pass(
         for name in cfg.contenders:
             if name == "naive":
                 continue
+            if cfg.reopen and not can_reopen(name):
+                continue
             root = work / f"{name}-{ps.chunks[0]}x{ps.chunks[1]}"
             c = make_contender(name, root, ps.chunks, cache_bytes)
             chunked.append(c)
@@ -430,12 +459,14 @@ def _run_pass(
                     key = (pat, op, cache)
                     if key not in naive_times:
                         naive_times[key] = measure(
-                            naive, op, cache, start, stop, payload, cfg.repeat
+                            naive, op, cache, start, stop, payload, cfg.repeat, reopen=cfg.reopen
                         )
                         advance(f"{ps.label} {pat} {op} {cache}: naive")
                     base = statistics.median(naive_times[key])
                     ps.results.append(_row(pat, op, cache, "naive", naive_times[key], base, None))
-                    got = measure_round_robin(chunked, op, cache, start, stop, payload, cfg.repeat)
+                    got = measure_round_robin(
+                        chunked, op, cache, start, stop, payload, cfg.repeat, reopen=cfg.reopen
+                    )
                     for c in chunked:
                         ps.results.append(_row(pat, op, cache, c.name, got[c.name], base, touched))
                         advance(f"{ps.label} {pat} {op} {cache}: {c.name}")
