@@ -572,3 +572,20 @@ def test_reopen_times_open_section_close_for_every_call(tmp_path) -> None:
     assert r["config"]["reopen"] is True
     timed = {x["contender"] for x in r["passes"][0]["results"]}
     assert timed == {"naive", "strataio", "strataio-tiered"}
+
+
+def test_a_reopened_tensorstore_write_syncs_its_files_as_strataio_s_close_does(tmp_path) -> None:
+    data = np.random.default_rng(4).random((32, 32), dtype=np.float32)
+    c = make_contender("tensorstore", tmp_path / "ts", (16, 16))
+    c.setup(data)
+    try:
+        synced = []
+        spec = c._spec
+        c._spec = lambda *a: synced.append(spec(*a)["context"]["file_io_sync"]) or spec(*a)
+        measure(c, "write", "warm", (0, 0), (8, 8), data[:8, :8], 2, reopen=True)
+        measure(c, "read", "warm", (0, 0), (8, 8), data[:8, :8], 1, reopen=True)
+        # the untimed write, two timed, the handle kept between; one untimed read, one timed
+        assert synced == [True, True, True, False, False, False, False]
+        assert c.t is not None and not c.sync_files
+    finally:
+        c.close()

@@ -53,6 +53,12 @@ catalog (one SQLite transaction, committed without waiting for the disk) before 
 the chunk objects; the rest of its durability (fsync of the new copies and the catalog
 commit, which makes the announcement durable too) happens when the dataset is flushed or
 closed, after the timed calls.
+
+With ``--reopen`` a timed write includes the close: strataio's datasets, plain and tiered,
+make their chunks durable there (fsync; the tiered one also commits its catalog rows). To
+leave every store that can do so with the same file state, a TensorStore opened for a write
+then syncs its files too (its default ``file_io_sync``). The naive file, h5py and zarr-python
+have no such step: their rows end in the page cache.
 """
 
 from __future__ import annotations
@@ -456,7 +462,7 @@ class TensorStore(Contender):
             "context": {
                 "cache_pool": {"total_bytes_limit": self.cache_bytes if self.cached else 0},
                 # writes end in the page cache, as every contender's (the default fsyncs)
-                "file_io_sync": False,
+                "file_io_sync": self.sync_files,
             },
             "recheck_cached_data": True,
         }
@@ -478,6 +484,9 @@ class TensorStore(Contender):
             spec["open"] = True
         return spec
 
+    #: whether its writes fsync their files (``file_io_sync``; see the module doc)
+    sync_files = False
+
     def _open(self) -> None:
         import tensorstore as ts
 
@@ -485,7 +494,16 @@ class TensorStore(Contender):
         self.t = ts.open(self._spec(False), context=ts.Context()).result()
 
     def open_handle(self, mode: str) -> None:
+        """A TensorStore in a new context; opened for a write in a timed call
+        (:meth:`reopened`), one that syncs its files, as strataio's close does."""
         self._open()
+
+    def reopened(self, call: Callable[[], Any], mode: str) -> Any:
+        self.sync_files = mode != "r"
+        try:
+            return super().reopened(call, mode)
+        finally:
+            self.sync_files = False
 
     def release_handle(self) -> None:
         self.t = None  # (a TensorStore is closed when its last reference goes)
