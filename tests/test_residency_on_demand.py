@@ -277,3 +277,50 @@ OnDemandResidency.TestCase.settings = settings(
     max_examples=300, stateful_step_count=30, deadline=None
 )
 test_on_demand_residency = OnDemandResidency.TestCase
+
+
+def test_closing_a_dataset_only_read_writes_nothing_to_the_catalog(tmp_path, data, monkeypatch):
+    """Access times of chunks only read wait (Commit.TOUCH_DELAY_S) and are recorded
+    together: at the session's close, once the oldest has waited, or before an eviction
+    round of this process."""
+    with _session(tmp_path) as s:
+        touched = []
+        touch = s.catalog.touch
+        s.catalog.touch = lambda ds, keys, when: (
+            touched.append((ds, list(keys))) or touch(ds, keys, when)
+        )
+        for box in (np.s_[0:4, 0:4], np.s_[4:8, 0:4]):
+            with s.open_dataset("d") as ds:
+                np.testing.assert_array_equal(ds[box], data[box])
+        assert touched == []
+        monkeypatch.setattr(s.commit, "TOUCH_DELAY_S", 0.0)
+        with s.open_dataset("d") as ds:
+            np.testing.assert_array_equal(ds[8:12, 0:4], data[8:12, 0:4])
+        assert touched == [("d", ["c/0/0", "c/1/0", "c/2/0"])]
+        rows = {c.key: c.last_access for c in s.catalog.residency("d")}
+        assert rows["c/0/0"] == rows["c/2/0"] > rows["c/3/0"]
+        monkeypatch.setattr(s.commit, "TOUCH_DELAY_S", 3600.0)
+        with s.open_dataset("d") as ds:
+            ds[12:16, 0:4]
+        assert len(touched) == 1
+    assert touched[1:] == [("d", ["c/3/0"])]  # at the session's close
+
+
+def test_an_eviction_round_records_the_access_times_kept_back_first(tmp_path, data):
+    tiers = TierSet(
+        [
+            Tier("fast", PosixBackend(tmp_path / "fast"), "localdisk", order=0),
+            Tier("slow", PosixBackend(tmp_path / "slow"), "remotedisk", order=1),
+        ]
+    )
+    with strataio.Session(tiers=tiers, catalog=tmp_path / "cat.db") as s:
+        touched = []
+        touch = s.catalog.touch
+        s.catalog.touch = lambda ds, keys, when: touched.append(list(keys)) or touch(ds, keys, when)
+        with s.open_dataset("d") as ds:
+            ds[0:4, 0:4]
+        assert touched == []
+        fast = s.tiers["fast"]
+        fast.capacity = fast.used  # (full: a round has something to do)
+        s.placement.make_room(fast, 64)
+        assert touched == [["c/0/0"]]

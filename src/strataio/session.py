@@ -568,6 +568,7 @@ class Session:
             self._closed = True
             self.mover.shutdown()
             self.tiers.close()
+            self.commit.record_touches()
             self.commit.shutdown()
             if self.catalog is not None:
                 # after the mover: nothing of this session is in flight any more

@@ -17,7 +17,10 @@ object is deleted.
 
 Chunks that were only read change no row: their access times are recorded as such
 (:meth:`Catalog.touch`), never by writing back whole rows from this process's snapshot, which
-would revert rows another process has committed since.
+would revert rows another process has committed since. They only order evictions, so a commit
+keeps them back for up to :attr:`Commit.TOUCH_DELAY_S` and records those of every dataset
+together (:meth:`Commit.record_touches`, also at session close and before an eviction round
+here): closing a dataset that was only read then writes nothing to the catalog.
 
 One commit object serves a session: its residencies, the mover's moves, eviction rounds, and
 the tiers' health changes. Where this process holds no catalog (MPI ranks other than 0) a
@@ -109,6 +112,16 @@ class Commit:
         # last sync of the catalog's log covered
         self._announced = self._log_synced = 0
         self._count_lock = threading.Lock()
+        # access times kept back (dataset -> chunk key -> POSIX seconds), and when the oldest
+        # of them was kept (monotonic seconds; 0: none)
+        self._touches: dict[str, dict[str, float]] = {}
+        self._touches_since = 0.0
+        self._touch_lock = threading.Lock()
+
+    #: seconds access times of chunks only read wait before they are recorded: one catalog
+    #: transaction for all of them rather than one per dataset closed (0.15–0.2 ms each on
+    #: SQLite); another process's eviction round meanwhile sees the older access times
+    TOUCH_DELAY_S = 2.0
 
     @property
     def records(self) -> bool:
@@ -434,7 +447,7 @@ class Commit:
         dropped loses its last copy (see :meth:`Catalog.commit`)."""
         assert self.catalog is not None
         if batch.touches:
-            self.catalog.touch(dataset, sorted(batch.touches), max(batch.touches.values()))
+            self._keep_touches(dataset, batch.touches)
         if not (batch.upserts or batch.deletes):
             return _Recorded([], [], set(), [])
         replaced: set[CopyId] = set()
@@ -488,6 +501,31 @@ class Commit:
                 continue
             out.update(c for c, v in zip(mine, now) if v != puts[c[1], c[2]])
         return out
+
+    def _keep_touches(self, dataset: str, touches: Mapping[str, float]) -> None:
+        """Keep back access times of chunks of ``dataset``; record all of them once the
+        oldest has waited :attr:`TOUCH_DELAY_S`."""
+        with self._touch_lock:
+            kept = self._touches.setdefault(dataset, {})
+            for key, when in touches.items():
+                kept[key] = max(when, kept.get(key, 0.0))
+            now = time.monotonic()
+            self._touches_since = self._touches_since or now
+            due = now - self._touches_since >= self.TOUCH_DELAY_S
+        if due:
+            self.record_touches()
+
+    def record_touches(self) -> None:
+        """Record every access time kept back (one statement batch per dataset, at the latest
+        time among its chunks, as a commit records them). Advisory: where the catalog cannot
+        take them, they are dropped."""
+        with self._touch_lock:
+            kept, self._touches, self._touches_since = self._touches, {}, 0.0
+        if self.catalog is None:
+            return
+        for dataset, touches in kept.items():
+            with contextlib.suppress(StrataError):
+                self.catalog.touch(dataset, sorted(touches), max(touches.values()))
 
     def _stamped(self, rows: Sequence[ChunkCopy]) -> list[ChunkCopy]:
         """``rows`` with this session's writer on every announced rewrite."""

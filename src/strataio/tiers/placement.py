@@ -360,6 +360,7 @@ class Placement:
                     if object_key(res.name, c.key) not in keep:
                         victims.append((c.last_access, res, c))
             if self.catalog is not None:
+                self.commit.record_touches()  # (the access times kept back order it too)
                 # datasets another live session has open are never evicted from here: that
                 # session may have recorded copies this one does not know of
                 names = {r.name for r in open_res} | self.catalog.datasets_in_use()
