@@ -18,7 +18,7 @@ object is deleted.
 Chunks that were only read change no row: their access times are recorded as such
 (:meth:`Catalog.touch`), never by writing back whole rows from this process's snapshot, which
 would revert rows another process has committed since. They only order evictions, so a commit
-keeps them back for up to :attr:`Commit.TOUCH_DELAY_S` and records those of every dataset
+keeps them back for :attr:`Commit.TOUCH_DELAY_S` and a timer records those of every dataset
 together (:meth:`Commit.record_touches`, also at session close and before an eviction round
 here): closing a dataset that was only read then writes nothing to the catalog.
 
@@ -112,10 +112,10 @@ class Commit:
         # last sync of the catalog's log covered
         self._announced = self._log_synced = 0
         self._count_lock = threading.Lock()
-        # access times kept back (dataset -> chunk key -> POSIX seconds), and when the oldest
-        # of them was kept (monotonic seconds; 0: none)
+        # access times kept back (dataset -> chunk key -> POSIX seconds), and the timer that
+        # records them (None: none kept)
         self._touches: dict[str, dict[str, float]] = {}
-        self._touches_since = 0.0
+        self._touch_timer: threading.Timer | None = None
         self._touch_lock = threading.Lock()
 
     #: seconds access times of chunks only read wait before they are recorded: one catalog
@@ -503,16 +503,18 @@ class Commit:
         return out
 
     def _keep_touches(self, dataset: str, touches: Mapping[str, float]) -> None:
-        """Keep back access times of chunks of ``dataset``; record all of them once the
-        oldest has waited :attr:`TOUCH_DELAY_S`."""
+        """Keep back access times of chunks of ``dataset``: a timer records all of them once
+        the oldest has waited :attr:`TOUCH_DELAY_S` (at once where that is 0)."""
         with self._touch_lock:
             kept = self._touches.setdefault(dataset, {})
             for key, when in touches.items():
                 kept[key] = max(when, kept.get(key, 0.0))
-            now = time.monotonic()
-            self._touches_since = self._touches_since or now
-            due = now - self._touches_since >= self.TOUCH_DELAY_S
-        if due:
+            now = self.TOUCH_DELAY_S <= 0
+            if not now and self._touch_timer is None:
+                self._touch_timer = threading.Timer(self.TOUCH_DELAY_S, self.record_touches)
+                self._touch_timer.daemon = True
+                self._touch_timer.start()
+        if now:
             self.record_touches()
 
     def record_touches(self) -> None:
@@ -520,7 +522,10 @@ class Commit:
         time among its chunks, as a commit records them). Advisory: where the catalog cannot
         take them, they are dropped."""
         with self._touch_lock:
-            kept, self._touches, self._touches_since = self._touches, {}, 0.0
+            kept, self._touches = self._touches, {}
+            timer, self._touch_timer = self._touch_timer, None
+        if timer is not None and timer is not threading.current_thread():
+            timer.cancel()
         if self.catalog is None:
             return
         for dataset, touches in kept.items():
