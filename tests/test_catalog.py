@@ -439,6 +439,25 @@ def test_recorded_checks_replace_earlier_ones_and_go_with_their_dataset(cat):
     assert cat.verified_copies("b") == [VerifiedCopy("c/0", "local", "dd", (3, 10, 7))]
 
 
+def test_rows_and_checks_of_some_chunks_only(cat):
+    """``residency`` and ``verified_copies`` with keys: the rows of those chunks (each asked
+    for once however often named, across the parts of a long ``IN`` list), none of others."""
+    cat.create_dataset(_ds("a", shape=(1200,), chunks=(1,)))
+    keys = [f"c/{i}" for i in range(1200)]
+    cat.commit([ChunkCopy("a", k, "local", 4, f"{i:08x}") for i, k in enumerate(keys)])
+    cat.record_verified(
+        "a", [VerifiedCopy(k, "local", f"{i:08x}", (i, 4, 0)) for i, k in enumerate(keys)]
+    )
+    wanted = keys[3:1103:2] + ["c/5", "c/5", "c/nothing"]  # (551 keys: two parts of the IN list)
+    got = cat.residency("a", wanted)
+    assert sorted(c.key for c in got) == sorted(set(wanted) - {"c/nothing"})
+    checks = cat.verified_copies("a", wanted)
+    assert sorted(v.key for v in checks) == sorted(set(wanted) - {"c/nothing"})
+    assert {v.key: v.version for v in checks}["c/1101"] == (1101, 4, 0)
+    assert cat.residency("a", []) == [] and cat.verified_copies("a", []) == []
+    assert len(cat.verified_copies("a")) == 1200
+
+
 def test_newer_schema_is_refused(url):
     with open_catalog(url):
         pass
