@@ -889,22 +889,27 @@ def test_sqlite_sync_log_syncs_the_wal_sqlite_writes(tmp_path, monkeypatch, open
 
 
 class WriterRegistry(RuleBasedStateMachine):
-    """Writers registered, released, marking datasets in use (counted) and claiming them for
-    eviction through one catalog object: the catalog always answers as the model says."""
+    """Writers registered, released, marking datasets in use (counted; the last use's mark
+    lingering until dropped) and claiming them for eviction through one catalog object: the
+    catalog always answers as the model says."""
 
     def __init__(self) -> None:
         super().__init__()
         self.dir = tempfile.mkdtemp(prefix="strataio-writers-")
         self.cat = open_catalog(os.path.join(self.dir, "cat.db"))
         self.cat.EVICTION_WAIT = 0.02  # a use that must wait for a claim here fails at once
+        self.cat.MARK_LINGER_S = 3600.0  # dropped by the rule below only
         self.uses: dict[str, Counter] = {}
         self.evicting: set[tuple[str, str]] = set()  # (writer, dataset) whose mark is a claim
+        self.lingering: set[tuple[str, str]] = set()  # (writer, dataset) no longer used
 
     def _others(self, w: str, name: str, *, evicting: bool) -> bool:
+        if evicting:
+            return any(
+                c[name] > 0 and (v, name) in self.evicting for v, c in self.uses.items() if v != w
+            )
         return any(
-            c[name] > 0 and (not evicting or (v, name) in self.evicting)
-            for v, c in self.uses.items()
-            if v != w
+            c[name] > 0 or (v, name) in self.lingering for v, c in self.uses.items() if v != w
         )
 
     writers = Bundle("writers")
@@ -920,16 +925,23 @@ class WriterRegistry(RuleBasedStateMachine):
         self.cat.release_writer(w)
         self.uses.pop(w, None)
         self.evicting = {(v, d) for v, d in self.evicting if v != w}
+        self.lingering = {(v, d) for v, d in self.lingering if v != w}
 
     @rule(w=writers, name=st.sampled_from(["a", "b", "c/d"]))
     def use(self, w, name):
-        if w in self.uses and self.uses[w][name] == 0 and self._others(w, name, evicting=True):
+        if (
+            w in self.uses
+            and self.uses[w][name] == 0
+            and (w, name) not in self.lingering
+            and self._others(w, name, evicting=True)
+        ):
             with pytest.raises(BackendError, match="evicting"):
                 self.cat.use_dataset(name, w)
             return
         self.cat.use_dataset(name, w)
         if w in self.uses:
             self.uses[w][name] += 1
+            self.lingering.discard((w, name))
 
     @rule(w=writers, name=st.sampled_from(["a", "b", "c/d"]))
     def unuse(self, w, name):
@@ -940,31 +952,52 @@ class WriterRegistry(RuleBasedStateMachine):
         if w in self.uses and self.uses[w][name] > 0:
             self.uses[w][name] -= 1
             if self.uses[w][name] == 0:
-                self.evicting.discard((w, name))
+                if (w, name) in self.evicting:
+                    self.evicting.discard((w, name))  # a claim never lingers
+                else:
+                    self.lingering.add((w, name))
 
     @rule(w=writers, name=st.sampled_from(["a", "b", "c/d"]))
     def claim_eviction(self, w, name):
         got = self.cat.claim_eviction(name, w)
         if w not in self.uses:
             assert got  # a released writer marks nothing, as with use_dataset
-        elif self.uses[w][name] or self._others(w, name, evicting=False):
+        elif self.uses[w][name]:
             assert not got
         else:
-            assert got
-            self.uses[w][name] += 1
-            self.evicting.add((w, name))
+            self.lingering.discard((w, name))  # a lingering mark becomes the claim, or goes
+            if self._others(w, name, evicting=False):
+                assert not got
+            else:
+                assert got
+                self.uses[w][name] += 1
+                self.evicting.add((w, name))
 
     @rule(w=writers, name=st.sampled_from(["a", "b", "c/d"]))
     def release_eviction(self, w, name):
         self.cat.release_eviction(name, w)
         self._unused(w, name)
 
+    @rule()
+    def end_lingering(self):
+        self.cat.end_lingering()
+        self.lingering.clear()
+
     @invariant()
     def agrees(self):
         got = {w.id: (w.alive, set(w.datasets)) for w in self.cat.writers()}
-        want = {w: (True, {d for d, n in c.items() if n > 0}) for w, c in self.uses.items()}
+        want = {
+            w: (True, {d for d, n in c.items() if n > 0} | {d for v, d in self.lingering if v == w})
+            for w, c in self.uses.items()
+        }
         assert got == want
-        assert self.cat.datasets_in_use() == {d for _, ds in want.values() for d in ds}
+        assert self.cat.lingering_marks() == self.lingering
+        # (lingering marks are this object's own: they count for other processes only)
+        assert self.cat.datasets_in_use() == {
+            d for c in self.uses.values() for d, n in c.items() if n > 0
+        }
+        claims = self.cat._query("SELECT writer, dataset FROM writer_datasets WHERE evicting = 1")
+        assert {tuple(r) for r in claims} == self.evicting  # (what other processes' opens wait on)
 
     def teardown(self):
         self.cat.close()

@@ -699,3 +699,25 @@ def test_a_closed_dataset_is_no_longer_an_eviction_candidate_of_its_session(tmp_
         want[0:10, 0:10] = 7.0
         np.testing.assert_array_equal(s.open_dataset("a")[...], want)
         assert settled_fsck(s.catalog, s.tiers).clean
+
+
+def test_an_eviction_round_takes_the_chunks_read_least_recently_first(tmp_path):
+    """A read here orders the chunks of an open dataset for eviction (LRU), though the
+    copies' rows in memory keep the time they were put: the chunk just read stays."""
+    with two_tier_session(tmp_path) as s:
+        a = s.create_dataset("a", (20, 20), "f4", (10, 10), hint="LOCALDISK")
+        a[...] = A[:20, :20]  # four chunks, put together, fill the fast tier
+        a.flush()
+        strataio.chunk_cache().clear()
+        np.testing.assert_array_equal(a[0:10, 0:10], A[:10, :10])  # c/0/0 read last
+        res = a.store.res
+        assert (
+            res.last_access(res.copy_on("c/0/0", "fast")) > res.copy_on("c/0/0", "fast").last_access
+        )
+        b = s.create_dataset("b", (10, 10), "f4", (10, 10), hint="LOCALDISK")
+        b[...] = A[20:30, 20:30]  # room for one chunk: one of a's three others goes
+        on_fast = {k for k in ("c/0/0", "c/0/1", "c/1/0", "c/1/1") if res.copy_on(k, "fast")}
+        assert len(on_fast) == 3 and "c/0/0" in on_fast
+        np.testing.assert_array_equal(a[...], A[:20, :20])
+        a.close()
+        b.close()

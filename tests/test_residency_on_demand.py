@@ -330,3 +330,67 @@ def test_an_eviction_round_records_the_access_times_kept_back_first(tmp_path, da
         fast.capacity = fast.used  # (full: a round has something to do)
         s.placement.make_room(fast, 64)
         assert touched == [["c/0/0"]]
+
+
+def _two_tiers(root: Path) -> TierSet:
+    return TierSet(
+        [
+            Tier("fast", PosixBackend(root / "fast"), "localdisk", order=0),
+            Tier("slow", PosixBackend(root / "slow"), "remotedisk", order=1),
+        ]
+    )
+
+
+def test_a_dataset_opened_again_while_its_mark_lingers_writes_nothing_to_the_catalog(
+    tmp_path, data, monkeypatch
+):
+    """Closing leaves the dataset's in-use mark for Catalog.MARK_LINGER_S: opening it again
+    meanwhile, reading and closing cost no catalog write; then the mark goes."""
+    with _session(tmp_path) as s:
+        monkeypatch.setattr(s.catalog, "MARK_LINGER_S", 3600.0)
+        monkeypatch.setattr(s.commit, "TOUCH_DELAY_S", 3600.0)
+        with s.open_dataset("d") as ds:
+            np.testing.assert_array_equal(ds[...], data)  # (every copy's check recorded)
+        writes = []
+        write = s.catalog._write
+        monkeypatch.setattr(s.catalog, "_write", lambda **kw: writes.append(kw) or write(**kw))
+        for box in (np.s_[0:4, 0:4], np.s_[9:30, 2:3], np.s_[...]):
+            with s.open_dataset("d") as ds:
+                np.testing.assert_array_equal(ds[box], data[box])
+        assert writes == []
+        assert s.catalog.lingering_marks() == {(s.writer, "d")}
+        assert [w.datasets for w in s.catalog.writers()] == [("d",)]
+        s.catalog.end_lingering()
+        assert len(writes) == 1 and s.catalog.lingering_marks() == set()
+        assert [w.datasets for w in s.catalog.writers()] == [()]
+
+
+def test_a_lingering_mark_keeps_other_processes_eviction_rounds_off_but_not_this_one(
+    tmp_path, data
+):
+    """Another session (its own catalog object and writer) sees a dataset closed here as in
+    use while its mark lingers: it claims nothing of it for eviction, and opens it without
+    waiting. This session's own eviction round takes the lingering mark as its claim."""
+    with (
+        strataio.Session(tiers=_two_tiers(tmp_path), catalog=tmp_path / "cat.db") as mine,
+        strataio.Session(tiers=_two_tiers(tmp_path), catalog=tmp_path / "cat.db") as other,
+    ):
+        mine.catalog.MARK_LINGER_S = 3600.0
+        with mine.open_dataset("d") as ds:
+            np.testing.assert_array_equal(ds[...], data)
+        assert "d" in other.catalog.datasets_in_use()
+        assert "d" not in mine.catalog.datasets_in_use()
+        assert other.catalog.claim_eviction("d") is False
+        t0 = time.monotonic()
+        with other.open_dataset("d") as theirs:  # (a lingering mark is no claim: no wait)
+            np.testing.assert_array_equal(theirs[0:4, 0:4], data[0:4, 0:4])
+        assert time.monotonic() - t0 < 1.0
+        other.catalog.end_lingering()
+        fast = mine.tiers["fast"]
+        fast.capacity = fast.used  # full: a round must evict something of "d"
+        assert mine.placement.make_room(fast, 4 * 4 * 4)
+        assert mine.catalog.lingering_marks() == set()  # became the claim, released after
+        assert [w.datasets for w in mine.catalog.writers() if w.id == mine.writer] == [()]
+        assert {c.tier for c in mine.catalog.residency("d")} == {"fast", "slow"}
+        with mine.open_dataset("d") as ds:
+            np.testing.assert_array_equal(ds[...], data)

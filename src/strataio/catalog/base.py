@@ -230,6 +230,11 @@ class Catalog(abc.ABC):
     #: seconds :meth:`use_dataset` waits out another process's eviction round of the dataset
     EVICTION_WAIT: float = 600.0
 
+    #: seconds a writer's mark on a dataset stays after its last :meth:`unuse_dataset`: a
+    #: dataset opened again meanwhile (open → read → close in a loop) costs no catalog write
+    #: at either end; 0 drops each mark at once
+    MARK_LINGER_S: float = 2.0
+
     # -- tiers --------------------------------------------------------------------------
 
     @abc.abstractmethod
@@ -419,8 +424,21 @@ class Catalog(abc.ABC):
         :attr:`EVICTION_WAIT` seconds."""
 
     @abc.abstractmethod
-    def unuse_dataset(self, name: str, writer: str | None = None) -> None:
-        """Undo one :meth:`use_dataset`."""
+    def unuse_dataset(self, name: str, writer: str | None = None, *, linger: bool = True) -> None:
+        """Undo one :meth:`use_dataset`. The last one leaves the mark in place for
+        :attr:`MARK_LINGER_S` seconds (``linger``), then drops it: a :meth:`use_dataset` of
+        that writer meanwhile takes it back with no catalog write and no wait (no claim of
+        another process can have begun while the mark stood), and other processes go on
+        seeing the dataset in use until it goes."""
+
+    @abc.abstractmethod
+    def end_lingering(self, *, due_only: bool = False) -> None:
+        """Drop the marks left lingering by :meth:`unuse_dataset` (those whose time is up,
+        with ``due_only``); a timer does this on its own once their time is up."""
+
+    @abc.abstractmethod
+    def lingering_marks(self) -> set[tuple[str, str]]:
+        """``(writer, dataset)`` of the marks left lingering here, not yet dropped."""
 
     @abc.abstractmethod
     def claim_eviction(self, name: str, writer: str | None = None) -> bool:
@@ -428,6 +446,7 @@ class Catalog(abc.ABC):
         :meth:`use_dataset`), unless another live writer has it in use or is evicting from
         it: then nothing is marked and False is returned. With a claim held, no other process
         opens the dataset until :meth:`release_eviction` (its :meth:`use_dataset` waits).
+        ``writer``'s own lingering mark (:meth:`unuse_dataset`) becomes the claim.
 
         Mark first, look second, on both sides (the mark is committed before the look): of
         a process opening the dataset and one claiming it at the same moment, at least one
@@ -447,8 +466,10 @@ class Catalog(abc.ABC):
 
     def datasets_in_use(self) -> set[str]:
         """Names of the datasets some live writer has in use: their copies are not evicted by
-        other processes, and fsck leaves their unnamed objects to their writer."""
-        return {d for w in self.writers() if w.alive for d in w.datasets}
+        other processes, and fsck leaves their unnamed objects to their writer. A mark this
+        object keeps lingering (:meth:`unuse_dataset`) counts only for other processes."""
+        mine = self.lingering_marks()
+        return {d for w in self.writers() if w.alive for d in w.datasets if (w.id, d) not in mine}
 
     # -- performance database -----------------------------------------------------------
 

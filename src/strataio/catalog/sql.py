@@ -45,6 +45,7 @@ from strataio.errors import (
     ExistsError,
     MetadataError,
     NotFoundError,
+    StrataError,
 )
 
 Cursor = Any  # a DB-API cursor of the dialect's driver
@@ -217,6 +218,10 @@ class SQLCatalog(Catalog):
         self._sql_cache: dict[str, str] = {}
         self._writers: list[str] = []  # registered through this object, oldest first
         self._uses: Counter[tuple[str, str]] = Counter()  # (writer, dataset) -> uses
+        # (writer, dataset) -> time.monotonic() at which its mark, no longer used, goes
+        self._lingering: dict[tuple[str, str], float] = {}
+        self._linger_timer: threading.Timer | None = None
+        self._claims: set[tuple[str, str]] = set()  # (writer, dataset) marked as a claim
         self._conn = self._connect()
         try:
             self._migrate()
@@ -806,6 +811,9 @@ class SQLCatalog(Catalog):
             self._writers.remove(writer)
             for k in [k for k in self._uses if k[0] == writer]:
                 del self._uses[k]
+            for k in [k for k in self._lingering if k[0] == writer]:
+                del self._lingering[k]  # (its marks go with its rows below)
+            self._claims = {k for k in self._claims if k[0] != writer}
             try:
                 if not self._closed:
                     with self._write() as cur:
@@ -831,6 +839,10 @@ class SQLCatalog(Catalog):
             self._uses[w, name] += 1
             if self._uses[w, name] > 1:
                 return
+            if self._lingering.pop((w, name), None) is not None:
+                # the mark never went: no claim of another process can have begun since
+                # this one last waited them out (it would have seen the mark and given up)
+                return
             try:
                 self._mark(w, name, evicting=False)
             except BaseException:
@@ -841,7 +853,7 @@ class SQLCatalog(Catalog):
         pause = 0.005
         while evictors := self._other_marks(w, name, evicting_only=True):
             if time.monotonic() > deadline:
-                self.unuse_dataset(name, w)
+                self.unuse_dataset(name, w, linger=False)
                 raise BackendError(
                     f"dataset {name!r}: writer {', '.join(sorted(evictors))} has been evicting "
                     f"from it for over {self.EVICTION_WAIT:.0f} s; try again later, or run "
@@ -857,18 +869,22 @@ class SQLCatalog(Catalog):
                 return True  # no writers here: nobody else registers either (no marks to see)
             if self._uses[w, name]:
                 return False  # open here: evicted from by its own residency, not this way
+            # (a mark left lingering here becomes the claim: _mark turns it into one)
+            self._lingering.pop((w, name), None)
             self._mark(w, name, evicting=True)
             if self._other_marks(w, name, evicting_only=False):
                 self._unmark(w, name)
                 return False
             self._uses[w, name] += 1
+            self._claims.add((w, name))
             return True
 
     def release_eviction(self, name: str, writer: str | None = None) -> None:
-        self.unuse_dataset(name, writer)
+        self.unuse_dataset(name, writer)  # (a claim never lingers: opens would wait on it)
 
     def _mark(self, writer: str, name: str, *, evicting: bool) -> None:
-        """Insert ``writer``'s mark on dataset ``name``, committed before this returns.
+        """Insert ``writer``'s mark on dataset ``name`` (or set whether an existing one is a
+        claim), committed before this returns.
 
         Marks (and their removal) are committed without waiting for the disk: every process
         sees them at once, and only a live writer's mark counts (:meth:`_other_marks`), so
@@ -878,7 +894,7 @@ class SQLCatalog(Catalog):
             cur.execute(
                 self._sql(
                     "INSERT INTO writer_datasets (writer, dataset, evicting) VALUES (?, ?, ?) "
-                    "ON CONFLICT (writer, dataset) DO NOTHING"
+                    "ON CONFLICT (writer, dataset) DO UPDATE SET evicting = excluded.evicting"
                 ),
                 (writer, name, int(evicting)),
             )
@@ -901,15 +917,55 @@ class SQLCatalog(Catalog):
             )
             return self._live_tokens([r[0] for r in rows]) if rows else set()
 
-    def unuse_dataset(self, name: str, writer: str | None = None) -> None:
+    def unuse_dataset(self, name: str, writer: str | None = None, *, linger: bool = True) -> None:
         with self._lock:
             w = self._writer(writer)
             if w is None or self._uses[w, name] <= 0:
                 return
             self._uses[w, name] -= 1
-            if self._uses[w, name] == 0:
-                del self._uses[w, name]
+            if self._uses[w, name]:
+                return
+            del self._uses[w, name]
+            claim = (w, name) in self._claims
+            self._claims.discard((w, name))
+            if linger and not claim and self.MARK_LINGER_S > 0:
+                self._lingering[w, name] = time.monotonic() + self.MARK_LINGER_S
+                if self._linger_timer is None:
+                    self._linger_after(self.MARK_LINGER_S)
+            else:
                 self._unmark(w, name)
+
+    def _linger_after(self, seconds: float) -> None:
+        """Run :meth:`end_lingering` in ``seconds`` on a timer thread (caller holds the lock)."""
+        timer = self._linger_timer = threading.Timer(max(seconds, 0.0), self._lingering_due)
+        timer.daemon = True
+        timer.start()
+
+    def _lingering_due(self) -> None:
+        with self._lock:
+            self._linger_timer = None
+            if self._closed:
+                return
+            with contextlib.suppress(StrataError):
+                self.end_lingering(due_only=True)
+            if self._lingering and self._linger_timer is None:
+                self._linger_after(min(self._lingering.values()) - time.monotonic())
+
+    def end_lingering(self, *, due_only: bool = False) -> None:
+        with self._lock:
+            now = time.monotonic()
+            for key, due in sorted(self._lingering.items()):
+                if due_only and due > now:
+                    continue
+                del self._lingering[key]
+                self._unmark(*key)
+            if not self._lingering and self._linger_timer is not None:
+                self._linger_timer.cancel()
+                self._linger_timer = None
+
+    def lingering_marks(self) -> set[tuple[str, str]]:
+        with self._lock:
+            return set(self._lingering)
 
     def writers(self) -> list[WriterRecord]:
         with self._lock:
@@ -965,6 +1021,9 @@ class SQLCatalog(Catalog):
                 for w in list(self._writers):
                     with contextlib.suppress(Exception):
                         self.release_writer(w)
+                if self._linger_timer is not None:
+                    self._linger_timer.cancel()
+                    self._linger_timer = None
                 self._closed = True
                 self._disconnect()
 

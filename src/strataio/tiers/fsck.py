@@ -357,10 +357,11 @@ def inspect(
 
 
 def _read_writers(catalog: Catalog, inv: Inventory) -> None:
+    mine = catalog.lingering_marks()  # (closed here: nothing of theirs is in flight)
     for w in catalog.writers():
         if w.alive:
             inv.live_writers.add(w.id)
-            inv.in_use.update(w.datasets)
+            inv.in_use.update(d for d in w.datasets if (w.id, d) not in mine)
         else:
             inv.dead_writers.append(w.id)
 

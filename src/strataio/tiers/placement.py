@@ -358,7 +358,7 @@ class Placement:
             for res in open_res:
                 for c in res.on_tier(tier.name):
                     if object_key(res.name, c.key) not in keep:
-                        victims.append((c.last_access, res, c))
+                        victims.append((res.last_access(c), res, c))
             if self.catalog is not None:
                 self.commit.record_touches()  # (the access times kept back order it too)
                 # datasets another live session has open are never evicted from here: that
@@ -492,7 +492,7 @@ class Placement:
                     except ChecksumError:
                         return False
                     back = ChunkCopy(
-                        res.name, copy.key, dst.name, n, digest, "valid", copy.last_access
+                        res.name, copy.key, dst.name, n, digest, "valid", res.last_access(copy)
                     )
                     recorded = res.record_move(
                         back,

@@ -160,6 +160,7 @@ class Residency:
         self._busy: Counter[str] = Counter()  # key -> puts in flight, any tier
         self._versions: Counter[str] = Counter()
         self._touched: dict[str, float] = {}  # key -> latest access time not recorded yet
+        self._accessed: dict[str, float] = {}  # key -> latest access time seen here
         self._stamps: dict[str, int] = {}  # key -> changes of its copies or puts in flight
         self._forgotten: set[tuple[str, str]] = set()  # (key, tier) rows forgotten here only
         self._in_commit: set[str] = set()  # keys of the rows a taken batch is recording now
@@ -665,24 +666,29 @@ class Residency:
     TOUCH_RESOLUTION = 1.0
 
     def touch(self, keys: Iterable[str], when: float | None = None) -> None:
-        """Note an access (for LRU eviction); reaches the catalog at commit."""
+        """Note an access (for LRU eviction); reaches the catalog at commit. The copies' rows
+        here keep the time they were learned with: :meth:`last_access` gives the latest."""
         now = time.time() if when is None else when
-        touched = self._touched
+        accessed = self._accessed
         # (a look without the lock first: most reads touch chunks touched a moment ago)
-        keys = [k for k in keys if not 0.0 <= now - touched.get(k, -1e300) < self.TOUCH_RESOLUTION]
+        keys = [k for k in keys if not 0.0 <= now - accessed.get(k, -1e300) < self.TOUCH_RESOLUTION]
         if not keys:
             return
         with self.lock:
+            touched = self._touched
             for k in keys:
-                seen = self._touched.get(k)
+                seen = accessed.get(k)
                 if seen is not None and 0.0 <= now - seen < self.TOUCH_RESOLUTION:
                     continue
-                per = self._copies.get(k)
-                if not per:
+                if not self._copies.get(k):
                     continue
-                for t, c in list(per.items()):
-                    per[t] = dataclasses.replace(c, last_access=now)
-                self._touched[k] = max(now, self._touched.get(k, now))
+                accessed[k] = max(now, seen or now)
+                touched[k] = max(now, touched.get(k, now))
+
+    def last_access(self, copy: ChunkCopy) -> float:
+        """When chunk ``copy.key`` was last accessed, as far as this process knows (POSIX s):
+        its row's time or a later access here."""
+        return max(copy.last_access, self._accessed.get(copy.key, 0.0))
 
     # ----------------------------------------------------------------- batches
     def take_batch(self) -> Batch:
