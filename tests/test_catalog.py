@@ -27,6 +27,7 @@ from strataio.catalog import (
     VerifiedCopy,
     open_catalog,
 )
+from strataio.catalog.base import Catalog
 from strataio.catalog.sql import SCHEMA_VERSION
 from strataio.catalog.sqlite import SQLiteCatalog
 from strataio.errors import BackendError, ClosedError, ExistsError, MetadataError, NotFoundError
@@ -215,8 +216,6 @@ def test_touch(cat):
 
 
 def test_lru_copies_oldest_first_skipping_excluded_datasets(cat):
-    from strataio.catalog.base import Catalog
-
     for n in ("d", "e"):
         cat.create_dataset(_ds(n))
     # e holds the 4 oldest copies on local; d the 4 after; ties break by dataset then key
@@ -456,6 +455,39 @@ def test_rows_and_checks_of_some_chunks_only(cat):
     assert {v.key: v.version for v in checks}["c/1101"] == (1101, 4, 0)
     assert cat.residency("a", []) == [] and cat.verified_copies("a", []) == []
     assert len(cat.verified_copies("a")) == 1200
+
+
+def test_rows_with_their_checks_in_one_query(cat):
+    """``residency_checked`` gives what ``residency`` and ``verified_copies`` give of the
+    same chunks (the checks of copies a row names only), as the Catalog's default does."""
+    cat.create_dataset(_ds("a", shape=(1200,), chunks=(1,)))
+    keys = [f"c/{i}" for i in range(1200)]
+    cat.commit(
+        [ChunkCopy("a", k, "local", 4, f"{i:08x}") for i, k in enumerate(keys)]
+        + [ChunkCopy("a", k, "archive", 4, f"{i:08x}") for i, k in enumerate(keys[:40])]
+    )
+    cat.record_verified(
+        "a",
+        [VerifiedCopy(k, "local", f"{i:08x}", (i, 4, 0)) for i, k in enumerate(keys) if i % 3]
+        + [VerifiedCopy("c/7", "archive", "00000007", ("etag-7",))]
+        + [VerifiedCopy("c/8", "mem", "00000008", (8, 4, 0))],  # (no row on "mem")
+    )
+    wanted = keys[3:1103:2] + ["c/7", "c/8", "c/7", "c/nothing"]  # (two parts of the IN list)
+    for ks in (wanted, None, []):
+        rows, checks = cat.residency_checked("a", ks)
+        assert rows == cat.residency("a", ks)
+        named = {(c.key, c.tier) for c in rows}
+        want = [v for v in cat.verified_copies("a", ks) if (v.key, v.tier) in named]
+        key = lambda v: (v.key, v.tier)  # noqa: E731
+        assert sorted(checks, key=key) == sorted(want, key=key)
+        default_rows, default_checks = Catalog.residency_checked(cat, "a", ks)
+        assert default_rows == rows and sorted(default_checks, key=key) == sorted(checks, key=key)
+    rows, checks = cat.residency_checked("a", ["c/7", "c/8"])
+    assert sorted((v.key, v.tier, v.version) for v in checks) == [
+        ("c/7", "archive", ("etag-7",)),
+        ("c/7", "local", (7, 4, 0)),
+        ("c/8", "local", (8, 4, 0)),
+    ]
 
 
 def test_newer_schema_is_refused(url):

@@ -30,15 +30,19 @@ def _session(root: Path) -> strataio.Session:
 
 
 def _asked(session: strataio.Session) -> list[list[str] | None]:
-    """Record the chunk keys of every residency query of ``session``'s catalog (None: all)."""
+    """Record the chunk keys of every residency query of ``session``'s catalog (None: all),
+    with or without the checks."""
     asked: list[list[str] | None] = []
-    residency = session.catalog.residency
 
-    def counted(dataset, keys=None):
-        asked.append(None if keys is None else sorted(keys))
-        return residency(dataset, keys)
+    def counting(query):
+        def counted(dataset, keys=None):
+            asked.append(None if keys is None else sorted(keys))
+            return query(dataset, keys)
 
-    session.catalog.residency = counted
+        return counted
+
+    session.catalog.residency = counting(session.catalog.residency)
+    session.catalog.residency_checked = counting(session.catalog.residency_checked)
     return asked
 
 
@@ -113,11 +117,16 @@ def test_a_write_of_a_chunk_not_looked_up_yet_is_announced_as_the_rewrite_it_is(
 def test_the_checks_of_a_chunk_come_with_its_rows(tmp_path, data):
     with _session(tmp_path) as s, s.open_dataset("d") as ds:
         np.testing.assert_array_equal(ds[...], data)  # every copy read whole and checked
-    with _session(tmp_path) as s, s.open_dataset("d") as ds:
-        store = ds.store
-        assert store._checked == {}
-        np.testing.assert_array_equal(ds[0:4, 0:8], data[0:4, 0:8])
-        assert set(store._checked) == {"c/0/0", "c/0/1"}  # read in range, as checked before
+    with _session(tmp_path) as s:
+        asked = _asked(s)
+        checks_asked = []
+        s.catalog.verified_copies = lambda *a: checks_asked.append(a)
+        with s.open_dataset("d") as ds:
+            store = ds.store
+            assert store._checked == {}
+            np.testing.assert_array_equal(ds[0:4, 0:8], data[0:4, 0:8])
+            assert set(store._checked) == {"c/0/0", "c/0/1"}  # read in range, as checked before
+            assert asked == [["c/0/0", "c/0/1"]] and checks_asked == []  # (in one query)
 
 
 def test_lookups_of_every_kind_learn_the_rows_they_need():
@@ -131,7 +140,7 @@ def test_lookups_of_every_kind_learn_the_rows_they_need():
 
     def load(keys):
         asked.append(None if keys is None else list(keys))
-        return [rows[k] for k in (rows if keys is None else keys) if k in rows]
+        return [rows[k] for k in (rows if keys is None else keys) if k in rows], None
 
     res = Residency("d", [], tiers, load=load)
     assert res.copy_on("c/1", "fast") == rows["c/1"]
@@ -170,8 +179,9 @@ TIERS = ["fast", "slow"]
 class OnDemandResidency(RuleBasedStateMachine):
     """A residency learning rows on demand against a model: a chunk's rows are those the
     catalog held at its first lookup (of any kind), changed since only by this process;
-    each chunk is asked for at most once; iterating learns every chunk not learned yet, and
-    then nothing is asked for again. Another process changes the catalog between steps."""
+    each chunk is asked for at most once (until it is unlearned); iterating learns every
+    chunk not learned yet, and then nothing is asked for again. Another process changes the
+    catalog between steps."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -190,7 +200,7 @@ class OnDemandResidency(RuleBasedStateMachine):
 
     def _load(self, keys):
         self.asked.extend([None] if keys is None else keys)
-        return self._rows(keys)
+        return self._rows(keys), None
 
     def _rows(self, keys):
         wanted = self.catalog if keys is None else {k: self.catalog.get(k, {}) for k in keys}
@@ -253,6 +263,19 @@ class OnDemandResidency(RuleBasedStateMachine):
         for k in dict.fromkeys(keys):
             if k not in self.view or k not in self.changed:
                 self.view[k] = dict(self.catalog.get(k, {}))
+
+    @rule()
+    def unlearn(self):
+        """Every chunk learned but those this process changed is forgotten (asked for again
+        at its next lookup, as by a process opening the dataset anew)."""
+        forgotten = set(self.res.unlearn())
+        expect = set(self.view) - self.changed
+        # (a whole map also forgets that the chunks it holds no rows of have none)
+        assert forgotten <= expect and (self.whole or forgotten == expect)
+        for k in expect:
+            del self.view[k]
+        self.asked = [k for k in self.asked if k is not None and k not in expect]
+        self.whole = False
 
     @rule()
     def iterate(self):
@@ -394,3 +417,26 @@ def test_a_lingering_mark_keeps_other_processes_eviction_rounds_off_but_not_this
         assert {c.tier for c in mine.catalog.residency("d")} == {"fast", "slow"}
         with mine.open_dataset("d") as ds:
             np.testing.assert_array_equal(ds[...], data)
+
+
+def test_a_store_left_as_a_new_process_finds_it_learns_its_chunks_again(tmp_path, data):
+    """``forget_learned``: the checks found so far go to the catalog and the rows learned
+    are forgotten, but those of chunks with a change of this process still in flight; the
+    next read learns its chunks' rows with their checks in one query and reads in range."""
+    with _session(tmp_path) as s, s.open_dataset("d", "r+") as ds:
+        np.testing.assert_array_equal(ds[...], data)  # every copy read whole and checked
+        ds[0:4, 0:4] = -1.0  # c/0/0 rewritten: its new row is not committed yet
+        want = data.copy()
+        want[0:4, 0:4] = -1.0
+        asked = []
+        copies = ds.store.res._copies
+        load = copies.load
+        copies.load = lambda keys: asked.append(sorted(keys)) or load(keys)
+        ds.store.forget_learned()
+        ds.clear_cache()
+        assert ds.store._checked == {}
+        np.testing.assert_array_equal(ds[0:8, 0:4], want[0:8, 0:4])
+        assert asked == [["c/1/0"]]  # (c/0/0's rows here are newer than the catalog's)
+        assert "c/1/0" in ds.store._checked  # checked before: read in range at once
+    with _session(tmp_path) as s, s.open_dataset("d") as ds:
+        np.testing.assert_array_equal(ds[...], want)

@@ -612,7 +612,7 @@ class Session:
         learns its rows from the catalog chunk by chunk (:class:`Residency`)."""
         load = None
         if lazy and self.catalog is not None:
-            load = functools.partial(self.catalog.residency, record.name)
+            load = functools.partial(self.catalog.residency_checked, record.name)
         store = TieredChunkStore(
             Residency(record.name, copies, self.tiers, load=load),
             self.tiers,

@@ -302,7 +302,8 @@ class StrataioTiered(Contender):
     name = "strataio-tiered"
     #: the dataset's name in the catalog
     dataset = "array"
-    #: whether ``forget`` takes back the checks the catalog records (a new process's view)
+    #: whether ``forget`` leaves the checks the catalog records to be learned again (a new
+    #: process's view) rather than forgetting every check
     reload_checks = True
 
     def setup(self, data: np.ndarray) -> None:
@@ -340,17 +341,23 @@ class StrataioTiered(Contender):
         return [f for f in super().files() if not f.endswith("-shm")]
 
     def forget(self) -> None:
-        """Empty the decoded-chunk cache and the Session's chunk cache, and leave the store's
-        record of checked copies (the verified-once rule of
-        :class:`~strataio.tiers.store.TieredChunkStore`) as a process opening the dataset
-        finds it: what the catalog records. The handle stays open, as the plain dataset's
-        does (reopening it would also time the rebuilding of the handle's section plans).
-        Between handles (``--reopen``) only the caches: a handle opened next takes the
-        checks the catalog records, as every process does."""
+        """Empty the decoded-chunk cache and the Session's chunk cache, and leave the store as
+        a process opening the dataset finds it: its changes committed (an untimed flush, as
+        that process's writer closed), the checks of copies found so far recorded in the
+        catalog, and nothing learned from the catalog (:meth:`TieredChunkStore.forget_learned`):
+        its next read or write of a chunk learns the chunk's rows and recorded checks in
+        one query, as that process's does. The handle stays open, as the plain dataset's
+        does. Between handles (``--reopen``) only the caches: a handle opened next learns
+        from the catalog anyway."""
         self.named_by.clear_cache()
         self.session.cache.clear()
         if self.ds is not None:
-            self.ds.store.forget_checks(reload=self.reload_checks)
+            if self.reload_checks:
+                if self.ds.mode != "r":
+                    self.ds.flush()
+                self.ds.store.forget_learned()
+            else:
+                self.ds.store.forget_checks()
 
     def close(self) -> None:
         self._release("ds", "session")

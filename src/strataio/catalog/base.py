@@ -362,6 +362,18 @@ class Catalog(abc.ABC):
         """The copies of ``dataset``'s chunks that reads found intact (one query); with
         ``keys``, those of these chunk keys only (one query per few hundred keys)."""
 
+    def residency_checked(
+        self, dataset: str, keys: Iterable[str] | None = None
+    ) -> tuple[list[ChunkCopy], list[VerifiedCopy]]:
+        """:meth:`residency` and :meth:`verified_copies` of the same chunks together: the
+        rows, and the checks recorded for the copies those rows name. Implementations take
+        both in one query (a chunk's first lookup costs one round trip, not two)."""
+        rows = self.residency(dataset, keys)
+        named = {(c.key, c.tier) for c in rows}
+        keys = None if keys is None else {c.key for c in rows}
+        checks = self.verified_copies(dataset, keys) if keys is None or keys else []
+        return rows, [v for v in checks if (v.key, v.tier) in named]
+
     @abc.abstractmethod
     def record_verified(self, dataset: str, copies: Iterable[VerifiedCopy]) -> None:
         """Record copies a read found intact (replacing earlier records of the same copies;

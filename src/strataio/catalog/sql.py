@@ -158,9 +158,16 @@ UPSERT_COPY = (
     "checksum = excluded.checksum, state = excluded.state, last_access = excluded.last_access, "
     "old_checksum = excluded.old_checksum, writer = excluded.writer"
 )
-_SELECT_COPIES = (
-    "SELECT r.dataset, r.key, r.tier, r.nbytes, r.checksum, r.state, r.last_access, "
-    "r.old_checksum, r.writer FROM residency r JOIN tiers t ON t.name = r.tier"
+_COPY_FIELDS = (
+    "r.dataset, r.key, r.tier, r.nbytes, r.checksum, r.state, r.last_access, r.old_checksum, "
+    "r.writer"
+)
+_SELECT_COPIES = f"SELECT {_COPY_FIELDS} FROM residency r JOIN tiers t ON t.name = r.tier"
+#: the same with the check recorded for each copy (NULLs where none)
+_SELECT_CHECKED = (
+    f"SELECT {_COPY_FIELDS}, v.checksum, v.version FROM residency r "
+    "JOIN tiers t ON t.name = r.tier LEFT JOIN verified v "
+    "ON v.dataset = r.dataset AND v.key = r.key AND v.tier = r.tier"
 )
 _DATASET_COLS = "name, shape, dtype, chunks, codec, hint, attrs, state"
 
@@ -448,6 +455,23 @@ class SQLCatalog(Catalog):
             )
             out.extend(ChunkCopy(*r) for r in rows)
         return out
+
+    def residency_checked(
+        self, dataset: str, keys: Iterable[str] | None = None
+    ) -> tuple[list[ChunkCopy], list[VerifiedCopy]]:
+        select = f"{_SELECT_CHECKED} WHERE r.dataset = ?"
+        order = " ORDER BY r.key{c}, t.ord"
+        if keys is None:
+            got = self._query(select + order, (dataset,))
+        else:
+            got = []
+            for part, marks in _key_parts(keys):
+                got += self._query(f"{select} AND r.key IN ({marks}){order}", (dataset, *part))
+        rows = [ChunkCopy(*r[:9]) for r in got]
+        checks = [
+            VerifiedCopy(r[1], r[2], r[9], _version_of(r[10])) for r in got if r[9] is not None
+        ]
+        return rows, checks
 
     def all_residency(self) -> list[ChunkCopy]:
         rows = self._query(f"{_SELECT_COPIES} ORDER BY r.dataset{{c}}, r.key{{c}}, t.ord")

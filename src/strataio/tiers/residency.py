@@ -36,7 +36,7 @@ import dataclasses
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -117,11 +117,12 @@ class Residency:
         copies: Iterable[ChunkCopy],
         tiers: TierSet,
         *,
-        load: Callable[[Sequence[str] | None], Iterable[ChunkCopy]] | None = None,
+        load: Callable[[Sequence[str] | None], tuple[Iterable[ChunkCopy], Any]] | None = None,
     ) -> None:
         """``copies``: the dataset's catalog rows, all of them; or, with ``load``, none:
         ``load(keys)`` then returns the rows of chunks ``keys`` (all rows where None) as the
-        catalog holds them when a chunk is first looked up (see the module doc)."""
+        catalog holds them when a chunk is first looked up (see the module doc), and what
+        else the catalog holds on them for :attr:`on_learned` (taken in the same query)."""
         self.name = name
         self.tiers = tiers
         self.lock = threading.RLock()
@@ -134,7 +135,8 @@ class Residency:
             {} if load is None else _CopyMap(load, self._known, self._learned)
         )
         #: called with the keys of chunks whose rows were just learned (see :meth:`learn`)
-        self.on_learned: Callable[[list[str]], None] | None = None
+        #: and what ``load`` gave with them (None: nothing, after a :meth:`refresh_from`)
+        self.on_learned: Callable[[list[str], Any], None] | None = None
         for c in copies:
             self._copies.setdefault(c.key, {})[c.tier] = c
             self._known[c.key, c.tier] = (c.state, c.checksum)
@@ -181,10 +183,10 @@ class Residency:
         # (a look without the lock: a chunk learned meanwhile is skipped by take)
         missing = copies.missing(keys)
         if missing:
-            rows = list(copies.load(missing))
+            rows, extra = copies.load(missing)
             with self.lock:
                 learned = copies.take(rows, missing)
-            self._learned(learned)
+            self._learned(learned, extra)
 
     def learned_keys(self) -> list[str] | None:
         """Keys of the chunks whose rows this residency holds, or None where it holds every
@@ -195,9 +197,9 @@ class Residency:
         with self.lock:
             return copies.learned()
 
-    def _learned(self, keys: list[str]) -> None:
+    def _learned(self, keys: list[str], extra: Any = None) -> None:
         if keys and self.on_learned is not None:
-            self.on_learned(keys)
+            self.on_learned(keys, extra)
 
     def chunk_keys(self) -> list[str]:
         with self.lock:
@@ -894,6 +896,29 @@ class Residency:
         self._learned(learned)
         return changed
 
+    def unlearn(self) -> list[str]:
+        """Forget the catalog rows learned so far of each chunk that holds nothing of this
+        residency's own (no change buffered or being recorded, no put or deletion in flight,
+        no copy on a memory tier, no row forgotten here only): the next lookup learns it
+        anew, as a process opening the dataset would. Returns the keys forgotten (none where
+        every row was loaded at open)."""
+        copies = self._copies
+        if not isinstance(copies, _CopyMap):
+            return []
+        with self.lock:
+            own = self._pending_keys() | set(+self._busy)
+            own.update(k for _, k in self._writing | self._deleting)
+            own.update(k for k, _ in self._forgotten)
+            keys = [
+                k
+                for k in copies.held()
+                if k not in own and not any(self._tier(t).volatile for t in dict.get(copies, k, ()))
+            ]
+            copies.forget(keys)
+            for k in keys:
+                self._changed(k)
+        return keys
+
     def _pending_keys(self) -> set[str]:
         """Keys of chunks with changes buffered here or being recorded (caller holds the
         lock): the catalog's rows of those are older than this residency's."""
@@ -964,14 +989,14 @@ class _CopyMap(dict):
 
     def __init__(
         self,
-        load: Callable[[Sequence[str] | None], Iterable[ChunkCopy]],
+        load: Callable[[Sequence[str] | None], tuple[Iterable[ChunkCopy], Any]],
         known: dict[tuple[str, str], tuple[str, str]],
-        after: Callable[[list[str]], None],
+        after: Callable[[list[str], Any], None],
     ) -> None:
         super().__init__()
         self.load = load
         self.known = known
-        self.after = after  # called with the keys a lookup learned
+        self.after = after  # called with the keys a lookup learned and load's extra
         self.whole = False  # every row learned
         self._learned: set[str] = set()
 
@@ -986,7 +1011,7 @@ class _CopyMap(dict):
     def learned(self) -> list[str]:
         return sorted(self._learned)
 
-    def take(self, rows: Iterable[ChunkCopy], keys: Sequence[str] | None) -> list[str]:
+    def take(self, rows: Collection[ChunkCopy], keys: Sequence[str] | None) -> list[str]:
         """Hold ``rows``, the catalog's rows of chunks ``keys`` (all chunks where None), for
         the chunks among them not learned meanwhile (whose rows here may have changed
         since); return the keys learned now."""
@@ -1004,13 +1029,30 @@ class _CopyMap(dict):
             self.whole = True
         return sorted(new)
 
+    def held(self) -> list[str]:
+        """Keys of the chunks learned, or holding rows (a whole map knows no others)."""
+        return sorted(self._learned.union(dict.keys(self)))
+
+    def forget(self, keys: Iterable[str]) -> None:
+        """Drop what was learned of chunks ``keys`` (their next lookup asks the catalog),
+        and of every chunk without rows here where all rows were learned."""
+        if self.whole:
+            self._learned.update(dict.keys(self))  # (held, and perhaps changed here since)
+            self.whole = False
+        for k in keys:
+            for tier in dict.pop(self, k, None) or ():
+                self.known.pop((k, tier), None)
+            self._learned.discard(k)
+
     def _learn(self, key: str) -> None:
         if not self.whole and key not in self._learned:
-            self.after(self.take(list(self.load([key])), [key]))
+            rows, extra = self.load([key])
+            self.after(self.take(rows, [key]), extra)
 
     def _learn_all(self) -> None:
         if not self.whole:
-            self.after(self.take(list(self.load(None)), None))
+            rows, extra = self.load(None)
+            self.after(self.take(rows, None), extra)
 
     def get(self, key: str, default: Any = None) -> Any:
         self._learn(key)

@@ -25,7 +25,7 @@ import contextlib
 import functools
 import time
 from collections import Counter
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -598,18 +598,27 @@ class TieredChunkStore(ChunkStore):
         whole and checked here, read back by a move, or taken over from the catalog."""
         return {key for key, _ in self._verified}
 
-    def forget_checks(self, *, reload: bool = False) -> None:
+    def forget_checks(self, *, reload: bool = False, record: bool = False) -> None:
         """Forget every copy checked so far: the next read of each chunk reads its copy whole
         and checks it again, as the first read after its write does. With ``reload``, the
-        checks first go to the catalog and are then taken from it again, as a process
-        opening the dataset anew finds them (:meth:`record_checks`)."""
-        if reload:
+        checks first go to the catalog (as with ``record``) and are then taken from it again
+        for the chunks whose rows the residency holds (:meth:`record_checks`)."""
+        if reload or record:
             self.record_checks()
         self._verified.clear()
         self._checked.clear()
         self._unrecorded.clear()
         if reload:
             self._load_checks()
+
+    def forget_learned(self) -> None:
+        """Leave this store as a process opening the dataset anew finds it: the checks found
+        so far recorded in the catalog, then forgotten here, and the catalog rows learned of
+        each chunk with nothing of this process's own in flight forgotten too
+        (:meth:`Residency.unlearn`): the next read of a chunk learns its rows and recorded
+        checks again."""
+        self.forget_checks(reload=False, record=True)
+        self.res.unlearn()
 
     def record_checks(self) -> None:
         """Record in the catalog the copies this process found intact (read whole and
@@ -629,25 +638,28 @@ class TieredChunkStore(ChunkStore):
         with contextlib.suppress(StrataError):
             catalog.record_verified(self.name, marks)
 
-    def _load_checks(self, keys: Sequence[str] | None = None) -> None:
+    def _load_checks(
+        self, keys: Sequence[str] | None = None, checks: Iterable[VerifiedCopy] | None = None
+    ) -> None:
         """Take over the checks the catalog records for the copies of chunks ``keys`` (those
-        whose rows the residency holds where None; one query), each as a check of the copy a
-        read would take now, where it is that copy and its row still accepts the bytes
-        checked: the first read of such a chunk reads it in range as any later one (and
-        reads it whole where its object's version moved on)."""
+        whose rows the residency holds where None), ``checks`` where the query of their rows
+        brought them already (else one query), each as a check of the copy a read would take
+        now, where it is that copy and its row still accepts the bytes checked: the first
+        read of such a chunk reads it in range as any later one (and reads it whole where
+        its object's version moved on)."""
         catalog = self.commit.catalog
         if catalog is None:
             return
-        if keys is None:
-            keys = self.res.learned_keys()
-        if keys is not None and not keys:
-            return
+        if checks is None:
+            if keys is None:
+                keys = self.res.learned_keys()
+            if keys is not None and not keys:
+                return
+            checks = catalog.verified_copies(self.name, keys)
         known, verified = set(self.tiers.names), self._verified
-        marks = [
-            v
-            for v in catalog.verified_copies(self.name, keys)
-            if v.tier in known and (v.key, v.tier) not in verified
-        ]
+        marks = [v for v in checks if v.tier in known and (v.key, v.tier) not in verified]
+        if not marks:
+            return
         tiers, name = self.tiers, self.name
         looks = self.res.fastest_readable_many([v.key for v in marks])
         for v, (copy, at) in zip(marks, looks):
