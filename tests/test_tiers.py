@@ -714,10 +714,10 @@ def test_a_batch_read_fails_over_when_its_tier_goes_down_meanwhile(tmp_path):
         for _ in range(2):  # checked whole, then in range: the copies on "local" are known
             store.read_spans_versioned(keys, [0] * 3, [memoryview(o) for o in outs])
         assert set(store._checked) == set(keys)
-        # c/1/1's too once it is looked up: the stage read back every copy it put, the
-        # catalog recorded those checks, and a chunk's checks come with its rows
+        # c/1/1's check is known once it is looked up: the stage read back every copy it
+        # put, the catalog recorded those checks, and a chunk's checks come with its rows
         store.res.learn(["c/1/1"])
-        assert set(store._checked) == {*keys, "c/1/1"}
+        assert store.verified_chunks() == {*keys, "c/1/1"}
         local = store.tiers["local"]
         call = local.call
 

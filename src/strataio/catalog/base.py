@@ -366,8 +366,9 @@ class Catalog(abc.ABC):
         self, dataset: str, keys: Iterable[str] | None = None
     ) -> tuple[list[ChunkCopy], list[VerifiedCopy]]:
         """:meth:`residency` and :meth:`verified_copies` of the same chunks together: the
-        rows, and the checks recorded for the copies those rows name. Implementations take
-        both in one query (a chunk's first lookup costs one round trip, not two)."""
+        rows (in no particular order), and the checks recorded for the copies those rows
+        name. Implementations take both in one query (a chunk's first lookup costs one round
+        trip, not two)."""
         rows = self.residency(dataset, keys)
         named = {(c.key, c.tier) for c in rows}
         keys = None if keys is None else {c.key for c in rows}

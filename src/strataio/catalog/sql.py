@@ -163,11 +163,11 @@ _COPY_FIELDS = (
     "r.writer"
 )
 _SELECT_COPIES = f"SELECT {_COPY_FIELDS} FROM residency r JOIN tiers t ON t.name = r.tier"
-#: the same with the check recorded for each copy (NULLs where none)
+#: a dataset's copies but its name, each with the check recorded for it (NULLs where none)
 _SELECT_CHECKED = (
-    f"SELECT {_COPY_FIELDS}, v.checksum, v.version FROM residency r "
-    "JOIN tiers t ON t.name = r.tier LEFT JOIN verified v "
-    "ON v.dataset = r.dataset AND v.key = r.key AND v.tier = r.tier"
+    "SELECT r.key, r.tier, r.nbytes, r.checksum, r.state, r.last_access, r.old_checksum, "
+    "r.writer, v.checksum, v.version FROM residency r LEFT JOIN verified v "
+    "ON v.dataset = r.dataset AND v.key = r.key AND v.tier = r.tier WHERE r.dataset = ?"
 )
 _DATASET_COLS = "name, shape, dtype, chunks, codec, hint, attrs, state"
 
@@ -459,17 +459,16 @@ class SQLCatalog(Catalog):
     def residency_checked(
         self, dataset: str, keys: Iterable[str] | None = None
     ) -> tuple[list[ChunkCopy], list[VerifiedCopy]]:
-        select = f"{_SELECT_CHECKED} WHERE r.dataset = ?"
-        order = " ORDER BY r.key{c}, t.ord"
+        # (in no order: a residency sorts a chunk's copies by tier itself)
         if keys is None:
-            got = self._query(select + order, (dataset,))
+            got = self._query(_SELECT_CHECKED, (dataset,))
         else:
             got = []
             for part, marks in _key_parts(keys):
-                got += self._query(f"{select} AND r.key IN ({marks}){order}", (dataset, *part))
-        rows = [ChunkCopy(*r[:9]) for r in got]
+                got += self._query(f"{_SELECT_CHECKED} AND r.key IN ({marks})", (dataset, *part))
+        rows = [ChunkCopy(dataset, *r[:8]) for r in got]
         checks = [
-            VerifiedCopy(r[1], r[2], r[9], _version_of(r[10])) for r in got if r[9] is not None
+            VerifiedCopy(r[0], r[1], r[8], _version_of(r[9])) for r in got if r[8] is not None
         ]
         return rows, checks
 

@@ -643,10 +643,9 @@ class TieredChunkStore(ChunkStore):
     ) -> None:
         """Take over the checks the catalog records for the copies of chunks ``keys`` (those
         whose rows the residency holds where None), ``checks`` where the query of their rows
-        brought them already (else one query), each as a check of the copy a read would take
-        now, where it is that copy and its row still accepts the bytes checked: the first
-        read of such a chunk reads it in range as any later one (and reads it whole where
-        its object's version moved on)."""
+        brought them already (else one query): the first read of such a copy, while its row
+        still accepts the bytes checked, reads it in range and takes it as checked where it
+        finds its object at the version checked (else reads it whole)."""
         catalog = self.commit.catalog
         if catalog is None:
             return
@@ -656,18 +655,10 @@ class TieredChunkStore(ChunkStore):
             if keys is not None and not keys:
                 return
             checks = catalog.verified_copies(self.name, keys)
-        known, verified = set(self.tiers.names), self._verified
-        marks = [v for v in checks if v.tier in known and (v.key, v.tier) not in verified]
-        if not marks:
-            return
-        tiers, name = self.tiers, self.name
-        looks = self.res.fastest_readable_many([v.key for v in marks])
-        for v, (copy, at) in zip(marks, looks):
-            verified[v.key, v.tier] = (v.checksum, v.version)
-            if copy is not None and copy.tier == v.tier and copy.accepts(v.checksum):
-                self._checked[v.key] = _Checked(
-                    at, tiers[v.tier], object_key(name, v.key), v.version
-                )
+        known, verified = self.tiers.names, self._verified
+        for v in checks:
+            if v.tier in known:
+                verified.setdefault((v.key, v.tier), (v.checksum, v.version))
 
     def _whole(self, key: str) -> BytesLike:
         """Chunk ``key`` read whole through :meth:`get_chunks` (every rule of a read: staging,
