@@ -381,7 +381,7 @@ def _raw_execute(url: str, statements: list[str]) -> None:
 def test_migration_from_version_1(url):
     _raw_execute(url, V1_SCHEMA)
     with open_catalog(url) as c:
-        assert c.schema_version == SCHEMA_VERSION == 6
+        assert c.schema_version == SCHEMA_VERSION == 7
         assert [(t.name, t.state, t.capacity_bytes) for t in c.tiers()] == [
             ("disk", "up", 1000),
             ("tape", "up", None),
@@ -404,12 +404,42 @@ def test_migration_from_version_1(url):
         assert c.residency("old")[2].old_checksum == "x2"
         # and the version-6 one: checks of copies recorded for later readers
         c.record_verified("old", [VerifiedCopy("c/0/0", "tape", "x0", (3, 8, 11))])
+        # and the version-7 one: a dataset's generation, moved on by a commit of its rows
+        before = c.generation("old")
+        c.commit([ChunkCopy("old", "c/1/1", "tape", 8, "x3", "valid", 7.0)])
+        assert c.generation("old") == before + 1
     # reopening does not migrate again, and keeps what was written
     with open_catalog(url) as c:
         assert c.residency("old")[2].last_access == 7.0
         assert c.perf_rows("tape") == [PerfRow("tape", "read", 8, 1.0, 1, 1.0)]
         assert c.tiers()[1].state == "down"
         assert c.verified_copies("old") == [VerifiedCopy("c/0/0", "tape", "x0", (3, 8, 11))]
+
+
+def test_a_dataset_s_generation_moves_with_every_change_of_its_rows(cat):
+    """Every commit that changes a dataset's rows (and an update of its record) moves its
+    generation on, once per commit, and only its own; a dataset created again under the name
+    of a deleted one starts at another generation."""
+    cat.register_tiers(TIERS)
+    cat.create_dataset(_ds("a"))
+    cat.create_dataset(_ds("b"))
+    assert cat.generation("nothing") is None
+    a, b = cat.generation("a"), cat.generation("b")
+    assert isinstance(a, int) and a != b  # (random starts)
+    cat.commit([ChunkCopy("a", f"c/{i}", "local", 4, "aa") for i in range(3)])
+    assert (cat.generation("a"), cat.generation("b")) == (a + 1, b)
+    cat.commit([ChunkCopy("a", "c/9", "local", 4, "aa")], [("b", "c/0", "local")])
+    assert (cat.generation("a"), cat.generation("b")) == (a + 2, b + 1)
+    cat.commit([], [])
+    cat.touch("a", ["c/0"], 5.0)
+    cat.record_verified("a", [VerifiedCopy("c/0", "local", "aa", (1, 4, 0))])
+    assert cat.generation("a") == a + 2  # (no row changed)
+    cat.update_dataset(_ds("a"))
+    assert cat.generation("a") == a + 3
+    cat.delete_dataset("a")
+    assert cat.generation("a") is None
+    cat.create_dataset(_ds("a"))
+    assert cat.generation("a") not in (a, a + 1, a + 2, a + 3)
 
 
 def test_recorded_checks_replace_earlier_ones_and_go_with_their_dataset(cat):
@@ -860,8 +890,8 @@ def test_a_commit_that_does_not_wait_for_the_disk(url, cat):
         cat.commit([ChunkCopy("d", "c/0/0", "local", 8, "new")])
     if isinstance(cat, SQLiteCatalog):
         # a connection of its own, kept at NORMAL; the durable one stays at FULL
-        assert nowait == ["~BEGIN", "~INSERT", "~COMMIT"]
-        assert durable == ["BEGIN", "INSERT", "COMMIT"]
+        assert nowait == ["~BEGIN", "~INSERT", "~UPDATE", "~COMMIT"]  # (the generation)
+        assert durable == ["BEGIN", "INSERT", "UPDATE", "COMMIT"]
         assert cat._relaxed.execute("PRAGMA synchronous").fetchone()[0] == 1
         assert cat._conn.execute("PRAGMA synchronous").fetchone()[0] == 2
     else:

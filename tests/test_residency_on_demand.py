@@ -18,6 +18,7 @@ from strataio.catalog.base import ChunkCopy
 from strataio.storage.posix import PosixBackend
 from strataio.tiers.fsck import fsck
 from strataio.tiers.residency import Residency
+from strataio.tiers.row_memo import LearnedRows, RowLoader, RowMemo
 from strataio.tiers.tier import Tier, TierSet
 
 SHAPE = (40, 40)
@@ -440,3 +441,208 @@ def test_a_store_left_as_a_new_process_finds_it_learns_its_chunks_again(tmp_path
         assert "c/1/0" in ds.store._checked  # checked before: read in range at once
     with _session(tmp_path) as s, s.open_dataset("d") as ds:
         np.testing.assert_array_equal(ds[...], want)
+
+
+def test_a_dataset_opened_again_takes_the_rows_its_last_handle_learned_while_they_hold(
+    tmp_path, data
+):
+    """A closed dataset leaves the rows it learned to its session (``Session.row_memo``):
+    the next handle takes a chunk's rows from there while the catalog's generation of the
+    dataset is the one they were learned at (a small query per section, no rows), and asks
+    for them again once another process's commit has moved it on."""
+    box = np.s_[3:9, 5:7]  # c/0/1, c/1/1, c/2/1
+    with _session(tmp_path) as s:
+        with s.open_dataset("d") as ds:
+            np.testing.assert_array_equal(ds[box], data[box])
+        assert len(s.row_memo) == 1
+        asked = _asked(s)
+        with s.open_dataset("d") as ds:
+            ds.clear_cache()
+            np.testing.assert_array_equal(ds[box], data[box])
+            assert asked == []
+            np.testing.assert_array_equal(ds[30:32, 30:32], data[30:32, 30:32])
+            assert asked == [["c/7/7"]]  # (not learned before: asked for)
+            assert "c/0/1" in ds.store.verified_chunks()  # (its check came along too)
+        with _session(tmp_path) as other, other.open_dataset("d", "r+") as theirs:
+            theirs[4:8, 4:8] = -1.0  # c/1/1 rewritten: the generation moves on
+        want = data.copy()
+        want[4:8, 4:8] = -1.0
+        with s.open_dataset("d") as ds:
+            ds.clear_cache()
+            np.testing.assert_array_equal(ds[box], want[box])
+            assert asked[1:] == [["c/0/1", "c/1/1", "c/2/1"]]
+
+
+def test_a_handle_that_wrote_leaves_no_rows_behind(tmp_path, data):
+    """Its own commit moved the generation on: what it learned before is not the catalog's
+    any more, and the next handle asks for its rows."""
+    with _session(tmp_path) as s:
+        with s.open_dataset("d", "r+") as ds:
+            ds[0:4, 0:4] = 5.0
+        assert len(s.row_memo) == 0
+        with s.open_dataset("d") as ds:
+            np.testing.assert_array_equal(ds[0:4, 0:4], 5.0)
+        assert len(s.row_memo) == 1
+
+
+def test_the_row_memo_keeps_at_most_its_chunks():
+    memo = RowMemo()
+    memo.MAX_CHUNKS = 5
+
+    def learned(n: int) -> LearnedRows:
+        return LearnedRows(1, {f"c/{i}": () for i in range(n)}, {})
+
+    memo.keep("a", learned(2))
+    memo.keep("b", learned(3))
+    assert memo.get("a") is not None and memo.get("b") is not None
+    memo.keep("c", learned(2))  # 7 > 5: "a", closed longest ago, goes
+    assert memo.get("a") is None and memo.get("b") is not None and memo.get("c") is not None
+    memo.keep("d", learned(6))  # more than it keeps at all: not kept
+    assert memo.get("d") is None and len(memo) == 2
+    memo.forget("b")
+    assert len(memo) == 1
+    memo.forget()
+    assert len(memo) == 0
+    # rows of one generation add up; another generation's take their place
+    memo.keep("a", LearnedRows(1, {"c/0": ()}, {}))
+    memo.keep("a", LearnedRows(1, {"c/1": ()}, {}))
+    assert sorted(memo.get("a").rows) == ["c/0", "c/1"]
+    assert memo.take("a", 1, ["c/1", "c/9"]) == ([], [], ["c/9"])
+    assert memo.take("a", 2, ["c/1"]) is None
+    memo.keep("a", LearnedRows(2, {"c/2": ()}, {}))
+    assert sorted(memo.get("a").rows) == ["c/2"]
+
+
+class _GenerationCatalog:
+    """The two queries a :class:`RowLoader` asks, over rows in a dict, with a generation
+    that every change moves on."""
+
+    def __init__(self) -> None:
+        self.rows: dict[str, dict[str, ChunkCopy]] = {}
+        self.gen = 17
+        self.queries = 0
+
+    def generation(self, name):
+        return self.gen
+
+    def residency_checked(self, name, keys):
+        self.queries += 1
+        wanted = self.rows if keys is None else {k: self.rows.get(k, {}) for k in keys}
+        return [c for per in wanted.values() for c in per.values()], []
+
+
+class ReopenedResidency(RuleBasedStateMachine):
+    """Handles of one dataset opened and closed in turn, each learning rows on demand
+    through a RowLoader over a session's RowMemo, while another process changes the
+    catalog: a handle's rows are always those the catalog held at the chunk's first lookup
+    in that handle, and the memo, while its generation is the catalog's, holds the
+    catalog's rows."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tiers = TierSet(
+            [
+                Tier("fast", PosixBackend("/nonexistent/fast"), "localdisk", order=0),
+                Tier("slow", PosixBackend("/nonexistent/slow"), "remotedisk", order=1),
+            ]
+        )
+        self.catalog = _GenerationCatalog()
+        self.memo = RowMemo()
+        self.res: Residency | None = None
+        self.loader: RowLoader | None = None
+        self.view: dict[str, dict[str, ChunkCopy]] = {}
+
+    @rule(key=st.sampled_from(KEYS), tier=st.sampled_from(TIERS), n=st.integers(1, 9))
+    def another_process_records(self, key, tier, n):
+        self.catalog.rows.setdefault(key, {})[tier] = ChunkCopy(
+            "d", key, tier, n, f"crc32c:{n:08x}"
+        )
+        self.catalog.gen += 1
+
+    @rule(key=st.sampled_from(KEYS), tier=st.sampled_from(TIERS))
+    def another_process_drops(self, key, tier):
+        if self.catalog.rows.get(key, {}).pop(tier, None) is not None:
+            self.catalog.gen += 1
+
+    @rule()
+    def open(self):
+        if self.res is None:
+            self.loader = RowLoader(self.catalog, "d", self.memo)
+            self.res = Residency("d", [], self.tiers, load=self.loader)
+            self.view = {}
+
+    @rule(keys=st.lists(st.sampled_from(KEYS), min_size=1, max_size=4), many=st.booleans())
+    def look_up(self, keys, many):
+        if self.res is None:
+            return
+        if many:
+            self.res.learn(keys)
+        else:
+            for k in keys:
+                self.res.copies(k)
+        for k in keys:
+            if k not in self.view and not self._whole():
+                self.view[k] = dict(self.catalog.rows.get(k, {}))
+
+    def _whole(self) -> bool:
+        return self.res is not None and self.res.learned_keys() is None
+
+    @rule()
+    def iterate(self):
+        if self.res is None or self._whole():
+            return
+        self.res.chunk_keys()
+        for k in KEYS:
+            self.view.setdefault(k, dict(self.catalog.rows.get(k, {})))
+
+    @rule()
+    def close(self):
+        if self.res is None:
+            return
+        rows, whole = self.res.learned_rows()
+        learned = self.loader.learned(rows, [], whole=whole)
+        if learned is not None:
+            self.memo.keep("d", learned)
+        self.res = self.loader = None
+
+    @rule()
+    def forget(self):
+        self.memo.forget()
+
+    @invariant()
+    def a_handle_holds_what_the_catalog_held_at_each_first_lookup(self):
+        if self.res is not None:
+            held = {k: dict(v) for k, v in dict.items(self.res._copies) if v}
+            assert held == {k: v for k, v in self.view.items() if v}
+
+    @invariant()
+    def the_memo_holds_the_catalog_s_rows_while_its_generation_holds(self):
+        kept = self.memo.get("d")
+        if kept is not None and kept.generation == self.catalog.gen:
+            for key, rows in kept.rows.items():
+                assert {c.tier: c for c in rows} == self.catalog.rows.get(key, {})
+            if kept.whole:
+                assert {k for k, v in self.catalog.rows.items() if v} <= set(kept.rows)
+
+
+ReopenedResidency.TestCase.settings = settings(
+    max_examples=300, stateful_step_count=30, deadline=None
+)
+test_reopened_residency = ReopenedResidency.TestCase
+
+
+def test_a_check_made_by_a_handle_the_memo_served_is_kept_for_the_next(tmp_path, data):
+    """A handle whose rows all came from the memo but that checked a copy itself (read it
+    whole) leaves that check to the next handle, which reads the copy in range."""
+    with _session(tmp_path) as s:
+        with s.open_dataset("d") as ds:
+            assert ds.store.res.chunk_keys()  # every row learned, no copy read
+        with s.open_dataset("d") as ds:
+            np.testing.assert_array_equal(ds[0:4, 0:4], data[0:4, 0:4])  # read whole
+            assert not ds.store.res._copies.load.fetched
+        with s.open_dataset("d") as ds:
+            whole = []
+            check = ds.store._check_whole
+            ds.store._check_whole = lambda *a: whole.append(a[0]) or check(*a)
+            np.testing.assert_array_equal(ds[0:4, 0:4], data[0:4, 0:4])
+            assert whole == [] and "c/0/0" in ds.store._checked

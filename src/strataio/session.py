@@ -49,6 +49,7 @@ from strataio.tiers.commit import Commit
 from strataio.tiers.mover import MoveHandle, Mover, MoveResult, Progress
 from strataio.tiers.placement import AutoDecision, Placement
 from strataio.tiers.residency import META_KEY, Residency, object_key
+from strataio.tiers.row_memo import RowLoader, RowMemo
 from strataio.tiers.store import TieredChunkStore, keys_of
 from strataio.tiers.superfile import (
     DEFAULT_CONTAINER_BYTES,
@@ -307,6 +308,8 @@ class Session:
             self.tiers, self.commit, catalog=self.catalog if comm is None else None
         )
         self.cache = ChunkCache(cache_bytes)
+        #: the catalog rows this session's closed datasets learned (:mod:`row_memo`)
+        self.row_memo = RowMemo()
         self.mover = Mover(self.tiers, self.placement, self.cache, self.commit)
         self._open: list[TieredChunkStore] = []
         self._superfiles: list[Superfile] = []
@@ -477,6 +480,7 @@ class Session:
         assert self.catalog is not None
         copies = self.catalog.residency(name)
         self.catalog.delete_dataset(name)
+        self.row_memo.forget(name)
         for c in copies:
             t = self.tiers[c.tier]
             if t.up:
@@ -609,10 +613,12 @@ class Session:
         lazy: bool = False,
     ) -> TieredChunkStore:
         """The store of dataset ``record`` whose residency holds ``copies``, or with ``lazy``
-        learns its rows from the catalog chunk by chunk (:class:`Residency`)."""
+        learns its rows from the catalog chunk by chunk (:class:`Residency`), those the
+        session's last handle of the dataset learned while they still hold
+        (:class:`RowLoader`)."""
         load = None
         if lazy and self.catalog is not None:
-            load = functools.partial(self.catalog.residency_checked, record.name)
+            load = RowLoader(self.catalog, record.name, self.row_memo)
         store = TieredChunkStore(
             Residency(record.name, copies, self.tiers, load=load),
             self.tiers,
@@ -626,8 +632,23 @@ class Session:
             meta=meta,
             chosen=(placement_decision(record) or AutoDecision(None, "", {}, [])).tier,
         )
+        if load is not None:
+            store.on_closed = functools.partial(self._keep_learned, load)
         self._open = [s for s in self._open if not s.closed] + [store]
         return store
+
+    def _keep_learned(self, load: RowLoader, store: TieredChunkStore) -> None:
+        """Keep what ``store``, closing, learned of its catalog rows where they still hold
+        (nothing to do where the memo gave it every row it has and it checked no copy)."""
+        if not load.fetched and not store.checks_made:
+            return
+        got = store.res.learned_rows()
+        if got is None:
+            return
+        rows, whole = got
+        learned = load.learned(rows, store.checks(), whole=whole)
+        if learned is not None:
+            self.row_memo.keep(store.name, learned)
 
 
 def placement_decision(record: DatasetRecord) -> AutoDecision | None:

@@ -347,10 +347,12 @@ class StrataioTiered(Contender):
         catalog, and nothing learned from the catalog (:meth:`TieredChunkStore.forget_learned`):
         its next read or write of a chunk learns the chunk's rows and recorded checks in
         one query, as that process's does. The handle stays open, as the plain dataset's
-        does. Between handles (``--reopen``) only the caches: a handle opened next learns
-        from the catalog anyway."""
+        does. Between handles (``--reopen``) only the caches, the rows the Session keeps of
+        closed handles (:attr:`Session.row_memo`) among them: a handle opened next learns
+        from the catalog."""
         self.named_by.clear_cache()
         self.session.cache.clear()
+        self.session.row_memo.forget()
         if self.ds is not None:
             if self.reload_checks:
                 if self.ds.mode != "r":

@@ -265,6 +265,12 @@ class Catalog(abc.ABC):
         """The dataset of that name; :class:`NotFoundError` if none."""
 
     @abc.abstractmethod
+    def generation(self, name: str) -> int | None:
+        """Dataset ``name``'s generation (None: no such dataset): a number that every commit
+        changing its residency rows, and every update of its record, moves on (one small
+        query). Rows read at one generation are still the catalog's while it holds."""
+
+    @abc.abstractmethod
     def list_datasets(self) -> list[DatasetRecord]:
         """All datasets, by name."""
 

@@ -16,6 +16,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import secrets
 import socket
 import threading
 import time
@@ -146,7 +147,11 @@ _V6 = [
         PRIMARY KEY (dataset, key, tier))""",
 ]
 
-MIGRATIONS: list[list[str]] = [_V1, _V2, _V3, _V4, _V5, _V6]
+# Version 7: a dataset's generation, moved on by every commit that changes its rows (a
+# process that learned rows at one generation may take them as the catalog's while it holds).
+_V7 = ["ALTER TABLE datasets ADD COLUMN generation {bigint} NOT NULL DEFAULT 0"]
+
+MIGRATIONS: list[list[str]] = [_V1, _V2, _V3, _V4, _V5, _V6, _V7]
 #: the schema version this code writes
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -394,12 +399,14 @@ class SQLCatalog(Catalog):
 
     def create_dataset(self, record: DatasetRecord) -> None:
         with self._write() as cur:
+            # (a random first generation: a dataset deleted and created again under its name
+            # never has a generation rows learned of the one before had)
             cur.execute(
                 self._sql(
-                    f"INSERT INTO datasets ({_DATASET_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
-                    "ON CONFLICT (name) DO NOTHING"
+                    f"INSERT INTO datasets ({_DATASET_COLS}, generation) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (name) DO NOTHING"
                 ),
-                _dataset_row(record),
+                (*_dataset_row(record), secrets.randbits(62)),
             )
             if cur.rowcount == 0:
                 raise ExistsError(
@@ -412,7 +419,7 @@ class SQLCatalog(Catalog):
             cur.execute(
                 self._sql(
                     "UPDATE datasets SET shape = ?, dtype = ?, chunks = ?, codec = ?, hint = ?, "
-                    "attrs = ?, state = ? WHERE name = ?"
+                    "attrs = ?, state = ?, generation = generation + 1 WHERE name = ?"
                 ),
                 (*row[1:], row[0]),
             )
@@ -424,6 +431,10 @@ class SQLCatalog(Catalog):
         if not rows:
             raise NotFoundError(f"no dataset {name!r} in catalog {self._label()}")
         return _dataset_record(rows[0])
+
+    def generation(self, name: str) -> int | None:
+        rows = self._query("SELECT generation FROM datasets WHERE name = ?", (name,))
+        return int(rows[0][0]) if rows else None
 
     def list_datasets(self) -> list[DatasetRecord]:
         rows = self._query(f"SELECT {_DATASET_COLS} FROM datasets ORDER BY name{{c}}")
@@ -672,6 +683,12 @@ class SQLCatalog(Catalog):
                 ]  # fmt: skip
                 self._bulk_upsert(cur, rows)
                 self._bulk_delete(cur, ids + removed)
+                changed = {c.dataset for c in latest.values()} | {i[0] for i in ids + removed}
+                self._executemany(
+                    cur,
+                    "UPDATE datasets SET generation = generation + 1 WHERE name = ?",
+                    [(d,) for d in sorted(changed)],
+                )
         except MetadataError:
             raise MetadataError(self._explain_unknown(latest.values())) from None
         return CommitOutcome(removed, kept, orphaned, overtaken)

@@ -919,6 +919,30 @@ class Residency:
                 self._changed(k)
         return keys
 
+    def learned_rows(self) -> tuple[list[tuple[str, list[ChunkCopy]]], bool] | None:
+        """The catalog rows this residency learned, per chunk key learned (those on
+        persistent tiers; none for a chunk without rows), and whether every chunk with rows
+        is among them; None where it holds changes of its own (buffered, being recorded or
+        put, or rows forgotten here only) or loaded every row at open."""
+        copies = self._copies
+        if not isinstance(copies, _CopyMap):
+            return None
+        with self.lock:
+            if self._pending_keys() or +self._busy or self._writing or self._forgotten:
+                return None
+            rows = [
+                (
+                    k,
+                    [
+                        c
+                        for c in dict.get(copies, k, {}).values()
+                        if not self._tier(c.tier).volatile
+                    ],
+                )
+                for k in copies.held()
+            ]
+            return rows, copies.whole
+
     def _pending_keys(self) -> set[str]:
         """Keys of chunks with changes buffered here or being recorded (caller holds the
         lock): the catalog's rows of those are older than this residency's."""

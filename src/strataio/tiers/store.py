@@ -25,7 +25,7 @@ import contextlib
 import functools
 import time
 from collections import Counter
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -126,6 +126,10 @@ class TieredChunkStore(ChunkStore):
         self.commit = commit if commit is not None else placement.commit
         self._meta = meta
         self._closed = False
+        #: called with this store once it closed (a session keeps what it learned)
+        self.on_closed: Callable[[TieredChunkStore], None] | None = None
+        #: checks of copies this store made itself (reads, moves, puts)
+        self.checks_made = 0
         # (chunk key, tier) -> (checksum of the bytes checked, object version when checked)
         self._verified: dict[tuple[str, str], tuple[str, Any]] = {}
         # chunk key -> the copy a range read last found verified, and the residency's stamp
@@ -571,6 +575,7 @@ class TieredChunkStore(ChunkStore):
         still reads the copy whole once, which, from the disk, is what finds bytes that
         decayed since."""
         self._verified[key, tier] = (digest, version)
+        self.checks_made += 1
         if not record:
             self._unrecorded.discard((key, tier))
         elif not self.tiers[tier].volatile:
@@ -610,6 +615,10 @@ class TieredChunkStore(ChunkStore):
         self._unrecorded.clear()
         if reload:
             self._load_checks()
+
+    def checks(self) -> list[VerifiedCopy]:
+        """The copies this store found, or took from the catalog, as checked."""
+        return [VerifiedCopy(k, t, *seen) for (k, t), seen in list(self._verified.items())]
 
     def forget_learned(self) -> None:
         """Leave this store as a process opening the dataset anew finds it: the checks found
@@ -1070,7 +1079,8 @@ class TieredChunkStore(ChunkStore):
 
     def close(self) -> None:
         """Flush and close; copies on memory tiers are dropped (they live while the dataset
-        is open). In a parallel job this is collective (:meth:`Commit.close`)."""
+        is open). In a parallel job this is collective (:meth:`Commit.close`). Then
+        :attr:`on_closed` is called with this store."""
         if self._closed:
             return
         try:
@@ -1080,6 +1090,9 @@ class TieredChunkStore(ChunkStore):
                         self.res.remove(c.key, c.tier, expect=c)
             self.commit.close(self.res)
             self.record_checks()
+            if self.on_closed is not None:
+                with contextlib.suppress(StrataError):  # (what it keeps is advice)
+                    self.on_closed(self)
         finally:
             self._closed = True
             self.placement.unregister(self.res)

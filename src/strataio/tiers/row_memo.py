@@ -1,0 +1,168 @@
+"""The catalog rows a session's closed datasets learned, for its next opens of them.
+
+A dataset opened by one process learns each chunk's rows, with the checks recorded for its
+copies, at the chunk's first lookup (:class:`~strataio.tiers.residency.Residency`). A loop
+of open → read → close would ask the catalog for the same rows at every pass. The catalog
+numbers each dataset's state instead (:meth:`Catalog.generation`, moved on by every commit
+that changes the dataset's rows): a dataset closed here leaves the rows it learned to the
+session's :class:`RowMemo`, with the generation they were learned at, when no commit
+changed them while it was open. The next handle of that dataset (:class:`RowLoader`) asks
+for the generation at each of its chunk lookups (one small query) and, while it is still
+that one, takes the rows from the memo instead of the catalog. So a chunk's rows are what
+the catalog holds at the chunk's first lookup, as with a query, and a reopened dataset's
+section costs one small query instead of its rows.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from strataio.catalog.base import Catalog, ChunkCopy, VerifiedCopy
+
+
+@dataclass
+class LearnedRows:
+    """The catalog rows of some chunks of a dataset at catalog ``generation``: ``rows`` per
+    chunk key (empty: the chunk has none), the checks recorded for their copies per chunk
+    key, and ``whole`` where every chunk with rows is among them."""
+
+    generation: int
+    rows: dict[str, tuple[ChunkCopy, ...]]
+    checks: dict[str, tuple[VerifiedCopy, ...]]
+    whole: bool = False
+
+    @property
+    def size(self) -> int:
+        return len(self.rows)
+
+
+class RowMemo:
+    """A session's :class:`LearnedRows` per dataset name, at most :attr:`MAX_CHUNKS` chunks in
+    all (the datasets kept longest ago go first). Thread-safe."""
+
+    #: chunks whose rows the memo keeps, over every dataset
+    MAX_CHUNKS = 1 << 16
+
+    def __init__(self) -> None:
+        self._kept: dict[str, LearnedRows] = {}  # (insertion order: the oldest first)
+        self._size = 0
+        self._lock = threading.Lock()
+
+    def get(self, name: str) -> LearnedRows | None:
+        with self._lock:
+            return self._kept.get(name)
+
+    def take(
+        self, name: str, generation: int, keys: Sequence[str] | None
+    ) -> tuple[list[ChunkCopy], list[VerifiedCopy], list[str] | None] | None:
+        """The rows and checks kept of chunks ``keys`` of dataset ``name`` (every chunk
+        where None) and the keys of which nothing is kept (None: every chunk's rows are
+        needed and not all are kept), where the rows kept are of catalog ``generation``;
+        else None."""
+        with self._lock:
+            kept = self._kept.get(name)
+            if kept is None or kept.generation != generation:
+                return None
+            if keys is None:
+                if not kept.whole:
+                    return [], [], None
+                keys = list(kept.rows)
+            have, whole = kept.rows, kept.whole
+            rows = [c for k in keys for c in have.get(k, ())]
+            checks = [v for k in keys for v in kept.checks.get(k, ())]
+            rest = [] if whole else [k for k in keys if k not in have]
+        return rows, checks, rest
+
+    def keep(self, name: str, learned: LearnedRows) -> None:
+        """Keep ``learned`` for dataset ``name``: added to what is kept of it at the same
+        generation (both are the catalog's then), else in its place."""
+        with self._lock:
+            old = self._kept.pop(name, None)
+            if old is not None:
+                self._size -= old.size
+                if old.generation == learned.generation:
+                    old.rows.update(learned.rows)
+                    old.checks.update(learned.checks)
+                    old.whole = old.whole or learned.whole
+                    learned = old
+            if learned.size > self.MAX_CHUNKS:
+                return
+            self._kept[name] = learned
+            self._size += learned.size
+            while self._size > self.MAX_CHUNKS:
+                oldest = next(iter(self._kept))
+                self._size -= self._kept.pop(oldest).size
+
+    def forget(self, name: str | None = None) -> None:
+        """Drop what is kept of dataset ``name`` (of every dataset where None)."""
+        with self._lock:
+            if name is None:
+                self._kept.clear()
+                self._size = 0
+            elif (old := self._kept.pop(name, None)) is not None:
+                self._size -= old.size
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._kept)
+
+
+class RowLoader:
+    """The ``load`` of one handle's :class:`Residency` (rows with their checks, as
+    :meth:`Catalog.residency_checked`): from the session's memo while the catalog's
+    generation of the dataset is the memo's, else from the catalog. It also notes the
+    generation at the handle's first lookup, so that :meth:`learned` can tell whether the
+    handle's rows still hold at its close."""
+
+    def __init__(self, catalog: Catalog, name: str, memo: RowMemo) -> None:
+        self.catalog = catalog
+        self.name = name
+        self.memo = memo
+        self.first_generation: int | None = None  # at the first lookup
+        #: whether any rows came from the catalog (else the memo holds all it learned)
+        self.fetched = False
+        self._lock = threading.Lock()
+
+    def __call__(self, keys: Sequence[str] | None) -> tuple[list[ChunkCopy], Any]:
+        generation = self.catalog.generation(self.name)
+        with self._lock:
+            if self.first_generation is None:
+                self.first_generation = generation
+        got = None if generation is None else self.memo.take(self.name, generation, keys)
+        if got is None or got[2] is None:
+            self.fetched = True
+            return self.catalog.residency_checked(self.name, keys)
+        rows, checks, rest = got
+        if rest:
+            self.fetched = True
+            more, more_checks = self.catalog.residency_checked(self.name, rest)
+            rows += more
+            checks += more_checks
+        return rows, checks
+
+    def learned(
+        self,
+        rows: Iterable[tuple[str, Iterable[ChunkCopy]]],
+        checks: Iterable[VerifiedCopy],
+        *,
+        whole: bool = False,
+    ) -> LearnedRows | None:
+        """What a handle closing now learned (``rows``: per chunk key learned, its rows on
+        persistent tiers; ``checks``: the copies it found or took as checked), as
+        :class:`LearnedRows` at the generation of its first lookup; None where the catalog
+        has moved on since (another process's commit, or the handle's own)."""
+        if self.first_generation is None:
+            return None
+        if self.catalog.generation(self.name) != self.first_generation:
+            return None
+        got = {key: tuple(copies) for key, copies in rows}
+        per: dict[str, list[VerifiedCopy]] = {}
+        for v in checks:
+            if v.key in got:
+                per.setdefault(v.key, []).append(v)
+        return LearnedRows(
+            self.first_generation, got, {k: tuple(vs) for k, vs in per.items()}, whole
+        )
