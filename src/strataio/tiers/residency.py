@@ -5,7 +5,9 @@ rows once, into a :class:`Residency`: in a parallel job all of them at open (ran
 and hands them to every rank); in a single process the first time the chunk is looked up
 (:meth:`Residency.learn`, one query per section or batch of keys, and all rows at once where
 every chunk is asked for). Opening a dataset of a million chunks to read a few of them then
-costs what those few cost, not a scan of the million rows (4 µs each). Reads, writes and
+costs what those few cost, not a scan of the million rows (4 µs each). A session keeps the
+rows its closed datasets learned and hands them to their next handles while the catalog's
+generation of the dataset holds (:mod:`strataio.tiers.row_memo`). Reads, writes and
 moves update it in memory and buffer the changes: rows to upsert and delete, objects put but
 not yet synced, objects a change made obsolete. The :class:`~strataio.tiers.commit.Commit`
 takes that buffer as one :class:`Batch` and applies it: sync, one catalog transaction, then
