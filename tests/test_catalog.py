@@ -505,15 +505,17 @@ def test_rows_with_their_checks_in_one_query(cat):
     wanted = keys[3:1103:2] + ["c/7", "c/8", "c/7", "c/nothing"]  # (two parts of the IN list)
     key = lambda v: (v.key, v.tier)  # noqa: E731
     for ks in (wanted, None, []):
-        rows, checks = cat.residency_checked("a", ks)
+        rows, checks, generation = cat.residency_checked("a", ks)
+        assert generation == (cat.generation("a") if rows else None)
         assert sorted(rows, key=key) == sorted(cat.residency("a", ks), key=key)
         named = {(c.key, c.tier) for c in rows}
         want = [v for v in cat.verified_copies("a", ks) if (v.key, v.tier) in named]
         assert sorted(checks, key=key) == sorted(want, key=key)
-        default_rows, default_checks = Catalog.residency_checked(cat, "a", ks)
+        default_rows, default_checks, default_generation = Catalog.residency_checked(cat, "a", ks)
+        assert default_generation == cat.generation("a")
         assert sorted(default_rows, key=key) == sorted(rows, key=key)
         assert sorted(default_checks, key=key) == sorted(checks, key=key)
-    rows, checks = cat.residency_checked("a", ["c/7", "c/8"])
+    rows, checks, _ = cat.residency_checked("a", ["c/7", "c/8"])
     assert sorted((v.key, v.tier, v.version) for v in checks) == [
         ("c/7", "archive", ("etag-7",)),
         ("c/7", "local", (7, 4, 0)),

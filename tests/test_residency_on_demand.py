@@ -490,7 +490,7 @@ def test_the_row_memo_keeps_at_most_its_chunks():
     memo.MAX_CHUNKS = 5
 
     def learned(n: int) -> LearnedRows:
-        return LearnedRows(1, {f"c/{i}": () for i in range(n)}, {})
+        return LearnedRows(1, {f"c/{i}": {} for i in range(n)}, {})
 
     memo.keep("a", learned(2))
     memo.keep("b", learned(3))
@@ -504,12 +504,12 @@ def test_the_row_memo_keeps_at_most_its_chunks():
     memo.forget()
     assert len(memo) == 0
     # rows of one generation add up; another generation's take their place
-    memo.keep("a", LearnedRows(1, {"c/0": ()}, {}))
-    memo.keep("a", LearnedRows(1, {"c/1": ()}, {}))
+    memo.keep("a", LearnedRows(1, {"c/0": {}}, {}))
+    memo.keep("a", LearnedRows(1, {"c/1": {}}, {}))
     assert sorted(memo.get("a").rows) == ["c/0", "c/1"]
-    assert memo.take("a", 1, ["c/1", "c/9"]) == ([], [], ["c/9"])
+    assert memo.take("a", 1, ["c/1", "c/9"]) == ([], {}, ["c/9"])
     assert memo.take("a", 2, ["c/1"]) is None
-    memo.keep("a", LearnedRows(2, {"c/2": ()}, {}))
+    memo.keep("a", LearnedRows(2, {"c/2": {}}, {}))
     assert sorted(memo.get("a").rows) == ["c/2"]
 
 
@@ -528,7 +528,7 @@ class _GenerationCatalog:
     def residency_checked(self, name, keys):
         self.queries += 1
         wanted = self.rows if keys is None else {k: self.rows.get(k, {}) for k in keys}
-        return [c for per in wanted.values() for c in per.values()], []
+        return [c for per in wanted.values() for c in per.values()], [], self.gen
 
 
 class ReopenedResidency(RuleBasedStateMachine):
@@ -600,7 +600,7 @@ class ReopenedResidency(RuleBasedStateMachine):
         if self.res is None:
             return
         rows, whole = self.res.learned_rows()
-        learned = self.loader.learned(rows, [], whole=whole)
+        learned = self.loader.learned(rows, {}, whole=whole)
         if learned is not None:
             self.memo.keep("d", learned)
         self.res = self.loader = None
@@ -620,7 +620,7 @@ class ReopenedResidency(RuleBasedStateMachine):
         kept = self.memo.get("d")
         if kept is not None and kept.generation == self.catalog.gen:
             for key, rows in kept.rows.items():
-                assert {c.tier: c for c in rows} == self.catalog.rows.get(key, {})
+                assert rows == self.catalog.rows.get(key, {})
             if kept.whole:
                 assert {k for k, v in self.catalog.rows.items() if v} <= set(kept.rows)
 

@@ -646,7 +646,7 @@ class Session:
         if got is None:
             return
         rows, whole = got
-        learned = load.learned(rows, store.checks(), whole=whole)
+        learned = load.learned(rows, store.verified(), whole=whole)
         if learned is not None:
             self.row_memo.keep(store.name, learned)
 

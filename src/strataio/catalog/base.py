@@ -370,16 +370,18 @@ class Catalog(abc.ABC):
 
     def residency_checked(
         self, dataset: str, keys: Iterable[str] | None = None
-    ) -> tuple[list[ChunkCopy], list[VerifiedCopy]]:
+    ) -> tuple[list[ChunkCopy], list[VerifiedCopy], int | None]:
         """:meth:`residency` and :meth:`verified_copies` of the same chunks together: the
-        rows (in no particular order), and the checks recorded for the copies those rows
-        name. Implementations take both in one query (a chunk's first lookup costs one round
-        trip, not two)."""
+        rows (in no particular order), the checks recorded for the copies those rows name,
+        and the dataset's :meth:`generation` no later than the rows (None: unknown).
+        Implementations take them in one query (a chunk's first lookup costs one round
+        trip, not three)."""
+        generation = self.generation(dataset)
         rows = self.residency(dataset, keys)
         named = {(c.key, c.tier) for c in rows}
         keys = None if keys is None else {c.key for c in rows}
         checks = self.verified_copies(dataset, keys) if keys is None or keys else []
-        return rows, [v for v in checks if (v.key, v.tier) in named]
+        return rows, [v for v in checks if (v.key, v.tier) in named], generation
 
     @abc.abstractmethod
     def record_verified(self, dataset: str, copies: Iterable[VerifiedCopy]) -> None:

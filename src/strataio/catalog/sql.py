@@ -169,9 +169,11 @@ _COPY_FIELDS = (
 )
 _SELECT_COPIES = f"SELECT {_COPY_FIELDS} FROM residency r JOIN tiers t ON t.name = r.tier"
 #: a dataset's copies but its name, each with the check recorded for it (NULLs where none)
+#: and the dataset's generation (one statement: the rows and the generation agree)
 _SELECT_CHECKED = (
     "SELECT r.key, r.tier, r.nbytes, r.checksum, r.state, r.last_access, r.old_checksum, "
-    "r.writer, v.checksum, v.version FROM residency r LEFT JOIN verified v "
+    "r.writer, v.checksum, v.version, (SELECT generation FROM datasets WHERE name = ?) "
+    "FROM residency r LEFT JOIN verified v "
     "ON v.dataset = r.dataset AND v.key = r.key AND v.tier = r.tier WHERE r.dataset = ?"
 )
 _DATASET_COLS = "name, shape, dtype, chunks, codec, hint, attrs, state"
@@ -469,19 +471,23 @@ class SQLCatalog(Catalog):
 
     def residency_checked(
         self, dataset: str, keys: Iterable[str] | None = None
-    ) -> tuple[list[ChunkCopy], list[VerifiedCopy]]:
+    ) -> tuple[list[ChunkCopy], list[VerifiedCopy], int | None]:
         # (in no order: a residency sorts a chunk's copies by tier itself)
         if keys is None:
-            got = self._query(_SELECT_CHECKED, (dataset,))
+            got = self._query(_SELECT_CHECKED, (dataset, dataset))
         else:
             got = []
             for part, marks in _key_parts(keys):
-                got += self._query(f"{_SELECT_CHECKED} AND r.key IN ({marks})", (dataset, *part))
+                got += self._query(
+                    f"{_SELECT_CHECKED} AND r.key IN ({marks})", (dataset, dataset, *part)
+                )
         rows = [ChunkCopy(dataset, *r[:8]) for r in got]
         checks = [
             VerifiedCopy(r[0], r[1], r[8], _version_of(r[9])) for r in got if r[8] is not None
         ]
-        return rows, checks
+        # (of several parts, the first part's: no later than any of the rows; no rows, none)
+        generation = None if not got or got[0][10] is None else int(got[0][10])
+        return rows, checks, generation
 
     def all_residency(self) -> list[ChunkCopy]:
         rows = self._query(f"{_SELECT_COPIES} ORDER BY r.dataset{{c}}, r.key{{c}}, t.ord")

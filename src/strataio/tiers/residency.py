@@ -921,28 +921,24 @@ class Residency:
                 self._changed(k)
         return keys
 
-    def learned_rows(self) -> tuple[list[tuple[str, list[ChunkCopy]]], bool] | None:
-        """The catalog rows this residency learned, per chunk key learned (those on
+    def learned_rows(self) -> tuple[dict[str, dict[str, ChunkCopy]], bool] | None:
+        """The catalog rows this residency learned, per chunk key learned, by tier (those on
         persistent tiers; none for a chunk without rows), and whether every chunk with rows
         is among them; None where it holds changes of its own (buffered, being recorded or
         put, or rows forgotten here only) or loaded every row at open."""
         copies = self._copies
         if not isinstance(copies, _CopyMap):
             return None
+        volatile = {t.name for t in self.tiers if t.volatile}
         with self.lock:
             if self._pending_keys() or +self._busy or self._writing or self._forgotten:
                 return None
-            rows = [
-                (
-                    k,
-                    [
-                        c
-                        for c in dict.get(copies, k, {}).values()
-                        if not self._tier(c.tier).volatile
-                    ],
-                )
-                for k in copies.held()
-            ]
+            rows = {
+                k: {t: c for t, c in per.items() if t not in volatile} if volatile else dict(per)
+                for k, per in dict.items(copies)
+            }
+            for k in copies._learned:  # (learned, with no rows)
+                rows.setdefault(k, {})
             return rows, copies.whole
 
     def _pending_keys(self) -> set[str]:

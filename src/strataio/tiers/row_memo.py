@@ -16,7 +16,7 @@ section costs one small query instead of its rows.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,12 +26,13 @@ from strataio.catalog.base import Catalog, ChunkCopy, VerifiedCopy
 @dataclass
 class LearnedRows:
     """The catalog rows of some chunks of a dataset at catalog ``generation``: ``rows`` per
-    chunk key (empty: the chunk has none), the checks recorded for their copies per chunk
-    key, and ``whole`` where every chunk with rows is among them."""
+    chunk key, by tier (empty: the chunk has none), the checks of copies known then, per
+    ``(key, tier)`` as ``(checksum, version)``, and ``whole`` where every chunk with rows is
+    among them. The mappings are the closed handle's own, taken over, never changed after."""
 
     generation: int
-    rows: dict[str, tuple[ChunkCopy, ...]]
-    checks: dict[str, tuple[VerifiedCopy, ...]]
+    rows: dict[str, dict[str, ChunkCopy]]
+    checks: dict[tuple[str, str], tuple[str, Any]]
     whole: bool = False
 
     @property
@@ -57,23 +58,33 @@ class RowMemo:
 
     def take(
         self, name: str, generation: int, keys: Sequence[str] | None
-    ) -> tuple[list[ChunkCopy], list[VerifiedCopy], list[str] | None] | None:
-        """The rows and checks kept of chunks ``keys`` of dataset ``name`` (every chunk
-        where None) and the keys of which nothing is kept (None: every chunk's rows are
-        needed and not all are kept), where the rows kept are of catalog ``generation``;
-        else None."""
+    ) -> tuple[list[ChunkCopy], dict[tuple[str, str], tuple[str, Any]], list[str] | None] | None:
+        """The rows and checks (as :attr:`LearnedRows.checks`) kept of chunks ``keys`` of
+        dataset ``name`` (every chunk where None) and the keys of which nothing is kept
+        (None: every chunk's rows are needed and not all are kept), where the rows kept are
+        of catalog ``generation``; else None."""
         with self._lock:
             kept = self._kept.get(name)
             if kept is None or kept.generation != generation:
                 return None
+            have, seen = kept.rows, kept.checks
             if keys is None:
                 if not kept.whole:
                     return [], [], None
-                keys = list(kept.rows)
-            have, whole = kept.rows, kept.whole
-            rows = [c for k in keys for c in have.get(k, ())]
-            checks = [v for k in keys for v in kept.checks.get(k, ())]
-            rest = [] if whole else [k for k in keys if k not in have]
+                keys = list(have)
+            rows: list[ChunkCopy] = []
+            checks: dict[tuple[str, str], tuple[str, Any]] = {}
+            rest: list[str] = []
+            for k in keys:
+                per = have.get(k)
+                if per is None:
+                    if not kept.whole:
+                        rest.append(k)
+                    continue
+                for t, c in per.items():
+                    rows.append(c)
+                    if (check := seen.get((k, t))) is not None:
+                        checks[k, t] = check
         return rows, checks, rest
 
     def keep(self, name: str, learned: LearnedRows) -> None:
@@ -122,47 +133,54 @@ class RowLoader:
         self.name = name
         self.memo = memo
         self.first_generation: int | None = None  # at the first lookup
+        self.looked = False  # (a lookup made: first_generation, if None, is unknown)
         #: whether any rows came from the catalog (else the memo holds all it learned)
         self.fetched = False
         self._lock = threading.Lock()
 
     def __call__(self, keys: Sequence[str] | None) -> tuple[list[ChunkCopy], Any]:
-        generation = self.catalog.generation(self.name)
-        with self._lock:
-            if self.first_generation is None:
-                self.first_generation = generation
-        got = None if generation is None else self.memo.take(self.name, generation, keys)
-        if got is None or got[2] is None:
-            self.fetched = True
-            return self.catalog.residency_checked(self.name, keys)
-        rows, checks, rest = got
-        if rest:
-            self.fetched = True
-            more, more_checks = self.catalog.residency_checked(self.name, rest)
-            rows += more
-            checks += more_checks
+        """The rows of chunks ``keys`` (all where None), and their checks: a list of
+        :class:`VerifiedCopy`, or a mapping as :attr:`LearnedRows.checks`."""
+        generation: int | None = None
+        if self.memo.get(self.name) is not None:  # (else no small query: see _fetch)
+            generation = self.catalog.generation(self.name)
+            self._note(generation)
+            got = None if generation is None else self.memo.take(self.name, generation, keys)
+            if got is not None and got[2] is not None:
+                rows, checks, rest = got
+                if rest:
+                    more, more_checks = self._fetch(rest)
+                    rows += more
+                    checks.update({(v.key, v.tier): (v.checksum, v.version) for v in more_checks})
+                return rows, checks
+        return self._fetch(keys)
+
+    def _fetch(self, keys: Sequence[str] | None) -> tuple[list[ChunkCopy], list[VerifiedCopy]]:
+        self.fetched = True
+        rows, checks, generation = self.catalog.residency_checked(self.name, keys)
+        self._note(generation)
         return rows, checks
+
+    def _note(self, generation: int | None) -> None:
+        with self._lock:
+            if not self.looked:
+                self.looked = True
+                self.first_generation = generation
 
     def learned(
         self,
-        rows: Iterable[tuple[str, Iterable[ChunkCopy]]],
-        checks: Iterable[VerifiedCopy],
+        rows: dict[str, dict[str, ChunkCopy]],
+        checks: dict[tuple[str, str], tuple[str, Any]],
         *,
         whole: bool = False,
     ) -> LearnedRows | None:
         """What a handle closing now learned (``rows``: per chunk key learned, its rows on
-        persistent tiers; ``checks``: the copies it found or took as checked), as
-        :class:`LearnedRows` at the generation of its first lookup; None where the catalog
-        has moved on since (another process's commit, or the handle's own)."""
+        persistent tiers by tier; ``checks``: the copies it found or took as checked), as
+        :class:`LearnedRows` at the generation of its first lookup; None where that is not
+        known or the catalog has moved on since (another process's commit, or the handle's
+        own)."""
         if self.first_generation is None:
             return None
         if self.catalog.generation(self.name) != self.first_generation:
             return None
-        got = {key: tuple(copies) for key, copies in rows}
-        per: dict[str, list[VerifiedCopy]] = {}
-        for v in checks:
-            if v.key in got:
-                per.setdefault(v.key, []).append(v)
-        return LearnedRows(
-            self.first_generation, got, {k: tuple(vs) for k, vs in per.items()}, whole
-        )
+        return LearnedRows(self.first_generation, rows, checks, whole)

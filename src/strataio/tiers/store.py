@@ -25,7 +25,7 @@ import contextlib
 import functools
 import time
 from collections import Counter
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -616,9 +616,10 @@ class TieredChunkStore(ChunkStore):
         if reload:
             self._load_checks()
 
-    def checks(self) -> list[VerifiedCopy]:
-        """The copies this store found, or took from the catalog, as checked."""
-        return [VerifiedCopy(k, t, *seen) for (k, t), seen in list(self._verified.items())]
+    def verified(self) -> dict[tuple[str, str], tuple[str, Any]]:
+        """The copies this store found, or took from the catalog, as checked: per
+        ``(key, tier)``, the checksum of the bytes checked and the object's version then."""
+        return dict(self._verified)
 
     def forget_learned(self) -> None:
         """Leave this store as a process opening the dataset anew finds it: the checks found
@@ -648,13 +649,16 @@ class TieredChunkStore(ChunkStore):
             catalog.record_verified(self.name, marks)
 
     def _load_checks(
-        self, keys: Sequence[str] | None = None, checks: Iterable[VerifiedCopy] | None = None
+        self,
+        keys: Sequence[str] | None = None,
+        checks: Iterable[VerifiedCopy] | Mapping[tuple[str, str], tuple[str, Any]] | None = None,
     ) -> None:
         """Take over the checks the catalog records for the copies of chunks ``keys`` (those
         whose rows the residency holds where None), ``checks`` where the query of their rows
-        brought them already (else one query): the first read of such a copy, while its row
-        still accepts the bytes checked, reads it in range and takes it as checked where it
-        finds its object at the version checked (else reads it whole)."""
+        brought them already (else one query; a mapping as :attr:`_verified` where a
+        session's memo kept them): the first read of such a copy, while its row still
+        accepts the bytes checked, reads it in range and takes it as checked where it finds
+        its object at the version checked (else reads it whole)."""
         catalog = self.commit.catalog
         if catalog is None:
             return
@@ -665,6 +669,11 @@ class TieredChunkStore(ChunkStore):
                 return
             checks = catalog.verified_copies(self.name, keys)
         known, verified = self.tiers.names, self._verified
+        if isinstance(checks, Mapping):
+            for slot, seen in checks.items():
+                if slot[1] in known:
+                    verified.setdefault(slot, seen)
+            return
         for v in checks:
             if v.tier in known:
                 verified.setdefault((v.key, v.tier), (v.checksum, v.version))
