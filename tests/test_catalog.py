@@ -442,6 +442,59 @@ def test_a_dataset_s_generation_moves_with_every_change_of_its_rows(cat):
     assert cat.generation("a") not in (a, a + 1, a + 2, a + 3)
 
 
+def test_the_generation_of_rows_read_in_parts_is_never_newer_than_a_part(cat):
+    """Rows of more chunks than one statement takes come in parts; a commit between two
+    parts makes the generation returned older than the catalog's, never newer than what a
+    part saw (rows learned with it would otherwise pass for the catalog's)."""
+    cat.register_tiers(TIERS)
+    cat.create_dataset(_ds("a", shape=(1200,), chunks=(1,)))
+    keys = [f"c/{i:04d}" for i in range(1200)]
+    cat.commit([ChunkCopy("a", k, "local", 4, "aa") for k in keys[600:]])  # second part only
+    query, parts = cat._query, []
+
+    def between(statement, params=()):
+        got = query(statement, params)
+        if "IN (" in statement:
+            parts.append(len(got))
+            if len(parts) == 1:  # another process commits rows of the first part now
+                cat.commit([ChunkCopy("a", k, "local", 4, "bb") for k in keys[:10]])
+        return got
+
+    cat._query = between
+    try:
+        rows, _, generation = cat.residency_checked("a", keys)
+    finally:
+        cat._query = query
+    assert parts == [0, 400, 200]  # (500 + 500 + 200 keys: the rows of c/0600 on)
+    assert len(rows) == 600 and generation == cat.generation("a") - 1
+
+
+def test_a_lingering_mark_whose_drop_fails_is_tried_again(cat):
+    cat.create_dataset(_ds("d"))
+    w = cat.register_writer()
+    cat.MARK_LINGER_S = 3600.0
+    cat.use_dataset("d")
+    cat.unuse_dataset("d")
+    unmark = cat._unmark
+
+    def failing(*a, **kw):
+        raise BackendError("database is locked")
+
+    cat._unmark = failing
+    with pytest.raises(BackendError):
+        cat.end_lingering()
+    assert cat.lingering_marks() == {(w, "d")}  # (still listed: the next try drops it)
+    cat._unmark = unmark
+    mark = cat._mark
+    cat._mark = failing
+    with pytest.raises(BackendError):
+        cat.claim_eviction("d")  # (its claim failed: the mark stays lingering, not lost)
+    assert cat.lingering_marks() == {(w, "d")}
+    cat._mark = mark
+    cat.end_lingering()
+    assert cat.lingering_marks() == set() and [x.datasets for x in cat.writers()] == [()]
+
+
 def test_recorded_checks_replace_earlier_ones_and_go_with_their_dataset(cat):
     """A copy's check recorded again replaces the earlier record; checks of a dataset that is
     gone are not recorded, and deleting a dataset deletes its checks."""

@@ -508,7 +508,9 @@ def test_the_row_memo_keeps_at_most_its_chunks():
     memo.keep("a", LearnedRows(1, {"c/1": {}}, {}))
     assert sorted(memo.get("a").rows) == ["c/0", "c/1"]
     assert memo.take("a", 1, ["c/1", "c/9"]) == ([], {}, ["c/9"])
-    assert memo.take("a", 2, ["c/1"]) is None
+    assert memo.take("a", 2, ["c/1"]) is None  # (the catalog moved on: dropped)
+    assert memo.get("a") is None and len(memo) == 0
+    memo.keep("a", LearnedRows(1, {"c/0": {}}, {}))
     memo.keep("a", LearnedRows(2, {"c/2": {}}, {}))
     assert sorted(memo.get("a").rows) == ["c/2"]
 
@@ -646,3 +648,43 @@ def test_a_check_made_by_a_handle_the_memo_served_is_kept_for_the_next(tmp_path,
             ds.store._check_whole = lambda *a: whole.append(a[0]) or check(*a)
             np.testing.assert_array_equal(ds[0:4, 0:4], data[0:4, 0:4])
             assert whole == [] and "c/0/0" in ds.store._checked
+
+
+def test_unlearning_a_whole_map_keeps_the_chunks_this_residency_changed():
+    """After every row was learned, a chunk whose last copy this residency forgot (its
+    delete not committed yet) stays as it is here: unlearning does not bring the catalog's
+    row back."""
+    tiers = TierSet([Tier("fast", PosixBackend("/nonexistent-never-used"), "localdisk")])
+    rows = {
+        k: ChunkCopy("d", k, "fast", 16, "crc32c:00000001", "valid", 0.0) for k in ("c/0", "c/1")
+    }
+    asked: list[list[str] | None] = []
+
+    def load(keys):
+        asked.append(None if keys is None else list(keys))
+        return [rows[k] for k in (rows if keys is None else keys) if k in rows], None
+
+    res = Residency("d", [], tiers, load=load)
+    assert res.chunk_keys() == ["c/0", "c/1"] and asked == [None]
+    assert res.remove("c/0", "fast") is not None  # (its delete buffered)
+    assert res.unlearn() == ["c/1"]
+    assert res.copies("c/0") == [] and asked == [None]  # (not asked for: this one's own)
+    assert res.copies("c/1") == [rows["c/1"]] and asked == [None, ["c/1"]]
+
+
+def test_a_row_recorded_carries_the_latest_access_known_here():
+    """A read's access time is noted per chunk, not in the row objects; a row this process
+    records (here a copy added) carries the later of its own time and that one."""
+    tiers = TierSet(
+        [
+            Tier("fast", PosixBackend("/nonexistent/fast"), "localdisk", order=0),
+            Tier("slow", PosixBackend("/nonexistent/slow"), "remotedisk", order=1),
+        ]
+    )
+    row = ChunkCopy("d", "c/0", "fast", 16, "crc32c:00000001", "valid", 1.0)
+    res = Residency("d", [row], tiers)
+    res.touch(["c/0"], when=50.0)
+    assert res.copy_on("c/0", "fast").last_access == 1.0 and res.last_access(row) == 50.0
+    res.add(ChunkCopy("d", "c/0", "slow", 16, "crc32c:00000001", "valid", 2.0))
+    (up,) = res.take_batch().upserts
+    assert (up.tier, up.last_access) == ("slow", 50.0)

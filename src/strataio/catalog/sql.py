@@ -473,20 +473,26 @@ class SQLCatalog(Catalog):
         self, dataset: str, keys: Iterable[str] | None = None
     ) -> tuple[list[ChunkCopy], list[VerifiedCopy], int | None]:
         # (in no order: a residency sorts a chunk's copies by tier itself)
-        if keys is None:
-            got = self._query(_SELECT_CHECKED, (dataset, dataset))
-        else:
-            got = []
-            for part, marks in _key_parts(keys):
+        parts = [None] if keys is None else list(_key_parts(keys))
+        before = self.generation(dataset) if len(parts) > 1 else None
+        got: list[tuple] = []
+        for part in parts:
+            if part is None:
+                got += self._query(_SELECT_CHECKED, (dataset, dataset))
+            else:
                 got += self._query(
-                    f"{_SELECT_CHECKED} AND r.key IN ({marks})", (dataset, dataset, *part)
+                    f"{_SELECT_CHECKED} AND r.key IN ({part[1]})", (dataset, dataset, *part[0])
                 )
         rows = [ChunkCopy(dataset, *r[:8]) for r in got]
         checks = [
             VerifiedCopy(r[0], r[1], r[8], _version_of(r[9])) for r in got if r[8] is not None
         ]
-        # (of several parts, the first part's: no later than any of the rows; no rows, none)
-        generation = None if not got or got[0][10] is None else int(got[0][10])
+        # One statement: the generation its rows carry. Several: the one read before the
+        # first (a commit between two parts makes it older than some rows, never newer).
+        if len(parts) > 1:
+            generation = before
+        else:
+            generation = None if not got or got[0][10] is None else int(got[0][10])
         return rows, checks, generation
 
     def all_residency(self) -> list[ChunkCopy]:
@@ -916,8 +922,13 @@ class SQLCatalog(Catalog):
             if self._uses[w, name]:
                 return False  # open here: evicted from by its own residency, not this way
             # (a mark left lingering here becomes the claim: _mark turns it into one)
-            self._lingering.pop((w, name), None)
-            self._mark(w, name, evicting=True)
+            lingering = self._lingering.pop((w, name), None)
+            try:
+                self._mark(w, name, evicting=True)
+            except BaseException:
+                if lingering is not None:
+                    self._lingering[w, name] = lingering  # (still there: its timer drops it)
+                raise
             if self._other_marks(w, name, evicting_only=False):
                 self._unmark(w, name)
                 return False
@@ -1003,8 +1014,8 @@ class SQLCatalog(Catalog):
             for key, due in sorted(self._lingering.items()):
                 if due_only and due > now:
                     continue
+                self._unmark(*key)  # (if this fails, the mark stays listed: tried again)
                 del self._lingering[key]
-                self._unmark(*key)
             if not self._lingering and self._linger_timer is not None:
                 self._linger_timer.cancel()
                 self._linger_timer = None

@@ -705,9 +705,15 @@ class Residency:
             held = {slot: c for slot, c in ups.items() if (slot[1], slot[0]) in self._writing}
             for slot in held:
                 del ups[slot]
+            accessed = self._accessed
             batch = Batch(
                 {t: set(ks) for t, ks in self._unsynced.items() if ks},
-                list(ups.values()),
+                [  # (a row carries the latest access known here, not the one it was read at)
+                    c
+                    if accessed.get(c.key, 0.0) <= c.last_access
+                    else dataclasses.replace(c, last_access=accessed[c.key])
+                    for c in ups.values()
+                ],
                 [(self.name, k, t) for k, t in sorted(self._deletes)],
                 sorted(self._obsolete),
                 dict(self._touched),
@@ -916,7 +922,7 @@ class Residency:
                 for k in copies.held()
                 if k not in own and not any(self._tier(t).volatile for t in dict.get(copies, k, ()))
             ]
-            copies.forget(keys)
+            copies.forget(keys, keep=own)
             for k in keys:
                 self._changed(k)
         return keys
@@ -1055,11 +1061,13 @@ class _CopyMap(dict):
         """Keys of the chunks learned, or holding rows (a whole map knows no others)."""
         return sorted(self._learned.union(dict.keys(self)))
 
-    def forget(self, keys: Iterable[str]) -> None:
+    def forget(self, keys: Iterable[str], *, keep: Iterable[str] = ()) -> None:
         """Drop what was learned of chunks ``keys`` (their next lookup asks the catalog),
-        and of every chunk without rows here where all rows were learned."""
+        and, where all rows were learned, of every other chunk without rows here but those
+        of ``keep`` (whose state here, rows or none, is newer than the catalog's)."""
         if self.whole:
             self._learned.update(dict.keys(self))  # (held, and perhaps changed here since)
+            self._learned.update(keep)
             self.whole = False
         for k in keys:
             for tier in dict.pop(self, k, None) or ():

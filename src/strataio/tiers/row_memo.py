@@ -65,7 +65,12 @@ class RowMemo:
         of catalog ``generation``; else None."""
         with self._lock:
             kept = self._kept.get(name)
-            if kept is None or kept.generation != generation:
+            if kept is None:
+                return None
+            if kept.generation != generation:
+                # (the catalog moved on: these rows serve no one any more)
+                del self._kept[name]
+                self._size -= kept.size
                 return None
             have, seen = kept.rows, kept.checks
             if keys is None:
