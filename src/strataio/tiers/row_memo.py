@@ -6,11 +6,11 @@ of open → read → close would ask the catalog for the same rows at every pass
 numbers each dataset's state instead (:meth:`Catalog.generation`, moved on by every commit
 that changes the dataset's rows): a dataset closed here leaves the rows it learned to the
 session's :class:`RowMemo`, with the generation they were learned at, when no commit
-changed them while it was open. The next handle of that dataset (:class:`RowLoader`) asks
-for the generation at each of its chunk lookups (one small query) and, while it is still
-that one, takes the rows from the memo instead of the catalog. So a chunk's rows are what
-the catalog holds at the chunk's first lookup, as with a query, and a reopened dataset's
-section costs one small query instead of its rows.
+changed them while it was open. While the memo holds rows of the dataset, the next handle
+(:class:`RowLoader`) asks for the generation at each of its chunk lookups (one small query)
+and, while it is still that one, takes the rows from the memo instead of the catalog. So a
+chunk's rows are what the catalog holds at the chunk's first lookup, as with a query, and a
+reopened dataset's section costs one small query instead of its rows.
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ class RowMemo:
             have, seen = kept.rows, kept.checks
             if keys is None:
                 if not kept.whole:
-                    return [], [], None
+                    return [], {}, None
                 keys = list(have)
             rows: list[ChunkCopy] = []
             checks: dict[tuple[str, str], tuple[str, Any]] = {}
