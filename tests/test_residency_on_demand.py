@@ -30,6 +30,16 @@ def _session(root: Path) -> strataio.Session:
     return strataio.Session(tiers=tiers, catalog=root / "cat.db")
 
 
+def _model_tiers() -> TierSet:
+    """Two tiers whose backends a residency alone never touches (models, unit tests)."""
+    return TierSet(
+        [
+            Tier("fast", PosixBackend("/nonexistent/fast"), "localdisk", order=0),
+            Tier("slow", PosixBackend("/nonexistent/slow"), "remotedisk", order=1),
+        ]
+    )
+
+
 def _asked(session: strataio.Session) -> list[list[str] | None]:
     """Record the chunk keys of every residency query of ``session``'s catalog (None: all),
     with or without the checks."""
@@ -132,7 +142,7 @@ def test_the_checks_of_a_chunk_come_with_its_rows(tmp_path, data):
 
 def test_lookups_of_every_kind_learn_the_rows_they_need():
     """The copy map learns on any lookup, not only through :meth:`Residency.learn`."""
-    tiers = TierSet([Tier("fast", PosixBackend("/nonexistent-never-used"), "localdisk")])
+    tiers = _model_tiers()
     rows = {
         k: ChunkCopy("d", k, "fast", 16, "crc32c:00000001", "valid", 0.0)
         for k in ("c/0", "c/1", "c/2")
@@ -186,12 +196,7 @@ class OnDemandResidency(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.tiers = TierSet(
-            [
-                Tier("fast", PosixBackend("/nonexistent/fast"), "localdisk", order=0),
-                Tier("slow", PosixBackend("/nonexistent/slow"), "remotedisk", order=1),
-            ]
-        )
+        self.tiers = _model_tiers()
         self.catalog: dict[str, dict[str, ChunkCopy]] = {}
         self.asked: list[str | None] = []
         self.view: dict[str, dict[str, ChunkCopy]] = {}  # the model of what res holds
@@ -542,12 +547,7 @@ class ReopenedResidency(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.tiers = TierSet(
-            [
-                Tier("fast", PosixBackend("/nonexistent/fast"), "localdisk", order=0),
-                Tier("slow", PosixBackend("/nonexistent/slow"), "remotedisk", order=1),
-            ]
-        )
+        self.tiers = _model_tiers()
         self.catalog = _GenerationCatalog()
         self.memo = RowMemo()
         self.res: Residency | None = None
@@ -654,7 +654,7 @@ def test_unlearning_a_whole_map_keeps_the_chunks_this_residency_changed():
     """After every row was learned, a chunk whose last copy this residency forgot (its
     delete not committed yet) stays as it is here: unlearning does not bring the catalog's
     row back."""
-    tiers = TierSet([Tier("fast", PosixBackend("/nonexistent-never-used"), "localdisk")])
+    tiers = _model_tiers()
     rows = {
         k: ChunkCopy("d", k, "fast", 16, "crc32c:00000001", "valid", 0.0) for k in ("c/0", "c/1")
     }
@@ -675,12 +675,7 @@ def test_unlearning_a_whole_map_keeps_the_chunks_this_residency_changed():
 def test_a_row_recorded_carries_the_latest_access_known_here():
     """A read's access time is noted per chunk, not in the row objects; a row this process
     records (here a copy added) carries the later of its own time and that one."""
-    tiers = TierSet(
-        [
-            Tier("fast", PosixBackend("/nonexistent/fast"), "localdisk", order=0),
-            Tier("slow", PosixBackend("/nonexistent/slow"), "remotedisk", order=1),
-        ]
-    )
+    tiers = _model_tiers()
     row = ChunkCopy("d", "c/0", "fast", 16, "crc32c:00000001", "valid", 1.0)
     res = Residency("d", [row], tiers)
     res.touch(["c/0"], when=50.0)

@@ -357,11 +357,10 @@ def inspect(
 
 
 def _read_writers(catalog: Catalog, inv: Inventory) -> None:
-    mine = catalog.lingering_marks()  # (closed here: nothing of theirs is in flight)
+    inv.in_use.update(catalog.datasets_in_use())
     for w in catalog.writers():
         if w.alive:
             inv.live_writers.add(w.id)
-            inv.in_use.update(d for d in w.datasets if (w.id, d) not in mine)
         else:
             inv.dead_writers.append(w.id)
 

@@ -914,9 +914,7 @@ class Residency:
         if not isinstance(copies, _CopyMap):
             return []
         with self.lock:
-            own = self._pending_keys() | set(+self._busy)
-            own.update(k for _, k in self._writing | self._deleting)
-            own.update(k for k, _ in self._forgotten)
+            own = self._own_keys()
             keys = [
                 k
                 for k in copies.held()
@@ -930,14 +928,14 @@ class Residency:
     def learned_rows(self) -> tuple[dict[str, dict[str, ChunkCopy]], bool] | None:
         """The catalog rows this residency learned, per chunk key learned, by tier (those on
         persistent tiers; none for a chunk without rows), and whether every chunk with rows
-        is among them; None where it holds changes of its own (buffered, being recorded or
-        put, or rows forgotten here only) or loaded every row at open."""
+        is among them; None where it holds state of its own (:meth:`_own_keys`) or loaded
+        every row at open."""
         copies = self._copies
         if not isinstance(copies, _CopyMap):
             return None
         volatile = {t.name for t in self.tiers if t.volatile}
         with self.lock:
-            if self._pending_keys() or +self._busy or self._writing or self._forgotten:
+            if self._own_keys():
                 return None
             rows = {
                 k: {t: c for t, c in per.items() if t not in volatile} if volatile else dict(per)
@@ -946,6 +944,15 @@ class Residency:
             for k in copies._learned:  # (learned, with no rows)
                 rows.setdefault(k, {})
             return rows, copies.whole
+
+    def _own_keys(self) -> set[str]:
+        """Keys of chunks whose state here is newer than the catalog's (caller holds the
+        lock): changes buffered or being recorded, puts or deletions in flight, rows
+        forgotten here only."""
+        own = self._pending_keys() | set(+self._busy)
+        own.update(k for _, k in self._writing | self._deleting)
+        own.update(k for k, _ in self._forgotten)
+        return own
 
     def _pending_keys(self) -> set[str]:
         """Keys of chunks with changes buffered here or being recorded (caller holds the
