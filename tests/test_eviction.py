@@ -8,7 +8,6 @@ Missing copies are dropped and skipped, never reported to a writer that needed r
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import threading
 
@@ -351,7 +350,7 @@ def test_a_write_back_never_takes_a_copy_being_rewritten(tmp_path):
         assert not res.record_move(back, version, replaces=src)
         res.abandon_write("c/0", "fast")
     assert [c.tier for c in res.copies("c/0")] == ["fast"]
-    res.add(dataclasses.replace(src, checksum=checksum(b"new!")))  # replaced since it was read
+    res.add(src._replace(checksum=checksum(b"new!")))  # replaced since it was read
     assert not res.record_move(back, version, replaces=src)
     assert [c.tier for c in res.copies("c/0")] == ["fast"]
 
@@ -393,7 +392,7 @@ def test_a_copy_of_another_value_elsewhere_does_not_count_as_a_copy_kept(tmp_pat
             "c/0/0",
             [
                 ds.store.res.copy_on("c/0/0", "fast"),
-                dataclasses.replace(older, checksum="0bad0bad"),
+                older._replace(checksum="0bad0bad"),
             ],
         )
         assert not ds.store.res.kept_elsewhere("c/0/0", "fast")

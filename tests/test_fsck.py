@@ -3,7 +3,6 @@ writes never loses data."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import random
 import shutil
@@ -256,7 +255,7 @@ cat = open_catalog(sys.argv[1])
 w = cat.register_writer()
 (row,) = [c for c in cat.residency("a") if c.key == "c/1/1"]
 # a rewrite in place announced, about to put the new bytes
-cat.commit([dataclasses.replace(row, checksum="0badc0de", state="in-transit",
+cat.commit([row._replace(checksum="0badc0de", state="in-transit",
                                 old_checksum=row.checksum, writer=w)])
 print("announced", flush=True)
 time.sleep(120)
@@ -530,7 +529,7 @@ def test_copies_of_one_chunk_holding_different_values_are_reported_and_left(tmp_
         other = (a[0:8, 0:8] + 1).tobytes()  # an intact copy of another value, on tape
         s.tiers["tape"].backend.put("x/c/0/0", other)
         tape = next(c for c in rows if c.tier == "tape")
-        s.catalog.commit([dataclasses.replace(tape, checksum=checksum(other))], [])
+        s.catalog.commit([tape._replace(checksum=checksum(other))], [])
         report = fsck(s.catalog, s.tiers, verify=True, repair=True)
         assert [(f.kind, f.key) for f in report.problems] == [(Kind.DIVERGED, "c/0/0")]
         assert report.unrepairable and not report.clean
@@ -552,8 +551,7 @@ def test_a_rewrite_announced_over_an_unflushed_write_gives_way_to_the_settled_co
         (tape,) = s.catalog.residency("x", ["c/0/0"])
         unflushed, announced = (a[0:8, 0:8] + 1).tobytes(), (a[0:8, 0:8] + 2).tobytes()
         s.tiers["disk"].backend.put("x/c/0/0", unflushed)
-        row = dataclasses.replace(
-            tape,
+        row = tape._replace(
             tier="disk",
             state="in-transit",
             checksum=checksum(announced),

@@ -6,8 +6,10 @@ every chunk which tiers hold a copy of it. It is touched at open and close, neve
 hot path: :meth:`Catalog.residency` returns a whole dataset's residency in one query, and
 :meth:`Catalog.commit` applies any number of residency changes in one transaction.
 
-Value types are frozen, slotted dataclasses. Times are POSIX seconds (``time.time()``); sizes
-are bytes.
+Value types are frozen, slotted dataclasses, but for the per-chunk rows (:class:`ChunkCopy`,
+:class:`VerifiedCopy`): named tuples, as immutable, built at a tuple's cost (a frozen
+dataclass's construction costs four times as much, and a dataset's first reads build one row
+per chunk). Times are POSIX seconds (``time.time()``); sizes are bytes.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import json
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import urlsplit, urlunsplit
 
 from strataio.errors import MetadataError
@@ -96,8 +98,7 @@ def committed_checksum(state: str, checksum: str, old_checksum: str) -> str:
     return old_checksum if state == "in-transit" else checksum
 
 
-@dataclass(frozen=True, slots=True)
-class ChunkCopy:
+class ChunkCopy(NamedTuple):
     """One copy of one chunk (``key``, e.g. ``"c/0/3"``) of ``dataset`` on ``tier``.
 
     ``nbytes`` is the stored (encoded) size; ``checksum`` a hex digest of the stored bytes
@@ -140,8 +141,7 @@ class ChunkCopy:
         return self.state == "in-transit" and bool(self.writer) and self.writer != writer
 
 
-@dataclass(frozen=True, slots=True)
-class VerifiedCopy:
+class VerifiedCopy(NamedTuple):
     """A read found the copy of chunk ``key`` on ``tier`` intact: its bytes matched
     ``checksum`` when the tier's object had ``version`` (:meth:`Backend.versions`). Advisory:
     a reader trusts it only while the copy's row still accepts ``checksum`` and the object

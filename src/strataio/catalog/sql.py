@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import abc
 import contextlib
-import dataclasses
 import json
 import os
 import secrets
@@ -171,7 +170,7 @@ _SELECT_COPIES = f"SELECT {_COPY_FIELDS} FROM residency r JOIN tiers t ON t.name
 #: a dataset's copies but its name, each with the check recorded for it (NULLs where none)
 #: and the dataset's generation (one statement: the rows and the generation agree)
 _SELECT_CHECKED = (
-    "SELECT r.key, r.tier, r.nbytes, r.checksum, r.state, r.last_access, r.old_checksum, "
+    "SELECT r.dataset, r.key, r.tier, r.nbytes, r.checksum, r.state, r.last_access, r.old_checksum, "
     "r.writer, v.checksum, v.version, (SELECT generation FROM datasets WHERE name = ?) "
     "FROM residency r LEFT JOIN verified v "
     "ON v.dataset = r.dataset AND v.key = r.key AND v.tier = r.tier WHERE r.dataset = ?"
@@ -209,9 +208,15 @@ def _version_text(version: Sequence[int | str]) -> str:
 
 def _version_of(text: str) -> tuple[int | str, ...]:
     """The object version :func:`_version_text` wrote."""
-    if text.startswith("["):
-        return tuple(json.loads(text))
-    return tuple(map(int, text.split(","))) if text else ()
+    try:
+        return tuple(map(int, text.split(",")))
+    except ValueError:  # (a JSON list, or no version)
+        return tuple(json.loads(text)) if text else ()
+
+
+#: a row as a value type, at a tuple's cost: for rows of a fixed SELECT, whose columns are the
+#: type's fields in order (the named tuple's own constructor checks the arity, per call)
+_as = tuple.__new__
 
 
 class SQLCatalog(Catalog):
@@ -458,7 +463,7 @@ class SQLCatalog(Catalog):
             rows = self._query(
                 f"{_SELECT_COPIES} WHERE r.dataset = ? ORDER BY r.key{{c}}, t.ord", (dataset,)
             )
-            return [ChunkCopy(*r) for r in rows]
+            return [_as(ChunkCopy, r) for r in rows]
         out: list[ChunkCopy] = []
         for part, marks in _key_parts(keys):
             rows = self._query(
@@ -466,7 +471,7 @@ class SQLCatalog(Catalog):
                 "ORDER BY r.key{c}, t.ord",
                 (dataset, *part),
             )
-            out.extend(ChunkCopy(*r) for r in rows)
+            out.extend(_as(ChunkCopy, r) for r in rows)
         return out
 
     def residency_checked(
@@ -483,21 +488,23 @@ class SQLCatalog(Catalog):
                 got += self._query(
                     f"{_SELECT_CHECKED} AND r.key IN ({part[1]})", (dataset, dataset, *part[0])
                 )
-        rows = [ChunkCopy(dataset, *r[:8]) for r in got]
+        rows = [_as(ChunkCopy, r[:9]) for r in got]
         checks = [
-            VerifiedCopy(r[0], r[1], r[8], _version_of(r[9])) for r in got if r[8] is not None
+            _as(VerifiedCopy, (r[1], r[2], r[9], _version_of(r[10])))
+            for r in got
+            if r[9] is not None
         ]
         # One statement: the generation its rows carry. Several: the one read before the
         # first (a commit between two parts makes it older than some rows, never newer).
         if len(parts) > 1:
             generation = before
         else:
-            generation = None if not got or got[0][10] is None else int(got[0][10])
+            generation = None if not got or got[0][11] is None else int(got[0][11])
         return rows, checks, generation
 
     def all_residency(self) -> list[ChunkCopy]:
         rows = self._query(f"{_SELECT_COPIES} ORDER BY r.dataset{{c}}, r.key{{c}}, t.ord")
-        return [ChunkCopy(*r) for r in rows]
+        return [_as(ChunkCopy, r) for r in rows]
 
     def lru_copies(self, tier: str, limit: int, *, exclude: Iterable[str] = ()) -> list[ChunkCopy]:
         limit = max(0, int(limit))
@@ -512,7 +519,7 @@ class SQLCatalog(Catalog):
                 "ORDER BY last_access, dataset{c}, key{c} LIMIT ? OFFSET ?",
                 (tier, limit, offset),
             )
-            out.extend(c for c in (ChunkCopy(*r) for r in rows) if c.dataset not in skip)
+            out.extend(c for c in (_as(ChunkCopy, r) for r in rows) if c.dataset not in skip)
             if len(rows) < limit:
                 break
             offset += limit
@@ -598,7 +605,7 @@ class SQLCatalog(Catalog):
                     }
                     for i in unknown_old:
                         if settled.get(i):
-                            latest[i] = dataclasses.replace(latest[i], old_checksum=settled[i])
+                            latest[i] = latest[i]._replace(old_checksum=settled[i])
                 if claims:
                     assert expect is not None
                     # (a row written only over the row its caller saw there: another
@@ -800,7 +807,7 @@ class SQLCatalog(Catalog):
             rows = []
             for part, marks in _key_parts(keys):
                 rows += self._query(f"{select} AND key IN ({marks})", (dataset, *part))
-        return [VerifiedCopy(k, t, c, _version_of(v)) for k, t, c, v in rows]
+        return [_as(VerifiedCopy, (k, t, c, _version_of(v))) for k, t, c, v in rows]
 
     def record_verified(self, dataset: str, copies: Iterable[VerifiedCopy]) -> None:
         rows = [(dataset, c.key, c.tier, c.checksum, _version_text(c.version)) for c in copies]

@@ -535,7 +535,7 @@ class Commit:
     def _stamped(self, rows: Sequence[ChunkCopy]) -> list[ChunkCopy]:
         """``rows`` with this session's writer on every announced rewrite."""
         return [
-            dataclasses.replace(c, writer=self.writer)
+            c._replace(writer=self.writer)
             if c.state == "in-transit" and not c.writer and self.writer
             else c
             for c in rows

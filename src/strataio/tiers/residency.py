@@ -34,7 +34,6 @@ catalog: they die with the process, and the catalog names only copies that outli
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import threading
 import time
 from collections import Counter
@@ -619,7 +618,7 @@ class Residency:
         with self.lock:
             if not self.is_current(copy):
                 return False
-            self.add(dataclasses.replace(copy, state="valid"))
+            self.add(copy._replace(state="valid"))
             if not self._tier(copy.tier).volatile:
                 self._revalidated.add((copy.key, copy.tier))
             return True
@@ -711,7 +710,7 @@ class Residency:
                 [  # (a row carries the latest access known here, not the one it was read at)
                     c
                     if accessed.get(c.key, 0.0) <= c.last_access
-                    else dataclasses.replace(c, last_access=accessed[c.key])
+                    else c._replace(last_access=accessed[c.key])
                     for c in ups.values()
                 ],
                 [(self.name, k, t) for k, t in sorted(self._deletes)],

@@ -26,8 +26,7 @@ import functools
 import time
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -1131,8 +1130,7 @@ def _outcome(fn: Any, *args: Any) -> BaseException | None:
     return None
 
 
-@dataclass(frozen=True, slots=True)
-class _Checked:
+class _Checked(NamedTuple):
     """A chunk's copy found verified by a range read (see ``TieredChunkStore._checked``)."""
 
     stamp: int
