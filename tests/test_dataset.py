@@ -305,6 +305,25 @@ def test_truncated_raw_chunk_is_detected(tmp_path):
         d[0:2, 0:2]
 
 
+@pytest.mark.parametrize("codec", [None, "crc32c"])
+def test_a_partial_write_over_a_truncated_chunk_names_it_and_writes_nothing(tmp_path, codec):
+    """A partial write reads the chunk it updates (in one batch of span reads for plain
+    chunks): a stored chunk of the wrong size is refused as a read of it is, and the write
+    leaves every chunk as it was; a chunk never written starts from the fill value."""
+    ds = strataio.create_dataset(tmp_path / "a", (8, 8), "int16", (4, 4), codec=codec, fill_value=3)
+    ds[0:4, :] = 1
+    victim = tmp_path / "a" / "c" / "0" / "1"
+    os.truncate(victim, 5)
+    with pytest.raises(CodecError, match=r"chunk 'c/0/1'"):
+        ds[0:2, 2:6] = 9
+    assert victim.stat().st_size == 5
+    np.testing.assert_array_equal(ds[0:4, 0:4], np.ones((4, 4)))
+    ds[5:6, 5:7] = 8  # (a chunk never written: the rest of it reads as the fill value)
+    want = np.full((4, 4), 3)
+    want[1, 1:3] = 8
+    np.testing.assert_array_equal(ds[4:8, 4:8], want)
+
+
 def test_create_and_open_errors(tmp_path):
     with pytest.raises(CodecError, match="dataset '.*a': unknown codec"):
         strataio.create_dataset(tmp_path / "a", (4,), "f4", (2,), codec="lzma9")

@@ -441,12 +441,13 @@ class CountingBackend(PosixBackend):
 
     def __init__(self, root):
         super().__init__(root)
-        self.whole = self.ranged = 0
+        self.whole = self.ranged = self.gets = 0
 
     def get(self, key):
         data = super().get(key)
         if not key.endswith("zarr.json"):
             self.whole += len(data)
+            self.gets += 1
         return data
 
     def readinto_range_versioned(self, key, offset, out, *, nowait=False):
@@ -502,6 +503,16 @@ def test_tiered_partial_reads_check_each_copy_whole_once(tmp_path, monkeypatch, 
         got = re.search(r"local holds (\w+), recorded (\w+)", str(info.value))
         assert got is not None and got[2] == recorded != got[1], str(info.value)
         np.testing.assert_array_equal(ds[30:, :20], a[30:, :20])  # the others read as before
+        ds.close()
+        ds = s.open_dataset("a", mode="r+")
+        np.testing.assert_array_equal(ds[3, :20], a[3, :20])
+        whole, gets = local.whole, local.gets
+        ds[3, 5] = -1  # (a chunk checked before is updated from one read of it by range)
+        assert (local.whole, local.gets) == (whole + 1600, gets)
+        np.testing.assert_array_equal(ds[3, :20], np.where(np.arange(20) == 5, -1, a[3, :20]))
+        with pytest.raises(ChecksumError, match=r"chunk 'c/0/1' of dataset 'a'"):
+            ds[3, 25] = -1  # (a partial write reads the chunk it updates as a read does)
+        assert path.read_bytes() == raw  # (nothing was put over it)
         ds.close()
 
 

@@ -299,7 +299,13 @@ class CodecPipeline:
                 raise
             except Exception as exc:  # numcodecs raises assorted types on corrupt input
                 raise CodecError(f"cannot decode chunk with {type(codec).__name__}: {exc}") from exc
-        raw = np.frombuffer(data, dtype=self._stored_dtype)
+        try:
+            raw = np.frombuffer(data, dtype=self._stored_dtype)
+        except ValueError:  # (bytes not a whole number of elements: a truncated chunk)
+            raise CodecError(
+                f"decoded chunk has {memoryview(data).nbytes} bytes, not a whole number of "
+                f"{self._stored_dtype.itemsize}-byte elements (chunk shape {self.chunk_shape})"
+            ) from None
         if raw.size != self._chunk_size:
             raise CodecError(
                 f"decoded chunk has {raw.size} elements, expected {self._chunk_size} "

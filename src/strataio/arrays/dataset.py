@@ -448,7 +448,7 @@ class Dataset:
 
         def encoded(lo: int, hi: int) -> list[tuple[str, BytesLike]]:
             need = [keys[i] for i in range(lo, hi) if need_old[i]]
-            old = dict(zip(need, self.store.get_chunks(need))) if need else {}
+            old = dict(zip(need, self._old_chunks(need))) if need else {}
             items = []
             for i in range(lo, hi):
                 if keys[i] not in old:
@@ -883,6 +883,30 @@ class Dataset:
         except CodecError as exc:
             unit = "shard" if isinstance(self.codecs, ShardCodec) else "chunk"
             raise type(exc)(f"{self._what()}, {unit} {key!r}: {exc}") from None
+
+    def _old_chunks(self, keys: Sequence[str]) -> list[BytesLike | None]:
+        """The stored bytes of chunks ``keys`` that a write is to update (None: never
+        written), as :meth:`ChunkStore.get_chunks` gives them. Plain chunks are read whole
+        in one batch of span reads where the store has them (a tiered store then reads a
+        copy checked before in range: the chunks a write updates again and again are those
+        it put itself); a chunk whose size is not a plain chunk's is read again through
+        ``get_chunks``, which says what is wrong with it."""
+        codecs = self.codecs
+        if not (codecs.is_plain and self._span_reader is not None):
+            return self.store.get_chunks(keys)
+        size = codecs.stored_nbytes
+        bufs = [np.empty(size, dtype=np.uint8) for _ in keys]
+        got = self.store.read_spans_versioned(keys, [0] * len(keys), [memoryview(b) for b in bufs])
+        out: list[BytesLike | None] = []
+        odd: list[int] = []
+        for i, r in enumerate(got):
+            if isinstance(r, BaseException) or (r[0] is not None and r[0] != size):
+                odd.append(i)
+            out.append(None if not isinstance(r, BaseException) and r[0] is None else bufs[i])
+        if odd:
+            for i, blob in zip(odd, self.store.get_chunks([keys[i] for i in odd])):
+                out[i] = blob
+        return out
 
     def _write_from(self, section: Section, data: np.ndarray) -> None:
         self._check_writable()
