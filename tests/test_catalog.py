@@ -381,7 +381,7 @@ def _raw_execute(url: str, statements: list[str]) -> None:
 def test_migration_from_version_1(url):
     _raw_execute(url, V1_SCHEMA)
     with open_catalog(url) as c:
-        assert c.schema_version == SCHEMA_VERSION == 7
+        assert c.schema_version == SCHEMA_VERSION == 8
         assert [(t.name, t.state, t.capacity_bytes) for t in c.tiers()] == [
             ("disk", "up", 1000),
             ("tape", "up", None),
@@ -408,6 +408,13 @@ def test_migration_from_version_1(url):
         before = c.generation("old")
         c.commit([ChunkCopy("old", "c/1/1", "tape", 8, "x3", "valid", 7.0)])
         assert c.generation("old") == before + 1
+        # and the version-8 one: the residency and the checks in their key's order, with the
+        # rows, the LRU index and the cascade of a dataset's deletion as before
+        if not url.startswith("postgresql://"):
+            tables = dict(c._query("SELECT name, sql FROM sqlite_master WHERE type = 'table'"))
+            assert "WITHOUT ROWID" in tables["residency"] and "WITHOUT ROWID" in tables["verified"]
+            assert not any(name.endswith("_v8") for name in tables)
+        assert [r.tier for r in c.lru_copies("tape", 5)] == ["tape", "tape"]
     # reopening does not migrate again, and keeps what was written
     with open_catalog(url) as c:
         assert c.residency("old")[2].last_access == 7.0
@@ -1178,3 +1185,28 @@ def test_a_moved_copy_of_a_chunk_rewritten_since_is_left_out(cat):
     local = {c.key: c for c in cat.residency("d") if c.tier == "local"}
     assert sorted(local) == ["c/0/0", "c/2/0", "c/5/0"]
     assert local["c/5/0"].state == "in-transit" and local["c/5/0"].writer == "w2"
+
+
+def test_dropping_cached_pages_keeps_every_row(cat, url):
+    """``drop_cached_pages`` empties the pages SQLite's connections (durable and relaxed)
+    cache in the process; the rows read after are the same. A closed catalog refuses."""
+    cat.create_dataset(_ds("a", shape=(40,), chunks=(1,)))
+    rows = [ChunkCopy("a", f"c/{i}", "local", 4, f"{i:08x}") for i in range(40)]
+    cat.commit(rows[:20])
+    cat.commit(rows[20:], durable=False)  # (through the relaxed connection, where SQLite)
+    before = sorted(cat.residency("a"))
+    issued = []
+    if not url.startswith("postgresql://"):
+        for conn in (cat._conn, cat._relaxed):
+            conn.set_trace_callback(lambda s, conn=conn: issued.append((conn, s)))
+    cat.drop_cached_pages()
+    if not url.startswith("postgresql://"):
+        assert {conn for conn, s in issued if s == "PRAGMA shrink_memory"} == {
+            cat._conn,
+            cat._relaxed,
+        }
+    assert sorted(cat.residency("a")) == before == sorted(rows)
+    cat.close()
+    sqlite = not url.startswith("postgresql://")
+    with pytest.raises(ClosedError) if sqlite else contextlib.nullcontext():
+        cat.drop_cached_pages()

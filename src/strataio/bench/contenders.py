@@ -349,7 +349,9 @@ class StrataioTiered(Contender):
         one query, as that process's does. The handle stays open, as the plain dataset's
         does. Between handles (``--reopen``) only the caches, the rows the Session keeps of
         closed handles (:attr:`Session.row_memo`) among them: a handle opened next learns
-        from the catalog."""
+        from the catalog. Last, the catalog's pages cached in the process go too
+        (:meth:`Catalog.drop_cached_pages`): that process reads them from the database's
+        files (from the page cache, but in ``cold`` mode, where those files are evicted)."""
         self.named_by.clear_cache()
         self.session.cache.clear()
         self.session.row_memo.forget()
@@ -360,6 +362,7 @@ class StrataioTiered(Contender):
                 self.ds.store.forget_learned()
             else:
                 self.ds.store.forget_checks()
+        self.session.catalog.drop_cached_pages()
 
     def close(self) -> None:
         self._release("ds", "session")

@@ -355,6 +355,13 @@ class Catalog(abc.ABC):
         cut can lose it until the next durable commit, which makes it durable too (the
         database's log is sequential)."""
 
+    def drop_cached_pages(self) -> None:
+        """Empty what this object keeps in the process of the database's pages (a
+        connection's page cache), so that the next statements read them from the database
+        as a process opening the catalog anew does (a benchmark's first and cold reads).
+        Nothing where the database keeps no pages in the process (a server's)."""
+        return None
+
     @abc.abstractmethod
     def sync_log(self) -> None:
         """Make every commit so far durable, those made with ``durable=False`` included

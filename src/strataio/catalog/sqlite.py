@@ -34,7 +34,13 @@ class SQLiteCatalog(SQLCatalog):
     ``timeout``: seconds a writer waits for another process's transaction to finish.
     """
 
-    TYPES = {"bigint": "INTEGER", "real": "REAL", "serial_pk": "INTEGER PRIMARY KEY", "c": ""}
+    TYPES = {
+        "bigint": "INTEGER",
+        "real": "REAL",
+        "serial_pk": "INTEGER PRIMARY KEY",
+        "c": "",
+        "without_rowid": " WITHOUT ROWID",
+    }
     INTEGRITY_ERRORS = (sqlite3.IntegrityError,)
     DATABASE_ERRORS = (sqlite3.OperationalError, sqlite3.DatabaseError)
 
@@ -105,6 +111,13 @@ class SQLiteCatalog(SQLCatalog):
         if self._relaxed is not None:
             self._relaxed.close()
             self._relaxed = None
+
+    def drop_cached_pages(self) -> None:
+        with self._lock:
+            self._check_open()
+            for conn in (self._conn, self._relaxed):
+                if conn is not None:
+                    conn.execute("PRAGMA shrink_memory")
 
     def _relaxed_connection(self) -> sqlite3.Connection:
         """The connection of commits that do not wait for the disk (the caller holds the

@@ -270,6 +270,11 @@ class Residency:
         reader that checked the chunk's copies may skip the check while it stays the same."""
         return self._stamps.get(key, 0)
 
+    def stamps(self, keys: Iterable[str]) -> list[int]:
+        """:meth:`stamp` of each of ``keys``, in one call."""
+        get = self._stamps.get
+        return [get(k, 0) for k in keys]
+
     def _changed(self, key: str) -> None:
         self._stamps[key] = self._stamps.get(key, 0) + 1
 

@@ -257,12 +257,15 @@ class TieredChunkStore(ChunkStore):
         # the copy a read takes: the one checked before while the chunk's stamp holds (as
         # the read's own fast path decides), else the fastest readable one
         rest = []
-        for i, key in enumerate(keys):
-            checked = self._still_checked(key)
-            if checked is not None:
-                idx, objs = by_tier.setdefault(checked.tier.name, ([], []))
-                idx.append(i)
-                objs.append(checked.obj)
+        checked_of = self._checked.get
+        for i, (key, stamp) in enumerate(zip(keys, self.res.stamps(keys))):
+            checked = checked_of(key)  # (_still_checked, in line: this loop runs per chunk)
+            if checked is not None and checked.stamp == stamp and checked.tier.up:
+                batch = by_tier.get(checked.tier.name)
+                if batch is None:
+                    batch = by_tier[checked.tier.name] = ([], [])
+                batch[0].append(i)
+                batch[1].append(checked.obj)
             else:
                 rest.append(i)
         for i, (copy, _) in zip(rest, self.res.fastest_readable_many([keys[i] for i in rest])):
