@@ -152,7 +152,7 @@ _V7 = ["ALTER TABLE datasets ADD COLUMN generation {bigint} NOT NULL DEFAULT 0"]
 
 # Version 8: the residency and the checks kept in their key's order (SQLite: WITHOUT ROWID
 # tables), so that a lookup of a chunk's rows reads one b-tree, not an index and then the
-# table: a process's first read of a section read from disk half the catalog pages it did.
+# table: fewer pages, which a process's first read of a section reads from disk when cold.
 # (PostgreSQL has no rowid: it rebuilds both tables as they were, once.)
 _V8 = [
     """CREATE TABLE residency_v8 (
@@ -202,7 +202,7 @@ _COPY_FIELDS = (
     "r.writer"
 )
 _SELECT_COPIES = f"SELECT {_COPY_FIELDS} FROM residency r JOIN tiers t ON t.name = r.tier"
-#: a dataset's copies but its name, each with the check recorded for it (NULLs where none)
+#: a dataset's copies, each with the check recorded for it (NULLs where none)
 #: and the dataset's generation (one statement: the rows and the generation agree)
 _SELECT_CHECKED = (
     "SELECT r.dataset, r.key, r.tier, r.nbytes, r.checksum, r.state, r.last_access, r.old_checksum, "
