@@ -257,10 +257,8 @@ class TieredChunkStore(ChunkStore):
         # the copy a read takes: the one checked before while the chunk's stamp holds (as
         # the read's own fast path decides), else the fastest readable one
         rest = []
-        checked_of = self._checked.get
-        for i, (key, stamp) in enumerate(zip(keys, self.res.stamps(keys))):
-            checked = checked_of(key)  # (_still_checked, in line: this loop runs per chunk)
-            if checked is not None and checked.stamp == stamp and checked.tier.up:
+        for i, checked in enumerate(self._still_checked_many(keys)):
+            if checked is not None:
                 batch = by_tier.get(checked.tier.name)
                 if batch is None:
                     batch = by_tier[checked.tier.name] = ([], [])
@@ -394,14 +392,12 @@ class TieredChunkStore(ChunkStore):
         alone: list[int] = []
         first: list[int] = []
         cache_get, name = self.cache.get, self.name
-        checked_of, stamps = self._checked.get, self.res.stamp
-        for j, key in enumerate(keys):
+        for j, (key, checked) in enumerate(zip(keys, self._still_checked_many(keys))):
             hit = cache_get(name, key)
             if hit is not None:
                 got[j] = (_copy_span(hit, offsets[j], outs[j]), None)
                 continue
-            checked = checked_of(key)  # (_still_checked, in line)
-            if checked is not None and checked.stamp == stamps(key) and checked.tier.up:
+            if checked is not None:
                 tier = checked.tier
                 batch = batches.get(tier.name)
                 if batch is None:
@@ -590,6 +586,16 @@ class TieredChunkStore(ChunkStore):
         if checked is not None and checked.stamp == self.res.stamp(key) and checked.tier.up:
             return checked
         return None
+
+    def _still_checked_many(self, keys: Sequence[str]) -> list[_Checked | None]:
+        """:meth:`_still_checked` of each of ``keys``, in one call (a read's per-chunk loop)."""
+        get = self._checked.get
+        out: list[_Checked | None] = []
+        for key, stamp in zip(keys, self.res.stamps(keys)):
+            checked = get(key)
+            ok = checked is not None and checked.stamp == stamp and checked.tier.up
+            out.append(checked if ok else None)
+        return out
 
     def _keeps_versions(self, tier: Tier) -> bool:
         """Whether ``tier``'s backend gives objects versions (:meth:`Backend.versions`): a
