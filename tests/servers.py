@@ -276,7 +276,7 @@ class SeaweedServer:
         )
 
     def _probe(self) -> None:
-        from strataio.storage.s3 import S3Backend, create_bucket
+        from strataio.storage import S3Backend, create_bucket
 
         create_bucket(self.endpoint, "ready-probe", self.access_key, self.secret_key, timeout=2.0)
         be = S3Backend(

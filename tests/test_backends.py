@@ -23,7 +23,8 @@ from strataio.errors import (
 from strataio.layout.extents import Extents
 from strataio.storage.memory import MemoryBackend
 from strataio.storage.posix import PosixBackend
-from strataio.storage.s3 import S3Backend, create_bucket
+from strataio.storage.s3 import S3Backend
+from strataio.storage.s3_signed import ConditionNotSupported, create_bucket
 from strataio.storage.shaped import PRESETS, CostModel, OpCost, Shaped
 
 MiB = 1 << 20
@@ -205,6 +206,49 @@ def test_s3_concurrent_partial_writes_all_land(s3_backend) -> None:
     got = bytes(s3_backend.get("shared"))
     for i in range(4):
         assert got[1000 * i + 7 : 1000 * i + 107] == pieces[i]
+
+
+def test_s3_delete_if_never_deletes_a_put_made_after_its_look(s3_server) -> None:
+    """Another process's put between a deleter's look and its DELETE survives: the server
+    checks the version seen (``If-Match``) as it deletes."""
+    deleter, putter = _s3(s3_server, prefix="cdel"), _s3(s3_server, prefix="cdel")
+    seen = putter.put_versioned("a/c/0", b"old")
+    look = deleter.object_versions
+
+    def look_then_let_the_other_put(keys):
+        got = look(keys)
+        putter.put("a/c/0", b"new")
+        return got
+
+    deleter.object_versions = look_then_let_the_other_put  # type: ignore[method-assign]
+    assert not deleter.delete_if("a/c/0", seen)
+    assert bytes(putter.get("a/c/0")) == b"new"
+    # a delete of the version there now still deletes, over the same kept-alive connection
+    deleter.object_versions = look  # type: ignore[method-assign]
+    (now,) = putter.object_versions(["a/c/0"])
+    assert deleter.delete_if("a/c/0", now) and not putter.exists("a/c/0")
+
+
+def test_s3_delete_if_falls_back_to_look_then_delete_where_the_store_refuses_it(
+    s3_server, monkeypatch
+) -> None:
+    """A store that answers a conditional DELETE with NotImplemented is remembered: deletes
+    after a look, as before, from then on."""
+    be = _s3(s3_server, prefix="cdel-old")
+    refused = []
+
+    def not_implemented(path, etag, version_id=""):
+        refused.append(path)
+        raise ConditionNotSupported("conditional DELETE not supported (NotImplemented)")
+
+    monkeypatch.setattr(be._signed, "delete_if", not_implemented)
+    for key in ("x", "y"):
+        seen = be.put_versioned(key, b"bytes")
+        assert be.delete_if(key, seen) and not be.exists(key)
+    assert refused == ["cdel-old/x"]  # (asked once)
+    seen = be.put_versioned("z", b"one")
+    be.put("z", b"two")
+    assert not be.delete_if("z", seen) and be.exists("z")
 
 
 def test_create_bucket(s3_server) -> None:

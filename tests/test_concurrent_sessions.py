@@ -22,9 +22,9 @@ import numpy as np
 import pytest
 
 import strataio
-from strataio.errors import BackendError
+from strataio.errors import BackendError, ChunksNotStoredError
 from strataio.tiers.fsck import fsck
-from strataio.tiers.residency import Residency
+from strataio.tiers.residency import Residency, object_key
 
 sys.path.insert(0, str(Path(__file__).parent))
 from servers import s3_tier_toml  # noqa: E402
@@ -494,6 +494,68 @@ def test_an_object_put_anew_after_its_row_went_is_not_deleted(tmp_path, request,
     da.close(), db.close(), a.close(), b.close()
     with session(tmp_path) as s:
         np.testing.assert_array_equal(s.open_dataset("a")[0:10, 0:10], -1.0)
+        assert fsck(s.catalog, s.tiers).clean
+
+
+def test_a_rewrite_put_between_a_delete_s_look_and_its_request_is_not_deleted(tmp_path, request):
+    """As above on an S3 tier, with A's rewrite landing inside B's delete of the object:
+    after B looked at its version, before B's DELETE reached the server. The server checks
+    the version B saw as it deletes (``If-Match``), so A's bytes stay (a look, then a plain
+    DELETE, took them: flushed values were lost after kill -9 runs on S3)."""
+    dataset_a_on_fast(tmp_path, config_with_fast(request, "s3", tmp_path.name))
+    a, b = session(tmp_path), session(tmp_path)
+    da, db = a.open_dataset("a", "r+"), b.open_dataset("a", "r")
+    backend = b.tiers["fast"].backend
+    delete_if, look = backend.delete_if, backend.object_versions
+    deleting, rewrote = [], []
+
+    def deleting_if(key, version):
+        deleting.append(key)
+        try:
+            return delete_if(key, version)
+        finally:
+            deleting.remove(key)
+
+    def look_then_rewrite(keys):
+        got = look(keys)
+        if deleting and deleting[0].endswith("c/0/0") and not rewrote:
+            rewrote.append(True)
+            da[0:10, 0:10] = -1.0  # in place on "fast" (A still knows its copy there)
+            da.flush()
+        return got
+
+    backend.delete_if, backend.object_versions = deleting_if, look_then_rewrite
+    db.migrate(np.s_[0:10, 0:10], to="archive").wait()
+    assert rewrote
+    rows = {(c.key, c.tier): c.state for c in a.catalog.residency("a") if c.key == "c/0/0"}
+    assert rows == {("c/0/0", "fast"): "valid"}
+    da.close(), db.close(), a.close(), b.close()
+    with session(tmp_path) as s:
+        np.testing.assert_array_equal(s.open_dataset("a")[0:10, 0:10], -1.0)
+        assert fsck(s.catalog, s.tiers).clean
+
+
+def test_a_flush_whose_new_object_was_deleted_before_it_says_so(tmp_path):
+    """A's rewrite of a chunk lands on "fast"; another process deletes that object before
+    A's flush. The flush raises, naming the chunk (it returned, and the chunk read back its
+    older value, as if the write had been kept); the other chunk's write is recorded, the
+    lost one reads its previous value, and fsck is clean."""
+    dataset_a_on_fast(tmp_path)
+    a, b = session(tmp_path), session(tmp_path)
+    da = a.open_dataset("a", "r+")
+    da.migrate(np.s_[0:10, 0:10], to="archive").wait()
+    da[0:10, 0:10] = -1.0
+    da[10:20, 0:10] = -2.0
+    b.tiers["fast"].backend.delete(object_key("a", "c/0/0"))
+    with pytest.raises(ChunksNotStoredError, match=r"c/0/0 keeps its previous value") as err:
+        da.flush()
+    assert err.value.keys == ["c/0/0"] and "'fast'" in str(err.value)
+    da.flush()  # (reported once)
+    da.close(), a.close(), b.close()
+    with session(tmp_path) as s:
+        ds = s.open_dataset("a")
+        np.testing.assert_array_equal(ds[0:10, 0:10], A[0:10, 0:10])
+        np.testing.assert_array_equal(ds[10:20, 0:10], -2.0)
         assert fsck(s.catalog, s.tiers).clean
 
 

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 import servers
 import strataio
 from strataio.cli import main
-from strataio.storage.s3 import create_bucket
+from strataio.storage import create_bucket
 
 SHAPE, CHUNKS, ROUNDS = (80, 80), (10, 10), 6
 

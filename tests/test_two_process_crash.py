@@ -127,7 +127,7 @@ def test_kill9_of_a_writer_and_a_mover_loses_no_flushed_write_long(tmp_path):
 
 @pytest.mark.slow
 def test_kill9_of_a_writer_and_a_mover_loses_nothing_on_an_s3_tier_long(tmp_path, s3_server):
-    """100 trials of the S3 variant. Runs of 96 trials each have ended with a chunk read
-    back at a value older than its last flushed one, its only row an archive copy of that
-    older value, no object of it left on the other tiers, and nothing for fsck to repair."""
+    """100 trials of the S3 variant. Runs of it once ended with a chunk read back at a value
+    older than its last flushed one: a mover's delete took the writer's rewrite, put between
+    the mover's look at the object's version and its DELETE (now one conditional request)."""
     run_trials(tmp_path, 100, seed=13, s3=s3_server)

@@ -72,8 +72,10 @@ class ChunkChangedError(BackendError):
 
 class ChunksNotStoredError(BackendError):
     """A write of a tiered dataset stored some of its chunks but not all: every tier its
-    placement hint allows was full or down for the others. ``keys`` names the chunks not
-    stored (each keeps its previous value); the message lists the first few."""
+    placement hint allows was full or down for the others; or a flush or close found chunks
+    written since the last flush whose new objects were gone before the catalog recorded
+    them. ``keys`` names the chunks not stored (each keeps its previous value); the message
+    lists the first few."""
 
     def __init__(self, message: str, keys: list[str]) -> None:
         super().__init__(message)

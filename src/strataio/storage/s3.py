@@ -18,15 +18,10 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import hashlib
-import hmac
 import os
 import random
-import re
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -44,6 +39,11 @@ from strataio.errors import (
 from strataio.layout.extents import Extents
 from strataio.layout.pieces import copy_pieces
 from strataio.storage.base import Backend, BytesLike, Capabilities, Version, validate_key
+from strataio.storage.s3_signed import (
+    BUCKET_NAME,
+    ConditionNotSupported,
+    SignedClient,
+)
 
 try:
     import obstore
@@ -64,7 +64,6 @@ MULTIPART_THRESHOLD = 8 * MiB
 MERGE_GAP = 256 * 1024
 #: a read-modify-write retries this often when another writer changed the object meanwhile
 RMW_ATTEMPTS = 8
-_BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
 
 
 def _version(meta: Any) -> Version:
@@ -121,7 +120,7 @@ class S3Backend(Backend):
     ) -> None:
         if obstore is None:  # pragma: no cover
             raise StrataError("S3Backend needs the 'obstore' package (pip install strataio[s3])")
-        if not isinstance(bucket, str) or not _BUCKET_RE.match(bucket):
+        if not isinstance(bucket, str) or not BUCKET_NAME.match(bucket):
             raise StrataError(f"invalid S3 bucket name {bucket!r}")
         prefix = prefix.strip("/")
         if prefix:
@@ -188,6 +187,13 @@ class S3Backend(Backend):
         )
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
+        # (conditional DELETEs, which obstore does not make; False once the store refused one)
+        self._signed = SignedClient(
+            endpoint, bucket, region,
+            None if anonymous else access_key, None if anonymous else secret_key, session_token,
+            timeout=connect_timeout + read_timeout, retries=int(retries),
+        )  # fmt: skip
+        self._conditional_delete = True
 
     def __repr__(self) -> str:
         return f"S3Backend({self.url!r})"
@@ -357,9 +363,9 @@ class S3Backend(Backend):
 
     # Object versions are (ETag, version id) pairs, the tokens S3's conditional requests
     # compare: puts that must find a version (put_if) or no object (put_new) are conditional
-    # PUTs (If-Match, If-None-Match: *), atomic at the server. An ETag is a hash of the
-    # bytes, so two puts of the same bytes have one version where the bucket keeps no version
-    # ids; and S3 has no conditional DELETE here, so delete_if looks, then deletes.
+    # PUTs (If-Match, If-None-Match: *), and delete_if a conditional DELETE, each atomic at
+    # the server. An ETag is a hash of the bytes, so two puts of the same bytes have one
+    # version where the bucket keeps no version ids.
     def put_versioned(self, key: str, data: BytesLike, *, durable: bool = False) -> Version:
         path = self._path(key)
         with self._errors("PUT", key):
@@ -391,6 +397,26 @@ class S3Backend(Backend):
                     f"object {key!r} in {self.url} changed since it was looked at"
                 ) from None
             raise
+
+    def delete_if(self, key: str, version: Version) -> bool:
+        """Delete the object only while it is at ``version``: a DELETE with ``If-Match`` its
+        ETag (or of that version id), which the server checks and applies in one step, so a
+        put by another process between this process's look and its delete is never the
+        object deleted. A look comes first all the same: a store that ignores the header
+        deletes only what the look found. Where the store refuses the header, a look and a
+        delete in two steps, from then on."""
+        if self.object_versions([key]) != [version]:
+            return False
+        if not self._conditional_delete:
+            self.delete(key)
+            return True
+        etag, vid = version
+        try:
+            return self._signed.delete_if(self._path(key), etag, vid)
+        except ConditionNotSupported:
+            self._conditional_delete = False
+            self.delete(key)
+            return True
 
     def delete_if_many(self, keys: Sequence[str], versions: Sequence[Version]) -> list[bool]:
         if len(keys) < 2:
@@ -475,91 +501,4 @@ class S3Backend(Backend):
             pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=True)
-
-
-# --------------------------------------------------------------------- bucket creation
-def _sign_v4(
-    method: str, url: str, region: str, access_key: str, secret_key: str, body: bytes = b""
-) -> dict[str, str]:
-    """Headers of an AWS Signature V4 signed request (service ``s3``, no query string)."""
-    parts = urlsplit(url)
-    now = datetime.datetime.now(datetime.UTC)
-    amz_date = now.strftime("%Y%m%dT%H%M%SZ")
-    day = amz_date[:8]
-    payload = hashlib.sha256(body).hexdigest()
-    signed = "host;x-amz-content-sha256;x-amz-date"
-    canonical = "\n".join(
-        [
-            method,
-            parts.path or "/",
-            "",
-            f"host:{parts.netloc}",
-            f"x-amz-content-sha256:{payload}",
-            f"x-amz-date:{amz_date}",
-            "",
-            signed,
-            payload,
-        ]
-    )
-    scope = f"{day}/{region}/s3/aws4_request"
-    to_sign = "\n".join(
-        ["AWS4-HMAC-SHA256", amz_date, scope, hashlib.sha256(canonical.encode()).hexdigest()]
-    )
-    key = ("AWS4" + secret_key).encode()
-    for part in (day, region, "s3", "aws4_request"):
-        key = hmac.new(key, part.encode(), hashlib.sha256).digest()
-    signature = hmac.new(key, to_sign.encode(), hashlib.sha256).hexdigest()
-    return {
-        "x-amz-date": amz_date,
-        "x-amz-content-sha256": payload,
-        "Authorization": (
-            f"AWS4-HMAC-SHA256 Credential={access_key}/{scope}, "
-            f"SignedHeaders={signed}, Signature={signature}"
-        ),
-    }
-
-
-def create_bucket(
-    endpoint: str,
-    bucket: str,
-    access_key: str,
-    secret_key: str,
-    region: str = "us-east-1",
-    *,
-    exist_ok: bool = True,
-    timeout: float = 10.0,
-) -> bool:
-    """Create ``bucket`` at ``endpoint`` (path-style S3 ``PUT /bucket``, SigV4-signed).
-
-    Returns True when created, False when it already existed and belongs to these credentials
-    (with ``exist_ok``). Raises :class:`~strataio.errors.ExistsError` when it exists and
-    ``exist_ok`` is false, :class:`BackendError` on any other failure.
-    """
-    from strataio.errors import ExistsError
-
-    if not _BUCKET_RE.match(bucket):
-        raise StrataError(f"invalid S3 bucket name {bucket!r}")
-    url = f"{endpoint.rstrip('/')}/{bucket}"
-    body = b""
-    if region != "us-east-1":
-        body = (
-            "<CreateBucketConfiguration><LocationConstraint>"
-            f"{region}</LocationConstraint></CreateBucketConfiguration>"
-        ).encode()
-    headers = _sign_v4("PUT", url, region, access_key, secret_key, body)
-    req = urllib.request.Request(url, data=body, method="PUT", headers=headers)
-    try:
-        with urllib.request.urlopen(req, timeout=timeout):
-            return True
-    except urllib.error.HTTPError as exc:
-        text = exc.read().decode(errors="replace")
-        code = re.search(r"<Code>([^<]+)</Code>", text)
-        name = code.group(1) if code else f"HTTP {exc.code}"
-        if name == "BucketAlreadyOwnedByYou":
-            if exist_ok:
-                return False
-            raise ExistsError(f"bucket {bucket!r} already exists at {endpoint}") from None
-        raise BackendError(f"cannot create bucket {bucket!r} at {endpoint}: {name}") from None
-    except (urllib.error.URLError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise BackendError(f"cannot create bucket {bucket!r} at {endpoint}: {reason}") from None
+        self._signed.close()

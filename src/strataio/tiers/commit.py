@@ -52,13 +52,16 @@ a write onto a tier where it knows no copy of the chunk learns that chunk's rows
 it is announced as the rewrite it is, and else only creates its object, announcing a
 rewrite before it replaces one found there after all; an eviction counts as kept elsewhere
 only a copy of the same bytes; a read that finds an object missing drops its row at once,
-guarded the same way (:meth:`Commit.drop_missing_row`). What remains: the short windows
-between a look and the step it guards (an object's version and its deletion; on S3, which
-cannot create atomically, a look for an object and the put); and unflushed
-writes of one chunk by two processes at once, with
-evictions writing them back meanwhile, can leave an older value of one standing and an
-announcement for fsck (``tests/test_sessions_stateful.py`` interleaves two sessions' writes,
-flushes, moves and reopens, on open tiers and on a full one).
+guarded the same way (:meth:`Commit.drop_missing_row`). An object's version and its
+deletion or replacement are one step on POSIX and S3 tiers (a folder lock; a conditional
+request the server checks), so another process's put between the two is never lost. What
+remains: those windows on a backend that cannot close them; and unflushed writes of one
+chunk by two processes at once, with evictions writing them back meanwhile, can leave an
+older value of one standing and an announcement for fsck
+(``tests/test_sessions_stateful.py`` interleaves two sessions' writes, flushes, moves and
+reopens, on open tiers and on a full one). A write whose object another process deleted
+before its commit, its chunk left at the value it replaced, is lost, and said so: the flush
+or close raises :class:`~strataio.errors.ChunksNotStoredError` (:meth:`Residency.lose_writes`).
 
 Rewrites in place are announced (:meth:`Commit.announce`) under the session's ``writer`` (see
 :mod:`strataio.catalog.liveness`) on every rank: a rank other than 0 opens its own catalog
@@ -400,6 +403,8 @@ class Commit:
             done.left_out,
             [*(i for i in batch.deletes if i not in kept_ids), *done.superseded],
         )
+        if done.lost and self.comm is None:
+            res.lose_writes(self._lost_for_good(res.name, done.lost, batch.overwritten))
         # a write or move left out (its object replaced or deleted by another process, or
         # rewritten by another writer) takes nothing with it: the other copies of its chunk,
         # rows and objects, are what is left of the chunk. Not so a move left out as
@@ -451,10 +456,13 @@ class Commit:
         if not (batch.upserts or batch.deletes):
             return _Recorded([], [], set(), [])
         replaced: set[CopyId] = set()
+        missing: set[CopyId] = set()
         puts = {**batch.moved, **batch.written}
 
         def stale(ids: Sequence[CopyId]) -> set[CopyId]:
-            replaced.update(self._replaced(dataset, ids, puts))
+            now = self._versions_now(dataset, ids, puts)
+            replaced.update(c for c, v in now.items() if v != puts[c[1], c[2]])
+            missing.update(c for c, v in now.items() if v is None)
             return replaced
 
         done = self.catalog.commit(
@@ -475,20 +483,46 @@ class Commit:
             writer=self.writer,
         )
         left_out = replaced | set(done.orphaned) | set(done.overtaken)
-        return _Recorded(done.superseded, done.kept, left_out, done.orphaned)
+        # a write whose object is gone, and whose new bytes no copy recorded here holds (a
+        # write-back of it, say), is lost: its chunk keeps the value recorded before
+        kept_bytes = {
+            (c.key, c.checksum) for c in batch.upserts if (dataset, c.key, c.tier) not in left_out
+        }
+        sums = {(c.key, c.tier): c.checksum for c in batch.upserts}
+        lost = {
+            k: t
+            for _, k, t in missing
+            if (k, t) in batch.written and (k, sums.get((k, t))) not in kept_bytes
+        }
+        return _Recorded(done.superseded, done.kept, left_out, done.orphaned, lost)
 
-    def _replaced(
+    def _lost_for_good(
+        self, dataset: str, lost: dict[str, str], overwritten: Mapping[str, set[str]]
+    ) -> dict[str, str]:
+        """Of the writes ``lost`` (key -> tier: their objects gone before the commit),
+        those whose chunk now holds no committed value but the ones they replaced
+        (``overwritten``): it went back to an older value. Where another value stands,
+        another process wrote the chunk since, and its value is the one kept (as two
+        unordered writes of one chunk leave either)."""
+        assert self.catalog is not None
+        now: dict[str, set[str]] = {k: set() for k in lost}
+        for c in self.catalog.residency(dataset, sorted(lost)):
+            if c.key in now:
+                now[c.key].add(c.committed_checksum)
+        return {k: t for k, t in lost.items() if now[k] <= overwritten.get(k, set())}
+
+    def _versions_now(
         self, dataset: str, ids: Sequence[CopyId], puts: dict[tuple[str, str], Any]
-    ) -> set[CopyId]:
-        """Of the copies ``ids`` this process put (``puts``: the version each put left),
-        those whose object is at another version now (another process's put replaced it). A
-        tier that cannot say (no versions, down, failing) takes its objects as they were
-        put."""
+    ) -> dict[CopyId, Version | None]:
+        """Of the copies ``ids`` this process put (``puts``: the version each put left), the
+        version of their objects now (None: gone); another version than the put's is
+        another process's put. A tier that cannot say (no versions, down, failing) gives
+        none of its objects: they are taken as they were put."""
         by_tier: dict[str, list[CopyId]] = {}
         for c in ids:
             if puts.get((c[1], c[2])) is not None:
                 by_tier.setdefault(c[2], []).append(c)
-        out: set[CopyId] = set()
+        out: dict[CopyId, Version | None] = {}
         for name, mine in by_tier.items():
             tier = self.tiers[name]
             if not tier.up:
@@ -497,9 +531,8 @@ class Commit:
                 now = tier.backend.object_versions([object_key(dataset, k) for _, k, _ in mine])
             except Exception:
                 continue
-            if now is None:
-                continue
-            out.update(c for c, v in zip(mine, now) if v != puts[c[1], c[2]])
+            if now is not None:
+                out.update(zip(mine, now))
         return out
 
     def _keep_touches(self, dataset: str, touches: Mapping[str, float]) -> None:
@@ -672,6 +705,8 @@ class _Recorded:
     kept: list[CopyId]
     left_out: set[CopyId]
     orphaned: list[CopyId]
+    #: written chunks whose new copy (key -> its tier) was gone before the commit
+    lost: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 def _first_error(comm: Any, err: BaseException | None) -> BaseException | None:

@@ -85,6 +85,10 @@ class Batch:
     expect: dict[CopyId, tuple[str, str] | None] = field(default_factory=dict)
     rewritten: set[str] = field(default_factory=set)
     revalidated: set[tuple[str, str]] = field(default_factory=set)
+    #: per chunk of ``rewritten``, the committed values (checksums) its writes replaced as
+    #: this process saw them: a write found lost at the commit is reported only where the
+    #: chunk holds none but those (not where another process's write overtook it)
+    overwritten: dict[str, set[str]] = field(default_factory=dict)
 
     @property
     def empty(self) -> bool:
@@ -167,6 +171,8 @@ class Residency:
         self._stamps: dict[str, int] = {}  # key -> changes of its copies or puts in flight
         self._forgotten: set[tuple[str, str]] = set()  # (key, tier) rows forgotten here only
         self._in_commit: set[str] = set()  # keys of the rows a taken batch is recording now
+        self._lost: dict[str, str] = {}  # key -> tier: writes a commit found gone (lose_writes)
+        self._overwritten: dict[str, set[str]] = {}  # key -> values its writes replaced (Batch)
         #: called with a copy :meth:`drop_missing` forgot, to drop its row from the catalog
         self.drop_missing_row: Callable[[ChunkCopy], None] | None = None
         #: called with a copy a move recorded and the version of the object it put, which
@@ -513,10 +519,14 @@ class Residency:
             # the room a rewrite counted on and that was freed meanwhile is its own now
             kept = self._end_count(copy.tier, copy.key, owner)
             self.add(copy, reserved=reserved + kept, unsynced=True)
+            before = list(self._copies.get(copy.key, {}).values())
             if not self._tier(copy.tier).volatile:
                 self._written[copy.key, copy.tier] = version
                 self._rewritten.add(copy.key)
-            for c in list(self._copies.get(copy.key, {}).values()):
+                was = self._overwritten.setdefault(copy.key, set())
+                was.update(c.committed_checksum for c in before)
+                was.discard("")
+            for c in before:
                 if c.tier != copy.tier:
                     self.remove(copy.key, c.tier)
 
@@ -728,6 +738,9 @@ class Residency:
                 {k for k, _ in ups} & self._rewritten,
                 {slot for slot in self._revalidated if slot in ups},
             )
+            batch.overwritten = {
+                k: self._overwritten.pop(k) for k in batch.rewritten if k in self._overwritten
+            }
             self._dropped.clear()
             self._rewritten -= batch.rewritten
             for slot in batch.written:
@@ -774,6 +787,8 @@ class Residency:
                 self._touched[k] = max(when, self._touched.get(k, when))
             self._dropped |= {k for k in batch.dropped if not self._copies.get(k)}
             self._rewritten |= batch.rewritten
+            for k, was in batch.overwritten.items():
+                self._overwritten.setdefault(k, set()).update(was)
             self._cond.notify_all()
 
     def recorded(self, batch: Batch, left_out: Iterable[CopyId], gone: Iterable[CopyId]) -> None:
@@ -793,6 +808,18 @@ class Residency:
             for _, k, t in set(batch.deletes) & set(gone):
                 if (t, k) in self._cancelled:
                     self._unnamed_own.add((t, k))
+
+    def lose_writes(self, lost: dict[str, str]) -> None:
+        """Note chunks whose written copy (key -> tier) a commit found gone before it
+        recorded it: their new values are lost, for :meth:`take_lost_writes` to report."""
+        with self.lock:
+            self._lost.update(lost)
+
+    def take_lost_writes(self) -> dict[str, str]:
+        """The writes :meth:`lose_writes` noted since the last call (key -> tier)."""
+        with self.lock:
+            lost, self._lost = self._lost, {}
+            return lost
 
     def row_dropped(self, copy: ChunkCopy) -> None:
         """The catalog's row of ``copy``, forgotten here, is gone too."""

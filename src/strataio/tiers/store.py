@@ -1093,6 +1093,26 @@ class TieredChunkStore(ChunkStore):
             return
         self.commit.apply(self.res)
         self.record_checks()
+        self._report_lost_writes()
+
+    def _report_lost_writes(self) -> None:
+        """Raise :class:`ChunksNotStoredError` for the writes a commit since the last report
+        found gone before it recorded them (another process, or a hand, deleted the new
+        object): a flush or close that returns has made every write durable."""
+        lost = self.res.take_lost_writes()
+        if not lost:
+            return
+        keys = sorted(lost)
+        tiers = sorted(set(lost.values()))
+        raise ChunksNotStoredError(
+            f"dataset {self.name!r}: {len(keys)} chunk(s) written since the last flush lost "
+            f"their new bytes before the catalog recorded them (the object put on tier(s) "
+            f"{', '.join(map(repr, tiers))} is gone: deleted by another process or by hand); "
+            f"{', '.join(keys[:4])}{', ...' if len(keys) > 4 else ''} "
+            f"{'keeps its' if len(keys) == 1 else 'keep their'} previous value; write "
+            f"{'it' if len(keys) == 1 else 'them'} again",
+            keys,
+        )
 
     def close(self) -> None:
         """Flush and close; copies on memory tiers are dropped (they live while the dataset
@@ -1110,6 +1130,7 @@ class TieredChunkStore(ChunkStore):
             if self.on_closed is not None:
                 with contextlib.suppress(StrataError):  # (what it keeps is advice)
                     self.on_closed(self)
+            self._report_lost_writes()
         finally:
             self._closed = True
             self.placement.unregister(self.res)
