@@ -774,3 +774,32 @@ def test_bad_arguments_raise_value_errors_of_their_own(tmp_path):
     strataio.create_dataset(tmp_path / "b", (4,), "f4", (2,)).close()
     with pytest.raises(ArgumentError, match="mode must be one of"):
         strataio.open_dataset(tmp_path / "b", mode="w")
+
+
+def test_datasets_of_other_geometries_never_share_a_section_s_plan(tmp_path):
+    """Plans of sections are remembered for every dataset of one geometry: datasets whose
+    shape, chunks or item size differ read the same corners each through its own plan
+    (checked against numpy), and a dataset opened anew reads through the plan made before."""
+    section = np.s_[3:17, 5:29]
+    kinds = [
+        ((40, 40), (10, 10), "f4"),
+        ((40, 40), (8, 12), "f4"),
+        ((40, 40), (10, 10), "f8"),
+        ((40, 60), (10, 10), "f4"),
+    ]
+    for i, (shape, chunks, dtype) in enumerate(kinds):
+        want = np.arange(np.prod(shape), dtype=dtype).reshape(shape) * (i + 1)
+        with strataio.create_dataset(tmp_path / f"d{i}", shape, dtype, chunks) as ds:
+            ds[...] = want
+        for _ in range(2):
+            with strataio.open_dataset(tmp_path / f"d{i}") as ds:
+                np.testing.assert_array_equal(ds[section], want[section])
+    made = []
+    make = Dataset._make_plan
+    try:
+        Dataset._make_plan = lambda self, s: made.append(s) or make(self, s)
+        with strataio.open_dataset(tmp_path / "d0") as ds:
+            np.testing.assert_array_equal(ds[section], np.asarray(ds[...])[section])
+    finally:
+        Dataset._make_plan = make
+    assert made == []  # (both made before: the section's by reads, the whole's by the write)

@@ -47,8 +47,9 @@ from strataio.layout.sections import Section
 from strataio.storage.base import BytesLike
 
 _MODES = ("r", "r+")
-#: sections whose chunk plans a Dataset remembers, and the most chunks a remembered plan has
-_PLAN_MEMO = 32
+#: sections whose chunk plans are remembered (for every dataset of the process together),
+#: and the most chunks a remembered plan has
+_PLAN_MEMO = 128
 _PLAN_MEMO_CHUNKS = 256
 #: chunks below which a section is handled on the calling thread
 _PARALLEL_MIN_CHUNKS = 4
@@ -110,6 +111,10 @@ class _Plan:
     dst: list[tuple[Any, ...]]
     src: list[tuple[slice, ...]]  # () for the whole chunk
     spans: list[tuple[int, int]]
+
+
+#: plans of sections, keyed by geometry and corners (see Dataset._plan)
+_plans: LayoutMemo[_Plan] = LayoutMemo(_PLAN_MEMO)
 
 
 class Attributes(MutableMapping[str, Any]):
@@ -189,8 +194,10 @@ class Dataset:
             if caps.chunk_cache
             else None
         )
-        self._plans: LayoutMemo[_Plan] = LayoutMemo(_PLAN_MEMO)
         itemsize = meta.dtype.itemsize
+        # (a plan depends on the grid, the key encoding and the item size only: datasets
+        # of one geometry share theirs, so a dataset opened anew plans nothing seen before)
+        self._geometry = (len(meta.shape), *meta.shape, *meta.chunks, itemsize, meta.separator)
         self._chunk_strides = tuple(
             int(np.prod(meta.chunks[d + 1 :], dtype=np.int64)) * itemsize
             for d in range(len(meta.chunks))
@@ -573,15 +580,17 @@ class Dataset:
 
     def _plan(self, section: Section) -> _Plan:
         """The cover of ``section``: per chunk its key, boxes and byte span. Plans of up to
-        :data:`_PLAN_MEMO_CHUNKS` chunks are memoized (applications read the same sections
-        again and again, and for small sections planning costs as much as the copies)."""
+        :data:`_PLAN_MEMO_CHUNKS` chunks are memoized for every dataset of one geometry
+        (applications read the same sections again and again, often through a dataset
+        opened for the read, and for small sections planning costs as much as the copies);
+        a plan is never changed once made."""
         nchunks = 1
         for a, b, c in zip(section.start, section.stop, self.chunks):
             nchunks *= (b - 1) // c - a // c + 1
         if nchunks > _PLAN_MEMO_CHUNKS:
             return self._make_plan(section)
-        return self._plans.get(
-            (), (*section.start, *section.stop), lambda: self._make_plan(section)
+        return _plans.get(
+            (), (*self._geometry, *section.start, *section.stop), lambda: self._make_plan(section)
         )
 
     def _make_plan(self, section: Section) -> _Plan:
