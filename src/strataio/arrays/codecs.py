@@ -11,6 +11,7 @@ declares none and a gzip stream are inflated no further than that size.
 
 from __future__ import annotations
 
+import math
 import sys
 import zlib
 from collections.abc import Sequence
@@ -233,7 +234,7 @@ class CodecPipeline:
             self.dtype.newbyteorder(order) if self.dtype.itemsize > 1 else self.dtype
         )
         self._bytes_codecs = [_numcodec(s) for s in self.specs[1:]]
-        self._chunk_size = int(np.prod(self.chunk_shape, dtype=np.int64))
+        self._chunk_size = int(math.prod(self.chunk_shape))
         self._is_raw = not self._bytes_codecs
         self._chunk_nbytes = self._chunk_size * self.dtype.itemsize
         self._stored_nbytes = self._chunk_nbytes + (0 if self._is_raw else 4)

@@ -199,8 +199,7 @@ class Dataset:
         # of one geometry share theirs, so a dataset opened anew plans nothing seen before)
         self._geometry = (len(meta.shape), *meta.shape, *meta.chunks, itemsize, meta.separator)
         self._chunk_strides = tuple(
-            int(np.prod(meta.chunks[d + 1 :], dtype=np.int64)) * itemsize
-            for d in range(len(meta.chunks))
+            math.prod(meta.chunks[d + 1 :]) * itemsize for d in range(len(meta.chunks))
         )
 
     # ----------------------------------------------------------------- properties

@@ -21,6 +21,7 @@ and the shard's key.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -132,7 +133,7 @@ class ShardCodec:
         self.location = location
         self.index_checksum = len(names) == 2
         self.counts = tuple(s // c for s, c in zip(shard_shape, inner))
-        self.nchunks = int(np.prod(self.counts, dtype=np.int64))
+        self.nchunks = int(math.prod(self.counts))
         self.index_nbytes = 16 * self.nchunks + (4 if self.index_checksum else 0)
         self.config = {
             "chunk_shape": list(inner),
@@ -152,7 +153,7 @@ class ShardCodec:
 
     @property
     def chunk_nbytes(self) -> int:
-        return int(np.prod(self.chunk_shape, dtype=np.int64)) * self.dtype.itemsize
+        return int(math.prod(self.chunk_shape)) * self.dtype.itemsize
 
     def describe(self) -> str:
         inner = "×".join(map(str, self.inner_shape))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import functools
 import json
 import os
 import secrets
@@ -226,7 +227,10 @@ def _dataset_row(r: DatasetRecord) -> tuple:
     )
 
 
-def _dataset_record(row: Sequence[Any]) -> DatasetRecord:
+@functools.lru_cache(maxsize=256)
+def _dataset_record(row: tuple[Any, ...]) -> DatasetRecord:
+    """The record of a ``datasets`` row (records are immutable: one per row text, as a
+    dataset opened again and again reads the same row)."""
     name, shape, dtype, chunks, codec, hint, attrs, state = row
     return DatasetRecord(
         name, tuple(json.loads(shape)), dtype, tuple(json.loads(chunks)), codec, hint, attrs, state
@@ -473,7 +477,7 @@ class SQLCatalog(Catalog):
         rows = self._query(f"SELECT {_DATASET_COLS} FROM datasets WHERE name = ?", (name,))
         if not rows:
             raise NotFoundError(f"no dataset {name!r} in catalog {self._label()}")
-        return _dataset_record(rows[0])
+        return _dataset_record(tuple(rows[0]))
 
     def generation(self, name: str) -> int | None:
         rows = self._query("SELECT generation FROM datasets WHERE name = ?", (name,))
@@ -481,7 +485,7 @@ class SQLCatalog(Catalog):
 
     def list_datasets(self) -> list[DatasetRecord]:
         rows = self._query(f"SELECT {_DATASET_COLS} FROM datasets ORDER BY name{{c}}")
-        return [_dataset_record(r) for r in rows]
+        return [_dataset_record(tuple(r)) for r in rows]
 
     def delete_dataset(self, name: str) -> None:
         with self._write() as cur:

@@ -713,6 +713,23 @@ class Residency:
         """Remove and return every buffered change; the obsolete objects are marked as being
         deleted (puts of them wait) until :meth:`deleted` or :meth:`restore`."""
         with self.lock:
+            self._in_commit = set()
+            if not (self._upserts or self._deletes):
+                # (no rows: a dataset only read, or only syncing its puts, takes this path
+                # at each commit, and most of a batch is about rows)
+                batch = Batch(
+                    {t: set(ks) for t, ks in self._unsynced.items() if ks},
+                    obsolete=sorted(self._obsolete),
+                    touches=dict(self._touched),
+                    dropped=set(self._dropped),
+                )
+                self._unsynced.clear()
+                self._touched.clear()
+                self._dropped.clear()
+                self._deleting.update(self._obsolete)
+                self._obsolete.clear()
+                self._committing = set()
+                return batch
             ups = dict(self._upserts)
             # a row for a copy being rewritten waits for the put's end: the announcement
             # of the rewrite stands until then
