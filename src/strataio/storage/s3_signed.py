@@ -4,8 +4,8 @@ only while it is the one seen (``If-Match`` its ETag, or ``versionId``).
 Requests are path-style (``endpoint/bucket/key``), signed with AWS Signature V4 (service
 ``s3``), each thread keeping one connection alive. A conditional DELETE is decided by the
 server, in one step: AWS S3 honours ``If-Match`` on DeleteObject (general purpose buckets
-since September 2025) and SeaweedFS does since 4.x; a store that answers the header with
-``NotImplemented`` is remembered by the caller, which then deletes after a look.
+since September 2025) and SeaweedFS does since 4.x; a store that refuses the header
+(``NotImplemented``, or a 400) is remembered by the caller, which then deletes after a look.
 """
 
 from __future__ import annotations
@@ -25,6 +25,9 @@ from urllib.parse import quote, urlsplit
 from strataio.errors import BackendError, ExistsError, StrataError
 
 __all__ = ["BUCKET_NAME", "ConditionNotSupported", "SignedClient", "create_bucket", "sign_v4"]
+
+#: answers retried (the server busy or failing for now; 501 says what it cannot do)
+_TRANSIENT = frozenset({500, 502, 503, 504})
 
 #: what S3 takes as a bucket name
 BUCKET_NAME = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
@@ -84,13 +87,14 @@ def sign_v4(
 
 
 class ConditionNotSupported(StrataError):
-    """The store answered a conditional request's header with ``NotImplemented``."""
+    """The store refused a conditional request's header (``NotImplemented``, or a 400)."""
 
 
 class SignedClient:
     """Signed requests to one bucket: ``endpoint`` (``None``: AWS in ``region``), and the
     credentials (``access_key`` None: unsigned requests). ``timeout`` bounds each request
-    (seconds); ``retries`` transient failures (connection errors, 5xx) are retried."""
+    (seconds); ``retries`` transient failures (connection errors; 500, 502, 503, 504) are
+    retried."""
 
     def __init__(
         self,
@@ -131,13 +135,14 @@ class SignedClient:
         if status in (404, 412):
             return False
         code = _error_code(body) or f"HTTP {status}"
-        if status == 501 or code == "NotImplemented":
+        if status in (400, 501) or code in ("NotImplemented", "InvalidArgument", "InvalidRequest"):
+            # (a store that does not know the header on a DELETE refuses the request)
             raise ConditionNotSupported(f"{self.base}: conditional DELETE not supported ({code})")
         raise BackendError(f"{self.base}/{self.bucket}: DELETE {path!r} failed: {code}")
 
     def _request(self, method: str, target: str, headers: dict[str, str]) -> tuple[int, bytes]:
-        """One request on this thread's connection, retried on a connection error or a 5xx
-        (with backoff); the status and the body."""
+        """One request on this thread's connection, retried on a connection error or a
+        transient 5xx (with backoff); the status and the body."""
         access_key, secret_key, token = self._credentials
         delay = 0.05
         for attempt in range(self.retries + 1):
@@ -154,7 +159,7 @@ class SignedClient:
                 conn.request(method, urlsplit(self.base).path + target, headers=sent)
                 resp = conn.getresponse()
                 body = resp.read()
-                if resp.status < 500 or attempt == self.retries:
+                if resp.status not in _TRANSIENT or attempt == self.retries:
                     return resp.status, body
             except (OSError, http.client.HTTPException) as exc:
                 self._drop_connection()
