@@ -831,3 +831,34 @@ def test_a_move_that_gives_up_before_its_put_leaves_the_object_there(tmp_path, m
         monkeypatch.undo()
         db.close()
     assert changed and theirs.read_bytes() == b"\x01" * 400
+
+
+def test_a_missing_copy_no_other_copy_stands_for_reads_as_lost_not_as_an_older_value(tmp_path):
+    """The chunk's newest copy ("fast") lost its object by hand; the archive still holds an
+    older value of it (left by some earlier failure). A read raises, naming the missing copy,
+    instead of reading the older value as the chunk's; fsck reports the loss, and its
+    repair leaves the older value, said so."""
+    dataset_a_on_fast(tmp_path)
+    with session(tmp_path) as s:
+        ds = s.open_dataset("a", "r+")
+        ds.migrate(np.s_[0:10, 0:10], to="archive").wait()
+        old = bytes(s.tiers["archive"].backend.get(object_key("a", "c/0/0")))
+        (was,) = [c for c in s.catalog.residency("a") if c.key == "c/0/0"]
+        ds[0:10, 0:10] = -1.0
+        ds.close()
+        s.tiers["archive"].backend.put(object_key("a", "c/0/0"), old)
+        s.catalog.commit([was])  # (the older copy's row, as a failure could leave it)
+        rows = {c.tier for c in s.catalog.residency("a") if c.key == "c/0/0"}
+        assert rows == {"fast", "archive"}
+        s.tiers["fast"].backend.delete(object_key("a", "c/0/0"))
+    with session(tmp_path) as s:
+        ds = s.open_dataset("a")
+        with pytest.raises(BackendError, match=r"'c/0/0'.*copy on tier 'fast' is missing"):
+            ds[0:10, 0:10]
+        np.testing.assert_array_equal(ds[10:20, 10:20], A[10:20, 10:20])  # (others read)
+        ds.close()
+        report = fsck(s.catalog, s.tiers)
+        assert not report.clean
+        fsck(s.catalog, s.tiers, repair=True)
+        assert fsck(s.catalog, s.tiers).clean
+        np.testing.assert_array_equal(s.open_dataset("a")[0:10, 0:10], A[0:10, 0:10])

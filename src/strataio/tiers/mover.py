@@ -396,7 +396,7 @@ class Mover:
                             continue  # catalogued but gone (forgotten now), or moved away
                         explain = StrataError(
                             f"chunk {key!r} of {res.name!r}: its copy on {src.tier!r} is "
-                            "missing and no other copy is left; run 'strataio fsck'"
+                            "missing and no other copy holds its bytes; run 'strataio fsck'"
                         )
                         continue
                     copy = ChunkCopy(res.name, key, dst.name, n, digest, "valid", time.time())

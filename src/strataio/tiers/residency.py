@@ -650,9 +650,10 @@ class Residency:
 
     def drop_missing(self, copy: ChunkCopy) -> bool:
         """Forget ``copy``, whose object was found missing, if it still is (nothing to
-        delete) and the chunk has another copy; True if it was forgotten. The last copy of a
-        chunk is kept, so that its loss stays visible (reads raise, fsck reports it) instead
-        of the chunk reading as never written.
+        delete) and another copy of the chunk on a persistent tier holds the same bytes; True
+        if it was forgotten. A copy no other one stands for is kept, so that its loss stays
+        visible (reads raise, fsck reports it) instead of the chunk reading as never written,
+        or as an older value.
 
         Nothing is buffered for it (a chunk with a buffered change is never refreshed from
         the catalog, where another process may have recorded where it is now): the row goes
@@ -665,8 +666,14 @@ class Residency:
         is never taken for the missing one.
         """
         tier = self._tier(copy.tier)
+        want = copy.committed_checksum
         with self.lock:
-            if len(self._copies.get(copy.key, {})) < 2:
+            if not any(
+                c.tier != copy.tier
+                and not self._tier(c.tier).volatile
+                and (not want or not c.committed_checksum or c.committed_checksum == want)
+                for c in self._copies.get(copy.key, {}).values()
+            ):
                 return False
             try:
                 if tier.backend.exists(object_key(self.name, copy.key)):

@@ -15,7 +15,9 @@ dataset's codecs (an announced rewrite accepts the old or the new bytes, whole:
 :meth:`ChunkCopy.accepts`): a copy that fails is skipped for the next one, and a chunk whose every copy
 fails raises :class:`ChecksumError` naming the dataset, the chunk and the tiers. A catalogued
 copy whose object is missing is forgotten, its row dropped if it is still the one the read
-saw and not the chunk's last (:meth:`Commit.drop_missing_row`), and the next copy is read.
+saw (:meth:`Commit.drop_missing_row`), and the next copy is read, where another copy holds
+the same bytes; where none does, the read raises (a copy of another value is never read in
+its place) and fsck reports the loss.
 """
 
 from __future__ import annotations
@@ -199,6 +201,9 @@ class TieredChunkStore(ChunkStore):
         # the next readable copy on another tier is tried.
         pending: dict[int, set[str]] = {i: set() for i in need}
         corrupt: dict[int, list[str]] = {}
+        # a copy found missing whose bytes no other copy holds: only a copy of the same
+        # bytes may stand for it (another value would be read in its place, unsaid)
+        gone: dict[int, ChunkCopy] = {}
         refreshes: Counter[int] = Counter()  # catalog lookups per chunk in this read
         moving: set[int] = set()  # chunks whose last lookup found their rows changed
         while pending:
@@ -209,7 +214,7 @@ class TieredChunkStore(ChunkStore):
                 i
                 for i, tried in pending.items()
                 if self._may_look_again(i, refreshes, moving)
-                and not [c for c in self.res.readable(keys[i]) if c.tier not in tried]
+                and not self._untried(keys[i], tried, gone.get(i))
             ]
             if out_of_copies:
                 refreshes.update(out_of_copies)
@@ -224,17 +229,22 @@ class TieredChunkStore(ChunkStore):
                 for j, i in enumerate(out_of_copies):
                     pending[i] = set()
                     corrupt.pop(i, None)  # (each read again says again what it found)
+                    gone.pop(i, None)
                     if j in changed:
                         moving.add(i)
             for i, tried in list(pending.items()):
-                copies = [c for c in self.res.readable(keys[i]) if c.tier not in tried]
+                copies = self._untried(keys[i], tried, gone.get(i))
                 if not copies:
                     if i not in out_of_copies and self._may_look_again(i, refreshes, moving):
                         continue  # (its copies changed since the look above: look again)
-                    raise self._lost(keys[i], corrupt.get(i, []), refreshes[i], i in moving)
+                    raise self._lost(
+                        keys[i], corrupt.get(i, []), refreshes[i], i in moving, gone.get(i)
+                    )
                 groups.setdefault(copies[0].tier, []).append((i, copies[0]))
             for tier_name, wanted in groups.items():
-                self._read_group(self.tiers[tier_name], keys, wanted, out, pending, corrupt, served)
+                self._read_group(
+                    self.tiers[tier_name], keys, wanted, out, pending, corrupt, served, gone
+                )
         self.res.touch([keys[i] for i in need])
         return out
 
@@ -694,6 +704,14 @@ class TieredChunkStore(ChunkStore):
             raise NotFoundError(f"chunk {key!r} of {self.name!r} has no copy")
         return blob
 
+    def _untried(self, key: str, tried: set[str], gone: ChunkCopy | None) -> list[ChunkCopy]:
+        """The readable copies of ``key`` on tiers not ``tried``, fastest first; where a copy
+        was found ``gone``, only those of its bytes."""
+        copies = [c for c in self.res.readable(key) if c.tier not in tried]
+        if gone is not None:
+            copies = [c for c in copies if _same_bytes(c, gone)]
+        return copies
+
     def _read_group(
         self,
         tier: Tier,
@@ -703,6 +721,7 @@ class TieredChunkStore(ChunkStore):
         pending: dict[int, set[str]],
         corrupt: dict[int, list[str]],
         served: list[str | None] | None = None,
+        gone: dict[int, ChunkCopy] | None = None,
     ) -> None:
         objs = [object_key(self.name, keys[i]) for i, _ in wanted]
         try:
@@ -711,9 +730,11 @@ class TieredChunkStore(ChunkStore):
             return  # the down tier is now filtered out of readable()
         for (i, copy), blob in zip(wanted, blobs):
             if blob is None:
-                # catalogued but missing: forget the copy and read another
+                # catalogued but missing: forget the copy and read another of its bytes
                 if self.res.drop_missing(copy) or not self.res.is_current(copy):
                     continue
+                if gone is not None:
+                    gone.setdefault(i, copy)  # (no other copy holds its bytes)
             elif accepts_data(copy, blob) is not None:
                 out[i] = blob
                 del pending[i]
@@ -750,16 +771,34 @@ class TieredChunkStore(ChunkStore):
         changed = set(self.res.refresh_from(catalog, quiet))
         return [i for i, k in enumerate(keys) if k in changed]
 
-    def _lost(self, key: str, corrupt: list[str], looks: int, moving: bool) -> StrataError:
+    def _lost(
+        self,
+        key: str,
+        corrupt: list[str],
+        looks: int,
+        moving: bool,
+        gone: ChunkCopy | None = None,
+    ) -> StrataError:
         """The error of a read of chunk ``key`` that found no intact copy (``corrupt``: the
         copies read whose bytes failed their checksum), after ``looks`` lookups in the
-        catalog, the last of which found the chunk's rows changed where ``moving``."""
+        catalog, the last of which found the chunk's rows changed where ``moving``; ``gone``:
+        a copy found missing whose bytes no other copy holds."""
         if moving and looks > self.REFRESHES:
             return ChunkChangedError(
                 f"chunk {key!r} of dataset {self.name!r} changed {looks} times while it was "
                 "read: another process is rewriting or moving it, and each copy read was of a "
                 "version the catalog no longer listed (nothing is damaged); read it again, or "
                 "let the writer flush before this process reads"
+            )
+        if gone is not None and not corrupt:
+            others = ", ".join(
+                f"{c.tier}({c.state})" for c in self.res.copies(key) if c.tier != gone.tier
+            )
+            return BackendError(
+                f"chunk {key!r} of {self.name!r}: its copy on tier {gone.tier!r} is missing "
+                f"and no other copy holds its bytes (checksum {gone.committed_checksum or '?'}; "
+                f"copies of another value: {others or 'none'}); the chunk's value is lost "
+                "there: run 'strataio fsck' (--repair then keeps the other value)"
             )
         if corrupt:
             return ChecksumError(
@@ -1149,6 +1188,12 @@ class TieredChunkStore(ChunkStore):
 
     def __repr__(self) -> str:
         return f"TieredChunkStore({self.name!r}, hint={self.hint}, tiers={self.tiers.names})"
+
+
+def _same_bytes(copy: ChunkCopy, other: ChunkCopy) -> bool:
+    """Whether ``copy`` stands for the committed bytes of ``other`` (either unknown: yes)."""
+    a, b = copy.committed_checksum, other.committed_checksum
+    return not a or not b or a == b
 
 
 def _outcome(fn: Any, *args: Any) -> BaseException | None:
