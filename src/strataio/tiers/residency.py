@@ -666,12 +666,9 @@ class Residency:
         is never taken for the missing one.
         """
         tier = self._tier(copy.tier)
-        want = copy.committed_checksum
         with self.lock:
             if not any(
-                c.tier != copy.tier
-                and not self._tier(c.tier).volatile
-                and (not want or not c.committed_checksum or c.committed_checksum == want)
+                c.tier != copy.tier and not self._tier(c.tier).volatile and same_bytes(c, copy)
                 for c in self._copies.get(copy.key, {}).values()
             ):
                 return False
@@ -1198,6 +1195,13 @@ class _CopyMap(dict):
 
 def _same(a: ChunkCopy, b: ChunkCopy) -> bool:
     return (a.nbytes, a.checksum, a.state) == (b.nbytes, b.checksum, b.state)
+
+
+def same_bytes(a: ChunkCopy, b: ChunkCopy) -> bool:
+    """Whether copies ``a`` and ``b`` stand for the same committed bytes (either unknown:
+    taken as yes)."""
+    x, y = a.committed_checksum, b.committed_checksum
+    return not x or not y or x == y
 
 
 def object_key(dataset: str, key: str) -> str:

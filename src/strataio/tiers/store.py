@@ -51,7 +51,7 @@ from strataio.tiers.cache import ChunkCache
 from strataio.tiers.commit import Commit
 from strataio.tiers.mover import MoveHandle, Mover
 from strataio.tiers.placement import DatasetDisabledError, Placement, normalize_hint
-from strataio.tiers.residency import META_KEY, Residency, object_key
+from strataio.tiers.residency import META_KEY, Residency, object_key, same_bytes
 from strataio.tiers.tier import Tier, TierSet, accepts_data, checksum, checksum_like
 
 #: bytes of first reads' whole chunks up to which a batch reads them into a buffer the thread
@@ -709,7 +709,7 @@ class TieredChunkStore(ChunkStore):
         was found ``gone``, only those of its bytes."""
         copies = [c for c in self.res.readable(key) if c.tier not in tried]
         if gone is not None:
-            copies = [c for c in copies if _same_bytes(c, gone)]
+            copies = [c for c in copies if same_bytes(c, gone)]
         return copies
 
     def _read_group(
@@ -720,8 +720,8 @@ class TieredChunkStore(ChunkStore):
         out: list[BytesLike | None],
         pending: dict[int, set[str]],
         corrupt: dict[int, list[str]],
-        served: list[str | None] | None = None,
-        gone: dict[int, ChunkCopy] | None = None,
+        served: list[str | None] | None,
+        gone: dict[int, ChunkCopy],
     ) -> None:
         objs = [object_key(self.name, keys[i]) for i, _ in wanted]
         try:
@@ -733,8 +733,7 @@ class TieredChunkStore(ChunkStore):
                 # catalogued but missing: forget the copy and read another of its bytes
                 if self.res.drop_missing(copy) or not self.res.is_current(copy):
                     continue
-                if gone is not None:
-                    gone.setdefault(i, copy)  # (no other copy holds its bytes)
+                gone.setdefault(i, copy)  # (no other copy holds its bytes)
             elif accepts_data(copy, blob) is not None:
                 out[i] = blob
                 del pending[i]
@@ -1188,12 +1187,6 @@ class TieredChunkStore(ChunkStore):
 
     def __repr__(self) -> str:
         return f"TieredChunkStore({self.name!r}, hint={self.hint}, tiers={self.tiers.names})"
-
-
-def _same_bytes(copy: ChunkCopy, other: ChunkCopy) -> bool:
-    """Whether ``copy`` stands for the committed bytes of ``other`` (either unknown: yes)."""
-    a, b = copy.committed_checksum, other.committed_checksum
-    return not a or not b or a == b
 
 
 def _outcome(fn: Any, *args: Any) -> BaseException | None:
