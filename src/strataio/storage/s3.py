@@ -407,16 +407,14 @@ class S3Backend(Backend):
         delete in two steps, from then on."""
         if self.object_versions([key]) != [version]:
             return False
-        if not self._conditional_delete:
-            self.delete(key)
-            return True
-        etag, vid = version
-        try:
-            return self._signed.delete_if(self._path(key), etag, vid)
-        except ConditionNotSupported:
-            self._conditional_delete = False
-            self.delete(key)
-            return True
+        if self._conditional_delete:
+            etag, vid = version
+            try:
+                return self._signed.delete_if(self._path(key), etag, vid)
+            except ConditionNotSupported:
+                self._conditional_delete = False
+        self.delete(key)
+        return True
 
     def delete_if_many(self, keys: Sequence[str], versions: Sequence[Version]) -> list[bool]:
         if len(keys) < 2:

@@ -483,17 +483,9 @@ class Commit:
             writer=self.writer,
         )
         left_out = replaced | set(done.orphaned) | set(done.overtaken)
-        # a write whose object is gone, and whose new bytes no copy recorded here holds (a
-        # write-back of it, say), is lost: its chunk keeps the value recorded before
-        kept_bytes = {
-            (c.key, c.checksum) for c in batch.upserts if (dataset, c.key, c.tier) not in left_out
-        }
-        sums = {(c.key, c.tier): c.checksum for c in batch.upserts}
-        lost = {
-            k: t
-            for _, k, t in missing
-            if (k, t) in batch.written and (k, sums.get((k, t))) not in kept_bytes
-        }
+        # written copies whose object is gone (whether that lost the write, _lost_for_good
+        # decides from the rows now: a write-back of the same bytes recorded here keeps it)
+        lost = {k: t for _, k, t in missing if (k, t) in batch.written}
         return _Recorded(done.superseded, done.kept, left_out, done.orphaned, lost)
 
     def _lost_for_good(
@@ -705,7 +697,8 @@ class _Recorded:
     kept: list[CopyId]
     left_out: set[CopyId]
     orphaned: list[CopyId]
-    #: written chunks whose new copy (key -> its tier) was gone before the commit
+    #: written chunks whose new copy (key -> its tier) was gone before the commit (their
+    #: writes may be lost: see Commit._lost_for_good)
     lost: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
