@@ -684,6 +684,31 @@ def test_the_decoded_chunk_cache_serves_a_tiered_dataset_until_its_copy_changes(
         ds.close()
 
 
+def test_chunk_versions_name_the_copy_a_read_takes_on_one_tier_or_several(tmp_path):
+    """The versions the decoded-chunk cache keys on: per chunk, the tier's location and the
+    object's version there, whether every chunk's checked copy sits on one tier (one call)
+    or on several; None once the tier holding a copy is down."""
+    with counted_session(tmp_path) as (s, ds, a, local, slow):
+        ds.flush()
+        keys = ["c/0/0", "c/0/1", "c/1/0", "c/1/1"]
+
+        def backend_versions(backend, ks):
+            return [(backend.url, *v) for v in backend.versions([f"a/{k}" for k in ks])]
+
+        for _ in range(2):  # (checked whole, then read in range: checked copies)
+            np.testing.assert_array_equal(ds[...], a)
+        assert ds.store.chunk_versions(keys) == backend_versions(local, keys)
+        ds.migrate(np.s_[20:, :], to="slow").wait()
+        for _ in range(2):
+            np.testing.assert_array_equal(ds[...], a)
+        assert ds.store.chunk_versions(keys) == (
+            backend_versions(local, keys[:2]) + backend_versions(slow, keys[2:])
+        )
+        s.tiers["slow"].mark_down("test")
+        assert ds.store.chunk_versions(keys) == backend_versions(local, keys[:2]) + [None] * 2
+        ds.close()
+
+
 def test_a_chunk_rewritten_elsewhere_is_not_read_from_its_old_checked_copy(tmp_path):
     """A range read skips the copy checks only while the chunk's residency stamp holds: a
     chunk whose checked copy sits on one tier and is then rewritten onto another (the old

@@ -136,7 +136,6 @@ class TieredChunkStore(ChunkStore):
         # chunk key -> the copy a range read last found verified, and the residency's stamp
         # of the chunk then: while that stamp holds, the copy checks need not be repeated
         self._checked: dict[str, _Checked] = {}
-        self._versioned_tiers: dict[str, bool] = {}  # see _keeps_versions
         # the copies (key, tier) whose check in _verified this process made and has not
         # recorded in the catalog yet (see record_checks)
         self._unrecorded: set[tuple[str, str]] = set()
@@ -262,18 +261,32 @@ class TieredChunkStore(ChunkStore):
         location and the object's version there (None where the chunk has no readable copy,
         a put of it is in flight, or the tier keeps no versions)."""
         self._check_open()
+        checked = self._still_checked_many(keys)
+        # the usual case, every chunk's copy checked before on one tier: one call, no
+        # grouping
+        first = checked[0] if checked else None
+        if first is not None and all(c is not None and c.tier is first.tier for c in checked):
+            backend = first.tier.backend
+            try:
+                got = backend.versions([c.obj for c in checked])
+            except (OSError, StrataError):
+                return [None] * len(keys)  # (the read says what is wrong)
+            if got is None:
+                return [None] * len(keys)
+            url = backend.url
+            return [None if v is None else (url, *v) for v in got]
         out: list[Version | None] = [None] * len(keys)
         by_tier: dict[str, tuple[list[int], list[str]]] = {}
         # the copy a read takes: the one checked before while the chunk's stamp holds (as
         # the read's own fast path decides), else the fastest readable one
         rest = []
-        for i, checked in enumerate(self._still_checked_many(keys)):
-            if checked is not None:
-                batch = by_tier.get(checked.tier.name)
+        for i, c in enumerate(checked):
+            if c is not None:
+                batch = by_tier.get(c.tier.name)
                 if batch is None:
-                    batch = by_tier[checked.tier.name] = ([], [])
+                    batch = by_tier[c.tier.name] = ([], [])
                 batch[0].append(i)
-                batch[1].append(checked.obj)
+                batch[1].append(c.obj)
             else:
                 rest.append(i)
         for i, (copy, _) in zip(rest, self.res.fastest_readable_many([keys[i] for i in rest])):
@@ -505,7 +518,7 @@ class TieredChunkStore(ChunkStore):
             if ok is None:
                 tier = tiers[copy.tier]
                 ok = eligible[copy.tier] = (
-                    tier.role != "remotetape" and tier.up and self._keeps_versions(tier)
+                    tier.role != "remotetape" and tier.up and tier.keeps_versions
                 )
             if not ok:
                 alone.append(j)
@@ -600,21 +613,18 @@ class TieredChunkStore(ChunkStore):
     def _still_checked_many(self, keys: Sequence[str]) -> list[_Checked | None]:
         """:meth:`_still_checked` of each of ``keys``, in one call (a read's per-chunk loop)."""
         get = self._checked.get
+        up: dict[Tier, bool] = {}  # (one health look per tier, not per chunk)
         out: list[_Checked | None] = []
         for key, stamp in zip(keys, self.res.stamps(keys)):
             checked = get(key)
-            ok = checked is not None and checked.stamp == stamp and checked.tier.up
+            if checked is None or checked.stamp != stamp:
+                out.append(None)
+                continue
+            ok = up.get(checked.tier)
+            if ok is None:
+                ok = up[checked.tier] = checked.tier.up
             out.append(checked if ok else None)
         return out
-
-    def _keeps_versions(self, tier: Tier) -> bool:
-        """Whether ``tier``'s backend gives objects versions (:meth:`Backend.versions`): a
-        copy's first read is then checked once, in a batch; elsewhere each read reads its
-        copy whole (asked once per tier)."""
-        keeps = self._versioned_tiers.get(tier.name)
-        if keeps is None:
-            keeps = self._versioned_tiers[tier.name] = tier.backend.versions([]) is not None
-        return keeps
 
     def verified_chunks(self) -> set[str]:
         """Keys of the chunks a copy of which is known checked (the verified-once rule): read

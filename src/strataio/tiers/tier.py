@@ -129,6 +129,7 @@ class Tier:
     slots: threading.BoundedSemaphore = field(init=False, repr=False)
     _lock: threading.Lock = field(init=False, repr=False, default_factory=threading.Lock)
     _changed: threading.Condition = field(init=False, repr=False)
+    _keeps_versions: bool | None = field(init=False, repr=False, default=None)
 
     def __post_init__(self) -> None:
         if self.role not in TIER_ROLES:
@@ -139,6 +140,15 @@ class Tier:
             raise StrataError(f"tier {self.name!r}: negative capacity {self.capacity}")
         self.slots = threading.BoundedSemaphore(max(1, int(self.concurrency)))
         self._changed = threading.Condition(self._lock)
+
+    @property
+    def keeps_versions(self) -> bool:
+        """Whether the backend gives its objects versions (:meth:`Backend.versions`; asked
+        once per tier)."""
+        keeps = self._keeps_versions
+        if keeps is None:
+            keeps = self._keeps_versions = self.backend.versions([]) is not None
+        return keeps
 
     # ----------------------------------------------------------------- health
     @property
