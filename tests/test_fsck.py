@@ -569,3 +569,77 @@ def test_a_rewrite_announced_over_an_unflushed_write_gives_way_to_the_settled_co
         ds = s.open_dataset("x")
         np.testing.assert_array_equal(ds[...], a)
         ds.close()
+
+
+def _chunk_values(root, key):
+    """Chunk ``key`` (``c/i/j``) of dataset "a" as read back by a new session."""
+    i, j = (int(x) * 10 for x in key.split("/")[1:])
+    with open_session(root, stage_on_read=False) as s:
+        ds = s.open_dataset("a")
+        got = ds[i : i + 10, j : j + 10]
+        ds.close()
+    return got
+
+
+def test_copies_rewritten_or_moved_while_fsck_checks_are_neither_bad_nor_deleted(tmp_path):
+    """Another process rewrites a chunk (and flushes) and migrates another after fsck read
+    the catalog's rows and before it read their objects, then closes. fsck checks the
+    chunks that looked bad again against their rows as they are now: it reports nothing,
+    and its repair deletes neither the rewritten copy nor the moved one (whose object no
+    row it first read named)."""
+    make(tmp_path, half_on_tape=False)
+    with open_session(tmp_path) as s:
+        read_rows = s.catalog.all_residency
+
+        def rows_then_another_process_works():
+            rows = read_rows()
+            with open_session(tmp_path) as job:
+                ds = job.open_dataset("a", "r+")
+                ds[0:10, 0:10] = tiers_worker.version(1)[0:10, 0:10]  # c/0/0 rewritten
+                ds.flush()
+                ds.migrate(np.s_[10:20, 10:20], to="tape").wait()  # c/1/1 moved
+                ds.close()
+            return rows
+
+        s.catalog.all_residency = rows_then_another_process_works
+        report = fsck(s.catalog, s.tiers, repair=True)
+        del s.catalog.all_residency
+        assert [(f.kind, f.key, f.detail) for f in report.findings] == []
+        assert report.clean
+    np.testing.assert_array_equal(
+        _chunk_values(tmp_path, "c/0/0"), tiers_worker.version(1)[0:10, 0:10]
+    )
+    np.testing.assert_array_equal(
+        _chunk_values(tmp_path, "c/1/1"), tiers_worker.version(0)[10:20, 10:20]
+    )
+    assert (tmp_path / "tape" / "a" / "c" / "1" / "1").is_file()
+    with open_session(tmp_path) as s:
+        assert fsck(s.catalog, s.tiers).clean
+
+
+def test_a_repair_leaves_a_copy_whose_row_changed_since_the_inspection(tmp_path):
+    """fsck planned to drop a corrupt copy (the chunk has another, good one); before the
+    repair, another process rewrote the chunk and flushed, so the row now names its new
+    bytes (and the other copy went). The repair leaves that row and its object."""
+    make(tmp_path)  # rows 0:40 on tape only
+    with open_session(tmp_path) as s:
+        ds = s.open_dataset("a", "r+")
+        ds.stage(np.s_[0:10, 0:10], to="disk").wait()  # c/0/0 on disk and tape
+        ds.close()
+        disk = tmp_path / "disk" / "a" / "c" / "0" / "0"
+        disk.write_bytes(b"\xff" * disk.stat().st_size)  # the disk copy decays
+        p = plan(inspect(s.catalog, s.tiers))
+        assert [(f.kind, f.tier, f.key, f.action) for f in p.findings] == [
+            (Kind.CHECKSUM, "disk", "c/0/0", Action.DROP_COPY)
+        ]
+        with open_session(tmp_path) as job:
+            ds = job.open_dataset("a", "r+")
+            ds[0:10, 0:10] = tiers_worker.version(1)[0:10, 0:10]
+            ds.close()
+        assert [c.tier for c in s.catalog.residency("a", ["c/0/0"])] == ["disk"]
+        apply(p, s.catalog, s.tiers)
+        assert [c.tier for c in s.catalog.residency("a", ["c/0/0"])] == ["disk"]
+        assert disk.is_file()
+    np.testing.assert_array_equal(
+        _chunk_values(tmp_path, "c/0/0"), tiers_worker.version(1)[0:10, 0:10]
+    )

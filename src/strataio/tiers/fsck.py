@@ -32,6 +32,14 @@ object or temporary file of a dataset some live writer has in use, may belong to
 operation still running: they are reported **in-flight** and left alone. Everything of a
 writer that is gone is resolved at once.
 
+fsck runs beside live jobs. It reads the catalog's rows once, before the objects, so a
+process that rewrites or moves a chunk meanwhile leaves objects those rows do not describe.
+A chunk whose copy looks bad is therefore checked again against its rows as they are now,
+and only a verdict between two reads of the same rows stands (a chunk whose rows change
+every time is **in-flight**); an object no row names is judged only if no row names it
+after the tiers were listed. A repair changes or drops a row only if it is still the row
+judged, and deletes no object that a row names when it comes to delete it.
+
 A ``valid`` copy whose bytes differ from its row is bad (**checksum** / **size**); with
 another good copy it is dropped, without one the chunk is reported **corrupt** (never
 silently adopted). A chunk with no copy left at all is **lost**.
@@ -189,6 +197,8 @@ class Inventory:
     #: datasets some live writer has in use
     in_use: set[str] = field(default_factory=set)
     skipped_tiers: list[str] = field(default_factory=list)
+    #: chunks whose rows changed every time their copies were checked again (in flight)
+    changing: set[tuple[str, str]] = field(default_factory=set)
 
 
 @dataclass(slots=True)
@@ -203,6 +213,9 @@ class Plan:
     files: list[Leftover] = field(default_factory=list)
     #: writers that are gone, whose registration is removed
     forget_writers: list[str] = field(default_factory=list)
+    #: per copy among ``upserts`` and ``deletes``, the ``(state, checksum)`` of the row the
+    #: judgement was made on (None: no row): a row changed since is left as it is now
+    expect: dict[CopyId, tuple[str, str] | None] = field(default_factory=dict)
 
     @property
     def changes(self) -> bool:
@@ -261,6 +274,8 @@ def inspect(
     down are skipped. ``progress(done, total)`` is called as copies are checked.
     """
     inv = Inventory()
+    # (a dataset in use at the start or at the end counts as in use: see _read_writers)
+    inv.in_use.update(catalog.datasets_in_use())
     inv.copies = catalog.all_residency()
     records = catalog.list_datasets()
     names = {d.name for d in records}
@@ -287,10 +302,10 @@ def inspect(
     inv.unchecked = {(c.dataset, c.key) for c in inv.copies if c.tier not in listed}
     checked = [c for c in inv.copies if c.tier in listed]
 
-    def check(c: ChunkCopy) -> CopyCheck:
+    def check(c: ChunkCopy, listing: bool = True) -> CopyCheck:
         t = tiers[c.tier]
         ok = object_key(c.dataset, c.key)
-        if ok not in listed[c.tier]:
+        if listing and ok not in listed[c.tier]:
             return CopyCheck(c, Verdict.MISSING, -1, "")
         try:
             if verify or c.state == "in-transit":
@@ -320,31 +335,41 @@ def inspect(
             inv.checks.append(r)
             if progress is not None:
                 progress(i, len(checked))
+    _check_again(catalog, inv, lambda c: check(c, False), set(listed))
 
     # Writers last: whoever left a row or an object seen above had registered (and marked
     # its dataset in use) before it did, so it is listed here if it is still alive.
     _read_writers(catalog, inv)
     named = {(c.tier, object_key(c.dataset, c.key)) for c in inv.copies}
     catalogued = {(c.dataset, c.key) for c in inv.copies}
+    unnamed: list[tuple[str, str, str, str]] = []  # (tier, object, dataset, key)
     for tname, objs in listed.items():
-        t = tiers[tname]
         for ok in sorted(objs):
             if (tname, ok) in named:
                 continue
             ds, key = _split(ok, names)
             if ds is None or key == META_KEY:
                 continue  # not a chunk of a catalogued dataset: not ours to judge
-            n, digest = -1, ""
-            if ds not in inv.in_use and (ds, key) not in catalogued:
-                try:  # a candidate for adoption: its size and checksum make the row
-                    data = t.backend.get(ok)
-                except FileNotFoundError:
-                    continue
-                n, digest = len(data), checksum(data)
-                problems = inside(ds, key, data)
-            else:
-                problems = ()
-            inv.unnamed.append(UnnamedObject(tname, ds, key, n, digest, problems))
+            unnamed.append((tname, ok, ds, key))
+    # The rows were read before the tiers were listed: a move or write committed since named
+    # objects those rows do not (and its writer may have closed the dataset since). Only
+    # what no row names now is judged.
+    now = _rows_now(catalog, [(ds, key) for _, _, ds, key in unnamed])
+    for tname, ok, ds, key in unnamed:
+        rows = now.get((ds, key), [])
+        if any(c.tier == tname for c in rows):
+            continue
+        n, digest, problems = -1, "", ()
+        if ds not in inv.in_use and (ds, key) not in catalogued and not rows:
+            try:  # a candidate for adoption: its size and checksum make the row
+                data = tiers[tname].backend.get(ok)
+            except FileNotFoundError:
+                continue
+            n, digest = len(data), checksum(data)
+            problems = inside(ds, key, data)
+        inv.unnamed.append(UnnamedObject(tname, ds, key, n, digest, problems))
+    for tname in listed:
+        t = tiers[tname]
         base = getattr(t.backend, "inner", t.backend)  # a Shaped tier's own files
         leftovers = getattr(base, "leftovers", None)
         if leftovers is not None:
@@ -365,6 +390,83 @@ def _read_writers(catalog: Catalog, inv: Inventory) -> None:
             inv.dead_writers.append(w.id)
 
 
+_BAD = (Verdict.MISSING, Verdict.SIZE, Verdict.CHECKSUM)
+
+
+def _rows_now(
+    catalog: Catalog, chunks: Iterable[tuple[str, str]]
+) -> dict[tuple[str, str], list[ChunkCopy]]:
+    """The catalog's rows of ``chunks`` (``(dataset, key)``) as they are now, by chunk (one
+    query per dataset)."""
+    keys: dict[str, set[str]] = {}
+    for ds, key in chunks:
+        keys.setdefault(ds, set()).add(key)
+    out: dict[tuple[str, str], list[ChunkCopy]] = {}
+    for ds, wanted in keys.items():
+        for c in catalog.residency(ds, sorted(wanted)):
+            out.setdefault((ds, c.key), []).append(c)
+    return out
+
+
+def _same_rows(a: list[ChunkCopy], b: list[ChunkCopy]) -> bool:
+    """Whether two reads of one chunk's rows found the same copies (access times aside)."""
+
+    def seen(rows: list[ChunkCopy]) -> list[tuple]:
+        return sorted(
+            (c.tier, c.nbytes, c.checksum, c.state, c.old_checksum, c.writer) for c in rows
+        )
+
+    return seen(a) == seen(b)
+
+
+def _check_again(
+    catalog: Catalog,
+    inv: Inventory,
+    check: Callable[[ChunkCopy], CopyCheck],
+    checked_tiers: set[str],
+    rounds: int = 3,
+) -> None:
+    """Check again the chunks a copy of which looked bad (missing, or bytes other than its
+    row says), against their rows as they are now. The rows were read once, before any
+    object: a process that rewrote a chunk in place (announced, put, flushed) or moved it
+    (put, committed, deleted the source) meanwhile leaves objects those rows do not
+    describe, and that is no fault of the copy. A chunk's new verdicts stand where its rows
+    read just before and just after the objects agree (an announcement always comes before
+    the object changes, a move's deletion after its commit); a chunk whose rows changed in
+    every one of ``rounds`` tries is in flight (:attr:`Inventory.changing`)."""
+    pending = {(r.copy.dataset, r.copy.key) for r in inv.checks if r.verdict in _BAD}
+    if not pending:
+        return
+    settled: dict[tuple[str, str], tuple[list[ChunkCopy], list[CopyCheck]]] = {}
+    before = _rows_now(catalog, pending)
+    for _ in range(rounds):
+        checks = {
+            chunk: [check(c) for c in before.get(chunk, []) if c.tier in checked_tiers]
+            for chunk in pending
+        }
+        after = _rows_now(catalog, pending)
+        for chunk in sorted(pending):
+            if _same_rows(before.get(chunk, []), after.get(chunk, [])):
+                settled[chunk] = (after.get(chunk, []), checks[chunk])
+        pending -= settled.keys()
+        if not pending:
+            break
+        before = after
+    inv.changing |= pending
+    again = settled.keys() | pending
+    inv.copies = [c for c in inv.copies if (c.dataset, c.key) not in settled] + [
+        c for rows, _ in settled.values() for c in rows
+    ]
+    inv.checks = [r for r in inv.checks if (r.copy.dataset, r.copy.key) not in again] + [
+        r for _, checks in settled.values() for r in checks
+    ]
+    for chunk, (rows, _) in settled.items():
+        if any(c.tier not in checked_tiers for c in rows):
+            inv.unchecked.add(chunk)
+        else:
+            inv.unchecked.discard(chunk)
+
+
 # ----------------------------------------------------------------------------- plan
 def plan(inv: Inventory) -> Plan:
     """What each thing in ``inv`` is, and what repairing it takes (no I/O)."""
@@ -376,6 +478,10 @@ def plan(inv: Inventory) -> Plan:
         _plan_chunk(out, inv, ds, key, rows)
         for r in rows:
             out.findings.extend(_container_findings(r.copy.tier, ds, key, r.problems))
+    for ds, key in sorted(inv.changing):
+        where = ", ".join(sorted({c.tier for c in inv.copies if (c.dataset, c.key) == (ds, key)}))
+        detail = "its rows changed each time its copies were checked (a write or move at work)"
+        out.findings.append(Finding(Kind.IN_FLIGHT, where, ds, key, detail, Action.LEAVE))
 
     catalogued = {(c.dataset, c.key) for c in inv.copies}
     for u in inv.unnamed:
@@ -417,6 +523,7 @@ def plan(inv: Inventory) -> Plan:
                 )
             )
             out.upserts.append(ChunkCopy(u.dataset, u.key, u.tier, u.nbytes, u.digest, "valid"))
+            out.expect[u.dataset, u.key, u.tier] = None
             catalogued.add((u.dataset, u.key))
 
     for f in inv.leftovers:
@@ -479,10 +586,12 @@ def _plan_chunk(out: Plan, inv: Inventory, ds: str, key: str, rows: list[CopyChe
         out.findings.append(Finding(kind, r.copy.tier, ds, key, detail, Action.ADOPT))
         c = r.copy
         out.upserts.append(ChunkCopy(ds, key, c.tier, r.nbytes, r.digest, "valid", c.last_access))
+        out.expect[ds, key, c.tier] = (c.state, c.checksum)
 
     def drop(r: CopyCheck, kind: Kind, detail: str) -> None:
         out.findings.append(Finding(kind, r.copy.tier, ds, key, detail, Action.DROP_COPY))
         out.deletes.append((ds, key, r.copy.tier))
+        out.expect[ds, key, r.copy.tier] = (r.copy.state, r.copy.checksum)
         if r.verdict is not Verdict.MISSING:
             out.objects.append((r.copy.tier, object_key(ds, key)))
 
@@ -553,13 +662,20 @@ def apply(p: Plan, catalog: Catalog, tiers: TierSet) -> bool:
     the catalog no longer names, temporary files), then forget writers that are gone.
     Returns True if anything was changed."""
     if p.upserts or p.deletes:
-        catalog.commit(p.upserts, p.deletes)
+        # (each row only as the inspection saw it: another process may have rewritten or
+        # moved the chunk since, and its row then stands)
+        catalog.commit(p.upserts, p.deletes, expect=p.expect)
     # A session that opened a dataset since the inspection may be writing the very objects
-    # planned for deletion: its datasets are skipped (a later fsck judges them).
+    # planned for deletion: its datasets are skipped (a later fsck judges them). Nor is an
+    # object deleted that a row names now: a row this repair left (changed since), or one a
+    # commit of another process recorded since the inspection.
     busy = catalog.datasets_in_use() if p.objects or p.files else set()
-    names = {d.name for d in catalog.list_datasets()} if busy else set()
+    names = {d.name for d in catalog.list_datasets()} if p.objects or busy else set()
+    chunks = {ok: _split(ok, names) for _, ok in p.objects}
+    rows = _rows_now(catalog, [(ds, key) for ds, key in chunks.values() if ds is not None])
     for tname, ok in p.objects:
-        if busy and _split(ok, names)[0] in busy:
+        ds, key = chunks[ok]
+        if ds in busy or any(c.tier == tname for c in rows.get((ds, key), [])):
             continue
         with contextlib.suppress(FileNotFoundError):
             tiers[tname].backend.delete(ok)
