@@ -15,6 +15,7 @@ import strataio
 from mpirun import run_mpi
 from strataio.catalog.base import ChunkCopy, open_catalog
 from strataio.errors import (
+    ArgumentError,
     BackendError,
     ChecksumError,
     ChunksNotStoredError,
@@ -92,6 +93,16 @@ def test_hint_for_missing_role_is_refused_before_anything_is_stored(tmp_path):
             s.create_dataset("x", (4,), "i4", (2,), hint="REMOTEDISK")
         with pytest.raises(NotFoundError):
             s.open_dataset("x")
+
+
+def test_a_session_s_bad_arguments_are_argument_errors(tmp_path):
+    """As :func:`strataio.open_dataset`'s: a ValueError the caller can catch as such."""
+    with session(tmp_path) as s:
+        s.create_dataset("x", (4,), "i4", (2,), hint="LOCALDISK").close()
+        with pytest.raises(ArgumentError, match="mode must be one of"):
+            s.open_dataset("x", "w")
+        with pytest.raises(ValueError, match="reserved"):
+            s.create_dataset("y/zarr.json", (4,), "i4", (2,), hint="LOCALDISK")
 
 
 def test_disable_drops_writes_and_reads_raise(tmp_path):
@@ -827,6 +838,21 @@ def test_a_write_larger_than_every_tier_says_which_chunks_keep_their_values(tmp_
         assert fsck(s.catalog, s.tiers).clean
 
 
+def test_a_chunk_larger_than_a_tier_s_capacity_is_named_as_the_reason(tmp_path):
+    """A tier smaller than one chunk is not "full": the error says it can never hold it."""
+    tiers = TierSet(
+        [Tier("local", PosixBackend(tmp_path / "local"), "localdisk", capacity=1 << 10)]
+    )
+    with strataio.Session(tiers=tiers, catalog=tmp_path / "cat.db") as s:
+        ds = s.create_dataset("x", (64, 64), "i4", (32, 32), hint="LOCALDISK")  # 4 KiB chunks
+        with pytest.raises(ChunksNotStoredError) as info:
+            ds[...] = np.ones((64, 64), "i4")
+        msg = str(info.value)
+        assert "tier 'local' holds 1024 bytes in all, less than a chunk of 4096 bytes" in msg
+        assert "all tiers full" not in msg
+        ds.close()
+
+
 def test_a_copy_deleted_before_it_is_read_back_is_not_recorded(tmp_path, monkeypatch):
     """A move's put is read back before it is recorded. Where another process deleted the
     object meanwhile, the move says so as a ChecksumError (its callers leave that copy
@@ -891,3 +917,45 @@ def test_a_span_read_of_a_chunk_moved_to_the_archive_stages_it(tmp_path):
         assert where(ds)["c/0/0"] == ["tape"]
         np.testing.assert_array_equal(ds[2:5, 3:7], a[2:5, 3:7])
         assert "local" in where(ds)["c/0/0"]
+
+
+_LEFT_OPEN = """
+import sys, numpy as np, strataio
+from strataio.storage.posix import PosixBackend
+from strataio.tiers.tier import Tier, TierSet
+root = sys.argv[1]
+s = strataio.Session(tiers=TierSet([Tier("local", PosixBackend(root + "/local"), "localdisk")]),
+                     catalog=root + "/cat.db")
+ds = s.create_dataset("a", (40, 40), "i4", (10, 10), hint="LOCALDISK")
+ds[...] = np.full((40, 40), 7, "i4")
+ds.flush()
+ds[0:10, 0:20] = 9  # (not flushed, and neither the dataset nor the session is closed)
+"""
+
+
+def test_a_session_left_open_at_exit_is_closed_and_its_writes_recorded(tmp_path):
+    """A program that exits without closing its Session has its writes recorded, as Python
+    flushes an unclosed file: the chunks read back as written, not as never written, and
+    fsck finds nothing to adopt. The warning is a ResourceWarning (shown in dev mode)."""
+    import subprocess
+    import sys
+
+    for flags in ([], ["-X", "dev"]):
+        root = tmp_path / ("dev" if flags else "plain")
+        root.mkdir()
+        done = subprocess.run(
+            [sys.executable, *flags, "-c", _LEFT_OPEN, str(root)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+        assert ("was never closed: closed at exit" in done.stderr) == bool(flags), done.stderr
+        want = np.full((40, 40), 7, "i4")
+        want[0:10, 0:20] = 9
+        tiers = TierSet([Tier("local", PosixBackend(root / "local"), "localdisk")])
+        with strataio.Session(tiers=tiers, catalog=root / "cat.db") as s:
+            ds = s.open_dataset("a")
+            np.testing.assert_array_equal(ds[...], want)
+            ds.close()
+            assert fsck(s.catalog, s.tiers).clean

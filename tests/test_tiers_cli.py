@@ -64,6 +64,10 @@ def test_tier_commands(project):
     out = r.invoke(main, ["evict", "temp", "--tier", "disk"])
     assert out.exit_code == 0 and where("temp") == {"disk": 0, "tape": 100}
     assert "20 chunk copies dropped from disk" in out.output, out.output
+    assert "80 not there" in out.output, out.output
+    out = r.invoke(main, ["evict", "temp", "--tier", "disk"])  # (nothing there any more)
+    assert out.exit_code == 0, out.output
+    assert "0 chunk copies dropped from disk" in out.output and "100 not there" in out.output
     out = r.invoke(main, ["stage", "temp", "--to", "disk"])
     assert out.exit_code == 0 and where("temp") == {"disk": 100, "tape": 100}
     out = r.invoke(main, ["migrate", "temp", "--section", "0:50,:", "--to", "tape"])
@@ -250,6 +254,23 @@ def test_moves_count_chunks_never_written_apart(project):
         assert (got.moved, got.reused, got.unwritten) == (0, 3, 97)
         assert got.done_count == got.total == 100
         ds.close()
+
+
+def test_a_stage_onto_a_tier_smaller_than_the_section_says_how_many_stayed(tmp_path, monkeypatch):
+    """A stage whose target tier cannot hold the whole section evicts its own earlier
+    chunks to make room for later ones: its summary says how many are on the tier now."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "strataio.toml").write_text(CONFIG.replace('"1MiB"', '"12KiB"'))
+    with strataio.Session() as s:
+        ds = s.create_dataset("big", (100, 100), "f4", (10, 10), hint="REMOTETAPE")
+        ds[...] = 1.0  # 100 chunks of 400 bytes: 40 000 bytes for a 12 KiB tier
+        ds.close()
+    out = CliRunner().invoke(main, ["stage", "big", "--to", "disk"])
+    assert out.exit_code == 0, out.output
+    held = where("big")["disk"]
+    assert 0 < held < 100
+    text = " ".join(out.output.split())
+    assert f"only {held} of the 100 chunks staged or already there are on disk" in text, text
 
 
 def test_the_command_runs_as_a_module(project):

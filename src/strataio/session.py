@@ -18,6 +18,7 @@ dead job left, and leaves alone what a live one is doing.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 import functools
@@ -25,6 +26,9 @@ import json
 import math
 import numbers
 import os
+import sys
+import warnings
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -41,7 +45,7 @@ from strataio.catalog.base import (
     codec_json,
     open_catalog,
 )
-from strataio.errors import MetadataError, NotFoundError, StrataError
+from strataio.errors import ArgumentError, MetadataError, NotFoundError, StrataError
 from strataio.storage.base import validate_key
 from strataio.storage.superfile import SuperfileError
 from strataio.tiers.cache import DEFAULT_CACHE_BYTES, ChunkCache
@@ -227,7 +231,7 @@ def _check_name(name: str) -> None:
     """Raise unless ``name`` can name a dataset or superfile in the catalog and on tiers."""
     validate_key(name)
     if name.split("/")[-1] == META_KEY:
-        raise StrataError(f"name {name!r} ends in {META_KEY!r}, which is reserved")
+        raise ArgumentError(f"name {name!r} ends in {META_KEY!r}, which is reserved")
 
 
 class Session:
@@ -314,6 +318,7 @@ class Session:
         self._open: list[TieredChunkStore] = []
         self._superfiles: list[Superfile] = []
         self._closed = False
+        _UNCLOSED.add(self)
 
     # ----------------------------------------------------------------- datasets
     def create_dataset(
@@ -350,15 +355,15 @@ class Session:
             CodecPipeline(meta.codecs, meta.dtype, meta.chunks)
             h = self.placement.check_hint(hint)
             if not isinstance(expected_reads, numbers.Integral) or isinstance(expected_reads, bool):
-                raise StrataError(f"expected_reads must be an integer, got {expected_reads!r}")
+                raise ArgumentError(f"expected_reads must be an integer, got {expected_reads!r}")
             if expected_reads < 0:
-                raise StrataError(f"expected_reads must be >= 0, got {expected_reads}")
+                raise ArgumentError(f"expected_reads must be >= 0, got {expected_reads}")
             if deadline_s is not None and (
                 not isinstance(deadline_s, numbers.Real)
                 or isinstance(deadline_s, bool)
                 or not deadline_s > 0
             ):
-                raise StrataError(f"deadline_s must be a positive number, got {deadline_s!r}")
+                raise ArgumentError(f"deadline_s must be a positive number, got {deadline_s!r}")
         except Exception as exc:  # a bad argument on one rank raises on every rank
             checked = exc
         agree(self.comm, checked)
@@ -417,7 +422,7 @@ class Session:
         try:
             self._check_open()
             if mode not in ("r", "r+"):
-                raise StrataError(f"mode must be one of ('r', 'r+'), got {mode!r}")
+                raise ArgumentError(f"mode must be one of ('r', 'r+'), got {mode!r}")
         except Exception as exc:  # a bad argument on one rank raises on every rank
             checked = exc
         agree(self.comm, checked)
@@ -563,6 +568,7 @@ class Session:
         """Close every dataset still open, the mover, the tiers and the catalog."""
         if self._closed:
             return
+        _UNCLOSED.discard(self)
         try:
             for sf in list(self._superfiles):
                 sf.close()  # seals its open container before its store closes
@@ -673,3 +679,41 @@ def _catalog_url(config: Any) -> str:
     if not url:
         raise MetadataError("the configuration names no catalog")
     return url
+
+
+#: sessions not closed yet (see _close_at_exit)
+_UNCLOSED: weakref.WeakSet[Session] = weakref.WeakSet()
+
+
+def _close_at_exit() -> None:
+    """Close the sessions a program leaves open when the interpreter exits, as Python
+    flushes an open file's buffers: their datasets' writes reach the catalog. Left open, the
+    objects would stand on their tiers with no row naming them, and the chunks would read
+    as never written until an fsck adopted them. A ``ResourceWarning`` says so, as for an
+    unclosed file. A parallel job's sessions are not closed here (closing is collective,
+    and the ranks may not all have left theirs open): a warning says their writes since
+    their last flush are not recorded."""
+    for session in list(_UNCLOSED):
+        if session._closed:
+            continue
+        if session.comm is not None:
+            warnings.warn(
+                f"{session!r} on rank {session.rank} was never closed: its datasets' writes "
+                "since their last flush are not recorded (close a parallel job's session on "
+                "every rank)",
+                RuntimeWarning,
+                stacklevel=1,
+            )
+            continue
+        warnings.warn(f"{session!r} was never closed: closed at exit", ResourceWarning, 1)
+        try:
+            session.close()
+        except Exception as exc:  # (at exit: said, not raised)
+            print(
+                f"strataio: closing {session!r} at exit failed: {exc}; writes since its "
+                "datasets' last flush may not be recorded (strataio fsck --repair adopts them)",
+                file=sys.stderr,
+            )
+
+
+atexit.register(_close_at_exit)

@@ -160,6 +160,7 @@ def _move(config: str | None, name: str, op: str, section: str | None, tier: str
             else:
                 handle = ds.evict(idx, tier=tier)
             result = _run_move(console, handle, f"{op} {name}")
+            short = _stage_short_of(ds, idx, tier, result) if op == "stage" else ""
         except BaseException:
             # the first failure is the one to report, not a close failing after it
             with contextlib.suppress(StrataError, OSError):
@@ -167,10 +168,42 @@ def _move(config: str | None, name: str, op: str, section: str | None, tier: str
             raise
         ds.close()
     console.print(_summary(op, result, tier))
+    if short:
+        console.print(f"[yellow]note[/]: {short}")
     for key, msg in result.failed[:10]:
         console.print(f"  [red]{key}[/]: {msg}")
     if result.failed:
         sys.exit(1)
+
+
+def _stage_short_of(ds: Any, idx: Any, tier: str | None, result: Any) -> str:
+    """Where a stage's chunks did not all stay on its target tier (a tier smaller than the
+    section: the stage's own later chunks evicted earlier ones), a line saying how many
+    did; else "". The default target is the fastest persistent tier that is up."""
+    from strataio.tiers.store import keys_of
+
+    placement = ds.store.placement
+    target = ds.store.tiers[tier] if tier is not None else placement.stage_target()
+    if target is None:
+        return ""
+    wanted = result.moved + result.reused
+    tiers, copies = ds.store.tiers, ds.residency()
+    limit = tiers.rank(target.name)  # (a chunk on a faster disk tier counts: it was reused)
+    held = sum(
+        1
+        for k in keys_of(ds, idx)
+        if any(
+            tiers.rank(c.tier) <= limit and not tiers[c.tier].volatile for c in copies.get(k, ())
+        )
+    )
+    if held >= wanted:
+        return ""
+    room = f" ({format_size(target.capacity)})" if target.capacity is not None else ""
+    return (
+        f"only {held} of the {wanted} chunks staged or already there are on {target.name} "
+        f"or a faster tier now: its capacity{room} holds fewer, and chunks staged later "
+        "evicted earlier ones (stage a smaller section, or to a larger tier)"
+    )
 
 
 def _summary(op: str, result: Any, tier: str | None) -> str:

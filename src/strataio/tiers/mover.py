@@ -247,7 +247,13 @@ class Mover:
         """Drop the copies of ``keys`` on ``tier``; a chunk whose only copy is there is
         written back to a slower tier first."""
         t = self.tiers[tier]
-        return self._start("evict", res, keys, lambda k: self._evict_one(res, k, t))
+        return self._start(
+            "evict",
+            res,
+            keys,
+            lambda k: self._evict_one(res, k, t),
+            absent=lambda k: res.copy_on(k, t.name) is None,
+        )
 
     def submit(self, fn: Callable[..., T], *args: Any) -> Future[T]:
         """Run ``fn(*args)`` on the pool of puts (the tiered store's parallel puts)."""
@@ -269,7 +275,11 @@ class Mover:
         res: Residency,
         keys: Sequence[str],
         one: Callable[[str], tuple[str, int]],
+        *,
+        absent: Callable[[str], bool] | None = None,
     ) -> MoveHandle:
+        """Run ``one`` on each of ``keys`` on the pool; the chunks ``absent`` names (once the
+        rows are current) count as ``reused`` at once, with no job of their own."""
         keys = list(dict.fromkeys(keys))
         if keys and self.commit.catalog is not None:
             # another process may have moved or rewritten these chunks since the dataset was
@@ -277,6 +287,13 @@ class Mover:
             # changes here not recorded yet, whose rows here are newer)
             res.refresh_from(self.commit.catalog, keys)
         h = MoveHandle(op, len(keys), self.commit, res)
+        if absent is not None:
+            there = [k for k in keys if not absent(k)]
+            for _ in range(len(keys) - len(there)):
+                h._count("reused")
+            if keys and not there:
+                return h  # (the last count finished it)
+            keys = there
 
         def job(key: str) -> None:
             if h.cancelled:

@@ -858,6 +858,7 @@ class TieredChunkStore(ChunkStore):
         home = self.placement.home(self.hint, self.chosen)
         todo = [(k, memoryview(v).cast("B")) for k, v in items]
         errors: list[str] = []
+        too_small: dict[str, int] = {}  # tier -> the largest chunk it could never hold
         for tier in self.placement.write_order(self.hint, self.chosen):
             if not todo or not tier.up:
                 continue
@@ -875,6 +876,8 @@ class TieredChunkStore(ChunkStore):
                     else:
                         tier.release(self.res.end_count(k, tier.name, room))
                         rest.append((k, v))
+                        if tier.capacity is not None and len(v) > tier.capacity:
+                            too_small[tier.name] = max(too_small.get(tier.name, 0), len(v))
             except BaseException:
                 for k, _ in todo:
                     tier.release(room.get(k, 0) + self.res.end_count(k, tier.name, room))
@@ -884,6 +887,11 @@ class TieredChunkStore(ChunkStore):
             # (the chunks that fitted are stored: room is claimed tier by tier, and a claim may
             # first evict other chunks, so a write cannot know beforehand that all will fit)
             left = sorted(k for k, _ in todo)
+            errors += [
+                f"tier {name!r} holds {self.tiers[name].capacity} bytes in all, less than "
+                f"a chunk of {n} bytes"
+                for name, n in too_small.items()
+            ]
             raise ChunksNotStoredError(
                 f"dataset {self.name!r}: {len(todo)} of {len(items)} chunks could not be stored "
                 f"on any tier the hint {self.hint} allows "
@@ -1122,8 +1130,8 @@ class TieredChunkStore(ChunkStore):
         self._check_readable()
         self.flush()
         self.tiers[tier]  # unknown tier: NotFoundError before anything moves
-        there = {c.key for c in self.res.on_tier(tier)}
-        return self.mover.evict(self.res, [k for k in keys if k in there], tier)
+        self.res.learn(keys)
+        return self.mover.evict(self.res, keys, tier)
 
     def residency_table(self) -> dict[str, list[ChunkCopy]]:
         """Every chunk's copies, fastest tier first (for ``strataio info``)."""
