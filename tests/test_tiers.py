@@ -920,21 +920,26 @@ def test_a_span_read_of_a_chunk_moved_to_the_archive_stages_it(tmp_path):
 
 
 _LEFT_OPEN = """
-import sys, numpy as np, strataio
+import gc, sys, numpy as np, strataio
 from strataio.storage.posix import PosixBackend
 from strataio.tiers.tier import Tier, TierSet
 root = sys.argv[1]
-s = strataio.Session(tiers=TierSet([Tier("local", PosixBackend(root + "/local"), "localdisk")]),
-                     catalog=root + "/cat.db")
-ds = s.create_dataset("a", (40, 40), "i4", (10, 10), hint="LOCALDISK")
-ds[...] = np.full((40, 40), 7, "i4")
-ds.flush()
-ds[0:10, 0:20] = 9  # (not flushed, and neither the dataset nor the session is closed)
+def write():
+    s = strataio.Session(
+        tiers=TierSet([Tier("local", PosixBackend(root + "/local"), "localdisk")]),
+        catalog=root + "/cat.db",
+    )
+    ds = s.create_dataset("a", (40, 40), "i4", (10, 10), hint="LOCALDISK")
+    ds[...] = np.full((40, 40), 7, "i4")
+    ds.flush()
+    ds[0:10, 0:20] = 9  # (not flushed, and neither the dataset nor the session is closed)
+write()  # (the session dropped unclosed)
+gc.collect()
 """
 
 
 def test_a_session_left_open_at_exit_is_closed_and_its_writes_recorded(tmp_path):
-    """A program that exits without closing its Session has its writes recorded, as Python
+    """A program that drops its Session unclosed and exits has its writes recorded, as Python
     flushes an unclosed file: the chunks read back as written, not as never written, and
     fsck finds nothing to adopt. The warning is a ResourceWarning (shown in dev mode)."""
     import subprocess

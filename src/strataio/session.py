@@ -28,7 +28,6 @@ import numbers
 import os
 import sys
 import warnings
-import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -318,7 +317,7 @@ class Session:
         self._open: list[TieredChunkStore] = []
         self._superfiles: list[Superfile] = []
         self._closed = False
-        _UNCLOSED.add(self)
+        _UNCLOSED[id(self)] = self
 
     # ----------------------------------------------------------------- datasets
     def create_dataset(
@@ -568,7 +567,7 @@ class Session:
         """Close every dataset still open, the mover, the tiers and the catalog."""
         if self._closed:
             return
-        _UNCLOSED.discard(self)
+        _UNCLOSED.pop(id(self), None)
         try:
             for sf in list(self._superfiles):
                 sf.close()  # seals its open container before its store closes
@@ -681,8 +680,9 @@ def _catalog_url(config: Any) -> str:
     return url
 
 
-#: sessions not closed yet (see _close_at_exit)
-_UNCLOSED: weakref.WeakSet[Session] = weakref.WeakSet()
+#: sessions not closed yet, by id (see _close_at_exit): held, so that a session a program
+#: drops unclosed is not collected with its writes unrecorded, but closed at exit
+_UNCLOSED: dict[int, Session] = {}
 
 
 def _close_at_exit() -> None:
@@ -693,7 +693,7 @@ def _close_at_exit() -> None:
     unclosed file. A parallel job's sessions are not closed here (closing is collective,
     and the ranks may not all have left theirs open): a warning says their writes since
     their last flush are not recorded."""
-    for session in list(_UNCLOSED):
+    for session in list(_UNCLOSED.values()):
         if session._closed:
             continue
         if session.comm is not None:
