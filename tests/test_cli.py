@@ -54,6 +54,12 @@ def test_info_partial_dataset_and_foreign_writer(tmp_path) -> None:
     assert len(files) == 3
     assert "3 / 12" in res.output and "int16" in res.output
     assert f"{sum(os.path.getsize(f) for f in files)} (" in res.output
+    assert "unfinished writes" not in res.output
+    # a writer killed in a put leaves its temporary file: info names it
+    (path / "c" / "0" / "0.4242.7.strataio-tmp").write_bytes(b"half")
+    res = CliRunner().invoke(main, ["info", str(path)])
+    assert res.exit_code == 0, res.output
+    assert "unfinished writes" in res.output and "1 temporary file(s)" in res.output
 
     # an array written by zarr-python is described the same way
     zpath = tmp_path / "z.zarr"
