@@ -133,3 +133,36 @@ def test_counts_and_factors_are_checked_before_anything_runs(args: list[str]) ->
     got = CliRunner().invoke(main, args)
     assert got.exit_code == 2 and "Traceback" not in got.output
     assert f"Invalid value for '{args[-2]}'" in got.output
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["flatten", "--pieces", "0"], "--pieces"),
+        (["flatten", "--realms", "0"], "--realms"),
+        (["sieving", "--file-mib", "0"], "--file-mib"),
+        (["irregular", "--reps", "0"], "--reps"),
+        (["irregular", "--items", "0"], "--items"),
+        (["loopcache", "--loops", "0"], "--loops"),
+        (["loopcache", "--hint", "cb_nodes"], "is not KEY=VALUE"),
+        (["realms", "--hint", "=4"], "is not KEY=VALUE"),
+        (["realms", "--reps", "0"], "--reps"),
+        (["sliding-window", "--scale", "0"], "--scale"),
+        (["overlap", "--sections", "0"], "--sections"),
+        (["tape", "--size", "0"], "--size"),
+        (["tape", "--chunk", "0"], "--chunk"),
+        (["predict", "--max-size", "0"], "at least 1KiB"),
+        (["predict", "--runs", "0"], "--runs"),
+        (["compress", "--ranks", "0"], "--ranks"),
+        (["compress", "--per-rank", "0"], "not a positive size"),
+        (["superfile", "--counts", "abc"], "expected counts"),
+        (["superfile", "--counts", "0"], "at least 1"),
+    ],
+)
+def test_bench_options_out_of_range_are_usage_errors(args, says) -> None:
+    """Zero or malformed counts, sizes and hints are refused before anything runs, with a
+    message naming the option (not a traceback, a hang or a table of nothing)."""
+    res = CliRunner().invoke(main, ["bench", *args])
+    assert res.exit_code in (1, 2), res.output
+    assert says in res.output, res.output
+    assert res.exception is None or isinstance(res.exception, SystemExit), res.exception

@@ -237,6 +237,9 @@ def test_serial_buffer_specs(tmp_path: Path) -> None:
         overlapping = MPI.BYTE.Create_contiguous(16).Create_resized(0, 8).Commit()
         with pytest.raises(ViewError, match="tiles overlap"):
             f.set_view(0, MPI.BYTE, overlapping)
+        overlapping = MPI.BYTE.Create_indexed([2, 2], [0, 1]).Commit()  # bytes 0-1 and 1-2
+        with pytest.raises(ViewError, match="must not overlap .* byte 1 starts before"):
+            f.set_view(0, MPI.BYTE, overlapping)
         f.set_view(0, MPI.BYTE, MPI.BYTE.Create_contiguous(8).Create_resized(0, 8).Commit())
     raw = np.fromfile(tmp_path / "g.bin", dtype=np.float64)
     assert np.array_equal(raw, [0, 3, 6, 9, 1, 0, 1])

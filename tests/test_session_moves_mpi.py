@@ -28,3 +28,11 @@ def test_every_rank_reads_what_another_rank_rewrote(tmp_path):
     """No rank keeps a copy (a staged one, a prefetched one) that hides a later rewrite."""
     out = run_mpi(2, "tiers_stale_stage.py", tmp_path)
     assert out.strip().splitlines()[-1] == "ok"
+
+
+@pytest.mark.mpi
+def test_a_move_the_ranks_ask_for_differently_raises_on_every_rank(tmp_path):
+    """A move is collective and rank 0 runs it for all: ranks naming other tiers or sections
+    (or a tier one rank does not know) make every rank raise, and nothing moves."""
+    out = run_mpi(2, "tiers_move_arguments.py", tmp_path, timeout=120)
+    assert out.strip().splitlines()[-1] == "ok"

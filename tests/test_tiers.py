@@ -398,6 +398,36 @@ def test_read_fails_over_to_another_copy_and_marks_tier_down(tmp_path):
         ds.close()
 
 
+def test_a_running_session_reads_again_from_a_tier_that_answers_again(tmp_path, monkeypatch):
+    """A chunk whose only copy sits on a tier that went down fails to read, saying so (and
+    that nothing is lost); once the tier answers, the same session reads it again: a read
+    probes a down tier again, at most every ``Tier.RECHECK_S`` seconds."""
+    a = np.random.default_rng(7).random((20, 20))
+    root = tmp_path / "remote"
+    with session(tmp_path) as s:
+        ds = s.create_dataset("a", a.shape, a.dtype, (10, 10), hint="REMOTEDISK")
+        ds[...] = a
+        ds.close()
+        ds = s.open_dataset("a")
+        root.rename(tmp_path / "remote.away")  # the tier stops answering (I/O errors)
+        root.write_bytes(b"")
+        monkeypatch.setattr(Tier, "RECHECK_S", 3600.0)
+        with pytest.raises(BackendError) as info:
+            ds[...]
+        msg = str(info.value)
+        assert "tiers that are down" in msg and "nothing is lost" in msg and "fsck" not in msg
+        assert not s.tiers["remote"].up
+        root.unlink()
+        (tmp_path / "remote.away").rename(root)  # it answers again
+        with pytest.raises(BackendError):
+            ds[...]  # (probed again only RECHECK_S after its failure)
+        monkeypatch.setattr(Tier, "RECHECK_S", 0.0)
+        np.testing.assert_array_equal(ds[...], a)
+        assert s.tiers["remote"].up
+        assert {t.name: t.state for t in s.catalog.tiers()}["remote"] == "up"
+        ds.close()
+
+
 def test_a_read_racing_an_eviction_falls_back_to_the_archive(tmp_path):
     """An eviction may drop the fast copy between a read choosing it and reading it: the read
     must then take the archive copy, not skip it."""

@@ -28,12 +28,13 @@ import numbers
 import os
 import sys
 import warnings
+import zlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
-from strataio.agreed import agree
+from strataio.agreed import agree, differs
 from strataio.arrays.codecs import CodecPipeline
 from strataio.arrays.dataset import Dataset
 from strataio.arrays.metadata import ArrayMetadata
@@ -103,6 +104,7 @@ class TieredDataset(Dataset):
         with room); chunks already on a tier that fast are not copied again."""
         self._check_open()
         keys = keys_of(self, section)
+        self._same_move_on_every_rank("stage", keys, to)
         return self._move(lambda: self.store.stage(keys, to))
 
     def prefetch(self, section: Any = None) -> MoveHandle:
@@ -117,6 +119,7 @@ class TieredDataset(Dataset):
         self._check_open()
         keys = keys_of(self, section)
         target = to if to is not None else self.store.placement.persistent()[-1].name
+        self._same_move_on_every_rank("migrate", keys, target)
         return self._move(lambda: self.store.migrate(keys, target))
 
     def evict(self, section: Any = None, tier: str | None = None) -> MoveHandle | FinishedMove:
@@ -125,7 +128,29 @@ class TieredDataset(Dataset):
         self._check_open()
         keys = keys_of(self, section)
         name = tier if tier is not None else self.store.placement.persistent()[0].name
+        self._same_move_on_every_rank("evict", keys, name)
         return self._move(lambda: self.store.evict(keys, name))
+
+    def _same_move_on_every_rank(self, op: str, keys: list[str], tier: str | None) -> None:
+        """In a parallel job, raise on every rank unless each asked for the same move (the
+        same chunks, the same tier) of a tier the session knows: a move is collective, and
+        rank 0 runs it for all, so a rank's other arguments would be silently ignored."""
+        if self.comm is None:
+            return
+        checked: BaseException | None = None
+        try:
+            if tier is not None:
+                self.store.tiers[tier]  # (NotFoundError naming the tiers there are)
+        except StrataError as exc:
+            checked = exc
+        agree(self.comm, checked)
+        said = zlib.crc32("\n".join([op, tier or "", *keys]).encode())
+        if differs(self.comm, [said, len(keys)]):
+            raise ArgumentError(
+                f"{op} of dataset {self.name!r} is collective, and the ranks asked for "
+                f"different ones (this rank: {len(keys)} chunks, tier {tier or 'default'}): "
+                "every rank must pass the same section and tier"
+            )
 
     def _move(self, start: Callable[[], MoveHandle]) -> MoveHandle | FinishedMove:
         """Start a move: at once in a single process; collectively in a parallel job.

@@ -24,6 +24,7 @@ import strataio
 from strataio.arrays.dataset import Dataset
 from strataio.arrays.store import CountingChunkStore
 from strataio.errors import (
+    ArgumentError,
     ChecksumError,
     CodecError,
     DtypeMismatchError,
@@ -127,6 +128,11 @@ data = np.array([["x"] * 6]) if rank == nprocs - 1 else np.zeros((1, 6), "<i8")
 check(
     raises_everywhere(lambda: ds.write_all(np.s_[rank : rank + 1], data), DtypeMismatchError),
     "dtype mismatch",
+)
+data = None if rank == nprocs - 1 else np.zeros((1, 6), "<i8")
+check(
+    raises_everywhere(lambda: ds.write_all(np.s_[rank : rank + 1], data), ArgumentError),
+    "a selection without data",
 )
 check(np.array_equal(ds.read_all(...), before), "nothing written by failed calls")
 ro = strataio.open_dataset(root / "one", "r", comm=comm)

@@ -16,21 +16,15 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from disk_and_tape import disk_and_tape
 from mpi4py import MPI
 
 import strataio
-from strataio.storage.posix import PosixBackend
-from strataio.tiers.tier import Tier, TierSet
 
 comm = MPI.COMM_WORLD
 rank = comm.Get_rank()
 root = Path(sys.argv[1])
-tiers = TierSet(
-    [
-        Tier("disk", PosixBackend(root / "disk"), "localdisk", order=0),
-        Tier("tape", PosixBackend(root / "tape"), "remotetape", order=1),
-    ]
-)
+tiers = disk_and_tape(root)
 with strataio.Session(tiers=tiers, catalog=root / "cat.db", comm=comm) as s:
     ds = s.create_dataset("x", (20, 20), "f8", (10, 10), hint="REMOTETAPE")
     if rank == 0:

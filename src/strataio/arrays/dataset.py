@@ -396,6 +396,12 @@ class Dataset:
             options = ShardWriteOptions.parse(hints)
             if selection is not None:
                 section = self._section(Section.from_index, selection)
+                if data is None:
+                    of = f" of {self.name!r}" if self.name else ""
+                    raise ArgumentError(
+                        f"write_all{of}: a selection ({selection!r}) with no data; a rank with "
+                        "nothing to write passes None for both"
+                    )
                 arr = self._coerce(data, section.result_shape, section.shape)
         except Exception as exc:  # any failure here must reach the other ranks
             err = exc

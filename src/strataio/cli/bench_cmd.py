@@ -32,6 +32,7 @@ from strataio.bench.sections import (
 from strataio.cli import bench
 from strataio.cli.output import (
     COUNTS,
+    KEY_VALUE,
     NON_NEGATIVE,
     POSITIVE,
     json_option,
@@ -219,7 +220,13 @@ def render_collective(rows: list[dict[str, Any]], console: Console) -> None:
 
 
 @bench.command("sections")
-@click.option("--size", default=8000, show_default=True, help="Side of the square float32 array.")
+@click.option(
+    "--size",
+    default=8000,
+    type=click.IntRange(min=1),
+    show_default=True,
+    help="Side of the square float32 array.",
+)
 @click.option(
     "--chunks",
     default=None,
@@ -227,7 +234,13 @@ def render_collective(rows: list[dict[str, Any]], console: Console) -> None:
     "160,320 at 8000].",
 )
 @click.option("--patterns", default="ABCDEFGH", show_default=True, help="Patterns to run.")
-@click.option("--repeat", default=3, show_default=True, help="Calls per measurement (median).")
+@click.option(
+    "--repeat",
+    default=3,
+    type=click.IntRange(min=1),
+    show_default=True,
+    help="Calls per measurement (median).",
+)
 @click.option("--ops", default="read,write", show_default=True, help="Operations.")
 @click.option(
     "--cache",
@@ -441,7 +454,9 @@ def _sections_collective(
 
 
 @bench.command("superfile")
-@click.option("--counts", default="100,1000", show_default=True, help="Numbers of files.")
+@click.option(
+    "--counts", type=COUNTS, default="100,1000", show_default=True, help="Numbers of files."
+)
 @click.option("--size", "member_size", default="64KiB", show_default=True, help="Bytes per file.")
 @click.option(
     "--presets",
@@ -464,7 +479,7 @@ def _sections_collective(
 )
 @json_option
 def superfile_cmd(
-    counts: str,
+    counts: list[int],
     member_size: str,
     presets: str,
     time_scale: float,
@@ -484,7 +499,7 @@ def superfile_cmd(
 
     try:
         result = run_superfile(
-            counts=[int(c) for c in _csv(counts)],
+            counts=counts,
             member_bytes=size(member_size),
             presets=_csv(presets),
             time_scale=time_scale,
@@ -533,13 +548,22 @@ def _realm_bench(benches: list[str], ranks: list[int], drivers: tuple[str, ...],
     return rows
 
 
+#: repetitions of a benchmark's measurement, the median reported
+_reps_option = click.option(
+    "--reps",
+    default=3,
+    type=click.IntRange(min=1),
+    show_default=True,
+    help="Repetitions (median reported).",
+)
+
 _realm_options = [
     click.option("--ranks", type=COUNTS, default="1,2,4", show_default=True,
                  help="Comma-separated rank counts."),
     click.option("--driver", "drivers", multiple=True, type=click.Choice(["local", "pfs"]),
                  help="local disk, pfs (shaped driver, parallel-file-system preset); default both."),
-    click.option("--reps", default=3, show_default=True, help="Repetitions (median reported)."),
-    click.option("--hint", "hints", multiple=True, help="KEY=VALUE hint added to every policy."),
+    _reps_option,
+    click.option("--hint", "hints", multiple=True, type=KEY_VALUE, help="KEY=VALUE hint added to every policy."),
     json_option,
     click.option("--timeout", type=POSITIVE, default=600.0, show_default=True, help="Seconds per mpiexec launch."),
 ]  # fmt: skip
@@ -552,7 +576,7 @@ def _with_realm_options(fn: Any) -> Any:
 
 
 @bench.command("sliding-window")
-@click.option("--scale", default=1 / 4, show_default=True,
+@click.option("--scale", default=1 / 4, type=POSITIVE, show_default=True,
               help="Tile size against the thesis's 3 MiB (1/4: 768 KiB tiles, a 48 MiB file).")  # fmt: skip
 @_with_realm_options
 def sliding_window_cmd(
@@ -586,11 +610,23 @@ def realms_cmd(
 
 
 @bench.command("compress")
-@click.option("--ranks", default=4, show_default=True, help="Ranks (under mpiexec).")
+@click.option(
+    "--ranks",
+    default=4,
+    type=click.IntRange(min=1),
+    show_default=True,
+    help="Ranks (under mpiexec).",
+)
 @click.option(
     "--per-rank", "per_rank", default="16MiB", show_default=True, help="Bytes each rank writes."
 )
-@click.option("--repeat", default=5, show_default=True, help="Timed rounds (median).")
+@click.option(
+    "--repeat",
+    default=5,
+    type=click.IntRange(min=1),
+    show_default=True,
+    help="Timed rounds (median).",
+)
 @click.option(
     "--bandwidth",
     default="200MB",
@@ -630,6 +666,8 @@ def compress_cmd(
         rate = parse_size(bandwidth, where="--bandwidth")
     except StrataError as exc:
         raise click.BadParameter(str(exc)) from None
+    if not nbytes:
+        raise click.BadParameter(f"{per_rank!r} is not a positive size", param_hint="--per-rank")
     unknown = set(_csv(storages)) - {"local", "shaped"}
     if unknown or ranks < 1 or repeat < 1:
         raise click.UsageError(
@@ -702,10 +740,12 @@ def _render_irregular(rows: list[dict[str, Any]], console: Console) -> None:
 @click.option(
     "--ranks", type=COUNTS, default="4", show_default=True, help="Comma-separated rank counts."
 )
-@click.option("--items", default=262144, show_default=True, help="Items per rank.")
+@click.option(
+    "--items", default=262144, type=click.IntRange(min=1), show_default=True, help="Items per rank."
+)
 @click.option("--itemsize", "itemsizes", default="16,32", show_default=True,
               help="Bytes per item (16, 32: 4 and 8 MiB per rank at the default items).")  # fmt: skip
-@click.option("--reps", default=3, show_default=True, help="Repetitions (median reported).")
+@_reps_option
 @json_option
 @click.option(
     "--timeout", type=POSITIVE, default=600.0, show_default=True, help="Seconds per mpiexec launch."
@@ -754,13 +794,17 @@ def _render_loopcache(rows: list[dict[str, Any]], console: Console) -> None:
 )
 @click.option("--index-bytes", "sizes", default="4KiB,16KiB,64KiB,256KiB,1MiB",
               show_default=True, help="Indirection array per rank (4-byte indices).")  # fmt: skip
-@click.option("--loops", default=4, show_default=True, help="Irregular loops.")
+@click.option(
+    "--loops", default=4, type=click.IntRange(min=1), show_default=True, help="Irregular loops."
+)
 @click.option("--driver", "drivers", multiple=True, type=click.Choice(["local", "pfs"]),
               help="local disk, pfs (shaped driver, parallel-file-system preset); default both.")  # fmt: skip
 @click.option("--layout", "layouts", multiple=True, type=click.Choice(["range", "scattered"]),
               help="range (the paper's Figure 1; default) or scattered windows.")  # fmt: skip
-@click.option("--hint", "hints", multiple=True, help="KEY=VALUE hint for both methods.")
-@click.option("--reps", default=3, show_default=True, help="Repetitions (median reported).")
+@click.option(
+    "--hint", "hints", multiple=True, type=KEY_VALUE, help="KEY=VALUE hint for both methods."
+)
+@_reps_option
 @json_option
 @click.option(
     "--timeout", type=POSITIVE, default=600.0, show_default=True, help="Seconds per mpiexec launch."

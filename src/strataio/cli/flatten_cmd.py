@@ -17,9 +17,27 @@ def _ms(t: float) -> str:
 
 
 @bench.command("flatten")
-@click.option("--pieces", default=1_000_000, show_default=True, help="Blocks per datatype.")
-@click.option("--realms", default=16, show_default=True, help="File realms to split over.")
-@click.option("--repeat", default=5, show_default=True, help="Repetitions (median reported).")
+@click.option(
+    "--pieces",
+    default=1_000_000,
+    type=click.IntRange(min=1),
+    show_default=True,
+    help="Blocks per datatype.",
+)
+@click.option(
+    "--realms",
+    default=16,
+    type=click.IntRange(min=1),
+    show_default=True,
+    help="File realms to split over.",
+)
+@click.option(
+    "--repeat",
+    default=5,
+    type=click.IntRange(min=1),
+    show_default=True,
+    help="Repetitions (median reported).",
+)
 @json_option
 def flatten_cmd(pieces: int, realms: int, repeat: int, json_path: Path | None) -> None:
     """Flatten million-piece MPI datatypes and split them over file realms."""
@@ -67,15 +85,33 @@ def flatten_cmd(pieces: int, realms: int, repeat: int, json_path: Path | None) -
 
 
 @bench.command("sieving")
-@click.option("--file-mib", default=32, show_default=True, help="File size in MiB.")
-@click.option("--repeat", default=3, show_default=True, help="Repetitions (median reported).")
+@click.option(
+    "--file-mib",
+    default=32,
+    type=click.IntRange(min=1),
+    show_default=True,
+    help="File size in MiB.",
+)
+@click.option(
+    "--repeat",
+    default=3,
+    type=click.IntRange(min=1),
+    show_default=True,
+    help="Repetitions (median reported).",
+)
 @click.option(
     "--sweep",
     is_flag=True,
     help="Instead: the two-phase window sweep (extent 1 KiB - 1 MiB, sieved vs one call per "
     "piece), its crossovers and the sieving threshold it picks.",
 )
-@click.option("--rounds", default=5, show_default=True, help="With --sweep: whole sweeps, pooled.")
+@click.option(
+    "--rounds",
+    default=5,
+    type=click.IntRange(min=1),
+    show_default=True,
+    help="With --sweep: whole sweeps, pooled.",
+)
 @json_option
 def sieving_cmd(
     file_mib: int, repeat: int, sweep: bool, rounds: int, json_path: Path | None

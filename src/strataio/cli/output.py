@@ -66,6 +66,19 @@ class FiniteFloat(click.ParamType):
         return number
 
 
+class KeyValue(click.ParamType):
+    """A ``KEY=VALUE`` argument (an MPI-IO hint, say), taken as written."""
+
+    name = "KEY=VALUE"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        key, eq, _ = str(value).partition("=")
+        if not eq or not key.strip():
+            self.fail(f"{value!r} is not KEY=VALUE", param, ctx)
+        return value
+
+
+KEY_VALUE = KeyValue()
 COUNTS = CountList()
 POSITIVE = FiniteFloat()
 NON_NEGATIVE = FiniteFloat(zero=True)

@@ -21,6 +21,14 @@ from strataio.cli.output import (
 )
 from strataio.sizes import parse_size
 
+#: measurements per transfer size in a calibration
+_repeat_option = click.option(
+    "--repeat",
+    default=3,
+    type=click.IntRange(min=1),
+    show_default=True,
+    help="measurements per size",
+)
 _config_option = click.option(
     "-c",
     "--config",
@@ -34,7 +42,7 @@ _config_option = click.option(
 @main.command("calibrate")
 @click.option("--tier", "tiers", multiple=True, help="tier to calibrate (repeatable; default all)")
 @click.option("--max-size", default="256MiB", show_default=True, help="largest transfer size")
-@click.option("--repeat", default=3, show_default=True, help="measurements per size")
+@_repeat_option
 @click.option(
     "--concurrency",
     type=COUNTS,
@@ -257,9 +265,15 @@ def placement_lines(record, writes_to: list[str]) -> list[str]:  # type: ignore[
     help="folder for the tiers and the catalog (default: a temporary one)",
 )
 @click.option("--max-size", default="4MiB", show_default=True, help="largest calibrated size")
-@click.option("--repeat", default=3, show_default=True, help="measurements per size")
+@_repeat_option
 @click.option("--no-calibrate", is_flag=True, help="reuse the calibration in --dir")
-@click.option("--runs", default=3, show_default=True, help="measured runs per workload (median)")
+@click.option(
+    "--runs",
+    default=3,
+    type=click.IntRange(min=1),
+    show_default=True,
+    help="measured runs per workload (median)",
+)
 @click.option("--workload", "names", multiple=True, help="run only these (repeatable)")
 @json_option
 @handle_errors
@@ -282,6 +296,8 @@ def bench_predict(
     if unknown:
         raise UsageProblem(f"unknown workload {unknown[0]!r} (known: {', '.join(SUITE)})")
     top = parse_size(max_size, where="--max-size") or 0
+    if top < 1024:
+        raise UsageProblem("--max-size must be at least 1KiB")
     err = make_console(stderr=True)
     with tempfile.TemporaryDirectory(prefix="strataio-bench-predict-") as tmp:
         result = run_suite(

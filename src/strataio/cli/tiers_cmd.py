@@ -385,8 +385,20 @@ def residency_info(name: str, config: str | None = None, console: Console | None
 
 # ----------------------------------------------------------------------------- benchmarks
 @bench.command("tape")
-@click.option("--size", default=4000, show_default=True, help="array edge (elements)")
-@click.option("--chunk", default=80, show_default=True, help="chunk edge (elements)")
+@click.option(
+    "--size",
+    default=4000,
+    type=click.IntRange(min=1),
+    show_default=True,
+    help="array edge (elements)",
+)
+@click.option(
+    "--chunk",
+    default=80,
+    type=click.IntRange(min=1),
+    show_default=True,
+    help="chunk edge (elements)",
+)
 @click.option(
     "--time-scale",
     type=NON_NEGATIVE,
@@ -407,7 +419,13 @@ def bench_tape(size: int, chunk: int, time_scale: float, json_path: Path | None)
 
 
 @bench.command("overlap")
-@click.option("--sections", default=8, show_default=True, help="sections in the loop")
+@click.option(
+    "--sections",
+    default=8,
+    type=click.IntRange(min=1),
+    show_default=True,
+    help="sections in the loop",
+)
 @click.option(
     "--time-scale",
     type=NON_NEGATIVE,

@@ -261,10 +261,16 @@ def _checked_view(etype: FlatType, ft: FlatType) -> int:
             f"filetype holds {ft.size} bytes, not a whole number of {esize}-byte etypes"
         )
     ext = ft.extents
-    if len(ext) and (
-        int(ext.offsets.min()) < 0 or not bool(np.all(ext.offsets[1:] >= ext.ends[:-1]))
-    ):
-        raise ViewError("filetype displacements must be non-negative and non-decreasing")
+    if len(ext) and int(ext.offsets.min()) < 0:
+        raise ViewError("filetype displacements must be non-negative (MPI-IO file views)")
+    later = ext.offsets[1:] < ext.ends[:-1] if len(ext) else np.zeros(0, bool)
+    if bool(np.any(later)):
+        i = int(np.argmax(later))
+        raise ViewError(
+            f"filetype pieces must not overlap and must go forward in the file (MPI-IO file "
+            f"views): the piece at byte {int(ext.offsets[i + 1])} starts before the one at "
+            f"byte {int(ext.offsets[i])} ends ({int(ext.ends[i])})"
+        )
     _check_etype_alignment(ext, etype)
     if ft.size and ft.extent <= 0:
         raise ViewError(f"filetype extent {ft.extent} must be positive")

@@ -205,6 +205,7 @@ class TieredChunkStore(ChunkStore):
         gone: dict[int, ChunkCopy] = {}
         refreshes: Counter[int] = Counter()  # catalog lookups per chunk in this read
         moving: set[int] = set()  # chunks whose last lookup found their rows changed
+        probed: set[int] = set()  # chunks whose down tiers this read probed again
         while pending:
             groups: dict[str, list[tuple[int, ChunkCopy]]] = {}
             # another process may have moved chunks since this dataset was opened (and may
@@ -236,6 +237,10 @@ class TieredChunkStore(ChunkStore):
                 if not copies:
                     if i not in out_of_copies and self._may_look_again(i, refreshes, moving):
                         continue  # (its copies changed since the look above: look again)
+                    if i not in probed and self._recheck_tiers_of(keys[i]):
+                        probed.add(i)  # (a tier holding a copy answers again: read it there)
+                        pending[i] = set()
+                        continue
                     raise self._lost(
                         keys[i], corrupt.get(i, []), refreshes[i], i in moving, gone.get(i)
                     )
@@ -768,6 +773,15 @@ class TieredChunkStore(ChunkStore):
         limit = self.REFRESHES_WHILE_CHANGING if i in moving else self.REFRESHES
         return refreshes[i] < limit
 
+    def _recheck_tiers_of(self, key: str) -> bool:
+        """Probe again the down tiers holding copies of ``key`` (each at most every
+        :attr:`Tier.RECHECK_S`); True if one of them answers now."""
+        copies = self.res.copies(key)
+        down = sorted(
+            {c.tier for c in copies if c.tier in self.tiers and not self.tiers[c.tier].up}
+        )
+        return any([self.tiers[name].recheck() for name in down])
+
     def _refresh(self, keys: list[str]) -> list[int]:
         """Reload the copies of chunks ``keys`` from the catalog (one query; where this
         process holds one): positions in ``keys`` of the chunks whose copies changed."""
@@ -816,6 +830,19 @@ class TieredChunkStore(ChunkStore):
             )
         where = ", ".join(f"{c.tier}({c.state})" for c in self.res.copies(key)) or "none"
         down = [t.name for t in self.tiers if not t.up]
+        held = [
+            t
+            for t in self.tiers
+            if not t.up and any(c.tier == t.name for c in self.res.copies(key))
+        ]
+        if held and not corrupt:
+            said = "; ".join(f"{t.name}: {t.last_error}" for t in held)
+            return BackendError(
+                f"chunk {key!r} of {self.name!r}: its copies are on tiers that are down "
+                f"({said}; catalogued copies: {where}); nothing is lost: read again once "
+                f"they answer (a read probes a down tier again after {Tier.RECHECK_S:g} s; "
+                "'strataio tiers --check' probes them at once)"
+            )
         return BackendError(
             f"chunk {key!r} of {self.name!r}: no readable intact copy (catalogued copies: "
             f"{where}; tiers down: {', '.join(down) or 'none'}); run 'strataio fsck'"

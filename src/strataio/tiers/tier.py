@@ -130,6 +130,10 @@ class Tier:
     _lock: threading.Lock = field(init=False, repr=False, default_factory=threading.Lock)
     _changed: threading.Condition = field(init=False, repr=False)
     _keeps_versions: bool | None = field(init=False, repr=False, default=None)
+    _probed: float = field(init=False, repr=False, default=0.0)  # (monotonic s; see recheck)
+
+    #: seconds at least between two probes of a down tier made on reads' behalf (:meth:`recheck`)
+    RECHECK_S = 2.0
 
     def __post_init__(self) -> None:
         if self.role not in TIER_ROLES:
@@ -165,6 +169,7 @@ class Tier:
         changed = self.state != "down"
         self.state = "down"
         self.last_error = str(error) or type(error).__name__
+        self._probed = time.monotonic()  # (it just failed: no probe before RECHECK_S)
         if changed and self.commit is not None:
             self.commit.tier_changed(self)
 
@@ -190,6 +195,18 @@ class Tier:
                 err = TierDownError(f"tier {self.name!r} failed and is now marked down: {exc}")
                 err.tier = self.name  # type: ignore[attr-defined]
                 raise err from exc
+
+    def recheck(self) -> bool:
+        """Whether the tier is up, probing it (:meth:`check`) where it is down and was last
+        probed, or failed, :attr:`RECHECK_S` seconds ago or more: a read that finds a chunk's
+        only copies on down tiers asks, so a long-running job sees a tier come back (another
+        process's ``strataio tiers --check`` marks it up in the catalog, not here)."""
+        if self.up:
+            return True
+        if time.monotonic() - self._probed < self.RECHECK_S:
+            return False
+        self._probed = time.monotonic()
+        return self.check()
 
     def check(self) -> bool:
         """Probe the backend (put, get, delete a small object); update and return health."""
