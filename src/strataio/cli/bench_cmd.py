@@ -35,6 +35,7 @@ from strataio.cli.output import (
     KEY_VALUE,
     NON_NEGATIVE,
     POSITIVE,
+    count_option,
     json_option,
     make_console,
     write_json,
@@ -220,13 +221,7 @@ def render_collective(rows: list[dict[str, Any]], console: Console) -> None:
 
 
 @bench.command("sections")
-@click.option(
-    "--size",
-    default=8000,
-    type=click.IntRange(min=1),
-    show_default=True,
-    help="Side of the square float32 array.",
-)
+@count_option("--size", 8000, "Side of the square float32 array.")
 @click.option(
     "--chunks",
     default=None,
@@ -234,13 +229,7 @@ def render_collective(rows: list[dict[str, Any]], console: Console) -> None:
     "160,320 at 8000].",
 )
 @click.option("--patterns", default="ABCDEFGH", show_default=True, help="Patterns to run.")
-@click.option(
-    "--repeat",
-    default=3,
-    type=click.IntRange(min=1),
-    show_default=True,
-    help="Calls per measurement (median).",
-)
+@count_option("--repeat", 3, "Calls per measurement (median).")
 @click.option("--ops", default="read,write", show_default=True, help="Operations.")
 @click.option(
     "--cache",
@@ -549,13 +538,7 @@ def _realm_bench(benches: list[str], ranks: list[int], drivers: tuple[str, ...],
 
 
 #: repetitions of a benchmark's measurement, the median reported
-_reps_option = click.option(
-    "--reps",
-    default=3,
-    type=click.IntRange(min=1),
-    show_default=True,
-    help="Repetitions (median reported).",
-)
+_reps_option = count_option("--reps", 3, "Repetitions (median reported).")
 
 _realm_options = [
     click.option("--ranks", type=COUNTS, default="1,2,4", show_default=True,
@@ -610,23 +593,11 @@ def realms_cmd(
 
 
 @bench.command("compress")
-@click.option(
-    "--ranks",
-    default=4,
-    type=click.IntRange(min=1),
-    show_default=True,
-    help="Ranks (under mpiexec).",
-)
+@count_option("--ranks", 4, "Ranks (under mpiexec).")
 @click.option(
     "--per-rank", "per_rank", default="16MiB", show_default=True, help="Bytes each rank writes."
 )
-@click.option(
-    "--repeat",
-    default=5,
-    type=click.IntRange(min=1),
-    show_default=True,
-    help="Timed rounds (median).",
-)
+@count_option("--repeat", 5, "Timed rounds (median).")
 @click.option(
     "--bandwidth",
     default="200MB",
@@ -740,9 +711,7 @@ def _render_irregular(rows: list[dict[str, Any]], console: Console) -> None:
 @click.option(
     "--ranks", type=COUNTS, default="4", show_default=True, help="Comma-separated rank counts."
 )
-@click.option(
-    "--items", default=262144, type=click.IntRange(min=1), show_default=True, help="Items per rank."
-)
+@count_option("--items", 262144, "Items per rank.")
 @click.option("--itemsize", "itemsizes", default="16,32", show_default=True,
               help="Bytes per item (16, 32: 4 and 8 MiB per rank at the default items).")  # fmt: skip
 @_reps_option
@@ -794,9 +763,7 @@ def _render_loopcache(rows: list[dict[str, Any]], console: Console) -> None:
 )
 @click.option("--index-bytes", "sizes", default="4KiB,16KiB,64KiB,256KiB,1MiB",
               show_default=True, help="Indirection array per rank (4-byte indices).")  # fmt: skip
-@click.option(
-    "--loops", default=4, type=click.IntRange(min=1), show_default=True, help="Irregular loops."
-)
+@count_option("--loops", 4, "Irregular loops.")
 @click.option("--driver", "drivers", multiple=True, type=click.Choice(["local", "pfs"]),
               help="local disk, pfs (shaped driver, parallel-file-system preset); default both.")  # fmt: skip
 @click.option("--layout", "layouts", multiple=True, type=click.Choice(["range", "scattered"]),

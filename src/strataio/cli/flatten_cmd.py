@@ -9,7 +9,7 @@ from rich.table import Table
 
 from strataio.bench.flatten import GOAL_SECONDS, run_flatten
 from strataio.cli import bench
-from strataio.cli.output import json_option, make_console, write_json
+from strataio.cli.output import count_option, json_option, make_console, write_json
 
 
 def _ms(t: float) -> str:
@@ -17,27 +17,9 @@ def _ms(t: float) -> str:
 
 
 @bench.command("flatten")
-@click.option(
-    "--pieces",
-    default=1_000_000,
-    type=click.IntRange(min=1),
-    show_default=True,
-    help="Blocks per datatype.",
-)
-@click.option(
-    "--realms",
-    default=16,
-    type=click.IntRange(min=1),
-    show_default=True,
-    help="File realms to split over.",
-)
-@click.option(
-    "--repeat",
-    default=5,
-    type=click.IntRange(min=1),
-    show_default=True,
-    help="Repetitions (median reported).",
-)
+@count_option("--pieces", 1_000_000, "Blocks per datatype.")
+@count_option("--realms", 16, "File realms to split over.")
+@count_option("--repeat", 5, "Repetitions (median reported).")
 @json_option
 def flatten_cmd(pieces: int, realms: int, repeat: int, json_path: Path | None) -> None:
     """Flatten million-piece MPI datatypes and split them over file realms."""
@@ -85,33 +67,15 @@ def flatten_cmd(pieces: int, realms: int, repeat: int, json_path: Path | None) -
 
 
 @bench.command("sieving")
-@click.option(
-    "--file-mib",
-    default=32,
-    type=click.IntRange(min=1),
-    show_default=True,
-    help="File size in MiB.",
-)
-@click.option(
-    "--repeat",
-    default=3,
-    type=click.IntRange(min=1),
-    show_default=True,
-    help="Repetitions (median reported).",
-)
+@count_option("--file-mib", 32, "File size in MiB.")
+@count_option("--repeat", 3, "Repetitions (median reported).")
 @click.option(
     "--sweep",
     is_flag=True,
     help="Instead: the two-phase window sweep (extent 1 KiB - 1 MiB, sieved vs one call per "
     "piece), its crossovers and the sieving threshold it picks.",
 )
-@click.option(
-    "--rounds",
-    default=5,
-    type=click.IntRange(min=1),
-    show_default=True,
-    help="With --sweep: whole sweeps, pooled.",
-)
+@count_option("--rounds", 5, "With --sweep: whole sweeps, pooled.")
 @json_option
 def sieving_cmd(
     file_mib: int, repeat: int, sweep: bool, rounds: int, json_path: Path | None

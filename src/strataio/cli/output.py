@@ -66,6 +66,14 @@ class FiniteFloat(click.ParamType):
         return number
 
 
+def count_option(name: str, default: int, help: str) -> Callable[[Any], Any]:
+    """A click option taking a count of at least 1 (repetitions, ranks, pieces, loops), its
+    default shown: 0 is a usage error naming the option, not a run of nothing."""
+    return click.option(
+        name, default=default, type=click.IntRange(min=1), show_default=True, help=help
+    )
+
+
 class KeyValue(click.ParamType):
     """A ``KEY=VALUE`` argument (an MPI-IO hint, say), taken as written."""
 

@@ -14,6 +14,7 @@ from strataio.cli import bench, main
 from strataio.cli.output import (
     COUNTS,
     UsageProblem,
+    count_option,
     handle_errors,
     json_option,
     make_console,
@@ -22,13 +23,7 @@ from strataio.cli.output import (
 from strataio.sizes import parse_size
 
 #: measurements per transfer size in a calibration
-_repeat_option = click.option(
-    "--repeat",
-    default=3,
-    type=click.IntRange(min=1),
-    show_default=True,
-    help="measurements per size",
-)
+_repeat_option = count_option("--repeat", 3, "measurements per size")
 _config_option = click.option(
     "-c",
     "--config",
@@ -267,13 +262,7 @@ def placement_lines(record, writes_to: list[str]) -> list[str]:  # type: ignore[
 @click.option("--max-size", default="4MiB", show_default=True, help="largest calibrated size")
 @_repeat_option
 @click.option("--no-calibrate", is_flag=True, help="reuse the calibration in --dir")
-@click.option(
-    "--runs",
-    default=3,
-    type=click.IntRange(min=1),
-    show_default=True,
-    help="measured runs per workload (median)",
-)
+@count_option("--runs", 3, "measured runs per workload (median)")
 @click.option("--workload", "names", multiple=True, help="run only these (repeatable)")
 @json_option
 @handle_errors

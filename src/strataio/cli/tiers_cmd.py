@@ -33,6 +33,7 @@ from strataio.cli.context import catalog_exists, open_session
 from strataio.cli.output import (
     NON_NEGATIVE,
     UsageProblem,
+    count_option,
     handle_errors,
     json_option,
     make_console,
@@ -385,20 +386,8 @@ def residency_info(name: str, config: str | None = None, console: Console | None
 
 # ----------------------------------------------------------------------------- benchmarks
 @bench.command("tape")
-@click.option(
-    "--size",
-    default=4000,
-    type=click.IntRange(min=1),
-    show_default=True,
-    help="array edge (elements)",
-)
-@click.option(
-    "--chunk",
-    default=80,
-    type=click.IntRange(min=1),
-    show_default=True,
-    help="chunk edge (elements)",
-)
+@count_option("--size", 4000, "array edge (elements)")
+@count_option("--chunk", 80, "chunk edge (elements)")
 @click.option(
     "--time-scale",
     type=NON_NEGATIVE,
@@ -419,13 +408,7 @@ def bench_tape(size: int, chunk: int, time_scale: float, json_path: Path | None)
 
 
 @bench.command("overlap")
-@click.option(
-    "--sections",
-    default=8,
-    type=click.IntRange(min=1),
-    show_default=True,
-    help="sections in the loop",
-)
+@count_option("--sections", 8, "sections in the loop")
 @click.option(
     "--time-scale",
     type=NON_NEGATIVE,
