@@ -643,3 +643,38 @@ def test_a_repair_leaves_a_copy_whose_row_changed_since_the_inspection(tmp_path)
     np.testing.assert_array_equal(
         _chunk_values(tmp_path, "c/0/0"), tiers_worker.version(1)[0:10, 0:10]
     )
+
+
+def test_a_repair_deletes_no_object_put_after_its_inspection(tmp_path, monkeypatch):
+    """fsck plans to delete an object no row names (a copy a killed stage left); right after
+    the repair's last look at the rows, another process writes that chunk there and commits.
+    The repair deletes objects only at the version it inspected: the new copy stays."""
+    fsck_module = sys.modules["strataio.tiers.fsck"]  # (the package names its function fsck)
+
+    make(tmp_path, half_on_tape=False)
+    with open_session(tmp_path) as s:
+        ds = s.open_dataset("a", "r+")
+        ds.migrate(np.s_[0:10, 0:10], to="tape").wait()  # c/0/0 on tape only
+        ds.close()
+        disk = tmp_path / "disk" / "a" / "c" / "0" / "0"
+        disk.write_bytes((tmp_path / "tape" / "a" / "c" / "0" / "0").read_bytes())  # (the orphan)
+        p = plan(inspect(s.catalog, s.tiers))
+        assert [(f.kind, f.tier, f.key) for f in p.findings] == [(Kind.ORPHAN, "disk", "c/0/0")]
+        looked = fsck_module._rows_now
+
+        def rows_then_a_writer(catalog, chunks):
+            rows = looked(catalog, chunks)
+            monkeypatch.setattr(fsck_module, "_rows_now", looked)
+            with open_session(tmp_path) as job:
+                ds = job.open_dataset("a", "r+")
+                ds[0:10, 0:10] = tiers_worker.version(1)[0:10, 0:10]  # onto disk (its hint)
+                ds.close()
+            return rows
+
+        monkeypatch.setattr(fsck_module, "_rows_now", rows_then_a_writer)
+        apply(p, s.catalog, s.tiers)
+        assert [c.tier for c in s.catalog.residency("a", ["c/0/0"])] == ["disk"]
+        assert disk.is_file()
+    np.testing.assert_array_equal(
+        _chunk_values(tmp_path, "c/0/0"), tiers_worker.version(1)[0:10, 0:10]
+    )

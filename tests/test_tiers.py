@@ -428,6 +428,29 @@ def test_a_running_session_reads_again_from_a_tier_that_answers_again(tmp_path, 
         ds.close()
 
 
+def test_probes_of_one_tier_by_two_readers_at_once_leave_it_up(tmp_path):
+    """Two readers probing one tier at once (here: a second probe runs in the middle of the
+    first) each use a probe object of their own: neither deletes the other's, so a tier that
+    answers stays up."""
+
+    class ProbedMeanwhile(PosixBackend):
+        other: Tier | None = None
+
+        def get(self, key):
+            if self.other is not None and "health-probe" in key:
+                other, self.other = self.other, None
+                t = threading.Thread(target=other.check)
+                t.start()
+                t.join()
+            return super().get(key)
+
+    backend = ProbedMeanwhile(tmp_path / "t")
+    first = Tier("t", backend, "localdisk")
+    backend.other = Tier("t", PosixBackend(tmp_path / "t"), "localdisk")
+    assert first.check() and first.up
+    assert backend.other is None and list(backend.list()) == []  # (both probes cleaned up)
+
+
 def test_a_read_racing_an_eviction_falls_back_to_the_archive(tmp_path):
     """An eviction may drop the fast copy between a read choosing it and reading it: the read
     must then take the archive copy, not skip it."""
@@ -966,6 +989,25 @@ def write():
 write()  # (the session dropped unclosed)
 gc.collect()
 """
+
+
+def test_a_forked_child_holds_none_of_its_parent_s_sessions(tmp_path):
+    """A child forked while a Session is open holds none of its parent's sessions, so its
+    exit closes none (closing would release the parent's writer and its datasets in use)."""
+    import os
+
+    from strataio import session as session_module
+
+    tiers = TierSet([Tier("local", PosixBackend(tmp_path / "local"), "localdisk")])
+    with strataio.Session(tiers=tiers, catalog=tmp_path / "cat.db") as s:
+        assert id(s) in session_module._UNCLOSED
+        pid = os.fork()
+        if pid == 0:  # (the child leaves at once, as after exec: MPI forbids more after fork)
+            os._exit(0 if not session_module._UNCLOSED else 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert id(s) in session_module._UNCLOSED
+    assert id(s) not in session_module._UNCLOSED
 
 
 def test_a_session_left_open_at_exit_is_closed_and_its_writes_recorded(tmp_path):

@@ -271,6 +271,13 @@ def test_a_stage_onto_a_tier_smaller_than_the_section_says_how_many_stayed(tmp_p
     assert 0 < held < 100
     text = " ".join(out.output.split())
     assert f"only {held} of the 100 chunks staged or already there are on disk" in text, text
+    out = CliRunner().invoke(main, ["evict", "big", "--tier", "disk"])
+    assert out.exit_code == 0 and where("big")["disk"] == 0, out.output
+    out = CliRunner().invoke(main, ["stage", "big"])  # (to the fastest tier with room)
+    assert out.exit_code == 0, out.output
+    held = where("big")["disk"]
+    text = " ".join(out.output.split())
+    assert f"only {held} of the 100 chunks staged or already there are on a tier faster" in text
 
 
 def test_the_command_runs_as_a_module(project):

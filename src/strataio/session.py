@@ -27,6 +27,7 @@ import math
 import numbers
 import os
 import sys
+import threading
 import warnings
 import zlib
 from collections.abc import Callable, Sequence
@@ -103,8 +104,7 @@ class TieredDataset(Dataset):
         """Copy the chunks covering ``section`` to tier ``to`` (default: the fastest disk tier
         with room); chunks already on a tier that fast are not copied again."""
         self._check_open()
-        keys = keys_of(self, section)
-        self._same_move_on_every_rank("stage", keys, to)
+        keys = self._move_keys("stage", section, to)
         return self._move(lambda: self.store.stage(keys, to))
 
     def prefetch(self, section: Any = None) -> MoveHandle:
@@ -117,28 +117,30 @@ class TieredDataset(Dataset):
         """Move the chunks covering ``section`` to tier ``to`` (default: the slowest tier);
         their copies on faster tiers are deleted once the move is committed."""
         self._check_open()
-        keys = keys_of(self, section)
         target = to if to is not None else self.store.placement.persistent()[-1].name
-        self._same_move_on_every_rank("migrate", keys, target)
+        keys = self._move_keys("migrate", section, target)
         return self._move(lambda: self.store.migrate(keys, target))
 
     def evict(self, section: Any = None, tier: str | None = None) -> MoveHandle | FinishedMove:
         """Drop the copies on ``tier`` (default: the fastest) of the chunks covering
         ``section``, writing back first any chunk whose only copy is there."""
         self._check_open()
-        keys = keys_of(self, section)
         name = tier if tier is not None else self.store.placement.persistent()[0].name
-        self._same_move_on_every_rank("evict", keys, name)
+        keys = self._move_keys("evict", section, name)
         return self._move(lambda: self.store.evict(keys, name))
 
-    def _same_move_on_every_rank(self, op: str, keys: list[str], tier: str | None) -> None:
-        """In a parallel job, raise on every rank unless each asked for the same move (the
-        same chunks, the same tier) of a tier the session knows: a move is collective, and
-        rank 0 runs it for all, so a rank's other arguments would be silently ignored."""
+    def _move_keys(self, op: str, section: Any, tier: str | None) -> list[str]:
+        """The chunk keys of a move's ``section``. In a parallel job, raise on every rank
+        unless each asked for the same move (a section that fits, the same chunks, the same
+        tier, one the session knows): a move is collective, and rank 0 runs it for all, so a
+        rank's other arguments would be silently ignored, or its error leave the others
+        waiting."""
         if self.comm is None:
-            return
+            return keys_of(self, section)
+        keys: list[str] = []
         checked: BaseException | None = None
         try:
+            keys = keys_of(self, section)
             if tier is not None:
                 self.store.tiers[tier]  # (NotFoundError naming the tiers there are)
         except StrataError as exc:
@@ -151,6 +153,7 @@ class TieredDataset(Dataset):
                 f"different ones (this rank: {len(keys)} chunks, tier {tier or 'default'}): "
                 "every rank must pass the same section and tier"
             )
+        return keys
 
     def _move(self, start: Callable[[], MoveHandle]) -> MoveHandle | FinishedMove:
         """Start a move: at once in a single process; collectively in a parallel job.
@@ -741,4 +744,10 @@ def _close_at_exit() -> None:
             )
 
 
-atexit.register(_close_at_exit)
+# Before concurrent.futures shuts its pools down and while threads may still start (a close
+# puts, syncs and commits through them): threading's own exit hooks, run in reverse order of
+# registration, so this one before those of the modules imported first. A forked child
+# holds none of its parent's sessions: closing them there would release the parent's.
+_at_exit = getattr(threading, "_register_atexit", atexit.register)
+_at_exit(_close_at_exit)
+os.register_at_fork(after_in_child=_UNCLOSED.clear)

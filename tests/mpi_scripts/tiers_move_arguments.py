@@ -49,6 +49,9 @@ with strataio.Session(tiers=tiers, catalog=root / "cat.db", comm=comm) as s:
     refused(lambda: ds.migrate(None, to=["tape", "disk"][rank]), ArgumentError, "collective")
     part = (slice(0, 10), slice(None)) if rank == 0 else (slice(10, 20), slice(None))
     refused(lambda: ds.evict(part, tier="disk"), ArgumentError, "collective")
+    # a section that does not fit the dataset on one rank: an error there, no rank waiting
+    part = (slice(0, 30), slice(None)) if rank == 1 else (slice(None), slice(None))
+    refused(lambda: ds.stage(part, to="disk"), StrataError, "")
     assert tiers_of(ds) == ["disk"], tiers_of(ds)  # (nothing moved)
     got = ds.migrate(None, to="tape").wait()
     assert got.moved == 4 and tiers_of(ds) == ["tape"], (got, tiers_of(ds))

@@ -178,18 +178,25 @@ def _move(config: str | None, name: str, op: str, section: str | None, tier: str
 
 
 def _stage_short_of(ds: Any, idx: Any, tier: str | None, result: Any) -> str:
-    """Where a stage's chunks did not all stay on its target tier (a tier smaller than the
-    section: the stage's own later chunks evicted earlier ones), a line saying how many
-    did; else "". The default target is the fastest persistent tier that is up."""
+    """Where a stage's chunks did not all stay where it put them (tiers smaller than the
+    section: chunks staged later evicted earlier ones), a line saying how many did; else "".
+    A stage to ``tier`` counts the chunks on it or a faster disk tier (there, they were
+    reused); the default stage, which takes the fastest tier with room, those on any tier
+    faster than the slowest."""
     from strataio.tiers.store import keys_of
 
-    placement = ds.store.placement
-    target = ds.store.tiers[tier] if tier is not None else placement.stage_target()
-    if target is None:
-        return ""
-    wanted = result.moved + result.reused
     tiers, copies = ds.store.tiers, ds.residency()
-    limit = tiers.rank(target.name)  # (a chunk on a faster disk tier counts: it was reused)
+    if tier is not None:
+        target = tiers[tier]
+        limit, where = tiers.rank(target.name), f"{target.name} or a faster tier"
+        room = f"its capacity ({format_size(target.capacity)})" if target.capacity else "it"
+    else:
+        persistent = ds.store.placement.persistent()
+        if len(persistent) < 2:
+            return ""
+        limit = tiers.rank(persistent[-1].name) - 1
+        where, room = f"a tier faster than {persistent[-1].name}", "their capacity"
+    wanted = result.moved + result.reused
     held = sum(
         1
         for k in keys_of(ds, idx)
@@ -199,11 +206,10 @@ def _stage_short_of(ds: Any, idx: Any, tier: str | None, result: Any) -> str:
     )
     if held >= wanted:
         return ""
-    room = f" ({format_size(target.capacity)})" if target.capacity is not None else ""
     return (
-        f"only {held} of the {wanted} chunks staged or already there are on {target.name} "
-        f"or a faster tier now: its capacity{room} holds fewer, and chunks staged later "
-        "evicted earlier ones (stage a smaller section, or to a larger tier)"
+        f"only {held} of the {wanted} chunks staged or already there are on {where} now: "
+        f"{room} holds fewer, and chunks staged later evicted earlier ones (stage a smaller "
+        "section, or to a larger tier)"
     )
 
 

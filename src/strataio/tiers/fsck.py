@@ -38,7 +38,8 @@ A chunk whose copy looks bad is therefore checked again against its rows as they
 and only a verdict between two reads of the same rows stands (a chunk whose rows change
 every time is **in-flight**); an object no row names is judged only if no row names it
 after the tiers were listed. A repair changes or drops a row only if it is still the row
-judged, and deletes no object that a row names when it comes to delete it.
+judged, deletes no object that a row names when it comes to delete it, and deletes an
+object no row names only at the version it was inspected at.
 
 A ``valid`` copy whose bytes differ from its row is bad (**checksum** / **size**); with
 another good copy it is dropped, without one the chunk is reported **corrupt** (never
@@ -61,6 +62,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
 from strataio.catalog.base import Catalog, ChunkCopy, CopyId
 from strataio.storage.base import BytesLike
@@ -171,6 +173,8 @@ class UnnamedObject:
     digest: str = ""
     #: what is wrong inside it, where it is a superfile container
     problems: tuple[ContainerProblem, ...] = ()
+    #: its version when inspected (:meth:`Backend.object_versions`; None: not known)
+    version: Any = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,6 +214,8 @@ class Plan:
     deletes: list[CopyId] = field(default_factory=list)
     #: (tier, object key) to delete once the catalog no longer names them
     objects: list[tuple[str, str]] = field(default_factory=list)
+    #: of those, the version each was inspected at (deleted only at that version)
+    versions: dict[tuple[str, str], Any] = field(default_factory=dict)
     files: list[Leftover] = field(default_factory=list)
     #: writers that are gone, whose registration is removed
     forget_writers: list[str] = field(default_factory=list)
@@ -351,9 +357,11 @@ def inspect(
             if ds is None or key == META_KEY:
                 continue  # not a chunk of a catalogued dataset: not ours to judge
             unnamed.append((tname, ok, ds, key))
-    # The rows were read before the tiers were listed: a move or write committed since named
-    # objects those rows do not (and its writer may have closed the dataset since). Only
-    # what no row names now is judged.
+    # Each object's version first (a repair deletes it only at that version: one put in its
+    # place since is another process's), then the rows: they were read before the tiers were
+    # listed, and a move or write committed since named objects those rows do not (its
+    # writer may have closed the dataset since). Only what no row names now is judged.
+    seen = _object_versions(tiers, [(tname, ok) for tname, ok, _, _ in unnamed])
     now = _rows_now(catalog, [(ds, key) for _, _, ds, key in unnamed])
     for tname, ok, ds, key in unnamed:
         rows = now.get((ds, key), [])
@@ -367,7 +375,9 @@ def inspect(
                 continue
             n, digest = len(data), checksum(data)
             problems = inside(ds, key, data)
-        inv.unnamed.append(UnnamedObject(tname, ds, key, n, digest, problems))
+        inv.unnamed.append(
+            UnnamedObject(tname, ds, key, n, digest, problems, seen.get((tname, ok)))
+        )
     for tname in listed:
         t = tiers[tname]
         base = getattr(t.backend, "inner", t.backend)  # a Shaped tier's own files
@@ -405,6 +415,21 @@ def _rows_now(
     for ds, wanted in keys.items():
         for c in catalog.residency(ds, sorted(wanted)):
             out.setdefault((ds, c.key), []).append(c)
+    return out
+
+
+def _object_versions(tiers: TierSet, objects: list[tuple[str, str]]) -> dict[tuple[str, str], Any]:
+    """The version of each ``(tier, object)`` now (:meth:`Backend.object_versions`, one
+    call per tier), for those whose backend keeps versions and that are there."""
+    by_tier: dict[str, list[str]] = {}
+    for tname, ok in objects:
+        by_tier.setdefault(tname, []).append(ok)
+    out: dict[tuple[str, str], Any] = {}
+    for tname, oks in by_tier.items():
+        got = tiers[tname].backend.object_versions(oks)
+        for ok, v in zip(oks, got or ()):
+            if v is not None:
+                out[tname, ok] = v
     return out
 
 
@@ -508,6 +533,8 @@ def plan(inv: Inventory) -> Plan:
                 )
             )
             out.objects.append((u.tier, object_key(u.dataset, u.key)))
+            if u.version is not None:
+                out.versions[u.tier, object_key(u.dataset, u.key)] = u.version
         elif u.problems:
             # a container that is not whole is never adopted: its members read as missing
             detail = "unrecorded container that is not whole: " + u.problems[0].detail
@@ -515,6 +542,8 @@ def plan(inv: Inventory) -> Plan:
                 Finding(Kind.BAD_INDEX, u.tier, u.dataset, u.key, detail, Action.DELETE)
             )
             out.objects.append((u.tier, object_key(u.dataset, u.key)))
+            if u.version is not None:
+                out.versions[u.tier, object_key(u.dataset, u.key)] = u.version
         else:
             # a write whose commit never happened; its bytes are the only version there is
             out.findings.append(
@@ -677,8 +706,12 @@ def apply(p: Plan, catalog: Catalog, tiers: TierSet) -> bool:
         ds, key = chunks[ok]
         if ds in busy or any(c.tier == tname for c in rows.get((ds, key), [])):
             continue
+        backend, version = tiers[tname].backend, p.versions.get((tname, ok))
         with contextlib.suppress(FileNotFoundError):
-            tiers[tname].backend.delete(ok)
+            if version is not None:
+                backend.delete_if(ok, version)  # (an object put there since stays)
+            else:
+                backend.delete(ok)
     for f in p.files:
         if f.dataset in busy:
             continue

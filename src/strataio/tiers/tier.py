@@ -16,6 +16,8 @@ simply drops them (a persistent copy always exists). Configured without a capaci
 from __future__ import annotations
 
 import contextlib
+import os
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -211,10 +213,13 @@ class Tier:
     def check(self) -> bool:
         """Probe the backend (put, get, delete a small object); update and return health."""
         payload = f"strataio {time.time():.6f}".encode()
+        # (a probe object of its own per process and thread: probes of one tier by many
+        # readers at once would otherwise delete each other's and mark it down)
+        key = f"{PROBE_KEY}-{socket.gethostname()}-{os.getpid()}-{threading.get_ident()}"
         try:
-            self.backend.put(PROBE_KEY, payload)
-            got = bytes(self.backend.get(PROBE_KEY))
-            self.backend.delete(PROBE_KEY)
+            self.backend.put(key, payload)
+            got = bytes(self.backend.get(key))
+            self.backend.delete(key)
         except Exception as exc:  # any failure of the probe means the tier does not answer
             self.mark_down(exc)
             return False
