@@ -33,17 +33,6 @@ def bytes_on_disk(ds: Dataset) -> int:
     return total
 
 
-def unfinished_writes(path: Path) -> list[str]:
-    """Temporary files of chunk writes under dataset directory ``path`` that never reached
-    their rename: a writer killed in the middle of a put leaves one (as does a put running
-    right now, which no look from here can tell apart)."""
-    from strataio.storage.posix import TMP_SUFFIX
-
-    return sorted(
-        os.path.join(d, f) for d, _, files in os.walk(path) for f in files if f.endswith(TMP_SUFFIX)
-    )
-
-
 def fail(message: str) -> None:
     """Print ``message`` on stderr and exit with status 2 (a usage-level error)."""
     make_console(stderr=True).print(f"[red]error:[/red] {message}", highlight=False)
@@ -106,7 +95,10 @@ def info_cmd(path: Path, config: str | None) -> None:
                 ("logical bytes", f"{ds.nbytes} ({format_size(ds.nbytes)})"),
                 ("attributes", ", ".join(sorted(ds.attrs)) or "-"),
             ]
-            left = unfinished_writes(path)
+            # (temporary files of puts that never reached their rename: the store's backend
+            # lists them, as fsck's does for a tier)
+            leftovers = getattr(getattr(ds.store, "backend", None), "leftovers", None)
+            left = sorted(leftovers()) if leftovers is not None else []
             if left:
                 rows.append(
                     (

@@ -773,14 +773,15 @@ class TieredChunkStore(ChunkStore):
         limit = self.REFRESHES_WHILE_CHANGING if i in moving else self.REFRESHES
         return refreshes[i] < limit
 
+    def _down_tiers_of(self, key: str) -> list[Tier]:
+        """The tiers, marked down, that hold a copy of ``key``."""
+        held = {c.tier for c in self.res.copies(key)}
+        return [t for t in self.tiers if not t.up and t.name in held]
+
     def _recheck_tiers_of(self, key: str) -> bool:
         """Probe again the down tiers holding copies of ``key`` (each at most every
         :attr:`Tier.RECHECK_S`); True if one of them answers now."""
-        copies = self.res.copies(key)
-        down = sorted(
-            {c.tier for c in copies if c.tier in self.tiers and not self.tiers[c.tier].up}
-        )
-        return any([self.tiers[name].recheck() for name in down])
+        return any([t.recheck() for t in self._down_tiers_of(key)])
 
     def _refresh(self, keys: list[str]) -> list[int]:
         """Reload the copies of chunks ``keys`` from the catalog (one query; where this
@@ -830,11 +831,7 @@ class TieredChunkStore(ChunkStore):
             )
         where = ", ".join(f"{c.tier}({c.state})" for c in self.res.copies(key)) or "none"
         down = [t.name for t in self.tiers if not t.up]
-        held = [
-            t
-            for t in self.tiers
-            if not t.up and any(c.tier == t.name for c in self.res.copies(key))
-        ]
+        held = self._down_tiers_of(key)
         if held and not corrupt:
             said = "; ".join(f"{t.name}: {t.last_error}" for t in held)
             return BackendError(
