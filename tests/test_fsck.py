@@ -617,21 +617,28 @@ def test_copies_rewritten_or_moved_while_fsck_checks_are_neither_bad_nor_deleted
         assert fsck(s.catalog, s.tiers).clean
 
 
+def _plan_for_a_corrupt_disk_copy_of_c00(s, root):
+    """Chunk c/0/0 staged to disk (a copy on tape too), the disk copy's bytes decayed:
+    its path, and fsck's plan, which drops that copy."""
+    ds = s.open_dataset("a", "r+")
+    ds.stage(np.s_[0:10, 0:10], to="disk").wait()  # c/0/0 on disk and tape
+    ds.close()
+    disk = root / "disk" / "a" / "c" / "0" / "0"
+    disk.write_bytes(b"\xff" * disk.stat().st_size)  # the disk copy decays
+    p = plan(inspect(s.catalog, s.tiers))
+    assert [(f.kind, f.tier, f.key, f.action) for f in p.findings] == [
+        (Kind.CHECKSUM, "disk", "c/0/0", Action.DROP_COPY)
+    ]
+    return disk, p
+
+
 def test_a_repair_leaves_a_copy_whose_row_changed_since_the_inspection(tmp_path):
     """fsck planned to drop a corrupt copy (the chunk has another, good one); before the
     repair, another process rewrote the chunk and flushed, so the row now names its new
     bytes (and the other copy went). The repair leaves that row and its object."""
     make(tmp_path)  # rows 0:40 on tape only
     with open_session(tmp_path) as s:
-        ds = s.open_dataset("a", "r+")
-        ds.stage(np.s_[0:10, 0:10], to="disk").wait()  # c/0/0 on disk and tape
-        ds.close()
-        disk = tmp_path / "disk" / "a" / "c" / "0" / "0"
-        disk.write_bytes(b"\xff" * disk.stat().st_size)  # the disk copy decays
-        p = plan(inspect(s.catalog, s.tiers))
-        assert [(f.kind, f.tier, f.key, f.action) for f in p.findings] == [
-            (Kind.CHECKSUM, "disk", "c/0/0", Action.DROP_COPY)
-        ]
+        disk, p = _plan_for_a_corrupt_disk_copy_of_c00(s, tmp_path)
         with open_session(tmp_path) as job:
             ds = job.open_dataset("a", "r+")
             ds[0:10, 0:10] = tiers_worker.version(1)[0:10, 0:10]
@@ -645,12 +652,50 @@ def test_a_repair_leaves_a_copy_whose_row_changed_since_the_inspection(tmp_path)
     )
 
 
+def _apply_beside_a_writer_of_c00(p, s, root, monkeypatch):
+    """Carry out repair ``p`` in session ``s``; right after its last look at the rows,
+    another process rewrites chunk c/0/0 onto its home tier (disk) and commits. That
+    chunk's row names disk afterwards."""
+    fsck_module = sys.modules["strataio.tiers.fsck"]  # (the package names its function fsck)
+    looked = fsck_module._rows_now
+
+    def rows_then_a_writer(catalog, chunks):
+        rows = looked(catalog, chunks)
+        monkeypatch.setattr(fsck_module, "_rows_now", looked)
+        with open_session(root) as job:
+            ds = job.open_dataset("a", "r+")
+            ds[0:10, 0:10] = tiers_worker.version(1)[0:10, 0:10]  # onto disk (its hint)
+            ds.close()
+        return rows
+
+    monkeypatch.setattr(fsck_module, "_rows_now", rows_then_a_writer)
+    apply(p, s.catalog, s.tiers)
+    assert [c.tier for c in s.catalog.residency("a", ["c/0/0"])] == ["disk"]
+
+
+def test_a_repair_that_drops_a_corrupt_copy_leaves_an_object_put_after_its_check(
+    tmp_path, monkeypatch
+):
+    """fsck drops a corrupt copy (the chunk has another, good one) and then deletes its
+    object; right after the repair's last look at the rows, another process rewrites the
+    chunk onto that tier and commits. The object is deleted only at the version checked, so
+    the new bytes stay (else the chunk's only current copy would be gone)."""
+    make(tmp_path)  # rows 0:40 on tape only
+    with open_session(tmp_path) as s:
+        disk, p = _plan_for_a_corrupt_disk_copy_of_c00(s, tmp_path)
+        _apply_beside_a_writer_of_c00(p, s, tmp_path, monkeypatch)
+        assert disk.is_file()
+    np.testing.assert_array_equal(
+        _chunk_values(tmp_path, "c/0/0"), tiers_worker.version(1)[0:10, 0:10]
+    )
+    with open_session(tmp_path) as s:
+        assert fsck(s.catalog, s.tiers).clean
+
+
 def test_a_repair_deletes_no_object_put_after_its_inspection(tmp_path, monkeypatch):
     """fsck plans to delete an object no row names (a copy a killed stage left); right after
     the repair's last look at the rows, another process writes that chunk there and commits.
     The repair deletes objects only at the version it inspected: the new copy stays."""
-    fsck_module = sys.modules["strataio.tiers.fsck"]  # (the package names its function fsck)
-
     make(tmp_path, half_on_tape=False)
     with open_session(tmp_path) as s:
         ds = s.open_dataset("a", "r+")
@@ -660,20 +705,7 @@ def test_a_repair_deletes_no_object_put_after_its_inspection(tmp_path, monkeypat
         disk.write_bytes((tmp_path / "tape" / "a" / "c" / "0" / "0").read_bytes())  # (the orphan)
         p = plan(inspect(s.catalog, s.tiers))
         assert [(f.kind, f.tier, f.key) for f in p.findings] == [(Kind.ORPHAN, "disk", "c/0/0")]
-        looked = fsck_module._rows_now
-
-        def rows_then_a_writer(catalog, chunks):
-            rows = looked(catalog, chunks)
-            monkeypatch.setattr(fsck_module, "_rows_now", looked)
-            with open_session(tmp_path) as job:
-                ds = job.open_dataset("a", "r+")
-                ds[0:10, 0:10] = tiers_worker.version(1)[0:10, 0:10]  # onto disk (its hint)
-                ds.close()
-            return rows
-
-        monkeypatch.setattr(fsck_module, "_rows_now", rows_then_a_writer)
-        apply(p, s.catalog, s.tiers)
-        assert [c.tier for c in s.catalog.residency("a", ["c/0/0"])] == ["disk"]
+        _apply_beside_a_writer_of_c00(p, s, tmp_path, monkeypatch)
         assert disk.is_file()
     np.testing.assert_array_equal(
         _chunk_values(tmp_path, "c/0/0"), tiers_worker.version(1)[0:10, 0:10]

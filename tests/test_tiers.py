@@ -398,6 +398,18 @@ def test_read_fails_over_to_another_copy_and_marks_tier_down(tmp_path):
         ds.close()
 
 
+def _stop_answering(root):
+    """The POSIX tier at ``root`` stops answering (a file in its place: I/O errors)."""
+    root.rename(root.with_name(root.name + ".away"))
+    root.write_bytes(b"")
+
+
+def _answer_again(root):
+    """The tier :func:`_stop_answering` stopped answers again, holding what it held."""
+    root.unlink()
+    root.with_name(root.name + ".away").rename(root)
+
+
 def test_a_running_session_reads_again_from_a_tier_that_answers_again(tmp_path, monkeypatch):
     """A chunk whose only copy sits on a tier that went down fails to read, saying so (and
     that nothing is lost); once the tier answers, the same session reads it again: a read
@@ -409,22 +421,54 @@ def test_a_running_session_reads_again_from_a_tier_that_answers_again(tmp_path, 
         ds[...] = a
         ds.close()
         ds = s.open_dataset("a")
-        root.rename(tmp_path / "remote.away")  # the tier stops answering (I/O errors)
-        root.write_bytes(b"")
+        _stop_answering(root)
         monkeypatch.setattr(Tier, "RECHECK_S", 3600.0)
         with pytest.raises(BackendError) as info:
             ds[...]
         msg = str(info.value)
         assert "tiers that are down" in msg and "nothing is lost" in msg and "fsck" not in msg
         assert not s.tiers["remote"].up
-        root.unlink()
-        (tmp_path / "remote.away").rename(root)  # it answers again
+        _answer_again(root)
         with pytest.raises(BackendError):
             ds[...]  # (probed again only RECHECK_S after its failure)
         monkeypatch.setattr(Tier, "RECHECK_S", 0.0)
         np.testing.assert_array_equal(ds[...], a)
         assert s.tiers["remote"].up
         assert {t.name: t.state for t in s.catalog.tiers()}["remote"] == "up"
+        ds.close()
+
+
+def test_a_running_session_writes_again_to_its_home_tier_once_it_answers(tmp_path, monkeypatch):
+    """Writes fail over from a home tier that went down to the next one; once the home tier
+    answers, the same session's writes go there again: a write probes a down tier preferred
+    over every tier that is up, at most every ``Tier.RECHECK_S`` seconds."""
+    a = np.random.default_rng(8).random((20, 20))
+    root = tmp_path / "local"
+    with session(tmp_path) as s:
+        ds = s.create_dataset("a", a.shape, a.dtype, (10, 10), hint="LOCALDISK")
+        ds[...] = a
+        ds.flush()
+        assert {t for ts in where(ds).values() for t in ts} == {"local"}
+        _stop_answering(root)
+        monkeypatch.setattr(Tier, "RECHECK_S", 3600.0)
+        ds[0:10, 0:10] = a[0:10, 0:10] + 1  # fails over to the next tier
+        ds.flush()
+        assert not s.tiers["local"].up
+        assert where(ds)["c/0/0"] == ["remote"]
+        _answer_again(root)
+        ds[0:10, 10:20] = a[0:10, 10:20] + 2
+        ds.flush()
+        assert where(ds)["c/0/1"] == ["remote"]  # (probed again only RECHECK_S after)
+        monkeypatch.setattr(Tier, "RECHECK_S", 0.0)
+        ds[10:20, 0:10] = a[10:20, 0:10] + 3
+        ds.flush()
+        assert s.tiers["local"].up
+        assert where(ds)["c/1/0"] == ["local"]
+        want = a.copy()
+        want[0:10, 0:10] += 1
+        want[0:10, 10:20] += 2
+        want[10:20, 0:10] += 3
+        np.testing.assert_array_equal(ds[...], want)
         ds.close()
 
 

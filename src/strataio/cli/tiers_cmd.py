@@ -361,9 +361,8 @@ def residency_info(name: str, config: str | None = None, console: Console | None
             return False
         copies = s.catalog.residency(name)
         decision = placement_decision(rec)
-        writes_to = [
-            t.name for t in s.placement.write_order(rec.hint, decision.tier if decision else None)
-        ]
+        chosen = decision.tier if decision else None
+        writes_to = [t.name for t in s.placement.write_order(rec.hint, chosen, probe=False)]
     per: dict[str, list[int]] = {}
     chunks: dict[str, set[str]] = {}
     for c in copies:

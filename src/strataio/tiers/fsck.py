@@ -203,6 +203,9 @@ class Inventory:
     skipped_tiers: list[str] = field(default_factory=list)
     #: chunks whose rows changed every time their copies were checked again (in flight)
     changing: set[tuple[str, str]] = field(default_factory=set)
+    #: ``(tier, object)`` of copies checked again: the object's version just before the
+    #: check whose verdict stands (a repair deletes such an object only at that version)
+    versions: dict[tuple[str, str], Any] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -341,7 +344,7 @@ def inspect(
             inv.checks.append(r)
             if progress is not None:
                 progress(i, len(checked))
-    _check_again(catalog, inv, lambda c: check(c, False), set(listed))
+    _check_again(catalog, tiers, inv, lambda c: check(c, False), set(listed))
 
     # Writers last: whoever left a row or an object seen above had registered (and marked
     # its dataset in use) before it did, so it is listed here if it is still alive.
@@ -401,6 +404,9 @@ def _read_writers(catalog: Catalog, inv: Inventory) -> None:
 
 
 _BAD = (Verdict.MISSING, Verdict.SIZE, Verdict.CHECKSUM)
+#: verdicts whose copy a repair may drop: checked again before they stand (NEW and OLD are
+#: the bytes of a rewrite whose writer is gone; another writer may take the chunk over)
+_DROPPABLE = (*_BAD, Verdict.NEW, Verdict.OLD)
 
 
 def _rows_now(
@@ -446,25 +452,37 @@ def _same_rows(a: list[ChunkCopy], b: list[ChunkCopy]) -> bool:
 
 def _check_again(
     catalog: Catalog,
+    tiers: TierSet,
     inv: Inventory,
     check: Callable[[ChunkCopy], CopyCheck],
     checked_tiers: set[str],
     rounds: int = 3,
 ) -> None:
     """Check again the chunks a copy of which looked bad (missing, or bytes other than its
-    row says), against their rows as they are now. The rows were read once, before any
+    row says) or half rewritten, against their rows as they are now. The rows were read once, before any
     object: a process that rewrote a chunk in place (announced, put, flushed) or moved it
     (put, committed, deleted the source) meanwhile leaves objects those rows do not
     describe, and that is no fault of the copy. A chunk's new verdicts stand where its rows
     read just before and just after the objects agree (an announcement always comes before
     the object changes, a move's deletion after its commit); a chunk whose rows changed in
-    every one of ``rounds`` tries is in flight (:attr:`Inventory.changing`)."""
-    pending = {(r.copy.dataset, r.copy.key) for r in inv.checks if r.verdict in _BAD}
+    every one of ``rounds`` tries is in flight (:attr:`Inventory.changing`). Each object's
+    version is taken just before its check (:attr:`Inventory.versions`): an object put in
+    its place after that is not the one judged, and a repair leaves it."""
+    pending = {(r.copy.dataset, r.copy.key) for r in inv.checks if r.verdict in _DROPPABLE}
     if not pending:
         return
     settled: dict[tuple[str, str], tuple[list[ChunkCopy], list[CopyCheck]]] = {}
     before = _rows_now(catalog, pending)
     for _ in range(rounds):
+        seen = _object_versions(
+            tiers,
+            [
+                (c.tier, object_key(*chunk))
+                for chunk in pending
+                for c in before.get(chunk, [])
+                if c.tier in checked_tiers
+            ],
+        )
         checks = {
             chunk: [check(c) for c in before.get(chunk, []) if c.tier in checked_tiers]
             for chunk in pending
@@ -473,6 +491,10 @@ def _check_again(
         for chunk in sorted(pending):
             if _same_rows(before.get(chunk, []), after.get(chunk, [])):
                 settled[chunk] = (after.get(chunk, []), checks[chunk])
+                for c in after.get(chunk, []):
+                    v = seen.get((c.tier, object_key(*chunk)))
+                    if v is not None:
+                        inv.versions[c.tier, object_key(*chunk)] = v
         pending -= settled.keys()
         if not pending:
             break
@@ -622,7 +644,10 @@ def _plan_chunk(out: Plan, inv: Inventory, ds: str, key: str, rows: list[CopyChe
         out.deletes.append((ds, key, r.copy.tier))
         out.expect[ds, key, r.copy.tier] = (r.copy.state, r.copy.checksum)
         if r.verdict is not Verdict.MISSING:
-            out.objects.append((r.copy.tier, object_key(ds, key)))
+            obj = (r.copy.tier, object_key(ds, key))
+            out.objects.append(obj)
+            if obj in inv.versions:
+                out.versions[obj] = inv.versions[obj]
 
     # A flush's commit drops the rows of every copy its writes made stale, so settled copies
     # hold the last committed value: old bytes that differ from theirs are an earlier write

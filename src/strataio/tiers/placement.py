@@ -197,10 +197,15 @@ class Placement:
             return self.persistent()[-1]
         return self.tiers.by_role(role)[0]
 
-    def write_order(self, hint: str, chosen: str | None = None) -> list[Tier]:
+    def write_order(
+        self, hint: str, chosen: str | None = None, *, probe: bool = True
+    ) -> list[Tier]:
         """Tiers a write with ``hint`` may use, in order of preference, skipping down tiers.
         An AUTO write with a tier ``chosen`` by prediction fails over from it as a write
-        with an explicit hint fails over from the hint's tier."""
+        with an explicit hint fails over from the hint's tier. A down tier preferred over
+        every tier that is up is probed again (:meth:`Tier.recheck`, at most every
+        ``Tier.RECHECK_S``; not with ``probe`` False), so a long-running job's writes return
+        to it once it answers."""
         h = normalize_hint(hint)
         if h == "DISABLE":
             return []
@@ -211,7 +216,11 @@ class Placement:
         else:
             hr = pers.index(home)  # type: ignore[arg-type]
             order = sorted(pers, key=lambda t: (abs(pers.index(t) - hr), -pers.index(t)))
-        return [t for t in order if t.up]
+        usable: list[Tier] = []
+        for t in order:
+            if t.up or (probe and not usable and t.recheck()):
+                usable.append(t)
+        return usable
 
     def choose(
         self,
