@@ -710,3 +710,48 @@ def test_a_repair_deletes_no_object_put_after_its_inspection(tmp_path, monkeypat
     np.testing.assert_array_equal(
         _chunk_values(tmp_path, "c/0/0"), tiers_worker.version(1)[0:10, 0:10]
     )
+
+
+def test_copies_that_look_bad_are_checked_again_in_parallel(tmp_path):
+    """Every copy that looked bad is read again before its verdict stands; those reads run
+    on fsck's workers at once, as the first ones do (a tier of many bad copies, S3 say,
+    would otherwise be read twice over, the second time one copy after another)."""
+
+    class Slow(PosixBackend):
+        """Counts the most second reads of one object running at once (the re-checks)."""
+
+        def __init__(self, root):
+            super().__init__(root)
+            self.now = self.most = 0
+            self.seen = set()
+            self.lock = threading.Lock()
+
+        def get(self, key):
+            with self.lock:
+                again = key in self.seen
+                self.seen.add(key)
+                self.now += again
+                self.most = max(self.most, self.now)
+            try:
+                time.sleep(0.05)
+                return super().get(key)
+            finally:
+                with self.lock:
+                    self.now -= again
+
+    make(tmp_path, half_on_tape=False)  # every chunk on disk only
+    for name in ("c/0/0", "c/0/1", "c/1/0", "c/1/1"):
+        obj = tmp_path / "disk" / "a" / name
+        obj.write_bytes(b"\xff" * obj.stat().st_size)
+    disk = Slow(tmp_path / "disk")
+    tiers = TierSet(
+        [
+            Tier("disk", disk, "localdisk", order=0),
+            Tier("tape", PosixBackend(tmp_path / "tape"), "remotetape", order=1),
+        ]
+    )
+    with open_session(tmp_path) as s:
+        inv = inspect(s.catalog, tiers, workers=8)
+    corrupt = sorted(f.key for f in plan(inv).findings if f.kind is Kind.CORRUPT)
+    assert corrupt == ["c/0/0", "c/0/1", "c/1/0", "c/1/1"]
+    assert disk.most >= 4

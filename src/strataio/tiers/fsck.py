@@ -62,6 +62,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
+from itertools import repeat
 from typing import Any
 
 from strataio.catalog.base import Catalog, ChunkCopy, CopyId
@@ -344,7 +345,9 @@ def inspect(
             inv.checks.append(r)
             if progress is not None:
                 progress(i, len(checked))
-    _check_again(catalog, tiers, inv, lambda c: check(c, False), set(listed))
+        _check_again(
+            catalog, tiers, inv, lambda cs: list(pool.map(check, cs, repeat(False))), set(listed)
+        )
 
     # Writers last: whoever left a row or an object seen above had registered (and marked
     # its dataset in use) before it did, so it is listed here if it is still alive.
@@ -454,15 +457,16 @@ def _check_again(
     catalog: Catalog,
     tiers: TierSet,
     inv: Inventory,
-    check: Callable[[ChunkCopy], CopyCheck],
+    check: Callable[[list[ChunkCopy]], list[CopyCheck]],
     checked_tiers: set[str],
     rounds: int = 3,
 ) -> None:
     """Check again the chunks a copy of which looked bad (missing, or bytes other than its
-    row says) or half rewritten, against their rows as they are now. The rows were read once, before any
-    object: a process that rewrote a chunk in place (announced, put, flushed) or moved it
-    (put, committed, deleted the source) meanwhile leaves objects those rows do not
-    describe, and that is no fault of the copy. A chunk's new verdicts stand where its rows
+    row says) or half rewritten, against their rows as they are now (``check`` checks a
+    list of copies, in parallel). The rows were read once, before any object: a process
+    that rewrote a chunk in place (announced, put, flushed) or moved it (put, committed,
+    deleted the source) meanwhile leaves objects those rows do not describe, and that is no
+    fault of the copy. A chunk's new verdicts stand where its rows
     read just before and just after the objects agree (an announcement always comes before
     the object changes, a move's deletion after its commit); a chunk whose rows changed in
     every one of ``rounds`` tries is in flight (:attr:`Inventory.changing`). Each object's
@@ -474,19 +478,16 @@ def _check_again(
     settled: dict[tuple[str, str], tuple[list[ChunkCopy], list[CopyCheck]]] = {}
     before = _rows_now(catalog, pending)
     for _ in range(rounds):
-        seen = _object_versions(
-            tiers,
-            [
-                (c.tier, object_key(*chunk))
-                for chunk in pending
-                for c in before.get(chunk, [])
-                if c.tier in checked_tiers
-            ],
-        )
-        checks = {
-            chunk: [check(c) for c in before.get(chunk, []) if c.tier in checked_tiers]
+        copies = [
+            (chunk, c)
             for chunk in pending
-        }
+            for c in before.get(chunk, [])
+            if c.tier in checked_tiers
+        ]
+        seen = _object_versions(tiers, [(c.tier, object_key(*chunk)) for chunk, c in copies])
+        checks: dict[tuple[str, str], list[CopyCheck]] = {chunk: [] for chunk in pending}
+        for (chunk, _), r in zip(copies, check([c for _, c in copies])):
+            checks[chunk].append(r)
         after = _rows_now(catalog, pending)
         for chunk in sorted(pending):
             if _same_rows(before.get(chunk, []), after.get(chunk, [])):
