@@ -146,6 +146,8 @@ def test_counts_and_factors_are_checked_before_anything_runs(args: list[str]) ->
         (["loopcache", "--loops", "0"], "--loops"),
         (["loopcache", "--hint", "cb_nodes"], "is not KEY=VALUE"),
         (["realms", "--hint", "=4"], "is not KEY=VALUE"),
+        (["loopcache", "--hint", "cb_buffer_size=abc"], "expected an integer"),
+        (["realms", "--hint", "romio_cb_read=maybe"], "expected one of enable"),
         (["realms", "--reps", "0"], "--reps"),
         (["sliding-window", "--scale", "0"], "--scale"),
         (["overlap", "--sections", "0"], "--sections"),

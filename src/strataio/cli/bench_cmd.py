@@ -32,7 +32,7 @@ from strataio.bench.sections import (
 from strataio.cli import bench
 from strataio.cli.output import (
     COUNTS,
-    KEY_VALUE,
+    HINT,
     NON_NEGATIVE,
     POSITIVE,
     count_option,
@@ -546,7 +546,7 @@ _realm_options = [
     click.option("--driver", "drivers", multiple=True, type=click.Choice(["local", "pfs"]),
                  help="local disk, pfs (shaped driver, parallel-file-system preset); default both."),
     _reps_option,
-    click.option("--hint", "hints", multiple=True, type=KEY_VALUE, help="KEY=VALUE hint added to every policy."),
+    click.option("--hint", "hints", multiple=True, type=HINT, help="KEY=VALUE hint added to every policy."),
     json_option,
     click.option("--timeout", type=POSITIVE, default=600.0, show_default=True, help="Seconds per mpiexec launch."),
 ]  # fmt: skip
@@ -768,9 +768,7 @@ def _render_loopcache(rows: list[dict[str, Any]], console: Console) -> None:
               help="local disk, pfs (shaped driver, parallel-file-system preset); default both.")  # fmt: skip
 @click.option("--layout", "layouts", multiple=True, type=click.Choice(["range", "scattered"]),
               help="range (the paper's Figure 1; default) or scattered windows.")  # fmt: skip
-@click.option(
-    "--hint", "hints", multiple=True, type=KEY_VALUE, help="KEY=VALUE hint for both methods."
-)
+@click.option("--hint", "hints", multiple=True, type=HINT, help="KEY=VALUE hint for both methods.")
 @_reps_option
 @json_option
 @click.option(

@@ -74,19 +74,28 @@ def count_option(name: str, default: int, help: str) -> Callable[[Any], Any]:
     )
 
 
-class KeyValue(click.ParamType):
-    """A ``KEY=VALUE`` argument (an MPI-IO hint, say), taken as written."""
+class HintSetting(click.ParamType):
+    """An MPI-IO hint as ``KEY=VALUE``, taken as written once a known hint's value is one
+    :func:`strataio.collective.hints.parse_hints` accepts (checked here, before any
+    ``mpiexec`` starts; unknown keys pass, as ROMIO ignores them)."""
 
     name = "KEY=VALUE"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        key, eq, _ = str(value).partition("=")
+        from strataio.collective.hints import parse_hints
+        from strataio.errors import HintError
+
+        key, eq, setting = str(value).partition("=")
         if not eq or not key.strip():
             self.fail(f"{value!r} is not KEY=VALUE", param, ctx)
+        try:
+            parse_hints({key.strip(): setting})
+        except HintError as exc:
+            self.fail(str(exc), param, ctx)
         return value
 
 
-KEY_VALUE = KeyValue()
+HINT = HintSetting()
 COUNTS = CountList()
 POSITIVE = FiniteFloat()
 NON_NEGATIVE = FiniteFloat(zero=True)
