@@ -1,8 +1,12 @@
-"""Shared fixtures: real servers the tests start themselves."""
+"""Shared fixtures: real servers the tests start themselves; MPI's shared memory that the
+jobs the tests kill leave behind, removed."""
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import importlib.util
+import os
 import shutil
 import uuid
 from urllib.parse import quote
@@ -10,6 +14,31 @@ from urllib.parse import quote
 import pytest
 
 from servers import missing
+
+_MPI_SHM = "/dev/shm/mpich_shm_*"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _mpi_shared_memory_left_by_killed_jobs():
+    """Remove, after the session, the shared-memory segments of MPI jobs the tests killed or
+    aborted (MPICH unlinks them at ``MPI_Finalize`` only; left there they take the node's
+    memory, run after run). Only segments that appeared during the session and that no
+    process has mapped go."""
+    before = set(glob.glob(_MPI_SHM))
+    yield
+    left = set(glob.glob(_MPI_SHM)) - before
+    if not left:
+        return
+    mapped: set[str] = set()
+    for maps in glob.glob("/proc/[0-9]*/maps"):
+        try:
+            with open(maps) as f:
+                mapped.update(line.split(None, 5)[-1].strip() for line in f if "mpich_shm" in line)
+        except OSError:
+            continue  # (a process that ended, or one not ours to read)
+    for path in left - mapped:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
 
 
 @pytest.fixture(scope="session")

@@ -3,7 +3,11 @@ commands end to end (small sizes: each launches mpiexec)."""
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 from click.testing import CliRunner
@@ -11,8 +15,10 @@ from click.testing import CliRunner
 from strataio.catalog.base import open_catalog
 from strataio.cli import main
 from strataio.config import load_config
+from strataio.errors import BusyError, StrataError
 from strataio.predict.calibrate import calibrate, default_sizes
 from strataio.predict.perfdb import FIXED_OPS, SERIES_OPS, PerfTable
+from strataio.predict.ranks import launch
 
 pytestmark = pytest.mark.mpi
 
@@ -106,6 +112,43 @@ def test_calibration_is_stored_and_read_back(tmp_path, request, kind):
     assert seen[-1][1] == seen[-1][2] and seen[0][0] == "tape"
 
 
+def test_a_tier_being_calibrated_is_not_calibrated_again_at_once(tmp_path):
+    """While one process calibrates a tier, another calibration of it fails at once naming
+    that process (both would time each other's calls and share scratch files); once the
+    first is done (or dead: the lock is the system's), the tier calibrates again."""
+    cfg = load_config(write_config(tmp_path, str(tmp_path / "cat.db")))
+    lock = tmp_path / "tape" / ".strataio-predict" / "calibrate.lock"
+    lock.parent.mkdir(parents=True)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, os, sys, time\n"
+            f"f = open({str(lock)!r}, 'a+')\n"
+            "fcntl.flock(f, fcntl.LOCK_EX); f.truncate(0); f.write(str(os.getpid())); f.flush()\n"
+            "print('held', flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with open_catalog(cfg.catalog.url) as cat:
+            cat.register_tiers(cfg.tier_records())
+            with pytest.raises(BusyError, match=f"pid {holder.pid}"):
+                calibrate(cfg, cat, ["tape"], sizes=[1024], repeat=1, levels=(1,))
+            assert cat.perf_rows("tape") == []
+            holder.kill()
+            holder.wait()
+            rows = calibrate(cfg, cat, ["tape"], sizes=[1024], repeat=1, levels=(1,))
+        assert rows and lock.read_text() == str(os.getpid())
+        with open(lock) as f:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released after the calibration
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 def test_calibrate_and_predict_commands(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     config = write_config(tmp_path, "cat.db")
@@ -187,3 +230,14 @@ def test_ranks_without_a_block_take_part(tmp_path, monkeypatch):
         text = text.replace("[8, 16, 16]", "[2, 16, 16]").replace("[16, 16, 16]", "[3, 4, 4]")
         measured = run_workload(parse_workload(text), cfg, timeout=120)
         assert set(measured) == {"temp", "vr_temp"} and min(measured.values()) > 0, method
+
+
+def test_ranks_killed_without_a_word_are_said_to_be_killed(tmp_path, monkeypatch):
+    """A run whose rank the system kills (out of memory, say) writes nothing to stderr; the
+    error still says what most likely happened instead of ending at its colon."""
+    (tmp_path / "killed_rank.py").write_text(
+        "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    with pytest.raises(StrataError, match=r"killed \(SIGKILL\).*out of memory"):
+        launch(1, "killed_rank", [], timeout=60)

@@ -148,6 +148,7 @@ def test_counts_and_factors_are_checked_before_anything_runs(args: list[str]) ->
         (["realms", "--hint", "=4"], "is not KEY=VALUE"),
         (["loopcache", "--hint", "cb_buffer_size=abc"], "expected an integer"),
         (["realms", "--hint", "romio_cb_read=maybe"], "expected one of enable"),
+        (["predict", "--no-calibrate", "--dir", "{tmp}/empty"], "no calibration in"),
         (["realms", "--reps", "0"], "--reps"),
         (["sliding-window", "--scale", "0"], "--scale"),
         (["overlap", "--sections", "0"], "--sections"),
@@ -161,10 +162,19 @@ def test_counts_and_factors_are_checked_before_anything_runs(args: list[str]) ->
         (["superfile", "--counts", "0"], "at least 1"),
     ],
 )
-def test_bench_options_out_of_range_are_usage_errors(args, says) -> None:
+def test_bench_options_out_of_range_are_usage_errors(args, says, tmp_path) -> None:
     """Zero or malformed counts, sizes and hints are refused before anything runs, with a
     message naming the option (not a traceback, a hang or a table of nothing)."""
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
     res = CliRunner().invoke(main, ["bench", *args])
     assert res.exit_code in (1, 2), res.output
     assert says in res.output, res.output
     assert res.exception is None or isinstance(res.exception, SystemExit), res.exception
+
+
+def test_calibrate_refuses_a_plot_it_could_not_write_before_measuring(tmp_path) -> None:
+    """--plot into a folder that does not exist is a usage error at once, not after the
+    minutes of a calibration."""
+    res = CliRunner().invoke(main, ["calibrate", "--plot", str(tmp_path / "no" / "x.png")])
+    assert res.exit_code == 2 and "no folder" in res.output, res.output
+    assert not (tmp_path / "no").exists()

@@ -61,6 +61,8 @@ def test_errors_agree_on_every_rank(tmp_path: Path) -> None:
         "view_hints_apply": "ok",
         "per_rank_hints": "ok",
         "bad_realms": "HintError",
+        "realm_cache_too_large": "HintError",
+        "open_directory": "BackendError",
         "set_view_not_strata": ["StrataError", "RuntimeError"],
         "close_fails_on_one_rank": ["StrataError", "OSError"],
         "round_trip_after_errors": "ok",

@@ -3,6 +3,7 @@ database, the partition of a dataset over ranks, and workload files with their e
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -11,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from strataio.catalog.base import PerfRow
+from strataio.errors import MetadataError
 from strataio.predict.model import equation1, equation2, native_calls, predict
 from strataio.predict.perfdb import PerfTable, UncalibratedError
 from strataio.predict.runner import workload_to_toml
@@ -88,6 +90,27 @@ def test_latest_calibration_of_a_tier_wins():
     assert perf.time("t", "open") == 1.0
     assert perf.time("u", "open") == 5.0
     assert perf.tiers == ["t", "u"]
+
+
+@pytest.mark.parametrize(
+    ("damaged", "said"),
+    [
+        (PerfRow("t", "write", 4096, "abc", 1, 2.0), "not a number"),
+        (PerfRow("t", "write", 0, 1.0, 1, 2.0), "0 bytes"),
+        (PerfRow("t", "write", 4096, -1.0, 1, 2.0), "-1.0 seconds"),
+        (PerfRow("t", "write", 4096, math.inf, 1, 2.0), "inf seconds"),
+        (PerfRow("t", "write", 4096, 1.0, 0, 2.0), "concurrency 0"),
+    ],
+)
+def test_a_damaged_performance_table_says_which_rows_and_to_calibrate_again(damaged, said):
+    """A row no calibration writes in a tier's latest calibration raises, naming it and the
+    command; the same row in a calibration superseded since is never used, so it is not."""
+    good = rows("t", "write", [(1024, 1.0), (4096, 4.0)], when=2.0)
+    with pytest.raises(MetadataError, match=said) as info:
+        PerfTable([*good, damaged])
+    assert "strataio calibrate --tier t" in str(info.value)
+    older = dataclasses.replace(damaged, when=1.0)
+    assert PerfTable([*good, older]).time("t", "write", 4096) == pytest.approx(4.0)
 
 
 def test_missing_measurements_name_the_tier_and_the_command():

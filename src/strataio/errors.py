@@ -112,3 +112,8 @@ class CapabilityError(StrataError, NotImplementedError):
 class DuplicateWriteError(StrataError, ValueError):
     """A collective write through indirection arrays names one index on several ranks (the
     message says how many; the hint ``strataio_duplicate_writes=last-rank`` allows it)."""
+
+
+class BusyError(StrataError, BlockingIOError):
+    """Another process is doing what this call would do at the same time, where doing both
+    at once spoils both (a calibration of the same tier); the message names that process."""

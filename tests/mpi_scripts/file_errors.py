@@ -122,6 +122,11 @@ def main(workdir: str) -> None:
     res["bad_realms"] = outcome(
         lambda: strataio.File.open(comm, path, "r", hints={"strataio_realms": "nope"})
     )
+    # more realm cache than the node has fails at open on every rank (only aggregators ask
+    # for the memory: an allocation failing on one rank alone left the others waiting in it)
+    huge = {"romio_cb_pfr": "enable", "strataio_realm_cache": str(2**62)}
+    res["realm_cache_too_large"] = outcome(lambda: strataio.File.open(comm, path, "r", hints=huge))
+    res["open_directory"] = outcome(lambda: strataio.File.open(comm, workdir, "r"))
     with strataio.File.open(comm, path, "r") as h:
         # a failure that is not a StrataError (on rank 1) still reaches every rank
         res["set_view_not_strata"] = outcome(lambda: h.set_view(BadIndex() if rank == 1 else 0))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -40,6 +41,15 @@ def launcher_failed(launcher: str, exc: OSError) -> StrataError:
     )
 
 
+def silent_end(code: int) -> str:
+    """What a run of ranks that wrote nothing to stderr most likely met, from its exit
+    status (hydra exits with the number of the signal that killed a rank, a shell with 128
+    plus it)."""
+    if code in (-signal.SIGKILL, signal.SIGKILL, 128 + signal.SIGKILL):
+        return "a rank was killed (SIGKILL) before it said why: out of memory, most likely"
+    return "the ranks said nothing on stderr"
+
+
 def run_ranks(nprocs: int, module: str, args: list[str], timeout: float) -> Any:
     """Run ``python -m module args`` on ``nprocs`` ranks; the JSON its last stdout line holds
     (rank 0 prints it). A failed launch, or one still running after ``timeout`` seconds,
@@ -54,5 +64,6 @@ def run_ranks(nprocs: int, module: str, args: list[str], timeout: float) -> Any:
             f"mpiexec -n {nprocs} {module} still running after {timeout:g} s: stopped"
         ) from None
     if proc.returncode != 0:
-        raise StrataError(f"mpiexec -n {nprocs} failed:\n{proc.stderr[-3000:]}")
+        said = proc.stderr[-3000:].strip() or silent_end(proc.returncode)
+        raise StrataError(f"mpiexec -n {nprocs} failed (exit {proc.returncode}):\n{said}")
     return json.loads(proc.stdout.strip().splitlines()[-1])

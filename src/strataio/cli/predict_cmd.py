@@ -78,6 +78,9 @@ def calibrate_cmd(
         top, repeat, levels = min(top, 1 << 20), min(repeat, 2), [c for c in levels if c <= 2]
     if top < 1024 or repeat < 1:
         raise UsageProblem("--max-size must be at least 1KiB and --repeat at least 1")
+    if plot is not None and not plot.parent.is_dir():
+        # (said before the calibration, which takes minutes, rather than after it)
+        raise UsageProblem(f"--plot {plot}: no folder {plot.parent}")
     cfg = load_config(config)
     catalog, _ = open_configured_catalog(cfg)
     console = make_console()

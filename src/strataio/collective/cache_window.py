@@ -32,14 +32,17 @@ progress the more; there a job that computes long between I/O calls should set a
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import numpy as np
 from mpi4py import MPI
 
+from strataio.agreed import agree
 from strataio.collective.driver import Driver
 from strataio.collective.realm_cache import CacheMemory, PageGrid, dirty_pieces, overlapping
+from strataio.errors import HintError
 from strataio.layout.extents import Extents, exclusive_cumsum
 from strataio.storage.vectored import VectoredPlan
 
@@ -62,6 +65,18 @@ def owners_of(runs: Extents, stripe: int, naggr: int) -> np.ndarray:
     return np.unique((first + step) % naggr)
 
 
+def memory_to_share() -> int:
+    """The most bytes a window of this rank could hold (bytes): the node's memory, and the
+    free room of ``/dev/shm`` where there is one (MPI places the windows of ranks on one
+    node there). An upper bound: ranks on one node share both."""
+    room = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    try:
+        shm = os.statvfs("/dev/shm")
+    except OSError:
+        return room
+    return min(room, shm.f_bavail * shm.f_frsize)
+
+
 class SharedCaches:
     """One MPI window over every rank's cache memory (``nbytes`` on this rank, 0 on ranks
     without a cache); created and freed collectively over ``comm``."""
@@ -69,6 +84,19 @@ class SharedCaches:
     def __init__(self, comm: MPI.Comm, nbytes: int) -> None:
         self._comm = comm
         self._rank = comm.Get_rank()
+        # (a window MPI cannot allocate fails on its rank alone and leaves the others inside
+        # the collective allocation: so the ranks agree on what they ask for first)
+        room = memory_to_share()
+        agree(
+            comm,
+            HintError(
+                f"hint strataio_realm_cache={nbytes}: more memory than this node can give a "
+                f"rank's realm cache ({room} bytes: its memory, and the free room of "
+                "/dev/shm, where MPI places the window of ranks on one node)"
+            )
+            if nbytes > room
+            else None,
+        )
         self._win = MPI.Win.Allocate(max(int(nbytes), 0), 1, comm=comm)
         self.memory = (
             np.frombuffer(self._win.tomemory(), dtype=np.uint8)

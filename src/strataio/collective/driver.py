@@ -30,8 +30,10 @@ a lock that cannot be taken raises :class:`~strataio.errors.BackendError`.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
+import stat
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -213,8 +215,13 @@ class PosixDriver(Driver):
 
     @classmethod
     def open(cls, path: str, flags: int, mode: int = 0o666) -> PosixDriver:
-        """``os.open(path, flags, mode)`` as a driver (``OSError`` as the system raises it)."""
-        return cls(os.open(path, flags | os.O_CLOEXEC, mode), path)
+        """``os.open(path, flags, mode)`` as a driver (``OSError`` as the system raises it;
+        a directory, which Linux opens read-only, is :class:`IsADirectoryError` here)."""
+        fd = os.open(path, flags | os.O_CLOEXEC, mode)
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+        return cls(fd, path)
 
     def readv(self, plan: VectoredPlan, buf: np.ndarray) -> None:
         if self.threads > 1 and plan.moved >= SPLIT_READ_BYTES:

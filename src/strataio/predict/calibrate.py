@@ -29,17 +29,19 @@ catalog keeps them all.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from typing import Any
 
 import numpy as np
 
 from strataio.catalog.base import Catalog, PerfRow
+from strataio.errors import BusyError
 from strataio.predict.perfdb import PerfTable
 
 __all__ = ["DEFAULT_LEVELS", "calibrate", "default_sizes", "plot_perf"]
@@ -77,7 +79,6 @@ def calibrate(
     """Calibrate ``tiers`` (names; default every posix tier of ``config``) and record the rows
     in ``catalog``; returns them. ``on_progress(tier, done, total)`` follows the measurement."""
     from strataio.predict.native import tier_dir
-    from strataio.predict.ranks import launch
 
     sizes = list(sizes or default_sizes())
     names = list(tiers) if tiers else [t.name for t in config.tiers if t.kind == "posix"]
@@ -87,35 +88,80 @@ def calibrate(
     per_level = steps(sizes, repeat)
     all_rows: list[PerfRow] = []
     for tc in configs:
-        when = time.time()
-        done = 0
-        total = per_level * len(levels)
-        rows: list[PerfRow] = []
-        for c in levels:
-            args = [
-                json.dumps(
-                    {
-                        "config": config.source or "",
-                        "tier": tc.name,
-                        "sizes": sizes,
-                        "repeat": repeat,
-                        "cold": cold,
-                    }
-                )
-            ]
-
-            got = launch(
-                c,
-                "strataio.predict.calibrate",
-                args,
-                on_progress=_Progress(on_progress, tc.name, done, total),
-            )
-            rows += [PerfRow(tc.name, op, n, sec, c, when) for op, n, sec in got["rows"]]
-            done += per_level
-            _Progress(on_progress, tc.name, 0, total)(done)
+        with _calibrating(tc):
+            rows = _calibrate_tier(config, tc, sizes, repeat, levels, cold, per_level, on_progress)
         catalog.record_perf(rows)
         all_rows += rows
     return all_rows
+
+
+@contextlib.contextmanager
+def _calibrating(tc: Any) -> Iterator[None]:
+    """Hold tier ``tc``'s calibration lock (a lock on a file in its work folder, which the
+    system releases when the process dies): two calibrations of one tier at once would
+    each time the other's calls too, and share its scratch files. Raises
+    :class:`~strataio.errors.BusyError` naming the process that holds it."""
+    from strataio.predict.native import work_path
+
+    path = work_path(tc, "calibrate.lock")
+    with open(path, "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip() or "?"
+            raise BusyError(
+                f"tier {tc.name!r} is being calibrated by another process (pid {holder}): "
+                "calibrations of one tier at once time each other's calls; run one after "
+                "the other"
+            ) from None
+        f.seek(0)
+        f.truncate()
+        f.write(str(os.getpid()))
+        f.flush()
+        yield
+
+
+def _calibrate_tier(
+    config: Any,
+    tc: Any,
+    sizes: list[int],
+    repeat: int,
+    levels: Sequence[int],
+    cold: bool,
+    per_level: int,
+    on_progress: Callable[[str, int, int], None] | None,
+) -> list[PerfRow]:
+    """The rows of one tier's calibration at each of ``levels`` (see :func:`calibrate`)."""
+    from strataio.predict.ranks import launch
+
+    when = time.time()
+    done = 0
+    total = per_level * len(levels)
+    rows: list[PerfRow] = []
+    for c in levels:
+        args = [
+            json.dumps(
+                {
+                    "config": config.source or "",
+                    "tier": tc.name,
+                    "sizes": sizes,
+                    "repeat": repeat,
+                    "cold": cold,
+                }
+            )
+        ]
+
+        got = launch(
+            c,
+            "strataio.predict.calibrate",
+            args,
+            on_progress=_Progress(on_progress, tc.name, done, total),
+        )
+        rows += [PerfRow(tc.name, op, n, sec, c, when) for op, n, sec in got["rows"]]
+        done += per_level
+        _Progress(on_progress, tc.name, 0, total)(done)
+    return rows
 
 
 class _Progress:

@@ -28,11 +28,12 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
+from numbers import Integral, Real
 
 import numpy as np
 
 from strataio.catalog.base import PerfRow
-from strataio.errors import StrataError
+from strataio.errors import MetadataError, StrataError
 
 __all__ = ["FIXED_OPS", "SERIES_OPS", "PerfTable", "UncalibratedError"]
 
@@ -77,14 +78,47 @@ class Curve:
         return (1 - w) * self.at_level(lo, nbytes) + w * self.at_level(hi, nbytes)
 
 
+def _unusable(r: PerfRow) -> str | None:
+    """What is wrong with performance row ``r`` (None: nothing)."""
+    if not isinstance(r.seconds, Real) or not all(
+        isinstance(v, Integral) for v in (r.nbytes, r.concurrency)
+    ):
+        return "a value that is not a number"
+    if not np.isfinite(r.seconds) or r.seconds < 0:
+        return f"{r.seconds!r} seconds"
+    if r.nbytes < 0 or (r.nbytes == 0 and r.op in SERIES_OPS):
+        return f"{r.nbytes!r} bytes"
+    if r.concurrency < 1:
+        return f"concurrency {r.concurrency!r}"
+    return None
+
+
+def _check_rows(rows: list[PerfRow]) -> None:
+    bad = [(r, why) for r in rows if (why := _unusable(r)) is not None]
+    if not bad:
+        return
+    r, why = bad[0]
+    tiers = sorted({str(b.tier) for b, _ in bad})
+    raise MetadataError(
+        f"the performance table holds {len(bad)} row(s) no calibration writes, e.g. tier "
+        f"{r.tier!r} op {r.op!r} at {r.nbytes!r} bytes: {why}; calibrate again "
+        f"(strataio calibrate --tier {tiers[0]}{' ...' if len(tiers) > 1 else ''})"
+    )
+
+
 class PerfTable:
     """Unit times per tier and op, from performance rows (see the module docs)."""
 
     def __init__(self, rows: Iterable[PerfRow]) -> None:
-        rows = list(rows)
+        """Only each tier's latest calibration counts (rows of one ``when``). Raises
+        :class:`~strataio.errors.MetadataError` naming its rows no calibration writes (a time
+        that is not a finite number of seconds, 0 or more; a size-series op of no bytes; a
+        concurrency below 1): a damaged table, which calibrating again supersedes."""
+        rows = [r for r in rows if isinstance(r.when, Real)]
         latest: dict[str, float] = {}
         for r in rows:
             latest[r.tier] = max(latest.get(r.tier, r.when), r.when)
+        _check_rows([r for r in rows if r.when == latest[r.tier]])
         groups: dict[tuple[str, str], dict[tuple[int, int], list[float]]] = defaultdict(
             lambda: defaultdict(list)
         )

@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from strataio.bench.mpi import launcher_failed, rank_command
+from strataio.bench.mpi import launcher_failed, rank_command, silent_end
 from strataio.errors import StrataError
 
 
@@ -59,7 +59,8 @@ def launch(
         errfile.seek(0)
         err = errfile.read()
     if code != 0 or last is None:
-        raise StrataError(f"mpiexec -n {nprocs} {module} failed (exit {code}):\n{err[-3000:]}")
+        said = err[-3000:].strip() or silent_end(code)
+        raise StrataError(f"mpiexec -n {nprocs} {module} failed (exit {code}):\n{said}")
     return last
 
 

@@ -131,8 +131,8 @@ def run_suite(
     on_step: Callable[[str], None] | None = None,
     on_progress: Callable[[str, int, int], None] | None = None,
 ) -> dict[str, Any]:
-    """Calibrate the benchmark's tiers under ``root`` (unless ``calibrate`` is False and a
-    calibration is there), then predict each workload and measure it ``runs`` times (each
+    """Calibrate the benchmark's tiers under ``root`` (with ``calibrate`` False, reuse the
+    calibration there: :class:`UncalibratedError` where there is none), then predict each workload and measure it ``runs`` times (each
     dataset's median time counts: the machine is shared, one run can be unlucky). Returns ``{"workloads":
     [{"name", "method", "predicted_s", "measured_s", "error", "datasets": [...]}...],
     "median_error", "worst_error"}`` (errors as fractions, absolute)."""
@@ -141,7 +141,7 @@ def run_suite(
     from strataio.predict.calibrate import calibrate as run_calibration
     from strataio.predict.calibrate import default_sizes
     from strataio.predict.model import predict
-    from strataio.predict.perfdb import PerfTable
+    from strataio.predict.perfdb import PerfTable, UncalibratedError
     from strataio.predict.runner import run_workload
 
     os.makedirs(root, exist_ok=True)
@@ -151,7 +151,11 @@ def run_suite(
     config = load_config(path)
     with open_catalog(config.catalog.url) as catalog:
         catalog.register_tiers(config.tier_records())
-        if calibrate or not catalog.perf_rows():
+        if not calibrate and not catalog.perf_rows():
+            raise UncalibratedError(
+                f"no calibration in {root} to reuse (--no-calibrate): run once without it"
+            )
+        if calibrate:
             if on_step is not None:
                 on_step("calibrating")
             run_calibration(
