@@ -8,6 +8,7 @@ import glob
 import importlib.util
 import os
 import shutil
+import time
 import uuid
 from urllib.parse import quote
 
@@ -22,23 +23,30 @@ _MPI_SHM = "/dev/shm/mpich_shm_*"
 def _mpi_shared_memory_left_by_killed_jobs():
     """Remove, after the session, the shared-memory segments of MPI jobs the tests killed or
     aborted (MPICH unlinks them at ``MPI_Finalize`` only; left there they take the node's
-    memory, run after run). Only segments that appeared during the session and that no
-    process has mapped go."""
+    memory, run after run). Only segments that appeared during the session, that no process
+    has mapped or open, and that are 10 s old go."""
     before = set(glob.glob(_MPI_SHM))
     yield
     left = set(glob.glob(_MPI_SHM)) - before
     if not left:
         return
-    mapped: set[str] = set()
+    in_use: set[str] = set()
     for maps in glob.glob("/proc/[0-9]*/maps"):
         try:
             with open(maps) as f:
-                mapped.update(line.split(None, 5)[-1].strip() for line in f if "mpich_shm" in line)
+                in_use.update(line.split(None, 5)[-1].strip() for line in f if "mpich_shm" in line)
         except OSError:
             continue  # (a process that ended, or one not ours to read)
-    for path in left - mapped:
+    for fd in glob.glob("/proc/[0-9]*/fd/*"):
         with contextlib.suppress(OSError):
-            os.unlink(path)
+            target = os.readlink(fd)
+            if "mpich_shm" in target:
+                in_use.add(target)
+    now = time.time()
+    for path in left - in_use:
+        with contextlib.suppress(OSError):
+            if now - os.stat(path).st_mtime > 10:  # (a job starting now may map it next)
+                os.unlink(path)
 
 
 @pytest.fixture(scope="session")

@@ -62,6 +62,7 @@ def test_errors_agree_on_every_rank(tmp_path: Path) -> None:
         "per_rank_hints": "ok",
         "bad_realms": "HintError",
         "realm_cache_too_large": "HintError",
+        "realm_caches_too_large_on_a_node": "HintError",
         "open_directory": "BackendError",
         "set_view_not_strata": ["StrataError", "RuntimeError"],
         "close_fails_on_one_rank": ["StrataError", "OSError"],

@@ -755,3 +755,34 @@ def test_copies_that_look_bad_are_checked_again_in_parallel(tmp_path):
     corrupt = sorted(f.key for f in plan(inv).findings if f.kind is Kind.CORRUPT)
     assert corrupt == ["c/0/0", "c/0/1", "c/1/0", "c/1/1"]
     assert disk.most >= 4
+
+
+def test_a_dropped_copy_whose_object_appeared_after_its_version_was_asked_stays(tmp_path):
+    """The version of a copy that looks bad is asked just before it is checked again; an
+    object that was not there then (it appeared before the check read it: a put of another
+    process) is not the one that was there when the row was judged, so a repair drops the
+    row but leaves the object."""
+
+    class AppearsLate(PosixBackend):
+        def object_versions(self, keys):
+            return [None for _ in keys]  # (as if asked just before the object was put)
+
+    make(tmp_path)  # rows 0:40 on tape only
+    with open_session(tmp_path) as s:
+        ds = s.open_dataset("a", "r+")
+        ds.stage(np.s_[0:10, 0:10], to="disk").wait()  # c/0/0 on disk and tape
+        ds.close()
+    disk = tmp_path / "disk" / "a" / "c" / "0" / "0"
+    disk.write_bytes(b"\xff" * disk.stat().st_size)
+    tiers = TierSet(
+        [
+            Tier("disk", AppearsLate(tmp_path / "disk"), "localdisk", order=0),
+            Tier("tape", PosixBackend(tmp_path / "tape"), "remotetape", order=1),
+        ]
+    )
+    with open_session(tmp_path) as s:
+        p = plan(inspect(s.catalog, tiers))
+        assert [(f.kind, f.tier, f.key, f.action) for f in p.findings] == [
+            (Kind.CHECKSUM, "disk", "c/0/0", Action.DROP_COPY)
+        ]
+        assert p.objects == [] and p.deletes == [("a", "c/0/0", "disk")]

@@ -103,12 +103,19 @@ def test_latest_calibration_of_a_tier_wins():
     ],
 )
 def test_a_damaged_performance_table_says_which_rows_and_to_calibrate_again(damaged, said):
-    """A row no calibration writes in a tier's latest calibration raises, naming it and the
-    command; the same row in a calibration superseded since is never used, so it is not."""
+    """A row no calibration writes in a tier's latest calibration makes that tier's op
+    damaged: using it raises, naming the rows and the command, while the table's other
+    tiers and ops still predict; the same row in a calibration superseded since is never
+    used, so it is harmless."""
     good = rows("t", "write", [(1024, 1.0), (4096, 4.0)], when=2.0)
+    good += rows("t", "read", [(1024, 0.5)], when=2.0) + rows("u", "write", [(1024, 3.0)])
+    perf = PerfTable([*good, damaged])
     with pytest.raises(MetadataError, match=said) as info:
-        PerfTable([*good, damaged])
+        perf.time("t", "write", 4096)
     assert "strataio calibrate --tier t" in str(info.value)
+    assert not perf.has("t", "write") and perf.damage("t") == perf.damage("t", "write")
+    assert perf.time("t", "read", 1024) == 0.5 and perf.time("u", "write", 1024) == 3.0
+    assert perf.damage("t", "read") is None and perf.damage("u") is None
     older = dataclasses.replace(damaged, when=1.0)
     assert PerfTable([*good, older]).time("t", "write", 4096) == pytest.approx(4.0)
 

@@ -84,6 +84,16 @@ def test_capacity_excludes_a_tier(tmp_path):
     assert d.tier == "remote" and "local (no room)" in d.skipped
 
 
+def test_a_tier_with_a_damaged_calibration_is_skipped_saying_so(tmp_path):
+    """A damaged row in one tier's calibration (or in that of a tier no longer configured)
+    takes that tier out of the choice, named, and leaves the others' choice as it was."""
+    pl = Placement(make_tiers(tmp_path))
+    damaged = [PerfRow("local", "put", 4096, -1.0, 1, 1.0), PerfRow("retired", "get", 0, 1.0)]
+    d = pl.choose(PerfTable(perf_rows(PUT, GET) + damaged), 10 * 4096, 4096, 10)
+    assert d.tier == "remote" and set(d.predicted) == {"remote", "tape"}
+    assert any(s.startswith("local (damaged calibration:") for s in d.skipped), d.skipped
+
+
 def test_a_deadline_picks_the_slowest_tier_meeting_it(tmp_path):
     pl = Placement(make_tiers(tmp_path))
     perf = PerfTable(perf_rows(PUT, GET))

@@ -460,6 +460,9 @@ def test_a_running_session_writes_again_to_its_home_tier_once_it_answers(tmp_pat
         ds.flush()
         assert where(ds)["c/0/1"] == ["remote"]  # (probed again only RECHECK_S after)
         monkeypatch.setattr(Tier, "RECHECK_S", 0.0)
+        # (strataio info shows the write order without probing)
+        assert [t.name for t in s.placement.write_order("LOCALDISK", probe=False)][0] != "local"
+        assert not s.tiers["local"].up
         ds[10:20, 0:10] = a[10:20, 0:10] + 3
         ds.flush()
         assert s.tiers["local"].up
@@ -470,6 +473,52 @@ def test_a_running_session_writes_again_to_its_home_tier_once_it_answers(tmp_pat
         want[10:20, 0:10] += 3
         np.testing.assert_array_equal(ds[...], want)
         ds.close()
+
+
+def test_probes_of_a_tier_that_stays_down_back_off(monkeypatch):
+    """A tier that keeps failing its probe is probed less and less often (``RECHECK_S``,
+    doubled after each failure, up to ``RECHECK_MAX_S``): each probe of a tier that does not
+    answer may cost a caller its backend's timeout. Once it answers the wait starts over."""
+    import strataio.tiers.tier as tier_module
+
+    class Clock:
+        now = 1000.0
+
+        @classmethod
+        def monotonic(cls):
+            return cls.now
+
+        time = staticmethod(time.time)
+
+    class Flaky(MemoryBackend):
+        answers = False
+        puts = 0
+
+        def put(self, key, data, *, durable=False):
+            self.puts += 1
+            if not self.answers:
+                raise OSError("no answer")
+            return super().put(key, data, durable=durable)
+
+    monkeypatch.setattr(tier_module, "time", Clock)
+    backend = Flaky()
+    t = Tier("t", backend, "remotedisk")
+    t.mark_down("gone")
+    probes_at = []
+    for step in range(0, 200):
+        Clock.now = 1000.0 + step
+        before = backend.puts
+        assert not t.recheck()
+        if backend.puts > before:
+            probes_at.append(step)
+    assert probes_at[:6] == [2, 6, 14, 30, 62, 122]  # waits of 2, 4, 8, 16, 32, then 60 s
+    assert probes_at[6:] == [182]
+    backend.answers = True
+    Clock.now = 1000.0 + 242
+    assert t.recheck() and t.up
+    t.mark_down("gone again")
+    Clock.now += 2
+    assert t.recheck()  # (probed after RECHECK_S again)
 
 
 def test_probes_of_one_tier_by_two_readers_at_once_leave_it_up(tmp_path):

@@ -14,6 +14,7 @@ import numpy as np
 from mpi4py import MPI
 
 import strataio
+from strataio.collective.cache_window import memory_to_share
 
 
 class BadIndex:
@@ -126,6 +127,12 @@ def main(workdir: str) -> None:
     # for the memory: an allocation failing on one rank alone left the others waiting in it)
     huge = {"romio_cb_pfr": "enable", "strataio_realm_cache": str(2**62)}
     res["realm_cache_too_large"] = outcome(lambda: strataio.File.open(comm, path, "r", hints=huge))
+    # two aggregators on this node, each cache fitting alone and both together not
+    half = comm.bcast(memory_to_share() // 2 + (64 << 20) if rank == 0 else None)
+    both = {"romio_cb_pfr": "enable", "cb_config_list": "*:*", "strataio_realm_cache": str(half)}
+    res["realm_caches_too_large_on_a_node"] = outcome(
+        lambda: strataio.File.open(comm, path, "r", hints=both)
+    )
     res["open_directory"] = outcome(lambda: strataio.File.open(comm, workdir, "r"))
     with strataio.File.open(comm, path, "r") as h:
         # a failure that is not a StrataError (on rank 1) still reaches every rank

@@ -41,13 +41,16 @@ def launcher_failed(launcher: str, exc: OSError) -> StrataError:
     )
 
 
-def silent_end(code: int) -> str:
+def silent_end(code: int, output: str = "") -> str:
     """What a run of ranks that wrote nothing to stderr most likely met, from its exit
     status (hydra exits with the number of the signal that killed a rank, a shell with 128
-    plus it)."""
+    plus it) and the end of what it wrote to stdout (where hydra reports a rank's end)."""
     if code in (-signal.SIGKILL, signal.SIGKILL, 128 + signal.SIGKILL):
-        return "a rank was killed (SIGKILL) before it said why: out of memory, most likely"
-    return "the ranks said nothing on stderr"
+        said = "the run was killed (SIGKILL) before it said why: out of memory, most likely"
+    else:
+        said = "the ranks said nothing on stderr"
+    tail = output.strip()[-1000:]
+    return f"{said}; the end of its output:\n{tail}" if tail else said
 
 
 def run_ranks(nprocs: int, module: str, args: list[str], timeout: float) -> Any:
@@ -64,6 +67,6 @@ def run_ranks(nprocs: int, module: str, args: list[str], timeout: float) -> Any:
             f"mpiexec -n {nprocs} {module} still running after {timeout:g} s: stopped"
         ) from None
     if proc.returncode != 0:
-        said = proc.stderr[-3000:].strip() or silent_end(proc.returncode)
+        said = proc.stderr[-3000:].strip() or silent_end(proc.returncode, proc.stdout)
         raise StrataError(f"mpiexec -n {nprocs} failed (exit {proc.returncode}):\n{said}")
     return json.loads(proc.stdout.strip().splitlines()[-1])

@@ -75,24 +75,25 @@ def count_option(name: str, default: int, help: str) -> Callable[[Any], Any]:
 
 
 class HintSetting(click.ParamType):
-    """An MPI-IO hint as ``KEY=VALUE``, taken as written once a known hint's value is one
-    :func:`strataio.collective.hints.parse_hints` accepts (checked here, before any
+    """An MPI-IO hint as ``KEY=VALUE`` (the key stripped of blanks), once a known hint's value
+    is one it takes (:func:`strataio.collective.hints.check_hint`, here, before any
     ``mpiexec`` starts; unknown keys pass, as ROMIO ignores them)."""
 
     name = "KEY=VALUE"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        from strataio.collective.hints import parse_hints
+        from strataio.collective.hints import check_hint
         from strataio.errors import HintError
 
         key, eq, setting = str(value).partition("=")
-        if not eq or not key.strip():
+        key = key.strip()
+        if not eq or not key:
             self.fail(f"{value!r} is not KEY=VALUE", param, ctx)
         try:
-            parse_hints({key.strip(): setting})
+            check_hint(key, setting)
         except HintError as exc:
             self.fail(str(exc), param, ctx)
-        return value
+        return f"{key}={setting}"
 
 
 HINT = HintSetting()

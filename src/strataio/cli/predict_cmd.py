@@ -134,10 +134,13 @@ def calibration_table(perf) -> Table:  # type: ignore[no-untyped-def]
     for tier in perf.tiers:
         row = [tier]
         for op in cols[1:]:
-            row.append(f"{perf.time(tier, op) * 1e3:.3f}" if perf.has(tier, op) else "-")
+            if not perf.has(tier, op):
+                row.append("damaged" if perf.damage(tier, op) else "-")
+                continue
+            row.append(f"{perf.time(tier, op) * 1e3:.3f}")
         for op in ops:
             if not perf.has(tier, op):
-                row.append("-")
+                row.append("damaged" if perf.damage(tier, op) else "-")
                 continue
             lo, hi = perf.measured_range(tier, op)
             row.append(f"{perf.time(tier, op, lo) * 1e3:.2f}→{perf.time(tier, op, hi) * 1e3:.1f}")

@@ -66,9 +66,9 @@ def owners_of(runs: Extents, stripe: int, naggr: int) -> np.ndarray:
 
 
 def memory_to_share() -> int:
-    """The most bytes a window of this rank could hold (bytes): the node's memory, and the
-    free room of ``/dev/shm`` where there is one (MPI places the windows of ranks on one
-    node there). An upper bound: ranks on one node share both."""
+    """The most bytes the windows of the ranks on this node could hold together: the node's
+    memory, and the free room of ``/dev/shm`` where there is one (MPI places them there, in
+    one segment). An upper bound: a job's memory limit may be lower."""
     room = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     try:
         shm = os.statvfs("/dev/shm")
@@ -79,22 +79,27 @@ def memory_to_share() -> int:
 
 class SharedCaches:
     """One MPI window over every rank's cache memory (``nbytes`` on this rank, 0 on ranks
-    without a cache); created and freed collectively over ``comm``."""
+    without a cache); created and freed collectively over ``comm``. ``on_node``: the bytes
+    the caches of all ranks on this rank's node take together (MPI places their windows in
+    one shared segment)."""
 
-    def __init__(self, comm: MPI.Comm, nbytes: int) -> None:
+    def __init__(self, comm: MPI.Comm, nbytes: int, on_node: int | None = None) -> None:
         self._comm = comm
         self._rank = comm.Get_rank()
         # (a window MPI cannot allocate fails on its rank alone and leaves the others inside
-        # the collective allocation: so the ranks agree on what they ask for first)
+        # the collective allocation, or kills the job at its first touch: so the ranks
+        # agree on what they ask for first)
+        on_node = nbytes if on_node is None else on_node
         room = memory_to_share()
         agree(
             comm,
             HintError(
-                f"hint strataio_realm_cache={nbytes}: more memory than this node can give a "
-                f"rank's realm cache ({room} bytes: its memory, and the free room of "
-                "/dev/shm, where MPI places the window of ranks on one node)"
+                f"realm caches of {on_node} bytes on one node (strataio_realm_cache={nbytes} "
+                f"per aggregator there): more than the node can give ({room} bytes: its "
+                "memory, and the free room of /dev/shm, where MPI places the windows of ranks "
+                "on one node); a smaller cache, or fewer aggregators per node"
             )
-            if nbytes > room
+            if on_node > room
             else None,
         )
         self._win = MPI.Win.Allocate(max(int(nbytes), 0), 1, comm=comm)

@@ -354,9 +354,12 @@ class File:
         self._shared: SharedCaches | None = None
         self._cached_end = 0  # end of the collective writes that caches may still hold
         if hints.strataio_realm_cache:
-            mine = driver is not None and comm.Get_rank() in set(self._aggregators.tolist())
+            rank, held = comm.Get_rank(), set(self._aggregators.tolist())
+            mine = driver is not None and rank in held
             size = hints.strataio_realm_cache if mine else 0
-            self._shared = SharedCaches(comm, size)
+            names = self._nodes.names
+            here = sum(names[a] == names[rank] for a in held) if names else len(held)
+            self._shared = SharedCaches(comm, size, here * hints.strataio_realm_cache)
         self._size_floor = self._size()
         self.last_path = ""
         """How the last transfer ran: ``"two-phase"`` or ``"independent"`` (for benchmarks)."""

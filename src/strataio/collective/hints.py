@@ -419,6 +419,17 @@ def parse_hints(
     return dataclasses.replace(base, **values)
 
 
+def check_hint(key: str, value: Any) -> None:
+    """Raise :class:`~strataio.errors.HintError` where ``value`` is no value hint ``key``
+    takes, judged alone: the rules between hints (a shaped driver's parameters need
+    ``strataio_driver=shaped``, which a caller may add) are :func:`parse_hints`'s, with all
+    of them. Unknown keys pass, as in :func:`parse_hints`."""
+    alone = {key: value}
+    if key.startswith(_DRIVER_PARAM):
+        alone["strataio_driver"] = "shaped"
+    parse_hints(alone)
+
+
 #: hints that only shape a rank's own I/O: they may differ between ranks
 PER_RANK = frozenset(
     {

@@ -93,40 +93,43 @@ def _unusable(r: PerfRow) -> str | None:
     return None
 
 
-def _check_rows(rows: list[PerfRow]) -> None:
-    bad = [(r, why) for r in rows if (why := _unusable(r)) is not None]
-    if not bad:
-        return
-    r, why = bad[0]
-    tiers = sorted({str(b.tier) for b, _ in bad})
-    raise MetadataError(
-        f"the performance table holds {len(bad)} row(s) no calibration writes, e.g. tier "
-        f"{r.tier!r} op {r.op!r} at {r.nbytes!r} bytes: {why}; calibrate again "
-        f"(strataio calibrate --tier {tiers[0]}{' ...' if len(tiers) > 1 else ''})"
-    )
-
-
 class PerfTable:
     """Unit times per tier and op, from performance rows (see the module docs)."""
 
     def __init__(self, rows: Iterable[PerfRow]) -> None:
-        """Only each tier's latest calibration counts (rows of one ``when``). Raises
-        :class:`~strataio.errors.MetadataError` naming its rows no calibration writes (a time
-        that is not a finite number of seconds, 0 or more; a size-series op of no bytes; a
-        concurrency below 1): a damaged table, which calibrating again supersedes."""
+        """Only each tier's latest calibration counts (rows of one ``when``). A tier's op
+        among whose rows there is one no calibration writes (a time that is not a finite
+        number of seconds, 0 or more; a size-series op of no bytes; a concurrency below 1)
+        is damaged: using it raises :class:`~strataio.errors.MetadataError` naming the rows
+        (:meth:`damage`); calibrating the tier again supersedes them."""
         rows = [r for r in rows if isinstance(r.when, Real)]
         latest: dict[str, float] = {}
         for r in rows:
             latest[r.tier] = max(latest.get(r.tier, r.when), r.when)
-        _check_rows([r for r in rows if r.when == latest[r.tier]])
         groups: dict[tuple[str, str], dict[tuple[int, int], list[float]]] = defaultdict(
             lambda: defaultdict(list)
         )
+        bad: dict[tuple[str, str], list[tuple[PerfRow, str]]] = defaultdict(list)
         for r in rows:
-            if r.when == latest[r.tier]:
+            if r.when != latest[r.tier]:
+                continue
+            why = _unusable(r)
+            if why is None:
                 groups[(r.tier, r.op)][(r.concurrency, r.nbytes)].append(r.seconds)
+            else:
+                bad[(r.tier, r.op)].append((r, why))
+        self._damage = {
+            key: (
+                f"tier {key[0]!r}: its calibration of {key[1]!r} holds {len(found)} row(s) no "
+                f"calibration writes, e.g. at {found[0][0].nbytes!r} bytes: {found[0][1]}; "
+                f"calibrate it again (strataio calibrate --tier {key[0]})"
+            )
+            for key, found in bad.items()
+        }
         self._curves: dict[tuple[str, str], Curve] = {}
         for key, cells in groups.items():
+            if key in self._damage:
+                continue
             sizes = np.array(sorted({n for _, n in cells}), dtype=np.float64)
             levels = np.array(sorted({c for c, _ in cells}), dtype=np.float64)
             sec = np.full((len(levels), len(sizes)), np.nan)
@@ -142,14 +145,25 @@ class PerfTable:
         return sorted(self.measured_at)
 
     def has(self, tier: str, op: str | None = None) -> bool:
+        """Whether ``tier`` has a calibration (of ``op``, undamaged)."""
         if op is None:
             return tier in self.measured_at
         return (tier, op) in self._curves
+
+    def damage(self, tier: str, op: str | None = None) -> str | None:
+        """What is wrong with ``tier``'s calibration (of ``op``; of any op where None):
+        rows no calibration writes (None: nothing)."""
+        for (t, o), said in self._damage.items():
+            if t == tier and (op is None or o == op):
+                return said
+        return None
 
     def curve(self, tier: str, op: str) -> Curve:
         try:
             return self._curves[(tier, op)]
         except KeyError:
+            if (tier, op) in self._damage:
+                raise MetadataError(self._damage[(tier, op)]) from None
             what = "no calibration" if tier not in self.measured_at else f"no {op!r} measurement"
             raise UncalibratedError(
                 f"tier {tier!r}: {what} in the performance database; run "

@@ -43,9 +43,11 @@ def launch(
         watchdog = threading.Timer(timeout, proc.kill) if timeout else None
         if watchdog is not None:
             watchdog.start()  # a hung rank ends the run instead of the caller waiting forever
+        other: list[str] = []  # (the last lines that are not JSON: hydra's, say)
         for line in proc.stdout:
             line = line.strip()
             if not line.startswith("{"):
+                other = [*other[-9:], line]
                 continue
             msg = json.loads(line)
             if "progress" in msg and len(msg) == 1:
@@ -59,7 +61,7 @@ def launch(
         errfile.seek(0)
         err = errfile.read()
     if code != 0 or last is None:
-        said = err[-3000:].strip() or silent_end(code)
+        said = err[-3000:].strip() or silent_end(code, "\n".join(other))
         raise StrataError(f"mpiexec -n {nprocs} {module} failed (exit {code}):\n{said}")
     return last
 

@@ -205,7 +205,8 @@ class Inventory:
     #: chunks whose rows changed every time their copies were checked again (in flight)
     changing: set[tuple[str, str]] = field(default_factory=set)
     #: ``(tier, object)`` of copies checked again: the object's version just before the
-    #: check whose verdict stands (a repair deletes such an object only at that version)
+    #: check whose verdict stands (a repair deletes such an object only at that version;
+    #: :data:`ABSENT`: it was not there, and what the check read appeared since)
     versions: dict[tuple[str, str], Any] = field(default_factory=dict)
 
 
@@ -427,9 +428,16 @@ def _rows_now(
     return out
 
 
-def _object_versions(tiers: TierSet, objects: list[tuple[str, str]]) -> dict[tuple[str, str], Any]:
+#: the "version" of an object that was not there when its version was asked
+ABSENT = object()
+
+
+def _object_versions(
+    tiers: TierSet, objects: list[tuple[str, str]], absent: Any = None
+) -> dict[tuple[str, str], Any]:
     """The version of each ``(tier, object)`` now (:meth:`Backend.object_versions`, one
-    call per tier), for those whose backend keeps versions and that are there."""
+    call per tier), for those whose backend keeps versions: ``absent`` for those that are
+    not there (left out where None)."""
     by_tier: dict[str, list[str]] = {}
     for tname, ok in objects:
         by_tier.setdefault(tname, []).append(ok)
@@ -437,8 +445,8 @@ def _object_versions(tiers: TierSet, objects: list[tuple[str, str]]) -> dict[tup
     for tname, oks in by_tier.items():
         got = tiers[tname].backend.object_versions(oks)
         for ok, v in zip(oks, got or ()):
-            if v is not None:
-                out[tname, ok] = v
+            if v is not None or absent is not None:
+                out[tname, ok] = absent if v is None else v
     return out
 
 
@@ -484,7 +492,9 @@ def _check_again(
             for c in before.get(chunk, [])
             if c.tier in checked_tiers
         ]
-        seen = _object_versions(tiers, [(c.tier, object_key(*chunk)) for chunk, c in copies])
+        seen = _object_versions(
+            tiers, [(c.tier, object_key(*chunk)) for chunk, c in copies], absent=ABSENT
+        )
         checks: dict[tuple[str, str], list[CopyCheck]] = {chunk: [] for chunk in pending}
         for (chunk, _), r in zip(copies, check([c for _, c in copies])):
             checks[chunk].append(r)
@@ -644,11 +654,12 @@ def _plan_chunk(out: Plan, inv: Inventory, ds: str, key: str, rows: list[CopyChe
         out.findings.append(Finding(kind, r.copy.tier, ds, key, detail, Action.DROP_COPY))
         out.deletes.append((ds, key, r.copy.tier))
         out.expect[ds, key, r.copy.tier] = (r.copy.state, r.copy.checksum)
-        if r.verdict is not Verdict.MISSING:
-            obj = (r.copy.tier, object_key(ds, key))
+        obj = (r.copy.tier, object_key(ds, key))
+        version = inv.versions.get(obj)
+        if r.verdict is not Verdict.MISSING and version is not ABSENT:
             out.objects.append(obj)
-            if obj in inv.versions:
-                out.versions[obj] = inv.versions[obj]
+            if version is not None:
+                out.versions[obj] = version
 
     # A flush's commit drops the rows of every copy its writes made stale, so settled copies
     # hold the last committed value: old bytes that differ from theirs are an earlier write

@@ -250,6 +250,8 @@ class Placement:
         for t in self.persistent():
             if not t.up or not t.has_room(nbytes):
                 skipped.append(f"{t.name} ({'down' if not t.up else 'no room'})")
+            elif (damage := perf.damage(t.name, "put") or perf.damage(t.name, "get")) is not None:
+                skipped.append(f"{t.name} (damaged calibration: {damage})")
             elif not perf.has(t.name, "put") or not perf.has(t.name, "get"):
                 skipped.append(f"{t.name} (not calibrated)")
             else:

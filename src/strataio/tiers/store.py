@@ -837,8 +837,8 @@ class TieredChunkStore(ChunkStore):
             return BackendError(
                 f"chunk {key!r} of {self.name!r}: its copies are on tiers that are down "
                 f"({said}; catalogued copies: {where}); nothing is lost: read again once "
-                f"they answer (a read probes a down tier again after {Tier.RECHECK_S:g} s; "
-                "'strataio tiers --check' probes them at once)"
+                f"they answer (a read probes a down tier again after {Tier.RECHECK_S:g} s, "
+                "less often while it stays down; 'strataio tiers --check' probes them at once)"
             )
         return BackendError(
             f"chunk {key!r} of {self.name!r}: no readable intact copy (catalogued copies: "

@@ -133,9 +133,12 @@ class Tier:
     _changed: threading.Condition = field(init=False, repr=False)
     _keeps_versions: bool | None = field(init=False, repr=False, default=None)
     _probed: float = field(init=False, repr=False, default=0.0)  # (monotonic s; see recheck)
+    _backoff: float = field(init=False, repr=False, default=0.0)  # (s; 0: RECHECK_S)
 
-    #: seconds at least between two probes of a down tier made on reads' behalf (:meth:`recheck`)
+    #: seconds at least between two probes of a down tier made on a read's or a write's behalf
+    #: (:meth:`recheck`), doubled after each probe that fails, up to :attr:`RECHECK_MAX_S`
     RECHECK_S = 2.0
+    RECHECK_MAX_S = 60.0
 
     def __post_init__(self) -> None:
         if self.role not in TIER_ROLES:
@@ -179,6 +182,7 @@ class Tier:
         changed = self.state != "up"
         self.state = "up"
         self.last_error = ""
+        self._backoff = 0.0
         if changed and self.commit is not None:
             self.commit.tier_changed(self)
 
@@ -200,15 +204,22 @@ class Tier:
 
     def recheck(self) -> bool:
         """Whether the tier is up, probing it (:meth:`check`) where it is down and was last
-        probed, or failed, :attr:`RECHECK_S` seconds ago or more: a read that finds a chunk's
-        only copies on down tiers asks, so a long-running job sees a tier come back (another
-        process's ``strataio tiers --check`` marks it up in the catalog, not here)."""
+        probed, or failed, long enough ago: :attr:`RECHECK_S`, doubled after each probe that
+        failed, up to :attr:`RECHECK_MAX_S` (a probe of a tier that does not answer may take
+        its backend's timeout, on the caller's time). A read that finds a chunk's only
+        copies on down tiers asks, and a write whose preferred tiers are down, so a
+        long-running job sees a tier come back (another process's ``strataio tiers
+        --check`` marks it up in the catalog, not here)."""
         if self.up:
             return True
-        if time.monotonic() - self._probed < self.RECHECK_S:
+        wait = max(self._backoff, self.RECHECK_S)
+        if time.monotonic() - self._probed < wait:
             return False
         self._probed = time.monotonic()
-        return self.check()
+        if self.check():
+            return True
+        self._backoff = min(2 * wait, max(self.RECHECK_MAX_S, self.RECHECK_S))
+        return False
 
     def check(self) -> bool:
         """Probe the backend (put, get, delete a small object); update and return health."""
