@@ -474,10 +474,10 @@ def _check_again(
     list of copies, in parallel). The rows were read once, before any object: a process
     that rewrote a chunk in place (announced, put, flushed) or moved it (put, committed,
     deleted the source) meanwhile leaves objects those rows do not describe, and that is no
-    fault of the copy. A chunk's new verdicts stand where its rows
-    read just before and just after the objects agree (an announcement always comes before
-    the object changes, a move's deletion after its commit); a chunk whose rows changed in
-    every one of ``rounds`` tries is in flight (:attr:`Inventory.changing`). Each object's
+    fault of the copy. A chunk's new verdicts stand where its rows read just before and just
+    after the objects agree (an announcement always comes before the object changes, a
+    move's deletion after its commit); a chunk whose rows changed in every one of ``rounds``
+    tries is in flight (:attr:`Inventory.changing`). Each object's
     version is taken just before its check (:attr:`Inventory.versions`): an object put in
     its place after that is not the one judged, and a repair leaves it."""
     pending = {(r.copy.dataset, r.copy.key) for r in inv.checks if r.verdict in _DROPPABLE}
