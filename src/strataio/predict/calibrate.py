@@ -106,6 +106,7 @@ def _calibrating(tc: Any) -> Iterator[None]:
 
     path = work_path(tc, "calibrate.lock")
     with open(path, "a+") as f:
+        locked = True
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -117,12 +118,12 @@ def _calibrating(tc: Any) -> Iterator[None]:
                 "the other"
             ) from None
         except OSError:  # a file system without locks (ENOLCK): calibrate unguarded
-            yield
-            return
-        f.seek(0)
-        f.truncate()
-        f.write(f"pid {os.getpid()} on {socket.gethostname()}")
-        f.flush()
+            locked = False
+        if locked:
+            f.seek(0)
+            f.truncate()
+            f.write(f"pid {os.getpid()} on {socket.gethostname()}")
+            f.flush()
         yield
 
 

@@ -132,8 +132,9 @@ def run_suite(
     on_progress: Callable[[str, int, int], None] | None = None,
 ) -> dict[str, Any]:
     """Calibrate the benchmark's tiers under ``root`` (with ``calibrate`` False, reuse the
-    calibration there: :class:`UncalibratedError` where there is none), then predict each workload and measure it ``runs`` times (each
-    dataset's median time counts: the machine is shared, one run can be unlucky). Returns ``{"workloads":
+    calibration there: :class:`UncalibratedError` where there is none), then predict each
+    workload and measure it ``runs`` times (each dataset's median time counts: the machine
+    is shared, one run can be unlucky). Returns ``{"workloads":
     [{"name", "method", "predicted_s", "measured_s", "error", "datasets": [...]}...],
     "median_error", "worst_error"}`` (errors as fractions, absolute)."""
     from strataio.catalog import open_catalog
