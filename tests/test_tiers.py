@@ -475,6 +475,31 @@ def test_a_running_session_writes_again_to_its_home_tier_once_it_answers(tmp_pat
         ds.close()
 
 
+def test_a_copy_made_obsolete_while_its_tier_was_down_goes_once_the_tier_answers(
+    tmp_path, monkeypatch
+):
+    """A chunk rewritten while its tier is down goes to the next tier; its old copy there is
+    obsolete. The flush after the tier answers again probes it and deletes that copy,
+    rather than leaving an orphan that fsck would report."""
+    a = np.random.default_rng(9).random((10, 10))
+    with session(tmp_path) as s:
+        ds = s.create_dataset("a", a.shape, a.dtype, (10, 10), hint="LOCALDISK")
+        ds[...] = a
+        ds.flush()
+        assert where(ds) == {"c/0/0": ["local"]}
+        monkeypatch.setattr(Tier, "RECHECK_S", 3600.0)
+        _stop_answering(tmp_path / "local")
+        ds[...] = a + 1  # (whole: the old bytes need not be read)
+        _answer_again(tmp_path / "local")
+        monkeypatch.setattr(Tier, "RECHECK_S", 0.0)
+        ds.flush()
+        assert where(ds) == {"c/0/0": ["remote"]}
+        assert not (tmp_path / "local" / "a" / "c" / "0" / "0").exists()
+        assert fsck(s.catalog, s.tiers).clean
+        np.testing.assert_array_equal(ds[...], a + 1)
+        ds.close()
+
+
 def test_probes_of_a_tier_that_stays_down_back_off(monkeypatch):
     """A tier that keeps failing its probe is probed less and less often (``RECHECK_S``,
     doubled after each failure, up to ``RECHECK_MAX_S``): each probe of a tier that does not

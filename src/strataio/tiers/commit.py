@@ -620,14 +620,16 @@ class Commit:
         self, dataset: str, objs: Sequence[tuple[str, str]]
     ) -> dict[tuple[str, str], Any]:
         """The version of each object ``(tier, key)`` of ``dataset`` where its tier keeps
-        versions and answers (one look per tier); :data:`_MISSING` for one not there."""
+        versions and answers (one look per tier); :data:`_MISSING` for one not there. A
+        down tier is probed again first (:meth:`Tier.recheck`): one that answers again has
+        the copies a write made obsolete while it was down deleted now, not left to fsck."""
         by_tier: dict[str, list[str]] = {}
         for tier_name, key in objs:
             by_tier.setdefault(tier_name, []).append(key)
         seen: dict[tuple[str, str], Any] = {}
         for tier_name, keys in by_tier.items():
             tier = self.tiers[tier_name]
-            if tier.volatile or not tier.up:
+            if tier.volatile or not tier.recheck():
                 continue
             try:
                 got = tier.backend.object_versions([object_key(dataset, k) for k in keys])
