@@ -58,6 +58,30 @@ def test_fill_inner_chunks_are_not_stored(tmp_path):
     np.testing.assert_array_equal(ds[4:, :], 0)
 
 
+@pytest.mark.parametrize(
+    ("dtype", "fill", "written"),
+    [
+        ("f8", 0.0, -0.0),
+        ("f8", -0.0, 0.0),
+        ("f4", np.nan, -np.nan),
+        ("c16", complex(np.nan, 1.0), complex(np.nan, 5.0)),
+        ("c16", complex(np.nan, 1.0), complex(2.0, np.nan)),
+    ],
+)
+def test_values_equal_to_the_fill_but_not_its_bytes_are_stored(tmp_path, dtype, fill, written):
+    """An inner chunk is left out only where it holds the fill value's very bytes: -0.0 is
+    no fill of 0.0, nor nan+5j one of nan+1j, though == (or a NaN test) says so; left out,
+    they would read back as the fill."""
+    ds = strataio.create_dataset(
+        tmp_path / "a", (8,), dtype, (4,), shards=(8,), fill_value=fill, codec=None
+    )
+    ds[0:4] = written
+    back = ds[0:4]
+    assert back.tobytes() == np.full(4, written, dtype=dtype).tobytes(), back
+    fills = ds[4:8]
+    assert fills.tobytes() == np.full(4, fill, dtype=dtype).tobytes(), fills
+
+
 def test_partial_read_touches_only_the_inner_chunks_wanted(tmp_path):
     a = _data((64, 64), "float64")
     strataio.create_dataset(

@@ -207,11 +207,14 @@ class ShardCodec:
         )
 
     def empty_blocks(self, blocks: np.ndarray) -> np.ndarray:
-        """Per inner chunk, whether it equals the fill value everywhere (it is not stored)."""
-        flat = blocks.reshape(len(blocks), int(np.prod(self.inner_shape, dtype=np.int64)))
-        if self.dtype.kind in "fc" and np.isnan(self.fill):
-            return np.isnan(flat).all(axis=1)
-        return (flat == self.fill).all(axis=1)
+        """Per inner chunk, whether it holds the fill value's bytes everywhere (it is not
+        stored). Bitwise: ``-0.0`` is not a fill of ``0.0``, nor ``nan+5j`` one of
+        ``nan+1j``, though ``==`` (or a NaN test) takes them for it, and reading an inner
+        chunk that is not stored gives the fill's very bytes."""
+        flat = np.ascontiguousarray(blocks).reshape(len(blocks), -1)
+        fill = np.full(1, self.fill, dtype=flat.dtype).view(np.uint8)
+        raw = flat.view(np.uint8).reshape(len(blocks), -1, fill.size)
+        return (raw == fill).all(axis=(1, 2))
 
     def decode_inner(self, i: int, data: Any) -> np.ndarray:
         """Inner chunk number ``i`` (C order in the shard) of its stored bytes."""
