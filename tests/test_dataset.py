@@ -25,6 +25,7 @@ import strataio.arrays.dataset as dataset_module
 from strataio.arrays.dataset import Dataset
 from strataio.arrays.store import CountingChunkStore
 from strataio.errors import (
+    ArgumentError,
     ChecksumError,
     ClosedError,
     CodecError,
@@ -213,6 +214,48 @@ def test_attrs_persist(tmp_path):
         back.attrs["x"] = 1
 
 
+def test_attrs_set_through_two_handles_both_stay_and_a_replaced_array_is_left_alone(
+    tmp_path,
+):
+    """Setting an attribute applies it to the attributes zarr.json holds now, so two handles
+    setting different ones keep both. A handle of an array replaced since (overwrite) may
+    not write its old metadata over the new array's: MetadataError, zarr.json unchanged."""
+    one = strataio.create_dataset(tmp_path / "a", (4,), "f8", (2,))
+    two = strataio.open_dataset(tmp_path / "a", "r+")
+    one.attrs["p"] = 1
+    two.attrs["q"] = 2
+    assert dict(strataio.open_dataset(tmp_path / "a").attrs) == {"p": 1, "q": 2}
+    new = strataio.create_dataset(tmp_path / "a", (9,), "i2", (3,), overwrite=True)
+    new[...] = 5
+    now = (tmp_path / "a" / "zarr.json").read_bytes()
+    with pytest.raises(MetadataError, match="changed since this handle opened it"):
+        one.attrs["note"] = "stale"
+    assert (tmp_path / "a" / "zarr.json").read_bytes() == now
+    np.testing.assert_array_equal(strataio.open_dataset(tmp_path / "a")[...], 5)
+
+
+def test_attrs_are_plain_json_that_strict_readers_take(tmp_path):
+    """numpy scalars and arrays are stored as numbers and lists; NaN, infinities and objects
+    JSON does not hold are refused with ArgumentError before zarr.json is written (a bare
+    NaN in it makes TensorStore refuse the array)."""
+    import tensorstore as ts
+
+    ds = strataio.create_dataset(
+        tmp_path / "a", (4,), "f4", (2,), attrs={"scale": np.float32(0.5), "axes": np.arange(2)}
+    )
+    assert dict(ds.attrs) == {"scale": 0.5, "axes": [0, 1]}
+    before = (tmp_path / "a" / "zarr.json").read_bytes()
+    for bad in (float("nan"), float("inf"), object(), {"deep": [np.float64("nan")]}):
+        with pytest.raises(ArgumentError, match="attrs"):
+            ds.attrs["bad"] = bad
+    with pytest.raises(ArgumentError, match="NaN"):
+        strataio.create_dataset(tmp_path / "b", (4,), "f4", (2,), attrs={"x": float("nan")})
+    assert (tmp_path / "a" / "zarr.json").read_bytes() == before
+    assert not (tmp_path / "b" / "zarr.json").exists()
+    spec = {"driver": "zarr3", "kvstore": {"driver": "file", "path": str(tmp_path / "a")}}
+    assert ts.open(spec).result().shape == (4,)
+
+
 # ------------------------------------------------------------------------------ errors
 @pytest.fixture
 def ds(tmp_path):
@@ -395,6 +438,25 @@ def test_overwrite_of_a_group_replaces_it_whole(tmp_path):
     ds.close()
     assert _tree(tmp_path / "run1") == ["c", "c/0", "c/1", "zarr.json"]
     np.testing.assert_array_equal(zarr.open_array(tmp_path / "run1", mode="r")[...], 1.0)
+
+
+def test_a_zarr_v2_array_is_not_overwritten_unless_asked(tmp_path):
+    """A Zarr v2 array (``.zarray``) at the path is refused without ``overwrite``: a
+    ``zarr.json`` beside it would make zarr-python open the new, empty array instead of the
+    old data. With ``overwrite`` it goes whole, its v2 files too."""
+    import zarr
+
+    old = zarr.create_array(tmp_path / "a", shape=(4,), dtype="i4", zarr_format=2)
+    old[...] = 7
+    with pytest.raises(ExistsError, match=r"Zarr v2 array \(\.zarray\)"):
+        strataio.create_dataset(tmp_path / "a", (4,), "i4", (2,))
+    assert not (tmp_path / "a" / "zarr.json").exists()
+    np.testing.assert_array_equal(zarr.open_array(tmp_path / "a", mode="r")[...], 7)
+    ds = strataio.create_dataset(tmp_path / "a", (4,), "i4", (2,), overwrite=True)
+    ds[...] = 3
+    ds.close()
+    assert not (tmp_path / "a" / ".zarray").exists()
+    np.testing.assert_array_equal(zarr.open_array(tmp_path / "a", mode="r")[...], 3)
 
 
 def test_overwrite_of_a_zero_dimensional_chunk_and_debris(tmp_path):

@@ -151,6 +151,19 @@ check(
     "create with a bad argument on one rank",
 )
 check(not (root / "bad" / "zarr.json").exists(), "nothing created")
+for what, args in (
+    ("chunks", ((4,), "i4", (4,) if last else (2,))),
+    ("dtype", ((4,), "f8" if last else "i4", (2,))),
+):
+    if nprocs == 1:
+        break  # (one rank cannot differ from itself)
+    check(
+        raises_everywhere(
+            lambda a=args: strataio.create_dataset(root / "differ", *a, comm=comm), ArgumentError
+        ),
+        f"create with another {what} on one rank",
+    )
+check(not (root / "differ" / "zarr.json").exists(), "nothing created where ranks differ")
 check(
     raises_everywhere(
         lambda: strataio.create_dataset(root / "one", (2,), "i4", comm=comm), StrataError

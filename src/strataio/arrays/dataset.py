@@ -9,12 +9,14 @@ chunks the section covers only in part are read, modified and written back.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import math
 import os
 import shutil
 import time
+import zlib
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -23,9 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from strataio.agreed import agree
+from strataio.agreed import agree, differs
 from strataio.arrays.chunk_cache import CachedChunk, chunk_cache, settled
-from strataio.arrays.metadata import ArrayMetadata
+from strataio.arrays.metadata import ArrayMetadata, json_attrs
 from strataio.arrays.sharding import ShardCodec, chunk_codec
 from strataio.arrays.store import BackendChunkStore, ChunkStore
 from strataio.arrays.values import to_dtype
@@ -35,6 +37,7 @@ from strataio.errors import (
     ClosedError,
     CodecError,
     DtypeMismatchError,
+    MetadataError,
     ReadOnlyError,
     SelectionError,
     ShapeMismatchError,
@@ -128,15 +131,11 @@ class Attributes(MutableMapping[str, Any]):
 
     def __setitem__(self, key: str, value: Any) -> None:
         self._ds._check_writable()
-        new = dict(self._ds.meta.attrs)
-        new[key] = value
-        self._ds._replace_attrs(new)
+        self._ds._update_attrs(lambda attrs: attrs.__setitem__(key, value))
 
     def __delitem__(self, key: str) -> None:
         self._ds._check_writable()
-        new = dict(self._ds.meta.attrs)
-        del new[key]
-        self._ds._replace_attrs(new)
+        self._ds._update_attrs(lambda attrs: attrs.__delitem__(key))
 
     def __iter__(self) -> Iterator[str]:
         return iter(dict(self._ds.meta.attrs))
@@ -559,9 +558,28 @@ class Dataset:
                 f"dataset {self.name or ''} is open read-only (mode 'r')".replace("  ", " ")
             )
 
+    def _update_attrs(self, change: Callable[[dict[str, Any]], None]) -> None:
+        """Apply ``change`` to the attributes as ``zarr.json`` holds them now (another handle
+        may have set some since this one read them) and write it. Raises
+        :class:`MetadataError` where the array itself changed since this handle opened it
+        (replaced with ``overwrite``, say): its metadata written back would make the new
+        array's chunks unreadable."""
+        attrs = dict(self.meta.attrs)
+        raw = self.store.get_meta()
+        if raw is not None:
+            now = ArrayMetadata.from_json(raw)
+            if _without_attrs(now) != _without_attrs(self.meta):
+                raise MetadataError(
+                    f"{self._what()}: its zarr.json changed since this handle opened it (the "
+                    "array was replaced or changed); open it again to set attributes"
+                )
+            attrs = dict(now.attrs)
+        change(attrs)
+        self._replace_attrs(attrs)
+
     def _replace_attrs(self, attrs: dict[str, Any]) -> None:
         old = self.meta.attrs
-        self.meta.attrs = attrs
+        self.meta.attrs = json_attrs(attrs)
         try:
             self.store.put_meta(self.meta.to_json())
         except Exception:
@@ -1021,6 +1039,7 @@ def create_dataset(
         err = type(exc)(f"dataset {os.fspath(path)!r}: {exc}")
     agree(comm, err)
     assert meta is not None
+    _same_on_every_rank(comm, path, meta.to_json(), overwrite)
     store: BackendChunkStore | None = None
     if comm is None or comm.Get_rank() == 0:
         try:
@@ -1029,10 +1048,46 @@ def create_dataset(
             err = exc
     agree(comm, err)
     if store is None:
-        store = _posix_store(path, create=False)
+        try:  # (a path this rank cannot reach, say)
+            store = _posix_store(path, create=False)
+        except Exception as exc:
+            err = exc
+    agree(comm, err)
+    assert store is not None
     ds = Dataset(store, meta, "r+", name=os.fspath(path), comm=comm)
     ds.clear_cache()
     return ds
+
+
+def _same_on_every_rank(comm: Any, path: Any, *args: Any) -> None:
+    """Raise :class:`ArgumentError` on every rank of ``comm`` where the ranks passed a
+    collective open or create different ``path`` or ``args`` (the dataset's metadata as
+    each rank made it, say): each would go on with its own, writing chunks the others (and
+    the metadata, rank 0's) do not describe, or waiting in a collective the others skip."""
+    if comm is None or comm.Get_size() == 1:
+        return
+    mine = repr((os.fspath(path), *args)).encode()
+    if not differs(comm, [zlib.crc32(mine)]):
+        return
+    everyone = comm.allgather((os.fspath(path), *args))
+    rank = next(r for r, theirs in enumerate(everyone) if theirs != everyone[0])
+    if everyone[rank][0] != everyone[0][0]:
+        what = f"the path {everyone[rank][0]!r}, rank 0 {everyone[0][0]!r}"
+    elif isinstance(args[0], bytes):  # (the metadata: name the fields that differ)
+        ours, theirs = json.loads(everyone[0][1]), json.loads(everyone[rank][1])
+        keys = sorted(k for k in ours.keys() | theirs.keys() if ours.get(k) != theirs.get(k))
+        what = f"another {', '.join(keys) or 'overwrite'} than rank 0"
+    else:
+        what = f"{everyone[rank][1:]!r}, rank 0 {everyone[0][1:]!r}"
+    raise ArgumentError(
+        f"dataset {everyone[0][0]!r}: rank {rank} passed {what}; a collective call takes the "
+        "same arguments on every rank"
+    )
+
+
+def _without_attrs(meta: ArrayMetadata) -> bytes:
+    """``meta``'s ``zarr.json`` with no attributes: what two handles of one array share."""
+    return dataclasses.replace(meta, attrs={}).to_json()
 
 
 def _node_type(meta: bytes) -> str | None:
@@ -1070,7 +1125,17 @@ def _create_store(
     for folder in new_parents:
         _posix_store(folder, create=True).put_meta(GROUP_META)
     old = store.get_meta()
-    if old is not None and _node_type(old) == "group":
+    v2 = [n for n in (".zarray", ".zgroup") if os.path.exists(os.path.join(path, n))]
+    if v2 and old is None:
+        if not overwrite:
+            kind = "array" if ".zarray" in v2 else "group"
+            raise ExistsError(
+                f"a Zarr v2 {kind} ({v2[0]}) already exists at {os.fspath(path)}; pass "
+                "overwrite=True to replace it by this dataset"
+            )
+        shutil.rmtree(path)  # (its files, whatever their names: zarr-python's v2 layout)
+        store = _posix_store(path, create=True)
+    elif old is not None and _node_type(old) == "group":
         if not overwrite:
             raise ExistsError(
                 f"a Zarr group already exists at {os.fspath(path)}; pass overwrite=True to "
@@ -1098,6 +1163,7 @@ def open_dataset(path: str | os.PathLike[str], mode: str = "r", *, comm: Any = N
 
     raw: bytes | None = None
     err: BaseException | None = None
+    _same_on_every_rank(comm, path, mode)
     if mode not in _MODES:
         err = ArgumentError(f"mode must be one of {_MODES}, got {mode!r}")
     elif comm is None or comm.Get_rank() == 0:

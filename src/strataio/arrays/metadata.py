@@ -90,6 +90,32 @@ def _fill_from_json(value: Any, dtype: np.dtype) -> Any:
     return np.asarray(value, dtype=dtype)[()]
 
 
+def json_attrs(attrs: Any) -> dict[str, Any]:
+    """User attributes as ``zarr.json`` holds them: plain JSON values (numpy scalars and
+    arrays become numbers and lists). Raises :class:`ArgumentError` for anything JSON does
+    not hold, NaN and infinities included: written bare, they make ``zarr.json`` a file
+    strict JSON readers (TensorStore) refuse."""
+    if attrs is None:
+        return {}
+    if not isinstance(attrs, dict):
+        raise ArgumentError("attrs must be a dict of JSON values")
+
+    def plain(value: Any) -> Any:
+        if isinstance(value, np.generic | np.ndarray):
+            return value.tolist()
+        raise TypeError(f"{type(value).__name__} {value!r} is not a JSON value")
+
+    try:
+        return json.loads(json.dumps(attrs, allow_nan=False, default=plain))
+    except TypeError as exc:
+        raise ArgumentError(f"attrs: {exc}") from None
+    except ValueError:
+        raise ArgumentError(
+            "attrs: NaN and infinities are not JSON values (strict readers such as "
+            "TensorStore refuse the file); store them as strings, e.g. 'NaN'"
+        ) from None
+
+
 @dataclass(slots=True)
 class ArrayMetadata:
     """What ``zarr.json`` says about an array, in numpy terms."""
@@ -154,16 +180,9 @@ class ArrayMetadata:
         else:
             codecs = normalize_codecs(codec, dt)
         fill = _fill(fill_value, dt.newbyteorder("="))
-        if attrs is not None and not isinstance(attrs, dict):
-            raise ArgumentError("attrs must be a dict of JSON-serializable values")
-        try:
-            json.dumps(attrs or {})
-        except TypeError as exc:
-            raise ArgumentError(f"attrs are not JSON-serializable: {exc}") from None
+        plain = json_attrs(attrs)
         names = _dimension_names(dims, len(shape_t), StrataError, "dims")
-        return cls(
-            shape_t, dt.newbyteorder("="), chunks_t, codecs, fill, dict(attrs or {}), "/", names
-        )
+        return cls(shape_t, dt.newbyteorder("="), chunks_t, codecs, fill, plain, "/", names)
 
     # ----------------------------------------------------------------- zarr.json
     def to_json(self) -> bytes:
