@@ -500,6 +500,29 @@ def test_a_copy_made_obsolete_while_its_tier_was_down_goes_once_the_tier_answers
         ds.close()
 
 
+def test_a_move_of_a_chunk_held_only_on_a_down_tier_probes_it(tmp_path, monkeypatch):
+    """A stage of a chunk whose only copy is on a tier marked down probes that tier again:
+    once it answers the stage copies the chunk; while it does not, the stage says the
+    chunk's tiers are down (it used to count the chunk as staged, doing nothing)."""
+    a = np.random.default_rng(10).random((10, 10))
+    with session(tmp_path) as s:
+        ds = s.create_dataset("a", a.shape, a.dtype, (10, 10), hint="REMOTEDISK")
+        ds[...] = a
+        ds.close()
+        monkeypatch.setattr(Tier, "RECHECK_S", 0.0)
+        _stop_answering(tmp_path / "remote")
+        assert not s.tiers["remote"].check()
+        ds = s.open_dataset("a")
+        with pytest.raises(StrataError, match="its tiers remote are down"):
+            ds.stage(None, to="local").wait()
+        _answer_again(tmp_path / "remote")
+        ds.stage(None, to="local").wait()
+        assert s.tiers["remote"].up
+        assert sorted(where(ds)["c/0/0"]) == ["local", "remote"]
+        np.testing.assert_array_equal(ds[...], a)
+        ds.close()
+
+
 def test_probes_of_a_tier_that_stays_down_back_off(monkeypatch):
     """A tier that keeps failing its probe is probed less and less often (``RECHECK_S``,
     doubled after each failure, up to ``RECHECK_MAX_S``): each probe of a tier that does not

@@ -338,7 +338,7 @@ class Mover:
             if explain is not None or (
                 last is not None
                 and not refreshed
-                and not [c for c in res.readable(key) if c.tier not in tried]
+                and not [c for c in self._readable(res, key) if c.tier not in tried]
             ):
                 err = explain or last
                 explain = None
@@ -349,7 +349,7 @@ class Mover:
                 start = res.version(key)
             if res.version(key) != start:
                 return "reused", 0  # rewritten since the move began
-            sources = [c for c in res.readable(key) if c.tier not in tried]
+            sources = [c for c in self._readable(res, key) if c.tier not in tried]
             if not sources:
                 break
             src = sources[0]
@@ -440,16 +440,26 @@ class Mover:
         if last is not None:
             raise last
         if res.readable(key, up_only=False):
-            down = ", ".join(c.tier for c in res.copies(key))
-            raise StrataError(
-                f"chunk {key!r} of {res.name!r}: no readable copy (its tiers {down} are down)"
-            )
+            raise _all_down(res, key)
         return "unwritten", 0  # never written (or lost): nothing to move
 
-    def _stage_one(self, res: Residency, key: str, target: Tier | None) -> tuple[str, int]:
+    def _readable(self, res: Residency, key: str) -> list[ChunkCopy]:
+        """:meth:`Residency.readable` of ``key``, the tiers marked down that hold its copies
+        probed again first where none is readable (:meth:`Tier.recheck`): a move after an
+        outage finds the tier that answers again."""
         copies = res.readable(key)
+        if not copies:
+            held = res.readable(key, up_only=False)
+            if held and any([self.tiers[c.tier].recheck() for c in held]):
+                copies = res.readable(key)
+        return copies
+
+    def _stage_one(self, res: Residency, key: str, target: Tier | None) -> tuple[str, int]:
+        copies = self._readable(res, key)
         if not copies and not res.copies(key):
             return "unwritten", 0
+        if not copies and res.readable(key, up_only=False):
+            raise _all_down(res, key)
         if target is None or not target.volatile:
             # a memory copy dies with the process: staging to a disk ignores it
             copies = [c for c in copies if not self.tiers[c.tier].volatile]
@@ -507,7 +517,7 @@ class Mover:
     def _prefetch_one(self, res: Residency, key: str) -> tuple[str, int]:
         if (res.name, key) in self.cache:
             return "reused", 0
-        for c in res.readable(key):
+        for c in self._readable(res, key):
             tier = self.tiers[c.tier]
             try:
                 data = tier.call(tier.backend.get, object_key(res.name, key))
@@ -561,3 +571,11 @@ class Mover:
         if catalog is None:
             return False
         return bool(res.refresh_from(catalog, [key]))
+
+
+def _all_down(res: Residency, key: str) -> StrataError:
+    """The error of a move of chunk ``key`` whose copies are all on tiers that are down."""
+    down = ", ".join(c.tier for c in res.copies(key))
+    return StrataError(
+        f"chunk {key!r} of {res.name!r}: no readable copy (its tiers {down} are down)"
+    )
