@@ -10,6 +10,7 @@ import xarray as xr
 import zarr
 
 import strataio
+from strataio.errors import MetadataError
 
 
 def _tensorstore_read(path):
@@ -161,3 +162,22 @@ def test_session_datasets_keep_dimension_names(tmp_path):
     z = zarr.open_array(str(tmp_path / "disk" / "t"), mode="r")
     assert z.metadata.dimension_names == ("y", "x")
     np.testing.assert_array_equal(z[...], np.arange(24).reshape(4, 6))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "said"),
+    [
+        ({"dtype": "str"}, "data type 'string' is not supported"),
+        (
+            {"dtype": "i4", "chunk_key_encoding": {"name": "v2", "separator": "."}},
+            "chunk key encoding 'v2' is not supported",
+        ),
+    ],
+)
+def test_zarr_python_arrays_strataio_cannot_read_say_what_is_unsupported(tmp_path, kwargs, said):
+    """A valid zarr.json naming a feature strataio lacks says which, not that the file is
+    malformed."""
+    zarr.create_array(tmp_path / "a", shape=(4,), **kwargs)
+    with pytest.raises(MetadataError, match=said) as info:
+        strataio.open_dataset(tmp_path / "a")
+    assert "malformed" not in str(info.value)

@@ -245,6 +245,8 @@ class ArrayMetadata:
                 separator=sep,
                 dimension_names=names,
             )
+        except MetadataError:
+            raise  # (what is valid but unsupported says so, not "malformed")
         except (KeyError, TypeError, ValueError) as exc:
             raise MetadataError(f"{where} is malformed: {exc!r}") from None
 
