@@ -398,6 +398,15 @@ def test_read_fails_over_to_another_copy_and_marks_tier_down(tmp_path):
         ds.close()
 
 
+def _written(s, shape, hint, *, seed):
+    """Dataset ``a`` of session ``s``: random floats of ``shape`` in 10² chunks, placed by
+    ``hint``, written whole (not flushed); the values and the open dataset."""
+    a = np.random.default_rng(seed).random(shape)
+    ds = s.create_dataset("a", a.shape, a.dtype, (10, 10), hint=hint)
+    ds[...] = a
+    return a, ds
+
+
 def _stop_answering(root):
     """The POSIX tier at ``root`` stops answering (a file in its place: I/O errors)."""
     root.rename(root.with_name(root.name + ".away"))
@@ -414,11 +423,9 @@ def test_a_running_session_reads_again_from_a_tier_that_answers_again(tmp_path, 
     """A chunk whose only copy sits on a tier that went down fails to read, saying so (and
     that nothing is lost); once the tier answers, the same session reads it again: a read
     probes a down tier again, at most every ``Tier.RECHECK_S`` seconds."""
-    a = np.random.default_rng(7).random((20, 20))
     root = tmp_path / "remote"
     with session(tmp_path) as s:
-        ds = s.create_dataset("a", a.shape, a.dtype, (10, 10), hint="REMOTEDISK")
-        ds[...] = a
+        a, ds = _written(s, (20, 20), "REMOTEDISK", seed=7)
         ds.close()
         ds = s.open_dataset("a")
         _stop_answering(root)
@@ -442,11 +449,9 @@ def test_a_running_session_writes_again_to_its_home_tier_once_it_answers(tmp_pat
     """Writes fail over from a home tier that went down to the next one; once the home tier
     answers, the same session's writes go there again: a write probes a down tier preferred
     over every tier that is up, at most every ``Tier.RECHECK_S`` seconds."""
-    a = np.random.default_rng(8).random((20, 20))
     root = tmp_path / "local"
     with session(tmp_path) as s:
-        ds = s.create_dataset("a", a.shape, a.dtype, (10, 10), hint="LOCALDISK")
-        ds[...] = a
+        a, ds = _written(s, (20, 20), "LOCALDISK", seed=8)
         ds.flush()
         assert {t for ts in where(ds).values() for t in ts} == {"local"}
         _stop_answering(root)
@@ -481,10 +486,8 @@ def test_a_copy_made_obsolete_while_its_tier_was_down_goes_once_the_tier_answers
     """A chunk rewritten while its tier is down goes to the next tier; its old copy there is
     obsolete. The flush after the tier answers again probes it and deletes that copy,
     rather than leaving an orphan that fsck would report."""
-    a = np.random.default_rng(9).random((10, 10))
     with session(tmp_path) as s:
-        ds = s.create_dataset("a", a.shape, a.dtype, (10, 10), hint="LOCALDISK")
-        ds[...] = a
+        a, ds = _written(s, (10, 10), "LOCALDISK", seed=9)
         ds.flush()
         assert where(ds) == {"c/0/0": ["local"]}
         monkeypatch.setattr(Tier, "RECHECK_S", 3600.0)
@@ -504,10 +507,8 @@ def test_a_move_of_a_chunk_held_only_on_a_down_tier_probes_it(tmp_path, monkeypa
     """A stage of a chunk whose only copy is on a tier marked down probes that tier again:
     once it answers the stage copies the chunk; while it does not, the stage says the
     chunk's tiers are down (it used to count the chunk as staged, doing nothing)."""
-    a = np.random.default_rng(10).random((10, 10))
     with session(tmp_path) as s:
-        ds = s.create_dataset("a", a.shape, a.dtype, (10, 10), hint="REMOTEDISK")
-        ds[...] = a
+        a, ds = _written(s, (10, 10), "REMOTEDISK", seed=10)
         ds.close()
         monkeypatch.setattr(Tier, "RECHECK_S", 0.0)
         _stop_answering(tmp_path / "remote")

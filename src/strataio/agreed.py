@@ -9,6 +9,7 @@ an exception of the same :class:`StrataError` class naming the failing rank.
 from __future__ import annotations
 
 import array
+import zlib
 from collections.abc import Sequence
 
 import numpy as np
@@ -56,3 +57,9 @@ def differs(comm: MPI.Comm | None, values: Sequence[int]) -> bool:
     top = np.empty_like(both)
     comm.Allreduce(both, top, op=MPI.MAX)
     return bool(np.any(top[: mine.size] != -top[mine.size :]))
+
+
+def differs_in(comm: MPI.Comm | None, data: bytes, *numbers: int) -> bool:
+    """Whether ``data`` (a CRC-32 of it) or any of ``numbers`` differs between the ranks of
+    ``comm`` (:func:`differs`): the arguments of a collective call, say."""
+    return differs(comm, [zlib.crc32(data), *numbers])

@@ -29,13 +29,12 @@ import os
 import sys
 import threading
 import warnings
-import zlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
-from strataio.agreed import agree, differs
+from strataio.agreed import agree, differs_in
 from strataio.arrays.codecs import CodecPipeline
 from strataio.arrays.dataset import Dataset
 from strataio.arrays.metadata import ArrayMetadata
@@ -146,8 +145,7 @@ class TieredDataset(Dataset):
         except StrataError as exc:
             checked = exc
         agree(self.comm, checked)
-        said = zlib.crc32("\n".join([op, tier or "", *keys]).encode())
-        if differs(self.comm, [said, len(keys)]):
+        if differs_in(self.comm, "\n".join([op, tier or "", *keys]).encode(), len(keys)):
             raise ArgumentError(
                 f"{op} of dataset {self.name!r} is collective, and the ranks asked for "
                 f"different ones (this rank: {len(keys)} chunks, tier {tier or 'default'}): "

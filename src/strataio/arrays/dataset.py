@@ -16,7 +16,6 @@ import math
 import os
 import shutil
 import time
-import zlib
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -25,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from strataio.agreed import agree, differs
+from strataio.agreed import agree, differs_in
 from strataio.arrays.chunk_cache import CachedChunk, chunk_cache, settled
 from strataio.arrays.metadata import ArrayMetadata, json_attrs
 from strataio.arrays.sharding import ShardCodec, chunk_codec
@@ -1067,7 +1066,7 @@ def _same_on_every_rank(comm: Any, path: Any, *args: Any) -> None:
     if comm is None or comm.Get_size() == 1:
         return
     mine = repr((os.fspath(path), *args)).encode()
-    if not differs(comm, [zlib.crc32(mine)]):
+    if not differs_in(comm, mine):
         return
     everyone = comm.allgather((os.fspath(path), *args))
     rank = next(r for r, theirs in enumerate(everyone) if theirs != everyone[0])
