@@ -503,22 +503,80 @@ def test_a_copy_made_obsolete_while_its_tier_was_down_goes_once_the_tier_answers
         ds.close()
 
 
-def test_a_move_of_a_chunk_held_only_on_a_down_tier_probes_it(tmp_path, monkeypatch):
-    """A stage of a chunk whose only copy is on a tier marked down probes that tier again:
-    once it answers the stage copies the chunk; while it does not, the stage says the
-    chunk's tiers are down (it used to count the chunk as staged, doing nothing)."""
+def _rewritten_during_an_outage(root, s, *, seed):
+    """Dataset ``a`` of ``s`` (:func:`_written`, flushed to the local tier), rewritten whole
+    and flushed while that tier did not answer (the local copy's row went, its object could
+    not), the tier answering again; the new values and the open dataset."""
+    a, ds = _written(s, (10, 10), "LOCALDISK", seed=seed)
+    ds.flush()
+    _stop_answering(root / "local")
+    ds[...] = a + 1
+    ds.flush()
+    _answer_again(root / "local")
+    return a, ds
+
+
+def test_a_copy_whose_row_went_while_its_tier_was_down_goes_at_a_later_commit(
+    tmp_path, monkeypatch
+):
+    """A commit made while a tier is down drops the rows of copies there a rewrite made
+    obsolete, but cannot delete their objects: they stay this process's to delete, and a
+    later commit (here a flush with nothing else to record) deletes them once the tier
+    answers, rather than leaving an orphan that fsck may not remove while the job runs."""
+    monkeypatch.setattr(Tier, "RECHECK_S", 0.0)
+    with session(tmp_path) as s:
+        a, ds = _rewritten_during_an_outage(tmp_path, s, seed=11)
+        assert where(ds) == {"c/0/0": ["remote"]}
+        assert (tmp_path / "local" / "a" / "c" / "0" / "0").exists()
+        ds.flush()
+        assert not (tmp_path / "local" / "a" / "c" / "0" / "0").exists()
+        report = fsck(s.catalog, s.tiers)
+        assert report.clean and not report.in_flight, report.findings
+        np.testing.assert_array_equal(ds[...], a + 1)
+        ds.close()
+
+
+def test_a_stranded_copy_another_process_has_rewritten_since_stays(tmp_path, monkeypatch):
+    """An object left behind by a tier that was down is deleted later only while no catalog
+    row names it: another process that has written the chunk there since (replacing the
+    object, announced) keeps its copy."""
+    monkeypatch.setattr(Tier, "RECHECK_S", 0.0)
+    with session(tmp_path) as s:
+        a, ds = _rewritten_during_an_outage(tmp_path, s, seed=12)
+        with session(tmp_path) as other:
+            theirs = other.open_dataset("a", "r+")
+            theirs[...] = a + 2
+            theirs.close()
+            assert sorted(where(other.open_dataset("a"))["c/0/0"]) == ["local"]
+        ds.flush()
+        assert (tmp_path / "local" / "a" / "c" / "0" / "0").exists()
+        ds.close()
+        np.testing.assert_array_equal(s.open_dataset("a")[...], a + 2)
+        assert fsck(s.catalog, s.tiers).clean
+
+
+@pytest.mark.parametrize(
+    "down, says",
+    [("remote", "its tiers remote are down"), ("local", "tier 'local' is down")],
+    ids=["the-source", "the-destination"],
+)
+def test_a_move_involving_a_tier_marked_down_probes_it(tmp_path, monkeypatch, down, says):
+    """A stage of a chunk whose only copy is on a tier marked down, or to a tier marked
+    down, probes that tier again: once it answers the stage copies the chunk; while it does
+    not, the stage says the tier is down (of the source, it used to count the chunk as
+    staged, doing nothing; of the destination, it failed without a probe)."""
     with session(tmp_path) as s:
         a, ds = _written(s, (10, 10), "REMOTEDISK", seed=10)
         ds.close()
         monkeypatch.setattr(Tier, "RECHECK_S", 0.0)
-        _stop_answering(tmp_path / "remote")
-        assert not s.tiers["remote"].check()
+        _stop_answering(tmp_path / down)
+        assert not s.tiers[down].check()
         ds = s.open_dataset("a")
-        with pytest.raises(StrataError, match="its tiers remote are down"):
+        with pytest.raises(StrataError, match=says):
             ds.stage(None, to="local").wait()
-        _answer_again(tmp_path / "remote")
+        _answer_again(tmp_path / down)
         ds.stage(None, to="local").wait()
-        assert s.tiers["remote"].up
+        assert s.tiers[down].up
         assert sorted(where(ds)["c/0/0"]) == ["local", "remote"]
         np.testing.assert_array_equal(ds[...], a)
         ds.close()

@@ -79,7 +79,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from strataio.catalog.base import Catalog, ChunkCopy, CopyId, open_catalog
-from strataio.errors import BackendError, ExistsError, StrataError
+from strataio.errors import BackendError, ExistsError, StrataError, TierDownError
 from strataio.storage.base import Version
 from strataio.tiers.residency import Batch, Residency, object_key
 from strataio.tiers.tier import Tier, TierSet, is_backend_failure, refuse_unknown_object
@@ -387,6 +387,7 @@ class Commit:
         assert self.catalog is not None
         batch = res.take_batch()
         if batch.empty:
+            self._delete_stranded(res)
             return
         try:
             # the objects this batch deletes as they are before its rows go: another
@@ -434,6 +435,7 @@ class Commit:
         finally:
             res.deleted(kept)  # (kept, not deleted: puts of them may go on)
         self._relearn(res, done)
+        self._delete_stranded(res)
 
     def _relearn(self, res: Residency, done: _Recorded) -> None:
         """After a commit that found rows this residency's view of which was stale (another
@@ -649,28 +651,33 @@ class Commit:
         objs: list[tuple[str, str]],
         seen: Mapping[tuple[str, str], Any] | None = None,
     ) -> None:
-        """Delete objects no row names any more; a tier that fails leaves orphans for fsck.
-        An object ``seen`` at a version before its row went is deleted only while it is
-        still at that version: else another process put it anew since (its own row names
-        it, or will); one seen missing then is not deleted (one there now is such a put)."""
+        """Delete objects no row names any more. An object ``seen`` at a version before its
+        row went is deleted only while it is still at that version: else another process put
+        it anew since (its own row names it, or will); one seen missing then is not deleted
+        (one there now is such a put). Those on a tier that is down (probed again first:
+        :meth:`Tier.recheck`) or fails stay this process's to delete (:meth:`Residency.strand`):
+        each later commit tries them again (:meth:`_delete_stranded`), so a blip of a tier
+        leaves no orphan behind a running job; fsck removes what is left when it ends."""
         seen = seen or {}
-        by_tier: dict[str, tuple[list[str], list[Any], list[str]]] = {}
+        stranded: list[tuple[str, str]] = []
+        by_tier: dict[str, tuple[list[str], list[Any], list[str], list[str]]] = {}
         for tier_name, key in objs:
             was = seen.get((tier_name, key))
             if was is _MISSING:
                 continue  # (nothing of this commit's there to delete)
-            checked, versions, unchecked = by_tier.setdefault(tier_name, ([], [], []))
+            checked, versions, unchecked, keys = by_tier.setdefault(tier_name, ([], [], [], []))
+            keys.append(key)
             if was is not None:
                 checked.append(object_key(res.name, key))
                 versions.append(was)
             else:
                 unchecked.append(object_key(res.name, key))
         try:
-            for tier_name, (checked, versions, unchecked) in by_tier.items():
+            for tier_name, (checked, versions, unchecked, keys) in by_tier.items():
                 tier = self.tiers[tier_name]
-                if not tier.up:
-                    continue  # fsck removes the orphans once the tier answers again
                 try:
+                    if not tier.recheck():
+                        raise TierDownError(f"tier {tier_name!r} is down")
                     if checked:
                         tier.backend.delete_if_many(checked, versions)
                     for obj in unchecked:
@@ -678,8 +685,53 @@ class Commit:
                 except Exception as exc:
                     if not is_backend_failure(exc):
                         raise
-                    tier.mark_down(exc)
+                    if not isinstance(exc, TierDownError):
+                        tier.mark_down(exc)
+                    stranded += [(tier_name, k) for k in keys]
         finally:
+            res.strand(stranded)
+            res.deleted(objs)
+
+    def _delete_stranded(self, res: Residency) -> None:
+        """Delete the objects an earlier commit could not (:meth:`Residency.strand`) on the
+        tiers that answer now: each only while the catalog names no copy there (another
+        process may have recorded one since the row went) and still at the version it had
+        before that look. Where this process holds no catalog they wait for fsck."""
+        if self.catalog is None:
+            return
+        objs = res.take_stranded()
+        if not objs:
+            return
+        by_tier: dict[str, list[str]] = {}
+        for tier_name, key in objs:
+            by_tier.setdefault(tier_name, []).append(key)
+        left: list[tuple[str, str]] = []
+        try:
+            for tier_name, keys in by_tier.items():
+                tier = self.tiers[tier_name]
+                names = [object_key(res.name, k) for k in keys]
+                try:
+                    if not tier.recheck():
+                        raise TierDownError(f"tier {tier_name!r} is down")
+                    versions = tier.backend.object_versions(names)
+                    named = {
+                        c.key for c in self.catalog.residency(res.name, keys) if c.tier == tier_name
+                    }
+                    for key, obj, v in zip(keys, names, versions or [...] * len(keys)):
+                        if key in named or v is None:
+                            continue  # (another process's copy now, or gone already)
+                        if v is ...:  # (a tier that keeps no versions)
+                            tier.backend.delete(obj)
+                        else:
+                            tier.backend.delete_if(obj, v)
+                except Exception as exc:
+                    if not (is_backend_failure(exc) or isinstance(exc, StrataError)):
+                        raise
+                    if is_backend_failure(exc) and not isinstance(exc, TierDownError):
+                        tier.mark_down(exc)
+                    left += [(tier_name, k) for k in keys]
+        finally:
+            res.strand(left)
             res.deleted(objs)
 
 

@@ -327,6 +327,9 @@ class Mover:
         when a source tier fails, or its copy went away or is missing); record the new copy
         in the residency unless the chunk was rewritten meanwhile (then the move has nothing
         to do: the new version is where its write put it)."""
+        # (a destination marked down is probed again, at most every Tier.RECHECK_S: a move
+        # asked for after an outage finds the tier answering; one still down fails below)
+        dst.recheck()
         start = res.version(key)
         last: Exception | None = None
         tried: set[str] = set()

@@ -155,6 +155,9 @@ class Residency:
         self._rewritten: set[str] = set()  # chunks whose new content is not committed (Batch)
         self._obsolete: set[tuple[str, str]] = set()  # (tier, key) to delete after commit
         self._deleting: set[tuple[str, str]] = set()  # (tier, key) being deleted now
+        # (tier, key) objects no row names any more whose deletion their tier refused (down,
+        # failing): this process's to delete once the tier answers (see Commit._delete)
+        self._stranded: set[tuple[str, str]] = set()
         self._committing: set[tuple[str, str]] = set()  # (key, tier) rows a batch deletes
         self._writing: set[tuple[str, str]] = set()  # (tier, key) with a put in flight
         # (tier, key) -> [bytes of the copy there a write counts as its room, bytes of that
@@ -331,6 +334,7 @@ class Residency:
                 self._row_pending(key, tier)
                 or obj in self._obsolete
                 or obj in self._deleting
+                or obj in self._stranded
                 or obj in self._cancelled  # (a deletion the caller's put cancelled)
             )
 
@@ -396,6 +400,10 @@ class Residency:
             if slot in self._obsolete:
                 self._obsolete.discard(slot)
                 self._cancelled.add(slot)
+            elif slot in self._stranded:  # (its row is gone already)
+                self._stranded.discard(slot)
+                self._cancelled.add(slot)
+                self._unnamed_own.add(slot)
 
     def end_write(self, key: str, tier: str) -> None:
         """The second half of :meth:`writing`."""
@@ -860,9 +868,30 @@ class Residency:
             for c in rows:
                 self._known[c.key, c.tier] = (c.state, c.checksum)
 
+    def strand(self, objs: Iterable[tuple[str, str]]) -> None:
+        """The obsolete objects ``objs`` (``(tier, key)``), whose rows are gone, could not be
+        deleted (their tier is down or failed): they stay this process's to delete, at a
+        later commit (:meth:`take_stranded`), and to replace. Call before :meth:`deleted`."""
+        with self.lock:
+            for tier, key in objs:
+                if (tier, key) not in self._writing and self.copy_on(key, tier) is None:
+                    self._stranded.add((tier, key))
+
+    def take_stranded(self) -> list[tuple[str, str]]:
+        """Remove and return the objects :meth:`strand` kept, marked as being deleted (puts
+        of them wait) until :meth:`deleted`; those still not deleted go back by
+        :meth:`strand`."""
+        with self.lock:
+            if not self._stranded:
+                return []
+            objs = sorted(self._stranded)
+            self._stranded.clear()
+            self._deleting.update(objs)
+            return objs
+
     def deleted(self, objs: Iterable[tuple[str, str]]) -> None:
-        """The obsolete objects ``objs`` of a taken batch are dealt with (deleted, or left as
-        orphans on a tier that is down); puts of them may go on."""
+        """The obsolete objects ``objs`` of a taken batch are dealt with (deleted, or kept
+        for later by :meth:`strand`); puts of them may go on."""
         with self._cond:
             self._committing.clear()
             self._in_commit.clear()
