@@ -181,3 +181,26 @@ def test_zarr_python_arrays_strataio_cannot_read_say_what_is_unsupported(tmp_pat
     with pytest.raises(MetadataError, match=said) as info:
         strataio.open_dataset(tmp_path / "a")
     assert "malformed" not in str(info.value)
+
+
+@pytest.mark.parametrize("shards", [None, (4, 6)])
+def test_zarr_python_arrays_with_a_transpose_codec_say_it_is_unsupported(tmp_path, shards):
+    """An array zarr-python wrote with the transpose codec (alone, or inside the shards'
+    inner codecs): MetadataError naming the transpose codec as unsupported and the codecs
+    strataio reads, not that the pipeline "must start with the 'bytes' codec"."""
+    z = zarr.create_array(
+        tmp_path / "a",
+        shape=(4, 6),
+        chunks=(2, 3),
+        shards=shards,
+        dtype="i4",
+        filters=[zarr.codecs.TransposeCodec(order=(1, 0))],
+    )
+    z[...] = np.arange(24).reshape(4, 6)
+    with pytest.raises(MetadataError) as info:
+        strataio.open_dataset(tmp_path / "a")
+    said = str(info.value)
+    assert "zarr.json: codec 'transpose' is not supported" in said
+    assert "strataio reads the codecs bytes, zstd, blosc, gzip, crc32c" in said
+    assert "sharding_indexed" in said
+    assert "must start" not in said and "malformed" not in said

@@ -27,6 +27,10 @@ from strataio.errors import ChecksumError, CodecError
 _SYSTEM_ENDIAN = sys.byteorder  # "little" on every platform we target
 _BLOSC_SHUFFLE = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}
 _BYTES_CODECS = ("zstd", "blosc", "gzip", "crc32c")
+#: what a ``zarr.json`` may name, in the words of an error that names a codec it may not
+READABLE = (
+    f"strataio reads the codecs bytes, {', '.join(_BYTES_CODECS)}, alone or inside sharding_indexed"
+)
 
 CodecSpec = dict[str, Any]
 
@@ -216,15 +220,17 @@ class CodecPipeline:
     _stored_nbytes: int = field(init=False)
 
     def __post_init__(self) -> None:
-        if not self.specs or self.specs[0]["name"] != "bytes":
-            names = [s.get("name") for s in self.specs]
-            raise CodecError(f"codec pipeline {names} must start with the 'bytes' codec")
-        for s in self.specs[1:]:
-            if s["name"] not in _BYTES_CODECS:
-                raise CodecError(
-                    f"unsupported codec {s['name']!r} in the pipeline; strataio reads bytes, "
-                    f"{', '.join(_BYTES_CODECS)}"
-                )
+        names = [s.get("name") for s in self.specs]
+        # (an unknown codec first: an array-to-array codec such as transpose comes before
+        # 'bytes', and "must start with 'bytes'" would blame the order, not the codec)
+        unknown = [n for n in names if n not in ("bytes", *_BYTES_CODECS)]
+        if unknown:
+            raise CodecError(f"codec {unknown[0]!r} is not supported: {READABLE}")
+        if not names or names[0] != "bytes" or "bytes" in names[1:]:
+            raise CodecError(
+                f"codec pipeline {names} must be one 'bytes' codec followed by "
+                f"{', '.join(_BYTES_CODECS)} codecs"
+            )
         endian = self.specs[0].get("configuration", {}).get("endian", "little")
         if endian not in ("little", "big"):
             raise CodecError(f"bytes codec endian {endian!r} is not 'little' or 'big'")

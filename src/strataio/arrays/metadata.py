@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 
 from strataio.arrays.codecs import CodecSpec, normalize_codecs
-from strataio.arrays.sharding import shard_codecs
+from strataio.arrays.sharding import chunk_codec, shard_codecs
 from strataio.arrays.values import to_dtype
-from strataio.errors import ArgumentError, MetadataError, StrataError
+from strataio.errors import ArgumentError, CodecError, MetadataError, StrataError
 from strataio.layout.chunks import chunk_key
 
 #: Zarr v3 data type names of the numpy dtypes strataio stores.
@@ -207,6 +207,9 @@ class ArrayMetadata:
 
     @classmethod
     def from_json(cls, raw: bytes | str, where: str = "zarr.json") -> ArrayMetadata:
+        """The metadata a ``zarr.json`` holds. :class:`MetadataError` names ``where`` and
+        says what is wrong: not JSON, not a Zarr v3 array, malformed, or naming what strataio
+        does not support (a data type, a codec, a chunk grid or key encoding)."""
         try:
             doc = json.loads(raw)
         except (ValueError, UnicodeDecodeError) as exc:
@@ -235,7 +238,7 @@ class ArrayMetadata:
             names = _dimension_names(
                 doc.get("dimension_names"), len(shape), MetadataError, f"{where}: dimension_names"
             )
-            return cls(
+            meta = cls(
                 shape=shape,
                 dtype=dt,
                 chunks=tuple(int(n) for n in grid["configuration"]["chunk_shape"]),
@@ -245,10 +248,15 @@ class ArrayMetadata:
                 separator=sep,
                 dimension_names=names,
             )
+            # (the codecs made here, at open, where a collective open agrees on its errors)
+            chunk_codec(meta.codecs, dt, meta.chunks, meta.fill_value)
         except MetadataError:
             raise  # (what is valid but unsupported says so, not "malformed")
-        except (KeyError, TypeError, ValueError) as exc:
+        except CodecError as exc:  # (a codec strataio lacks, a misconfigured one)
+            raise MetadataError(f"{where}: {exc}") from None
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise MetadataError(f"{where} is malformed: {exc!r}") from None
+        return meta
 
     def chunk_key(self, coords: Any) -> str:
         """The Zarr v3 default-encoded key of a chunk (``c/1/2``; ``c`` for 0-d arrays)."""
