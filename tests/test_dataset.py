@@ -392,6 +392,106 @@ def test_create_and_open_errors(tmp_path):
         strataio.open_dataset(tmp_path / "e", mode="w")
 
 
+_GIB = 2**30
+_LIMIT = "2147483647 bytes"
+#: create_dataset arguments whose chunks (shards, shard index) are too large to hold, and
+#: what the error says
+_TOO_LARGE = {
+    # 8 TiB chunks: a read or write failed with numpy's MemoryError
+    "8 TiB": (
+        {"shape": (2**40,), "dtype": "f8", "chunks": (2**40,)},
+        rf"chunks \(1099511627776,\) of float64 hold 8796093022208 bytes, more than the "
+        rf"{_LIMIT} a chunk may hold",
+    ),
+    # an edge chunk is stored whole: the chunk shape counts, not the array's
+    "beyond the array": (
+        {"shape": (4, 4), "dtype": "f8", "chunks": (2**20, 2**20), "codec": None},
+        r"chunks \(1048576, 1048576\) of float64 hold 8796093022208 bytes",
+    ),
+    # past numpy's largest array ("Maximum allowed dimension exceeded")
+    "past numpy": (
+        {"shape": (2**62,), "dtype": "u1", "chunks": (2**62,), "codec": None},
+        r"chunks \(4611686018427387904,\) of uint8 hold 4611686018427387904 bytes",
+    ),
+    "chunks=None": (
+        {"shape": (2 * _GIB,), "dtype": "u1", "chunks": None, "codec": "zstd"},
+        r"chunks \(2147483648,\) of uint8 hold 2147483648 bytes.*"
+        r"\(chunks=None makes the whole array one chunk\)",
+    ),
+    # blosc (lz4 too) compresses at most 2**31 - 1 - 16 bytes in one buffer
+    "blosc": (
+        {"shape": (2 * _GIB,), "dtype": "u1", "chunks": (2 * _GIB - 8,), "codec": "lz4"},
+        r"chunks \(2147483640,\) of uint8 hold 2147483640 bytes, more than the 2147483631 "
+        r"bytes blosc compresses in one buffer",
+    ),
+    "shards": (
+        {"shape": (2**33,), "dtype": "u1", "chunks": (2**20,), "shards": (2**32,)},
+        rf"shards \(4294967296,\) of uint8 hold 4294967296 bytes, more than the {_LIMIT} a "
+        r"shard may hold",
+    ),
+    "inner chunks under blosc": (
+        {
+            "shape": (4,),
+            "dtype": "u1",
+            "chunks": (2 * _GIB - 8,),
+            "shards": (2 * _GIB - 8,),
+            "codec": "blosc",
+        },
+        r"inner chunks \(2147483640,\) of uint8 hold 2147483640 bytes, more than the "
+        r"2147483631 bytes blosc",
+    ),
+    # 16 index bytes per inner chunk: 2**30 inner chunks, a 16 GiB index
+    "shard index": (
+        {"shape": (_GIB,), "dtype": "u1", "chunks": (1,), "shards": (_GIB,)},
+        rf"shards \(1073741824,\) of inner chunks \(1,\) have an index of 17179869188 "
+        rf"bytes, more than the {_LIMIT} a shard index may hold",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", _TOO_LARGE)
+def test_chunks_too_large_to_hold_are_refused_at_create(tmp_path, case):
+    """A chunk (a shard, a shard index) is held, encoded and moved whole: one larger than
+    MAX_CHUNK_BYTES (blosc: BLOSC_MAX_BYTES) is refused by create_dataset naming its shape,
+    its bytes and the limit, and nothing is written, rather than failing on the first read
+    or write with numpy's MemoryError or ValueError, or blosc's."""
+    kwargs, said = _TOO_LARGE[case]
+    with pytest.raises(ArgumentError, match=said) as info:
+        strataio.create_dataset(tmp_path / "a", **kwargs)
+    assert str(info.value).startswith(f"dataset {str(tmp_path / 'a')!r}: ")
+    assert not (tmp_path / "a").exists()
+
+
+def test_chunks_at_the_limit_are_accepted(tmp_path):
+    """The limits are inclusive: a chunk of MAX_CHUNK_BYTES, a blosc chunk of blosc's
+    largest buffer (creating them writes only zarr.json)."""
+    from strataio.arrays.codecs import BLOSC_MAX_BYTES, MAX_CHUNK_BYTES
+
+    assert (MAX_CHUNK_BYTES, BLOSC_MAX_BYTES) == (2**31 - 1, 2**31 - 1 - 16)
+    ds = strataio.create_dataset(tmp_path / "a", (2**40,), "u1", (MAX_CHUNK_BYTES,))
+    assert ds.chunks == (MAX_CHUNK_BYTES,)
+    ds = strataio.create_dataset(tmp_path / "b", (8,), "u1", (BLOSC_MAX_BYTES,), codec="lz4")
+    assert ds.chunks == (BLOSC_MAX_BYTES,)
+    assert sorted(os.listdir(tmp_path / "b")) == ["zarr.json"]
+
+
+def test_a_zarr_json_with_chunks_too_large_is_refused_at_open(tmp_path):
+    """A zarr.json (written by another tool, or edited) whose chunks are larger than a chunk
+    may hold: MetadataError at open naming the file, the chunk shape, its bytes and the
+    limit, rather than a MemoryError on the first read."""
+    strataio.create_dataset(tmp_path / "a", (2**40,), "f8", (1024,))
+    meta = json.loads((tmp_path / "a" / "zarr.json").read_text())
+    meta["chunk_grid"]["configuration"]["chunk_shape"] = [2**40]
+    (tmp_path / "a" / "zarr.json").write_text(json.dumps(meta))
+    with pytest.raises(
+        MetadataError,
+        match=r"zarr.json: chunks \(1099511627776,\) of float64 "
+        r"hold 8796093022208 bytes, more than the 2147483647 bytes",
+    ) as info:
+        strataio.open_dataset(tmp_path / "a")
+    assert "malformed" not in str(info.value)
+
+
 # ------------------------------------------------------------------ no silent wrong data
 def _tree(path):
     """Every file and folder below ``path`` (relative), temporary files included."""

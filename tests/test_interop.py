@@ -204,3 +204,15 @@ def test_zarr_python_arrays_with_a_transpose_codec_say_it_is_unsupported(tmp_pat
     assert "strataio reads the codecs bytes, zstd, blosc, gzip, crc32c" in said
     assert "sharding_indexed" in said
     assert "must start" not in said and "malformed" not in said
+
+
+def test_zarr_python_arrays_with_chunks_too_large_say_so(tmp_path):
+    """zarr-python creates an array of 8 TiB chunks: strataio refuses it at open, naming the
+    chunk shape, its bytes and the limit, instead of failing on its first read."""
+    zarr.create_array(tmp_path / "a", shape=(2**40,), chunks=(2**40,), dtype="f8")
+    with pytest.raises(
+        MetadataError,
+        match=r"chunks \(1099511627776,\) of float64 hold "
+        r"8796093022208 bytes, more than the 2147483647 bytes a chunk may hold",
+    ):
+        strataio.open_dataset(tmp_path / "a")

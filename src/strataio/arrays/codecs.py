@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numcodecs
+import numcodecs.blosc
 import numpy as np
 from crc32c import crc32c
 
@@ -31,6 +32,21 @@ _BYTES_CODECS = ("zstd", "blosc", "gzip", "crc32c")
 READABLE = (
     f"strataio reads the codecs bytes, {', '.join(_BYTES_CODECS)}, alone or inside sharding_indexed"
 )
+
+#: The most bytes one chunk may hold (``prod(chunk_shape) * itemsize``: the array bytes its
+#: codecs encode), and one shard and one shard index. Each is held whole in one buffer while
+#: it is encoded, decoded or checksummed (a write of a shard makes the whole shard), and a
+#: collective call moves at most this many bytes (one MPI count, a C int) to or from one
+#: rank, so a larger chunk could never reach, whole, the rank that writes it. The number is
+#: INT_MAX, that count; blosc takes 16 bytes less (:data:`BLOSC_MAX_BYTES`). A chunk of
+#: gigabytes is a chunk shape given by mistake (``chunks=None``, the whole array as one
+#: chunk, say): a larger one is refused where the array is created or opened, not left to
+#: fail on its first read or write with numpy's MemoryError or ValueError.
+MAX_CHUNK_BYTES = 2**31 - 1
+#: The most bytes blosc (and lz4, stored as blosc) compresses in one buffer: c-blosc refuses
+#: more than INT_MAX less its 16-byte header (``BLOSC_MAX_BUFFERSIZE``), and numcodecs
+#: then fails with a bare RuntimeError or ValueError.
+BLOSC_MAX_BYTES = int(numcodecs.blosc.MAX_BUFFERSIZE)
 
 CodecSpec = dict[str, Any]
 
@@ -248,6 +264,13 @@ class CodecPipeline:
     @property
     def names(self) -> list[str]:
         return [s["name"] for s in self.specs]
+
+    @property
+    def max_chunk_nbytes(self) -> int:
+        """The most bytes a chunk of this pipeline may hold: :data:`MAX_CHUNK_BYTES`, or
+        :data:`BLOSC_MAX_BYTES` where blosc compresses it."""
+        blosc = any(isinstance(c, numcodecs.Blosc) for c in self._bytes_codecs)
+        return BLOSC_MAX_BYTES if blosc else MAX_CHUNK_BYTES
 
     @property
     def is_raw(self) -> bool:

@@ -1017,7 +1017,9 @@ def create_dataset(
     :attr:`~Dataset.chunks` are then the shards and :attr:`~Dataset.inner_chunks` the inner
     chunks. An existing array at ``path`` is an error unless ``overwrite``, which removes
     it (its metadata and every chunk) first. Every argument is checked before anything is
-    written.
+    written. A chunk, a shard and a shard's index hold at most
+    :data:`~strataio.arrays.codecs.MAX_CHUNK_BYTES` (2 GiB less one byte; a chunk blosc
+    compresses 16 bytes less): larger ones raise :class:`ArgumentError`.
 
     Folders this call creates above the array become Zarr v3 groups, as zarr-python makes
     them, so ``xarray.open_zarr(parent, consolidated=False)`` opens the arrays under
@@ -1031,9 +1033,8 @@ def create_dataset(
     meta: ArrayMetadata | None = None
     err: BaseException | None = None
     try:
+        # (validates everything, the codec pipeline included, before anything touches the disk)
         meta = ArrayMetadata.create(shape, dtype, chunks, codec, fill_value, attrs, dims, shards)
-        # Validate the codec pipeline before anything touches the disk.
-        chunk_codec(meta.codecs, meta.dtype, meta.chunks, meta.fill_value)
     except StrataError as exc:
         err = type(exc)(f"dataset {os.fspath(path)!r}: {exc}")
     agree(comm, err)

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from strataio.arrays.codecs import CodecSpec, normalize_codecs
-from strataio.arrays.sharding import chunk_codec, shard_codecs
+from strataio.arrays.sharding import chunk_codec, oversize, shard_codecs
 from strataio.arrays.values import to_dtype
 from strataio.errors import ArgumentError, CodecError, MetadataError, StrataError
 from strataio.layout.chunks import chunk_key
@@ -147,8 +147,14 @@ class ArrayMetadata:
         string or None per dimension, or None for no names. ``shards`` (a shape, a multiple
         of ``chunks``) stores the array in shards of that shape, each holding ``chunks``-shaped
         inner chunks encoded by ``codec`` (Zarr v3 ``sharding_indexed``): the array's chunk
-        grid is then the shard grid."""
+        grid is then the shard grid.
+
+        A chunk (a shard, an inner chunk) larger than strataio holds raises
+        :class:`ArgumentError` naming its shape, its bytes and the limit
+        (:data:`~strataio.arrays.codecs.MAX_CHUNK_BYTES`, less under blosc); an unknown codec
+        :class:`CodecError`."""
         shape_t = _int_tuple(shape, "shape", allow_zero=True)
+        whole = chunks is None
         if chunks is None:
             chunks = shape_t
         chunks_t = _int_tuple(chunks, "chunks", allow_zero=False)
@@ -180,6 +186,11 @@ class ArrayMetadata:
         else:
             codecs = normalize_codecs(codec, dt)
         fill = _fill(fill_value, dt.newbyteorder("="))
+        problem = oversize(chunk_codec(codecs, dt, chunks_t, fill))
+        if problem:
+            raise ArgumentError(
+                problem + (" (chunks=None makes the whole array one chunk)" if whole else "")
+            )
         plain = json_attrs(attrs)
         names = _dimension_names(dims, len(shape_t), StrataError, "dims")
         return cls(shape_t, dt.newbyteorder("="), chunks_t, codecs, fill, plain, "/", names)
@@ -209,7 +220,8 @@ class ArrayMetadata:
     def from_json(cls, raw: bytes | str, where: str = "zarr.json") -> ArrayMetadata:
         """The metadata a ``zarr.json`` holds. :class:`MetadataError` names ``where`` and
         says what is wrong: not JSON, not a Zarr v3 array, malformed, or naming what strataio
-        does not support (a data type, a codec, a chunk grid or key encoding)."""
+        does not support (a data type, a codec, a chunk grid or key encoding, chunks larger
+        than :data:`~strataio.arrays.codecs.MAX_CHUNK_BYTES`)."""
         try:
             doc = json.loads(raw)
         except (ValueError, UnicodeDecodeError) as exc:
@@ -249,13 +261,16 @@ class ArrayMetadata:
                 dimension_names=names,
             )
             # (the codecs made here, at open, where a collective open agrees on its errors)
-            chunk_codec(meta.codecs, dt, meta.chunks, meta.fill_value)
+            codec = chunk_codec(meta.codecs, dt, meta.chunks, meta.fill_value)
         except MetadataError:
             raise  # (what is valid but unsupported says so, not "malformed")
         except CodecError as exc:  # (a codec strataio lacks, a misconfigured one)
             raise MetadataError(f"{where}: {exc}") from None
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise MetadataError(f"{where} is malformed: {exc!r}") from None
+        problem = oversize(codec)
+        if problem:
+            raise MetadataError(f"{where}: {problem}")
         return meta
 
     def chunk_key(self, coords: Any) -> str:

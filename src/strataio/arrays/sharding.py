@@ -28,7 +28,13 @@ from typing import Any
 import numpy as np
 from crc32c import crc32c
 
-from strataio.arrays.codecs import CodecPipeline, CodecSpec, normalize_codecs
+from strataio.arrays.codecs import (
+    BLOSC_MAX_BYTES,
+    MAX_CHUNK_BYTES,
+    CodecPipeline,
+    CodecSpec,
+    normalize_codecs,
+)
 from strataio.errors import ChecksumError, CodecError
 
 SHARDING = "sharding_indexed"
@@ -85,6 +91,38 @@ def chunk_codec(
             raise CodecError(f"codecs {names}: sharding_indexed must be the only codec")
         return ShardCodec(specs[0].get("configuration") or {}, dtype, chunk_shape, fill_value)
     return CodecPipeline(specs, dtype, chunk_shape)
+
+
+def oversize(codec: CodecPipeline | ShardCodec) -> str | None:
+    """What makes a chunk of ``codec`` larger than strataio holds, or None: a chunk, shard or
+    shard index over :data:`~strataio.arrays.codecs.MAX_CHUNK_BYTES`, a chunk or inner chunk
+    over :data:`~strataio.arrays.codecs.BLOSC_MAX_BYTES` where blosc compresses it."""
+    if not isinstance(codec, ShardCodec):
+        return _oversize_chunks("chunks", codec)
+    shard = f"shards {codec.chunk_shape} of {codec.dtype}"
+    if codec.chunk_nbytes > MAX_CHUNK_BYTES:
+        return (
+            f"{shard} hold {codec.chunk_nbytes} bytes, more than the {MAX_CHUNK_BYTES} bytes "
+            "a shard may hold"
+        )
+    if codec.index_nbytes > MAX_CHUNK_BYTES:
+        return (
+            f"shards {codec.chunk_shape} of inner chunks {codec.inner_shape} have an index of "
+            f"{codec.index_nbytes} bytes, more than the {MAX_CHUNK_BYTES} bytes a shard index "
+            "may hold (16 bytes per inner chunk): use larger inner chunks"
+        )
+    return _oversize_chunks("inner chunks", codec.inner)
+
+
+def _oversize_chunks(what: str, pipe: CodecPipeline) -> str | None:
+    nbytes, limit = pipe.chunk_nbytes, pipe.max_chunk_nbytes
+    if nbytes <= limit:
+        return None
+    holds = "blosc compresses in one buffer" if limit == BLOSC_MAX_BYTES else "a chunk may hold"
+    return (
+        f"{what} {pipe.chunk_shape} of {pipe.dtype} hold {nbytes} bytes, more than the {limit} "
+        f"bytes {holds}"
+    )
 
 
 class ShardCodec:
