@@ -32,6 +32,7 @@ def test_errors_agree_on_every_rank(tmp_path: Path) -> None:
         "filetype_misaligned": "ViewError",
         "disp_not_integer": "ViewError",
         "etype_not_datatype": "ViewError",
+        "filetype_not_committed": "ViewError",
         "set_size_differs": "StrataError",
         "buffer_not_whole_etypes": "ViewError",
         "buffer_too_small": "ShapeMismatchError",
@@ -107,6 +108,26 @@ def test_serial_pointer_size_and_modes(tmp_path: Path) -> None:
     with strataio.File.open(None, path, amode) as f:
         assert f.get_position() == 100  # MODE_APPEND starts at the end
     assert not path.exists()
+
+
+@pytest.mark.parametrize("which", ["etype", "filetype"])
+def test_set_view_refuses_an_uncommitted_datatype(which: str, tmp_path: Path) -> None:
+    """MPI requires a view's etype and filetype committed (ROMIO refuses them too): one never
+    committed raises ViewError naming it and leaves the view as it was; once committed, the
+    same datatype is taken."""
+    loose = MPI.INT.Create_vector(2, 1, 2)  # never committed
+    try:
+        with strataio.File.open(None, tmp_path / "f.bin", "w") as f:
+            f.set_view(4, MPI.INT)
+            args = (loose,) if which == "etype" else (MPI.INT, loose)
+            with pytest.raises(ViewError, match=f"{which} .*has not been committed"):
+                f.set_view(0, *args)
+            assert f.get_view() == (4, MPI.INT, MPI.INT)
+            loose.Commit()
+            f.set_view(0, *args)
+            assert f.get_view()[1 if which == "etype" else 2] == loose
+    finally:
+        loose.Free()
 
 
 def test_a_rank_with_spare_cores_shares_large_reads(tmp_path: Path, monkeypatch) -> None:

@@ -17,7 +17,7 @@ from mpi4py import MPI
 
 from strataio.errors import DatatypeError
 from strataio.layout import datatypes as dtmod
-from strataio.layout.datatypes import FlatType, flatten, flatten_count
+from strataio.layout.datatypes import FlatType, flatten, flatten_count, is_committed
 from strataio.layout.extents import Extents
 
 NAMED = [MPI.BYTE, MPI.SHORT, MPI.INT, MPI.DOUBLE, MPI.DOUBLE_INT, MPI.SHORT_INT, MPI.FLOAT_INT]
@@ -325,3 +325,25 @@ def test_parameterised_basic_types():
         assert flat.is_contiguous
     pair = MPI.Datatype.Get_value_index(MPI.SHORT, MPI.INT)
     assert_matches_mpi(pair, 3)
+
+
+def test_is_committed_tells_types_mpi_would_refuse():
+    """Predefined types are committed; a derived one after Commit() (and its Dup), not
+    before; the null datatype never. A fatal error handler on MPI_COMM_SELF is not used."""
+    loose = MPI.INT.Create_vector(2, 1, 3)
+    resized = MPI.DOUBLE.Create_resized(0, 16)
+    previous = MPI.COMM_SELF.Get_errhandler()
+    MPI.COMM_SELF.Set_errhandler(MPI.ERRORS_ARE_FATAL)
+    try:
+        assert is_committed(MPI.BYTE) and is_committed(MPI.DOUBLE_INT)
+        assert not is_committed(loose) and not is_committed(resized)
+        assert not is_committed(MPI.DATATYPE_NULL)
+        loose.Commit()
+        twin = loose.Dup()
+        assert is_committed(loose) and is_committed(twin)
+        twin.Free()
+    finally:
+        MPI.COMM_SELF.Set_errhandler(previous)
+        previous.Free()
+        loose.Free()
+        resized.Free()

@@ -53,6 +53,11 @@ def main(workdir: str) -> None:
     )
     res["disp_not_integer"] = outcome(lambda: f.set_view(2.5 if rank == 0 else 0, MPI.BYTE))
     res["etype_not_datatype"] = outcome(lambda: f.set_view(0, "int" if rank == 1 else MPI.INT))
+    loose = MPI.INT.Create_contiguous(2)  # never committed: MPI-IO refuses it in a view
+    res["filetype_not_committed"] = outcome(
+        lambda: f.set_view(0, MPI.INT, loose if rank == 1 else MPI.INT)
+    )
+    loose.Free()
     res["set_size_differs"] = outcome(lambda: f.set_size(64 * comm.Get_size() + rank))
     f.set_view(0, MPI.INT)
     odd = np.zeros(6 if rank == 0 else 8, dtype=np.uint8)

@@ -75,7 +75,7 @@ from strataio.errors import (
     StrataError,
     ViewError,
 )
-from strataio.layout.datatypes import FlatType, flatten
+from strataio.layout.datatypes import FlatType, flatten, is_committed
 from strataio.layout.extents import Extents
 from strataio.layout.memo import LayoutMemo, freeze
 from strataio.layout.pieces import scratch
@@ -203,6 +203,16 @@ def _open_hints(
                 _open_memo.pop(next(iter(_open_memo)))
             _open_memo[key] = found
     return found
+
+
+def _described(datatype: MPI.Datatype) -> str:
+    """A derived datatype in words: its name where it has one, else its constructor."""
+    name = datatype.Get_name()
+    if name:
+        return repr(name)
+    combiner = datatype.combiner
+    kinds = [k for k in dir(MPI) if k.startswith("COMBINER_") and getattr(MPI, k) == combiner]
+    return f"a {kinds[0].removeprefix('COMBINER_').lower() if kinds else 'derived'} datatype"
 
 
 def _checked_together(comm: MPI.Comm, err: Exception | None, values: list[int]) -> bool:
@@ -613,7 +623,11 @@ class File:
         ``disp`` is in bytes and must be >= 0; ``filetype`` (default ``etype``) must hold a
         whole number of etypes, with non-negative, non-decreasing type-map displacements, and
         its tiles (one per extent) must not overlap; all ranks must use etypes of the same
-        size. Raises :class:`ViewError` on every rank.
+        size. ``etype`` and ``filetype`` must be committed, as MPI requires (a derived datatype
+        after its ``Commit()``): an uncommitted one is found through MPI, by
+        :func:`~strataio.layout.datatypes.is_committed`, where the MPI library checks
+        datatypes (MPICH does), and named in the error. Raises :class:`ViewError` on every
+        rank.
         ``info`` adds hints to those in force (the same on every rank, as at open; else
         :class:`~strataio.errors.HintError` on every rank).
         """
@@ -629,6 +643,11 @@ class File:
             for what, t in (("etype", etype), ("filetype", filetype)):
                 if not isinstance(t, MPI.Datatype):
                     raise ViewError(f"{what} must be an MPI datatype, not {t!r}")
+                if t != MPI.DATATYPE_NULL and not is_committed(t):
+                    raise ViewError(
+                        f"{what} ({_described(t)}) has not been committed: MPI-IO takes a "
+                        "view's etype and filetype committed (call Commit() on it)"
+                    )
             if datarep != "native":
                 raise ViewError(f"data representation {datarep!r} is not supported (native only)")
             disp = _integral(disp, "view displacement")

@@ -37,7 +37,7 @@ from mpi4py import MPI
 from strataio.errors import DatatypeError
 from strataio.layout.extents import Extents
 
-__all__ = ["FlatType", "flatten", "flatten_count"]
+__all__ = ["FlatType", "flatten", "flatten_count", "is_committed"]
 
 _I64 = np.int64
 
@@ -531,6 +531,40 @@ def flatten(datatype: MPI.Datatype) -> FlatType:
     else:
         datatype.Set_attr(key, flat)
     return flat
+
+
+#: a private duplicate of MPI_COMM_SELF whose errors return (made on first use): the probe of
+#: :func:`is_committed` raises an error MPI reports through the communicator it names, which
+#: must not abort the process whatever handler the application set on MPI_COMM_SELF
+_probe_comm: list[MPI.Comm] = []
+
+
+def is_committed(datatype: MPI.Datatype) -> bool:
+    """Whether ``datatype`` may be used where MPI requires a committed datatype (a file
+    view's etype and filetype, a buffer in communication): a predefined one always, a
+    derived one once ``Commit()`` was called on it (or on the type it was ``Dup()``-ed from).
+
+    MPI has no call that asks this. It is read off ``MPI_Pack_size``, which fails with
+    ``MPI_ERR_TYPE`` for a type never committed where the MPI library checks its arguments
+    (MPICH does, as built by default and in the ``mpich`` wheel: "Datatype has not been
+    committed"). A library built without argument checks does not report it: there every
+    datatype reads as committed. ``MPI.DATATYPE_NULL`` reads as not committed."""
+    if datatype == MPI.DATATYPE_NULL:
+        return False
+    if datatype.is_predefined:
+        return True
+    with _keyval_lock:
+        if not _probe_comm:
+            comm = MPI.COMM_SELF.Dup()
+            comm.Set_errhandler(MPI.ERRORS_RETURN)
+            _probe_comm.append(comm)
+    try:
+        datatype.Pack_size(0, _probe_comm[0])
+    except MPI.Exception as exc:
+        if exc.Get_error_class() == MPI.ERR_TYPE:
+            return False
+        raise
+    return True
 
 
 def flatten_count(datatype: MPI.Datatype | FlatType, count: int, disp: int = 0) -> Extents:
