@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 import threading
 import time
@@ -119,6 +120,91 @@ def test_disable_drops_writes_and_reads_raise(tmp_path):
         with pytest.raises(DatasetDisabledError):
             ds.stage()
         ds.close()
+
+
+def _stored_attrs(root, tier, name):
+    """The attributes of ``name``'s zarr.json on tier directory ``tier``."""
+    return json.loads((root / tier / name / "zarr.json").read_text())["attributes"]
+
+
+def test_tiered_attrs_live_in_zarr_json_and_not_in_the_catalog_record(tmp_path):
+    """A tiered dataset's user attributes are in its zarr.json only: the catalog record holds
+    none (it would go stale at the first set), and a new Session reads the ones set last."""
+    with session(tmp_path) as s:
+        ds = s.create_dataset("x", (8,), "i4", (4,), hint="LOCALDISK", attrs={"units": "K"})
+        assert json.loads(s.catalog.get_dataset("x").attrs) == {}
+        ds.attrs["units"] = "C"
+        ds.attrs["step"] = 3
+        ds.close()
+        assert json.loads(s.catalog.get_dataset("x").attrs) == {}
+    for tier in ("local", "remote", "tape"):
+        assert _stored_attrs(tmp_path, tier, "x") == {"units": "C", "step": 3}, tier
+    with session(tmp_path) as s:
+        assert dict(s.open_dataset("x").attrs) == {"units": "C", "step": 3}
+
+
+def test_tiered_attrs_set_through_several_handles_all_stay(tmp_path):
+    """Each set applies to the attributes zarr.json holds then (as for a plain dataset):
+    handles in one Session and in two keep each other's attributes, and a handle of a
+    dataset deleted and created again under its name is refused, the new zarr.json kept."""
+    with session(tmp_path) as s, session(tmp_path) as other:
+        ds = s.create_dataset("x", (8,), "i4", (4,), hint="LOCALDISK", attrs={"units": "K"})
+        ds[...] = 7
+        ds.close()
+        one, two = s.open_dataset("x", "r+"), s.open_dataset("x", "r+")
+        three = other.open_dataset("x", "r+")
+        one.attrs["a"] = 1
+        two.attrs["b"] = 2
+        three.attrs["units"] = "C"
+        del one.attrs["b"]
+        two.attrs["c"] = 3
+        for h in (one, two, three):
+            h.close()
+    with session(tmp_path) as s:
+        ds = s.open_dataset("x", "r+")
+        assert dict(ds.attrs) == {"units": "C", "a": 1, "c": 3}
+        np.testing.assert_array_equal(ds[...], 7)
+        s.delete_dataset("x")
+        s.create_dataset("x", (3,), "f8", (3,), hint="LOCALDISK").close()
+        with pytest.raises(MetadataError, match="changed since this handle opened it"):
+            ds.attrs["stale"] = True
+        assert _stored_attrs(tmp_path, "local", "x") == {}
+
+
+def test_tiered_attrs_are_not_set_where_no_tier_that_answers_holds_zarr_json(tmp_path):
+    """Opened while the only tier holding its zarr.json is down, a dataset's attributes
+    cannot be set: a zarr.json written from the catalog record would stand beside the one
+    that tier holds. Once the tier is up, the attributes are the ones it held."""
+    with session(tmp_path) as s:
+        ds = s.create_dataset("x", (8,), "i4", (4,), hint="LOCALDISK", attrs={"units": "K"})
+        ds.attrs["step"] = 3
+        ds.close()
+        s.catalog.set_tier_state("tape", "down")
+    for tier in ("local", "remote"):
+        (tmp_path / tier / "x" / "zarr.json").unlink()
+    with session(tmp_path) as s:
+        assert not s.tiers["tape"].up
+        ds = s.open_dataset("x", "r+")
+        with pytest.raises(MetadataError, match="no tier that answers holds its zarr.json"):
+            ds.attrs["step"] = 4
+        ds.close()
+        assert not any((tmp_path / t / "x" / "zarr.json").exists() for t in ("local", "remote"))
+        s.catalog.set_tier_state("tape", "up")
+    with session(tmp_path) as s:
+        assert dict(s.open_dataset("x").attrs) == {"units": "K", "step": 3}
+
+
+def test_disable_drops_attributes_as_it_drops_data(tmp_path):
+    """A DISABLE dataset stores nothing, zarr.json included: attributes given or set are
+    shown by the handle and dropped; the catalog record holds none of them either."""
+    with session(tmp_path) as s:
+        ds = s.create_dataset("scratch", (8,), "i4", (4,), hint="DISABLE", attrs={"units": "K"})
+        ds.attrs["step"] = 3
+        assert dict(ds.attrs) == {"units": "K", "step": 3}
+        ds.close()
+        assert json.loads(s.catalog.get_dataset("scratch").attrs) == {}
+        assert dict(s.open_dataset("scratch").attrs) == {}
+    assert not any((tmp_path / t / "scratch").exists() for t in ("local", "remote", "tape"))
 
 
 def test_auto_fills_archive_then_spills_to_faster_tiers(tmp_path):

@@ -64,7 +64,8 @@ from strataio.tiers.superfile import (
 )
 from strataio.tiers.tier import TierSet
 
-#: key of an AUTO dataset's catalog attrs holding its placement decision (not in zarr.json)
+#: key of an AUTO dataset's catalog annotations (the record's ``attrs``) holding its placement
+#: decision (not in zarr.json)
 PLACEMENT_ATTR = "strataio.placement"
 
 
@@ -80,6 +81,15 @@ class TieredDataset(Dataset):
     returns when the move is over, with the same result and the same residency (a failure is
     raised on every rank). ``prefetch`` fills the calling rank's own chunk cache and is not
     collective.
+
+    User attributes (``attrs``) live in the dataset's ``zarr.json`` only, the metadata every
+    Zarr reader sees: the catalog record keeps none of them (its ``attrs`` hold strataio's
+    own annotations, see :class:`~strataio.catalog.base.DatasetRecord`), so setting one
+    touches no catalog and no copy elsewhere can go stale. A set applies to the attributes
+    ``zarr.json`` holds at that moment, as for a plain dataset, so handles in this or other
+    processes setting different attributes keep each other's. A DISABLE dataset stores no
+    ``zarr.json``: its attributes, like its data, are accepted and dropped (this handle
+    shows them until it closes).
     """
 
     store: TieredChunkStore
@@ -197,6 +207,19 @@ class TieredDataset(Dataset):
         if err is not None:
             raise err
         return result
+
+    def _stored_meta(self) -> bytes | None:
+        """The ``zarr.json`` stored now; raises :class:`MetadataError` where no tier that
+        answers holds it (every tier holding it down, say): attributes set from what this
+        handle holds would make a second ``zarr.json``, differing from the one those tiers
+        hold when they answer again."""
+        raw = self.store.get_meta()
+        if raw is None and not self.store.disabled:
+            raise MetadataError(
+                f"{self._what()}: no tier that answers holds its zarr.json, so its attributes "
+                "cannot be set now (set them once a tier holding it is up again)"
+            )
+        return raw
 
     def _share_writes(self) -> None:
         # every rank's residency learns the chunks the owners of a collective write wrote
@@ -392,6 +415,7 @@ class Session:
         except Exception as exc:  # a bad argument on one rank raises on every rank
             checked = exc
         agree(self.comm, checked)
+        # (the record holds no user attributes: zarr.json is their one home, see TieredDataset)
         record = DatasetRecord(
             name,
             meta.shape,
@@ -399,7 +423,7 @@ class Session:
             meta.chunks,
             codec_json(meta.codecs),
             h,
-            json.dumps(meta.attrs, sort_keys=True),
+            "{}",
             "disabled" if h == "DISABLE" else "active",
         )
         err: BaseException | None = None
@@ -408,8 +432,8 @@ class Session:
                 assert self.catalog is not None
                 if h == "AUTO":
                     decision = self._choose(meta, int(expected_reads), deadline_s)
-                    stored = {**meta.attrs, PLACEMENT_ATTR: decision.to_json()}
-                    record = dataclasses.replace(record, attrs=json.dumps(stored, sort_keys=True))
+                    notes = {PLACEMENT_ATTR: decision.to_json()}
+                    record = dataclasses.replace(record, attrs=json.dumps(notes, sort_keys=True))
                 self.catalog.create_dataset(record)
                 self.catalog.use_dataset(name, self.writer)
             except BaseException as exc:
@@ -417,7 +441,7 @@ class Session:
         record, err = self._agree(record, err)
         if err is not None:
             raise err
-        store = self._store(record, [], meta.to_json())
+        store = self._store(record, [])
         if self.rank == 0 and not store.disabled:
             store.put_meta(meta.to_json())
         return TieredDataset(store, meta, "r+", name=name, comm=self.comm)
@@ -466,23 +490,23 @@ class Session:
         if err is not None:
             raise err
         record, copies, _ = got
-        store = self._store(record, copies, None, lazy=self.comm is None)
-        raw = None
-        if self.rank == 0 and not store.disabled:
-            raw = store.get_meta()
+        store = self._store(record, copies, lazy=self.comm is None)
+        raw = store.get_meta() if self.rank == 0 else None
         raw = self.comm.bcast(raw, root=0) if self.comm is not None else raw
         if raw is None:
+            # a DISABLE dataset (it stores no zarr.json), or every tier holding its zarr.json
+            # is down: the array as the record describes it, with no user attributes (the
+            # record holds none; rows of catalogs written before keep the attributes of their
+            # creation there, which are not taken for the current ones)
             meta = ArrayMetadata.create(
                 record.shape,
                 record.dtype,
                 record.chunks,
                 json.loads(record.codec) or None,
                 0,
-                {k: v for k, v in json.loads(record.attrs).items() if k != PLACEMENT_ATTR},
             )
         else:
             meta = ArrayMetadata.from_json(raw, where=f"{name}/{META_KEY}")
-        store.adopt_meta(meta.to_json() if raw is None else raw)
         return TieredDataset(store, meta, mode, name=name, comm=self.comm)
 
     def _use_residency(self, name: str, *, every: bool = True) -> list[ChunkCopy]:
@@ -570,7 +594,7 @@ class Session:
             self.catalog.create_dataset(record)
         if not is_superfile(record):
             raise SuperfileError(f"{name!r} is an array dataset, not a superfile")
-        store = self._store(record, self._use_residency(name), b"")
+        store = self._store(record, self._use_residency(name))
         size = container_bytes or record_container_bytes(record)
         sf = Superfile(store, mode=mode, container_bytes=size)
         self._superfiles = [f for f in self._superfiles if not f.closed] + [sf]
@@ -639,7 +663,6 @@ class Session:
         self,
         record: DatasetRecord,
         copies: list[ChunkCopy],
-        meta: bytes | None,
         *,
         lazy: bool = False,
     ) -> TieredChunkStore:
@@ -660,7 +683,6 @@ class Session:
             hint=record.hint,
             disabled=record.state == "disabled",
             stage_on_read=self.stage_on_read,
-            meta=meta,
             chosen=(placement_decision(record) or AutoDecision(None, "", {}, [])).tier,
         )
         if load is not None:

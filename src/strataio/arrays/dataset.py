@@ -564,7 +564,7 @@ class Dataset:
         (replaced with ``overwrite``, say): its metadata written back would make the new
         array's chunks unreadable."""
         attrs = dict(self.meta.attrs)
-        raw = self.store.get_meta()
+        raw = self._stored_meta()
         if raw is not None:
             now = ArrayMetadata.from_json(raw)
             if _without_attrs(now) != _without_attrs(self.meta):
@@ -575,6 +575,11 @@ class Dataset:
             attrs = dict(now.attrs)
         change(attrs)
         self._replace_attrs(attrs)
+
+    def _stored_meta(self) -> bytes | None:
+        """The ``zarr.json`` an attribute change applies to: the one stored now (None: none
+        is stored, and this handle's attributes are the base)."""
+        return self.store.get_meta()
 
     def _replace_attrs(self, attrs: dict[str, Any]) -> None:
         old = self.meta.attrs

@@ -66,9 +66,15 @@ class TierRecord:
 
 @dataclass(frozen=True, slots=True)
 class DatasetRecord:
-    """One dataset. ``codec`` is the JSON text of the codec list, ``attrs`` the JSON text of the
-    user attributes; ``hint`` is a placement hint (``LOCALDISK``, ``REMOTEDISK``,
-    ``REMOTETAPE``, ``AUTO``, ``DISABLE``)."""
+    """One dataset. ``codec`` is the JSON text of the codec list; ``hint`` is a placement hint
+    (``LOCALDISK``, ``REMOTEDISK``, ``REMOTETAPE``, ``AUTO``, ``DISABLE``).
+
+    ``attrs`` is the JSON text of strataio's own annotations of the dataset (an AUTO dataset's
+    placement decision, ``strataio.placement``; a superfile's marker, ``strataio.superfile``),
+    never of the user's attributes: those live in the dataset's ``zarr.json`` only, which
+    every Zarr reader sees and any process may change, so a copy here would go stale (rows
+    written before this rule may still hold the attributes of their dataset's creation;
+    nothing reads them as the dataset's)."""
 
     name: str
     shape: tuple[int, ...]

@@ -110,7 +110,6 @@ class TieredChunkStore(ChunkStore):
         hint: str = "AUTO",
         disabled: bool = False,
         stage_on_read: bool = True,
-        meta: bytes | None = None,
         chosen: str | None = None,
     ) -> None:
         self.res = residency
@@ -125,7 +124,6 @@ class TieredChunkStore(ChunkStore):
         self.disabled = disabled or self.hint == "DISABLE"
         self.stage_on_read = stage_on_read
         self.commit = commit if commit is not None else placement.commit
-        self._meta = meta
         self._closed = False
         #: called with this store once it closed (a session keeps what it learned)
         self.on_closed: Callable[[TieredChunkStore], None] | None = None
@@ -1100,27 +1098,27 @@ class TieredChunkStore(ChunkStore):
 
     # ----------------------------------------------------------------- metadata
     def get_meta(self) -> bytes | None:
-        if self._meta is not None:
-            return self._meta
+        """The ``zarr.json`` stored now, read from the first persistent tier that answers and
+        holds it (read each time: another handle, here or in another process, may have set
+        attributes since); None where no such tier holds one, and always for a DISABLE
+        dataset, which stores none."""
+        if self.disabled:
+            return None
         for tier in self.placement.persistent():
             if not tier.up:
                 continue
             try:
-                self._meta = bytes(tier.call(tier.backend.get, object_key(self.name, META_KEY)))
-                return self._meta
+                return bytes(tier.call(tier.backend.get, object_key(self.name, META_KEY)))
             except (NotFoundError, TierDownError):
                 continue
         return None
 
-    def adopt_meta(self, data: bytes) -> None:
-        """Take ``data`` as the dataset's ``zarr.json`` already stored (or to be recreated
-        from the catalog record), without writing it: :meth:`get_meta` returns it."""
-        self._meta = bytes(data)
-
     def put_meta(self, data: bytes) -> None:
-        """Write ``zarr.json`` durably to every persistent tier that answers."""
+        """Write ``zarr.json`` durably to every persistent tier that answers; a DISABLE
+        dataset's is dropped, as its chunks are."""
         self._check_open()
-        self._meta = bytes(data)
+        if self.disabled:
+            return
         stored = 0
         for tier in self.placement.persistent():
             if not tier.up:
