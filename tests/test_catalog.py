@@ -319,6 +319,61 @@ def test_concurrent_processes_create_migrate_and_commit(url):
         assert Counter(x.tier for x in c.residency("shared")) == {"t1": 100, "t22": 100}
 
 
+def test_sqlite_an_empty_file_at_the_catalog_path_is_refused_not_taken_as_new(tmp_path):
+    """A catalog file emptied (a crash, a truncated copy) or made by ``touch`` is refused with
+    MetadataError naming it, by open_catalog and by a Session, and left as it is: taken for a
+    new catalog, it would show every dataset gone. Deleted, a new catalog is made there."""
+    import strataio
+    from strataio.storage.posix import PosixBackend
+    from strataio.tiers.tier import Tier, TierSet
+
+    path = tmp_path / "cat" / "catalog.db"
+    with open_catalog(path) as c:
+        c.register_tiers(TIERS)
+        c.create_dataset(_ds("temp"))
+    os.truncate(path, 0)
+    touched = tmp_path / "touched.db"
+    touched.touch()
+    for p in (path, touched):
+        with pytest.raises(MetadataError, match=r"catalog '.*" + p.name + "' is an empty file"):
+            open_catalog(p)
+        tiers = TierSet([Tier("local", PosixBackend(tmp_path / "local"), "localdisk", order=0)])
+        with pytest.raises(MetadataError, match="empty file"):
+            strataio.Session(tiers=tiers, catalog=p)
+        assert p.stat().st_size == 0
+    path.unlink()
+    with open_catalog(path) as c:
+        assert c.schema_version == SCHEMA_VERSION and c.list_datasets() == []
+
+
+def test_sqlite_catalog_is_made_under_another_name_then_linked_in_place(tmp_path, monkeypatch):
+    """A new catalog file never stands empty at its path (where another process opening it
+    would refuse it): SQLite writes its header under a draft name, which is linked into
+    place and removed. Where the file system has no hard links, it is made in place."""
+    seen: list[bool] = []
+    wal_mode = SQLiteCatalog._wal_mode
+
+    def noting(self, conn):
+        seen.append(os.path.exists(self.path))
+        return wal_mode(self, conn)
+
+    monkeypatch.setattr(SQLiteCatalog, "_wal_mode", noting)
+    path = tmp_path / "catalog.db"
+    with open_catalog(path) as c:
+        c.register_tiers(TIERS)
+    assert seen[0] is False  # the header was written before the path named the file
+    assert [p.name for p in tmp_path.iterdir()] == ["catalog.db"]  # (no draft left)
+
+    def no_links(src, dst):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "link", no_links)
+    with open_catalog(tmp_path / "here.db") as c:
+        c.register_tiers(TIERS)
+        assert [t.name for t in c.tiers()] == ["mem", "local", "archive"]
+    assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".new")]
+
+
 def test_sqlite_is_wal_and_reader_not_blocked_by_writer(tmp_path):
     path = tmp_path / "c.db"
     a = SQLiteCatalog(path)

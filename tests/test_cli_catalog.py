@@ -160,6 +160,36 @@ def test_errors_exit_codes(runner, tmp_path, monkeypatch):
     assert runner.invoke(main, ["ls", "--nope"]).exit_code == 2
 
 
+def test_an_empty_catalog_file_is_refused_by_every_command(runner, tmp_path):
+    """A catalog file emptied (a crash, a truncated copy, ``touch``) is not taken for a new
+    catalog: ls would list no datasets and init would call the catalog in place. Every
+    command names the file and says it is empty, and leaves it as it is; deleted, init makes
+    a new one."""
+    assert runner.invoke(main, ["init"]).exit_code == 0
+    _populate()
+    path = tmp_path / ".strataio" / "catalog.db"
+    os.truncate(path, 0)
+    for cmd, status in (
+        (["ls"], 1),
+        (["du"], 1),
+        (["init"], 1),
+        (["tiers"], 1),
+        (["fsck"], 1),
+        (["info", "temp"], 2),
+    ):
+        res = runner.invoke(main, cmd)
+        said = " ".join(res.output.split())
+        assert res.exit_code == status, (cmd, res.output)
+        assert f"catalog '{path}' is an empty file" in said, (cmd, res.output)
+        assert "delete it to start a new catalog" in said and "Traceback" not in said
+        assert path.stat().st_size == 0, cmd
+    path.unlink()
+    res = runner.invoke(main, ["init"])
+    assert res.exit_code == 0 and "created catalog" in res.output, res.output
+    res = runner.invoke(main, ["ls"])
+    assert res.exit_code == 0 and "no datasets" in res.output, res.output
+
+
 def test_init_then_edit_then_ls_has_no_dead_end(runner, tmp_path):
     """The sequence a new user runs: init, edit the config (a new catalog place, a new tier),
     then any command; init again only creates what is missing."""

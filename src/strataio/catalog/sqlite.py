@@ -13,25 +13,36 @@ to the WAL without an fsync, seen by every connection at once, and made durable 
 durable commit of any process (the WAL is one file, appended in commit order) or by
 :meth:`SQLiteCatalog.sync_log`. A connection of its own spares each announcement the two
 ``PRAGMA synchronous`` switches that one shared connection would need (about 20 µs of 75).
+
+An empty file (0 bytes) at the catalog's path is refused (:class:`MetadataError`), never taken
+for a new catalog: SQLite would take it for an empty database, and every dataset of a catalog
+truncated by a crash or a copy, or replaced by ``touch``, would silently seem gone. A
+catalog strataio creates is never seen empty at its path (:meth:`SQLiteCatalog._create_file`;
+on file systems with hard links), so an empty file there is not one another process is
+creating at that moment.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import sqlite3
+import stat
 import time
 from collections.abc import Iterator, Sequence
 
 from strataio.catalog.liveness import LockFiles
 from strataio.catalog.sql import SQLCatalog
-from strataio.errors import BackendError
+from strataio.errors import BackendError, MetadataError, StrataError
 
 
 class SQLiteCatalog(SQLCatalog):
     """A catalog in the SQLite file at ``path`` (created, with its directory, if missing).
 
-    ``timeout``: seconds a writer waits for another process's transaction to finish.
+    ``timeout``: seconds a writer waits for another process's transaction to finish. An
+    empty file at ``path`` raises :class:`MetadataError` naming it (delete it to start a new
+    catalog there).
     """
 
     TYPES = {
@@ -63,6 +74,8 @@ class SQLiteCatalog(SQLCatalog):
         parent = os.path.dirname(os.path.abspath(self.path))
         try:
             os.makedirs(parent, exist_ok=True)
+            if self._file is None:  # (the first connection: the file is checked, or made)
+                self._check_file()
             # isolation_level=None: no implicit transactions; _begin issues them explicitly.
             conn = sqlite3.connect(
                 self._file or self.path,
@@ -70,16 +83,15 @@ class SQLiteCatalog(SQLCatalog):
                 isolation_level=None,
                 check_same_thread=False,
             )
+        except StrataError:
+            raise
         except (OSError, sqlite3.Error) as exc:
             raise BackendError(f"cannot open catalog {self.path!r}: {exc}") from exc
         try:
             conn.execute(f"PRAGMA busy_timeout = {int(self.timeout * 1000)}")
             mode = self._wal_mode(conn)
             if mode.lower() != "wal":
-                raise BackendError(
-                    f"catalog {self.path!r}: cannot switch to WAL mode (got {mode!r}); "
-                    "is it on a file system without shared memory support?"
-                )
+                raise self._no_wal(mode)
             conn.execute("PRAGMA synchronous = FULL")
             conn.execute("PRAGMA foreign_keys = ON")
         except sqlite3.Error as exc:
@@ -89,6 +101,62 @@ class SQLiteCatalog(SQLCatalog):
             conn.close()
             raise
         return conn
+
+    def _check_file(self) -> None:
+        """Create the database file if ``path`` names none; raise :class:`MetadataError`
+        if it names an empty one."""
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            if not os.path.lexists(self.path):  # (a link to nowhere: SQLite makes its target)
+                self._create_file()
+            return
+        if stat.S_ISREG(st.st_mode) and st.st_size == 0:
+            raise MetadataError(
+                f"catalog {self.path!r} is an empty file (0 bytes), not a catalog: its "
+                "contents may have been lost (a crash, a truncated copy), or it was made "
+                "empty; it is not taken for a new catalog, which would show every dataset "
+                "gone. Restore it from a backup, or delete it to start a new catalog"
+            )
+
+    def _create_file(self) -> None:
+        """Make the database file at ``path`` with its header written before it appears
+        there: made under a temporary name beside it (switching it to WAL writes the
+        header), then hard-linked into place, which fails where another process linked its
+        own first (that one is then kept). Where the file system has no hard links, SQLite
+        makes the file in place, as it would: another process opening the catalog in that
+        instant may find it empty and refuse it (it fails; nothing is lost)."""
+        parent, base = os.path.split(os.path.abspath(self.path))
+        draft = os.path.join(parent, f".{base}.{secrets.token_hex(6)}.new")
+        try:
+            try:
+                conn = sqlite3.connect(draft, timeout=self.timeout, isolation_level=None)
+                try:
+                    mode = self._wal_mode(conn)
+                finally:
+                    conn.close()
+            except sqlite3.Error as exc:
+                raise BackendError(f"cannot create catalog {self.path!r}: {exc}") from exc
+            if mode.lower() != "wal":
+                raise self._no_wal(mode)
+            try:
+                os.link(draft, self.path)
+            except FileExistsError:
+                return  # (another process made it first: that one is opened)
+            except OSError:
+                return  # (no hard links here: the connection makes the file in place)
+            _sync_directory(parent)
+        finally:
+            for leftover in (draft, draft + "-wal", draft + "-shm"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(leftover)
+
+    def _no_wal(self, mode: str) -> BackendError:
+        """The error of a catalog that SQLite would not switch to WAL (it gave ``mode``)."""
+        return BackendError(
+            f"catalog {self.path!r}: cannot switch to WAL mode (got {mode!r}); "
+            "is it on a file system without shared memory support?"
+        )
 
     def _wal_mode(self, conn: sqlite3.Connection) -> str:
         """Switch ``conn`` to WAL and return the journal mode it got. Two processes opening
@@ -185,3 +253,17 @@ class SQLiteCatalog(SQLCatalog):
     def _has_table(self, cur: sqlite3.Cursor, name: str) -> bool:
         cur.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,))
         return cur.fetchone() is not None
+
+
+def _sync_directory(path: str) -> None:
+    """fsync directory ``path``, so that a name just made in it outlives a power cut (where
+    the file system cannot sync a directory, as some network ones, nothing is done)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        with contextlib.suppress(OSError):
+            os.fsync(fd)
+    finally:
+        os.close(fd)
