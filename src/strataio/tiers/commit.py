@@ -615,7 +615,9 @@ class Commit:
                 failed.append(f"{tier_name}: {exc}")
         if failed:
             raise BackendError(
-                f"dataset {dataset!r}: written chunks may not be durable ({'; '.join(failed)})"
+                f"dataset {dataset!r}: written chunks may not be durable ({'; '.join(failed)}); "
+                "they stay buffered: flush again once the tier answers, or write those chunks "
+                "again, which stores them on a tier that answers"
             )
 
     def _versions_of(
