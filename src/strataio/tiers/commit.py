@@ -716,9 +716,20 @@ class Commit:
                     if not tier.recheck():
                         raise TierDownError(f"tier {tier_name!r} is down")
                     versions = tier.backend.object_versions(names)
-                    named = {
-                        c.key for c in self.catalog.residency(res.name, keys) if c.tier == tier_name
-                    }
+                except Exception as exc:
+                    if not is_backend_failure(exc):
+                        raise
+                    if not isinstance(exc, TierDownError):
+                        tier.mark_down(exc)
+                    left += [(tier_name, k) for k in keys]
+                    continue
+                try:
+                    rows = self.catalog.residency(res.name, keys)
+                except StrataError:  # (the catalog cannot say now: the next commit asks again)
+                    left += [(tier_name, k) for k in keys]
+                    continue
+                named = {c.key for c in rows if c.tier == tier_name}
+                try:
                     for key, obj, v in zip(keys, names, versions or [...] * len(keys)):
                         if key in named or v is None:
                             continue  # (another process's copy now, or gone already)
@@ -727,10 +738,9 @@ class Commit:
                         else:
                             tier.backend.delete_if(obj, v)
                 except Exception as exc:
-                    if not (is_backend_failure(exc) or isinstance(exc, StrataError)):
+                    if not is_backend_failure(exc):
                         raise
-                    if is_backend_failure(exc) and not isinstance(exc, TierDownError):
-                        tier.mark_down(exc)
+                    tier.mark_down(exc)
                     left += [(tier_name, k) for k in keys]
         finally:
             res.strand(left)
