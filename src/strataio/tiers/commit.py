@@ -678,17 +678,13 @@ class Commit:
             for tier_name, (checked, versions, unchecked, keys) in by_tier.items():
                 tier = self.tiers[tier_name]
                 try:
-                    if not tier.recheck():
-                        raise TierDownError(f"tier {tier_name!r} is down")
+                    _probed(tier)
                     if checked:
                         tier.backend.delete_if_many(checked, versions)
                     for obj in unchecked:
                         tier.backend.delete(obj)
                 except Exception as exc:
-                    if not is_backend_failure(exc):
-                        raise
-                    if not isinstance(exc, TierDownError):
-                        tier.mark_down(exc)
+                    _failed(tier, exc)
                     stranded += [(tier_name, k) for k in keys]
         finally:
             res.strand(stranded)
@@ -713,14 +709,10 @@ class Commit:
                 tier = self.tiers[tier_name]
                 names = [object_key(res.name, k) for k in keys]
                 try:
-                    if not tier.recheck():
-                        raise TierDownError(f"tier {tier_name!r} is down")
+                    _probed(tier)
                     versions = tier.backend.object_versions(names)
                 except Exception as exc:
-                    if not is_backend_failure(exc):
-                        raise
-                    if not isinstance(exc, TierDownError):
-                        tier.mark_down(exc)
+                    _failed(tier, exc)
                     left += [(tier_name, k) for k in keys]
                     continue
                 try:
@@ -738,13 +730,27 @@ class Commit:
                         else:
                             tier.backend.delete_if(obj, v)
                 except Exception as exc:
-                    if not is_backend_failure(exc):
-                        raise
-                    tier.mark_down(exc)
+                    _failed(tier, exc)
                     left += [(tier_name, k) for k in keys]
         finally:
             res.strand(left)
             res.deleted(objs)
+
+
+def _probed(tier: Tier) -> None:
+    """Raise :class:`TierDownError` unless ``tier`` is up, probing it again where it is down
+    and due for a probe (:meth:`Tier.recheck`)."""
+    if not tier.recheck():
+        raise TierDownError(f"tier {tier.name!r} is down")
+
+
+def _failed(tier: Tier, exc: Exception) -> None:
+    """Deal with ``exc`` raised while deleting objects on ``tier``: re-raised unless the
+    backend failed; a tier that failed is marked down (one found down already stays so)."""
+    if not is_backend_failure(exc):
+        raise exc
+    if not isinstance(exc, TierDownError):
+        tier.mark_down(exc)
 
 
 #: the version :meth:`Commit._versions_of` gives an object found missing
