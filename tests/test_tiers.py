@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import re
 import threading
@@ -666,6 +667,44 @@ def test_a_move_involving_a_tier_marked_down_probes_it(tmp_path, monkeypatch, do
         assert sorted(where(ds)["c/0/0"]) == ["local", "remote"]
         np.testing.assert_array_equal(ds[...], a)
         ds.close()
+
+
+def _device_full(backend, monkeypatch):
+    """Every put to ``backend`` fails as on a device with no space left (ENOSPC)."""
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    for name in ("put", "put_new", "put_versioned", "put_if", "put_file"):
+        if hasattr(backend, name):
+            monkeypatch.setattr(backend, name, full)
+
+
+def test_a_tier_whose_device_is_full_takes_no_writes_and_is_read_as_before(tmp_path, monkeypatch):
+    """A put that finds the local tier's device full (ENOSPC) does not mark the tier down:
+    the write goes on to the next tier, and the chunks already there are read, in this
+    process and a new one, and moved off as before; a probe finds the tier answering. (It
+    was marked down, so its intact data could not be read or migrated.)"""
+    with session(tmp_path) as s:
+        a, ds = _written(s, (10, 10), "LOCALDISK", seed=14)
+        ds.close()
+        _device_full(s.tiers["local"].backend, monkeypatch)
+        b = s.create_dataset("b", (10, 10), "f8", (10, 10), hint="LOCALDISK")
+        b[...] = 1.0
+        b.close()
+        local = s.tiers["local"]
+        assert local.up and local.out_of_space and not local.has_room(1)
+        assert where(s.open_dataset("b")) == {"c/0/0": ["remote"]}
+        np.testing.assert_array_equal(s.open_dataset("a")[...], a)
+        assert local.check() and local.up
+        with session(tmp_path) as other:
+            np.testing.assert_array_equal(other.open_dataset("a")[...], a)
+        ds = s.open_dataset("a")
+        ds.migrate(None, to="remote").wait()
+        assert where(ds) == {"c/0/0": ["remote"]}
+        np.testing.assert_array_equal(ds[...], a)
+        ds.close()
+        assert fsck(s.catalog, s.tiers).clean
 
 
 def test_probes_of_a_tier_that_stays_down_back_off(monkeypatch):

@@ -64,6 +64,12 @@ class TierDownError(BackendError):
     """A tier is marked down and was not used."""
 
 
+class TierFullError(TierDownError):
+    """A tier's device has no space left (ENOSPC, EDQUOT): the tier takes no writes for a
+    while and is read as before (it is not marked down). A :class:`TierDownError`, so a write
+    goes on to the next tier as from one that is down."""
+
+
 class ChunkChangedError(BackendError):
     """A chunk that another process kept rewriting or moving while it was read: each copy
     read was of a version the catalog no longer listed. Nothing is damaged; read it again

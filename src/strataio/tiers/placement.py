@@ -356,8 +356,8 @@ class Placement:
         """
         if tier.has_room(nbytes):
             return True
-        if tier.capacity is None or nbytes > tier.capacity:
-            return False
+        if tier.capacity is None or nbytes > tier.capacity or tier.out_of_space:
+            return False  # (evictions make no room on a device that has none left)
         if tier is self.persistent()[-1]:
             return False  # the archive is never evicted from: writes go to the next tier
         keep = set(protect)

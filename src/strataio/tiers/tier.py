@@ -3,7 +3,8 @@
 A :class:`Tier` is a :class:`~strataio.storage.base.Backend` plus what placement needs to know
 about it: its role (``memory``, ``localdisk``, ``remotedisk``, ``remotetape``), its capacity in
 bytes (``None`` = unbounded), its rank in the hierarchy, whether it answers (``up``/``down`` and
-the last error seen) and how many bytes of chunk copies it holds. A :class:`TierSet` is the
+the last error seen), whether its device reported no space left (:attr:`Tier.out_of_space`: no
+writes for a while, reads as before) and how many bytes of chunk copies it holds. A :class:`TierSet` is the
 registry of every configured tier; usage is accounted from the catalog's residency rows.
 
 A tier of the ``memory`` role is **volatile**: a cache level that dies with the process. It
@@ -16,6 +17,7 @@ simply drops them (a persistent copy always exists). Configured without a capaci
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import socket
 import threading
@@ -34,6 +36,7 @@ from strataio.errors import (
     NotFoundError,
     StrataError,
     TierDownError,
+    TierFullError,
 )
 from strataio.storage.base import Backend, BytesLike, Version
 
@@ -94,6 +97,18 @@ def accepts_data(copy: Any, data: BytesLike) -> str | None:
     return None
 
 
+def no_space_left(exc: BaseException | None) -> bool:
+    """True if ``exc``, or an error it was raised from, is the device having no space left
+    (ENOSPC, or EDQUOT: over a quota)."""
+    for _ in range(8):  # (a chain of wrapped errors, never a cycle)
+        if exc is None:
+            return False
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
 def is_backend_failure(exc: BaseException) -> bool:
     """True if ``exc`` means the backend itself failed (connection refused, timeout, I/O
     error), as opposed to a missing object or a caller error."""
@@ -134,6 +149,8 @@ class Tier:
     _keeps_versions: bool | None = field(init=False, repr=False, default=None)
     _probed: float = field(init=False, repr=False, default=0.0)  # (monotonic s; see recheck)
     _backoff: float = field(init=False, repr=False, default=0.0)  # (s; 0: RECHECK_S)
+    _full_until: float = field(init=False, repr=False, default=0.0)  # (monotonic s)
+    _full_wait: float = field(init=False, repr=False, default=0.0)  # (s; see mark_full)
 
     #: seconds at least between two probes of a down tier made on a read's or a write's behalf
     #: (:meth:`recheck`), doubled after each probe that fails, up to :attr:`RECHECK_MAX_S`
@@ -178,6 +195,25 @@ class Tier:
         if changed and self.commit is not None:
             self.commit.tier_changed(self)
 
+    @property
+    def out_of_space(self) -> bool:
+        """True for a while after the tier's device reported no space left (ENOSPC,
+        EDQUOT): it then takes no writes (:meth:`has_room` is False, and nothing is evicted
+        to make room) and is read, and moved off, as before: a full disk holds its data
+        intact. The while is :attr:`RECHECK_S`, doubled each time the device is found full
+        again, up to :attr:`RECHECK_MAX_S`; then a write tries it again."""
+        return time.monotonic() < self._full_until
+
+    def mark_full(self, error: BaseException | str) -> float:
+        """Record that the device has no space left (see :attr:`out_of_space`); returns the
+        seconds the tier now takes no writes."""
+        with self._lock:
+            wait = min(max(2 * self._full_wait, self.RECHECK_S), self.RECHECK_MAX_S)
+            self._full_wait = wait
+            self._full_until = time.monotonic() + wait
+        self.last_error = str(error)
+        return wait
+
     def mark_up(self) -> None:
         changed = self.state != "up"
         self.state = "up"
@@ -197,6 +233,14 @@ class Tier:
             except Exception as exc:
                 if not is_backend_failure(exc):
                     raise
+                if no_space_left(exc):
+                    wait = self.mark_full(exc)
+                    err: TierDownError = TierFullError(
+                        f"tier {self.name!r} has no space left on its device: it takes no "
+                        f"writes for {wait:g} s and is read as before ({exc})"
+                    )
+                    err.tier = self.name  # type: ignore[attr-defined]
+                    raise err from exc
                 self.mark_down(exc)
                 err = TierDownError(f"tier {self.name!r} failed and is now marked down: {exc}")
                 err.tier = self.name  # type: ignore[attr-defined]
@@ -232,8 +276,13 @@ class Tier:
             got = bytes(self.backend.get(key))
             self.backend.delete(key)
         except Exception as exc:  # any failure of the probe means the tier does not answer
+            if no_space_left(exc):  # (but for a full device: it answers, and is read)
+                self.mark_up()
+                self.mark_full(exc)
+                return True
             self.mark_down(exc)
             return False
+        self._full_wait = self._full_until = 0.0  # (room again: it was written)
         if got != payload:
             self.mark_down("health probe read back different bytes")
             return False
@@ -245,10 +294,12 @@ class Tier:
     def free(self) -> int | None:
         """Bytes left before the capacity is reached (``None`` = unbounded)."""
         if self.capacity is None:
-            return None
-        return max(0, self.capacity - self.used - self.reserved)
+            return 0 if self.out_of_space else None
+        return 0 if self.out_of_space else max(0, self.capacity - self.used - self.reserved)
 
     def has_room(self, nbytes: int) -> bool:
+        if self.out_of_space:
+            return False
         return self.capacity is None or self.used + self.reserved + nbytes <= self.capacity
 
     def reserve(self, nbytes: int) -> bool:
