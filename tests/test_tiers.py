@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import json
 import re
@@ -131,13 +132,19 @@ def _stored_attrs(root, tier, name):
 def test_tiered_attrs_live_in_zarr_json_and_not_in_the_catalog_record(tmp_path):
     """A tiered dataset's user attributes are in its zarr.json only: the catalog record holds
     none (it would go stale at the first set), and a new Session reads the ones set last."""
+
+    def record_attrs():
+        kept = json.loads(s.catalog.get_dataset("x").attrs)
+        assert set(kept) == {"strataio.array"}
+        return kept["strataio.array"]["attributes"]
+
     with session(tmp_path) as s:
         ds = s.create_dataset("x", (8,), "i4", (4,), hint="LOCALDISK", attrs={"units": "K"})
-        assert json.loads(s.catalog.get_dataset("x").attrs) == {}
+        assert record_attrs() == {}
         ds.attrs["units"] = "C"
         ds.attrs["step"] = 3
         ds.close()
-        assert json.loads(s.catalog.get_dataset("x").attrs) == {}
+        assert record_attrs() == {}
     for tier in ("local", "remote", "tape"):
         assert _stored_attrs(tmp_path, tier, "x") == {"units": "C", "step": 3}, tier
     with session(tmp_path) as s:
@@ -193,6 +200,31 @@ def test_tiered_attrs_are_not_set_where_no_tier_that_answers_holds_zarr_json(tmp
         s.catalog.set_tier_state("tape", "up")
     with session(tmp_path) as s:
         assert dict(s.open_dataset("x").attrs) == {"units": "K", "step": 3}
+
+
+def test_an_open_that_reaches_no_zarr_json_keeps_the_fill_value_and_dimension_names(tmp_path):
+    """With every tier holding its zarr.json down, a dataset opens as its catalog record
+    keeps it: the fill value (what a read of an unwritten chunk returns) and dimension names
+    of its creation, without user attributes. A record written before it kept them is
+    refused rather than opened with a fill value of 0."""
+    with session(tmp_path) as s:
+        ds = s.create_dataset(
+            "x", (4, 4), "f8", (2, 2), hint="LOCALDISK", fill_value=np.nan, dims=("y", "x")
+        )
+        ds.attrs["units"] = "K"
+        ds.close()
+        record = s.catalog.get_dataset("x")
+    for tier in ("local", "remote", "tape"):
+        (tmp_path / tier / "x" / "zarr.json").unlink()
+    with session(tmp_path) as s:
+        ds = s.open_dataset("x")
+        assert np.isnan(ds.fill_value) and ds.dims == ("y", "x")
+        assert np.isnan(ds[...]).all()
+        assert dict(ds.attrs) == {}
+        ds.close()
+        s.catalog.update_dataset(dataclasses.replace(record, attrs="{}"))
+        with pytest.raises(MetadataError, match="does not keep its fill value"):
+            s.open_dataset("x")
 
 
 def test_disable_drops_attributes_as_it_drops_data(tmp_path):

@@ -67,6 +67,10 @@ from strataio.tiers.tier import TierSet
 #: key of an AUTO dataset's catalog annotations (the record's ``attrs``) holding its placement
 #: decision (not in zarr.json)
 PLACEMENT_ATTR = "strataio.placement"
+#: the key, in a tiered dataset's catalog record, of its ``zarr.json`` as created less the
+#: user attributes: what never changes (fill value, dimension names, key encoding), for an
+#: open that reaches no tier holding the ``zarr.json`` itself
+ARRAY_ATTR = "strataio.array"
 
 
 class TieredDataset(Dataset):
@@ -416,6 +420,9 @@ class Session:
             checked = exc
         agree(self.comm, checked)
         # (the record holds no user attributes: zarr.json is their one home, see TieredDataset)
+        notes: dict[str, Any] = {}
+        if h != "DISABLE":
+            notes[ARRAY_ATTR] = json.loads(dataclasses.replace(meta, attrs={}).to_json())
         record = DatasetRecord(
             name,
             meta.shape,
@@ -423,7 +430,7 @@ class Session:
             meta.chunks,
             codec_json(meta.codecs),
             h,
-            "{}",
+            json.dumps(notes, sort_keys=True),
             "disabled" if h == "DISABLE" else "active",
         )
         err: BaseException | None = None
@@ -432,7 +439,7 @@ class Session:
                 assert self.catalog is not None
                 if h == "AUTO":
                     decision = self._choose(meta, int(expected_reads), deadline_s)
-                    notes = {PLACEMENT_ATTR: decision.to_json()}
+                    notes[PLACEMENT_ATTR] = decision.to_json()
                     record = dataclasses.replace(record, attrs=json.dumps(notes, sort_keys=True))
                 self.catalog.create_dataset(record)
                 self.catalog.use_dataset(name, self.writer)
@@ -494,17 +501,7 @@ class Session:
         raw = store.get_meta() if self.rank == 0 else None
         raw = self.comm.bcast(raw, root=0) if self.comm is not None else raw
         if raw is None:
-            # a DISABLE dataset (it stores no zarr.json), or every tier holding its zarr.json
-            # is down: the array as the record describes it, with no user attributes (the
-            # record holds none; rows of catalogs written before keep the attributes of their
-            # creation there, which are not taken for the current ones)
-            meta = ArrayMetadata.create(
-                record.shape,
-                record.dtype,
-                record.chunks,
-                json.loads(record.codec) or None,
-                0,
-            )
+            meta = _meta_of_record(record)
         else:
             meta = ArrayMetadata.from_json(raw, where=f"{name}/{META_KEY}")
         return TieredDataset(store, meta, mode, name=name, comm=self.comm)
@@ -702,6 +699,26 @@ class Session:
         learned = load.learned(rows, store.verified(), whole=whole)
         if learned is not None:
             self.row_memo.keep(store.name, learned)
+
+
+def _meta_of_record(record: DatasetRecord) -> ArrayMetadata:
+    """The array as its catalog record describes it, with no user attributes, for an open
+    that finds no ``zarr.json``: a DISABLE dataset (it stores none), or every tier holding it
+    is down. The record keeps the ``zarr.json`` of the dataset's creation (:data:`ARRAY_ATTR`);
+    one written before it did is opened only if DISABLE, since its fill value, which reads of
+    unwritten chunks return, is not known."""
+    kept = json.loads(record.attrs or "{}").get(ARRAY_ATTR)
+    if kept is not None:
+        return ArrayMetadata.from_json(json.dumps(kept), where=f"catalog record of {record.name!r}")
+    if record.state != "disabled":
+        raise MetadataError(
+            f"dataset {record.name!r}: no tier that answers holds its zarr.json, and its catalog "
+            "record (written by an older strataio) does not keep its fill value: open it once "
+            "a tier holding its zarr.json answers again (strataio tiers --check)"
+        )
+    return ArrayMetadata.create(
+        record.shape, record.dtype, record.chunks, json.loads(record.codec) or None, 0
+    )
 
 
 def placement_decision(record: DatasetRecord) -> AutoDecision | None:
