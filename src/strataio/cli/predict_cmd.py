@@ -4,9 +4,11 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import click
+from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -32,6 +34,20 @@ _config_option = click.option(
     default=None,
     help="configuration (default: ./strataio.toml, $STRATAIO_CONFIG, built-in)",
 )
+_wait_option = click.option(
+    "--wait",
+    type=click.FloatRange(min=0),
+    default=0,
+    show_default=True,
+    metavar="SECONDS",
+    help="wait this long for a tier another calibration or measured run is using "
+    "(0: fail at once, naming that process)",
+)
+
+
+def _say_waiting(console: Console) -> Callable[[str], None]:
+    """``on_wait`` for the library: each message on ``console`` (stderr), as it is."""
+    return lambda message: console.print(message, markup=False, highlight=False)
 
 
 @main.command("calibrate")
@@ -53,6 +69,7 @@ _config_option = click.option(
     default=None,
     help="draw the curves log-log into this PNG",
 )
+@_wait_option
 @_config_option
 @handle_errors
 def calibrate_cmd(
@@ -63,6 +80,7 @@ def calibrate_cmd(
     quick: bool,
     warm: bool,
     plot: Path | None,
+    wait: float,
     config: str | None,
 ) -> None:
     """Measure each tier's connection, open, seek, view, close and transfer times for sizes
@@ -108,6 +126,8 @@ def calibrate_cmd(
                 levels=levels,
                 cold=not warm,
                 on_progress=progress,
+                wait=wait,
+                on_wait=_say_waiting(bar.console),
             )
         perf = PerfTable(rows)
         console.print(calibration_table(perf))
@@ -154,9 +174,12 @@ def calibration_table(perf) -> Table:  # type: ignore[no-untyped-def]
     "--measure", is_flag=True, help="also run the workload under mpiexec and time each dataset"
 )
 @click.option("--json", "as_json", is_flag=True, help="print the results as JSON instead")
+@_wait_option
 @_config_option
 @handle_errors
-def predict_cmd(workload: Path, measure: bool, as_json: bool, config: str | None) -> None:
+def predict_cmd(
+    workload: Path, measure: bool, as_json: bool, wait: float, config: str | None
+) -> None:
     """Predict the I/O time of the WORKLOAD file (equation (2)) per dataset and in total, as the
     paper's Figure 11 shows it; with --measure, run it and show the measured time beside."""
     from strataio.cli.context import open_configured_catalog
@@ -177,7 +200,13 @@ def predict_cmd(workload: Path, measure: bool, as_json: bool, config: str | None
         catalog.close()
     from strataio.predict.runner import predict_and_measure
 
-    result = predict_and_measure(wl, perf, cfg if measure else None)
+    result = predict_and_measure(
+        wl,
+        perf,
+        cfg if measure else None,
+        wait=wait,
+        on_wait=_say_waiting(make_console(stderr=True)),
+    )
     if as_json:
         click.echo(json.dumps(result, indent=1))
         return

@@ -139,6 +139,7 @@ def ensure_access_costs(
     Returns ``(PerfTable, measured_now)``."""
     from strataio.catalog import open_catalog
     from strataio.catalog.base import PerfRow
+    from strataio.predict.native import lock_tiers
     from strataio.predict.perfdb import PerfTable
     from strataio.predict.ranks import launch
 
@@ -146,7 +147,9 @@ def ensure_access_costs(
     if all(perf.has(t, op) for t in tiers for op in TIERED_OPS.values()):
         return perf, False
     args = launch_args(os.fspath(config_path), params, "access-costs")
-    costs = launch(params.ranks, "strataio.demo.astro3d", args)["costs"]
+    # measured holding the tiers' lock, as a calibration is (neither times the other)
+    with lock_tiers([config.tier(t) for t in tiers], "measuring the demo's access costs"):
+        costs = launch(params.ranks, "strataio.demo.astro3d", args)["costs"]
     rows = []
     for t in tiers:
         c = costs[t]

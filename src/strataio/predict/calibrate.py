@@ -29,20 +29,17 @@ catalog keeps them all.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
-import socket
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
 import numpy as np
 
 from strataio.catalog.base import Catalog, PerfRow
-from strataio.errors import BusyError
 from strataio.predict.perfdb import PerfTable
 
 __all__ = ["DEFAULT_LEVELS", "calibrate", "default_sizes", "plot_perf"]
@@ -76,10 +73,17 @@ def calibrate(
     levels: Sequence[int] = DEFAULT_LEVELS,
     cold: bool = True,
     on_progress: Callable[[str, int, int], None] | None = None,
+    wait: float = 0.0,
+    on_wait: Callable[[str], None] | None = None,
 ) -> list[PerfRow]:
     """Calibrate ``tiers`` (names; default every posix tier of ``config``) and record the rows
-    in ``catalog``; returns them. ``on_progress(tier, done, total)`` follows the measurement."""
-    from strataio.predict.native import tier_dir
+    in ``catalog``; returns them. ``on_progress(tier, done, total)`` follows the measurement.
+
+    Each tier is measured holding its lock (:func:`~strataio.predict.native.lock_tiers`:
+    another calibration or a measured run of the tier at once would be timed with it); one
+    another process holds is waited for up to ``wait`` seconds (``on_wait(message)`` says
+    so), then :class:`~strataio.errors.BusyError` names that process."""
+    from strataio.predict.native import lock_tiers, tier_dir
 
     sizes = list(sizes or default_sizes())
     names = list(tiers) if tiers else [t.name for t in config.tiers if t.kind == "posix"]
@@ -89,42 +93,11 @@ def calibrate(
     per_level = steps(sizes, repeat)
     all_rows: list[PerfRow] = []
     for tc in configs:
-        with _calibrating(tc):
+        with lock_tiers([tc], f"calibrating tier {tc.name!r}", wait=wait, on_wait=on_wait):
             rows = _calibrate_tier(config, tc, sizes, repeat, levels, cold, per_level, on_progress)
         catalog.record_perf(rows)
         all_rows += rows
     return all_rows
-
-
-@contextlib.contextmanager
-def _calibrating(tc: Any) -> Iterator[None]:
-    """Hold tier ``tc``'s calibration lock (a lock on a file in its work folder, which the
-    system releases when the process dies): two calibrations of one tier at once would
-    each time the other's calls too, and share its scratch files. Raises
-    :class:`~strataio.errors.BusyError` naming the process that holds it."""
-    from strataio.predict.native import work_path
-
-    path = work_path(tc, "calibrate.lock")
-    with open(path, "a+") as f:
-        locked = True
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            f.seek(0)
-            holder = f.read().strip() or "?"
-            raise BusyError(
-                f"tier {tc.name!r} is being calibrated by another process ({holder}): "
-                "calibrations of one tier at once time each other's calls; run one after "
-                "the other"
-            ) from None
-        except OSError:  # a file system without locks (ENOLCK): calibrate unguarded
-            locked = False
-        if locked:
-            f.seek(0)
-            f.truncate()
-            f.write(f"pid {os.getpid()} on {socket.gethostname()}")
-            f.flush()
-        yield
 
 
 def _calibrate_tier(

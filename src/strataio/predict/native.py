@@ -12,14 +12,22 @@ scaled by the tier's ``time_scale``.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
+import socket
+import time
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from strataio.errors import StrataError
+from strataio.errors import BusyError, StrataError
 from strataio.storage.base import Backend
 
 #: folder under a tier's directory where calibration and measured runs put their files
 WORK_DIR = ".strataio-predict"
+#: the file in a tier's work folder whose lock a process measuring the tier holds
+LOCK_NAME = "calibrate.lock"
+#: seconds between tries while waiting for a tier's lock
+_POLL_S = 0.05
 
 
 def tier_dir(tc: Any) -> str:
@@ -37,6 +45,78 @@ def work_path(tc: Any, *parts: str) -> str:
     base = os.path.join(tier_dir(tc), WORK_DIR)
     os.makedirs(base, exist_ok=True)
     return os.path.join(base, *parts)
+
+
+@contextlib.contextmanager
+def lock_tiers(
+    tcs: Iterable[Any],
+    what: str,
+    *,
+    wait: float = 0.0,
+    on_wait: Callable[[str], None] | None = None,
+) -> Iterator[None]:
+    """Hold the measurement lock of each tier config in ``tcs`` while the block runs: every
+    process that measures I/O on a tier takes it (a calibration, which writes the performance
+    database from its measurements; a measured run; the demo's access costs). Two at once
+    would time each other's I/O (a calibration would record a tier slowed by the other) and
+    share the tier's work folder. Reading the database to predict needs no lock (the
+    catalog records a calibration in one transaction).
+
+    The lock is an ``flock`` on :data:`LOCK_NAME` in the tier's work folder, which the system
+    releases when the holder dies; the holder writes its pid, host, start and ``what`` there.
+    Tiers are locked in name order (two processes locking the same tiers cannot deadlock).
+    A tier another process holds is waited for up to ``wait`` seconds in all (0: not at
+    all), ``on_wait(message)`` saying once per tier who holds it; then
+    :class:`~strataio.errors.BusyError` names the holder and the lock file. A file system
+    without locks (``ENOLCK``) leaves the tier unguarded."""
+    deadline = time.monotonic() + max(0.0, float(wait))
+    unique = {tc.name: tc for tc in tcs}
+    with contextlib.ExitStack() as stack:
+        for name in sorted(unique):
+            stack.enter_context(_tier_locked(unique[name], what, wait, deadline, on_wait))
+        yield
+
+
+@contextlib.contextmanager
+def _tier_locked(
+    tc: Any,
+    what: str,
+    wait: float,
+    deadline: float,
+    on_wait: Callable[[str], None] | None,
+) -> Iterator[None]:
+    path = work_path(tc, LOCK_NAME)
+    with open(path, "a+") as f:  # closing it releases the lock
+        told = False
+        while True:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                f.seek(0)
+                held = f"{f.read().strip() or 'another process'} holds {path}"
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    busy = f"still busy after {wait:g} s" if wait > 0 else "busy"
+                    raise BusyError(
+                        f"tier {tc.name!r} is {busy}: {held}. Measurements of one tier at once "
+                        "(calibrations, measured runs) time each other's I/O and share its "
+                        "work folder; run one after the other"
+                        + ("" if wait > 0 else " (--wait SECONDS waits for it)")
+                    ) from None
+                if not told and on_wait is not None:
+                    on_wait(f"waiting up to {left:.3g} s for tier {tc.name!r}: {held}")
+                    told = True
+                time.sleep(min(_POLL_S, left))
+                continue
+            except OSError:  # a file system without locks (ENOLCK): measure unguarded
+                break
+            f.seek(0)
+            f.truncate()
+            since = time.strftime("%Y-%m-%d %H:%M:%S")
+            f.write(f"pid {os.getpid()} on {socket.gethostname()} since {since} ({what})")
+            f.flush()
+            break
+        yield
 
 
 def file_hints(tc: Any, write: bool) -> dict[str, str]:

@@ -17,7 +17,9 @@ pages of the file before each read access (reads are cold, as calibration's are)
 - ``chunked``: a dataset over the tier's backend, chunked by the block shape and uncompressed,
   created once; each access is one collective ``write_all`` / ``read_all`` of every rank's block.
 
-Files live under the tier's ``.strataio-predict`` folder and are removed at the end.
+Files live under the tier's ``.strataio-predict`` folder (named by the dataset's place in the
+workload, not by its name) and are removed at the end. A run holds the lock of each tier it
+uses, as a calibration does (:func:`~strataio.predict.native.lock_tiers`).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
@@ -56,13 +59,30 @@ def workload_to_toml(workload: Workload) -> str:
 
 
 def run_workload(
-    workload: Workload, config: Any, *, timeout: float | None = None
+    workload: Workload,
+    config: Any,
+    *,
+    timeout: float | None = None,
+    wait: float = 0.0,
+    on_wait: Callable[[str], None] | None = None,
 ) -> dict[str, float]:
     """Run ``workload`` under ``mpiexec -n ranks`` on the tiers of ``config`` (a loaded
-    :class:`~strataio.config.Config`); measured seconds per dataset name."""
+    :class:`~strataio.config.Config`); measured seconds per dataset name.
+
+    The run holds the lock of each tier it uses (:func:`~strataio.predict.native.lock_tiers`,
+    the lock a calibration holds): a calibration or another measured run of one of them at
+    once would be timed with this one. A tier another process holds is waited for up to
+    ``wait`` seconds (``on_wait(message)`` says so), then
+    :class:`~strataio.errors.BusyError` names that process."""
+    from strataio.predict.native import lock_tiers
     from strataio.predict.ranks import launch
 
-    with tempfile.TemporaryDirectory(prefix="strataio-workload-") as tmp:
+    tiers = [config.tier(workload.tier_of(ds)) for ds in workload.datasets]
+    what = f"measured run of {workload.source}"
+    with (
+        lock_tiers(tiers, what, wait=wait, on_wait=on_wait),
+        tempfile.TemporaryDirectory(prefix="strataio-workload-") as tmp,
+    ):
         path = os.path.join(tmp, "workload.toml")
         with open(path, "w") as f:
             f.write(workload_to_toml(workload))
@@ -75,15 +95,23 @@ def run_workload(
     return {k: float(v) for k, v in got["measured"].items()}
 
 
-def predict_and_measure(wl: Workload, perf: Any, config: Any = None) -> dict[str, Any]:
+def predict_and_measure(
+    wl: Workload,
+    perf: Any,
+    config: Any = None,
+    *,
+    wait: float = 0.0,
+    on_wait: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
     """Predicted (and, with ``config``, measured) seconds of workload ``wl`` per dataset and
     in total, as ``strataio predict --json`` prints them: ``{"datasets": [{"name",
     "predicted_s", "measured_s"}...], "predicted_total_s", "measured_total_s"}`` (measured
-    values ``None`` without ``config``)."""
+    values ``None`` without ``config``). ``wait`` and ``on_wait`` are
+    :func:`run_workload`'s."""
     from strataio.predict.model import predict
 
     prediction = predict(wl, perf)
-    measured = run_workload(wl, config) if config is not None else None
+    measured = run_workload(wl, config, wait=wait, on_wait=on_wait) if config is not None else None
     rows = [
         {
             "name": d.spec.name,
@@ -103,12 +131,15 @@ def predict_and_measure(wl: Workload, perf: Any, config: Any = None) -> dict[str
 
 
 class _Access:
-    """One dataset of a measured run: set up once, then accessed at its steps."""
+    """One dataset of a measured run: set up once, then accessed at its steps. Its file (or
+    chunk folder) in the tier's work folder is named ``key``, not by the dataset's name: a
+    name is a label (a path such as ``/home/me`` or ``..`` would name a folder the run then
+    removes)."""
 
-    def __init__(self, workload: Workload, ds: DatasetSpec, tc: Any, comm: Any) -> None:
+    def __init__(self, workload: Workload, ds: DatasetSpec, tc: Any, comm: Any, key: str) -> None:
         from strataio.predict.native import work_path
 
-        self.ds, self.tc, self.comm = ds, tc, comm
+        self.ds, self.tc, self.comm, self.key = ds, tc, comm, key
         self.run = workload.run
         self.part: Partition = workload.partition(ds)
         rank = comm.Get_rank()
@@ -116,7 +147,7 @@ class _Access:
         shape = self.part.shape(rank)
         self.data = np.random.default_rng(rank).random(shape).astype(ds.dtype)
         self.out = np.empty_like(self.data)
-        self.path = work_path(tc, f"{ds.name}")
+        self.path = work_path(tc, key)
         self.write = ds.mode == "write"
         if rank == 0:
             _remove(self.path)
@@ -145,7 +176,7 @@ class _Access:
 
         meta = ArrayMetadata.create(self.part.dims, self.ds.dtype, self.part.block, None)
         self.backend = tier_backend(self.tc)
-        store = BackendChunkStore(self.backend, f"{WORK_DIR}/{self.ds.name}")
+        store = BackendChunkStore(self.backend, f"{WORK_DIR}/{self.key}")
         if self.comm.Get_rank() == 0:
             store.put_meta(meta.to_json())
         self.comm.Barrier()
@@ -258,7 +289,8 @@ def _rank_main(argv: list[str]) -> None:
     config = load_config(argv[0] or None)
     workload = load_workload(argv[1])
     accesses = [
-        _Access(workload, ds, config.tier(workload.tier_of(ds)), comm) for ds in workload.datasets
+        _Access(workload, ds, config.tier(workload.tier_of(ds)), comm, f"dataset-{i}")
+        for i, ds in enumerate(workload.datasets)
     ]
     measured = {ds.name: 0.0 for ds in workload.datasets}
     try:
