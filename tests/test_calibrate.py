@@ -150,6 +150,15 @@ def test_a_tier_being_calibrated_is_not_calibrated_again_at_once(tmp_path):
         holder.wait()
 
 
+def test_calibrate_quick_with_no_level_left_is_refused(tmp_path):
+    """--quick keeps the levels up to 2 processes: with none left it measured nothing and
+    said "0 measurements stored"; it is a usage error naming the option."""
+    config = write_config(tmp_path, str(tmp_path / "cat.db"))
+    out = CliRunner().invoke(main, ["calibrate", "-c", config, "--quick", "--concurrency", "4"])
+    assert out.exit_code == 2, out.output
+    assert "--concurrency 4 leaves no level" in out.output
+
+
 def test_calibrate_and_predict_commands(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     config = write_config(tmp_path, "cat.db")

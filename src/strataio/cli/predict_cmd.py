@@ -94,6 +94,11 @@ def calibrate_cmd(
     levels = sorted(set(concurrency))
     if quick:
         top, repeat, levels = min(top, 1 << 20), min(repeat, 2), [c for c in levels if c <= 2]
+        if not levels:  # (it measured nothing and said "0 measurements stored")
+            raise UsageProblem(
+                f"--quick measures at 1 and 2 processes only: --concurrency "
+                f"{','.join(map(str, concurrency))} leaves no level (add 1 or 2, or drop --quick)"
+            )
     if top < 1024 or repeat < 1:
         raise UsageProblem("--max-size must be at least 1KiB and --repeat at least 1")
     if plot is not None and not plot.parent.is_dir():
