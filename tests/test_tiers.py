@@ -192,11 +192,13 @@ def test_tiered_attrs_are_not_set_where_no_tier_that_answers_holds_zarr_json(tmp
         (tmp_path / tier / "x" / "zarr.json").unlink()
     with session(tmp_path) as s:
         assert not s.tiers["tape"].up
+        _stop_answering(tmp_path / "tape")  # (else the open's probe finds it answering)
         ds = s.open_dataset("x", "r+")
         with pytest.raises(MetadataError, match="no tier that answers holds its zarr.json"):
             ds.attrs["step"] = 4
         ds.close()
         assert not any((tmp_path / t / "x" / "zarr.json").exists() for t in ("local", "remote"))
+        _answer_again(tmp_path / "tape")
         s.catalog.set_tier_state("tape", "up")
     with session(tmp_path) as s:
         assert dict(s.open_dataset("x").attrs) == {"units": "K", "step": 3}
@@ -225,6 +227,31 @@ def test_an_open_that_reaches_no_zarr_json_keeps_the_fill_value_and_dimension_na
         s.catalog.update_dataset(dataclasses.replace(record, attrs="{}"))
         with pytest.raises(MetadataError, match="does not keep its fill value"):
             s.open_dataset("x")
+
+
+def test_a_dataset_opened_while_the_tiers_holding_zarr_json_are_marked_down_probes_them(
+    tmp_path, monkeypatch
+):
+    """A dataset opened while every tier holding its zarr.json is marked down, though they
+    answer again, probes them (as a read of a chunk whose copies are on down tiers does)
+    and reads its attributes and fill value there; they were taken as none (the catalog
+    record's array, fill value 0, no attributes) until something else probed the tiers."""
+    with session(tmp_path) as s:
+        ds = s.create_dataset(
+            "x", (8,), "f8", (4,), hint="LOCALDISK", attrs={"units": "K"}, fill_value=-1.0
+        )
+        ds[0:4] = 7.0
+        ds.close()
+        monkeypatch.setattr(Tier, "RECHECK_S", 0.0)
+        for t in s.tiers:
+            t.mark_down("did not answer a moment ago")
+        ds = s.open_dataset("x", "r+")
+        assert dict(ds.attrs) == {"units": "K"}
+        np.testing.assert_array_equal(ds[...], [7.0] * 4 + [-1.0] * 4)
+        ds.attrs["step"] = 3
+        ds.close()
+        assert s.tiers["local"].up
+    assert _stored_attrs(tmp_path, "local", "x") == {"units": "K", "step": 3}
 
 
 def test_disable_drops_attributes_as_it_drops_data(tmp_path):

@@ -1101,14 +1101,20 @@ class TieredChunkStore(ChunkStore):
         """The ``zarr.json`` stored now, read from the first persistent tier that answers and
         holds it (read each time: another handle, here or in another process, may have set
         attributes since); None where no such tier holds one, and always for a DISABLE
-        dataset, which stores none."""
+        dataset, which stores none. Where no tier that is up holds it, the tiers marked down
+        are probed again (:meth:`Tier.recheck`, each at most every :attr:`Tier.RECHECK_S`)
+        and read if they answer, as a chunk's copies are: a tier that came back is not
+        taken for one without the dataset's attributes and fill value."""
         if self.disabled:
             return None
-        for tier in self.placement.persistent():
-            if not tier.up:
+        obj = object_key(self.name, META_KEY)
+        tiers = self.placement.persistent()
+        down = [t for t in tiers if not t.up]
+        for tier in [t for t in tiers if t.up] + down:
+            if tier in down and not tier.recheck():
                 continue
             try:
-                return bytes(tier.call(tier.backend.get, object_key(self.name, META_KEY)))
+                return bytes(tier.call(tier.backend.get, obj))
             except (NotFoundError, TierDownError):
                 continue
         return None

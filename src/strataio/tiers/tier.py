@@ -251,7 +251,8 @@ class Tier:
         probed, or failed, long enough ago: :attr:`RECHECK_S`, doubled after each probe that
         failed, up to :attr:`RECHECK_MAX_S` (a probe of a tier that does not answer may take
         its backend's timeout, on the caller's time). A read that finds a chunk's only
-        copies on down tiers asks, and a write whose preferred tiers are down, so a
+        copies on down tiers asks, an open that finds a dataset's ``zarr.json`` on no tier
+        that is up, and a write whose preferred tiers are down, so a
         long-running job sees a tier come back (another process's ``strataio tiers
         --check`` marks it up in the catalog, not here)."""
         if self.up:
