@@ -728,6 +728,29 @@ def test_a_move_involving_a_tier_marked_down_probes_it(tmp_path, monkeypatch, do
         ds.close()
 
 
+def test_fsck_probes_a_tier_marked_down_before_skipping_it(tmp_path):
+    """fsck within a Session probes each tier marked down first: one that answers again is
+    checked (here its only copy is found corrupt), one that still does not is skipped and named
+    in the report with the error its probe met. (It skipped every tier marked down unprobed,
+    reporting a hierarchy with a corrupt copy clean.)"""
+    with session(tmp_path) as s:
+        a, ds = _written(s, (10, 10), "REMOTEDISK", seed=15)
+        ds.close()
+        (tmp_path / "remote" / "a" / "c" / "0" / "0").write_bytes(b"x" * 800)
+        s.tiers["remote"].mark_down("did not answer a moment ago")
+        report = fsck(s.catalog, s.tiers)
+        assert s.tiers["remote"].up
+        assert report.skipped_tiers == [] and report.skipped_why == {}
+        assert [(f.kind, f.tier) for f in report.problems] == [("corrupt", "remote")]
+        _stop_answering(tmp_path / "remote")
+        s.tiers["remote"].mark_down("did not answer a moment ago")
+        report = fsck(s.catalog, s.tiers)
+        assert report.skipped_tiers == ["remote"] and not report.problems
+        why = report.skipped_why["remote"]
+        assert why and why != "did not answer a moment ago", why  # (the probe's own error)
+        _answer_again(tmp_path / "remote")
+
+
 def _device_full(backend, monkeypatch):
     """Every put to ``backend`` fails as on a device with no space left (ENOSPC)."""
 

@@ -142,7 +142,8 @@ def test_a_tier_whose_directory_is_unusable_is_down_and_the_others_serve(project
     out = r.invoke(main, ["tiers", "--config", "down.toml"])
     assert out.exit_code == 1 and "tiers down: disk" in out.stdout, out.output
     out = r.invoke(main, ["fsck", "--config", "down.toml"])
-    assert out.exit_code == 1 and "tiers down, not checked: disk" in out.stdout, out.output
+    assert out.exit_code == 1 and "tiers down, not checked: disk (" in out.stdout, out.output
+    assert "blocker" in out.stdout  # (why: the error the probe of the tier met)
     assert "Traceback" not in out.output
     # put right, a check finds it answering again
     (root / "blocker").unlink()
@@ -150,6 +151,24 @@ def test_a_tier_whose_directory_is_unusable_is_down_and_the_others_serve(project
     assert out.exit_code == 0, out.output
     with strataio.Session(root / "down.toml") as s:
         assert s.tiers["disk"].up
+
+
+def test_fsck_probes_a_tier_the_catalog_has_marked_down(project):
+    """A tier another process marked down in the catalog, answering again, is probed by
+    fsck and checked (it was skipped unprobed: exit 1 and "tiers down", its corrupt copy
+    unseen); the probe records it up in the catalog."""
+    root, _ = project
+    r = CliRunner()
+    out = r.invoke(main, ["stage", "temp", "--section", "0:10,0:10", "--to", "disk"])
+    assert out.exit_code == 0, out.output
+    with strataio.Session() as s:
+        s.catalog.set_tier_state("disk", "down")
+    (root / "disk" / "temp" / "c" / "0" / "0").write_bytes(b"x" * 400)
+    out = r.invoke(main, ["fsck"])
+    assert out.exit_code == 1 and "checksum" in out.stdout, out.output
+    assert "tiers down" not in out.stdout, out.output
+    with strataio.Session() as s:
+        assert {t.name: t.state for t in s.catalog.tiers()}["disk"] == "up"
 
 
 def test_fsck_in_flight_and_progress(project):

@@ -19,6 +19,7 @@ from typing import Any
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -283,7 +284,9 @@ def fsck_command(config: str | None, repair: bool, quick: bool) -> None:
     safe beside running jobs and needs no waiting after a crash: what a live process may
     still be writing (its announced rewrites, unnamed objects of datasets it has open) is
     listed as "in-flight" and left alone; what a process that died left is resolved at once
-    (a process's liveness is a lock the system releases when it dies).
+    (a process's liveness is a lock the system releases when it dies). A tier marked down
+    is probed first and checked if it answers; one that still does not is named, with the
+    error, and not checked (exit 1).
     """
     from strataio.tiers.fsck import fsck
 
@@ -299,7 +302,9 @@ def fsck_command(config: str | None, repair: bool, quick: bool) -> None:
         console.print(table)
         if len(report.findings) > 200:
             console.print(f"... and {len(report.findings) - 200} more findings")
-    skipped = f"; tiers down, not checked: {', '.join(report.skipped_tiers)}"
+    skipped = "; tiers down, not checked: " + ", ".join(
+        f"{name} ({escape(report.skipped_why.get(name, 'down'))})" for name in report.skipped_tiers
+    )
     young = len(report.in_flight)
     console.print(
         f"{report.copies} copies of {report.chunks} chunks checked, "

@@ -202,6 +202,9 @@ class Inventory:
     #: datasets some live writer has in use
     in_use: set[str] = field(default_factory=set)
     skipped_tiers: list[str] = field(default_factory=list)
+    #: why each of :attr:`skipped_tiers` was not checked (the error its probe or listing
+    #: met), by tier name
+    skipped_why: dict[str, str] = field(default_factory=dict)
     #: chunks whose rows changed every time their copies were checked again (in flight)
     changing: set[tuple[str, str]] = field(default_factory=set)
     #: ``(tier, object)`` of copies checked again: the object's version just before the
@@ -240,7 +243,10 @@ class FsckReport:
     copies: int = 0
     chunks: int = 0
     findings: list[Finding] = field(default_factory=list)
+    #: tiers that were down, and stayed down when probed: not checked
     skipped_tiers: list[str] = field(default_factory=list)
+    #: why each of :attr:`skipped_tiers` was not checked, by tier name
+    skipped_why: dict[str, str] = field(default_factory=dict)
     repaired: bool = False
     #: registrations of writers found gone (removed by a repair)
     writers_gone: int = 0
@@ -281,8 +287,12 @@ def inspect(
     """Read what the catalog and the tiers hold; change nothing.
 
     ``verify`` reads every copy and computes its checksum; without it only existence and
-    size are checked (announced rewrites are always read: their bytes decide). Tiers that are
-    down are skipped. ``progress(done, total)`` is called as copies are checked.
+    size are checked (announced rewrites are always read: their bytes decide). A tier marked
+    down (by this process, or in the catalog by another) is probed first (:meth:`Tier.check`,
+    which records in the catalog what it finds): one that answers again is checked, one that
+    still does not is skipped and listed in :attr:`Inventory.skipped_tiers`, with the error
+    in :attr:`Inventory.skipped_why`. ``progress(done, total)`` is called as copies are
+    checked.
     """
     inv = Inventory()
     # (a dataset in use at the start or at the end counts as in use: see _read_writers)
@@ -297,7 +307,11 @@ def inspect(
             return ()
         return tuple(check_container(data, f"{key!r} of superfile {dataset!r}"))
 
+    for t in tiers:
+        if not t.up:
+            t.check()  # (not rate-limited: fsck is the deliberate look at every tier)
     inv.skipped_tiers = [t.name for t in tiers if not t.up]
+    inv.skipped_why = {t.name: _why_down(t.last_error) for t in tiers if not t.up}
 
     listed: dict[str, set[str]] = {}
     for t in tiers:
@@ -310,6 +324,7 @@ def inspect(
                 raise
             t.mark_down(exc)
             inv.skipped_tiers.append(t.name)
+            inv.skipped_why[t.name] = _why_down(t.last_error)
     inv.unchecked = {(c.dataset, c.key) for c in inv.copies if c.tier not in listed}
     checked = [c for c in inv.copies if c.tier in listed]
 
@@ -396,6 +411,10 @@ def inspect(
                 ds, _ = _split(rel, names)
                 inv.leftovers.append(Leftover(tname, path, ds))
     return inv
+
+
+def _why_down(error: str) -> str:
+    return error or "marked down, no error recorded"
 
 
 def _read_writers(catalog: Catalog, inv: Inventory) -> None:
@@ -768,8 +787,10 @@ def fsck(
     workers: int = 8,
     progress: Callable[[int, int], None] | None = None,
 ) -> FsckReport:
-    """Check all catalogued copies on every tier that answers (:func:`inspect`, then
-    :func:`plan`); with ``repair``, fix what can be fixed (:func:`apply`)."""
+    """Check all catalogued copies on every tier that answers, tiers marked down probed
+    first (:func:`inspect`, then :func:`plan`); with ``repair``, fix what can be fixed
+    (:func:`apply`). The report names the tiers not checked and why
+    (:attr:`FsckReport.skipped_tiers`, :attr:`FsckReport.skipped_why`)."""
     inv = inspect(catalog, tiers, verify=verify, workers=workers, progress=progress)
     p = plan(inv)
     report = FsckReport(
@@ -777,6 +798,7 @@ def fsck(
         chunks=len({(c.dataset, c.key) for c in inv.copies}),
         findings=p.findings,
         skipped_tiers=inv.skipped_tiers,
+        skipped_why=inv.skipped_why,
         writers_gone=len(inv.dead_writers),
     )
     if repair:
