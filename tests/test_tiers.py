@@ -751,6 +751,71 @@ def test_fsck_probes_a_tier_marked_down_before_skipping_it(tmp_path):
         _answer_again(tmp_path / "remote")
 
 
+class _ReadOnlyPosix(PosixBackend):
+    """A POSIX backend over storage that refuses every write (a read-only mount)."""
+
+    def __init__(self, root):
+        super().__init__(root, create=False)
+        self.refused = 0
+
+    def _refuse(self, *args, **kwargs):
+        self.refused += 1
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    write = put = put_versioned = put_new = put_if = delete = delete_if = _refuse
+
+
+def test_a_read_only_tier_marked_down_is_probed_by_reads_and_read_again(tmp_path, monkeypatch):
+    """A read-only tier (``read_only``) marked down is probed by reads alone: a read of a
+    chunk whose only copy is there probes it, finds it answering and reads the copy, and
+    a check reports it up. It takes no writes, so no write marks it down. (Its probe put an
+    object, which the storage refused: once marked down it stayed down, and so did the
+    data that only it held.)"""
+    with session(tmp_path) as s:
+        a, ds = _written(s, (10, 10), "REMOTEDISK", seed=16)
+        ds.close()
+    tiers = make_tiers(tmp_path)
+    remote = tiers["remote"]
+    remote.backend, remote.read_only = _ReadOnlyPosix(tmp_path / "remote"), True
+    monkeypatch.setattr(Tier, "RECHECK_S", 0.0)
+    with strataio.Session(tiers=tiers, catalog=tmp_path / "cat.db") as s:
+        remote.mark_down("did not answer a moment ago")
+        ds = s.open_dataset("a")
+        np.testing.assert_array_equal(ds[...], a)
+        assert remote.up
+        ds.close()
+        b = s.create_dataset("b", (10, 10), "f8", (10, 10), hint="REMOTEDISK")
+        b[...] = 1.0
+        b.close()
+        assert where(s.open_dataset("b")) == {"c/0/0": ["tape"]}  # (the next tier)
+        assert remote.up and remote.backend.refused == 0 and remote.free == 0
+        remote.mark_down("did not answer a moment ago")
+        assert s.check_tiers()["remote"] and remote.up
+        _stop_answering(tmp_path / "remote")
+        assert not remote.check() and not remote.up
+        _answer_again(tmp_path / "remote")
+        assert remote.recheck() and remote.backend.refused == 0
+
+
+def test_a_read_only_tier_is_configured_and_its_directory_is_not_made(tmp_path):
+    """``read_only = true`` in a tier's configuration makes it read-only; a read-only POSIX
+    tier's directory is not made where it is missing (the tier is down, saying so)."""
+    from strataio.config import load_config
+
+    (tmp_path / "c.toml").write_text(
+        "[catalog]\nurl = 'cat.db'\n"
+        "[[tiers]]\nname = 'disk'\nkind = 'posix'\nrole = 'localdisk'\npath = 'disk'\n"
+        "[[tiers]]\nname = 'ro'\nkind = 'posix'\nrole = 'remotetape'\npath = 'ro'\n"
+        "read_only = true\n"
+    )
+    tiers = TierSet.from_config(load_config(tmp_path / "c.toml"))
+    assert not tiers["disk"].read_only and tiers["ro"].read_only
+    assert not tiers["ro"].up and "not a directory" in tiers["ro"].last_error
+    assert not (tmp_path / "ro").exists()
+    (tmp_path / "ro").mkdir()
+    assert tiers["ro"].check() and not list((tmp_path / "ro").iterdir())
+
+
 def _device_full(backend, monkeypatch):
     """Every put to ``backend`` fails as on a device with no space left (ENOSPC)."""
 

@@ -62,7 +62,8 @@ class TierConfig:
     client's own environment lookup applies). ``shaped`` names a latency/bandwidth model laid
     over the backend (e.g. ``"remote_tape_2002"``), with its times multiplied by
     ``time_scale`` (0: account only, no sleeping). ``concurrency`` caps simultaneous
-    transfers on the tier (``None``: the role's default).
+    transfers on the tier (``None``: the role's default). ``read_only``: storage this
+    process may read but not write (:attr:`strataio.tiers.tier.Tier.read_only`).
     """
 
     name: str
@@ -78,6 +79,7 @@ class TierConfig:
     shaped: str | None = None
     time_scale: float = 1.0
     concurrency: int | None = None
+    read_only: bool = False
 
     @property
     def url(self) -> str:
@@ -142,6 +144,9 @@ url = ".strataio/catalog.db"
 #             "remote_tape_2002" (the 2002 SRB/HPSS measurements),
 #   time_scale  with its times multiplied by this factor (e.g. 0.001 for tests; 0 = no delay)
 #   concurrency optional: at most this many simultaneous transfers on the tier
+#   read_only optional: true for storage that is read but never written (a read-only mount,
+#             an archive served to readers): no writes, moves or evictions go there, and
+#             its health probe only reads
 
 [[tiers]]
 name = "local"
@@ -336,6 +341,9 @@ def _tier(raw: Mapping[str, Any], where: str, i: int, base: Path) -> TierConfig:
     concurrency = r.get("concurrency", int)
     if concurrency is not None and concurrency < 1:
         raise r.fail("concurrency", f"must be at least 1, got {concurrency}")
+    read_only = r.get("read_only", bool, False)
+    if read_only and kind == "memory":
+        raise r.fail("read_only", "a tier of kind 'memory' holds only what is written to it")
     if "time_scale" in raw and shaped is None:
         raise r.fail("time_scale", "given without 'shaped'")
     kw: dict[str, Any] = {}
@@ -362,5 +370,6 @@ def _tier(raw: Mapping[str, Any], where: str, i: int, base: Path) -> TierConfig:
         shaped=shaped,
         time_scale=time_scale,
         concurrency=concurrency,
+        read_only=read_only,
         **kw,
     )

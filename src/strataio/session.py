@@ -524,7 +524,8 @@ class Session:
         return self.comm.bcast(out, root=0) if self.comm is not None else out
 
     def delete_dataset(self, name: str) -> None:
-        """Remove dataset ``name``: its catalog rows first, then its objects on every tier."""
+        """Remove dataset ``name``: its catalog rows first, then its objects on every tier
+        but a read-only one (whose objects stay there)."""
         self._check_open()
         if self.rank != 0:
             return
@@ -534,12 +535,12 @@ class Session:
         self.row_memo.forget(name)
         for c in copies:
             t = self.tiers[c.tier]
-            if t.up:
+            if t.up and not t.read_only:
                 # a failure leaves an orphan that fsck removes
                 with contextlib.suppress(StrataError):
                     t.call(t.backend.delete, object_key(name, c.key))
         for t in self.placement.persistent():
-            if t.up:
+            if t.up and not t.read_only:
                 with contextlib.suppress(StrataError):
                     t.call(t.backend.delete, object_key(name, META_KEY))
         self.cache.invalidate(name)

@@ -100,6 +100,8 @@ def tiers_command(config: str | None, check: bool) -> None:
             table.add_column(col)
         for t in s.tiers:
             state = "[green]up[/]" if t.up else "[red]down[/]"
+            if t.read_only:
+                state += " (read-only)"
             table.add_row(
                 t.name,
                 t.role,

@@ -290,10 +290,11 @@ class Placement:
         return AutoDecision(tier, reason, predicted, skipped, expected_reads, deadline_s)
 
     def stage_target(self, below: Tier | None = None) -> Tier | None:
-        """The fastest up persistent tier faster than ``below`` (any, when None)."""
+        """The fastest up, writable persistent tier faster than ``below`` (any, when
+        None)."""
         limit = self.tiers.rank(below.name) if below is not None else len(self.tiers)
         for t in self.persistent():
-            if self.tiers.rank(t.name) < limit and t.up:
+            if self.tiers.rank(t.name) < limit and t.up and not t.read_only:
                 return t
         return None
 
@@ -358,6 +359,8 @@ class Placement:
             return True
         if tier.capacity is None or nbytes > tier.capacity or tier.out_of_space:
             return False  # (evictions make no room on a device that has none left)
+        if tier.read_only:
+            return False  # (nor on a tier that is never written)
         if tier is self.persistent()[-1]:
             return False  # the archive is never evicted from: writes go to the next tier
         keep = set(protect)

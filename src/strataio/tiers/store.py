@@ -1120,14 +1120,14 @@ class TieredChunkStore(ChunkStore):
         return None
 
     def put_meta(self, data: bytes) -> None:
-        """Write ``zarr.json`` durably to every persistent tier that answers; a DISABLE
-        dataset's is dropped, as its chunks are."""
+        """Write ``zarr.json`` durably to every persistent tier that answers and is not
+        read-only; a DISABLE dataset's is dropped, as its chunks are."""
         self._check_open()
         if self.disabled:
             return
         stored = 0
         for tier in self.placement.persistent():
-            if not tier.up:
+            if not tier.up or tier.read_only:
                 continue
             try:
                 tier.call(tier.backend.put, object_key(self.name, META_KEY), data, durable=True)

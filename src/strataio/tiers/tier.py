@@ -4,7 +4,9 @@ A :class:`Tier` is a :class:`~strataio.storage.base.Backend` plus what placement
 about it: its role (``memory``, ``localdisk``, ``remotedisk``, ``remotetape``), its capacity in
 bytes (``None`` = unbounded), its rank in the hierarchy, whether it answers (``up``/``down`` and
 the last error seen), whether its device reported no space left (:attr:`Tier.out_of_space`: no
-writes for a while, reads as before) and how many bytes of chunk copies it holds. A :class:`TierSet` is the
+writes for a while, reads as before), whether it is configured read-only
+(:attr:`Tier.read_only`: never written, probed by reads only) and how many bytes of chunk
+copies it holds. A :class:`TierSet` is the
 registry of every configured tier; usage is accounted from the catalog's residency rows.
 
 A tier of the ``memory`` role is **volatile**: a cache level that dies with the process. It
@@ -128,7 +130,11 @@ class Tier:
     ``order`` ranks tiers (0 = fastest). ``used`` counts bytes of catalogued chunk copies on
     the tier; ``capacity`` bounds it (``None`` = unbounded). ``state`` is ``"up"`` or
     ``"down"``; ``last_error`` the message of the failure that marked it down.
-    ``concurrency`` bounds simultaneous transfers through :attr:`slots`.
+    ``concurrency`` bounds simultaneous transfers through :attr:`slots`. ``read_only``
+    (configured ``read_only = true``): storage this process may read but not write (a
+    read-only mount, an archive served to readers, credentials that only read): it takes no
+    writes and is no move's or eviction's destination (:meth:`has_room` is always False), no
+    ``zarr.json`` is put there, and :meth:`check` probes it by reads alone.
     """
 
     name: str
@@ -141,6 +147,7 @@ class Tier:
     concurrency: int = 4
     used: int = 0
     reserved: int = 0
+    read_only: bool = False
     #: records each health change in the catalog (set by the session)
     commit: Commit | None = field(default=None, repr=False)
     slots: threading.BoundedSemaphore = field(init=False, repr=False)
@@ -267,7 +274,14 @@ class Tier:
         return False
 
     def check(self) -> bool:
-        """Probe the backend (put, get, delete a small object); update and return health."""
+        """Probe the backend; update and return health. A writable tier is probed by a put,
+        a get and a delete of a small object of its own. A :attr:`read_only` tier, which
+        would refuse that put (and so never be found up again once marked down), is probed
+        by reads only: it is listed, and the first object listed is looked up (its size);
+        where it lists none, the probe object's key is looked up, and "no such object" is
+        an answer. Any other failure of those reads means the tier does not answer."""
+        if self.read_only:
+            return self._check_by_reading()
         payload = f"strataio {time.time():.6f}".encode()
         # (a probe object of its own per process and thread: probes of one tier by many
         # readers at once would otherwise delete each other's and mark it down)
@@ -290,16 +304,32 @@ class Tier:
         self.mark_up()
         return True
 
+    def _check_by_reading(self) -> bool:
+        """:meth:`check` of a :attr:`read_only` tier: reads only."""
+        try:
+            first = next(iter(self.backend.list()), None)
+            # ("no such object" is an answer: none there, or the one listed deleted since)
+            with contextlib.suppress(NotFoundError, FileNotFoundError):
+                self.backend.size(PROBE_KEY if first is None else first)
+        except Exception as exc:  # any other failure of the reads: the tier does not answer
+            self.mark_down(exc)
+            return False
+        self.mark_up()
+        return True
+
     # ----------------------------------------------------------------- capacity
     @property
     def free(self) -> int | None:
-        """Bytes left before the capacity is reached (``None`` = unbounded)."""
+        """Bytes left before the capacity is reached (``None`` = unbounded; 0 on a device
+        with no space left, and on a :attr:`read_only` tier)."""
+        if self.out_of_space or self.read_only:
+            return 0
         if self.capacity is None:
-            return 0 if self.out_of_space else None
-        return 0 if self.out_of_space else max(0, self.capacity - self.used - self.reserved)
+            return None
+        return max(0, self.capacity - self.used - self.reserved)
 
     def has_room(self, nbytes: int) -> bool:
-        if self.out_of_space:
+        if self.out_of_space or self.read_only:
             return False
         return self.capacity is None or self.used + self.reserved + nbytes <= self.capacity
 
@@ -524,12 +554,14 @@ def tier_from_config(tc: Any, order: int) -> Tier:
     """Build a :class:`Tier` from one ``TierConfig`` (``kind`` ``posix``/``s3``/``memory``,
     optionally wrapped in a :class:`~strataio.storage.shaped.Shaped` cost model)."""
     kind = getattr(tc, "kind", "posix")
+    read_only = bool(getattr(tc, "read_only", False))
     unusable = ""
     if kind == "posix":
         from strataio.storage.posix import PosixBackend
 
         try:
-            backend: Backend = PosixBackend(tc.path)
+            # (a read-only tier's directory is not made: it must be there)
+            backend: Backend = PosixBackend(tc.path, create=not read_only)
         except OSError as exc:
             # (a mount point missing, a file in its place): the tier is down, not the hierarchy
             backend = PosixBackend(tc.path, create=None)
@@ -571,6 +603,7 @@ def tier_from_config(tc: Any, order: int) -> Tier:
         capacity=capacity,
         order=order,
         concurrency=conc,
+        read_only=read_only,
         state="down" if unusable else "up",
         last_error=unusable,
     )
