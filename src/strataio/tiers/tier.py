@@ -277,9 +277,8 @@ class Tier:
         """Probe the backend; update and return health. A writable tier is probed by a put,
         a get and a delete of a small object of its own. A :attr:`read_only` tier, which
         would refuse that put (and so never be found up again once marked down), is probed
-        by reads only: it is listed, and the first object listed is looked up (its size);
-        where it lists none, the probe object's key is looked up, and "no such object" is
-        an answer. Any other failure of those reads means the tier does not answer."""
+        by a read only: the size of the probe object's key is looked up, and "no such
+        object" is an answer. Any other failure means the tier does not answer."""
         if self.read_only:
             return self._check_by_reading()
         payload = f"strataio {time.time():.6f}".encode()
@@ -307,10 +306,10 @@ class Tier:
     def _check_by_reading(self) -> bool:
         """:meth:`check` of a :attr:`read_only` tier: reads only."""
         try:
-            first = next(iter(self.backend.list()), None)
-            # ("no such object" is an answer: none there, or the one listed deleted since)
+            # (one look-up, not a listing, which on an object store reads every key first;
+            # "no such object" is an answer)
             with contextlib.suppress(NotFoundError, FileNotFoundError):
-                self.backend.size(PROBE_KEY if first is None else first)
+                self.backend.size(PROBE_KEY)
         except Exception as exc:  # any other failure of the reads: the tier does not answer
             self.mark_down(exc)
             return False
