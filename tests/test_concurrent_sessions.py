@@ -862,3 +862,44 @@ def test_a_missing_copy_no_other_copy_stands_for_reads_as_lost_not_as_an_older_v
         fsck(s.catalog, s.tiers, repair=True)
         assert fsck(s.catalog, s.tiers).clean
         np.testing.assert_array_equal(s.open_dataset("a")[0:10, 0:10], A[0:10, 0:10])
+
+
+def test_a_copy_found_missing_and_staged_back_before_its_row_goes_keeps_the_new_row(
+    tmp_path, monkeypatch
+):
+    """A reads a chunk it knows on "fast" and "archive". B has migrated it to "archive"
+    since, so A finds the "fast" object missing and drops that row. Between A's look at
+    the object and A's transaction, B stages the chunk back to "fast" and records its new
+    copy, a row like the one A saw (the same state and checksum). A's drop leaves B's row
+    (it used to take it, and B's staged object stood on "fast" with no row naming it)."""
+    dataset_a_on_fast(tmp_path)
+    a, b = session(tmp_path), session(tmp_path)
+    db = b.open_dataset("a", "r+")
+    db.migrate(np.s_[0:10, 0:10], to="archive").wait()
+    db.stage(np.s_[0:10, 0:10], to="fast").wait()  # ("fast" and "archive")
+    da = a.open_dataset("a")
+    da.clear_cache()
+    da.store.res.chunk_keys()  # (A looks its chunks up: its view dates from now)
+    assert {c.tier for c in da.store.res.copies("c/0/0")} == {"fast", "archive"}
+    db.migrate(np.s_[0:10, 0:10], to="archive").wait()  # A's view: still on "fast" too
+    backend = a.tiers["fast"].backend
+    exists = backend.exists
+    staged = []
+
+    def staged_back_after_the_look(key):
+        there = exists(key)
+        if key == object_key("a", "c/0/0") and not there and not staged:
+            staged.append(True)
+            db.stage(np.s_[0:10, 0:10], to="fast").wait()
+        return there
+
+    monkeypatch.setattr(backend, "exists", staged_back_after_the_look)
+    np.testing.assert_array_equal(da[0:10, 0:10], A[0:10, 0:10])
+    monkeypatch.undo()
+    assert staged
+    assert {c.tier for c in a.catalog.residency("a") if c.key == "c/0/0"} == {"fast", "archive"}
+    da.close(), db.close(), a.close(), b.close()
+    with session(tmp_path) as s:
+        report = fsck(s.catalog, s.tiers)
+        assert report.clean, report.problems
+        np.testing.assert_array_equal(s.open_dataset("a")[0:10, 0:10], A[0:10, 0:10])

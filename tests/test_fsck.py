@@ -786,3 +786,27 @@ def test_a_dropped_copy_whose_object_appeared_after_its_version_was_asked_stays(
             (Kind.CHECKSUM, "disk", "c/0/0", Action.DROP_COPY)
         ]
         assert p.objects == [] and p.deletes == [("a", "c/0/0", "disk")]
+
+
+def test_a_repair_keeps_the_row_of_a_copy_put_back_where_one_was_missing(tmp_path):
+    """fsck plans to drop the row of a copy whose object is missing (the chunk has another
+    copy); before the repair, another process migrates the chunk off that tier (its row
+    goes) and stages it back there, in a row just like the one judged (the same state and
+    checksum). The repair looks at the object again in its transaction: the row stays
+    (dropping it left the staged object there with no row naming it)."""
+    make(tmp_path)  # rows 0:40 on tape only
+    with open_session(tmp_path) as s:
+        s.open_dataset("a", "r+").stage(np.s_[0:10, 0:10], to="disk").wait()
+        disk = tmp_path / "disk" / "a" / "c" / "0" / "0"
+        disk.unlink()
+        p = plan(inspect(s.catalog, s.tiers))
+        assert [(f.kind, f.tier, f.key) for f in p.findings] == [(Kind.MISSING, "disk", "c/0/0")]
+        with open_session(tmp_path) as job:
+            ds = job.open_dataset("a", "r+")
+            ds.migrate(np.s_[0:10, 0:10], to="tape").wait()
+            ds.stage(np.s_[0:10, 0:10], to="disk").wait()
+            ds.close()
+        assert disk.is_file()
+        apply(p, s.catalog, s.tiers)
+        assert sorted(c.tier for c in s.catalog.residency("a", ["c/0/0"])) == ["disk", "tape"]
+        assert fsck(s.catalog, s.tiers).clean

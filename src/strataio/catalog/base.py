@@ -310,6 +310,7 @@ class Catalog(abc.ABC):
         copied: Iterable[CopyId] = (),
         revalidated: Iterable[CopyId] = (),
         writer: str = "",
+        present: Callable[[Sequence[CopyId]], set[CopyId]] | None = None,
     ) -> CommitOutcome:
         """Apply residency changes atomically, in ONE transaction: insert or replace each
         copy in ``upserts`` (keyed by dataset, key, tier), then remove each
@@ -355,6 +356,14 @@ class Catalog(abc.ABC):
         its chunk's home): one is left out (``overtaken``) unless the row at its place still
         holds its checksum, settled (another process may have rewritten or moved the chunk
         since the caller loaded that row).
+
+        ``present``, where given, is called inside the transaction (once the rows of the
+        datasets it deletes from are this transaction's alone: no other commit records a
+        row there meanwhile) with every copy of ``deletes``, and names those whose object is
+        there: their deletes are left out and reported in ``kept``. A caller dropping the
+        row of a copy whose object it found missing passes it: another process may have put
+        a copy at that place since, and recorded it in a row that looks like the one the
+        caller saw (the same state and checksum); that row names an object, and stays.
 
         ``durable=False`` returns before the transaction reaches the disk: it is visible to
         every process at once and survives this process's death, but an OS crash or power

@@ -578,6 +578,7 @@ class SQLCatalog(Catalog):
         copied: Iterable[CopyId] = (),
         revalidated: Iterable[CopyId] = (),
         writer: str = "",
+        present: Callable[[Sequence[CopyId]], set[CopyId]] | None = None,
     ) -> CommitOutcome:
         # Last write wins within a batch, as executemany would do; deduplicating first also
         # keeps PostgreSQL's set-based upsert from touching one row twice.
@@ -626,12 +627,23 @@ class SQLCatalog(Catalog):
                     or moves
                     or revalidated
                     or (dropped is not None and ids)
+                    or (present is not None and ids)
                 ):
                     # (rows of other processes' commits decide these: taken under a lock
                     # where the database lets one read them while it runs)
                     self._lock_residency(
-                        cur, {d for d, _, _ in [*new, *ids, *claims, *unknown_old]}
+                        cur, {d for d, _, _ in [*new, *ids, *claims, *unknown_old, *moves]}
                     )
+                if present is not None and ids:
+                    # (an object there now was put since the caller found it missing; a
+                    # commit recording it comes after this one, or has come before and
+                    # its row is the one at that place now: either way the row stays)
+                    back = present(list(ids))
+                    if back:
+                        kept += [i for i in ids if i in back]
+                        ids = [i for i in ids if i not in back]
+                        left = set(ids)
+                        guarded = [i for i in guarded if i in left]
                 if unknown_old:
                     # (an announced rewrite of a settled row takes its checksum as the old
                     # one: the object holds those bytes until the put, so after a crash

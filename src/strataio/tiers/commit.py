@@ -52,7 +52,9 @@ a write onto a tier where it knows no copy of the chunk learns that chunk's rows
 it is announced as the rewrite it is, and else only creates its object, announcing a
 rewrite before it replaces one found there after all; an eviction counts as kept elsewhere
 only a copy of the same bytes; a read that finds an object missing drops its row at once,
-guarded the same way (:meth:`Commit.drop_missing_row`). An object's version and its
+guarded the same way, and only while the transaction finds the object still missing (a
+stage back there meanwhile records a row just like the one seen, which stays:
+:meth:`Commit.drop_missing_row`). An object's version and its
 deletion or replacement are one step on POSIX and S3 tiers (a folder lock; a conditional
 request the server checks), so another process's put between the two is never lost. What
 remains: those windows on a backend that cannot close them; and unflushed writes of one
@@ -232,7 +234,10 @@ class Commit:
     def drop_missing_row(self, res: Residency, copy: ChunkCopy) -> None:
         """Delete the row of ``copy``, whose object was found missing and which ``res`` has
         forgotten, in a transaction of its own: only if it is still the row ``res`` saw and
-        not its chunk's last (so a loss stays visible), and only where this process holds
+        not its chunk's last (so a loss stays visible), only while the object is still
+        missing when the transaction looks again (another process may have put a copy there
+        since, a stage back after a migration, and recorded it in a row just like the one
+        seen: dropping that row left its object unnamed), and only where this process holds
         the catalog and no commit of ``res`` is under way (else fsck repairs it)."""
         if self.catalog is None or self.comm is not None:
             return
@@ -242,9 +247,23 @@ class Commit:
             if res.copy_on(copy.key, copy.tier) is not None:
                 return  # recorded again meanwhile
             row = (res.name, copy.key, copy.tier)
+            tier, obj = self.tiers[copy.tier], object_key(res.name, copy.key)
+
+            def present(ids: Sequence[CopyId]) -> set[CopyId]:
+                # (inside the transaction: another process may have put a copy there since
+                # the object was found missing, and recorded it in a row like the one seen)
+                try:
+                    there = tier.backend.exists(obj)
+                except Exception:
+                    there = True  # (the tier cannot tell: the row stays, for fsck)
+                return set(ids) if there else set()
+
             with contextlib.suppress(StrataError):
                 done = self.catalog.commit(
-                    deletes=[row], expect={row: (copy.state, copy.checksum)}, dropped=[]
+                    deletes=[row],
+                    expect={row: (copy.state, copy.checksum)},
+                    dropped=[],
+                    present=present,
                 )
                 if not done.kept:
                     res.row_dropped(copy)

@@ -57,8 +57,9 @@ deleted, so its members read as missing, never as wrong bytes.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -230,6 +231,10 @@ class Plan:
     #: per copy among ``upserts`` and ``deletes``, the ``(state, checksum)`` of the row the
     #: judgement was made on (None: no row): a row changed since is left as it is now
     expect: dict[CopyId, tuple[str, str] | None] = field(default_factory=dict)
+    #: of ``deletes``, the copies whose object was missing when inspected: dropped only while
+    #: it still is (another process may have put a copy there since, and recorded it in a
+    #: row like the one judged)
+    missing: set[CopyId] = field(default_factory=set)
 
     @property
     def changes(self) -> bool:
@@ -679,6 +684,8 @@ def _plan_chunk(out: Plan, inv: Inventory, ds: str, key: str, rows: list[CopyChe
             out.objects.append(obj)
             if version is not None:
                 out.versions[obj] = version
+        else:
+            out.missing.add((ds, key, r.copy.tier))
 
     # A flush's commit drops the rows of every copy its writes made stale, so settled copies
     # hold the last committed value: old bytes that differ from theirs are an earlier write
@@ -749,7 +756,12 @@ def apply(p: Plan, catalog: Catalog, tiers: TierSet) -> bool:
     if p.upserts or p.deletes:
         # (each row only as the inspection saw it: another process may have rewritten or
         # moved the chunk since, and its row then stands)
-        catalog.commit(p.upserts, p.deletes, expect=p.expect)
+        catalog.commit(
+            p.upserts,
+            p.deletes,
+            expect=p.expect,
+            present=functools.partial(_present, p.missing, tiers) if p.missing else None,
+        )
     # A session that opened a dataset since the inspection may be writing the very objects
     # planned for deletion: its datasets are skipped (a later fsck judges them). Nor is an
     # object deleted that a row names now: a row this repair left (changed since), or one a
@@ -804,6 +816,22 @@ def fsck(
     if repair:
         report.repaired = apply(p, catalog, tiers)
     return report
+
+
+def _present(missing: set[CopyId], tiers: TierSet, ids: Sequence[CopyId]) -> set[CopyId]:
+    """Of the copies ``ids`` a repair drops, those among ``missing`` (their object was
+    missing when inspected) whose object is there now, or whose tier cannot tell: called
+    inside the repair's transaction (see :meth:`Catalog.commit`)."""
+    out: set[CopyId] = set()
+    for ds, key, tier in ids:
+        if (ds, key, tier) not in missing:
+            continue
+        try:
+            if tiers[tier].backend.exists(object_key(ds, key)):
+                out.add((ds, key, tier))
+        except Exception:
+            out.add((ds, key, tier))
+    return out
 
 
 def _split(obj: str, names: Iterable[str]) -> tuple[str | None, str]:
