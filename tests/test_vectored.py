@@ -171,7 +171,7 @@ def test_calls_cross_short_holes_and_respect_iov_max() -> None:
 
 def test_copy_plans_rerun_on_new_buffers() -> None:
     rng = np.random.default_rng(5)
-    for kind in ("strided", "grid", "segments", "mixed"):
+    for kind in ("strided", "grid", "segments", "senders", "mixed"):
         if kind == "strided":
             n, length = 300, 24
             dst_off, src_off = np.arange(n) * 40, np.arange(n) * 30
@@ -186,11 +186,20 @@ def test_copy_plans_rerun_on_new_buffers() -> None:
             dst_off = np.concatenate((np.arange(50) * 64, 3200 + np.arange(70) * 64))
             dst_off[60] += 7  # and one piece off the grid
             lens = np.full(120, 48)
+        elif kind == "senders":  # an aggregator's window: each sender's pieces interleave
+            # with the others' (a stride of 4 pieces), the next sender's from the start again,
+            # and the window's edge leaves the senders unequal counts (no grid)
+            counts = (30, 29, 30, 31)
+            src_off = np.arange(sum(counts)) * 48
+            dst_off = np.concatenate([k * 64 + np.arange(c) * 256 for k, c in enumerate(counts)])
+            lens = np.full(sum(counts), 48)
         else:
             lens = rng.integers(1, 50, 200)
             src_off = np.cumsum(lens) - lens
             dst_off = rng.permutation(200) * 64
         plan = plan_copy(dst_off, src_off, lens)
+        if kind in ("strided", "grid", "senders"):  # (no piece-by-piece copy for these)
+            assert {step[0] for step in plan.steps} == {1}, kind
         for _ in range(3):
             src = rng.integers(0, 256, int((src_off + lens).max()), dtype=np.uint8)
             dst = np.zeros(int((dst_off + lens).max()) + 3, dtype=np.uint8)

@@ -230,15 +230,18 @@ def _plan_group(dst_off: np.ndarray, src_off: np.ndarray, length: int) -> list[t
             return [(_STRIDED, shape, dt, int(dst_off[0]), dg, int(src_off[0]), sg)]
     dd, sd = np.diff(dst_off), np.diff(src_off)
     cuts = np.flatnonzero((dd[1:] != dd[:-1]) | (sd[1:] != sd[:-1])) + 2
-    if cuts.size <= _SEGMENTS and int(dd.min(initial=length)) >= length:
+    if cuts.size <= _SEGMENTS:
         bounds = np.concatenate(([0], cuts, [n])).tolist()
         d0, s0 = dst_off[bounds[:-1]].tolist(), src_off[bounds[:-1]].tolist()
         dstep = np.append(dd, 0)[bounds[:-1]].tolist()
         sstep = np.append(sd, 0)[bounds[:-1]].tolist()
-        return [
-            (_STRIDED, (b - a,), dt, d, (dst,), s_, (sst,))
-            for a, b, d, s_, dst, sst in zip(bounds[:-1], bounds[1:], d0, s0, dstep, sstep)
-        ]
+        # (only a segment's own step must clear a piece; the jumps between segments may go
+        # anywhere, back to the start of an aggregator's window for the next sender, say)
+        if all(st >= length for a, b, st in zip(bounds[:-1], bounds[1:], dstep) if b - a > 1):
+            return [
+                (_STRIDED, (b - a,), dt, d, (dst,), s_, (sst,))
+                for a, b, d, s_, dst, sst in zip(bounds[:-1], bounds[1:], d0, s0, dstep, sstep)
+            ]
     return [(_FANCY, length, dst_off, src_off)]
 
 
