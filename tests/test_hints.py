@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from mpi4py import MPI
 
+import strataio
 from strataio.collective.hints import (
     Hints,
     differences,
@@ -66,6 +67,27 @@ def test_bad_values_name_the_hint(key, value):
     with pytest.raises(HintError, match=key) as err:
         parse_hints({key: value})
     assert isinstance(err.value, StrataError)
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "cb_buffer_size",
+        "ind_rd_buffer_size",
+        "ind_wr_buffer_size",
+        "striping_unit",
+        "romio_cb_fr_alignment",
+        "romio_cb_ds_threshold",
+    ],
+)
+def test_integer_hints_past_64_bits_are_refused_at_open(key, tmp_path):
+    # (taken, such a size failed every later transfer with an OverflowError from the planning)
+    assert getattr(parse_hints({key: str(2**63 - 1)}), key) in (2**63 - 1, str(2**63 - 1))
+    with pytest.raises(HintError, match=f"{key}.*at most 2\\*\\*63 - 1"):
+        parse_hints({key: str(2**63)})
+    with pytest.raises(HintError, match=key):
+        strataio.File.open(None, tmp_path / "f", "w", hints={key: 2**70})
+    assert not (tmp_path / "f").exists()
 
 
 def test_hints_over_a_base_and_their_differences():

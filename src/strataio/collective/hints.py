@@ -251,6 +251,10 @@ def _items(user: Mapping[str, Any] | MPI.Info | None) -> dict[str, Any]:
     raise HintError(f"hints must be a dict or MPI.Info, not {type(user).__name__}")
 
 
+#: the largest integer hint: sizes and offsets are 64-bit signed integers (MPI_Offset)
+_MAX_INT = 2**63 - 1
+
+
 def _parse_int(name: str, value: Any, minimum: int) -> int:
     if isinstance(value, bool):
         raise HintError(f"hint {name}={value!r}: expected an integer")
@@ -260,6 +264,8 @@ def _parse_int(name: str, value: Any, minimum: int) -> int:
         raise HintError(f"hint {name}={value!r}: expected an integer") from None
     if n < minimum:
         raise HintError(f"hint {name}={value!r}: must be at least {minimum}")
+    if n > _MAX_INT:  # (taken, it would fail every transfer later, deep in the planning)
+        raise HintError(f"hint {name}={value!r}: must be at most 2**63 - 1")
     return n
 
 
