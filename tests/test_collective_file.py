@@ -67,6 +67,8 @@ def test_errors_agree_on_every_rank(tmp_path: Path) -> None:
         "open_directory": "BackendError",
         "set_view_not_strata": ["StrataError", "RuntimeError"],
         "close_fails_on_one_rank": ["StrataError", "OSError"],
+        "delete_on_close_gone_everywhere": "ok",
+        "delete_on_close_fails": "BackendError",
         "round_trip_after_errors": "ok",
     }
     assert res == {k: v if isinstance(v, list) else [v, v] for k, v in expected.items()}

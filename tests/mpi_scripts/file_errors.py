@@ -162,6 +162,32 @@ def main(workdir: str) -> None:
         failing.driver.close = broken_close
     res["close_fails_on_one_rank"] = outcome(failing.close)
 
+    # MODE_DELETE_ON_CLOSE: the file is gone on every rank once close returns (rank 0 deletes
+    # it before the others leave), and a delete that fails raises on every rank
+    doomed = os.path.join(workdir, "doomed.bin")
+    amode = MPI.MODE_RDWR | MPI.MODE_CREATE | MPI.MODE_DELETE_ON_CLOSE
+    left = 0
+    for _ in range(20):
+        with strataio.File.open(comm, doomed, amode) as d:
+            d.write_at_all(rank * 8, np.zeros(8, dtype=np.uint8))
+        left += os.path.exists(doomed)
+    res["delete_on_close_gone_everywhere"] = "ok" if left == 0 else f"left {left} times"
+    d = strataio.File.open(comm, doomed, amode)
+    real_unlink = os.unlink
+    if rank == 0:
+
+        def refused_unlink(p: str) -> None:
+            raise OSError(errno.EROFS, "Read-only file system", p)
+
+        os.unlink = refused_unlink
+    try:
+        res["delete_on_close_fails"] = outcome(d.close)
+    finally:
+        os.unlink = real_unlink
+    comm.Barrier()
+    if rank == 0:
+        os.unlink(doomed)
+
     # still in step: a collective round trip works after all of the above
     with strataio.File.open(comm, path, "r+") as g:
         g.write_at_all(rank * 8, np.full(8, 9, dtype=np.uint8))

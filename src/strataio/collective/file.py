@@ -25,7 +25,6 @@ ROMIO, and independent reads and writes raise :class:`~strataio.errors.HintError
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import operator
 import os
@@ -528,22 +527,33 @@ class File:
         self._comm = MPI.COMM_NULL  # (the duplicate goes to the next file opened there)
         try:
             _agree(comm, err)
+            if self._amode & MPI.MODE_DELETE_ON_CLOSE:
+                # once every rank has closed it (the agreement above), rank 0 deletes the file
+                # and no rank returns before it is gone, as in ROMIO; a failed delete raises
+                # on every rank
+                _agree(comm, self._delete() if comm.Get_rank() == 0 else None)
         except BaseException:
             # kept nowhere: each rank frees its own, so no rank later takes a duplicate that
             # another rank dropped
             self._agreement.free()
             comm.Free()
             raise
-        if self._amode & MPI.MODE_DELETE_ON_CLOSE:
-            comm.Barrier()
-            if comm.Get_rank() == 0:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(self._path)
         if self._parent is not None:
             commpool.give_back(self._parent, self._agreement)
         else:
             self._agreement.free()
             comm.Free()
+
+    def _delete(self) -> StrataError | None:
+        """Remove the file (``MODE_DELETE_ON_CLOSE``); the failure, for the caller to agree
+        on. A file already gone is not one."""
+        try:
+            os.unlink(self._path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            return BackendError(f"{self._path}: cannot delete on close: {exc.strerror or exc}")
+        return None
 
     def __enter__(self) -> File:
         return self
