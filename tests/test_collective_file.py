@@ -132,6 +132,18 @@ def test_set_view_refuses_an_uncommitted_datatype(which: str, tmp_path: Path) ->
         loose.Free()
 
 
+@pytest.mark.parametrize("which", ["etype", "filetype"])
+def test_set_view_refuses_the_null_datatype_naming_it(which: str, tmp_path: Path) -> None:
+    """MPI.DATATYPE_NULL as etype or filetype is a ViewError naming the argument (as every
+    other bad view), not a DatatypeError from deep in the flattening; the view stays."""
+    with strataio.File.open(None, tmp_path / "f.bin", "w") as f:
+        f.set_view(4, MPI.INT)
+        args = (MPI.DATATYPE_NULL,) if which == "etype" else (MPI.INT, MPI.DATATYPE_NULL)
+        with pytest.raises(ViewError, match=f"{which} is MPI.DATATYPE_NULL"):
+            f.set_view(0, *args)
+        assert f.get_view() == (4, MPI.INT, MPI.INT)
+
+
 def test_a_rank_with_spare_cores_shares_large_reads(tmp_path: Path, monkeypatch) -> None:
     """A rank alone on its node reads with a thread per spare core (at most
     MAX_READ_THREADS): large contiguous and strided reads, and one past the end of the file,

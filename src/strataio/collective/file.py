@@ -653,7 +653,9 @@ class File:
             for what, t in (("etype", etype), ("filetype", filetype)):
                 if not isinstance(t, MPI.Datatype):
                     raise ViewError(f"{what} must be an MPI datatype, not {t!r}")
-                if t != MPI.DATATYPE_NULL and not is_committed(t):
+                if t == MPI.DATATYPE_NULL:
+                    raise ViewError(f"{what} is MPI.DATATYPE_NULL, not a datatype of a view")
+                if not is_committed(t):
                     raise ViewError(
                         f"{what} ({_described(t)}) has not been committed: MPI-IO takes a "
                         "view's etype and filetype committed (call Commit() on it)"
