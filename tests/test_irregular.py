@@ -121,6 +121,20 @@ def test_bad_arguments_raise_strata_errors(tmp_path):
         f.write_items(sched, np.zeros(2, np.int32))
 
 
+def test_schedule_sizes_that_are_not_integers_are_refused():
+    # (int() truncated them: nitems=10.7 built a schedule of 10 items without a word)
+    for kw in ({"nitems": 10.7}, {"itemsize": 4.5}, {"buffer_size": 64.5}, {"nitems": "10"}):
+        args = {"nitems": 10, "itemsize": 4, **kw}
+        buf = {"buffer_size": args.pop("buffer_size")} if "buffer_size" in args else {}
+        name = next(iter(kw))
+        with pytest.raises(StrataError, match=f"{name} must be an integer"):
+            IndexSchedule(_self(), [1], args["nitems"], args["itemsize"], **buf)
+    with pytest.raises(StrataError, match="aggregators must be ranks"):
+        IndexSchedule(_self(), [1], 10, 4, aggregators=[0.5])
+    sched = IndexSchedule(_self(), [1], np.int32(10), np.uint8(4), buffer_size=np.int64(64))
+    assert (sched.nitems, sched.itemsize, sched.buffer_size) == (10, 4, 64)
+
+
 def test_duplicate_writes_hint():
     assert parse_hints({"strataio_duplicate_writes": "Last-Rank"}).strataio_duplicate_writes == (
         "last-rank"

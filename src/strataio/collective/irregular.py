@@ -31,6 +31,7 @@ indirection array write the value of its last occurrence. Every error is agreed 
 
 from __future__ import annotations
 
+import operator
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -68,6 +69,15 @@ DEFAULT_BUFFER = 16 * 1024 * 1024
 #: values of the ``strataio_duplicate_writes`` hint
 REFUSE = "error"
 LAST_RANK = "last-rank"
+
+
+def _whole(value: Any, what: str) -> int:
+    """``value`` as an int (Python or numpy integer); a float such as 10.7 is a caller's
+    mistake that truncating would hide."""
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise StrataError(f"index schedule: {what} must be an integer, not {value!r}") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,17 +258,24 @@ class IndexSchedule:
         idx = np.zeros(0, dtype=_I64)
         aggs = np.arange(nprocs, dtype=_I64)
         try:
-            nitems, itemsize = int(nitems), int(itemsize)
+            nitems, itemsize = _whole(nitems, "nitems"), _whole(itemsize, "itemsize")
             if nitems < 0 or itemsize < 1:
                 raise StrataError(f"index schedule: nitems {nitems} < 0 or itemsize {itemsize} < 1")
-            buffer_size = DEFAULT_BUFFER if buffer_size is None else int(buffer_size)
+            buffer_size = (
+                DEFAULT_BUFFER if buffer_size is None else _whole(buffer_size, "buffer_size")
+            )
             if buffer_size < itemsize:
                 raise StrataError(
                     f"index schedule: buffer_size {buffer_size} is smaller than one "
                     f"{itemsize}-byte item"
                 )
             if aggregators is not None:
-                aggs = np.unique(np.asarray(aggregators, dtype=_I64))
+                given = np.asarray(aggregators)
+                if given.size and given.dtype.kind not in "iu":
+                    raise StrataError(
+                        f"index schedule: aggregators must be ranks (integers), not {given.dtype}"
+                    )
+                aggs = np.unique(given.astype(_I64, copy=False))
                 if aggs.size == 0 or aggs[0] < 0 or aggs[-1] >= nprocs:
                     raise StrataError(
                         f"index schedule: aggregators {aggregators!r} are not ranks of 0..{nprocs - 1}"
