@@ -737,8 +737,10 @@ def test_a_truncated_checksummed_chunk_names_the_chunk(tmp_path):
     ],
 )
 def test_bad_dims_are_refused(tmp_path, dims, match):
-    with pytest.raises(StrataError, match=match):
+    # a bad argument, as a bad shape or dtype is: ArgumentError, a ValueError
+    with pytest.raises(ArgumentError, match=match) as info:
         strataio.create_dataset(tmp_path / "a", (4, 4), "f4", dims=dims)
+    assert isinstance(info.value, ValueError)
     assert not (tmp_path / "a").exists()
 
 

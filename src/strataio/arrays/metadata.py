@@ -192,7 +192,7 @@ class ArrayMetadata:
                 problem + (" (chunks=None makes the whole array one chunk)" if whole else "")
             )
         plain = json_attrs(attrs)
-        names = _dimension_names(dims, len(shape_t), StrataError, "dims")
+        names = _dimension_names(dims, len(shape_t), ArgumentError, "dims")
         return cls(shape_t, dt.newbyteorder("="), chunks_t, codecs, fill, plain, "/", names)
 
     # ----------------------------------------------------------------- zarr.json
