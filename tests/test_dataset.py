@@ -540,6 +540,33 @@ def test_overwrite_of_a_group_replaces_it_whole(tmp_path):
     np.testing.assert_array_equal(zarr.open_array(tmp_path / "run1", mode="r")[...], 1.0)
 
 
+@pytest.mark.parametrize("inside", ["inner", "c/x", "c/0", "a/b/c"])
+def test_no_dataset_is_created_inside_an_array(tmp_path, inside):
+    """Only groups hold arrays: a dataset asked for under an existing array (beside its
+    chunks, or in its chunk folder) is refused before anything is written, as zarr-python
+    refuses it, and the array is left as it was."""
+    import zarr
+
+    ds = strataio.create_dataset(tmp_path / "arr", (4, 4), "f4", (2, 2))
+    ds[...] = np.arange(16, dtype="f4").reshape(4, 4)
+    ds.close()
+    before = _tree(tmp_path / "arr")
+    for overwrite in (False, True):
+        with pytest.raises(ArgumentError, match="is a Zarr array") as info:
+            strataio.create_dataset(tmp_path / "arr" / inside, (4,), "f4", overwrite=overwrite)
+        assert isinstance(info.value, ValueError)
+    assert _tree(tmp_path / "arr") == before
+    zarr.create_array(tmp_path / "v2", shape=(4,), dtype="i4", zarr_format=2)
+    with pytest.raises(ArgumentError, match="is a Zarr array"):
+        strataio.create_dataset(tmp_path / "v2" / inside, (4,), "f4")
+    # arrays in groups and plain folders are made as before
+    strataio.create_dataset(tmp_path / "run1" / "a", (4,), "f4").close()
+    strataio.create_dataset(tmp_path / "run1" / "b" / "c", (4,), "f4").close()
+    np.testing.assert_array_equal(
+        strataio.open_dataset(tmp_path / "arr")[...], np.arange(16).reshape(4, 4)
+    )
+
+
 def test_a_zarr_v2_array_is_not_overwritten_unless_asked(tmp_path):
     """A Zarr v2 array (``.zarray``) at the path is refused without ``overwrite``: a
     ``zarr.json`` beside it would make zarr-python open the new, empty array instead of the

@@ -1126,6 +1126,7 @@ def _create_store(
     while not os.path.lexists(parent):
         new_parents.append(parent)
         parent = os.path.dirname(parent)
+    _refuse_array_above(path, parent)
     store = _posix_store(path, create=True)
     for folder in new_parents:
         _posix_store(folder, create=True).put_meta(GROUP_META)
@@ -1157,6 +1158,28 @@ def _create_store(
         store.clear()
     store.put_meta(meta.to_json())
     return store
+
+
+def _refuse_array_above(path: str | os.PathLike[str], folder: str) -> None:
+    """Raise :class:`ArgumentError` where ``folder`` or a folder above it is a Zarr array:
+    only groups hold arrays (zarr-python refuses the same), and an array made inside
+    another one (in its chunk folder ``c``, say) is no Zarr node any reader finds."""
+    while True:
+        for name in ("zarr.json", ".zarray"):
+            try:
+                with open(os.path.join(folder, name), "rb") as fh:
+                    raw = fh.read()
+            except OSError:
+                continue
+            if name == ".zarray" or _node_type(raw) == "array":
+                raise ArgumentError(
+                    f"cannot create a dataset at {os.fspath(path)}: {folder} is a Zarr "
+                    "array, and only groups (or plain folders) may hold arrays"
+                )
+        above = os.path.dirname(folder)
+        if above == folder:
+            return
+        folder = above
 
 
 def open_dataset(path: str | os.PathLike[str], mode: str = "r", *, comm: Any = None) -> Dataset:
