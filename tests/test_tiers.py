@@ -742,10 +742,15 @@ def test_fsck_probes_a_tier_marked_down_before_skipping_it(tmp_path):
         assert s.tiers["remote"].up
         assert report.skipped_tiers == [] and report.skipped_why == {}
         assert [(f.kind, f.tier) for f in report.problems] == [("corrupt", "remote")]
+        checked = report.copies
+        assert checked >= 1
         _stop_answering(tmp_path / "remote")
         s.tiers["remote"].mark_down("did not answer a moment ago")
         report = fsck(s.catalog, s.tiers)
         assert report.skipped_tiers == ["remote"] and not report.problems
+        # the copies on the tier not checked are not counted as checked (they were)
+        on_remote = sum(c.tier == "remote" for c in s.catalog.all_residency())
+        assert on_remote >= 1 and report.copies == checked - on_remote
         why = report.skipped_why["remote"]
         assert why and why != "did not answer a moment ago", why  # (the probe's own error)
         _answer_again(tmp_path / "remote")

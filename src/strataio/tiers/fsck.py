@@ -243,7 +243,8 @@ class Plan:
 
 @dataclass(slots=True)
 class FsckReport:
-    """What one fsck pass saw: ``copies`` checked, ``chunks`` catalogued, and findings."""
+    """What one fsck pass saw: ``copies`` checked (those on the tiers it checked), ``chunks``
+    catalogued, and findings."""
 
     copies: int = 0
     chunks: int = 0
@@ -805,8 +806,10 @@ def fsck(
     (:attr:`FsckReport.skipped_tiers`, :attr:`FsckReport.skipped_why`)."""
     inv = inspect(catalog, tiers, verify=verify, workers=workers, progress=progress)
     p = plan(inv)
+    skipped = set(inv.skipped_tiers)
     report = FsckReport(
-        copies=len(inv.copies),
+        # (the copies on a tier not checked are catalogued, not checked: not counted)
+        copies=sum(c.tier not in skipped for c in inv.copies),
         chunks=len({(c.dataset, c.key) for c in inv.copies}),
         findings=p.findings,
         skipped_tiers=inv.skipped_tiers,
