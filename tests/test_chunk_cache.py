@@ -261,6 +261,20 @@ def test_lru_eviction_keeps_within_capacity():
     assert len(c) == 0
 
 
+def test_resize_takes_a_size_string_as_the_environment_does():
+    """``resize`` takes what ``$STRATAIO_CHUNK_CACHE`` takes ("256MiB"); anything else that
+    is no size is a ConfigError (it was a bare ``int()`` ValueError, no StrataError)."""
+    c = DecodedChunkCache(capacity=1 << 20)
+    c.resize("256MiB")
+    assert c.capacity == 256 << 20
+    c.resize(4096)
+    assert c.capacity == 4096
+    for bad, said in (("lots", "cannot read 'lots'"), ("unlimited", "bound"), ([1], "not a size")):
+        with pytest.raises(ConfigError, match=said):
+            c.resize(bad)
+    assert c.capacity == 4096
+
+
 def test_size_from_environment(monkeypatch):
     monkeypatch.setattr(cc, "_cache", None)
     monkeypatch.setenv(cc.ENV_VAR, "1MiB")

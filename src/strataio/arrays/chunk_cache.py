@@ -66,10 +66,23 @@ class CachedChunk:
     hi: int
 
 
-def _capacity(capacity: int) -> int:
-    if int(capacity) < 0:
+def _capacity(capacity: int | str) -> int:
+    """Bytes from ``capacity``: a number, or a size as ``$STRATAIO_CHUNK_CACHE`` takes it
+    (``"256MiB"``)."""
+    if isinstance(capacity, str):
+        n = parse_size(capacity, where="cache capacity")
+        if n is None:
+            raise ConfigError(f"cache capacity {capacity!r}: a cache needs a bound (0 disables it)")
+        return n
+    try:
+        n = int(capacity)
+    except (TypeError, ValueError):
+        raise ConfigError(
+            f"cache capacity {capacity!r} is not a size (bytes, or a string like '256MiB')"
+        ) from None
+    if n < 0:
         raise ConfigError(f"cache capacity {capacity} is negative (0 disables the cache)")
-    return int(capacity)
+    return n
 
 
 def settled(version: Version, seen_ns: int) -> bool:
@@ -137,8 +150,9 @@ class BoundedLRU(Generic[V]):
             self._entries.clear()
             self.nbytes = 0
 
-    def resize(self, capacity: int) -> None:
-        """Set the capacity in bytes (0 disables the cache and empties it)."""
+    def resize(self, capacity: int | str) -> None:
+        """Set the capacity in bytes, or as a size string such as ``"256MiB"`` (0 disables
+        the cache and empties it)."""
         with self._lock:
             self.capacity = _capacity(capacity)
             self._evict()
