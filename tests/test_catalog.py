@@ -119,6 +119,19 @@ def test_tiers_round_trip(cat):
         TierRecord("x", "memory:", "floppy", None, 0)
 
 
+def test_dataset_names_do_not_nest(cat):
+    """A dataset's objects lie under its name on every tier: no dataset is created inside
+    another (or around one), which would mix their objects; siblings sharing a prefix that
+    stops short of a ``/`` are fine."""
+    cat.create_dataset(_ds("run/v"))
+    for name, other in (("run/v/c/0", "run/v"), ("run/v/x", "run/v"), ("run", "run/v")):
+        with pytest.raises(ExistsError, match=f"dataset {other!r}"):
+            cat.create_dataset(_ds(name))
+    for name in ("run/v2", "run/w", "runs/v", "ru"):
+        cat.create_dataset(_ds(name))
+    assert [d.name for d in cat.list_datasets()] == ["ru", "run/v", "run/v2", "run/w", "runs/v"]
+
+
 def test_datasets(cat):
     a, b = _ds("b/temp", attrs='{"units": "K"}'), _ds("a/press", shape=(7,), chunks=(3,))
     cat.create_dataset(a)

@@ -254,6 +254,24 @@ def test_a_dataset_opened_while_the_tiers_holding_zarr_json_are_marked_down_prob
     assert _stored_attrs(tmp_path, "local", "x") == {"units": "K", "step": 3}
 
 
+def test_a_dataset_named_inside_another_is_refused_and_no_tier_goes_down(tmp_path):
+    """Dataset ``v``'s chunk ``c/0`` is the object ``v/c/0``: a dataset of that name would put
+    its ``zarr.json`` under that object's path, and the put failed as if the tier had (every
+    tier was marked down, for every process). Such a name is refused before anything is
+    stored, in either order."""
+    with session(tmp_path) as s:
+        with s.create_dataset("v/c/0", (4,), "f4", (2,), hint="LOCALDISK") as ds:
+            ds[...] = 7
+        with pytest.raises(ExistsError, match="would lie inside dataset 'v/c/0'|lies inside it"):
+            s.create_dataset("v", (4,), "f4", (2,), hint="LOCALDISK")
+        s.create_dataset("w", (4,), "f4", (2,), hint="LOCALDISK").close()
+        with pytest.raises(ExistsError, match="would lie inside dataset 'w'"):
+            s.create_dataset("w/c", (4,), "f4", (2,), hint="LOCALDISK")
+        assert all(t.up for t in s.tiers)
+        np.testing.assert_array_equal(s.open_dataset("v/c/0")[...], [7] * 4)
+    assert not (tmp_path / "local" / "w" / "c" / "zarr.json").exists()
+
+
 def test_disable_drops_attributes_as_it_drops_data(tmp_path):
     """A DISABLE dataset stores nothing, zarr.json included: attributes given or set are
     shown by the handle and dropped; the catalog record holds none of them either."""

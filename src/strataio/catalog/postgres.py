@@ -85,6 +85,10 @@ class PostgresCatalog(SQLCatalog):
         for name in sorted(datasets):
             cur.execute("SELECT pg_advisory_xact_lock(1, hashtext(%s))", (name,))
 
+    def _lock_dataset_names(self, cur: psycopg.Cursor) -> None:
+        # (READ COMMITTED: two creations of nesting names would each miss the other's row)
+        cur.execute("SELECT pg_advisory_xact_lock(2, 0)")
+
     def sync_log(self) -> None:
         """A synchronous commit of a transaction with an id: the server flushes its WAL up
         to that commit, every asynchronous commit before it included."""

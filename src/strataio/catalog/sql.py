@@ -446,6 +446,20 @@ class SQLCatalog(Catalog):
 
     def create_dataset(self, record: DatasetRecord) -> None:
         with self._write() as cur:
+            self._lock_dataset_names(cur)
+            nested = self._nesting(cur, record.name)
+            if nested is not None:
+                inside = record.name.startswith(nested + "/")
+                raise ExistsError(
+                    f"dataset {record.name!r} cannot be created in catalog {self._label()}: "
+                    + (
+                        f"it would lie inside dataset {nested!r}"
+                        if inside
+                        else f"dataset {nested!r} lies inside it"
+                    )
+                    + " (a dataset's objects are stored under its name on every tier, so the "
+                    "two would mix; choose a name that neither starts nor extends another's)"
+                )
             # (a random first generation: a dataset deleted and created again under its name
             # never has a generation rows learned of the one before had)
             cur.execute(
@@ -459,6 +473,27 @@ class SQLCatalog(Catalog):
                 raise ExistsError(
                     f"dataset {record.name!r} already exists in catalog {self._label()}"
                 )
+
+    def _nesting(self, cur: Cursor, name: str) -> str | None:
+        """The name of a dataset that lies above ``name`` (``a`` of ``a/b``) or below it
+        (``a/b/c`` of ``a/b``), if any."""
+        parts = name.split("/")
+        above = ["/".join(parts[:i]) for i in range(1, len(parts))]
+        below = name + "/"
+        where = "substr(name, 1, ?) = ?" + (
+            f" OR name IN ({', '.join('?' * len(above))})" if above else ""
+        )
+        cur.execute(
+            self._sql(f"SELECT name FROM datasets WHERE {where} ORDER BY name LIMIT 1"),
+            (len(below), below, *above),
+        )
+        row = cur.fetchone()
+        return None if row is None else str(row[0])
+
+    def _lock_dataset_names(self, cur: Cursor) -> None:
+        """Make the names of datasets stand until this transaction ends (no other creation
+        meanwhile), for :meth:`_nesting`. SQLite's write lock, taken when the transaction
+        begins, already does."""
 
     def update_dataset(self, record: DatasetRecord) -> None:
         row = _dataset_row(record)
