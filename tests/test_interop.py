@@ -3,6 +3,8 @@ writes, and strataio reads what zarr-python writes."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import tensorstore as ts
@@ -216,3 +218,77 @@ def test_zarr_python_arrays_with_chunks_too_large_say_so(tmp_path):
         r"8796093022208 bytes, more than the 2147483647 bytes a chunk may hold",
     ):
         strataio.open_dataset(tmp_path / "a")
+
+
+@pytest.mark.parametrize(
+    "codecs",
+    [
+        [{"name": "bytes"}, {"name": "zstd"}, {"name": "crc32c"}],
+        [{"name": "bytes", "configuration": {"endian": "big"}}, {"name": "gzip"}],
+        [
+            {
+                "name": "sharding_indexed",
+                "configuration": {
+                    "chunk_shape": [2, 3],
+                    "codecs": [{"name": "bytes"}, {"name": "blosc"}],
+                },
+            }
+        ],
+    ],
+)
+def test_strataio_reads_tensorstore(tmp_path, codecs):
+    """Every field TensorStore writes is one strataio knows (it writes, among others, a chunk
+    key encoding with no configuration and shard configurations with no index_location)."""
+    a = np.arange(8 * 9, dtype="i4").reshape(8, 9)
+    spec = {
+        "driver": "zarr3",
+        "kvstore": {"driver": "file", "path": str(tmp_path / "t")},
+        "metadata": {
+            "shape": [8, 9],
+            "data_type": "int32",
+            "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [4, 6]}},
+            "codecs": codecs,
+            "dimension_names": ["y", "x"],
+            "attributes": {"k": 1},
+        },
+    }
+    t = ts.open(spec, create=True).result()
+    t[...] = a
+    ds = strataio.open_dataset(tmp_path / "t")
+    np.testing.assert_array_equal(ds[...], a)
+    assert ds.dims == ("y", "x") and ds.attrs["k"] == 1
+
+
+@pytest.mark.parametrize(
+    ("field", "opens"),
+    [
+        ({"must_understand": False, "note": "ignore me"}, True),
+        ({"must_understand": True}, False),
+        ({"note": "no must_understand"}, False),
+        (3, False),
+    ],
+)
+def test_an_unknown_field_is_refused_or_kept_as_peers_do(tmp_path, field, opens):
+    """The spec's rule on unknown zarr.json fields, as zarr-python and TensorStore apply it:
+    refused unless an object with "must_understand": false."""
+    ds = strataio.create_dataset(tmp_path / "a", (4,), "i4", (2,), codec="zstd+crc32c")
+    ds[:] = [1, 2, 3, 4]
+    path = tmp_path / "a" / "zarr.json"
+    doc = json.loads(path.read_text())
+    doc["x_extension"] = field
+    path.write_text(json.dumps(doc))
+    readers = {
+        "strataio": lambda: strataio.open_dataset(tmp_path / "a")[...],
+        "zarr-python": lambda: zarr.open_array(str(tmp_path / "a"), mode="r")[...],
+        "tensorstore": lambda: _tensorstore_read(tmp_path / "a"),
+    }
+    for who, read in readers.items():
+        if opens:
+            np.testing.assert_array_equal(read(), [1, 2, 3, 4], err_msg=who)
+        else:
+            with pytest.raises(Exception, match="x_extension"):
+                read()
+    if not opens:
+        with pytest.raises(MetadataError, match=r"zarr.json: unknown field 'x_extension'") as info:
+            strataio.open_dataset(tmp_path / "a")
+        assert str(path) in str(info.value)

@@ -566,7 +566,7 @@ class Dataset:
         attrs = dict(self.meta.attrs)
         raw = self._stored_meta()
         if raw is not None:
-            now = ArrayMetadata.from_json(raw)
+            now = ArrayMetadata.from_json(raw, where=f"zarr.json of {self._what()}")
             if _without_attrs(now) != _without_attrs(self.meta):
                 raise MetadataError(
                     f"{self._what()}: its zarr.json changed since this handle opened it (the "

@@ -3,6 +3,17 @@
 Only what strataio writes and reads is accepted: a regular chunk grid, the default chunk key
 encoding (separator ``/`` or ``.``), and the codecs of :mod:`strataio.arrays.codecs`, alone or
 inside one ``sharding_indexed`` codec (:mod:`strataio.arrays.sharding`).
+
+A ``zarr.json`` is checked as the Zarr v3 spec asks: every field of the types it defines
+(``shape`` a list of non-negative integers, not a string, a float or a bool), and no field
+strataio does not know (:data:`ARRAY_FIELDS`) unless it is an object with
+``"must_understand": false`` (such a field is kept, unread, and written back). The members of
+an extension object (``chunk_grid``, ``chunk_key_encoding``, each codec) and the keys of its
+``configuration`` are checked the same way; ``"must_understand": false`` is refused on a chunk
+grid or chunk key encoding (the spec does not allow it there) and does not make an unknown
+codec readable (the spec lets a reader ignore such a codec, it does not oblige it to: one
+ignored on read would be missing from the chunks strataio writes). Every refusal is a
+:class:`MetadataError` naming the file and the field.
 """
 
 from __future__ import annotations
@@ -37,6 +48,40 @@ DATA_TYPES = {
     "float64": "float64",
     "complex64": "complex64",
     "complex128": "complex128",
+}
+
+
+#: The fields of a Zarr v3 array's ``zarr.json`` strataio reads: those the spec defines, which
+#: are every field strataio, zarr-python and TensorStore write. Any other field must be an
+#: object with ``"must_understand": false`` (the spec: an implementation must fail to open an
+#: array with a metadata field it does not know, unless the field says it may be ignored).
+ARRAY_FIELDS = frozenset(
+    {
+        "zarr_format",
+        "node_type",
+        "shape",
+        "data_type",
+        "chunk_grid",
+        "chunk_key_encoding",
+        "fill_value",
+        "codecs",
+        "attributes",
+        "storage_transformers",
+        "dimension_names",
+    }
+)
+#: The members of a Zarr v3 extension object (a chunk grid, a chunk key encoding, a codec).
+_EXTENSION_MEMBERS = frozenset({"name", "configuration", "must_understand"})
+#: The ``configuration`` keys of each codec strataio reads (as the Zarr v3 codec specs define
+#: them; an unknown key may change what the codec does, so it is refused, as TensorStore and
+#: zarr-python refuse it).
+_CODEC_KEYS = {
+    "bytes": frozenset({"endian"}),
+    "zstd": frozenset({"level", "checksum"}),
+    "gzip": frozenset({"level"}),
+    "blosc": frozenset({"typesize", "cname", "clevel", "shuffle", "blocksize"}),
+    "crc32c": frozenset(),
+    "sharding_indexed": frozenset({"chunk_shape", "codecs", "index_codecs", "index_location"}),
 }
 
 
@@ -128,6 +173,9 @@ class ArrayMetadata:
     attrs: dict[str, Any] = field(default_factory=dict)
     separator: str = "/"
     dimension_names: list[str | None] | None = None
+    #: fields of ``zarr.json`` strataio does not know, each an object marked
+    #: ``"must_understand": false``: kept as read and written back with the rest
+    extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def create(
@@ -214,51 +262,93 @@ class ArrayMetadata:
         }
         if self.dimension_names is not None:
             doc["dimension_names"] = self.dimension_names
+        doc.update(self.extra)
         return json.dumps(doc, indent=2).encode()
 
     @classmethod
     def from_json(cls, raw: bytes | str, where: str = "zarr.json") -> ArrayMetadata:
         """The metadata a ``zarr.json`` holds. :class:`MetadataError` names ``where`` and
-        says what is wrong: not JSON, not a Zarr v3 array, malformed, or naming what strataio
-        does not support (a data type, a codec, a chunk grid or key encoding, chunks larger
-        than :data:`~strataio.arrays.codecs.MAX_CHUNK_BYTES`)."""
+        says what is wrong: not JSON, not a Zarr v3 array, a field missing, of the wrong type
+        or out of range (``shape`` ``[-1]`` or ``"8"``, say), a field strataio does not know
+        that is not marked ``"must_understand": false``, or naming what strataio does not
+        support (a data type, a codec, a chunk grid or key encoding, chunks larger than
+        :data:`~strataio.arrays.codecs.MAX_CHUNK_BYTES`)."""
         try:
             doc = json.loads(raw)
         except (ValueError, UnicodeDecodeError) as exc:
             raise MetadataError(f"{where} is not valid JSON: {exc}") from None
-        if not isinstance(doc, dict) or doc.get("zarr_format") != 3:
+        if (
+            not isinstance(doc, dict)
+            or not _is_int(doc.get("zarr_format"))
+            or doc["zarr_format"] != 3
+        ):
             raise MetadataError(f"{where} is not Zarr v3 metadata (zarr_format != 3)")
         if doc.get("node_type") != "array":
             raise MetadataError(f"{where} describes a {doc.get('node_type')!r}, not an array")
+        extra = _extra_fields(doc, where)
+        for name in ("shape", "data_type", "chunk_grid", "codecs"):
+            if name not in doc:
+                raise MetadataError(f"{where}: the required field {name!r} is missing")
         try:
-            grid = doc["chunk_grid"]
-            if grid.get("name") != "regular":
-                raise MetadataError(f"{where}: chunk grid {grid.get('name')!r} is not supported")
-            enc = doc.get("chunk_key_encoding", {"name": "default"})
-            if enc.get("name") != "default":
+            shape = _json_ints(doc["shape"], "shape", where, lo=0)
+            grid, grid_cfg = _extension(doc["chunk_grid"], "chunk_grid", where)
+            if grid != "regular":
+                raise MetadataError(f"{where}: chunk grid {grid!r} is not supported")
+            _no_unknown_keys(grid_cfg, {"chunk_shape"}, "chunk_grid configuration", where)
+            if "chunk_shape" not in grid_cfg:
+                raise MetadataError(f"{where}: chunk_grid configuration has no 'chunk_shape'")
+            chunks = _json_ints(grid_cfg["chunk_shape"], "chunk_grid chunk_shape", where, lo=1)
+            if len(chunks) != len(shape):
                 raise MetadataError(
-                    f"{where}: chunk key encoding {enc.get('name')!r} is not supported"
+                    f"{where}: chunk_grid chunk_shape {list(chunks)} has {len(chunks)} "
+                    f"dimensions but shape {list(shape)} has {len(shape)}"
                 )
-            sep = (enc.get("configuration") or {}).get("separator", "/")
+            enc, enc_cfg = _extension(
+                doc.get("chunk_key_encoding", "default"), "chunk_key_encoding", where
+            )
+            if enc != "default":
+                raise MetadataError(f"{where}: chunk key encoding {enc!r} is not supported")
+            _no_unknown_keys(enc_cfg, {"separator"}, "chunk_key_encoding configuration", where)
+            sep = enc_cfg.get("separator", "/")
+            if sep not in ("/", "."):
+                raise MetadataError(
+                    f"{where}: chunk_key_encoding separator {sep!r} is not '/' or '.'"
+                )
             name = doc["data_type"]
-            if name not in DATA_TYPES.values():
+            if not isinstance(name, str) or name not in DATA_TYPES.values():
                 raise MetadataError(f"{where}: data type {name!r} is not supported")
             dt = np.dtype(name)
-            if doc.get("storage_transformers"):
+            transformers = doc.get("storage_transformers", [])
+            if not isinstance(transformers, list):
+                raise MetadataError(
+                    f"{where}: storage_transformers must be a list, got {transformers!r}"
+                )
+            if transformers:
                 raise MetadataError(f"{where}: storage transformers are not supported")
-            shape = tuple(int(n) for n in doc["shape"])
+            attrs = doc.get("attributes")
+            if attrs is not None and not isinstance(attrs, dict):
+                raise MetadataError(f"{where}: attributes must be an object, got {attrs!r}")
             names = _dimension_names(
                 doc.get("dimension_names"), len(shape), MetadataError, f"{where}: dimension_names"
             )
+            codecs = _codecs(doc["codecs"], "codecs", where)
+            fill = doc.get("fill_value", 0)
+            try:
+                fill_value = _fill_from_json(fill, dt)
+            except (TypeError, ValueError, OverflowError) as exc:
+                raise MetadataError(
+                    f"{where}: fill_value {fill!r} is not a {name} value: {exc}"
+                ) from None
             meta = cls(
                 shape=shape,
                 dtype=dt,
-                chunks=tuple(int(n) for n in grid["configuration"]["chunk_shape"]),
-                codecs=list(doc["codecs"]),
-                fill_value=_fill_from_json(doc.get("fill_value", 0), dt),
-                attrs=dict(doc.get("attributes") or {}),
+                chunks=chunks,
+                codecs=codecs,
+                fill_value=fill_value,
+                attrs=dict(attrs or {}),
                 separator=sep,
                 dimension_names=names,
+                extra=extra,
             )
             # (the codecs made here, at open, where a collective open agrees on its errors)
             codec = chunk_codec(meta.codecs, dt, meta.chunks, meta.fill_value)
@@ -293,6 +383,114 @@ def _dimension_names(
     if bad:
         raise error(f"{what}: {bad[0]!r} is not a name (a str, or None for an unnamed dimension)")
     return names
+
+
+def _is_int(value: Any) -> bool:
+    """True for a JSON integer (a bool is not one, though Python makes it an int)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _json_ints(value: Any, what: str, where: str, lo: int) -> tuple[int, ...]:
+    """A ``zarr.json`` list of integers of at least ``lo`` as a tuple; :class:`MetadataError`
+    naming ``where`` and ``what`` for anything else (a string, floats, bools, negatives)."""
+    if not isinstance(value, list) or not all(_is_int(v) for v in value):
+        raise MetadataError(f"{where}: {what} must be a list of integers, got {value!r}")
+    if any(v < lo for v in value):
+        kind = "non-negative" if lo == 0 else "positive"
+        raise MetadataError(f"{where}: {what} {value} must be {kind} integers")
+    return tuple(value)
+
+
+def _extra_fields(doc: dict[str, Any], where: str) -> dict[str, Any]:
+    """The fields of ``doc`` that are not :data:`ARRAY_FIELDS`: each must be an object with
+    ``"must_understand": false``, or :class:`MetadataError` names it."""
+    extra: dict[str, Any] = {}
+    for key, value in doc.items():
+        if key in ARRAY_FIELDS:
+            continue
+        if not (isinstance(value, dict) and value.get("must_understand") is False):
+            raise MetadataError(
+                f"{where}: unknown field {key!r}: a Zarr v3 reader must refuse a metadata field "
+                'it does not know unless the field is an object with "must_understand": false'
+            )
+        extra[key] = value
+    return extra
+
+
+def _no_unknown_keys(config: dict[str, Any], known: Any, what: str, where: str) -> None:
+    unknown = sorted(set(config) - set(known))
+    if unknown:
+        raise MetadataError(
+            f"{where}: {what} has unknown key {unknown[0]!r} (strataio knows "
+            f"{', '.join(repr(k) for k in sorted(known)) or 'none'})"
+        )
+
+
+def _extension(value: Any, what: str, where: str) -> tuple[str, dict[str, Any]]:
+    """The name and configuration of a Zarr v3 extension object that must be understood (a
+    chunk grid, a chunk key encoding): a short-hand name or an object of ``name``, optional
+    ``configuration`` (an object) and optional ``must_understand`` (which the spec does not
+    allow to be false here)."""
+    if isinstance(value, str):
+        return value, {}
+    if not isinstance(value, dict):
+        raise MetadataError(f"{where}: {what} must be an object or a name, got {value!r}")
+    _no_unknown_keys(value, _EXTENSION_MEMBERS, what, where)
+    name, config = value.get("name"), value.get("configuration", {})
+    if not isinstance(name, str):
+        raise MetadataError(f"{where}: {what} name must be a string, got {name!r}")
+    if not isinstance(config, dict):
+        raise MetadataError(f"{where}: {what} configuration must be an object, got {config!r}")
+    if value.get("must_understand", True) is not True:
+        raise MetadataError(
+            f"{where}: {what} {name!r} sets must_understand to "
+            f"{json.dumps(value['must_understand'])}: the Zarr v3 spec does not allow a chunk "
+            "grid or chunk key encoding that may be ignored"
+        )
+    return name, config
+
+
+def _codecs(value: Any, what: str, where: str) -> list[CodecSpec]:
+    """A ``zarr.json`` codec list (``codecs``, or a ``sharding_indexed`` codec's ``codecs``
+    or ``index_codecs``) checked as the spec defines codec entries, short-hand names made
+    ``{"name": ...}`` objects. A codec strataio knows may have only the configuration keys
+    its spec defines; one it does not know is left for the pipeline to refuse, whatever its
+    ``must_understand`` says (see the module's docstring)."""
+    if not isinstance(value, list) or not value:
+        raise MetadataError(f"{where}: {what} must be a non-empty list of codecs, got {value!r}")
+    out: list[CodecSpec] = []
+    for i, entry in enumerate(value):
+        here = f"{what}[{i}]"
+        if isinstance(entry, str):
+            entry = {"name": entry}
+        if not isinstance(entry, dict):
+            raise MetadataError(f"{where}: {here} must be a codec object or name, got {entry!r}")
+        _no_unknown_keys(entry, _EXTENSION_MEMBERS, here, where)
+        name, config = entry.get("name"), entry.get("configuration", {})
+        if not isinstance(name, str):
+            raise MetadataError(f"{where}: {here} name must be a string, got {name!r}")
+        if not isinstance(config, dict):
+            raise MetadataError(
+                f"{where}: {here} ({name}) configuration must be an object, got {config!r}"
+            )
+        if not isinstance(entry.get("must_understand", True), bool):
+            raise MetadataError(
+                f"{where}: {here} ({name}) must_understand must be true or false, got "
+                f"{entry['must_understand']!r}"
+            )
+        if name in _CODEC_KEYS:
+            _no_unknown_keys(config, _CODEC_KEYS[name], f"{here} ({name}) configuration", where)
+        if name == "sharding_indexed":
+            config = dict(config)
+            if "chunk_shape" not in config:
+                raise MetadataError(f"{where}: {here} (sharding_indexed) has no chunk_shape")
+            _json_ints(config["chunk_shape"], f"{here} (sharding_indexed) chunk_shape", where, 1)
+            for inner in ("codecs", "index_codecs"):
+                if inner in config:
+                    config[inner] = _codecs(config[inner], f"{here}.{inner}", where)
+            entry = {**entry, "configuration": config}
+        out.append(entry)
+    return out
 
 
 def _fill(value: Any, dtype: np.dtype) -> Any:
