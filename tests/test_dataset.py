@@ -747,10 +747,64 @@ def test_a_truncated_checksummed_chunk_names_the_chunk(tmp_path):
     ds[:] = 1
     for size in (2, 20, 33):
         os.truncate(tmp_path / "a" / "c" / "0" / "1", size)
-        with pytest.raises(CodecError, match=r"chunk 'c/0/1'") as info:
+        with pytest.raises(ChecksumError, match=r"chunk 'c/0/1'") as info:
             ds[0:2, 4:6]
         assert str(tmp_path / "a") in str(info.value)
     np.testing.assert_array_equal(ds[4:8, 4:8], np.ones((4, 4)))
+
+
+def _other_arrays_chunk(tmp_path, codec):
+    """A well-formed chunk, checksum included, of another array (4×2 chunks of int16, where
+    the victim's are 4×4): a chunk of the wrong size whose checksum holds."""
+    other = strataio.create_dataset(tmp_path / "o", (4, 2), "int16", (4, 2), codec=codec)
+    other[...] = 5
+    return (tmp_path / "o" / "c" / "0" / "0").read_bytes()
+
+
+@pytest.mark.parametrize("codec", ["crc32c", "zstd+crc32c", "blosc+crc32c", "gzip+crc32c"])
+@pytest.mark.parametrize("garbage", ["shorter", "longer", "one byte", "other array's"])
+def test_a_checksummed_chunk_of_the_wrong_size_is_a_checksum_error(tmp_path, codec, garbage):
+    """A chunk replaced by bytes of another length (garbage, or another array's chunk whose
+    checksum holds) raises ChecksumError, as a same-length bit flip does, however it is read
+    (a part, the whole, from a fresh handle, a partial write's read): code that catches
+    ChecksumError to find corruption finds it. A CodecError still, for code catching that."""
+    ds = strataio.create_dataset(tmp_path / "a", (8, 8), "int16", (4, 4), codec=codec)
+    ds[:] = 1
+    victim = tmp_path / "a" / "c" / "0" / "1"
+    size = victim.stat().st_size
+    rng = np.random.default_rng(len(garbage))
+    victim.write_bytes(
+        {
+            "shorter": rng.bytes(size - 3),
+            "longer": rng.bytes(size + 11),
+            "one byte": b"x",
+            "other array's": _other_arrays_chunk(tmp_path, codec),
+        }[garbage]
+    )
+    reads = (
+        lambda: ds[0:2, 4:6],
+        lambda: ds[...],
+        lambda: strataio.open_dataset(tmp_path / "a")[1, 5],
+        lambda: strataio.open_dataset(tmp_path / "a", "r+").__setitem__((2, 7), 3),
+    )
+    for read in reads:
+        with pytest.raises(ChecksumError, match=r"chunk 'c/0/1'") as info:
+            read()
+        assert isinstance(info.value, CodecError)
+        assert str(tmp_path / "a") in str(info.value)
+    np.testing.assert_array_equal(ds[4:8, :], np.ones((4, 8)))
+
+
+@pytest.mark.parametrize("codec", [None, "zstd"])
+def test_an_unchecksummed_chunk_of_the_wrong_size_is_a_codec_error_only(tmp_path, codec):
+    """Without a checksum codec nothing tells a damaged chunk from another array's: a chunk of
+    the wrong size is a CodecError, not a ChecksumError."""
+    ds = strataio.create_dataset(tmp_path / "a", (8, 8), "int16", (4, 4), codec=codec)
+    ds[:] = 1
+    (tmp_path / "a" / "c" / "0" / "1").write_bytes(_other_arrays_chunk(tmp_path, codec))
+    with pytest.raises(CodecError, match=r"chunk 'c/0/1'") as info:
+        ds[0:2, 4:6]
+    assert not isinstance(info.value, ChecksumError)
 
 
 @pytest.mark.parametrize(

@@ -231,8 +231,55 @@ def test_corrupt_inner_chunk_names_it(tmp_path):
 def test_truncated_shard_is_an_error(tmp_path):
     _sharded(tmp_path)
     _shard(tmp_path).write_bytes(b"xx")
-    with pytest.raises(CodecError, match="shorter than its index"):
+    with pytest.raises(ChecksumError, match="shorter than its index"):
         strataio.open_dataset(tmp_path / "a")[...]
+
+
+def _ts_shards(tmp_path, index_codecs, location):
+    a = np.arange(64, dtype="i4").reshape(8, 8)
+    sharding = {
+        "chunk_shape": [4, 4],
+        "codecs": [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "zstd"}],
+        "index_codecs": index_codecs,
+        "index_location": location,
+    }
+    spec = {
+        "driver": "zarr3",
+        "kvstore": {"driver": "file", "path": str(tmp_path / "a")},
+        "metadata": {
+            "shape": [8, 8],
+            "data_type": "int32",
+            "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [8, 8]}},
+            "codecs": [{"name": "sharding_indexed", "configuration": sharding}],
+        },
+        "create": True,
+    }
+    ts.open(spec).result()[...].write(a).result()
+    return a
+
+
+@pytest.mark.parametrize("location", ["start", "end"])
+@pytest.mark.parametrize("checksum", [True, False])
+def test_a_shard_of_the_wrong_size_is_a_checksum_error_where_its_index_is_checksummed(
+    tmp_path, location, checksum
+):
+    """A shard cut short (shorter than its index, or, index at the start, cut inside its
+    inner chunks: an index whose checksum holds points past the end) is a ChecksumError
+    where the index is checksummed, as a checksummed chunk of the wrong size is; a
+    CodecError, and no ChecksumError, where it is not."""
+    index_codecs = [{"name": "bytes", "configuration": {"endian": "little"}}]
+    if checksum:
+        index_codecs.append({"name": "crc32c"})
+    _ts_shards(tmp_path, index_codecs, location)
+    shard = _shard(tmp_path)
+    whole = shard.read_bytes()
+    index = 16 * 4 + (4 if checksum else 0)
+    cuts = [index - 1] + ([len(whole) - 5] if location == "start" else [])
+    for cut in cuts:
+        shard.write_bytes(whole[:cut])
+        with pytest.raises(CodecError, match=r"shard 'c/0/0'") as info:
+            strataio.open_dataset(tmp_path / "a")[...]
+        assert isinstance(info.value, ChecksumError) == checksum, str(info.value)
 
 
 def test_bad_shard_arguments_write_nothing(tmp_path):

@@ -29,7 +29,17 @@ class CodecError(StrataError, ValueError):
 
 
 class ChecksumError(CodecError):
-    """A stored chunk fails its checksum: the bytes on storage are corrupt."""
+    """A stored chunk fails its checksum: the bytes on storage are corrupt, or are not this
+    array's. Raised too for a chunk of the wrong size where its codecs include a checksum
+    (``crc32c``; a shard whose index is checksummed): such bytes cannot be what the array
+    wrote, whichever check (its size, its checksum, its decoded size) finds it first. Without
+    a checksum codec a chunk of the wrong size is a plain :class:`CodecError` (nothing tells
+    a damaged chunk from another array's); a tiered store's copy that differs from the
+    checksum its catalog recorded is a ChecksumError whatever the codecs.
+
+    A subclass of :class:`CodecError`, not the reverse: every ChecksumError is a chunk its
+    codecs cannot decode, so ``except CodecError`` catches both (every chunk that cannot be
+    read) and ``except ChecksumError`` catches the corrupt ones only."""
 
 
 class ReadOnlyError(StrataError, PermissionError):

@@ -7,6 +7,15 @@ bytes, as the Zarr v3 spec defines, and a mismatch on decode raises :class:`Chec
 A compressed chunk decodes to its chunk's size or raises :class:`CodecError`: the size its
 header declares (zstd, blosc) is checked before anything is allocated, a zstd frame that
 declares none and a gzip stream are inflated no further than that size.
+
+A stored chunk of the wrong size for this array (a plain chunk whose object is not
+:attr:`CodecPipeline.stored_nbytes` long, a chunk that decodes, or declares it decodes, to
+another size than the chunk's) raises :class:`ChecksumError` where the pipeline has a
+checksum codec (``crc32c``), as a chunk failing its checksum does: such bytes cannot be what
+this array wrote, and code that catches :class:`ChecksumError` to find corruption finds them
+whichever check saw it first. Without a checksum codec it is a :class:`CodecError` (nothing
+tells a damaged chunk from one of another array's), as is any other chunk its codecs cannot
+decode (:meth:`CodecPipeline.size_error`).
 """
 
 from __future__ import annotations
@@ -172,30 +181,33 @@ def _zstd_content_size(data: Any) -> int | None:
     return value + 256 if size == 2 else value
 
 
-def _decode_to(codec: Any, data: Any, nbytes: int) -> Any:
+def _decode_to(
+    codec: Any, data: Any, nbytes: int, size_error: type[CodecError] = CodecError
+) -> Any:
     """``codec.decode(data)`` for the codec whose output is the chunk's ``nbytes`` array
-    bytes, refusing (:class:`CodecError`) before it allocates or inflates anything else: a
-    corrupt or hostile chunk whose header declares gigabytes, or whose stream inflates
-    without end, costs no more memory or time than the chunk itself."""
+    bytes, refusing (``size_error``, :class:`CodecError` or :class:`ChecksumError`) before
+    it allocates or inflates anything else: a corrupt or hostile chunk whose header declares
+    gigabytes, or whose stream inflates without end, costs no more memory or time than the
+    chunk itself."""
     if isinstance(codec, numcodecs.Blosc):
         head = bytes(memoryview(data).cast("B")[:16])
         # (a Blosc header: version, format, flags, type size, then the decoded size)
         declared = int.from_bytes(head[4:8], "little") if len(head) == 16 else None
         if declared != nbytes:
-            raise CodecError(f"blosc header declares {declared} bytes, expected {nbytes}")
+            raise size_error(f"blosc header declares {declared} bytes, expected {nbytes}")
         return codec.decode(data)
     if isinstance(codec, numcodecs.Zstd):
         declared = _zstd_content_size(data)
         if declared is None:  # (no size in the header: decoded into a buffer of the size)
             return codec.decode(data, out=np.empty(nbytes, dtype=np.uint8))
         if declared != nbytes:
-            raise CodecError(f"zstd frame declares {declared} bytes, expected {nbytes}")
+            raise size_error(f"zstd frame declares {declared} bytes, expected {nbytes}")
         return codec.decode(data)
     if isinstance(codec, numcodecs.GZip):
         inflate = zlib.decompressobj(16 + zlib.MAX_WBITS)
         out = inflate.decompress(memoryview(data).cast("B"), nbytes + 1)
         if len(out) != nbytes or not inflate.eof:
-            raise CodecError(f"gzip stream does not inflate to {nbytes} bytes")
+            raise size_error(f"gzip stream does not inflate to {nbytes} bytes")
         return out
     return codec.decode(data)
 
@@ -234,6 +246,7 @@ class CodecPipeline:
     _is_raw: bool = field(init=False)
     _chunk_nbytes: int = field(init=False)
     _stored_nbytes: int = field(init=False)
+    _size_error: type[CodecError] = field(init=False)
 
     def __post_init__(self) -> None:
         names = [s.get("name") for s in self.specs]
@@ -260,6 +273,7 @@ class CodecPipeline:
         self._is_raw = not self._bytes_codecs
         self._chunk_nbytes = self._chunk_size * self.dtype.itemsize
         self._stored_nbytes = self._chunk_nbytes + (0 if self._is_raw else 4)
+        self._size_error = ChecksumError if self.checksummed else CodecError
 
     @property
     def names(self) -> list[str]:
@@ -271,6 +285,18 @@ class CodecPipeline:
         :data:`BLOSC_MAX_BYTES` where blosc compresses it."""
         blosc = any(isinstance(c, numcodecs.Blosc) for c in self._bytes_codecs)
         return BLOSC_MAX_BYTES if blosc else MAX_CHUNK_BYTES
+
+    @property
+    def checksummed(self) -> bool:
+        """True when the pipeline has a checksum codec (``crc32c``)."""
+        return "crc32c" in self.names[1:]
+
+    def size_error(self, message: str) -> CodecError:
+        """The error for a stored chunk of the wrong size for this array (its object's size,
+        the size it decodes or declares it decodes to): a :class:`ChecksumError` where the
+        pipeline has a checksum codec, as for a chunk failing its checksum, else a
+        :class:`CodecError`."""
+        return self._size_error(message)
 
     @property
     def is_raw(self) -> bool:
@@ -324,7 +350,11 @@ class CodecPipeline:
             codec = codecs[i]
             try:
                 # (the first codec's output is the array's bytes: its size is known)
-                data = codec.decode(data) if i else _decode_to(codec, data, self._chunk_nbytes)
+                data = (
+                    codec.decode(data)
+                    if i
+                    else _decode_to(codec, data, self._chunk_nbytes, self._size_error)
+                )
             except (ChecksumError, CodecError):
                 raise
             except Exception as exc:  # numcodecs raises assorted types on corrupt input
@@ -332,12 +362,12 @@ class CodecPipeline:
         try:
             raw = np.frombuffer(data, dtype=self._stored_dtype)
         except ValueError:  # (bytes not a whole number of elements: a truncated chunk)
-            raise CodecError(
+            raise self.size_error(
                 f"decoded chunk has {memoryview(data).nbytes} bytes, not a whole number of "
                 f"{self._stored_dtype.itemsize}-byte elements (chunk shape {self.chunk_shape})"
             ) from None
         if raw.size != self._chunk_size:
-            raise CodecError(
+            raise self.size_error(
                 f"decoded chunk has {raw.size} elements, expected {self._chunk_size} "
                 f"(chunk shape {self.chunk_shape})"
             )

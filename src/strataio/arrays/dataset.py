@@ -26,6 +26,7 @@ import numpy as np
 
 from strataio.agreed import agree, differs_in
 from strataio.arrays.chunk_cache import CachedChunk, chunk_cache, settled
+from strataio.arrays.codecs import CodecPipeline
 from strataio.arrays.metadata import ArrayMetadata, json_attrs
 from strataio.arrays.sharding import ShardCodec, chunk_codec
 from strataio.arrays.store import BackendChunkStore, ChunkStore
@@ -882,11 +883,15 @@ class Dataset:
     def _plain_chunk(self, key: str, buf: np.ndarray, size: int) -> np.ndarray:
         """Plain chunk ``key`` (see :attr:`CodecPipeline.is_plain`) read into ``buf`` (its
         stored object is ``size`` bytes) as a chunk-shaped array of the stored dtype over
-        ``buf``; a checksummed one is checked there, with no copy."""
+        ``buf``; a checksummed one is checked there, with no copy. A stored object of
+        another size than a plain chunk's raises :meth:`CodecPipeline.size_error`: a
+        :class:`ChecksumError` where the chunk is checksummed (what a read of the whole object
+        would find), a :class:`CodecError` where it is raw."""
         codecs = self.codecs
         total = codecs.stored_nbytes
         if size != total:
-            raise CodecError(
+            assert isinstance(codecs, CodecPipeline)  # (a plain chunk's pipeline)
+            raise codecs.size_error(
                 f"chunk {key!r} of {self._what()} holds {size} bytes, expected {total}: "
                 "the chunk is truncated or not this array's"
             )

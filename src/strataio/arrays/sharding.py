@@ -16,7 +16,11 @@ chunk equal to the fill value everywhere is not stored, as zarr-python and Tenso
 A corrupt index (bad checksum, entries pointing outside the shard, half-empty entries) or a
 corrupt inner chunk raises :class:`~strataio.errors.CodecError` (or its subclass
 :class:`~strataio.errors.ChecksumError`) naming the inner chunk; the Dataset adds its own name
-and the shard's key.
+and the shard's key. Where the index is checksummed, a shard of the wrong size for its index
+(shorter than the index, or an index that passes its checksum yet places inner chunks beyond
+the shard's bytes: a truncated shard, or another array's) raises
+:class:`~strataio.errors.ChecksumError`, as a chunk of the wrong size does under ``crc32c``
+(see :mod:`strataio.arrays.codecs`); without an index checksum, :class:`CodecError`.
 """
 
 from __future__ import annotations
@@ -173,6 +177,8 @@ class ShardCodec:
         self.counts = tuple(s // c for s, c in zip(shard_shape, inner))
         self.nchunks = int(math.prod(self.counts))
         self.index_nbytes = 16 * self.nchunks + (4 if self.index_checksum else 0)
+        # (a shard of the wrong size for its index: see the module's docstring)
+        self._size_error: type[CodecError] = ChecksumError if self.index_checksum else CodecError
         self.config = {
             "chunk_shape": list(inner),
             "codecs": inner_specs,
@@ -276,7 +282,7 @@ class ShardCodec:
     def index_span(self, size: int) -> tuple[int, int]:
         """Where the index lies in a shard of ``size`` bytes, as ``(offset, nbytes)``."""
         if size < self.index_nbytes:
-            raise CodecError(
+            raise self._size_error(
                 f"shard of {size} bytes is shorter than its index ({self.index_nbytes} bytes)"
             )
         at = size - self.index_nbytes if self.location == "end" else 0
@@ -300,14 +306,19 @@ class ShardCodec:
         lo, hi = (
             (0, size - self.index_nbytes) if self.location == "end" else (self.index_nbytes, size)
         )
-        with np.errstate(over="ignore"):
-            bad = np.flatnonzero(
-                (absent != (n == EMPTY))
-                | (~absent & ((off < lo) | (off + n > hi) | (off + n < off)))
+        half = np.flatnonzero(absent != (n == EMPTY))
+        if len(half):
+            i = int(half[0])
+            raise CodecError(
+                f"corrupt shard index: inner chunk {self.inner_coords(i)} has entry "
+                f"({int(off[i])}, {int(n[i])}), half of an absent chunk's"
             )
+        with np.errstate(over="ignore"):
+            bad = np.flatnonzero(~absent & ((off < lo) | (off + n > hi) | (off + n < off)))
         if len(bad):
             i = int(bad[0])
-            raise CodecError(
+            # (an index that passed its checksum: the shard is not the size it was written at)
+            raise self._size_error(
                 f"corrupt shard index: inner chunk {self.inner_coords(i)} claims bytes "
                 f"[{int(off[i])}, +{int(n[i])}) outside the data [{lo}, {hi}) of the shard"
             )
