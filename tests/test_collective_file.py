@@ -17,7 +17,14 @@ from mpirun import launch_mpi, run_mpi
 from strataio.collective.bufspec import parse_buffer
 from strataio.collective.choice import use_two_phase
 from strataio.collective.realms import EvenRealms, config_aggregators
-from strataio.errors import HintError, ReadOnlyError, ShapeMismatchError, StrataError, ViewError
+from strataio.errors import (
+    DatatypeError,
+    HintError,
+    ReadOnlyError,
+    ShapeMismatchError,
+    StrataError,
+    ViewError,
+)
 from strataio.layout.pieces import copy_pieces
 
 
@@ -38,6 +45,7 @@ def test_errors_agree_on_every_rank(tmp_path: Path) -> None:
         "buffer_too_small": "ShapeMismatchError",
         "negative_offset": "ViewError",
         "read_into_readonly_buffer": "ReadOnlyError",
+        "buffer_not_committed": "DatatypeError",
         "file_unchanged": "ok",
         "closed_read_all": "ClosedError",
         "closed_write_at": "ClosedError",
@@ -142,6 +150,47 @@ def test_set_view_refuses_the_null_datatype_naming_it(which: str, tmp_path: Path
         with pytest.raises(ViewError, match=f"{which} is MPI.DATATYPE_NULL"):
             f.set_view(0, *args)
         assert f.get_view() == (4, MPI.INT, MPI.INT)
+
+
+@pytest.mark.parametrize(
+    "call", ["write_at", "write_at_all", "read_at", "read_at_all", "bottom", "fitting"]
+)
+def test_buffers_of_an_uncommitted_datatype_are_refused(call: str, tmp_path: Path) -> None:
+    """MPI requires a buffer's datatype committed (ROMIO refuses one never committed,
+    "Invalid datatype"): a transfer with one raises DatatypeError naming it before any byte
+    moves, in every buffer form; once committed, the same datatype is taken."""
+    path = tmp_path / "f.bin"
+    arr = np.arange(4, dtype=np.int32)
+    loose = MPI.INT.Create_contiguous(2)  # never committed
+    if call == "bottom":
+        loose.Free()
+        loose = MPI.Datatype.Create_struct([2], [MPI.Get_address(arr)], [MPI.INT])
+    op, spec = {
+        "bottom": ("write_at", [MPI.BOTTOM, 1, loose]),
+        "fitting": ("write_at", [arr, loose]),  # as many as fit
+    }.get(call, (call, [arr, 1, loose]))
+    fh = MPI.File.Open(MPI.COMM_SELF, str(tmp_path / "romio.bin"), MPI.MODE_RDWR | MPI.MODE_CREATE)
+    try:
+        with pytest.raises(MPI.Exception, match="Invalid datatype"):
+            getattr(fh, op.capitalize())(0, spec)
+    finally:
+        fh.Close()
+    try:
+        with strataio.File.open(None, path, "w") as f:
+            f.write_at(0, np.full(4, -1, dtype=np.int32))
+            with pytest.raises(DatatypeError, match=r"\(a (contiguous|struct) datatype\) has not"):
+                getattr(f, op)(0, spec)
+            assert np.array_equal(np.fromfile(path, dtype=np.int32), [-1] * 4)  # untouched
+            assert arr.tolist() == [0, 1, 2, 3]
+            loose.Commit()
+            n = 4 if call == "fitting" else 2  # ints moved
+            assert getattr(f, op)(0, spec) == 4 * n
+        if op.startswith("write"):
+            assert np.fromfile(path, dtype=np.int32).tolist() == [0, 1, 2, 3][:n] + [-1] * (4 - n)
+        else:
+            assert arr.tolist() == [-1] * n + [2, 3]
+    finally:
+        loose.Free()
 
 
 def test_a_rank_with_spare_cores_shares_large_reads(tmp_path: Path, monkeypatch) -> None:

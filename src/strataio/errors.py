@@ -104,7 +104,8 @@ class ConfigError(StrataError, ValueError):
 
 
 class DatatypeError(StrataError, TypeError):
-    """An MPI datatype cannot be flattened (null, unknown combiner, inconsistent type map)."""
+    """An MPI datatype cannot be flattened (null, unknown combiner, inconsistent type map) or
+    used (a buffer's datatype never committed)."""
 
 
 class HintError(StrataError, ValueError):

@@ -67,6 +67,12 @@ def main(workdir: str) -> None:
     res["buffer_too_small"] = outcome(lambda: f.write_at_all(64, spec))
     res["negative_offset"] = outcome(lambda: f.read_at_all(-1 if rank == 0 else 0, small))
     res["read_into_readonly_buffer"] = outcome(lambda: f.read_at_all(0, bytes(8)))
+    # a buffer datatype never committed on one rank (MPI refuses it): nothing is written
+    pair = np.full(2, 99, dtype=np.int32)
+    loose = MPI.INT.Create_contiguous(2)
+    buf_spec = [pair, 1, loose] if rank == 1 else [pair, 2, MPI.INT]
+    res["buffer_not_committed"] = outcome(lambda: f.write_at_all(0, buf_spec))
+    loose.Free()
     # nothing above may have written a byte: still each rank's 64 bytes, nothing more
     f.set_view(0, MPI.BYTE)
     back = np.zeros(64 * comm.Get_size(), dtype=np.uint8)

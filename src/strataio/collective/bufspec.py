@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from strataio.errors import ReadOnlyError, ShapeMismatchError, StrataError
-from strataio.layout.datatypes import flatten, flatten_count
+from strataio.errors import DatatypeError, ReadOnlyError, ShapeMismatchError, StrataError
+from strataio.layout.datatypes import describe, flatten, flatten_count, is_committed
 from strataio.layout.extents import Extents
 from strataio.layout.memo import LayoutMemo, freeze
 from strataio.layout.pieces import CopyPlan, as_bytes, plan_copy
@@ -132,6 +132,16 @@ def _datatype(dt: Any) -> MPI.Datatype:
     raise StrataError(f"buffer specification: {dt!r} is not an MPI datatype")
 
 
+def _check_committed(dt: MPI.Datatype) -> None:
+    """Refuse a buffer datatype never committed (see the module docs); MPI.DATATYPE_NULL is
+    left to :func:`~strataio.layout.datatypes.flatten`, which names it."""
+    if dt != MPI.DATATYPE_NULL and not is_committed(dt):
+        raise DatatypeError(
+            f"buffer specification: the buffer's datatype ({describe(dt)}) has not been "
+            "committed: MPI takes a buffer's datatype committed (call Commit() on it)"
+        )
+
+
 #: (mem, nbytes, contiguous, start) of buffer specs with a datatype: a code reads and writes
 #: the same buffer type call after call, and flattening and checking it costs microseconds
 _spec_layouts: LayoutMemo[tuple[Extents, int, bool, int]] = LayoutMemo()
@@ -157,7 +167,8 @@ def parse_buffer(spec: Any, writable: bool) -> BufferSpec:
 
     ``writable`` asks for a buffer that can be read into. Raises :class:`ShapeMismatchError`
     when the datatype reaches outside the buffer, :class:`ReadOnlyError` when a read targets a
-    read-only buffer.
+    read-only buffer, :class:`~strataio.errors.DatatypeError` when the datatype was never
+    committed.
     """
     parts = spec if type(spec) is list or isinstance(spec, (list, tuple)) else (spec,)
     nparts = len(parts)
@@ -220,6 +231,7 @@ def _bottom_spec(count: int | None, disp: int, dt: MPI.Datatype | None) -> Buffe
     lowest to the highest address the datatype names, as one ``uint8`` array, and its pieces."""
     if count is None or dt is None:
         raise StrataError("MPI.BOTTOM needs the form [MPI.BOTTOM, count, datatype]")
+    _check_committed(dt)
     flat = flatten(dt)
     ext = flatten_count(flat, count, disp * flat.extent).compact()
     if not len(ext):
@@ -239,7 +251,9 @@ def _datatype_layout(
     dt: MPI.Datatype, count: int | None, disp: int, size: int
 ) -> tuple[Extents, int, bool, int]:
     """The memory pieces of ``count`` (None: as many as fit) ``dt`` at ``disp`` extents into a
-    ``size``-byte buffer, checked to lie inside it."""
+    ``size``-byte buffer, checked to lie inside it and ``dt`` to be committed (a failure is
+    not memoized, and a type once committed stays so: the check costs nothing on a hit)."""
+    _check_committed(dt)
     flat = flatten(dt)
     if count is None:
         count = size // flat.extent if flat.extent > 0 else 0

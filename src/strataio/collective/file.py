@@ -74,7 +74,7 @@ from strataio.errors import (
     StrataError,
     ViewError,
 )
-from strataio.layout.datatypes import FlatType, flatten, is_committed
+from strataio.layout.datatypes import FlatType, describe, flatten, is_committed
 from strataio.layout.extents import Extents
 from strataio.layout.memo import LayoutMemo, freeze
 from strataio.layout.pieces import scratch
@@ -202,16 +202,6 @@ def _open_hints(
                 _open_memo.pop(next(iter(_open_memo)))
             _open_memo[key] = found
     return found
-
-
-def _described(datatype: MPI.Datatype) -> str:
-    """A derived datatype in words: its name where it has one, else its constructor."""
-    name = datatype.Get_name()
-    if name:
-        return repr(name)
-    combiner = datatype.combiner
-    kinds = [k for k in dir(MPI) if k.startswith("COMBINER_") and getattr(MPI, k) == combiner]
-    return f"a {kinds[0].removeprefix('COMBINER_').lower() if kinds else 'derived'} datatype"
 
 
 def _checked_together(comm: MPI.Comm, err: Exception | None, values: list[int]) -> bool:
@@ -657,7 +647,7 @@ class File:
                     raise ViewError(f"{what} is MPI.DATATYPE_NULL, not a datatype of a view")
                 if not is_committed(t):
                     raise ViewError(
-                        f"{what} ({_described(t)}) has not been committed: MPI-IO takes a "
+                        f"{what} ({describe(t)}) has not been committed: MPI-IO takes a "
                         "view's etype and filetype committed (call Commit() on it)"
                     )
             if datarep != "native":

@@ -37,7 +37,7 @@ from mpi4py import MPI
 from strataio.errors import DatatypeError
 from strataio.layout.extents import Extents
 
-__all__ = ["FlatType", "flatten", "flatten_count", "is_committed"]
+__all__ = ["FlatType", "describe", "flatten", "flatten_count", "is_committed"]
 
 _I64 = np.int64
 
@@ -565,6 +565,17 @@ def is_committed(datatype: MPI.Datatype) -> bool:
             return False
         raise
     return True
+
+
+def describe(datatype: MPI.Datatype) -> str:
+    """A derived datatype in words (for error messages): its name where it has one, else its
+    constructor."""
+    name = datatype.Get_name()
+    if name:
+        return repr(name)
+    combiner = datatype.combiner
+    kinds = [k for k in dir(MPI) if k.startswith("COMBINER_") and getattr(MPI, k) == combiner]
+    return f"a {kinds[0].removeprefix('COMBINER_').lower() if kinds else 'derived'} datatype"
 
 
 def flatten_count(datatype: MPI.Datatype | FlatType, count: int, disp: int = 0) -> Extents:
