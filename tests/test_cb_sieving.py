@@ -97,9 +97,9 @@ def _counting(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     for name, kind in (("pread_upto", "read"), ("pwrite_from", "write")):
         real = getattr(fileio, name)
 
-        def counted(*a, _real=real, _kind=kind):  # type: ignore[no-untyped-def]
+        def counted(*a, _real=real, _kind=kind, **kw):  # type: ignore[no-untyped-def]
             calls[_kind] += 1
-            return _real(*a)
+            return _real(*a, **kw)
 
         monkeypatch.setattr(fileio, name, counted)
     return calls

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from pathlib import Path
@@ -18,6 +19,7 @@ from strataio.collective.bufspec import parse_buffer
 from strataio.collective.choice import use_two_phase
 from strataio.collective.realms import EvenRealms, config_aggregators
 from strataio.errors import (
+    BackendError,
     DatatypeError,
     HintError,
     ReadOnlyError,
@@ -778,6 +780,62 @@ def test_node_layout_is_counted_and_cached(nprocs: int, tmp_path: Path) -> None:
 def test_failed_overlapped_read_leaves_no_io_behind(tmp_path: Path) -> None:
     out = json.loads(run_mpi(2, "two_phase_failure_overlap.py", tmp_path).strip().splitlines()[-1])
     assert out == {"read": ["BackendError", "BackendError"], "wrong": 0}
+
+
+@pytest.mark.parametrize("write", [True, False])
+def test_a_failed_two_phase_access_names_the_file_and_the_rank(
+    write: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An aggregator's failed write (a full disk) or read in two-phase I/O raises a
+    BackendError that names the file and the aggregator's rank, as every other BackendError of
+    a File names the file."""
+    from strataio.collective.driver import PosixDriver
+
+    path = tmp_path / "f.bin"
+    data = np.zeros(1_200_000, dtype=np.uint8)
+    data.tofile(path)
+    code = errno.ENOSPC if write else errno.EIO
+
+    def fails(self, buf, offset):  # type: ignore[no-untyped-def]
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(PosixDriver, "pwrite" if write else "pread", fails)
+    hints = {"romio_cb_write": "enable", "romio_cb_read": "enable"}
+    with strataio.File.open(None, path, "r+", hints=hints) as f:
+        with pytest.raises(BackendError) as failed:
+            (f.write_at_all if write else f.read_at_all)(0, data)
+        assert f.last_path == "two-phase"
+    what = "write" if write else "read"
+    assert str(failed.value) == (
+        f"{path}: {what} of 1200000 bytes at 0 by rank 0 failed: [Errno {code}] {os.strerror(code)}"
+    )
+
+
+@pytest.mark.parametrize("sieve", ["enable", "disable"])
+def test_a_failed_independent_write_names_the_file_once(
+    sieve: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A strided independent write on a full disk, through data sieving (read-modify-write
+    of a span) or one vectored write of its pieces: the BackendError names the file once."""
+    from strataio.collective.driver import PosixDriver
+
+    def full(self, *args):  # type: ignore[no-untyped-def]
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    path = tmp_path / "f.bin"
+    np.zeros(400_000, dtype=np.uint8).tofile(path)
+    monkeypatch.setattr(PosixDriver, "pwrite", full)
+    monkeypatch.setattr(PosixDriver, "writev", full)
+    every_other = MPI.BYTE.Create_vector(1000, 100, 200).Commit()
+    try:
+        with strataio.File.open(None, path, "r+", hints={"romio_ds_write": sieve}) as f:
+            f.set_view(0, MPI.BYTE, every_other)
+            with pytest.raises(BackendError) as failed:
+                f.write_at(0, np.ones(100_000, dtype=np.uint8))
+    finally:
+        every_other.Free()
+    what = "199900 bytes at 0 failed:" if sieve == "enable" else "1000 pieces:"
+    assert str(failed.value) == f"{path}: write of {what} [Errno 28] {os.strerror(errno.ENOSPC)}"
 
 
 @pytest.mark.mpi

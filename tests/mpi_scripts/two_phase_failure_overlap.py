@@ -38,11 +38,11 @@ def main(workdir: str, groups: int = 1) -> None:
     real = fileio.pread_into
     failing = [True]
 
-    def slow_and_failing(driver: object, buf: np.ndarray, offset: int) -> None:
+    def slow_and_failing(driver: object, buf: np.ndarray, offset: int, **kw: object) -> None:
         if failing[0] and offset < window:  # the first window fails
             raise OSError(5, "injected EIO")
         time.sleep(0.02)  # the later windows are still being read when the call ends
-        real(driver, buf, offset)
+        real(driver, buf, offset, **kw)
 
     fileio.pread_into = slow_and_failing
     with strataio.File.open(comm, path, "r+", hints=hints) as f:

@@ -100,6 +100,10 @@ _UNPACKED = np.empty(0, dtype=np.uint8)
 
 
 def _os_error(exc: OSError, path: str) -> StrataError:
+    """``exc`` as the StrataError of a call on the file at ``path``, naming it; strataio's own
+    errors (a BackendError of the engines, which names the file already) pass unchanged."""
+    if isinstance(exc, StrataError):
+        return exc
     if isinstance(exc, FileNotFoundError):
         return NotFoundError(f"{path}: no such file")
     if isinstance(exc, FileExistsError):

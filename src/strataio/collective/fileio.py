@@ -153,28 +153,42 @@ def span_holes(
     return np.add.reduceat(run_len, first) < sp_len
 
 
-def pread_upto(driver: Driver, buf: np.ndarray, offset: int) -> int:
+def _failed(
+    driver: Driver, what: str, nbytes: int, offset: int, exc: OSError, rank: int | None
+) -> BackendError:
+    """The error of a failed ``what`` ("read", "write") of ``nbytes`` at ``offset``, naming the
+    file (as every other BackendError of a File does) and, given one, the rank that failed
+    (an aggregator of two-phase I/O moves other ranks' bytes: they learn which one failed)."""
+    by = "" if rank is None else f" by rank {rank}"
+    return BackendError(
+        f"{driver.path or 'file'}: {what} of {nbytes} bytes at {offset}{by} failed: {exc}"
+    )
+
+
+def pread_upto(driver: Driver, buf: np.ndarray, offset: int, rank: int | None = None) -> int:
     """Read into ``buf`` from ``offset`` until it is full or end-of-file; the bytes read (the
-    rest of ``buf`` is left as it was)."""
+    rest of ``buf`` is left as it was). A failure is a :class:`BackendError` naming the file
+    and ``rank`` (when given)."""
     try:
         return driver.pread(buf, offset)
     except OSError as exc:
-        raise BackendError(f"read of {len(buf)} bytes at {offset} failed: {exc}") from exc
+        raise _failed(driver, "read", len(buf), offset, exc, rank) from exc
 
 
-def pread_into(driver: Driver, buf: np.ndarray, offset: int) -> None:
+def pread_into(driver: Driver, buf: np.ndarray, offset: int, rank: int | None = None) -> None:
     """Fill ``buf`` from ``offset``; bytes past end-of-file read as zeros (holes)."""
-    n = pread_upto(driver, buf, offset)
+    n = pread_upto(driver, buf, offset, rank)
     if n < len(buf):
         buf[n:] = 0
 
 
-def pwrite_from(driver: Driver, buf: np.ndarray, offset: int) -> None:
-    """Write all of ``buf`` at ``offset``."""
+def pwrite_from(driver: Driver, buf: np.ndarray, offset: int, rank: int | None = None) -> None:
+    """Write all of ``buf`` at ``offset``; a failure is a :class:`BackendError` naming the file
+    and ``rank`` (when given)."""
     try:
         driver.pwrite(buf, offset)
     except OSError as exc:
-        raise BackendError(f"write of {len(buf)} bytes at {offset} failed: {exc}") from exc
+        raise _failed(driver, "write", len(buf), offset, exc, rank) from exc
 
 
 # When an independent read goes straight into the caller's buffer (holes read through into

@@ -155,7 +155,8 @@ def _io(driver: Driver, ext: Extents, data: np.ndarray, write: bool) -> None:
     except ValueError as exc:  # pieces outside the buffer or the file: refused before any I/O
         raise ShapeMismatchError(str(exc)) from None
     except OSError as exc:
-        raise BackendError(f"{'write' if write else 'read'} of {len(ext)} pieces: {exc}") from exc
+        what = "write" if write else "read"
+        raise BackendError(f"{driver.path or 'file'}: {what} of {len(ext)} pieces: {exc}") from exc
 
 
 class _LockSet:
@@ -285,9 +286,11 @@ class SievePlan:
             )
         try:
             self._run(driver, data)
+        except BackendError:  # (a failed read or write of a span: it names the file)
+            raise
         except OSError as exc:
             what = "write" if self.write else "read"
-            raise BackendError(f"sieving {what} failed: {exc}") from exc
+            raise BackendError(f"{driver.path or 'file'}: sieving {what} failed: {exc}") from exc
 
     def _run(self, driver: Driver, data: np.ndarray) -> None:
         if self._direct is not None:

@@ -101,7 +101,9 @@ class _Plan:
         realm = (self.m_pos[m0:m1], self.m_off[m0:m1])
         buf = self.buffers[i % 2 if double else 0]
         span = int(self.m_span[i])
-        return _Window(self.a_pos[a0:a1], self.a_len[a0:a1], write, sieve, span, buf, realm)
+        return _Window(
+            self.a_pos[a0:a1], self.a_len[a0:a1], write, sieve, span, buf, realm, self.rank
+        )
 
     def aggregator_side(self, i: int, window: _Window | None, send: bool) -> ExchangeSide:
         """The clients' pieces of iteration ``i`` in my realm buffer, at their file positions."""
@@ -381,9 +383,10 @@ class _Window:
     conditional sieving of :func:`strataio.collective.fileio.window_spans`; with ``sieve``
     None the runs of bytes themselves)
     and a realm buffer laid out like the file from the first span on, which the exchange fills
-    (writes) or drains (reads) at the pieces' file positions."""
+    (writes) or drains (reads) at the pieces' file positions. A failed read or write names the
+    file and ``rank``, the aggregator's (:func:`strataio.collective.fileio.pwrite_from`)."""
 
-    __slots__ = ("base", "buf", "realm", "runs", "spans")
+    __slots__ = ("base", "buf", "rank", "realm", "runs", "spans")
 
     def __init__(
         self,
@@ -394,6 +397,7 @@ class _Window:
         span: int,
         buffer: np.ndarray,
         realm: tuple[np.ndarray, np.ndarray],
+        rank: int | None = None,
     ) -> None:
         """``pos``/``length``: the clients' pieces at their positions in the window's buffer;
         ``realm``: the window's realm pieces, their buffer positions and file offsets (one
@@ -408,6 +412,7 @@ class _Window:
         self.buf = buffer[: int(sp_at[-1] + sp_len[-1]) - self.base]
         self.runs = (run_at - self.base, run_len)
         self.realm = realm
+        self.rank = rank
         j = np.searchsorted(realm_pos, sp_at, side="right") - 1
         sp_off = realm_off[j] + (sp_at - realm_pos[j])
         at = (sp_at - self.base).tolist()
@@ -428,7 +433,7 @@ class _Window:
             driver.read_pieces(off, length, self.buf, at)
             return
         for at, off, n, _ in self.spans:
-            fileio.pread_into(driver, self.buf[at : at + n], off)
+            fileio.pread_into(driver, self.buf[at : at + n], off, rank=self.rank)
 
     def read_holes(self, driver: Driver) -> None:
         """The read of a read-modify-write (safe because the aggregator owns its realm): the
@@ -439,7 +444,7 @@ class _Window:
             return
         for at, off, n, hole in self.spans:
             if hole:
-                got = fileio.pread_upto(driver, self.buf[at : at + n], off)
+                got = fileio.pread_upto(driver, self.buf[at : at + n], off, rank=self.rank)
                 if got < n:
                     self._zero_holes(at + got, at + n)
 
@@ -461,7 +466,7 @@ class _Window:
             driver.write_pieces(off, length, self.buf, at)
             return
         for at, off, n, _ in self.spans:
-            fileio.pwrite_from(driver, self.buf[at : at + n], off)
+            fileio.pwrite_from(driver, self.buf[at : at + n], off, rank=self.rank)
 
 
 def two_phase(
