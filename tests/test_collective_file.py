@@ -978,16 +978,18 @@ def test_spare_cores_are_shared_with_the_job_s_other_ranks_on_the_node(monkeypat
 
 
 def test_the_read_threads_hint(tmp_path: Path) -> None:
-    """``strataio_read_threads``: a number (clamped to MAX_READ_THREADS) or automatic;
-    anything else is refused before the file is opened."""
+    """``strataio_read_threads``: a number (clamped to MAX_READ_THREADS, and shown clamped:
+    the hints show the number in force, as ROMIO shows cb_nodes) or automatic; anything else
+    is refused before the file is opened."""
     from strataio.collective.driver import MAX_READ_THREADS
 
     path = tmp_path / "f.bin"
     np.zeros(1000, np.uint8).tofile(path)
-    for asked, want in (("1", 1), ("2", 2), ("64", MAX_READ_THREADS)):
+    top = MAX_READ_THREADS
+    for asked, want in (("1", 1), ("2", 2), (str(top), top), ("64", top), ("100", top)):
         with strataio.File.open(None, path, "r", hints={"strataio_read_threads": asked}) as f:
             assert f.driver.threads == want
-            assert f.hints["strataio_read_threads"] == asked
+            assert f.hints["strataio_read_threads"] == str(want)
     with strataio.File.open(None, path, "r") as f:
         assert f.hints["strataio_read_threads"] == "automatic"
         assert 1 <= f.driver.threads <= MAX_READ_THREADS

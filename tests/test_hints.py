@@ -77,7 +77,6 @@ def test_bad_values_name_the_hint(key, value):
         "ind_wr_buffer_size",
         "striping_unit",
         "romio_cb_fr_alignment",
-        "romio_cb_ds_threshold",
     ],
 )
 def test_integer_hints_past_64_bits_are_refused_at_open(key, tmp_path):
@@ -88,6 +87,33 @@ def test_integer_hints_past_64_bits_are_refused_at_open(key, tmp_path):
     with pytest.raises(HintError, match=key):
         strataio.File.open(None, tmp_path / "f", "w", hints={key: 2**70})
     assert not (tmp_path / "f").exists()
+
+
+@pytest.mark.parametrize("value", ["101", "150", "-1", str(2**63 - 1), 2**70])
+def test_the_sieving_threshold_is_a_percentage(value, tmp_path):
+    """``romio_cb_ds_threshold`` is ROMIO's percent of a window that must be data for the
+    window to be sieved: a value outside 0-100 is refused, naming the hint and the range,
+    before the file is opened; 0 and 100 are taken."""
+    assert parse_hints({"romio_cb_ds_threshold": "0"}).romio_cb_ds_threshold == "0"
+    assert parse_hints({"romio_cb_ds_threshold": " 100 "}).romio_cb_ds_threshold == "100"
+    with pytest.raises(HintError, match=r"romio_cb_ds_threshold=.*must be from 0 to 100"):
+        parse_hints({"romio_cb_ds_threshold": value})
+    with pytest.raises(HintError, match="romio_cb_ds_threshold"):
+        strataio.File.open(None, tmp_path / "f", "w", hints={"romio_cb_ds_threshold": value})
+    assert not (tmp_path / "f").exists()
+
+
+def test_read_threads_above_the_most_used_show_the_number_in_force():
+    """``strataio_read_threads`` above MAX_READ_THREADS is taken as that many and shown so
+    (as cb_nodes and strataio_pipeline_groups show theirs); automatic is shown as given."""
+    from strataio.collective.hints import MAX_READ_THREADS
+
+    top = str(MAX_READ_THREADS)
+    for asked, shown in (("1", "1"), (top, top), ("100", top), (2**40, top)):
+        h = parse_hints({"strataio_read_threads": asked})
+        assert h.strataio_read_threads == h.as_dict()["strataio_read_threads"] == shown
+        assert parse_hints(h.as_dict()) == h  # (shown hints read back the same)
+    assert parse_hints(None).as_dict()["strataio_read_threads"] == "automatic"
 
 
 def test_hints_over_a_base_and_their_differences():

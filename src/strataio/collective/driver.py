@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from strataio.collective.hints import AUTOMATIC, ENABLE
+from strataio.collective.hints import AUTOMATIC, ENABLE, MAX_READ_THREADS
 from strataio.errors import BackendError, HintError
 from strataio.storage.mapped import MAPPED_READ_BYTES, read_cached
 from strataio.storage.preallocate import PREALLOCATE_BYTES, allocate, file_system_preallocates
@@ -116,8 +116,6 @@ class Driver(ABC):
 #: bytes from which a read is shared among the threads a rank may use (below, one thread
 #: reads faster than a hand-off costs)
 SPLIT_READ_BYTES = 8 << 20
-#: most threads one rank's read is shared among (a few saturate a node's memory bandwidth)
-MAX_READ_THREADS = 4
 _split_pool: ThreadPoolExecutor | None = None
 _split_lock = threading.Lock()
 

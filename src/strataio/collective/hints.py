@@ -40,6 +40,7 @@ __all__ = [
     "AUTOMATIC",
     "DISABLE",
     "ENABLE",
+    "MAX_READ_THREADS",
     "PER_RANK",
     "PLANNED",
     "Hints",
@@ -117,9 +118,9 @@ class Hints:
     romio_cb_ds_threshold: str = AUTOMATIC
     """Data sieving inside two-phase I/O, per aggregator window: ROMIO's percent (0-100) of
     the window's covering extent that must be data for the window to be sieved (below it:
-    one call per piece); *automatic* (strataio's default; ROMIO's is 0, always sieve): the
-    rule on the window's datatype extent and density measured on this machine
-    (:func:`strataio.collective.fileio.window_spans`)."""
+    one call per piece; a number outside 0-100 is refused); *automatic* (strataio's default;
+    ROMIO's is 0, always sieve): the rule on the window's datatype extent and density
+    measured on this machine (:func:`strataio.collective.fileio.window_spans`)."""
     strataio_pipeline_groups: int = 1
     """Pipelined collective I/O: the ranks in this many groups, each with about as many of
     the aggregators, taking turns at the file while the others exchange
@@ -132,8 +133,10 @@ class Hints:
     strataio_read_threads: str = AUTOMATIC
     """Threads a rank shares a read of 8 MiB or more among (POSIX driver): *automatic* (one
     more per core its node has to spare beside the job's processes there), or a number; at
-    most 4 either way, 1 reads on the calling thread only. The number in force is the
-    driver's ``threads`` (it may differ between ranks)."""
+    most :data:`MAX_READ_THREADS` (4) either way, 1 reads on the calling thread only. A larger
+    number is taken as that many and shown so, as ``cb_nodes`` and
+    ``strataio_pipeline_groups`` show the number in force; *automatic* is shown as given.
+    The number in force is the driver's ``threads`` (it may differ between ranks)."""
     strataio_preallocate: str = AUTOMATIC
     """A write whose part past the end of the file is 256 KiB or more, and which fills at
     least 3/4 of its span, allocates that part first, in one ``fallocate`` (the size is left
@@ -172,8 +175,8 @@ class Hints:
 
 
 # name -> (kind, minimum); kinds: "int" (at least minimum), "float" (at least minimum),
-# "switch", "bool", "str", "percent" and "count" (automatic or an int of at least minimum,
-# kept as text)
+# "switch", "bool", "str", "percent" (automatic or an int from minimum to 100, kept as text)
+# and "count" (automatic or an int of at least minimum, kept as text)
 _SPEC: dict[str, tuple[str, int]] = {
     "cb_buffer_size": ("int", 1),
     "cb_nodes": ("int", 1),
@@ -210,6 +213,10 @@ _DUPLICATE_WRITES = ("error", "last-rank")
 
 #: the smallest realm cache (bytes): its page table and a few pages
 MIN_REALM_CACHE = 1024
+
+#: most threads one rank's read is shared among (a few saturate a node's memory bandwidth):
+#: ``strataio_read_threads`` above it is taken, and shown, as this many
+MAX_READ_THREADS = 4
 
 #: hints of engines not built yet -> what they would do; given, they raise HintError
 PLANNED: dict[str, str] = {
@@ -255,13 +262,17 @@ def _items(user: Mapping[str, Any] | MPI.Info | None) -> dict[str, Any]:
 _MAX_INT = 2**63 - 1
 
 
-def _parse_int(name: str, value: Any, minimum: int) -> int:
+def _parse_int(name: str, value: Any, minimum: int, maximum: int | None = None) -> int:
+    """``value`` as an integer of at least ``minimum`` and, given one, at most ``maximum`` (a
+    percentage: the message then names the range)."""
     if isinstance(value, bool):
         raise HintError(f"hint {name}={value!r}: expected an integer")
     try:
         n = int(str(value).strip()) if not isinstance(value, int) else value
     except ValueError:
         raise HintError(f"hint {name}={value!r}: expected an integer") from None
+    if maximum is not None and not minimum <= n <= maximum:
+        raise HintError(f"hint {name}={value!r}: must be from {minimum} to {maximum}")
     if n < minimum:
         raise HintError(f"hint {name}={value!r}: must be at least {minimum}")
     if n > _MAX_INT:  # (taken, it would fail every transfer later, deep in the planning)
@@ -291,7 +302,7 @@ def _parse(name: str, kind: str, minimum: int, value: Any) -> Any:
     if kind in ("percent", "count"):  # automatic, or an integer (ROMIO reads it with atoi)
         if str(value).strip().lower() == AUTOMATIC:
             return AUTOMATIC
-        return str(_parse_int(name, value, minimum))
+        return str(_parse_int(name, value, minimum, 100 if kind == "percent" else None))
     text = str(value).strip().lower() if not isinstance(value, bool) else str(value).lower()
     if kind == "switch":
         if value is True:
@@ -373,7 +384,9 @@ def parse_hints(
     ``base`` (a view's hints) ``cb_nodes`` and ``cb_config_list`` are ignored, as ROMIO does,
     and so are ``romio_no_indep_rw`` and the driver hints (they decided how the file was
     opened). ``romio_no_indep_rw=true`` sets ``romio_cb_read`` and ``romio_cb_write`` to
-    ``enable``, as ROMIO does.
+    ``enable``, as ROMIO does. Hints with an upper limit on what is used show the value in
+    force, as ROMIO shows ``cb_nodes``: ``strataio_read_threads`` at most
+    :data:`MAX_READ_THREADS`, ``strataio_pipeline_groups`` at most ``cb_nodes``.
     Raises :class:`~strataio.errors.HintError` for a known hint with an unusable value and for
     hints of :data:`PLANNED` engines.
     """
@@ -418,6 +431,9 @@ def parse_hints(
         limit = values.get("cb_nodes", nprocs if "cb_config_list" in values else nodes)
         values["cb_nodes"] = min(limit, max(int(nprocs), 1))
         base = Hints()
+    threads = values.get("strataio_read_threads", AUTOMATIC)
+    if threads != AUTOMATIC and int(threads) > MAX_READ_THREADS:  # (shown as taken)
+        values["strataio_read_threads"] = str(MAX_READ_THREADS)
     if "strataio_pipeline_groups" in values:  # (a group per aggregator at most)
         values["strataio_pipeline_groups"] = min(
             values["strataio_pipeline_groups"], values.get("cb_nodes", base.cb_nodes)
