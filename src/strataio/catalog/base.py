@@ -311,6 +311,7 @@ class Catalog(abc.ABC):
         revalidated: Iterable[CopyId] = (),
         writer: str = "",
         present: Callable[[Sequence[CopyId]], set[CopyId]] | None = None,
+        sizes: Callable[[Sequence[CopyId]], Mapping[CopyId, int]] | None = None,
     ) -> CommitOutcome:
         """Apply residency changes atomically, in ONE transaction: insert or replace each
         copy in ``upserts`` (keyed by dataset, key, tier), then remove each
@@ -364,6 +365,14 @@ class Catalog(abc.ABC):
         row of a copy whose object it found missing passes it: another process may have put
         a copy at that place since, and recorded it in a row that looks like the one the
         caller saw (the same state and checksum); that row names an object, and stays.
+
+        ``sizes``, where given, is called inside the transaction with copies among
+        ``upserts`` that ``stale`` named, that ``expect`` maps to an announcement of their
+        own bytes (``in-transit``, their checksum) and whose row is still that announcement,
+        and gives the size of each one's object now: such a row is settled to its old bytes,
+        at that size. The announcement took over another writer's, whose bytes it kept as its
+        old ones; that writer's put is the one that replaced the object, and its commit,
+        already made or to come, leaves this row to this one (see ``expect``).
 
         ``durable=False`` returns before the transaction reaches the disk: it is visible to
         every process at once and survives this process's death, but an OS crash or power

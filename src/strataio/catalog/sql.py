@@ -474,6 +474,36 @@ class SQLCatalog(Catalog):
                     f"dataset {record.name!r} already exists in catalog {self._label()}"
                 )
 
+    def _settle_replaced(
+        self,
+        cur: Cursor,
+        replaced: Mapping[CopyId, ChunkCopy],
+        sizes: Callable[[Sequence[CopyId]], Mapping[CopyId, int]],
+        latest: dict[CopyId, ChunkCopy],
+    ) -> None:
+        """Settle the rows of written copies ``replaced`` (their objects replaced by another
+        writer's put) that are still this writer's announcements: such an announcement took
+        the bytes of the writer whose announcement it replaced for its old ones, and that
+        writer's put is the one that replaced the object, so the row becomes a settled row
+        of those bytes (the object's size now, from ``sizes``). Left as they are, they
+        would stand as announcements no writer settles."""
+        mine = {
+            (d, k, t): old
+            for d, k, t, state, checksum, old, _ in self._rows_of(cur, {i[:2] for i in replaced})
+            if (d, k, t) in replaced
+            and state == "in-transit"
+            and checksum == replaced[d, k, t].checksum
+            and old
+        }
+        if not mine:
+            return
+        now = sizes(list(mine))
+        for i, old in mine.items():
+            if now.get(i) is not None:
+                latest[i] = replaced[i]._replace(
+                    nbytes=int(now[i]), checksum=old, old_checksum="", writer=""
+                )
+
     def _nesting(self, cur: Cursor, name: str) -> str | None:
         """The name of a dataset that lies above ``name`` (``a`` of ``a/b``) or below it
         (``a/b/c`` of ``a/b``), if any."""
@@ -614,6 +644,7 @@ class SQLCatalog(Catalog):
         revalidated: Iterable[CopyId] = (),
         writer: str = "",
         present: Callable[[Sequence[CopyId]], set[CopyId]] | None = None,
+        sizes: Callable[[Sequence[CopyId]], Mapping[CopyId, int]] | None = None,
     ) -> CommitOutcome:
         # Last write wins within a batch, as executemany would do; deduplicating first also
         # keeps PostgreSQL's set-based upsert from touching one row twice.
@@ -635,10 +666,18 @@ class SQLCatalog(Catalog):
         try:
             with self._write(durable) as cur:
                 new = [tuple(c) for c in supersede if tuple(c) in latest]
+                # (written copies whose object another writer's put replaced, while their
+                # row may still be this writer's announcement)
+                replaced_own: dict[CopyId, ChunkCopy] = {}
                 if stale is not None and latest:
                     gone = stale(list(latest))
                     for c in gone:
-                        latest.pop(c, None)
+                        got = latest.pop(c, None)
+                        if got is not None and (expect or {}).get(c) == (
+                            "in-transit",
+                            got.checksum,
+                        ):
+                            replaced_own[c] = got
                     # (a write or move left out takes none of its chunk's other copies
                     # with it: they are all that is left of the chunk where its object went)
                     ids = self._keep_chunks_of(
@@ -647,7 +686,18 @@ class SQLCatalog(Catalog):
                     new = [c for c in new if c not in gone]
                 guarded = [i for i in ids if expect and i in expect]
                 deleting = set(ids)
-                claims = [i for i in latest if expect and i in expect and i not in deleting]
+                # (writes of copies the caller announced: recorded unless another writer has
+                # announced a rewrite there since, whose put may land after this one's)
+                own = {
+                    i
+                    for i, c in latest.items()
+                    if expect and expect.get(i) == ("in-transit", c.checksum)
+                }
+                claims = [
+                    i
+                    for i in latest
+                    if expect and i in expect and i not in deleting and i not in own
+                ]
                 # announcements that do not know the bytes they replace
                 unknown_old = [
                     i for i, c in latest.items() if c.state == "in-transit" and not c.old_checksum
@@ -663,12 +713,27 @@ class SQLCatalog(Catalog):
                     or revalidated
                     or (dropped is not None and ids)
                     or (present is not None and ids)
+                    or replaced_own
+                    or own
                 ):
                     # (rows of other processes' commits decide these: taken under a lock
                     # where the database lets one read them while it runs)
                     self._lock_residency(
-                        cur, {d for d, _, _ in [*new, *ids, *claims, *unknown_old, *moves]}
+                        cur,
+                        {d for d, _, _ in [*new, *ids, *claims, *unknown_old, *moves]}
+                        | {d for d, _, _ in [*replaced_own, *own]},
                     )
+                if replaced_own and sizes is not None:
+                    self._settle_replaced(cur, replaced_own, sizes, latest)
+                if own:
+                    announced = [
+                        i
+                        for i, (state, checksum) in self._states_of(cur, own).items()
+                        if i in own and state == "in-transit" and checksum != latest[i].checksum
+                    ]
+                    for i in announced:
+                        del latest[i]
+                    overtaken = [*overtaken, *announced]
                 if present is not None and ids:
                     # (an object there now was put since the caller found it missing; a
                     # commit recording it comes after this one, or has come before and

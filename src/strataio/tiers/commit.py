@@ -75,6 +75,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -502,6 +503,7 @@ class Commit:
             else (),
             revalidated=[(dataset, k, t) for k, t in batch.revalidated],
             writer=self.writer,
+            sizes=functools.partial(self._sizes_now, dataset),
         )
         left_out = replaced | set(done.orphaned) | set(done.overtaken)
         # written copies whose object is gone (whether that lost the write, _lost_for_good
@@ -546,6 +548,15 @@ class Commit:
                 continue
             if now is not None:
                 out.update(zip(mine, now))
+        return out
+
+    def _sizes_now(self, dataset: str, ids: Sequence[CopyId]) -> dict[CopyId, int]:
+        """The size of the objects of copies ``ids`` now (those a tier can say)."""
+        out: dict[CopyId, int] = {}
+        for i in ids:
+            tier = self.tiers[i[2]]
+            with contextlib.suppress(Exception):
+                out[i] = int(tier.backend.size(object_key(dataset, i[1])))
         return out
 
     def _keep_touches(self, dataset: str, touches: Mapping[str, float]) -> None:

@@ -67,7 +67,8 @@ class Batch:
     losing its last catalogued copy (a drop decided on stale rows). ``expect`` maps each
     delete to the ``(state, checksum)`` of the row as this process last loaded or recorded
     it (None: it knows of no row): a row changed since is another process's, and is kept,
-    object and all (see :meth:`Catalog.commit`). ``rewritten``: keys of chunks with new
+    object and all (see :meth:`Catalog.commit`); and each written copy this process
+    announced to its announcement, which the write's row replaces only while it stands. ``rewritten``: keys of chunks with new
     content among the upserts (wherever the written copy went since: a write-back or a
     stage of it before the commit carries the new content too), whose rows supersede every
     other copy of the chunk. ``revalidated``: the ``(key, tier)`` of upserts that only mark a
@@ -763,7 +764,10 @@ class Residency:
                 {slot: v for slot, v in self._written.items() if slot in ups},
                 {slot: v for slot, v in self._moved.items() if slot in ups},
                 set(self._dropped),
-                {(self.name, k, t): self._known.get((k, t)) for k, t in self._deletes},
+                {
+                    **{(self.name, k, t): self._known.get((k, t)) for k, t in self._deletes},
+                    **self._own_announcements(ups),
+                },
                 {k for k, _ in ups} & self._rewritten,
                 {slot for slot in self._revalidated if slot in ups},
             )
@@ -861,6 +865,21 @@ class Residency:
         residency last saw or wrote it (None: it knows of none)."""
         with self.lock:
             return self._known.get((key, tier))
+
+    def _own_announcements(
+        self, ups: dict[tuple[str, str], ChunkCopy]
+    ) -> dict[CopyId, tuple[str, str]]:
+        """Of the written copies among ``ups``, those whose catalog row this process last
+        knew as its own announcement of the bytes it wrote, with that row's ``(state,
+        checksum)`` (the caller holds the lock). Each is recorded only over that
+        announcement: another writer's announcement made there since stays, for that
+        writer's commit, since its put may land after this one (a row settled to these
+        bytes would then name bytes the object no longer holds)."""
+        out: dict[CopyId, tuple[str, str]] = {}
+        for slot, c in ups.items():
+            if slot in self._written and self._known.get(slot) == ("in-transit", c.checksum):
+                out[self.name, c.key, c.tier] = ("in-transit", c.checksum)
+        return out
 
     def announced(self, rows: Iterable[ChunkCopy]) -> None:
         """Announcements ``rows`` are now the catalog's rows of their copies."""
