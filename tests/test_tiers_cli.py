@@ -314,3 +314,93 @@ def test_the_command_runs_as_a_module(project):
         check=False,
     )
     assert out.returncode == 0 and "strataio" in out.stdout, out.stderr
+
+
+THREE_TIERS = """
+[catalog]
+url = "cat.db"
+[[tiers]]
+name = "local"
+kind = "posix"
+role = "localdisk"
+path = "local"
+capacity = "16KiB"
+[[tiers]]
+name = "remote"
+kind = "posix"
+role = "remotedisk"
+path = "remote"
+capacity = "32KiB"
+[[tiers]]
+name = "archive"
+kind = "posix"
+role = "remotetape"
+path = "archive"
+"""
+
+
+def test_a_stage_that_finds_no_room_says_so_fails_and_gives_up_at_once(tmp_path, monkeypatch):
+    """Every tier faster than the archive is full of another dataset's only copies, which
+    nothing can evict (another process has it open; then, the archive they would be written
+    back to is read-only): the stage says no chunk was staged and why, exits 1, and gives up
+    after one eviction round per tier (it was counted "64 already there", exit 0, after an
+    eviction round per chunk and tier, each writing back victim after victim in vain)."""
+    from collections import Counter
+
+    from strataio.tiers.placement import Placement
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "strataio.toml").write_text(THREE_TIERS)
+    (tmp_path / "ro.toml").write_text(THREE_TIERS + "read_only = true\n")
+    rng = np.random.default_rng(0)
+    with strataio.Session() as s:
+        # 64 chunks of 400 bytes on the archive; 160 chunks filling local, then remote
+        for name, hint, rows in (("a", "REMOTETAPE", 80), ("fill", "LOCALDISK", 200)):
+            ds = s.create_dataset(name, (rows, 80), "f4", (10, 10), hint=hint)
+            ds[...] = rng.random((rows, 80), dtype="f4")
+            ds.close()
+    rounds: Counter[str] = Counter()
+    make_room = Placement.make_room
+
+    def counted(self, tier, nbytes, **kw):
+        rounds[tier.name] += 1
+        return make_room(self, tier, nbytes, **kw)
+
+    monkeypatch.setattr(Placement, "make_room", counted)
+
+    def stage(*args):
+        rounds.clear()
+        out = CliRunner().invoke(main, ["stage", "a", *args])
+        assert out.exception is None or isinstance(out.exception, SystemExit), out.exception
+        return out, " ".join(out.stdout.split()), " ".join(out.stderr.split())
+
+    with strataio.Session() as job:  # a live job has the filler open: none of it can go
+        held = job.open_dataset("fill")
+        out, text, err = stage()
+        held.close()
+    assert out.exit_code == 1, out.output
+    assert "stage: 0 chunks staged (0 B), 0 already there," in text, text
+    assert "64 not staged (no room on local, remote)" in text, text
+    assert err.startswith("error: nothing staged: no room on local, remote for the 64 chunks")
+    assert "already there are on" not in text  # (no note about chunks evicted meanwhile)
+    assert sum(rounds.values()) <= 4, rounds
+    assert where3("a") == {"local": 0, "remote": 0, "archive": 64}
+    # nothing holds the filler now, but its write-backs have nowhere to go
+    out, text, err = stage("-c", "ro.toml")
+    assert out.exit_code == 1 and "64 not staged (no room on local, remote)" in text, text
+    assert sum(rounds.values()) <= 8, rounds
+    out, text, err = stage("--to", "local", "-c", "ro.toml")
+    assert out.exit_code == 1 and "64 not staged (no room on local)" in text, text
+    assert "error: nothing staged: no room on local for the 64 chunks" in err, err
+    assert sum(rounds.values()) <= 8, rounds
+    assert where3("a") == {"local": 0, "remote": 0, "archive": 64}
+    # with the archive writable, the filler goes down a tier and the stage succeeds
+    out, text, err = stage()
+    assert out.exit_code == 0 and "64 chunks staged" in text and err == "", out.output
+    assert "not staged" not in text
+
+
+def where3(name):
+    with strataio.Session() as s:
+        rows = s.catalog.residency(name)
+    return {t: sum(c.tier == t for c in rows) for t in ("local", "remote", "archive")}

@@ -165,19 +165,45 @@ def _move(config: str | None, name: str, op: str, section: str | None, tier: str
                 handle = ds.evict(idx, tier=tier)
             result = _run_move(console, handle, f"{op} {name}")
             short = _stage_short_of(ds, idx, tier, result) if op == "stage" else ""
+            full = _no_room_tiers(ds, tier) if op == "stage" and result.no_room else ""
         except BaseException:
             # the first failure is the one to report, not a close failing after it
             with contextlib.suppress(StrataError, OSError):
                 ds.close()
             raise
         ds.close()
-    console.print(_summary(op, result, tier))
+    console.print(_summary(op, result, tier, full))
     if short:
         console.print(f"[yellow]note[/]: {short}")
     for key, msg in result.failed[:10]:
         console.print(f"  [red]{key}[/]: {msg}")
+    if result.no_room and not result.moved:
+        # nothing the stage had to do could be done: say so where errors go, and fail
+        n = result.no_room
+        click.echo(
+            f"error: nothing staged: no room on {full} for the {n} chunk{'s' if n != 1 else ''}"
+            f" of {name} that needed staging (full, and nothing there can be evicted: copies "
+            "of datasets another process has open, or with nowhere slower to go); free room "
+            "there ('strataio evict') or stage to a tier with room",
+            err=True,
+        )
+        sys.exit(1)
+    if result.no_room:
+        console.print(
+            f"[yellow]note[/]: {result.no_room} chunks not staged: no room on {full}, and "
+            "nothing there can be evicted; they stay readable where they are"
+        )
     if result.failed:
         sys.exit(1)
+
+
+def _no_room_tiers(ds: Any, tier: str | None) -> str:
+    """The tier(s) a stage found without room, for its messages: ``tier`` when given, else
+    the persistent tiers faster than the slowest."""
+    if tier is not None:
+        return tier
+    persistent = ds.store.placement.persistent()
+    return ", ".join(t.name for t in persistent[:-1]) or persistent[-1].name
 
 
 def _stage_short_of(ds: Any, idx: Any, tier: str | None, result: Any) -> str:
@@ -216,8 +242,9 @@ def _stage_short_of(ds: Any, idx: Any, tier: str | None, result: Any) -> str:
     )
 
 
-def _summary(op: str, result: Any, tier: str | None) -> str:
-    """One line saying what a move did, in the words of its kind."""
+def _summary(op: str, result: Any, tier: str | None, full: str = "") -> str:
+    """One line saying what a move did, in the words of its kind (``full``: the tiers a
+    stage found without room, named when it left chunks unstaged for want of it)."""
     size, tail = (
         format_size(result.nbytes),
         f"{len(result.failed)} failed, in {result.seconds:.2f} s",
@@ -235,6 +262,8 @@ def _summary(op: str, result: Any, tier: str | None) -> str:
             f"migrate: {result.moved} chunks copied ({size}), {result.reused} already on"
             f"{where or ' the slowest tier'}; their copies on faster tiers removed; {tail}"
         )
+    if result.no_room:
+        tail = f"{result.no_room} not staged (no room on {full or 'the target tier'}), {tail}"
     return f"stage: {result.moved} chunks staged ({size}), {result.reused} already there, {tail}"
 
 
@@ -245,7 +274,17 @@ def _summary(op: str, result: Any, tier: str | None) -> str:
 @click.option("--to", "to", default=None, help="target tier (default: fastest disk tier)")
 @handle_errors
 def stage_command(config: str | None, name: str, section: str | None, to: str | None) -> None:
-    """Stage a dataset section from the archive to a faster tier."""
+    """Stage a dataset section from the archive to a faster tier.
+
+    Says how many chunks were staged, how many were already there (on the target or a
+    faster tier), and how many could not be staged because the target tier (--to; by
+    default every tier faster than the archive) had no room: full, with nothing on it that
+    could be evicted (copies of datasets another process has open, or whose only copy has
+    nowhere slower to go). Exit 0 when everything is staged or already there, and also when
+    some chunks were staged and others found no room (a note says how many); 1 when chunks
+    needed staging and none could be (no room anywhere, or tiers down), or any chunk
+    failed; 2 for a usage or configuration error.
+    """
     _move(config, name, "stage", section, to)
 
 

@@ -63,14 +63,18 @@ class Progress:
 class MoveResult:
     """The outcome of one move. ``moved``: chunks copied; ``reused``: chunks already where
     the move wanted them; ``unwritten``: chunks never written (they read as the fill value:
-    nothing to move); ``failed``: ``(key, message)`` pairs; ``nbytes``: bytes copied;
-    ``seconds``: wall time from start to commit."""
+    nothing to move); ``no_room``: chunks a stage or prefetch left where they were because
+    no tier it could put them on had room (each full, nothing on it could be evicted; the
+    chunks stay readable where they are, so this is not a failure); ``failed``:
+    ``(key, message)`` pairs; ``nbytes``: bytes copied; ``seconds``: wall time from start
+    to commit."""
 
     op: str
     total: int = 0
     moved: int = 0
     reused: int = 0
     unwritten: int = 0
+    no_room: int = 0
     cancelled: int = 0
     nbytes: int = 0
     seconds: float = 0.0
@@ -83,7 +87,14 @@ class MoveResult:
     @property
     def done_count(self) -> int:
         """Chunks dealt with so far, whatever their outcome."""
-        return self.moved + self.reused + self.unwritten + self.cancelled + len(self.failed)
+        return (
+            self.moved
+            + self.reused
+            + self.unwritten
+            + self.no_room
+            + self.cancelled
+            + len(self.failed)
+        )
 
     def checked(self) -> MoveResult:
         """This result; raises :class:`StrataError` naming the failure of the first chunk in
@@ -94,6 +105,48 @@ class MoveResult:
                 f"{self.op}: {len(self.failed)} of {self.total} chunks failed; {key}: {msg}"
             )
         return self
+
+
+class _NoRoomError(StrataError):
+    """A move's destination is full and nothing on it can be evicted (nor is any room held
+    by puts in flight that could free up)."""
+
+
+class _NoRoom:
+    """The tiers one stage found full, with nothing on them that could be evicted and no
+    put in flight there: the move's later chunks at least as large are not offered to such
+    a tier again (each offer is an eviction round over the tier's chunks, under the
+    placement lock), unless room was freed on it since. A stage that cannot place anything
+    thus ends after one round per tier, not one per chunk and tier."""
+
+    def __init__(self, placement: Placement) -> None:
+        self._placement = placement
+        self._lock = threading.Lock()
+        #: tier name -> (the least bytes found not to fit, the tier's usage then)
+        self._full: dict[str, tuple[int, int]] = {}
+        self._trying: dict[str, threading.Lock] = {}
+
+    def trying(self, tier: Tier) -> threading.Lock:
+        """The lock a chunk of this move holds while it makes room on ``tier``: the chunks
+        waiting for it then learn the outcome instead of each running its own round."""
+        with self._lock:
+            return self._trying.setdefault(tier.name, threading.Lock())
+
+    def known(self, tier: Tier, nbytes: int) -> bool:
+        """True if ``tier`` was found full for ``nbytes`` or fewer, nothing freed since."""
+        with self._lock:
+            got = self._full.get(tier.name)
+        return got is not None and nbytes >= got[0] and tier.used >= got[1]
+
+    def note(self, tier: Tier, nbytes: int) -> None:
+        """``tier`` had no room for ``nbytes``: remember it, unless puts in flight there may
+        free (or, recorded, make evictable) room soon."""
+        if self._placement._in_flight(tier):
+            return
+        with self._lock:
+            got = self._full.get(tier.name)
+            least = nbytes if got is None else min(got[0], nbytes)
+            self._full[tier.name] = (least, tier.used)
 
 
 class MoveHandle:
@@ -170,6 +223,8 @@ class MoveHandle:
                 r.reused += 1
             elif outcome == "unwritten":
                 r.unwritten += 1
+            elif outcome == "no_room":
+                r.no_room += 1
             elif outcome == "cancelled":
                 r.cancelled += 1
             else:
@@ -223,7 +278,8 @@ class Mover:
         """Copy ``keys`` up to tier ``to`` (default: the fastest persistent tier with room);
         chunks already on a tier at least that fast are reused, not copied."""
         target = self.tiers[to] if to is not None else None
-        return self._start("stage", res, keys, lambda k: self._stage_one(res, k, target))
+        full = _NoRoom(self.placement)
+        return self._start("stage", res, keys, lambda k: self._stage_one(res, k, target, full))
 
     def migrate(self, res: Residency, keys: Sequence[str], to: str) -> MoveHandle:
         """Move ``keys`` to tier ``to``; copies on faster tiers are deleted after the commit."""
@@ -240,7 +296,8 @@ class Mover:
         configured (a stage to it), else the in-process chunk cache."""
         mem = next((t for t in self.tiers if t.volatile and t.up), None)
         if mem is not None:
-            return self._start("prefetch", res, keys, lambda k: self._stage_one(res, k, mem))
+            full = _NoRoom(self.placement)
+            return self._start("prefetch", res, keys, lambda k: self._stage_one(res, k, mem, full))
         return self._start("prefetch", res, keys, lambda k: self._prefetch_one(res, k))
 
     def evict(self, res: Residency, keys: Sequence[str], tier: str) -> MoveHandle:
@@ -370,7 +427,7 @@ class Mover:
                 continue
             protect = [object_key(res.name, key)]
             if not self.placement.claim(dst, src.nbytes, protect=protect, wait=True):
-                raise StrataError(
+                raise _NoRoomError(
                     f"chunk {key!r} of {res.name!r}: tier {dst.name!r} is full and nothing "
                     "on it can be evicted"
                 )
@@ -457,7 +514,13 @@ class Mover:
                 copies = res.readable(key)
         return copies
 
-    def _stage_one(self, res: Residency, key: str, target: Tier | None) -> tuple[str, int]:
+    def _stage_one(
+        self, res: Residency, key: str, target: Tier | None, full: _NoRoom
+    ) -> tuple[str, int]:
+        """Stage ``key`` to ``target``, or (None) to the fastest persistent tier with room
+        faster than its fastest copy. ``"no_room"`` where no such tier had room: each was full
+        with nothing on it that could be evicted (remembered in ``full`` for the move's other
+        chunks)."""
         copies = self._readable(res, key)
         if not copies and not res.copies(key):
             return "unwritten", 0
@@ -469,22 +532,54 @@ class Mover:
         if not copies:
             return "reused", 0
         best = self._rank(copies[0].tier)
+        nbytes = copies[0].nbytes
         if target is not None:
             if best <= self._rank(target.name):
                 return "reused", 0  # Figure 4: already on a tier at least this fast
-            return self._copy(res, key, target)
-        for t in self.placement.persistent():
-            if self._rank(t.name) >= best:
-                return "reused", 0
+            if target.up or target.recheck():  # (a target down: _copy says so)
+                with full.trying(target):
+                    if full.known(target, nbytes):
+                        return "no_room", 0
+                    protect = [object_key(res.name, key)]
+                    if not self.placement.make_room(
+                        target, nbytes, protect=protect
+                    ) and not self.placement._in_flight(target):
+                        full.note(target, nbytes)
+                        return "no_room", 0
+            try:
+                # (room held by puts in flight is waited for there)
+                return self._copy(res, key, target)
+            except _NoRoomError:
+                full.note(target, nbytes)
+                return "no_room", 0
+        faster = [t for t in self.placement.persistent() if self._rank(t.name) < best]
+        for t in faster:
             if not t.up:
                 continue
-            if self.placement.make_room(t, copies[0].nbytes, protect=[object_key(res.name, key)]):
-                try:
-                    return self._copy(res, key, t)
-                except TierDownError:
-                    if t.up:
-                        raise
-        return "reused", 0
+            with full.trying(t):
+                if full.known(t, nbytes):
+                    continue
+                room = self.placement.make_room(t, nbytes, protect=[object_key(res.name, key)])
+                if not room:
+                    full.note(t, nbytes)
+            if not room:
+                continue
+            try:
+                return self._copy(res, key, t)
+            except TierDownError:
+                if t.up:
+                    raise
+            except _NoRoomError:
+                full.note(t, nbytes)  # (the room made was taken meanwhile)
+        if any(t.up for t in faster):
+            return "no_room", 0
+        if faster:
+            down = ", ".join(t.name for t in faster)
+            raise TierDownError(
+                f"chunk {key!r} of {res.name!r}: not staged, every tier faster than "
+                f"{copies[0].tier!r} is down ({down})"
+            )
+        return "reused", 0  # already on the fastest persistent tier
 
     def _migrate_one(
         self, res: Residency, key: str, target: Tier, *, refreshed: bool = False

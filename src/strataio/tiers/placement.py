@@ -385,6 +385,11 @@ class Placement:
             loaded: dict[str, Residency] = {}
             refused: set[str] = set()
             touched: list[Residency] = []
+            # slower tiers found with no room for a write-back this round (tier -> least
+            # bytes refused): later victims at least as large do not ask them again (each ask
+            # is an eviction round there), so a tier whose victims cannot go anywhere is
+            # given up on after one look per slower tier, not one per victim
+            full: dict[str, int] = {}
             for _, owner, c in victims:
                 if tier.has_room(target):
                     break
@@ -400,7 +405,7 @@ class Placement:
                     res = got
                     if all(x.tier != tier.name for x in res.copies(c.key)):
                         continue  # gone since the candidates were listed
-                if not self.evict_copy(tier, res, c):
+                if not self.evict_copy(tier, res, c, full=full):
                     continue
                 if res not in touched:
                     touched.append(res)
@@ -433,13 +438,15 @@ class Placement:
             res = loaded[name] = Residency(name, copies, self.tiers)
         return res
 
-    def evict_copy(self, tier: Tier, res: Residency, copy: ChunkCopy) -> bool:
+    def evict_copy(
+        self, tier: Tier, res: Residency, copy: ChunkCopy, *, full: dict[str, int] | None = None
+    ) -> bool:
         """Forget ``copy`` (of ``res``, on ``tier``) so that its object is deleted after the
         next commit, writing it back first if no other copy is kept on a persistent tier.
 
         False, and nothing changed, if the chunk has a put in flight, changed since ``copy``
         was listed, or cannot be written back. A copy whose object is found missing is
-        forgotten (True: its room is free).
+        forgotten (True: its room is free). ``full``: see :meth:`write_back`.
         """
         if res.busy(copy.key, tier.name) or copy.state == "in-transit":
             # its new version is being written there (by a put here, or by whoever announced
@@ -447,25 +454,35 @@ class Placement:
             return False
         done = res.drop_if_kept(copy)
         if not done and not tier.volatile and res.copy_on(copy.key, tier.name) is not None:
-            done = self.write_back(tier, res, copy)
+            done = self.write_back(tier, res, copy, full=full)
         if done:
             self.evictions += 1
         return done
 
-    def write_back(self, tier: Tier, res: Residency, copy: ChunkCopy) -> bool:
+    def write_back(
+        self, tier: Tier, res: Residency, copy: ChunkCopy, *, full: dict[str, int] | None = None
+    ) -> bool:
         """Copy ``copy`` (on ``tier``) safely to the nearest slower up persistent tier with
         room, record it there and forget the source copy (its object is deleted after the
         commit that records the new one). False if no slower tier can take it or the chunk
         changed meanwhile; True also when the source object turns out to be missing (the
-        catalogued copy is then forgotten: nothing is left to write back)."""
+        catalogued copy is then forgotten: nothing is left to write back).
+
+        ``full`` (one eviction round's): slower tiers found without room, each with the least
+        bytes it refused; a tier there is not asked again for as many bytes or more, and a
+        tier that refuses is added."""
         rank = self.tiers.rank(tier.name)
         for dst in self.persistent():
             if self.tiers.rank(dst.name) <= rank or not dst.up:
                 continue
+            if full is not None and copy.nbytes >= full.get(dst.name, copy.nbytes + 1):
+                continue  # (refused as many bytes this round)
             there = res.copy_on(copy.key, dst.name)
             if there is not None and there.rewritten_by_other(self.commit.writer):
                 continue  # (that process is putting its new bytes there: never replaced)
             if not self.claim(dst, copy.nbytes):
+                if full is not None:
+                    full[dst.name] = min(full.get(dst.name, copy.nbytes), copy.nbytes)
                 continue
             recorded = False
             try:
