@@ -153,6 +153,27 @@ def test_a_tier_whose_directory_is_unusable_is_down_and_the_others_serve(project
         assert s.tiers["disk"].up
 
 
+def test_tiers_shows_the_whole_last_error(project):
+    """The "last error" column holds the whole message, wrapped where the table is too wide
+    (it was cut at 60 characters, before the reason: here the path, not "Not a directory")."""
+    root, _ = project
+    (root / "blocker").write_text("")
+    deep = "blocker/" + "a-rather-long-directory-name/" * 4 + "disk"
+    (root / "down.toml").write_text(CONFIG.replace('path = "disk"', f'path = "{deep}"'))
+    with strataio.Session(root / "down.toml") as s:
+        message = s.tiers["disk"].last_error
+    assert len(message) > 120 and message.endswith("Not a directory"), message
+    out = CliRunner().invoke(main, ["tiers", "--config", "down.toml"])
+    assert out.exit_code == 1, out.output
+    # the disk row's last cell, and the cells below it until the next tier's row
+    cells, rows = [], [line.split("│") for line in out.stdout.splitlines() if line.startswith("│")]
+    for row in rows[[r[1].strip() for r in rows].index("disk") :]:
+        if cells and row[1].strip():
+            break
+        cells.append(row[-2].strip())
+    assert "".join(cells).replace(" ", "") == message.replace(" ", ""), (cells, message)
+
+
 def test_fsck_probes_a_tier_the_catalog_has_marked_down(project):
     """A tier another process marked down in the catalog, answering again, is probed by
     fsck and checked (it was skipped unprobed: exit 1 and "tiers down", its corrupt copy

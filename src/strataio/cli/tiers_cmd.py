@@ -28,6 +28,7 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 from rich.table import Table
+from rich.text import Text
 
 from strataio.cli import bench, main
 from strataio.cli.context import catalog_exists, open_session
@@ -97,7 +98,9 @@ def tiers_command(config: str | None, check: bool) -> None:
         usage = s.usage()
         table = Table(title="storage tiers (fastest first)")
         for col in ("tier", "role", "location", "state", "capacity", "used", "last error"):
-            table.add_column(col)
+            # (a long location or error is wrapped, a long path folded, where the table is
+            # too wide: never cut, as an error's reason comes last)
+            table.add_column(col, overflow="fold" if col in ("location", "last error") else None)
         for t in s.tiers:
             state = "[green]up[/]" if t.up else "[red]down[/]"
             if t.read_only:
@@ -109,7 +112,7 @@ def tiers_command(config: str | None, check: bool) -> None:
                 state,
                 format_size(t.capacity, none="unbounded"),
                 format_size(usage.get(t.name, 0)),
-                t.last_error[:60],
+                Text(t.last_error),  # (not markup: "[Errno 2]" is shown as it is)
             )
         console.print(table)
         down = [t.name for t in s.tiers if not t.up]
