@@ -83,13 +83,27 @@ def test_info_errors_are_messages_not_tracebacks(tmp_path) -> None:
     broken = tmp_path / "broken.zarr"
     broken.mkdir()
     (broken / "zarr.json").write_text("{not json")
-    for target in (tmp_path / "missing", notadir, empty, broken):
+    malformed = tmp_path / "malformed.zarr"
+    malformed.mkdir()
+    (malformed / "zarr.json").write_text('{"zarr_format": 3, "node_type": "array"}')
+    # nothing to describe at the path: a usage error (2); a dataset whose zarr.json cannot be
+    # used: a runtime failure (1), as for every other command (it was 2)
+    for target, status in (
+        (tmp_path / "missing", 2),
+        (notadir, 2),
+        (empty, 2),
+        (broken, 1),
+        (malformed, 1),
+    ):
         res = runner.invoke(main, ["info", str(target)])
-        assert res.exit_code == 2, (target, res.output)
+        assert res.exit_code == status, (target, res.output)
         assert res.exception is None or isinstance(res.exception, SystemExit)
         assert "Traceback" not in res.output
-        assert "error:" in res.stderr and str(target.name) in res.stderr
+        assert res.stderr.startswith("error: ") and str(target.name) in res.stderr
+        assert len(res.stderr.splitlines()) == 1, res.stderr
         assert res.stdout == ""
+        if status == 1:
+            assert str(target / "zarr.json") in res.stderr, res.stderr
 
 
 def test_readme_links_stay_in_the_repository_and_its_commands_exist():

@@ -14,7 +14,7 @@ from rich.table import Table
 from strataio.arrays import Dataset, open_dataset
 from strataio.cli import main
 from strataio.cli.output import make_console
-from strataio.errors import StrataError
+from strataio.errors import ConfigError, NotFoundError, StrataError
 from strataio.sizes import format_size
 
 
@@ -33,10 +33,11 @@ def bytes_on_disk(ds: Dataset) -> int:
     return total
 
 
-def fail(message: str) -> None:
-    """Print ``message`` on stderr and exit with status 2 (a usage-level error)."""
-    make_console(stderr=True).print(f"[red]error:[/red] {message}", highlight=False)
-    sys.exit(2)
+def fail(message: str, status: int = 2) -> None:
+    """Print ``error: message`` on stderr, one line, and exit with ``status``: 2 (the
+    default) for a usage-level error, 1 for a runtime failure."""
+    click.echo(f"error: {message}", err=True)
+    sys.exit(status)
 
 
 def _not_catalogued(config: str | None) -> str:
@@ -62,7 +63,13 @@ def _not_catalogued(config: str | None) -> str:
 )
 def info_cmd(path: Path, config: str | None) -> None:
     """Describe the dataset at PATH: shape, dtype, chunks, codecs, chunks stored, bytes on disk;
-    or, for the NAME of a catalogued dataset, its chunks and bytes per tier."""
+    or, for the NAME of a catalogued dataset, its chunks and bytes per tier.
+
+    Exit 0 described; 2 nothing to describe (no dataset at PATH, no catalogued NAME) or a
+    configuration problem; 1 a dataset that cannot be read (a corrupt or unsupported
+    zarr.json, an I/O error, a catalog that cannot be opened). Errors are one line on
+    stderr, naming the file or dataset.
+    """
     if not path.is_dir():
         from strataio.cli.tiers_cmd import residency_info  # a dataset name in the catalog
 
@@ -71,7 +78,7 @@ def info_cmd(path: Path, config: str | None) -> None:
                 return
         except StrataError as exc:
             if not path.exists():
-                fail(str(exc))
+                fail(str(exc), 2 if isinstance(exc, ConfigError) else 1)
                 return
             # else a file by that name: described below as a path
         if not path.exists():
@@ -79,7 +86,15 @@ def info_cmd(path: Path, config: str | None) -> None:
             fail(f"no dataset {str(path)!r}: {where}, and no dataset directory there")
             return
     try:
-        with open_dataset(path, mode="r") as ds:
+        opened = open_dataset(path, mode="r")
+    except NotFoundError as exc:  # nothing there: the path given is not a dataset
+        fail(str(exc))
+        return
+    except (StrataError, OSError) as exc:  # a zarr.json there that cannot be used
+        fail(str(exc), 1)
+        return
+    try:
+        with opened as ds:
             present = ds.nchunks_stored()
             on_disk = bytes_on_disk(ds)
             rows = [
@@ -109,7 +124,7 @@ def info_cmd(path: Path, config: str | None) -> None:
                     )
                 )
     except (StrataError, OSError) as exc:
-        fail(str(exc))
+        fail(str(exc), 1)
         return
     table = Table(title=f"dataset {path}", show_header=False, box=box.SIMPLE)
     table.add_column("field", style="bold")
