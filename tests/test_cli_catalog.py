@@ -76,6 +76,7 @@ def test_ls_and_du(runner):
     rows = {r["name"]: r for r in json.loads(res.output)}
     assert rows["temp"] == {
         "name": "temp",
+        "kind": "array",
         "shape": [100, 80],
         "dtype": "<f8",
         "chunks": [10, 20],
@@ -158,6 +159,59 @@ def test_errors_exit_codes(runner, tmp_path, monkeypatch):
     assert "cannot connect" in res.output and "pw" not in res.output
     # click's own usage errors stay exit 2
     assert runner.invoke(main, ["ls", "--nope"]).exit_code == 2
+
+
+def test_ls_shows_a_superfile_as_one(runner):
+    """A superfile is listed as kind "superfile" with its containers (their number and the
+    size they close at) and their bytes, not as an array of shape 0 with "1 (0)" chunks."""
+    import numpy as np
+
+    import strataio
+
+    assert runner.invoke(main, ["init"]).exit_code == 0
+    with strataio.Session() as s:
+        sf = s.superfile("images", container_bytes=4096, hint="LOCALDISK")
+        for i in range(20):
+            sf.put(f"img{i}", np.full((20, 20), i, "f4"))  # 1600 bytes each: 3 a container
+        sf.close()
+        ds = s.create_dataset("temp", (40, 40), "f4", (20, 20), hint="LOCALDISK")
+        ds[...] = 1.0
+        ds.close()
+    with open_catalog(load_config().catalog.url) as cat:
+        copies = cat.residency("images")
+    assert len(copies) == 7
+    res = runner.invoke(main, ["ls", "--json"])
+    assert res.exit_code == 0, res.output
+    rows = {r["name"]: r for r in json.loads(res.output)}
+    assert rows["images"] == {
+        "name": "images",
+        "kind": "superfile",
+        "shape": None,
+        "dtype": None,
+        "chunks": None,
+        "nchunks": 7,
+        "containers": 7,
+        "container_bytes": 4096,
+        "hint": "LOCALDISK",
+        "state": "active",
+        "size_bytes": sum(c.nbytes for c in copies),
+        "stored_bytes": sum(c.nbytes for c in copies),
+        "chunks_per_tier": {"local": 7, "remote": 0, "archive": 0},
+    }
+    assert rows["temp"]["kind"] == "array" and rows["temp"]["shape"] == [40, 40]
+    res = runner.invoke(main, ["ls"])
+    assert res.exit_code == 0, res.output
+    line = next(x for x in res.stdout.splitlines() if "images" in x)
+    cells = [c.strip() for c in line.split("│")[1:-1]]
+    assert cells[:5] == ["images", "superfile", "-", "-", "7 containers (close at 4.0 KiB)"]
+    line = next(x for x in res.stdout.splitlines() if "temp" in x)
+    assert [c.strip() for c in line.split("│")[1:-1]][:5] == [
+        "temp",
+        "array",
+        "40×40",
+        "<f4",
+        "20×20 (4)",
+    ]
 
 
 def test_an_empty_catalog_file_is_refused_by_every_command(runner, tmp_path):

@@ -17,7 +17,7 @@ import click
 import numpy as np
 from rich.table import Table
 
-from strataio.catalog import Catalog, TierRecord
+from strataio.catalog import Catalog, ChunkCopy, TierRecord
 from strataio.cli import main
 from strataio.cli.context import catalog_exists, make_tier_dirs, open_configured_catalog
 from strataio.cli.output import UsageProblem as _UsageProblem
@@ -99,36 +99,54 @@ def init_cmd(force: bool) -> None:
 @_json_option
 @_handle_errors
 def ls_cmd(config_path: Path | None, as_json: bool) -> None:
-    """List the datasets in the catalog, with their chunk copies per tier."""
+    """List the datasets in the catalog, with their chunk copies per tier.
+
+    An array shows its shape, dtype and chunks (their number in brackets). A superfile
+    (kind "superfile": named members packed into containers, see
+    ``Session.superfile``) shows no shape or dtype; its chunks are its sealed containers,
+    listed as their number and the size they close at, and its size is their bytes. Its
+    members are not counted (that reads every container's index): --json gives
+    ``containers`` and ``container_bytes``.
+    """
+    from strataio.tiers.superfile import is_superfile, record_container_bytes
+
     cfg = load_config(config_path)
     with open_configured_catalog(cfg)[0] as catalog:
         datasets = catalog.list_datasets()
         usage = catalog.usage()
         tiers = _tiers(cfg, catalog)
+        # a superfile's containers, one size each however many tiers hold copies
+        containers = {
+            d.name: _distinct_chunks(catalog.residency(d.name)) for d in datasets if is_superfile(d)
+        }
     per: dict[str, dict[str, tuple[int, int]]] = defaultdict(dict)
     for u in usage:
         per[u.dataset][u.tier] = (u.copies, u.nbytes)
     rows = []
     for d in datasets:
-        grid = [math.ceil(s / c) if c else 0 for s, c in zip(d.shape, d.chunks)]
-        try:
-            size: int | None = math.prod(d.shape) * np.dtype(d.dtype).itemsize
-        except TypeError:
-            size = None
-        rows.append(
-            {
-                "name": d.name,
-                "shape": list(d.shape),
-                "dtype": d.dtype,
-                "chunks": list(d.chunks),
-                "nchunks": math.prod(grid),
-                "hint": d.hint,
-                "state": d.state,
-                "size_bytes": size,
-                "stored_bytes": sum(b for _, b in per[d.name].values()),
-                "chunks_per_tier": {t.name: per[d.name].get(t.name, (0, 0))[0] for t in tiers},
-            }
+        row: dict[str, object] = {"name": d.name}
+        if d.name in containers:
+            sizes = containers[d.name]
+            row.update(kind="superfile", shape=None, dtype=None, chunks=None)
+            row.update(nchunks=len(sizes), containers=len(sizes))
+            row.update(container_bytes=record_container_bytes(d))
+            size: int | None = sum(sizes.values())
+        else:
+            grid = [math.ceil(s / c) if c else 0 for s, c in zip(d.shape, d.chunks)]
+            try:
+                size = math.prod(d.shape) * np.dtype(d.dtype).itemsize
+            except TypeError:
+                size = None
+            row.update(kind="array", shape=list(d.shape), dtype=d.dtype, chunks=list(d.chunks))
+            row.update(nchunks=math.prod(grid))
+        row.update(
+            hint=d.hint,
+            state=d.state,
+            size_bytes=size,
+            stored_bytes=sum(b for _, b in per[d.name].values()),
+            chunks_per_tier={t.name: per[d.name].get(t.name, (0, 0))[0] for t in tiers},
         )
+        rows.append(row)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
@@ -137,16 +155,27 @@ def ls_cmd(config_path: Path | None, as_json: bool) -> None:
         console.print(f"no datasets in catalog {cfg.catalog.display_url}")
         return
     table = Table(title=f"datasets in {cfg.catalog.display_url}")
-    for col in ("name", "shape", "dtype", "chunks", "hint", "state", "size", "stored"):
+    for col in ("name", "kind", "shape", "dtype", "chunks", "hint", "state", "size", "stored"):
         table.add_column(col, justify="right" if col in ("size", "stored") else "left")
     for t in tiers:
         table.add_column(f"on {t.name}", justify="right")
     for r in rows:
+        if r["kind"] == "superfile":
+            n = r["containers"]
+            shape, dtype = "-", "-"
+            chunks = (
+                f"{n} container{'s' if n != 1 else ''} "
+                f"(close at {format_size(r['container_bytes'])})"
+            )
+        else:
+            shape, dtype = _dims(tuple(r["shape"])), r["dtype"]
+            chunks = f"{_dims(tuple(r['chunks']))} ({r['nchunks']})"
         table.add_row(
             r["name"],
-            _dims(tuple(r["shape"])),
-            r["dtype"],
-            f"{_dims(tuple(r['chunks']))} ({r['nchunks']})",
+            r["kind"],
+            shape,
+            dtype,
+            chunks,
             r["hint"],
             r["state"],
             format_size(r["size_bytes"]),
@@ -154,6 +183,14 @@ def ls_cmd(config_path: Path | None, as_json: bool) -> None:
             *(str(r["chunks_per_tier"][t.name]) for t in tiers),
         )
     console.print(table)
+
+
+def _distinct_chunks(copies: list[ChunkCopy]) -> dict[str, int]:
+    """Each chunk's size, from its copies (one entry however many tiers hold it)."""
+    sizes: dict[str, int] = {}
+    for c in copies:
+        sizes[c.key] = max(sizes.get(c.key, 0), c.nbytes)
+    return sizes
 
 
 @main.command("du")
