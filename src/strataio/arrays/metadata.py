@@ -426,6 +426,22 @@ def _no_unknown_keys(config: dict[str, Any], known: Any, what: str, where: str) 
         )
 
 
+def _name_and_configuration(
+    value: dict[str, Any], what: str, where: str, *, named: bool = False
+) -> tuple[str, dict[str, Any]]:
+    """The ``name`` (a string) and ``configuration`` (an object, ``{}`` where absent) of the
+    extension object ``value``, which may hold only those and ``must_understand``; with
+    ``named``, errors about its configuration give its name after ``what`` (a codec's)."""
+    _no_unknown_keys(value, _EXTENSION_MEMBERS, what, where)
+    name, config = value.get("name"), value.get("configuration", {})
+    if not isinstance(name, str):
+        raise MetadataError(f"{where}: {what} name must be a string, got {name!r}")
+    if not isinstance(config, dict):
+        label = f"{what} ({name})" if named else what
+        raise MetadataError(f"{where}: {label} configuration must be an object, got {config!r}")
+    return name, config
+
+
 def _extension(value: Any, what: str, where: str) -> tuple[str, dict[str, Any]]:
     """The name and configuration of a Zarr v3 extension object that must be understood (a
     chunk grid, a chunk key encoding): a short-hand name or an object of ``name``, optional
@@ -435,12 +451,7 @@ def _extension(value: Any, what: str, where: str) -> tuple[str, dict[str, Any]]:
         return value, {}
     if not isinstance(value, dict):
         raise MetadataError(f"{where}: {what} must be an object or a name, got {value!r}")
-    _no_unknown_keys(value, _EXTENSION_MEMBERS, what, where)
-    name, config = value.get("name"), value.get("configuration", {})
-    if not isinstance(name, str):
-        raise MetadataError(f"{where}: {what} name must be a string, got {name!r}")
-    if not isinstance(config, dict):
-        raise MetadataError(f"{where}: {what} configuration must be an object, got {config!r}")
+    name, config = _name_and_configuration(value, what, where)
     if value.get("must_understand", True) is not True:
         raise MetadataError(
             f"{where}: {what} {name!r} sets must_understand to "
@@ -465,14 +476,7 @@ def _codecs(value: Any, what: str, where: str) -> list[CodecSpec]:
             entry = {"name": entry}
         if not isinstance(entry, dict):
             raise MetadataError(f"{where}: {here} must be a codec object or name, got {entry!r}")
-        _no_unknown_keys(entry, _EXTENSION_MEMBERS, here, where)
-        name, config = entry.get("name"), entry.get("configuration", {})
-        if not isinstance(name, str):
-            raise MetadataError(f"{where}: {here} name must be a string, got {name!r}")
-        if not isinstance(config, dict):
-            raise MetadataError(
-                f"{where}: {here} ({name}) configuration must be an object, got {config!r}"
-            )
+        name, config = _name_and_configuration(entry, here, where, named=True)
         if not isinstance(entry.get("must_understand", True), bool):
             raise MetadataError(
                 f"{where}: {here} ({name}) must_understand must be true or false, got "
