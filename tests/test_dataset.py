@@ -175,6 +175,10 @@ def test_zero_dimensional_and_empty(tmp_path):
     assert e[:].shape == (0, 5)
     e[:] = np.zeros((0, 5), dtype="int8")  # nothing to write, no error
     assert e.nchunks_stored() == 0
+    # chunks=None (the whole array one chunk) takes 1 along an empty dimension
+    w = strataio.create_dataset(tmp_path / "w", (0, 3), "int32")
+    assert w.chunks == (1, 3) and w[...].shape == (0, 3)
+    assert strataio.open_dataset(tmp_path / "w")[...].shape == (0, 3)
 
 
 @settings(

@@ -203,8 +203,8 @@ class ArrayMetadata:
         :class:`CodecError`."""
         shape_t = _int_tuple(shape, "shape", allow_zero=True)
         whole = chunks is None
-        if chunks is None:
-            chunks = shape_t
+        if chunks is None:  # (one chunk: the whole array, at least 1 along an empty dimension)
+            chunks = tuple(max(n, 1) for n in shape_t)
         chunks_t = _int_tuple(chunks, "chunks", allow_zero=False)
         if len(chunks_t) != len(shape_t):
             raise ArgumentError(
