@@ -170,3 +170,13 @@ def test_a_measured_run_removes_nothing_its_dataset_names_name(setup, tmp_path):
     assert (victim / "keep.txt").read_text() == "precious"
     assert (tmp_path / "strataio.toml").exists() and (tmp_path / "local").is_dir()
     assert not any((tmp_path / "local" / ".strataio-predict").glob("dataset-*"))  # removed
+
+
+def test_a_wait_that_is_not_a_number_is_refused(setup):
+    """``--wait nan`` passed the range check (every comparison with nan is false) and waited
+    not at all; it is a usage error now, for ``predict`` and ``calibrate`` alike."""
+    config, workload, _ = setup
+    r = CliRunner()
+    for args in (["predict", str(workload)], ["calibrate", "--quick"]):
+        out = r.invoke(main, [*args, "-c", str(config), "--wait", "nan"])
+        assert out.exit_code == 2 and "not a number of seconds" in out.output, out.output

@@ -34,9 +34,20 @@ _config_option = click.option(
     default=None,
     help="configuration (default: ./strataio.toml, $STRATAIO_CONFIG, built-in)",
 )
+
+
+def _finite(ctx: click.Context, param: click.Parameter, value: float) -> float:
+    """``value`` unless it is not a number (``nan``, which every range check lets through;
+    ``inf`` is fine: wait as long as it takes)."""
+    if value != value:
+        raise click.BadParameter(f"{value} is not a number of seconds")
+    return value
+
+
 _wait_option = click.option(
     "--wait",
     type=click.FloatRange(min=0),
+    callback=_finite,
     default=0,
     show_default=True,
     metavar="SECONDS",
