@@ -31,23 +31,8 @@ from strataio.errors import ChunkChangedError
 from strataio.tiers.fsck import fsck
 from strataio.tiers.residency import object_key
 from strataio.tiers.store import TieredChunkStore
+from test_concurrent_sessions import CONFIG  # (a fast local disk and an archive)
 
-CONFIG = """
-[catalog]
-url = "cat.db"
-
-[[tiers]]
-name = "fast"
-kind = "posix"
-role = "localdisk"
-path = "fast"
-
-[[tiers]]
-name = "archive"
-kind = "posix"
-role = "remotetape"
-path = "archive"
-"""
 KEY = "c/0/0"
 ORIGINAL, A_VALUE, B_VALUE = 7.0, 1.0, 2.0
 

@@ -725,11 +725,16 @@ class SQLCatalog(Catalog):
                     )
                 if replaced_own and sizes is not None:
                     self._settle_replaced(cur, replaced_own, sizes, latest)
+                # (the rows of the chunks this commit writes, read once: nothing here
+                # changes them before the upsert at the end)
+                chunk_rows = self._rows_of(cur, {i[:2] for i in [*own, *new]}) if own else None
                 if own:
                     announced = [
-                        i
-                        for i, (state, checksum) in self._states_of(cur, own).items()
-                        if i in own and state == "in-transit" and checksum != latest[i].checksum
+                        (d, k, t)
+                        for d, k, t, state, checksum, _, _ in chunk_rows
+                        if (d, k, t) in own
+                        and state == "in-transit"
+                        and checksum != latest[d, k, t].checksum
                     ]
                     for i in announced:
                         del latest[i]
@@ -836,8 +841,13 @@ class SQLCatalog(Catalog):
                     # commit, which supersedes in turn: its object may be written right now)
                     removed = [
                         (d, k, t)
-                        for d, k, t, state, _, _, _ in self._rows_of(cur, chunks)
-                        if holds[d, k] != t and (d, k, t) not in named and state != "in-transit"
+                        for d, k, t, state, _, _, _ in (
+                            chunk_rows if chunk_rows is not None else self._rows_of(cur, chunks)
+                        )
+                        if (d, k) in holds
+                        and holds[d, k] != t
+                        and (d, k, t) not in named
+                        and state != "in-transit"
                     ]
                 if dropped is not None and ids:
                     last = self._last_rows(cur, ids, latest, set(dropped))
