@@ -1,5 +1,5 @@
 """A stateful property test of two Sessions (two processes' worth: each its own catalog
-connection, writer, residency and tiers) working on one dataset at once.
+connection, writer, residency and tiers) working on one dataset at once, and of three.
 
 Rules write whole chunks through either session, flush, migrate, stage and evict through
 either, and close and reopen either's dataset. Neither session knows what the other did
@@ -41,6 +41,9 @@ chunk_boxes = st.lists(st.tuples(st.integers(0, 1), st.integers(0, 1)), min_size
 
 
 class TwoSessions(RuleBasedStateMachine):
+    #: the sessions, by name (the rules draw from the module's ``WHO``; a machine of more
+    #: sessions redefines them)
+    WHO: tuple[str, ...] = WHO
     #: bytes the fast tier holds (None: unbounded)
     FAST_CAPACITY: int | None = None
     #: the dataset's codec (the default: plain chunks with a CRC-32C)
@@ -50,18 +53,28 @@ class TwoSessions(RuleBasedStateMachine):
         super().__init__()
         self.root = Path(tempfile.mkdtemp(prefix="strataio-sessions-"))
         self.oracle = np.zeros(SHAPE, "i4")
-        self.sessions = {w: self._session() for w in WHO}
+        self.sessions = {w: self._session() for w in self.WHO}
         with self._session() as s:
             ds = s.create_dataset("d", SHAPE, "i4", CHUNKS, hint="LOCALDISK", codec=self.CODEC)
             ds[...] = self.oracle
             ds.close()
-        self.ds = {w: self.sessions[w].open_dataset("d", "r+") for w in WHO}
+        self.ds = {w: self.sessions[w].open_dataset("d", "r+") for w in self.WHO}
         # per session, chunk -> value written since its last flush
-        self.pending: dict[str, dict[tuple[int, int], int]] = {w: {} for w in WHO}
+        self.pending: dict[str, dict[tuple[int, int], int]] = {w: {} for w in self.WHO}
         # chunk -> values flushed while both sessions had it written and not flushed: which
         # one stands depends on where each put its object (see the module doc)
         self.racing: dict[tuple[int, int], set[int]] = {}
         self.value = 0
+
+    def _others(self, who: str) -> list[str]:
+        return [w for w in self.WHO if w != who]
+
+    def _flush_others_writing(self, who: str, chunks: list[tuple[int, int]]) -> None:
+        """Flush each other session holding an unflushed write of one of ``chunks`` (writes
+        of one chunk coordinated, as MPI-IO asks outside atomic mode)."""
+        for other in self._others(who):
+            if self.pending[other].keys() & set(chunks):
+                self.flush(other)
 
     @property
     def dirty(self) -> bool:
@@ -102,14 +115,14 @@ class TwoSessions(RuleBasedStateMachine):
     # ----------------------------------------------------------------- rules
     @rule(who=st.sampled_from(WHO), chunks=chunk_boxes)
     def write(self, who: str, chunks: list[tuple[int, int]]) -> None:
-        other = WHO[1 - WHO.index(who)]
+        others = self._others(who)
         for r, c in sorted(set(chunks)):
             self.value += 1
             box = np.s_[r * 4 : r * 4 + 4, c * 4 : c * 4 + 4]
             self.ds[who][box] = np.full(CHUNKS, self.value, "i4")
             self.oracle[box] = self.value
             self.pending[who][r, c] = self.value
-            if (r, c) in self.pending[other]:
+            if any((r, c) in self.pending[o] for o in others):
                 self.racing.setdefault((r, c), set())
 
     @rule(who=st.sampled_from(WHO))
@@ -155,7 +168,7 @@ class TwoSessions(RuleBasedStateMachine):
     # ----------------------------------------------------------------- invariants
     @invariant()
     def each_session_reads_the_last_values(self) -> None:
-        for who in WHO:
+        for who in self.WHO:
             try:
                 got = self.ds[who][...]
             except StrataError:
@@ -168,7 +181,7 @@ class TwoSessions(RuleBasedStateMachine):
 
     def teardown(self) -> None:
         try:
-            for who in WHO:
+            for who in self.WHO:
                 self.ds[who].close()
                 self._flushed(who)
             for s in self.sessions.values():
@@ -208,9 +221,7 @@ class TwoSessionsOnAFullTier(TwoSessions):
 
     @rule(who=st.sampled_from(WHO), chunks=chunk_boxes)
     def write(self, who: str, chunks: list[tuple[int, int]]) -> None:
-        other = WHO[1 - WHO.index(who)]
-        if self.pending[other].keys() & set(chunks):
-            self.flush(other)
+        self._flush_others_writing(who, chunks)
         super().write(who, chunks)
 
 
@@ -242,6 +253,56 @@ class TwoSessionsRaw(TwoSessions):
 TwoSessionsRaw.TestCase.settings = settings(TwoSessions.TestCase.settings, max_examples=30)
 test_two_sessions_raw = pytest.mark.filterwarnings("ignore::ResourceWarning")(
     TwoSessionsRaw.TestCase
+)
+
+
+WHO3 = ("A", "B", "C")
+
+
+class ThreeSessions(TwoSessions):
+    """Three sessions: chains of unordered rewrites of one chunk (each session's write
+    announced over another's announcement, put and committed in any order), with moves and
+    reopens of any of them between; the same promises hold."""
+
+    WHO = WHO3
+
+    @rule(who=st.sampled_from(WHO3), chunks=chunk_boxes)
+    def write(self, who: str, chunks: list[tuple[int, int]]) -> None:
+        super().write(who, chunks)
+
+    @rule(who=st.sampled_from(WHO3))
+    def flush(self, who: str) -> None:
+        super().flush(who)
+
+    @rule(who=st.sampled_from(WHO3), op=st.sampled_from(["migrate", "stage", "evict"]),
+          tier=st.sampled_from([n for n, _ in LEVELS]))  # fmt: skip
+    def move(self, who: str, op: str, tier: str) -> None:
+        super().move(who, op, tier)
+
+    @rule(who=st.sampled_from(WHO3))
+    def reopen(self, who: str) -> None:
+        super().reopen(who)
+
+
+ThreeSessions.TestCase.settings = settings(TwoSessions.TestCase.settings, max_examples=30)
+test_three_sessions = pytest.mark.filterwarnings("ignore::ResourceWarning")(ThreeSessions.TestCase)
+
+
+class ThreeSessionsOnAFullTier(ThreeSessions):
+    """Three sessions on the full tier of :class:`TwoSessionsOnAFullTier`, writes of one
+    chunk coordinated as there."""
+
+    FAST_CAPACITY = TwoSessionsOnAFullTier.FAST_CAPACITY
+
+    @rule(who=st.sampled_from(WHO3), chunks=chunk_boxes)
+    def write(self, who: str, chunks: list[tuple[int, int]]) -> None:
+        self._flush_others_writing(who, chunks)
+        super().write(who, chunks)
+
+
+ThreeSessionsOnAFullTier.TestCase.settings = ThreeSessions.TestCase.settings
+test_three_sessions_on_a_full_tier = pytest.mark.filterwarnings("ignore::ResourceWarning")(
+    ThreeSessionsOnAFullTier.TestCase
 )
 
 
