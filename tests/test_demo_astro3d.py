@@ -154,3 +154,30 @@ def test_demo_runs_the_pipeline(tmp_path) -> None:
     res = runner.invoke(main, [*args, "--scenario", "3"])
     assert res.exit_code == 0, res.output
     assert "calibration reused" in res.output
+
+
+def test_access_costs_read_again_under_the_lock_are_not_measured_twice(
+    tmp_path, config, monkeypatch
+) -> None:
+    """The table a demo read before taking the tiers' lock lacks the tiered layer's costs,
+    which another demo recorded meanwhile over a newer calibration: none is measured again,
+    and the table returned is the catalog's, whose costs carry its calibration's time."""
+    import strataio.predict.ranks
+    from strataio.catalog import open_catalog
+    from strataio.demo.pipeline import TIERED_OPS, ensure_access_costs
+
+    def launch(*args, **kwargs):
+        raise AssertionError("access costs measured again")
+
+    monkeypatch.setattr(strataio.predict.ranks, "launch", launch)
+    stale = _flat_perf(0.1, 0.05)
+    tiers = ("local", "remote", "archive")
+    newer = [PerfRow(t, op, n, 0.1, 2, 2.0) for t in tiers for op in ("put", "get")
+             for n in (1024, 1 << 20)]  # fmt: skip
+    newer += [PerfRow(t, op, 0, 0.01, 2, 2.0) for t in tiers for op in TIERED_OPS.values()]
+    with open_catalog(config.catalog.url) as catalog:
+        catalog.record_perf(newer)
+    perf, measured = ensure_access_costs(config, tmp_path / "strataio.toml", TINY, stale)
+    assert not measured
+    assert all(perf.has(t, op) for t in ("local", "remote") for op in TIERED_OPS.values())
+    assert perf.measured_at["local"] == 2.0

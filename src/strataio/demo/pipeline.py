@@ -144,21 +144,33 @@ def ensure_access_costs(
     from strataio.predict.ranks import launch
 
     tiers = [t.name for t in config.tiers if t.role in ROLE_HINTS]
-    if all(perf.has(t, op) for t in tiers for op in TIERED_OPS.values()):
+
+    def complete(table: Any) -> bool:
+        return all(table.has(t, op) for t in tiers for op in TIERED_OPS.values())
+
+    if complete(perf):
         return perf, False
     args = launch_args(os.fspath(config_path), params, "access-costs")
-    # measured holding the tiers' lock, as a calibration is (neither times the other)
+    # measured and recorded holding the tiers' lock, as a calibration is (neither times the
+    # other); the table is read again under it, for a calibration or another demo may have
+    # recorded rows meanwhile, and the extras are taken over the calibration they carry
     with lock_tiers([config.tier(t) for t in tiers], "measuring the demo's access costs"):
+        with open_catalog(config.catalog.url) as catalog:
+            perf = PerfTable(catalog.perf_rows())
+            if complete(perf):
+                return perf, False
         costs = launch(params.ranks, "strataio.demo.astro3d", args)["costs"]
-    rows = []
-    for t in tiers:
-        c = costs[t]
-        for what, op in (("write", "put"), ("rewrite", "put"), ("read", "get")):
-            extra = max(0.0, c[what] - perf.time(t, op, c["nbytes"], params.ranks))
-            rows.append(PerfRow(t, TIERED_OPS[what], 0, extra, params.ranks, perf.measured_at[t]))
-    with open_catalog(config.catalog.url) as catalog:
-        catalog.record_perf(rows)
-        return PerfTable(catalog.perf_rows()), True
+        rows = []
+        for t in tiers:
+            c = costs[t]
+            for what, op in (("write", "put"), ("rewrite", "put"), ("read", "get")):
+                extra = max(0.0, c[what] - perf.time(t, op, c["nbytes"], params.ranks))
+                rows.append(
+                    PerfRow(t, TIERED_OPS[what], 0, extra, params.ranks, perf.measured_at[t])
+                )
+        with open_catalog(config.catalog.url) as catalog:
+            catalog.record_perf(rows)
+            return PerfTable(catalog.perf_rows()), True
 
 
 def tier_of_hint(config: Any, hint: str) -> str | None:
