@@ -180,3 +180,27 @@ def test_a_wait_that_is_not_a_number_is_refused(setup):
     for args in (["predict", str(workload)], ["calibrate", "--quick"]):
         out = r.invoke(main, [*args, "-c", str(config), "--wait", "nan"])
         assert out.exit_code == 2 and "not a number of seconds" in out.output, out.output
+
+
+def test_ranks_launched_under_the_lock_hold_it_after_their_caller_lets_go(setup):
+    """A process launched while the tier's lock is held (a measured run's ``mpiexec``)
+    inherits it: a caller killed mid-run leaves the tier locked until the run ends, not
+    free for a calibration to time the run's I/O."""
+    from strataio.predict.native import held_lock_fds, lock_tiers
+    from strataio.predict.ranks import _started
+
+    config, _, _ = setup
+    tc = load_config(str(config)).tiers[0]
+    with open(os.devnull, "w") as err:
+        with lock_tiers([tc], "measuring"):
+            assert len(held_lock_fds()) == 1
+            run = _started([sys.executable, "-c", "import time; time.sleep(60)"], err, {})
+        assert held_lock_fds() == ()
+        try:
+            with pytest.raises(BusyError, match="measuring"), lock_tiers([tc], "calibrating"):
+                pass
+        finally:
+            run.kill()
+            run.wait()
+    with lock_tiers([tc], "calibrating"):  # (free once the run is gone)
+        pass

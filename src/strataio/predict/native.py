@@ -29,6 +29,9 @@ LOCK_NAME = "calibrate.lock"
 #: seconds between tries while waiting for a tier's lock
 _POLL_S = 0.05
 
+#: descriptors of the measurement locks this process holds (see :func:`held_lock_fds`)
+_held: set[int] = set()
+
 
 def tier_dir(tc: Any) -> str:
     """The POSIX directory of tier config ``tc`` (calibration and runs need one)."""
@@ -64,6 +67,9 @@ def lock_tiers(
 
     The lock is an ``flock`` on :data:`LOCK_NAME` in the tier's work folder, which the system
     releases when the holder dies; the holder writes its pid, host, start and ``what`` there.
+    Ranks launched meanwhile (:func:`strataio.predict.ranks.launch`) hold it too
+    (:func:`held_lock_fds`): a holder killed while they measure leaves the tier locked until
+    they end.
     Tiers are locked in name order (two processes locking the same tiers cannot deadlock).
     A tier another process holds is waited for up to ``wait`` seconds in all (0: not at
     all), ``on_wait(message)`` saying once per tier who holds it; then
@@ -115,8 +121,19 @@ def _tier_locked(
             since = time.strftime("%Y-%m-%d %H:%M:%S")
             f.write(f"pid {os.getpid()} on {socket.gethostname()} since {since} ({what})")
             f.flush()
+            _held.add(f.fileno())
             break
-        yield
+        try:
+            yield
+        finally:
+            _held.discard(f.fileno())
+
+
+def held_lock_fds() -> tuple[int, ...]:
+    """Descriptors of the measurement locks (:func:`lock_tiers`) this process holds now: a
+    process started meanwhile inherits them (an ``flock`` belongs to the open file, so the
+    lock then holds until the last of them exits)."""
+    return tuple(sorted(_held))
 
 
 def file_hints(tc: Any, write: bool) -> dict[str, str]:

@@ -15,11 +15,21 @@ from typing import Any
 
 from strataio.bench.mpi import launcher_failed, rank_command, silent_end
 from strataio.errors import StrataError
+from strataio.predict.native import held_lock_fds
 
 
 def _started(cmd: list[str], errfile: Any, env: dict[str, str]) -> subprocess.Popen[str]:
+    # (the tier locks held here go along: a caller killed mid-run leaves them held by the
+    # run until it ends, not free for a calibration to time the run's I/O)
     try:
-        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=errfile, text=True, env=env)
+        return subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=errfile,
+            text=True,
+            env=env,
+            pass_fds=held_lock_fds(),
+        )
     except OSError as exc:
         raise launcher_failed(cmd[0], exc) from None
 
