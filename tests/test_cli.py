@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 
 import click
 import numpy as np
@@ -72,6 +75,86 @@ def test_info_partial_dataset_and_foreign_writer(tmp_path) -> None:
     res = CliRunner().invoke(main, ["info", str(zpath)])
     assert res.exit_code == 0, res.output
     assert "2 / 4" in res.output and "float64" in res.output and "800 (" in res.output
+
+
+_HELD_WRITER = """
+import os, sys
+import strataio
+real_replace, held = os.replace, []
+def replace(src, dst):  # the chunk's put, its temporary file written, waits before its rename
+    if not held:
+        held.append(src)
+        print("renaming", flush=True)
+        sys.stdin.readline()
+    real_replace(src, dst)
+os.replace = replace
+with strataio.open_dataset(sys.argv[1], mode="r+") as ds:
+    ds[int(sys.argv[2]) : int(sys.argv[2]) + 30, 0:20] = int(sys.argv[3])
+"""
+
+
+def test_fsck_path_deletes_a_killed_writers_temporary_files_not_a_live_ones(tmp_path) -> None:
+    path = tmp_path / "d.zarr"
+    oracle = np.ones((100, 60), np.int16)
+    with strataio.create_dataset(path, (100, 60), "int16", (30, 20)) as ds:
+        ds[...] = oracle
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+
+    def writer(row: int, value: int) -> subprocess.Popen:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _HELD_WRITER, str(path), str(row), str(value)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        assert proc.stdout.readline() == "renaming\n"
+        return proc
+
+    killed, live = writer(0, 7), writer(30, 9)
+    try:
+        killed.send_signal(signal.SIGKILL)
+        killed.wait(10)
+        temps = sorted(str(p) for p in path.rglob("*.strataio-tmp"))
+        assert len(temps) == 2
+        (dead,) = [t for t in temps if f".{killed.pid}." in t]
+        (running,) = [t for t in temps if f".{live.pid}." in t]
+        runner = CliRunner()
+        res = runner.invoke(main, ["info", str(path)])
+        assert res.exit_code == 0, res.output
+        said = " ".join(res.output.split())  # (the table wraps long values)
+        assert "2 temporary file(s)" in said and "1 of a put running now" in said
+        assert "1 left by a writer killed in a put" in said and "fsck" in said
+
+        res = runner.invoke(main, ["fsck", str(path)])  # only a look: exit 1, nothing deleted
+        assert res.exit_code == 1, res.output
+        assert "leftover" in res.output and "in-flight" in res.output
+        assert os.path.exists(dead) and os.path.exists(running)
+
+        res = runner.invoke(main, ["fsck", str(path), "--repair"])
+        assert res.exit_code == 0, res.output
+        assert "1 of writers that are gone, deleted" in res.output
+        assert "1 of puts running now, left alone" in res.output
+        assert not os.path.exists(dead) and os.path.exists(running)
+
+        live.stdin.write("\n")
+        live.stdin.flush()
+        assert live.wait(20) == 0
+    finally:
+        for proc in (killed, live):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    oracle[30:60, 0:20] = 9  # the killed writer's chunk keeps its old value
+    with strataio.open_dataset(path, mode="r") as ds:
+        assert np.array_equal(ds[...], oracle)
+    res = runner.invoke(main, ["fsck", str(path)])
+    assert res.exit_code == 0, res.output
+    assert "0 temporary files" in res.output
+    assert list(path.rglob("*.strataio-tmp")) == []
+    # a path with no dataset: a usage error, one line
+    res = runner.invoke(main, ["fsck", str(tmp_path / "missing")])
+    assert res.exit_code == 2 and res.stderr.startswith("error: "), res.output
 
 
 def test_info_errors_are_messages_not_tracebacks(tmp_path) -> None:

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from strataio.errors import InvalidKeyError, NotFoundError, ShapeMismatchError
 from strataio.layout.extents import Extents
 from strataio.storage import posix
-from strataio.storage.posix import TMP_SUFFIX, PosixBackend
+from strataio.storage.posix import TMP_SUFFIX, LeftoverState, PosixBackend, judge_leftover
 from strataio.storage.vectored import IOV_MAX
 
 
@@ -144,6 +144,61 @@ def test_leftovers_reports_interrupted_put(backend: PosixBackend) -> None:
     stale.write_bytes(b"partial")
     assert list(backend.leftovers()) == [str(stale)]
     assert list(backend.list()) == ["x"]  # temp files are not objects
+
+
+def test_a_leftover_is_judged_by_its_puts_lock(backend: PosixBackend, monkeypatch) -> None:
+    """A put holds its temporary file's lock until after its rename: while it runs the file
+    is live and no judge deletes it; a file no process holds is dead and deleted at once."""
+    import threading
+
+    stale = backend.root / f"x.4242.7{TMP_SUFFIX}"
+    backend.root.mkdir(parents=True, exist_ok=True)
+    stale.write_bytes(b"half")  # a put killed before its rename: nobody holds it
+    assert judge_leftover(str(stale)) is LeftoverState.DEAD and stale.exists()
+
+    at_rename, go_on = threading.Event(), threading.Event()
+    real_replace = os.replace
+
+    def slow_replace(src, dst):
+        at_rename.set()
+        assert go_on.wait(10)
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", slow_replace)
+    writer = threading.Thread(target=backend.put, args=("y", b"new bytes"))
+    writer.start()
+    assert at_rename.wait(10)
+    (live,) = [p for p in backend.leftovers() if os.path.basename(p).startswith("y.")]
+    for remove in (False, True):
+        assert judge_leftover(live, remove=remove) is LeftoverState.LIVE
+        assert os.path.exists(live)
+    go_on.set()
+    writer.join(10)
+    assert bytes(backend.get("y")) == b"new bytes"
+    assert judge_leftover(live, remove=True) is LeftoverState.GONE
+
+    assert judge_leftover(str(stale), remove=True) is LeftoverState.DEAD
+    assert not stale.exists() and list(backend.leftovers()) == []
+
+
+def test_a_put_whose_temporary_file_is_judged_before_its_lock_starts_over(
+    backend: PosixBackend, monkeypatch
+) -> None:
+    """Between creating its temporary file and locking it a put holds nothing: a judge
+    there deletes the file, and the put, finding it unlinked under its lock, takes a new one."""
+    real_flock = posix.fcntl.flock
+    judged: list[LeftoverState] = []
+
+    def flock(fd, op):
+        if op == posix.fcntl.LOCK_EX and not judged:  # the put's own (blocking) lock
+            (tmp,) = backend.leftovers()
+            judged.append(judge_leftover(tmp, remove=True))
+        return real_flock(fd, op)
+
+    monkeypatch.setattr(posix.fcntl, "flock", flock)
+    backend.put("z", b"whole")
+    assert judged == [LeftoverState.DEAD]
+    assert bytes(backend.get("z")) == b"whole" and list(backend.leftovers()) == []
 
 
 def test_drop_cache_and_sync_keep_data(backend: PosixBackend) -> None:

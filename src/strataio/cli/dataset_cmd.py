@@ -1,4 +1,5 @@
-"""Commands about sub-filed datasets on disk: ``info``."""
+"""Commands about sub-filed datasets on disk: ``info``, and ``fsck PATH`` (called by the
+``fsck`` command of :mod:`strataio.cli.tiers_cmd` for a path)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from strataio.cli import main
 from strataio.cli.output import make_console
 from strataio.errors import ConfigError, NotFoundError, StrataError
 from strataio.sizes import format_size
+from strataio.storage.posix import LeftoverState, judge_leftover
 
 
 def bytes_on_disk(ds: Dataset) -> int:
@@ -115,12 +117,18 @@ def info_cmd(path: Path, config: str | None) -> None:
             leftovers = getattr(getattr(ds.store, "backend", None), "leftovers", None)
             left = sorted(leftovers()) if leftovers is not None else []
             if left:
+                live = sum(judge_leftover(f) is LeftoverState.LIVE for f in left)
+                dead = len(left) - live
+                said = [f"{live} of a put running now"] if live else []
+                if dead:
+                    said.append(
+                        f"{dead} left by a writer killed in a put, which "
+                        f"'strataio fsck {path} --repair' deletes"
+                    )
                 rows.append(
                     (
                         "unfinished writes",
-                        f"{len(left)} temporary file(s), e.g. {left[0]}: left by a writer killed "
-                        "in a put (or a put running now); delete them once no process writes "
-                        "this dataset",
+                        f"{len(left)} temporary file(s), e.g. {left[0]}: " + "; ".join(said),
                     )
                 )
     except (StrataError, OSError) as exc:
@@ -132,3 +140,67 @@ def info_cmd(path: Path, config: str | None) -> None:
     for k, v in rows:
         table.add_row(k, v)
     make_console().print(table)
+
+
+def fsck_dataset_dir(path: Path, repair: bool) -> None:
+    """``strataio fsck PATH``: the temporary files of puts into the dataset at ``PATH``.
+
+    A plain dataset has no catalog, so what a crash leaves in it is only these files (a chunk
+    is replaced by renaming a whole new file over it, never torn). Each one whose put still
+    holds its lock (:func:`strataio.storage.posix.judge_leftover`) belongs to a writer running
+    now and is reported **in-flight** and left alone; every other is a **leftover** of a
+    killed writer, which ``repair`` deletes at once (no waiting: the lock dies with its
+    process). On a file system that keeps no locks a temporary file cannot be judged: it is
+    reported and left. Exit 0 clean (in-flight files included), 1 leftovers remain, 2 no
+    dataset at ``PATH``.
+    """
+    try:
+        opened = open_dataset(path, mode="r")
+    except NotFoundError as exc:
+        fail(str(exc))
+        return
+    except (StrataError, OSError) as exc:
+        fail(str(exc), 1)
+        return
+    with opened as ds:
+        listing = getattr(getattr(ds.store, "backend", None), "leftovers", None)
+        temps = sorted(listing()) if listing is not None else []
+    findings: list[tuple[str, str, str, str]] = []
+    for f in temps:
+        state = judge_leftover(f, remove=repair)
+        if state is LeftoverState.LIVE:
+            findings.append(("in-flight", f, "temporary file of a put running now", "left alone"))
+        elif state is LeftoverState.DEAD:
+            findings.append(
+                ("leftover", f, "temporary file of a put killed before its rename", "delete")
+            )
+        elif state is LeftoverState.UNKNOWN:
+            findings.append(
+                (
+                    "leftover",
+                    f,
+                    "no lock to tell whether a put still writes it: delete it once no "
+                    "process writes this dataset",
+                    "-",
+                )
+            )
+    console = make_console()
+    if findings:
+        table = Table(title="fsck findings")
+        for col in ("kind", "file", "detail", "repair"):
+            table.add_column(col, overflow="fold" if col == "file" else None)
+        for row in findings:
+            table.add_row(*row)
+        console.print(table)
+    dead = sum(action == "delete" for *_, action in findings)
+    unknown = sum(action == "-" for *_, action in findings)
+    live = len(findings) - dead - unknown
+    console.print(
+        f"dataset {path}: {len(findings)} temporary file{'s' if len(findings) != 1 else ''}; "
+        f"{dead} of writers that are gone"
+        + (", deleted" if repair and dead else "")
+        + (f"; {unknown} that cannot be judged here, left" if unknown else "")
+        + (f"; {live} of puts running now, left alone" if live else "")
+    )
+    if unknown or (dead and not repair):
+        sys.exit(1)

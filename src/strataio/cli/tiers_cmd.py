@@ -316,11 +316,13 @@ def evict_command(config: str | None, name: str, section: str | None, tier: str 
 # ----------------------------------------------------------------------------- fsck
 @main.command("fsck")
 @_config_opt
+@click.argument("path", required=False, type=click.Path(path_type=Path))
 @click.option("--repair", is_flag=True, help="fix what can be fixed")
 @click.option("--quick", is_flag=True, help="check existence and size only (no checksums)")
 @handle_errors
-def fsck_command(config: str | None, repair: bool, quick: bool) -> None:
-    """Verify every catalogued chunk copy. Exit 0 clean, 1 problems (left) found.
+def fsck_command(config: str | None, path: Path | None, repair: bool, quick: bool) -> None:
+    """Verify every catalogued chunk copy, or with PATH the plain dataset there. Exit 0
+    clean, 1 problems (left) found.
 
     With --repair, bad copies that have a good copy elsewhere are dropped, rewrites
     interrupted by a crash are resolved (old or new bytes, whichever the object holds),
@@ -331,7 +333,16 @@ def fsck_command(config: str | None, repair: bool, quick: bool) -> None:
     (a process's liveness is a lock the system releases when it dies). A tier marked down
     is probed first and checked if it answers; one that still does not is named, with the
     error, and not checked (exit 1).
+
+    With PATH (a dataset directory, no catalog): its temporary files. Those of a writer
+    killed in a put are leftovers, which --repair deletes at once; those whose put is
+    running now (it holds the file's lock) are listed as "in-flight" and left alone.
     """
+    if path is not None:
+        from strataio.cli.dataset_cmd import fsck_dataset_dir
+
+        fsck_dataset_dir(path, repair)
+        return
     from strataio.tiers.fsck import fsck
 
     console = make_console()

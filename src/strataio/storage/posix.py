@@ -4,6 +4,16 @@ Partial reads and writes batch Extents into ``preadv`` / ``pwritev`` calls (one 
 file-adjacent pieces, up to ``IOV_MAX`` buffers; :mod:`strataio.storage.vectored`). Whole-object
 ``put`` writes a temporary file in the same directory and renames it over the target, so a crash
 leaves the old object or the new one, never a torn one.
+
+A put killed before its rename leaves its temporary file (``<object>.<pid>.<n>.strataio-tmp``,
+:meth:`PosixBackend.leftovers`). Whether a temporary file is such a leftover or belongs to a put
+running now is decided by a lock, never a clock: a put holds an exclusive ``flock`` on its
+temporary file from just after creating it until after its rename, and the kernel releases the
+lock when the process dies (kill -9 included). :func:`judge_leftover` takes the lock without
+waiting: got, the writer is gone and the file can be deleted at once; refused, a put is writing
+it. (A file system that keeps no locks leaves the question open: such files are never deleted.
+Locks must be seen by every host that writes: NFS with its lock manager is, a mount with
+host-local locks, such as NFS ``nolock`` or Lustre ``localflock``, is not.)
 """
 
 from __future__ import annotations
@@ -15,6 +25,7 @@ import functools
 import os
 import threading
 from collections.abc import Iterable, Iterator, Sequence
+from enum import StrEnum
 from pathlib import Path
 
 import numpy as np
@@ -311,13 +322,7 @@ class PosixBackend(Backend):
         only_over: Version | None | object = _ANY_VERSION,
     ) -> Version:
         path = self.path(key)
-        with _tmp_lock:
-            tmp = f"{path}.{os.getpid()}.{next(_tmp_counter)}{TMP_SUFFIX}"
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-        except FileNotFoundError:
-            self._ensure_parent(path)
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        tmp, fd = self._create_tmp(path)
         try:
             view = memoryview(data).cast("B")
             while len(view):
@@ -346,6 +351,31 @@ class PosixBackend(Backend):
         if durable:
             _fsync_dir(os.path.dirname(path))
         return (st.st_ino, st.st_size, st.st_ctime_ns)
+
+    def _create_tmp(self, path: str) -> tuple[str, int]:
+        """A new temporary file beside ``path``, open for writing, under this process's lock
+        (held until the descriptor is closed: see the module's docstring)."""
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+        while True:
+            with _tmp_lock:
+                tmp = f"{path}.{os.getpid()}.{next(_tmp_counter)}{TMP_SUFFIX}"
+            try:
+                fd = os.open(tmp, flags, 0o644)
+            except FileNotFoundError:
+                self._ensure_parent(path)
+                fd = os.open(tmp, flags, 0o644)
+            except FileExistsError:  # left by an earlier process of the same pid
+                continue
+            try:
+                with contextlib.suppress(OSError):  # (no locks here: see judge_leftover)
+                    fcntl.flock(fd, fcntl.LOCK_EX)
+                if os.fstat(fd).st_nlink:
+                    return tmp, fd
+            except BaseException:
+                os.close(fd)
+                raise
+            # judge_leftover found it between its creation and the lock, and deleted it
+            os.close(fd)
 
     def versions(self, keys: Sequence[str]) -> list[Version | None]:
         """``(inode, size, ctime_ns)`` per key: a put makes a new inode, and any write or
@@ -454,11 +484,65 @@ class PosixBackend(Backend):
             os.close(fd)
 
     def leftovers(self) -> Iterator[str]:
-        """Paths of temporary files left by interrupted ``put`` calls (for fsck)."""
+        """Paths of the temporary files of ``put`` calls: those of puts killed before their
+        rename, and those of puts running now (:func:`judge_leftover` tells them apart)."""
         for dirpath, _dirs, files in os.walk(self.root):
             for f in files:
                 if f.endswith(TMP_SUFFIX):
                     yield os.path.join(dirpath, f)
+
+
+class LeftoverState(StrEnum):
+    """What :func:`judge_leftover` found of a temporary file."""
+
+    DEAD = "dead"  # no process holds it: its put was killed (deleted, where asked)
+    LIVE = "live"  # a put running now holds it
+    UNKNOWN = "unknown"  # no lock could be taken or refused here: left, never deleted
+    GONE = "gone"  # no file there any more (renamed into place, or deleted meanwhile)
+
+
+def judge_leftover(path: str, *, remove: bool = False) -> LeftoverState:
+    """Whether the put that made temporary file ``path`` is still running, by trying its lock
+    without waiting (see the module's docstring); with ``remove``, delete the file while
+    holding the lock, only where it is :attr:`~LeftoverState.DEAD`. Safe beside running
+    puts: a put that has made its file but not yet locked it sees the deletion once it holds
+    the lock, and starts over under another name."""
+    fd = -1
+    # (open for writing where allowed: NFS takes an exclusive flock only on such a descriptor)
+    for mode in (os.O_RDWR, os.O_RDONLY):
+        try:
+            fd = os.open(path, mode | os.O_NOFOLLOW | os.O_CLOEXEC)
+            break
+        except FileNotFoundError:
+            return LeftoverState.GONE
+        except PermissionError:
+            continue
+        except OSError:  # (a link, say: not a put's file to judge)
+            return LeftoverState.UNKNOWN
+    if fd < 0:
+        return LeftoverState.UNKNOWN
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return LeftoverState.LIVE
+        except OSError:
+            return LeftoverState.UNKNOWN
+        mine = os.fstat(fd)
+        if not mine.st_nlink:
+            return LeftoverState.GONE
+        if remove:
+            try:
+                now = os.stat(path, follow_symlinks=False)
+            except FileNotFoundError:
+                return LeftoverState.GONE
+            if (now.st_dev, now.st_ino) != (mine.st_dev, mine.st_ino):
+                return LeftoverState.UNKNOWN  # another file took the name: judged later
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+        return LeftoverState.DEAD
+    finally:
+        os.close(fd)
 
 
 @functools.lru_cache(maxsize=1 << 16)

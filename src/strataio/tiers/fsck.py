@@ -29,8 +29,10 @@ What interrupted operations leave, and what repair does:
 
 No clock decides any of this. An announced rewrite whose writer is alive, and an unnamed
 object or temporary file of a dataset some live writer has in use, may belong to an
-operation still running: they are reported **in-flight** and left alone. Everything of a
-writer that is gone is resolved at once.
+operation still running: they are reported **in-flight** and left alone. So is a temporary
+file whose put holds its lock (:func:`strataio.storage.posix.judge_leftover`, the rule for
+plain datasets too), and a leftover is deleted holding that lock. Everything of a writer that
+is gone is resolved at once.
 
 fsck runs beside live jobs. It reads the catalog's rows once, before the objects, so a
 process that rewrites or moves a chunk meanwhile leaves objects those rows do not describe.
@@ -68,6 +70,7 @@ from typing import Any
 
 from strataio.catalog.base import Catalog, ChunkCopy, CopyId
 from strataio.storage.base import BytesLike
+from strataio.storage.posix import LeftoverState, judge_leftover
 from strataio.storage.superfile import ContainerProblem, check_container
 from strataio.tiers.residency import META_KEY, object_key
 from strataio.tiers.superfile import is_superfile
@@ -181,11 +184,13 @@ class UnnamedObject:
 
 @dataclass(frozen=True, slots=True)
 class Leftover:
-    """A temporary file at ``path`` on ``tier``, of ``dataset`` (None when not known)."""
+    """A temporary file at ``path`` on ``tier``, of ``dataset`` (None when not known);
+    ``live``: a put running now holds its lock."""
 
     tier: str
     path: str
     dataset: str | None
+    live: bool = False
 
 
 @dataclass(slots=True)
@@ -413,9 +418,12 @@ def inspect(
         if leftovers is not None:
             root = os.fspath(getattr(base, "root", ""))
             for path in leftovers():
+                state = judge_leftover(path)
+                if state is LeftoverState.GONE:
+                    continue
                 rel = os.path.relpath(path, root).replace(os.sep, "/") if root else ""
                 ds, _ = _split(rel, names)
-                inv.leftovers.append(Leftover(tname, path, ds))
+                inv.leftovers.append(Leftover(tname, path, ds, state is LeftoverState.LIVE))
     return inv
 
 
@@ -614,14 +622,19 @@ def plan(inv: Inventory) -> Plan:
             catalogued.add((u.dataset, u.key))
 
     for f in inv.leftovers:
-        if f.dataset in inv.in_use:
+        if f.dataset in inv.in_use or f.live:
+            why = (
+                "a put into a dataset a live writer has open"
+                if f.dataset in inv.in_use
+                else "a put running now"
+            )
             out.findings.append(
                 Finding(
                     Kind.IN_FLIGHT,
                     f.tier,
                     f.dataset or "",
                     f.path,
-                    "temporary file of a put into a dataset a live writer has open",
+                    f"temporary file of {why}",
                     Action.LEAVE,
                 )
             )
@@ -784,8 +797,10 @@ def apply(p: Plan, catalog: Catalog, tiers: TierSet) -> bool:
     for f in p.files:
         if f.dataset in busy:
             continue
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(f.path)
+        if judge_leftover(f.path, remove=True) is LeftoverState.UNKNOWN:
+            # no lock to judge by here; that no live writer has the dataset open is the rule
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(f.path)
     if p.forget_writers:
         catalog.forget_writers(p.forget_writers)
     return p.changes
