@@ -92,6 +92,42 @@ def test_tier_commands(project):
     assert out.exit_code == 1 and "nowhere" in out.output
 
 
+def test_stage_migrate_evict_a_superfile(project):
+    """A superfile's containers move whole, through the same commands as a dataset's chunks
+    (stage opened it as an array dataset, and failed)."""
+    r = CliRunner()
+    images = {f"i{i}": np.full((16, 24), i, "f4") for i in range(8)}
+    with strataio.Session() as s:
+        sf = s.superfile("imgs", hint="REMOTETAPE", container_bytes=3000)
+        for k, v in images.items():
+            sf.put(k, v)
+        sf.close()
+        n = len({c.key for c in s.catalog.residency("imgs")})
+    assert n > 1 and where("imgs") == {"disk": 0, "tape": n}
+    out = r.invoke(main, ["stage", "imgs"])
+    assert out.exit_code == 0, out.output
+    assert f"stage: {n} containers staged" in out.output and "0 failed" in out.output
+    assert where("imgs") == {"disk": n, "tape": n}
+    out = r.invoke(main, ["stage", "imgs", "--to", "disk"])
+    assert out.exit_code == 0 and f"0 containers staged (0 B), {n} already there" in out.output
+    out = r.invoke(main, ["stage", "imgs", "--section", "0:1"])
+    assert out.exit_code == 2 and "superfile" in out.stderr and "--section" in out.stderr
+    out = r.invoke(main, ["evict", "imgs", "--tier", "disk"])
+    assert out.exit_code == 0 and f"{n} container copies dropped from disk" in out.output
+    assert where("imgs") == {"disk": 0, "tape": n}
+    assert r.invoke(main, ["stage", "imgs"]).exit_code == 0
+    out = r.invoke(main, ["migrate", "imgs"])
+    assert out.exit_code == 0 and "their copies on faster tiers removed" in out.output
+    assert where("imgs") == {"disk": 0, "tape": n}
+    assert r.invoke(main, ["fsck"]).exit_code == 0
+    with strataio.Session() as s:
+        sf = s.superfile("imgs", "r")
+        assert sorted(sf.members()) == sorted(images)
+        for k, v in images.items():
+            np.testing.assert_array_equal(sf.get(k), v)
+        sf.close()
+
+
 def test_tape_benchmark_logic():
     res = run_tape(size=1000, chunk=50, time_scale=0.0)
     gain = {r["pattern"]: r["gain_pct"] for r in res["patterns"]}

@@ -122,12 +122,12 @@ def tiers_command(config: str | None, check: bool) -> None:
 
 
 # ----------------------------------------------------------------------------- moves
-def _run_move(console: Console, handle: Any, label: str) -> Any:
-    """Show a progress bar until ``handle`` finishes; return its result."""
+def _run_move(console: Console, handle: Any, label: str, unit: str = "chunks") -> Any:
+    """Show a progress bar until ``handle`` finishes (counting ``unit``); return its result."""
     with Progress(
         TextColumn(label),
         BarColumn(),
-        TextColumn("{task.completed}/{task.total} chunks"),
+        TextColumn("{task.completed}/{task.total} " + unit),
         TextColumn("{task.fields[moved]}"),
         TimeElapsedColumn(),
         console=console,
@@ -143,39 +143,67 @@ def _run_move(console: Console, handle: Any, label: str) -> Any:
     return handle.result()
 
 
+def _is_superfile(s: Any, name: str) -> bool:
+    """True if the catalog names ``name`` and it is a superfile (whose containers move whole,
+    through :class:`~strataio.tiers.superfile.Superfile`, not as an array's chunks)."""
+    from strataio.errors import NotFoundError
+    from strataio.tiers.superfile import is_superfile
+
+    try:
+        return is_superfile(s.catalog.get_dataset(name))
+    except NotFoundError:
+        return False  # (opening it as a dataset then says what is missing)
+
+
 def _move(config: str | None, name: str, op: str, section: str | None, tier: str | None) -> None:
+    """Stage, migrate or evict a catalogued dataset's section, or a superfile's containers."""
     console = make_console()
     idx = parse_section(section)
     with open_session(config) as s:
-        ds = s.open_dataset(name, "r+")
+        superfile = _is_superfile(s, name)
+        if superfile and idx is not None:
+            raise UsageProblem(
+                f"--section {section!r}: {name} is a superfile, whose containers move whole; "
+                "leave --section out"
+            )
+        obj = s.superfile(name, "r") if superfile else s.open_dataset(name, "r+")
+        unit = "containers" if superfile else "chunks"
         try:
             if idx is not None:
                 try:
-                    empty = Section.from_index(idx, ds.shape).size == 0
+                    empty = Section.from_index(idx, obj.shape).size == 0
                 except SelectionError as exc:
                     raise UsageProblem(
-                        f"--section {section!r} does not fit {name} {ds.shape}: {exc}"
+                        f"--section {section!r} does not fit {name} {obj.shape}: {exc}"
                     ) from None
                 if empty:
                     raise UsageProblem(
-                        f"--section {section!r} selects nothing of {name} {ds.shape}"
+                        f"--section {section!r} selects nothing of {name} {obj.shape}"
                     )
+            where = () if superfile else (idx,)
             if op == "stage":
-                handle = ds.stage(idx, to=tier)
+                handle = obj.stage(*where, to=tier)
             elif op == "migrate":
-                handle = ds.migrate(idx, to=tier)
+                handle = obj.migrate(*where, to=tier)
             else:
-                handle = ds.evict(idx, tier=tier)
-            result = _run_move(console, handle, f"{op} {name}")
-            short = _stage_short_of(ds, idx, tier, result) if op == "stage" else ""
-            full = _no_room_tiers(ds, tier) if op == "stage" and result.no_room else ""
+                handle = obj.evict(*where, tier=tier)
+            label = f"{op} superfile {name}" if superfile else f"{op} {name}"
+            result = _run_move(console, handle, label, unit)
+            if op == "stage":
+                from strataio.tiers.store import keys_of
+
+                keys = obj.containers() if superfile else keys_of(obj, idx)
+                short = _stage_short_of(obj.store, keys, tier, result, unit)
+            else:
+                short = ""
+            full = _no_room_tiers(obj.store, tier) if op == "stage" and result.no_room else ""
         except BaseException:
             # the first failure is the one to report, not a close failing after it
             with contextlib.suppress(StrataError, OSError):
-                ds.close()
+                obj.close()
             raise
-        ds.close()
-    console.print(_summary(op, result, tier, full))
+        obj.close()
+    console.print(_summary(op, result, tier, full, unit))
     if short:
         console.print(f"[yellow]note[/]: {short}")
     for key, msg in result.failed[:10]:
@@ -184,8 +212,8 @@ def _move(config: str | None, name: str, op: str, section: str | None, tier: str
         # nothing the stage had to do could be done: say so where errors go, and fail
         n = result.no_room
         click.echo(
-            f"error: nothing staged: no room on {full} for the {n} chunk{'s' if n != 1 else ''}"
-            f" of {name} that needed staging (full, and nothing there can be evicted: copies "
+            f"error: nothing staged: no room on {full} for the {n} {unit.removesuffix('s')}"
+            f"{'s' if n != 1 else ''} of {name} that needed staging (full, and nothing there can be evicted: copies "
             "of datasets another process has open, or with nowhere slower to go); free room "
             "there ('strataio evict') or stage to a tier with room",
             err=True,
@@ -193,37 +221,37 @@ def _move(config: str | None, name: str, op: str, section: str | None, tier: str
         sys.exit(1)
     if result.no_room:
         console.print(
-            f"[yellow]note[/]: {result.no_room} chunks not staged: no room on {full}, and "
+            f"[yellow]note[/]: {result.no_room} {unit} not staged: no room on {full}, and "
             "nothing there can be evicted; they stay readable where they are"
         )
     if result.failed:
         sys.exit(1)
 
 
-def _no_room_tiers(ds: Any, tier: str | None) -> str:
+def _no_room_tiers(store: Any, tier: str | None) -> str:
     """The tier(s) a stage found without room, for its messages: ``tier`` when given, else
     the persistent tiers faster than the slowest."""
     if tier is not None:
         return tier
-    persistent = ds.store.placement.persistent()
+    persistent = store.placement.persistent()
     return ", ".join(t.name for t in persistent[:-1]) or persistent[-1].name
 
 
-def _stage_short_of(ds: Any, idx: Any, tier: str | None, result: Any) -> str:
-    """Where a stage's chunks did not all stay where it put them (tiers smaller than the
-    section: chunks staged later evicted earlier ones), a line saying how many did; else "".
-    A stage to ``tier`` counts the chunks on it or a faster disk tier (there, they were
-    reused); the default stage, which takes the fastest tier with room, those on any tier
-    faster than the slowest."""
-    from strataio.tiers.store import keys_of
-
-    tiers, copies = ds.store.tiers, ds.residency()
+def _stage_short_of(
+    store: Any, keys: list[str], tier: str | None, result: Any, unit: str = "chunks"
+) -> str:
+    """Where a stage's chunks (``keys`` of ``store``) did not all stay where it put them
+    (tiers smaller than the section: chunks staged later evicted earlier ones), a line saying
+    how many did; else "". A stage to ``tier`` counts the chunks on it or a faster disk tier
+    (there, they were reused); the default stage, which takes the fastest tier with room,
+    those on any tier faster than the slowest. ``unit``: what the chunks are called."""
+    tiers, copies = store.tiers, store.residency_table()
     if tier is not None:
         target = tiers[tier]
         limit, where = tiers.rank(target.name), f"{target.name} or a faster tier"
         room = f"its capacity ({format_size(target.capacity)})" if target.capacity else "it"
     else:
-        persistent = ds.store.placement.persistent()
+        persistent = store.placement.persistent()
         if len(persistent) < 2:
             return ""
         limit = tiers.rank(persistent[-1].name) - 1
@@ -231,23 +259,25 @@ def _stage_short_of(ds: Any, idx: Any, tier: str | None, result: Any) -> str:
     wanted = result.moved + result.reused
     held = sum(
         1
-        for k in keys_of(ds, idx)
+        for k in keys
         if any(
             tiers.rank(c.tier) <= limit and not tiers[c.tier].volatile for c in copies.get(k, ())
         )
     )
     if held >= wanted:
         return ""
+    smaller = "a smaller section, or " if unit == "chunks" else ""
     return (
-        f"only {held} of the {wanted} chunks staged or already there are on {where} now: "
-        f"{room} holds fewer, and chunks staged later evicted earlier ones (stage a smaller "
-        "section, or to a larger tier)"
+        f"only {held} of the {wanted} {unit} staged or already there are on {where} now: "
+        f"{room} holds fewer, and {unit} staged later evicted earlier ones (stage "
+        f"{smaller}to a larger tier)"
     )
 
 
-def _summary(op: str, result: Any, tier: str | None, full: str = "") -> str:
+def _summary(op: str, result: Any, tier: str | None, full: str = "", unit: str = "chunks") -> str:
     """One line saying what a move did, in the words of its kind (``full``: the tiers a
-    stage found without room, named when it left chunks unstaged for want of it)."""
+    stage found without room, named when it left chunks unstaged for want of it; ``unit``:
+    what the chunks are called, "containers" for a superfile)."""
     size, tail = (
         format_size(result.nbytes),
         f"{len(result.failed)} failed, in {result.seconds:.2f} s",
@@ -255,19 +285,20 @@ def _summary(op: str, result: Any, tier: str | None, full: str = "") -> str:
     where = f" {tier}" if tier else ""
     if result.unwritten:
         tail = f"{result.unwritten} never written (nothing to move), {tail}"
+    one = unit.removesuffix("s")
     if op == "evict":
         return (
-            f"evict: {result.moved} chunk copies dropped from{where or ' the fastest tier'} "
+            f"evict: {result.moved} {one} copies dropped from{where or ' the fastest tier'} "
             f"({size} written back first), {result.reused} not there, {tail}"
         )
     if op == "migrate":
         return (
-            f"migrate: {result.moved} chunks copied ({size}), {result.reused} already on"
+            f"migrate: {result.moved} {unit} copied ({size}), {result.reused} already on"
             f"{where or ' the slowest tier'}; their copies on faster tiers removed; {tail}"
         )
     if result.no_room:
         tail = f"{result.no_room} not staged (no room on {full or 'the target tier'}), {tail}"
-    return f"stage: {result.moved} chunks staged ({size}), {result.reused} already there, {tail}"
+    return f"stage: {result.moved} {unit} staged ({size}), {result.reused} already there, {tail}"
 
 
 @main.command("stage")
@@ -277,7 +308,8 @@ def _summary(op: str, result: Any, tier: str | None, full: str = "") -> str:
 @click.option("--to", "to", default=None, help="target tier (default: fastest disk tier)")
 @handle_errors
 def stage_command(config: str | None, name: str, section: str | None, to: str | None) -> None:
-    """Stage a dataset section from the archive to a faster tier.
+    """Stage a dataset section from the archive to a faster tier; for a superfile NAME, all
+    its containers (no --section: they move whole).
 
     Says how many chunks were staged, how many were already there (on the target or a
     faster tier), and how many could not be staged because the target tier (--to; by
@@ -298,7 +330,8 @@ def stage_command(config: str | None, name: str, section: str | None, to: str | 
 @click.option("--to", "to", default=None, help="target tier (default: the slowest)")
 @handle_errors
 def migrate_command(config: str | None, name: str, section: str | None, to: str | None) -> None:
-    """Migrate a dataset section to a slower tier (copy, verify, commit, delete source)."""
+    """Migrate a dataset section, or a superfile's containers, to a slower tier (copy,
+    verify, commit, delete source)."""
     _move(config, name, "migrate", section, to)
 
 
@@ -309,7 +342,8 @@ def migrate_command(config: str | None, name: str, section: str | None, to: str 
 @click.option("--tier", "tier", default=None, help="tier to free (default: the fastest)")
 @handle_errors
 def evict_command(config: str | None, name: str, section: str | None, tier: str | None) -> None:
-    """Drop a section's copies from a tier (writing back chunks that have no other copy)."""
+    """Drop a section's copies, or a superfile's containers', from a tier (writing back
+    those that have no other copy)."""
     _move(config, name, "evict", section, tier)
 
 

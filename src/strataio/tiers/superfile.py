@@ -307,10 +307,24 @@ class Superfile:
         self.flush()
         return self._store.stage(self.containers(), to)
 
-    def migrate(self, to: str) -> MoveHandle:
-        """Move every sealed container to tier ``to``."""
+    def migrate(self, to: str | None = None) -> MoveHandle:
+        """Move every sealed container to tier ``to`` (default: the slowest tier); their
+        copies on faster tiers are deleted once the move is committed."""
         self.flush()
-        return self._store.migrate(self.containers(), to)
+        target = to if to is not None else self._store.placement.persistent()[-1].name
+        return self._store.migrate(self.containers(), target)
+
+    def evict(self, tier: str | None = None) -> MoveHandle:
+        """Drop the containers' copies on ``tier`` (default: the fastest), writing back first
+        any container whose only copy is there."""
+        self.flush()
+        name = tier if tier is not None else self._store.placement.persistent()[0].name
+        return self._store.evict(self.containers(), name)
+
+    @property
+    def store(self) -> TieredChunkStore:
+        """The chunk store of the containers (their residency, tiers and placement)."""
+        return self._store
 
     # ----------------------------------------------------------------- lifecycle
     @property
