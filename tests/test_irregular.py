@@ -63,6 +63,67 @@ def test_read_and_write_items_agree_with_numpy(
     assert np.array_equal(np.fromfile(path, dtype=np.uint8).reshape(nitems, itemsize), expect)
 
 
+def eof_oracle(start: np.ndarray, nbytes: int, idx: np.ndarray):
+    """What a read of items ``idx`` gives from a file holding the first ``nbytes`` bytes of
+    ``start``: the records (bytes past the end zeros), the whole items the file holds, and the
+    count of distinct indices read."""
+    nitems, itemsize = start.shape
+    flat = np.zeros(nitems * itemsize, np.uint8)
+    flat[:nbytes] = start.reshape(-1)[:nbytes]
+    whole = min(nbytes // itemsize, nitems)
+    return flat.reshape(nitems, itemsize)[idx], whole, np.unique(idx[idx < whole]).size
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    itemsize=st.sampled_from([1, 3, 8, 32]),
+    nitems=st.integers(1, 200),
+    picks=st.lists(st.floats(0, 1, exclude_max=True), max_size=120),
+    buffer_items=st.sampled_from([1, 2, 7, 1000]),
+    cut=st.floats(0, 1.2),
+    data=st.data(),
+)
+def test_read_items_past_the_end_of_the_file_counts_only_what_it_read(
+    tmp_path_factory, itemsize, nitems, picks, buffer_items, cut, data
+):
+    """A file shorter than its items: the items wholly before its end are read and counted,
+    ``file_items`` says where it ends, the rest read as zeros (an item the end cuts keeps its
+    bytes before the end), as a read past the end does in every read of a File."""
+    path = tmp_path_factory.mktemp("short") / "a.bin"
+    rng = np.random.default_rng(len(picks))
+    start = rng.integers(1, 256, (nitems, itemsize), dtype=np.uint8)  # (no zero bytes)
+    nbytes = int(cut * nitems * itemsize)
+    if data.draw(st.booleans()) and nbytes % itemsize == 0 and 0 < nbytes < start.size:
+        nbytes += data.draw(st.integers(1, itemsize - 1)) if itemsize > 1 else 0  # straddle
+    path.write_bytes(start.reshape(-1)[:nbytes].tobytes() + b"\7" * (nbytes - start.size))
+    idx = (np.array(picks) * nitems).astype(np.int64)
+    sched = IndexSchedule(_self(), idx, nitems, itemsize, buffer_size=buffer_items * itemsize)
+    hints = {"romio_ds_read": data.draw(st.sampled_from(["automatic", "disable", "enable"]))}
+    with strataio.File.open(None, path, "r", hints) as f:
+        got = np.full((idx.size, itemsize), 0xEE, np.uint8)
+        io = f.read_items(sched, got)
+    expect, whole, count = eof_oracle(start, min(nbytes, start.size), idx)
+    assert np.array_equal(got, expect)
+    assert (io.file_items, io.items) == (whole, count)
+    assert np.array_equal(sched.indices < io.file_items, idx < whole)
+
+
+def test_read_items_of_an_empty_file_reads_nothing(tmp_path):
+    path = tmp_path / "empty.bin"
+    path.write_bytes(b"")
+    with strataio.File.open(None, path, "r") as f:
+        for idx in ([3, 0, 3], []):
+            sched = IndexSchedule(_self(), idx, 10, 8)
+            got = np.full((len(idx), 8), 0xEE, np.uint8)
+            io = f.read_items(sched, got)
+            assert (io.items, io.file_items) == (0, 0) and not got.any()
+    with strataio.File.open(None, path, "r+") as f:  # a write's result has no end to report
+        io = f.write_items(IndexSchedule(_self(), [2], 10, 8), np.ones(8, np.uint8))
+        assert (io.items, io.file_items) == (1, None)
+        io = f.read_items(IndexSchedule(_self(), [0, 2, 3, 9], 10, 8), np.empty(32, np.uint8))
+        assert (io.items, io.file_items) == (2, 3)
+
+
 def _self():
     from mpi4py import MPI
 

@@ -5,7 +5,8 @@ rank wrote. Cases: random index sets with repeats, empty ranks, every index on o
 aggregator, several iterations (small buffers), records of 1, 12 and 32 bytes; write then
 read back; a schedule reused across calls and files; duplicate writes refused on every rank
 and allowed with ``strataio_duplicate_writes=last-rank``; bad indices and value counts refused
-on every rank with nothing written; a randomized sequence of loops through a LoopCache equal to
+on every rank with nothing written; reads of a file that ends before its items (zeros past
+the end, only the items before it counted); a randomized sequence of loops through a LoopCache equal to
 the same sequence without it. Rank 0 prints one JSON object of outcomes.
 """
 
@@ -219,6 +220,32 @@ def main(workdir: str) -> None:
         check(f"cache reads fewer items trial {trial}", tot.items_read < comm.allreduce(held))
         out[f"cache_items_read_{trial}"] = tot.items_read
         out[f"plain_items_read_{trial}"] = comm.allreduce(held)
+
+    # a file shorter than its items (its end cutting one): the items wholly before the end
+    # are read and counted, every rank hears where it ends, the rest read as zeros
+    for itemsize, nitems, buffer_size in ((1, 257, None), (12, 500, 120), (32, 300, 32 * 7)):
+        path = os.path.join(workdir, f"short{itemsize}.bin")
+        start = np.random.default_rng(2000 + itemsize).integers(
+            1, 256, (nitems, itemsize), dtype=np.uint8
+        )
+        nbytes = (nitems // 3) * itemsize + itemsize // 2
+        if rank == 0:
+            start.reshape(-1)[:nbytes].tofile(path)
+        comm.Barrier()
+        whole = nbytes // itemsize
+        f = strataio.File.open(comm, path, "r")
+        rng = np.random.default_rng(itemsize * 31 + rank)
+        for name, idx in index_sets(rng, rank, nprocs, nitems).items():
+            sched = strataio.IndexSchedule(comm, idx, nitems, itemsize, buffer_size=buffer_size)
+            got = np.full((idx.size, itemsize), 0xEE, np.uint8)
+            io = f.read_items(sched, got)
+            check(
+                f"short read {name} {itemsize}",
+                np.array_equal(got, file_items(path, nitems, itemsize)[idx]),
+            )
+            read = np.unique(idx[idx < whole]).size
+            check(f"short count {name} {itemsize}", (io.items, io.file_items) == (read, whole))
+        f.close()
 
     # an aggregator's I/O failure: raised on every rank, no rank left waiting
     path = os.path.join(workdir, "fail.bin")

@@ -848,12 +848,24 @@ class File:
         """Read the items of an index schedule into ``out`` (collective; a C-contiguous array
         of ``sched.n * sched.itemsize`` bytes, in this rank's index order). Items are records
         of ``sched.itemsize`` bytes from byte 0 of the file, whatever the view; see
-        :mod:`strataio.collective.irregular`."""
+        :mod:`strataio.collective.irregular`.
+
+        As :meth:`read_at` returns fewer bytes when the file ends first, the result counts
+        the items read: ``items`` (this rank's, repeats once) lay wholly before the end of
+        the file, and ``file_items`` is where it ended; the records of ``out`` whose index
+        is ``file_items`` or more were not read, and are zeros."""
         self._check_open()
         self.last_path = "irregular"
         self._settle_caches(drop=False)  # (items go straight to the driver)
         return irregular.read_items(
-            self._comm, self._driver, sched, out, self._hints, self._path, self._forbidden[0]
+            self._comm,
+            self._driver,
+            sched,
+            out,
+            self._hints,
+            self._path,
+            self._forbidden[0],
+            self._size,
         )
 
     def write_items(self, sched: irregular.IndexSchedule, values: Any) -> irregular.ItemsIO:

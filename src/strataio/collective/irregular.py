@@ -27,12 +27,22 @@ on every rank, nothing written) unless the file's hint ``strataio_duplicate_writ
 ``last-rank`` (the highest rank's value is written). Repeats of an index within one rank's
 indirection array write the value of its last occurrence. Every error is agreed on every rank
 (:mod:`strataio.agreed`) before any byte is written.
+
+Reads past the end of the file: as for every read of :class:`strataio.File` (and MPI-IO's,
+whose status counts only what lay before the end), a read is no error and says what it read.
+An item is read when it lies wholly before the end of the file; :attr:`ItemsIO.items` counts
+those of the rank, and :attr:`ItemsIO.file_items` says where the file ended, so the records
+of ``out`` that hold data are those whose index is below it. The others read as zeros, as
+bytes past the end do in every read here (an item the end cuts holds its bytes before the
+end, then zeros). The end is the smallest size the aggregators saw before reading: a file
+that grows meanwhile may have given more than is counted, never less.
 """
 
 from __future__ import annotations
 
 import operator
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,11 +93,16 @@ def _whole(value: Any, what: str) -> int:
 @dataclass(frozen=True, slots=True)
 class ItemsIO:
     """What one rank's part of a read or write moved: ``items`` (records of its own indirection
-    array, repeats counted once) and ``storage_bytes`` (bytes its driver moved as an
-    aggregator, holes read through by sieving included)."""
+    array, repeats counted once; for a read, only those that lay wholly before the end of the
+    file) and ``storage_bytes`` (bytes its driver moved as an aggregator, holes read through
+    by sieving included). ``file_items``, for a read: the whole items the file held (its size
+    in bytes floor-divided by the item size, at most ``nitems``); the records of ``out`` read
+    are those whose index is below it (``sched.indices < file_items``), the others are zeros.
+    None for a write."""
 
     items: int
     storage_bytes: int
+    file_items: int | None = None
 
 
 def records(buf: np.ndarray, itemsize: int) -> np.ndarray:
@@ -462,10 +477,14 @@ def read_items(
     hints: Any,
     path: str,
     write_only: bool,
+    file_size: Callable[[], int],
 ) -> ItemsIO:
     """Collective read of ``sched``'s items into ``out`` (a C-contiguous array of
-    ``sched.n * sched.itemsize`` bytes, filled in the rank's own index order). Items past the
-    end of the file read as zeros."""
+    ``sched.n * sched.itemsize`` bytes, filled in the rank's own index order). ``file_size``
+    gives the file's size in bytes (raising :class:`StrataError`); the aggregators take it
+    before reading. Items past the end of the file are not read: they read as zeros, and the
+    result counts only the items read and says where the file ended (see the module's
+    docstring)."""
     err: Exception | None = None
     data = np.zeros(0, dtype=np.uint8)
     try:
@@ -479,7 +498,13 @@ def read_items(
     mine = scratch(sched.unique.size * size, "items-mine")
     rtype = MPI.BYTE.Create_contiguous(size).Commit()
     moved = 0
-    flag = np.zeros(1, dtype=np.int32)
+    # (an error flag, and minus the smallest size an aggregator saw: one MAX reduction)
+    flag = np.array([0, np.iinfo(_I64).min], dtype=_I64)
+    if sched.groups:
+        try:
+            flag[1] = -file_size()
+        except (OSError, StrataError) as exc:
+            err = exc if isinstance(exc, StrataError) else BackendError(f"{path}: {exc}")
     req = MPI.REQUEST_NULL
     try:
         for k in range(sched.iterations):
@@ -515,7 +540,10 @@ def read_items(
     if flag[0]:
         raise_agreed(comm, err)
     np.take(records(mine, size), sched.inverse, out=records(data, size))
-    return ItemsIO(sched.unique.size, moved)
+    # (no iteration: no rank has an item, and the size is this rank's own look)
+    nbytes = -int(flag[1]) if sched.iterations else file_size()
+    whole = min(nbytes // size, sched.nitems)
+    return ItemsIO(int(np.searchsorted(sched.unique, whole)), moved, whole)
 
 
 def write_items(
