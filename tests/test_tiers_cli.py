@@ -10,6 +10,7 @@ from click.testing import CliRunner
 import strataio
 from strataio.bench.tape import run_tape
 from strataio.cli import main
+from strataio.sizes import format_size
 
 CONFIG = """
 [catalog]
@@ -126,6 +127,45 @@ def test_stage_migrate_evict_a_superfile(project):
         for k, v in images.items():
             np.testing.assert_array_equal(sf.get(k), v)
         sf.close()
+
+
+def test_info_describes_a_superfile(project):
+    """info NAME on a superfile shows its members, containers and their bytes, and its
+    containers per tier (it showed an array of shape (0,) and dtype u1); counting the members
+    stages nothing, and a container without a copy leaves them uncounted, exit 1."""
+    root, _ = project
+    r = CliRunner()
+    with strataio.Session() as s:
+        sf = s.superfile("imgs", hint="REMOTETAPE", container_bytes=3000)
+        for i in range(8):
+            sf.put(f"i{i}", np.full((16, 24), i, "f4"))
+        sf.put("i0", b"put again")  # (one member, its newest value)
+        sf.close()
+        sizes = {c.key: c.nbytes for c in s.catalog.residency("imgs")}
+    n, total = len(sizes), sum(sizes.values())
+    assert n > 1
+
+    def info():
+        out = r.invoke(main, ["info", "imgs"])
+        text = "".join(" " if "\u2500" <= ch <= "\u257f" else ch for ch in out.output)
+        return out, " ".join(text.split())  # (words only: no table rules)
+
+    out, said = info()
+    assert out.exit_code == 0, out.output
+    assert "shape" not in said and "u1" not in said, said
+    assert f"superfile: 8 members in {n} containers of {format_size(total)}" in said, said
+    assert "a container closes at 2.9 KiB" in said and "hint=REMOTETAPE" in said
+    assert f"tier containers bytes dirty disk 0 0 B 0 tape {n} {format_size(total)} 0" in said
+    assert where("imgs") == {"disk": 0, "tape": n}  # (its containers read, none staged)
+    assert r.invoke(main, ["stage", "imgs"]).exit_code == 0
+    out, said = info()
+    assert out.exit_code == 0 and f"disk {n} {format_size(total)} 0" in said, said
+    for tier in ("disk", "tape"):
+        (root / tier / "imgs" / "sf" / "00000000").unlink()
+    out, said = info()
+    assert out.exit_code == 1 and f"superfile: ? members in {n} containers" in said, said
+    assert out.stderr.startswith("error: superfile 'imgs': its members cannot be counted")
+    assert "sf/00000000" in out.stderr and len(out.stderr.splitlines()) == 1
 
 
 def test_tape_benchmark_logic():

@@ -105,8 +105,8 @@ def ls_cmd(config_path: Path | None, as_json: bool) -> None:
     (kind "superfile": named members packed into containers, see
     ``Session.superfile``) shows no shape or dtype; its chunks are its sealed containers,
     listed as their number and the size they close at, and its size is their bytes. Its
-    members are not counted (that reads every container's index): --json gives
-    ``containers`` and ``container_bytes``.
+    members are not counted (that reads every container's index; ``strataio info NAME``
+    does): --json gives ``containers`` and ``container_bytes``.
     """
     from strataio.tiers.superfile import is_superfile, record_container_bytes
 

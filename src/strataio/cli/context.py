@@ -64,10 +64,11 @@ def make_tier_dirs(cfg: Config) -> list[Path]:
     return made
 
 
-def open_session(config: str | os.PathLike[str] | None) -> Session:
+def open_session(config: str | os.PathLike[str] | None, *, stage_on_read: bool = True) -> Session:
     """A Session on the configuration at ``config`` (or the one found as usual). A POSIX tier
     whose directory cannot be used is down (see ``tier_from_config``); any other tier that
-    cannot be set up is a configuration problem (:class:`ConfigError`, exit 2)."""
+    cannot be set up is a configuration problem (:class:`ConfigError`, exit 2).
+    ``stage_on_read`` false: reads leave chunks where they are (a command that only looks)."""
     from strataio.session import Session
     from strataio.tiers.tier import TierSet
 
@@ -79,7 +80,7 @@ def open_session(config: str | os.PathLike[str] | None) -> Session:
         where = cfg.source or "the default configuration"
         raise ConfigError(f"cannot set up the tiers configured in {where}: {exc}") from None
     try:
-        return Session(cfg, tiers=tiers)
+        return Session(cfg, tiers=tiers, stage_on_read=stage_on_read)
     except BaseException:
         tiers.close()
         raise

@@ -65,7 +65,8 @@ def _not_catalogued(config: str | None) -> str:
 )
 def info_cmd(path: Path, config: str | None) -> None:
     """Describe the dataset at PATH: shape, dtype, chunks, codecs, chunks stored, bytes on disk;
-    or, for the NAME of a catalogued dataset, its chunks and bytes per tier.
+    or, for the NAME of a catalogued dataset, its chunks and bytes per tier (for a superfile:
+    its members, containers and their bytes, and its containers per tier).
 
     Exit 0 described; 2 nothing to describe (no dataset at PATH, no catalogued NAME) or a
     configuration problem; 1 a dataset that cannot be read (a corrupt or unsupported

@@ -440,14 +440,24 @@ def residency_info(name: str, config: str | None = None, console: Console | None
     """Print per-tier residency of catalogued dataset ``name``; False if the catalog does not
     know it (the caller then treats ``name`` as a path). Raises :class:`ConfigError` for a
     configuration that cannot be loaded or set up, and other :class:`StrataError` for a
-    catalog that cannot be opened."""
+    catalog that cannot be opened.
+
+    A superfile is described as one: its members (counted from every container's index, a
+    ranged read of each container's tail, or the whole container where it can be read only
+    whole, as on an archive tier; nothing is staged), its containers and their bytes, the
+    size they close at, and its containers per tier. A superfile whose members cannot be
+    counted (a container without a readable copy, a corrupt index) is described all the
+    same, then the error is raised."""
     from strataio.config import load_config
     from strataio.session import placement_decision
+    from strataio.tiers.superfile import is_superfile
 
     console = console or make_console()
     if catalog_exists(load_config(config)) is False:
         return False  # no catalog here: do not create one just to look
-    s = open_session(config)  # a configuration that cannot be set up: ConfigError
+    # (a look moves nothing: a superfile's container read from an archive is not staged)
+    s = open_session(config, stage_on_read=False)  # not set up: ConfigError
+    failed: StrataError | None = None
     with s:
         try:
             rec = s.catalog.get_dataset(name)
@@ -457,20 +467,36 @@ def residency_info(name: str, config: str | None = None, console: Console | None
         decision = placement_decision(rec)
         chosen = decision.tier if decision else None
         writes_to = [t.name for t in s.placement.write_order(rec.hint, chosen, probe=False)]
+        superfile = is_superfile(rec)
+        if superfile:
+            members, failed = _count_members(s, name)
     per: dict[str, list[int]] = {}
-    chunks: dict[str, set[str]] = {}
+    chunks: dict[str, int] = {}
     for c in copies:
         n = per.setdefault(c.tier, [0, 0, 0])
         n[0] += 1
         n[1] += c.nbytes
         n[2] += c.state == "dirty"
-        chunks.setdefault(c.key, set()).add(c.tier)
-    console.print(
-        f"[bold]{rec.name}[/]  shape={rec.shape} dtype={rec.dtype} chunks={rec.chunks} "
-        f"hint={rec.hint} state={rec.state} stored chunks={len(chunks)}"
-    )
+        chunks[c.key] = max(chunks.get(c.key, 0), c.nbytes)
+    unit = "containers" if superfile else "chunks"
+    if superfile:
+        from strataio.tiers.superfile import record_container_bytes
+
+        n = len(chunks)
+        console.print(
+            f"[bold]{rec.name}[/]  superfile: {members} member{'s' if members != 1 else ''} in "
+            f"{n} container{'s' if n != 1 else ''} of {format_size(sum(chunks.values()))} "
+            f"(a container closes at {format_size(record_container_bytes(rec))}) "
+            f"hint={rec.hint} state={rec.state}",
+            highlight=False,
+        )
+    else:
+        console.print(
+            f"[bold]{rec.name}[/]  shape={rec.shape} dtype={rec.dtype} chunks={rec.chunks} "
+            f"hint={rec.hint} state={rec.state} stored chunks={len(chunks)}"
+        )
     table = Table(title=f"residency of {name}")
-    for col in ("tier", "chunks", "bytes", "dirty"):
+    for col in ("tier", unit, "bytes", "dirty"):
         table.add_column(col)
     for t in s.tiers:
         n = per.get(t.name, [0, 0, 0])
@@ -480,7 +506,23 @@ def residency_info(name: str, config: str | None = None, console: Console | None
 
     for line in placement_lines(rec, writes_to):
         console.print(line, highlight=False)
+    if failed is not None:
+        raise failed
     return True
+
+
+def _count_members(s: Any, name: str) -> tuple[int | str, StrataError | None]:
+    """The number of members of superfile ``name`` (``"?"`` and the error, naming the
+    superfile, where they cannot be counted)."""
+    try:
+        sf = s.superfile(name, "r")
+        try:
+            return len(sf.members()), None
+        finally:
+            sf.close()
+    except StrataError as exc:
+        why = type(exc)(f"superfile {name!r}: its members cannot be counted: {exc}")
+        return "?", why
 
 
 # ----------------------------------------------------------------------------- benchmarks
