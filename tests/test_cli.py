@@ -157,6 +157,93 @@ def test_fsck_path_deletes_a_killed_writers_temporary_files_not_a_live_ones(tmp_
     assert res.exit_code == 2 and res.stderr.startswith("error: "), res.output
 
 
+_HELD_SHARD_WRITER = """
+import os, sys
+import numpy as np
+from mpi4py import MPI
+import strataio
+real_replace = os.replace
+def replace(src, dst):  # the shard's temporary file written whole, its rename waits
+    if src.endswith(".part"):
+        print("renaming", flush=True)
+        sys.stdin.readline()
+    real_replace(src, dst)
+os.replace = replace
+ds = strataio.open_dataset(sys.argv[1], mode="r+", comm=MPI.COMM_SELF)
+row = int(sys.argv[2])
+ds.write_all(np.s_[row : row + 6, 0:8], np.full((6, 8), int(sys.argv[3]), "i8"))
+ds.close()
+"""
+
+
+def test_fsck_path_deletes_a_killed_shard_writes_part_files_not_a_running_ones(tmp_path) -> None:
+    """A collective shard write killed before its rename leaves its ``.part`` file: info
+    counts it (not as a chunk), fsck --repair deletes it; a running write's, whose rank holds
+    its lock, is left alone and renamed into place as the write goes on."""
+    path = tmp_path / "s.zarr"
+    oracle = np.arange(12 * 12, dtype="i8").reshape(12, 12)
+    with strataio.create_dataset(
+        path, oracle.shape, "i8", (3, 4), shards=(6, 8), codec="zstd"
+    ) as ds:
+        ds[...] = oracle
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+
+    def writer(row: int, value: int) -> subprocess.Popen:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _HELD_SHARD_WRITER, str(path), str(row), str(value)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        assert proc.stdout.readline() == "renaming\n"
+        return proc
+
+    killed, live = writer(0, 7), writer(6, 9)  # (each writes one whole shard: c/0/0, c/1/0)
+    try:
+        killed.send_signal(signal.SIGKILL)
+        killed.wait(10)
+        parts = sorted(str(p) for p in path.rglob("*.part"))
+        assert len(parts) == 2
+        (dead,) = [p for p in parts if "/c/0/0." in p]
+        (running,) = [p for p in parts if "/c/1/0." in p]
+        runner = CliRunner()
+        res = runner.invoke(main, ["info", str(path)])
+        assert res.exit_code == 0, res.output
+        said = " ".join(res.output.split())  # (the table wraps long values)
+        assert "4 / 4" in said  # (a temporary file is no shard)
+        assert "2 temporary file(s)" in said
+        assert "1 of a collective shard write running now" in said, said
+        assert "1 left by a collective shard write whose ranks were killed" in said
+        assert f"fsck {path} --repair" in said
+
+        res = runner.invoke(main, ["fsck", str(path)])  # only a look: exit 1, nothing deleted
+        assert res.exit_code == 1, res.output
+        assert "leftover" in res.output and "in-flight" in res.output
+        assert os.path.exists(dead) and os.path.exists(running)
+
+        res = runner.invoke(main, ["fsck", str(path), "--repair"])
+        assert res.exit_code == 0, res.output
+        assert "1 of writers that are gone, deleted" in res.output
+        assert "1 of collective shard writes running now, left alone" in res.output
+        assert not os.path.exists(dead) and os.path.exists(running)
+
+        live.stdin.write("\n")
+        live.stdin.flush()
+        assert live.wait(60) == 0
+    finally:
+        for proc in (killed, live):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    oracle[6:12, 0:8] = 9  # the killed writer's shard keeps its old value
+    with strataio.open_dataset(path, mode="r") as ds:
+        assert np.array_equal(ds[...], oracle)
+    res = CliRunner().invoke(main, ["fsck", str(path)])
+    assert res.exit_code == 0 and "0 temporary files" in res.output, res.output
+    assert list(path.rglob("*.part")) == []
+
+
 def test_info_errors_are_messages_not_tracebacks(tmp_path) -> None:
     runner = CliRunner()
     notadir = tmp_path / "file.txt"

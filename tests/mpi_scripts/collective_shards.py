@@ -6,7 +6,9 @@ rank knows every rank's selection and data and keeps the oracle. Random rounds o
 ``write_all`` / ``read_all`` over several codecs, shapes and pipelined groups (the
 communicator split in two); each rank's run in a shard starts on the alignment; a slab
 decomposition as checkpoints write; errors on one rank raise on every rank with nothing
-written; a corrupt shard index raises on every rank. Prints ``ok`` on rank 0.
+written; a corrupt shard index raises on every rank; while a write runs, fsck's judge finds
+its temporary shard file live and deletes nothing, and no call leaves one. Prints ``ok`` on
+rank 0.
 """
 
 from __future__ import annotations
@@ -23,8 +25,11 @@ from collective_checks import check, raises_everywhere, random_selection
 from mpi4py import MPI
 
 import strataio
+from strataio.arrays import collective_shards
+from strataio.arrays.shard_parts import part_files
 from strataio.arrays.sharding import EMPTY, ShardCodec
 from strataio.errors import CodecError, HintError, SelectionError, ShapeMismatchError
+from strataio.storage.posix import LeftoverState, judge_leftover
 
 comm = MPI.COMM_WORLD
 rank, nprocs = comm.Get_rank(), comm.Get_size()
@@ -113,6 +118,25 @@ check(aligned, "each rank's run starts on a 4 KiB boundary")
 check(runs == nprocs, f"one run per rank ({runs})")
 check(absent == 4 * nprocs, "fill inner chunks not stored")
 
+# ---- the shard's temporary file, which every rank wrote its run to, is held until the
+# rename: a judge (fsck --repair) on every rank while the indexes are written deletes nothing
+write_indexes, judged = collective_shards._write_indexes, []
+
+
+def judging_write_indexes(comm_, store, codec_, rows, keys, temps, *rest):
+    judged.extend(judge_leftover(t, remove=True) for t in temps)
+    comm_.Barrier()  # (every rank has judged before the leader renames)
+    write_indexes(comm_, store, codec_, rows, keys, temps, *rest)
+
+
+collective_shards._write_indexes = judging_write_indexes
+try:
+    ds.write_all(np.s_[16 * rank : 16 * rank + 16], mine + 1)
+finally:
+    collective_shards._write_indexes = write_indexes
+check(judged == [LeftoverState.LIVE], f"the running write's temporary file is live ({judged})")
+check(np.array_equal(ds.read_all(...), oracle + 1), "slabs read back after the judged write")
+
 # ---- errors on one rank: every rank raises, nothing is written, nobody hangs
 before = digest(root / "slabs")
 last = rank == nprocs - 1
@@ -152,6 +176,8 @@ if rank == 0:
 comm.Barrier()
 check(raises_everywhere(lambda: ds.read_all(np.s_[rank]), CodecError), "corrupt index")
 ds.close()
+comm.Barrier()
+check(rank != 0 or not list(part_files(str(root))), "no temporary shard file left")
 
 if rank == 0:
     print("ok")

@@ -22,11 +22,14 @@ groups) the prefix sum runs within each group and the groups chain: a group's fi
 receives the shard's end so far from the previous group's last rank, so a rank waits only on
 its own group and on one message from the group before.
 
-Each shard is written to a temporary file next to it and renamed over it once every rank's
-runs are written, after an agreement that nothing failed: a call that fails before (a bad
-argument on any rank, a failed compression or write) leaves the old shards as they were; one
-that fails while the leaders write the indexes may leave some shards new and others old, each
-whole. Inner chunks of a shard the call writes only in part are
+Each shard is written to a temporary file next to it (``<shard>.<token>.part``,
+:mod:`strataio.arrays.shard_parts`) and renamed over it once every rank's runs are written,
+after an agreement that nothing failed: a call that fails before (a bad argument on any rank,
+a failed compression or write) leaves the old shards as they were; one that fails while the
+leaders write the indexes may leave some shards new and others old, each whole. A shard's
+leader from its turn in the offset chain, and every rank from its write to it, holds a shared
+lock on the temporary file until the call ends, so ``strataio fsck PATH --repair`` deletes the
+files of a call whose ranks were killed and never those of one running now. Inner chunks of a shard the call writes only in part are
 read from the old shard first (their owners decode what they update; the leader carries the
 untouched ones over byte for byte).
 
@@ -60,11 +63,12 @@ from strataio.arrays.collective import (
     read_sections,
     write_sections,
 )
+from strataio.arrays.shard_parts import PartLocks, part_path
 from strataio.arrays.sharding import EMPTY, ShardCodec
 from strataio.arrays.store import BackendChunkStore
 from strataio.collective.driver import Driver, open_driver
 from strataio.collective.hints import DISABLE, ENABLE, Hints, parse_hints
-from strataio.errors import HintError, StrataError
+from strataio.errors import BackendError, HintError, StrataError
 from strataio.layout.chunks import ChunkGrid, chunk_key
 from strataio.layout.sections import Section
 
@@ -277,32 +281,40 @@ def write_shards(
     token = comm.bcast(secrets.token_hex(4) if me == 0 else None, root=0) if nprocs > 1 else ""
     token = token or secrets.token_hex(4)
     paths = [store.chunk_path(k) for k in keys]
-    temps = [f"{p}.{token}.part" for p in paths]
-    group = comm.Split(me * options.groups // nprocs, me) if options.groups > 1 else comm
-    failed: BaseException | None = None
-    entries: list[np.ndarray] = []
+    temps = [part_path(p, token) for p in paths]
+    # this rank's locks on the temporary files it leads or writes, held until every rename
+    # is done or every temporary file removed: what tells fsck that the call is running
+    held = PartLocks()
     try:
-        runs = _compress_runs(ds, codec, owned, which, number, keys, old, me, nprocs)
-        entries = _write_runs(comm, group, codec, runs, temps, options, shard_count=len(keys))
-    except Exception as exc:  # every rank must learn of it before any shard is replaced
-        failed = exc
+        group = comm.Split(me * options.groups // nprocs, me) if options.groups > 1 else comm
+        failed: BaseException | None = None
+        entries: list[np.ndarray] = []
+        try:
+            runs = _compress_runs(ds, codec, owned, which, number, keys, old, me, nprocs)
+            entries = _write_runs(
+                comm, group, codec, runs, temps, options, held, shard_count=len(keys)
+            )
+        except Exception as exc:  # every rank must learn of it before any shard is replaced
+            failed = exc
+        finally:
+            if group is not comm:
+                group.Free()
+        try:
+            agree(comm, failed)
+        except Exception:
+            _remove(temps)
+            raise
+        try:
+            _write_indexes(comm, store, codec, entries, keys, temps, paths, options, held)
+        except Exception as exc:
+            failed = exc
+        try:
+            agree(comm, failed)
+        finally:
+            _remove(temps)
+            ds.clear_cache()  # (after a failure too: some shards may have been replaced)
     finally:
-        if group is not comm:
-            group.Free()
-    try:
-        agree(comm, failed)
-    except Exception:
-        _remove(temps)
-        raise
-    try:
-        _write_indexes(comm, store, codec, entries, keys, temps, paths, options)
-    except Exception as exc:
-        failed = exc
-    try:
-        agree(comm, failed)
-    finally:
-        _remove(temps)
-        ds.clear_cache()  # (after a failure too: some shards may have been replaced)
+        held.release()
 
 
 def _same_options(comm: MPI.Comm, options: ShardWriteOptions) -> None:
@@ -421,13 +433,15 @@ def _write_runs(
     runs: list[Future[_Run]],
     temps: list[str],
     options: ShardWriteOptions,
+    held: PartLocks,
     shard_count: int,
 ) -> list[np.ndarray]:
     """The offset chain and the writes: per shard in order, this rank's run placed after the
     runs of the ranks before it (exclusive prefix sum within the group, the groups chained)
     and written by an I/O thread while later shards are still being compressed. Returns per
     shard this rank's index entries ``(k, number, offset, nbytes)``, and from the communicator's
-    last rank ``(k, -1, end, 0)`` rows giving each shard's data end."""
+    last rank ``(k, -1, end, 0)`` rows giving each shard's data end. Each temporary file this
+    rank leads or writes is held in ``held``."""
     g_rank, g_size = group.Get_rank(), group.Get_size()
     me, nprocs = comm.Get_rank(), comm.Get_size()
     first_of_group = me - g_rank
@@ -444,6 +458,8 @@ def _write_runs(
             # the others must not wait on it forever
             try:
                 run = runs[k].result() if failed is None else nothing
+                if k % nprocs == me and failed is None:
+                    held.hold(temps[k])  # (the leader, which renames it, holds it from now)
             except Exception as exc:
                 failed, run = exc, nothing
             local[0] = _align(len(run.data), options.alignment) if len(run.data) else 0
@@ -465,7 +481,7 @@ def _write_runs(
             if last_of_group and me < nprocs - 1:
                 comm.send(end, dest=me + 1, tag=k % _TAGS)
             if len(run.data):
-                writes.append(io.submit(_write_temp, temps[k], run.data, at, options.driver))
+                writes.append(io.submit(_write_temp, temps[k], run.data, at, options.driver, held))
                 offsets = at + np.cumsum(run.sizes) - run.sizes
                 rows.append(
                     np.stack([np.full(len(run.numbers), k), run.numbers, offsets, run.sizes], 1)
@@ -481,13 +497,14 @@ def _write_runs(
     return rows
 
 
-def _write_temp(path: str, data: bytes, offset: int, hints: Hints) -> None:
+def _write_temp(path: str, data: bytes, offset: int, hints: Hints, held: PartLocks) -> None:
     """Write ``data`` at ``offset`` of the temporary shard file ``path`` through the driver
     ``hints`` name, never preallocated: the file is renamed over the old shard (see
-    :mod:`strataio.storage.preallocate`)."""
-    os.makedirs(os.path.dirname(path), exist_ok=True)
+    :mod:`strataio.storage.preallocate`). The file is first held in ``held`` (created where
+    missing), which keeps it until the call ends."""
+    held.hold(path)
     hints = dataclasses.replace(hints, strataio_preallocate=DISABLE)
-    driver: Driver = open_driver(path, os.O_WRONLY | os.O_CREAT, 0o644, hints)
+    driver: Driver = open_driver(path, os.O_WRONLY, 0o644, hints)
     try:
         driver.pwrite(np.frombuffer(data, dtype=np.uint8), offset)
     finally:
@@ -503,11 +520,13 @@ def _write_indexes(
     temps: list[str],
     paths: list[str],
     options: ShardWriteOptions,
+    held: PartLocks,
 ) -> None:
     """Every rank's index entries sent to the shards' leaders (one ``alltoall``); each leader
     writes its shards' indexes in one write each and renames each shard over the old one. As
     for any Dataset write, the shards are durable after :meth:`Dataset.flush` (the leaders'
-    stores record them)."""
+    stores record them). A temporary file gone before its index is written (its leader held
+    it) is an error, never a shard of the index alone."""
     written: list[str] = []
     me, nprocs = comm.Get_rank(), comm.Get_size()
     table = np.concatenate(rows) if rows else np.zeros((0, 4), dtype=_I64)
@@ -522,7 +541,13 @@ def _write_indexes(
         index = np.full((codec.nchunks, 2), EMPTY, dtype=np.uint64)
         index[chunks[:, 1], 0] = chunks[:, 2].astype(np.uint64)
         index[chunks[:, 1], 1] = chunks[:, 3].astype(np.uint64)
-        _write_temp(temps[k], codec.encode_index(index), end, options.driver)
+        try:
+            _write_temp(temps[k], codec.encode_index(index), end, options.driver, held)
+        except FileNotFoundError:
+            raise BackendError(
+                f"dataset {store.name!r}, shard {keys[k]!r}: its temporary file {temps[k]} "
+                "was deleted before its index was written"
+            ) from None
         os.replace(temps[k], paths[k])
         written.append(keys[k])
     store.note_written(written)

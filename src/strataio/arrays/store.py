@@ -31,6 +31,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import NoReturn
 
+from strataio.arrays.shard_parts import is_part_file
 from strataio.errors import BackendError, CapabilityError, NotFoundError, StrataError
 from strataio.storage.base import Backend, BytesLike, Version
 
@@ -288,7 +289,8 @@ class BackendChunkStore(ChunkStore):
     def list_chunks(self) -> list[str]:
         base = self._key("c")
         n = len(self.prefix) + 1 if self.prefix else 0
-        keys = [k[n:] for k in self.backend.list(base)]
+        # (not the temporary files of collective shard writes, which lie among the shards)
+        keys = [k[n:] for k in self.backend.list(base) if not is_part_file(k)]
         if self.backend.exists(base):  # a 0-d array's single chunk is the object "c" itself
             keys.append("c")
         return keys

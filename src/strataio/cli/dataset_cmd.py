@@ -19,6 +19,10 @@ from strataio.errors import ConfigError, NotFoundError, StrataError
 from strataio.sizes import format_size
 from strataio.storage.posix import LeftoverState, judge_leftover
 
+#: what made a temporary file: a put (``*.strataio-tmp``), or a collective shard write
+#: (``*.<token>.part``)
+PUT, SHARD_WRITE = "put", "collective shard write"
+
 
 def bytes_on_disk(ds: Dataset) -> int:
     """Sum of the sizes of the chunk objects stored (metadata excluded)."""
@@ -33,6 +37,22 @@ def bytes_on_disk(ds: Dataset) -> int:
             blob = store.get_chunks([key])[0]
             total += 0 if blob is None else len(blob)
     return total
+
+
+def temporary_files(ds: Dataset) -> list[tuple[str, str]]:
+    """The temporary files in dataset ``ds``'s folder, sorted, each with what made it
+    (:data:`PUT` or :data:`SHARD_WRITE`): those of writes running now and those of writers
+    killed before their rename, which :func:`judge_leftover` tells apart by the same lock
+    rule (:mod:`strataio.storage.posix`, :mod:`strataio.arrays.shard_parts`)."""
+    from strataio.arrays.shard_parts import part_files
+
+    listing = getattr(getattr(ds.store, "backend", None), "leftovers", None)
+    found = [(f, PUT) for f in (listing() if listing is not None else ())]
+    path_of = getattr(ds.store, "chunk_path", None)
+    chunks = path_of("c") if path_of is not None else None
+    if chunks is not None:  # (the array's folder: shards lie in it or in its "c" folder)
+        found += [(f, SHARD_WRITE) for f in part_files(os.path.dirname(chunks))]
+    return sorted(found)
 
 
 def fail(message: str, status: int = 2) -> None:
@@ -113,23 +133,30 @@ def info_cmd(path: Path, config: str | None) -> None:
                 ("logical bytes", f"{ds.nbytes} ({format_size(ds.nbytes)})"),
                 ("attributes", ", ".join(sorted(ds.attrs)) or "-"),
             ]
-            # (temporary files of puts that never reached their rename: the store's backend
-            # lists them, as fsck's does for a tier)
-            leftovers = getattr(getattr(ds.store, "backend", None), "leftovers", None)
-            left = sorted(leftovers()) if leftovers is not None else []
+            # (temporary files of writes not renamed yet; those renamed meanwhile are gone)
+            judged = [(f, kind, judge_leftover(f)) for f, kind in temporary_files(ds)]
+            left = [(f, kind, st) for f, kind, st in judged if st is not LeftoverState.GONE]
             if left:
-                live = sum(judge_leftover(f) is LeftoverState.LIVE for f in left)
-                dead = len(left) - live
-                said = [f"{live} of a put running now"] if live else []
-                if dead:
+                live = {PUT: 0, SHARD_WRITE: 0}
+                dead = dict(live)
+                for _, kind, state in left:
+                    (live if state is LeftoverState.LIVE else dead)[kind] += 1
+                said = [f"{n} of a {kind} running now" for kind, n in live.items() if n]
+                gone = [
+                    f"{n} left by a writer killed in a put"
+                    if kind == PUT
+                    else f"{n} left by a {kind} whose ranks were killed"
+                    for kind, n in dead.items()
+                    if n
+                ]
+                if gone:
                     said.append(
-                        f"{dead} left by a writer killed in a put, which "
-                        f"'strataio fsck {path} --repair' deletes"
+                        ", ".join(gone) + f", which 'strataio fsck {path} --repair' deletes"
                     )
                 rows.append(
                     (
                         "unfinished writes",
-                        f"{len(left)} temporary file(s), e.g. {left[0]}: " + "; ".join(said),
+                        f"{len(left)} temporary file(s), e.g. {left[0][0]}: " + "; ".join(said),
                     )
                 )
     except (StrataError, OSError) as exc:
@@ -144,16 +171,18 @@ def info_cmd(path: Path, config: str | None) -> None:
 
 
 def fsck_dataset_dir(path: Path, repair: bool) -> None:
-    """``strataio fsck PATH``: the temporary files of puts into the dataset at ``PATH``.
+    """``strataio fsck PATH``: the temporary files of writes into the dataset at ``PATH``:
+    those of puts (``*.strataio-tmp``) and of collective shard writes (``*.<token>.part``).
 
     A plain dataset has no catalog, so what a crash leaves in it is only these files (a chunk
-    is replaced by renaming a whole new file over it, never torn). Each one whose put still
-    holds its lock (:func:`strataio.storage.posix.judge_leftover`) belongs to a writer running
-    now and is reported **in-flight** and left alone; every other is a **leftover** of a
-    killed writer, which ``repair`` deletes at once (no waiting: the lock dies with its
-    process). On a file system that keeps no locks a temporary file cannot be judged: it is
-    reported and left. Exit 0 clean (in-flight files included), 1 leftovers remain, 2 no
-    dataset at ``PATH``.
+    or shard is replaced by renaming a whole new file over it, never torn). Each one whose
+    writer still holds its lock (:func:`strataio.storage.posix.judge_leftover`; a put holds
+    its file, every rank of a shard write each file it writes,
+    :mod:`strataio.arrays.shard_parts`) belongs to a write running now and is reported
+    **in-flight** and left alone; every other is a **leftover** of a killed writer, which
+    ``repair`` deletes at once (no waiting: the lock dies with its process). On a file system
+    that keeps no locks a temporary file cannot be judged: it is reported and left. Exit 0
+    clean (in-flight files included), 1 leftovers remain, 2 no dataset at ``PATH``.
     """
     try:
         opened = open_dataset(path, mode="r")
@@ -164,23 +193,27 @@ def fsck_dataset_dir(path: Path, repair: bool) -> None:
         fail(str(exc), 1)
         return
     with opened as ds:
-        listing = getattr(getattr(ds.store, "backend", None), "leftovers", None)
-        temps = sorted(listing()) if listing is not None else []
+        temps = temporary_files(ds)
     findings: list[tuple[str, str, str, str]] = []
-    for f in temps:
+    live: dict[str, int] = {PUT: 0, SHARD_WRITE: 0}
+    for f, kind in temps:
         state = judge_leftover(f, remove=repair)
         if state is LeftoverState.LIVE:
-            findings.append(("in-flight", f, "temporary file of a put running now", "left alone"))
-        elif state is LeftoverState.DEAD:
+            live[kind] += 1
             findings.append(
-                ("leftover", f, "temporary file of a put killed before its rename", "delete")
+                ("in-flight", f, f"temporary file of a {kind} running now", "left alone")
+            )
+        elif state is LeftoverState.DEAD:
+            killed = "a put killed" if kind == PUT else f"a {kind} whose ranks were killed"
+            findings.append(
+                ("leftover", f, f"temporary file of {killed} before its rename", "delete")
             )
         elif state is LeftoverState.UNKNOWN:
             findings.append(
                 (
                     "leftover",
                     f,
-                    "no lock to tell whether a put still writes it: delete it once no "
+                    f"no lock to tell whether a {kind} still writes it: delete it once no "
                     "process writes this dataset",
                     "-",
                 )
@@ -195,13 +228,12 @@ def fsck_dataset_dir(path: Path, repair: bool) -> None:
         console.print(table)
     dead = sum(action == "delete" for *_, action in findings)
     unknown = sum(action == "-" for *_, action in findings)
-    live = len(findings) - dead - unknown
     console.print(
         f"dataset {path}: {len(findings)} temporary file{'s' if len(findings) != 1 else ''}; "
         f"{dead} of writers that are gone"
         + (", deleted" if repair and dead else "")
         + (f"; {unknown} that cannot be judged here, left" if unknown else "")
-        + (f"; {live} of puts running now, left alone" if live else "")
+        + "".join(f"; {n} of {kind}s running now, left alone" for kind, n in live.items() if n)
     )
     if unknown or (dead and not repair):
         sys.exit(1)

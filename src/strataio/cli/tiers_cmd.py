@@ -368,9 +368,10 @@ def fsck_command(config: str | None, path: Path | None, repair: bool, quick: boo
     is probed first and checked if it answers; one that still does not is named, with the
     error, and not checked (exit 1).
 
-    With PATH (a dataset directory, no catalog): its temporary files. Those of a writer
-    killed in a put are leftovers, which --repair deletes at once; those whose put is
-    running now (it holds the file's lock) are listed as "in-flight" and left alone.
+    With PATH (a dataset directory, no catalog): its temporary files, of puts and of
+    collective shard writes (*.part). Those of a writer killed in a put, or of a shard
+    write whose ranks were killed, are leftovers, which --repair deletes at once; those of
+    a write running now (it holds the file's lock) are listed as "in-flight" and left alone.
     """
     if path is not None:
         from strataio.cli.dataset_cmd import fsck_dataset_dir

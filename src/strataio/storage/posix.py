@@ -506,7 +506,9 @@ def judge_leftover(path: str, *, remove: bool = False) -> LeftoverState:
     without waiting (see the module's docstring); with ``remove``, delete the file while
     holding the lock, only where it is :attr:`~LeftoverState.DEAD`. Safe beside running
     puts: a put that has made its file but not yet locked it sees the deletion once it holds
-    the lock, and starts over under another name."""
+    the lock, and starts over under another name. The temporary files of collective shard
+    writes are judged the same way: each of their writers holds a shared lock, which refuses
+    this exclusive one (:mod:`strataio.arrays.shard_parts`)."""
     fd = -1
     # (open for writing where allowed: NFS takes an exclusive flock only on such a descriptor)
     for mode in (os.O_RDWR, os.O_RDONLY):
