@@ -517,6 +517,37 @@ def test_a_dataset_s_generation_moves_with_every_change_of_its_rows(cat):
     assert cat.generation("a") not in (a, a + 1, a + 2, a + 3)
 
 
+def test_an_annotation_changes_alone_and_no_concurrent_change_is_lost(cat, url):
+    """annotate_dataset sets one annotation of a record from its value then, keeps the
+    others and the generation, writes nothing for an unchanged value, and removes it for
+    None; changes through two connections at once each start from the other's."""
+    cat.create_dataset(_ds("a", attrs='{"keep": 1}'))
+    gen = cat.generation("a")
+    assert cat.annotate_dataset("a", "n", lambda v: (v or 0) + 1) == 1
+    assert cat.annotate_dataset("a", "n", lambda v: v) == 1
+    assert cat.get_dataset("a").attrs == '{"keep": 1, "n": 1}'
+    other = open_catalog(url)
+    try:
+
+        def count(c: Catalog) -> None:
+            for _ in range(10):
+                c.annotate_dataset("a", "n", lambda v: v + 1)
+
+        workers = [threading.Thread(target=count, args=(c,)) for c in (cat, other)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+    finally:
+        other.close()
+    assert cat.annotate_dataset("a", "n", lambda v: v) == 21
+    assert cat.annotate_dataset("a", "n", lambda v: None) is None
+    assert cat.get_dataset("a").attrs == '{"keep": 1}'
+    assert cat.generation("a") == gen
+    with pytest.raises(NotFoundError):
+        cat.annotate_dataset("nothing", "n", lambda v: 1)
+
+
 def test_the_generation_of_rows_read_in_parts_is_never_newer_than_a_part(cat):
     """Rows of more chunks than one statement takes come in parts; a commit between two
     parts makes the generation returned older than the catalog's, never newer than what a

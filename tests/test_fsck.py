@@ -74,6 +74,31 @@ def check_chunks(root, allowed):
     return seen
 
 
+def test_fsck_rewrites_a_zarr_json_left_from_before_an_attribute_change(tmp_path):
+    """A tier that did not answer while attributes were set keeps the zarr.json from
+    before: fsck reports it (stale-meta) and --repair rewrites it with the current one."""
+    make(tmp_path, half_on_tape=False)
+    disk = tmp_path / "disk"
+    with open_session(tmp_path) as s:
+        disk.rename(tmp_path / "disk.away")
+        disk.write_bytes(b"")  # (a file in its place: the tier does not answer)
+        ds = s.open_dataset("a", "r+")
+        ds.attrs["units"] = "K"
+        ds.close()
+    disk.unlink()
+    (tmp_path / "disk.away").rename(disk)
+    current = (tmp_path / "tape" / "a" / "zarr.json").read_bytes()
+    with open_session(tmp_path) as s:
+        report = fsck(s.catalog, s.tiers)
+        assert [(f.kind, f.tier, f.dataset, f.key, f.action) for f in report.problems] == [
+            (Kind.STALE_META, "disk", "a", "zarr.json", Action.REWRITE)
+        ]
+        assert (disk / "a" / "zarr.json").read_bytes() != current
+        assert fsck(s.catalog, s.tiers, repair=True).repaired
+        assert (disk / "a" / "zarr.json").read_bytes() == current
+        assert fsck(s.catalog, s.tiers).clean
+
+
 def test_fsck_finds_and_repairs(tmp_path):
     make(tmp_path)
     with open_session(tmp_path) as s:

@@ -31,9 +31,10 @@ from strataio.storage.base import Backend
 from strataio.storage.memory import MemoryBackend
 from strataio.storage.posix import PosixBackend
 from strataio.tiers.fsck import fsck
+from strataio.tiers.meta import META_ATTR
 from strataio.tiers.placement import DatasetDisabledError, Placement
 from strataio.tiers.residency import Residency
-from strataio.tiers.tier import Tier, TierSet
+from strataio.tiers.tier import Tier, TierSet, checksum
 
 
 def make_tiers(root, *, fast_cap=None, roles=("localdisk", "remotedisk", "remotetape")):
@@ -135,7 +136,7 @@ def test_tiered_attrs_live_in_zarr_json_and_not_in_the_catalog_record(tmp_path):
 
     def record_attrs():
         kept = json.loads(s.catalog.get_dataset("x").attrs)
-        assert set(kept) == {"strataio.array"}
+        assert set(kept) == {"strataio.array", META_ATTR}
         return kept["strataio.array"]["attributes"]
 
     with session(tmp_path) as s:
@@ -252,6 +253,86 @@ def test_a_dataset_opened_while_the_tiers_holding_zarr_json_are_marked_down_prob
         ds.close()
         assert s.tiers["local"].up
     assert _stored_attrs(tmp_path, "local", "x") == {"units": "K", "step": 3}
+
+
+TWO_TIERS = ("localdisk", "remotedisk")
+
+
+def _attrs_set_while_local_is_down(root):
+    """Dataset ``x`` (chunks on ``remote``) created with ``units``; ``step`` set while tier
+    ``local``, ordered first, does not answer; ``local`` then answers again (marked up)."""
+    with session(root, roles=TWO_TIERS) as s:
+        ds = s.create_dataset("x", (8,), "i4", (4,), hint="REMOTEDISK", attrs={"units": "K"})
+        ds[...] = 7
+        ds.close()
+    with session(root, roles=TWO_TIERS) as s:
+        _stop_answering(root / "local")
+        ds = s.open_dataset("x", "r+")
+        ds.attrs["step"] = 3
+        ds.close()
+        assert not s.tiers["local"].up
+    _answer_again(root / "local")
+    assert _stored_attrs(root, "local", "x") == {"units": "K"}
+    assert _stored_attrs(root, "remote", "x") == {"units": "K", "step": 3}
+
+
+def test_a_tier_that_missed_an_attribute_change_is_not_read_as_current(tmp_path):
+    """A tier down while attributes were set keeps the zarr.json from before; up again and
+    ordered first, it was read first: every open showed the older attributes, and the next
+    set started from them and dropped the newer. The catalog names the current version: an
+    open reads it where it is, rewrites the older copy, and a second set keeps the first's."""
+    _attrs_set_while_local_is_down(tmp_path)
+    with session(tmp_path, roles=TWO_TIERS) as s:
+        assert s.check_tiers() == {"local": True, "remote": True}
+        ds = s.open_dataset("x", "r+")
+        assert dict(ds.attrs) == {"units": "K", "step": 3}
+        assert _stored_attrs(tmp_path, "local", "x") == {"units": "K", "step": 3}
+        ds.attrs["note"] = "b"
+        ds.close()
+    for tier in ("local", "remote"):
+        assert _stored_attrs(tmp_path, tier, "x") == {"units": "K", "step": 3, "note": "b"}
+    with session(tmp_path, roles=TWO_TIERS) as s:
+        ds = s.open_dataset("x")
+        assert dict(ds.attrs) == {"units": "K", "step": 3, "note": "b"}
+        np.testing.assert_array_equal(ds[...], [7] * 8)
+        ds.close()
+
+
+def test_an_open_that_reaches_only_a_zarr_json_from_before_a_change_says_so(tmp_path):
+    """Where the tiers that answer hold only a zarr.json older than the catalog names, and
+    a tier that may hold the current one does not answer, an open raises, naming the
+    dataset, rather than show the older attributes; once that tier answers, it opens."""
+    _attrs_set_while_local_is_down(tmp_path)
+    with session(tmp_path, roles=TWO_TIERS) as s:
+        _stop_answering(tmp_path / "remote")
+        assert s.check_tiers() == {"local": True, "remote": False}
+        with pytest.raises(MetadataError, match="dataset 'x': no tier that answers holds the"):
+            s.open_dataset("x")
+        assert _stored_attrs(tmp_path, "local", "x") == {"units": "K"}
+    _answer_again(tmp_path / "remote")
+    with session(tmp_path, roles=TWO_TIERS) as s:
+        s.check_tiers()
+        assert dict(s.open_dataset("x").attrs) == {"units": "K", "step": 3}
+
+
+def test_a_record_that_names_no_zarr_json_version_reads_as_before(tmp_path):
+    """A catalog record written before records named the zarr.json version reads the first
+    copy that answers, as before; the next attribute change names its version."""
+    with session(tmp_path, roles=TWO_TIERS) as s:
+        s.create_dataset("x", (8,), "i4", (4,), hint="REMOTEDISK", attrs={"units": "K"}).close()
+        s.catalog.annotate_dataset("x", META_ATTR, lambda value: None)
+        assert META_ATTR not in json.loads(s.catalog.get_dataset("x").attrs)
+        older = tmp_path / "local" / "x" / "zarr.json"
+        meta = json.loads(older.read_text())
+        meta["attributes"] = {"units": "C"}
+        older.write_text(json.dumps(meta))
+        assert dict(s.open_dataset("x").attrs) == {"units": "C"}
+        ds = s.open_dataset("x", "r+")
+        ds.attrs["step"] = 1
+        ds.close()
+        named = json.loads(s.catalog.get_dataset("x").attrs)[META_ATTR]
+        assert named == [checksum(older.read_bytes())]
+    assert _stored_attrs(tmp_path, "remote", "x") == {"units": "C", "step": 1}
 
 
 def test_a_dataset_named_inside_another_is_refused_and_no_tier_goes_down(tmp_path):

@@ -50,6 +50,7 @@ from strataio.storage.base import validate_key
 from strataio.storage.superfile import SuperfileError
 from strataio.tiers.cache import DEFAULT_CACHE_BYTES, ChunkCache
 from strataio.tiers.commit import Commit
+from strataio.tiers.meta import META_ATTR
 from strataio.tiers.mover import MoveHandle, Mover, MoveResult, Progress
 from strataio.tiers.placement import AutoDecision, Placement
 from strataio.tiers.residency import META_KEY, Residency, object_key
@@ -62,7 +63,7 @@ from strataio.tiers.superfile import (
     record_container_bytes,
     superfile_record,
 )
-from strataio.tiers.tier import TierSet
+from strataio.tiers.tier import TierSet, checksum
 
 #: key of an AUTO dataset's catalog annotations (the record's ``attrs``) holding its placement
 #: decision (not in zarr.json)
@@ -88,12 +89,15 @@ class TieredDataset(Dataset):
 
     User attributes (``attrs``) live in the dataset's ``zarr.json`` only, the metadata every
     Zarr reader sees: the catalog record keeps none of them (its ``attrs`` hold strataio's
-    own annotations, see :class:`~strataio.catalog.base.DatasetRecord`), so setting one
-    touches no catalog and no copy elsewhere can go stale. A set applies to the attributes
-    ``zarr.json`` holds at that moment, as for a plain dataset, so handles in this or other
-    processes setting different attributes keep each other's. A DISABLE dataset stores no
-    ``zarr.json``: its attributes, like its data, are accepted and dropped (this handle
-    shows them until it closes).
+    own annotations, see :class:`~strataio.catalog.base.DatasetRecord`), only the checksum
+    of the current ``zarr.json``, so a tier that was down while they were set, and holds the
+    ``zarr.json`` before, is not read as holding them (:mod:`strataio.tiers.meta`: it is
+    rewritten once read, and where no tier that answers holds the current one, an open or a
+    set raises :class:`MetadataError` rather than start from the older). A set applies to
+    the attributes ``zarr.json`` holds at that moment, as for a plain dataset, so handles in
+    this or other processes setting different attributes keep each other's. A DISABLE
+    dataset stores no ``zarr.json``: its attributes, like its data, are accepted and dropped
+    (this handle shows them until it closes).
     """
 
     store: TieredChunkStore
@@ -214,9 +218,9 @@ class TieredDataset(Dataset):
 
     def _stored_meta(self) -> bytes | None:
         """The ``zarr.json`` stored now; raises :class:`MetadataError` where no tier that
-        answers holds it (every tier holding it down, say): attributes set from what this
-        handle holds would make a second ``zarr.json``, differing from the one those tiers
-        hold when they answer again."""
+        answers holds it (every tier holding it down, say), or holds its current version
+        (the tiers answering hold one from before a change they missed): attributes set from
+        what this handle or those tiers hold would drop the ones set since."""
         raw = self.store.get_meta()
         if raw is None and not self.store.disabled:
             raise MetadataError(
@@ -421,8 +425,10 @@ class Session:
         agree(self.comm, checked)
         # (the record holds no user attributes: zarr.json is their one home, see TieredDataset)
         notes: dict[str, Any] = {}
+        raw = meta.to_json()
         if h != "DISABLE":
             notes[ARRAY_ATTR] = json.loads(dataclasses.replace(meta, attrs={}).to_json())
+            notes[META_ATTR] = [checksum(raw)]  # (the version put below)
         record = DatasetRecord(
             name,
             meta.shape,
@@ -450,7 +456,7 @@ class Session:
             raise err
         store = self._store(record, [])
         if self.rank == 0 and not store.disabled:
-            store.put_meta(meta.to_json())
+            store.put_meta(raw)
         return TieredDataset(store, meta, "r+", name=name, comm=self.comm)
 
     def _choose(self, meta: ArrayMetadata, expected_reads: int, deadline_s: float | None):  # type: ignore[no-untyped-def]
@@ -498,7 +504,7 @@ class Session:
             raise err
         record, copies, _ = got
         store = self._store(record, copies, lazy=self.comm is None)
-        raw = store.get_meta() if self.rank == 0 else None
+        raw = store.get_meta(record) if self.rank == 0 else None
         raw = self.comm.bcast(raw, root=0) if self.comm is not None else raw
         if raw is None:
             meta = _meta_of_record(record)

@@ -70,11 +70,13 @@ class DatasetRecord:
     (``LOCALDISK``, ``REMOTEDISK``, ``REMOTETAPE``, ``AUTO``, ``DISABLE``).
 
     ``attrs`` is the JSON text of strataio's own annotations of the dataset (an AUTO dataset's
-    placement decision, ``strataio.placement``; a superfile's marker, ``strataio.superfile``),
-    never of the user's attributes: those live in the dataset's ``zarr.json`` only, which
-    every Zarr reader sees and any process may change, so a copy here would go stale (rows
-    written before this rule may still hold the attributes of their dataset's creation;
-    nothing reads them as the dataset's)."""
+    placement decision, ``strataio.placement``; a superfile's marker, ``strataio.superfile``;
+    the ``zarr.json`` of a tiered dataset's creation less its attributes, ``strataio.array``,
+    and the checksums of the ``zarr.json`` versions its copies may hold, ``strataio.meta``:
+    :mod:`strataio.tiers.meta`), never of the user's attributes: those live in the dataset's
+    ``zarr.json`` only, which every Zarr reader sees and any process may change, so a copy
+    here would go stale (rows written before this rule may still hold the attributes of
+    their dataset's creation; nothing reads them as the dataset's)."""
 
     name: str
     shape: tuple[int, ...]
@@ -265,6 +267,15 @@ class Catalog(abc.ABC):
     def update_dataset(self, record: DatasetRecord) -> None:
         """Replace the dataset row of ``record.name`` (hint, state, attrs...); its residency is
         kept. :class:`NotFoundError` if it does not exist."""
+
+    @abc.abstractmethod
+    def annotate_dataset(self, name: str, key: str, change: Callable[[Any], Any]) -> Any:
+        """Set annotation ``key`` of dataset ``name`` (a JSON value in its record's ``attrs``)
+        to ``change(value now)`` (None where absent; a result of None removes it), in one
+        transaction that no other annotation of the dataset interleaves with; return the
+        value set. Nothing is written where ``change`` returns the value unchanged. The
+        dataset's :meth:`generation` stays: annotations are no residency.
+        :class:`NotFoundError` if the dataset does not exist."""
 
     @abc.abstractmethod
     def get_dataset(self, name: str) -> DatasetRecord:

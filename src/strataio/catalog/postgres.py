@@ -85,6 +85,10 @@ class PostgresCatalog(SQLCatalog):
         for name in sorted(datasets):
             cur.execute("SELECT pg_advisory_xact_lock(1, hashtext(%s))", (name,))
 
+    def _lock_annotations(self, cur: psycopg.Cursor, name: str) -> None:
+        # (READ COMMITTED: two changes of one dataset's annotations would each miss the other's)
+        cur.execute("SELECT pg_advisory_xact_lock(3, hashtext(%s))", (name,))
+
     def _lock_dataset_names(self, cur: psycopg.Cursor) -> None:
         # (READ COMMITTED: two creations of nesting names would each miss the other's row)
         cur.execute("SELECT pg_advisory_xact_lock(2, 0)")

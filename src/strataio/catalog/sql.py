@@ -538,6 +538,33 @@ class SQLCatalog(Catalog):
             if cur.rowcount == 0:
                 raise NotFoundError(f"no dataset {record.name!r} in catalog {self._label()}")
 
+    def annotate_dataset(self, name: str, key: str, change: Callable[[Any], Any]) -> Any:
+        with self._write() as cur:
+            self._lock_annotations(cur, name)
+            cur.execute(self._sql("SELECT attrs FROM datasets WHERE name = ?"), (name,))
+            row = cur.fetchone()
+            if row is None:
+                raise NotFoundError(f"no dataset {name!r} in catalog {self._label()}")
+            notes = json.loads(row[0] or "{}")
+            old = notes.get(key)
+            new = change(old)
+            if new == old:
+                return new
+            if new is None:
+                del notes[key]
+            else:
+                notes[key] = new
+            cur.execute(
+                self._sql("UPDATE datasets SET attrs = ? WHERE name = ?"),
+                (json.dumps(notes, sort_keys=True), name),
+            )
+            return new
+
+    def _lock_annotations(self, cur: Cursor, name: str) -> None:
+        """Make this transaction's read of dataset ``name``'s annotations stand until it
+        ends (no other annotation of it meanwhile). SQLite's write lock, taken when the
+        transaction begins, already does."""
+
     def get_dataset(self, name: str) -> DatasetRecord:
         rows = self._query(f"SELECT {_DATASET_COLS} FROM datasets WHERE name = ?", (name,))
         if not rows:

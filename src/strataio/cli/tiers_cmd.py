@@ -360,7 +360,9 @@ def fsck_command(config: str | None, path: Path | None, repair: bool, quick: boo
 
     With --repair, bad copies that have a good copy elsewhere are dropped, rewrites
     interrupted by a crash are resolved (old or new bytes, whichever the object holds),
-    and orphans (objects no catalog row names) and temporary leftovers are deleted. It is
+    orphans (objects no catalog row names) and temporary leftovers are deleted, and a
+    dataset's zarr.json left at an older version on a tier that missed an attribute change
+    is rewritten with the current one. It is
     safe beside running jobs and needs no waiting after a crash: what a live process may
     still be writing (its announced rewrites, unnamed objects of datasets it has open) is
     listed as "in-flight" and left alone; what a process that died left is resolved at once

@@ -598,6 +598,14 @@ class Commit:
             for c in rows
         ]
 
+    def reachable_catalog(self) -> Catalog | None:
+        """The catalog this process writes: its own, or where it holds none (a parallel
+        job's rank other than 0) the connection it opens of its own on first use
+        (``catalog_url``), as for announcements; None where it has neither."""
+        if self.catalog is not None:
+            return self.catalog
+        return self._announcing() if self.catalog_url else None
+
     def _announcing(self) -> Catalog:
         with self._announcer_lock:
             if self._announcer is None:

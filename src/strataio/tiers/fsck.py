@@ -27,6 +27,13 @@ What interrupted operations leave, and what repair does:
   (**unrecorded**, adopted: it is the only version there is);
 - a put killed mid-write: a temporary file (**leftover**, deleted).
 
+A tiered dataset's ``zarr.json`` is checked on every tier checked against the versions its
+catalog record names (:mod:`strataio.tiers.meta`): a copy of another version (the tier was
+down while attributes were set) is **stale-meta**, rewritten by repair with the first copy of
+a version the record names, in tier order (the one reads take). A dataset none of whose
+copies on the tiers checked is of such a version is not judged: reads take the first copy
+where every tier answers, and the current one may be on a tier not checked.
+
 No clock decides any of this. An announced rewrite whose writer is alive, and an unnamed
 object or temporary file of a dataset some live writer has in use, may belong to an
 operation still running: they are reported **in-flight** and left alone. So is a temporary
@@ -68,10 +75,12 @@ from enum import StrEnum
 from itertools import repeat
 from typing import Any
 
-from strataio.catalog.base import Catalog, ChunkCopy, CopyId
+from strataio.catalog.base import Catalog, ChunkCopy, CopyId, DatasetRecord
+from strataio.errors import NotFoundError
 from strataio.storage.base import BytesLike
 from strataio.storage.posix import LeftoverState, judge_leftover
 from strataio.storage.superfile import ContainerProblem, check_container
+from strataio.tiers.meta import meta_checksums
 from strataio.tiers.residency import META_KEY, object_key
 from strataio.tiers.superfile import is_superfile
 from strataio.tiers.tier import TierSet, checksum, checksum_like, is_backend_failure
@@ -84,6 +93,7 @@ __all__ = [
     "Inventory",
     "Kind",
     "Leftover",
+    "MetaCheck",
     "Plan",
     "UnnamedObject",
     "Verdict",
@@ -109,6 +119,7 @@ class Kind(StrEnum):
     DIVERGED = "diverged"  # settled copies of one chunk hold different values
     BAD_INDEX = "bad-index"  # a superfile container's footer or index is unreadable
     BAD_MEMBER = "bad-member"  # a container member out of bounds or failing its checksum
+    STALE_META = "stale-meta"  # a zarr.json of a version the catalog record does not name
     IN_FLIGHT = "in-flight"  # a live writer may still be working on it
 
     @property
@@ -124,6 +135,7 @@ class Action(StrEnum):
     ADOPT = "adopt object"  # record the object's real size and checksum as a valid copy
     DELETE = "delete"  # delete an object or file no row names
     LEAVE = "left alone"  # in flight: its writer is alive
+    REWRITE = "rewrite"  # put the current version of a zarr.json in its place
 
 
 class Verdict(StrEnum):
@@ -193,6 +205,19 @@ class Leftover:
     live: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class MetaCheck:
+    """The copies of tiered dataset ``dataset``'s ``zarr.json`` on the tiers checked:
+    ``copies`` as ``(tier, checksum)``, fastest tier first; ``accepted``, the checksums of
+    the versions its catalog record names; ``current``, the bytes of the first copy of such
+    a version (None: none)."""
+
+    dataset: str
+    accepted: tuple[str, ...]
+    copies: tuple[tuple[str, str], ...]
+    current: bytes | None
+
+
 @dataclass(slots=True)
 class Inventory:
     """What :func:`inspect` saw; nothing in it is a judgement yet."""
@@ -213,6 +238,8 @@ class Inventory:
     skipped_why: dict[str, str] = field(default_factory=dict)
     #: chunks whose rows changed every time their copies were checked again (in flight)
     changing: set[tuple[str, str]] = field(default_factory=set)
+    #: the zarr.json copies of the tiered datasets whose record names their versions
+    metas: list[MetaCheck] = field(default_factory=list)
     #: ``(tier, object)`` of copies checked again: the object's version just before the
     #: check whose verdict stands (a repair deletes such an object only at that version;
     #: :data:`ABSENT`: it was not there, and what the check read appeared since)
@@ -231,6 +258,9 @@ class Plan:
     #: of those, the version each was inspected at (deleted only at that version)
     versions: dict[tuple[str, str], Any] = field(default_factory=dict)
     files: list[Leftover] = field(default_factory=list)
+    #: ``(tier, dataset, bytes, versions named)``: zarr.json copies to rewrite with those
+    #: bytes, while the dataset's record names those versions still
+    metas: list[tuple[str, str, bytes, tuple[str, ...]]] = field(default_factory=list)
     #: writers that are gone, whose registration is removed
     forget_writers: list[str] = field(default_factory=list)
     #: per copy among ``upserts`` and ``deletes``, the ``(state, checksum)`` of the row the
@@ -243,7 +273,7 @@ class Plan:
 
     @property
     def changes(self) -> bool:
-        return bool(self.upserts or self.deletes or self.objects or self.files)
+        return bool(self.upserts or self.deletes or self.objects or self.files or self.metas)
 
 
 @dataclass(slots=True)
@@ -376,6 +406,7 @@ def inspect(
             catalog, tiers, inv, lambda cs: list(pool.map(check, cs, repeat(False))), set(listed)
         )
 
+    inv.metas = _inspect_metas(records, tiers, listed)
     # Writers last: whoever left a row or an object seen above had registered (and marked
     # its dataset in use) before it did, so it is listed here if it is still alive.
     _read_writers(catalog, inv)
@@ -425,6 +456,34 @@ def inspect(
                 ds, _ = _split(rel, names)
                 inv.leftovers.append(Leftover(tname, path, ds, state is LeftoverState.LIVE))
     return inv
+
+
+def _inspect_metas(
+    records: Iterable[DatasetRecord], tiers: TierSet, listed: dict[str, set[str]]
+) -> list[MetaCheck]:
+    """The zarr.json copies, on the tiers ``listed``, of each dataset whose record names
+    their versions."""
+    out = []
+    for d in records:
+        accepted = meta_checksums(d)
+        if accepted is None or d.state == "disabled":
+            continue
+        obj = object_key(d.name, META_KEY)
+        copies: list[tuple[str, str]] = []
+        current: bytes | None = None
+        for t in tiers:
+            if obj not in listed.get(t.name, ()):
+                continue
+            try:
+                data = bytes(t.backend.get(obj))
+            except FileNotFoundError:
+                continue
+            digest = checksum(data)
+            copies.append((t.name, digest))
+            if current is None and digest in accepted:
+                current = data
+        out.append(MetaCheck(d.name, tuple(accepted), tuple(copies), current))
+    return out
 
 
 def _why_down(error: str) -> str:
@@ -621,6 +680,9 @@ def plan(inv: Inventory) -> Plan:
             out.expect[u.dataset, u.key, u.tier] = None
             catalogued.add((u.dataset, u.key))
 
+    for m in inv.metas:
+        _plan_meta(out, inv, m)
+
     for f in inv.leftovers:
         if f.dataset in inv.in_use or f.live:
             why = (
@@ -734,6 +796,32 @@ def _plan_chunk(out: Plan, inv: Inventory, ds: str, key: str, rows: list[CopyChe
         out.findings.append(Finding(Kind.LOST, where, ds, key, "no tier holds this chunk any more"))
 
 
+def _plan_meta(out: Plan, inv: Inventory, m: MetaCheck) -> None:
+    """Decide about one dataset's zarr.json copies."""
+    if m.current is None:
+        return  # (see the module doc)
+    for tier, digest in m.copies:
+        if digest in m.accepted:
+            continue
+        if m.dataset in inv.in_use:
+            detail = (
+                f"zarr.json of another version ({digest}) than the catalog records, of a "
+                "dataset a live process has open (it may be setting attributes)"
+            )
+            out.findings.append(
+                Finding(Kind.IN_FLIGHT, tier, m.dataset, META_KEY, detail, Action.LEAVE)
+            )
+            continue
+        detail = (
+            f"zarr.json of another version ({digest}) than the catalog records "
+            f"({', '.join(m.accepted)}): attributes were set while this tier did not answer"
+        )
+        out.findings.append(
+            Finding(Kind.STALE_META, tier, m.dataset, META_KEY, detail, Action.REWRITE)
+        )
+        out.metas.append((tier, m.dataset, m.current, m.accepted))
+
+
 def _container_findings(
     tier: str, ds: str, key: str, problems: Iterable[ContainerProblem]
 ) -> list[Finding]:
@@ -780,7 +868,7 @@ def apply(p: Plan, catalog: Catalog, tiers: TierSet) -> bool:
     # planned for deletion: its datasets are skipped (a later fsck judges them). Nor is an
     # object deleted that a row names now: a row this repair left (changed since), or one a
     # commit of another process recorded since the inspection.
-    busy = catalog.datasets_in_use() if p.objects or p.files else set()
+    busy = catalog.datasets_in_use() if p.objects or p.files or p.metas else set()
     names = {d.name for d in catalog.list_datasets()} if p.objects or busy else set()
     chunks = {ok: _split(ok, names) for _, ok in p.objects}
     rows = _rows_now(catalog, [(ds, key) for ds, key in chunks.values() if ds is not None])
@@ -794,6 +882,16 @@ def apply(p: Plan, catalog: Catalog, tiers: TierSet) -> bool:
                 backend.delete_if(ok, version)  # (an object put there since stays)
             else:
                 backend.delete(ok)
+    for tname, ds, data, accepted in p.metas:
+        if ds in busy:
+            continue
+        try:
+            now = meta_checksums(catalog.get_dataset(ds))
+        except NotFoundError:
+            continue
+        if now is None or tuple(now) != accepted:
+            continue  # (a change since put its own version)
+        tiers[tname].backend.put(object_key(ds, META_KEY), data, durable=True)
     for f in p.files:
         if f.dataset in busy:
             continue

@@ -8,7 +8,9 @@ answers (staging chunks whose fastest copy is on an archive tier to disk first, 
 residency changes reach the catalog in one transaction at flush / close.
 
 Every tier holds the dataset's ``zarr.json`` beside its chunks (``NAME/zarr.json``,
-``NAME/c/i/j``), so a tier holding all chunks is itself a Zarr v3 array.
+``NAME/c/i/j``), so a tier holding all chunks is itself a Zarr v3 array; the catalog record
+names the current version of it, so a tier that missed an attribute change is not read as
+current (:mod:`strataio.tiers.meta`).
 
 Reads check each copy's bytes against the checksum the catalog recorded for it, whatever the
 dataset's codecs (an announced rewrite accepts the old or the new bytes, whole:
@@ -33,7 +35,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from strataio.arrays.store import ChunkStore, StoreCapabilities
-from strataio.catalog.base import ChunkCopy, VerifiedCopy
+from strataio.catalog.base import ChunkCopy, DatasetRecord, VerifiedCopy
 from strataio.errors import (
     BackendError,
     ChecksumError,
@@ -49,9 +51,10 @@ from strataio.layout.pieces import scratch
 from strataio.storage.base import BytesLike, Version, validate_key
 from strataio.tiers.cache import ChunkCache
 from strataio.tiers.commit import Commit
+from strataio.tiers.meta import MetaCopies
 from strataio.tiers.mover import MoveHandle, Mover
 from strataio.tiers.placement import DatasetDisabledError, Placement, normalize_hint
-from strataio.tiers.residency import META_KEY, Residency, object_key, same_bytes
+from strataio.tiers.residency import Residency, object_key, same_bytes
 from strataio.tiers.tier import Tier, TierSet, accepts_data, checksum, checksum_like
 
 #: bytes of first reads' whole chunks up to which a batch reads them into a buffer the thread
@@ -142,6 +145,8 @@ class TieredChunkStore(ChunkStore):
         placement.register(residency)
         residency.drop_missing_row = functools.partial(self.commit.drop_missing_row, residency)
         residency.moved_checked = self._moved_checked
+        #: the dataset's zarr.json copies on the persistent tiers
+        self.meta = MetaCopies(self.name, placement.persistent, self.commit.reachable_catalog)
 
     # ----------------------------------------------------------------- reads
     #: times one read asks the catalog again for a chunk whose every known copy is missing
@@ -1097,45 +1102,28 @@ class TieredChunkStore(ChunkStore):
         return [] if self.disabled else self.res.chunk_keys()
 
     # ----------------------------------------------------------------- metadata
-    def get_meta(self) -> bytes | None:
-        """The ``zarr.json`` stored now, read from the first persistent tier that answers and
-        holds it (read each time: another handle, here or in another process, may have set
-        attributes since); None where no such tier holds one, and always for a DISABLE
-        dataset, which stores none. Where no tier that is up holds it, the tiers marked down
-        are probed again (:meth:`Tier.recheck`, each at most every :attr:`Tier.RECHECK_S`)
-        and read if they answer, as a chunk's copies are: a tier that came back is not
-        taken for one without the dataset's attributes and fill value."""
+    def get_meta(self, record: DatasetRecord | None = None) -> bytes | None:
+        """The ``zarr.json`` stored now (read each time: another handle, here or in another
+        process, may have set attributes since): the first copy, on a persistent tier that
+        answers, of a version the catalog record names, tiers marked down probed again
+        where no tier that is up holds one; None where no tier that answers holds one, and
+        always for a DISABLE dataset, which stores none. A copy of another version (a tier
+        that was down when attributes were set) is not read as the current one, and is
+        rewritten where it was read first (:class:`~strataio.tiers.meta.MetaCopies`, which
+        says what happens where no tier that answers holds the current version).
+        ``record``: the dataset's catalog record as just read (else read here)."""
         if self.disabled:
             return None
-        obj = object_key(self.name, META_KEY)
-        tiers = self.placement.persistent()
-        down = [t for t in tiers if not t.up]
-        for tier in [t for t in tiers if t.up] + down:
-            if tier in down and not tier.recheck():
-                continue
-            try:
-                return bytes(tier.call(tier.backend.get, obj))
-            except (NotFoundError, TierDownError):
-                continue
-        return None
+        return self.meta.get(record)
 
     def put_meta(self, data: bytes) -> None:
         """Write ``zarr.json`` durably to every persistent tier that answers and is not
-        read-only; a DISABLE dataset's is dropped, as its chunks are."""
+        read-only, the catalog record naming its checksum as the current version
+        (:meth:`MetaCopies.put`); a DISABLE dataset's is dropped, as its chunks are."""
         self._check_open()
         if self.disabled:
             return
-        stored = 0
-        for tier in self.placement.persistent():
-            if not tier.up or tier.read_only:
-                continue
-            try:
-                tier.call(tier.backend.put, object_key(self.name, META_KEY), data, durable=True)
-                stored += 1
-            except TierDownError:
-                continue
-        if not stored:
-            raise BackendError(f"dataset {self.name!r}: no tier answered to store zarr.json")
+        self.meta.put(data)
 
     # ----------------------------------------------------------------- moves
     def stage(self, keys: Sequence[str], to: str | None = None) -> MoveHandle:

@@ -1,0 +1,193 @@
+"""A tiered dataset's ``zarr.json`` on its tiers: which copy is current, and mending the rest.
+
+Every persistent tier holds a copy of the dataset's ``zarr.json`` (``NAME/zarr.json``), and
+an attribute change rewrites them all, but only on the tiers that answer then: a tier that
+was down keeps the version before, and once it answers again, ordered before the others, it
+would be read first. The catalog therefore keeps, in the dataset's record (its annotation
+:data:`META_ATTR`), the checksums (:func:`~strataio.tiers.tier.checksum`, a CRC-32C) of the
+versions a copy may hold:
+
+- a change (:meth:`MetaCopies.put`) first adds the new version's checksum to the record
+  (announced), then puts the new ``zarr.json`` durably on every persistent tier that answers
+  and is not read-only, then leaves the record naming the new version alone (settled). A
+  process that dies in between leaves both versions named, and either copy is read as
+  current until the next change settles;
+- a read (:meth:`MetaCopies.get`) takes the first copy the record names: tiers that are up
+  first, in tier order, then the tiers marked down, probed again (:meth:`Tier.recheck`).
+  Tiers read before it that answered with another version, or with none, are rewritten with
+  it, where the record names that one version alone (no change under way) and still does
+  just before the put; best effort: a put that fails leaves the copy as it was and the read
+  goes on;
+- where no tier that answers holds a version the record names, the ones it holds are all
+  there is if every persistent tier answered (a change by a strataio that kept no checksums,
+  or by hand): the first is read, as it always was. If some tier did not answer, it may hold
+  the current one: the read raises :class:`MetadataError` naming the dataset and the tiers,
+  rather than return attributes that may be stale. Where no tier that answers holds any
+  copy, the read returns None, as it always did (an open then reads what the catalog record
+  keeps of the array, without attributes; an attribute change is refused);
+- a record that names no version (written by a strataio that kept none), or a process that
+  reaches no catalog, reads the first copy that answers, as before; the first change by this
+  strataio starts naming them.
+
+``strataio fsck`` reports a copy of a version the record does not name, on a tier it
+checked while another checked tier holds one it names, and ``--repair`` rewrites it (see
+:mod:`strataio.tiers.fsck`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from strataio.catalog.base import Catalog, DatasetRecord
+from strataio.errors import BackendError, MetadataError, NotFoundError, StrataError, TierDownError
+from strataio.tiers.residency import META_KEY, object_key
+from strataio.tiers.tier import Tier, checksum
+
+__all__ = ["META_ATTR", "MetaCopies", "meta_checksums"]
+
+#: the annotation of a tiered dataset's catalog record naming the checksums of the
+#: ``zarr.json`` versions its copies may hold (a JSON list, the newest last)
+META_ATTR = "strataio.meta"
+
+
+def meta_checksums(record: DatasetRecord) -> list[str] | None:
+    """The checksums of the ``zarr.json`` versions the copies of ``record``'s dataset may
+    hold, the newest last; None where the record names none."""
+    got = json.loads(record.attrs or "{}").get(META_ATTR)
+    return _as_list(got)
+
+
+def _as_list(value: Any) -> list[str] | None:
+    if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+        return list(value)
+    return None
+
+
+def _announced(digest: str, value: Any) -> list[str]:
+    """The annotation ``value`` with version ``digest`` added (a change about to be put)."""
+    now = _as_list(value) or []
+    return now if digest in now else [*now, digest]
+
+
+def _settled(digest: str, value: Any) -> Any:
+    """The annotation ``value`` once version ``digest`` is put: the versions announced before
+    it dropped. Where ``digest`` is no longer named, another change settled after it was
+    announced: that one stands."""
+    now = _as_list(value)
+    if now is None or digest not in now:
+        return value
+    return now[now.index(digest) :]
+
+
+class MetaCopies:
+    """The ``zarr.json`` copies of dataset ``name`` on the tiers ``tiers()`` gives (the
+    persistent ones, fastest first), with the catalog ``catalog()`` gives (None: none
+    reachable) naming the current versions (see the module doc)."""
+
+    def __init__(
+        self,
+        name: str,
+        tiers: Callable[[], Sequence[Tier]],
+        catalog: Callable[[], Catalog | None],
+    ) -> None:
+        self.name = name
+        self.tiers = tiers
+        self.catalog = catalog
+        self.obj = object_key(name, META_KEY)
+
+    def get(self, record: DatasetRecord | None = None) -> bytes | None:
+        """The current ``zarr.json`` (see the module doc for which copy that is, and when it
+        is None or a :class:`MetadataError`); ``record``: the dataset's catalog record as
+        just read (else it is read here)."""
+        accepted = meta_checksums(record) if record is not None else self._accepted()
+        tiers = list(self.tiers())
+        behind: list[Tier] = []  # answered with another version, or none
+        silent: list[Tier] = []  # did not answer
+        first: bytes | None = None
+        for tier in [t for t in tiers if t.up] + [t for t in tiers if not t.up]:
+            if not tier.recheck():  # (a down tier probed again, at most every RECHECK_S)
+                silent.append(tier)
+                continue
+            try:
+                data = bytes(tier.call(tier.backend.get, self.obj))
+            except NotFoundError:
+                behind.append(tier)
+                continue
+            except TierDownError:
+                silent.append(tier)
+                continue
+            if accepted is None:
+                return data
+            if checksum(data) in accepted:
+                self._mend(behind, data, accepted)
+                return data
+            behind.append(tier)
+            if first is None:
+                first = data
+        if first is None or not silent:
+            return first
+        held = ", ".join(t.name for t in behind)
+        said = "; ".join(f"{t.name}: {t.last_error or 'down'}" for t in silent)
+        raise MetadataError(
+            f"dataset {self.name!r}: no tier that answers holds the zarr.json its catalog "
+            f"records (checksum {accepted[-1]}): tier(s) {held} hold another version, set "
+            f"before a change their tier missed, and the tier(s) that may hold it do not "
+            f"answer ({said}); open it once they do ('strataio tiers --check'), or, if they "
+            "are gone for good, take them out of the configuration: the version the others "
+            "hold is then read"
+        )
+
+    def put(self, data: bytes) -> None:
+        """Write ``data`` as the dataset's ``zarr.json``, durably, to every persistent tier
+        that answers and is not read-only, its checksum announced in the catalog record
+        first and settled after (see the module doc). Raises :class:`BackendError` where no
+        tier took it (the record then names the new version besides the others, which
+        reads take as before)."""
+        digest = checksum(data)
+        catalog = self.catalog()
+        if catalog is not None:
+            catalog.annotate_dataset(self.name, META_ATTR, functools.partial(_announced, digest))
+        stored = 0
+        for tier in self.tiers():
+            if not tier.up or tier.read_only:
+                continue
+            try:
+                tier.call(tier.backend.put, self.obj, data, durable=True)
+                stored += 1
+            except TierDownError:
+                continue
+        if not stored:
+            raise BackendError(f"dataset {self.name!r}: no tier answered to store zarr.json")
+        if catalog is not None:
+            # (a record not settled names both versions, which reads take alike)
+            with contextlib.suppress(StrataError):
+                catalog.annotate_dataset(self.name, META_ATTR, functools.partial(_settled, digest))
+
+    def _accepted(self) -> list[str] | None:
+        catalog = self.catalog()
+        if catalog is None:
+            return None
+        try:
+            return meta_checksums(catalog.get_dataset(self.name))
+        except NotFoundError:
+            return None
+
+    def _mend(self, tiers: list[Tier], data: bytes, accepted: list[str]) -> None:
+        """Put ``data``, the current version, on ``tiers`` (they answered with another or
+        none) where the record names it alone, and still does now: a change under way puts
+        its own version there."""
+        tiers = [t for t in tiers if t.up and not t.read_only]
+        if not tiers or len(accepted) != 1:
+            return
+        try:
+            if self._accepted() != accepted:
+                return
+        except StrataError:
+            return
+        for tier in tiers:
+            with contextlib.suppress(StrataError, OSError):
+                tier.call(tier.backend.put, self.obj, data, durable=True)
