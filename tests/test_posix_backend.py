@@ -19,6 +19,7 @@ from strataio.layout.extents import Extents
 from strataio.storage import posix
 from strataio.storage.posix import TMP_SUFFIX, LeftoverState, PosixBackend, judge_leftover
 from strataio.storage.vectored import IOV_MAX
+from strataio.tiers.tier import in_the_way
 
 
 @pytest.fixture
@@ -332,6 +333,34 @@ def test_batch_read_answers_per_file(backend: PosixBackend, batch_loop: str) -> 
         assert bytes(buf) == want + bytes(n - len(want)), (k, off, n)
         assert g == (len(data), versions[k])
     assert backend.readinto_ranges_versioned([], [], []) == []
+
+
+def test_something_in_an_object_s_way_is_named_by_its_path(
+    backend: PosixBackend, batch_loop: str
+) -> None:
+    """A directory where an object should be, or a file where one of its folders should be,
+    fails with EISDIR or ENOTDIR naming the object's path, for puts (not their temporary
+    file's, and a put of a new object too) and reads alike, so its tier can tell the one
+    object from the storage failing."""
+    (backend.root / "d" / "0").mkdir(parents=True)
+    backend.put("f", b"x")
+    path = {"d/0": str(backend.root / "d" / "0"), "f/0": str(backend.root / "f" / "0")}
+    for key, err in (("d/0", errno.EISDIR), ("f/0", errno.ENOTDIR)):
+        calls = [
+            lambda k: backend.put(k, b"y"),
+            lambda k: backend.put_new(k, b"y"),
+            lambda k: backend.write(k, Extents.single(0, 1), b"y"),
+            lambda k: backend.get(k),
+            lambda k: backend.read(k, Extents.single(0, 1)),
+        ]
+        for call in calls:
+            with pytest.raises(OSError) as got:
+                call(key)
+            blocked = in_the_way(got.value)
+            assert (blocked.errno, blocked.filename) == (err, path[key]), (key, call)
+        (g,) = backend.readinto_ranges_versioned([key], [0], [memoryview(bytearray(1))])
+        assert isinstance(g, OSError) and (g.errno, g.filename) == (err, path[key])
+    assert not list(backend.leftovers())
 
 
 @settings(max_examples=60, deadline=None)

@@ -25,6 +25,7 @@ from strataio.errors import (
     ExistsError,
     MetadataError,
     NotFoundError,
+    ObjectError,
     StrataError,
 )
 from strataio.storage.base import Backend
@@ -333,6 +334,51 @@ def test_a_record_that_names_no_zarr_json_version_reads_as_before(tmp_path):
         named = json.loads(s.catalog.get_dataset("x").attrs)[META_ATTR]
         assert named == [checksum(older.read_bytes())]
     assert _stored_attrs(tmp_path, "remote", "x") == {"units": "C", "step": 1}
+
+
+def test_something_in_a_chunk_s_way_fails_that_chunk_and_no_tier_goes_down(tmp_path):
+    """A directory where a chunk's object goes, or a file where its folder goes, made the
+    put fail as if the tier had: marked down, for every process, and the write gone on to
+    the next tier. Now only that chunk fails, naming the object and the tier; the tier stays
+    up, the other chunks are written and read there, and a read of the object fails alone."""
+    a = np.arange(16, dtype="i4").reshape(4, 4)
+    local = tmp_path / "local"
+    with session(tmp_path, roles=TWO_TIERS) as s:
+        ds = s.create_dataset("x", (4, 4), "i4", (2, 2), hint="LOCALDISK")
+        (local / "x" / "c" / "0" / "1").mkdir(parents=True)
+        with pytest.raises(
+            ObjectError,
+            match=r"chunk 'c/0/1' of dataset 'x' not written: tier 'local': object "
+            r"'.*/local/x/c/0/1' cannot be used: Is a directory .* not marked down",
+        ):
+            ds[...] = a
+        assert {t.name: t.state for t in s.catalog.tiers()} == {"local": "up", "remote": "up"}
+        assert all(t.up for t in s.tiers)
+        assert where(ds) == {"c/0/0": ["local"], "c/1/0": ["local"], "c/1/1": ["local"]}
+        ds[2:4, :] = a[2:4] + 100
+        ds.close()
+        ds = s.open_dataset("x", "r+")
+        np.testing.assert_array_equal(
+            ds[...], np.block([[a[0:2, 0:2], np.zeros((2, 2))], [a[2:4] + 100]])
+        )
+        (local / "x" / "c" / "0" / "1").rmdir()
+        ds[0:2, 2:4] = 7
+        ds.close()
+        (local / "x" / "c" / "0" / "1").unlink()
+        (local / "x" / "c" / "0" / "1").mkdir()
+        ds = s.open_dataset("x")
+        with pytest.raises(ObjectError, match=r"chunk 'c/0/1' of 'x': tier 'local': .*Is a dir"):
+            ds[...]
+        np.testing.assert_array_equal(ds[2:4, :], a[2:4] + 100)
+        ds.close()
+        ds = s.create_dataset("y", (4, 4), "i4", (2, 2), hint="LOCALDISK")
+        (local / "y" / "c").mkdir(parents=True)
+        (local / "y" / "c" / "1").write_bytes(b"")
+        with pytest.raises(ObjectError, match=r"object '.*/local/y/c/1/0' .*Not a directory"):
+            ds[...] = a
+        np.testing.assert_array_equal(ds[0:2, :], a[0:2])
+        ds.close()
+        assert all(t.up for t in s.tiers)
 
 
 def test_a_dataset_named_inside_another_is_refused_and_no_tier_goes_down(tmp_path):

@@ -70,6 +70,15 @@ class BackendError(StrataError, OSError):
     """A storage backend failed (I/O error, connection refused, timeout)."""
 
 
+class ObjectError(BackendError):
+    """One object on a tier cannot be read or written, though the tier answers: something
+    not of strataio's is in its way (a directory where the object should be, or a file where
+    one of its folders should be: EISDIR, ENOTDIR). The tier is not marked down, and other
+    objects there are read and written as before; a write does not go on to another tier
+    for it, as it does from a tier that is down or full. The message names the tier and
+    the object's path: move what is in the way, and write again."""
+
+
 class TierDownError(BackendError):
     """A tier is marked down and was not used."""
 

@@ -144,7 +144,8 @@ class PosixBackend(Backend):
         """
         fd = self._open(key, os.O_RDONLY)
         try:
-            _transfer(fd, extents, memoryview(out).cast("B"), write=False)
+            with _naming(self.path(key)):
+                _transfer(fd, extents, memoryview(out).cast("B"), write=False)
             return os.fstat(fd).st_size
         finally:
             os.close(fd)
@@ -228,7 +229,7 @@ class PosixBackend(Backend):
                 results.append(NotFoundError(f"no object {key!r} in {self.url}"))
                 continue
             except OSError as exc:
-                results.append(exc)
+                results.append(_named(exc, prefix + key))
                 continue
             try:
                 # One call reads the whole range, so kernel readahead has nothing to add;
@@ -255,7 +256,7 @@ class PosixBackend(Backend):
                     st = os.fstat(fd)
                 results.append((st.st_size, (st.st_ino, st.st_size, st.st_ctime_ns)))
             except OSError as exc:
-                results.append(exc)
+                results.append(_named(exc, prefix + key))
             finally:
                 os.close(fd)
         return results
@@ -263,7 +264,8 @@ class PosixBackend(Backend):
     def write(self, key: str, extents: Extents, data: BytesLike) -> None:
         fd = self._open(key, os.O_WRONLY | os.O_CREAT)
         try:
-            _transfer(fd, extents, memoryview(data).cast("B"), write=True)
+            with _naming(self.path(key)):
+                _transfer(fd, extents, memoryview(data).cast("B"), write=True)
         finally:
             os.close(fd)
 
@@ -274,12 +276,13 @@ class PosixBackend(Backend):
             out = bytearray(n)
             view = memoryview(out)
             got = 0
-            while got < n:
-                k = os.readv(fd, [view[got:]])
-                if k == 0:
-                    del out[got:]
-                    break
-                got += k
+            with _naming(self.path(key)):  # (a directory opens, and fails at the read)
+                while got < n:
+                    k = os.readv(fd, [view[got:]])
+                    if k == 0:
+                        del out[got:]
+                        break
+                    got += k
             return out
         finally:
             os.close(fd)
@@ -322,35 +325,41 @@ class PosixBackend(Backend):
         only_over: Version | None | object = _ANY_VERSION,
     ) -> Version:
         path = self.path(key)
-        tmp, fd = self._create_tmp(path)
-        try:
-            view = memoryview(data).cast("B")
-            while len(view):
-                view = view[os.write(fd, view) :]
+        # (an error of something in the way names the object, not the temporary file)
+        with _naming(path):
+            tmp, fd = self._create_tmp(path)
+            try:
+                view = memoryview(data).cast("B")
+                while len(view):
+                    view = view[os.write(fd, view) :]
+                if durable:
+                    os.fsync(fd)
+                conditional = only_over is not _ANY_VERSION
+                with _folder_lock(os.path.dirname(path), exclusive=conditional):
+                    if conditional and self.versions([key]) != [only_over]:
+                        raise ExistsError(f"object {key!r} changed since it was looked at")
+                    if replace:
+                        os.replace(tmp, path)
+                    else:
+                        try:
+                            os.link(tmp, path)
+                        except FileExistsError:
+                            if os.path.isdir(path):  # (no object: a directory in its way)
+                                raise IsADirectoryError(
+                                    errno.EISDIR, os.strerror(errno.EISDIR), path
+                                ) from None
+                            raise ExistsError(f"object {key!r} exists already") from None
+                        os.unlink(tmp)  # (after the link: its ctime, in the version, is final)
+                st = os.fstat(fd)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                raise
+            finally:
+                os.close(fd)
             if durable:
-                os.fsync(fd)
-            conditional = only_over is not _ANY_VERSION
-            with _folder_lock(os.path.dirname(path), exclusive=conditional):
-                if conditional and self.versions([key]) != [only_over]:
-                    raise ExistsError(f"object {key!r} changed since it was looked at")
-                if replace:
-                    os.replace(tmp, path)
-                else:
-                    try:
-                        os.link(tmp, path)
-                    except FileExistsError:
-                        raise ExistsError(f"object {key!r} exists already") from None
-                    os.unlink(tmp)  # (after the link: its ctime, in the version, is final)
-            st = os.fstat(fd)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-        finally:
-            os.close(fd)
-        if durable:
-            _fsync_dir(os.path.dirname(path))
-        return (st.st_ino, st.st_size, st.st_ctime_ns)
+                _fsync_dir(os.path.dirname(path))
+            return (st.st_ino, st.st_size, st.st_ctime_ns)
 
     def _create_tmp(self, path: str) -> tuple[str, int]:
         """A new temporary file beside ``path``, open for writing, under this process's lock
@@ -545,6 +554,29 @@ def judge_leftover(path: str, *, remove: bool = False) -> LeftoverState:
         return LeftoverState.DEAD
     finally:
         os.close(fd)
+
+
+def _named(exc: OSError, path: str) -> OSError:
+    """``exc``, where it is of something in an object's way (EISDIR, ENOTDIR), naming the
+    object's ``path``: the error of a read on a descriptor names no file, and one of a put
+    names the temporary file."""
+    if exc.errno not in (errno.EISDIR, errno.ENOTDIR) or exc.filename == path:
+        return exc
+    named = type(exc)(exc.errno, exc.strerror, path)
+    named.__cause__ = exc
+    return named
+
+
+@contextlib.contextmanager
+def _naming(path: str) -> Iterator[None]:
+    """Raise an error of something in the way of the object at ``path`` as :func:`_named`."""
+    try:
+        yield
+    except OSError as exc:
+        named = _named(exc, path)
+        if named is exc:
+            raise
+        raise named from exc
 
 
 @functools.lru_cache(maxsize=1 << 16)

@@ -784,10 +784,11 @@ def _probed(tier: Tier) -> None:
 
 def _failed(tier: Tier, exc: Exception) -> None:
     """Deal with ``exc`` raised while deleting objects on ``tier``: re-raised unless the
-    backend failed; a tier that failed is marked down (one found down already stays so)."""
+    backend failed; a tier that failed is marked down (one found down already stays so), but
+    for one object that cannot be used (:meth:`Tier.object_error`): the tier answers."""
     if not is_backend_failure(exc):
         raise exc
-    if not isinstance(exc, TierDownError):
+    if not isinstance(exc, TierDownError) and tier.object_error(exc) is None:
         tier.mark_down(exc)
 
 

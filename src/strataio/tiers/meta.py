@@ -9,7 +9,8 @@ versions a copy may hold:
 
 - a change (:meth:`MetaCopies.put`) first adds the new version's checksum to the record
   (announced), then puts the new ``zarr.json`` durably on every persistent tier that answers
-  and is not read-only, then leaves the record naming the new version alone (settled). A
+  and is not read-only (one where something is in its way, :class:`ObjectError`, is skipped
+  as a tier that is down), then leaves the record naming the new version alone (settled). A
   process that dies in between leaves both versions named, and either copy is read as
   current until the next change settles;
 - a read (:meth:`MetaCopies.get`) takes the first copy the record names: tiers that are up
@@ -43,7 +44,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from strataio.catalog.base import Catalog, DatasetRecord
-from strataio.errors import BackendError, MetadataError, NotFoundError, StrataError, TierDownError
+from strataio.errors import (
+    BackendError,
+    MetadataError,
+    NotFoundError,
+    ObjectError,
+    StrataError,
+    TierDownError,
+)
 from strataio.tiers.residency import META_KEY, object_key
 from strataio.tiers.tier import Tier, checksum
 
@@ -114,7 +122,7 @@ class MetaCopies:
                 continue
             try:
                 data = bytes(tier.call(tier.backend.get, self.obj))
-            except NotFoundError:
+            except (NotFoundError, ObjectError):  # (none there, or no file at its path)
                 behind.append(tier)
                 continue
             except TierDownError:
@@ -158,7 +166,7 @@ class MetaCopies:
             try:
                 tier.call(tier.backend.put, self.obj, data, durable=True)
                 stored += 1
-            except TierDownError:
+            except (TierDownError, ObjectError):  # (skipped, as a tier that is down)
                 continue
         if not stored:
             raise BackendError(f"dataset {self.name!r}: no tier answered to store zarr.json")

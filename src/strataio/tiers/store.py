@@ -44,6 +44,7 @@ from strataio.errors import (
     ClosedError,
     ExistsError,
     NotFoundError,
+    ObjectError,
     StrataError,
     TierDownError,
 )
@@ -203,6 +204,7 @@ class TieredChunkStore(ChunkStore):
         # the next readable copy on another tier is tried.
         pending: dict[int, set[str]] = {i: set() for i in need}
         corrupt: dict[int, list[str]] = {}
+        blocked: dict[int, ObjectError] = {}  # a copy something not of ours is in the way of
         # a copy found missing whose bytes no other copy holds: only a copy of the same
         # bytes may stand for it (another value would be read in its place, unsaid)
         gone: dict[int, ChunkCopy] = {}
@@ -232,6 +234,7 @@ class TieredChunkStore(ChunkStore):
                 for j, i in enumerate(out_of_copies):
                     pending[i] = set()
                     corrupt.pop(i, None)  # (each read again says again what it found)
+                    blocked.pop(i, None)
                     gone.pop(i, None)
                     if j in changed:
                         moving.add(i)
@@ -244,13 +247,23 @@ class TieredChunkStore(ChunkStore):
                         probed.add(i)  # (a tier holding a copy answers again: read it there)
                         pending[i] = set()
                         continue
+                    if i in blocked and not corrupt.get(i):
+                        raise ObjectError(f"chunk {keys[i]!r} of {self.name!r}: {blocked[i]}")
                     raise self._lost(
                         keys[i], corrupt.get(i, []), refreshes[i], i in moving, gone.get(i)
                     )
                 groups.setdefault(copies[0].tier, []).append((i, copies[0]))
             for tier_name, wanted in groups.items():
                 self._read_group(
-                    self.tiers[tier_name], keys, wanted, out, pending, corrupt, served, gone
+                    self.tiers[tier_name],
+                    keys,
+                    wanted,
+                    out,
+                    pending,
+                    corrupt,
+                    served,
+                    gone,
+                    blocked,
                 )
         self.res.touch([keys[i] for i in need])
         return out
@@ -740,14 +753,30 @@ class TieredChunkStore(ChunkStore):
         corrupt: dict[int, list[str]],
         served: list[str | None] | None,
         gone: dict[int, ChunkCopy],
+        blocked: dict[int, ObjectError],
     ) -> None:
         objs = [object_key(self.name, keys[i]) for i, _ in wanted]
         try:
-            blobs = tier.call(tier.backend.get_many, objs)
+            blobs: list[Any] = tier.call(tier.backend.get_many, objs)
         except TierDownError:
             return  # the down tier is now filtered out of readable()
+        except ObjectError:
+            # (one object that cannot be used stops the batch: each read alone, the others'
+            # bytes are read, and its copy is tried no more)
+            blobs = []
+            for obj in objs:
+                try:
+                    blobs.append(tier.call(tier.backend.get, obj))
+                except NotFoundError:
+                    blobs.append(None)
+                except ObjectError as exc:
+                    blobs.append(exc)
+                except TierDownError:
+                    return
         for (i, copy), blob in zip(wanted, blobs):
-            if blob is None:
+            if isinstance(blob, ObjectError):
+                blocked[i] = blob
+            elif blob is None:
                 # catalogued but missing: forget the copy and read another of its bytes
                 if self.res.drop_missing(copy) or not self.res.is_current(copy):
                     continue
@@ -1050,6 +1079,9 @@ class TieredChunkStore(ChunkStore):
             if isinstance(exc, TierDownError):
                 failed.append((k, v))
                 errors.append(str(exc))
+            elif isinstance(exc, ObjectError) and error is None:
+                error = ObjectError(f"chunk {k!r} of dataset {self.name!r} not written: {exc}")
+                error.__cause__ = exc
             elif error is None:
                 error = exc
         if error is not None:

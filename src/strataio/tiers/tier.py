@@ -36,6 +36,7 @@ from strataio.errors import (
     ChecksumError,
     ExistsError,
     NotFoundError,
+    ObjectError,
     StrataError,
     TierDownError,
     TierFullError,
@@ -111,10 +112,28 @@ def no_space_left(exc: BaseException | None) -> bool:
     return False
 
 
+#: errors of one path in an object's way, not of the storage: a directory where the object
+#: should be (EISDIR), a file where one of its folders should be (ENOTDIR)
+_IN_THE_WAY = (errno.EISDIR, errno.ENOTDIR)
+
+
+def in_the_way(exc: BaseException | None) -> OSError | None:
+    """The error, ``exc`` or one it was raised from, of something in the way of one object
+    (EISDIR, ENOTDIR); None if there is none."""
+    for _ in range(8):  # (a chain of wrapped errors, never a cycle)
+        if exc is None:
+            return None
+        if isinstance(exc, OSError) and exc.errno in _IN_THE_WAY:
+            return exc
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
 def is_backend_failure(exc: BaseException) -> bool:
     """True if ``exc`` means the backend itself failed (connection refused, timeout, I/O
-    error), as opposed to a missing object or a caller error."""
-    if isinstance(exc, NotFoundError | FileNotFoundError):
+    error), as opposed to a missing object, one object that cannot be used
+    (:class:`ObjectError`) or a caller error."""
+    if isinstance(exc, NotFoundError | FileNotFoundError | ObjectError):
         return False
     if isinstance(exc, BackendError):
         return True
@@ -231,7 +250,9 @@ class Tier:
 
     def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run ``fn(*args)`` against this tier within its concurrency slots; a backend failure
-        marks the tier down and is raised as :class:`TierDownError` naming the tier."""
+        marks the tier down and is raised as :class:`TierDownError` naming the tier, but for
+        one object that cannot be used (:meth:`object_error`), raised as
+        :class:`ObjectError`, the tier left up."""
         if not self.up:
             raise TierDownError(f"tier {self.name!r} is down: {self.last_error}")
         with self.slots:
@@ -240,6 +261,9 @@ class Tier:
             except Exception as exc:
                 if not is_backend_failure(exc):
                     raise
+                blocked = self.object_error(exc, args[0] if args else None)
+                if blocked is not None:
+                    raise blocked from exc
                 if no_space_left(exc):
                     wait = self.mark_full(exc)
                     err: TierDownError = TierFullError(
@@ -252,6 +276,23 @@ class Tier:
                 err = TierDownError(f"tier {self.name!r} failed and is now marked down: {exc}")
                 err.tier = self.name  # type: ignore[attr-defined]
                 raise err from exc
+
+    def object_error(self, exc: BaseException, key: Any = None) -> ObjectError | None:
+        """The :class:`ObjectError` that ``exc`` amounts to, or None. An error of something in
+        the way of an object (:func:`in_the_way`: a directory at its path, a file at one of
+        its folders') is one object's where the tier answers a probe (:meth:`check`), which
+        a tier whose own root is in the way fails (it is then marked down). ``key``: the
+        object asked for, named where the error names no path."""
+        blocked = in_the_way(exc)
+        if blocked is None or not self.check():
+            return None
+        where = blocked.filename2 or blocked.filename or (key if isinstance(key, str) else None)
+        what = "an object" if where is None else f"object {where!r}"
+        return ObjectError(
+            f"tier {self.name!r}: {what} cannot be used: {blocked.strerror} (a "
+            "directory stands where the object should be, or a file where one of its folders "
+            "should be); the tier answers and is not marked down: move that away"
+        )
 
     def recheck(self) -> bool:
         """Whether the tier is up, probing it (:meth:`check`) where it is down and was last
