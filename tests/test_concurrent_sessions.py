@@ -311,6 +311,43 @@ def test_a_failed_put_of_a_new_chunk_leaves_it_writable(tmp_path):
         assert fsck(s.catalog, s.tiers).clean
 
 
+class _Killed(BaseException):
+    """A process's work stops here, as at a kill -9."""
+
+
+def _kill(s: strataio.Session) -> None:
+    """``s``'s process dies now: its liveness token goes, and it takes no further step."""
+    s.catalog._locks.release(s.writer)
+
+
+def test_a_rewrite_over_a_killed_writer_s_unrecorded_put_names_the_bytes_there(tmp_path):
+    """A writes a chunk no copy of which is recorded yet (a new object) and is killed before
+    its flush; B rewrites the chunk, announcing it over A's object, and is killed before its
+    put. B's announcement names the bytes A's object holds as the old ones (read there), so
+    the chunk reads them back after ``fsck --repair``; named after the chunk's recorded
+    copies, of which there were none, it read as corrupt for good."""
+    (tmp_path / "strataio.toml").write_text(CONFIG)
+    with session(tmp_path) as s:
+        s.create_dataset("b", (10, 10), "f4", (10, 10), hint="LOCALDISK").close()
+    a = session(tmp_path)
+    a.open_dataset("b", "r+")[...] = 1.0
+    _kill(a)
+    b = session(tmp_path)
+    fast = b.tiers["fast"].backend
+
+    def killed(*args, **kwargs):
+        raise _Killed
+
+    fast.put_versioned = killed  # (after the announcement: the put itself)
+    with pytest.raises(_Killed):
+        b.open_dataset("b", "r+")[...] = 2.0
+    _kill(b)
+    with session(tmp_path) as s:
+        fsck(s.catalog, s.tiers, repair=True)
+        assert fsck(s.catalog, s.tiers).clean
+        np.testing.assert_array_equal(s.open_dataset("b")[...], np.full((10, 10), 1.0, "f4"))
+
+
 def test_a_stage_that_read_the_old_value_records_nothing_beside_a_rewrite(tmp_path, monkeypatch):
     """B's stage reads the chunk's archive copy; A then rewrites the chunk onto another tier
     and flushes (superseding the archive copy); B's copy, of the old value, must not be

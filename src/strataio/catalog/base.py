@@ -527,6 +527,11 @@ class Catalog(abc.ABC):
     def forget_writers(self, writers: Iterable[str]) -> None:
         """Remove the rows (and leftover tokens) of writers found dead."""
 
+    @abc.abstractmethod
+    def alive(self, writers: Iterable[str]) -> set[str]:
+        """The writers among ``writers`` whose liveness token some live process holds (see
+        :mod:`strataio.catalog.liveness`); an unknown or forgotten writer is not alive."""
+
     def datasets_in_use(self) -> set[str]:
         """Names of the datasets some live writer has in use: their copies are not evicted by
         other processes, and fsck leaves their unnamed objects to their writer. A mark this

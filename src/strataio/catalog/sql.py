@@ -1233,6 +1233,10 @@ class SQLCatalog(Catalog):
             for i, h, p, t in rows
         ]
 
+    def alive(self, writers: Iterable[str]) -> set[str]:
+        ids = [w for w in dict.fromkeys(writers) if w]
+        return self._live_tokens(ids) if ids else set()
+
     def forget_writers(self, writers: Iterable[str]) -> None:
         ids = [w for w in dict.fromkeys(writers) if w not in self._writers]
         if not ids:
