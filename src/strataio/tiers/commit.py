@@ -85,7 +85,13 @@ from strataio.catalog.base import Catalog, ChunkCopy, CopyId, open_catalog
 from strataio.errors import BackendError, ExistsError, StrataError, TierDownError
 from strataio.storage.base import Version
 from strataio.tiers.residency import Batch, Residency, object_key
-from strataio.tiers.tier import Tier, TierSet, is_backend_failure, refuse_unknown_object
+from strataio.tiers.tier import (
+    Tier,
+    TierSet,
+    checksum,
+    is_backend_failure,
+    refuse_unknown_object,
+)
 
 __all__ = ["Commit"]
 
@@ -221,9 +227,12 @@ class Commit:
         # yet: another process may have recorded a copy there since, and the announcement,
         # made only over the row this process saw, is refused then)
         if (held and not dst.volatile) or res.catalogued(src.key, dst.name):
+            there = res.copy_on(src.key, dst.name)
+            old = self.bytes_replaced(dst, res.name, [there]).get(src.key, "") if there else ""
             intent = ChunkCopy(
-                res.name, src.key, dst.name, src.nbytes, src.checksum, "in-transit", time.time()
-            )
+                res.name, src.key, dst.name, src.nbytes, src.checksum, "in-transit", time.time(),
+                old,
+            )  # fmt: skip
             # (only over the row this process saw there: a write of another process
             # announced or recorded there since is newer than the bytes moved)
             slot = (res.name, src.key, dst.name)
@@ -231,6 +240,30 @@ class Commit:
             if not held:
                 refuse_unknown_object(dst, res.name, src.key)
         return held, seen
+
+    def bytes_replaced(self, tier: Tier, dataset: str, rows: Sequence[ChunkCopy]) -> dict[str, str]:
+        """Per chunk key, the checksum of the bytes the object of each of ``rows`` (copies of
+        ``dataset`` on ``tier``) holds, where the row is a rewrite another writer announced
+        and that writer is dead: a rewrite or copy announced over it replaces those bytes,
+        and its row, naming one old version only, must name them. The dead writer's object
+        holds its old bytes or its new ones, whichever its put left, and nothing changes
+        them any more, so they are read and checked here. Left out: rows of live writers,
+        whose puts may still land (an announcement over one names its new bytes), and
+        objects that hold neither version."""
+        others = [
+            c for c in rows if c.state == "in-transit" and c.writer and c.writer != self.writer
+        ]
+        if not others or self.catalog is None:
+            return {}
+        dead = {c.writer for c in others} - self.catalog.alive({c.writer for c in others})
+        out: dict[str, str] = {}
+        for c in others:
+            if c.writer not in dead:
+                continue
+            digest = checksum_there(tier, dataset, c.key)
+            if digest and digest in (c.checksum, c.old_checksum):
+                out[c.key] = digest
+        return out
 
     def drop_missing_row(self, res: Residency, copy: ChunkCopy) -> None:
         """Delete the row of ``copy``, whose object was found missing and which ``res`` has
@@ -818,3 +851,12 @@ def _first_error(comm: Any, err: BaseException | None) -> BaseException | None:
     errs = comm.gather(err, root=0)
     first = next((e for e in errs if e is not None), None) if errs is not None else None
     return comm.bcast(first, root=0)
+
+
+def checksum_there(tier: Tier, dataset: str, key: str) -> str | None:
+    """The checksum of chunk ``key`` of ``dataset``'s object on ``tier`` as it is now, read
+    whole (None where it is gone or cannot be read)."""
+    try:
+        return checksum(tier.call(tier.backend.get, object_key(dataset, key)))
+    except (OSError, StrataError):
+        return None

@@ -51,7 +51,7 @@ from strataio.errors import (
 from strataio.layout.pieces import scratch
 from strataio.storage.base import BytesLike, Version, validate_key
 from strataio.tiers.cache import ChunkCache
-from strataio.tiers.commit import Commit
+from strataio.tiers.commit import Commit, checksum_there
 from strataio.tiers.meta import MetaCopies
 from strataio.tiers.mover import MoveHandle, Mover
 from strataio.tiers.placement import DatasetDisabledError, Placement, normalize_hint
@@ -993,7 +993,7 @@ class TieredChunkStore(ChunkStore):
                 self.res.begin_write(k, tier.name)
                 begun.append(k)
             olds = {k: c for k, _ in items if (c := self.res.copy_on(k, tier.name)) is not None}
-            over = self._bytes_under(tier, list(olds.values()))
+            over = self.commit.bytes_replaced(tier, self.name, list(olds.values()))
             # a row the catalog may hold for a copy already forgotten here keeps no old
             # checksum: those bytes are no version of the chunk to read back
             intents = {
@@ -1005,7 +1005,7 @@ class TieredChunkStore(ChunkStore):
                     d,
                     "in-transit",
                     now,
-                    over.get(k, olds[k].checksum) if k in olds else "",
+                    over.get(k, olds[k].checksum if k in olds else ""),
                     self.commit.writer,  # (the writer an announcement names)
                 )
                 for (k, v), d in zip(items, sums)
@@ -1089,40 +1089,6 @@ class TieredChunkStore(ChunkStore):
             raise error
         return failed
 
-    def _bytes_under(self, tier: Tier, rows: Sequence[ChunkCopy]) -> dict[str, str]:
-        """Per chunk key, the checksum of the bytes the object of each of ``rows`` (copies on
-        ``tier``) holds, where the row is a rewrite another writer announced and that writer
-        is dead: a rewrite announced over it replaces those bytes, and its row, naming one
-        old version only, must name them. The dead writer's object holds its old bytes or
-        its new ones, whichever its put left, and nothing changes them any more, so they are
-        read and checked here; the rows of live writers (whose puts may still land) and
-        objects that hold neither version are not in the result."""
-        catalog = self.commit.catalog
-        others = [
-            c
-            for c in rows
-            if c.state == "in-transit" and c.writer and c.writer != self.commit.writer
-        ]
-        if not others or catalog is None:
-            return {}
-        dead = {c.writer for c in others} - catalog.alive({c.writer for c in others})
-        out: dict[str, str] = {}
-        for c in others:
-            if c.writer not in dead:
-                continue
-            digest = self._checksum_there(tier, c.key)
-            if digest and digest in (c.checksum, c.old_checksum):
-                out[c.key] = digest
-        return out
-
-    def _checksum_there(self, tier: Tier, key: str) -> str | None:
-        """The checksum of chunk ``key``'s object on ``tier`` as it is now, read whole (None
-        where it is gone or cannot be read)."""
-        try:
-            return checksum(tier.call(tier.backend.get, object_key(self.name, key)))
-        except (OSError, StrataError):
-            return None
-
     def _put_unannounced(
         self, tier: Tier, key: str, data: memoryview, digest: str, now: float
     ) -> Version | None:
@@ -1148,9 +1114,11 @@ class TieredChunkStore(ChunkStore):
         # copy of the chunk's committed value, or the put of a writer that has not recorded
         # it (or never will: killed): the bytes there are the old version, read to name them
         if there:
-            old = self._bytes_under(tier, there[:1]).get(key, there[0].committed_checksum)
+            old = self.commit.bytes_replaced(tier, self.name, there[:1]).get(
+                key, there[0].committed_checksum
+            )
         else:
-            old = self._checksum_there(tier, key) or next(
+            old = checksum_there(tier, self.name, key) or next(
                 (c.checksum for c in rows if c.state != "in-transit"), ""
             )
         intent = ChunkCopy(
