@@ -134,6 +134,50 @@ def test_fsck_finds_and_repairs(tmp_path):
         assert (d / "c/6/6").read_bytes() == b"\1" * 400
 
 
+@pytest.mark.parametrize("verify", [True, False])
+def test_a_copy_something_stands_in_the_way_of_is_reported_and_kept(tmp_path, verify):
+    """A directory where a copy's object goes, or a file where its folder goes, crashed fsck
+    (IsADirectoryError, NotADirectoryError). Each such copy is reported (blocked, naming the
+    path) and the others checked; a repair keeps its row, deletes nothing in the way, adopts
+    no file in the way as a chunk, and drops a missing copy beside it as before. Once what is
+    in the way is moved, the copies are whole again."""
+    make(tmp_path)
+    with open_session(tmp_path) as s:
+        ds = s.open_dataset("a", "r+")
+        ds.stage(np.s_[0:20, :], to="disk").wait()  # chunks of rows 0-1 now on both tiers
+        ds.close()
+        rows = sorted((c.key, c.tier) for c in s.catalog.all_residency())
+        d, t = tmp_path / "disk" / "a" / "c", tmp_path / "tape" / "a" / "c"
+        (d / "0" / "0").rename(tmp_path / "c00")
+        (d / "0" / "0").mkdir()  # a directory where an object goes (a good copy on tape)
+        (d / "7").rename(tmp_path / "c7")
+        (d / "7").write_bytes(b"")  # a file where a folder goes (the only copies)
+        (t / "0" / "1").unlink()  # missing, with a good copy on disk
+        report = fsck(s.catalog, s.tiers, verify=verify)
+        found = sorted((f.kind, f.tier, f.key, f.action) for f in report.findings)
+        assert found == [("blocked", "disk", "c/0/0", "")] + [
+            ("blocked", "disk", f"c/7/{j}", "") for j in range(8)
+        ] + [("missing", "tape", "c/0/1", "drop copy")]
+        details = {f.key: f.detail for f in report.findings}
+        assert f"Is a directory: {d / '0' / '0'}" in details["c/0/0"]
+        assert f"Not a directory: {d / '7' / '3'}" in details["c/7/3"]
+        assert len(report.unrepairable) == 9
+        repaired = fsck(s.catalog, s.tiers, repair=True, verify=verify)
+        assert sorted((f.kind, f.key) for f in repaired.findings) == [
+            (k, key) for k, _, key, _ in found
+        ]
+        assert (d / "0" / "0").is_dir() and (d / "7").read_bytes() == b""
+        assert sorted((c.key, c.tier) for c in s.catalog.all_residency()) == [
+            r for r in rows if r != ("c/0/1", "tape")
+        ]
+        (d / "0" / "0").rmdir()
+        (tmp_path / "c00").rename(d / "0" / "0")
+        (d / "7").unlink()
+        (tmp_path / "c7").rename(d / "7")
+        assert fsck(s.catalog, s.tiers, repair=True, verify=verify).clean
+    assert check_chunks(tmp_path, [0]) == {0}
+
+
 def _crash_loop(tmp_path, mode, iterations, seed):
     """Run ``iterations`` workers at once on copies of one dataset, SIGKILL each at a random
     moment, then fsck each copy and check its data against the oracle."""
@@ -358,6 +402,14 @@ def _check(tier, verdict, state="valid", writer="", n=8):
         ([_check("disk", "checksum", "in-transit", "w1")], set(), [("corrupt", "")]),
         ([_check("disk", "missing"), _check("tape", "good")], set(), [("missing", "drop copy")]),
         ([_check("disk", "missing"), _check("tape", "missing")], set(), [("lost", "")]),
+        # something in a copy's way: reported, its row kept; it may hold the chunk, as a
+        # copy on a tier not checked may
+        ([_check("disk", "blocked")], set(), [("blocked", "")]),
+        (
+            [_check("disk", "blocked"), _check("tape", "missing")],
+            set(),
+            [("blocked", ""), ("missing", "drop copy")],
+        ),
         ([_check("disk", "good")], set(), []),
     ],
 )

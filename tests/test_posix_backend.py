@@ -352,6 +352,7 @@ def test_something_in_an_object_s_way_is_named_by_its_path(
             lambda k: backend.write(k, Extents.single(0, 1), b"y"),
             lambda k: backend.get(k),
             lambda k: backend.read(k, Extents.single(0, 1)),
+            lambda k: backend.size(k),
         ]
         for call in calls:
             with pytest.raises(OSError) as got:

@@ -362,7 +362,9 @@ def fsck_command(config: str | None, path: Path | None, repair: bool, quick: boo
     interrupted by a crash are resolved (old or new bytes, whichever the object holds),
     orphans (objects no catalog row names) and temporary leftovers are deleted, and a
     dataset's zarr.json left at an older version on a tier that missed an attribute change
-    is rewritten with the current one. It is
+    is rewritten with the current one. A copy something not strataio's stands in the way of
+    (a directory where its object goes, a file where its folder goes) is reported as
+    "blocked", naming the path, and kept (exit 1): move that away. It is
     safe beside running jobs and needs no waiting after a crash: what a live process may
     still be writing (its announced rewrites, unnamed objects of datasets it has open) is
     listed as "in-flight" and left alone; what a process that died left is resolved at once

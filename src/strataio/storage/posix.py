@@ -23,6 +23,7 @@ import errno
 import fcntl
 import functools
 import os
+import stat
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from enum import StrEnum
@@ -402,11 +403,11 @@ class PosixBackend(Backend):
                 else:
                     versions.append((ino, size, ctime_ns))
             return versions
-        stat = os.stat
+        os_stat = os.stat
         out: list[Version | None] = []
         for key in keys:
             try:
-                st = stat(prefix + validate_key(key))
+                st = os_stat(prefix + validate_key(key))
             except FileNotFoundError:
                 out.append(None)
                 continue
@@ -414,10 +415,16 @@ class PosixBackend(Backend):
         return out
 
     def size(self, key: str) -> int:
+        """The object's size; a directory at its path is no object, and raises
+        IsADirectoryError (something in its way), as a read of it does."""
+        path = self.path(key)
         try:
-            return os.stat(self.path(key)).st_size
+            st = os.stat(path)
         except FileNotFoundError:
             raise NotFoundError(f"no object {key!r} in {self.url}") from None
+        if stat.S_ISDIR(st.st_mode):
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+        return st.st_size
 
     def exists(self, key: str) -> bool:
         return os.path.isfile(self.path(key))

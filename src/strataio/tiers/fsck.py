@@ -54,6 +54,14 @@ A ``valid`` copy whose bytes differ from its row is bad (**checksum** / **size**
 another good copy it is dropped, without one the chunk is reported **corrupt** (never
 silently adopted). A chunk with no copy left at all is **lost**.
 
+A copy something not of strataio's stands in the way of (a directory where its object
+should be, a file where one of its folders should be: EISDIR, ENOTDIR; see
+:class:`~strataio.errors.ObjectError`) is **blocked**: reported with the path, never
+repaired. Its row stays and nothing there is deleted: its object may be whole again once
+what is in the way is moved (a folder renamed aside, a file put back), and a row dropped
+would make that object, back, an orphan the next repair deletes. For the chunk's other
+copies it counts as a copy on a tier not checked: it may hold the chunk's value.
+
 Superfile containers (:mod:`strataio.tiers.superfile`) are checked inside as well, where
 copies are read (``verify``): a container whose footer or index is unreadable is a **bad
 index**, one with a member outside its member bytes or failing its CRC-32C a **bad member**
@@ -83,7 +91,7 @@ from strataio.storage.superfile import ContainerProblem, check_container
 from strataio.tiers.meta import meta_checksums
 from strataio.tiers.residency import META_KEY, object_key
 from strataio.tiers.superfile import is_superfile
-from strataio.tiers.tier import TierSet, checksum, checksum_like, is_backend_failure
+from strataio.tiers.tier import TierSet, checksum, checksum_like, in_the_way, is_backend_failure
 
 __all__ = [
     "Action",
@@ -120,6 +128,7 @@ class Kind(StrEnum):
     BAD_INDEX = "bad-index"  # a superfile container's footer or index is unreadable
     BAD_MEMBER = "bad-member"  # a container member out of bounds or failing its checksum
     STALE_META = "stale-meta"  # a zarr.json of a version the catalog record does not name
+    BLOCKED = "blocked"  # something not of strataio's is in the way of a copy's object
     IN_FLIGHT = "in-flight"  # a live writer may still be working on it
 
     @property
@@ -147,6 +156,7 @@ class Verdict(StrEnum):
     CHECKSUM = "checksum"
     NEW = "new"  # an announced rewrite's new bytes
     OLD = "old"  # an announced rewrite's old bytes (the put never happened)
+    BLOCKED = "blocked"  # not readable: something is in the way of its object (EISDIR, ENOTDIR)
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,7 +178,8 @@ class Finding:
 
 @dataclass(frozen=True, slots=True)
 class CopyCheck:
-    """A catalogued copy and what its object holds (``nbytes`` -1 when missing)."""
+    """A catalogued copy and what its object holds (``nbytes`` -1 when missing or
+    blocked)."""
 
     copy: ChunkCopy
     verdict: Verdict
@@ -176,6 +187,8 @@ class CopyCheck:
     digest: str
     #: what is wrong inside a superfile container whose bytes are as catalogued
     problems: tuple[ContainerProblem, ...] = ()
+    #: of a blocked copy: what is in the way, and where
+    error: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -311,9 +324,11 @@ class FsckReport:
 
     @property
     def unrepairable(self) -> list[Finding]:
-        """Problems no repair resolves: :attr:`lost` chunks, and chunks whose settled copies
-        hold different values (which is the last written is not recorded)."""
-        return [f for f in self.findings if f.kind in (Kind.LOST, Kind.CORRUPT, Kind.DIVERGED)]
+        """Problems no repair resolves (their action is none): :attr:`lost` chunks, chunks
+        whose settled copies hold different values (which is the last written is not
+        recorded), blocked copies (what is in their way is not strataio's to move), and what
+        is wrong inside superfile containers."""
+        return [f for f in self.problems if f.action is Action.NONE]
 
 
 # ----------------------------------------------------------------------------- inspect
@@ -382,6 +397,12 @@ def inspect(
                 n, digest = t.backend.size(ok), c.checksum
         except FileNotFoundError:
             return CopyCheck(c, Verdict.MISSING, -1, "")
+        except OSError as exc:
+            blocked = in_the_way(exc)
+            if blocked is None:
+                raise
+            where = blocked.filename or ok
+            return CopyCheck(c, Verdict.BLOCKED, -1, "", error=f"{blocked.strerror}: {where}")
         if c.state == "in-transit":
             if c.checksum and digest == c.checksum:
                 return CopyCheck(c, Verdict.NEW, n, digest)
@@ -412,13 +433,18 @@ def inspect(
     _read_writers(catalog, inv)
     named = {(c.tier, object_key(c.dataset, c.key)) for c in inv.copies}
     catalogued = {(c.dataset, c.key) for c in inv.copies}
+    # (a dataset's chunk keys are all of one depth: a file at the folder of one is in its
+    # way, not a chunk)
+    folders = {
+        (ds, key.rsplit("/", i)[0]) for ds, key in catalogued for i in range(1, key.count("/") + 1)
+    }
     unnamed: list[tuple[str, str, str, str]] = []  # (tier, object, dataset, key)
     for tname, objs in listed.items():
         for ok in sorted(objs):
             if (tname, ok) in named:
                 continue
             ds, key = _split(ok, names)
-            if ds is None or key == META_KEY:
+            if ds is None or key == META_KEY or (ds, key) in folders:
                 continue  # not a chunk of a catalogued dataset: not ours to judge
             unnamed.append((tname, ok, ds, key))
     # Each object's version first (a repair deletes it only at that version: one put in its
@@ -535,7 +561,26 @@ def _object_versions(
         by_tier.setdefault(tname, []).append(ok)
     out: dict[tuple[str, str], Any] = {}
     for tname, oks in by_tier.items():
-        got = tiers[tname].backend.object_versions(oks)
+        backend = tiers[tname].backend
+        try:
+            got = backend.object_versions(oks)
+        except OSError as exc:
+            if in_the_way(exc) is None:
+                raise
+            # (something in one object's way fails the batch: each alone, the blocked ones
+            # left out, their version not known)
+            got, asked = [], oks
+            oks = []
+            for ok in asked:
+                try:
+                    one = backend.object_versions([ok])
+                except OSError as err:
+                    if in_the_way(err) is None:
+                        raise
+                    continue
+                if one is not None:
+                    oks.append(ok)
+                    got.extend(one)
         for ok, v in zip(oks, got or ()):
             if v is not None or absent is not None:
                 out[tname, ok] = absent if v is None else v
@@ -724,6 +769,11 @@ def _plan_chunk(out: Plan, inv: Inventory, ds: str, key: str, rows: list[CopyChe
         detail = f"rewrite announced by writer {c.writer}, which is still running"
         out.findings.append(Finding(Kind.IN_FLIGHT, c.tier, ds, key, detail, Action.LEAVE))
         return
+    # (its row stays: see the module doc; for the other copies it is one not checked)
+    blocked = [r for r in rows if r.verdict is Verdict.BLOCKED]
+    for r in blocked:
+        out.findings.append(Finding(Kind.BLOCKED, r.copy.tier, ds, key, _detail(r)))
+    unchecked = bool(blocked) or (ds, key) in inv.unchecked
     good = [r for r in rows if r.verdict is Verdict.GOOD]
     old = [r for r in rows if r.verdict is Verdict.OLD]
     new = [r for r in rows if r.verdict is Verdict.NEW]
@@ -772,7 +822,7 @@ def _plan_chunk(out: Plan, inv: Inventory, ds: str, key: str, rows: list[CopyChe
             drop(r, Kind.STATE, "unflushed write by a writer that is gone; another copy holds")
         else:
             adopt(r, Kind.STATE, "rewrite announced by a writer that is gone; the old bytes remain")
-    if good or old or (ds, key) in inv.unchecked:
+    if good or old or unchecked:
         # another copy holds the last committed version: unflushed and bad copies go
         for r in new:
             drop(r, Kind.STATE, "unflushed rewrite by a writer that is gone; another copy holds")
@@ -841,6 +891,12 @@ def _detail(r: CopyCheck) -> str:
     c = r.copy
     if r.verdict is Verdict.MISSING:
         return "object is missing"
+    if r.verdict is Verdict.BLOCKED:
+        return (
+            f"something not of strataio's is in the way of its object ({r.error}): a directory "
+            "where the object should be, or a file where one of its folders should be; move "
+            "it away (the copy is kept in the catalog, and nothing there is deleted)"
+        )
     if r.verdict is Verdict.SIZE:
         return f"object holds {r.nbytes} bytes, catalog says {c.nbytes}"
     if r.verdict is Verdict.NEW:
