@@ -178,6 +178,59 @@ def test_a_copy_something_stands_in_the_way_of_is_reported_and_kept(tmp_path, ve
     assert check_chunks(tmp_path, [0]) == {0}
 
 
+@pytest.mark.parametrize("how", ["gone", "a file", "read-only, gone"])
+def test_a_tier_whose_directory_is_unusable_is_not_checked_and_keeps_its_rows(tmp_path, how):
+    """A POSIX tier whose directory went (or has a file in its place) while it was up listed
+    as empty: fsck judged every copy there missing, and a repair dropped the rows of those
+    with another copy; a probe put its object, making the directory again, empty; a
+    read-only one answered its probe as empty. It does not answer now: fsck names it, with
+    why, and checks the others; no row goes, no directory is made, and a read of a chunk
+    only it holds marks it down. Once the directory is back, all is as before."""
+    make(tmp_path)  # chunks of rows 0-3 on tape, the others on disk
+    with open_session(tmp_path) as s:
+        ds = s.open_dataset("a", "r+")
+        ds.stage(np.s_[0:20, :], to="disk").wait()  # chunks of rows 0-1 now on both tiers
+        ds.close()
+        rows = sorted((c.key, c.tier) for c in s.catalog.all_residency())
+    read_only = how.startswith("read-only")
+    tape_root = tmp_path / "tape"
+    tiers = TierSet(
+        [
+            Tier("disk", PosixBackend(tmp_path / "disk"), "localdisk", order=0),
+            Tier(
+                "tape",
+                PosixBackend(tape_root, create=not read_only),
+                "remotetape",
+                order=1,
+                read_only=read_only,
+            ),
+        ]
+    )
+    with strataio.Session(tiers=tiers, catalog=tmp_path / "cat.db") as s:
+        tape_root.rename(tmp_path / "tape.away")
+        if how == "a file":
+            tape_root.write_bytes(b"")
+        ds = s.open_dataset("a")
+        with pytest.raises(strataio.StrataError):
+            ds[20:30, 0:10]  # only on tape
+        ds.close()
+        assert not s.tiers["tape"].up
+        s.tiers["tape"].mark_up()  # (as another process's catalog may have it)
+        for repair in (False, True):
+            report = fsck(s.catalog, s.tiers, repair=repair)
+            assert report.skipped_tiers == ["tape"] and not report.findings
+            assert str(tape_root) in report.skipped_why["tape"]
+            assert sorted((c.key, c.tier) for c in s.catalog.all_residency()) == rows
+        assert not s.check_tiers()["tape"] and not s.tiers["tape"].up
+        assert tape_root.is_file() if how == "a file" else not tape_root.exists()
+        if how == "a file":
+            tape_root.unlink()
+        (tmp_path / "tape.away").rename(tape_root)
+        assert fsck(s.catalog, s.tiers, repair=True).clean and s.tiers["tape"].up
+        assert sorted((c.key, c.tier) for c in s.catalog.all_residency()) == rows
+    assert check_chunks(tmp_path, [0]) == {0}
+
+
 def _crash_loop(tmp_path, mode, iterations, seed):
     """Run ``iterations`` workers at once on copies of one dataset, SIGKILL each at a random
     moment, then fsck each copy and check its data against the oracle."""

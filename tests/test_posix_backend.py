@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from strataio.errors import InvalidKeyError, NotFoundError, ShapeMismatchError
+from strataio.errors import BackendError, InvalidKeyError, NotFoundError, ShapeMismatchError
 from strataio.layout.extents import Extents
 from strataio.storage import posix
 from strataio.storage.posix import TMP_SUFFIX, LeftoverState, PosixBackend, judge_leftover
@@ -362,6 +362,45 @@ def test_something_in_an_object_s_way_is_named_by_its_path(
         (g,) = backend.readinto_ranges_versioned([key], [0], [memoryview(bytearray(1))])
         assert isinstance(g, OSError) and (g.errno, g.filename) == (err, path[key])
     assert not list(backend.leftovers())
+
+
+@pytest.mark.parametrize("how", ["gone", "a file"])
+def test_a_root_that_is_no_directory_does_not_answer(tmp_path, batch_loop: str, how: str) -> None:
+    """A root gone since it was made, or with a file in its place, is a backend that does not
+    answer (BackendError naming the root), never one holding no objects (the listing was
+    empty, objects missing, a read-only probe's look-up answered), and no put makes it
+    again; with its directory back, its objects are there."""
+    backend = PosixBackend(tmp_path / "root")
+    backend.put("a/b", b"x")
+    (tmp_path / "root").rename(tmp_path / "away")
+    if how == "a file":
+        (tmp_path / "root").write_bytes(b"")
+    calls = [
+        lambda: list(backend.list()),
+        lambda: list(backend.list("a")),
+        lambda: backend.get("a/b"),
+        lambda: backend.read("a/b", Extents.single(0, 1)),
+        lambda: backend.size("a/b"),
+        lambda: backend.exists("a/b"),
+        lambda: backend.versions(["a/b"]),
+        lambda: backend.delete("a/b"),
+        lambda: backend.put("a/c", b"y"),
+        lambda: backend.put("c", b"y"),
+        lambda: backend.write("c", Extents.single(0, 1), b"y"),
+    ]
+    for call in calls:
+        # (a file in its place: the system's ENOTDIR, which the tier's probe then judges)
+        with pytest.raises(BackendError if how == "gone" else OSError) as got:
+            call()
+        assert not isinstance(got.value, FileNotFoundError)
+        assert str(tmp_path / "root") in str(got.value) or in_the_way(got.value), call
+    (got,) = backend.readinto_ranges_versioned(["a/b"], [0], [memoryview(bytearray(1))])
+    assert isinstance(got, OSError) and not isinstance(got, FileNotFoundError)
+    assert (tmp_path / "root").is_file() if how == "a file" else not (tmp_path / "root").exists()
+    if how == "a file":
+        (tmp_path / "root").unlink()
+    (tmp_path / "away").rename(tmp_path / "root")
+    assert list(backend.list()) == ["a/b"] and backend.get("a/b") == b"x"
 
 
 @settings(max_examples=60, deadline=None)

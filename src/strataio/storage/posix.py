@@ -91,7 +91,15 @@ def _finish_short(fd: int, views: list[memoryview], pos: int, done: int, write: 
 
 
 class PosixBackend(Backend):
-    """Objects are files under ``root``; keys are relative paths below it."""
+    """Objects are files under ``root``; keys are relative paths below it.
+
+    A ``root`` that is not a directory (gone since it was made, a volume unmounted with its
+    mount point, a file in its place) is a backend that does not answer, never one that holds
+    no objects: every look that would find an object missing (:meth:`get`, :meth:`size`,
+    :meth:`exists`, :meth:`versions`, :meth:`list`, :meth:`delete`...) raises
+    :class:`BackendError` naming it, and no put makes it again (only the constructor makes
+    it, with ``create``). Else a listing of such a tier found every copy gone, and a probe
+    that put an object made an empty root in its place."""
 
     def __init__(self, root: str | os.PathLike[str], *, create: bool | None = True) -> None:
         """``create``: make ``root`` (and its parents) if missing; False: refuse a ``root``
@@ -107,18 +115,38 @@ class PosixBackend(Backend):
         self.capabilities = Capabilities(
             partial_write=True, append=True, preferred_io_size=4 << 20, latency=0.0
         )
-        self._made_dirs: set[str] = set()
 
     # ----------------------------------------------------------------- helpers
     def path(self, key: str) -> str:
         """The file path of ``key`` (validated)."""
         return self._prefix + validate_key(key)
 
+    def _root_error(self) -> BackendError | None:
+        """The error of a root that is not a directory (see the class doc); None where it
+        is one."""
+        try:
+            if stat.S_ISDIR(os.stat(self.root).st_mode):
+                return None
+            why = "is not a directory"
+        except OSError as exc:
+            why = f"cannot be used: {exc.strerror}"
+        return BackendError(f"{self.url}: the backend's root {self.root} {why}")
+
+    def _missing(self, key: str) -> NotFoundError:
+        """The error of ``key`` found missing: :class:`NotFoundError`, but where the root is
+        not a directory, whose error is raised."""
+        root = self._root_error()
+        if root is not None:
+            raise root
+        return NotFoundError(f"no object {key!r} in {self.url}")
+
     def _ensure_parent(self, path: str) -> None:
-        parent = os.path.dirname(path)
-        if parent not in self._made_dirs:
-            os.makedirs(parent, exist_ok=True)
-            self._made_dirs.add(parent)
+        """Make the folders of ``path`` below the root (never the root: see the class
+        doc)."""
+        root = self._root_error()
+        if root is not None:
+            raise root
+        os.makedirs(os.path.dirname(path), exist_ok=True)
 
     def _open(self, key: str, flags: int) -> int:
         path = self.path(key)
@@ -128,7 +156,7 @@ class PosixBackend(Backend):
             if flags & os.O_CREAT:
                 self._ensure_parent(path)
                 return os.open(path, flags | os.O_CLOEXEC, 0o644)
-            raise NotFoundError(f"no object {key!r} in {self.url}") from None
+            raise self._missing(key) from None
         except OSError as exc:
             raise BackendError(f"{self.url}: cannot open {key!r}: {exc}") from exc
 
@@ -201,16 +229,28 @@ class PosixBackend(Backend):
             [_fs_path(prefix, k) for k in keys], list(offsets), list(outs), nowait
         )
         results: list[tuple[int, Version] | Exception] = []
+        missing = False
         for key, (err, size, ino, ctime_ns) in zip(keys, got):
             if not err:
                 results.append((size, (ino, size, ctime_ns)))
             elif err == errno.ENOENT:
                 results.append(NotFoundError(f"no object {key!r} in {self.url}"))
+                missing = True
             elif err == errno.EINPROGRESS:
                 results.append(BlockingIOError(errno.EINPROGRESS, f"fetching {key!r}"))
             else:
                 results.append(OSError(err, os.strerror(err), prefix + key))
-        return results
+        return self._found_missing(results) if missing else results
+
+    def _found_missing(
+        self, results: list[tuple[int, Version] | Exception]
+    ) -> list[tuple[int, Version] | Exception]:
+        """``results`` of a batch read some of which found no object: where the root is not
+        a directory, its error in place of each "no object"."""
+        root = self._root_error()
+        if root is None:
+            return results
+        return [root if isinstance(r, NotFoundError) else r for r in results]
 
     def _read_ranges_python(
         self,
@@ -223,11 +263,13 @@ class PosixBackend(Backend):
         prefix = self._prefix
         flags = os.O_RDONLY | os.O_CLOEXEC
         results: list[tuple[int, Version] | Exception] = []
+        missing = False
         for key, offset, out in zip(keys, offsets, outs):
             try:
                 fd = os.open(prefix + validate_key(key), flags)
             except FileNotFoundError:
                 results.append(NotFoundError(f"no object {key!r} in {self.url}"))
+                missing = True
                 continue
             except OSError as exc:
                 results.append(_named(exc, prefix + key))
@@ -260,7 +302,7 @@ class PosixBackend(Backend):
                 results.append(_named(exc, prefix + key))
             finally:
                 os.close(fd)
-        return results
+        return self._found_missing(results) if missing else results
 
     def write(self, key: str, extents: Extents, data: BytesLike) -> None:
         fd = self._open(key, os.O_WRONLY | os.O_CREAT)
@@ -394,24 +436,26 @@ class PosixBackend(Backend):
         prefix = self._prefix
         if _filebatch is not None:
             got = _filebatch.stat_files([_fs_path(prefix, k) for k in keys])
-            versions: list[Version | None] = []
+            out: list[Version | None] = []
             for key, (err, size, ino, ctime_ns) in zip(keys, got):
                 if err == errno.ENOENT:
-                    versions.append(None)
+                    out.append(None)
                 elif err:
                     raise OSError(err, os.strerror(err), prefix + key)
                 else:
-                    versions.append((ino, size, ctime_ns))
-            return versions
-        os_stat = os.stat
-        out: list[Version | None] = []
-        for key in keys:
-            try:
-                st = os_stat(prefix + validate_key(key))
-            except FileNotFoundError:
-                out.append(None)
-                continue
-            out.append((st.st_ino, st.st_size, st.st_ctime_ns))
+                    out.append((ino, size, ctime_ns))
+        else:
+            os_stat = os.stat
+            out = []
+            for key in keys:
+                try:
+                    st = os_stat(prefix + validate_key(key))
+                except FileNotFoundError:
+                    out.append(None)
+                    continue
+                out.append((st.st_ino, st.st_size, st.st_ctime_ns))
+        if None in out and (root := self._root_error()) is not None:
+            raise root
         return out
 
     def size(self, key: str) -> int:
@@ -421,17 +465,22 @@ class PosixBackend(Backend):
         try:
             st = os.stat(path)
         except FileNotFoundError:
-            raise NotFoundError(f"no object {key!r} in {self.url}") from None
+            raise self._missing(key) from None
         if stat.S_ISDIR(st.st_mode):
             raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
         return st.st_size
 
     def exists(self, key: str) -> bool:
-        return os.path.isfile(self.path(key))
+        if os.path.isfile(self.path(key)):
+            return True
+        self._missing(key)
+        return False
 
     def delete(self, key: str) -> None:
-        with contextlib.suppress(FileNotFoundError):
+        try:
             os.unlink(self.path(key))
+        except FileNotFoundError:
+            self._missing(key)
 
     def delete_if(self, key: str, version: Version) -> bool:
         """Delete the file if it is still at ``version``; the look and the unlink hold the
@@ -448,6 +497,8 @@ class PosixBackend(Backend):
     def list(self, prefix: str = "") -> Iterator[str]:
         base = self.root / validate_key(prefix.rstrip("/")) if prefix else self.root
         if not base.is_dir():
+            if (root := self._root_error()) is not None:
+                raise root
             return
         for dirpath, _dirs, files in os.walk(base):
             rel = os.path.relpath(dirpath, self.root)

@@ -319,7 +319,8 @@ class Tier:
         a get and a delete of a small object of its own. A :attr:`read_only` tier, which
         would refuse that put (and so never be found up again once marked down), is probed
         by a read only: the size of the probe object's key is looked up, and "no such
-        object" is an answer. Any other failure means the tier does not answer."""
+        object" is an answer (a POSIX tier whose directory is gone gives none: its backend
+        does not answer). Any other failure means the tier does not answer."""
         if self.read_only:
             return self._check_by_reading()
         payload = f"strataio {time.time():.6f}".encode()
