@@ -25,6 +25,7 @@ from strataio.tiers.fsck import (
     Inventory,
     Kind,
     Leftover,
+    MetaCheck,
     UnnamedObject,
     Verdict,
     apply,
@@ -502,6 +503,31 @@ def test_plan_unnamed_objects_and_leftovers():
     assert p.objects == [("disk", "a/c/0/0")] and [f.path for f in p.files] == ["/x/a/c/1.t"]
     assert p.upserts == [ChunkCopy("a", "c/9/9", "disk", 8, "y")]
     assert p.forget_writers == ["gone"]
+
+
+def test_plan_deletes_and_writes_nothing_on_a_read_only_tier():
+    """On a read-only tier an orphan, a leftover and a stale zarr.json are reported and left,
+    and a bad copy dropped loses its row only (a repair's delete or put there was refused,
+    and the repair failed)."""
+    bad = _check("disk", "checksum")
+    inv = Inventory(
+        copies=[bad.copy, _check("tape", "good").copy],
+        checks=[bad, _check("tape", "good")],
+        unnamed=[UnnamedObject("disk", "a", "c/0/0")],
+        leftovers=[Leftover("disk", "/x/a/c/1.t", "a")],
+        metas=[MetaCheck("a", ("new",), (("disk", "old"), ("tape", "new")), b"{}")],
+        read_only={"disk"},
+    )
+    p = plan(inv)
+    assert [(f.kind, f.tier, f.action) for f in p.findings] == [
+        ("checksum", "disk", "drop copy"),
+        ("orphan", "disk", ""),
+        ("stale-meta", "disk", ""),
+        ("leftover", "disk", ""),
+    ]
+    assert all("read-only" in f.detail for f in p.findings)
+    assert p.deletes == [("a", "c/0/0", "disk")]
+    assert not (p.objects or p.files or p.metas)
 
 
 def test_apply_skips_datasets_opened_since_the_inspection(tmp_path):

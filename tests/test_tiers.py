@@ -26,6 +26,7 @@ from strataio.errors import (
     MetadataError,
     NotFoundError,
     ObjectError,
+    ReadOnlyError,
     StrataError,
 )
 from strataio.storage.base import Backend
@@ -945,6 +946,45 @@ def test_a_read_only_tier_marked_down_is_probed_by_reads_and_read_again(tmp_path
         assert not remote.check() and not remote.up
         _answer_again(tmp_path / "remote")
         assert remote.recheck() and remote.backend.refused == 0
+
+
+def test_nothing_on_a_read_only_tier_is_deleted_and_it_stays_up(tmp_path):
+    """A write that makes a copy on a read-only tier obsolete, a migration off it and an
+    eviction from it asked the tier to delete, which it refused, and it was marked down (its
+    copies unread until a probe). Now it is never asked: the obsolete copy's row goes and its
+    object stays, a migration keeps the copies there (catalogued), an eviction is refused,
+    and fsck reports the object no row names and leaves it."""
+    with session(tmp_path) as s:
+        a, ds = _written(s, (20, 20), "REMOTEDISK", seed=17)
+        ds.close()
+    tiers = make_tiers(tmp_path)
+    remote = tiers["remote"]
+    remote.backend, remote.read_only = _ReadOnlyPosix(tmp_path / "remote"), True
+    with strataio.Session(tiers=tiers, catalog=tmp_path / "cat.db") as s:
+        ds = s.open_dataset("a", "r+")
+        ds[0:10, 0:10] = 5.0
+        a[0:10, 0:10] = 5.0
+        ds.flush()
+        assert where(ds)["c/0/0"] == ["tape"]  # (the next tier the hint allows)
+        assert (tmp_path / "remote" / "a" / "c" / "0" / "0").is_file()
+        ds.migrate(np.s_[10:20, :], to="tape").wait()
+        assert where(ds)["c/1/0"] == ["remote", "tape"] == where(ds)["c/1/1"]
+        with pytest.raises(ReadOnlyError, match="'remote' is read-only"):
+            ds.evict(None, "remote").wait()
+        with pytest.raises(ReadOnlyError):
+            remote.call(remote.backend.delete, "a/c/0/1")
+        ds.close()
+        assert remote.up and remote.backend.refused == 0
+        assert {t.name: t.state for t in s.catalog.tiers()}["remote"] == "up"
+        for repair in (False, True):
+            report = fsck(s.catalog, s.tiers, repair=repair)
+            assert [(f.kind, f.tier, f.key, f.action) for f in report.findings] == [
+                ("orphan", "remote", "c/0/0", "")
+            ]
+            assert "read-only" in report.findings[0].detail
+        assert (tmp_path / "remote" / "a" / "c" / "0" / "0").is_file()
+        assert remote.up and remote.backend.refused == 0
+        np.testing.assert_array_equal(s.open_dataset("a")[...], a)
 
 
 def test_a_read_only_tier_is_configured_and_its_directory_is_not_made(tmp_path):

@@ -43,7 +43,8 @@ class ChecksumError(CodecError):
 
 
 class ReadOnlyError(StrataError, PermissionError):
-    """A write was attempted through a handle opened read-only."""
+    """A write was attempted through a handle opened read-only, or a change (a write, a
+    delete, an eviction) asked of a tier configured ``read_only``."""
 
 
 class InvalidKeyError(StrataError, ValueError):

@@ -730,14 +730,15 @@ class Commit:
         (one there now is such a put). Those on a tier that is down (probed again first:
         :meth:`Tier.recheck`) or fails stay this process's to delete (:meth:`Residency.strand`):
         each later commit tries them again (:meth:`_delete_stranded`), so a blip of a tier
-        leaves no orphan behind a running job; fsck removes what is left when it ends."""
+        leaves no orphan behind a running job; fsck removes what is left when it ends. Those
+        on a read-only tier stay where they are (:attr:`Tier.read_only`)."""
         seen = seen or {}
         stranded: list[tuple[str, str]] = []
         by_tier: dict[str, tuple[list[str], list[Any], list[str], list[str]]] = {}
         for tier_name, key in objs:
             was = seen.get((tier_name, key))
-            if was is _MISSING:
-                continue  # (nothing of this commit's there to delete)
+            if was is _MISSING or self.tiers[tier_name].read_only:
+                continue  # (nothing of this commit's there to delete, or nothing deleted there)
             checked, versions, unchecked, keys = by_tier.setdefault(tier_name, ([], [], [], []))
             keys.append(key)
             if was is not None:
@@ -773,7 +774,8 @@ class Commit:
             return
         by_tier: dict[str, list[str]] = {}
         for tier_name, key in objs:
-            by_tier.setdefault(tier_name, []).append(key)
+            if not self.tiers[tier_name].read_only:  # (nothing there is deleted)
+                by_tier.setdefault(tier_name, []).append(key)
         left: list[tuple[str, str]] = []
         try:
             for tier_name, keys in by_tier.items():

@@ -62,6 +62,11 @@ what is in the way is moved (a folder renamed aside, a file put back), and a row
 would make that object, back, an orphan the next repair deletes. For the chunk's other
 copies it counts as a copy on a tier not checked: it may hold the chunk's value.
 
+Nothing on a read-only tier (:attr:`~strataio.tiers.tier.Tier.read_only`) is deleted or
+written: what a repair would delete or rewrite there (an orphan, a leftover, a stale
+``zarr.json``) is reported and left, and a bad copy there that a repair drops loses its row
+only.
+
 Superfile containers (:mod:`strataio.tiers.superfile`) are checked inside as well, where
 copies are read (``verify``): a container whose footer or index is unreadable is a **bad
 index**, one with a member outside its member bytes or failing its CRC-32C a **bad member**
@@ -239,6 +244,8 @@ class Inventory:
     checks: list[CopyCheck] = field(default_factory=list)
     #: chunks with a copy on a tier that was not checked (down)
     unchecked: set[tuple[str, str]] = field(default_factory=set)
+    #: the read-only tiers, where nothing is deleted or written
+    read_only: set[str] = field(default_factory=set)
     unnamed: list[UnnamedObject] = field(default_factory=list)
     leftovers: list[Leftover] = field(default_factory=list)
     live_writers: set[str] = field(default_factory=set)
@@ -354,6 +361,7 @@ def inspect(
     # (a dataset in use at the start or at the end counts as in use: see _read_writers)
     inv.in_use.update(catalog.datasets_in_use())
     inv.copies = catalog.all_residency()
+    inv.read_only = {t.name for t in tiers if t.read_only}
     records = catalog.list_datasets()
     names = {d.name for d in records}
     superfiles = {d.name for d in records if is_superfile(d)}
@@ -691,26 +699,19 @@ def plan(inv: Inventory) -> Plan:
                     Action.LEAVE,
                 )
             )
-        elif (u.dataset, u.key) in catalogued or u.nbytes < 0:
-            out.findings.append(
-                Finding(
-                    Kind.ORPHAN,
-                    u.tier,
-                    u.dataset,
-                    u.key,
-                    "object no catalog row names",
-                    Action.DELETE,
+        elif (u.dataset, u.key) in catalogued or u.nbytes < 0 or u.problems:
+            if u.problems and not ((u.dataset, u.key) in catalogued or u.nbytes < 0):
+                # a container that is not whole is never adopted: its members read as missing
+                kind = Kind.BAD_INDEX
+                detail = "unrecorded container that is not whole: " + u.problems[0].detail
+            else:
+                kind, detail = Kind.ORPHAN, "object no catalog row names"
+            if u.tier in inv.read_only:
+                out.findings.append(
+                    Finding(kind, u.tier, u.dataset, u.key, detail + _LEFT_READ_ONLY)
                 )
-            )
-            out.objects.append((u.tier, object_key(u.dataset, u.key)))
-            if u.version is not None:
-                out.versions[u.tier, object_key(u.dataset, u.key)] = u.version
-        elif u.problems:
-            # a container that is not whole is never adopted: its members read as missing
-            detail = "unrecorded container that is not whole: " + u.problems[0].detail
-            out.findings.append(
-                Finding(Kind.BAD_INDEX, u.tier, u.dataset, u.key, detail, Action.DELETE)
-            )
+                continue
+            out.findings.append(Finding(kind, u.tier, u.dataset, u.key, detail, Action.DELETE))
             out.objects.append((u.tier, object_key(u.dataset, u.key)))
             if u.version is not None:
                 out.versions[u.tier, object_key(u.dataset, u.key)] = u.version
@@ -746,15 +747,14 @@ def plan(inv: Inventory) -> Plan:
                 )
             )
             continue
-        out.findings.append(
-            Finding(
-                Kind.LEFTOVER,
-                f.tier,
-                f.dataset or "",
-                f.path,
-                "temporary file of an interrupted put",
-                Action.DELETE,
+        detail = "temporary file of an interrupted put"
+        if f.tier in inv.read_only:
+            out.findings.append(
+                Finding(Kind.LEFTOVER, f.tier, f.dataset or "", f.path, detail + _LEFT_READ_ONLY)
             )
+            continue
+        out.findings.append(
+            Finding(Kind.LEFTOVER, f.tier, f.dataset or "", f.path, detail, Action.DELETE)
         )
         out.files.append(f)
     return out
@@ -801,17 +801,20 @@ def _plan_chunk(out: Plan, inv: Inventory, ds: str, key: str, rows: list[CopyChe
         out.expect[ds, key, c.tier] = (c.state, c.checksum)
 
     def drop(r: CopyCheck, kind: Kind, detail: str) -> None:
+        obj = (r.copy.tier, object_key(ds, key))
+        version = inv.versions.get(obj)
+        there = r.verdict is not Verdict.MISSING and version is not ABSENT
+        if there and r.copy.tier in inv.read_only:
+            detail += "; only its row goes" + _LEFT_READ_ONLY
         out.findings.append(Finding(kind, r.copy.tier, ds, key, detail, Action.DROP_COPY))
         out.deletes.append((ds, key, r.copy.tier))
         out.expect[ds, key, r.copy.tier] = (r.copy.state, r.copy.checksum)
-        obj = (r.copy.tier, object_key(ds, key))
-        version = inv.versions.get(obj)
-        if r.verdict is not Verdict.MISSING and version is not ABSENT:
+        if not there:
+            out.missing.add((ds, key, r.copy.tier))
+        elif r.copy.tier not in inv.read_only:
             out.objects.append(obj)
             if version is not None:
                 out.versions[obj] = version
-        else:
-            out.missing.add((ds, key, r.copy.tier))
 
     # A flush's commit drops the rows of every copy its writes made stale, so settled copies
     # hold the last committed value: old bytes that differ from theirs are an earlier write
@@ -866,10 +869,21 @@ def _plan_meta(out: Plan, inv: Inventory, m: MetaCheck) -> None:
             f"zarr.json of another version ({digest}) than the catalog records "
             f"({', '.join(m.accepted)}): attributes were set while this tier did not answer"
         )
+        if tier in inv.read_only:
+            detail = (
+                f"zarr.json of another version ({digest}) than the catalog records "
+                f"({', '.join(m.accepted)}): none is put on a read-only tier" + _LEFT_READ_ONLY
+            )
+            out.findings.append(Finding(Kind.STALE_META, tier, m.dataset, META_KEY, detail))
+            continue
         out.findings.append(
             Finding(Kind.STALE_META, tier, m.dataset, META_KEY, detail, Action.REWRITE)
         )
         out.metas.append((tier, m.dataset, m.current, m.accepted))
+
+
+#: the end of a finding's detail where a repair leaves what is on a read-only tier
+_LEFT_READ_ONLY = "; left: a read-only tier, where nothing is deleted or written"
 
 
 def _container_findings(

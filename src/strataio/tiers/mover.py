@@ -29,7 +29,14 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from strataio.catalog.base import ChunkCopy
-from strataio.errors import ChecksumError, ExistsError, NotFoundError, StrataError, TierDownError
+from strataio.errors import (
+    ChecksumError,
+    ExistsError,
+    NotFoundError,
+    ReadOnlyError,
+    StrataError,
+    TierDownError,
+)
 from strataio.tiers.cache import ChunkCache
 from strataio.tiers.commit import Commit
 from strataio.tiers.placement import Placement
@@ -282,7 +289,9 @@ class Mover:
         return self._start("stage", res, keys, lambda k: self._stage_one(res, k, target, full))
 
     def migrate(self, res: Residency, keys: Sequence[str], to: str) -> MoveHandle:
-        """Move ``keys`` to tier ``to``; copies on faster tiers are deleted after the commit."""
+        """Move ``keys`` to tier ``to``; copies on faster tiers are deleted after the commit,
+        but for those on a read-only tier, which stay, catalogued (nothing there is
+        deleted)."""
         target = self.tiers[to]
         if target.volatile:
             raise StrataError(
@@ -302,8 +311,13 @@ class Mover:
 
     def evict(self, res: Residency, keys: Sequence[str], tier: str) -> MoveHandle:
         """Drop the copies of ``keys`` on ``tier``; a chunk whose only copy is there is
-        written back to a slower tier first."""
+        written back to a slower tier first. A read-only tier, where nothing is deleted, is
+        refused (:class:`ReadOnlyError`)."""
         t = self.tiers[tier]
+        if t.read_only:
+            raise ReadOnlyError(
+                f"tier {tier!r} is read-only: nothing is evicted from it (nothing there is deleted)"
+            )
         return self._start(
             "evict",
             res,
@@ -609,7 +623,8 @@ class Mover:
                 "again once that process has flushed)"
             )
         for c in faster:
-            res.drop_if_kept(c)  # object deleted after the commit
+            if not self.tiers[c.tier].read_only:  # (nothing there is deleted: it stays)
+                res.drop_if_kept(c)  # object deleted after the commit
         return outcome, n
 
     def _prefetch_one(self, res: Residency, key: str) -> tuple[str, int]:

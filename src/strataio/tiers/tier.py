@@ -37,6 +37,7 @@ from strataio.errors import (
     ExistsError,
     NotFoundError,
     ObjectError,
+    ReadOnlyError,
     StrataError,
     TierDownError,
     TierFullError,
@@ -54,6 +55,12 @@ DEFAULT_MEMORY_BYTES = 256 << 20
 
 #: key of the small object a health check writes, reads back and deletes
 PROBE_KEY = ".strataio/health-probe"
+
+#: the backend calls that change what a tier holds, which a read-only tier is never asked
+_CHANGES = (
+    *("write", "put", "put_new", "put_versioned", "put_if", "truncate"),
+    *("delete", "delete_if", "delete_if_many"),
+)
 
 
 #: the CRC-32C of any bytes that end with their own CRC-32C (little-endian, as the ``crc32c``
@@ -153,7 +160,11 @@ class Tier:
     (configured ``read_only = true``): storage this process may read but not write (a
     read-only mount, an archive served to readers, credentials that only read): it takes no
     writes and is no move's or eviction's destination (:meth:`has_room` is always False), no
-    ``zarr.json`` is put there, and :meth:`check` probes it by reads alone.
+    ``zarr.json`` is put there, and :meth:`check` probes it by reads alone. Nothing on it is
+    deleted either: a copy there that a write makes obsolete loses its row and its object
+    stays (fsck reports it, and leaves it); a migration keeps the copies there, catalogued;
+    an eviction from it is refused. :meth:`call` refuses a change there
+    (:class:`ReadOnlyError`) without asking the backend, and never marks the tier down for it.
     """
 
     name: str
@@ -252,7 +263,16 @@ class Tier:
         """Run ``fn(*args)`` against this tier within its concurrency slots; a backend failure
         marks the tier down and is raised as :class:`TierDownError` naming the tier, but for
         one object that cannot be used (:meth:`object_error`), raised as
-        :class:`ObjectError`, the tier left up."""
+        :class:`ObjectError`, the tier left up. A change to a :attr:`read_only` tier (a put,
+        write or delete) raises :class:`ReadOnlyError` and is not tried."""
+        if self.read_only:
+            change = next((n for n in _CHANGES if fn == getattr(self.backend, n, None)), None)
+            if change is not None:
+                what = f"{change} {args[0]!r}" if args else change
+                raise ReadOnlyError(
+                    f"tier {self.name!r} is read-only: nothing there is written or deleted "
+                    f"({what} refused)"
+                )
         if not self.up:
             raise TierDownError(f"tier {self.name!r} is down: {self.last_error}")
         with self.slots:
