@@ -382,6 +382,37 @@ def test_something_in_a_chunk_s_way_fails_that_chunk_and_no_tier_goes_down(tmp_p
         assert all(t.up for t in s.tiers)
 
 
+def test_a_write_with_chunks_in_the_way_stores_every_other_chunk_or_names_it(tmp_path):
+    """A write one of whose chunks something was in the way of on a tier raised at once,
+    naming that chunk alone: the chunks with no room on that tier were never tried on the
+    next, nor named, and other chunks in the way went unnamed. Now the others go on as
+    always, and the ObjectError names (``keys``) every chunk not stored, and why."""
+    a = np.arange(16, dtype="i4").reshape(4, 4)
+    local, remote = tmp_path / "local", tmp_path / "remote"
+    # (room on local for two of the four chunks: 16 bytes and a CRC-32C each)
+    with session(tmp_path, fast_cap=45, roles=TWO_TIERS) as s:
+        ds = s.create_dataset("x", (4, 4), "i4", (2, 2), hint="LOCALDISK")
+        (local / "x" / "c" / "0" / "0").mkdir(parents=True)
+        (local / "x" / "c" / "0" / "1").mkdir()
+        with pytest.raises(ObjectError, match=r"chunk 'c/0/0' .*Is a dir.*c/0/1.* 2 of 4") as e:
+            ds[...] = a
+        assert e.value.keys == ["c/0/0", "c/0/1"]
+        assert where(ds) == {"c/1/0": ["remote"], "c/1/1": ["remote"]}
+        np.testing.assert_array_equal(ds[2:4, :], a[2:4])
+        ds.close()
+        ds = s.create_dataset("y", (4, 4), "i4", (2, 2), hint="LOCALDISK")
+        (local / "y" / "c" / "0" / "0").mkdir(parents=True)
+        _stop_answering(remote)
+        with pytest.raises(ObjectError, match=r"c/1/0, c/1/1, stored on no tier.*'remote'") as e:
+            ds[...] = a
+        assert e.value.keys == ["c/0/0", "c/1/0", "c/1/1"]
+        assert where(ds) == {"c/0/1": ["local"]}
+        np.testing.assert_array_equal(ds[0:2, 2:4], a[0:2, 2:4])
+        ds.close()
+        _answer_again(remote)
+        assert s.tiers["local"].up
+
+
 def test_a_dataset_named_inside_another_is_refused_and_no_tier_goes_down(tmp_path):
     """Dataset ``v``'s chunk ``c/0`` is the object ``v/c/0``: a dataset of that name would put
     its ``zarr.json`` under that object's path, and the put failed as if the tier had (every

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 
 class StrataError(Exception):
     """Base class of all strataio errors."""
@@ -77,7 +79,16 @@ class ObjectError(BackendError):
     one of its folders should be: EISDIR, ENOTDIR). The tier is not marked down, and other
     objects there are read and written as before; a write does not go on to another tier
     for it, as it does from a tier that is down or full. The message names the tier and
-    the object's path: move what is in the way, and write again."""
+    the object's path: move what is in the way, and write again.
+
+    A write of a tiered dataset raises it once its other chunks are stored (each tried on
+    the tiers its hint allows, as always); ``keys`` then names every chunk of the write not
+    stored (each keeps its previous value): those something is in the way of, and any that
+    found no tier with room that answered. Elsewhere ``keys`` is empty."""
+
+    def __init__(self, message: str, keys: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.keys = list(keys)
 
 
 class TierDownError(BackendError):

@@ -915,6 +915,9 @@ class TieredChunkStore(ChunkStore):
         todo = [(k, memoryview(v).cast("B")) for k, v in items]
         errors: list[str] = []
         too_small: dict[str, int] = {}  # tier -> the largest chunk it could never hold
+        # chunks something not of ours is in the way of on a tier: not tried elsewhere, and
+        # the write's other chunks go on (those with no room there too) before it raises
+        blocked: dict[str, ObjectError] = {}
         for tier in self.placement.write_order(self.hint, self.chosen):
             if not todo or not tier.up:
                 continue
@@ -938,8 +941,8 @@ class TieredChunkStore(ChunkStore):
                 for k, _ in todo:
                     tier.release(room.get(k, 0) + self.res.end_count(k, tier.name, room))
                 raise
-            todo = rest + self._put_on(tier, fits, home, errors, room)
-        if todo:
+            todo = rest + self._put_on(tier, fits, home, errors, room, blocked)
+        if todo or blocked:
             # (the chunks that fitted are stored: room is claimed tier by tier, and a claim may
             # first evict other chunks, so a write cannot know beforehand that all will fit)
             left = sorted(k for k, _ in todo)
@@ -948,6 +951,8 @@ class TieredChunkStore(ChunkStore):
                 f"a chunk of {n} bytes"
                 for name, n in too_small.items()
             ]
+            if blocked:
+                raise self._blocked_write(blocked, left, errors, len(items))
             raise ChunksNotStoredError(
                 f"dataset {self.name!r}: {len(todo)} of {len(items)} chunks could not be stored "
                 f"on any tier the hint {self.hint} allows "
@@ -958,6 +963,33 @@ class TieredChunkStore(ChunkStore):
                 left,
             )
 
+    def _blocked_write(
+        self, blocked: dict[str, ObjectError], left: list[str], errors: list[str], n: int
+    ) -> ObjectError:
+        """The error of a write some of whose chunks something is in the way of
+        (``blocked``), ``left`` the others not stored, ``errors`` why, of ``n`` chunks."""
+        first, *others = sorted(blocked)
+        msg = f"chunk {first!r} of dataset {self.name!r} not written: {blocked[first]}"
+        if others:
+            msg += (
+                f"; nor, something in their way too, {', '.join(others[:4])}"
+                f"{', ...' if len(others) > 4 else ''}"
+            )
+        if left:
+            msg += (
+                f"; nor {', '.join(left[:4])}{', ...' if len(left) > 4 else ''}, stored on no "
+                f"tier the hint {self.hint} allows ({'; '.join(errors) or 'all full or down'})"
+            )
+        missed = len(blocked) + len(left)
+        msg += f"; the other {n - missed} of {n} chunks were written, and " + (
+            "the one not stored keeps its previous value"
+            if missed == 1
+            else f"the {missed} not stored keep their previous values"
+        )
+        err = ObjectError(msg, sorted([*blocked, *left]))
+        err.__cause__ = blocked[first]
+        return err
+
     def _put_on(
         self,
         tier: Tier,
@@ -965,11 +997,13 @@ class TieredChunkStore(ChunkStore):
         home: Tier | None,
         errors: list[str],
         room: dict[str, int],
+        blocked: dict[str, ObjectError],
     ) -> list[tuple[str, memoryview]]:
         """Put ``items`` on ``tier`` (``room[key]`` bytes reserved for each, besides the room
         of a copy there it replaces, counted with ``room`` as the owner:
         :meth:`Residency.count_room`); return the ones that failed because the tier went
-        down. However it ends, nothing of this reserved room stays held."""
+        down, and add to ``blocked`` those something is in the way of (by key). However it
+        ends, nothing of this reserved room stays held."""
         if not items:
             return []
         state = "valid" if home is None or tier is home else "dirty"
@@ -1080,9 +1114,8 @@ class TieredChunkStore(ChunkStore):
             if isinstance(exc, TierDownError):
                 failed.append((k, v))
                 errors.append(str(exc))
-            elif isinstance(exc, ObjectError) and error is None:
-                error = ObjectError(f"chunk {k!r} of dataset {self.name!r} not written: {exc}")
-                error.__cause__ = exc
+            elif isinstance(exc, ObjectError):
+                blocked[k] = exc
             elif error is None:
                 error = exc
         if error is not None:
