@@ -50,6 +50,18 @@ def test_round_trip_and_peers_read(tmp_path, codec, dtype):
     np.testing.assert_array_equal(_ts_read(tmp_path / "a"), expected)
 
 
+@pytest.mark.parametrize("codec", [None, "zstd"])
+def test_zero_dimensional_shards_round_trip_and_peers_read(tmp_path, codec):
+    ds = strataio.create_dataset(tmp_path / "a", (), "f4", (), shards=(), codec=codec, fill_value=7)
+    assert ds[...] == 7
+    ds[...] = np.float32(3.5)
+    ds.close()
+    ds = strataio.open_dataset(tmp_path / "a")
+    assert ds[...] == 3.5 and ds[()] == 3.5 and ds[...].shape == ()
+    assert zarr.open_array(str(tmp_path / "a"), mode="r")[...] == 3.5
+    assert _ts_read(tmp_path / "a") == 3.5
+
+
 def test_fill_inner_chunks_are_not_stored(tmp_path):
     ds = strataio.create_dataset(tmp_path / "a", (8, 8), "i4", (4, 4), shards=(8, 8), codec=None)
     ds[0:4, 0:4] = 5

@@ -46,6 +46,15 @@ def test_write_all_on_comm_self_keeps_untouched_inner_chunks(tmp_path):
     assert not leftovers
 
 
+def test_write_all_of_a_zero_dimensional_sharded_dataset(tmp_path):
+    ds = strataio.create_dataset(
+        tmp_path / "a", (), "i2", (), shards=(), codec="zstd", comm=MPI.COMM_SELF
+    )
+    ds.write_all(..., np.int16(3))
+    assert ds.read_all(...) == 3
+    assert zarr.open_array(str(tmp_path / "a"), mode="r")[...] == 3
+
+
 def test_unknown_shard_hint_values_are_refused(tmp_path):
     ds = strataio.create_dataset(
         tmp_path / "a", (4,), "f4", (2,), shards=(4,), codec="zstd", comm=MPI.COMM_SELF

@@ -135,7 +135,10 @@ def _shards_of(codec: ShardCodec, inner_coords: np.ndarray) -> tuple[np.ndarray,
     per = np.asarray(codec.counts, dtype=_I64)
     shard = inner_coords // per
     local = inner_coords - shard * per
-    number = np.ravel_multi_index(local.T, codec.counts) if len(local) else np.zeros(0, _I64)
+    if len(local) and codec.counts:
+        number = np.ravel_multi_index(local.T, codec.counts)
+    else:  # none, or a 0-d shard's one inner chunk
+        number = np.zeros(len(local), _I64)
     return shard, np.asarray(number, dtype=_I64)
 
 

@@ -347,9 +347,19 @@ class ShardCodec:
         inner = np.asarray(self.inner_shape, dtype=np.int64)
         first = np.asarray(lo, dtype=np.int64) // inner
         last = (np.asarray(hi, dtype=np.int64) - 1) // inner
+        if not self.counts:  # a 0-d shard: its one inner chunk
+            return np.zeros(1, dtype=np.int64)
         ranges = [np.arange(a, b + 1) for a, b in zip(first.tolist(), last.tolist())]
-        grid = np.meshgrid(*ranges, indexing="ij") if ranges else []
+        grid = np.meshgrid(*ranges, indexing="ij")
         return np.ravel_multi_index([g.ravel() for g in grid], self.counts).astype(np.int64)
+
+    def chunk_origins(self, which: np.ndarray) -> np.ndarray:
+        """The shard-local element coordinates ``(len(which), ndim)`` where inner chunks
+        ``which`` begin."""
+        if not self.counts:
+            return np.zeros((len(which), 0), dtype=np.int64)
+        coords = np.stack(np.unravel_index(which, self.counts), axis=1)
+        return coords * np.asarray(self.inner_shape, dtype=np.int64)
 
     def read_inner(
         self, read: SpanReader, index: np.ndarray, which: np.ndarray
@@ -393,7 +403,7 @@ class ShardCodec:
         lo_a, hi_a = np.asarray(lo, dtype=np.int64), np.asarray(hi, dtype=np.int64)
         out = np.empty(tuple((hi_a - lo_a).tolist()), dtype=self.dtype)
         inner = np.asarray(self.inner_shape, dtype=np.int64)
-        coords = np.stack(np.unravel_index(which, self.counts), axis=1) * inner
+        coords = self.chunk_origins(which)
         a = np.maximum(coords, lo_a)
         b = np.minimum(coords + inner, hi_a)
         for k, chunk in enumerate(chunks):
