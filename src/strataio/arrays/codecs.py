@@ -21,6 +21,7 @@ decode (:meth:`CodecPipeline.size_error`).
 from __future__ import annotations
 
 import math
+import numbers
 import sys
 import zlib
 from collections.abc import Sequence
@@ -59,6 +60,24 @@ BLOSC_MAX_BYTES = int(numcodecs.blosc.MAX_BUFFERSIZE)
 
 CodecSpec = dict[str, Any]
 
+#: The ``configuration`` keys of each codec strataio reads (as the Zarr v3 codec specs define
+#: them; an unknown key may change what the codec does, so it is refused, as TensorStore and
+#: zarr-python refuse it).
+CODEC_KEYS = {
+    "bytes": frozenset({"endian"}),
+    "zstd": frozenset({"level", "checksum"}),
+    "gzip": frozenset({"level"}),
+    "blosc": frozenset({"typesize", "cname", "clevel", "shuffle", "blocksize"}),
+    "crc32c": frozenset(),
+    "sharding_indexed": frozenset({"chunk_shape", "codecs", "index_codecs", "index_location"}),
+}
+#: The compressors the Zarr v3 blosc codec names (one this build of c-blosc lacks is refused
+#: apart: a name another reader may know)
+_BLOSC_CNAMES = ("blosclz", "lz4", "lz4hc", "snappy", "zlib", "zstd")
+#: compression levels the Zarr v3 codec specs allow, (lowest, highest)
+_ZSTD_LEVELS = (-131072, 22)
+_LEVELS_0_9 = (0, 9)
+
 
 def _spec(name: str, **config: Any) -> CodecSpec:
     return {"name": name, "configuration": config} if config else {"name": name}
@@ -70,6 +89,12 @@ def normalize_codecs(codec: Any, dtype: np.dtype) -> list[CodecSpec]:
     ``codec`` is None / ``"none"`` (raw little-endian bytes), a name (``"zstd"``), names joined
     by ``+`` (``"zstd+crc32c"``), a list of names or Zarr v3 codec dicts, or a full Zarr v3
     ``codecs`` list starting with ``bytes``. A big-endian ``dtype`` selects ``endian: big``.
+
+    Each configuration is checked here, before anything is stored: a key its codec's spec
+    does not define, or a value of the wrong type or outside what the Zarr v3 spec allows
+    (zstd ``level`` -131072 to 22, gzip ``level`` and blosc ``clevel`` 0 to 9, blosc
+    ``cname``, ``shuffle``, ``typesize``, ``blocksize``), raises :class:`CodecError` naming
+    the codec and the field; so does one that numcodecs refuses on a trial encode.
     """
     endian = "big" if dtype.byteorder == ">" else "little"
     if codec is None:
@@ -92,41 +117,56 @@ def normalize_codecs(codec: Any, dtype: np.dtype) -> list[CodecSpec]:
             cfg: dict[str, Any] = {}
         elif isinstance(item, dict) and "name" in item:
             name = str(item["name"]).lower()
-            cfg = dict(item.get("configuration") or {})
+            cfg = item.get("configuration") or {}
+            if not isinstance(cfg, dict):
+                raise CodecError(f"codec {name!r}: configuration must be a dict, got {cfg!r}")
+            cfg = dict(cfg)
         else:
             raise CodecError(f"codec entry {item!r} is neither a name nor a Zarr v3 codec dict")
         specs.append(_default_spec(name, cfg, dtype, endian))
     if not specs or specs[0]["name"] != "bytes":
         specs.insert(0, _default_spec("bytes", {}, dtype, endian))
+    for spec in specs[1:]:
+        _try_encode(spec)
     return specs
 
 
 def _default_spec(name: str, cfg: dict[str, Any], dtype: np.dtype, endian: str) -> CodecSpec:
-    if name == "bytes":
-        if dtype.itemsize == 1:
-            return _spec("bytes")
-        return _spec("bytes", endian=cfg.get("endian", endian))
-    if name == "zstd":
-        return _spec("zstd", level=int(cfg.get("level", 0)), checksum=bool(cfg.get("checksum")))
-    if name == "gzip":
-        return _spec("gzip", level=int(cfg.get("level", 5)))
     if name == "lz4":
         # LZ4 as Zarr v3 readers know it: inside blosc (Zarr v3 has no bare lz4 codec)
         name, cfg = "blosc", {"cname": "lz4", "clevel": 5, **cfg}
-    if name == "blosc":
-        shuffle = cfg.get("shuffle", "shuffle")
-        if shuffle not in _BLOSC_SHUFFLE:
-            raise CodecError(f"blosc shuffle {shuffle!r} is not one of {sorted(_BLOSC_SHUFFLE)}")
-        return _spec(
+    if name in ("bytes", "zstd", "gzip", "blosc", "crc32c"):
+        _check_keys(name, cfg)
+    if name == "bytes" and dtype.itemsize == 1:
+        return _spec("bytes")
+    if name == "bytes":
+        spec = _spec("bytes", endian=cfg.get("endian", endian))
+    elif name == "zstd":
+        spec = _spec("zstd", level=cfg.get("level", 0), checksum=cfg.get("checksum", False))
+    elif name == "gzip":
+        spec = _spec("gzip", level=cfg.get("level", 5))
+    elif name == "blosc":
+        spec = _spec(
             "blosc",
-            typesize=int(cfg.get("typesize", dtype.itemsize)),
-            cname=str(cfg.get("cname", "zstd")),
-            clevel=int(cfg.get("clevel", 5)),
-            shuffle=shuffle,
-            blocksize=int(cfg.get("blocksize", 0)),
+            typesize=cfg.get("typesize", dtype.itemsize),
+            cname=cfg.get("cname", "zstd"),
+            clevel=cfg.get("clevel", 5),
+            shuffle=cfg.get("shuffle", "shuffle"),
+            blocksize=cfg.get("blocksize", 0),
         )
-    if name == "crc32c":
+    elif name == "crc32c":
         return _spec("crc32c")
+    else:
+        spec = None
+    if spec is not None:
+        problem = configuration_problem(spec)
+        if problem:
+            raise CodecError(problem)
+        config = spec["configuration"]
+        for key, value in config.items():
+            if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+                config[key] = int(value)  # (a numpy integer, say: zarr.json holds plain ones)
+        return spec
     raise CodecError(
         f"unknown codec {name!r}: strataio supports bytes, lz4, {', '.join(_BYTES_CODECS)}"
         + (
@@ -135,6 +175,72 @@ def _default_spec(name: str, cfg: dict[str, Any], dtype: np.dtype, endian: str) 
             else ""
         )
     )
+
+
+def _check_keys(name: str, cfg: dict[str, Any]) -> None:
+    unknown = sorted(set(cfg) - CODEC_KEYS[name], key=str)
+    if unknown:
+        known = ", ".join(repr(k) for k in sorted(CODEC_KEYS[name])) or "none"
+        raise CodecError(
+            f"codec {name!r}: unknown configuration key {unknown[0]!r} (the Zarr v3 {name} "
+            f"codec takes {known})"
+        )
+
+
+def _int_problem(name: str, cfg: dict[str, Any], key: str, lo: int, hi: int | None) -> str | None:
+    value = cfg.get(key)
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+        return f"codec {name!r}: {key} must be an integer, got {value!r}"
+    if value < lo or (hi is not None and value > hi):
+        allowed = f"from {lo} to {hi}" if hi is not None else f"of at least {lo}"
+        return f"codec {name!r}: {key} {value} is out of range (the Zarr v3 spec: {allowed})"
+    return None
+
+
+def configuration_problem(spec: CodecSpec) -> str | None:
+    """What makes a ``bytes``, ``zstd``, ``gzip`` or ``blosc`` codec entry (every key of its
+    configuration given) one its Zarr v3 spec does not allow or this build of c-blosc cannot
+    follow, naming the codec and the field; None when it is sound, and for other codecs."""
+    name, cfg = spec["name"], spec.get("configuration") or {}
+    if name == "bytes":
+        endian = cfg.get("endian", "little")
+        if endian not in ("little", "big"):
+            return f"codec 'bytes': endian {endian!r} is not 'little' or 'big'"
+        return None
+    if name == "zstd":
+        checksum = cfg.get("checksum", False)
+        if not isinstance(checksum, bool):
+            return f"codec 'zstd': checksum must be True or False, got {checksum!r}"
+        return _int_problem(name, cfg, "level", *_ZSTD_LEVELS)
+    if name == "gzip":
+        return _int_problem(name, cfg, "level", *_LEVELS_0_9)
+    if name != "blosc":
+        return None
+    cname, shuffle = cfg.get("cname"), cfg.get("shuffle")
+    if cname not in _BLOSC_CNAMES:
+        return f"codec 'blosc': cname {cname!r} is not one of {', '.join(_BLOSC_CNAMES)}"
+    have = numcodecs.blosc.list_compressors()
+    if cname not in have:
+        return (
+            f"codec 'blosc': cname {cname!r} is not in this build of c-blosc (it has "
+            f"{', '.join(have)})"
+        )
+    if shuffle not in _BLOSC_SHUFFLE:
+        return f"codec 'blosc': shuffle {shuffle!r} is not one of {', '.join(_BLOSC_SHUFFLE)}"
+    return (
+        _int_problem(name, cfg, "clevel", *_LEVELS_0_9)
+        or _int_problem(name, cfg, "typesize", 1, None)
+        or _int_problem(name, cfg, "blocksize", 0, None)
+    )
+
+
+def _try_encode(spec: CodecSpec) -> None:
+    """Encode a few bytes with the codec of ``spec`` (its configuration checked), so that
+    one numcodecs refuses fails here, as :class:`CodecError`, not on the first write."""
+    try:
+        _numcodec(spec).encode(bytes(64))
+    except Exception as exc:  # numcodecs raises assorted types
+        raise CodecError(f"codec {spec['name']!r} {spec.get('configuration', {})}: {exc}") from None
 
 
 class _Crc32c:
@@ -247,6 +353,7 @@ class CodecPipeline:
     _chunk_nbytes: int = field(init=False)
     _stored_nbytes: int = field(init=False)
     _size_error: type[CodecError] = field(init=False)
+    _encode_problem: str | None = field(init=False)
 
     def __post_init__(self) -> None:
         names = [s.get("name") for s in self.specs]
@@ -269,6 +376,10 @@ class CodecPipeline:
             self.dtype.newbyteorder(order) if self.dtype.itemsize > 1 else self.dtype
         )
         self._bytes_codecs = [_numcodec(s) for s in self.specs[1:]]
+        # (a zarr.json made elsewhere may configure a codec beyond its spec: such chunks
+        # still decode, but none is encoded)
+        problems = (configuration_problem(s) for s in self.specs[1:])
+        self._encode_problem = next((p for p in problems if p), None)
         self._chunk_size = int(math.prod(self.chunk_shape))
         self._is_raw = not self._bytes_codecs
         self._chunk_nbytes = self._chunk_size * self.dtype.itemsize
@@ -336,7 +447,10 @@ class CodecPipeline:
         return " → ".join(parts)
 
     def encode(self, chunk: np.ndarray) -> bytes | bytearray | memoryview:
-        """Stored bytes of one full chunk (``chunk`` has :attr:`chunk_shape`)."""
+        """Stored bytes of one full chunk (``chunk`` has :attr:`chunk_shape`); a codec
+        configured beyond what its Zarr v3 spec allows raises :class:`CodecError`."""
+        if self._encode_problem:
+            raise CodecError(f"cannot encode a chunk: {self._encode_problem}")
         arr = np.ascontiguousarray(chunk, dtype=self._stored_dtype)
         data: Any = memoryview(arr).cast("B")
         for codec in self._bytes_codecs:

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from strataio.arrays.codecs import CodecSpec, normalize_codecs
+from strataio.arrays.codecs import CODEC_KEYS, CodecSpec, normalize_codecs
 from strataio.arrays.sharding import chunk_codec, oversize, shard_codecs
 from strataio.arrays.values import to_dtype
 from strataio.errors import ArgumentError, CodecError, MetadataError, StrataError
@@ -72,17 +72,6 @@ ARRAY_FIELDS = frozenset(
 )
 #: The members of a Zarr v3 extension object (a chunk grid, a chunk key encoding, a codec).
 _EXTENSION_MEMBERS = frozenset({"name", "configuration", "must_understand"})
-#: The ``configuration`` keys of each codec strataio reads (as the Zarr v3 codec specs define
-#: them; an unknown key may change what the codec does, so it is refused, as TensorStore and
-#: zarr-python refuse it).
-_CODEC_KEYS = {
-    "bytes": frozenset({"endian"}),
-    "zstd": frozenset({"level", "checksum"}),
-    "gzip": frozenset({"level"}),
-    "blosc": frozenset({"typesize", "cname", "clevel", "shuffle", "blocksize"}),
-    "crc32c": frozenset(),
-    "sharding_indexed": frozenset({"chunk_shape", "codecs", "index_codecs", "index_location"}),
-}
 
 
 def zarr_data_type(dtype: Any) -> str:
@@ -482,8 +471,8 @@ def _codecs(value: Any, what: str, where: str) -> list[CodecSpec]:
                 f"{where}: {here} ({name}) must_understand must be true or false, got "
                 f"{entry['must_understand']!r}"
             )
-        if name in _CODEC_KEYS:
-            _no_unknown_keys(config, _CODEC_KEYS[name], f"{here} ({name}) configuration", where)
+        if name in CODEC_KEYS:
+            _no_unknown_keys(config, CODEC_KEYS[name], f"{here} ({name}) configuration", where)
         if name == "sharding_indexed":
             config = dict(config)
             if "chunk_shape" not in config:
