@@ -87,6 +87,22 @@ def test_strataio_reads_zarr_python_crc32c(tmp_path):
     np.testing.assert_array_equal(strataio.open_dataset(tmp_path / "z")[...], a)
 
 
+def test_a_zstd_codec_without_its_checksum_key_reads_and_writes(tmp_path):
+    """The zstd spec: ``checksum`` should be omitted where false."""
+    a = np.arange(40, dtype="float32")
+    z = zarr.create_array(str(tmp_path / "z"), shape=a.shape, chunks=(8,), dtype="float32")
+    z[...] = a
+    meta = json.loads((tmp_path / "z" / "zarr.json").read_text())
+    meta["codecs"] = [meta["codecs"][0], {"name": "zstd", "configuration": {"level": 1}}]
+    (tmp_path / "z" / "zarr.json").write_text(json.dumps(meta))
+    zarr.open_array(str(tmp_path / "z"), mode="r+")[...] = a
+    ds = strataio.open_dataset(tmp_path / "z", mode="r+")
+    np.testing.assert_array_equal(ds[...], a)
+    ds[:8] = -1
+    a[:8] = -1
+    np.testing.assert_array_equal(zarr.open_array(str(tmp_path / "z"), mode="r")[...], a)
+
+
 def test_strataio_updates_a_zarr_python_array(tmp_path):
     a = np.arange(64, dtype="int32").reshape(8, 8)
     z = zarr.create_array(store=str(tmp_path / "z"), shape=a.shape, chunks=(3, 3), dtype="int32")

@@ -322,7 +322,7 @@ def _numcodec(spec: CodecSpec) -> Any:
     name = spec["name"]
     cfg = spec.get("configuration", {})
     if name == "zstd":
-        return numcodecs.Zstd(level=cfg["level"], checksum=cfg["checksum"])
+        return numcodecs.Zstd(level=cfg["level"], checksum=cfg.get("checksum", False))
     if name == "gzip":
         return numcodecs.GZip(level=cfg["level"])
     if name == "blosc":
