@@ -192,7 +192,9 @@ def test_a_full_hierarchy_still_takes_rewrites_of_the_chunks_it_holds(tmp_path):
     tiers = TierSet(
         [
             Tier("fast", PosixBackend(tmp_path / "fast"), "localdisk", capacity=800, order=0),
-            Tier("archive", PosixBackend(tmp_path / "archive"), "remotetape", capacity=400),
+            Tier(
+                "archive", PosixBackend(tmp_path / "archive"), "remotetape", capacity=400, order=1
+            ),
         ]
     )
     with strataio.Session(tiers=tiers, catalog=tmp_path / "cat.db") as s:
@@ -374,6 +376,38 @@ def test_a_missing_copy_is_dropped_and_the_next_copy_read(tmp_path):
         assert {c.tier for c in s.catalog.residency("a") if c.key == "c/0/1"} == {"archive"}
         assert settled_fsck(s.catalog, s.tiers).clean
         check_agreement(s)
+
+
+def test_evicting_an_only_copy_from_the_slowest_tier_says_it_is_the_slowest(tmp_path):
+    with two_tier_session(tmp_path, cap=None) as s:
+        ds = s.create_dataset("a", (20, 20), "f4", (10, 10), hint="REMOTETAPE")
+        ds[...] = A[:20, :20]
+        r = ds.evict(tier="archive").result()
+        assert len(r.failed) == 4
+        for _, message in r.failed:
+            assert "its only copy is on 'archive', the slowest tier, so it" in message
+            assert "full, down" not in message
+        np.testing.assert_array_equal(ds[...], A[:20, :20])
+        ds.close()
+
+
+def test_evicting_an_only_copy_a_full_slower_tier_cannot_take_says_so(tmp_path):
+    tiers = TierSet(
+        [
+            Tier("fast", PosixBackend(tmp_path / "fast"), "localdisk", order=0),
+            Tier(
+                "archive", PosixBackend(tmp_path / "archive"), "remotetape", capacity=400, order=1
+            ),
+        ]
+    )
+    with strataio.Session(tiers=tiers, catalog=tmp_path / "cat.db") as s:
+        ds = s.create_dataset("a", (10, 20), "f4", (10, 10), hint="LOCALDISK")
+        ds[...] = A[:10, :20]
+        r = ds.evict(tier="fast").result()
+        assert r.moved == 1 and len(r.failed) == 1, r
+        assert "no slower tier can take it (each is full" in r.failed[0][1]
+        np.testing.assert_array_equal(ds[...], A[:10, :20])
+        ds.close()
 
 
 def test_a_copy_of_another_value_elsewhere_does_not_count_as_a_copy_kept(tmp_path):

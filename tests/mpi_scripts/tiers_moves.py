@@ -156,9 +156,10 @@ def random_walk(s, steps: int, seed: int) -> None:
         elif op == "migrate":
             r = ds.migrate(box, to=str(rng.choice(["disk", "tape"]))).wait()
         else:
-            # from tape, a chunk with no other copy cannot go anywhere: refused, kept
+            # from tape, the slowest tier, a chunk with no other copy cannot go anywhere:
+            # refused, kept
             r = ds.evict(box, tier=str(rng.choice(["disk", "tape"]))).result()
-            assert all("no slower tier" in m for _, m in r.failed), r
+            assert all("'tape', the slowest tier, so it" in m for _, m in r.failed), r
         assert puts_everywhere() == r.moved or op == "evict", (step, op, r)
         assert np.array_equal(ds[...], want), f"step {step} ({op}): wrong data"
         mine = {k: sorted(c.tier for c in cs) for k, cs in ds.residency().items()}

@@ -669,6 +669,13 @@ class Mover:
             if not refreshed and self._refresh(res, key):
                 # another process moved or rewrote it since this residency was loaded
                 return self._evict_one(res, key, tier, refreshed=True)
+            rank = self._rank(tier.name)
+            if not any(self._rank(t.name) > rank for t in self.placement.persistent()):
+                raise StrataError(
+                    f"chunk {key!r} of {res.name!r}: its only copy is on {tier.name!r}, the "
+                    "slowest tier, so it cannot be evicted (there is no slower tier to write "
+                    "it back to)"
+                )
             raise StrataError(
                 f"chunk {key!r} of {res.name!r}: its only copy is on {tier.name!r} and no "
                 "slower tier can take it (each is full, down, or holds an object of it that "
