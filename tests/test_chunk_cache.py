@@ -269,7 +269,19 @@ def test_resize_takes_a_size_string_as_the_environment_does():
     assert c.capacity == 256 << 20
     c.resize(4096)
     assert c.capacity == 4096
-    for bad, said in (("lots", "cannot read 'lots'"), ("unlimited", "bound"), ([1], "not a size")):
+    c.resize(1e6)
+    assert c.capacity == 1_000_000 and type(c.capacity) is int
+    c.resize(np.int64(4096))
+    assert c.capacity == 4096
+    for bad, said in (
+        ("lots", "cannot read 'lots'"),
+        ("unlimited", "bound"),
+        ([1], "not a size"),
+        (True, "not a size"),
+        (1.5, "1.5 is not a whole number of bytes"),
+        (float("inf"), "not a whole number"),
+        (float("nan"), "not a whole number"),
+    ):
         with pytest.raises(ConfigError, match=said):
             c.resize(bad)
     assert c.capacity == 4096

@@ -25,6 +25,8 @@ for the whole process: ``STRATAIO_CHUNK_CACHE`` (bytes or a size like ``256MiB``
 
 from __future__ import annotations
 
+import math
+import numbers
 import os
 import threading
 from collections import OrderedDict
@@ -67,19 +69,23 @@ class CachedChunk:
 
 
 def _capacity(capacity: int | str) -> int:
-    """Bytes from ``capacity``: a number, or a size as ``$STRATAIO_CHUNK_CACHE`` takes it
-    (``"256MiB"``)."""
+    """Bytes from ``capacity``: a whole number (``1e9`` too), or a size as
+    ``$STRATAIO_CHUNK_CACHE`` takes it (``"256MiB"``); :class:`ConfigError` for anything else,
+    a fraction of a byte (``1.5``) included."""
     if isinstance(capacity, str):
         n = parse_size(capacity, where="cache capacity")
         if n is None:
             raise ConfigError(f"cache capacity {capacity!r}: a cache needs a bound (0 disables it)")
         return n
-    try:
-        n = int(capacity)
-    except (TypeError, ValueError):
+    if isinstance(capacity, bool) or not isinstance(capacity, numbers.Real):
         raise ConfigError(
             f"cache capacity {capacity!r} is not a size (bytes, or a string like '256MiB')"
-        ) from None
+        )
+    if not isinstance(capacity, numbers.Integral) and not (
+        math.isfinite(capacity) and capacity == math.floor(capacity)
+    ):
+        raise ConfigError(f"cache capacity {capacity!r} is not a whole number of bytes")
+    n = int(capacity)
     if n < 0:
         raise ConfigError(f"cache capacity {capacity} is negative (0 disables the cache)")
     return n
@@ -151,8 +157,9 @@ class BoundedLRU(Generic[V]):
             self.nbytes = 0
 
     def resize(self, capacity: int | str) -> None:
-        """Set the capacity in bytes, or as a size string such as ``"256MiB"`` (0 disables
-        the cache and empties it)."""
+        """Set the capacity in bytes (a whole number), or as a size string such as
+        ``"256MiB"`` (0 disables the cache and empties it); :class:`ConfigError` for anything
+        else, ``1.5`` bytes or ``True`` included, the capacity left as it was."""
         with self._lock:
             self.capacity = _capacity(capacity)
             self._evict()
