@@ -627,6 +627,29 @@ def test_integer_narrowing_is_checked(tmp_path, dtype):
     assert ds[...].tolist() == [info.min, 5, 7, info.max]
 
 
+def test_a_bool_dataset_takes_0_and_1_in_fill_values_and_writes_alike(tmp_path):
+    """0 and 1 are False and True (as zarr-python takes them; zarr.json holds true or
+    false); any other integer is refused, as fill value and as written value alike."""
+    ds = strataio.create_dataset(tmp_path / "a", (4,), "bool", (2,), fill_value=1)
+    assert ds.fill_value is np.True_ and ds[...].tolist() == [True] * 4
+    assert json.loads((tmp_path / "a" / "zarr.json").read_text())["fill_value"] is True
+    ds[1:3] = 0
+    ds[3] = np.uint8(1)
+    ds[0:2] = np.array([0, 1], dtype=np.int64)
+    assert ds[...].tolist() == [False, True, False, True]
+    before = _snapshot(tmp_path / "a")
+    for bad in (2, -1, np.array([0, 1, 2, 1])):
+        with pytest.raises(DtypeMismatchError, match="is not 0 or 1"):
+            ds[...] = bad
+    with pytest.raises(DtypeMismatchError):
+        ds[0] = 1.0
+    assert _snapshot(tmp_path / "a") == before
+    for bad in (2, -1):
+        with pytest.raises(DtypeMismatchError, match=rf"fill_value {bad}.*is not 0 or 1"):
+            strataio.create_dataset(tmp_path / "b", (4,), "bool", (2,), fill_value=bad)
+    assert not (tmp_path / "b").exists()
+
+
 def test_the_reported_narrowing_case(tmp_path):
     ds = strataio.create_dataset(tmp_path / "a", (4,), "i1")
     with pytest.raises(DtypeMismatchError, match="1000"):

@@ -497,8 +497,6 @@ def _fill(value: Any, dtype: np.dtype) -> Any:
         raise ArgumentError(f"{what} is not a number: {exc}") from None
     if arr.ndim != 0:
         raise ArgumentError(f"{what} must be a scalar, got shape {arr.shape}")
-    if dtype.kind == "b" and arr.dtype.kind in "iu" and arr.item() in (0, 1):
-        arr = arr.astype(bool)  # the default fill value 0 on a bool array
     return to_dtype(arr, dtype, what).astype(dtype)[()]
 
 

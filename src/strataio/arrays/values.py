@@ -8,9 +8,12 @@ The rule (for writes and ``fill_value`` alike):
   including Python ints, which numpy makes ``int64``, or objects beyond 64 bits) is stored
   when **every value fits** the dataset's dtype, and refused otherwise: numpy users expect
   ``ds[i] = 5`` to work on an ``int8`` dataset, and nobody expects 1000 to be stored as -24;
+- integers into ``bool`` are stored when every value is 0 or 1 (False and True, as numpy and
+  zarr-python take them, and as a Zarr v3 ``fill_value`` of ``false`` or ``true``), and
+  refused otherwise: 2 is no bool, and would become True;
 - a float or complex of more precision (``float64`` → ``float32``) is rounded as numpy rounds,
   but a finite value beyond the dataset's range (which would become ``inf``) is refused;
-- everything else (floats into integers, complex into floats, numbers into ``bool``, strings,
+- everything else (floats into integers, complex into floats, floats into ``bool``, strings,
   objects, dates) is refused: the caller converts explicitly.
 
 Refusals raise :class:`~strataio.errors.DtypeMismatchError` before anything is stored; the
@@ -38,6 +41,9 @@ def to_dtype(value: Any, dtype: np.dtype, what: str) -> np.ndarray:
         arr = _python_ints(arr, dtype, what)
         src = arr.dtype
     if src == dtype or (src.kind not in _NEVER and np.can_cast(src, dtype, "safe")):
+        return arr
+    if src.kind in "iu" and dtype.kind == "b":
+        _check_bits(arr, what, str(src))
         return arr
     ints = src.kind in "biu" and dtype.kind in "iu"
     if src.kind in _NEVER or not (ints or np.can_cast(src, dtype, "same_kind")):
@@ -77,6 +83,19 @@ def _check_int_range(arr: np.ndarray, dtype: np.dtype, what: str, source: str) -
         raise DtypeMismatchError(
             f"{what}: value {bad} ({source}) is out of range for {dtype} "
             f"({info.min}..{info.max}); nothing was stored"
+        )
+
+
+def _check_bits(arr: np.ndarray, what: str, source: str) -> None:
+    """Refuse integers ``arr`` of which one is neither 0 nor 1, naming it."""
+    if arr.size == 0:
+        return
+    lo, hi = int(arr.min()), int(arr.max())
+    if lo < 0 or hi > 1:
+        bad = lo if lo < 0 else hi
+        raise DtypeMismatchError(
+            f"{what}: value {bad} ({source}) is not 0 or 1, so not a bool (False or True); "
+            "nothing was stored"
         )
 
 
