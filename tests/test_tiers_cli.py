@@ -129,6 +129,22 @@ def test_stage_migrate_evict_a_superfile(project):
         sf.close()
 
 
+def test_info_of_a_name_never_creates_a_catalog_and_says_whether_there_is_one(
+    tmp_path, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("STRATAIO_CONFIG", raising=False)
+    (tmp_path / "strataio.toml").write_text(CONFIG)
+    res = CliRunner().invoke(main, ["info", "nosuch"])
+    assert res.exit_code == 2, res.output
+    assert f"no dataset 'nosuch': no catalog at {tmp_path / 'cat.db'}" in res.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["strataio.toml"]
+    with strataio.Session() as s:
+        s.create_dataset("t", (4,), "f4", (2,), hint="LOCALDISK").close()
+    res = CliRunner().invoke(main, ["info", "nosuch"])
+    assert res.exit_code == 2 and f"not in catalog {tmp_path / 'cat.db'}" in res.stderr
+
+
 def test_info_describes_a_superfile(project):
     """info NAME on a superfile shows its members, containers and their bytes, and its
     containers per tier (it showed an array of shape (0,) and dtype u1); counting the members

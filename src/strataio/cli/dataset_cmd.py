@@ -63,13 +63,18 @@ def fail(message: str, status: int = 2) -> None:
 
 
 def _not_catalogued(config: str | None) -> str:
-    """Where a dataset name was looked for, for a message."""
+    """Where a dataset name was looked for, for a message: the catalog, or that there is
+    none at the configured place (info never creates one just to look)."""
+    from strataio.cli.context import catalog_exists
     from strataio.config import load_config
 
     try:
-        return f"not in catalog {load_config(config).catalog.display_url}"
+        cfg = load_config(config)
     except StrataError as exc:
         return f"no catalog to look in ({exc})"
+    if catalog_exists(cfg) is False:
+        return f"no catalog at {cfg.catalog.display_url}"
+    return f"not in catalog {cfg.catalog.display_url}"
 
 
 @main.command("info")
