@@ -30,7 +30,14 @@ from strataio.catalog import (
 from strataio.catalog.base import Catalog
 from strataio.catalog.sql import SCHEMA_VERSION
 from strataio.catalog.sqlite import SQLiteCatalog
-from strataio.errors import BackendError, ClosedError, ExistsError, MetadataError, NotFoundError
+from strataio.errors import (
+    BackendError,
+    ClosedError,
+    DatasetInUseError,
+    ExistsError,
+    MetadataError,
+    NotFoundError,
+)
 
 TIERS = [
     TierRecord("archive", "posix:/arch", "remotetape", None, 2),
@@ -449,7 +456,7 @@ def _raw_execute(url: str, statements: list[str]) -> None:
 def test_migration_from_version_1(url):
     _raw_execute(url, V1_SCHEMA)
     with open_catalog(url) as c:
-        assert c.schema_version == SCHEMA_VERSION == 8
+        assert c.schema_version == SCHEMA_VERSION == 9
         assert [(t.name, t.state, t.capacity_bytes) for t in c.tiers()] == [
             ("disk", "up", 1000),
             ("tape", "up", None),
@@ -1309,3 +1316,59 @@ def test_dropping_cached_pages_keeps_every_row(cat, url):
     sqlite = not url.startswith("postgresql://")
     with pytest.raises(ClosedError) if sqlite else contextlib.nullcontext():
         cat.drop_cached_pages()
+
+
+def test_a_deleted_datasets_remnants_keep_its_name_until_cleared(cat):
+    """A deletion records the tiers where the dataset's objects may remain (those named, and
+    those its rows name); until each is cleared, no dataset of that name, nor one above or
+    below it, can be created."""
+    cat.create_dataset(_ds("run/a"))
+    cat.commit([ChunkCopy("run/a", "c/0/0", "local", 10)])
+    cat.delete_dataset("run/a", remnants=["archive", "archive"])
+    assert cat.remnants() == [("run/a", "archive"), ("run/a", "local")]
+    assert cat.remnants("run/a") == cat.remnants() and cat.remnants("run") == []
+    for name in ("run/a", "run", "run/a/b"):
+        with pytest.raises(ExistsError, match=r"'run/a' on tier 'archive'.*fsck --repair"):
+            cat.create_dataset(_ds(name))
+    cat.create_dataset(_ds("run/ab"))  # (a name that neither starts nor extends it)
+    cat.clear_remnants("run/a", ["local"])
+    assert cat.remnants() == [("run/a", "archive")]
+    cat.clear_remnants("run/a", ["archive"])
+    cat.create_dataset(_ds("run/a"))
+    assert cat.residency("run/a") == [] and cat.remnants() == []
+    cat.commit([ChunkCopy("run/ab", "c/0/0", "local", 10)])
+    cat.delete_dataset("run/ab")  # (remnants None: none recorded)
+    assert cat.remnants() == []
+    cat.create_dataset(_ds("run/ab"))
+    cat.commit([ChunkCopy("run/ab", "c/0/0", "local", 10)])
+    cat.delete_dataset("run/ab", remnants=[])
+    assert cat.remnants() == [("run/ab", "local")]
+
+
+def test_a_dataset_in_use_elsewhere_is_not_deleted(url):
+    """A live writer's mark on a dataset (open, or evicting from it) refuses its deletion,
+    naming that writer; the mark a close leaves lingering is waited out; this process's own
+    open is refused at once; a writer that died holds nothing."""
+    with open_catalog(url) as mine, open_catalog(url) as other:
+        mine.register_tiers(TIERS)
+        mine.create_dataset(_ds("d"))
+        w = other.register_writer()
+        me = mine.register_writer()
+        mine.MARK_LINGER_S = 0.0  # (the wait for lingering marks: 1 s more)
+        other.use_dataset("d")
+        t0 = time.monotonic()
+        with pytest.raises(DatasetInUseError, match=rf"'d' is in use by another.*{w}"):
+            mine.delete_dataset("d", remnants=["local"])
+        assert time.monotonic() - t0 >= 1.0
+        assert mine.get_dataset("d") and mine.remnants() == []
+        assert [x.datasets for x in mine.writers() if x.id == me] == [()]  # (claim released)
+        mine.use_dataset("d")
+        with pytest.raises(DatasetInUseError, match="'d' is open in this process"):
+            mine.delete_dataset("d")
+        mine.unuse_dataset("d", linger=False)
+        other.MARK_LINGER_S = 0.3
+        other.unuse_dataset("d")  # (its mark lingers 0.3 s)
+        assert other.lingering_marks() == {(w, "d")}
+        mine.delete_dataset("d", remnants=["local"])
+        assert mine.remnants() == [("d", "local")]
+        assert not other.lingering_marks()

@@ -155,3 +155,9 @@ class DuplicateWriteError(StrataError, ValueError):
 class BusyError(StrataError, BlockingIOError):
     """Another process is doing what this call would do at the same time, where doing both
     at once spoils both (a calibration of the same tier); the message names that process."""
+
+
+class DatasetInUseError(BusyError):
+    """A dataset cannot be deleted while a process has it open (or is evicting from it): the
+    message names the dataset and, for another process, its writer (host, pid). Close it
+    there first; a process that died holds nothing."""

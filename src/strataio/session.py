@@ -53,7 +53,8 @@ from strataio.tiers.commit import Commit
 from strataio.tiers.meta import META_ATTR
 from strataio.tiers.mover import MoveHandle, Mover, MoveResult, Progress
 from strataio.tiers.placement import AutoDecision, Placement
-from strataio.tiers.residency import META_KEY, Residency, object_key
+from strataio.tiers.remnants import purge, remnant_tiers
+from strataio.tiers.residency import META_KEY, Residency
 from strataio.tiers.row_memo import RowLoader, RowMemo
 from strataio.tiers.store import TieredChunkStore, keys_of
 from strataio.tiers.superfile import (
@@ -401,7 +402,10 @@ class Session:
         catalog (:func:`placement_decision`).
 
         Every argument is validated before anything is stored; a name already in the catalog
-        raises :class:`~strataio.errors.ExistsError` (on every rank of a parallel job).
+        raises :class:`~strataio.errors.ExistsError` (on every rank of a parallel job), and so
+        does the name of a deleted dataset whose objects remain on a tier that does not answer
+        (:mod:`strataio.tiers.remnants`): those on tiers that answer are deleted first, so
+        the new dataset never reads a value of the old one.
         """
         checked: BaseException | None = None
         try:
@@ -447,8 +451,9 @@ class Session:
                     decision = self._choose(meta, int(expected_reads), deadline_s)
                     notes[PLACEMENT_ATTR] = decision.to_json()
                     record = dataclasses.replace(record, attrs=json.dumps(notes, sort_keys=True))
+                purge(self.catalog, self.tiers, name)  # (a deleted namesake's objects)
                 self.catalog.create_dataset(record)
-                self.catalog.use_dataset(name, self.writer)
+                self._use_created(name)
             except BaseException as exc:
                 err = exc
         record, err = self._agree(record, err)
@@ -493,10 +498,9 @@ class Session:
         if self.rank == 0:
             try:
                 assert self.catalog is not None
-                record = self.catalog.get_dataset(name)
                 # (one process learns each chunk's rows when it first looks the chunk up;
                 # a parallel job's ranks take all of them from rank 0 now)
-                got = (record, self._use_residency(name, every=self.comm is not None), None)
+                got = (*self._use_residency(name, every=self.comm is not None), None)
             except BaseException as exc:
                 err = exc
         got, err = self._agree(got, err)
@@ -512,17 +516,33 @@ class Session:
             meta = ArrayMetadata.from_json(raw, where=f"{name}/{META_KEY}")
         return TieredDataset(store, meta, mode, name=name, comm=self.comm)
 
-    def _use_residency(self, name: str, *, every: bool = True) -> list[ChunkCopy]:
-        """Mark dataset ``name`` in use by this session, then read its copies from the
-        catalog (in use first: other processes evict none of what is read); with ``every``
-        false none yet (its residency learns them chunk by chunk)."""
+    def _use_residency(
+        self, name: str, *, every: bool = True
+    ) -> tuple[DatasetRecord, list[ChunkCopy]]:
+        """Mark dataset ``name`` in use by this session, then read its record and its copies
+        from the catalog; with ``every`` false no copies yet (its residency learns them chunk
+        by chunk). In use first: other processes evict none of what is read, and delete
+        none of it (:meth:`Catalog.delete_dataset` refuses, or was done before the record
+        is read: :class:`NotFoundError`)."""
         assert self.catalog is not None
         self.catalog.use_dataset(name, self.writer)
         try:
-            return self.catalog.residency(name) if every else []
+            record = self.catalog.get_dataset(name)
+            return record, self.catalog.residency(name) if every else []
         except BaseException:
-            self.catalog.unuse_dataset(name, self.writer)
+            self.catalog.unuse_dataset(name, self.writer, linger=False)
             raise
+
+    def _use_created(self, name: str) -> None:
+        """Mark dataset ``name``, just created here, in use by this session: a deletion by
+        another process between the creation and the mark is found (NotFoundError)."""
+        assert self.catalog is not None
+        self.catalog.use_dataset(name, self.writer)
+        if self.catalog.generation(name) is None:
+            self.catalog.unuse_dataset(name, self.writer, linger=False)
+            raise NotFoundError(
+                f"dataset {name!r} was deleted by another process as it was created"
+            )
 
     def list_datasets(self) -> list[DatasetRecord]:
         self._check_open()
@@ -530,25 +550,30 @@ class Session:
         return self.comm.bcast(out, root=0) if self.comm is not None else out
 
     def delete_dataset(self, name: str) -> None:
-        """Remove dataset ``name``: its catalog rows first, then its objects on every tier
-        but a read-only one (whose objects stay there)."""
+        """Remove dataset ``name``: its catalog record and rows first, then every object
+        under its name on every tier that answers, those no row names included (a killed
+        writer's unflushed chunks).
+
+        A dataset that a live process has open (this one included) is not deleted:
+        :class:`~strataio.errors.DatasetInUseError` names it, and nothing changes; one that
+        another process closed just now is waited for while its mark lingers (see
+        :meth:`Catalog.delete_dataset`). Objects left on a tier that is down or read-only
+        here, or that a failed deletion left, stay recorded as the dataset's remnants
+        (:mod:`strataio.tiers.remnants`): until they are gone, which ``strataio fsck
+        --repair`` or a later :meth:`create_dataset` of the name sees to once the tier
+        answers, no dataset of that name can be created."""
         self._check_open()
         if self.rank != 0:
             return
         assert self.catalog is not None
-        copies = self.catalog.residency(name)
-        self.catalog.delete_dataset(name)
+        self.catalog.delete_dataset(name, remnants=remnant_tiers(self.tiers))
         self.row_memo.forget(name)
-        for c in copies:
-            t = self.tiers[c.tier]
-            if t.up and not t.read_only:
-                # a failure leaves an orphan that fsck removes
+        purge(self.catalog, self.tiers, name)
+        for t in self.tiers:
+            if t.volatile and t.up:  # (this process's own cache level: no remnant)
                 with contextlib.suppress(StrataError):
-                    t.call(t.backend.delete, object_key(name, c.key))
-        for t in self.placement.persistent():
-            if t.up and not t.read_only:
-                with contextlib.suppress(StrataError):
-                    t.call(t.backend.delete, object_key(name, META_KEY))
+                    for key in t.call(lambda t=t: list(t.backend.list(name))):
+                        t.call(t.backend.delete, key)
         self.cache.invalidate(name)
 
     # ----------------------------------------------------------------- superfiles
@@ -595,10 +620,13 @@ class Session:
                 raise NotFoundError(f"no superfile {name!r} in the catalog") from None
             h = self.placement.check_hint(hint)
             record = superfile_record(name, h, container_bytes or DEFAULT_CONTAINER_BYTES)
+            purge(self.catalog, self.tiers, name)  # (a deleted namesake's objects)
             self.catalog.create_dataset(record)
+        record, copies = self._use_residency(name)
         if not is_superfile(record):
+            self.catalog.unuse_dataset(name, self.writer, linger=False)
             raise SuperfileError(f"{name!r} is an array dataset, not a superfile")
-        store = self._store(record, self._use_residency(name))
+        store = self._store(record, copies)
         size = container_bytes or record_container_bytes(record)
         sf = Superfile(store, mode=mode, container_bytes=size)
         self._superfiles = [f for f in self._superfiles if not f.closed] + [sf]

@@ -261,7 +261,9 @@ class Catalog(abc.ABC):
 
     @abc.abstractmethod
     def create_dataset(self, record: DatasetRecord) -> None:
-        """Add a dataset; :class:`ExistsError` if one of that name exists."""
+        """Add a dataset; :class:`ExistsError` if one of that name exists, or one whose name
+        lies above or below it (``a`` and ``a/b``), or if :meth:`remnants` of a deleted
+        dataset of such a name remain (its objects would be taken for the new one's)."""
 
     @abc.abstractmethod
     def update_dataset(self, record: DatasetRecord) -> None:
@@ -292,9 +294,37 @@ class Catalog(abc.ABC):
         """All datasets, by name."""
 
     @abc.abstractmethod
-    def delete_dataset(self, name: str) -> None:
+    def delete_dataset(self, name: str, *, remnants: Iterable[str] | None = None) -> None:
         """Remove a dataset and all its residency rows, in one transaction;
-        :class:`NotFoundError` if it does not exist. Stored bytes are not touched."""
+        :class:`NotFoundError` if it does not exist.
+
+        A dataset some live process has in use (open, or evicting from it: its mark,
+        :meth:`use_dataset`) is not deleted: :class:`~strataio.errors.DatasetInUseError`
+        names that process's writer, or says that this process has it open. The marks
+        other processes leave lingering when they close it (:attr:`MARK_LINGER_S`) are
+        waited out, for that long and a second more. The deletion claims the dataset first
+        (:meth:`claim_eviction`) and looks for marks second, and a process opening it marks
+        it first and reads its record second: of the two, the open either is seen and the
+        deletion refused, or finds no dataset. So no process writes a deleted dataset's
+        objects after its deletion.
+
+        Stored bytes are not touched. ``remnants`` names the tiers where its objects may
+        remain besides those its rows name (None: no remnant is recorded, not even those):
+        each of these tiers is recorded (:meth:`remnants`) in the same transaction, and
+        stays until :meth:`clear_remnants` says the objects are gone from that tier; no
+        dataset of that name can be created meanwhile (:meth:`create_dataset`), so none
+        takes another's objects for its own."""
+
+    @abc.abstractmethod
+    def remnants(self, name: str | None = None) -> list[tuple[str, str]]:
+        """``(dataset, tier)`` of each tier where objects of a deleted dataset may remain
+        (:meth:`delete_dataset`), of dataset ``name`` (None: of every one), by dataset and
+        tier."""
+
+    @abc.abstractmethod
+    def clear_remnants(self, name: str, tiers: Iterable[str]) -> None:
+        """Forget the remnants of deleted dataset ``name`` on ``tiers``: none of its objects
+        is left there (the caller removed them, holding a claim of the name)."""
 
     # -- residency ----------------------------------------------------------------------
 

@@ -43,6 +43,7 @@ from strataio.catalog.liveness import new_writer_id
 from strataio.errors import (
     BackendError,
     ClosedError,
+    DatasetInUseError,
     ExistsError,
     MetadataError,
     NotFoundError,
@@ -186,7 +187,16 @@ _V8 = [
     "ALTER TABLE verified_v8 RENAME TO verified",
 ]
 
-MIGRATIONS: list[list[str]] = [_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8]
+# Version 9: the tiers where a deleted dataset's objects may remain (its remnants): its name
+# is not free again until they are gone from each.
+_V9 = [
+    """CREATE TABLE remnants (
+        dataset TEXT NOT NULL,
+        tier TEXT NOT NULL,
+        PRIMARY KEY (dataset, tier))""",
+]
+
+MIGRATIONS: list[list[str]] = [_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9]
 #: the schema version this code writes
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -460,6 +470,15 @@ class SQLCatalog(Catalog):
                     + " (a dataset's objects are stored under its name on every tier, so the "
                     "two would mix; choose a name that neither starts nor extends another's)"
                 )
+            left = self._remnants_near(cur, record.name)
+            if left:
+                where = ", ".join(f"{d!r} on tier {t!r}" for d, t in left)
+                raise ExistsError(
+                    f"dataset {record.name!r} cannot be created in catalog {self._label()} "
+                    f"yet: objects of a deleted dataset may remain ({where}), which a dataset "
+                    "of this name would take for its own; they go once their tier answers, "
+                    "at the next create_dataset of this name or `strataio fsck --repair`"
+                )
             # (a random first generation: a dataset deleted and created again under its name
             # never has a generation rows learned of the one before had)
             cur.execute(
@@ -520,6 +539,22 @@ class SQLCatalog(Catalog):
         row = cur.fetchone()
         return None if row is None else str(row[0])
 
+    def _remnants_near(self, cur: Cursor, name: str) -> list[tuple[str, str]]:
+        """``(dataset, tier)`` of the remnants of ``name`` and of the names that lie above or
+        below it (see :meth:`_nesting`)."""
+        parts = name.split("/")
+        near = ["/".join(parts[:i]) for i in range(1, len(parts) + 1)]
+        below = name + "/"
+        marks = ", ".join("?" * len(near))
+        cur.execute(
+            self._sql(
+                f"SELECT dataset, tier FROM remnants WHERE dataset IN ({marks})"
+                " OR substr(dataset, 1, ?) = ? ORDER BY dataset{c}, tier{c}"
+            ),
+            (*near, len(below), below),
+        )
+        return [(str(d), str(t)) for d, t in cur.fetchall()]
+
     def _lock_dataset_names(self, cur: Cursor) -> None:
         """Make the names of datasets stand until this transaction ends (no other creation
         meanwhile), for :meth:`_nesting`. SQLite's write lock, taken when the transaction
@@ -579,14 +614,80 @@ class SQLCatalog(Catalog):
         rows = self._query(f"SELECT {_DATASET_COLS} FROM datasets ORDER BY name{{c}}")
         return [_dataset_record(tuple(r)) for r in rows]
 
-    def delete_dataset(self, name: str) -> None:
+    def delete_dataset(self, name: str, *, remnants: Iterable[str] | None = None) -> None:
+        with self._lock:
+            here = [w for w in self._writers if self._uses[w, name]]
+        if here:
+            raise DatasetInUseError(
+                f"dataset {name!r} is open in this process (writer {here[0]}): close it "
+                "before deleting it"
+            )
+        self._claim_to_delete(name)
+        try:
+            with self._write() as cur:
+                self._lock_dataset_names(cur)
+                if remnants is not None:
+                    cur.execute(
+                        self._sql("SELECT DISTINCT tier FROM residency WHERE dataset = ?"),
+                        (name,),
+                    )
+                    remnants = [*remnants, *(str(r[0]) for r in cur.fetchall())]
+                # Explicit, so the residency goes even where foreign keys are not enforced.
+                cur.execute(self._sql("DELETE FROM residency WHERE dataset = ?"), (name,))
+                cur.execute(self._sql("DELETE FROM verified WHERE dataset = ?"), (name,))
+                cur.execute(self._sql("DELETE FROM datasets WHERE name = ?"), (name,))
+                if cur.rowcount == 0:
+                    raise NotFoundError(f"no dataset {name!r} in catalog {self._label()}")
+                self._executemany(
+                    cur,
+                    "INSERT INTO remnants (dataset, tier) VALUES (?, ?) "
+                    "ON CONFLICT (dataset, tier) DO NOTHING",
+                    [(name, t) for t in dict.fromkeys(remnants or ())],
+                )
+        finally:
+            self.release_eviction(name)
+
+    def _claim_to_delete(self, name: str) -> None:
+        """Claim dataset ``name`` (:meth:`claim_eviction`: no process opens it until
+        :meth:`release_eviction`), waiting out for a while the marks other processes left
+        lingering when they closed it; raise :class:`DatasetInUseError` naming a live writer
+        that has it in use still. Without a writer registered here nothing is marked, and
+        only the look is made."""
+        deadline = time.monotonic() + self.MARK_LINGER_S + 1.0
+        pause = 0.01
+        while True:
+            if self._writer(None) is None:
+                others = self._other_marks("", name, evicting_only=False)
+                if not others:
+                    return
+            elif self.claim_eviction(name):
+                return
+            else:
+                others = self._other_marks(self._writer(None) or "", name, evicting_only=False)
+            if others and time.monotonic() > deadline:
+                raise DatasetInUseError(
+                    f"dataset {name!r} is in use by another process (writer "
+                    f"{', '.join(sorted(others))}, which has it open or is evicting from it): "
+                    "close it there before deleting it"
+                )
+            time.sleep(pause)
+            pause = min(pause * 2, 0.2)
+
+    def remnants(self, name: str | None = None) -> list[tuple[str, str]]:
+        if name is None:
+            rows = self._query("SELECT dataset, tier FROM remnants ORDER BY dataset{c}, tier{c}")
+        else:
+            rows = self._query(
+                "SELECT dataset, tier FROM remnants WHERE dataset = ? ORDER BY tier{c}", (name,)
+            )
+        return [(str(d), str(t)) for d, t in rows]
+
+    def clear_remnants(self, name: str, tiers: Iterable[str]) -> None:
+        gone = [(name, t) for t in dict.fromkeys(tiers)]
+        if not gone:
+            return
         with self._write() as cur:
-            # Explicit, so the residency goes even where foreign keys are not enforced.
-            cur.execute(self._sql("DELETE FROM residency WHERE dataset = ?"), (name,))
-            cur.execute(self._sql("DELETE FROM verified WHERE dataset = ?"), (name,))
-            cur.execute(self._sql("DELETE FROM datasets WHERE name = ?"), (name,))
-            if cur.rowcount == 0:
-                raise NotFoundError(f"no dataset {name!r} in catalog {self._label()}")
+            self._executemany(cur, "DELETE FROM remnants WHERE dataset = ? AND tier = ?", gone)
 
     # -- residency -----------------------------------------------------------------------
 

@@ -25,7 +25,14 @@ What interrupted operations leave, and what repair does:
   the old version, else adopted (**state**);
 - a write of a new chunk killed before its commit: an object of an uncatalogued chunk
   (**unrecorded**, adopted: it is the only version there is);
-- a put killed mid-write: a temporary file (**leftover**, deleted).
+- a put killed mid-write: a temporary file (**leftover**, deleted);
+- a deletion of a dataset whose objects a tier kept (it was down, or the deleting process
+  died): objects under the name of a deleted dataset whose remnants the catalog records
+  (:mod:`strataio.tiers.remnants`) (**orphan**, deleted; the remnant of each tier checked is
+  cleared once nothing of it is left there). No dataset of that name exists meanwhile
+  (:meth:`Catalog.create_dataset` refuses it), so an unrecorded object fsck adopts is never
+  one of an earlier dataset of its name. Objects under a name that is neither catalogued nor
+  a deleted dataset's are not fsck's to judge: they are left alone, unreported.
 
 A tiered dataset's ``zarr.json`` is checked on every tier checked against the versions its
 catalog record names (:mod:`strataio.tiers.meta`): a copy of another version (the tier was
@@ -210,6 +217,8 @@ class UnnamedObject:
     problems: tuple[ContainerProblem, ...] = ()
     #: its version when inspected (:meth:`Backend.object_versions`; None: not known)
     version: Any = None
+    #: of a deleted dataset (a remnant, :mod:`strataio.tiers.remnants`), not a catalogued one
+    deleted: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,6 +269,10 @@ class Inventory:
     changing: set[tuple[str, str]] = field(default_factory=set)
     #: the zarr.json copies of the tiered datasets whose record names their versions
     metas: list[MetaCheck] = field(default_factory=list)
+    #: ``(dataset, tier)`` of the remnants of deleted datasets (:meth:`Catalog.remnants`)
+    remnants: set[tuple[str, str]] = field(default_factory=set)
+    #: the tiers whose objects were listed (checked)
+    listed: set[str] = field(default_factory=set)
     #: ``(tier, object)`` of copies checked again: the object's version just before the
     #: check whose verdict stands (a repair deletes such an object only at that version;
     #: :data:`ABSENT`: it was not there, and what the check read appeared since)
@@ -283,6 +296,8 @@ class Plan:
     metas: list[tuple[str, str, bytes, tuple[str, ...]]] = field(default_factory=list)
     #: writers that are gone, whose registration is removed
     forget_writers: list[str] = field(default_factory=list)
+    #: ``(dataset, tier)`` of remnants to clear once no object of theirs is left
+    remnants: list[tuple[str, str]] = field(default_factory=list)
     #: per copy among ``upserts`` and ``deletes``, the ``(state, checksum)`` of the row the
     #: judgement was made on (None: no row): a row changed since is left as it is now
     expect: dict[CopyId, tuple[str, str] | None] = field(default_factory=dict)
@@ -293,7 +308,14 @@ class Plan:
 
     @property
     def changes(self) -> bool:
-        return bool(self.upserts or self.deletes or self.objects or self.files or self.metas)
+        return bool(
+            self.upserts
+            or self.deletes
+            or self.objects
+            or self.files
+            or self.metas
+            or self.remnants
+        )
 
 
 @dataclass(slots=True)
@@ -364,6 +386,9 @@ def inspect(
     inv.read_only = {t.name for t in tiers if t.read_only}
     records = catalog.list_datasets()
     names = {d.name for d in records}
+    inv.remnants = set(catalog.remnants())
+    # (no dataset of a name with remnants can be created: see Catalog.create_dataset)
+    deleted = {d for d, _ in inv.remnants} - names
     superfiles = {d.name for d in records if is_superfile(d)}
 
     def inside(dataset: str, key: str, data: BytesLike) -> tuple[ContainerProblem, ...]:
@@ -389,6 +414,7 @@ def inspect(
             t.mark_down(exc)
             inv.skipped_tiers.append(t.name)
             inv.skipped_why[t.name] = _why_down(t.last_error)
+    inv.listed = set(listed)
     inv.unchecked = {(c.dataset, c.key) for c in inv.copies if c.tier not in listed}
     checked = [c for c in inv.copies if c.tier in listed]
 
@@ -447,19 +473,29 @@ def inspect(
         (ds, key.rsplit("/", i)[0]) for ds, key in catalogued for i in range(1, key.count("/") + 1)
     }
     unnamed: list[tuple[str, str, str, str]] = []  # (tier, object, dataset, key)
+    gone: list[tuple[str, str, str, str]] = []  # the same, of deleted datasets
     for tname, objs in listed.items():
         for ok in sorted(objs):
             if (tname, ok) in named:
                 continue
             ds, key = _split(ok, names)
-            if ds is None or key == META_KEY or (ds, key) in folders:
-                continue  # not a chunk of a catalogued dataset: not ours to judge
+            if ds is None:
+                ds, key = _split(ok, deleted)
+                if ds is not None:
+                    gone.append((tname, ok, ds, key))
+                continue  # else not an object of a dataset: not ours to judge
+            if key == META_KEY or (ds, key) in folders:
+                continue  # (zarr.json, or a file in a chunk's folder's way: not a chunk)
             unnamed.append((tname, ok, ds, key))
     # Each object's version first (a repair deletes it only at that version: one put in its
     # place since is another process's), then the rows: they were read before the tiers were
     # listed, and a move or write committed since named objects those rows do not (its
     # writer may have closed the dataset since). Only what no row names now is judged.
-    seen = _object_versions(tiers, [(tname, ok) for tname, ok, _, _ in unnamed])
+    seen = _object_versions(tiers, [(tname, ok) for tname, ok, _, _ in unnamed + gone])
+    for tname, ok, ds, key in gone:
+        inv.unnamed.append(
+            UnnamedObject(tname, ds, key, version=seen.get((tname, ok)), deleted=True)
+        )
     now = _rows_now(catalog, [(ds, key) for _, _, ds, key in unnamed])
     for tname, ok, ds, key in unnamed:
         rows = now.get((ds, key), [])
@@ -688,7 +724,9 @@ def plan(inv: Inventory) -> Plan:
 
     catalogued = {(c.dataset, c.key) for c in inv.copies}
     for u in inv.unnamed:
-        if u.dataset in inv.in_use:
+        if u.deleted:
+            _plan_remnant(out, inv, u)
+        elif u.dataset in inv.in_use:
             out.findings.append(
                 Finding(
                     Kind.IN_FLIGHT,
@@ -725,6 +763,11 @@ def plan(inv: Inventory) -> Plan:
             out.upserts.append(ChunkCopy(u.dataset, u.key, u.tier, u.nbytes, u.digest, "valid"))
             out.expect[u.dataset, u.key, u.tier] = None
             catalogued.add((u.dataset, u.key))
+
+    for ds, tier in sorted(inv.remnants):
+        # (cleared once no object of it is left there: see apply)
+        if tier in inv.listed and ds not in inv.in_use:
+            out.remnants.append((ds, tier))
 
     for m in inv.metas:
         _plan_meta(out, inv, m)
@@ -849,6 +892,21 @@ def _plan_chunk(out: Plan, inv: Inventory, ds: str, key: str, rows: list[CopyChe
         out.findings.append(Finding(Kind.LOST, where, ds, key, "no tier holds this chunk any more"))
 
 
+def _plan_remnant(out: Plan, inv: Inventory, u: UnnamedObject) -> None:
+    """Decide about an object of a deleted dataset: an orphan, unless a live process has
+    marked the name (it may be creating the dataset anew, its remnants purged)."""
+    if u.dataset in inv.in_use:
+        detail = "object of a deleted dataset whose name a live process has in use"
+        out.findings.append(Finding(Kind.IN_FLIGHT, u.tier, u.dataset, u.key, detail, Action.LEAVE))
+        return
+    detail = "object of a deleted dataset"
+    out.findings.append(Finding(Kind.ORPHAN, u.tier, u.dataset, u.key, detail, Action.DELETE))
+    obj = (u.tier, object_key(u.dataset, u.key))
+    out.objects.append(obj)
+    if u.version is not None:
+        out.versions[obj] = u.version
+
+
 def _plan_meta(out: Plan, inv: Inventory, m: MetaCheck) -> None:
     """Decide about one dataset's zarr.json copies."""
     if m.current is None:
@@ -938,9 +996,10 @@ def apply(p: Plan, catalog: Catalog, tiers: TierSet) -> bool:
     # planned for deletion: its datasets are skipped (a later fsck judges them). Nor is an
     # object deleted that a row names now: a row this repair left (changed since), or one a
     # commit of another process recorded since the inspection.
-    busy = catalog.datasets_in_use() if p.objects or p.files or p.metas else set()
+    busy = catalog.datasets_in_use() if p.objects or p.files or p.metas or p.remnants else set()
     names = {d.name for d in catalog.list_datasets()} if p.objects or busy else set()
-    chunks = {ok: _split(ok, names) for _, ok in p.objects}
+    deleted = {d for d, _ in catalog.remnants()} - names if p.objects or p.remnants else set()
+    chunks = {ok: _split(ok, names | deleted) for _, ok in p.objects}
     rows = _rows_now(catalog, [(ds, key) for ds, key in chunks.values() if ds is not None])
     for tname, ok in p.objects:
         ds, key = chunks[ok]
@@ -969,6 +1028,20 @@ def apply(p: Plan, catalog: Catalog, tiers: TierSet) -> bool:
             # no lock to judge by here; that no live writer has the dataset open is the rule
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(f.path)
+    cleared: dict[str, list[str]] = {}
+    for ds, tname in p.remnants:
+        # (a name with remnants is never created anew: a name catalogued now had its
+        # remnants cleared by the purge before its creation)
+        if ds in busy or ds not in deleted:
+            continue
+        try:
+            if next(iter(tiers[tname].backend.list(ds)), None) is None:
+                cleared.setdefault(ds, []).append(tname)
+        except Exception as exc:
+            if not is_backend_failure(exc):
+                raise
+    for ds, where in cleared.items():
+        catalog.clear_remnants(ds, where)
     if p.forget_writers:
         catalog.forget_writers(p.forget_writers)
     return p.changes

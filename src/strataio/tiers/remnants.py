@@ -1,0 +1,78 @@
+"""Remnants: the objects a deleted dataset may have left on a tier, and their removal.
+
+A dataset's objects are not only those its catalog rows name: a writer killed before its
+flush leaves objects no row names yet, and a tier that did not answer keeps what it held.
+Deleting a dataset therefore records a *remnant* per tier that may hold its objects (each
+persistent tier of the deleting process's configuration, and each tier its rows name) in the
+same transaction that removes its record (:meth:`Catalog.delete_dataset`), and each remnant
+stays until every object under the dataset's name is gone from its tier. While one stays,
+no dataset of that name (nor one above or below it) can be created: the new dataset would
+take the old one's objects for its own (``fsck`` adopts an object of a chunk no row names
+as an interrupted write).
+
+:func:`purge` removes the objects of one deleted dataset from every tier that answers
+(:meth:`Session.delete_dataset` right after the deletion, :meth:`Session.create_dataset`
+before creating the name again); ``strataio fsck --repair`` does it for every remnant
+(:mod:`strataio.tiers.fsck`).
+"""
+
+from __future__ import annotations
+
+from strataio.catalog.base import Catalog
+from strataio.errors import StrataError
+from strataio.tiers.tier import TierSet
+
+__all__ = ["purge", "remnant_tiers"]
+
+
+def remnant_tiers(tiers: TierSet) -> list[str]:
+    """The tiers of ``tiers`` (a process's configuration) where a deleted dataset's objects
+    may remain besides those its catalog rows name: every one but the memory tiers, whose
+    objects die with their process (and no process that has the dataset in use is left
+    when it is deleted).
+
+    A tier that only another configuration has, and that no row names, is not among them:
+    tiers stay registered in the catalog after a configuration drops them, and a remnant
+    there would keep the name from being created again for good. What a writer of that
+    configuration killed before its flush left there is then not known to be a deleted
+    dataset's: ``fsck`` run with that configuration could adopt it into a dataset created
+    again under the name."""
+    return [t.name for t in tiers if not t.volatile]
+
+
+def purge(catalog: Catalog, tiers: TierSet, name: str) -> list[str]:
+    """Delete every object under the name of deleted dataset ``name`` on each tier of
+    ``tiers`` that holds a remnant of it and answers, and clear those remnants; return the
+    tiers whose remnant stays (down, not among ``tiers``, read-only here with objects left,
+    or a deletion failed).
+
+    Runs under a claim of the name (:meth:`Catalog.claim_eviction`): a process that creates
+    the name anew, or opens it, marks it and waits for the claim to end before it writes,
+    so no object of the new dataset is deleted here. Where the claim is refused (a process
+    marked the name first) nothing is deleted: the remnants stay, for a later purge."""
+    left = [t for d, t in catalog.remnants(name) if d == name]
+    if not left or not catalog.claim_eviction(name):
+        return left
+    try:
+        left = [t for d, t in catalog.remnants(name) if d == name]  # (as of the claim)
+        cleared = [t for t in left if t in tiers and _empty(tiers, t, name)]
+        catalog.clear_remnants(name, cleared)
+        return [t for t in left if t not in cleared]
+    finally:
+        catalog.release_eviction(name)
+
+
+def _empty(tiers: TierSet, tname: str, name: str) -> bool:
+    """Delete the objects under ``name`` on tier ``tname``; True if none is left there."""
+    t = tiers[tname]
+    if not t.recheck():  # (a tier marked down is probed again, at most every RECHECK_S)
+        return False
+    try:
+        keys = t.call(lambda: list(t.backend.list(name)))
+        if keys and t.read_only:
+            return False  # (this process does not write there; another may purge it)
+        for key in keys:
+            t.call(t.backend.delete, key)
+    except StrataError:
+        return False
+    return True

@@ -1,0 +1,233 @@
+"""Deleting a tiered dataset: every object under its name goes, those no catalog row names
+included; a dataset a live process has open is not deleted; objects a tier that did not
+answer kept keep the name from being created again until they are gone, so a new dataset
+of that name never reads (nor fsck adopts) a value of the old one."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import strataio
+from strataio.errors import DatasetInUseError, ExistsError
+from strataio.tiers.fsck import Action, Kind, UnnamedObject, fsck, plan
+from strataio.tiers.fsck import Inventory as FsckInventory
+
+sys.path.insert(0, str(Path(__file__).parent))
+import tiers_worker  # noqa: E402
+
+SHAPE, CHUNKS = tiers_worker.SHAPE, tiers_worker.CHUNKS
+
+
+def open_session(root):
+    return strataio.Session(tiers=tiers_worker.tiers(root), catalog=root / "cat.db")
+
+
+def objects(root, name="a"):
+    """The objects under dataset ``name`` on each tier, as ``tier/key``."""
+    out = []
+    for tier in ("disk", "tape"):
+        base = root / tier / name
+        if base.is_dir():
+            out += [f"{tier}/{p.relative_to(base)}" for p in base.rglob("*") if p.is_file()]
+    return sorted(out)
+
+
+def read(s, name="a"):
+    ds = s.open_dataset(name)
+    try:
+        return ds[...]
+    finally:
+        ds.close()
+
+
+def _stop_answering(root):
+    """The POSIX tier at ``root`` stops answering (a file in its place: I/O errors)."""
+    root.rename(root.with_name(root.name + ".away"))
+    root.write_bytes(b"")
+
+
+def _answer_again(root):
+    root.unlink()
+    root.with_name(root.name + ".away").rename(root)
+
+
+_UNFLUSHED = """
+import sys, time
+from pathlib import Path
+import numpy as np
+import strataio
+sys.path.insert(0, sys.argv[2])
+import tiers_worker
+root = Path(sys.argv[1])
+with strataio.Session(tiers=tiers_worker.tiers(root), catalog=root / "cat.db") as s:
+    ds = s.open_dataset("a", "r+")
+    ds[...] = np.full(tiers_worker.SHAPE, 7, "f4")  # its objects put, no row recorded yet
+    print("written", flush=True)
+    time.sleep(120)
+"""
+
+
+def test_a_killed_writers_unflushed_chunks_go_with_its_dataset(tmp_path):
+    """A writer killed (kill -9) before its first flush leaves objects no row names; the
+    deletion of its dataset removes them too, and a dataset created again under that name
+    reads its fill value, before and after fsck --repair (which finds nothing to adopt)."""
+    with open_session(tmp_path) as s:
+        s.create_dataset("a", SHAPE, "f4", CHUNKS, hint="LOCALDISK").close()
+    child = subprocess.Popen(
+        [sys.executable, "-c", _UNFLUSHED, str(tmp_path), str(Path(__file__).parent)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout.readline().strip() == "written"
+    finally:
+        child.kill()  # SIGKILL: no flush, no cleanup
+        child.wait()
+    assert sum("/c/" in f"/{o}" for o in objects(tmp_path)) == 64
+    with open_session(tmp_path) as s:
+        s.delete_dataset("a")
+        assert objects(tmp_path) == [] and s.catalog.remnants() == []
+        report = fsck(s.catalog, s.tiers, repair=True)
+        assert report.findings == [] and report.writers_gone == 1
+        s.create_dataset("a", SHAPE, "f4", CHUNKS, hint="LOCALDISK").close()
+        np.testing.assert_array_equal(read(s), 0)
+        report = fsck(s.catalog, s.tiers, repair=True)
+        assert report.findings == [] and not report.repaired
+        np.testing.assert_array_equal(read(s), 0)
+
+
+_DELETER = """
+import sys
+from pathlib import Path
+import strataio
+from strataio.errors import DatasetInUseError
+sys.path.insert(0, sys.argv[2])
+import tiers_worker
+root = Path(sys.argv[1])
+with strataio.Session(tiers=tiers_worker.tiers(root), catalog=root / "cat.db") as s:
+    s.catalog.MARK_LINGER_S = 0.0  # (lingering marks of others are waited for 1 s more)
+    try:
+        s.delete_dataset("a")
+    except DatasetInUseError as exc:
+        print("refused:", exc)
+    else:
+        print("deleted")
+"""
+
+
+def _delete_elsewhere(root: Path) -> str:
+    got = subprocess.run(
+        [sys.executable, "-c", _DELETER, str(root), str(Path(__file__).parent)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return got.stdout.strip()
+
+
+def test_a_dataset_open_in_another_process_is_not_deleted(tmp_path):
+    """Another process's deletion of a dataset open here is refused, naming this process's
+    writer: writes here go on and close cleanly. Once closed here, the deletion waits out
+    the mark the close leaves lingering, and succeeds."""
+    a = tiers_worker.version(0)
+    with open_session(tmp_path) as s:
+        ds = s.create_dataset("a", SHAPE, "f4", CHUNKS, hint="LOCALDISK")
+        ds[...] = a
+        ds.close()
+        ds = s.open_dataset("a", "r+")
+        said = _delete_elsewhere(tmp_path)
+        assert said.startswith("refused: dataset 'a' is in use by another process")
+        assert s.writer in said
+        ds[0:10, 0:10] = 1.0
+        ds.close()
+        a[0:10, 0:10] = 1.0
+        np.testing.assert_array_equal(read(s), a)
+        assert fsck(s.catalog, s.tiers).findings == []
+        s.catalog.MARK_LINGER_S = 0.3
+        read(s)  # (its mark lingers 0.3 s after the close)
+        assert _delete_elsewhere(tmp_path) == "deleted"
+        assert s.list_datasets() == [] and objects(tmp_path) == []
+
+
+@pytest.mark.parametrize("cleaner", ["fsck", "create"])
+def test_a_tier_down_at_deletion_keeps_the_name_until_its_objects_are_gone(tmp_path, cleaner):
+    """Objects on a tier that did not answer when their dataset was deleted stay recorded as
+    its remnants: the name cannot be created again meanwhile. Once the tier answers, fsck
+    --repair deletes them (orphans of a deleted dataset), or the next create_dataset of the
+    name does; the new dataset reads its fill value."""
+    with open_session(tmp_path) as s:
+        ds = s.create_dataset("a", SHAPE, "f4", CHUNKS, hint="LOCALDISK")
+        ds[...] = tiers_worker.version(1)
+        ds.migrate(np.s_[0:40, :], to="tape").wait()
+        ds.close()
+    on_tape = [o for o in objects(tmp_path) if o.startswith("tape/")]
+    assert "tape/zarr.json" in on_tape and len(on_tape) == 33
+    with open_session(tmp_path) as s:
+        _stop_answering(tmp_path / "tape")
+        s.tiers["tape"].mark_down("stopped answering")
+        try:
+            s.delete_dataset("a")
+            assert s.catalog.remnants() == [("a", "tape")]
+            with pytest.raises(ExistsError, match=r"'a' on tier 'tape'"):
+                s.create_dataset("a", SHAPE, "f4", CHUNKS, hint="LOCALDISK")
+        finally:
+            _answer_again(tmp_path / "tape")
+    assert objects(tmp_path) == on_tape
+    with open_session(tmp_path) as s:
+        if cleaner == "fsck":
+            report = fsck(s.catalog, s.tiers, repair=True)
+            assert {(f.kind, f.tier, f.action) for f in report.findings} == {
+                (Kind.ORPHAN, "tape", Action.DELETE)
+            }
+            assert sorted(f"tape/{f.key}" for f in report.findings) == on_tape
+            assert report.repaired and s.catalog.remnants() == []
+        s.create_dataset("a", SHAPE, "f4", CHUNKS, hint="LOCALDISK").close()
+        assert objects(tmp_path) == ["disk/zarr.json", "tape/zarr.json"]
+        np.testing.assert_array_equal(read(s), 0)
+        report = fsck(s.catalog, s.tiers, repair=True)
+        assert report.findings == [] and not report.repaired
+        np.testing.assert_array_equal(read(s), 0)
+
+
+def test_fsck_plans_a_deleted_datasets_objects_and_remnants():
+    """An object of a deleted dataset is an orphan, deleted; left alone while a live process
+    has the name in use; a remnant is cleared only on a tier checked, of a name not in use."""
+    inv = FsckInventory(
+        unnamed=[
+            UnnamedObject("tape", "old", "c/0/0", deleted=True),
+            UnnamedObject("tape", "busy", "c/0/0", deleted=True),
+        ],
+        remnants={("old", "tape"), ("old", "far"), ("busy", "tape")},
+        listed={"tape"},
+        in_use={"busy"},
+    )
+    p = plan(inv)
+    assert [(f.kind, f.dataset, f.action) for f in p.findings] == [
+        (Kind.ORPHAN, "old", Action.DELETE),
+        (Kind.IN_FLIGHT, "busy", Action.LEAVE),
+    ]
+    assert p.objects == [("tape", "old/c/0/0")] and p.upserts == []
+    assert p.remnants == [("old", "tape")]
+
+
+def test_an_open_of_a_deleted_dataset_leaves_no_mark(tmp_path):
+    """Opening a name no dataset has fails and leaves no in-use mark behind (it marks first,
+    then reads the record: a deletion at the same moment is either refused or seen)."""
+    with open_session(tmp_path) as s:
+        s.create_dataset("a", SHAPE, "f4", CHUNKS, hint="LOCALDISK").close()
+        s.catalog.end_lingering()
+        s.delete_dataset("a")
+        with pytest.raises(strataio.StrataError, match="no dataset 'a'"):
+            s.open_dataset("a")
+        assert [w.datasets for w in s.catalog.writers() if w.id == s.writer] == [()]
+        ds = s.create_dataset("b", SHAPE, "f4", CHUNKS, hint="LOCALDISK")
+        with pytest.raises(DatasetInUseError, match="'b' is open in this process"):
+            s.delete_dataset("b")
+        ds.close()
+        s.delete_dataset("b")
+        assert s.list_datasets() == [] and objects(tmp_path, "b") == []
