@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 
@@ -171,3 +172,105 @@ def test_prefetch_reads_from_memory_afterwards(tmp_path):
         np.testing.assert_array_equal(ds[0:10, :], a[0:10, :])
         assert archive.stats().requests == 0  # served from the prefetch cache
         ds.close()
+
+
+def three_tiers(tmp_path):
+    return TierSet(
+        [
+            Tier("local", PosixBackend(tmp_path / "local"), "localdisk", order=0),
+            Tier("remote", PosixBackend(tmp_path / "remote"), "remotedisk", order=1),
+            Tier("tape", PosixBackend(tmp_path / "tape"), "remotetape", order=2),
+        ]
+    )
+
+
+def copies(ds):
+    """{chunk key: [tiers holding it]}"""
+    return {k: [c.tier for c in v] for k, v in ds.residency().items()}
+
+
+def test_a_move_reads_another_copy_where_something_is_in_the_way_of_the_first(tmp_path):
+    """A copy something not strataio's is in the way of (here a directory where its object
+    goes) cannot be read, though its tier answers: a read takes the chunk's next copy, but a
+    migrate and a prefetch failed with the ObjectError of the first. They now copy from the
+    chunk's other, intact copy, every tier left up."""
+    a = np.arange(8, dtype="i4")
+    with strataio.Session(tiers=three_tiers(tmp_path), catalog=tmp_path / "cat.db") as s:
+        ds = s.create_dataset("x", (8,), "i4", (4,), hint="REMOTEDISK")
+        ds[...] = a
+        ds.stage(to="local").wait()
+        assert copies(ds) == {"c/0": ["local", "remote"], "c/1": ["local", "remote"]}
+        ds.close()
+    obj = tmp_path / "local" / "x" / "c" / "0"
+    obj.unlink()
+    obj.mkdir()
+    with strataio.Session(tiers=three_tiers(tmp_path), catalog=tmp_path / "cat.db") as s:
+        ds = s.open_dataset("x", "r+")
+        r = ds.prefetch().wait()
+        assert (r.moved, r.failed) == (2, [])
+        np.testing.assert_array_equal(ds[...], a)
+        r = ds.migrate(to="tape").wait()
+        assert (r.moved, r.failed) == (2, [])
+        assert copies(ds) == {"c/0": ["tape"], "c/1": ["tape"]}
+        assert all(t.up for t in s.tiers)
+        ds.close()
+        ds = s.open_dataset("x")
+        np.testing.assert_array_equal(ds[...], a)
+        ds.close()
+
+
+def test_something_in_the_way_at_a_move_s_destination_fails_that_chunk_alone(tmp_path):
+    """Something in the way of the object a move puts (a directory where it goes, a file
+    where its folder goes) fails that chunk's move, named in the result; the other chunks
+    move, the chunk stays where it was and reads as before, and no tier is marked down."""
+    a = np.arange(12, dtype="i4")
+    with strataio.Session(tiers=three_tiers(tmp_path), catalog=tmp_path / "cat.db") as s:
+        ds = s.create_dataset("x", (12,), "i4", (4,), hint="REMOTEDISK")
+        ds[...] = a
+        (tmp_path / "tape" / "x" / "c" / "0").mkdir(parents=True)
+        (tmp_path / "local" / "x").mkdir(parents=True, exist_ok=True)
+        (tmp_path / "local" / "x" / "c").write_bytes(b"")
+        r = ds.migrate(to="tape").result()
+        assert r.moved == 2 and [k for k, _ in r.failed] == ["c/0"]
+        assert re.search(
+            r"chunk 'c/0' of dataset 'x' not copied: tier 'tape'.*Is a dir", r.failed[0][1]
+        )
+        r = ds.stage(to="local").result()
+        assert r.moved == 0 and sorted(k for k, _ in r.failed) == ["c/0", "c/1", "c/2"]
+        assert all("Not a directory" in m for _, m in r.failed)
+        assert copies(ds) == {"c/0": ["remote"], "c/1": ["tape"], "c/2": ["tape"]}
+        assert all(t.up for t in s.tiers)
+        assert {t.name: t.state for t in s.catalog.tiers()} == dict.fromkeys(s.tiers.names, "up")
+        np.testing.assert_array_equal(ds[...], a)
+        ds.close()
+
+
+def test_an_eviction_something_is_in_the_way_of_evicts_the_rest(tmp_path):
+    """An eviction of a chunk whose only copy something is in the way of (it cannot be read
+    to be written back), or whose write-back something is in the way of on the tier it goes
+    to, fails for that chunk alone, named, and leaves it where it was; an eviction round that
+    makes room for a write passes over such a chunk to the next, where it raised the
+    ObjectError into the write. No tier is marked down."""
+    a = np.arange(12, dtype="i4")
+    tiers = three_tiers(tmp_path)
+    tiers["local"].capacity = 60  # (three chunks: 16 bytes and a CRC-32C each)
+    with strataio.Session(tiers=tiers, catalog=tmp_path / "cat.db") as s:
+        ds = s.create_dataset("x", (12,), "i4", (4,), hint="LOCALDISK")
+        ds[...] = a
+        ds.flush()
+        obj = tmp_path / "local" / "x" / "c" / "0"
+        obj.unlink()
+        obj.mkdir()
+        (tmp_path / "remote" / "x" / "c" / "1").mkdir(parents=True)
+        r = ds.evict(np.s_[0:8], tier="local").result()
+        assert r.moved == 0 and [k for k, _ in r.failed] == ["c/0", "c/1"]
+        assert re.search(r"copy on tier 'local' cannot be read.*Is a dir", r.failed[0][1])
+        assert re.search(r"not written back to tier 'remote'.*Is a dir", r.failed[1][1])
+        y = s.create_dataset("y", (4,), "i4", (4,), hint="LOCALDISK")
+        y[...] = 7  # (room made by writing c/2 back: c/0 and c/1 are passed over)
+        assert copies(y) == {"c/0": ["local"]}
+        assert copies(ds) == {"c/0": ["local"], "c/1": ["local"], "c/2": ["remote"]}
+        assert all(t.up for t in s.tiers)
+        np.testing.assert_array_equal(ds[4:12], a[4:12])
+        ds.close()
+        y.close()

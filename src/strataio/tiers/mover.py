@@ -14,7 +14,10 @@ orphan that fsck removes. The commit is :meth:`strataio.tiers.commit.Commit.appl
 move's last chunk is done.
 
 A move that finds the chunk rewritten meanwhile records nothing (the new version is where its
-write put it); a source copy found missing is forgotten and the next copy is used. A prefetch
+write put it); a source copy found missing is forgotten and the next copy is used, as it is
+for a source copy something not strataio's is in the way of (:class:`ObjectError`, which
+leaves its tier up and its row as it is). Something in the way at the destination fails that
+chunk's move (:attr:`MoveResult.failed` names it), its tier left up. A prefetch
 stages to the fastest memory tier when one is configured (a volatile cache level, see
 :mod:`strataio.tiers.tier`), else reads into the in-process chunk cache.
 """
@@ -33,6 +36,7 @@ from strataio.errors import (
     ChecksumError,
     ExistsError,
     NotFoundError,
+    ObjectError,
     ReadOnlyError,
     StrataError,
     TierDownError,
@@ -395,9 +399,10 @@ class Mover:
 
     def _copy(self, res: Residency, key: str, dst: Tier) -> tuple[str, int]:
         """Copy ``key`` from its fastest readable copy to ``dst`` (trying further copies
-        when a source tier fails, or its copy went away or is missing); record the new copy
-        in the residency unless the chunk was rewritten meanwhile (then the move has nothing
-        to do: the new version is where its write put it)."""
+        when a source tier fails, or its copy went away, is missing or cannot be used:
+        :class:`ObjectError`); record the new copy in the residency unless the chunk was
+        rewritten meanwhile (then the move has nothing to do: the new version is where its
+        write put it). Something in the way at ``dst`` raises :class:`ObjectError`."""
         # (a destination marked down is probed again, at most every Tier.RECHECK_S: a move
         # asked for after an outage finds the tier answering; one still down fails below)
         dst.recheck()
@@ -446,6 +451,7 @@ class Mover:
                     "on it can be evicted"
                 )
             recorded = False
+            data: bytes | None = None  # (once the source is read, an ObjectError is dst's)
             try:
                 with res.writing(key, dst.name):
                     version = res.version(key)
@@ -498,7 +504,11 @@ class Mover:
                         put=put,
                     )
                     return ("moved", n) if recorded else ("reused", 0)
-            except (TierDownError, ChecksumError) as exc:
+            except (TierDownError, ChecksumError, ObjectError) as exc:
+                if isinstance(exc, ObjectError) and data is not None:
+                    raise ObjectError(
+                        f"chunk {key!r} of dataset {res.name!r} not copied: {exc}"
+                    ) from exc
                 if isinstance(exc, ChecksumError):
                     if res.busy(key):
                         return "reused", 0  # read while being rewritten: the move is moot
@@ -634,7 +644,7 @@ class Mover:
             tier = self.tiers[c.tier]
             try:
                 data = tier.call(tier.backend.get, object_key(res.name, key))
-            except TierDownError:
+            except (TierDownError, ObjectError):
                 continue
             if accepts_data(c, data) is None:
                 continue

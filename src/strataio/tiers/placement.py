@@ -43,6 +43,7 @@ from strataio.errors import (
     ExistsError,
     HintError,
     NotFoundError,
+    ObjectError,
     StrataError,
     TierDownError,
 )
@@ -405,8 +406,11 @@ class Placement:
                     res = got
                     if all(x.tier != tier.name for x in res.copies(c.key)):
                         continue  # gone since the candidates were listed
-                if not self.evict_copy(tier, res, c, full=full):
-                    continue
+                try:
+                    if not self.evict_copy(tier, res, c, full=full):
+                        continue
+                except ObjectError:
+                    continue  # (something in the way of its copy or its write-back: it stays)
                 if res not in touched:
                     touched.append(res)
             try:
@@ -446,7 +450,8 @@ class Placement:
 
         False, and nothing changed, if the chunk has a put in flight, changed since ``copy``
         was listed, or cannot be written back. A copy whose object is found missing is
-        forgotten (True: its room is free). ``full``: see :meth:`write_back`.
+        forgotten (True: its room is free). ``full``: see :meth:`write_back`, which raises
+        :class:`ObjectError` where something not strataio's is in the way.
         """
         if res.busy(copy.key, tier.name) or copy.state == "in-transit":
             # its new version is being written there (by a put here, or by whoever announced
@@ -466,7 +471,11 @@ class Placement:
         room, record it there and forget the source copy (its object is deleted after the
         commit that records the new one). False if no slower tier can take it or the chunk
         changed meanwhile; True also when the source object turns out to be missing (the
-        catalogued copy is then forgotten: nothing is left to write back).
+        catalogued copy is then forgotten: nothing is left to write back). Raises
+        :class:`ObjectError`, nothing recorded and every tier left up, where something not
+        strataio's is in the way of the copy (it cannot be read: not evicted) or of the object
+        to put on the nearest slower tier with room (no further tier is tried, as for a
+        write).
 
         ``full`` (one eviction round's): slower tiers found without room, each with the least
         bytes it refused; a tier there is not asked again for as many bytes or more, and a
@@ -505,6 +514,12 @@ class Placement:
                             return res.drop_missing(current)
                         if isinstance(exc, ChecksumError):
                             return False  # a corrupt only copy: fsck reports it; never evicted
+                        if isinstance(exc, ObjectError):
+                            raise ObjectError(
+                                f"chunk {copy.key!r} of dataset {res.name!r}: its copy on tier "
+                                f"{tier.name!r} cannot be read, so it is not written back nor "
+                                f"evicted: {exc}"
+                            ) from exc
                         raise
                     try:
                         held, seen = self.commit.prepare_copy(res, copy, dst)
@@ -522,6 +537,11 @@ class Placement:
                         return False
                     except ChecksumError:
                         return False
+                    except ObjectError as exc:
+                        raise ObjectError(
+                            f"chunk {copy.key!r} of dataset {res.name!r} not written back to "
+                            f"tier {dst.name!r}, so not evicted from {tier.name!r}: {exc}"
+                        ) from exc
                     back = ChunkCopy(
                         res.name, copy.key, dst.name, n, digest, "valid", res.last_access(copy)
                     )
