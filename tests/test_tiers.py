@@ -417,6 +417,42 @@ def test_a_write_with_chunks_in_the_way_stores_every_other_chunk_or_names_it(tmp
         assert s.tiers["local"].up
 
 
+def test_many_objects_one_thing_is_in_the_way_of_cost_one_probe_of_their_tier(
+    tmp_path, monkeypatch
+):
+    """Each object something is in the way of probed its tier (a put, a get and a delete,
+    holding one of its slots) to tell that from the tier's own root in the way: a write of
+    400 chunks under one file where their folder goes made 400 probes. A probe that found
+    the tier answering stands for ``Tier.RECHECK_S`` seconds; a root in the way is found by
+    the first probe after that, and the tier marked down."""
+    probes = Counter()
+    check = Tier.check
+
+    def counting(tier):
+        probes[tier.name] += 1
+        return check(tier)
+
+    monkeypatch.setattr(Tier, "check", counting)
+    n = 400
+    with session(tmp_path, roles=TWO_TIERS) as s:
+        local = s.tiers["local"]
+        local.RECHECK_S = 60.0  # (however slow the write: all of it within one interval)
+        ds = s.create_dataset("x", (n,), "i4", (1,), hint="LOCALDISK")
+        (tmp_path / "local" / "x" / "c").write_bytes(b"")
+        probes.clear()
+        with pytest.raises(ObjectError, match=r"Not a directory") as e:
+            ds[...] = np.arange(n)
+        assert len(e.value.keys) == n
+        assert probes["local"] == 1 and local.up
+        ds.close()
+        local.RECHECK_S = 0.0  # (the last probe is old now)
+        _stop_answering(tmp_path / "local")
+        with s.create_dataset("y", (4,), "i4", (4,), hint="LOCALDISK") as ds:
+            ds[...] = 7
+            assert where(ds) == {"c/0": ["remote"]}
+        assert not local.up and probes["local"] >= 2
+
+
 def test_a_dataset_named_inside_another_is_refused_and_no_tier_goes_down(tmp_path):
     """Dataset ``v``'s chunk ``c/0`` is the object ``v/c/0``: a dataset of that name would put
     its ``zarr.json`` under that object's path, and the put failed as if the tier had (every

@@ -185,6 +185,9 @@ class Tier:
     _changed: threading.Condition = field(init=False, repr=False)
     _keeps_versions: bool | None = field(init=False, repr=False, default=None)
     _probed: float = field(init=False, repr=False, default=0.0)  # (monotonic s; see recheck)
+    #: when a probe last found the tier answering (monotonic s; see object_error)
+    _answered: float = field(init=False, repr=False, default=-float("inf"))
+    _probing: threading.Lock = field(init=False, repr=False, default_factory=threading.Lock)
     _backoff: float = field(init=False, repr=False, default=0.0)  # (s; 0: RECHECK_S)
     _full_until: float = field(init=False, repr=False, default=0.0)  # (monotonic s)
     _full_wait: float = field(init=False, repr=False, default=0.0)  # (s; see mark_full)
@@ -301,10 +304,14 @@ class Tier:
         """The :class:`ObjectError` that ``exc`` amounts to, or None. An error of something in
         the way of an object (:func:`in_the_way`: a directory at its path, a file at one of
         its folders') is one object's where the tier answers a probe (:meth:`check`), which
-        a tier whose own root is in the way fails (it is then marked down). ``key``: the
-        object asked for, named where the error names no path."""
+        a tier whose own root is in the way fails (it is then marked down). A probe that
+        found the tier answering less than :attr:`RECHECK_S` ago stands for one (so many
+        objects under one thing in the way cost one probe, not one each; a root put in the
+        way meanwhile is found by the first probe after that), and none is made where the
+        tier was marked down as recently. ``key``: the object asked for, named where the
+        error names no path."""
         blocked = in_the_way(exc)
-        if blocked is None or not self.check():
+        if blocked is None or not self._answers():
             return None
         where = blocked.filename2 or blocked.filename or (key if isinstance(key, str) else None)
         what = "an object" if where is None else f"object {where!r}"
@@ -313,6 +320,19 @@ class Tier:
             "directory stands where the object should be, or a file where one of its folders "
             "should be); the tier answers and is not marked down: move that away"
         )
+
+    def _answers(self) -> bool:
+        """Whether the tier answers, as :meth:`object_error` asks: True where a probe found
+        it answering less than :attr:`RECHECK_S` ago, False where it was marked down as
+        recently, else the outcome of a probe made now. One probe at a time: threads asking
+        meanwhile wait for its outcome rather than each probing."""
+        with self._probing:
+            now = time.monotonic()
+            if self.up and now - self._answered < self.RECHECK_S:
+                return True
+            if not self.up and now - self._probed < self.RECHECK_S:
+                return False
+            return self.check()
 
     def recheck(self) -> bool:
         """Whether the tier is up, probing it (:meth:`check`) where it is down and was last
@@ -341,8 +361,13 @@ class Tier:
         by a read only: the size of the probe object's key is looked up, and "no such
         object" is an answer (a POSIX tier whose directory is gone gives none: its backend
         does not answer). Any other failure means the tier does not answer."""
-        if self.read_only:
-            return self._check_by_reading()
+        answers = self._check_by_reading() if self.read_only else self._check_by_writing()
+        if answers:
+            self._answered = time.monotonic()
+        return answers
+
+    def _check_by_writing(self) -> bool:
+        """:meth:`check` of a writable tier: a put, a get and a delete."""
         payload = f"strataio {time.time():.6f}".encode()
         # (a probe object of its own per process and thread: probes of one tier by many
         # readers at once would otherwise delete each other's and mark it down)
