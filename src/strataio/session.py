@@ -719,6 +719,7 @@ class Session:
         )
         if load is not None:
             store.on_closed = functools.partial(self._keep_learned, load)
+            store.learned_since = lambda: load.first_generation
         self._open = [s for s in self._open if not s.closed] + [store]
         return store
 

@@ -638,7 +638,9 @@ class Mover:
         return outcome, n
 
     def _prefetch_one(self, res: Residency, key: str) -> tuple[str, int]:
-        if (res.name, key) in self.cache:
+        # (an entry of bytes the chunk's rows no longer name, another process having
+        # rewritten it, leaves the cache here and is read again)
+        if self.cache.get_many(res.name, (key,), res.names_bytes)[0] is not None:
             return "reused", 0
         for c in self._readable(res, key):
             tier = self.tiers[c.tier]
@@ -646,9 +648,10 @@ class Mover:
                 data = tier.call(tier.backend.get, object_key(res.name, key))
             except (TierDownError, ObjectError):
                 continue
-            if accepts_data(c, data) is None:
+            digest = accepts_data(c, data)
+            if digest is None:
                 continue
-            self.cache.put(res.name, key, data)
+            self.cache.put(res.name, key, data, digest)
             res.touch([key])
             return "moved", len(data)
         if res.copies(key):

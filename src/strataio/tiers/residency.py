@@ -131,6 +131,7 @@ class Residency:
         else the catalog holds on them for :attr:`on_learned` (taken in the same query)."""
         self.name = name
         self.tiers = tiers
+        self._volatile = frozenset(t.name for t in tiers if t.volatile)
         self.lock = threading.RLock()
         self.commit_lock = threading.Lock()
         self._cond = threading.Condition(self.lock)
@@ -268,6 +269,40 @@ class Residency:
             (c,) = per.values()
             return c if self._readable(c) else None
         return next(iter(self.readable(key)), None)
+
+    def in_memory(self, keys: Iterable[str]) -> list[str]:
+        """Those of ``keys`` with a copy on a volatile tier, in one look."""
+        volatile = self._volatile
+        if not volatile:
+            return []
+        with self.lock:
+            held = dict.get  # (nothing to learn: a copy made here is in the map)
+            copies = self._copies
+            return [k for k in keys if not volatile.isdisjoint(held(copies, k) or ())]
+
+    def names_bytes(self, keys: Sequence[str], digests: Sequence[str]) -> list[bool]:
+        """Per key, True if the copy a read of it would use (its tier up or not) accepts
+        bytes of the checksum at the same position of ``digests`` (:meth:`ChunkCopy.accepts`),
+        in one look: a copy of those bytes held apart (the prefetch cache) is then the
+        chunk's value as this residency knows it."""
+        out = []
+        with self.lock:
+            copies = self._copies
+            held = dict.get  # (the chunks a read serves were learned at its start)
+            for key, digest in zip(keys, digests):
+                per = held(copies, key) or copies.get(key)
+                if not per:
+                    out.append(False)
+                    continue
+                if len(per) == 1:
+                    (c,) = per.values()
+                    if not (c.state in READABLE or c.old_checksum):
+                        c = None
+                else:
+                    c = next(iter(self.readable(key, up_only=False)), None)
+                # (the usual case first: the bytes the row names)
+                out.append(c is not None and (digest == c.checksum or c.accepts(digest)))
+        return out
 
     def _readable(self, c: ChunkCopy, up_only: bool = True) -> bool:
         return bool(c.state in READABLE or c.old_checksum) and (

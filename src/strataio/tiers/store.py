@@ -95,6 +95,14 @@ class TieredChunkStore(ChunkStore):
     this way under the version of the object they came from (:meth:`chunk_versions`: the
     tier's location and the object's version there), so a copy replaced, moved to another
     tier or being put is read again, as for a plain dataset.
+
+    Chunks held in memory (the session's prefetch cache, copies on a memory tier) show no
+    other process's rewrite: no object is read. A read that serves chunks from memory first
+    asks the catalog whether the dataset's rows changed since this store learned or last
+    confirmed theirs (:meth:`confirm_rows`: one small query per read, the rows of those
+    chunks read again only where they did), and takes a prefetch-cache entry only while the
+    copy it would read otherwise accepts the entry's bytes. So a read after another
+    process's committed rewrite returns the new value, from memory or not.
     """
 
     # (puts run on the mover's threads; each call announces its rewrites in one transaction)
@@ -131,6 +139,13 @@ class TieredChunkStore(ChunkStore):
         self._closed = False
         #: called with this store once it closed (a session keeps what it learned)
         self.on_closed: Callable[[TieredChunkStore], None] | None = None
+        #: where set, the catalog's generation of the dataset at the residency's first
+        #: lookup (None: not known): every row learned since is at least that current
+        self.learned_since: Callable[[], int | None] | None = None
+        # chunk key -> the catalog generation its rows were last made current at by a read
+        # that serves it from memory (see confirm_rows)
+        self._confirmed: dict[str, int] = {}
+        self._volatile = frozenset(t.name for t in tiers if t.volatile)
         #: checks of copies this store made itself (reads, moves, puts)
         self.checks_made = 0
         # (chunk key, tier) -> (checksum of the bytes checked, object version when checked)
@@ -187,10 +202,14 @@ class TieredChunkStore(ChunkStore):
                 "stored, so it cannot be read"
             )
         self.res.learn(keys)  # (the rows of chunks not looked up yet, in one query)
+        mem = self._in_memory(keys)
+        if mem:
+            self.confirm_rows(mem)
         out: list[BytesLike | None] = [None] * len(keys)
         need: list[int] = []
+        hits = self.cache.get_many(self.name, keys, self.res.names_bytes) if mem else None
         for i, k in enumerate(keys):
-            hit = self.cache.get(self.name, k)
+            hit = None if hits is None else hits[i]
             if hit is not None:
                 out[i] = hit
             elif self.res.copies(k):
@@ -346,7 +365,17 @@ class TieredChunkStore(ChunkStore):
         failover)."""
         if self._closed:
             self._check_open()
-        hit = self.cache.get(self.name, key)
+        mem = self._in_memory((key,))
+        if mem:
+            self.confirm_rows(mem)
+        return self._read_span(key, offset, out, nowait)
+
+    def _read_span(
+        self, key: str, offset: int, out: memoryview, nowait: bool
+    ) -> tuple[int | None, Version | None]:
+        """:meth:`read_span_versioned`, the rows of a chunk served from memory made current
+        before (:meth:`confirm_rows`)."""
+        (hit,) = self.cache.get_many(self.name, (key,), self.res.names_bytes)
         if hit is not None:
             return _copy_span(hit, offset, out), None
         checked = self._still_checked(key)
@@ -429,15 +458,19 @@ class TieredChunkStore(ChunkStore):
         if self._closed:
             self._check_open()
         self.res.learn(keys)  # (before the fast path: the checks come with the rows)
+        checks = self._still_checked_many(keys)
+        mem = self._in_memory(keys, checks)
+        if mem and self.confirm_rows(mem):
+            checks = self._still_checked_many(keys)  # (rows refreshed: their stamps moved)
         got: list[Any] = [None] * len(keys)
         # per tier: the tier, [position, kind, what the read must match, whole buffer], and
         # the reads' objects, offsets and buffers (appended in line: this loop runs per chunk)
         batches: dict[str, tuple[Tier, list[tuple[int, str, Any, Any]], list, list, list]] = {}
         alone: list[int] = []
         first: list[int] = []
-        cache_get, name = self.cache.get, self.name
-        for j, (key, checked) in enumerate(zip(keys, self._still_checked_many(keys))):
-            hit = cache_get(name, key)
+        hits = self.cache.get_many(self.name, keys, self.res.names_bytes) if mem else None
+        for j, checked in enumerate(checks):
+            hit = None if hits is None else hits[j]
             if hit is not None:
                 got[j] = (_copy_span(hit, offsets[j], outs[j]), None)
                 continue
@@ -506,7 +539,7 @@ class TieredChunkStore(ChunkStore):
             self.res.touch(touched)
         for j in alone:
             try:
-                got[j] = self.read_span_versioned(keys[j], offsets[j], outs[j], nowait=nowait)
+                got[j] = self._read_span(keys[j], offsets[j], outs[j], nowait)
             except BlockingIOError as exc:
                 got[j] = exc
         return got
@@ -622,6 +655,52 @@ class TieredChunkStore(ChunkStore):
             self._unrecorded.discard((key, tier))
         elif not self.tiers[tier].volatile:
             self._unrecorded.add((key, tier))
+
+    def _in_memory(
+        self, keys: Sequence[str], checks: Sequence[_Checked | None] | None = None
+    ) -> list[str]:
+        """Those of ``keys`` a read may serve from memory: held in the prefetch cache, or
+        with a copy on a memory tier. ``checks``: :meth:`_still_checked` of each (a chunk
+        whose checked copy holds is read there, never on a memory tier: adding a copy moves
+        the chunk's stamp)."""
+        out = self.cache.holding(self.name, keys)
+        if self._volatile:
+            rest = keys if checks is None else [k for k, c in zip(keys, checks) if c is None]
+            if rest:
+                out += self.res.in_memory(rest)
+        return out
+
+    def confirm_rows(self, keys: Sequence[str]) -> bool:
+        """Make the rows of chunks ``keys``, to be served from memory (the prefetch cache, a
+        memory tier), the catalog's rows now, where it moved on since they were learned or
+        last confirmed: True if rows were read again (:meth:`Residency.refresh_from`, which
+        forgets the memory-tier copies of chunks whose content changed; a prefetch-cache
+        entry is taken only while the rows accept its bytes).
+
+        A read from storage finds another process's rewrite through the object it reads (a
+        new version, bytes that fail the checksum); a copy held in memory shows none. The
+        catalog's generation of the dataset (:meth:`Catalog.generation`, one small query)
+        moves on with every commit that changes its rows, so rows learned or confirmed at
+        the generation it still has are current. Only where this process holds the catalog
+        and the dataset is opened serially: a parallel job's ranks agree on the rows at open
+        and close."""
+        catalog = self.commit.catalog
+        if catalog is None or self.commit.comm is not None or not keys:
+            return False
+        now = catalog.generation(self.name)
+        confirmed = self._confirmed
+        if now is None:  # (the dataset is gone from the catalog)
+            stale = list(keys)
+        else:
+            since = self.learned_since() if self.learned_since is not None else None
+            stale = [k for k in keys if confirmed.get(k, since) != now]
+            if not stale:
+                return False
+        self.res.refresh_from(catalog, stale)
+        if now is not None:
+            for k in stale:
+                confirmed[k] = now
+        return True
 
     def _still_checked(self, key: str) -> _Checked | None:
         """The copy of ``key`` a range read last found verified, while nothing about the
