@@ -202,6 +202,34 @@ def test_a_put_whose_temporary_file_is_judged_before_its_lock_starts_over(
     assert bytes(backend.get("z")) == b"whole" and list(backend.leftovers()) == []
 
 
+def test_a_put_whose_temporary_file_is_unlinked_on_nfs_before_its_lock_starts_over(
+    backend: PosixBackend, monkeypatch
+) -> None:
+    """On NFS a file unlinked while a client holds it open is renamed to a hidden name and
+    keeps its link count: a put whose temporary file a judge deleted so before its lock
+    sees the name gone (or naming another file) and takes a new one."""
+    real_flock = posix.fcntl.flock
+    moved: list[str] = []
+
+    def flock(fd, op):
+        if op == posix.fcntl.LOCK_EX and len(moved) < 2:  # the put's own (blocking) lock
+            (tmp,) = backend.leftovers()
+            hidden = str(backend.root / f".nfs{len(moved)}")
+            os.rename(tmp, hidden)  # (what NFS makes of the judge's unlink)
+            if moved:  # another file at the name
+                with open(tmp, "wb"):
+                    pass
+            moved.append(hidden)
+        return real_flock(fd, op)
+
+    monkeypatch.setattr(posix.fcntl, "flock", flock)
+    backend.put("z", b"whole")
+    assert bytes(backend.get("z")) == b"whole"
+    assert all(os.stat(m).st_nlink == 1 for m in moved) and len(moved) == 2
+    (other,) = backend.leftovers()  # (the file put at the name, never the put's)
+    assert os.path.getsize(other) == 0
+
+
 def test_drop_cache_and_sync_keep_data(backend: PosixBackend) -> None:
     data = np.arange(1 << 18, dtype=np.uint32)
     backend.write("c", Extents.single(0, data.nbytes), memoryview(data).cast("B"))

@@ -421,7 +421,7 @@ class PosixBackend(Backend):
             try:
                 with contextlib.suppress(OSError):  # (no locks here: see judge_leftover)
                     fcntl.flock(fd, fcntl.LOCK_EX)
-                if os.fstat(fd).st_nlink:
+                if names_file(tmp, fd):
                     return tmp, fd
             except BaseException:
                 os.close(fd)
@@ -557,6 +557,21 @@ class PosixBackend(Backend):
             for f in files:
                 if f.endswith(TMP_SUFFIX):
                     yield os.path.join(dirpath, f)
+
+
+def names_file(path: str, fd: int) -> bool:
+    """Whether ``path`` still names the file open as ``fd``: not unlinked since it was
+    opened, nor replaced by another. (The link count alone does not say it on NFS: a file
+    unlinked there while a client holds it open is renamed to a hidden ``.nfs*`` name, its
+    count staying 1.)"""
+    mine = os.fstat(fd)
+    if not mine.st_nlink:
+        return False
+    try:
+        now = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return (now.st_dev, now.st_ino) == (mine.st_dev, mine.st_ino)
 
 
 class LeftoverState(StrEnum):
