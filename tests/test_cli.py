@@ -177,9 +177,10 @@ ds.close()
 
 
 def test_fsck_path_deletes_a_killed_shard_writes_part_files_not_a_running_ones(tmp_path) -> None:
-    """A collective shard write killed before its rename leaves its ``.part`` file: info
-    counts it (not as a chunk), fsck --repair deletes it; a running write's, whose rank holds
-    its lock, is left alone and renamed into place as the write goes on."""
+    """A collective shard write killed before its rename leaves its ``.part`` file and its
+    call's lock file: info counts them (not as chunks), fsck --repair deletes them; a running
+    write's, whose rank holds the lock, are left alone, the ``.part`` file renamed into place
+    and the lock file removed as the write goes on."""
     path = tmp_path / "s.zarr"
     oracle = np.arange(12 * 12, dtype="i8").reshape(12, 12)
     with strataio.create_dataset(
@@ -207,26 +208,30 @@ def test_fsck_path_deletes_a_killed_shard_writes_part_files_not_a_running_ones(t
         assert len(parts) == 2
         (dead,) = [p for p in parts if "/c/0/0." in p]
         (running,) = [p for p in parts if "/c/1/0." in p]
+        locks = {p: str(path / f".{p.split('.')[-2]}.lock") for p in (dead, running)}
+        assert sorted(locks.values()) == sorted(str(p) for p in path.glob(".*.lock"))
         runner = CliRunner()
         res = runner.invoke(main, ["info", str(path)])
         assert res.exit_code == 0, res.output
         said = " ".join(res.output.split())  # (the table wraps long values)
         assert "4 / 4" in said  # (a temporary file is no shard)
-        assert "2 temporary file(s)" in said
-        assert "1 of a collective shard write running now" in said, said
-        assert "1 left by a collective shard write whose ranks were killed" in said
+        assert "4 temporary file(s)" in said
+        assert "2 of a collective shard write running now" in said, said
+        assert "2 left by a collective shard write whose ranks were killed" in said
         assert f"fsck {path} --repair" in said
 
         res = runner.invoke(main, ["fsck", str(path)])  # only a look: exit 1, nothing deleted
         assert res.exit_code == 1, res.output
         assert "leftover" in res.output and "in-flight" in res.output
-        assert os.path.exists(dead) and os.path.exists(running)
+        assert "lock file of a collective shard write whose ranks were killed" in res.output
+        assert all(os.path.exists(p) for p in (dead, running, *locks.values()))
 
         res = runner.invoke(main, ["fsck", str(path), "--repair"])
         assert res.exit_code == 0, res.output
-        assert "1 of writers that are gone, deleted" in res.output
-        assert "1 of collective shard writes running now, left alone" in res.output
-        assert not os.path.exists(dead) and os.path.exists(running)
+        assert "2 of writers that are gone, deleted" in res.output
+        assert "2 of collective shard writes running now, left alone" in res.output
+        assert not os.path.exists(dead) and not os.path.exists(locks[dead])
+        assert os.path.exists(running) and os.path.exists(locks[running])
 
         live.stdin.write("\n")
         live.stdin.flush()
@@ -241,7 +246,7 @@ def test_fsck_path_deletes_a_killed_shard_writes_part_files_not_a_running_ones(t
         assert np.array_equal(ds[...], oracle)
     res = CliRunner().invoke(main, ["fsck", str(path)])
     assert res.exit_code == 0 and "0 temporary files" in res.output, res.output
-    assert list(path.rglob("*.part")) == []
+    assert list(path.rglob("*.part")) == [] and list(path.glob(".*.lock")) == []
 
 
 def test_info_errors_are_messages_not_tracebacks(tmp_path) -> None:

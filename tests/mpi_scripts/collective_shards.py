@@ -5,10 +5,10 @@ oracle, read back by zarr-python and TensorStore.
 rank knows every rank's selection and data and keeps the oracle. Random rounds of
 ``write_all`` / ``read_all`` over several codecs, shapes and pipelined groups (the
 communicator split in two); each rank's run in a shard starts on the alignment; a slab
-decomposition as checkpoints write; errors on one rank raise on every rank with nothing
-written; a corrupt shard index raises on every rank; while a write runs, fsck's judge finds
-its temporary shard file live and deletes nothing, and no call leaves one. Prints ``ok`` on
-rank 0.
+decomposition as checkpoints write; errors on one rank (one that cannot open the call's lock
+file included) raise on every rank with nothing written; a corrupt shard index raises on every rank; while a write runs, fsck's judge finds
+its temporary shard file and its lock file live and deletes nothing, and no call leaves
+either. Prints ``ok`` on rank 0.
 """
 
 from __future__ import annotations
@@ -26,10 +26,16 @@ from mpi4py import MPI
 
 import strataio
 from strataio.arrays import collective_shards
-from strataio.arrays.shard_parts import part_files
+from strataio.arrays.shard_parts import CallLock, call_locks, judge, part_files
 from strataio.arrays.sharding import EMPTY, ShardCodec
-from strataio.errors import CodecError, HintError, SelectionError, ShapeMismatchError
-from strataio.storage.posix import LeftoverState, judge_leftover
+from strataio.errors import (
+    BackendError,
+    CodecError,
+    HintError,
+    SelectionError,
+    ShapeMismatchError,
+)
+from strataio.storage.posix import LeftoverState
 
 comm = MPI.COMM_WORLD
 rank, nprocs = comm.Get_rank(), comm.Get_size()
@@ -119,12 +125,15 @@ check(runs == nprocs, f"one run per rank ({runs})")
 check(absent == 4 * nprocs, "fill inner chunks not stored")
 
 # ---- the shard's temporary file, which every rank wrote its run to, is held until the
-# rename: a judge (fsck --repair) on every rank while the indexes are written deletes nothing
+# rename by the call's lock: a judge (fsck --repair) on every rank while the indexes are
+# written deletes nothing
 write_indexes, judged = collective_shards._write_indexes, []
+folder = str(root / "slabs")
 
 
 def judging_write_indexes(comm_, store, codec_, rows, keys, temps, *rest):
-    judged.extend(judge_leftover(t, remove=True) for t in temps)
+    (lock,) = call_locks(folder)
+    judged.extend(judge(f, folder, remove=True) for f in [lock, *temps])
     comm_.Barrier()  # (every rank has judged before the leader renames)
     write_indexes(comm_, store, codec_, rows, keys, temps, *rest)
 
@@ -134,7 +143,7 @@ try:
     ds.write_all(np.s_[16 * rank : 16 * rank + 16], mine + 1)
 finally:
     collective_shards._write_indexes = write_indexes
-check(judged == [LeftoverState.LIVE], f"the running write's temporary file is live ({judged})")
+check(judged == [LeftoverState.LIVE] * 2, f"the running write's files are live ({judged})")
 check(np.array_equal(ds.read_all(...), oracle + 1), "slabs read back after the judged write")
 
 # ---- errors on one rank: every rank raises, nothing is written, nobody hangs
@@ -164,6 +173,20 @@ if nprocs > 1:
         ),
         "groups that differ between ranks",
     )
+    join = CallLock.join
+    if last:  # (the lock file cannot be opened there)
+
+        def refused(path):
+            raise PermissionError(13, "Permission denied", path)
+
+        CallLock.join = refused
+    try:
+        check(
+            raises_everywhere(lambda: ds.write_all(np.s_[rank], 1.0), BackendError),
+            "a rank that cannot hold the call's lock",
+        )
+    finally:
+        CallLock.join = join
 comm.Barrier()
 check(digest(root / "slabs") == before, "nothing written by failed calls")
 
@@ -178,6 +201,7 @@ check(raises_everywhere(lambda: ds.read_all(np.s_[rank]), CodecError), "corrupt 
 ds.close()
 comm.Barrier()
 check(rank != 0 or not list(part_files(str(root))), "no temporary shard file left")
+check(not list(call_locks(folder)), "no lock file left")
 
 if rank == 0:
     print("ok")

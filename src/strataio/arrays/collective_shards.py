@@ -26,12 +26,13 @@ Each shard is written to a temporary file next to it (``<shard>.<token>.part``,
 :mod:`strataio.arrays.shard_parts`) and renamed over it once every rank's runs are written,
 after an agreement that nothing failed: a call that fails before (a bad argument on any rank,
 a failed compression or write) leaves the old shards as they were; one that fails while the
-leaders write the indexes may leave some shards new and others old, each whole. A shard's
-leader from its turn in the offset chain, and every rank from its write to it, holds a shared
-lock on the temporary file until the call ends, so ``strataio fsck PATH --repair`` deletes the
-files of a call whose ranks were killed and never those of one running now. Inner chunks of a shard the call writes only in part are
-read from the old shard first (their owners decode what they update; the leader carries the
-untouched ones over byte for byte).
+leaders write the indexes may leave some shards new and others old, each whole. Every rank
+holds a shared lock on the call's lock file (``.<token>.lock`` in the array's folder) from
+before any temporary file is made until the call ends, so ``strataio fsck PATH --repair``
+deletes the files of a call whose ranks were killed and never those of one running now; a
+rank holds one descriptor for it, however many shards the call writes. Inner chunks of a
+shard the call writes only in part are read from the old shard first (their owners decode
+what they update; the leader carries the untouched ones over byte for byte).
 
 A read reads each touched shard's index once (its leader) and broadcasts it; each inner chunk
 is read and decoded by one rank, its owner, and the pieces go where they are wanted
@@ -56,6 +57,7 @@ from strataio.agreed import agree, differs
 from strataio.arrays.collective import (
     ChunkPairs,
     OwnedChunks,
+    Sections,
     gather_pieces,
     gather_sections,
     plan_pairs,
@@ -63,7 +65,7 @@ from strataio.arrays.collective import (
     read_sections,
     write_sections,
 )
-from strataio.arrays.shard_parts import PartLocks, part_path
+from strataio.arrays.shard_parts import CallLock, lock_path, part_path
 from strataio.arrays.sharding import EMPTY, ShardCodec
 from strataio.arrays.store import BackendChunkStore
 from strataio.collective.driver import Driver, open_driver
@@ -264,10 +266,66 @@ def write_shards(
     if store is None or codec.location != "end":
         write_sections(ds, comm, section, data, err)
         return
-    me, nprocs = comm.Get_rank(), comm.Get_size()
     grid = _inner_grid(ds, codec)
     sections = gather_sections(comm, ds.ndim, section, err)
     _same_options(comm, options)
+    # held from before any temporary file is made until every one is renamed or removed:
+    # what tells fsck that the call is running
+    token, lock = _hold_call_lock(ds, comm, store)
+    try:
+        _write_shards(ds, comm, store, codec, grid, sections, data, options, token)
+    finally:
+        lock.release(remove=True)  # (this rank has removed every temporary file left)
+
+
+def _hold_call_lock(ds: Dataset, comm: MPI.Comm, store: BackendChunkStore) -> tuple[str, CallLock]:
+    """Collective: the call's token and this rank's hold on the call's lock file
+    (:mod:`strataio.arrays.shard_parts`): rank 0 makes the lock file before the token
+    reaches the others, which then open it. Raises on every rank where any rank cannot hold
+    it (:class:`BackendError`), nothing held then."""
+    me, nprocs = comm.Get_rank(), comm.Get_size()
+    chunks = store.chunk_path("c")
+    assert chunks is not None
+    folder = os.path.dirname(chunks)
+    token = secrets.token_hex(4) if me == 0 else ""
+    lock: CallLock | None = None
+    err: BaseException | None = None
+    if me == 0:
+        try:
+            lock = CallLock.create(lock_path(folder, token))
+        except OSError as exc:
+            err = BackendError(f"{_named(ds)}: cannot make the lock file of the write: {exc}")
+    if nprocs > 1:
+        token, made = comm.bcast((token, lock is not None), root=0)
+        if me != 0 and made:
+            try:
+                lock = CallLock.join(lock_path(folder, token))
+            except OSError as exc:
+                err = BackendError(f"{_named(ds)}: cannot hold the lock file of the write: {exc}")
+    try:
+        agree(comm, err)
+    except Exception:
+        if lock is not None:
+            lock.release(remove=True)
+        raise
+    assert lock is not None
+    return token, lock
+
+
+def _write_shards(
+    ds: Dataset,
+    comm: MPI.Comm,
+    store: BackendChunkStore,
+    codec: ShardCodec,
+    grid: ChunkGrid,
+    sections: Sections,
+    data: np.ndarray | None,
+    options: ShardWriteOptions,
+    token: str,
+) -> None:
+    """:func:`write_shards` once the sections are known and the call's lock is held, its
+    temporary files named by ``token``."""
+    me, nprocs = comm.Get_rank(), comm.Get_size()
     pairs = plan_pairs(grid, sections)
     owned = gather_pieces(comm, grid, ds.dtype, ds.fill_value, sections, pairs, data)
     shard, number = _shards_of(codec, pairs.coords)
@@ -281,43 +339,33 @@ def write_shards(
         for k, index in zip(partial, got):
             old[k] = index
 
-    token = comm.bcast(secrets.token_hex(4) if me == 0 else None, root=0) if nprocs > 1 else ""
-    token = token or secrets.token_hex(4)
     paths = [store.chunk_path(k) for k in keys]
     temps = [part_path(p, token) for p in paths]
-    # this rank's locks on the temporary files it leads or writes, held until every rename
-    # is done or every temporary file removed: what tells fsck that the call is running
-    held = PartLocks()
+    group = comm.Split(me * options.groups // nprocs, me) if options.groups > 1 else comm
+    failed: BaseException | None = None
+    entries: list[np.ndarray] = []
     try:
-        group = comm.Split(me * options.groups // nprocs, me) if options.groups > 1 else comm
-        failed: BaseException | None = None
-        entries: list[np.ndarray] = []
-        try:
-            runs = _compress_runs(ds, codec, owned, which, number, keys, old, me, nprocs)
-            entries = _write_runs(
-                comm, group, codec, runs, temps, options, held, shard_count=len(keys)
-            )
-        except Exception as exc:  # every rank must learn of it before any shard is replaced
-            failed = exc
-        finally:
-            if group is not comm:
-                group.Free()
-        try:
-            agree(comm, failed)
-        except Exception:
-            _remove(temps)
-            raise
-        try:
-            _write_indexes(comm, store, codec, entries, keys, temps, paths, options, held)
-        except Exception as exc:
-            failed = exc
-        try:
-            agree(comm, failed)
-        finally:
-            _remove(temps)
-            ds.clear_cache()  # (after a failure too: some shards may have been replaced)
+        runs = _compress_runs(ds, codec, owned, which, number, keys, old, me, nprocs)
+        entries = _write_runs(comm, group, codec, runs, temps, options, shard_count=len(keys))
+    except Exception as exc:  # every rank must learn of it before any shard is replaced
+        failed = exc
     finally:
-        held.release()
+        if group is not comm:
+            group.Free()
+    try:
+        agree(comm, failed)
+    except Exception:
+        _remove(temps)
+        raise
+    try:
+        _write_indexes(comm, store, codec, entries, keys, temps, paths, options)
+    except Exception as exc:
+        failed = exc
+    try:
+        agree(comm, failed)
+    finally:
+        _remove(temps)
+        ds.clear_cache()  # (after a failure too: some shards may have been replaced)
 
 
 def _same_options(comm: MPI.Comm, options: ShardWriteOptions) -> None:
@@ -436,15 +484,13 @@ def _write_runs(
     runs: list[Future[_Run]],
     temps: list[str],
     options: ShardWriteOptions,
-    held: PartLocks,
     shard_count: int,
 ) -> list[np.ndarray]:
     """The offset chain and the writes: per shard in order, this rank's run placed after the
     runs of the ranks before it (exclusive prefix sum within the group, the groups chained)
     and written by an I/O thread while later shards are still being compressed. Returns per
     shard this rank's index entries ``(k, number, offset, nbytes)``, and from the communicator's
-    last rank ``(k, -1, end, 0)`` rows giving each shard's data end. Each temporary file this
-    rank leads or writes is held in ``held``."""
+    last rank ``(k, -1, end, 0)`` rows giving each shard's data end."""
     g_rank, g_size = group.Get_rank(), group.Get_size()
     me, nprocs = comm.Get_rank(), comm.Get_size()
     first_of_group = me - g_rank
@@ -461,8 +507,6 @@ def _write_runs(
             # the others must not wait on it forever
             try:
                 run = runs[k].result() if failed is None else nothing
-                if k % nprocs == me and failed is None:
-                    held.hold(temps[k])  # (the leader, which renames it, holds it from now)
             except Exception as exc:
                 failed, run = exc, nothing
             local[0] = _align(len(run.data), options.alignment) if len(run.data) else 0
@@ -484,7 +528,7 @@ def _write_runs(
             if last_of_group and me < nprocs - 1:
                 comm.send(end, dest=me + 1, tag=k % _TAGS)
             if len(run.data):
-                writes.append(io.submit(_write_temp, temps[k], run.data, at, options.driver, held))
+                writes.append(io.submit(_write_temp, temps[k], run.data, at, options.driver))
                 offsets = at + np.cumsum(run.sizes) - run.sizes
                 rows.append(
                     np.stack([np.full(len(run.numbers), k), run.numbers, offsets, run.sizes], 1)
@@ -500,14 +544,16 @@ def _write_runs(
     return rows
 
 
-def _write_temp(path: str, data: bytes, offset: int, hints: Hints, held: PartLocks) -> None:
-    """Write ``data`` at ``offset`` of the temporary shard file ``path`` through the driver
-    ``hints`` name, never preallocated: the file is renamed over the old shard (see
-    :mod:`strataio.storage.preallocate`). The file is first held in ``held`` (created where
-    missing), which keeps it until the call ends."""
-    held.hold(path)
+def _write_temp(path: str, data: bytes, offset: int, hints: Hints, *, create: bool = True) -> None:
+    """Write ``data`` at ``offset`` of the temporary shard file ``path`` (made where missing,
+    with ``create``; else :class:`FileNotFoundError`) through the driver ``hints`` name,
+    never preallocated: the file is renamed over the old shard (see
+    :mod:`strataio.storage.preallocate`)."""
+    if create:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
     hints = dataclasses.replace(hints, strataio_preallocate=DISABLE)
-    driver: Driver = open_driver(path, os.O_WRONLY, 0o644, hints)
+    flags = os.O_WRONLY | (os.O_CREAT if create else 0)
+    driver: Driver = open_driver(path, flags, 0o644, hints)
     try:
         driver.pwrite(np.frombuffer(data, dtype=np.uint8), offset)
     finally:
@@ -523,13 +569,13 @@ def _write_indexes(
     temps: list[str],
     paths: list[str],
     options: ShardWriteOptions,
-    held: PartLocks,
 ) -> None:
     """Every rank's index entries sent to the shards' leaders (one ``alltoall``); each leader
     writes its shards' indexes in one write each and renames each shard over the old one. As
     for any Dataset write, the shards are durable after :meth:`Dataset.flush` (the leaders'
-    stores record them). A temporary file gone before its index is written (its leader held
-    it) is an error, never a shard of the index alone."""
+    stores record them). A temporary file some rank wrote a run to and gone before its index
+    is written is an error, never a shard of the index alone; that of a shard no rank wrote
+    a run to (every inner chunk the fill value) is made by its index."""
     written: list[str] = []
     me, nprocs = comm.Get_rank(), comm.Get_size()
     table = np.concatenate(rows) if rows else np.zeros((0, 4), dtype=_I64)
@@ -545,7 +591,8 @@ def _write_indexes(
         index[chunks[:, 1], 0] = chunks[:, 2].astype(np.uint64)
         index[chunks[:, 1], 1] = chunks[:, 3].astype(np.uint64)
         try:
-            _write_temp(temps[k], codec.encode_index(index), end, options.driver, held)
+            blob = codec.encode_index(index)
+            _write_temp(temps[k], blob, end, options.driver, create=end == 0)
         except FileNotFoundError:
             raise BackendError(
                 f"dataset {store.name!r}, shard {keys[k]!r}: its temporary file {temps[k]} "

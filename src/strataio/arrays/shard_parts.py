@@ -5,25 +5,50 @@ A collective shard write (:mod:`strataio.arrays.collective_shards`) writes each 
 temporary file beside it, ``<shard>.<token>.part`` (``token``: 8 hex digits, one per call,
 the same on every rank), which several ranks fill -- each its run of inner chunks, the
 shard's leader its index -- and the leader renames over the shard. A call killed before its
-rename leaves that file.
+renames leaves those files.
 
-Whether a ``.part`` file is such a leftover or belongs to a write running now is decided by a
-lock, never a clock, with the rule of a put's temporary file
-(:func:`strataio.storage.posix.judge_leftover`): every rank that writes a run to a ``.part``
-file holds a *shared* ``flock`` on it from just after opening it, and the shard's leader, the
-one rank that renames it, holds one from its turn in the offset chain, before the ranks agree
-that every run is written; each holds it until the call ends, after the renames or after a
-failed call has removed its files. Shared locks coexist, so the ranks never wait on each
-other, while ``judge_leftover``'s exclusive lock is refused as long as any of them lives. A
-``.part`` file that nobody holds is therefore one whose leader is gone, so that nothing will
-rename it, or one whose leader has not opened it yet: every run in it was then written by a
-rank that has died since (a live one would hold it), and its call cannot pass the agreement
-that comes before the renames. Either way it can be deleted at once. A rank that has opened
-the file but not locked it yet may find it deleted meanwhile (nothing it wrote was in it) and
-opens the name again.
+Whether a ``.part`` file is such a leftover or belongs to a call running now is decided by a
+lock, never a clock, as for a put's temporary file
+(:func:`strataio.storage.posix.judge_leftover`), but by one lock per call, not per file: the
+call's *lock file* ``.<token>.lock`` in the array's folder (:func:`lock_path`), on which
+every rank holds a *shared* ``flock`` through one descriptor (:class:`CallLock`), however
+many shards the call writes. Shared locks coexist, so the ranks never wait on each other,
+while a judge's exclusive lock is refused as long as any of them lives. The order:
 
-Each rank keeps one descriptor open per ``.part`` file it leads or writes until the call
-ends.
+1. Once the ranks have agreed on the call's arguments, rank 0 makes the lock file and locks
+   it before it sends the token to the other ranks; each of them opens it (never making it)
+   and locks it once it has the token, and the ranks agree that every one holds it. So
+   every rank holds it before the call makes any ``.part`` file, and until the call ends.
+2. Each rank removes the lock file as it leaves the call (the first to get there does):
+   after the ranks have agreed that the call is over (every shard renamed, or the call
+   failed and nothing will be renamed any more) and after it has itself removed every
+   ``.part`` file of the call still there. So once the call has returned on a rank that
+   held the lock, no file of the call is left. (A rank that leaves by an error the others
+   do not share, when the call cannot complete, removes it too: a judge may then delete
+   ``.part`` files the others still write, which fails their index write or rename, never
+   makes a shard of an index alone: after the agreement that comes before the indexes
+   every run is written.)
+
+:func:`judge` judges a ``.part`` file by its call's lock file. Refused, a rank of the call
+lives. Got, no rank holds it: every rank that made or wrote a ``.part`` file of the call
+held it from before then, so each is dead, and a call one of whose ranks is gone cannot pass
+the agreement that comes before the renames; its files will never be renamed. No lock file,
+the call is over: a rank removed it after every ``.part`` file of the call was renamed or
+removed, or a judge removed it having found it unheld; a ``.part`` file there then is dead
+either way (on a file system that keeps no locks too: no judge removes a lock file there).
+A dead ``.part`` file can be deleted at once.
+
+The lock file is judged the same way, and deleted where dead: a killed call leaves it. A
+judge may delete it between rank 0 making it and locking it (no ``.part`` file of the call
+exists yet); rank 0, finding under its lock that the name no longer holds its file
+(:func:`strataio.storage.posix.names_file`), makes it again. The other ranks open it only
+once rank 0 holds it, when no judge deletes it. A judge checks, holding the exclusive lock,
+that the name still holds the file it locked before it judges by it.
+
+Each rank opens the lock file once and closes it once, when the call ends: on NFS, where
+``flock`` is emulated with ``fcntl`` locks, closing any descriptor of a file drops the
+process's locks on it, so no code path of the write opens it a second time while the rank
+holds it (the ``.part`` files, which the ranks open and close as they write, carry no lock).
 """
 
 from __future__ import annotations
@@ -32,13 +57,29 @@ import contextlib
 import fcntl
 import os
 import re
-import threading
 from collections.abc import Iterator
 
-__all__ = ["PART_SUFFIX", "PartLocks", "is_part_file", "part_files", "part_path"]
+from strataio.storage.posix import LeftoverState, names_file
+
+__all__ = [
+    "LOCK_SUFFIX",
+    "PART_SUFFIX",
+    "CallLock",
+    "call_locks",
+    "is_lock_file",
+    "is_part_file",
+    "judge",
+    "lock_path",
+    "part_files",
+    "part_path",
+]
 
 PART_SUFFIX = ".part"
-_PART = re.compile(r"\.[0-9a-f]{8}\.part\Z")
+LOCK_SUFFIX = ".lock"
+_PART = re.compile(r"\.([0-9a-f]{8})\.part\Z")
+_LOCK = re.compile(r"\A\.([0-9a-f]{8})\.lock\Z")
+#: times a judge looks again at a lock file replaced while it took its lock
+_TRIES = 8
 
 
 def part_path(shard_path: str, token: str) -> str:
@@ -46,61 +87,148 @@ def part_path(shard_path: str, token: str) -> str:
     return f"{shard_path}.{token}{PART_SUFFIX}"
 
 
+def lock_path(folder: str, token: str) -> str:
+    """The lock file, in the array's ``folder``, of the call named by ``token``."""
+    return os.path.join(folder, f".{token}{LOCK_SUFFIX}")
+
+
 def is_part_file(name: str) -> bool:
     """True if file (or chunk key) ``name`` is a shard write's temporary file."""
     return _PART.search(name) is not None
 
 
+def is_lock_file(name: str) -> bool:
+    """True if file ``name`` (a path, or a name) is a shard write's lock file."""
+    return _LOCK.search(os.path.basename(name)) is not None
+
+
 def part_files(folder: str) -> Iterator[str]:
     """Paths of the shard writes' temporary files under ``folder`` (an array's folder):
     those of writes killed before their rename, and those of writes running now
-    (:func:`strataio.storage.posix.judge_leftover` tells them apart)."""
+    (:func:`judge` tells them apart)."""
     for dirpath, _dirs, files in os.walk(folder):
         for f in files:
             if is_part_file(f):
                 yield os.path.join(dirpath, f)
 
 
-class PartLocks:
-    """One rank's shared locks on the ``.part`` files it leads or writes in one call (see the
-    module's docstring): :meth:`hold` before writing a file, :meth:`release` once the call is
-    over. Thread-safe."""
+def call_locks(folder: str) -> Iterator[str]:
+    """Paths of the shard writes' lock files in ``folder`` (an array's folder): those of
+    writes running now and those of killed ones (:func:`judge` tells them apart)."""
+    try:
+        names = os.listdir(folder)
+    except FileNotFoundError:
+        return
+    for f in names:
+        if is_lock_file(f):
+            yield os.path.join(folder, f)
 
-    def __init__(self) -> None:
-        self._fds: dict[str, int] = {}
-        self._mutex = threading.Lock()
 
-    def hold(self, path: str) -> None:
-        """Open ``path`` (created where missing) and hold a shared lock on it until
-        :meth:`release`; a second call for the same path does nothing."""
-        with self._mutex:
-            if path in self._fds:
-                return
-            flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            while True:
-                # (open for reading: NFS takes a shared flock only on such a descriptor)
-                fd = os.open(path, flags, 0o644)
-                try:
-                    with contextlib.suppress(OSError):  # (no locks here: see judge_leftover)
-                        fcntl.flock(fd, fcntl.LOCK_SH)
-                    if os.fstat(fd).st_nlink:
-                        self._fds[path] = fd
-                        return
-                except BaseException:
-                    os.close(fd)
-                    raise
-                # deleted as a leftover between its opening and the lock: open the name again
+class CallLock:
+    """One rank's shared lock on its call's lock file (see the module's docstring), through
+    one descriptor: :meth:`create` (rank 0) or :meth:`join` (the others) before the call
+    makes any ``.part`` file, :meth:`release` once the call is over."""
+
+    def __init__(self, path: str, fd: int) -> None:
+        self.path = path
+        self._fd = fd
+
+    @classmethod
+    def create(cls, path: str) -> CallLock:
+        """Make the lock file ``path`` (or open it, where there) and hold it. Raises
+        :class:`OSError` where it cannot be made."""
+        flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC
+        while True:
+            # (open for reading: NFS takes a shared flock only on such a descriptor)
+            fd = os.open(path, flags, 0o644)
+            try:
+                with contextlib.suppress(OSError):  # (no locks here: see the module doc)
+                    fcntl.flock(fd, fcntl.LOCK_SH)
+                if names_file(path, fd):
+                    return cls(path, fd)
+            except BaseException:
                 os.close(fd)
+                raise
+            # a judge deleted it between its making and the lock: make it again
+            os.close(fd)
 
-    def release(self) -> None:
-        """Let go of every file held (closing its descriptor releases its lock)."""
-        with self._mutex:
-            fds, self._fds = list(self._fds.values()), {}
-        for fd in fds:
+    @classmethod
+    def join(cls, path: str) -> CallLock:
+        """Hold the lock file ``path``, which rank 0 made and holds. Raises
+        :class:`OSError` (:class:`FileNotFoundError` where it is not there)."""
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
             with contextlib.suppress(OSError):
-                os.close(fd)
+                fcntl.flock(fd, fcntl.LOCK_SH)
+        except BaseException:
+            os.close(fd)
+            raise
+        return cls(path, fd)
 
-    def __len__(self) -> int:
-        with self._mutex:
-            return len(self._fds)
+    def release(self, *, remove: bool = False) -> None:
+        """Let go of the lock (closing the descriptor releases it); with ``remove`` (as the
+        rank leaves the call) delete the lock file first. A second call does nothing."""
+        fd, self._fd = self._fd, -1
+        if fd < 0:
+            return
+        try:
+            if remove:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self.path)
+        finally:
+            os.close(fd)
+
+
+def judge(path: str, folder: str, *, remove: bool = False) -> LeftoverState:
+    """Whether the collective shard write that made ``path`` -- a ``.part`` file, or a lock
+    file, of the array whose folder is ``folder`` -- is still running, by trying its call's
+    lock without waiting (see the module's docstring); with ``remove``, delete ``path`` only
+    where it is :attr:`~LeftoverState.DEAD`."""
+    if is_lock_file(path):
+        lock = path
+    else:
+        found = _PART.search(path)
+        if found is None:
+            raise ValueError(f"{path} is no file of a collective shard write")
+        lock = lock_path(folder, found.group(1))
+    for _ in range(_TRIES):
+        fd = -1
+        # (open for writing where allowed: NFS takes an exclusive flock only on such a
+        # descriptor)
+        for mode in (os.O_RDWR, os.O_RDONLY):
+            try:
+                fd = os.open(lock, mode | os.O_NOFOLLOW | os.O_CLOEXEC)
+                break
+            except FileNotFoundError:
+                return _dead(path, remove)  # (the call is over)
+            except PermissionError:
+                continue
+            except OSError:  # (a link, say: no lock file of ours to judge by)
+                return LeftoverState.UNKNOWN
+        if fd < 0:
+            return LeftoverState.UNKNOWN
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return LeftoverState.LIVE if os.path.lexists(path) else LeftoverState.GONE
+            except OSError:
+                return LeftoverState.UNKNOWN
+            if names_file(lock, fd):
+                return _dead(path, remove)
+            # (deleted, or made again, since it was opened: look again)
+        finally:
+            os.close(fd)
+    return LeftoverState.UNKNOWN
+
+
+def _dead(path: str, remove: bool) -> LeftoverState:
+    """The state of ``path``, a file of a call found over: deleted with ``remove``."""
+    if not os.path.lexists(path):
+        return LeftoverState.GONE
+    if remove:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            return LeftoverState.GONE
+    return LeftoverState.DEAD

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import click
@@ -20,8 +21,37 @@ from strataio.sizes import format_size
 from strataio.storage.posix import LeftoverState, judge_leftover
 
 #: what made a temporary file: a put (``*.strataio-tmp``), or a collective shard write
-#: (``*.<token>.part``)
+#: (``*.<token>.part``, and its lock file ``.<token>.lock``)
 PUT, SHARD_WRITE = "put", "collective shard write"
+
+
+@dataclass(frozen=True, slots=True)
+class TemporaryFile:
+    """A temporary file in a dataset's folder: its ``path``, what made it (``kind``:
+    :data:`PUT` or :data:`SHARD_WRITE`) and, for a shard write's, the array's ``folder``,
+    where its call's lock file lies."""
+
+    path: str
+    kind: str
+    folder: str = ""
+
+    @property
+    def what(self) -> str:
+        """What it is, in words: a shard write's "lock file", else a "temporary file"."""
+        from strataio.arrays.shard_parts import is_lock_file
+
+        lock = self.kind == SHARD_WRITE and is_lock_file(self.path)
+        return "lock file" if lock else "temporary file"
+
+    def judge(self, *, remove: bool = False) -> LeftoverState:
+        """Whether its write still runs, by its lock (:func:`judge_leftover` for a put's,
+        :func:`strataio.arrays.shard_parts.judge` for a shard write's); with ``remove``,
+        delete it where its writer is gone."""
+        if self.kind == PUT:
+            return judge_leftover(self.path, remove=remove)
+        from strataio.arrays.shard_parts import judge
+
+        return judge(self.path, self.folder, remove=remove)
 
 
 def bytes_on_disk(ds: Dataset) -> int:
@@ -39,20 +69,23 @@ def bytes_on_disk(ds: Dataset) -> int:
     return total
 
 
-def temporary_files(ds: Dataset) -> list[tuple[str, str]]:
-    """The temporary files in dataset ``ds``'s folder, sorted, each with what made it
-    (:data:`PUT` or :data:`SHARD_WRITE`): those of writes running now and those of writers
-    killed before their rename, which :func:`judge_leftover` tells apart by the same lock
-    rule (:mod:`strataio.storage.posix`, :mod:`strataio.arrays.shard_parts`)."""
-    from strataio.arrays.shard_parts import part_files
+def temporary_files(ds: Dataset) -> list[TemporaryFile]:
+    """The temporary files in dataset ``ds``'s folder, sorted by path: those of writes
+    running now and those of writers killed before their rename, which
+    :meth:`TemporaryFile.judge` tells apart by their locks (:mod:`strataio.storage.posix`,
+    :mod:`strataio.arrays.shard_parts`). A shard write's lock file sorts before its
+    ``.part`` files."""
+    from strataio.arrays.shard_parts import call_locks, part_files
 
     listing = getattr(getattr(ds.store, "backend", None), "leftovers", None)
-    found = [(f, PUT) for f in (listing() if listing is not None else ())]
+    found = [TemporaryFile(f, PUT) for f in (listing() if listing is not None else ())]
     path_of = getattr(ds.store, "chunk_path", None)
     chunks = path_of("c") if path_of is not None else None
     if chunks is not None:  # (the array's folder: shards lie in it or in its "c" folder)
-        found += [(f, SHARD_WRITE) for f in part_files(os.path.dirname(chunks))]
-    return sorted(found)
+        folder = os.path.dirname(chunks)
+        for f in (*call_locks(folder), *part_files(folder)):
+            found.append(TemporaryFile(f, SHARD_WRITE, folder))
+    return sorted(found, key=lambda t: t.path)
 
 
 def fail(message: str, status: int = 2) -> None:
@@ -139,7 +172,7 @@ def info_cmd(path: Path, config: str | None) -> None:
                 ("attributes", ", ".join(sorted(ds.attrs)) or "-"),
             ]
             # (temporary files of writes not renamed yet; those renamed meanwhile are gone)
-            judged = [(f, kind, judge_leftover(f)) for f, kind in temporary_files(ds)]
+            judged = [(t.path, t.kind, t.judge()) for t in temporary_files(ds)]
             left = [(f, kind, st) for f, kind, st in judged if st is not LeftoverState.GONE]
             if left:
                 live = {PUT: 0, SHARD_WRITE: 0}
@@ -181,13 +214,14 @@ def fsck_dataset_dir(path: Path, repair: bool) -> None:
 
     A plain dataset has no catalog, so what a crash leaves in it is only these files (a chunk
     or shard is replaced by renaming a whole new file over it, never torn). Each one whose
-    writer still holds its lock (:func:`strataio.storage.posix.judge_leftover`; a put holds
-    its file, every rank of a shard write each file it writes,
-    :mod:`strataio.arrays.shard_parts`) belongs to a write running now and is reported
-    **in-flight** and left alone; every other is a **leftover** of a killed writer, which
-    ``repair`` deletes at once (no waiting: the lock dies with its process). On a file system
-    that keeps no locks a temporary file cannot be judged: it is reported and left. Exit 0
-    clean (in-flight files included), 1 leftovers remain, 2 no dataset at ``PATH``.
+    writer still holds its lock (:func:`strataio.storage.posix.judge_leftover`: a put holds
+    its file; every rank of a shard write holds its call's lock file, ``.<token>.lock``,
+    listed among these files too, :mod:`strataio.arrays.shard_parts`) belongs to a write
+    running now and is reported **in-flight** and left alone; every other is a **leftover**
+    of a killed writer, which ``repair`` deletes at once (no waiting: the lock dies with its
+    process). On a file system that keeps no locks a temporary file cannot be judged: it is
+    reported and left. Exit 0 clean (in-flight files included), 1 leftovers remain, 2 no
+    dataset at ``PATH``.
     """
     try:
         opened = open_dataset(path, mode="r")
@@ -201,18 +235,16 @@ def fsck_dataset_dir(path: Path, repair: bool) -> None:
         temps = temporary_files(ds)
     findings: list[tuple[str, str, str, str]] = []
     live: dict[str, int] = {PUT: 0, SHARD_WRITE: 0}
-    for f, kind in temps:
-        state = judge_leftover(f, remove=repair)
+    for t in temps:
+        f, kind, what = t.path, t.kind, t.what
+        state = t.judge(remove=repair)
         if state is LeftoverState.LIVE:
             live[kind] += 1
-            findings.append(
-                ("in-flight", f, f"temporary file of a {kind} running now", "left alone")
-            )
+            findings.append(("in-flight", f, f"{what} of a {kind} running now", "left alone"))
         elif state is LeftoverState.DEAD:
             killed = "a put killed" if kind == PUT else f"a {kind} whose ranks were killed"
-            findings.append(
-                ("leftover", f, f"temporary file of {killed} before its rename", "delete")
-            )
+            before = "" if what == "lock file" else " before its rename"
+            findings.append(("leftover", f, f"{what} of {killed}{before}", "delete"))
         elif state is LeftoverState.UNKNOWN:
             findings.append(
                 (

@@ -373,9 +373,10 @@ def fsck_command(config: str | None, path: Path | None, repair: bool, quick: boo
     error, and not checked (exit 1).
 
     With PATH (a dataset directory, no catalog): its temporary files, of puts and of
-    collective shard writes (*.part). Those of a writer killed in a put, or of a shard
-    write whose ranks were killed, are leftovers, which --repair deletes at once; those of
-    a write running now (it holds the file's lock) are listed as "in-flight" and left alone.
+    collective shard writes (*.part, and each call's lock file .<token>.lock). Those of a
+    writer killed in a put, or of a shard write whose ranks were killed, are leftovers,
+    which --repair deletes at once; those of a write running now (it holds their lock) are
+    listed as "in-flight" and left alone.
     """
     if path is not None:
         from strataio.cli.dataset_cmd import fsck_dataset_dir

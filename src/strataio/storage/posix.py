@@ -588,9 +588,8 @@ def judge_leftover(path: str, *, remove: bool = False) -> LeftoverState:
     without waiting (see the module's docstring); with ``remove``, delete the file while
     holding the lock, only where it is :attr:`~LeftoverState.DEAD`. Safe beside running
     puts: a put that has made its file but not yet locked it sees the deletion once it holds
-    the lock, and starts over under another name. The temporary files of collective shard
-    writes are judged the same way: each of their writers holds a shared lock, which refuses
-    this exclusive one (:mod:`strataio.arrays.shard_parts`)."""
+    the lock, and starts over under another name. (The temporary files of collective shard
+    writes are judged by their call's lock file: :func:`strataio.arrays.shard_parts.judge`.)"""
     fd = -1
     # (open for writing where allowed: NFS takes an exclusive flock only on such a descriptor)
     for mode in (os.O_RDWR, os.O_RDONLY):
