@@ -135,6 +135,47 @@ def test_a_judge_judges_by_the_lock_file_the_name_holds(tmp_path, monkeypatch) -
         os.close(other[0])
 
 
+def test_a_process_never_opens_a_lock_file_it_holds_again(tmp_path, monkeypatch) -> None:
+    """On NFS closing any descriptor of a file drops the process's fcntl locks on it (and the
+    process's own lock never refuses it another): a judge in a process that holds the lock
+    file answers from what it holds and never opens it, during a running call too."""
+    folder = str(tmp_path)
+    lock = lock_path(folder, TOKEN)
+    opened: list[str] = []
+    real_open = os.open
+
+    def spy(path, *args, **kw):
+        opened.append(os.fspath(path))
+        return real_open(path, *args, **kw)
+
+    monkeypatch.setattr(os, "open", spy)
+    held = CallLock.create(lock)
+    part = _part(tmp_path)
+    for f in (part, lock):
+        for remove in (False, True):
+            assert judge(f, folder, remove=remove) is LeftoverState.LIVE
+    assert opened.count(lock) == 1 and os.path.exists(part)
+    held.release()
+    assert judge(part, folder) is LeftoverState.DEAD and opened.count(lock) == 2
+
+    a = np.arange(12 * 12, dtype="i8").reshape(12, 12)
+    ds = _sharded(tmp_path, a)
+    opened.clear()
+    real = collective_shards._write_temp
+    seen: list[LeftoverState] = []
+
+    def write_temp(path, *args, **kw):
+        real(path, *args, **kw)
+        seen.extend(judge(f, ds_folder, remove=True) for f in (path, *call_locks(ds_folder)))
+
+    ds_folder = str(tmp_path / "a")
+    monkeypatch.setattr(collective_shards, "_write_temp", write_temp)
+    ds.write_all(..., a + 1)
+    locks = [f for f in opened if is_lock_file(f)]
+    assert len(locks) == 1 and seen == [LeftoverState.LIVE] * 16, (locks, seen)
+    np.testing.assert_array_equal(ds.read_all(...), a + 1)
+
+
 def _sharded(tmp_path, a, shards=(6, 8)):
     ds = strataio.create_dataset(
         tmp_path / "a", a.shape, "i8", (3, 4), shards=shards, codec="zstd", comm=MPI.COMM_SELF
