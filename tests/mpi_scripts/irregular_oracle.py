@@ -6,7 +6,8 @@ aggregator, several iterations (small buffers), records of 1, 12 and 32 bytes; w
 read back; a schedule reused across calls and files; duplicate writes refused on every rank
 and allowed with ``strataio_duplicate_writes=last-rank``; bad indices and value counts refused
 on every rank with nothing written; reads of a file that ends before its items (zeros past
-the end, only the items before it counted); a randomized sequence of loops through a LoopCache equal to
+the end, only the items before it counted, and where the file ends agreed where no rank has
+an item); a randomized sequence of loops through a LoopCache equal to
 the same sequence without it. Rank 0 prints one JSON object of outcomes.
 """
 
@@ -269,6 +270,22 @@ def main(workdir: str) -> None:
     back = np.zeros(sched.n, np.int64)
     f.read_items(sched, back)  # usable afterwards
     check("usable after failures", np.array_equal(back, np.arange(1000)[rank::nprocs]))
+
+    # no item on any rank: every rank looks at the file's end, and the same end is reported
+    # on every rank; a look failing on one rank raises on every rank
+    empty = strataio.IndexSchedule(comm, np.zeros(0, np.int64), 2000, 8)
+    none = np.zeros(0, np.int64)
+    io = f.read_items(empty, none)
+    check("no items: where the file ends", (io.items, io.file_items) == (0, 1000))
+
+    def size_fails() -> int:
+        raise strataio.StrataError(f"{path}: the file's size cannot be read")
+
+    if rank == nprocs - 1:
+        f._size = size_fails
+    out["io_failure_size"] = expect_error(strataio.StrataError, f.read_items, empty, none)
+    if rank == nprocs - 1:
+        del f._size
     f.close()
 
     everyone = comm.gather(failures)

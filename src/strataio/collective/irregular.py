@@ -34,8 +34,9 @@ An item is read when it lies wholly before the end of the file; :attr:`ItemsIO.i
 those of the rank, and :attr:`ItemsIO.file_items` says where the file ended, so the records
 of ``out`` that hold data are those whose index is below it. The others read as zeros, as
 bytes past the end do in every read here (an item the end cuts holds its bytes before the
-end, then zeros). The end is the smallest size the aggregators saw before reading: a file
-that grows meanwhile may have given more than is counted, never less.
+end, then zeros). The end is the smallest size the aggregators saw before reading (every
+rank, for a schedule with no item on any rank), the same on every rank: a file that grows
+meanwhile may have given more than is counted, never less.
 """
 
 from __future__ import annotations
@@ -482,9 +483,10 @@ def read_items(
     """Collective read of ``sched``'s items into ``out`` (a C-contiguous array of
     ``sched.n * sched.itemsize`` bytes, filled in the rank's own index order). ``file_size``
     gives the file's size in bytes (raising :class:`StrataError`); the aggregators take it
-    before reading. Items past the end of the file are not read: they read as zeros, and the
-    result counts only the items read and says where the file ended (see the module's
-    docstring)."""
+    before reading (every rank, where no rank has an item), and a failure of it on any rank
+    raises on every rank. Items past the end of the file are not read: they read as zeros,
+    and the result counts only the items read and says where the file ended (see the
+    module's docstring)."""
     err: Exception | None = None
     data = np.zeros(0, dtype=np.uint8)
     try:
@@ -500,7 +502,8 @@ def read_items(
     moved = 0
     # (an error flag, and minus the smallest size an aggregator saw: one MAX reduction)
     flag = np.array([0, np.iinfo(_I64).min], dtype=_I64)
-    if sched.groups:
+    # (no iteration: no rank has an item, none aggregates, and every rank looks instead)
+    if sched.groups or not sched.iterations:
         try:
             flag[1] = -file_size()
         except (OSError, StrataError) as exc:
@@ -536,12 +539,14 @@ def read_items(
             )
     finally:
         rtype.Free()
+    if not sched.iterations:  # (no exchange to agree during)
+        flag[0] = err is not None
+        comm.Allreduce(MPI.IN_PLACE, flag, op=MPI.MAX)
     req.Wait()
     if flag[0]:
         raise_agreed(comm, err)
     np.take(records(mine, size), sched.inverse, out=records(data, size))
-    # (no iteration: no rank has an item, and the size is this rank's own look)
-    nbytes = -int(flag[1]) if sched.iterations else file_size()
+    nbytes = -int(flag[1])
     whole = min(nbytes // size, sched.nitems)
     return ItemsIO(int(np.searchsorted(sched.unique, whole)), moved, whole)
 
