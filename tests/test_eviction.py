@@ -754,3 +754,26 @@ def test_an_eviction_round_takes_the_chunks_read_least_recently_first(tmp_path):
         np.testing.assert_array_equal(a[...], A[:20, :20])
         a.close()
         b.close()
+
+
+def test_an_eviction_round_that_fails_releases_its_claims(tmp_path, monkeypatch):
+    """An eviction round claims the datasets not open here whose chunks it evicts; a failure
+    in the round (here, of a victim's eviction) still releases them: another process opens
+    such a dataset at once, where before it waited on a claim no one would release."""
+    from strataio.errors import BackendError
+
+    with two_tier_session(tmp_path) as s:
+        ds = s.create_dataset("a", (20, 20), "f4", (10, 10), hint="LOCALDISK")
+        ds[...] = A[:20, :20]  # four chunks fill the fast tier
+        ds.close()
+
+        def failing(*args, **kwargs):
+            raise BackendError("the write-back's destination failed")
+
+        monkeypatch.setattr(s.placement, "evict_copy", failing)
+        b = s.create_dataset("b", (10, 10), "f4", (10, 10), hint="LOCALDISK")
+        with pytest.raises(BackendError, match="destination failed"):
+            b[...] = 1.0  # (needs room: a round over "a", not open here)
+        with two_tier_session(tmp_path) as other:
+            assert other.catalog.claim_eviction("a"), "the failed round kept its claim on 'a'"
+            other.catalog.release_eviction("a")

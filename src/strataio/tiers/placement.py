@@ -384,42 +384,59 @@ class Placement:
                         victims.append((c.last_access, c.dataset, c))
             victims.sort(key=lambda v: v[0])
             loaded: dict[str, Residency] = {}
-            refused: set[str] = set()
             touched: list[Residency] = []
-            # slower tiers found with no room for a write-back this round (tier -> least
-            # bytes refused): later victims at least as large do not ask them again (each ask
-            # is an eviction round there), so a tier whose victims cannot go anywhere is
-            # given up on after one look per slower tier, not one per victim
-            full: dict[str, int] = {}
-            for _, owner, c in victims:
-                if tier.has_room(target):
-                    break
-                if isinstance(owner, Residency):
-                    res = owner
-                else:
-                    if owner in refused:
-                        continue
-                    got = self._load(owner, loaded)
-                    if got is None:
-                        refused.add(owner)  # opened by another process since it was listed
-                        continue
-                    res = got
-                    if all(x.tier != tier.name for x in res.copies(c.key)):
-                        continue  # gone since the candidates were listed
-                try:
-                    if not self.evict_copy(tier, res, c, full=full):
-                        continue
-                except ObjectError:
-                    continue  # (something in the way of its copy or its write-back: it stays)
-                if res not in touched:
-                    touched.append(res)
+            # (the claims of datasets not open here go however the round ends, once what it
+            # changed is committed)
             try:
-                for res in touched:
-                    self.commit.apply(res)
+                try:
+                    self._evict_victims(tier, target, victims, loaded, touched)
+                finally:
+                    for res in touched:
+                        self.commit.apply(res)
             finally:
                 for name in loaded:
                     self.catalog.release_eviction(name)  # type: ignore[union-attr]
             return tier.has_room(nbytes)
+
+    def _evict_victims(
+        self,
+        tier: Tier,
+        target: int,
+        victims: list[tuple[float, Residency | str, ChunkCopy]],
+        loaded: dict[str, Residency],
+        touched: list[Residency],
+    ) -> None:
+        """Evict ``victims`` (least recently used first) from ``tier`` until ``target`` bytes
+        are free, adding to ``loaded`` the datasets not open here it claimed and to
+        ``touched`` the residencies it changed (for :meth:`make_room` to commit and release)."""
+        refused: set[str] = set()
+        # slower tiers found with no room for a write-back this round (tier -> least
+        # bytes refused): later victims at least as large do not ask them again (each ask
+        # is an eviction round there), so a tier whose victims cannot go anywhere is
+        # given up on after one look per slower tier, not one per victim
+        full: dict[str, int] = {}
+        for _, owner, c in victims:
+            if tier.has_room(target):
+                break
+            if isinstance(owner, Residency):
+                res = owner
+            else:
+                if owner in refused:
+                    continue
+                got = self._load(owner, loaded)
+                if got is None:
+                    refused.add(owner)  # opened by another process since it was listed
+                    continue
+                res = got
+                if all(x.tier != tier.name for x in res.copies(c.key)):
+                    continue  # gone since the candidates were listed
+            try:
+                if not self.evict_copy(tier, res, c, full=full):
+                    continue
+            except ObjectError:
+                continue  # (something in the way of its copy or its write-back: it stays)
+            if res not in touched:
+                touched.append(res)
 
     def _load(self, name: str, loaded: dict[str, Residency]) -> Residency | None:
         """The residency of dataset ``name``, not open here, read from the catalog (one query)
