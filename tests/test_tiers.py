@@ -321,6 +321,15 @@ def test_an_open_that_reaches_only_a_zarr_json_from_before_a_change_says_so(tmp_
         assert dict(s.open_dataset("x").attrs) == {"units": "K", "step": 3}
 
 
+@pytest.mark.mpi
+def test_a_parallel_open_that_reaches_only_an_older_zarr_json_raises_on_every_rank(tmp_path):
+    """Rank 0 reads zarr.json for every rank: where it raises (only a copy from before an
+    attribute change answers), every rank raises, rather than wait for its answer for good."""
+    _attrs_set_while_local_is_down(tmp_path)
+    out = run_mpi(2, "tiers_open_stale_meta.py", tmp_path, timeout=60)
+    assert out.strip().splitlines()[-1] == "ok"
+
+
 def test_a_record_that_names_no_zarr_json_version_reads_as_before(tmp_path):
     """A catalog record written before records named the zarr.json version reads the first
     copy that answers, as before; the next attribute change names its version."""

@@ -508,8 +508,15 @@ class Session:
             raise err
         record, copies, _ = got
         store = self._store(record, copies, lazy=self.comm is None)
-        raw = store.get_meta(record) if self.rank == 0 else None
-        raw = self.comm.bcast(raw, root=0) if self.comm is not None else raw
+        raw: bytes | None = None
+        if self.rank == 0:
+            try:
+                raw = store.get_meta(record)
+            except BaseException as exc:  # (a MetadataError, say: every rank raises it)
+                err = exc
+        raw, err = self._agree(raw, err)
+        if err is not None:
+            raise err
         if raw is None:
             meta = _meta_of_record(record)
         else:
