@@ -321,6 +321,26 @@ def test_an_open_that_reaches_only_a_zarr_json_from_before_a_change_says_so(tmp_
         assert dict(s.open_dataset("x").attrs) == {"units": "K", "step": 3}
 
 
+def test_an_open_that_fails_leaves_the_dataset_in_use_by_no_one(tmp_path):
+    """An open that raises once the dataset is marked in use (only a zarr.json from before
+    an attribute change answers) takes the mark back: it stood for the session's life, and
+    fsck in another process left the older zarr.json alone as a running change's."""
+    _attrs_set_while_local_is_down(tmp_path)
+    with session(tmp_path, roles=TWO_TIERS) as s:
+        s.catalog.MARK_LINGER_S = 0
+        _stop_answering(tmp_path / "remote")
+        s.check_tiers()
+        for _ in range(2):
+            with pytest.raises(MetadataError):
+                s.open_dataset("x")
+        assert s.catalog.datasets_in_use() == set()
+        _answer_again(tmp_path / "remote")
+        with open_catalog(tmp_path / "cat.db") as other:
+            assert other.datasets_in_use() == set()
+            found = fsck(other, make_tiers(tmp_path, roles=TWO_TIERS)).problems
+            assert [(f.kind.value, f.tier) for f in found] == [("stale-meta", "local")]
+
+
 @pytest.mark.mpi
 def test_a_parallel_open_that_reaches_only_an_older_zarr_json_raises_on_every_rank(tmp_path):
     """Rank 0 reads zarr.json for every rank: where it raises (only a copy from before an

@@ -508,20 +508,27 @@ class Session:
             raise err
         record, copies, _ = got
         store = self._store(record, copies, lazy=self.comm is None)
-        raw: bytes | None = None
-        if self.rank == 0:
-            try:
-                raw = store.get_meta(record)
-            except BaseException as exc:  # (a MetadataError, say: every rank raises it)
-                err = exc
-        raw, err = self._agree(raw, err)
-        if err is not None:
-            raise err
-        if raw is None:
-            meta = _meta_of_record(record)
-        else:
-            meta = ArrayMetadata.from_json(raw, where=f"{name}/{META_KEY}")
-        return TieredDataset(store, meta, mode, name=name, comm=self.comm)
+        try:
+            raw: bytes | None = None
+            if self.rank == 0:
+                try:
+                    raw = store.get_meta(record)
+                except BaseException as exc:  # (a MetadataError, say: every rank raises it)
+                    err = exc
+            raw, err = self._agree(raw, err)
+            if err is not None:
+                raise err
+            if raw is None:
+                meta = _meta_of_record(record)
+            else:
+                meta = ArrayMetadata.from_json(raw, where=f"{name}/{META_KEY}")
+            return TieredDataset(store, meta, mode, name=name, comm=self.comm)
+        except BaseException:
+            # the dataset is no longer in use by this session once its store is closed
+            # (raised on every rank alike: the close, collective in a parallel job, is too)
+            with contextlib.suppress(Exception):
+                store.close()
+            raise
 
     def _use_residency(
         self, name: str, *, every: bool = True

@@ -2,7 +2,7 @@
 zarr.json from before an attribute change and whose tier ``remote`` the current one. Once
 ``remote`` stops answering (a file in its place), rank 0 finds no current zarr.json
 (MetadataError), and every rank's open raises it instead of waiting for rank 0's answer for
-good.
+good, leaving the dataset in use by no one.
 
 Prints ``ok`` on rank 0 when the checks pass.
 """
@@ -41,5 +41,7 @@ with strataio.Session(tiers=tiers, catalog=root / "cat.db", comm=comm) as s:
         raised = type(exc).__name__
     everyone = comm.allgather(raised)
     assert everyone == ["MetadataError"] * comm.Get_size(), everyone
+    if rank == 0:  # the open that failed left the dataset in use by no one
+        assert s.catalog.datasets_in_use() == set(), s.catalog.datasets_in_use()
 if rank == 0:
     print("ok", flush=True)
