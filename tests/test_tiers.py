@@ -34,7 +34,7 @@ from strataio.storage.base import Backend
 from strataio.storage.memory import MemoryBackend
 from strataio.storage.posix import PosixBackend
 from strataio.tiers.fsck import fsck
-from strataio.tiers.meta import META_ATTR
+from strataio.tiers.meta import META_ATTR, MetaCopies
 from strataio.tiers.placement import DatasetDisabledError, Placement
 from strataio.tiers.residency import Residency
 from strataio.tiers.tier import Tier, TierSet, checksum
@@ -480,6 +480,68 @@ def test_many_objects_one_thing_is_in_the_way_of_cost_one_probe_of_their_tier(
             ds[...] = 7
             assert where(ds) == {"c/0": ["remote"]}
         assert not local.up and probes["local"] >= 2
+
+
+class _Paused:
+    """Catalog ``catalog`` as a :class:`MetaCopies` sees it, pausing at its calls: after the
+    first annotation (the announcement) ``announced`` is set, and before the second (the
+    settlement) ``puts_done`` is set, then ``go_on`` waited for."""
+
+    def __init__(self, catalog):
+        self.catalog = catalog
+        self.calls = 0
+        self.announced, self.puts_done, self.go_on = (threading.Event() for _ in range(3))
+
+    def __getattr__(self, name):
+        return getattr(self.catalog, name)
+
+    def annotate_dataset(self, name, key, change):
+        self.calls += 1
+        if self.calls == 2:
+            self.puts_done.set()
+            assert self.go_on.wait(30)
+        got = self.catalog.annotate_dataset(name, key, change)
+        if self.calls == 1:
+            self.announced.set()
+        return got
+
+
+def test_attribute_changes_run_at_once_take_effect_in_the_order_they_were_announced(tmp_path):
+    """Change A announces its zarr.json, then change B; B puts its own on every tier, then A
+    did, and B's settlement dropped A's version, which A's then left dropped: the record
+    named B's version, which no tier held, and an open with a tier down raised. A change
+    leaves a copy of a version announced after its own: every tier holds B's, named."""
+    with session(tmp_path, roles=TWO_TIERS) as s:
+        s.create_dataset("x", (8,), "i4", (4,), hint="REMOTEDISK", attrs={"units": "K"}).close()
+        meta = json.loads((tmp_path / "local" / "x" / "zarr.json").read_text())
+        a, b = (json.dumps({**meta, "attributes": {"by": who}}).encode() for who in ("A", "B"))
+        cat_a, cat_b = _Paused(s.catalog), _Paused(s.catalog)
+        tiers = s.placement.persistent
+
+        def tiers_after_b_puts():
+            assert cat_b.puts_done.wait(30)
+            return tiers()
+
+        worker = threading.Thread(
+            target=MetaCopies("x", tiers_after_b_puts, lambda: cat_a).put, args=(a,)
+        )
+        worker.start()
+        assert cat_a.announced.wait(30)
+        other = threading.Thread(target=MetaCopies("x", tiers, lambda: cat_b).put, args=(b,))
+        other.start()
+        assert cat_a.puts_done.wait(30)  # A's puts are over before B settles, then A
+        cat_b.go_on.set()
+        other.join(30)
+        cat_a.go_on.set()
+        worker.join(30)
+        assert not (worker.is_alive() or other.is_alive())
+        named = json.loads(s.catalog.get_dataset("x").attrs)[META_ATTR]
+        assert named == [checksum(b)]
+        for tier in ("local", "remote"):
+            assert _stored_attrs(tmp_path, tier, "x") == {"by": "B"}
+        _stop_answering(tmp_path / "remote")
+        s.check_tiers()
+        assert dict(s.open_dataset("x").attrs) == {"by": "B"}
 
 
 def test_a_dataset_named_inside_another_is_refused_and_no_tier_goes_down(tmp_path):

@@ -10,9 +10,15 @@ versions a copy may hold:
 - a change (:meth:`MetaCopies.put`) first adds the new version's checksum to the record
   (announced), then puts the new ``zarr.json`` durably on every persistent tier that answers
   and is not read-only (one where something is in its way, :class:`ObjectError`, is skipped
-  as a tier that is down), then leaves the record naming the new version alone (settled). A
-  process that dies in between leaves both versions named, and either copy is read as
-  current until the next change settles;
+  as a tier that is down), then leaves the record naming the new version alone, and those
+  announced after it (settled). A process that dies in between leaves both versions named,
+  and either copy is read as current until the next change settles;
+- changes run at once take effect in the order they were announced. A change puts its
+  version on a tier only over a copy it looked at (:meth:`Backend.put_if`), and only where,
+  after that look, the record still names its version and that copy is of none announced
+  after it: a change announced later that settled, or put its own version there, stands.
+  Otherwise the later change's settlement could drop a version the earlier one then put
+  everywhere, and the record would name a version no tier holds;
 - a read (:meth:`MetaCopies.get`) takes the first copy the record names: tiers that are up
   first, in tier order, then the tiers marked down, probed again (:meth:`Tier.recheck`).
   Tiers read before it that answered with another version, or with none, are rewritten with
@@ -41,11 +47,13 @@ import contextlib
 import functools
 import json
 from collections.abc import Callable, Sequence
+from enum import Enum
 from typing import Any
 
 from strataio.catalog.base import Catalog, DatasetRecord
 from strataio.errors import (
     BackendError,
+    ExistsError,
     MetadataError,
     NotFoundError,
     ObjectError,
@@ -60,6 +68,21 @@ __all__ = ["META_ATTR", "MetaCopies", "meta_checksums"]
 #: the annotation of a tiered dataset's catalog record naming the checksums of the
 #: ``zarr.json`` versions its copies may hold (a JSON list, the newest last)
 META_ATTR = "strataio.meta"
+
+
+#: how many times a change looks again at a tier whose zarr.json changed between its look and
+#: its put (another change's put, or a read's rewrite) before it leaves that tier as one that
+#: missed it
+_PUT_TRIES = 8
+
+
+class _Put(Enum):
+    """What a change's put on one tier came to (:meth:`MetaCopies._put_on`)."""
+
+    STORED = "the tier holds this version"
+    NEWER = "the tier holds a version announced after this one"
+    SUPERSEDED = "a change announced after this one has settled"
+    MISSED = "the tier's copy changed at every look"
 
 
 def meta_checksums(record: DatasetRecord) -> list[str] | None:
@@ -152,9 +175,9 @@ class MetaCopies:
     def put(self, data: bytes) -> None:
         """Write ``data`` as the dataset's ``zarr.json``, durably, to every persistent tier
         that answers and is not read-only, its checksum announced in the catalog record
-        first and settled after (see the module doc). Raises :class:`BackendError` where no
-        tier took it (the record then names the new version besides the others, which
-        reads take as before)."""
+        first and settled after, a change announced after it standing where it meets one
+        (see the module doc). Raises :class:`BackendError` where no tier took it (the record
+        then names the new version besides the others, which reads take as before)."""
         digest = checksum(data)
         catalog = self.catalog()
         if catalog is not None:
@@ -164,10 +187,12 @@ class MetaCopies:
             if not tier.up or tier.read_only:
                 continue
             try:
-                tier.call(tier.backend.put, self.obj, data, durable=True)
-                stored += 1
+                got = self._put_on(tier, data, digest, catalog)
             except (TierDownError, ObjectError):  # (skipped, as a tier that is down)
                 continue
+            if got is _Put.SUPERSEDED:
+                return  # (that change's settlement dropped this version: nothing to settle)
+            stored += got is not _Put.MISSED
         if not stored:
             raise BackendError(f"dataset {self.name!r}: no tier answered to store zarr.json")
         if catalog is not None:
@@ -175,8 +200,37 @@ class MetaCopies:
             with contextlib.suppress(StrataError):
                 catalog.annotate_dataset(self.name, META_ATTR, functools.partial(_settled, digest))
 
-    def _accepted(self) -> list[str] | None:
-        catalog = self.catalog()
+    def _put_on(self, tier: Tier, data: bytes, digest: str, catalog: Catalog | None) -> _Put:
+        """Put ``data``, version ``digest``, on ``tier`` over the copy there, unless the
+        record (in ``catalog``; None: none reachable, and the put is made) no longer names
+        ``digest``, or that copy is of a version announced after it."""
+        for _ in range(_PUT_TRIES):
+            seen = tier.call(tier.backend.object_versions, [self.obj])
+            over = None if seen is None else seen[0]
+            # (read after the look: a change whose copy it saw had announced its version)
+            named = self._accepted(catalog) if catalog is not None else None
+            if named is not None:
+                if digest not in named:
+                    return _Put.SUPERSEDED
+                later = named[named.index(digest) + 1 :]
+                if later and (seen is None or over is not None):
+                    held: str | None
+                    try:
+                        held = checksum(tier.call(tier.backend.get, self.obj))
+                    except NotFoundError:
+                        held = None
+                    if held in later:
+                        return _Put.NEWER
+            try:
+                tier.call(tier.backend.put_if, self.obj, data, over, durable=True)
+                return _Put.STORED
+            except ExistsError:
+                continue  # (another copy was put there since the look: look again)
+        return _Put.MISSED
+
+    def _accepted(self, catalog: Catalog | None = None) -> list[str] | None:
+        if catalog is None:
+            catalog = self.catalog()
         if catalog is None:
             return None
         try:
