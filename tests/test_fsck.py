@@ -3,6 +3,7 @@ writes never loses data."""
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 import shutil
@@ -75,20 +76,27 @@ def check_chunks(root, allowed):
     return seen
 
 
-def test_fsck_rewrites_a_zarr_json_left_from_before_an_attribute_change(tmp_path):
-    """A tier that did not answer while attributes were set keeps the zarr.json from
-    before: fsck reports it (stale-meta) and --repair rewrites it with the current one."""
-    make(tmp_path, half_on_tape=False)
-    disk = tmp_path / "disk"
-    with open_session(tmp_path) as s:
-        disk.rename(tmp_path / "disk.away")
+def _zarr_json_left_on_disk(root):
+    """Dataset ``a`` whose zarr.json on tier ``disk`` is from before an attribute change
+    (the tier did not answer then); returns the current one's bytes."""
+    make(root, half_on_tape=False)
+    disk = root / "disk"
+    with open_session(root) as s:
+        disk.rename(root / "disk.away")
         disk.write_bytes(b"")  # (a file in its place: the tier does not answer)
         ds = s.open_dataset("a", "r+")
         ds.attrs["units"] = "K"
         ds.close()
     disk.unlink()
-    (tmp_path / "disk.away").rename(disk)
-    current = (tmp_path / "tape" / "a" / "zarr.json").read_bytes()
+    (root / "disk.away").rename(disk)
+    return (root / "tape" / "a" / "zarr.json").read_bytes()
+
+
+def test_fsck_rewrites_a_zarr_json_left_from_before_an_attribute_change(tmp_path):
+    """A tier that did not answer while attributes were set keeps the zarr.json from
+    before: fsck reports it (stale-meta) and --repair rewrites it with the current one."""
+    current = _zarr_json_left_on_disk(tmp_path)
+    disk = tmp_path / "disk"
     with open_session(tmp_path) as s:
         report = fsck(s.catalog, s.tiers)
         assert [(f.kind, f.tier, f.dataset, f.key, f.action) for f in report.problems] == [
@@ -98,6 +106,44 @@ def test_fsck_rewrites_a_zarr_json_left_from_before_an_attribute_change(tmp_path
         assert fsck(s.catalog, s.tiers, repair=True).repaired
         assert (disk / "a" / "zarr.json").read_bytes() == current
         assert fsck(s.catalog, s.tiers).clean
+
+
+def test_a_repair_a_tier_refuses_is_reported_and_the_repair_goes_on(tmp_path):
+    """A tier that refuses fsck --repair's rewrite of a zarr.json (its device full, say) or
+    deletion of an orphan (an I/O error) made the repair raise, and what it had not done yet
+    (deleting leftovers, forgetting writers that are gone) was left undone: each such
+    finding now says what failed, and the rest is done."""
+    current = _zarr_json_left_on_disk(tmp_path)
+    stale = (tmp_path / "disk" / "a" / "zarr.json").read_bytes()
+    leftover = tmp_path / "disk" / "a" / "c" / "7" / "7.123.0.strataio-tmp"
+    leftover.write_bytes(b"half")
+    orphan = tmp_path / "tape" / "a" / "c" / "0" / "0"
+    orphan.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(tmp_path / "disk" / "a" / "c" / "0" / "0", orphan)
+    with open_session(tmp_path) as s:
+
+        def fail(code):
+            def refuse(*args, **kw):
+                raise OSError(code, os.strerror(code))
+
+            return refuse
+
+        for name in ("put", "put_if"):
+            setattr(s.tiers["disk"].backend, name, fail(errno.ENOSPC))
+        for name in ("delete", "delete_if"):
+            setattr(s.tiers["tape"].backend, name, fail(errno.EIO))
+        report = fsck(s.catalog, s.tiers, repair=True)
+        got = {f.kind: f for f in report.problems}
+        assert set(got) == {Kind.STALE_META, Kind.ORPHAN, Kind.LEFTOVER}
+        meta, orphaned = got[Kind.STALE_META], got[Kind.ORPHAN]
+        assert (meta.tier, meta.action) == ("disk", Action.NONE)
+        assert "not rewritten" in meta.detail and "no space left" in meta.detail
+        assert (orphaned.tier, orphaned.action) == ("tape", Action.NONE)
+        assert "not deleted" in orphaned.detail
+        assert {meta, orphaned} == set(report.unrepairable)
+        assert got[Kind.LEFTOVER].action is Action.DELETE and not leftover.exists()
+    assert (tmp_path / "disk" / "a" / "zarr.json").read_bytes() == stale != current
+    assert orphan.exists()
 
 
 def test_fsck_finds_and_repairs(tmp_path):

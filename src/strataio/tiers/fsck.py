@@ -9,7 +9,8 @@ Three steps, each usable alone:
    :class:`Finding` of a :class:`Kind`) and what repair it calls for (an :class:`Action`),
    and gathers the catalog changes and deletions that carry the repairs out.
 3. :func:`apply` carries out a :class:`Plan`: one catalog transaction, then the deletions
-   (objects only after the catalog stops naming them).
+   (objects only after the catalog stops naming them) and rewrites. One a tier refuses (down,
+   full, an I/O error) is reported in its finding, and the rest goes on.
 
 :func:`fsck` runs the three (``apply`` only with ``repair``) and returns an
 :class:`FsckReport`.
@@ -90,13 +91,13 @@ import functools
 import os
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from itertools import repeat
 from typing import Any
 
 from strataio.catalog.base import Catalog, ChunkCopy, CopyId, DatasetRecord
-from strataio.errors import NotFoundError
+from strataio.errors import NotFoundError, StrataError
 from strataio.storage.base import BytesLike
 from strataio.storage.posix import LeftoverState, judge_leftover
 from strataio.storage.superfile import ContainerProblem, check_container
@@ -981,8 +982,10 @@ def _detail(r: CopyCheck) -> str:
 # ----------------------------------------------------------------------------- apply
 def apply(p: Plan, catalog: Catalog, tiers: TierSet) -> bool:
     """Carry out ``p``: the catalog changes in one transaction, then the deletions (objects
-    the catalog no longer names, temporary files), then forget writers that are gone.
-    Returns True if anything was changed."""
+    the catalog no longer names, temporary files) and the zarr.json rewrites, then forget
+    writers that are gone. A deletion or rewrite a tier refuses (down, full, an I/O error)
+    is reported in its finding, whose action becomes none, and the rest goes on. Returns
+    True if anything was changed."""
     if p.upserts or p.deletes:
         # (each row only as the inspection saw it: another process may have rewritten or
         # moved the chunk since, and its row then stands)
@@ -1005,12 +1008,16 @@ def apply(p: Plan, catalog: Catalog, tiers: TierSet) -> bool:
         ds, key = chunks[ok]
         if ds in busy or any(c.tier == tname for c in rows.get((ds, key), [])):
             continue
-        backend, version = tiers[tname].backend, p.versions.get((tname, ok))
-        with contextlib.suppress(FileNotFoundError):
+        tier, version = tiers[tname], p.versions.get((tname, ok))
+        try:
             if version is not None:
-                backend.delete_if(ok, version)  # (an object put there since stays)
+                tier.call(tier.backend.delete_if, ok, version)  # (one put there since stays)
             else:
-                backend.delete(ok)
+                tier.call(tier.backend.delete, ok)
+        except FileNotFoundError:
+            pass
+        except (StrataError, OSError) as exc:
+            _not_done(p, tname, ds or "", key, f"not deleted: {exc}")
     for tname, ds, data, accepted in p.metas:
         if ds in busy:
             continue
@@ -1020,14 +1027,24 @@ def apply(p: Plan, catalog: Catalog, tiers: TierSet) -> bool:
             continue
         if now is None or tuple(now) != accepted:
             continue  # (a change since put its own version)
-        tiers[tname].backend.put(object_key(ds, META_KEY), data, durable=True)
+        tier = tiers[tname]
+        if tier.read_only:
+            continue  # (planned only elsewhere: see _plan_meta)
+        try:
+            tier.call(tier.backend.put, object_key(ds, META_KEY), data, durable=True)
+        except (StrataError, OSError) as exc:
+            _not_done(p, tname, ds, META_KEY, f"not rewritten: {exc}")
     for f in p.files:
         if f.dataset in busy:
             continue
-        if judge_leftover(f.path, remove=True) is LeftoverState.UNKNOWN:
-            # no lock to judge by here; that no live writer has the dataset open is the rule
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(f.path)
+        try:
+            if judge_leftover(f.path, remove=True) is LeftoverState.UNKNOWN:
+                # no lock to judge by here; that no live writer has the dataset open is the
+                # rule
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(f.path)
+        except OSError as exc:
+            _not_done(p, f.tier, f.dataset or "", f.path, f"not deleted: {exc}")
     cleared: dict[str, list[str]] = {}
     for ds, tname in p.remnants:
         # (a name with remnants is never created anew: a name catalogued now had its
@@ -1045,6 +1062,19 @@ def apply(p: Plan, catalog: Catalog, tiers: TierSet) -> bool:
     if p.forget_writers:
         catalog.forget_writers(p.forget_writers)
     return p.changes
+
+
+def _not_done(p: Plan, tier: str, dataset: str, key: str, why: str) -> None:
+    """Report, in the findings of ``p``, that the repair of ``key`` of ``dataset`` on
+    ``tier`` failed (``why``): its finding's action becomes none, and the rest of the repair
+    goes on."""
+    for i, f in enumerate(p.findings):
+        if (f.tier, f.dataset, f.key) == (tier, dataset, key) and f.action in _CARRIED_OUT:
+            p.findings[i] = replace(f, detail=f"{f.detail}; {why}", action=Action.NONE)
+
+
+#: the actions :func:`apply` carries out on a tier (a failure there is :func:`_not_done`)
+_CARRIED_OUT = (Action.DELETE, Action.DROP_COPY, Action.REWRITE)
 
 
 def fsck(
