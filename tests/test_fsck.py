@@ -4,6 +4,8 @@ writes never loses data."""
 from __future__ import annotations
 
 import errno
+import functools
+import json
 import os
 import random
 import shutil
@@ -34,6 +36,7 @@ from strataio.tiers.fsck import (
     inspect,
     plan,
 )
+from strataio.tiers.meta import MetaCopies
 from strataio.tiers.tier import Tier, TierSet, checksum
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -106,6 +109,53 @@ def test_fsck_rewrites_a_zarr_json_left_from_before_an_attribute_change(tmp_path
         assert fsck(s.catalog, s.tiers, repair=True).repaired
         assert (disk / "a" / "zarr.json").read_bytes() == current
         assert fsck(s.catalog, s.tiers).clean
+
+
+class _ChangedMeanwhile:
+    """Catalog ``catalog``, running ``change`` once, just after the first dataset record is
+    read through it (and returning the record as read before it)."""
+
+    def __init__(self, catalog, change):
+        self.catalog, self.change = catalog, change
+
+    def __getattr__(self, name):
+        return getattr(self.catalog, name)
+
+    def get_dataset(self, name):
+        got = self.catalog.get_dataset(name)
+        change, self.change = self.change, None
+        if change is not None:
+            change()
+        return got
+
+
+def _another_change(root, catalog, name):
+    """A change of dataset ``name``'s attributes to ``{"units": "C"}`` by another process,
+    to whom only tier ``disk`` answers; returns its zarr.json."""
+    meta = json.loads((root / "tape" / name / "zarr.json").read_text())
+    newer = json.dumps({**meta, "attributes": {"units": "C"}}).encode()
+    elsewhere = tiers_worker.tiers(root)
+    elsewhere["tape"].mark_down("does not answer")
+    return newer, functools.partial(
+        MetaCopies(name, lambda: list(elsewhere), lambda: catalog).put, newer
+    )
+
+
+def test_a_zarr_json_rewrite_leaves_a_change_made_since_it_looked(tmp_path):
+    """fsck --repair rewrote a zarr.json it found stale once the record still named the
+    version it had read, whatever the copy held by then: a whole attribute change made
+    between that look and the rewrite, its zarr.json put on that tier alone, was lost. The
+    rewrite is made only over the copy inspected, and such a change is left in flight."""
+    _zarr_json_left_on_disk(tmp_path)
+    with open_session(tmp_path) as s:
+        newer, change = _another_change(tmp_path, s.catalog, "a")
+        report = fsck(_ChangedMeanwhile(s.catalog, change), s.tiers, repair=True)
+        assert [(f.kind, f.tier, f.action) for f in report.findings] == [
+            (Kind.IN_FLIGHT, "disk", Action.LEAVE)
+        ]
+        assert (tmp_path / "disk" / "a" / "zarr.json").read_bytes() == newer
+    with open_session(tmp_path) as s:
+        assert dict(s.open_dataset("a").attrs) == {"units": "C"}
 
 
 def test_a_repair_a_tier_refuses_is_reported_and_the_repair_goes_on(tmp_path):

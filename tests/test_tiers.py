@@ -544,6 +544,40 @@ def test_attribute_changes_run_at_once_take_effect_in_the_order_they_were_announ
         assert dict(s.open_dataset("x").attrs) == {"by": "B"}
 
 
+def test_a_read_rewriting_an_older_zarr_json_leaves_a_change_made_since_it_looked(tmp_path):
+    """A read rewrites a copy of zarr.json older than the one it read once the record still
+    names that one alone: a whole attribute change made between that check and the
+    rewrite, put on that tier alone, was overwritten and lost. The rewrite is made only
+    over the copy there before the check."""
+    _attrs_set_while_local_is_down(tmp_path)
+    with session(tmp_path, roles=TWO_TIERS) as s:
+        assert s.check_tiers() == {"local": True, "remote": True}
+        meta = json.loads((tmp_path / "remote" / "x" / "zarr.json").read_text())
+        newer = json.dumps({**meta, "attributes": {"units": "C"}}).encode()
+        elsewhere = make_tiers(tmp_path, roles=TWO_TIERS)
+        elsewhere["remote"].mark_down("does not answer")
+        change = MetaCopies("x", lambda: list(elsewhere), lambda: s.catalog)
+        looks = []
+
+        class Meanwhile:  # the change runs just after the read's second look at the record
+            def __getattr__(self, name):
+                return getattr(s.catalog, name)
+
+            def get_dataset(self, name):
+                got = s.catalog.get_dataset(name)
+                looks.append(name)
+                if len(looks) == 2:
+                    change.put(newer)
+                return got
+
+        read = MetaCopies("x", s.placement.persistent, Meanwhile).get()
+        assert json.loads(read)["attributes"] == {"units": "K", "step": 3}
+        assert len(looks) == 2
+        assert (tmp_path / "local" / "x" / "zarr.json").read_bytes() == newer
+    with session(tmp_path, roles=TWO_TIERS) as s:
+        assert dict(s.open_dataset("x").attrs) == {"units": "C"}
+
+
 def test_a_dataset_named_inside_another_is_refused_and_no_tier_goes_down(tmp_path):
     """Dataset ``v``'s chunk ``c/0`` is the object ``v/c/0``: a dataset of that name would put
     its ``zarr.json`` under that object's path, and the put failed as if the tier had (every

@@ -55,8 +55,9 @@ A chunk whose copy looks bad is therefore checked again against its rows as they
 and only a verdict between two reads of the same rows stands (a chunk whose rows change
 every time is **in-flight**); an object no row names is judged only if no row names it
 after the tiers were listed. A repair changes or drops a row only if it is still the row
-judged, deletes no object that a row names when it comes to delete it, and deletes an
-object no row names only at the version it was inspected at.
+judged, deletes no object that a row names when it comes to delete it, deletes an object
+no row names only at the version it was inspected at, and rewrites a stale ``zarr.json``
+only over the copy inspected (one an attribute change put there since is **in-flight**).
 
 A ``valid`` copy whose bytes differ from its row is bad (**checksum** / **size**); with
 another good copy it is dropped, without one the chunk is reported **corrupt** (never
@@ -97,7 +98,7 @@ from itertools import repeat
 from typing import Any
 
 from strataio.catalog.base import Catalog, ChunkCopy, CopyId, DatasetRecord
-from strataio.errors import NotFoundError, StrataError
+from strataio.errors import ExistsError, NotFoundError, StrataError
 from strataio.storage.base import BytesLike
 from strataio.storage.posix import LeftoverState, judge_leftover
 from strataio.storage.superfile import ContainerProblem, check_container
@@ -238,12 +239,14 @@ class MetaCheck:
     """The copies of tiered dataset ``dataset``'s ``zarr.json`` on the tiers checked:
     ``copies`` as ``(tier, checksum)``, fastest tier first; ``accepted``, the checksums of
     the versions its catalog record names; ``current``, the bytes of the first copy of such
-    a version (None: none)."""
+    a version (None: none); ``versions``, ``(tier, version)`` of each copy's object, looked
+    at before it was read (:meth:`Backend.object_versions`; None: not known)."""
 
     dataset: str
     accepted: tuple[str, ...]
     copies: tuple[tuple[str, str], ...]
     current: bytes | None
+    versions: tuple[tuple[str, Any], ...] = ()
 
 
 @dataclass(slots=True)
@@ -292,9 +295,10 @@ class Plan:
     #: of those, the version each was inspected at (deleted only at that version)
     versions: dict[tuple[str, str], Any] = field(default_factory=dict)
     files: list[Leftover] = field(default_factory=list)
-    #: ``(tier, dataset, bytes, versions named)``: zarr.json copies to rewrite with those
-    #: bytes, while the dataset's record names those versions still
-    metas: list[tuple[str, str, bytes, tuple[str, ...]]] = field(default_factory=list)
+    #: ``(tier, dataset, bytes, versions named, object version)``: zarr.json copies to
+    #: rewrite with those bytes, while the dataset's record names those versions still and
+    #: the object is at that version (:meth:`Backend.put_if`)
+    metas: list[tuple[str, str, bytes, tuple[str, ...], Any]] = field(default_factory=list)
     #: writers that are gone, whose registration is removed
     forget_writers: list[str] = field(default_factory=list)
     #: ``(dataset, tier)`` of remnants to clear once no object of theirs is left
@@ -541,19 +545,23 @@ def _inspect_metas(
             continue
         obj = object_key(d.name, META_KEY)
         copies: list[tuple[str, str]] = []
+        versions: list[tuple[str, Any]] = []
         current: bytes | None = None
         for t in tiers:
             if obj not in listed.get(t.name, ()):
                 continue
+            # (the version first: a rewrite over it fails where the object changed since)
+            seen = t.backend.object_versions([obj])
             try:
                 data = bytes(t.backend.get(obj))
             except FileNotFoundError:
                 continue
             digest = checksum(data)
             copies.append((t.name, digest))
+            versions.append((t.name, None if seen is None else seen[0]))
             if current is None and digest in accepted:
                 current = data
-        out.append(MetaCheck(d.name, tuple(accepted), tuple(copies), current))
+        out.append(MetaCheck(d.name, tuple(accepted), tuple(copies), current, tuple(versions)))
     return out
 
 
@@ -938,7 +946,7 @@ def _plan_meta(out: Plan, inv: Inventory, m: MetaCheck) -> None:
         out.findings.append(
             Finding(Kind.STALE_META, tier, m.dataset, META_KEY, detail, Action.REWRITE)
         )
-        out.metas.append((tier, m.dataset, m.current, m.accepted))
+        out.metas.append((tier, m.dataset, m.current, m.accepted, dict(m.versions).get(tier)))
 
 
 #: the end of a finding's detail where a repair leaves what is on a read-only tier
@@ -1018,7 +1026,7 @@ def apply(p: Plan, catalog: Catalog, tiers: TierSet) -> bool:
             pass
         except (StrataError, OSError) as exc:
             _not_done(p, tname, ds or "", key, f"not deleted: {exc}")
-    for tname, ds, data, accepted in p.metas:
+    for tname, ds, data, accepted, version in p.metas:
         if ds in busy:
             continue
         try:
@@ -1031,7 +1039,11 @@ def apply(p: Plan, catalog: Catalog, tiers: TierSet) -> bool:
         if tier.read_only:
             continue  # (planned only elsewhere: see _plan_meta)
         try:
-            tier.call(tier.backend.put, object_key(ds, META_KEY), data, durable=True)
+            # (only over the copy inspected: a change may have announced, put and settled
+            # its own version there since the record was read above)
+            tier.call(tier.backend.put_if, object_key(ds, META_KEY), data, version, durable=True)
+        except ExistsError:
+            _changed_since(p, tname, ds, META_KEY)
         except (StrataError, OSError) as exc:
             _not_done(p, tname, ds, META_KEY, f"not rewritten: {exc}")
     for f in p.files:
@@ -1071,6 +1083,15 @@ def _not_done(p: Plan, tier: str, dataset: str, key: str, why: str) -> None:
     for i, f in enumerate(p.findings):
         if (f.tier, f.dataset, f.key) == (tier, dataset, key) and f.action in _CARRIED_OUT:
             p.findings[i] = replace(f, detail=f"{f.detail}; {why}", action=Action.NONE)
+
+
+def _changed_since(p: Plan, tier: str, dataset: str, key: str) -> None:
+    """Report, in the findings of ``p``, that ``key`` of ``dataset`` on ``tier`` changed
+    since it was inspected (a running process's change), so its repair was left."""
+    for i, f in enumerate(p.findings):
+        if (f.tier, f.dataset, f.key) == (tier, dataset, key) and f.action in _CARRIED_OUT:
+            detail = f"{f.detail}; changed since it was inspected (a change at work): left"
+            p.findings[i] = replace(f, kind=Kind.IN_FLIGHT, detail=detail, action=Action.LEAVE)
 
 
 #: the actions :func:`apply` carries out on a tier (a failure there is :func:`_not_done`)

@@ -23,8 +23,9 @@ versions a copy may hold:
   first, in tier order, then the tiers marked down, probed again (:meth:`Tier.recheck`).
   Tiers read before it that answered with another version, or with none, are rewritten with
   it, where the record names that one version alone (no change under way) and still does
-  just before the put; best effort: a put that fails leaves the copy as it was and the read
-  goes on;
+  once the copies there are looked at again, and only over those copies (a change made
+  since, put there, stands); best effort: a put that fails leaves the copy as it was and
+  the read goes on;
 - where no tier that answers holds a version the record names, the ones it holds are all
   there is if every persistent tier answered (a change by a strataio that kept no checksums,
   or by hand): the first is read, as it always was. If some tier did not answer, it may hold
@@ -240,16 +241,26 @@ class MetaCopies:
 
     def _mend(self, tiers: list[Tier], data: bytes, accepted: list[str]) -> None:
         """Put ``data``, the current version, on ``tiers`` (they answered with another or
-        none) where the record names it alone, and still does now: a change under way puts
-        its own version there."""
+        none) where the record names it alone, and still does now, over the copy looked at
+        before that (:meth:`Backend.put_if`): a change under way puts its own version there,
+        and one that put and settled its own since the read must not lose it."""
         tiers = [t for t in tiers if t.up and not t.read_only]
         if not tiers or len(accepted) != 1:
             return
+        seen: dict[str, Any] = {}
+        for tier in tiers:
+            with contextlib.suppress(StrataError, OSError):
+                got = tier.call(tier.backend.object_versions, [self.obj])
+                seen[tier.name] = None if got is None else got[0]
         try:
+            # (read after the looks: a change whose copy they saw had announced its version)
             if self._accepted() != accepted:
                 return
         except StrataError:
             return
         for tier in tiers:
+            if tier.name not in seen:
+                continue
+            # (an ExistsError: a copy put there since the look, left)
             with contextlib.suppress(StrataError, OSError):
-                tier.call(tier.backend.put, self.obj, data, durable=True)
+                tier.call(tier.backend.put_if, self.obj, data, seen[tier.name], durable=True)
