@@ -350,6 +350,26 @@ def test_a_parallel_open_that_reaches_only_an_older_zarr_json_raises_on_every_ra
     assert out.strip().splitlines()[-1] == "ok"
 
 
+def test_a_create_that_cannot_store_zarr_json_leaves_the_dataset_in_use_by_no_one(tmp_path):
+    """A create while no tier answers catalogues the dataset and raises, storing no
+    zarr.json: it left the dataset in use by the session for its life."""
+    with session(tmp_path, roles=TWO_TIERS) as s:
+        s.catalog.MARK_LINGER_S = 0
+        for name in ("local", "remote"):
+            _stop_answering(tmp_path / name)
+        with pytest.raises(BackendError, match="no tier answered to store zarr.json"):
+            s.create_dataset("x", (8,), "i4", (4,), hint="LOCALDISK")
+        assert s.catalog.datasets_in_use() == set()
+
+
+@pytest.mark.mpi
+def test_a_parallel_create_that_cannot_store_zarr_json_raises_on_every_rank(tmp_path):
+    """Rank 0 stores the new dataset's zarr.json for every rank: where it raises, every rank
+    raises (the others went on with a dataset rank 0 had given up)."""
+    out = run_mpi(2, "tiers_create_unstored_meta.py", tmp_path, timeout=60)
+    assert out.strip().splitlines()[-1] == "ok"
+
+
 def test_a_record_that_names_no_zarr_json_version_reads_as_before(tmp_path):
     """A catalog record written before records named the zarr.json version reads the first
     copy that answers, as before; the next attribute change names its version."""

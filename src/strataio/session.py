@@ -460,8 +460,20 @@ class Session:
         if err is not None:
             raise err
         store = self._store(record, [])
-        if self.rank == 0 and not store.disabled:
-            store.put_meta(raw)
+        try:
+            if self.rank == 0 and not store.disabled:
+                try:
+                    store.put_meta(raw)
+                except BaseException as exc:  # (no tier took it, say: every rank raises it)
+                    err = exc
+            _, err = self._agree(None, err)
+            if err is not None:
+                raise err
+        except BaseException:
+            # (as in open_dataset: the dataset is no longer in use by this session)
+            with contextlib.suppress(Exception):
+                store.close()
+            raise
         return TieredDataset(store, meta, "r+", name=name, comm=self.comm)
 
     def _choose(self, meta: ArrayMetadata, expected_reads: int, deadline_s: float | None):  # type: ignore[no-untyped-def]
