@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import functools
 import json
 import re
 import threading
@@ -34,7 +35,7 @@ from strataio.storage.base import Backend
 from strataio.storage.memory import MemoryBackend
 from strataio.storage.posix import PosixBackend
 from strataio.tiers.fsck import fsck
-from strataio.tiers.meta import META_ATTR, MetaCopies
+from strataio.tiers.meta import META_ATTR, MetaCopies, _announced
 from strataio.tiers.placement import DatasetDisabledError, Placement
 from strataio.tiers.residency import Residency
 from strataio.tiers.tier import Tier, TierSet, checksum
@@ -562,6 +563,27 @@ def test_attribute_changes_run_at_once_take_effect_in_the_order_they_were_announ
         _stop_answering(tmp_path / "remote")
         s.check_tiers()
         assert dict(s.open_dataset("x").attrs) == {"by": "B"}
+
+
+def test_a_change_back_to_a_version_still_named_takes_effect(tmp_path):
+    """A change to attributes C is killed after its puts, before its settlement: the record
+    names K's version, then C's, and the tiers hold C's. Setting the attributes back to K
+    announced K's version in its old place, before C's: every tier was left with C's, newer
+    by that order, and reads kept C. The version announced last is the newest."""
+    with session(tmp_path, roles=TWO_TIERS) as s:
+        s.create_dataset("x", (8,), "i4", (4,), hint="REMOTEDISK", attrs={"units": "K"}).close()
+        meta = json.loads((tmp_path / "local" / "x" / "zarr.json").read_text())
+        dead = json.dumps({**meta, "attributes": {"units": "C"}}).encode()
+        s.catalog.annotate_dataset("x", META_ATTR, functools.partial(_announced, checksum(dead)))
+        for tier in ("local", "remote"):
+            (tmp_path / tier / "x" / "zarr.json").write_bytes(dead)
+        ds = s.open_dataset("x", "r+")
+        assert dict(ds.attrs) == {"units": "C"}
+        ds.attrs["units"] = "K"
+        ds.close()
+        assert dict(s.open_dataset("x").attrs) == {"units": "K"}
+        for tier in ("local", "remote"):
+            assert _stored_attrs(tmp_path, tier, "x") == {"units": "K"}
 
 
 def test_a_read_rewriting_an_older_zarr_json_leaves_a_change_made_since_it_looked(tmp_path):

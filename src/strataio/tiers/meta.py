@@ -100,9 +100,12 @@ def _as_list(value: Any) -> list[str] | None:
 
 
 def _announced(digest: str, value: Any) -> list[str]:
-    """The annotation ``value`` with version ``digest`` added (a change about to be put)."""
+    """The annotation ``value`` with version ``digest`` added last, the newest (a change about
+    to be put): also where an earlier change to the same bytes is still named, whose place
+    would put this one before changes announced since (a change back to the attributes of
+    before one whose process died unsettled took no effect)."""
     now = _as_list(value) or []
-    return now if digest in now else [*now, digest]
+    return [*(v for v in now if v != digest), digest]
 
 
 def _settled(digest: str, value: Any) -> Any:
