@@ -329,3 +329,30 @@ def test_kill_mid_write_members_whole_or_missing(tmp_path, seed):
             assert f"img{i:05d}" in names, f"flushed member {i} lost"
         for name in names:
             assert np.array_equal(sf.get(name), superfile_worker.member(int(name[3:])))
+
+
+def test_a_superfile_made_again_elsewhere_is_not_read_from_the_prefetch_cache(tmp_path):
+    """A long-lived session reads a superfile (its container held in the session's prefetch
+    cache); another process deletes it and makes it again under its name, reusing the
+    container keys. The first session's next read gets the new bytes: it served the old
+    container from its cache, unchecked."""
+
+    def session() -> strataio.Session:
+        return strataio.Session(tiers=disk_tape(tmp_path), catalog=tmp_path / "cat.db")
+
+    def make(s: strataio.Session, value: bytes) -> None:
+        with s.superfile("s", hint="LOCALDISK") as sf:
+            sf.put("m", value)
+
+    def read(s: strataio.Session) -> bytes:
+        with s.superfile("s", mode="r") as sf:
+            return sf.get("m")
+
+    with session() as reader:
+        with session() as w:
+            make(w, b"old value")
+        assert read(reader) == b"old value"
+        with session() as other:
+            other.delete_dataset("s")
+            make(other, b"new value")
+        assert read(reader) == b"new value"

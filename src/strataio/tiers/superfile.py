@@ -55,6 +55,7 @@ from strataio.storage.superfile import (
 from strataio.tiers.mover import MoveHandle
 from strataio.tiers.residency import object_key
 from strataio.tiers.store import TieredChunkStore
+from strataio.tiers.tier import checksum
 
 __all__ = [
     "DEFAULT_CONTAINER_BYTES",
@@ -245,9 +246,11 @@ class Superfile:
         return hit
 
     def _container(self, seq: int) -> BytesLike:
-        """Container ``seq`` whole, from the prefetch cache or its fastest intact copy."""
+        """Container ``seq`` whole, from the prefetch cache where what it holds is the
+        container's catalogued bytes (a superfile deleted and made again under its name by
+        another process reuses the container keys), else from its fastest intact copy."""
         key = container_key(seq)
-        blob = self._cache.get(self.name, key)
+        blob = self._cache.get_many(self.name, [key], self._store.res.names_bytes)[0]
         if blob is None:
             got = self._store.get_chunks([key])[0]  # checked against the catalogued checksum
             if got is None:
@@ -255,7 +258,7 @@ class Superfile:
                     f"superfile {self.name!r}: container {key!r} has no copy; run 'strataio fsck'"
                 )
             blob = bytes(got)
-            self._cache.put(self.name, key, blob)
+            self._cache.put(self.name, key, blob, checksum(blob))
         if seq in self._unindexed:
             self._add_index(seq, read_index(blob, self._where(key)))
         return blob
