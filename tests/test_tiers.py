@@ -371,6 +371,14 @@ def test_a_parallel_create_that_cannot_store_zarr_json_raises_on_every_rank(tmp_
     assert out.strip().splitlines()[-1] == "ok"
 
 
+@pytest.mark.mpi
+def test_a_parallel_delete_raises_on_every_rank_what_rank_0_met(tmp_path):
+    """Rank 0 deletes a dataset for every rank: its refusal (the job has the dataset open) or
+    its NotFoundError is raised on every rank (the others returned as if it was deleted)."""
+    out = run_mpi(2, "tiers_delete_refused.py", tmp_path, timeout=60)
+    assert out.strip().splitlines()[-1] == "ok"
+
+
 def test_a_record_that_names_no_zarr_json_version_reads_as_before(tmp_path):
     """A catalog record written before records named the zarr.json version reads the first
     copy that answers, as before; the next attribute change names its version."""

@@ -587,14 +587,21 @@ class Session:
         here, or that a failed deletion left, stay recorded as the dataset's remnants
         (:mod:`strataio.tiers.remnants`): until they are gone, which ``strataio fsck
         --repair`` or a later :meth:`create_dataset` of the name sees to once the tier
-        answers, no dataset of that name can be created."""
+        answers, no dataset of that name can be created. In a parallel job the call is
+        collective: rank 0 deletes, and an error there is raised on every rank."""
         self._check_open()
-        if self.rank != 0:
-            return
-        assert self.catalog is not None
-        self.catalog.delete_dataset(name, remnants=remnant_tiers(self.tiers))
+        err: BaseException | None = None
+        if self.rank == 0:  # (in a parallel job, collective: rank 0 deletes for all)
+            try:
+                assert self.catalog is not None
+                self.catalog.delete_dataset(name, remnants=remnant_tiers(self.tiers))
+                purge(self.catalog, self.tiers, name)
+            except BaseException as exc:  # (every rank raises it: refused, not found)
+                err = exc
+        _, err = self._agree(None, err)
+        if err is not None:
+            raise err
         self.row_memo.forget(name)
-        purge(self.catalog, self.tiers, name)
         for t in self.tiers:
             if t.volatile and t.up:  # (this process's own cache level: no remnant)
                 with contextlib.suppress(StrataError):
