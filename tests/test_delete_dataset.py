@@ -215,6 +215,71 @@ def test_fsck_plans_a_deleted_datasets_objects_and_remnants():
     assert p.remnants == [("old", "tape")]
 
 
+class _CreatedAgainMeanwhile:
+    """A catalog on which, right after fsck reads the remnants and before it lists the
+    tiers, another process (``create``) creates the deleted dataset again."""
+
+    def __init__(self, catalog, create):
+        self._catalog, self._create = catalog, create
+
+    def __getattr__(self, name):
+        return getattr(self._catalog, name)
+
+    def remnants(self, name=None):
+        got = self._catalog.remnants(name)
+        create, self._create = self._create, None
+        if create is not None:
+            create()
+        return got
+
+
+def test_fsck_leaves_a_dataset_created_again_since_it_read_the_remnants(tmp_path):
+    """A dataset created again under a deleted name (its create purging the remnants) after
+    fsck read the remnants keeps what is under its name: fsck --repair deletes an object of
+    a deleted dataset only while the name has remnants, holding a claim of it, and reports
+    the others left. A killed writer's unflushed chunk of the new dataset is adopted by the
+    next fsck."""
+    with open_session(tmp_path) as s:
+        ds = s.create_dataset("a", SHAPE, "f4", CHUNKS, hint="LOCALDISK", attrs={"old": 1})
+        ds[...] = 1.0
+        ds.close()
+        _stop_answering(tmp_path / "tape")
+        s.tiers["tape"].mark_down("stopped answering")
+        try:
+            s.delete_dataset("a")
+        finally:
+            _answer_again(tmp_path / "tape")
+        assert s.catalog.remnants() == [("a", "tape")]
+
+    def create_again():
+        with open_session(tmp_path) as other:
+            ds = other.create_dataset("a", SHAPE, "f4", CHUNKS, hint="LOCALDISK", attrs={"new": 2})
+            ds[0:10, :] = 5.0
+            ds.close()
+        disk = tmp_path / "disk" / "a" / "c"
+        (disk / "7").mkdir(exist_ok=True)  # (the deleted dataset's folders stay)
+        (disk / "7" / "7").write_bytes((disk / "0" / "0").read_bytes())  # no row names it
+
+    with open_session(tmp_path) as s:
+        report = fsck(_CreatedAgainMeanwhile(s.catalog, create_again), s.tiers, repair=True)
+        assert objects(tmp_path) == [
+            "disk/c/0/0", "disk/c/0/1", "disk/c/0/2", "disk/c/0/3", "disk/c/0/4", "disk/c/0/5",
+            "disk/c/0/6", "disk/c/0/7", "disk/c/7/7", "disk/zarr.json", "tape/zarr.json",
+        ]  # fmt: skip
+        assert report.findings and all(f.action is Action.LEAVE for f in report.findings)
+        assert "no remnant left now" in report.findings[0].detail
+        ds = s.open_dataset("a")
+        assert dict(ds.attrs) == {"new": 2}
+        ds.close()
+        report = fsck(s.catalog, s.tiers, repair=True)
+        assert [(f.kind, f.tier, f.key, f.action) for f in report.findings] == [
+            (Kind.UNRECORDED, "disk", "c/7/7", Action.ADOPT)
+        ]
+        want = np.zeros(SHAPE, "f4")
+        want[0:10, :] = want[70:80, 70:80] = 5.0
+        np.testing.assert_array_equal(read(s), want)
+
+
 def test_an_open_of_a_deleted_dataset_leaves_no_mark(tmp_path):
     """Opening a name no dataset has fails and leaves no in-use mark behind (it marks first,
     then reads the record: a deletion at the same moment is either refused or seen)."""

@@ -58,6 +58,10 @@ after the tiers were listed. A repair changes or drops a row only if it is still
 judged, deletes no object that a row names when it comes to delete it, deletes an object
 no row names only at the version it was inspected at, and rewrites a stale ``zarr.json``
 only over the copy inspected (one an attribute change put there since is **in-flight**).
+An object of a deleted dataset is deleted only while its name has remnants, holding a claim
+of it (as :func:`~strataio.tiers.remnants.purge` does): a create of the name purges them
+first, and what is under a name created again since the inspection is the new dataset's
+(**in-flight**, left).
 
 A ``valid`` copy whose bytes differ from its row is bad (**checksum** / **size**); with
 another good copy it is dropped, without one the chunk is reported **corrupt** (never
@@ -105,7 +109,14 @@ from strataio.storage.superfile import ContainerProblem, check_container
 from strataio.tiers.meta import meta_checksums
 from strataio.tiers.residency import META_KEY, object_key
 from strataio.tiers.superfile import is_superfile
-from strataio.tiers.tier import TierSet, checksum, checksum_like, in_the_way, is_backend_failure
+from strataio.tiers.tier import (
+    Tier,
+    TierSet,
+    checksum,
+    checksum_like,
+    in_the_way,
+    is_backend_failure,
+)
 
 __all__ = [
     "Action",
@@ -303,6 +314,9 @@ class Plan:
     forget_writers: list[str] = field(default_factory=list)
     #: ``(dataset, tier)`` of remnants to clear once no object of theirs is left
     remnants: list[tuple[str, str]] = field(default_factory=list)
+    #: of ``objects``, those of a deleted dataset, by its name: deleted only while the name
+    #: is still a deleted dataset's (it has remnants), under a claim of it
+    of_deleted: dict[tuple[str, str], str] = field(default_factory=dict)
     #: per copy among ``upserts`` and ``deletes``, the ``(state, checksum)`` of the row the
     #: judgement was made on (None: no row): a row changed since is left as it is now
     expect: dict[CopyId, tuple[str, str] | None] = field(default_factory=dict)
@@ -912,6 +926,7 @@ def _plan_remnant(out: Plan, inv: Inventory, u: UnnamedObject) -> None:
     out.findings.append(Finding(Kind.ORPHAN, u.tier, u.dataset, u.key, detail, Action.DELETE))
     obj = (u.tier, object_key(u.dataset, u.key))
     out.objects.append(obj)
+    out.of_deleted[obj] = u.dataset
     if u.version is not None:
         out.versions[obj] = u.version
 
@@ -992,7 +1007,9 @@ def apply(p: Plan, catalog: Catalog, tiers: TierSet) -> bool:
     """Carry out ``p``: the catalog changes in one transaction, then the deletions (objects
     the catalog no longer names, temporary files) and the zarr.json rewrites, then forget
     writers that are gone. A deletion or rewrite a tier refuses (down, full, an I/O error)
-    is reported in its finding, whose action becomes none, and the rest goes on. Returns
+    is reported in its finding, whose action becomes none, and the rest goes on. The
+    objects and remnants of a deleted dataset are deleted and cleared only while its name
+    is still a deleted dataset's, holding a claim of it (:func:`_purge_deleted`). Returns
     True if anything was changed."""
     if p.upserts or p.deletes:
         # (each row only as the inspection saw it: another process may have rewritten or
@@ -1008,24 +1025,16 @@ def apply(p: Plan, catalog: Catalog, tiers: TierSet) -> bool:
     # object deleted that a row names now: a row this repair left (changed since), or one a
     # commit of another process recorded since the inspection.
     busy = catalog.datasets_in_use() if p.objects or p.files or p.metas or p.remnants else set()
-    names = {d.name for d in catalog.list_datasets()} if p.objects or busy else set()
-    deleted = {d for d, _ in catalog.remnants()} - names if p.objects or p.remnants else set()
-    chunks = {ok: _split(ok, names | deleted) for _, ok in p.objects}
+    named = [o for o in p.objects if o not in p.of_deleted]
+    names = {d.name for d in catalog.list_datasets()} if named else set()
+    deleted = {d for d, _ in catalog.remnants()} - names if named else set()
+    chunks = {ok: _split(ok, names | deleted) for _, ok in named}
     rows = _rows_now(catalog, [(ds, key) for ds, key in chunks.values() if ds is not None])
-    for tname, ok in p.objects:
+    for tname, ok in named:
         ds, key = chunks[ok]
         if ds in busy or any(c.tier == tname for c in rows.get((ds, key), [])):
             continue
-        tier, version = tiers[tname], p.versions.get((tname, ok))
-        try:
-            if version is not None:
-                tier.call(tier.backend.delete_if, ok, version)  # (one put there since stays)
-            else:
-                tier.call(tier.backend.delete, ok)
-        except FileNotFoundError:
-            pass
-        except (StrataError, OSError) as exc:
-            _not_done(p, tname, ds or "", key, f"not deleted: {exc}")
+        _delete_object(p, tiers[tname], ok, ds or "", key)
     for tname, ds, data, accepted, version in p.metas:
         if ds in busy:
             continue
@@ -1057,23 +1066,84 @@ def apply(p: Plan, catalog: Catalog, tiers: TierSet) -> bool:
                     os.unlink(f.path)
         except OSError as exc:
             _not_done(p, f.tier, f.dataset or "", f.path, f"not deleted: {exc}")
-    cleared: dict[str, list[str]] = {}
-    for ds, tname in p.remnants:
-        # (a name with remnants is never created anew: a name catalogued now had its
-        # remnants cleared by the purge before its creation)
-        if ds in busy or ds not in deleted:
+    for ds in sorted({*p.of_deleted.values(), *(d for d, _ in p.remnants)}):
+        objs = [obj for obj, d in p.of_deleted.items() if d == ds]
+        where = [t for d, t in p.remnants if d == ds]
+        if ds in busy:
+            for tname, ok in objs:
+                _changed_since(p, tname, ds, ok[len(ds) + 1 :], _NAME_IN_USE)
             continue
-        try:
-            if next(iter(tiers[tname].backend.list(ds)), None) is None:
-                cleared.setdefault(ds, []).append(tname)
-        except Exception as exc:
-            if not is_backend_failure(exc):
-                raise
-    for ds, where in cleared.items():
-        catalog.clear_remnants(ds, where)
+        _purge_deleted(p, catalog, tiers, ds, objs, where)
     if p.forget_writers:
         catalog.forget_writers(p.forget_writers)
     return p.changes
+
+
+def _delete_object(p: Plan, tier: Tier, ok: str, ds: str, key: str) -> None:
+    """Delete object ``ok`` (chunk ``key`` of ``ds``) from ``tier``, only at the version it
+    was inspected at where that is known (one put in its place since stays); a failure is
+    reported in its finding (:func:`_not_done`)."""
+    version = p.versions.get((tier.name, ok))
+    try:
+        if version is not None:
+            tier.call(tier.backend.delete_if, ok, version)
+        else:
+            tier.call(tier.backend.delete, ok)
+    except FileNotFoundError:
+        pass
+    except (StrataError, OSError) as exc:
+        _not_done(p, tier.name, ds, key, f"not deleted: {exc}")
+
+
+def _purge_deleted(
+    p: Plan,
+    catalog: Catalog,
+    tiers: TierSet,
+    ds: str,
+    objs: list[tuple[str, str]],
+    where: list[str],
+) -> None:
+    """Delete the objects ``objs`` (``(tier, object)``) of deleted dataset ``ds``, then
+    clear its remnants on the tiers ``where`` that hold nothing under its name any more,
+    as :func:`strataio.tiers.remnants.purge` does: holding a claim of the name
+    (:meth:`Catalog.claim_eviction`), and only while it has remnants, read again once the
+    claim is held. Without remnants the name may have been created again since the
+    inspection (a create purges them first), and what is under it is then the new
+    dataset's: its ``zarr.json``, or a killed writer's chunks a later fsck adopts. While a
+    remnant stays, no dataset of the name, or of one above or below it, is created. What is
+    left is reported in its finding."""
+
+    def leave(why: str) -> None:
+        for tname, ok in objs:
+            _changed_since(p, tname, ds, ok[len(ds) + 1 :], why)
+
+    if not catalog.claim_eviction(ds):
+        leave(_NAME_IN_USE)
+        return
+    try:
+        left = {t for d, t in catalog.remnants(ds) if d == ds}
+        if not left:
+            leave("its name has no remnant left now (it may have been created again)")
+            return
+        for tname, ok in objs:
+            _delete_object(p, tiers[tname], ok, ds, ok[len(ds) + 1 :])
+        cleared = []
+        for tname in where:
+            if tname not in left:
+                continue
+            try:
+                if next(iter(tiers[tname].backend.list(ds)), None) is None:
+                    cleared.append(tname)
+            except Exception as exc:
+                if not is_backend_failure(exc):
+                    raise
+        catalog.clear_remnants(ds, cleared)
+    finally:
+        catalog.release_eviction(ds)
+
+
+#: why objects of a deleted dataset are left where a live process has its name in use
+_NAME_IN_USE = "a live process has its name in use now (it may be creating it anew)"
 
 
 def _not_done(p: Plan, tier: str, dataset: str, key: str, why: str) -> None:
@@ -1085,12 +1155,19 @@ def _not_done(p: Plan, tier: str, dataset: str, key: str, why: str) -> None:
             p.findings[i] = replace(f, detail=f"{f.detail}; {why}", action=Action.NONE)
 
 
-def _changed_since(p: Plan, tier: str, dataset: str, key: str) -> None:
+def _changed_since(
+    p: Plan,
+    tier: str,
+    dataset: str,
+    key: str,
+    why: str = "changed since it was inspected (a change at work)",
+) -> None:
     """Report, in the findings of ``p``, that ``key`` of ``dataset`` on ``tier`` changed
-    since it was inspected (a running process's change), so its repair was left."""
+    since it was inspected (a running process's change; ``why`` says how), so its repair was
+    left."""
     for i, f in enumerate(p.findings):
         if (f.tier, f.dataset, f.key) == (tier, dataset, key) and f.action in _CARRIED_OUT:
-            detail = f"{f.detail}; changed since it was inspected (a change at work): left"
+            detail = f"{f.detail}; {why}: left"
             p.findings[i] = replace(f, kind=Kind.IN_FLIGHT, detail=detail, action=Action.LEAVE)
 
 
