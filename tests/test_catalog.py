@@ -1328,6 +1328,9 @@ def test_a_deleted_datasets_remnants_keep_its_name_until_cleared(cat):
     assert cat.remnants() == [("run/a", "archive"), ("run/a", "local")]
     assert cat.remnants("run/a") == cat.remnants() and cat.remnants("run") == []
     for name in ("run/a", "run", "run/a/b"):
+        assert cat.remnants(name, near=True) == cat.remnants()
+    assert cat.remnants("run/ab", near=True) == cat.remnants("other", near=True) == []
+    for name in ("run/a", "run", "run/a/b"):
         with pytest.raises(ExistsError, match=r"'run/a' on tier 'archive'.*fsck --repair"):
             cat.create_dataset(_ds(name))
     cat.create_dataset(_ds("run/ab"))  # (a name that neither starts nor extends it)

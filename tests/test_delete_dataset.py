@@ -194,6 +194,32 @@ def test_a_tier_down_at_deletion_keeps_the_name_until_its_objects_are_gone(tmp_p
         np.testing.assert_array_equal(read(s), 0)
 
 
+@pytest.mark.parametrize(("deleted", "created"), [("a", "a/b"), ("a/b/c", "a/b")])
+def test_a_create_purges_the_remnants_of_names_above_and_below_it(tmp_path, deleted, created):
+    """Remnants of a deleted dataset keep the names above and below it from being created
+    too; once their tier answers, the create of such a name deletes them, as it does its
+    own name's."""
+    with open_session(tmp_path) as s:
+        ds = s.create_dataset(deleted, SHAPE, "f4", CHUNKS, hint="LOCALDISK")
+        ds[...] = 1.0
+        ds.migrate(None, to="tape").wait()
+        ds.close()
+        _stop_answering(tmp_path / "tape")
+        s.tiers["tape"].mark_down("stopped answering")
+        try:
+            s.delete_dataset(deleted)
+            with pytest.raises(ExistsError, match=rf"'{deleted}' on tier 'tape'"):
+                s.create_dataset(created, SHAPE, "f4", CHUNKS, hint="LOCALDISK")
+        finally:
+            _answer_again(tmp_path / "tape")
+        assert len(objects(tmp_path, deleted)) == 65
+    with open_session(tmp_path) as s:
+        s.create_dataset(created, SHAPE, "f4", CHUNKS, hint="LOCALDISK").close()
+        assert s.catalog.remnants() == []
+        assert objects(tmp_path, "a") == [f"{t}/b/zarr.json" for t in ("disk", "tape")]
+        np.testing.assert_array_equal(read(s, created), 0)
+
+
 def test_fsck_plans_a_deleted_datasets_objects_and_remnants():
     """An object of a deleted dataset is an orphan, deleted; left alone while a live process
     has the name in use; a remnant is cleared only on a tier checked, of a name not in use."""

@@ -53,7 +53,7 @@ from strataio.tiers.commit import Commit
 from strataio.tiers.meta import META_ATTR
 from strataio.tiers.mover import MoveHandle, Mover, MoveResult, Progress
 from strataio.tiers.placement import AutoDecision, Placement
-from strataio.tiers.remnants import purge, remnant_tiers
+from strataio.tiers.remnants import purge, purge_near, remnant_tiers
 from strataio.tiers.residency import META_KEY, Residency
 from strataio.tiers.row_memo import RowLoader, RowMemo
 from strataio.tiers.store import TieredChunkStore, keys_of
@@ -403,9 +403,9 @@ class Session:
 
         Every argument is validated before anything is stored; a name already in the catalog
         raises :class:`~strataio.errors.ExistsError` (on every rank of a parallel job), and so
-        does the name of a deleted dataset whose objects remain on a tier that does not answer
-        (:mod:`strataio.tiers.remnants`): those on tiers that answer are deleted first, so
-        the new dataset never reads a value of the old one.
+        does the name of a deleted dataset, or a name above or below one, whose objects remain
+        on a tier that does not answer (:mod:`strataio.tiers.remnants`): those on tiers that
+        answer are deleted first, so the new dataset never reads a value of the old one.
         """
         checked: BaseException | None = None
         try:
@@ -451,7 +451,7 @@ class Session:
                     decision = self._choose(meta, int(expected_reads), deadline_s)
                     notes[PLACEMENT_ATTR] = decision.to_json()
                     record = dataclasses.replace(record, attrs=json.dumps(notes, sort_keys=True))
-                purge(self.catalog, self.tiers, name)  # (a deleted namesake's objects)
+                purge_near(self.catalog, self.tiers, name)  # (deleted datasets' objects)
                 self.catalog.create_dataset(record)
                 self._use_created(name)
             except BaseException as exc:
@@ -653,7 +653,7 @@ class Session:
                 raise NotFoundError(f"no superfile {name!r} in the catalog") from None
             h = self.placement.check_hint(hint)
             record = superfile_record(name, h, container_bytes or DEFAULT_CONTAINER_BYTES)
-            purge(self.catalog, self.tiers, name)  # (a deleted namesake's objects)
+            purge_near(self.catalog, self.tiers, name)  # (deleted datasets' objects)
             self.catalog.create_dataset(record)
         record, copies = self._use_residency(name)
         if not is_superfile(record):

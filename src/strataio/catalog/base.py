@@ -316,10 +316,12 @@ class Catalog(abc.ABC):
         takes another's objects for its own."""
 
     @abc.abstractmethod
-    def remnants(self, name: str | None = None) -> list[tuple[str, str]]:
+    def remnants(self, name: str | None = None, *, near: bool = False) -> list[tuple[str, str]]:
         """``(dataset, tier)`` of each tier where objects of a deleted dataset may remain
         (:meth:`delete_dataset`), of dataset ``name`` (None: of every one), by dataset and
-        tier."""
+        tier. ``near``: of ``name`` and of the names that lie above or below it (``a`` and
+        ``a/b/c`` of ``a/b``): those that keep a dataset ``name`` from being created
+        (:meth:`create_dataset`)."""
 
     @abc.abstractmethod
     def clear_remnants(self, name: str, tiers: Iterable[str]) -> None:

@@ -224,6 +224,20 @@ _SELECT_CHECKED = (
 _DATASET_COLS = "name, shape, dtype, chunks, codec, hint, attrs, state"
 
 
+def _remnants_near_query(name: str) -> tuple[str, tuple[Any, ...]]:
+    """The statement (its dialect slots unfilled) and parameters that select ``(dataset,
+    tier)`` of the remnants of ``name`` and of the names above or below it."""
+    parts = name.split("/")
+    near = ["/".join(parts[:i]) for i in range(1, len(parts) + 1)]
+    below = name + "/"
+    marks = ", ".join("?" * len(near))
+    statement = (
+        f"SELECT dataset, tier FROM remnants WHERE dataset IN ({marks})"
+        " OR substr(dataset, 1, ?) = ? ORDER BY dataset{c}, tier{c}"
+    )
+    return statement, (*near, len(below), below)
+
+
 def _dataset_row(r: DatasetRecord) -> tuple:
     return (
         r.name,
@@ -542,17 +556,8 @@ class SQLCatalog(Catalog):
     def _remnants_near(self, cur: Cursor, name: str) -> list[tuple[str, str]]:
         """``(dataset, tier)`` of the remnants of ``name`` and of the names that lie above or
         below it (see :meth:`_nesting`)."""
-        parts = name.split("/")
-        near = ["/".join(parts[:i]) for i in range(1, len(parts) + 1)]
-        below = name + "/"
-        marks = ", ".join("?" * len(near))
-        cur.execute(
-            self._sql(
-                f"SELECT dataset, tier FROM remnants WHERE dataset IN ({marks})"
-                " OR substr(dataset, 1, ?) = ? ORDER BY dataset{c}, tier{c}"
-            ),
-            (*near, len(below), below),
-        )
+        statement, params = _remnants_near_query(name)
+        cur.execute(self._sql(statement), params)
         return [(str(d), str(t)) for d, t in cur.fetchall()]
 
     def _lock_dataset_names(self, cur: Cursor) -> None:
@@ -673,9 +678,11 @@ class SQLCatalog(Catalog):
             time.sleep(pause)
             pause = min(pause * 2, 0.2)
 
-    def remnants(self, name: str | None = None) -> list[tuple[str, str]]:
+    def remnants(self, name: str | None = None, *, near: bool = False) -> list[tuple[str, str]]:
         if name is None:
             rows = self._query("SELECT dataset, tier FROM remnants ORDER BY dataset{c}, tier{c}")
+        elif near:
+            rows = self._query(*_remnants_near_query(name))
         else:
             rows = self._query(
                 "SELECT dataset, tier FROM remnants WHERE dataset = ? ORDER BY tier{c}", (name,)

@@ -11,8 +11,9 @@ take the old one's objects for its own (``fsck`` adopts an object of a chunk no 
 as an interrupted write).
 
 :func:`purge` removes the objects of one deleted dataset from every tier that answers
-(:meth:`Session.delete_dataset` right after the deletion, :meth:`Session.create_dataset`
-before creating the name again); ``strataio fsck --repair`` does it for every remnant
+(:meth:`Session.delete_dataset` right after the deletion); :func:`purge_near` those of every
+deleted dataset whose remnants keep a name from being created (:meth:`Session.create_dataset`
+before creating it); ``strataio fsck --repair`` does it for every remnant
 (:mod:`strataio.tiers.fsck`).
 """
 
@@ -22,7 +23,7 @@ from strataio.catalog.base import Catalog
 from strataio.errors import StrataError
 from strataio.tiers.tier import TierSet
 
-__all__ = ["purge", "remnant_tiers"]
+__all__ = ["purge", "purge_near", "remnant_tiers"]
 
 
 def remnant_tiers(tiers: TierSet) -> list[str]:
@@ -60,6 +61,17 @@ def purge(catalog: Catalog, tiers: TierSet, name: str) -> list[str]:
         return [t for t in left if t not in cleared]
     finally:
         catalog.release_eviction(name)
+
+
+def purge_near(catalog: Catalog, tiers: TierSet, name: str) -> list[tuple[str, str]]:
+    """:func:`purge` each deleted dataset whose remnants keep a dataset ``name`` from being
+    created (:meth:`Catalog.create_dataset`): ``name`` itself, and each name above or below
+    it (``a`` and ``a/b/c`` of ``a/b``); return ``(dataset, tier)`` of the remnants that
+    stay."""
+    left: list[tuple[str, str]] = []
+    for ds in dict.fromkeys(d for d, _ in catalog.remnants(name, near=True)):
+        left += [(ds, t) for t in purge(catalog, tiers, ds)]
+    return left
 
 
 def _empty(tiers: TierSet, tname: str, name: str) -> bool:
