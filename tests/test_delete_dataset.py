@@ -222,23 +222,30 @@ def test_a_create_purges_the_remnants_of_names_above_and_below_it(tmp_path, dele
 
 def test_fsck_plans_a_deleted_datasets_objects_and_remnants():
     """An object of a deleted dataset is an orphan, deleted; left alone while a live process
-    has the name in use; a remnant is cleared only on a tier checked, of a name not in use."""
+    has the name in use, and reported and left on a read-only tier; a remnant is cleared
+    only on a tier checked, of a name not in use (and once nothing of it is left there)."""
     inv = FsckInventory(
         unnamed=[
             UnnamedObject("tape", "old", "c/0/0", deleted=True),
             UnnamedObject("tape", "busy", "c/0/0", deleted=True),
+            UnnamedObject("ro", "old", "c/0/0", deleted=True),
         ],
-        remnants={("old", "tape"), ("old", "far"), ("busy", "tape")},
-        listed={"tape"},
+        remnants={("old", "tape"), ("old", "far"), ("busy", "tape"), ("old", "ro")},
+        listed={"tape", "ro"},
         in_use={"busy"},
+        read_only={"ro"},
     )
     p = plan(inv)
     assert [(f.kind, f.dataset, f.action) for f in p.findings] == [
         (Kind.ORPHAN, "old", Action.DELETE),
         (Kind.IN_FLIGHT, "busy", Action.LEAVE),
+        (Kind.ORPHAN, "old", Action.NONE),
     ]
+    assert p.findings[-1].detail.endswith(
+        "left: a read-only tier, where nothing is deleted or written"
+    )
     assert p.objects == [("tape", "old/c/0/0")] and p.upserts == []
-    assert p.remnants == [("old", "tape")]
+    assert p.remnants == [("old", "ro"), ("old", "tape")]
 
 
 class _CreatedAgainMeanwhile:

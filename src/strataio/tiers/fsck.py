@@ -917,12 +917,18 @@ def _plan_chunk(out: Plan, inv: Inventory, ds: str, key: str, rows: list[CopyChe
 
 def _plan_remnant(out: Plan, inv: Inventory, u: UnnamedObject) -> None:
     """Decide about an object of a deleted dataset: an orphan, unless a live process has
-    marked the name (it may be creating the dataset anew, its remnants purged)."""
+    marked the name (it may be creating the dataset anew, its remnants purged); one on a
+    read-only tier is reported and left, as any orphan there."""
     if u.dataset in inv.in_use:
         detail = "object of a deleted dataset whose name a live process has in use"
         out.findings.append(Finding(Kind.IN_FLIGHT, u.tier, u.dataset, u.key, detail, Action.LEAVE))
         return
     detail = "object of a deleted dataset"
+    if u.tier in inv.read_only:
+        out.findings.append(
+            Finding(Kind.ORPHAN, u.tier, u.dataset, u.key, detail + _LEFT_READ_ONLY)
+        )
+        return
     out.findings.append(Finding(Kind.ORPHAN, u.tier, u.dataset, u.key, detail, Action.DELETE))
     obj = (u.tier, object_key(u.dataset, u.key))
     out.objects.append(obj)
