@@ -196,6 +196,53 @@ def test_a_repair_a_tier_refuses_is_reported_and_the_repair_goes_on(tmp_path):
     assert orphan.exists()
 
 
+def _refusing(backend, name, key, code):
+    """Make ``backend``'s call ``name`` fail with OSError ``code`` for object ``key`` alone."""
+    real = getattr(backend, name)
+
+    def call(k, *args, **kw):
+        if k == key:
+            raise OSError(code, os.strerror(code), str(backend.path(k)))
+        return real(k, *args, **kw)
+
+    setattr(backend, name, call)
+
+
+def test_a_repair_one_object_refuses_leaves_its_tier_up(tmp_path):
+    """fsck --repair's deletion or rewrite of one object failing (permission denied on it,
+    an I/O error) while its tier answers is that object's: reported in its finding, the
+    tier left up, here and in the catalog, and the rest of that tier's repair made. It
+    marked the tier down, for every process, and the rest there was not done."""
+    _zarr_json_left_on_disk(tmp_path)
+    stale = (tmp_path / "disk" / "a" / "zarr.json").read_bytes()
+    orphans = [tmp_path / "tape" / "a" / "c" / "0" / k for k in ("0", "1", "2")]
+    orphans[0].parent.mkdir(parents=True, exist_ok=True)
+    for o in orphans:
+        shutil.copy(tmp_path / "disk" / "a" / "c" / "0" / o.name, o)
+    with open_session(tmp_path) as s:
+        for name in ("delete", "delete_if"):
+            _refusing(s.tiers["tape"].backend, name, "a/c/0/1", errno.EACCES)
+        _refusing(s.tiers["disk"].backend, "put_if", "a/zarr.json", errno.EIO)
+        report = fsck(s.catalog, s.tiers, repair=True)
+        got = {(f.tier, f.key): f for f in report.problems}
+        assert [(f.tier, f.key, f.action) for f in report.unrepairable] == [
+            ("tape", "c/0/1", Action.NONE),
+            ("disk", "zarr.json", Action.NONE),
+        ]
+        assert "not deleted" in got["tape", "c/0/1"].detail
+        assert "Permission denied" in got["tape", "c/0/1"].detail
+        assert "not rewritten" in got["disk", "zarr.json"].detail
+        assert "tier down" not in got["tape", "c/0/1"].detail
+        assert [f.action for k, f in got.items() if k[1] in ("c/0/0", "c/0/2")] == [
+            Action.DELETE,
+            Action.DELETE,
+        ]
+        assert [o.exists() for o in orphans] == [False, True, False]
+        assert s.tiers["disk"].up and s.tiers["tape"].up
+        assert {t.name: t.state for t in s.catalog.tiers()} == {"disk": "up", "tape": "up"}
+    assert (tmp_path / "disk" / "a" / "zarr.json").read_bytes() == stale
+
+
 def test_fsck_finds_and_repairs(tmp_path):
     make(tmp_path)
     with open_session(tmp_path) as s:

@@ -76,7 +76,9 @@ class BackendError(StrataError, OSError):
 class ObjectError(BackendError):
     """One object on a tier cannot be read or written, though the tier answers: something
     not of strataio's is in its way (a directory where the object should be, or a file where
-    one of its folders should be: EISDIR, ENOTDIR). The tier is not marked down, and other
+    one of its folders should be: EISDIR, ENOTDIR), or, for a call about one object whose
+    caller goes on to others (:meth:`Tier.call_alone`), any backend failure (permission
+    denied, an I/O error on that object). The tier is not marked down, and other
     objects there are read and written as before; a write does not go on to another tier
     for it, as it does from a tier that is down or full. The message names the tier and
     the object's path: move what is in the way, and write again.

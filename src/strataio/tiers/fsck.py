@@ -10,7 +10,8 @@ Three steps, each usable alone:
    and gathers the catalog changes and deletions that carry the repairs out.
 3. :func:`apply` carries out a :class:`Plan`: one catalog transaction, then the deletions
    (objects only after the catalog stops naming them) and rewrites. One a tier refuses (down,
-   full, an I/O error) is reported in its finding, and the rest goes on.
+   full, an I/O error) is reported in its finding, and the rest goes on; an error of one
+   object where the tier answers leaves the tier up (:meth:`Tier.call_alone`).
 
 :func:`fsck` runs the three (``apply`` only with ``repair``) and returns an
 :class:`FsckReport`.
@@ -1013,7 +1014,9 @@ def apply(p: Plan, catalog: Catalog, tiers: TierSet) -> bool:
     """Carry out ``p``: the catalog changes in one transaction, then the deletions (objects
     the catalog no longer names, temporary files) and the zarr.json rewrites, then forget
     writers that are gone. A deletion or rewrite a tier refuses (down, full, an I/O error)
-    is reported in its finding, whose action becomes none, and the rest goes on. The
+    is reported in its finding, whose action becomes none, and the rest goes on: the error
+    of one object (permission denied, an I/O error on it) marks the tier down only where
+    the tier does not answer a probe (:meth:`Tier.call_alone`). The
     objects and remnants of a deleted dataset are deleted and cleared only while its name
     is still a deleted dataset's, holding a claim of it (:func:`_purge_deleted`). Returns
     True if anything was changed."""
@@ -1056,7 +1059,9 @@ def apply(p: Plan, catalog: Catalog, tiers: TierSet) -> bool:
         try:
             # (only over the copy inspected: a change may have announced, put and settled
             # its own version there since the record was read above)
-            tier.call(tier.backend.put_if, object_key(ds, META_KEY), data, version, durable=True)
+            tier.call_alone(
+                tier.backend.put_if, object_key(ds, META_KEY), data, version, durable=True
+            )
         except ExistsError:
             _changed_since(p, tname, ds, META_KEY)
         except (StrataError, OSError) as exc:
@@ -1092,9 +1097,9 @@ def _delete_object(p: Plan, tier: Tier, ok: str, ds: str, key: str) -> None:
     version = p.versions.get((tier.name, ok))
     try:
         if version is not None:
-            tier.call(tier.backend.delete_if, ok, version)
+            tier.call_alone(tier.backend.delete_if, ok, version)
         else:
-            tier.call(tier.backend.delete, ok)
+            tier.call_alone(tier.backend.delete, ok)
     except FileNotFoundError:
         pass
     except (StrataError, OSError) as exc:

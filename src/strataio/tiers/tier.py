@@ -268,6 +268,21 @@ class Tier:
         one object that cannot be used (:meth:`object_error`), raised as
         :class:`ObjectError`, the tier left up. A change to a :attr:`read_only` tier (a put,
         write or delete) raises :class:`ReadOnlyError` and is not tried."""
+        return self._call(fn, args, kwargs, alone=False)
+
+    def call_alone(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """As :meth:`call`, for a call about one object ``args[0]`` whose failure may be that
+        object's alone (permission denied, an I/O error on it), where the caller goes on to
+        other objects (fsck's repairs): a backend failure is raised as :class:`ObjectError`,
+        the tier left up, where the tier answers (as :meth:`object_error` asks: a probe
+        made, or one that found it answering less than :attr:`RECHECK_S` ago); where it
+        does not, the tier is marked down as by :meth:`call`. A device with no space left
+        is as for :meth:`call`."""
+        return self._call(fn, args, kwargs, alone=True)
+
+    def _call(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], alone: bool
+    ) -> Any:
         if self.read_only:
             change = next((n for n in _CHANGES if fn == getattr(self.backend, n, None)), None)
             if change is not None:
@@ -295,6 +310,12 @@ class Tier:
                     )
                     err.tier = self.name  # type: ignore[attr-defined]
                     raise err from exc
+                if alone and self._answers():
+                    what = f"object {args[0]!r}" if args else "an object"
+                    raise ObjectError(
+                        f"tier {self.name!r}: {what} cannot be used: {exc}; the tier answers "
+                        "and is not marked down"
+                    ) from exc
                 self.mark_down(exc)
                 err = TierDownError(f"tier {self.name!r} failed and is now marked down: {exc}")
                 err.tier = self.name  # type: ignore[attr-defined]
