@@ -329,3 +329,30 @@ def test_an_open_of_a_deleted_dataset_leaves_no_mark(tmp_path):
         ds.close()
         s.delete_dataset("b")
         assert s.list_datasets() == [] and objects(tmp_path, "b") == []
+
+
+def test_one_object_refusing_its_deletion_leaves_its_tier_up(tmp_path, monkeypatch):
+    """An object of a deleted dataset whose deletion fails on its own (permission denied),
+    where its tier answers, is that object's failure: the dataset's other objects go, the
+    tier stays up (it was marked down, for every later call), and the name keeps a
+    remnant there until the object goes."""
+    with open_session(tmp_path) as s:
+        ds = s.create_dataset("a", SHAPE, "f4", CHUNKS, hint="LOCALDISK")
+        ds[...] = tiers_worker.version(1)
+        ds.close()
+        disk = s.tiers["disk"]
+        delete = disk.backend.delete
+
+        def refusing(key, *args, **kwargs):
+            if key == "a/c/0/0":
+                raise PermissionError(13, "Permission denied", key)
+            return delete(key, *args, **kwargs)
+
+        monkeypatch.setattr(disk.backend, "delete", refusing)
+        s.delete_dataset("a")
+        assert disk.up
+        assert s.catalog.remnants() == [("a", "disk")]
+        assert [o for o in objects(tmp_path) if o.startswith("disk/")] == ["disk/c/0/0"]
+        monkeypatch.setattr(disk.backend, "delete", delete)
+        s.create_dataset("a", SHAPE, "f4", CHUNKS, hint="LOCALDISK").close()
+        np.testing.assert_array_equal(read(s), 0)

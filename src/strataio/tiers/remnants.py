@@ -20,7 +20,7 @@ before creating it); ``strataio fsck --repair`` does it for every remnant
 from __future__ import annotations
 
 from strataio.catalog.base import Catalog
-from strataio.errors import StrataError
+from strataio.errors import ObjectError, StrataError
 from strataio.tiers.tier import TierSet
 
 __all__ = ["purge", "purge_near", "remnant_tiers"]
@@ -83,8 +83,14 @@ def _empty(tiers: TierSet, tname: str, name: str) -> bool:
         keys = t.call(lambda: list(t.backend.list(name)))
         if keys and t.read_only:
             return False  # (this process does not write there; another may purge it)
+        left = False
         for key in keys:
-            t.call(t.backend.delete, key)
+            try:
+                # (one object refusing, where the tier answers, is that object's: the others
+                # go, and the tier stays up)
+                t.call_alone(t.backend.delete, key)
+            except ObjectError:
+                left = True
     except StrataError:
         return False
-    return True
+    return not left
