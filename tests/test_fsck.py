@@ -278,6 +278,32 @@ def test_fsck_finds_and_repairs(tmp_path):
         assert (d / "c/6/6").read_bytes() == b"\1" * 400
 
 
+def test_files_under_a_dataset_that_are_no_chunk_of_it_are_never_adopted(tmp_path):
+    """Files of someone else's under a catalogued dataset's folder (notes beside zarr.json, a
+    key outside the chunk grid, a file inside a directory in a chunk's way) were reported
+    unrecorded and adopted as chunk copies by --repair: the dataset counted more chunks than
+    its grid holds, and once the directory in the way was moved and the chunk put back,
+    fsck reported the real chunk file in the way of the adopted "c/0/0/x" for good. Only
+    keys of the dataset's chunk grid are judged; the rest are not fsck's."""
+    make(tmp_path, half_on_tape=False)
+    d = tmp_path / "disk" / "a"
+    with open_session(tmp_path) as s:
+        rows = sorted((c.key, c.tier) for c in s.catalog.all_residency())
+        (d / "README.txt").write_text("notes")
+        (d / "c" / "99").mkdir()
+        (d / "c" / "99" / "99").write_bytes(b"x")
+        (d / "c" / "0" / "0").rename(tmp_path / "c00")
+        (d / "c" / "0" / "0").mkdir()
+        (d / "c" / "0" / "0" / "x").write_bytes(b"")
+        report = fsck(s.catalog, s.tiers, repair=True)
+        assert [(f.kind, f.key) for f in report.findings] == [("blocked", "c/0/0")]
+        assert sorted((c.key, c.tier) for c in s.catalog.all_residency()) == rows
+        (d / "c" / "0" / "0" / "x").unlink()
+        (d / "c" / "0" / "0").rmdir()
+        (tmp_path / "c00").rename(d / "c" / "0" / "0")
+        assert fsck(s.catalog, s.tiers, repair=True).clean
+
+
 @pytest.mark.parametrize("verify", [True, False])
 def test_a_copy_something_stands_in_the_way_of_is_reported_and_kept(tmp_path, verify):
     """A directory where a copy's object goes, or a file where its folder goes, crashed fsck

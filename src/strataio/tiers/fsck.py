@@ -109,7 +109,7 @@ from strataio.storage.posix import LeftoverState, judge_leftover
 from strataio.storage.superfile import ContainerProblem, check_container
 from strataio.tiers.meta import meta_checksums
 from strataio.tiers.residency import META_KEY, object_key
-from strataio.tiers.superfile import is_superfile
+from strataio.tiers.superfile import container_seq, is_superfile
 from strataio.tiers.tier import (
     Tier,
     TierSet,
@@ -410,6 +410,7 @@ def inspect(
     # (no dataset of a name with remnants can be created: see Catalog.create_dataset)
     deleted = {d for d, _ in inv.remnants} - names
     superfiles = {d.name for d in records if is_superfile(d)}
+    chunk_keys = {d.name: _chunk_key_test(d) for d in records}
 
     def inside(dataset: str, key: str, data: BytesLike) -> tuple[ContainerProblem, ...]:
         if dataset not in superfiles:
@@ -504,8 +505,10 @@ def inspect(
                 if ds is not None:
                     gone.append((tname, ok, ds, key))
                 continue  # else not an object of a dataset: not ours to judge
-            if key == META_KEY or (ds, key) in folders:
-                continue  # (zarr.json, or a file in a chunk's folder's way: not a chunk)
+            if key == META_KEY or (ds, key) in folders or not chunk_keys[ds](key):
+                # (zarr.json, a file in a chunk's folder's way, or no key of the dataset's
+                # chunks at all: a file of someone else's there, never adopted as a chunk)
+                continue
             unnamed.append((tname, ok, ds, key))
     # Each object's version first (a repair deletes it only at that version: one put in its
     # place since is another process's), then the rows: they were read before the tiers were
@@ -1230,6 +1233,23 @@ def _present(missing: set[CopyId], tiers: TierSet, ids: Sequence[CopyId]) -> set
         except Exception:
             out.add((ds, key, tier))
     return out
+
+
+def _chunk_key_test(record: DatasetRecord) -> Callable[[str], bool]:
+    """Whether a key is one of dataset ``record``'s chunk keys: a superfile's container keys,
+    else the default encoding of a chunk inside the dataset's chunk grid (``c/i/j``, one
+    index per dimension, each below the grid's extent there)."""
+    if is_superfile(record):
+        return lambda key: container_seq(key) is not None
+    extents = [-(-n // c) if c else 0 for n, c in zip(record.shape, record.chunks)]
+
+    def test(key: str) -> bool:
+        parts = key.split("/")
+        if parts[0] != "c" or len(parts) != len(extents) + 1:
+            return False
+        return all(p.isdigit() and int(p) < n for p, n in zip(parts[1:], extents))
+
+    return test
 
 
 def _split(obj: str, names: Iterable[str]) -> tuple[str | None, str]:

@@ -86,7 +86,8 @@ def container_key(seq: int) -> str:
     return f"{_PREFIX}{seq:08d}"
 
 
-def _seq(key: str) -> int | None:
+def container_seq(key: str) -> int | None:
+    """The number of the container whose chunk key ``key`` is (None: no container's)."""
     if key.startswith(_PREFIX) and key[len(_PREFIX) :].isdigit():
         return int(key[len(_PREFIX) :])
     return None
@@ -134,7 +135,7 @@ class Superfile:
         self._store = store
         self._cache = store.cache
         self._lock = threading.RLock()
-        seqs = sorted(s for k in store.list_chunks() if (s := _seq(k)) is not None)
+        seqs = sorted(s for k in store.list_chunks() if (s := container_seq(k)) is not None)
         self._unindexed = set(seqs)
         self._sealed = set(seqs)
         self._next = seqs[-1] + 1 if seqs else 0
