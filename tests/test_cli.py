@@ -93,6 +93,19 @@ with strataio.open_dataset(sys.argv[1], mode="r+") as ds:
 """
 
 
+def test_fsck_path_says_what_is_there_when_it_is_no_array(tmp_path) -> None:
+    """fsck PATH of nothing said "not a directory", and of a Zarr group exited 1 (problems
+    found) saying it was no array: both are usage errors (exit 2) saying what is there."""
+    strataio.create_dataset(tmp_path / "grp" / "arr", (10, 10), "f4", (5, 5)).close()
+    r = CliRunner()
+    out = r.invoke(main, ["fsck", str(tmp_path / "nosuch")])
+    assert out.exit_code == 2 and "no such file or directory" in out.output, out.output
+    out = r.invoke(main, ["fsck", str(tmp_path / "grp")])
+    assert out.exit_code == 2 and "is a Zarr group, not an array" in out.output, out.output
+    out = r.invoke(main, ["fsck", str(tmp_path / "grp" / "arr")])
+    assert out.exit_code == 0, out.output
+
+
 def test_fsck_path_deletes_a_killed_writers_temporary_files_not_a_live_ones(tmp_path) -> None:
     path = tmp_path / "d.zarr"
     oracle = np.ones((100, 60), np.int16)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from dataclasses import dataclass
@@ -208,6 +209,17 @@ def info_cmd(path: Path, config: str | None) -> None:
     make_console().print(table)
 
 
+def _node_type(path: Path) -> str | None:
+    """The ``node_type`` of the ``zarr.json`` at ``path`` (None: none there, or unreadable;
+    opening it then says why)."""
+    try:
+        with open(path / "zarr.json", "rb") as f:
+            got = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return got.get("node_type") if isinstance(got, dict) else None
+
+
 def fsck_dataset_dir(path: Path, repair: bool) -> None:
     """``strataio fsck PATH``: the temporary files of writes into the dataset at ``PATH``:
     those of puts (``*.strataio-tmp``) and of collective shard writes (``*.<token>.part``).
@@ -223,6 +235,15 @@ def fsck_dataset_dir(path: Path, repair: bool) -> None:
     reported and left. Exit 0 clean (in-flight files included), 1 leftovers remain, 2 no
     dataset at ``PATH``.
     """
+    if not path.exists():
+        fail(
+            f"no dataset at {path}: no such file or directory (a catalogued dataset's name? "
+            "'strataio fsck' without PATH checks every catalogued copy)"
+        )
+        return
+    if _node_type(path) == "group":
+        fail(f"{path} is a Zarr group, not an array: give the path of one of its arrays")
+        return
     try:
         opened = open_dataset(path, mode="r")
     except NotFoundError as exc:
