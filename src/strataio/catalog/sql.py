@@ -490,8 +490,11 @@ class SQLCatalog(Catalog):
                 raise ExistsError(
                     f"dataset {record.name!r} cannot be created in catalog {self._label()} "
                     f"yet: objects of a deleted dataset may remain ({where}), which a dataset "
-                    "of this name would take for its own; they go once their tier answers, "
-                    "at the next create_dataset of this name or `strataio fsck --repair`"
+                    "of this name would take for its own; they go at the next create_dataset "
+                    "of this name or `strataio fsck --repair` once their tier answers and no "
+                    "other process is deleting or creating the name (try again then), but "
+                    "never from a read-only tier: remove them there by hand, or make the tier "
+                    "writable"
                 )
             # (a random first generation: a dataset deleted and created again under its name
             # never has a generation rows learned of the one before had)

@@ -401,10 +401,13 @@ def fsck_command(config: str | None, path: Path | None, repair: bool, quick: boo
         f"{name} ({escape(report.skipped_why.get(name, 'down'))})" for name in report.skipped_tiers
     )
     young = len(report.in_flight)
+    left = len(report.unrepairable)
+    fixed = len(report.problems) - left if report.repaired else 0
     console.print(
         f"{report.copies} copies of {report.chunks} chunks checked, "
         f"{len(report.problems)} problem{'s' if len(report.problems) != 1 else ''}"
-        + (", repaired" if report.repaired else "")
+        + (f", {fixed} repaired" if fixed else "")
+        + (f", {left} left" if fixed and left else "")
         + (f"; {young} in flight in running processes, left alone" if young else "")
         + (
             f"; {report.writers_gone} session{'s' if report.writers_gone != 1 else ''} "
