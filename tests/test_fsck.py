@@ -111,6 +111,29 @@ def test_fsck_rewrites_a_zarr_json_left_from_before_an_attribute_change(tmp_path
         assert fsck(s.catalog, s.tiers).clean
 
 
+def test_a_stale_zarr_json_is_reported_where_the_current_one_is_on_a_tier_not_checked(tmp_path):
+    """The tier holding the current zarr.json does not answer, and the one that does holds
+    the older one: fsck said "0 problems" (opens refused it, rightly). It reports that copy
+    (stale-meta, no repair while the current one cannot be read), and rewrites it once the
+    tier holding the current one answers again."""
+    current = _zarr_json_left_on_disk(tmp_path)
+    tape = tmp_path / "tape"
+    with open_session(tmp_path) as s:
+        tape.rename(tmp_path / "tape.away")
+        tape.write_bytes(b"")  # (a file in its place: the tier does not answer)
+        report = fsck(s.catalog, s.tiers, repair=True)
+        assert [(f.kind, f.tier, f.key, f.action) for f in report.problems] == [
+            (Kind.STALE_META, "disk", "zarr.json", Action.NONE)
+        ]
+        assert "not checked: tape" in report.problems[0].detail
+        tape.unlink()
+        (tmp_path / "tape.away").rename(tape)
+        s.tiers["tape"].check()
+        assert fsck(s.catalog, s.tiers, repair=True).repaired
+        assert (tmp_path / "disk" / "a" / "zarr.json").read_bytes() == current
+        assert fsck(s.catalog, s.tiers).clean
+
+
 class _ChangedMeanwhile:
     """Catalog ``catalog``, running ``change`` once, just after the first dataset record is
     read through it (and returning the record as read before it)."""

@@ -944,7 +944,19 @@ def _plan_remnant(out: Plan, inv: Inventory, u: UnnamedObject) -> None:
 def _plan_meta(out: Plan, inv: Inventory, m: MetaCheck) -> None:
     """Decide about one dataset's zarr.json copies."""
     if m.current is None:
-        return  # (see the module doc)
+        # (see the module doc) but where tiers were not checked, the version the catalog
+        # records may be there alone: the copies checked are then reported, with no repair
+        if inv.skipped_tiers:
+            down = ", ".join(inv.skipped_tiers)
+            for tier, digest in m.copies:
+                if digest not in m.accepted:
+                    detail = (
+                        f"zarr.json of another version ({digest}) than the catalog records "
+                        f"({', '.join(m.accepted)}), which no tier checked holds (not checked: "
+                        f"{down}); rewritten once a tier holding it answers"
+                    )
+                    out.findings.append(Finding(Kind.STALE_META, tier, m.dataset, META_KEY, detail))
+        return
     for tier, digest in m.copies:
         if digest in m.accepted:
             continue
