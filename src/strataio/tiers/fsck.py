@@ -40,8 +40,10 @@ A tiered dataset's ``zarr.json`` is checked on every tier checked against the ve
 catalog record names (:mod:`strataio.tiers.meta`): a copy of another version (the tier was
 down while attributes were set) is **stale-meta**, rewritten by repair with the first copy of
 a version the record names, in tier order (the one reads take). A dataset none of whose
-copies on the tiers checked is of such a version is not judged: reads take the first copy
-where every tier answers, and the current one may be on a tier not checked.
+copies on the tiers checked is of such a version is not judged where every tier was checked
+(reads then take the first copy: a hand edit, or an older strataio); where a tier was not,
+the current one may be there alone, and the copies checked are reported stale-meta with no
+repair until it answers.
 
 No clock decides any of this. An announced rewrite whose writer is alive, and an unnamed
 object or temporary file of a dataset some live writer has in use, may belong to an
