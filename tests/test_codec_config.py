@@ -54,8 +54,9 @@ def test_a_bad_configuration_is_refused_at_create_and_nothing_is_written(
 def test_a_session_refuses_a_bad_configuration_before_cataloguing(tmp_path, codec, match):
     tiers = TierSet([Tier("local", PosixBackend(tmp_path / "local"), "localdisk", order=0)])
     with strataio.Session(tiers=tiers, catalog=tmp_path / "cat.db") as s:
-        with pytest.raises(CodecError, match=match):
+        with pytest.raises(CodecError, match=match) as refused:
             s.create_dataset("x", (4,), "f4", (2,), hint="LOCALDISK", codec=codec)
+        assert str(refused.value).startswith("dataset 'x': ")  # (named, as a plain create's)
         with pytest.raises(NotFoundError):
             s.open_dataset("x")
     assert not (tmp_path / "local" / "x").exists()

@@ -411,8 +411,11 @@ class Session:
         try:
             self._check_open()
             _check_name(name)
-            meta = ArrayMetadata.create(shape, dtype, chunks, codec, fill_value, attrs, dims)
-            CodecPipeline(meta.codecs, meta.dtype, meta.chunks)
+            try:
+                meta = ArrayMetadata.create(shape, dtype, chunks, codec, fill_value, attrs, dims)
+                CodecPipeline(meta.codecs, meta.dtype, meta.chunks)
+            except StrataError as exc:  # (named as a plain dataset's create names its path)
+                raise type(exc)(f"dataset {name!r}: {exc}") from exc
             h = self.placement.check_hint(hint)
             if not isinstance(expected_reads, numbers.Integral) or isinstance(expected_reads, bool):
                 raise ArgumentError(f"expected_reads must be an integer, got {expected_reads!r}")
