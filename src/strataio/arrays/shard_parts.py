@@ -63,7 +63,7 @@ import re
 import threading
 from collections.abc import Iterator
 
-from strataio.storage.posix import LeftoverState, names_file
+from strataio.storage.posix import LeftoverState, lock_to_judge, names_file
 
 __all__ = [
     "LOCK_SUFFIX",
@@ -246,37 +246,29 @@ def _judge_by(lock: str, path: str, remove: bool) -> LeftoverState:
     for _ in range(_TRIES):
         try:
             if _held_here(os.stat(lock, follow_symlinks=False)):  # (never opened again here)
-                return LeftoverState.LIVE if os.path.lexists(path) else LeftoverState.GONE
+                return _running(path)
         except FileNotFoundError:
             return _dead(path, remove)  # (the call is over)
-        fd = -1
-        # (open for writing where allowed: NFS takes an exclusive flock only on such a
-        # descriptor)
-        for mode in (os.O_RDWR, os.O_RDONLY):
-            try:
-                fd = os.open(lock, mode | os.O_NOFOLLOW | os.O_CLOEXEC)
-                break
-            except FileNotFoundError:
-                return _dead(path, remove)  # (the call is over)
-            except PermissionError:
-                continue
-            except OSError:  # (a link, say: no lock file of ours to judge by)
-                return LeftoverState.UNKNOWN
-        if fd < 0:
-            return LeftoverState.UNKNOWN
+        state, fd = lock_to_judge(lock)
+        if state is LeftoverState.GONE:
+            return _dead(path, remove)  # (the call is over)
+        if state is LeftoverState.LIVE:
+            return _running(path)
+        if state is not None:
+            return state
         try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return LeftoverState.LIVE if os.path.lexists(path) else LeftoverState.GONE
-            except OSError:
-                return LeftoverState.UNKNOWN
             if names_file(lock, fd):
                 return _dead(path, remove)
             # (deleted, or made again, since it was opened: look again)
         finally:
             os.close(fd)
     return LeftoverState.UNKNOWN
+
+
+def _running(path: str) -> LeftoverState:
+    """The state of ``path``, a file of a call found running: GONE where it is renamed or
+    removed already."""
+    return LeftoverState.LIVE if os.path.lexists(path) else LeftoverState.GONE
 
 
 def _dead(path: str, remove: bool) -> LeftoverState:

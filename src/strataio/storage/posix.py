@@ -583,13 +583,11 @@ class LeftoverState(StrEnum):
     GONE = "gone"  # no file there any more (renamed into place, or deleted meanwhile)
 
 
-def judge_leftover(path: str, *, remove: bool = False) -> LeftoverState:
-    """Whether the put that made temporary file ``path`` is still running, by trying its lock
-    without waiting (see the module's docstring); with ``remove``, delete the file while
-    holding the lock, only where it is :attr:`~LeftoverState.DEAD`. Safe beside running
-    puts: a put that has made its file but not yet locked it sees the deletion once it holds
-    the lock, and starts over under another name. (The temporary files of collective shard
-    writes are judged by their call's lock file: :func:`strataio.arrays.shard_parts.judge`.)"""
+def lock_to_judge(path: str) -> tuple[LeftoverState | None, int]:
+    """Try to take the exclusive ``flock`` of the file at ``path`` without waiting, to judge
+    whether a writer holds it: ``(None, fd)`` where it was taken (held through ``fd``, which
+    the caller closes), else ``(state, -1)``: GONE (no file there), LIVE (a writer holds its
+    lock) or UNKNOWN (no lock to take or refuse here, or no file of ours: a link, say)."""
     fd = -1
     # (open for writing where allowed: NFS takes an exclusive flock only on such a descriptor)
     for mode in (os.O_RDWR, os.O_RDONLY):
@@ -597,20 +595,34 @@ def judge_leftover(path: str, *, remove: bool = False) -> LeftoverState:
             fd = os.open(path, mode | os.O_NOFOLLOW | os.O_CLOEXEC)
             break
         except FileNotFoundError:
-            return LeftoverState.GONE
+            return LeftoverState.GONE, -1
         except PermissionError:
             continue
-        except OSError:  # (a link, say: not a put's file to judge)
-            return LeftoverState.UNKNOWN
-    if fd < 0:
-        return LeftoverState.UNKNOWN
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return LeftoverState.LIVE
         except OSError:
-            return LeftoverState.UNKNOWN
+            return LeftoverState.UNKNOWN, -1
+    if fd < 0:
+        return LeftoverState.UNKNOWN, -1
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        os.close(fd)
+        return (
+            LeftoverState.LIVE if isinstance(exc, BlockingIOError) else LeftoverState.UNKNOWN
+        ), -1
+    return None, fd
+
+
+def judge_leftover(path: str, *, remove: bool = False) -> LeftoverState:
+    """Whether the put that made temporary file ``path`` is still running, by trying its lock
+    without waiting (see the module's docstring); with ``remove``, delete the file while
+    holding the lock, only where it is :attr:`~LeftoverState.DEAD`. Safe beside running
+    puts: a put that has made its file but not yet locked it sees the deletion once it holds
+    the lock, and starts over under another name. (The temporary files of collective shard
+    writes are judged by their call's lock file: :func:`strataio.arrays.shard_parts.judge`.)"""
+    state, fd = lock_to_judge(path)
+    if state is not None:
+        return state
+    try:
         mine = os.fstat(fd)
         if not mine.st_nlink:
             return LeftoverState.GONE
