@@ -347,7 +347,7 @@ def test_a_parallel_open_that_reaches_only_an_older_zarr_json_raises_on_every_ra
     """Rank 0 reads zarr.json for every rank: where it raises (only a copy from before an
     attribute change answers), every rank raises, rather than wait for its answer for good."""
     _attrs_set_while_local_is_down(tmp_path)
-    out = run_mpi(2, "tiers_open_stale_meta.py", tmp_path, timeout=60)
+    out = run_mpi(2, "tiers_rank0_meta_failure.py", tmp_path, "open", timeout=60)
     assert out.strip().splitlines()[-1] == "ok"
 
 
@@ -367,7 +367,7 @@ def test_a_create_that_cannot_store_zarr_json_leaves_the_dataset_in_use_by_no_on
 def test_a_parallel_create_that_cannot_store_zarr_json_raises_on_every_rank(tmp_path):
     """Rank 0 stores the new dataset's zarr.json for every rank: where it raises, every rank
     raises (the others went on with a dataset rank 0 had given up)."""
-    out = run_mpi(2, "tiers_create_unstored_meta.py", tmp_path, timeout=60)
+    out = run_mpi(2, "tiers_rank0_meta_failure.py", tmp_path, "create", timeout=60)
     assert out.strip().splitlines()[-1] == "ok"
 
 
