@@ -93,6 +93,21 @@ with strataio.open_dataset(sys.argv[1], mode="r+") as ds:
 """
 
 
+def _held_writer(script: str, path, row: int, value: int) -> subprocess.Popen:
+    """A process running ``script`` (writing ``value`` from ``row`` of the dataset at ``path``),
+    once it says it is about to rename its temporary file into place, where it waits for a
+    line on its stdin."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script, str(path), str(row), str(value)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)),
+    )
+    assert proc.stdout.readline() == "renaming\n"
+    return proc
+
+
 def test_fsck_path_says_what_is_there_when_it_is_no_array(tmp_path) -> None:
     """fsck PATH of nothing said "not a directory", and of a Zarr group exited 1 (problems
     found) saying it was no array: both are usage errors (exit 2) saying what is there."""
@@ -111,20 +126,7 @@ def test_fsck_path_deletes_a_killed_writers_temporary_files_not_a_live_ones(tmp_
     oracle = np.ones((100, 60), np.int16)
     with strataio.create_dataset(path, (100, 60), "int16", (30, 20)) as ds:
         ds[...] = oracle
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-
-    def writer(row: int, value: int) -> subprocess.Popen:
-        proc = subprocess.Popen(
-            [sys.executable, "-c", _HELD_WRITER, str(path), str(row), str(value)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-        assert proc.stdout.readline() == "renaming\n"
-        return proc
-
-    killed, live = writer(0, 7), writer(30, 9)
+    killed, live = (_held_writer(_HELD_WRITER, path, row, v) for row, v in ((0, 7), (30, 9)))
     try:
         killed.send_signal(signal.SIGKILL)
         killed.wait(10)
@@ -200,20 +202,8 @@ def test_fsck_path_deletes_a_killed_shard_writes_part_files_not_a_running_ones(t
         path, oracle.shape, "i8", (3, 4), shards=(6, 8), codec="zstd"
     ) as ds:
         ds[...] = oracle
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-
-    def writer(row: int, value: int) -> subprocess.Popen:
-        proc = subprocess.Popen(
-            [sys.executable, "-c", _HELD_SHARD_WRITER, str(path), str(row), str(value)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-        assert proc.stdout.readline() == "renaming\n"
-        return proc
-
-    killed, live = writer(0, 7), writer(6, 9)  # (each writes one whole shard: c/0/0, c/1/0)
+    # (each writes one whole shard: c/0/0, c/1/0)
+    killed, live = (_held_writer(_HELD_SHARD_WRITER, path, row, v) for row, v in ((0, 7), (6, 9)))
     try:
         killed.send_signal(signal.SIGKILL)
         killed.wait(10)
