@@ -683,3 +683,18 @@ def test_a_row_recorded_carries_the_latest_access_known_here():
     res.add(ChunkCopy("d", "c/0", "slow", 16, "crc32c:00000001", "valid", 2.0))
     (up,) = res.take_batch().upserts
     assert (up.tier, up.last_access) == ("slow", 50.0)
+
+
+def test_a_chunk_another_process_writes_first_is_read_after_its_flush(tmp_path):
+    """A handle that read a chunk no one had written (its fill value) kept that for good:
+    another process's first write of it, flushed, showed in no object the handle read. A
+    read of a chunk with no copy asks for the catalog's generation (one small query) and
+    learns the chunk's rows again where it moved on."""
+    with _session(tmp_path) as a, _session(tmp_path) as b:
+        a.create_dataset("e", SHAPE, "f4", CHUNKS, hint="LOCALDISK", fill_value=7).close()
+        reader = a.open_dataset("e")
+        np.testing.assert_array_equal(reader[0:2, 0:2], 7)
+        with b.open_dataset("e", "r+") as writer:
+            writer[0:2, 0:2] = 1
+        np.testing.assert_array_equal(reader[0:2, 0:2], 1)
+        reader.close()

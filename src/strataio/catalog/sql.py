@@ -741,8 +741,10 @@ class SQLCatalog(Catalog):
         # first (a commit between two parts makes it older than some rows, never newer).
         if len(parts) > 1:
             generation = before
+        elif not got:  # (no row to carry it: chunks never written, asked for apart)
+            generation = self.generation(dataset)
         else:
-            generation = None if not got or got[0][11] is None else int(got[0][11])
+            generation = None if got[0][11] is None else int(got[0][11])
         return rows, checks, generation
 
     def all_residency(self) -> list[ChunkCopy]:

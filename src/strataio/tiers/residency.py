@@ -280,6 +280,14 @@ class Residency:
             copies = self._copies
             return [k for k in keys if not volatile.isdisjoint(held(copies, k) or ())]
 
+    def without_copies(self, keys: Iterable[str]) -> list[str]:
+        """Those of ``keys`` whose rows, learned already, name no copy (a chunk never
+        written, as far as this residency knows), in one look."""
+        with self.lock:
+            held = dict.get  # (the chunks of a read were learned at its start)
+            copies = self._copies
+            return [k for k in keys if not held(copies, k, None)]
+
     def names_bytes(self, keys: Sequence[str], digests: Sequence[str]) -> list[bool]:
         """Per key, True if the copy a read of it would use (its tier up or not) accepts
         bytes of the checksum at the same position of ``digests`` (:meth:`ChunkCopy.accepts`),

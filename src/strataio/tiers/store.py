@@ -659,15 +659,18 @@ class TieredChunkStore(ChunkStore):
     def _in_memory(
         self, keys: Sequence[str], checks: Sequence[_Checked | None] | None = None
     ) -> list[str]:
-        """Those of ``keys`` a read may serve from memory: held in the prefetch cache, or
-        with a copy on a memory tier. ``checks``: :meth:`_still_checked` of each (a chunk
-        whose checked copy holds is read there, never on a memory tier: adding a copy moves
-        the chunk's stamp)."""
+        """Those of ``keys`` a read may serve from memory: held in the prefetch cache, with
+        a copy on a memory tier, or with no copy at all (its fill value). ``checks``:
+        :meth:`_still_checked` of each (a chunk whose checked copy holds is read there, never
+        on a memory tier: adding a copy moves the chunk's stamp)."""
         out = self.cache.holding(self.name, keys)
-        if self._volatile:
-            rest = keys if checks is None else [k for k, c in zip(keys, checks) if c is None]
-            if rest:
+        rest = keys if checks is None else [k for k, c in zip(keys, checks) if c is None]
+        if rest:
+            if self._volatile:
                 out += self.res.in_memory(rest)
+            # (a chunk with no copy is read as its fill value from what this process knows
+            # alone: another process's first write of it shows in no object read)
+            out += self.res.without_copies(rest)
         return out
 
     def confirm_rows(self, keys: Sequence[str]) -> bool:
