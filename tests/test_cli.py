@@ -108,6 +108,14 @@ def _held_writer(script: str, path, row: int, value: int) -> subprocess.Popen:
     return proc
 
 
+def _reap(*procs: subprocess.Popen) -> None:
+    """Kill and wait for those of ``procs`` still running (a test that failed midway)."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 def test_fsck_path_says_what_is_there_when_it_is_no_array(tmp_path) -> None:
     """fsck PATH of nothing said "not a directory", and of a Zarr group exited 1 (problems
     found) saying it was no array: both are usage errors (exit 2) saying what is there."""
@@ -156,10 +164,7 @@ def test_fsck_path_deletes_a_killed_writers_temporary_files_not_a_live_ones(tmp_
         live.stdin.flush()
         assert live.wait(20) == 0
     finally:
-        for proc in (killed, live):
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        _reap(killed, live)
     oracle[30:60, 0:20] = 9  # the killed writer's chunk keeps its old value
     with strataio.open_dataset(path, mode="r") as ds:
         assert np.array_equal(ds[...], oracle)
@@ -240,10 +245,7 @@ def test_fsck_path_deletes_a_killed_shard_writes_part_files_not_a_running_ones(t
         live.stdin.flush()
         assert live.wait(60) == 0
     finally:
-        for proc in (killed, live):
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        _reap(killed, live)
     oracle[6:12, 0:8] = 9  # the killed writer's shard keeps its old value
     with strataio.open_dataset(path, mode="r") as ds:
         assert np.array_equal(ds[...], oracle)
