@@ -230,6 +230,26 @@ class BackendContract:
         assert sorted(backend.list("ab")) == ["ab/x"]
         assert list(backend.list("zzz")) == []
 
+    def test_remove_empty_folders_keeps_every_object(self, backend: Backend) -> None:
+        """Removing the folders left empty under a prefix removes no object, under it or
+        beside it, and a put there afterwards works; the whole namespace ("") is never
+        asked for."""
+        for k in ("a/b/c", "a/d", "ab/x", "f"):
+            backend.put(k, k.encode())
+        backend.delete("a/b/c")
+        backend.remove_empty_folders("a")
+        assert sorted(backend.list()) == ["a/d", "ab/x", "f"]
+        backend.delete("a/d")
+        backend.remove_empty_folders("a/")
+        assert sorted(backend.list()) == ["ab/x", "f"]
+        backend.remove_empty_folders("nothing/here")
+        backend.put("a/b/c", b"again")
+        assert bytes(backend.get("a/b/c")) == b"again"
+        with pytest.raises(InvalidKeyError):
+            backend.remove_empty_folders("")
+        with pytest.raises(InvalidKeyError):
+            backend.remove_empty_folders("../x")
+
     def test_unusual_key_characters(self, backend: Backend) -> None:
         keys = ["dir with space/\u00fc-\u00f1_%25.x", "a+b=c/d&e", "x~y/z'q", "c/0/1"]
         for k in keys:

@@ -5,6 +5,7 @@ of that name never reads (nor fsck adopts) a value of the old one."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -154,6 +155,32 @@ def test_a_dataset_open_in_another_process_is_not_deleted(tmp_path):
         assert s.list_datasets() == [] and objects(tmp_path) == []
 
 
+def test_a_deletion_leaves_no_empty_folder(tmp_path):
+    """The folders of a deleted dataset go with its objects (they stayed, empty), and
+    nothing above its name: a dataset beside it keeps its folders, and the tiers their
+    roots. A dataset created again under the name is written as before."""
+    with open_session(tmp_path) as s:
+        for name in ("run/a", "run/b"):
+            ds = s.create_dataset(name, SHAPE, "f4", CHUNKS, hint="LOCALDISK")
+            ds[...] = tiers_worker.version(1)
+            ds.migrate(np.s_[0:40, :], to="tape").wait()
+            ds.close()
+        s.catalog.end_lingering()
+        s.delete_dataset("run/a")
+        for tier in ("disk", "tape"):
+            assert not (tmp_path / tier / "run" / "a").exists()
+        assert len(objects(tmp_path, "run/b")) == 66  # (beside it: untouched)
+        s.delete_dataset("run/b")
+        for tier in ("disk", "tape"):  # ("run" is no dataset's: never removed)
+            assert os.listdir(tmp_path / tier) == ["run"] and not os.listdir(
+                tmp_path / tier / "run"
+            )
+        ds = s.create_dataset("run/a", SHAPE, "f4", CHUNKS, hint="LOCALDISK")
+        ds[...] = 3.0
+        ds.close()
+        np.testing.assert_array_equal(read(s, "run/a"), 3.0)
+
+
 @pytest.mark.parametrize("cleaner", ["fsck", "create"])
 def test_a_tier_down_at_deletion_keeps_the_name_until_its_objects_are_gone(tmp_path, cleaner):
     """Objects on a tier that did not answer when their dataset was deleted stay recorded as
@@ -186,6 +213,7 @@ def test_a_tier_down_at_deletion_keeps_the_name_until_its_objects_are_gone(tmp_p
             }
             assert sorted(f"tape/{f.key}" for f in report.findings) == on_tape
             assert report.repaired and s.catalog.remnants() == []
+            assert not (tmp_path / "tape" / "a").exists()  # (its folders too)
         s.create_dataset("a", SHAPE, "f4", CHUNKS, hint="LOCALDISK").close()
         assert objects(tmp_path) == ["disk/zarr.json", "tape/zarr.json"]
         np.testing.assert_array_equal(read(s), 0)
@@ -290,7 +318,7 @@ def test_fsck_leaves_a_dataset_created_again_since_it_read_the_remnants(tmp_path
             ds[0:10, :] = 5.0
             ds.close()
         disk = tmp_path / "disk" / "a" / "c"
-        (disk / "7").mkdir(exist_ok=True)  # (the deleted dataset's folders stay)
+        (disk / "7").mkdir()
         (disk / "7" / "7").write_bytes((disk / "0" / "0").read_bytes())  # no row names it
 
     with open_session(tmp_path) as s:

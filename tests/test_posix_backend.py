@@ -591,3 +591,59 @@ def test_a_conditional_put_replaces_only_the_version_seen(backend: PosixBackend)
     (now,) = backend.versions(["a/c/0"])
     version = backend.put_if("a/c/0", b"mine", now, durable=True)
     assert backend.get("a/c/0") == b"mine" and backend.versions(["a/c/0"]) == [version]
+
+
+@pytest.mark.parametrize("shaped", [False, True])
+def test_remove_empty_folders_removes_only_empty_ones_under_the_prefix(tmp_path, shaped) -> None:
+    """The folders a deleted prefix leaves empty go, deepest first and its own included;
+    a folder holding a file (a temporary file of a put running, too), the folders above the
+    prefix and the root stay (a Shaped tier passes the call to its directory)."""
+    from strataio.storage.shaped import Shaped
+
+    inner = PosixBackend(tmp_path / "root")
+    backend = Shaped(inner, "remote_tape_2002", time_scale=0) if shaped else inner
+    root = inner.root
+    for k in ("run/a/c/0/0", "run/a/c/0/1", "run/a/c/1/0", "run/a/zarr.json", "run/b/c/0"):
+        backend.put(k, b"x")
+    (root / "run" / "a" / "c" / "2").mkdir()
+    (root / "run" / "a" / "c" / "3").mkdir()
+    (root / "run" / "a" / "c" / "3" / f"0.1.2{TMP_SUFFIX}").write_bytes(b"")
+    for k in ("run/a/c/0/0", "run/a/c/0/1", "run/a/c/1/0", "run/a/zarr.json"):
+        backend.delete(k)
+    assert backend.remove_empty_folders("run/a") == 3  # c/0, c/1, c/2
+    assert sorted(p.relative_to(root).as_posix() for p in root.rglob("*")) == [
+        "run", "run/a", "run/a/c", "run/a/c/3", f"run/a/c/3/0.1.2{TMP_SUFFIX}",
+        "run/b", "run/b/c", "run/b/c/0",
+    ]  # fmt: skip
+    (root / "run" / "a" / "c" / "3" / f"0.1.2{TMP_SUFFIX}").unlink()
+    assert backend.remove_empty_folders("run/a") == 3  # c/3, c, a
+    assert sorted(p.relative_to(root).as_posix() for p in root.rglob("*")) == [
+        "run", "run/b", "run/b/c", "run/b/c/0",
+    ]  # fmt: skip
+    backend.delete("run/b/c/0")
+    assert backend.remove_empty_folders("run/b/c") == 1
+    assert (root / "run" / "b").is_dir() and root.is_dir()  # (above the prefix: kept)
+
+
+def test_a_put_whose_folder_is_removed_before_its_file_is_made_makes_it_again(
+    backend: PosixBackend, monkeypatch
+) -> None:
+    """A put (or write) that makes its folders, which another process removes as empty
+    (the purge of a deleted dataset of the same name) before the put's file is in them,
+    makes them again: it failed with FileNotFoundError."""
+    make = PosixBackend._ensure_parent
+    removals = 0
+
+    def made_then_removed(self, path):
+        nonlocal removals
+        make(self, path)
+        if removals < 3:  # (three times in a row: each try finds them gone)
+            removals += 1
+            os.rmdir(os.path.dirname(path))
+
+    monkeypatch.setattr(PosixBackend, "_ensure_parent", made_then_removed)
+    backend.put("d/c/0/0", b"put")
+    assert bytes(backend.get("d/c/0/0")) == b"put"
+    removals = 0
+    backend.write("e/c/0/0", Extents.single(0, 5), b"write")
+    assert bytes(backend.get("e/c/0/0")) == b"write"

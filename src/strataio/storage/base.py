@@ -171,6 +171,19 @@ class Backend(abc.ABC):
     def list(self, prefix: str = "") -> Iterator[str]:
         """Keys under ``prefix`` (a key prefix ending at a ``/`` boundary, or ``""``)."""
 
+    def remove_empty_folders(self, prefix: str) -> int:
+        """Remove the folders found empty under ``prefix`` (a key prefix at a ``/``
+        boundary, such as a dataset's name: never ``""``), deepest first, ``prefix``'s own
+        folder included; never a folder above it, nor the root. Returns how many went.
+
+        Only what is empty goes, each folder in one step that fails on one holding anything
+        (POSIX ``rmdir``): an object put meanwhile keeps its folder, and a put that finds
+        its folder gone makes it again. A folder that cannot be removed (not empty, gone
+        already, refused) is left, never an error: it holds no object. A backend without
+        folders (an object store, memory) has none to remove."""
+        validate_key(prefix.rstrip("/"))
+        return 0
+
     def sync(self, keys: Iterable[str] | None = None) -> None:  # noqa: B027 - optional hook
         """Make earlier writes to ``keys`` (all, when None) durable."""
 

@@ -53,6 +53,9 @@ _tmp_counter = iter(range(1 << 62))
 _tmp_lock = threading.Lock()
 #: ``_put_file``'s "whatever version is there" (None means "no object there")
 _ANY_VERSION = object()
+#: how many times a put makes its folders and opens its file where another process removes
+#: them, found empty, in between: each retry needs another removal inside that narrow window
+_FOLDER_TRIES = 8
 
 
 def _transfer(fd: int, ext: Extents, buf: memoryview, write: bool) -> None:
@@ -148,14 +151,26 @@ class PosixBackend(Backend):
             raise root
         os.makedirs(os.path.dirname(path), exist_ok=True)
 
+    def _open_creating(self, path: str, flags: int) -> int:
+        """``os.open`` of ``path`` with ``flags`` (``O_CREAT`` among them), making its
+        folders where missing, and again where they are removed, found empty, between their
+        making and the open (:meth:`remove_empty_folders` of a deleted dataset's name, in
+        another process)."""
+        for _ in range(_FOLDER_TRIES):
+            try:
+                return os.open(path, flags, 0o644)
+            except FileNotFoundError:
+                with contextlib.suppress(FileNotFoundError):  # (one above went meanwhile)
+                    self._ensure_parent(path)
+        return os.open(path, flags, 0o644)
+
     def _open(self, key: str, flags: int) -> int:
         path = self.path(key)
         try:
             return os.open(path, flags | os.O_CLOEXEC, 0o644)
         except FileNotFoundError:
             if flags & os.O_CREAT:
-                self._ensure_parent(path)
-                return os.open(path, flags | os.O_CLOEXEC, 0o644)
+                return self._open_creating(path, flags | os.O_CLOEXEC)
             raise self._missing(key) from None
         except OSError as exc:
             raise BackendError(f"{self.url}: cannot open {key!r}: {exc}") from exc
@@ -412,10 +427,7 @@ class PosixBackend(Backend):
             with _tmp_lock:
                 tmp = f"{path}.{os.getpid()}.{next(_tmp_counter)}{TMP_SUFFIX}"
             try:
-                fd = os.open(tmp, flags, 0o644)
-            except FileNotFoundError:
-                self._ensure_parent(path)
-                fd = os.open(tmp, flags, 0o644)
+                fd = self._open_creating(tmp, flags)
             except FileExistsError:  # left by an earlier process of the same pid
                 continue
             try:
@@ -506,6 +518,19 @@ class PosixBackend(Backend):
                 if f.endswith(TMP_SUFFIX):
                     continue
                 yield f if rel == "." else f"{rel}/{f}".replace(os.sep, "/")
+
+    def remove_empty_folders(self, prefix: str) -> int:
+        """:meth:`Backend.remove_empty_folders`: an ``rmdir`` of each folder under
+        ``prefix``, deepest first, which fails on one holding anything (a file put, a
+        temporary file of a put running, a folder made meanwhile), left as it is."""
+        removed = 0
+        for dirpath, _dirs, _files in os.walk(self.path(prefix.rstrip("/")), topdown=False):
+            try:
+                os.rmdir(dirpath)
+            except OSError:
+                continue  # (not empty, gone already, or refused: it holds no object)
+            removed += 1
+        return removed
 
     def sync(self, keys: Iterable[str] | None = None) -> None:
         """fsync each object and then each directory holding one, so that both the bytes and

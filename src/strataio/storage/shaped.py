@@ -339,6 +339,10 @@ class Shaped(Backend):
         self._meta()
         return self.inner.list(prefix)
 
+    def remove_empty_folders(self, prefix: str) -> int:
+        self._meta()
+        return self.inner.remove_empty_folders(prefix)
+
     def sync(self, keys: Iterable[str] | None = None) -> None:
         self.inner.sync(keys)
 

@@ -1139,7 +1139,8 @@ def _purge_deleted(
     inspection (a create purges them first), and what is under it is then the new
     dataset's: its ``zarr.json``, or a killed writer's chunks a later fsck adopts. While a
     remnant stays, no dataset of the name, or of one above or below it, is created. What is
-    left is reported in its finding."""
+    left is reported in its finding. The folders the objects leave empty on a tier cleared
+    go too (:meth:`Backend.remove_empty_folders`)."""
 
     def leave(why: str) -> None:
         for tname, ok in objs:
@@ -1159,9 +1160,12 @@ def _purge_deleted(
         for tname in where:
             if tname not in left:
                 continue
+            tier = tiers[tname]
             try:
-                if next(iter(tiers[tname].backend.list(ds)), None) is None:
+                if next(iter(tier.backend.list(ds)), None) is None:
                     cleared.append(tname)
+                    if not tier.read_only:
+                        tier.backend.remove_empty_folders(ds)
             except Exception as exc:
                 if not is_backend_failure(exc):
                     raise

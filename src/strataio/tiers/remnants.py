@@ -75,7 +75,8 @@ def purge_near(catalog: Catalog, tiers: TierSet, name: str) -> list[tuple[str, s
 
 
 def _empty(tiers: TierSet, tname: str, name: str) -> bool:
-    """Delete the objects under ``name`` on tier ``tname``; True if none is left there."""
+    """Delete the objects under ``name`` on tier ``tname``, then the folders they leave
+    empty (:meth:`Backend.remove_empty_folders`); True if no object is left there."""
     t = tiers[tname]
     if not t.recheck():  # (a tier marked down is probed again, at most every RECHECK_S)
         return False
@@ -91,6 +92,8 @@ def _empty(tiers: TierSet, tname: str, name: str) -> bool:
                 t.call_alone(t.backend.delete, key)
             except ObjectError:
                 left = True
+        if not left and not t.read_only:
+            t.call(t.backend.remove_empty_folders, name)
     except StrataError:
         return False
     return not left

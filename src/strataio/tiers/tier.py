@@ -59,7 +59,7 @@ PROBE_KEY = ".strataio/health-probe"
 #: the backend calls that change what a tier holds, which a read-only tier is never asked
 _CHANGES = (
     *("write", "put", "put_new", "put_versioned", "put_if", "truncate"),
-    *("delete", "delete_if", "delete_if_many"),
+    *("delete", "delete_if", "delete_if_many", "remove_empty_folders"),
 )
 
 
