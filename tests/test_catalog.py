@@ -1320,11 +1320,17 @@ def test_dropping_cached_pages_keeps_every_row(cat, url):
 
 def test_a_deleted_datasets_remnants_keep_its_name_until_cleared(cat):
     """A deletion records the tiers where the dataset's objects may remain (those named, and
-    those its rows name); until each is cleared, no dataset of that name, nor one above or
-    below it, can be created."""
+    those its rows name), and returns what its rows named per tier; until each remnant is
+    cleared, no dataset of that name, nor one above or below it, can be created."""
     cat.create_dataset(_ds("run/a"))
-    cat.commit([ChunkCopy("run/a", "c/0/0", "local", 10)])
-    cat.delete_dataset("run/a", remnants=["archive", "archive"])
+    cat.commit(
+        [ChunkCopy("run/a", "c/0/0", "local", 10), ChunkCopy("run/a", "c/0/1", "local", 5)]
+        + [ChunkCopy("run/a", "c/0/0", "archive", 7)]
+    )
+    assert cat.delete_dataset("run/a", remnants=["archive", "archive"]) == [
+        TierUsage("run/a", "local", 2, 15),
+        TierUsage("run/a", "archive", 1, 7),
+    ]  # (tier order)
     assert cat.remnants() == [("run/a", "archive"), ("run/a", "local")]
     assert cat.remnants("run/a") == cat.remnants() and cat.remnants("run") == []
     for name in ("run/a", "run", "run/a/b"):
@@ -1342,6 +1348,8 @@ def test_a_deleted_datasets_remnants_keep_its_name_until_cleared(cat):
     cat.commit([ChunkCopy("run/ab", "c/0/0", "local", 10)])
     cat.delete_dataset("run/ab")  # (remnants None: none recorded)
     assert cat.remnants() == []
+    cat.create_dataset(_ds("run/ab"))
+    assert cat.delete_dataset("run/ab") == []  # (no rows)
     cat.create_dataset(_ds("run/ab"))
     cat.commit([ChunkCopy("run/ab", "c/0/0", "local", 10)])
     cat.delete_dataset("run/ab", remnants=[])

@@ -155,18 +155,23 @@ def test_a_dataset_open_in_another_process_is_not_deleted(tmp_path):
         assert s.list_datasets() == [] and objects(tmp_path) == []
 
 
-def test_a_deletion_leaves_no_empty_folder(tmp_path):
-    """The folders of a deleted dataset go with its objects (they stayed, empty), and
-    nothing above its name: a dataset beside it keeps its folders, and the tiers their
-    roots. A dataset created again under the name is written as before."""
+def test_a_deletion_says_what_it_removed_and_leaves_no_empty_folder(tmp_path):
+    """delete_dataset returns the chunk copies and bytes it removed per tier, and no
+    remnant where every tier answered; the folders of the dataset go with its objects (they
+    stayed, empty), and nothing above its name: a dataset beside it keeps its folders, and
+    the tiers their roots. A dataset created again under the name is written as before."""
     with open_session(tmp_path) as s:
         for name in ("run/a", "run/b"):
             ds = s.create_dataset(name, SHAPE, "f4", CHUNKS, hint="LOCALDISK")
             ds[...] = tiers_worker.version(1)
             ds.migrate(np.s_[0:40, :], to="tape").wait()
             ds.close()
+        held = [u for u in s.catalog.usage() if u.dataset == "run/a"]
+        assert [(u.tier, u.copies) for u in held] == [("disk", 32), ("tape", 32)]
         s.catalog.end_lingering()
-        s.delete_dataset("run/a")
+        done = s.delete_dataset("run/a")
+        assert done.name == "run/a" and done.removed == tuple(held) and done.remnants == ()
+        assert done.nbytes == sum(u.nbytes for u in held) > 0
         for tier in ("disk", "tape"):
             assert not (tmp_path / tier / "run" / "a").exists()
         assert len(objects(tmp_path, "run/b")) == 66  # (beside it: untouched)
@@ -212,7 +217,7 @@ def test_a_tier_down_at_deletion_keeps_the_name_until_its_objects_are_gone(tmp_p
                 (Kind.ORPHAN, "tape", Action.DELETE)
             }
             assert sorted(f"tape/{f.key}" for f in report.findings) == on_tape
-            assert report.repaired and s.catalog.remnants() == []
+            assert report.repaired and s.catalog.remnants() == report.remnants == []
             assert not (tmp_path / "tape" / "a").exists()  # (its folders too)
         s.create_dataset("a", SHAPE, "f4", CHUNKS, hint="LOCALDISK").close()
         assert objects(tmp_path) == ["disk/zarr.json", "tape/zarr.json"]

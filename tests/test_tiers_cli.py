@@ -1,7 +1,10 @@
-"""The tier commands: tiers, info NAME, stage, migrate, evict, fsck, and their exit codes; the
-tape benchmark's logic at time scale 0 (the cost model only accounts)."""
+"""The tier commands: tiers, info NAME, stage, migrate, evict, fsck, rm, and their exit codes;
+the tape benchmark's logic at time scale 0 (the cost model only accounts)."""
 
 from __future__ import annotations
+
+import json
+import re
 
 import numpy as np
 import pytest
@@ -517,3 +520,155 @@ def where3(name):
     with strataio.Session() as s:
         rows = s.catalog.residency(name)
     return {t: sum(c.tier == t for c in rows) for t in ("local", "remote", "archive")}
+
+
+# ----------------------------------------------------------------------------- rm
+def held(name):
+    """``{tier: "N chunks (SIZE)"}``: what the catalog holds of dataset ``name``."""
+    with strataio.Session() as s:
+        usage = [u for u in s.catalog.usage() if u.dataset == name]
+    return {u.tier: f"{u.copies} chunks ({format_size(u.nbytes)})" for u in usage}
+
+
+def test_rm_asks_first_then_says_what_it_removed_and_leaves_no_folder(project):
+    """rm lists what each dataset holds per tier and asks (on stderr); declined, or with
+    nothing to answer, nothing is deleted (exit 1). Answered yes, or with --yes (no
+    question), it says what it removed per tier, and the datasets' objects and folders
+    are gone from every tier, the tiers' own directories kept."""
+    root, _ = project
+    r = CliRunner()
+    assert r.invoke(main, ["stage", "temp", "--section", "0:20,:", "--to", "disk"]).exit_code == 0
+    was = held("temp")
+    assert list(was) == ["disk", "tape"] and was["disk"].startswith("20 chunks")
+    for answer in ("n\n", "\n", None):  # no, the default, the end of input
+        out = r.invoke(main, ["rm", "temp"], input=answer)
+        assert out.exit_code == 1, out.output
+        assert "delete 'temp'? [y/N]" in out.stderr and "nothing deleted" in out.stderr
+        assert f"temp: {was['disk']} on disk, {was['tape']} on tape" in out.stdout
+    assert where("temp") == {"disk": 20, "tape": 100}
+    out = r.invoke(main, ["rm", "temp"], input="y\n")
+    assert out.exit_code == 0, out.output
+    assert f"deleted temp: {was['disk']} from disk, {was['tape']} from tape" in out.stdout
+    assert "remnant" not in out.stdout
+    for tier in ("disk", "tape"):
+        assert not (root / tier / "temp").exists() and (root / tier).is_dir()
+    assert "no datasets" in r.invoke(main, ["ls"]).stdout
+    with strataio.Session() as s:
+        for name in ("x", "y"):
+            ds = s.create_dataset(name, (20, 20), "f4", (10, 10), hint="LOCALDISK")
+            ds[...] = 1.0
+            ds.close()
+        assert s.catalog.remnants() == []
+    out = r.invoke(main, ["rm", "--yes", "x", "y", "x"])  # (a name given twice: deleted once)
+    assert out.exit_code == 0 and out.stderr == "", out.output
+    assert "deleted x: 4 chunks" in out.stdout and "deleted y: 4 chunks" in out.stdout
+    assert not (root / "disk" / "x").exists() and not (root / "disk" / "y").exists()
+    assert "no datasets" in r.invoke(main, ["ls"]).stdout
+
+
+def test_rm_of_a_name_the_catalog_does_not_have_deletes_nothing(project, tmp_path):
+    """An unknown NAME, among others or alone, is a usage error (exit 2) naming it, and
+    nothing is deleted: also where NAME is a plain dataset's directory (said so), where the
+    configuration file is missing, and where there is no catalog (none is created)."""
+    root, a = project
+    r = CliRunner()
+    out = r.invoke(main, ["rm", "-y", "temp", "nosuch"])
+    assert out.exit_code == 2, out.output
+    said = f"error: no dataset 'nosuch' in catalog {root / 'cat.db'}; nothing deleted\n"
+    assert out.stderr == said and out.stdout == ""
+    assert where("temp") == {"disk": 0, "tape": 100}
+    strataio.create_dataset(root / "plain", (10,), "f4", (5,)).close()
+    out = r.invoke(main, ["rm", "-y", "plain"])
+    assert out.exit_code == 2 and "'plain' is a plain dataset's directory" in out.stderr
+    assert (root / "plain" / "zarr.json").is_file()
+    assert r.invoke(main, ["rm"]).exit_code == 2  # (no NAME: click's usage error)
+    out = r.invoke(main, ["rm", "-y", "temp", "--config", "nosuch.toml"])
+    assert out.exit_code == 2 and "does not exist" in out.stderr, out.output
+    (root / "fresh.toml").write_text(CONFIG.replace('url = "cat.db"', 'url = "fresh.db"'))
+    out = r.invoke(main, ["rm", "-y", "temp", "--config", "fresh.toml"])
+    assert out.exit_code == 2 and f"no catalog at {root / 'fresh.db'}" in out.stderr
+    assert not (root / "fresh.db").exists()
+    assert "Traceback" not in out.output
+    with strataio.Session() as s:
+        ds = s.open_dataset("temp")
+        np.testing.assert_array_equal(ds[...], a)
+        ds.close()
+
+
+def test_rm_refuses_a_dataset_another_process_has_open(project, monkeypatch):
+    """A dataset another process has open is not deleted: its error names it and that
+    process's writer, the other datasets named are deleted, and the exit status is 1.
+    Once closed there, rm deletes it."""
+    from strataio.catalog.base import Catalog
+
+    root, a = project
+    monkeypatch.setattr(Catalog, "MARK_LINGER_S", 0.0)  # (a refusal waits 1 s, not 3)
+    r = CliRunner()
+    with strataio.Session() as s:
+        s.create_dataset("other", (20, 20), "f4", (10, 10), hint="LOCALDISK").close()
+    with strataio.Session() as job:
+        ds = job.open_dataset("temp", "r+")
+        out = r.invoke(main, ["rm", "-y", "temp", "other"])
+        assert out.exit_code == 1, out.output
+        assert out.stderr.startswith("error: dataset 'temp' is in use by another process")
+        assert job.writer in out.stderr and "Traceback" not in out.output
+        assert "deleted other" in out.stdout and "deleted temp" not in out.stdout
+        ds[0:10, 0:10] = 1.0  # (its writes go on)
+        ds.close()
+    assert where("temp") == {"disk": 0, "tape": 100}
+    assert not (root / "disk" / "other").exists()
+    out = r.invoke(main, ["rm", "-y", "temp"])
+    assert out.exit_code == 0 and "deleted temp: 100 chunks" in out.stdout, out.output
+
+
+def test_rm_with_a_tier_down_shows_the_remnants_until_fsck_repair_purges_them(project):
+    """Objects on a tier down at the deletion stay as remnants: rm says so (exit 0: the
+    dataset is deleted), ls counts them and ls --remnants lists them, rm of the name and
+    fsck say they wait to be purged, and fsck --repair, once the tier answers, deletes them
+    and their folders."""
+    root, _ = project
+    r = CliRunner()
+    assert r.invoke(main, ["stage", "temp", "--section", "0:20,:", "--to", "disk"]).exit_code == 0
+    was = held("temp")
+    tape = root / "tape"
+    tape.rename(root / "tape.away")
+    tape.write_bytes(b"")  # (its directory unusable: the tier is down)
+    try:
+        out = r.invoke(main, ["rm", "-y", "temp"])
+        assert out.exit_code == 0, out.output
+        text = " ".join(out.stdout.split())  # (rich wraps long lines)
+        assert f"deleted temp: {was['disk']} from disk" in text
+        assert f"remnant: {was['tape']} of temp stay on tape (down:" in text
+        assert "run 'strataio fsck --repair' once it answers" in text
+        assert not (root / "disk" / "temp").exists()
+        out = r.invoke(main, ["ls"])
+        assert out.exit_code == 0 and "no datasets" in out.stdout
+        assert "1 deleted dataset has objects waiting to be purged" in out.stdout
+        out = r.invoke(main, ["ls", "--remnants"])
+        assert out.exit_code == 0, out.output
+        assert re.search(r"│ temp +│ tape +│ down", out.stdout), out.stdout
+        assert "'strataio fsck --repair' deletes them" in " ".join(out.stdout.split())
+        out = r.invoke(main, ["ls", "--remnants", "--json"])
+        assert json.loads(out.stdout) == [{"dataset": "temp", "tiers": ["tape"]}]
+        out = r.invoke(main, ["rm", "-y", "temp"])
+        assert out.exit_code == 2, out.output
+        assert "'temp' was deleted, and its objects on tape wait to be purged" in out.stderr
+        out = r.invoke(main, ["fsck"])
+        assert out.exit_code == 1 and "tiers down, not checked: tape" in out.stdout
+        assert "objects of deleted datasets wait to be purged (temp on tape)" in " ".join(
+            out.stdout.split()
+        )
+    finally:
+        tape.unlink()
+        (root / "tape.away").rename(tape)
+    assert (tape / "temp").is_dir()
+    out = r.invoke(main, ["fsck"])
+    assert out.exit_code == 1 and "orphan" in out.stdout, out.output
+    assert "'strataio fsck --repair' purges them" in " ".join(out.stdout.split())
+    out = r.invoke(main, ["fsck", "--repair"])
+    assert out.exit_code == 0 and "wait to be purged" not in out.stdout, out.output
+    assert not (tape / "temp").exists() and tape.is_dir()
+    out = r.invoke(main, ["ls", "--remnants"])
+    assert out.exit_code == 0 and "no remnants" in out.stdout
+    assert "waiting to be purged" not in r.invoke(main, ["ls"]).stdout
+    assert r.invoke(main, ["fsck"]).exit_code == 0

@@ -53,7 +53,7 @@ from strataio.tiers.commit import Commit
 from strataio.tiers.meta import META_ATTR
 from strataio.tiers.mover import MoveHandle, Mover, MoveResult, Progress
 from strataio.tiers.placement import AutoDecision, Placement
-from strataio.tiers.remnants import purge, purge_near, remnant_tiers
+from strataio.tiers.remnants import Deletion, purge, purge_near, remnant_tiers
 from strataio.tiers.residency import META_KEY, Residency
 from strataio.tiers.row_memo import RowLoader, RowMemo
 from strataio.tiers.store import TieredChunkStore, keys_of
@@ -578,10 +578,11 @@ class Session:
         out = self.catalog.list_datasets() if self.catalog is not None else None
         return self.comm.bcast(out, root=0) if self.comm is not None else out
 
-    def delete_dataset(self, name: str) -> None:
+    def delete_dataset(self, name: str) -> Deletion:
         """Remove dataset ``name``: its catalog record and rows first, then every object
         under its name on every tier that answers, those no row names included (a killed
-        writer's unflushed chunks).
+        writer's unflushed chunks), and the folders they leave empty. Returns what was
+        removed, per tier, and the tiers where objects stay as remnants (:class:`Deletion`).
 
         A dataset that a live process has open (this one included) is not deleted:
         :class:`~strataio.errors.DatasetInUseError` names it, and nothing changes; one that
@@ -594,14 +595,16 @@ class Session:
         collective: rank 0 deletes, and an error there is raised on every rank."""
         self._check_open()
         err: BaseException | None = None
+        done: Deletion | None = None
         if self.rank == 0:  # (in a parallel job, collective: rank 0 deletes for all)
             try:
                 assert self.catalog is not None
-                self.catalog.delete_dataset(name, remnants=remnant_tiers(self.tiers))
-                purge(self.catalog, self.tiers, name)
+                removed = self.catalog.delete_dataset(name, remnants=remnant_tiers(self.tiers))
+                left = purge(self.catalog, self.tiers, name)
+                done = Deletion(name, tuple(removed), tuple(left))
             except BaseException as exc:  # (every rank raises it: refused, not found)
                 err = exc
-        _, err = self._agree(None, err)
+        done, err = self._agree(done, err)
         if err is not None:
             raise err
         self.row_memo.forget(name)
@@ -611,6 +614,8 @@ class Session:
                     for key in t.call(lambda t=t: list(t.backend.list(name))):
                         t.call(t.backend.delete, key)
         self.cache.invalidate(name)
+        assert done is not None
+        return done
 
     # ----------------------------------------------------------------- superfiles
     def superfile(

@@ -294,9 +294,12 @@ class Catalog(abc.ABC):
         """All datasets, by name."""
 
     @abc.abstractmethod
-    def delete_dataset(self, name: str, *, remnants: Iterable[str] | None = None) -> None:
+    def delete_dataset(
+        self, name: str, *, remnants: Iterable[str] | None = None
+    ) -> list[TierUsage]:
         """Remove a dataset and all its residency rows, in one transaction;
-        :class:`NotFoundError` if it does not exist.
+        :class:`NotFoundError` if it does not exist. Returns what those rows named, per tier
+        in tier order: its chunk copies there and their bytes.
 
         A dataset some live process has in use (open, or evicting from it: its mark,
         :meth:`use_dataset`) is not deleted: :class:`~strataio.errors.DatasetInUseError`

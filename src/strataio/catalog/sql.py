@@ -622,7 +622,9 @@ class SQLCatalog(Catalog):
         rows = self._query(f"SELECT {_DATASET_COLS} FROM datasets ORDER BY name{{c}}")
         return [_dataset_record(tuple(r)) for r in rows]
 
-    def delete_dataset(self, name: str, *, remnants: Iterable[str] | None = None) -> None:
+    def delete_dataset(
+        self, name: str, *, remnants: Iterable[str] | None = None
+    ) -> list[TierUsage]:
         with self._lock:
             here = [w for w in self._writers if self._uses[w, name]]
         if here:
@@ -634,12 +636,17 @@ class SQLCatalog(Catalog):
         try:
             with self._write() as cur:
                 self._lock_dataset_names(cur)
+                cur.execute(
+                    self._sql(
+                        "SELECT r.tier, COUNT(*), SUM(r.nbytes) FROM residency r "
+                        "JOIN tiers t ON t.name = r.tier WHERE r.dataset = ? "
+                        "GROUP BY r.tier, t.ord ORDER BY t.ord"
+                    ),
+                    (name,),
+                )
+                removed = [TierUsage(name, str(t), int(n), int(b)) for t, n, b in cur.fetchall()]
                 if remnants is not None:
-                    cur.execute(
-                        self._sql("SELECT DISTINCT tier FROM residency WHERE dataset = ?"),
-                        (name,),
-                    )
-                    remnants = [*remnants, *(str(r[0]) for r in cur.fetchall())]
+                    remnants = [*remnants, *(u.tier for u in removed)]
                 # Explicit, so the residency goes even where foreign keys are not enforced.
                 cur.execute(self._sql("DELETE FROM residency WHERE dataset = ?"), (name,))
                 cur.execute(self._sql("DELETE FROM verified WHERE dataset = ?"), (name,))
@@ -654,6 +661,7 @@ class SQLCatalog(Catalog):
                 )
         finally:
             self.release_eviction(name)
+        return removed
 
     def _claim_to_delete(self, name: str) -> None:
         """Claim dataset ``name`` (:meth:`claim_eviction`: no process opens it until

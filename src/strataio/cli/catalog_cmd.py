@@ -1,4 +1,4 @@
-"""Commands over the configuration and the catalog: ``init``, ``ls``, ``du``.
+"""Commands over the configuration and the catalog: ``init``, ``ls``, ``du``, ``rm``.
 
 A missing catalog is created from the configuration, as a Session creates it
 (:mod:`strataio.cli.context`). Exit status: 0 success; 2 a usage or configuration problem (bad
@@ -10,22 +10,40 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from collections import defaultdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 import numpy as np
+from rich.markup import escape
 from rich.table import Table
 
-from strataio.catalog import Catalog, ChunkCopy, TierRecord
+from strataio.catalog import Catalog, ChunkCopy, TierRecord, TierUsage
 from strataio.cli import main
-from strataio.cli.context import catalog_exists, make_tier_dirs, open_configured_catalog
+from strataio.cli.context import (
+    catalog_exists,
+    make_tier_dirs,
+    open_configured_catalog,
+    open_session,
+)
 from strataio.cli.output import UsageProblem as _UsageProblem
 from strataio.cli.output import handle_errors as _handle_errors
 from strataio.cli.output import make_console
 from strataio.config import CONFIG_FILENAME, Config, default_config_text, load_config
-from strataio.errors import ConfigError
+from strataio.errors import ConfigError, DatasetInUseError, NotFoundError
 from strataio.sizes import format_size
+from strataio.tiers.remnants import by_dataset
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from strataio.tiers.remnants import Deletion
+    from strataio.tiers.tier import TierSet
+
+#: what a user runs to delete the objects deleted datasets left on tiers that did not answer
+PURGE_COMMAND = "strataio fsck --repair"
 
 _config_option = click.option(
     "-c",
@@ -97,8 +115,13 @@ def init_cmd(force: bool) -> None:
 @main.command("ls")
 @_config_option
 @_json_option
+@click.option(
+    "--remnants",
+    is_flag=True,
+    help="List the deleted datasets whose objects still wait on a tier to be purged.",
+)
 @_handle_errors
-def ls_cmd(config_path: Path | None, as_json: bool) -> None:
+def ls_cmd(config_path: Path | None, as_json: bool, remnants: bool) -> None:
     """List the datasets in the catalog, with their chunk copies per tier.
 
     An array shows its shape, dtype and chunks (their number in brackets). A superfile
@@ -107,11 +130,21 @@ def ls_cmd(config_path: Path | None, as_json: bool) -> None:
     listed as their number and the size they close at, and its size is their bytes. Its
     members are not counted (that reads every container's index; ``strataio info NAME``
     does): --json gives ``containers`` and ``container_bytes``.
+
+    With --remnants, the deleted datasets whose objects may still lie on a tier (it was down
+    or read-only when they were deleted, or an object refused its deletion), with the
+    tiers and their state: ``strataio fsck --repair`` purges them from the tiers that
+    answer, and until then no dataset of such a name can be created. A plain listing says
+    how many there are below its table.
     """
     from strataio.tiers.superfile import is_superfile, record_container_bytes
 
     cfg = load_config(config_path)
+    if remnants:
+        _ls_remnants(cfg, as_json)
+        return
     with open_configured_catalog(cfg)[0] as catalog:
+        deleted = {d for d, _ in catalog.remnants()}
         datasets = catalog.list_datasets()
         usage = catalog.usage()
         tiers = _tiers(cfg, catalog)
@@ -153,6 +186,7 @@ def ls_cmd(config_path: Path | None, as_json: bool) -> None:
     console = make_console()
     if not rows:
         console.print(f"no datasets in catalog {cfg.catalog.display_url}")
+        _remnants_note(console, len(deleted))
         return
     table = Table(title=f"datasets in {cfg.catalog.display_url}")
     for col in ("name", "kind", "shape", "dtype", "chunks", "hint", "state", "size", "stored"):
@@ -183,6 +217,59 @@ def ls_cmd(config_path: Path | None, as_json: bool) -> None:
             *(str(r["chunks_per_tier"][t.name]) for t in tiers),
         )
     console.print(table)
+    _remnants_note(console, len(deleted))
+
+
+def _remnants_note(console: Console, deleted: int) -> None:
+    """Below a listing: how many deleted datasets still have objects waiting to be purged
+    (nothing where none has)."""
+    if deleted:
+        one = deleted == 1
+        console.print(
+            f"{deleted} deleted dataset{'' if one else 's'} {'has' if one else 'have'} objects "
+            f"waiting to be purged: 'strataio ls --remnants' lists them, '{PURGE_COMMAND}' "
+            "purges them",
+            highlight=False,
+        )
+
+
+def _ls_remnants(cfg: Config, as_json: bool) -> None:
+    """``strataio ls --remnants``: each deleted dataset whose objects may remain on a tier
+    (:meth:`Catalog.remnants`), with those tiers and their state."""
+    with open_configured_catalog(cfg)[0] as catalog:
+        left = catalog.remnants()
+        tiers = {t.name: t for t in _tiers(cfg, catalog)}
+    configured = {t.name for t in cfg.tiers}
+    by_ds = by_dataset(left)
+    if as_json:
+        click.echo(json.dumps([{"dataset": d, "tiers": t} for d, t in by_ds.items()], indent=2))
+        return
+    console = make_console()
+    if not by_ds:
+        console.print(
+            f"no remnants in catalog {cfg.catalog.display_url}: every deleted dataset's "
+            "objects are gone",
+            highlight=False,
+        )
+        return
+    table = Table(title=f"remnants in {cfg.catalog.display_url}")
+    for col in ("dataset", "tier", "tier state"):
+        table.add_column(col)
+    for ds, names in by_ds.items():
+        for tier in names:
+            t = tiers.get(tier)
+            state = t.state if t is not None else "unknown"
+            if tier not in configured:
+                state += " (not in this configuration)"
+            table.add_row(ds, tier, state)
+    console.print(table)
+    console.print(
+        "the objects of these deleted datasets wait to be purged from these tiers: "
+        f"'{PURGE_COMMAND}' deletes them from each tier that answers (a tier down is probed "
+        "first); until then no dataset of these names, nor one above or below them, can be "
+        "created",
+        highlight=False,
+    )
 
 
 def _distinct_chunks(copies: list[ChunkCopy]) -> dict[str, int]:
@@ -260,3 +347,144 @@ def du_cmd(config_path: Path | None, as_json: bool, raw: bool) -> None:
             format_size(sum(per.values()), raw=raw),
         )
     console.print(table)
+
+
+@main.command("rm")
+@_config_option
+@click.argument("names", nargs=-1, required=True, metavar="NAME...")
+@click.option("-y", "--yes", is_flag=True, help="Delete without asking first.")
+@_handle_errors
+def rm_cmd(config_path: Path | None, names: tuple[str, ...], yes: bool) -> None:
+    """Delete the catalogued datasets (or superfiles) NAME...: their catalog records and
+    rows, then every object under their names on every tier that answers, and the folders
+    those leave empty (``Session.delete_dataset``).
+
+    Says what each holds, per tier, and asks before deleting (on stderr), unless --yes;
+    with nothing to answer (no terminal) nothing is deleted. Then says what was removed:
+    chunks and bytes per tier, and the tiers where objects stay as remnants (a tier down
+    or read-only here, an object that refused its deletion). 'strataio ls --remnants'
+    lists those, and 'strataio fsck --repair' purges them once their tier answers; until
+    then no dataset of that name can be created.
+
+    Exit 0 every NAME deleted; 1 a dataset some process has open (close it there first:
+    the others are deleted), a deletion declined (nothing deleted), or a runtime failure;
+    2 a NAME the catalog does not have (nothing deleted) or a configuration problem.
+    """
+    from strataio.tiers.superfile import is_superfile
+
+    cfg = load_config(config_path)  # (a missing or bad file: ConfigError, exit 2)
+    names = tuple(dict.fromkeys(names))
+    if catalog_exists(cfg) is False:  # (no catalog is created just to find nothing in it)
+        raise _UsageProblem(
+            f"no dataset {', '.join(map(repr, names))}: no catalog at "
+            f"{cfg.catalog.display_url}; nothing deleted"
+        )
+    console = make_console()
+    failed = False
+    with open_session(config_path, stage_on_read=False) as s:
+        catalog = s.catalog
+        assert catalog is not None
+        units: dict[str, str] = {}  # (what each one's chunks are called)
+        unknown: list[str] = []
+        for name in names:
+            try:
+                units[name] = "containers" if is_superfile(catalog.get_dataset(name)) else "chunks"
+            except NotFoundError:
+                unknown.append(name)
+        if unknown:
+            raise _UsageProblem(_unknown_names(catalog, cfg, unknown))
+        held: dict[str, list[TierUsage]] = defaultdict(list)
+        for u in catalog.usage():
+            if u.dataset in units:
+                held[u.dataset].append(u)
+        for name in names:
+            console.print(f"{escape(name)}: {_per_tier(held[name], units[name])}", highlight=False)
+        if not yes and not _confirmed(names):
+            click.echo(
+                "nothing deleted (answer y, or pass --yes to delete without asking)", err=True
+            )
+            sys.exit(1)
+        for name in names:
+            try:
+                done = s.delete_dataset(name)
+            except (DatasetInUseError, NotFoundError) as exc:  # (others go on)
+                click.echo(f"error: {exc}", err=True)
+                failed = True
+                continue
+            _print_deletion(console, done, units[name], s.tiers)
+    if failed:
+        sys.exit(1)
+
+
+def _confirmed(names: tuple[str, ...]) -> bool:
+    """Whether the user answers yes to deleting datasets ``names`` (no answer: no)."""
+    what = repr(names[0]) if len(names) == 1 else f"these {len(names)} datasets"
+    try:
+        return click.confirm(f"delete {what}?", default=False, err=True)
+    except click.Abort:  # (end of input, or interrupted)
+        click.echo("", err=True)
+        return False
+
+
+def _unknown_names(catalog: Catalog, cfg: Config, names: list[str]) -> str:
+    """The message for ``names`` that no catalogued dataset has: where they were looked for,
+    and for each one a deleted dataset whose objects wait to be purged, or a plain
+    dataset's directory, what it is."""
+    said = [
+        f"no dataset{'s' if len(names) != 1 else ''} {', '.join(map(repr, names))} in catalog "
+        f"{cfg.catalog.display_url}"
+    ]
+    left = by_dataset(catalog.remnants())
+    for name in names:
+        if left.get(name):
+            said.append(
+                f"{name!r} was deleted, and its objects on {', '.join(left[name])} wait to be "
+                f"purged ('{PURGE_COMMAND}')"
+            )
+        elif (Path(name) / "zarr.json").is_file():
+            said.append(
+                f"{name!r} is a plain dataset's directory, not a catalogued dataset: remove "
+                "the directory itself"
+            )
+    return "; ".join(said) + "; nothing deleted"
+
+
+def _per_tier(usage: list[TierUsage], unit: str, where: str = "on") -> str:
+    """Copies per tier, in words: ``20 chunks (78.1 KiB) on disk, ...`` (``where``: the
+    word before each tier)."""
+    if not usage:
+        return f"no {unit} stored"
+    return ", ".join(f"{_copies(u, unit)} {where} {u.tier}" for u in usage)
+
+
+def _copies(u: TierUsage, unit: str) -> str:
+    """``20 chunks (78.1 KiB)``: the copies of ``u`` and their bytes."""
+    return (
+        f"{u.copies} {unit.removesuffix('s') if u.copies == 1 else unit} ({format_size(u.nbytes)})"
+    )
+
+
+def _print_deletion(console: Console, done: Deletion, unit: str, tiers: TierSet) -> None:
+    """What deleting one dataset did: what it removed per tier, and each tier where its
+    objects stay as remnants, why, and how they are purged."""
+    name = escape(done.name)
+    kept = {u.tier: u for u in done.removed if u.tier in done.remnants}
+    gone = [u for u in done.removed if u.tier not in kept]
+    said = f": {_per_tier(gone, unit, 'from')}" if gone or not kept else ""
+    console.print(f"deleted {name}{said}", highlight=False)
+    for tier in done.remnants:
+        if tier not in tiers:
+            why, when = "not in this configuration", "with a configuration that has it"
+        elif not (t := tiers[tier]).up:
+            why, when = f"down: {escape(t.last_error)}", "once it answers"
+        elif t.read_only:
+            why, when = "read-only here", "with a configuration that writes there"
+        else:
+            why, when = "an object there refused its deletion", "once it can be deleted"
+        what = _copies(kept[tier], unit) if tier in kept else f"objects (no {unit} catalogued)"
+        console.print(
+            f"  [yellow]remnant[/]: {what} of {name} stay on {tier} ({why}), waiting to be "
+            f"purged: run '{PURGE_COMMAND}' {when}; until then no dataset named {name} can "
+            "be created ('strataio ls --remnants' lists what waits)",
+            highlight=False,
+        )

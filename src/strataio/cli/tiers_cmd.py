@@ -370,7 +370,9 @@ def fsck_command(config: str | None, path: Path | None, repair: bool, quick: boo
     listed as "in-flight" and left alone; what a process that died left is resolved at once
     (a process's liveness is a lock the system releases when it dies). A tier marked down
     is probed first and checked if it answers; one that still does not is named, with the
-    error, and not checked (exit 1).
+    error, and not checked (exit 1). Deleted datasets whose objects may still lie on a tier
+    (remnants: it was down at the deletion) are named at the end, as long as any is left:
+    --repair purges them from the tiers that answer, their folders too.
 
     With PATH (a dataset directory, no catalog): its temporary files, of puts and of
     collective shard writes (*.part, and each call's lock file .<token>.lock). Those of a
@@ -416,10 +418,27 @@ def fsck_command(config: str | None, path: Path | None, repair: bool, quick: boo
             else ""
         )
         + (skipped if report.skipped_tiers else "")
+        + _remnants_left(report.remnants, repair)
     )
     unresolved = report.unrepairable or (report.problems and not report.repaired)
     if unresolved or report.skipped_tiers:
         sys.exit(1)
+
+
+def _remnants_left(remnants: list[tuple[str, str]], repaired: bool) -> str:
+    """The end of fsck's summary for the remnants of deleted datasets left (objects that
+    may still lie on a tier): which, and how they are purged; "" where none is."""
+    from strataio.tiers.remnants import by_dataset
+
+    if not remnants:
+        return ""
+    which = ", ".join(f"{escape(ds)} on {', '.join(t)}" for ds, t in by_dataset(remnants).items())
+    how = (
+        "their tiers did not answer, or objects refused their deletion"
+        if repaired
+        else "'strataio fsck --repair' purges them"
+    )
+    return f"; objects of deleted datasets wait to be purged ({which}): {how}"
 
 
 @contextlib.contextmanager

@@ -355,6 +355,9 @@ class FsckReport:
     repaired: bool = False
     #: registrations of writers found gone (removed by a repair)
     writers_gone: int = 0
+    #: ``(dataset, tier)`` of the remnants of deleted datasets left after this pass (a
+    #: repair clears those whose objects it found gone; see :mod:`strataio.tiers.remnants`)
+    remnants: list[tuple[str, str]] = field(default_factory=list)
 
     @property
     def problems(self) -> list[Finding]:
@@ -1234,6 +1237,7 @@ def fsck(
     )
     if repair:
         report.repaired = apply(p, catalog, tiers)
+    report.remnants = catalog.remnants() if repair else sorted(inv.remnants)
     return report
 
 

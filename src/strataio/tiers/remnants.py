@@ -14,16 +14,50 @@ as an interrupted write).
 (:meth:`Session.delete_dataset` right after the deletion); :func:`purge_near` those of every
 deleted dataset whose remnants keep a name from being created (:meth:`Session.create_dataset`
 before creating it); ``strataio fsck --repair`` does it for every remnant
-(:mod:`strataio.tiers.fsck`).
+(:mod:`strataio.tiers.fsck`). ``strataio rm`` says which remnants a deletion leaves
+(:class:`Deletion`), and ``strataio ls --remnants`` lists them all.
 """
 
 from __future__ import annotations
 
-from strataio.catalog.base import Catalog
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from strataio.catalog.base import Catalog, TierUsage
 from strataio.errors import ObjectError, StrataError
 from strataio.tiers.tier import TierSet
 
-__all__ = ["purge", "purge_near", "remnant_tiers"]
+__all__ = ["Deletion", "by_dataset", "purge", "purge_near", "remnant_tiers"]
+
+
+@dataclass(frozen=True, slots=True)
+class Deletion:
+    """What the deletion of dataset ``name`` removed (:meth:`Session.delete_dataset`).
+
+    ``removed``: per tier, in tier order, the chunk copies its catalog rows named there and
+    their bytes (``copies``, ``nbytes``): all gone from the catalog, and from the tier but
+    where it is among ``remnants``. ``remnants``: the tiers where objects under its name may
+    remain (down, read-only here, not in this configuration, or an object refused its
+    deletion), recorded until a purge finds them gone (``strataio fsck --repair``, or a
+    later create of the name)."""
+
+    name: str
+    removed: tuple[TierUsage, ...] = ()
+    remnants: tuple[str, ...] = ()
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of all the copies removed, every tier together."""
+        return sum(u.nbytes for u in self.removed)
+
+
+def by_dataset(remnants: Iterable[tuple[str, str]]) -> dict[str, list[str]]:
+    """``(dataset, tier)`` pairs (:meth:`Catalog.remnants`) as each dataset's tiers, in the
+    order given."""
+    out: dict[str, list[str]] = {}
+    for ds, tier in remnants:
+        out.setdefault(ds, []).append(tier)
+    return out
 
 
 def remnant_tiers(tiers: TierSet) -> list[str]:
