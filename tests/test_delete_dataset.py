@@ -145,11 +145,13 @@ def test_a_dataset_open_in_another_process_is_not_deleted(tmp_path):
         assert said.startswith("refused: dataset 'a' is in use by another process")
         assert s.writer in said
         ds[0:10, 0:10] = 1.0
+        # (before the close: the timer it starts for its lingering mark is then a short one
+        # too, not the default's, which a loaded machine's deleter could wait out in vain)
+        s.catalog.MARK_LINGER_S = 0.3
         ds.close()
         a[0:10, 0:10] = 1.0
         np.testing.assert_array_equal(read(s), a)
         assert fsck(s.catalog, s.tiers).findings == []
-        s.catalog.MARK_LINGER_S = 0.3
         read(s)  # (its mark lingers 0.3 s after the close)
         assert _delete_elsewhere(tmp_path) == "deleted"
         assert s.list_datasets() == [] and objects(tmp_path) == []
