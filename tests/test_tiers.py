@@ -897,6 +897,14 @@ def test_mpi_session_only_rank0_touches_the_catalog(tmp_path):
     assert out.strip().splitlines()[-1] == "ok"
 
 
+@pytest.mark.mpi
+def test_mpi_sessions_from_a_configuration_make_only_new_tiers_directories(tmp_path):
+    """Every rank builds its tiers from the configuration once rank 0's catalog says which
+    it knows: a known tier's missing directory is made on no rank."""
+    out = run_mpi(2, "tiers_config_session.py", tmp_path)
+    assert out.strip().splitlines()[-1] == "ok"
+
+
 def test_mpi_rank0_announces_in_place_rewrites(tmp_path):
     out = run_mpi(2, "tiers_rewrite.py", tmp_path)
     assert out.strip().splitlines()[-1] == "ok"
@@ -1250,6 +1258,34 @@ def test_a_read_only_tier_is_configured_and_its_directory_is_not_made(tmp_path):
     assert not (tmp_path / "ro").exists()
     (tmp_path / "ro").mkdir()
     assert tiers["ro"].check() and not list((tmp_path / "ro").iterdir())
+
+
+def test_the_directory_of_a_tier_the_catalog_knows_is_not_made(tmp_path):
+    """A POSIX tier the catalog knows (``known``) whose directory is missing is built down,
+    saying so and how to bring it back, the directory not made; one with a file in its
+    place says that; one new to the catalog has its directory made."""
+    from strataio.config import load_config
+
+    (tmp_path / "c.toml").write_text(
+        "[catalog]\nurl = 'cat.db'\n"
+        "[[tiers]]\nname = 'disk'\nkind = 'posix'\nrole = 'localdisk'\npath = 'disk'\n"
+        "[[tiers]]\nname = 'tape'\nkind = 'posix'\nrole = 'remotetape'\npath = 'tape'\n"
+    )
+    cfg = load_config(tmp_path / "c.toml")
+    tiers = TierSet.from_config(cfg, known=["disk", "gone"])
+    assert tiers["tape"].up and (tmp_path / "tape").is_dir()
+    disk = tiers["disk"]
+    assert not disk.up and not (tmp_path / "disk").exists()
+    assert f"its directory {tmp_path / 'disk'} is missing" in disk.last_error
+    assert "mount it or put it back" in disk.last_error and "strataio init" in disk.last_error
+    assert not disk.check() and not (tmp_path / "disk").exists()  # (a probe makes none)
+    assert "is missing" in disk.last_error
+    (tmp_path / "disk").write_bytes(b"")
+    disk = TierSet.from_config(cfg, known=["disk"])["disk"]
+    assert not disk.up and disk.last_error.endswith("Not a directory")
+    (tmp_path / "disk").unlink()
+    (tmp_path / "disk").mkdir()
+    assert TierSet.from_config(cfg, known=["disk"])["disk"].up
 
 
 def _device_full(backend, monkeypatch):

@@ -240,8 +240,10 @@ def test_a_tier_whose_directory_is_unusable_is_down_and_the_others_serve(project
     assert out.exit_code == 1 and "tiers down, not checked: disk (" in out.stdout, out.output
     assert "blocker" in out.stdout  # (why: the error the probe of the tier met)
     assert "Traceback" not in out.output
-    # put right, a check finds it answering again
+    # put right (the catalog knows the tier: its directory is not made), a check finds it
+    # answering again
     (root / "blocker").unlink()
+    (root / "blocker" / "disk").mkdir(parents=True)
     out = r.invoke(main, ["tiers", "--check", "--config", "down.toml"])
     assert out.exit_code == 0, out.output
     with strataio.Session(root / "down.toml") as s:
@@ -260,13 +262,91 @@ def test_tiers_shows_the_whole_last_error(project):
     assert len(message) > 120 and message.endswith("Not a directory"), message
     out = CliRunner().invoke(main, ["tiers", "--config", "down.toml"])
     assert out.exit_code == 1, out.output
-    # the disk row's last cell, and the cells below it until the next tier's row
-    cells, rows = [], [line.split("│") for line in out.stdout.splitlines() if line.startswith("│")]
-    for row in rows[[r[1].strip() for r in rows].index("disk") :]:
+    assert last_error_shown(out.stdout, "disk") == message.replace(" ", "")
+
+
+def last_error_shown(table: str, tier: str) -> str:
+    """The "last error" of ``tier`` in the table ``strataio tiers`` printed, its spaces left
+    out (the cell is folded over lines where the table is too wide)."""
+    # the tier row's last cell, and the cells below it until the next tier's row
+    cells, rows = [], [line.split("│") for line in table.splitlines() if line.startswith("│")]
+    for row in rows[[r[1].strip() for r in rows].index(tier) :]:
         if cells and row[1].strip():
             break
         cells.append(row[-2].strip())
-    assert "".join(cells).replace(" ", "") == message.replace(" ", ""), (cells, message)
+    return "".join(cells).replace(" ", "")
+
+
+def test_a_known_tier_whose_directory_is_missing_is_down_and_not_made_again(project):
+    """A tier the catalog knows whose directory is missing (a volume not mounted, the
+    directory removed) is down, saying so and how to bring it back; nothing is made in its
+    place. (Any session, and so every command, made it again, empty: reads found its copies
+    gone, fsck --repair dropped the rows of those with another copy, writes went there.)
+    Reads are served by the other tier, writes go there, fsck leaves the tier's rows; once
+    the directory is back, every copy is there and read."""
+    root, a = project
+    r = CliRunner()
+    out = r.invoke(main, ["stage", "temp", "--to", "disk"])
+    assert out.exit_code == 0 and where("temp") == {"disk": 100, "tape": 100}, out.output
+    (root / "disk").rename(root / "disk.away")
+    with strataio.Session() as s:
+        disk = s.tiers["disk"]
+        assert not disk.up and str(root / "disk") in disk.last_error
+        assert "is missing" in disk.last_error and "strataio init" in disk.last_error
+        ds = s.open_dataset("temp")
+        assert np.array_equal(ds[...], a)  # from the tape
+        ds.close()
+        b = s.create_dataset("new", (10, 10), "f4", (10, 10), hint="LOCALDISK")
+        b[...] = 1
+        b.close()
+    assert where("new") == {"disk": 0, "tape": 1}
+    out = r.invoke(main, ["tiers"])
+    assert out.exit_code == 1 and "tiers down: disk" in out.stdout, out.output
+    shown = last_error_shown(out.stdout, "disk")
+    assert "ismissing" in shown and "`strataioinit`" in shown and "tiers--check" in shown
+    out = r.invoke(main, ["fsck", "--repair"])
+    assert out.exit_code == 1 and "tiers down, not checked: disk (" in out.stdout, out.output
+    assert "is missing" in out.stdout and ", 0 problems;" in out.stdout, out.output
+    assert where("temp") == {"disk": 100, "tape": 100}
+    assert not (root / "disk").exists()
+    # put back, every copy is there: fsck finds it answering and checks them all
+    (root / "disk.away").rename(root / "disk")
+    out = r.invoke(main, ["fsck"])
+    assert out.exit_code == 0 and "tiers down" not in out.stdout, out.output
+    (root / "tape").rename(root / "tape.away")
+    with strataio.Session() as s:
+        assert s.tiers["disk"].up and not s.tiers["tape"].up
+        ds = s.open_dataset("temp")
+        assert np.array_equal(ds[...], a)  # from the disk
+        ds.close()
+
+
+def test_only_the_directories_of_tiers_new_to_the_catalog_are_made(project):
+    """A session makes the directories of a configuration's tiers the catalog has never
+    registered (its first use, a tier just added to it); one missing of a tier it knows is
+    made by ``strataio init`` alone, new and empty."""
+    root, a = project
+    assert (root / "disk").is_dir() and (root / "tape").is_dir()  # (made by the first session)
+    more = '[[tiers]]\nname = "more"\nkind = "posix"\nrole = "remotetape"\npath = "more"\n'
+    (root / "strataio.toml").write_text(CONFIG + more)
+    r = CliRunner()
+    out = r.invoke(main, ["tiers"])
+    assert out.exit_code == 0 and (root / "more").is_dir(), out.output
+    (root / "more").rmdir()
+    out = r.invoke(main, ["tiers"])
+    assert out.exit_code == 1 and "tiers down: more" in out.stdout, out.output
+    assert not (root / "more").exists()
+    out = r.invoke(main, ["init"])
+    assert out.exit_code == 0 and f"created tier directory {root / 'more'}" in out.output
+    out = r.invoke(main, ["tiers", "--check"])
+    assert out.exit_code == 0 and (root / "more").is_dir(), out.output
+    # a configuration first used by a command that registers its tiers without a session
+    fresh = CONFIG.replace("cat.db", "fresh.db").replace('path = "', 'path = "fresh-')
+    (root / "fresh.toml").write_text(fresh)
+    assert r.invoke(main, ["ls", "--config", "fresh.toml"]).exit_code == 0
+    assert (root / "fresh-disk").is_dir() and (root / "fresh-tape").is_dir()
+    out = r.invoke(main, ["tiers", "--config", "fresh.toml"])
+    assert out.exit_code == 0, out.output
 
 
 def test_fsck_probes_a_tier_the_catalog_has_marked_down(project):

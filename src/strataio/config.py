@@ -136,7 +136,9 @@ url = ".strataio/catalog.db"
 #   kind      posix | s3 | memory
 #   role      memory | localdisk | remotedisk | remotetape (what location hints map to)
 #   capacity  optional: bytes, or a string like "10GiB" / "500GB"; absent = unbounded
-#   path      (posix) a directory
+#   path      (posix) a directory, made when the catalog first meets the tier; once the
+#             catalog knows the tier, a missing one (a volume not mounted) leaves the tier
+#             down and is not made again (`strataio init` makes it, new and empty)
 #   bucket, prefix, endpoint, region   (s3)
 #   credentials = { access_key_id = "${AWS_ACCESS_KEY_ID}", secret_access_key = "${AWS_SECRET_ACCESS_KEY}" }
 #             (s3) "${NAME}" reads an environment variable; absent = the S3 client's defaults

@@ -298,6 +298,11 @@ class Session:
     (:func:`strataio.config.load_config` finds one). ``comm``: an mpi4py communicator for
     parallel jobs (None = a single process). ``tiers`` / ``catalog`` override what the
     configuration says (a :class:`TierSet`; a catalog URL or open :class:`Catalog`).
+    Tiers built from the configuration are built once the catalog is open: a POSIX tier's
+    missing directory is made only for a tier the catalog has never registered; one of a
+    tier it knows (a volume not mounted, a directory removed) leaves that tier down, saying
+    so, and is not made (:func:`~strataio.tiers.tier.tier_from_config`; ``strataio init``
+    makes it, new and empty). Given ``tiers`` are used as they are.
     ``cache_bytes`` bounds the prefetch cache; ``stage_on_read`` stages chunks read from an
     archive tier to disk, as APRIL does, in a single process only: in a parallel job a read
     stages nothing (it reads the archive copy), since a copy one rank made on its own would
@@ -320,7 +325,7 @@ class Session:
         if tiers is None or catalog is None:
             config = _load(config)
         self.config = config
-        self.tiers = tiers if tiers is not None else TierSet.from_config(config)
+        built: TierSet | None = None  # (the tiers built here, closed if the session fails)
         self.stage_on_read = stage_on_read and comm is None
         self.catalog: Catalog | None = None
         self._own_catalog = False
@@ -336,23 +341,31 @@ class Session:
                     url = catalog if catalog is not None else _catalog_url(config)
                     self.catalog = open_catalog(url)
                     self._own_catalog = True
-                self.tiers.apply_states(self.catalog.tiers())
-                self.catalog.register_tiers(self.tiers.records())
+                records = self.catalog.tiers()
+                known = [r.name for r in records]
+                if tiers is None:
+                    tiers = built = TierSet.from_config(config, known)
+                tiers.apply_states(records)
+                self.catalog.register_tiers(tiers.records())
                 # (the database's sums: not a scan of every catalogued copy in Python)
-                self.tiers.account_usage(self.catalog.usage())
+                tiers.account_usage(self.catalog.usage())
                 self.writer = self.catalog.register_writer()
-                tier_state = [(t.name, t.state, t.used) for t in self.tiers]
-                state = (tier_state, self.writer, self.catalog.url)
+                tier_state = [(t.name, t.state, t.used) for t in tiers]
+                state = (tier_state, self.writer, self.catalog.url, known)
             except BaseException as exc:
                 if self.writer and self.catalog is not None:
                     self.catalog.release_writer(self.writer)
                 if self._own_catalog and self.catalog is not None:
                     self.catalog.close()
+                if built is not None:
+                    built.close()
                 err = exc
         state, err = self._agree(state, err)
         if err is not None:
             raise err
-        tier_state, self.writer, catalog_url = state
+        tier_state, self.writer, catalog_url, known = state
+        # (the other ranks of a job build theirs from the tiers rank 0's catalog knows)
+        self.tiers = tiers if tiers is not None else TierSet.from_config(config, known)
         # one commit object takes every change to the catalog (rank 0 holds the catalog; the
         # other ranks announce their rewrites through a connection of their own)
         self.commit = Commit(

@@ -94,7 +94,7 @@ def init_cmd(force: bool) -> None:
         click.echo(f"wrote {target}")
     created = False
     existed = catalog_exists(cfg)
-    catalog, new_tiers = open_configured_catalog(cfg)
+    catalog, new_tiers = open_configured_catalog(cfg, make_dirs=False)  # (made below)
     catalog.close()
     names = ", ".join(f"{t.name} ({t.role})" for t in new_tiers)
     if existed is False:

@@ -3,18 +3,21 @@
 Every command that needs the catalog creates it from the configuration when it is missing,
 as :class:`strataio.Session` does, and registers the configured tiers in it (keeping the
 up/down state the catalog holds for tiers it knows): no command tells the user to run another
-one first.
+one first. A POSIX tier's directory is made by a command only where the tier is new to the
+catalog; one missing where the catalog knows the tier leaves it down until it is mounted or
+put back, or ``strataio init`` makes it new and empty.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from strataio.catalog import Catalog, TierRecord, open_catalog
-from strataio.config import Config, load_config
+from strataio.config import Config, TierConfig, load_config
 from strataio.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -30,9 +33,17 @@ def catalog_exists(cfg: Config) -> bool | None:
     return os.path.exists(url.removeprefix("sqlite://"))
 
 
-def open_configured_catalog(cfg: Config) -> tuple[Catalog, list[TierRecord]]:
+def open_configured_catalog(
+    cfg: Config, *, make_dirs: bool = True
+) -> tuple[Catalog, list[TierRecord]]:
     """Open (creating when missing) the catalog of ``cfg`` and register its tiers; returns the
-    catalog and the tiers it did not know before."""
+    catalog and the tiers it did not know before.
+
+    A tier is set up as it is registered: the directory of a POSIX tier new to the catalog
+    (and not read-only) is made where missing, as a Session makes it (one that cannot be made
+    is left for the session to report: the tier is then down), since a Session makes no
+    directory of a tier the catalog knows. ``make_dirs`` false leaves that to the caller
+    (``strataio init``, which says what it made)."""
     catalog = open_catalog(cfg.catalog.url)  # a file that cannot be made: BackendError
     try:
         known = {t.name: t for t in catalog.tiers()}
@@ -40,6 +51,10 @@ def open_configured_catalog(cfg: Config) -> tuple[Catalog, list[TierRecord]]:
             dataclasses.replace(r, state=known[r.name].state) if r.name in known else r
             for r in cfg.tier_records()
         ]
+        for t in cfg.tiers if make_dirs else ():
+            if t.name not in known and not t.read_only:
+                with contextlib.suppress(ConfigError):
+                    _make_tier_dir(cfg, t)
         catalog.register_tiers(records)
     except BaseException:
         catalog.close()
@@ -48,39 +63,38 @@ def open_configured_catalog(cfg: Config) -> tuple[Catalog, list[TierRecord]]:
 
 
 def make_tier_dirs(cfg: Config) -> list[Path]:
-    """Create the directories of the configured POSIX tiers that do not exist; returns them."""
-    made = []
-    for t in cfg.tiers:
-        if t.kind != "posix" or t.path is None or os.path.isdir(t.path):
-            continue
-        try:
-            os.makedirs(t.path, exist_ok=True)
-        except OSError as exc:
-            raise ConfigError(
-                f"cannot create the directory of tier {t.name!r} configured in "
-                f"{cfg.source or 'the default configuration'}: {exc}"
-            ) from None
-        made.append(Path(t.path))
-    return made
+    """Create the directories of the configured POSIX tiers that do not exist; returns them.
+
+    This is ``strataio init``'s, and the one way a directory of a tier the catalog already
+    knows is made again, new and empty (a Session makes only those of tiers new to the
+    catalog: one missing where the catalog knows the tier is a volume not mounted, or a
+    directory removed, and leaves that tier down)."""
+    return [path for t in cfg.tiers if (path := _make_tier_dir(cfg, t)) is not None]
+
+
+def _make_tier_dir(cfg: Config, t: TierConfig) -> Path | None:
+    """Make the directory of tier ``t`` of ``cfg`` where it is a POSIX tier's and missing;
+    returns it where made. One that cannot be made: :class:`ConfigError`."""
+    if t.kind != "posix" or t.path is None or os.path.isdir(t.path):
+        return None
+    try:
+        os.makedirs(t.path, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot create the directory of tier {t.name!r} configured in "
+            f"{cfg.source or 'the default configuration'}: {exc}"
+        ) from None
+    return Path(t.path)
 
 
 def open_session(config: str | os.PathLike[str] | None, *, stage_on_read: bool = True) -> Session:
     """A Session on the configuration at ``config`` (or the one found as usual). A POSIX tier
-    whose directory cannot be used is down (see ``tier_from_config``); any other tier that
-    cannot be set up is a configuration problem (:class:`ConfigError`, exit 2).
-    ``stage_on_read`` false: reads leave chunks where they are (a command that only looks)."""
+    whose directory cannot be used is down (see ``tier_from_config``), and so is one the
+    catalog knows whose directory is missing, which is not made again (:func:`make_tier_dirs`,
+    ``strataio init``, does that); any other tier that cannot be set up is a configuration
+    problem (:class:`ConfigError`, exit 2). ``stage_on_read`` false: reads leave chunks where
+    they are (a command that only looks)."""
     from strataio.session import Session
-    from strataio.tiers.tier import TierSet
 
     cfg = load_config(config)  # ConfigError: exit 2
-    try:
-        tiers = TierSet.from_config(cfg)
-    except OSError as exc:
-        # e.g. a POSIX tier directory that cannot be created: the configuration names it
-        where = cfg.source or "the default configuration"
-        raise ConfigError(f"cannot set up the tiers configured in {where}: {exc}") from None
-    try:
-        return Session(cfg, tiers=tiers, stage_on_read=stage_on_read)
-    except BaseException:
-        tiers.close()
-        raise
+    return Session(cfg, stage_on_read=stage_on_read)

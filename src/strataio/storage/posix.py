@@ -131,6 +131,11 @@ class PosixBackend(Backend):
             if stat.S_ISDIR(os.stat(self.root).st_mode):
                 return None
             why = "is not a directory"
+        except FileNotFoundError:
+            why = (
+                "is missing (a volume not mounted, or the directory removed): nothing is "
+                "made in its place; mount it or put it back"
+            )
         except OSError as exc:
             why = f"cannot be used: {exc.strerror}"
         return BackendError(f"{self.url}: the backend's root {self.root} {why}")

@@ -22,9 +22,10 @@ import contextlib
 import errno
 import os
 import socket
+import stat
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +35,7 @@ from strataio.catalog.base import TIER_ROLES, ChunkCopy, TierRecord, TierUsage
 from strataio.errors import (
     BackendError,
     ChecksumError,
+    ConfigError,
     ExistsError,
     NotFoundError,
     ObjectError,
@@ -592,9 +594,24 @@ class TierSet:
 
     # ----------------------------------------------------------------- construction
     @classmethod
-    def from_config(cls, config: Any) -> TierSet:
-        """Tiers of a :class:`strataio.config.Config` (its ``tiers`` list, fastest first)."""
-        return cls([tier_from_config(tc, i) for i, tc in enumerate(config.tiers)])
+    def from_config(cls, config: Any, known: Collection[str] = ()) -> TierSet:
+        """Tiers of a :class:`strataio.config.Config` (its ``tiers`` list, fastest first).
+
+        ``known``: the names of the tiers the catalog has registered (:meth:`Catalog.tiers`):
+        a POSIX tier among them whose directory is missing is built down, the directory not
+        made (see :func:`tier_from_config`). An ``OSError`` setting a tier up is raised as
+        :class:`ConfigError` naming the configuration."""
+        names = set(known)
+        try:
+            return cls(
+                [
+                    tier_from_config(tc, i, known=tc.name in names)
+                    for i, tc in enumerate(config.tiers)
+                ]
+            )
+        except OSError as exc:
+            where = getattr(config, "source", None) or "the default configuration"
+            raise ConfigError(f"cannot set up the tiers configured in {where}: {exc}") from None
 
     # ----------------------------------------------------------------- lookup
     def __getitem__(self, name: str) -> Tier:
@@ -657,22 +674,25 @@ class TierSet:
                 t.backend.close()
 
 
-def tier_from_config(tc: Any, order: int) -> Tier:
+def tier_from_config(tc: Any, order: int, *, known: bool = False) -> Tier:
     """Build a :class:`Tier` from one ``TierConfig`` (``kind`` ``posix``/``s3``/``memory``,
-    optionally wrapped in a :class:`~strataio.storage.shaped.Shaped` cost model)."""
+    optionally wrapped in a :class:`~strataio.storage.shaped.Shaped` cost model).
+
+    A POSIX tier's directory is made where it is missing only for a tier new to the catalog
+    (``known`` false: the catalog has never registered it, as on the first use of a
+    configuration or for a tier just added to it), and never for a ``read_only`` one. Where
+    the catalog knows the tier (``known``), a missing directory is a volume not mounted or a
+    directory removed, not an empty tier: the tier is built down, saying so and how to bring
+    it back (mount it or put it back, or make it new and empty with ``strataio init``; then
+    a probe, ``strataio tiers --check``, marks it up), and nothing is made in its place, so
+    reads fall over to other copies, writes go to other tiers and fsck checks no copy there
+    (nor drops a row of one). A directory that cannot be made or used leaves the tier down
+    too, with the reason; the other tiers serve."""
     kind = getattr(tc, "kind", "posix")
     read_only = bool(getattr(tc, "read_only", False))
     unusable = ""
     if kind == "posix":
-        from strataio.storage.posix import PosixBackend
-
-        try:
-            # (a read-only tier's directory is not made: it must be there)
-            backend: Backend = PosixBackend(tc.path, create=not read_only)
-        except OSError as exc:
-            # (a mount point missing, a file in its place): the tier is down, not the hierarchy
-            backend = PosixBackend(tc.path, create=None)
-            unusable = f"cannot use its directory {tc.path}: {exc.strerror or exc}"
+        backend, unusable = _posix_backend(tc.path, read_only=read_only, known=known)
     elif kind == "memory":
         from strataio.storage.memory import MemoryBackend
 
@@ -714,3 +734,32 @@ def tier_from_config(tc: Any, order: int) -> Tier:
         state="down" if unusable else "up",
         last_error=unusable,
     )
+
+
+def _posix_backend(path: str, *, read_only: bool, known: bool) -> tuple[Backend, str]:
+    """The backend of a POSIX tier configured at ``path``, and why its directory cannot be
+    used ("" where it can), made where missing as :func:`tier_from_config` says."""
+    from strataio.storage.posix import PosixBackend
+
+    if known and not read_only:
+        backend = PosixBackend(path, create=None)
+        try:
+            is_dir = stat.S_ISDIR(os.stat(path).st_mode)
+        except FileNotFoundError:
+            return backend, (
+                f"its directory {path} is missing (a volume not mounted, or the directory "
+                "removed): nothing is made in its place, as the catalog knows this tier; mount "
+                "it or put it back, or make it new and empty with `strataio init`, then "
+                "`strataio tiers --check` marks the tier up"
+            )
+        except OSError as exc:
+            return backend, f"cannot use its directory {path}: {exc.strerror or exc}"
+        why = "" if is_dir else f"cannot use its directory {path}: {os.strerror(errno.ENOTDIR)}"
+        return backend, why
+    try:
+        # (a read-only tier's directory is not made: it must be there)
+        return PosixBackend(path, create=not read_only), ""
+    except OSError as exc:
+        # (a mount point missing, a file in its place): the tier is down, not the hierarchy
+        why = f"cannot use its directory {path}: {exc.strerror or exc}"
+        return PosixBackend(path, create=None), why
