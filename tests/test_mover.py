@@ -12,6 +12,7 @@ import pytest
 import strataio
 from strataio.catalog.sqlite import SQLiteCatalog
 from strataio.errors import StrataError
+from strataio.storage.memory import MemoryBackend
 from strataio.storage.posix import PosixBackend
 from strataio.storage.shaped import CostModel, OpCost, Shaped
 from strataio.tiers.tier import Tier, TierSet
@@ -275,3 +276,80 @@ def test_an_eviction_something_is_in_the_way_of_evicts_the_rest(tmp_path):
         np.testing.assert_array_equal(ds[4:12], a[4:12])
         ds.close()
         y.close()
+
+
+class MovedMeanwhile(PosixBackend):
+    """A POSIX backend whose first ``get`` of object ``key`` first runs ``meanwhile``
+    (another process moving the chunk after this one looked its rows up); it counts gets."""
+
+    def __init__(self, root, key="", meanwhile=None):
+        super().__init__(root)
+        self.key = key
+        self.meanwhile = meanwhile
+        self.gets = 0
+
+    def get(self, key):
+        self.gets += 1
+        if key == self.key and self.meanwhile is not None:
+            run, self.meanwhile = self.meanwhile, None
+            run()
+        return super().get(key)
+
+
+@pytest.mark.parametrize("memory", [False, True], ids=["prefetch-cache", "memory-tier"])
+@pytest.mark.parametrize("other", ["migrate", "evict"])
+def test_a_prefetch_follows_a_chunk_another_process_moved_after_its_lookup(tmp_path, memory, other):
+    """Another process moves a chunk between a prefetch's lookup of its rows and its read:
+    it migrates the chunk's only copy to a slower tier, or evicts one of two copies. The
+    prefetch without a memory tier failed that chunk with the backend's NotFoundError; it
+    now reads the chunk's next copy where one holds its bytes, else learns the chunk's rows
+    again from the catalog and reads the copy there, as a read does (a prefetch to a memory
+    tier, a stage, already did). The prefetched bytes are the chunk's: reads afterwards are
+    served from memory."""
+    a = np.arange(8, dtype="i4")
+    catalog = tmp_path / "cat.db"
+    with strataio.Session(tiers=three_tiers(tmp_path), catalog=catalog) as s:
+        ds = s.create_dataset("x", (8,), "i4", (4,), hint="LOCALDISK")
+        ds[...] = a
+        if other == "evict":
+            ds.stage(to="remote").wait()  # (a second copy: only the one on local goes)
+        before = copies(ds)
+        ds.close()
+
+    def move():
+        with strataio.Session(tiers=three_tiers(tmp_path), catalog=catalog) as o:
+            y = o.open_dataset("x", "r+")
+            if other == "migrate":
+                y.migrate(np.s_[0:4], to="remote").wait()
+            else:
+                y.evict(np.s_[0:4], tier="local").wait()
+            y.close()
+
+    local = MovedMeanwhile(tmp_path / "local", "x/c/0", move)
+    remote = MovedMeanwhile(tmp_path / "remote")
+    tiers = [
+        Tier("local", local, "localdisk", order=1),
+        Tier("remote", remote, "remotedisk", order=2),
+        Tier("tape", PosixBackend(tmp_path / "tape"), "remotetape", order=3),
+    ]
+    if memory:
+        tiers.insert(0, Tier("mem", MemoryBackend(), "memory", order=0))
+    with strataio.Session(tiers=TierSet(tiers), catalog=catalog) as s:
+        ds = s.open_dataset("x")
+        assert copies(ds) == before
+        r = ds.prefetch().wait()
+        assert local.meanwhile is None  # (the other process moved c/0 during the prefetch)
+        assert (r.moved, r.failed) == (2, [])
+        if memory:
+            assert all(where[0] == "mem" for where in copies(ds).values())
+        else:
+            assert len(s.cache) == 2
+        gets = (local.gets, remote.gets)
+        np.testing.assert_array_equal(ds[...], a)
+        assert (local.gets, remote.gets) == gets  # (served from memory)
+        ds.close()
+    with strataio.Session(tiers=three_tiers(tmp_path), catalog=catalog) as s:
+        ds = s.open_dataset("x")
+        assert copies(ds)["c/0"] == ["remote"]
+        np.testing.assert_array_equal(ds[...], a)
+        ds.close()

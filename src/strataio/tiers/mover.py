@@ -14,9 +14,11 @@ orphan that fsck removes. The commit is :meth:`strataio.tiers.commit.Commit.appl
 move's last chunk is done.
 
 A move that finds the chunk rewritten meanwhile records nothing (the new version is where its
-write put it); a source copy found missing is forgotten and the next copy is used, as it is
-for a source copy something not strataio's is in the way of (:class:`ObjectError`, which
-leaves its tier up and its row as it is). Something in the way at the destination fails that
+write put it); a source copy found missing is forgotten and the next copy of its bytes is
+used, as it is for a source copy something not strataio's is in the way of
+(:class:`ObjectError`, which leaves its tier up and its row as it is); where none is left,
+the chunk's rows are learned again from the catalog (another process moved it since they
+were looked up) and its copies there are tried. Something in the way at the destination fails that
 chunk's move (:attr:`MoveResult.failed` names it), its tier left up. A prefetch
 stages to the fastest memory tier when one is configured (a volatile cache level, see
 :mod:`strataio.tiers.tier`), else reads into the in-process chunk cache.
@@ -44,7 +46,7 @@ from strataio.errors import (
 from strataio.tiers.cache import ChunkCache
 from strataio.tiers.commit import Commit
 from strataio.tiers.placement import Placement
-from strataio.tiers.residency import Residency, object_key
+from strataio.tiers.residency import Residency, object_key, same_bytes
 from strataio.tiers.tier import (
     Tier,
     TierSet,
@@ -638,22 +640,60 @@ class Mover:
         return outcome, n
 
     def _prefetch_one(self, res: Residency, key: str) -> tuple[str, int]:
+        """Read ``key`` into the chunk cache from its fastest readable copy that answers with
+        intact bytes, as a read does: a copy whose tier is down, that something is in the
+        way of (:class:`ObjectError`) or whose bytes fail their checksum is passed over for
+        the next; a copy found missing (another process moved or evicted the chunk since
+        its rows were looked up) is forgotten where another copy holds its bytes, and that
+        copy is read; where none is left, the chunk's rows are learned again from the
+        catalog (once) and its copies there are read. Raises :class:`StrataError` where no
+        copy gives its bytes."""
         # (an entry of bytes the chunk's rows no longer name, another process having
         # rewritten it, leaves the cache here and is read again)
         if self.cache.get_many(res.name, (key,), res.names_bytes)[0] is not None:
             return "reused", 0
-        for c in self._readable(res, key):
+        tried: set[str] = set()
+        # a copy found missing whose bytes no other copy holds: only a copy of the same
+        # bytes may stand for it (another value would be read in its place, unsaid)
+        gone: ChunkCopy | None = None
+        refreshed = False
+        while True:
+            sources = [
+                c
+                for c in self._readable(res, key)
+                if c.tier not in tried and (gone is None or same_bytes(c, gone))
+            ]
+            if not sources:
+                if refreshed or not (tried or gone) or not self._refresh(res, key):
+                    break
+                refreshed, gone = True, None
+                tried.clear()
+                continue
+            c = sources[0]
             tier = self.tiers[c.tier]
             try:
                 data = tier.call(tier.backend.get, object_key(res.name, key))
+            except NotFoundError:
+                if res.drop_missing(c) or not res.is_current(c):
+                    continue  # forgotten (another copy holds its bytes), or moved here
+                gone = gone or c
+                tried.add(c.tier)
+                continue
             except (TierDownError, ObjectError):
+                tried.add(c.tier)
                 continue
             digest = accepts_data(c, data)
             if digest is None:
+                tried.add(c.tier)
                 continue
             self.cache.put(res.name, key, data, digest)
             res.touch([key])
             return "moved", len(data)
+        if gone is not None:
+            raise StrataError(
+                f"chunk {key!r} of {res.name!r}: its copy on {gone.tier!r} is missing and no "
+                "other copy holds its bytes; run 'strataio fsck'"
+            )
         if res.copies(key):
             raise StrataError(f"chunk {key!r}: no tier holding it answered with intact bytes")
         return "reused", 0
