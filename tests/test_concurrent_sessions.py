@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 import strataio
-from strataio.errors import BackendError, ChunksNotStoredError
+from strataio.errors import BackendError, ChunksNotStoredError, ObjectError
 from strataio.tiers.fsck import fsck
 from strataio.tiers.residency import Residency, object_key
 
@@ -592,6 +592,125 @@ def test_a_flush_whose_new_object_was_deleted_before_it_says_so(tmp_path):
     with session(tmp_path) as s:
         ds = s.open_dataset("a")
         np.testing.assert_array_equal(ds[0:10, 0:10], A[0:10, 0:10])
+        np.testing.assert_array_equal(ds[10:20, 0:10], -2.0)
+        assert fsck(s.catalog, s.tiers).clean
+
+
+#: what chunk c/0/0 was before a rewrite (see _rewritten)
+REWRITES = ("unwritten", "elsewhere", "in-place")
+
+
+def _rewritten(tmp_path, before):
+    """Dataset "a" on "fast" and a session that has written -1 into chunk c/0/0 and -2 into
+    c/1/0, not flushed: ``before`` the write, c/0/0 was never written ("unwritten"; the
+    dataset created empty), was on the archive only ("elsewhere": the write puts a new copy
+    on "fast"), or on "fast" ("in-place": the write replaces that object)."""
+    dataset_a_on_fast(tmp_path)
+    if before == "unwritten":
+        with session(tmp_path) as s:
+            s.delete_dataset("a")
+            s.create_dataset("a", A.shape, "f4", (10, 10), hint="LOCALDISK").close()
+    a = session(tmp_path)
+    da = a.open_dataset("a", "r+")
+    if before == "elsewhere":
+        da.migrate(np.s_[0:10, 0:10], to="archive").wait()
+    was = {c.tier: c.checksum for c in a.catalog.residency("a", ["c/0/0"])}
+    da[0:10, 0:10] = -1.0
+    da[10:20, 0:10] = -2.0
+    return a, da, was
+
+
+@pytest.mark.parametrize(
+    ("before", "thing"),
+    [
+        *((b, t) for t in ("directory", "file", "nothing") for b in REWRITES),
+        ("unwritten", "file-at-folder"),  # (c/0/0 is the only chunk under a/c/0 then)
+    ],
+)
+def test_a_flush_whose_new_object_something_replaced_before_it_raises_naming_it(
+    tmp_path, before, thing
+):
+    """Between A's put of chunk c/0/0 on "fast" and its flush, the object is replaced by a
+    directory (or its folder by a file), or by a file no write of strataio's put, or
+    deleted. The commit leaves the write out (the object is not the put's), as it does
+    where another process's put replaced it; but no other write stands for the chunk, so
+    A's value is lost: the flush raises :class:`ObjectError` naming the chunk and what
+    stands there (:class:`ChunksNotStoredError` for an object deleted), and the tier stays
+    up. It returned, and the chunk read back as its fill value or its older value, silently
+    (so did a rewrite in place whose new object was deleted; a file in the way of the
+    object's folder failed the flush as a tier failing, marked the tier down and kept the
+    write buffered for good). The other chunk's write is recorded, and once what was in the
+    way is gone the chunk is written again."""
+    a, da, was = _rewritten(tmp_path, before)
+    obj = tmp_path / "fast" / "a" / "c" / "0" / "0"
+    obj.unlink()
+    if thing == "directory":
+        obj.mkdir()
+    elif thing == "file":
+        obj.write_bytes(b"not a chunk")
+    elif thing == "file-at-folder":
+        obj.parent.rmdir()
+        obj.parent.write_bytes(b"")
+    with pytest.raises(ChunksNotStoredError if thing == "nothing" else ObjectError) as err:
+        da.flush()
+    assert err.value.keys == ["c/0/0"]
+    said = str(err.value)
+    assert "'c/0/0'" in said or "c/0/0 " in said
+    if thing != "nothing":
+        assert "'fast'" in said and "a/c/0/0" in said
+        what = {"directory": "Is a directory", "file": "of 11 bytes"}
+        assert what.get(thing, "Not a directory") in said
+    assert all(t.up for t in a.tiers)  # (one object's trouble: the tier answers)
+    da.flush()  # (reported once)
+    # the catalog records no value of the write (an announcement of it stands for the old)
+    rows = {c.tier: c.committed_checksum for c in a.catalog.residency("a", ["c/0/0"])}
+    assert rows == was
+    if before == "unwritten":
+        np.testing.assert_array_equal(da[0:10, 0:10], 0.0)
+    elif before == "elsewhere":
+        np.testing.assert_array_equal(da[0:10, 0:10], A[0:10, 0:10])  # (the archive's)
+    elif thing != "file":  # (the old object went with it: its loss is read as such)
+        with pytest.raises(BackendError, match="'fast'"):
+            da[0:10, 0:10]
+    np.testing.assert_array_equal(da[10:20, 0:10], -2.0)
+    # once what stood there is gone, the chunk is written again and kept
+    if thing == "directory":
+        obj.rmdir()
+    elif thing == "file-at-folder":
+        obj.parent.unlink()
+    da[0:10, 0:10] = -3.0
+    da.close()
+    a.close()
+    with session(tmp_path) as s:
+        ds = s.open_dataset("a")
+        np.testing.assert_array_equal(ds[0:10, 0:10], -3.0)
+        np.testing.assert_array_equal(ds[10:20, 0:10], -2.0)
+
+
+@pytest.mark.parametrize("before", REWRITES)
+@pytest.mark.parametrize("flushed", [True, False], ids=["b-flushed", "b-not-flushed"])
+def test_a_flush_whose_object_another_process_s_write_replaced_keeps_that_value(
+    tmp_path, before, flushed
+):
+    """Between A's put of chunk c/0/0 on "fast" and its flush, B writes the chunk there too:
+    B's put replaces A's object, announced in the catalog (and recorded, where B flushes
+    first). A's flush leaves its write out and returns: the two writes were not ordered, and
+    B's value, the one on the tier, is the chunk's, as before."""
+    a, da, was = _rewritten(tmp_path, before)
+    obj = tmp_path / "fast" / "a" / "c" / "0" / "0"
+    put = obj.stat().st_ino
+    b = session(tmp_path)
+    db = b.open_dataset("a", "r+")
+    db[0:10, 0:10] = 7.0
+    assert obj.stat().st_ino != put  # (B's put replaced A's object)
+    if flushed:
+        db.flush()
+    da.flush()
+    np.testing.assert_array_equal(da[10:20, 0:10], -2.0)
+    db.close(), da.close(), a.close(), b.close()
+    with session(tmp_path) as s:
+        ds = s.open_dataset("a")
+        np.testing.assert_array_equal(ds[0:10, 0:10], 7.0)
         np.testing.assert_array_equal(ds[10:20, 0:10], -2.0)
         assert fsck(s.catalog, s.tiers).clean
 

@@ -86,7 +86,10 @@ class ObjectError(BackendError):
     A write of a tiered dataset raises it once its other chunks are stored (each tried on
     the tiers its hint allows, as always); ``keys`` then names every chunk of the write not
     stored (each keeps its previous value): those something is in the way of, and any that
-    found no tier with room that answered. Elsewhere ``keys`` is empty."""
+    found no tier with room that answered. A flush or close raises it where the object a
+    write put was replaced before the catalog recorded it by something no write stands for
+    (a directory, a file put by hand); ``keys`` then names those chunks (and any whose new
+    objects were gone). Elsewhere ``keys`` is empty."""
 
     def __init__(self, message: str, keys: Sequence[str] = ()) -> None:
         super().__init__(message)

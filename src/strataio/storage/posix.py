@@ -539,7 +539,8 @@ class PosixBackend(Backend):
 
     def sync(self, keys: Iterable[str] | None = None) -> None:
         """fsync each object and then each directory holding one, so that both the bytes and
-        the renames that put them in place survive a power loss."""
+        the renames that put them in place survive a power loss. A key with no object (none
+        there, or a file where one of its folders should be) is passed over."""
         if keys is None:
             keys = list(self.list())
         dirs: set[str] = set()
@@ -547,7 +548,9 @@ class PosixBackend(Backend):
             path = self.path(key)
             try:
                 fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-            except FileNotFoundError:
+            except (FileNotFoundError, NotADirectoryError):
+                # (no object there, or a file stands where one of its folders should be:
+                # nothing put there to make durable; a commit's look at it finds it gone)
                 continue
             try:
                 os.fsync(fd)

@@ -65,6 +65,21 @@ reopens, on open tiers and on a full one). A write whose object another process 
 before its commit, its chunk left at the value it replaced, is lost, and said so: the flush
 or close raises :class:`~strataio.errors.ChunksNotStoredError` (:meth:`Residency.lose_writes`).
 
+A write whose object was replaced before its commit by something no write of strataio's
+stands for (a directory, a file where one of its folders goes, a file put by hand) did not
+land either. The commit cannot tell it by the object alone from another process's put, so
+it leaves the write out as for one (by the object's version; a file in a folder's place
+counts as another object, not as a tier that fails), and then looks at the chunk's rows:
+every put of strataio's that replaces an object announces it in the catalog first, so where
+another value stands for the chunk (recorded, or the bytes an announced rewrite replaces),
+or another writer's announced rewrite, another process wrote it since and its value is
+kept, as two unordered writes leave either (:meth:`_lost_for_good`). Where neither does,
+the write's value is lost (the chunk is back at a value it replaced, or at none), and the
+flush or close raises :class:`~strataio.errors.ObjectError` naming the chunks and what
+stands where their objects were, as a write something is in the way of does, rather than
+return as though the write had been kept. (A parallel job's rank 0, which records every
+rank's changes, reports neither loss yet.)
+
 Rewrites in place are announced (:meth:`Commit.announce`) under the session's ``writer`` (see
 :mod:`strataio.catalog.liveness`) on every rank: a rank other than 0 opens its own catalog
 connection (``catalog_url``) for that, the first time it rewrites a catalogued chunk. So fsck
@@ -82,7 +97,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from strataio.catalog.base import Catalog, ChunkCopy, CopyId, open_catalog
-from strataio.errors import BackendError, ExistsError, StrataError, TierDownError
+from strataio.errors import (
+    BackendError,
+    ExistsError,
+    NotFoundError,
+    ObjectError,
+    StrataError,
+    TierDownError,
+)
 from strataio.storage.base import Version
 from strataio.tiers.residency import Batch, Residency, object_key
 from strataio.tiers.tier import (
@@ -457,8 +479,16 @@ class Commit:
             done.left_out,
             [*(i for i in batch.deletes if i not in kept_ids), *done.superseded],
         )
-        if done.lost and self.comm is None:
-            res.lose_writes(self._lost_for_good(res.name, done.lost, batch.overwritten))
+        if (done.lost or done.displaced) and self.comm is None:
+            gone = self._lost_for_good(res.name, {**done.lost, **done.displaced}, batch.overwritten)
+            res.lose_writes(
+                {k: t for k, t in gone.items() if k in done.lost},
+                {
+                    k: self._what_is_there(self.tiers[t], res.name, k)
+                    for k, t in gone.items()
+                    if k in done.displaced
+                },
+            )
         # a write or move left out (its object replaced or deleted by another process, or
         # rewritten by another writer) takes nothing with it: the other copies of its chunk,
         # rows and objects, are what is left of the chunk. Not so a move left out as
@@ -539,25 +569,54 @@ class Commit:
             sizes=functools.partial(self._sizes_now, dataset),
         )
         left_out = replaced | set(done.orphaned) | set(done.overtaken)
-        # written copies whose object is gone (whether that lost the write, _lost_for_good
-        # decides from the rows now: a write-back of the same bytes recorded here keeps it)
+        # written copies whose object is gone, or is another (whether that lost the write,
+        # _lost_for_good decides from the rows now: a write-back of the same bytes recorded
+        # here keeps it, and another process's write recorded or announced there wins)
         lost = {k: t for _, k, t in missing if (k, t) in batch.written}
-        return _Recorded(done.superseded, done.kept, left_out, done.orphaned, lost)
+        displaced = {k: t for _, k, t in replaced - missing if (k, t) in batch.written}
+        return _Recorded(done.superseded, done.kept, left_out, done.orphaned, lost, displaced)
 
     def _lost_for_good(
         self, dataset: str, lost: dict[str, str], overwritten: Mapping[str, set[str]]
     ) -> dict[str, str]:
-        """Of the writes ``lost`` (key -> tier: their objects gone before the commit),
-        those whose chunk now holds no committed value but the ones they replaced
-        (``overwritten``): it went back to an older value. Where another value stands,
-        another process wrote the chunk since, and its value is the one kept (as two
-        unordered writes of one chunk leave either)."""
+        """Of the writes ``lost`` (key -> tier: their objects gone, or replaced by another,
+        before the commit), those whose chunk now holds no committed value but the ones they
+        replaced (``overwritten``), and no rewrite another writer announced: it went back to
+        an older value, or to none. Where another value stands, or another writer's
+        announcement (whose old bytes may be the very ones this write replaced: it did not
+        know of this write), another process wrote the chunk since, and its value is the one
+        kept (as two unordered writes of one chunk leave either): that process's put is what
+        replaced the object. Else nothing of strataio's replaced it (a directory, a file put
+        by hand), and the write is lost."""
         assert self.catalog is not None
         now: dict[str, set[str]] = {k: set() for k in lost}
+        others: set[str] = set()  # chunks another writer has announced a rewrite of
         for c in self.catalog.residency(dataset, sorted(lost)):
             if c.key in now:
                 now[c.key].add(c.committed_checksum)
-        return {k: t for k, t in lost.items() if now[k] <= overwritten.get(k, set())}
+                if c.rewritten_by_other(self.writer):
+                    others.add(c.key)
+        return {
+            k: t for k, t in lost.items() if k not in others and now[k] <= overwritten.get(k, set())
+        }
+
+    @staticmethod
+    def _what_is_there(tier: Tier, dataset: str, key: str) -> str:
+        """In words, what stands on ``tier`` where a write of chunk ``key`` of ``dataset``
+        put its object, now another (see :meth:`_lost_for_good`)."""
+        obj = object_key(dataset, key)
+        try:
+            n = tier.call_alone(tier.backend.size, obj)
+        except ObjectError as exc:
+            return str(exc)  # (names the path, and what is in the way there)
+        except NotFoundError:
+            return f"tier {tier.name!r}: nothing any more at object {obj!r}"
+        except StrataError as exc:
+            return f"tier {tier.name!r}: object {obj!r} cannot be looked at ({exc})"
+        return (
+            f"tier {tier.name!r}: object {obj!r} is another, of {n} bytes, that no write "
+            "recorded or announced in the catalog stands for (put there by hand?)"
+        )
 
     def _versions_now(
         self, dataset: str, ids: Sequence[CopyId], puts: dict[tuple[str, str], Any]
@@ -575,10 +634,11 @@ class Commit:
             tier = self.tiers[name]
             if not tier.up:
                 continue
+            objs = [object_key(dataset, k) for _, k, _ in mine]
             try:
-                now = tier.backend.object_versions([object_key(dataset, k) for _, k, _ in mine])
+                now = tier.backend.object_versions(objs)
             except Exception:
-                continue
+                now = _versions_alone(tier, objs)
             if now is not None:
                 out.update(zip(mine, now))
         return out
@@ -830,6 +890,30 @@ def _failed(tier: Tier, exc: Exception) -> None:
 #: the version :meth:`Commit._versions_of` gives an object found missing
 _MISSING = object()
 
+#: the version :func:`_versions_alone` gives an object something is in the way of (a file
+#: where one of its folders should be): no put leaves it
+_IN_THE_WAY = object()
+
+
+def _versions_alone(tier: Tier, objs: Sequence[str]) -> list[Any] | None:
+    """The versions of ``objs`` on ``tier`` looked at one at a time, once a look at all of
+    them failed: :data:`_IN_THE_WAY` for an object something is in the way of
+    (:meth:`Tier.object_error`); None where the tier keeps no versions or fails otherwise
+    (it cannot say)."""
+    out: list[Any] = []
+    for obj in objs:
+        try:
+            got = tier.backend.object_versions([obj])
+        except Exception as exc:
+            if tier.object_error(exc, obj) is None:
+                return None
+            out.append(_IN_THE_WAY)
+            continue
+        if got is None:
+            return None
+        out.extend(got)
+    return out
+
 
 @dataclasses.dataclass(frozen=True)
 class _Recorded:
@@ -846,6 +930,10 @@ class _Recorded:
     #: written chunks whose new copy (key -> its tier) was gone before the commit (their
     #: writes may be lost: see Commit._lost_for_good)
     lost: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: written chunks whose new copy (key -> its tier) was replaced by another object before
+    #: the commit (by another process's write, or by something no write stands for: see
+    #: Commit._lost_for_good)
+    displaced: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 def _first_error(comm: Any, err: BaseException | None) -> BaseException | None:

@@ -37,7 +37,7 @@ import contextlib
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -177,6 +177,9 @@ class Residency:
         self._forgotten: set[tuple[str, str]] = set()  # (key, tier) rows forgotten here only
         self._in_commit: set[str] = set()  # keys of the rows a taken batch is recording now
         self._lost: dict[str, str] = {}  # key -> tier: writes a commit found gone (lose_writes)
+        #: key -> what stands in its place: writes whose object a commit found replaced by
+        #: something no write stands for (lose_writes)
+        self._displaced: dict[str, str] = {}
         self._overwritten: dict[str, set[str]] = {}  # key -> values its writes replaced (Batch)
         #: called with a copy :meth:`drop_missing` forgot, to drop its row from the catalog
         self.drop_missing_row: Callable[[ChunkCopy], None] | None = None
@@ -558,6 +561,19 @@ class Residency:
                 keep=self._keep_counted(copy.tier, copy.key, copy.nbytes),
             )
 
+    def announce_write(self, intent: ChunkCopy, replaced: ChunkCopy, *, reserved: int = 0) -> None:
+        """Record ``intent``, the announcement of a rewrite in place of ``replaced`` (the row
+        held at its place), before the put: a read meanwhile accepts either version. The
+        committed value ``replaced`` stands for is one the write replaces
+        (:attr:`Batch.overwritten`), whatever the announcement names as its old bytes (the
+        new ones of another live writer's announcement it took over, whose put may land
+        after this one's: that value is no older one)."""
+        with self.lock:
+            self.add(intent, reserved=reserved)
+            if not self._tier(intent.tier).volatile and replaced.committed_checksum:
+                was = self._overwritten.setdefault(intent.key, set())
+                was.add(replaced.committed_checksum)
+
     def record_write(
         self, copy: ChunkCopy, *, reserved: int = 0, version: Any = None, owner: object = None
     ) -> None:
@@ -575,8 +591,9 @@ class Residency:
             if not self._tier(copy.tier).volatile:
                 self._written[copy.key, copy.tier] = version
                 self._rewritten.add(copy.key)
+                # (the value of the row it replaces on its own tier: see announce_write)
                 was = self._overwritten.setdefault(copy.key, set())
-                was.update(c.committed_checksum for c in before)
+                was.update(c.committed_checksum for c in before if c.tier != copy.tier)
                 was.discard("")
             for c in before:
                 if c.tier != copy.tier:
@@ -885,17 +902,25 @@ class Residency:
                 if (t, k) in self._cancelled:
                     self._unnamed_own.add((t, k))
 
-    def lose_writes(self, lost: dict[str, str]) -> None:
-        """Note chunks whose written copy (key -> tier) a commit found gone before it
-        recorded it: their new values are lost, for :meth:`take_lost_writes` to report."""
+    def lose_writes(
+        self, lost: Mapping[str, str], displaced: Mapping[str, str] | None = None
+    ) -> None:
+        """Note chunks whose written copy a commit did not record as its value was lost:
+        ``lost`` (key -> tier), those whose object was gone; ``displaced`` (key -> what
+        stands there, in words), those whose object something no write of strataio's stands
+        for replaced (a directory, a file put by hand). For :meth:`take_lost_writes` to
+        report."""
         with self.lock:
             self._lost.update(lost)
+            self._displaced.update(displaced or {})
 
-    def take_lost_writes(self) -> dict[str, str]:
-        """The writes :meth:`lose_writes` noted since the last call (key -> tier)."""
+    def take_lost_writes(self) -> tuple[dict[str, str], dict[str, str]]:
+        """The writes :meth:`lose_writes` noted since the last call: those found gone (key ->
+        tier) and those found displaced (key -> what stands there)."""
         with self.lock:
             lost, self._lost = self._lost, {}
-            return lost
+            displaced, self._displaced = self._displaced, {}
+            return lost, displaced
 
     def row_dropped(self, copy: ChunkCopy) -> None:
         """The catalog's row of ``copy``, forgotten here, is gone too."""

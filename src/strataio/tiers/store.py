@@ -1132,7 +1132,7 @@ class TieredChunkStore(ChunkStore):
             # never the replaced row (rows of copies being put wait for the put's end). The
             # announced copy has the new size: the room claimed for it is in use from here
             for k in olds:
-                self.res.add(intents[k], reserved=room[k])
+                self.res.announce_write(intents[k], olds[k], reserved=room[k])
                 room[k] = 0
             try:
                 self.commit.announce(self.res, list(intents.values()))
@@ -1321,10 +1321,16 @@ class TieredChunkStore(ChunkStore):
         self._report_lost_writes()
 
     def _report_lost_writes(self) -> None:
-        """Raise :class:`ChunksNotStoredError` for the writes a commit since the last report
-        found gone before it recorded them (another process, or a hand, deleted the new
-        object): a flush or close that returns has made every write durable."""
-        lost = self.res.take_lost_writes()
+        """Raise for the writes a commit since the last report did not record as their
+        values were lost before it: :class:`ObjectError` where the object a write put was
+        replaced by something no write of strataio's stands for (a directory, a file put by
+        hand: :meth:`Commit._lost_for_good`), naming the chunks and what stands there; else
+        :class:`ChunksNotStoredError` where it was gone (another process, or a hand, deleted
+        it). A flush or close that returns has made every write durable; the value of
+        another process's write that replaced a put's object is kept, and is no loss."""
+        lost, displaced = self.res.take_lost_writes()
+        if displaced:
+            raise self._displaced_writes(displaced, lost)
         if not lost:
             return
         keys = sorted(lost)
@@ -1338,6 +1344,34 @@ class TieredChunkStore(ChunkStore):
             f"{'it' if len(keys) == 1 else 'them'} again",
             keys,
         )
+
+    def _displaced_writes(self, displaced: dict[str, str], lost: dict[str, str]) -> ObjectError:
+        """The error of writes whose objects something no write stands for replaced before
+        the commit (``displaced``: key -> what stands there), and of those whose objects were
+        gone (``lost``: key -> tier)."""
+        first, *others = sorted(displaced)
+        msg = (
+            f"dataset {self.name!r}: chunk {first!r} written since the last flush was not "
+            "stored: before the catalog recorded it, the object its write put was replaced "
+            f"by something no write stands for: {displaced[first]}"
+        )
+        if others:
+            msg += (
+                f"; nor, replaced likewise, {', '.join(others[:4])}"
+                f"{', ...' if len(others) > 4 else ''}"
+            )
+        if lost:
+            gone = sorted(lost)
+            msg += (
+                f"; nor {', '.join(gone[:4])}{', ...' if len(gone) > 4 else ''}, whose new "
+                "objects are gone (deleted by another process or by hand)"
+            )
+        n = len(displaced) + len(lost)
+        msg += (
+            f"; the catalog records {'that write' if n == 1 else f'none of these {n} writes'} "
+            "nowhere: move what is in the way, and write again"
+        )
+        return ObjectError(msg, sorted([*displaced, *lost]))
 
     def close(self) -> None:
         """Flush and close; copies on memory tiers are dropped (they live while the dataset
