@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 
 import numpy as np
 import pytest
@@ -347,6 +348,41 @@ def test_only_the_directories_of_tiers_new_to_the_catalog_are_made(project):
     assert (root / "fresh-disk").is_dir() and (root / "fresh-tape").is_dir()
     out = r.invoke(main, ["tiers", "--config", "fresh.toml"])
     assert out.exit_code == 0, out.output
+
+
+def test_init_does_not_make_a_tier_holding_copies_new_unless_asked(project):
+    """strataio init leaves missing the directory of a tier on which the catalog records
+    copies (a volume not mounted: an empty directory on another disk would take the writes a
+    mount then hides), says how many and how to go on, and exits 1, having made the others;
+    --remake-tier NAME makes it new and empty, saying the copies recorded there are lost. A
+    name not configured is a usage error, before anything is made."""
+    root, a = project
+    r = CliRunner()
+    out = r.invoke(main, ["stage", "temp", "--section", "0:100,0:100", "--to", "disk"])
+    assert out.exit_code == 0, out.output
+    (root / "disk").rename(root / "unmounted")
+    (root / "tape").rename(root / "tape-away")
+    (root / "tape").mkdir()  # (made again by hand: the copies there read as missing)
+    out = r.invoke(main, ["init", "--remake-tier", "nosuch"])
+    assert out.exit_code == 2 and "no tier 'nosuch'" in out.output, out.output
+    assert not (root / "disk").exists()
+    out = r.invoke(main, ["init"])
+    assert out.exit_code == 1, out.output
+    assert "tier 'disk'" in out.stderr and "records 100 copies" in out.stderr
+    assert "--remake-tier disk" in out.stderr and not (root / "disk").exists()
+    (root / "unmounted").rename(root / "disk")  # (mounted again: everything is there)
+    (root / "tape").rmdir()
+    (root / "tape-away").rename(root / "tape")
+    out = r.invoke(main, ["fsck"])
+    assert out.exit_code == 0, out.output
+    shutil.rmtree(root / "disk")  # (the disk replaced: made new on purpose)
+    out = r.invoke(main, ["init", "--remake-tier", "disk"])
+    assert out.exit_code == 0 and (root / "disk").is_dir(), out.output
+    assert "new and empty: the 100 copies" in out.output and "fsck --repair" in out.output
+    with strataio.Session() as s:
+        ds = s.open_dataset("temp")
+        assert np.array_equal(ds[...], a)  # (from the tape)
+        ds.close()
 
 
 def test_fsck_probes_a_tier_the_catalog_has_marked_down(project):

@@ -25,6 +25,7 @@ from strataio.cli import main
 from strataio.cli.context import (
     catalog_exists,
     make_tier_dirs,
+    missing_tier_dir,
     open_configured_catalog,
     open_session,
 )
@@ -69,15 +70,35 @@ def _tiers(cfg: Config, catalog: Catalog) -> list[TierRecord]:
     return configured + [t for t in known.values() if t.name not in names]
 
 
+def _copies_per_tier(catalog: Catalog) -> dict[str, tuple[int, int]]:
+    """The copies and bytes ``catalog`` records per tier (those holding any)."""
+    held: dict[str, tuple[int, int]] = {}
+    for u in catalog.usage():
+        copies, nbytes = held.get(u.tier, (0, 0))
+        held[u.tier] = (copies + u.copies, nbytes + u.nbytes)
+    return held
+
+
 @main.command("init")
 @click.option("--force", is_flag=True, help=f"Overwrite an existing ./{CONFIG_FILENAME}.")
+@click.option(
+    "--remake-tier",
+    "remake",
+    multiple=True,
+    metavar="NAME",
+    help="Make the missing directory of tier NAME new and empty although the catalog records "
+    "copies there (they are lost: `strataio fsck --repair` then drops their rows). Repeatable.",
+)
 @_handle_errors
-def init_cmd(force: bool) -> None:
+def init_cmd(force: bool, remake: tuple[str, ...]) -> None:
     """Write a commented ./strataio.toml, then create what it names that is missing: the
     catalog (with the configured tiers) and the POSIX tier directories.
 
     An existing ./strataio.toml is kept (--force overwrites it with the default): init then
-    only creates what is missing, and says what it did."""
+    only creates what is missing, and says what it did. The missing directory of a tier on
+    which the catalog records copies is not made (a volume not mounted would be replaced by
+    an empty directory on another disk, which later writes would fill and a mount would
+    hide): init says so and exits 1, unless --remake-tier names that tier."""
     target = Path.cwd() / CONFIG_FILENAME
     if target.exists() and not force:
         try:
@@ -92,10 +113,19 @@ def init_cmd(force: bool) -> None:
         target.write_text(default_config_text())
         cfg = load_config(target)
         click.echo(f"wrote {target}")
+    unknown = sorted(set(remake) - {t.name for t in cfg.tiers})
+    if unknown:
+        raise _UsageProblem(
+            f"--remake-tier: no tier {', '.join(map(repr, unknown))} in "
+            f"{cfg.source or 'the configuration'}"
+        )
     created = False
     existed = catalog_exists(cfg)
     catalog, new_tiers = open_configured_catalog(cfg, make_dirs=False)  # (made below)
-    catalog.close()
+    try:
+        held = _copies_per_tier(catalog)
+    finally:
+        catalog.close()
     names = ", ".join(f"{t.name} ({t.role})" for t in new_tiers)
     if existed is False:
         click.echo(f"created catalog {cfg.catalog.display_url} with tiers {names}")
@@ -103,9 +133,31 @@ def init_cmd(force: bool) -> None:
     elif new_tiers:
         click.echo(f"catalog {cfg.catalog.display_url}: registered tiers {names}")
         created = True
-    for path in make_tier_dirs(cfg):
-        click.echo(f"created tier directory {path}")
+    kept = {name: held[name] for name in held if name not in remake}
+    for path in make_tier_dirs(cfg, keep=set(kept)):
+        name = next(t.name for t in cfg.tiers if t.path is not None and Path(t.path) == path)
+        lost = ""
+        if name in held:
+            copies, nbytes = held[name]
+            lost = (
+                f" (new and empty: the {copies} {'copy' if copies == 1 else 'copies'} "
+                f"({format_size(nbytes)}) the catalog records there are lost; "
+                f"`{PURGE_COMMAND}` drops their rows)"
+            )
+        click.echo(f"created tier directory {path}{lost}")
         created = True
+    refused = [t for t in cfg.tiers if t.name in kept and missing_tier_dir(t)]
+    for t in refused:
+        copies, nbytes = kept[t.name]
+        click.echo(
+            f"error: tier {t.name!r}: its directory {t.path} is missing, and the catalog records "
+            f"{copies} {'copy' if copies == 1 else 'copies'} ({format_size(nbytes)}) there: "
+            "not made (a volume not mounted?). Mount it or put it back; to make it new and "
+            f"empty, losing those copies, run `strataio init --remake-tier {t.name}`",
+            err=True,
+        )
+    if refused:
+        sys.exit(1)
     if not created:
         click.echo(
             f"catalog {cfg.catalog.display_url} and every tier are in place: nothing to create"

@@ -5,7 +5,8 @@ as :class:`strataio.Session` does, and registers the configured tiers in it (kee
 up/down state the catalog holds for tiers it knows): no command tells the user to run another
 one first. A POSIX tier's directory is made by a command only where the tier is new to the
 catalog; one missing where the catalog knows the tier leaves it down until it is mounted or
-put back, or ``strataio init`` makes it new and empty.
+put back, or ``strataio init`` makes it new and empty (``--remake-tier`` where the catalog
+records copies there).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+from collections.abc import Collection
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -62,20 +64,30 @@ def open_configured_catalog(
     return catalog, [r for r in records if r.name not in known]
 
 
-def make_tier_dirs(cfg: Config) -> list[Path]:
-    """Create the directories of the configured POSIX tiers that do not exist; returns them.
+def make_tier_dirs(cfg: Config, *, keep: Collection[str] = ()) -> list[Path]:
+    """Create the directories of the configured POSIX tiers that do not exist, but those of
+    the tiers named in ``keep``; returns them.
 
     This is ``strataio init``'s, and the one way a directory of a tier the catalog already
     knows is made again, new and empty (a Session makes only those of tiers new to the
     catalog: one missing where the catalog knows the tier is a volume not mounted, or a
     directory removed, and leaves that tier down)."""
-    return [path for t in cfg.tiers if (path := _make_tier_dir(cfg, t)) is not None]
+    return [
+        path
+        for t in cfg.tiers
+        if t.name not in keep and (path := _make_tier_dir(cfg, t)) is not None
+    ]
+
+
+def missing_tier_dir(t: TierConfig) -> bool:
+    """Whether ``t`` is a POSIX tier whose directory is missing."""
+    return t.kind == "posix" and t.path is not None and not os.path.isdir(t.path)
 
 
 def _make_tier_dir(cfg: Config, t: TierConfig) -> Path | None:
     """Make the directory of tier ``t`` of ``cfg`` where it is a POSIX tier's and missing;
     returns it where made. One that cannot be made: :class:`ConfigError`."""
-    if t.kind != "posix" or t.path is None or os.path.isdir(t.path):
+    if not missing_tier_dir(t):
         return None
     try:
         os.makedirs(t.path, exist_ok=True)

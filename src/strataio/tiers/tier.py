@@ -749,7 +749,8 @@ def _posix_backend(path: str, *, read_only: bool, known: bool) -> tuple[Backend,
             return backend, (
                 f"its directory {path} is missing (a volume not mounted, or the directory "
                 "removed): nothing is made in its place, as the catalog knows this tier; mount "
-                "it or put it back, or make it new and empty with `strataio init`, then "
+                "it or put it back, or make it new and empty with `strataio init` (with "
+                "`--remake-tier NAME` where copies are recorded there), then "
                 "`strataio tiers --check` marks the tier up"
             )
         except OSError as exc:
