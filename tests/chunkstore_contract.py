@@ -8,6 +8,7 @@ checked where a store declares them, and must raise :class:`CapabilityError` whe
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Hashable
 from typing import Protocol
@@ -119,6 +120,42 @@ class ChunkStoreContract:
         assert store.get_meta() == doc2
         back = stores.reopen(store)
         assert back.get_meta() == doc2
+
+    def test_update_meta_applies_each_change_to_the_document_stored_then(
+        self, stores: StoreFactory
+    ) -> None:
+        """Each change is made of the zarr.json stored when it runs: four threads adding one
+        attribute at a time, at once, keep every one. A change that raises puts nothing."""
+        store = stores.new()
+        doc = ArrayMetadata.create(SHAPE, DTYPE, CHUNKS, None, 0, {"v": 1})
+        store.put_meta(doc.to_json())
+
+        def add(key: str, raw: bytes | None) -> bytes:
+            assert raw is not None
+            now = ArrayMetadata.from_json(raw)
+            now.attrs[key] = True
+            return now.to_json()
+
+        def adder(who: int) -> None:
+            for i in range(8):
+                store.update_meta(functools.partial(add, f"{who}.{i}"))
+
+        threads = [threading.Thread(target=adder, args=(w,)) for w in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not any(t.is_alive() for t in threads)
+        want = {"v": 1} | {f"{w}.{i}": True for w in range(4) for i in range(8)}
+        assert ArrayMetadata.from_json(store.get_meta()).attrs == want
+        before = store.get_meta()
+
+        def refuse(raw: bytes | None) -> bytes:
+            raise StrataError("refused")
+
+        with pytest.raises(StrataError, match="refused"):
+            store.update_meta(refuse)
+        assert store.get_meta() == before
 
     def test_reopen_sees_flushed_chunks(self, stores: StoreFactory) -> None:
         store = stores.new()

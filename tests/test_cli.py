@@ -254,6 +254,72 @@ def test_fsck_path_deletes_a_killed_shard_writes_part_files_not_a_running_ones(t
     assert list(path.rglob("*.part")) == [] and list(path.glob(".*.lock")) == []
 
 
+_HELD_META_CHANGE = """
+import sys
+import strataio
+from strataio.arrays.store import BackendChunkStore
+real_put = BackendChunkStore.put_meta
+def put_meta(self, data):  # the attribute change holds the array's lock; its put waits
+    print("renaming", flush=True)
+    sys.stdin.readline()
+    real_put(self, data)
+BackendChunkStore.put_meta = put_meta
+ds = strataio.open_dataset(sys.argv[1], mode="r+")
+ds.attrs["step"] = int(sys.argv[3])
+ds.close()
+"""
+
+
+def test_fsck_path_deletes_the_lock_file_of_a_killed_attribute_change_not_a_running_ones(
+    tmp_path,
+) -> None:
+    """An attribute change holds the array's lock file, .zarr.json.lock, from before its read
+    of zarr.json until after its put, and removes it then; one killed meanwhile leaves it.
+    info and fsck report it (a running change's as in-flight), fsck --repair deletes a
+    killed change's only, and a change after a killed one is not held back by its file."""
+    dead_path, live_path = tmp_path / "a.zarr", tmp_path / "b.zarr"
+    for p in (dead_path, live_path):
+        strataio.create_dataset(p, (4,), "f4", (2,)).close()
+    dead_lock, live_lock = (p / ".zarr.json.lock" for p in (dead_path, live_path))
+    killed, live = (
+        _held_writer(_HELD_META_CHANGE, p, 0, v) for p, v in ((dead_path, 7), (live_path, 9))
+    )
+    try:
+        killed.send_signal(signal.SIGKILL)
+        killed.wait(10)
+        assert dead_lock.exists() and live_lock.exists()
+        runner = CliRunner()
+        res = runner.invoke(main, ["info", str(dead_path)])
+        said = " ".join(res.output.split())  # (the table wraps long values)
+        assert res.exit_code == 0 and "1 left by a writer killed in a zarr.json change" in said
+        res = runner.invoke(main, ["fsck", str(dead_path)])  # only a look
+        said = " ".join(res.output.split())
+        assert res.exit_code == 1 and "lock file of a zarr.json change killed" in said, said
+        assert dead_lock.exists()
+        res = runner.invoke(main, ["fsck", str(live_path), "--repair"])
+        said = " ".join(res.output.split())
+        assert res.exit_code == 0 and "1 of zarr.json changes running now, left alone" in said
+        assert live_lock.exists()
+        res = runner.invoke(main, ["fsck", str(dead_path), "--repair"])
+        assert res.exit_code == 0 and "1 of writers that are gone, deleted" in res.output
+        assert not dead_lock.exists()
+        live.stdin.write("\n")
+        live.stdin.flush()
+        assert live.wait(20) == 0
+        assert not live_lock.exists()
+        killed = _held_writer(_HELD_META_CHANGE, dead_path, 0, 7)
+        killed.send_signal(signal.SIGKILL)
+        killed.wait(10)
+    finally:
+        _reap(killed, live)
+    assert dead_lock.exists()
+    with strataio.open_dataset(dead_path, mode="r+") as ds:
+        ds.attrs["step"] = 8
+    assert not dead_lock.exists()
+    assert dict(strataio.open_dataset(dead_path).attrs) == {"step": 8}
+    assert dict(strataio.open_dataset(live_path).attrs) == {"step": 9}
+
+
 def test_info_errors_are_messages_not_tracebacks(tmp_path) -> None:
     runner = CliRunner()
     notadir = tmp_path / "file.txt"

@@ -22,6 +22,7 @@ from hypothesis.stateful import (
 
 import strataio
 import strataio.arrays.dataset as dataset_module
+from racing import race
 from strataio.arrays.dataset import Dataset
 from strataio.arrays.store import CountingChunkStore
 from strataio.errors import (
@@ -236,6 +237,33 @@ def test_attrs_set_through_two_handles_both_stay_and_a_replaced_array_is_left_al
         one.attrs["note"] = "stale"
     assert (tmp_path / "a" / "zarr.json").read_bytes() == now
     np.testing.assert_array_equal(strataio.open_dataset(tmp_path / "a")[...], 5)
+
+
+#: changes the attributes of the dataset at argv[1] (see racing.set_and_delete_attrs)
+_SETTER = """
+import sys
+import strataio
+from racing import set_and_delete_attrs
+ds = strataio.open_dataset(sys.argv[1], "r+")
+set_and_delete_attrs(ds, sys.argv[2:])
+ds.close()
+"""
+
+
+def test_attrs_set_and_deleted_by_two_processes_at_once_all_take_effect(tmp_path):
+    """Two processes set 30 attributes each, one at a time, at once, each deleting 10 others
+    meanwhile: every change applies to what zarr.json holds then, under the array's lock, so
+    every set stays and every deleted one goes. Without the lock, of two changes that
+    overlapped only the later one stayed: attributes set were lost and deleted ones came
+    back. The lock file is gone once the changes are over."""
+    path = tmp_path / "a"
+    drop = [f"d{i}" for i in range(20)]
+    attrs = {"units": "K"} | dict.fromkeys(drop, 0)
+    strataio.create_dataset(path, (4,), "f4", (2,), attrs=attrs).close()
+    race(_SETTER, [[str(path), "x", "30", *drop[:10]], [str(path), "y", "30", *drop[10:]]])
+    want = {"units": "K"} | {f"{k}{i}": i for k in "xy" for i in range(30)}
+    assert dict(strataio.open_dataset(path).attrs) == want
+    assert sorted(p.name for p in path.iterdir()) == ["zarr.json"]
 
 
 def test_attrs_are_plain_json_that_strict_readers_take(tmp_path):

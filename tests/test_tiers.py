@@ -17,6 +17,7 @@ import pytest
 
 import strataio
 from mpirun import run_mpi
+from racing import race
 from strataio.catalog.base import ChunkCopy, open_catalog
 from strataio.errors import (
     ArgumentError,
@@ -34,8 +35,9 @@ from strataio.errors import (
 from strataio.storage.base import Backend
 from strataio.storage.memory import MemoryBackend
 from strataio.storage.posix import PosixBackend
+from strataio.tiers import meta as meta_module
 from strataio.tiers.fsck import fsck
-from strataio.tiers.meta import META_ATTR, MetaCopies, _announced
+from strataio.tiers.meta import CHANGE_ATTR, META_ATTR, MetaCopies, _announced
 from strataio.tiers.placement import DatasetDisabledError, Placement
 from strataio.tiers.residency import Residency
 from strataio.tiers.tier import Tier, TierSet, checksum
@@ -571,6 +573,72 @@ def test_attribute_changes_run_at_once_take_effect_in_the_order_they_were_announ
         _stop_answering(tmp_path / "remote")
         s.check_tiers()
         assert dict(s.open_dataset("x").attrs) == {"by": "B"}
+
+
+#: changes the attributes of dataset ``x`` of a Session on tiers ``local`` and ``remote``
+#: under argv[1] (see racing.set_and_delete_attrs)
+_TIERED_SETTER = """
+import sys
+import strataio
+from racing import set_and_delete_attrs
+from strataio.storage.posix import PosixBackend
+from strataio.tiers.tier import Tier, TierSet
+root = sys.argv[1]
+roles = (("local", "localdisk"), ("remote", "remotedisk"))
+tiers = TierSet([Tier(t, PosixBackend(f"{root}/{t}"), r, order=i) for i, (t, r) in enumerate(roles)])
+with strataio.Session(tiers=tiers, catalog=f"{root}/cat.db") as s:
+    ds = s.open_dataset("x", "r+")
+    set_and_delete_attrs(ds, sys.argv[2:])
+    ds.close()
+"""
+
+
+def test_tiered_attrs_set_and_deleted_by_two_processes_at_once_all_take_effect(tmp_path):
+    """Two processes set 30 attributes each, one at a time, at once, each deleting 10 others
+    meanwhile: every change holds the dataset's change claim in the catalog from its read of
+    zarr.json to its settlement, so every set stays and every deleted one goes on every
+    tier. Without it, of two changes that overlapped only the later one stayed: attributes
+    set were lost and deleted ones came back. No claim is left in the record."""
+    drop = [f"d{i}" for i in range(20)]
+    with session(tmp_path, roles=TWO_TIERS) as s:
+        attrs = {"units": "K"} | dict.fromkeys(drop, 0)
+        s.create_dataset("x", (4,), "f4", (2,), hint="REMOTEDISK", attrs=attrs).close()
+    root = str(tmp_path)
+    race(_TIERED_SETTER, [[root, "x", "30", *drop[:10]], [root, "y", "30", *drop[10:]]])
+    want = {"units": "K"} | {f"{k}{i}": i for k in "xy" for i in range(30)}
+    for tier in ("local", "remote"):
+        assert _stored_attrs(tmp_path, tier, "x") == want, tier
+    with session(tmp_path, roles=TWO_TIERS) as s:
+        assert dict(s.open_dataset("x").attrs) == want
+        assert set(json.loads(s.catalog.get_dataset("x").attrs)) == {"strataio.array", META_ATTR}
+
+
+def test_an_attribute_change_waits_for_a_running_one_and_takes_a_claim_left_by_a_dead_one(
+    tmp_path, monkeypatch
+):
+    """An attribute change waits while another writer's change holds the dataset's claim,
+    and raises naming that writer once it has waited CHANGE_WAIT seconds, having put
+    nothing. A claim whose writer is gone (its process ended), or that this process left
+    (its release failed), is taken at once."""
+    monkeypatch.setattr(meta_module, "CHANGE_WAIT", 0.3)
+    with session(tmp_path, roles=TWO_TIERS) as s:
+        s.create_dataset("x", (4,), "f4", (2,), hint="REMOTEDISK", attrs={"units": "K"}).close()
+        other = session(tmp_path, roles=TWO_TIERS)
+        held = [other.writer, "elsewhere:1:0123456789ab:0123456789ab:0123456789ab"]
+        s.catalog.annotate_dataset("x", CHANGE_ATTR, lambda _: held)
+        ds = s.open_dataset("x", "r+")
+        with pytest.raises(BackendError, match=f"attribute change by writer {other.writer}"):
+            ds.attrs["step"] = 3
+        assert _stored_attrs(tmp_path, "remote", "x") == {"units": "K"}
+        other.close()  # (its writer's token released: the claim is a dead change's)
+        ds.attrs["step"] = 3
+        assert CHANGE_ATTR not in json.loads(s.catalog.get_dataset("x").attrs)
+        left = [s.writer, meta_module._new_claim_id()]
+        s.catalog.annotate_dataset("x", CHANGE_ATTR, lambda _: left)
+        ds.attrs["note"] = "b"
+        ds.close()
+        assert CHANGE_ATTR not in json.loads(s.catalog.get_dataset("x").attrs)
+    assert _stored_attrs(tmp_path, "remote", "x") == {"units": "K", "step": 3, "note": "b"}
 
 
 def test_a_change_back_to_a_version_still_named_takes_effect(tmp_path):

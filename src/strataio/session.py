@@ -217,18 +217,17 @@ class TieredDataset(Dataset):
             raise err
         return result
 
-    def _stored_meta(self) -> bytes | None:
-        """The ``zarr.json`` stored now; raises :class:`MetadataError` where no tier that
-        answers holds it (every tier holding it down, say), or holds its current version
-        (the tiers answering hold one from before a change they missed): attributes set from
-        what this handle or those tiers hold would drop the ones set since."""
-        raw = self.store.get_meta()
+    def _check_stored_meta(self, raw: bytes | None) -> None:
+        """Raise :class:`MetadataError` where no tier that answers holds ``zarr.json``
+        (``raw`` None: every tier holding it down, say); the store's read raised already
+        where they hold none of its current version (the tiers answering hold one from
+        before a change they missed). Attributes set from what this handle or those tiers
+        hold would drop the ones set since."""
         if raw is None and not self.store.disabled:
             raise MetadataError(
                 f"{self._what()}: no tier that answers holds its zarr.json, so its attributes "
                 "cannot be set now (set them once a tier holding it is up again)"
             )
-        return raw
 
     def _share_writes(self) -> None:
         # every rank's residency learns the chunks the owners of a collective write wrote

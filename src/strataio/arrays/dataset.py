@@ -560,36 +560,34 @@ class Dataset:
 
     def _update_attrs(self, change: Callable[[dict[str, Any]], None]) -> None:
         """Apply ``change`` to the attributes as ``zarr.json`` holds them now (another handle
-        may have set some since this one read them) and write it. Raises
-        :class:`MetadataError` where the array itself changed since this handle opened it
-        (replaced with ``overwrite``, say): its metadata written back would make the new
-        array's chunks unreadable."""
-        attrs = dict(self.meta.attrs)
-        raw = self._stored_meta()
-        if raw is not None:
-            now = ArrayMetadata.from_json(raw, where=f"zarr.json of {self._what()}")
-            if _without_attrs(now) != _without_attrs(self.meta):
-                raise MetadataError(
-                    f"{self._what()}: its zarr.json changed since this handle opened it (the "
-                    "array was replaced or changed); open it again to set attributes"
-                )
-            attrs = dict(now.attrs)
-        change(attrs)
-        self._replace_attrs(attrs)
+        may have set some since this one read them) and write it, as one step against the
+        attribute changes of other handles, in this process or another, where the store
+        makes it one (:meth:`ChunkStore.update_meta`). Raises :class:`MetadataError` where
+        the array itself changed since this handle opened it (replaced with ``overwrite``,
+        say): its metadata written back would make the new array's chunks unreadable."""
+        applied: list[dict[str, Any]] = []
 
-    def _stored_meta(self) -> bytes | None:
-        """The ``zarr.json`` an attribute change applies to: the one stored now (None: none
-        is stored, and this handle's attributes are the base)."""
-        return self.store.get_meta()
+        def apply(raw: bytes | None) -> bytes:
+            attrs = dict(self.meta.attrs)
+            self._check_stored_meta(raw)
+            if raw is not None:
+                now = ArrayMetadata.from_json(raw, where=f"zarr.json of {self._what()}")
+                if _without_attrs(now) != _without_attrs(self.meta):
+                    raise MetadataError(
+                        f"{self._what()}: its zarr.json changed since this handle opened it "
+                        "(the array was replaced or changed); open it again to set attributes"
+                    )
+                attrs = dict(now.attrs)
+            change(attrs)
+            applied[:] = [json_attrs(attrs)]
+            return dataclasses.replace(self.meta, attrs=applied[0]).to_json()
 
-    def _replace_attrs(self, attrs: dict[str, Any]) -> None:
-        old = self.meta.attrs
-        self.meta.attrs = json_attrs(attrs)
-        try:
-            self.store.put_meta(self.meta.to_json())
-        except Exception:
-            self.meta.attrs = old
-            raise
+        self.store.update_meta(apply)
+        self.meta.attrs = applied[0]
+
+    def _check_stored_meta(self, raw: bytes | None) -> None:
+        """Raise where ``raw``, the ``zarr.json`` stored now (None: none is), is no base for
+        an attribute change; here None is one: this handle's attributes are the base."""
 
     def _coerce(self, value: Any, given_shape: tuple[int, ...], box: tuple[int, ...]) -> np.ndarray:
         """``value`` as an array of the dataset's dtype and the box's shape, or a clear error."""

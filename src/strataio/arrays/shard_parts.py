@@ -63,7 +63,7 @@ import re
 import threading
 from collections.abc import Iterator
 
-from strataio.storage.posix import LeftoverState, lock_to_judge, names_file
+from strataio.storage.posix import LeftoverState, lock_to_judge, names_file, open_identified
 
 __all__ = [
     "LOCK_SUFFIX",
@@ -93,13 +93,7 @@ _HELD_MUTEX = threading.Lock()
 
 def _open_held(path: str, flags: int) -> tuple[int, tuple[int, int]]:
     """Open lock file ``path`` and note it held by this process (under :data:`_HELD_MUTEX`)."""
-    fd = os.open(path, flags, 0o644)
-    try:
-        st = os.fstat(fd)
-    except BaseException:
-        os.close(fd)
-        raise
-    key = (st.st_dev, st.st_ino)
+    fd, key = open_identified(path, flags)
     pid, n = _HELD.get(key, (os.getpid(), 0))
     _HELD[key] = (os.getpid(), n + 1 if pid == os.getpid() else 1)
     return fd, key

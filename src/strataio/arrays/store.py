@@ -27,16 +27,28 @@ import abc
 import os
 import shutil
 import threading
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import NoReturn
 
+from strataio.arrays.meta_lock import meta_lock
 from strataio.arrays.shard_parts import is_part_file
-from strataio.errors import BackendError, CapabilityError, NotFoundError, StrataError
+from strataio.errors import (
+    BackendError,
+    CapabilityError,
+    ExistsError,
+    NotFoundError,
+    StrataError,
+)
 from strataio.storage.base import Backend, BytesLike, Version
 
 #: the array's metadata document, beside its chunks
 META_KEY = "zarr.json"
+#: times :meth:`BackendChunkStore.update_meta` on object storage looks again at a
+#: ``zarr.json`` another change put between its look and its put, before it gives up
+_META_TRIES = 1000
+#: held by :meth:`BackendChunkStore.update_meta` on a backend that keeps no versions
+_UNVERSIONED_META = threading.Lock()
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +98,15 @@ class ChunkStore(abc.ABC):
     @abc.abstractmethod
     def put_meta(self, data: bytes) -> None:
         """Replace ``zarr.json`` durably."""
+
+    def update_meta(self, change: Callable[[bytes | None], bytes]) -> None:
+        """Replace ``zarr.json`` durably with ``change(the zarr.json stored now)`` (None
+        where there is none); nothing is put where ``change`` raises. A store that can
+        makes this one step against every other :meth:`update_meta` of the same array, in
+        any process, so that changes running at once all take effect (it may call
+        ``change`` again, on the newer document, where another change came first); this
+        default is a :meth:`get_meta` and a :meth:`put_meta`, two steps."""
+        self.put_meta(change(self.get_meta()))
 
     @abc.abstractmethod
     def flush(self) -> None:
@@ -313,6 +334,54 @@ class BackendChunkStore(ChunkStore):
         except OSError as exc:
             raise BackendError(f"dataset {self.name!r}: cannot write {META_KEY}: {exc}") from exc
 
+    def update_meta(self, change: Callable[[bytes | None], bytes]) -> None:
+        """:meth:`ChunkStore.update_meta`, one step across processes: on a file system under
+        the array's meta lock (:mod:`strataio.arrays.meta_lock`; two steps where the file
+        system keeps no locks); on object storage a put only over the version read
+        (:meth:`Backend.put_if`, atomic at an S3 server), ``change`` applied again to the
+        newer document where another put came between. On a backend that keeps no versions
+        (memory) it is one step within this process only."""
+        path = self.chunk_path(META_KEY)
+        if path is not None:
+            try:
+                with meta_lock(os.path.dirname(path)):
+                    self.put_meta(change(self.get_meta()))
+            except StrataError:
+                raise
+            except OSError as exc:
+                raise BackendError(
+                    f"dataset {self.name!r}: cannot lock {META_KEY} to change it: {exc}"
+                ) from exc
+            return
+        key = self._key(META_KEY)
+        for _ in range(_META_TRIES):
+            try:
+                seen = self.backend.object_versions([key])
+            except StrataError:
+                raise
+            except OSError as exc:
+                raise BackendError(f"dataset {self.name!r}: cannot read {META_KEY}: {exc}") from exc
+            if seen is None:
+                with _UNVERSIONED_META:
+                    self.put_meta(change(self.get_meta()))
+                return
+            data = change(self.get_meta())  # (read after the look: a put between fails)
+            try:
+                self.backend.put_if(key, data, seen[0], durable=True)
+                return
+            except ExistsError:
+                continue  # (another change came between the look and the put: again)
+            except StrataError:
+                raise
+            except OSError as exc:
+                raise BackendError(
+                    f"dataset {self.name!r}: cannot write {META_KEY}: {exc}"
+                ) from exc
+        raise BackendError(
+            f"dataset {self.name!r}: {META_KEY} changed between each of {_META_TRIES} looks "
+            "and the put that followed; try again"
+        )
+
     def holds_chunks(self) -> bool:
         """True when anything is stored where chunks go (even folders of another array)."""
         root = self._chunk_root()
@@ -433,6 +502,9 @@ class CountingChunkStore(ChunkStore):
 
     def put_meta(self, data: bytes) -> None:
         self.inner.put_meta(data)
+
+    def update_meta(self, change: Callable[[bytes | None], bytes]) -> None:
+        self.inner.update_meta(change)
 
     def flush(self) -> None:
         self.inner.flush()

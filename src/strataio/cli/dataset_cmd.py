@@ -21,16 +21,18 @@ from strataio.errors import ConfigError, NotFoundError, StrataError
 from strataio.sizes import format_size
 from strataio.storage.posix import LeftoverState, judge_leftover
 
-#: what made a temporary file: a put (``*.strataio-tmp``), or a collective shard write
-#: (``*.<token>.part``, and its lock file ``.<token>.lock``)
-PUT, SHARD_WRITE = "put", "collective shard write"
+#: what made a temporary file: a put (``*.strataio-tmp``), a collective shard write
+#: (``*.<token>.part``, and its lock file ``.<token>.lock``), or a change of ``zarr.json``
+#: (its lock file ``.zarr.json.lock``)
+PUT, SHARD_WRITE, META_CHANGE = "put", "collective shard write", "zarr.json change"
+KINDS = (PUT, SHARD_WRITE, META_CHANGE)
 
 
 @dataclass(frozen=True, slots=True)
 class TemporaryFile:
     """A temporary file in a dataset's folder: its ``path``, what made it (``kind``:
-    :data:`PUT` or :data:`SHARD_WRITE`) and, for a shard write's, the array's ``folder``,
-    where its call's lock file lies."""
+    :data:`PUT`, :data:`SHARD_WRITE` or :data:`META_CHANGE`) and, for a shard write's, the
+    array's ``folder``, where its call's lock file lies."""
 
     path: str
     kind: str
@@ -38,18 +40,24 @@ class TemporaryFile:
 
     @property
     def what(self) -> str:
-        """What it is, in words: a shard write's "lock file", else a "temporary file"."""
+        """What it is, in words: a shard write's or a zarr.json change's "lock file", else
+        a "temporary file"."""
         from strataio.arrays.shard_parts import is_lock_file
 
-        lock = self.kind == SHARD_WRITE and is_lock_file(self.path)
+        lock = self.kind == META_CHANGE or (self.kind == SHARD_WRITE and is_lock_file(self.path))
         return "lock file" if lock else "temporary file"
 
     def judge(self, *, remove: bool = False) -> LeftoverState:
         """Whether its write still runs, by its lock (:func:`judge_leftover` for a put's,
-        :func:`strataio.arrays.shard_parts.judge` for a shard write's); with ``remove``,
+        :func:`strataio.arrays.shard_parts.judge` for a shard write's,
+        :func:`strataio.arrays.meta_lock.judge` for a zarr.json change's); with ``remove``,
         delete it where its writer is gone."""
         if self.kind == PUT:
             return judge_leftover(self.path, remove=remove)
+        if self.kind == META_CHANGE:
+            from strataio.arrays import meta_lock
+
+            return meta_lock.judge(self.path, remove=remove)
         from strataio.arrays.shard_parts import judge
 
         return judge(self.path, self.folder, remove=remove)
@@ -74,8 +82,9 @@ def temporary_files(ds: Dataset) -> list[TemporaryFile]:
     """The temporary files in dataset ``ds``'s folder, sorted by path: those of writes
     running now and those of writers killed before their rename, which
     :meth:`TemporaryFile.judge` tells apart by their locks (:mod:`strataio.storage.posix`,
-    :mod:`strataio.arrays.shard_parts`). A shard write's lock file sorts before its
-    ``.part`` files."""
+    :mod:`strataio.arrays.shard_parts`, :mod:`strataio.arrays.meta_lock`). A shard write's
+    lock file sorts before its ``.part`` files."""
+    from strataio.arrays.meta_lock import lock_path
     from strataio.arrays.shard_parts import call_locks, part_files
 
     listing = getattr(getattr(ds.store, "backend", None), "leftovers", None)
@@ -86,6 +95,8 @@ def temporary_files(ds: Dataset) -> list[TemporaryFile]:
         folder = os.path.dirname(chunks)
         for f in (*call_locks(folder), *part_files(folder)):
             found.append(TemporaryFile(f, SHARD_WRITE, folder))
+        if os.path.lexists(lock_path(folder)):
+            found.append(TemporaryFile(lock_path(folder), META_CHANGE))
     return sorted(found, key=lambda t: t.path)
 
 
@@ -176,15 +187,15 @@ def info_cmd(path: Path, config: str | None) -> None:
             judged = [(t.path, t.kind, t.judge()) for t in temporary_files(ds)]
             left = [(f, kind, st) for f, kind, st in judged if st is not LeftoverState.GONE]
             if left:
-                live = {PUT: 0, SHARD_WRITE: 0}
+                live = dict.fromkeys(KINDS, 0)
                 dead = dict(live)
                 for _, kind, state in left:
                     (live if state is LeftoverState.LIVE else dead)[kind] += 1
                 said = [f"{n} of a {kind} running now" for kind, n in live.items() if n]
                 gone = [
-                    f"{n} left by a writer killed in a put"
-                    if kind == PUT
-                    else f"{n} left by a {kind} whose ranks were killed"
+                    f"{n} left by a {kind} whose ranks were killed"
+                    if kind == SHARD_WRITE
+                    else f"{n} left by a writer killed in a {kind}"
                     for kind, n in dead.items()
                     if n
                 ]
@@ -222,13 +233,15 @@ def _node_type(path: Path) -> str | None:
 
 def fsck_dataset_dir(path: Path, repair: bool) -> None:
     """``strataio fsck PATH``: the temporary files of writes into the dataset at ``PATH``:
-    those of puts (``*.strataio-tmp``) and of collective shard writes (``*.<token>.part``).
+    those of puts (``*.strataio-tmp``), of collective shard writes (``*.<token>.part``) and
+    of changes of ``zarr.json`` (its lock file, ``.zarr.json.lock``).
 
     A plain dataset has no catalog, so what a crash leaves in it is only these files (a chunk
     or shard is replaced by renaming a whole new file over it, never torn). Each one whose
     writer still holds its lock (:func:`strataio.storage.posix.judge_leftover`: a put holds
     its file; every rank of a shard write holds its call's lock file, ``.<token>.lock``,
-    listed among these files too, :mod:`strataio.arrays.shard_parts`) belongs to a write
+    listed among these files too, :mod:`strataio.arrays.shard_parts`; a change of
+    ``zarr.json`` holds its lock file, :mod:`strataio.arrays.meta_lock`) belongs to a write
     running now and is reported **in-flight** and left alone; every other is a **leftover**
     of a killed writer, which ``repair`` deletes at once (no waiting: the lock dies with its
     process). On a file system that keeps no locks a temporary file cannot be judged: it is
@@ -255,7 +268,7 @@ def fsck_dataset_dir(path: Path, repair: bool) -> None:
     with opened as ds:
         temps = temporary_files(ds)
     findings: list[tuple[str, str, str, str]] = []
-    live: dict[str, int] = {PUT: 0, SHARD_WRITE: 0}
+    live: dict[str, int] = dict.fromkeys(KINDS, 0)
     for t in temps:
         f, kind, what = t.path, t.kind, t.what
         state = t.judge(remove=repair)
@@ -263,7 +276,9 @@ def fsck_dataset_dir(path: Path, repair: bool) -> None:
             live[kind] += 1
             findings.append(("in-flight", f, f"{what} of a {kind} running now", "left alone"))
         elif state is LeftoverState.DEAD:
-            killed = "a put killed" if kind == PUT else f"a {kind} whose ranks were killed"
+            killed = (
+                f"a {kind} whose ranks were killed" if kind == SHARD_WRITE else f"a {kind} killed"
+            )
             before = "" if what == "lock file" else " before its rename"
             findings.append(("leftover", f, f"{what} of {killed}{before}", "delete"))
         elif state is LeftoverState.UNKNOWN:

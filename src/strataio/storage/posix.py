@@ -607,6 +607,19 @@ def names_file(path: str, fd: int) -> bool:
     return (now.st_dev, now.st_ino) == (mine.st_dev, mine.st_ino)
 
 
+def open_identified(path: str, flags: int) -> tuple[int, tuple[int, int]]:
+    """Open ``path`` (with ``flags``, made with mode 0o644 where they say so): its descriptor
+    and the file's ``(st_dev, st_ino)``, which name it however its path changes (a lock
+    file's holders note theirs by it)."""
+    fd = os.open(path, flags, 0o644)
+    try:
+        st = os.fstat(fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, (st.st_dev, st.st_ino)
+
+
 class LeftoverState(StrEnum):
     """What :func:`judge_leftover` found of a temporary file."""
 

@@ -35,7 +35,17 @@ versions a copy may hold:
   keeps of the array, without attributes; an attribute change is refused);
 - a record that names no version (written by a strataio that kept none), or a process that
   reaches no catalog, reads the first copy that answers, as before; the first change by this
-  strataio starts naming them.
+  strataio starts naming them;
+- an attribute change (:meth:`MetaCopies.update`: read the current ``zarr.json``, change it,
+  put it) holds the dataset's *change claim* from before its read until after its
+  settlement, so changes from any number of processes apply one after the other and none
+  drops another's attributes. The claim is the annotation :data:`CHANGE_ATTR` of the record,
+  ``[writer, claim id]``, taken in one catalog transaction where no claim is there, or where
+  the claim there is of a writer that is gone (its liveness token released:
+  :mod:`strataio.catalog.liveness`, so no clock decides), and removed by its change. Another
+  change waits while it stands, for :data:`CHANGE_WAIT` seconds at most. (A rank of a parallel
+  job that dies holding a claim leaves it standing as long as its job's writer lives.) A
+  process that reaches no catalog, or a copy set that has no writer, changes in two steps.
 
 ``strataio fsck`` reports a copy of a version the record does not name, on a tier it
 checked while another checked tier holds one it names, and ``--repair`` rewrites it (see
@@ -47,11 +57,16 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import os
+import threading
+import time
+import uuid
 from collections.abc import Callable, Sequence
 from enum import Enum
 from typing import Any
 
 from strataio.catalog.base import Catalog, DatasetRecord
+from strataio.catalog.liveness import new_writer_id
 from strataio.errors import (
     BackendError,
     ExistsError,
@@ -64,12 +79,25 @@ from strataio.errors import (
 from strataio.tiers.residency import META_KEY, object_key
 from strataio.tiers.tier import Tier, checksum
 
-__all__ = ["META_ATTR", "MetaCopies", "meta_checksums"]
+__all__ = ["CHANGE_ATTR", "CHANGE_WAIT", "META_ATTR", "MetaCopies", "meta_checksums"]
 
 #: the annotation of a tiered dataset's catalog record naming the checksums of the
 #: ``zarr.json`` versions its copies may hold (a JSON list, the newest last)
 META_ATTR = "strataio.meta"
 
+
+#: the annotation of a tiered dataset's catalog record naming the attribute change under
+#: way, ``[writer, claim id]`` (absent while none is: see :meth:`MetaCopies.update`)
+CHANGE_ATTR = "strataio.meta.change"
+
+#: seconds an attribute change waits for another process's to end before it raises
+CHANGE_WAIT = 600.0
+
+#: the claim ids of the changes this process runs now
+_CLAIMS_HERE: set[str] = set()
+_CLAIMS_LOCK = threading.Lock()
+#: (process id, the prefix of this process's claim ids): see :func:`_this_process`
+_PROCESS: tuple[int, str] = (0, "")
 
 #: how many times a change looks again at a tier whose zarr.json changed between its look and
 #: its put (another change's put, or a read's rewrite) before it leaves that tier as one that
@@ -118,6 +146,51 @@ def _settled(digest: str, value: Any) -> Any:
     return now[now.index(digest) :]
 
 
+def _as_claim(notes: dict[str, Any]) -> list[str] | None:
+    """The change claim the record annotations ``notes`` hold (None: none, or no claim a
+    strataio made)."""
+    got = notes.get(CHANGE_ATTR)
+    if isinstance(got, list) and len(got) == 2 and all(isinstance(v, str) for v in got):
+        return list(got)
+    return None
+
+
+def _running(catalog: Catalog, claim: list[str]) -> bool:
+    """Whether the change that made ``claim`` may still run: its writer is alive, and where
+    the claim is of this process, the change still holds it (one whose release the catalog
+    failed to take does not)."""
+    writer, ident = claim
+    if ident.startswith(_this_process()):
+        with _CLAIMS_LOCK:
+            return ident in _CLAIMS_HERE
+    return writer in catalog.alive([writer])
+
+
+def _this_process() -> str:
+    """The prefix of the claim ids this process makes: its host and process id, and a random
+    part drawn once per process (hosts of one name, in containers, may run equal pids)."""
+    global _PROCESS
+    if _PROCESS[0] != os.getpid():
+        _PROCESS = (os.getpid(), f"{new_writer_id()}:")
+    return _PROCESS[1]
+
+
+def _new_claim_id() -> str:
+    """A fresh claim id of this process."""
+    return f"{_this_process()}{uuid.uuid4().hex[:12]}"
+
+
+def _claimed(claim: list[str], seen: list[str] | None, value: Any) -> Any:
+    """The annotation ``value`` with ``claim`` taken where it is still the claim looked at,
+    ``seen`` (None: none, or one a strataio did not make), else unchanged."""
+    return claim if _as_claim({CHANGE_ATTR: value}) == seen else value
+
+
+def _released(claim: list[str], value: Any) -> Any:
+    """The annotation ``value`` with ``claim`` let go (removed where it is still there)."""
+    return None if value == claim else value
+
+
 class MetaCopies:
     """The ``zarr.json`` copies of dataset ``name`` on the tiers ``tiers()`` gives (the
     persistent ones, fastest first), with the catalog ``catalog()`` gives (None: none
@@ -128,10 +201,13 @@ class MetaCopies:
         name: str,
         tiers: Callable[[], Sequence[Tier]],
         catalog: Callable[[], Catalog | None],
+        writer: str = "",
     ) -> None:
         self.name = name
         self.tiers = tiers
         self.catalog = catalog
+        #: the session's writer id, whose liveness keeps this process's change claims
+        self.writer = writer
         self.obj = object_key(name, META_KEY)
 
     def get(self, record: DatasetRecord | None = None) -> bytes | None:
@@ -203,6 +279,61 @@ class MetaCopies:
             # (a record not settled names both versions, which reads take alike)
             with contextlib.suppress(StrataError):
                 catalog.annotate_dataset(self.name, META_ATTR, functools.partial(_settled, digest))
+
+    def update(self, change: Callable[[bytes | None], bytes]) -> None:
+        """:meth:`put` ``change(the zarr.json read now)`` (:meth:`get`), holding the
+        dataset's change claim from before the read until after the put (see the module
+        doc), so that changes run at once in several processes all take effect. Raises
+        :class:`BackendError` where another change holds the claim for over
+        :data:`CHANGE_WAIT` seconds; whatever :meth:`get`, ``change`` or :meth:`put` raise
+        (the claim is let go)."""
+        catalog = self.catalog()
+        if catalog is None or not self.writer:
+            self.put(change(self.get()))
+            return
+        claim = [self.writer, _new_claim_id()]
+        self._claim(catalog, claim)
+        try:
+            self.put(change(self.get()))
+        finally:
+            with _CLAIMS_LOCK:
+                _CLAIMS_HERE.discard(claim[1])
+            # (left standing where the catalog fails now: a change of another process goes
+            # ahead once this process ends; one of this process, at once)
+            with contextlib.suppress(StrataError):
+                catalog.annotate_dataset(
+                    self.name, CHANGE_ATTR, functools.partial(_released, claim)
+                )
+
+    def _claim(self, catalog: Catalog, claim: list[str]) -> None:
+        """Take the dataset's change claim as ``claim``, waiting while a running change
+        holds it."""
+        deadline = time.monotonic() + CHANGE_WAIT
+        pause = 0.002
+        while True:
+            held = _as_claim(json.loads(catalog.get_dataset(self.name).attrs or "{}"))
+            if held is None or not _running(catalog, held):
+                with _CLAIMS_LOCK:
+                    _CLAIMS_HERE.add(claim[1])
+                taken = functools.partial(_claimed, claim, held)
+                try:
+                    if catalog.annotate_dataset(self.name, CHANGE_ATTR, taken) == claim:
+                        return
+                except BaseException:
+                    with _CLAIMS_LOCK:
+                        _CLAIMS_HERE.discard(claim[1])
+                    raise
+                with _CLAIMS_LOCK:
+                    _CLAIMS_HERE.discard(claim[1])
+                continue  # (another change claimed it since the look: look again)
+            if time.monotonic() > deadline:
+                raise BackendError(
+                    f"dataset {self.name!r}: an attribute change by writer {held[0]} has run "
+                    f"for over {CHANGE_WAIT:.0f} s; try again later, or end that process if "
+                    "it is stuck"
+                )
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)
 
     def _put_on(self, tier: Tier, data: bytes, digest: str, catalog: Catalog | None) -> _Put:
         """Put ``data``, version ``digest``, on ``tier`` over the copy there, unless the

@@ -162,7 +162,9 @@ class TieredChunkStore(ChunkStore):
         residency.drop_missing_row = functools.partial(self.commit.drop_missing_row, residency)
         residency.moved_checked = self._moved_checked
         #: the dataset's zarr.json copies on the persistent tiers
-        self.meta = MetaCopies(self.name, placement.persistent, self.commit.reachable_catalog)
+        self.meta = MetaCopies(
+            self.name, placement.persistent, self.commit.reachable_catalog, self.commit.writer
+        )
 
     # ----------------------------------------------------------------- reads
     #: times one read asks the catalog again for a chunk whose every known copy is missing
@@ -1277,6 +1279,16 @@ class TieredChunkStore(ChunkStore):
         if self.disabled:
             return
         self.meta.put(data)
+
+    def update_meta(self, change: Callable[[bytes | None], bytes]) -> None:
+        """Put ``change(the zarr.json stored now)`` as :meth:`put_meta` does, one change at a
+        time across the processes of the catalog (:meth:`MetaCopies.update`); a DISABLE
+        dataset's change is made of None and dropped."""
+        self._check_open()
+        if self.disabled:
+            change(None)
+            return
+        self.meta.update(change)
 
     # ----------------------------------------------------------------- moves
     def stage(self, keys: Sequence[str], to: str | None = None) -> MoveHandle:
