@@ -98,6 +98,31 @@ def test_round_trip_postgres_catalog(tmp_path, pg_url):
     round_trip(lambda: one_tier(PosixBackend(tmp_path / "d")), pg_url)
 
 
+def test_array_members_come_back_with_their_shape(tmp_path):
+    """A 0-d array, an empty one and a strided view come back with the dtype and shape they
+    were put with, from the open container and from a sealed one read anew."""
+    values = {
+        "scalar": np.array(3.5),
+        "empty": np.zeros((0, 3), dtype="<i2"),
+        "strided": np.arange(24, dtype=">f4").reshape(4, 6)[:, ::2],
+    }
+
+    def same(got, want):
+        assert got.dtype == want.dtype and got.shape == want.shape
+        assert np.array_equal(got, want)
+
+    with strataio.Session(tiers=disk_tape(tmp_path), catalog=tmp_path / "c.db") as s:
+        sf = s.superfile("v")
+        for name, value in values.items():
+            sf.put(name, value)
+            same(sf.get(name), value)
+        sf.close()
+    with strataio.Session(tiers=disk_tape(tmp_path), catalog=tmp_path / "c.db") as s:
+        sf = s.superfile("v", "r")
+        for name, value in values.items():
+            same(sf.get(name), value)
+
+
 def test_tiers_stage_and_migrate(tmp_path):
     """On the archive tier a read stages the container to disk; a migration moves it back."""
     cat = tmp_path / "cat.db"

@@ -96,7 +96,7 @@ def encode_member(value: Any) -> tuple[memoryview, str | None, tuple[int, ...] |
     if isinstance(value, np.ndarray):
         if value.dtype.hasobject:
             raise SuperfileError(f"cannot store an array of dtype {value.dtype} (object)")
-        arr = np.ascontiguousarray(value)
+        arr = np.asarray(value, order="C")  # (ascontiguousarray would make a 0-d array 1-d)
         return memoryview(arr.reshape(-1).view(np.uint8)), arr.dtype.str, tuple(arr.shape)
     if isinstance(value, bytes | bytearray | memoryview):
         return memoryview(value).cast("B"), None, None
