@@ -198,6 +198,22 @@ def test_tape_benchmark_logic():
         assert 0 < r["staged_with_reuse"] < r["staged_without_reuse"] == r["second_chunks"]
 
 
+def test_tape_benchmark_refuses_an_array_too_small_for_figure_4(tmp_path, monkeypatch):
+    """Figure 4's reads are sixteenths of the array: below 16 elements they would be empty (a
+    division by zero, once); at 16 each second read stages a chunk the first did not."""
+    monkeypatch.chdir(tmp_path)
+    out = CliRunner().invoke(main, ["bench", "tape", "--size", "15", "--chunk", "4"])
+    assert out.exit_code == 2 and "'--size': 15 is not in the range x>=16" in out.output
+    assert "Traceback" not in out.output
+    with pytest.raises(ValueError, match="at least 16"):
+        run_tape(size=15, chunk=4, time_scale=0.0)
+    res = run_tape(size=16, chunk=4, time_scale=0.0)
+    for r in res["reuse"]:
+        assert 0 <= r["staged_with_reuse"] < r["staged_without_reuse"] == r["second_chunks"]
+    out = CliRunner().invoke(main, ["bench", "tape", "--size", "16", "--time-scale", "0"])
+    assert out.exit_code == 0 and "extended band" in out.output, out.output
+
+
 def test_errors_are_one_line_with_the_documented_exit_status(project):
     root, _ = project
     r = CliRunner()

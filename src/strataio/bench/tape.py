@@ -47,6 +47,11 @@ PAPER_READ_GAIN = {"A": 85.2, "B": 43.2, "C": -240.5, "D": 84.1, "E": -3229.3, "
                    "G": 88.3, "H": 76.6}  # fmt: skip
 
 
+#: the least array edge: Figure 4's reads are whole sixteenths of it (a smaller array would
+#: make them empty, nothing staged either way and no gain to show)
+MIN_SIZE = 16
+
+
 def scaled_section(pattern: str, size: int) -> tuple[slice, slice]:
     """Pattern ``pattern``'s box on a ``size`` x ``size`` array (rows = y, columns = x)."""
     x0, y0, x1, y1 = PATTERNS[pattern]
@@ -90,9 +95,16 @@ def _tape(s: Any) -> Shaped:
 
 
 def run_tape(size: int = 4000, chunk: int = 80, time_scale: float = 0.001) -> dict[str, Any]:
-    """Run patterns A–H both ways and the three Figure 4 scenarios; return the figures."""
+    """Run patterns A–H both ways and the three Figure 4 scenarios on a ``size`` x ``size``
+    array of ``chunk`` x ``chunk`` chunks (elements; ``size`` at least :data:`MIN_SIZE`);
+    return the figures."""
     from strataio.session import Session
 
+    if size < MIN_SIZE:
+        raise ValueError(
+            f"size {size}: the array edge must be at least {MIN_SIZE} (Figure 4 reads "
+            "sixteenths of it)"
+        )
     out: dict[str, Any] = {
         "size": size,
         "chunk": chunk,

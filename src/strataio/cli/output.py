@@ -66,11 +66,12 @@ class FiniteFloat(click.ParamType):
         return number
 
 
-def count_option(name: str, default: int, help: str) -> Callable[[Any], Any]:
-    """A click option taking a count of at least 1 (repetitions, ranks, pieces, loops), its
-    default shown: 0 is a usage error naming the option, not a run of nothing."""
+def count_option(name: str, default: int, help: str, least: int = 1) -> Callable[[Any], Any]:
+    """A click option taking a count of at least ``least`` (repetitions, ranks, pieces,
+    loops: 1), its default shown: a smaller one is a usage error naming the option and the
+    least it takes, not a run of nothing."""
     return click.option(
-        name, default=default, type=click.IntRange(min=1), show_default=True, help=help
+        name, default=default, type=click.IntRange(min=least), show_default=True, help=help
     )
 
 

@@ -30,6 +30,7 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
+from strataio.bench.tape import MIN_SIZE as TAPE_MIN_SIZE
 from strataio.cli import bench, main
 from strataio.cli.context import catalog_exists, open_session
 from strataio.cli.output import (
@@ -555,7 +556,9 @@ def _count_members(s: Any, name: str) -> tuple[int | str, StrataError | None]:
 
 # ----------------------------------------------------------------------------- benchmarks
 @bench.command("tape")
-@count_option("--size", 4000, "array edge (elements)")
+@count_option(
+    "--size", 4000, "array edge (elements; Figure 4 reads sixteenths of it)", least=TAPE_MIN_SIZE
+)
 @count_option("--chunk", 80, "chunk edge (elements)")
 @click.option(
     "--time-scale",
