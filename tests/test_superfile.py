@@ -190,6 +190,10 @@ def test_api_errors(tmp_path):
         s.create_dataset("arr", (4,), "f4").close()
         with pytest.raises(SuperfileError, match="'arr' is an array dataset"):
             s.superfile("arr")
+        s.superfile("v").close()
+        with pytest.raises(SuperfileError, match=r"'v' is a superfile, not an array dataset"):
+            s.open_dataset("v")
+        s.delete_dataset("v")  # (the refused open left it in use by no one)
         with pytest.raises(SuperfileError, match="container_bytes must be a positive integer"):
             s.superfile("x", container_bytes="10")
         with pytest.raises(StrataError, match="reserved"):

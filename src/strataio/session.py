@@ -528,6 +528,12 @@ class Session:
                 # (one process learns each chunk's rows when it first looks the chunk up;
                 # a parallel job's ranks take all of them from rank 0 now)
                 got = (*self._use_residency(name, every=self.comm is not None), None)
+                if is_superfile(got[0]):
+                    self.catalog.unuse_dataset(name, self.writer, linger=False)
+                    raise SuperfileError(
+                        f"{name!r} is a superfile, not an array dataset: open it with "
+                        f"Session.superfile({name!r})"
+                    )
             except BaseException as exc:
                 err = exc
         got, err = self._agree(got, err)
