@@ -118,15 +118,18 @@ def _reap(*procs: subprocess.Popen) -> None:
 
 def test_fsck_path_says_what_is_there_when_it_is_no_array(tmp_path) -> None:
     """fsck PATH of nothing said "not a directory", and of a Zarr group exited 1 (problems
-    found) saying it was no array: both are usage errors (exit 2) saying what is there."""
+    found) saying it was no array: both are usage errors (exit 2) saying what is there. info
+    PATH of a group says the same, exit 2 (it exited 1, as for a zarr.json it cannot read)."""
     strataio.create_dataset(tmp_path / "grp" / "arr", (10, 10), "f4", (5, 5)).close()
     r = CliRunner()
     out = r.invoke(main, ["fsck", str(tmp_path / "nosuch")])
     assert out.exit_code == 2 and "no such file or directory" in out.output, out.output
-    out = r.invoke(main, ["fsck", str(tmp_path / "grp")])
-    assert out.exit_code == 2 and "is a Zarr group, not an array" in out.output, out.output
-    out = r.invoke(main, ["fsck", str(tmp_path / "grp" / "arr")])
-    assert out.exit_code == 0, out.output
+    for cmd in ("fsck", "info"):
+        out = r.invoke(main, [cmd, str(tmp_path / "grp")])
+        assert out.exit_code == 2, out.output
+        assert "is a Zarr group, not an array" in out.stderr, out.output
+        out = r.invoke(main, [cmd, str(tmp_path / "grp" / "arr")])
+        assert out.exit_code == 0, out.output
 
 
 def test_fsck_path_deletes_a_killed_writers_temporary_files_not_a_live_ones(tmp_path) -> None:

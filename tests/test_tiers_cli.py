@@ -88,13 +88,18 @@ def test_tier_commands(project):
         ds = s.open_dataset("temp")
         np.testing.assert_array_equal(ds[...], a)
         ds.close()
-    # usage errors exit 2; failures exit 1
+    # usage errors exit 2, a dataset or tier name that is not there among them (as for info
+    # and calibrate); failures exit 1
     assert r.invoke(main, ["stage", "temp", "--section", "a:b"]).exit_code == 2
     assert r.invoke(main, ["stage"]).exit_code == 2
-    out = r.invoke(main, ["stage", "nosuch"])
-    assert out.exit_code == 1 and "nosuch" in out.output
-    out = r.invoke(main, ["migrate", "temp", "--to", "nowhere"])
-    assert out.exit_code == 1 and "nowhere" in out.output
+    before = where("temp")
+    for op, to in (("stage", "--to"), ("migrate", "--to"), ("evict", "--tier")):
+        out = r.invoke(main, [op, "nosuch"])
+        assert out.exit_code == 2 and "error: no dataset 'nosuch' in catalog" in out.stderr
+        out = r.invoke(main, [op, "temp", to, "nowhere"])
+        assert out.exit_code == 2, out.output
+        assert "error: no tier named 'nowhere'; tiers are disk, tape" in out.stderr
+    assert where("temp") == before  # (nothing moved)
 
 
 def test_stage_migrate_evict_a_superfile(project):
@@ -232,9 +237,9 @@ def test_errors_are_one_line_with_the_documented_exit_status(project):
     for cmd in (["tiers"], ["fsck"], ["stage", "temp"]):
         out = r.invoke(main, [*cmd, "--config", "cat2.toml"])
         assert out.exit_code == 1 and out.stderr.startswith("error: cannot open catalog")
-    # an unknown dataset or tier: exit 1, one line naming it
+    # an unknown dataset or tier: exit 2, one line naming it
     out = r.invoke(main, ["migrate", "temp", "--to", "floppy"])
-    assert out.exit_code == 1 and "floppy" in out.stderr and "Traceback" not in out.output
+    assert out.exit_code == 2 and "floppy" in out.stderr and "Traceback" not in out.output
 
 
 def test_a_tier_whose_directory_is_unusable_is_down_and_the_others_serve(project):

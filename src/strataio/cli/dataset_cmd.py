@@ -8,6 +8,7 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 import click
 import numpy as np
@@ -100,7 +101,7 @@ def temporary_files(ds: Dataset) -> list[TemporaryFile]:
     return sorted(found, key=lambda t: t.path)
 
 
-def fail(message: str, status: int = 2) -> None:
+def fail(message: str, status: int = 2) -> NoReturn:
     """Print ``error: message`` on stderr, one line, and exit with ``status``: 2 (the
     default) for a usage-level error, 1 for a runtime failure."""
     click.echo(f"error: {message}", err=True)
@@ -158,14 +159,7 @@ def info_cmd(path: Path, config: str | None) -> None:
             where = _not_catalogued(config)
             fail(f"no dataset {str(path)!r}: {where}, and no dataset directory there")
             return
-    try:
-        opened = open_dataset(path, mode="r")
-    except NotFoundError as exc:  # nothing there: the path given is not a dataset
-        fail(str(exc))
-        return
-    except (StrataError, OSError) as exc:  # a zarr.json there that cannot be used
-        fail(str(exc), 1)
-        return
+    opened = _open_array(path)
     try:
         with opened as ds:
             present = ds.nchunks_stored()
@@ -231,6 +225,20 @@ def _node_type(path: Path) -> str | None:
     return got.get("node_type") if isinstance(got, dict) else None
 
 
+def _open_array(path: Path) -> Dataset:
+    """The plain dataset at ``path``, opened to read; where there is none (nothing, a folder
+    without zarr.json, a Zarr group) a usage error (exit 2), and where its zarr.json cannot
+    be used or read a failure (exit 1)."""
+    if _node_type(path) == "group":
+        fail(f"{path} is a Zarr group, not an array: give the path of one of its arrays")
+    try:
+        return open_dataset(path, mode="r")
+    except NotFoundError as exc:  # nothing there: the path given is not a dataset
+        fail(str(exc))
+    except (StrataError, OSError) as exc:  # a zarr.json there that cannot be used
+        fail(str(exc), 1)
+
+
 def fsck_dataset_dir(path: Path, repair: bool) -> None:
     """``strataio fsck PATH``: the temporary files of writes into the dataset at ``PATH``:
     those of puts (``*.strataio-tmp``), of collective shard writes (``*.<token>.part``) and
@@ -254,18 +262,7 @@ def fsck_dataset_dir(path: Path, repair: bool) -> None:
             "'strataio fsck' without PATH checks every catalogued copy)"
         )
         return
-    if _node_type(path) == "group":
-        fail(f"{path} is a Zarr group, not an array: give the path of one of its arrays")
-        return
-    try:
-        opened = open_dataset(path, mode="r")
-    except NotFoundError as exc:
-        fail(str(exc))
-        return
-    except (StrataError, OSError) as exc:
-        fail(str(exc), 1)
-        return
-    with opened as ds:
+    with _open_array(path) as ds:
         temps = temporary_files(ds)
     findings: list[tuple[str, str, str, str]] = []
     live: dict[str, int] = dict.fromkeys(KINDS, 0)

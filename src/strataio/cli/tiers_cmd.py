@@ -144,16 +144,20 @@ def _run_move(console: Console, handle: Any, label: str, unit: str = "chunks") -
     return handle.result()
 
 
-def _is_superfile(s: Any, name: str) -> bool:
-    """True if the catalog names ``name`` and it is a superfile (whose containers move whole,
-    through :class:`~strataio.tiers.superfile.Superfile`, not as an array's chunks)."""
+def _is_superfile(s: Any, name: str, tier: str | None) -> bool:
+    """True if catalogued ``name`` is a superfile (whose containers move whole, through
+    :class:`~strataio.tiers.superfile.Superfile`, not as an array's chunks). A ``name`` the
+    catalog does not know, or a ``tier`` (None: the default) that is not configured, is a
+    usage error."""
     from strataio.errors import NotFoundError
     from strataio.tiers.superfile import is_superfile
 
     try:
+        if tier is not None:
+            s.tiers[tier]  # (NotFoundError naming the tiers there are)
         return is_superfile(s.catalog.get_dataset(name))
-    except NotFoundError:
-        return False  # (opening it as a dataset then says what is missing)
+    except NotFoundError as exc:
+        raise UsageProblem(str(exc)) from None
 
 
 def _move(config: str | None, name: str, op: str, section: str | None, tier: str | None) -> None:
@@ -161,7 +165,7 @@ def _move(config: str | None, name: str, op: str, section: str | None, tier: str
     console = make_console()
     idx = parse_section(section)
     with open_session(config) as s:
-        superfile = _is_superfile(s, name)
+        superfile = _is_superfile(s, name, tier)
         if superfile and idx is not None:
             raise UsageProblem(
                 f"--section {section!r}: {name} is a superfile, whose containers move whole; "
@@ -319,7 +323,8 @@ def stage_command(config: str | None, name: str, section: str | None, to: str | 
     nowhere slower to go). Exit 0 when everything is staged or already there, and also when
     some chunks were staged and others found no room (a note says how many); 1 when chunks
     needed staging and none could be (no room anywhere, or tiers down), or any chunk
-    failed; 2 for a usage or configuration error.
+    failed; 2 for a usage or configuration error (a dataset or tier name that is not
+    there among them).
     """
     _move(config, name, "stage", section, to)
 
