@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import subprocess
@@ -178,6 +179,44 @@ def test_fsck_path_deletes_a_killed_writers_temporary_files_not_a_live_ones(tmp_
     # a path with no dataset: a usage error, one line
     res = runner.invoke(main, ["fsck", str(tmp_path / "missing")])
     assert res.exit_code == 2 and res.stderr.startswith("error: "), res.output
+
+
+def test_fsck_path_on_a_read_only_file_system_says_so(tmp_path, monkeypatch) -> None:
+    """On a read-only mount a temporary file's lock cannot be taken for writing (EROFS), nor
+    the file deleted: fsck PATH --repair says that is why it is left (it said only that
+    there was no lock to judge by); where the file system is writable it is deleted."""
+    path = tmp_path / "d.zarr"
+    strataio.create_dataset(path, (4, 4), "f4", (2, 2)).close()
+    temp = path / "c" / "0" / "0.4242.7.strataio-tmp"
+    temp.parent.mkdir(parents=True)
+    temp.write_bytes(b"half")
+    real_open, real_statvfs = os.open, os.statvfs
+
+    def open_(file, flags, *args, **kwargs):  # (as the kernel answers on a read-only mount)
+        if str(file).startswith(str(path)) and flags & (os.O_WRONLY | os.O_RDWR):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), file)
+        return real_open(file, flags, *args, **kwargs)
+
+    def statvfs(file):
+        got = real_statvfs(file)
+        if not str(file).startswith(str(path)):
+            return got
+        return os.statvfs_result((*got[:8], got.f_flag | os.ST_RDONLY, *got[9:]))
+
+    runner = CliRunner()
+    with monkeypatch.context() as m:
+        m.setattr(os, "open", open_)
+        m.setattr(os, "statvfs", statvfs)
+        res = runner.invoke(main, ["fsck", str(path), "--repair"])
+    said = " ".join(res.output.split())  # (the table wraps long values)
+    assert res.exit_code == 1, res.output
+    assert "the file system is read-only: its lock cannot be taken" in said, said
+    assert "no lock to tell" not in said
+    assert "1 that cannot be judged here, left (1 on a read-only file system)" in said
+    assert temp.exists()
+    res = runner.invoke(main, ["fsck", str(path), "--repair"])
+    assert res.exit_code == 0 and "1 of writers that are gone, deleted" in res.output
+    assert not temp.exists()
 
 
 _HELD_SHARD_WRITER = """

@@ -414,8 +414,11 @@ def test_create_and_open_errors(tmp_path):
         strataio.create_dataset(tmp_path / "e", (4,), "f4", (2,))
     strataio.create_dataset(tmp_path / "e", (6,), "f4", (2,), overwrite=True)
     assert strataio.open_dataset(tmp_path / "e").shape == (6,)
-    with pytest.raises(NotFoundError):
+    with pytest.raises(NotFoundError, match="nope: no such file or directory"):
         strataio.open_dataset(tmp_path / "nope")
+    (tmp_path / "file").write_bytes(b"")
+    with pytest.raises(NotFoundError, match="file: not a directory"):
+        strataio.open_dataset(tmp_path / "file")
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "zarr.json").write_text("{not json")
     with pytest.raises(MetadataError):

@@ -1200,7 +1200,8 @@ def open_dataset(path: str | os.PathLike[str], mode: str = "r", *, comm: Any = N
     elif comm is None or comm.Get_rank() == 0:
         try:
             if not os.path.isdir(path):
-                raise NotFoundError(f"no dataset at {os.fspath(path)}: not a directory")
+                why = "not a directory" if os.path.exists(path) else "no such file or directory"
+                raise NotFoundError(f"no dataset at {os.fspath(path)}: {why}")
             raw = _posix_store(path, create=False).get_meta()
             if raw is None:
                 raise NotFoundError(f"no dataset at {os.fspath(path)}: zarr.json is missing")

@@ -20,7 +20,7 @@ from strataio.cli import main
 from strataio.cli.output import make_console
 from strataio.errors import ConfigError, NotFoundError, StrataError
 from strataio.sizes import format_size
-from strataio.storage.posix import LeftoverState, judge_leftover
+from strataio.storage.posix import LeftoverState, judge_leftover, on_read_only_file_system
 
 #: what made a temporary file: a put (``*.strataio-tmp``), a collective shard write
 #: (``*.<token>.part``, and its lock file ``.<token>.lock``), or a change of ``zarr.json``
@@ -252,8 +252,9 @@ def fsck_dataset_dir(path: Path, repair: bool) -> None:
     ``zarr.json`` holds its lock file, :mod:`strataio.arrays.meta_lock`) belongs to a write
     running now and is reported **in-flight** and left alone; every other is a **leftover**
     of a killed writer, which ``repair`` deletes at once (no waiting: the lock dies with its
-    process). On a file system that keeps no locks a temporary file cannot be judged: it is
-    reported and left. Exit 0 clean (in-flight files included), 1 leftovers remain, 2 no
+    process). On a file system that keeps no locks, or one mounted read-only (where a lock
+    cannot be taken for writing, and the finding says so), a temporary file cannot be
+    judged: it is reported and left. Exit 0 clean (in-flight files included), 1 leftovers remain, 2 no
     dataset at ``PATH``.
     """
     if not path.exists():
@@ -266,6 +267,7 @@ def fsck_dataset_dir(path: Path, repair: bool) -> None:
         temps = temporary_files(ds)
     findings: list[tuple[str, str, str, str]] = []
     live: dict[str, int] = dict.fromkeys(KINDS, 0)
+    read_only = 0
     for t in temps:
         f, kind, what = t.path, t.kind, t.what
         state = t.judge(remove=repair)
@@ -279,15 +281,19 @@ def fsck_dataset_dir(path: Path, repair: bool) -> None:
             before = "" if what == "lock file" else " before its rename"
             findings.append(("leftover", f, f"{what} of {killed}{before}", "delete"))
         elif state is LeftoverState.UNKNOWN:
-            findings.append(
-                (
-                    "leftover",
-                    f,
-                    f"no lock to tell whether a {kind} still writes it: delete it once no "
-                    "process writes this dataset",
-                    "-",
+            if on_read_only_file_system(f):
+                read_only += 1
+                why = (
+                    f"the file system is read-only: its lock cannot be taken to tell whether "
+                    f"a {kind} still writes it, nor can it be deleted; run 'strataio fsck "
+                    f"{path} --repair' where it is writable"
                 )
-            )
+            else:
+                why = (
+                    f"no lock to tell whether a {kind} still writes it: delete it once no "
+                    "process writes this dataset"
+                )
+            findings.append(("leftover", f, why, "-"))
     console = make_console()
     if findings:
         table = Table(title="fsck findings")
@@ -303,6 +309,7 @@ def fsck_dataset_dir(path: Path, repair: bool) -> None:
         f"{dead} of writers that are gone"
         + (", deleted" if repair and dead else "")
         + (f"; {unknown} that cannot be judged here, left" if unknown else "")
+        + (f" ({read_only} on a read-only file system)" if read_only else "")
         + "".join(f"; {n} of {kind}s running now, left alone" for kind, n in live.items() if n)
     )
     if unknown or (dead and not repair):

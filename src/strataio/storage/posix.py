@@ -658,6 +658,16 @@ def lock_to_judge(path: str) -> tuple[LeftoverState | None, int]:
     return None, fd
 
 
+def on_read_only_file_system(path: str) -> bool:
+    """Whether the file system holding ``path`` is mounted read-only (False where that cannot
+    be told): there a temporary file's lock cannot be taken for writing, so
+    :func:`lock_to_judge` finds it :attr:`~LeftoverState.UNKNOWN`, and nothing is deleted."""
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+
+
 def judge_leftover(path: str, *, remove: bool = False) -> LeftoverState:
     """Whether the put that made temporary file ``path`` is still running, by trying its lock
     without waiting (see the module's docstring); with ``remove``, delete the file while
