@@ -35,13 +35,15 @@ from strataio.cli.output import (
     HINT,
     NON_NEGATIVE,
     POSITIVE,
+    SIZE,
+    SIZES,
+    ByteSize,
     count_option,
     json_option,
     make_console,
     write_json,
 )
 from strataio.errors import StrataError
-from strataio.sizes import parse_size
 
 _MODULES = {
     "h5py": "h5py",
@@ -260,6 +262,7 @@ def render_collective(rows: list[dict[str, Any]], console: Console) -> None:
 @click.option(
     "--chunk-cache",
     "chunk_cache",
+    type=ByteSize(least=0),
     default=None,
     help="Size of strataio's decoded-chunk cache for the run, e.g. 64MiB; 0 turns it off "
     "[default: $STRATAIO_CHUNK_CACHE or 64MiB].",
@@ -360,14 +363,8 @@ def sections_cmd(
         raise click.BadParameter(
             f"{chunks!r} is not a list of integers", param_hint="--chunks"
         ) from None
-    try:
-        cache_bytes = (
-            None if chunk_cache is None else parse_size(chunk_cache, where="--chunk-cache")
-        )
-    except StrataError as exc:
-        raise click.BadParameter(str(exc), param_hint="--chunk-cache") from None
     cfg = SectionsConfig(
-        chunk_cache=cache_bytes,
+        chunk_cache=chunk_cache,
         size=size,
         chunks=sides,
         patterns=patterns.upper(),
@@ -446,7 +443,9 @@ def _sections_collective(
 @click.option(
     "--counts", type=COUNTS, default="100,1000", show_default=True, help="Numbers of files."
 )
-@click.option("--size", "member_size", default="64KiB", show_default=True, help="Bytes per file.")
+@click.option(
+    "--size", "member_size", type=SIZE, default="64KiB", show_default=True, help="Bytes per file."
+)
 @click.option(
     "--presets",
     default="remote_disk_2002,remote_tape_2002",
@@ -460,40 +459,37 @@ def _sections_collective(
     show_default=True,
     help="Factor on the model's sleeps.",
 )
-@click.option("--container", default=None, help="Container size (default: the library's).")
+@click.option(
+    "--container", type=SIZE, default=None, help="Container size (default: the library's)."
+)
 @click.option(
     "--sweep",
-    default="",
+    type=SIZES,
+    default=None,
     help="Container sizes to compare on the largest count (e.g. 1MiB,4MiB,16MiB,64MiB).",
 )
 @json_option
 def superfile_cmd(
     counts: list[int],
-    member_size: str,
+    member_size: int,
     presets: str,
     time_scale: float,
-    container: str | None,
-    sweep: str,
+    container: int | None,
+    sweep: list[int] | None,
     json_path: Path | None,
 ) -> None:
     """Small files from a shaped remote tier: a superfile versus one object per file."""
     from strataio.bench.superfile import run_superfile, superfile_tables
     from strataio.tiers.superfile import DEFAULT_CONTAINER_BYTES
 
-    def size(text: str) -> int:
-        n = parse_size(text, where="size")
-        if n is None or n <= 0:
-            raise click.BadParameter(f"{text!r} is not a positive size")
-        return n
-
     try:
         result = run_superfile(
             counts=counts,
-            member_bytes=size(member_size),
+            member_bytes=member_size,
             presets=_csv(presets),
             time_scale=time_scale,
-            container_bytes=size(container) if container else DEFAULT_CONTAINER_BYTES,
-            sweep=[size(s) for s in _csv(sweep)],
+            container_bytes=container or DEFAULT_CONTAINER_BYTES,
+            sweep=sweep or [],
         )
     except (StrataError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
@@ -595,11 +591,17 @@ def realms_cmd(
 @bench.command("compress")
 @count_option("--ranks", 4, "Ranks (under mpiexec).")
 @click.option(
-    "--per-rank", "per_rank", default="16MiB", show_default=True, help="Bytes each rank writes."
+    "--per-rank",
+    "per_rank",
+    type=SIZE,
+    default="16MiB",
+    show_default=True,
+    help="Bytes each rank writes.",
 )
 @count_option("--repeat", 5, "Timed rounds (median).")
 @click.option(
     "--bandwidth",
+    type=SIZE,
     default="200MB",
     show_default=True,
     help="Bandwidth of the shaped device (shared by the ranks), per second.",
@@ -620,9 +622,9 @@ def realms_cmd(
 @json_option
 def compress_cmd(
     ranks: int,
-    per_rank: str,
+    per_rank: int,
     repeat: int,
-    bandwidth: str,
+    bandwidth: int,
     storages: str,
     codec: str,
     workdir: Path | None,
@@ -632,13 +634,7 @@ def compress_cmd(
     at compression ratios 1:1, 2:1, 4:1 and 8:1 against the same write uncompressed, with
     one offset chain (plain) and two pipelined groups, on local disk and on a shaped device.
     """
-    try:
-        nbytes = parse_size(per_rank, where="--per-rank")
-        rate = parse_size(bandwidth, where="--bandwidth")
-    except StrataError as exc:
-        raise click.BadParameter(str(exc)) from None
-    if not nbytes:
-        raise click.BadParameter(f"{per_rank!r} is not a positive size", param_hint="--per-rank")
+    nbytes, rate = per_rank, bandwidth
     unknown = set(_csv(storages)) - {"local", "shaped"}
     if unknown or ranks < 1 or repeat < 1:
         raise click.UsageError(
@@ -761,7 +757,7 @@ def _render_loopcache(rows: list[dict[str, Any]], console: Console) -> None:
 @click.option(
     "--ranks", type=COUNTS, default="4", show_default=True, help="Comma-separated rank counts."
 )
-@click.option("--index-bytes", "sizes", default="4KiB,16KiB,64KiB,256KiB,1MiB",
+@click.option("--index-bytes", "sizes", type=SIZES, default="4KiB,16KiB,64KiB,256KiB,1MiB",
               show_default=True, help="Indirection array per rank (4-byte indices).")  # fmt: skip
 @count_option("--loops", 4, "Irregular loops.")
 @click.option("--driver", "drivers", multiple=True, type=click.Choice(["local", "pfs"]),
@@ -775,13 +771,13 @@ def _render_loopcache(rows: list[dict[str, Any]], console: Console) -> None:
     "--timeout", type=POSITIVE, default=600.0, show_default=True, help="Seconds per mpiexec launch."
 )
 def loopcache_cmd(
-    ranks: list[int], sizes: str, loops: int, drivers: tuple[str, ...], layouts: tuple[str, ...],
+    ranks: list[int], sizes: list[int], loops: int, drivers: tuple[str, ...], layouts: tuple[str, ...],
     hints: tuple[str, ...], reps: int, json_path: Path | None, timeout: float,
 ) -> None:  # fmt: skip
     """The paper's Figure 4: software caching across irregular loops (7/8 overlap) against
     reading and writing every loop in full: total time and items moved."""
     args = ["--bench", "loopcache", "--loops", str(loops), "--reps", str(reps)]
-    args += [a for s in _csv(sizes) for a in ("--index-bytes", str(parse_size(s)))]
+    args += [a for n in sizes for a in ("--index-bytes", str(n))]
     args += [a for d in drivers for a in ("--driver", d)]
     args += [a for lay in layouts for a in ("--layout", lay)]
     args += [a for h in hints for a in ("--hint", h)]

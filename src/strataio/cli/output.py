@@ -66,6 +66,41 @@ class FiniteFloat(click.ParamType):
         return number
 
 
+class ByteSize(click.ParamType):
+    """A size in bytes, an integer or a number with a unit (``64KiB``, ``1.5MB``:
+    :func:`strataio.sizes.parse_size`), of at least ``least`` bytes; with ``many`` a
+    comma-separated list of them (in the order given, at least one). Anything else, a
+    negative size among them, is a usage error naming the option, as a count below its
+    range is."""
+
+    def __init__(self, least: int = 1, many: bool = False) -> None:
+        self.least = least
+        self.many = many
+        self.name = "SIZE[,SIZE...]" if many else "SIZE"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        from strataio.sizes import format_size, parse_size
+
+        if isinstance(value, list if self.many else int):
+            return value
+        texts = [t for t in str(value).split(",") if t.strip()] if self.many else [value]
+        if not texts:
+            self.fail(f"{value!r}: expected sizes like 64KiB,1MiB", param, ctx)
+        least = format_size(self.least) if self.least >= 1024 else f"{self.least} B"
+        sizes = []
+        for text in texts:
+            n = None
+            if not str(text).strip().startswith("-"):  # (0 and -5 are refused alike)
+                try:
+                    n = parse_size(text)
+                except StrataError as exc:
+                    self.fail(str(exc).removeprefix("size: "), param, ctx)
+            if n is None or n < self.least:
+                self.fail(f"{text!r}: expected a size of at least {least}", param, ctx)
+            sizes.append(n)
+        return sizes if self.many else sizes[0]
+
+
 def count_option(name: str, default: int, help: str, least: int = 1) -> Callable[[Any], Any]:
     """A click option taking a count of at least ``least`` (repetitions, ranks, pieces,
     loops: 1), its default shown: a smaller one is a usage error naming the option and the
@@ -98,6 +133,9 @@ class HintSetting(click.ParamType):
 
 
 HINT = HintSetting()
+#: a size in bytes above 0, and a comma-separated list of them
+SIZE = ByteSize()
+SIZES = ByteSize(many=True)
 COUNTS = CountList()
 POSITIVE = FiniteFloat()
 NON_NEGATIVE = FiniteFloat(zero=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 from rich.console import Console
@@ -15,6 +16,7 @@ from rich.table import Table
 from strataio.cli import bench, main
 from strataio.cli.output import (
     COUNTS,
+    ByteSize,
     UsageProblem,
     count_option,
     handle_errors,
@@ -22,10 +24,19 @@ from strataio.cli.output import (
     make_console,
     write_json,
 )
-from strataio.sizes import parse_size
 
 #: measurements per transfer size in a calibration
 _repeat_option = count_option("--repeat", 3, "measurements per size")
+
+
+def _max_size_option(default: str, help: str) -> Callable[[Any], Any]:
+    """``--max-size``: the largest transfer size a calibration measures, 1 KiB at least
+    (its smallest)."""
+    return click.option(
+        "--max-size", type=ByteSize(least=1024), default=default, show_default=True, help=help
+    )
+
+
 _config_option = click.option(
     "-c",
     "--config",
@@ -63,7 +74,7 @@ def _say_waiting(console: Console) -> Callable[[str], None]:
 
 @main.command("calibrate")
 @click.option("--tier", "tiers", multiple=True, help="tier to calibrate (repeatable; default all)")
-@click.option("--max-size", default="256MiB", show_default=True, help="largest transfer size")
+@_max_size_option("256MiB", "largest transfer size")
 @_repeat_option
 @click.option(
     "--concurrency",
@@ -85,7 +96,7 @@ def _say_waiting(console: Console) -> Callable[[str], None]:
 @handle_errors
 def calibrate_cmd(
     tiers: tuple[str, ...],
-    max_size: str,
+    max_size: int,
     repeat: int,
     concurrency: list[int],
     quick: bool,
@@ -101,7 +112,7 @@ def calibrate_cmd(
     from strataio.predict.calibrate import calibrate, default_sizes, plot_perf
     from strataio.predict.perfdb import PerfTable
 
-    top = parse_size(max_size, where="--max-size") or 0
+    top = max_size
     levels = sorted(set(concurrency))
     if quick:
         top, repeat, levels = min(top, 1 << 20), min(repeat, 2), [c for c in levels if c <= 2]
@@ -110,8 +121,6 @@ def calibrate_cmd(
                 f"--quick measures at 1 and 2 processes only: --concurrency "
                 f"{','.join(map(str, concurrency))} leaves no level (add 1 or 2, or drop --quick)"
             )
-    if top < 1024 or repeat < 1:
-        raise UsageProblem("--max-size must be at least 1KiB and --repeat at least 1")
     if plot is not None and not plot.parent.is_dir():
         # (said before the calibration, which takes minutes, rather than after it)
         raise UsageProblem(f"--plot {plot}: no folder {plot.parent}")
@@ -310,7 +319,7 @@ def placement_lines(record, writes_to: list[str]) -> list[str]:  # type: ignore[
     default=None,
     help="folder for the tiers and the catalog (default: a temporary one)",
 )
-@click.option("--max-size", default="4MiB", show_default=True, help="largest calibrated size")
+@_max_size_option("4MiB", "largest calibrated size")
 @_repeat_option
 @click.option("--no-calibrate", is_flag=True, help="reuse the calibration in --dir")
 @count_option("--runs", 3, "measured runs per workload (median)")
@@ -319,7 +328,7 @@ def placement_lines(record, writes_to: list[str]) -> list[str]:  # type: ignore[
 @handle_errors
 def bench_predict(
     root: Path | None,
-    max_size: str,
+    max_size: int,
     repeat: int,
     no_calibrate: bool,
     runs: int,
@@ -335,15 +344,12 @@ def bench_predict(
     unknown = [n for n in names if n not in SUITE]
     if unknown:
         raise UsageProblem(f"unknown workload {unknown[0]!r} (known: {', '.join(SUITE)})")
-    top = parse_size(max_size, where="--max-size") or 0
-    if top < 1024:
-        raise UsageProblem("--max-size must be at least 1KiB")
     err = make_console(stderr=True)
     with tempfile.TemporaryDirectory(prefix="strataio-bench-predict-") as tmp:
         result = run_suite(
             root or tmp,
             names=list(names) or None,
-            max_size=top,
+            max_size=max_size,
             repeat=repeat,
             calibrate=not no_calibrate,
             runs=runs,
