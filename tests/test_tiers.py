@@ -1903,6 +1903,20 @@ def test_a_write_larger_than_every_tier_says_which_chunks_keep_their_values(tmp_
         assert fsck(s.catalog, s.tiers).clean
 
 
+def test_a_write_that_stores_one_chunk_of_two_says_so_in_the_singular(tmp_path):
+    """The message of a write that stored some of its chunks agrees with their number (it
+    said "the other 1 were written")."""
+    tiers = TierSet([Tier("local", PosixBackend(tmp_path / "local"), "localdisk", capacity=1024)])
+    with strataio.Session(tiers=tiers, catalog=tmp_path / "cat.db") as s:
+        ds = s.create_dataset("x", (2, 256), "f4", (1, 256), hint="LOCALDISK")  # 1 KiB chunks
+        with pytest.raises(ChunksNotStoredError) as info:
+            ds[...] = np.ones((2, 256), "f4")
+        msg = str(info.value)
+        assert "1 of 2 chunks could not be stored" in msg, msg
+        assert re.search(r"the other 1 was written, and c/[01]/0 keeps its previous value", msg)
+        ds.close()
+
+
 def test_a_chunk_larger_than_a_tier_s_capacity_is_named_as_the_reason(tmp_path):
     """A tier smaller than one chunk is not "full": the error says it can never hold it."""
     tiers = TierSet(

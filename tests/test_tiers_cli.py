@@ -508,6 +508,34 @@ def test_new_user_sequence_has_no_dead_end(tmp_path, monkeypatch):
         assert len(res.stderr.strip().splitlines()) <= 3, args
 
 
+def test_moves_list_their_failures_in_key_order_and_count_the_rest(project):
+    """A move lists the first 10 failed chunks by key, numbers as numbers (the moves finish
+    in any order, and the list came out in another each run), then how many more failed (it
+    stopped at 10 without a word); its summary writes one chunk in the singular."""
+    r = CliRunner()
+    out = r.invoke(main, ["evict", "temp", "--tier", "tape"])  # (no slower tier to go to)
+    assert out.exit_code == 1, out.output
+    listed = [line.split(":")[0].strip() for line in out.output.splitlines() if ": chunk" in line]
+    assert listed == [f"c/0/{j}" for j in range(10)], out.output
+    assert "… and 90 more of the 100 failed" in out.output, out.output
+    assert "0 chunk copies dropped from tape" in out.output and "100 failed" in out.output
+    out = r.invoke(main, ["evict", "temp", "--section", "0:10,0:20", "--tier", "tape"])
+    assert out.exit_code == 1 and "more of the" not in out.output, out.output
+    out = r.invoke(main, ["stage", "temp", "--section", "0:10,0:10", "--to", "disk"])
+    assert out.exit_code == 0 and "stage: 1 chunk staged" in out.output, out.output
+    out = r.invoke(main, ["migrate", "temp", "--section", "0:10,0:10", "--to", "tape"])
+    assert out.exit_code == 0 and "1 already on tape" in out.output, out.output
+    r.invoke(main, ["stage", "temp", "--section", "0:10,0:10", "--to", "disk"])
+    out = r.invoke(main, ["evict", "temp", "--section", "0:10,0:10", "--tier", "disk"])
+    assert out.exit_code == 0 and "evict: 1 chunk copy dropped from disk" in out.output
+    with strataio.Session() as s:
+        ds = s.create_dataset("one", (10,), "f4", (10,), hint="LOCALDISK")
+        ds[...] = 1.0
+        ds.close()
+    out = r.invoke(main, ["migrate", "one", "--to", "tape"])
+    assert out.exit_code == 0 and "migrate: 1 chunk copied" in out.output, out.output
+
+
 def test_moves_count_chunks_never_written_apart(project):
     """Chunks never written read as the fill value: a stage or migrate says so, and does
     not count them as already there."""

@@ -1,5 +1,6 @@
 """Sizes in bytes written the way people write them: ``"10GiB"``, ``"500 MB"``, ``4096``;
-read by :func:`parse_size`, shown by :func:`format_size`."""
+read by :func:`parse_size`, shown by :func:`format_size`. Counts of things in messages are
+written by :func:`counted` (``1 chunk``, ``2 chunks``)."""
 
 from __future__ import annotations
 
@@ -81,3 +82,9 @@ def format_size(n: float | None, *, raw: bool = False, none: str = "-") -> str:
             return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1024
     raise AssertionError("unreachable")
+
+
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """``n`` and ``noun`` for a message, the noun plural unless ``n`` is 1: ``1 chunk``,
+    ``0 chunks``; ``plural`` where adding an s does not make it (``copy``, ``copies``)."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"

@@ -34,7 +34,7 @@ from strataio.cli.output import handle_errors as _handle_errors
 from strataio.cli.output import make_console
 from strataio.config import CONFIG_FILENAME, Config, default_config_text, load_config
 from strataio.errors import ConfigError, DatasetInUseError, NotFoundError
-from strataio.sizes import format_size
+from strataio.sizes import counted, format_size
 from strataio.tiers.remnants import by_dataset
 
 if TYPE_CHECKING:
@@ -249,10 +249,7 @@ def ls_cmd(config_path: Path | None, as_json: bool, remnants: bool) -> None:
         if r["kind"] == "superfile":
             n = r["containers"]
             shape, dtype = "-", "-"
-            chunks = (
-                f"{n} container{'s' if n != 1 else ''} "
-                f"(close at {format_size(r['container_bytes'])})"
-            )
+            chunks = f"{counted(n, 'container')} (close at {format_size(r['container_bytes'])})"
         else:
             shape, dtype = _dims(tuple(r["shape"])), r["dtype"]
             chunks = f"{_dims(tuple(r['chunks']))} ({r['nchunks']})"

@@ -21,6 +21,7 @@ from strataio.bench.mpi import run_ranks
 from strataio.cli import bench
 from strataio.cli.output import COUNTS, POSITIVE, json_option, make_console, write_json
 from strataio.errors import StrataError
+from strataio.sizes import counted
 
 #: the patterns of the open-to-close table when none is given
 STEP_PATTERNS = ["contig", "hpio64", "hpio512", "hpio4096", "tile2d"]
@@ -219,7 +220,7 @@ def _step_table(rows: list[dict[str, Any]]) -> None:
         console.print(
             "strataio shares each rank's reads of 8 MiB or more among threads on the cores "
             "its node has to spare (ROMIO reads on one): "
-            + ", ".join(f"{n} rank{'s' if n > 1 else ''}: {t}" for n, t in threads)
+            + ", ".join(f"{counted(n, 'rank')}: {t}" for n, t in threads)
         )
     console.print(phases)
 

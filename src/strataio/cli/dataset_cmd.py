@@ -19,7 +19,7 @@ from strataio.arrays import Dataset, open_dataset
 from strataio.cli import main
 from strataio.cli.output import make_console
 from strataio.errors import ConfigError, NotFoundError, StrataError
-from strataio.sizes import format_size
+from strataio.sizes import counted, format_size
 from strataio.storage.posix import LeftoverState, judge_leftover, on_read_only_file_system
 
 #: what made a temporary file: a put (``*.strataio-tmp``), a collective shard write
@@ -305,7 +305,7 @@ def fsck_dataset_dir(path: Path, repair: bool) -> None:
     dead = sum(action == "delete" for *_, action in findings)
     unknown = sum(action == "-" for *_, action in findings)
     console.print(
-        f"dataset {path}: {len(findings)} temporary file{'s' if len(findings) != 1 else ''}; "
+        f"dataset {path}: {counted(len(findings), 'temporary file')}; "
         f"{dead} of writers that are gone"
         + (", deleted" if repair and dead else "")
         + (f"; {unknown} that cannot be judged here, left" if unknown else "")

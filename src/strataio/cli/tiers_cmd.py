@@ -11,6 +11,7 @@ print one ``error:`` line on stderr, never a traceback.
 from __future__ import annotations
 
 import contextlib
+import re
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -44,7 +45,7 @@ from strataio.cli.output import (
 )
 from strataio.errors import SelectionError, StrataError
 from strataio.layout.sections import Section
-from strataio.sizes import format_size
+from strataio.sizes import counted, format_size
 
 _config_opt = click.option(
     "-c",
@@ -211,14 +212,13 @@ def _move(config: str | None, name: str, op: str, section: str | None, tier: str
     console.print(_summary(op, result, tier, full, unit))
     if short:
         console.print(f"[yellow]note[/]: {short}")
-    for key, msg in result.failed[:10]:
-        console.print(f"  [red]{key}[/]: {msg}")
+    _print_failures(console, result.failed, unit)
+    one = unit.removesuffix("s")
     if result.no_room and not result.moved:
         # nothing the stage had to do could be done: say so where errors go, and fail
-        n = result.no_room
         click.echo(
-            f"error: nothing staged: no room on {full} for the {n} {unit.removesuffix('s')}"
-            f"{'s' if n != 1 else ''} of {name} that needed staging (full, and nothing there can be evicted: copies "
+            f"error: nothing staged: no room on {full} for the {counted(result.no_room, one)} "
+            f"of {name} that needed staging (full, and nothing there can be evicted: copies "
             "of datasets another process has open, or with nowhere slower to go); free room "
             "there ('strataio evict') or stage to a tier with room",
             err=True,
@@ -226,11 +226,32 @@ def _move(config: str | None, name: str, op: str, section: str | None, tier: str
         sys.exit(1)
     if result.no_room:
         console.print(
-            f"[yellow]note[/]: {result.no_room} {unit} not staged: no room on {full}, and "
-            "nothing there can be evicted; they stay readable where they are"
+            f"[yellow]note[/]: {counted(result.no_room, one)} not staged: no room on {full}, "
+            "and nothing there can be evicted; they stay readable where they are"
         )
     if result.failed:
         sys.exit(1)
+
+
+#: failed chunks a move lists one by one (the summary counts them all)
+SHOWN_FAILURES = 10
+
+
+def _print_failures(console: Console, failed: list[tuple[str, str]], unit: str) -> None:
+    """The first :data:`SHOWN_FAILURES` of a move's ``failed`` chunks (key, why) in the
+    order of their keys (``c/0/2`` before ``c/0/10``; the moves finish in any order), then
+    how many more there are. ``unit``: what the chunks are called."""
+    ordered = sorted(failed, key=lambda f: _key_order(f[0]))
+    for key, msg in ordered[:SHOWN_FAILURES]:
+        console.print(f"  [red]{escape(key)}[/]: {escape(msg)}")
+    if len(ordered) > SHOWN_FAILURES:
+        console.print(f"  … and {len(ordered) - SHOWN_FAILURES} more of the {len(ordered)} failed")
+
+
+def _key_order(key: str) -> list[Any]:
+    """Sort key of a chunk key: its numbers compared as numbers (``c/0/2`` < ``c/0/10``)."""
+    # (re.split with a group alternates text and digits: like compares with like)
+    return [int(p) if i % 2 else p for i, p in enumerate(re.split(r"(\d+)", key))]
 
 
 def _no_room_tiers(store: Any, tier: str | None) -> str:
@@ -273,7 +294,8 @@ def _stage_short_of(
         return ""
     smaller = "a smaller section, or " if unit == "chunks" else ""
     return (
-        f"only {held} of the {wanted} {unit} staged or already there are on {where} now: "
+        f"only {held} of the {counted(wanted, unit.removesuffix('s'))} staged or already there "
+        f"are on {where} now: "
         f"{room} holds fewer, and {unit} staged later evicted earlier ones (stage "
         f"{smaller}to a larger tier)"
     )
@@ -293,17 +315,18 @@ def _summary(op: str, result: Any, tier: str | None, full: str = "", unit: str =
     one = unit.removesuffix("s")
     if op == "evict":
         return (
-            f"evict: {result.moved} {one} copies dropped from{where or ' the fastest tier'} "
+            f"evict: {counted(result.moved, f'{one} copy', f'{one} copies')} dropped "
+            f"from{where or ' the fastest tier'} "
             f"({size} written back first), {result.reused} not there, {tail}"
         )
     if op == "migrate":
         return (
-            f"migrate: {result.moved} {unit} copied ({size}), {result.reused} already on"
+            f"migrate: {counted(result.moved, one)} copied ({size}), {result.reused} already on"
             f"{where or ' the slowest tier'}; their copies on faster tiers removed; {tail}"
         )
     if result.no_room:
         tail = f"{result.no_room} not staged (no room on {full or 'the target tier'}), {tail}"
-    return f"stage: {result.moved} {unit} staged ({size}), {result.reused} already there, {tail}"
+    return f"stage: {counted(result.moved, one)} staged ({size}), {result.reused} already there, {tail}"
 
 
 @main.command("stage")
@@ -412,14 +435,14 @@ def fsck_command(config: str | None, path: Path | None, repair: bool, quick: boo
     left = len(report.unrepairable)
     fixed = len(report.problems) - left if report.repaired else 0
     console.print(
-        f"{report.copies} copies of {report.chunks} chunks checked, "
-        f"{len(report.problems)} problem{'s' if len(report.problems) != 1 else ''}"
+        f"{counted(report.copies, 'copy', 'copies')} of {counted(report.chunks, 'chunk')} "
+        f"checked, {counted(len(report.problems), 'problem')}"
         + (f", {fixed} repaired" if fixed else "")
         + (f", {left} left" if fixed and left else "")
         + (f"; {young} in flight in running processes, left alone" if young else "")
         + (
-            f"; {report.writers_gone} session{'s' if report.writers_gone != 1 else ''} "
-            "ended without closing" + (" (forgotten)" if repair else "")
+            f"; {counted(report.writers_gone, 'session')} ended without closing"
+            + (" (forgotten)" if repair else "")
             if report.writers_gone
             else ""
         )
@@ -518,8 +541,8 @@ def residency_info(name: str, config: str | None = None, console: Console | None
 
         n = len(chunks)
         console.print(
-            f"[bold]{rec.name}[/]  superfile: {members} member{'s' if members != 1 else ''} in "
-            f"{n} container{'s' if n != 1 else ''} of {format_size(sum(chunks.values()))} "
+            f"[bold]{rec.name}[/]  superfile: {members} member{'' if members == 1 else 's'} in "
+            f"{counted(n, 'container')} of {format_size(sum(chunks.values()))} "
             f"(a container closes at {format_size(record_container_bytes(rec))}) "
             f"hint={rec.hint} state={rec.state}",
             highlight=False,

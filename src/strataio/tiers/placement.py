@@ -47,6 +47,7 @@ from strataio.errors import (
     StrataError,
     TierDownError,
 )
+from strataio.sizes import counted
 from strataio.tiers.commit import Commit
 from strataio.tiers.residency import Residency, object_key
 from strataio.tiers.tier import (
@@ -270,7 +271,7 @@ class Placement:
             )
         total = {name: w + r for name, (w, r) in predicted.items()}
         fastest = min(total, key=lambda n: total[n])
-        what = f"write + {expected_reads} read{'s' if expected_reads != 1 else ''}"
+        what = f"write + {counted(expected_reads, 'read')}"
         if deadline_s is None:
             tier = fastest
             reason = f"least predicted {what}: {total[tier]:.3g} s"

@@ -49,6 +49,7 @@ from strataio.errors import (
     TierDownError,
 )
 from strataio.layout.pieces import scratch
+from strataio.sizes import counted
 from strataio.storage.base import BytesLike, Version, validate_key
 from strataio.tiers.cache import ChunkCache
 from strataio.tiers.commit import Commit, checksum_there
@@ -1038,10 +1039,10 @@ class TieredChunkStore(ChunkStore):
             if blocked:
                 raise self._blocked_write(blocked, left, errors, len(items))
             raise ChunksNotStoredError(
-                f"dataset {self.name!r}: {len(todo)} of {len(items)} chunks could not be stored "
-                f"on any tier the hint {self.hint} allows "
-                f"({'; '.join(errors) or 'all tiers full or down'}); the other "
-                f"{len(items) - len(todo)} were written, and {', '.join(left[:4])}"
+                f"dataset {self.name!r}: {len(todo)} of {counted(len(items), 'chunk')} could "
+                f"not be stored on any tier the hint {self.hint} allows "
+                f"({'; '.join(errors) or 'all tiers full or down'}); "
+                f"{_the_others_written(len(items) - len(todo))}, and {', '.join(left[:4])}"
                 f"{', ...' if len(left) > 4 else ''} "
                 f"{'keeps its previous value' if len(left) == 1 else 'keep their previous values'}",
                 left,
@@ -1065,7 +1066,7 @@ class TieredChunkStore(ChunkStore):
                 f"tier the hint {self.hint} allows ({'; '.join(errors) or 'all full or down'})"
             )
         missed = len(blocked) + len(left)
-        msg += f"; the other {n - missed} of {n} chunks were written, and " + (
+        msg += f"; {_the_others_written(n - missed, n)}, and " + (
             "the one not stored keeps its previous value"
             if missed == 1
             else f"the {missed} not stored keep their previous values"
@@ -1461,3 +1462,12 @@ def keys_of(ds: Any, section: Any) -> list[str]:
         sec = Section.from_index(section, ds.shape)
     coords = ds.grid.cover(sec).coords
     return [ds.chunk_key(c) for c in coords.tolist()]
+
+
+def _the_others_written(others: int, of: int | None = None) -> str:
+    """What a write that stored only some of its chunks says of the ``others`` it stored (of
+    ``of`` chunks in all, where given)."""
+    if not others:
+        return "no chunk was written"
+    whole = "" if of is None else f" of {counted(of, 'chunk')}"
+    return f"the other {others}{whole} {'was' if others == 1 else 'were'} written"
