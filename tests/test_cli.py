@@ -457,6 +457,7 @@ def test_counts_and_factors_are_checked_before_anything_runs(args: list[str]) ->
         (["realms", "--reps", "0"], "--reps"),
         (["sliding-window", "--scale", "0"], "--scale"),
         (["overlap", "--sections", "0"], "--sections"),
+        (["overlap", "--sections", "1"], "1 is not in the range 2<=x<=1024"),
         (["tape", "--size", "0"], "--size"),
         (["tape", "--chunk", "0"], "--chunk"),
         (["predict", "--max-size", "0"], "'0': expected a size of at least 1.0 KiB"),

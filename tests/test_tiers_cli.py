@@ -219,6 +219,36 @@ def test_tape_benchmark_refuses_an_array_too_small_for_figure_4(tmp_path, monkey
     assert out.exit_code == 0 and "extended band" in out.output, out.output
 
 
+@pytest.mark.parametrize("hidden", [0.5, 0.95])
+def test_overlap_benchmark_says_why_it_fails(hidden, tmp_path, monkeypatch):
+    """bench overlap exits 1 when the loop hides less than 90 % of the staging time (its help
+    says so) and says on stderr by how much it missed: it exited 1 without a word."""
+    import strataio.bench.tape as tape
+
+    def run_overlap(sections, time_scale):
+        assert (sections, time_scale) == (4, 0.002)
+        return {
+            "sections": sections, "time_scale": time_scale, "compute_only_s": 1.0,
+            "stage_only_s": 0.8, "loop_prestage_s": 1.2, "serial_sum_s": 1.8,
+            "exposed_wait_s": 0.8 * (1 - hidden), "loop_saving_fraction": 0.75,
+            "hidden_fraction": hidden,
+        }  # fmt: skip
+
+    monkeypatch.setattr(tape, "run_overlap", run_overlap)
+    monkeypatch.chdir(tmp_path)
+    out = CliRunner().invoke(main, ["bench", "overlap", "--sections", "4"])
+    if hidden >= 0.9:
+        assert out.exit_code == 0 and out.stderr == "", out.output
+        return
+    assert out.exit_code == 1, out.output
+    assert out.stderr.startswith(
+        "error: the loop hid 50.0 % of the staging time, less than the 90 % asked: it waited "
+        "0.400 s for stages of 0.800 s in all"
+    ), out.stderr
+    help_text = " ".join(CliRunner().invoke(main, ["bench", "overlap", "--help"]).output.split())
+    assert "Exits 1, saying so on stderr, if the loop hides less than 90 % of the" in help_text
+
+
 def test_errors_are_one_line_with_the_documented_exit_status(project):
     root, _ = project
     r = CliRunner()

@@ -31,6 +31,7 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
+from strataio.bench.tape import HIDDEN_GOAL, OVERLAP_ROWS
 from strataio.bench.tape import MIN_SIZE as TAPE_MIN_SIZE
 from strataio.cli import bench, main
 from strataio.cli.context import catalog_exists, open_session
@@ -608,7 +609,13 @@ def bench_tape(size: int, chunk: int, time_scale: float, json_path: Path | None)
 
 
 @bench.command("overlap")
-@count_option("--sections", 8, "sections in the loop")
+@click.option(
+    "--sections",
+    type=click.IntRange(2, OVERLAP_ROWS),
+    default=8,
+    show_default=True,
+    help=f"row bands of the {OVERLAP_ROWS}² array the loop computes on, one after another",
+)
 @click.option(
     "--time-scale",
     type=NON_NEGATIVE,
@@ -620,12 +627,23 @@ def bench_tape(size: int, chunk: int, time_scale: float, json_path: Path | None)
 def bench_overlap(sections: int, time_scale: float, json_path: Path | None) -> None:
     """Prestaging: compute on section k while section k+1 stages.
 
-    Exits 1 if the loop waited on staging for more than 10 % of the staging time.
+    Exits 1, saying so on stderr, if the loop hides less than 90 % of the staging time (it
+    waited on staging for more than 10 % of it). The times are measured: on a busy machine
+    the staging threads fall behind and the check may fail where it passes on an idle one.
     """
     from strataio.bench.tape import overlap_table, run_overlap
 
     result = run_overlap(sections=sections, time_scale=time_scale)
     make_console().print(overlap_table(result))
     write_json(json_path, result)
-    if result["hidden_fraction"] < 0.9:
+    hidden = result["hidden_fraction"]
+    if hidden < HIDDEN_GOAL:
+        click.echo(
+            f"error: the loop hid {100 * hidden:.1f} % of the staging time, less than the "
+            f"{100 * HIDDEN_GOAL:.0f} % asked: it waited {result['exposed_wait_s']:.3f} s for "
+            f"stages of {result['stage_only_s']:.3f} s in all (staging threads slowed by a "
+            "busy machine, most often: run it again on an idle one, or with a larger "
+            "--time-scale)",
+            err=True,
+        )
         sys.exit(1)
