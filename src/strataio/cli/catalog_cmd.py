@@ -140,7 +140,7 @@ def init_cmd(force: bool, remake: tuple[str, ...]) -> None:
         if name in held:
             copies, nbytes = held[name]
             lost = (
-                f" (new and empty: the {copies} {'copy' if copies == 1 else 'copies'} "
+                f" (new and empty: the {counted(copies, 'copy', 'copies')} "
                 f"({format_size(nbytes)}) the catalog records there are lost; "
                 f"`{PURGE_COMMAND}` drops their rows)"
             )
@@ -151,7 +151,7 @@ def init_cmd(force: bool, remake: tuple[str, ...]) -> None:
         copies, nbytes = kept[t.name]
         click.echo(
             f"error: tier {t.name!r}: its directory {t.path} is missing, and the catalog records "
-            f"{copies} {'copy' if copies == 1 else 'copies'} ({format_size(nbytes)}) there: "
+            f"{counted(copies, 'copy', 'copies')} ({format_size(nbytes)}) there: "
             "not made (a volume not mounted?). Mount it or put it back; to make it new and "
             f"empty, losing those copies, run `strataio init --remake-tier {t.name}`",
             err=True,
