@@ -566,8 +566,10 @@ def refuse_unknown_object(dst: Tier, dataset: str, key: str) -> None:
 def _unknown_object(dst: Tier, dataset: str, key: str) -> ExistsError:
     return ExistsError(
         f"chunk {key!r} of dataset {dataset!r}: tier {dst.name!r} holds an object of it "
-        "that no copy known here names (another process may be writing it; "
-        "'strataio fsck --repair' removes leftovers of processes that are gone)"
+        "that no copy known here names: another process's write not recorded yet, or a "
+        "leftover (of a process that is gone, or a copy superseded while the tier was away "
+        "whose handle closed before it could delete it), which 'strataio fsck --repair' "
+        "removes once no process has the dataset open"
     )
 
 
