@@ -31,6 +31,8 @@ from strataio.errors import (
     ObjectError,
     ReadOnlyError,
     StrataError,
+    TierDownError,
+    WritesRefusedError,
 )
 from strataio.storage.base import Backend
 from strataio.storage.memory import MemoryBackend
@@ -1224,18 +1226,34 @@ def test_fsck_probes_a_tier_marked_down_before_skipping_it(tmp_path):
         _answer_again(tmp_path / "remote")
 
 
+def _refusable(name):
+    """POSIX backend call ``name``, refused (EROFS) while its backend's ``refusing`` is set."""
+    real = getattr(PosixBackend, name)
+
+    @functools.wraps(real)
+    def call(self, *args, **kwargs):
+        if not self.refusing:
+            return real(self, *args, **kwargs)
+        self.refused += 1
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    return call
+
+
 class _ReadOnlyPosix(PosixBackend):
-    """A POSIX backend over storage that refuses every write (a read-only mount)."""
+    """A POSIX backend over storage that refuses every write (a read-only mount, EROFS), and
+    reads, while ``refusing`` is set (until a test remounts it read-write)."""
+
+    refusing = True
 
     def __init__(self, root):
         super().__init__(root, create=False)
         self.refused = 0
 
-    def _refuse(self, *args, **kwargs):
-        self.refused += 1
-        raise OSError(errno.EROFS, "Read-only file system")
-
-    write = put = put_versioned = put_new = put_if = delete = delete_if = _refuse
+    write, put, put_versioned, put_new, put_if, truncate, delete, delete_if = map(
+        _refusable,
+        ("write", "put", "put_versioned", "put_new", "put_if", "truncate", "delete", "delete_if"),
+    )
 
 
 def test_a_read_only_tier_marked_down_is_probed_by_reads_and_read_again(tmp_path, monkeypatch):
@@ -1307,6 +1325,121 @@ def test_nothing_on_a_read_only_tier_is_deleted_and_it_stays_up(tmp_path):
         assert (tmp_path / "remote" / "a" / "c" / "0" / "0").is_file()
         assert remote.up and remote.backend.refused == 0
         np.testing.assert_array_equal(s.open_dataset("a")[...], a)
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    """The tiers' monotonic clock (their waits), which the test moves on (``clock.now``, s)."""
+    import strataio.tiers.tier as tier_module
+
+    class Clock:
+        now = 1000.0
+
+        @classmethod
+        def monotonic(cls):
+            return cls.now
+
+        time = staticmethod(time.time)
+
+    monkeypatch.setattr(tier_module, "time", Clock)
+    return Clock
+
+
+def test_a_tier_whose_file_system_turns_read_only_is_read_and_takes_writes_again(tmp_path, clock):
+    """A tier whose file system turns read-only (EROFS on every change, as ext4 remounted
+    read-only after disk errors) while its reads work is not marked down: the write that
+    found it so goes on to the next tier, and the tier is read-only for a while, as one
+    configured so: its chunks are read (the write's too), it is not asked to write or delete
+    again, an eviction from it is refused, a migration off it keeps its copies, and a check
+    finds it up and still refusing. A deletion that finds it refusing leaves the object
+    there, and the tier up. Once the file system is read-write again the tier takes writes
+    after the wait, and the objects left are deleted. (The first write refused marked the
+    tier down, and its probe, a put, kept it down: every chunk only it held was unreadable.)"""
+    with session(tmp_path) as s:
+        a, ds = _written(s, (20, 20), "LOCALDISK", seed=18)
+        ds.close()
+    tiers = make_tiers(tmp_path)
+    local = tiers["local"]
+    local.backend = _ReadOnlyPosix(tmp_path / "local")
+    first = tmp_path / "local" / "a" / "c" / "0" / "0"
+    with strataio.Session(tiers=tiers, catalog=tmp_path / "cat.db") as s:
+        ds = s.open_dataset("a", "r+")
+        ds[0:10, 0:10] = 5.0
+        a[0:10, 0:10] = 5.0
+        ds.flush()
+        assert where(ds)["c/0/0"] == ["remote"] and where(ds)["c/1/1"] == ["local"]
+        assert local.up and local.writes_refused and not local.has_room(1)
+        assert local.condition == "up (read-only: its storage refuses writes)"
+        assert "Read-only file system" in local.last_error
+        assert {t.name: t.state for t in s.catalog.tiers()}["local"] == "up"
+        np.testing.assert_array_equal(ds[...], a)
+        with session(tmp_path) as other:  # (another process reads it too)
+            np.testing.assert_array_equal(other.open_dataset("a")[...], a)
+        refused = local.backend.refused
+        b = s.create_dataset("b", (10, 10), "f8", (10, 10), hint="LOCALDISK")
+        b[...] = 1.0
+        b.close()
+        assert where(s.open_dataset("b")) == {"c/0/0": ["remote"]}
+        assert first.is_file() and local.backend.refused == refused  # (not asked again)
+        with pytest.raises(ReadOnlyError, match="'local' refuses writes"):
+            ds.evict(None, "local").wait()
+        ds.migrate(np.s_[10:20, 0:10], to="remote").wait()
+        assert where(ds)["c/1/0"] == ["local", "remote"]
+        assert s.check_tiers()["local"] and local.writes_refused and local.up
+        # the wait over, still read-only: the deletion of the object the write left there,
+        # tried again, is refused; the tier stays up, and the migration keeps its copies
+        clock.now += Tier.RECHECK_MAX_S
+        assert not local.writes_refused
+        ds.migrate(np.s_[10:20, 10:20], to="remote").wait()
+        assert local.up and local.writes_refused and local.backend.refused > refused
+        assert where(ds)["c/1/1"] == ["local", "remote"] and first.is_file()
+        np.testing.assert_array_equal(ds[...], a)
+        # read-write again: after the wait it takes writes and deletions
+        local.backend.refusing = False
+        clock.now += Tier.RECHECK_MAX_S
+        assert not local.writes_refused and local.condition == "up"
+        ds[0:10, 0:10] = 6.0
+        a[0:10, 0:10] = 6.0
+        ds.migrate(np.s_[10:20, 10:20], to="remote").wait()
+        assert where(ds)["c/0/0"] == ["local"] and where(ds)["c/1/1"] == ["remote"]
+        ds.close()
+        assert not (tmp_path / "local" / "a" / "c" / "1" / "1").exists()
+        np.testing.assert_array_equal(s.open_dataset("a")[...], a)
+        assert fsck(s.catalog, s.tiers).clean
+
+
+def test_a_tier_whose_writes_are_refused_and_reads_fail_is_down():
+    """Storage that refuses a change (EROFS, EACCES, EPERM) while its reads fail too does
+    not answer: the tier is marked down, as for any failure. Write permission denied on one
+    object, for a call about that object alone (fsck's), is that object's: the tier stays
+    up and takes writes."""
+
+    class Refusing(MemoryBackend):
+        reads = True
+
+        def put(self, key, data, *, durable=False):
+            if key.startswith(".strataio/"):  # (a probe's object: where permission is granted)
+                return super().put(key, data, durable=durable)
+            raise OSError(errno.EACCES, "Permission denied")
+
+        def size(self, key):
+            if not self.reads:
+                raise OSError(errno.EIO, "Input/output error")
+            return super().size(key)
+
+    t = Tier("t", Refusing(), "remotedisk")
+    with pytest.raises(ObjectError, match="cannot be used"):
+        t.call_alone(t.backend.put, "x", b"1")
+    assert t.up and not t.writes_refused
+    with pytest.raises(WritesRefusedError):
+        t.call(t.backend.put, "x", b"1")
+    assert t.up and t.writes_refused and t.free == 0
+    t.backend.reads = False
+    t2 = Tier("t2", t.backend, "remotedisk")
+    with pytest.raises(TierDownError) as got:
+        t2.call(t2.backend.put, "x", b"1")
+    assert not isinstance(got.value, WritesRefusedError)
+    assert not t2.up and not t2.writes_refused
 
 
 def test_a_read_only_tier_is_configured_and_its_directory_is_not_made(tmp_path):
@@ -1394,20 +1527,10 @@ def test_a_tier_whose_device_is_full_takes_no_writes_and_is_read_as_before(tmp_p
         assert fsck(s.catalog, s.tiers).clean
 
 
-def test_probes_of_a_tier_that_stays_down_back_off(monkeypatch):
+def test_probes_of_a_tier_that_stays_down_back_off(clock):
     """A tier that keeps failing its probe is probed less and less often (``RECHECK_S``,
     doubled after each failure, up to ``RECHECK_MAX_S``): each probe of a tier that does not
     answer may cost a caller its backend's timeout. Once it answers the wait starts over."""
-    import strataio.tiers.tier as tier_module
-
-    class Clock:
-        now = 1000.0
-
-        @classmethod
-        def monotonic(cls):
-            return cls.now
-
-        time = staticmethod(time.time)
 
     class Flaky(MemoryBackend):
         answers = False
@@ -1419,13 +1542,12 @@ def test_probes_of_a_tier_that_stays_down_back_off(monkeypatch):
                 raise OSError("no answer")
             return super().put(key, data, durable=durable)
 
-    monkeypatch.setattr(tier_module, "time", Clock)
     backend = Flaky()
     t = Tier("t", backend, "remotedisk")
     t.mark_down("gone")
     probes_at = []
     for step in range(0, 200):
-        Clock.now = 1000.0 + step
+        clock.now = 1000.0 + step
         before = backend.puts
         assert not t.recheck()
         if backend.puts > before:
@@ -1433,10 +1555,10 @@ def test_probes_of_a_tier_that_stays_down_back_off(monkeypatch):
     assert probes_at[:6] == [2, 6, 14, 30, 62, 122]  # waits of 2, 4, 8, 16, 32, then 60 s
     assert probes_at[6:] == [182]
     backend.answers = True
-    Clock.now = 1000.0 + 242
+    clock.now = 1000.0 + 242
     assert t.recheck() and t.up
     t.mark_down("gone again")
-    Clock.now += 2
+    clock.now += 2
     assert t.recheck()  # (probed after RECHECK_S again)
 
 

@@ -302,6 +302,29 @@ def test_a_tier_whose_directory_is_unusable_is_down_and_the_others_serve(project
         assert s.tiers["disk"].up
 
 
+def test_tiers_says_a_tier_whose_file_system_refuses_writes_is_read_only(project, monkeypatch):
+    """``strataio tiers --check`` on a tier whose file system is read-only (EROFS) while
+    its reads work reports it up and read-only, saying why, and exits 0 (it was reported
+    down, exit 1: its probe's put was refused)."""
+    import errno
+
+    from strataio.storage.posix import PosixBackend
+
+    put = PosixBackend.put
+
+    def refused(self, key, data, *, durable=False):
+        if self.root.name == "disk":
+            raise OSError(errno.EROFS, "Read-only file system", str(self.root / key))
+        return put(self, key, data, durable=durable)
+
+    monkeypatch.setattr(PosixBackend, "put", refused)
+    out = CliRunner().invoke(main, ["tiers", "--check"])
+    assert out.exit_code == 0, out.output
+    disk = next(line for line in out.stdout.splitlines() if line.startswith("│ disk "))
+    assert "up (read-only: its storage refuses writes)" in disk, out.stdout
+    assert "Read-only file system" in disk, out.stdout
+
+
 def test_tiers_shows_the_whole_last_error(project):
     """The "last error" column holds the whole message, wrapped where the table is too wide
     (it was cut at 60 characters, before the reason: here the path, not "Not a directory")."""

@@ -148,7 +148,8 @@ url = ".strataio/catalog.db"
 #   concurrency optional: at most this many simultaneous transfers on the tier
 #   read_only optional: true for storage that is read but never written (a read-only mount,
 #             an archive served to readers): no writes, moves or evictions go there, and
-#             its health probe only reads
+#             its health probe only reads (a writable tier whose storage turns out to
+#             refuse writes, a file system remounted read-only, is read-only for a while)
 
 [[tiers]]
 name = "local"

@@ -46,7 +46,8 @@ class ChecksumError(CodecError):
 
 class ReadOnlyError(StrataError, PermissionError):
     """A write was attempted through a handle opened read-only, or a change (a write, a
-    delete, an eviction) asked of a tier configured ``read_only``."""
+    delete, an eviction) asked of a tier configured ``read_only``, or of one whose storage
+    refuses writes now (:class:`WritesRefusedError`)."""
 
 
 class InvalidKeyError(StrataError, ValueError):
@@ -104,6 +105,15 @@ class TierFullError(TierDownError):
     """A tier's device has no space left (ENOSPC, EDQUOT): the tier takes no writes for a
     while and is read as before (it is not marked down). A :class:`TierDownError`, so a write
     goes on to the next tier as from one that is down."""
+
+
+class WritesRefusedError(TierDownError, ReadOnlyError):
+    """A tier's storage refused a change while its reads answer: a file system mounted, or
+    remounted after disk errors, read-only (EROFS), or write permission denied (EACCES,
+    EPERM). The tier is not marked down: for a while it is read-only, as one configured
+    ``read_only`` (:attr:`strataio.tiers.tier.Tier.writes_refused`). A
+    :class:`TierDownError`, so a write goes on to the next tier as from one that is down, and
+    a :class:`ReadOnlyError`, as a change asked of a read-only tier."""
 
 
 class ChunkChangedError(BackendError):

@@ -105,9 +105,9 @@ def tiers_command(config: str | None, check: bool) -> None:
             # too wide: never cut, as an error's reason comes last)
             table.add_column(col, overflow="fold" if col in ("location", "last error") else None)
         for t in s.tiers:
-            state = "[green]up[/]" if t.up else "[red]down[/]"
-            if t.read_only:
-                state += " (read-only)"
+            # (an up tier that takes no writes says why: read-only, refusing writes, full)
+            why = t.condition.partition(" ")[2]
+            state = ("[green]up[/]" if t.up else "[red]down[/]") + (f" {why}" if why else "")
             table.add_row(
                 t.name,
                 t.role,

@@ -791,7 +791,9 @@ class Commit:
         :meth:`Tier.recheck`) or fails stay this process's to delete (:meth:`Residency.strand`):
         each later commit tries them again (:meth:`_delete_stranded`), so a blip of a tier
         leaves no orphan behind a running job; fsck removes what is left when it ends. Those
-        on a read-only tier stay where they are (:attr:`Tier.read_only`)."""
+        on a read-only tier stay where they are (:attr:`Tier.read_only`); those on a tier
+        whose storage refuses changes (:attr:`Tier.writes_refused`, now or found so by the
+        deletion) are stranded, as on a tier that is down, and not tried while it refuses."""
         seen = seen or {}
         stranded: list[tuple[str, str]] = []
         by_tier: dict[str, tuple[list[str], list[Any], list[str], list[str]]] = {}
@@ -799,6 +801,9 @@ class Commit:
             was = seen.get((tier_name, key))
             if was is _MISSING or self.tiers[tier_name].read_only:
                 continue  # (nothing of this commit's there to delete, or nothing deleted there)
+            if self.tiers[tier_name].writes_refused:
+                stranded.append((tier_name, key))
+                continue
             checked, versions, unchecked, keys = by_tier.setdefault(tier_name, ([], [], [], []))
             keys.append(key)
             if was is not None:
@@ -826,17 +831,22 @@ class Commit:
         """Delete the objects an earlier commit could not (:meth:`Residency.strand`) on the
         tiers that answer now: each only while the catalog names no copy there (another
         process may have recorded one since the row went) and still at the version it had
-        before that look. Where this process holds no catalog they wait for fsck."""
+        before that look; those on a tier that refuses changes now
+        (:attr:`Tier.writes_refused`) wait for a later commit. Where this process holds no
+        catalog they wait for fsck."""
         if self.catalog is None:
             return
         objs = res.take_stranded()
         if not objs:
             return
         by_tier: dict[str, list[str]] = {}
-        for tier_name, key in objs:
-            if not self.tiers[tier_name].read_only:  # (nothing there is deleted)
-                by_tier.setdefault(tier_name, []).append(key)
         left: list[tuple[str, str]] = []
+        for tier_name, key in objs:
+            tier = self.tiers[tier_name]
+            if tier.writes_refused and not tier.read_only:
+                left.append((tier_name, key))  # (deleted once it takes changes again)
+            elif not tier.read_only:  # (nothing there is deleted)
+                by_tier.setdefault(tier_name, []).append(key)
         try:
             for tier_name, keys in by_tier.items():
                 tier = self.tiers[tier_name]
@@ -880,10 +890,13 @@ def _probed(tier: Tier) -> None:
 def _failed(tier: Tier, exc: Exception) -> None:
     """Deal with ``exc`` raised while deleting objects on ``tier``: re-raised unless the
     backend failed; a tier that failed is marked down (one found down already stays so), but
-    for one object that cannot be used (:meth:`Tier.object_error`): the tier answers."""
+    for one object that cannot be used (:meth:`Tier.object_error`), and for storage that
+    refuses changes while it is read (:meth:`Tier.refused`: marked so): the tier answers."""
     if not is_backend_failure(exc):
         raise exc
-    if not isinstance(exc, TierDownError) and tier.object_error(exc) is None:
+    if isinstance(exc, TierDownError) or tier.object_error(exc) is not None:
+        return
+    if tier.refused(exc) is None:
         tier.mark_down(exc)
 
 

@@ -78,7 +78,8 @@ what is in the way is moved (a folder renamed aside, a file put back), and a row
 would make that object, back, an orphan the next repair deletes. For the chunk's other
 copies it counts as a copy on a tier not checked: it may hold the chunk's value.
 
-Nothing on a read-only tier (:attr:`~strataio.tiers.tier.Tier.read_only`) is deleted or
+Nothing on a read-only tier (:attr:`~strataio.tiers.tier.Tier.read_only`, or one whose
+storage refuses writes: :attr:`~strataio.tiers.tier.Tier.writes_refused`) is deleted or
 written: what a repair would delete or rewrite there (an orphan, a leftover, a stale
 ``zarr.json``) is reported and left, and a bad copy there that a repair drops loses its row
 only.
@@ -408,7 +409,6 @@ def inspect(
     # (a dataset in use at the start or at the end counts as in use: see _read_writers)
     inv.in_use.update(catalog.datasets_in_use())
     inv.copies = catalog.all_residency()
-    inv.read_only = {t.name for t in tiers if t.read_only}
     records = catalog.list_datasets()
     names = {d.name for d in records}
     inv.remnants = set(catalog.remnants())
@@ -426,6 +426,8 @@ def inspect(
         if not t.up:
             t.check()  # (not rate-limited: fsck is the deliberate look at every tier)
     inv.skipped_tiers = [t.name for t in tiers if not t.up]
+    # (after the probes: one may find a tier's storage refusing writes while it is read)
+    inv.read_only = {t.name for t in tiers if t.unwritable}
     inv.skipped_why = {t.name: _why_down(t.last_error) for t in tiers if not t.up}
 
     listed: dict[str, set[str]] = {}
@@ -1074,7 +1076,7 @@ def apply(p: Plan, catalog: Catalog, tiers: TierSet) -> bool:
         if now is None or tuple(now) != accepted:
             continue  # (a change since put its own version)
         tier = tiers[tname]
-        if tier.read_only:
+        if tier.unwritable:
             continue  # (planned only elsewhere: see _plan_meta)
         try:
             # (only over the copy inspected: a change may have announced, put and settled

@@ -264,7 +264,7 @@ class MetaCopies:
             catalog.annotate_dataset(self.name, META_ATTR, functools.partial(_announced, digest))
         stored = 0
         for tier in self.tiers():
-            if not tier.up or tier.read_only:
+            if not tier.up or tier.unwritable:
                 continue
             try:
                 got = self._put_on(tier, data, digest, catalog)
@@ -378,7 +378,7 @@ class MetaCopies:
         none) where the record names it alone, and still does now, over the copy looked at
         before that (:meth:`Backend.put_if`): a change under way puts its own version there,
         and one that put and settled its own since the read must not lose it."""
-        tiers = [t for t in tiers if t.up and not t.read_only]
+        tiers = [t for t in tiers if t.up and not t.unwritable]
         if not tiers or len(accepted) != 1:
             return
         seen: dict[str, Any] = {}

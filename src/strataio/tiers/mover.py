@@ -42,6 +42,7 @@ from strataio.errors import (
     ReadOnlyError,
     StrataError,
     TierDownError,
+    WritesRefusedError,
 )
 from strataio.tiers.cache import ChunkCache
 from strataio.tiers.commit import Commit
@@ -296,8 +297,8 @@ class Mover:
 
     def migrate(self, res: Residency, keys: Sequence[str], to: str) -> MoveHandle:
         """Move ``keys`` to tier ``to``; copies on faster tiers are deleted after the commit,
-        but for those on a read-only tier, which stay, catalogued (nothing there is
-        deleted)."""
+        but for those on a read-only tier (configured so, or whose storage refuses changes
+        now: :attr:`Tier.unwritable`), which stay, catalogued (nothing there is deleted)."""
         target = self.tiers[to]
         if target.volatile:
             raise StrataError(
@@ -318,11 +319,17 @@ class Mover:
     def evict(self, res: Residency, keys: Sequence[str], tier: str) -> MoveHandle:
         """Drop the copies of ``keys`` on ``tier``; a chunk whose only copy is there is
         written back to a slower tier first. A read-only tier, where nothing is deleted, is
-        refused (:class:`ReadOnlyError`)."""
+        refused (:class:`ReadOnlyError`), as is one whose storage refuses changes now
+        (:class:`WritesRefusedError`: :attr:`Tier.writes_refused`)."""
         t = self.tiers[tier]
         if t.read_only:
             raise ReadOnlyError(
                 f"tier {tier!r} is read-only: nothing is evicted from it (nothing there is deleted)"
+            )
+        if t.writes_refused:
+            raise WritesRefusedError(
+                f"tier {tier!r} refuses writes for now, so nothing is evicted from it (nothing "
+                f"there can be deleted): {t.last_error}"
             )
         return self._start(
             "evict",
@@ -635,7 +642,7 @@ class Mover:
                 "again once that process has flushed)"
             )
         for c in faster:
-            if not self.tiers[c.tier].read_only:  # (nothing there is deleted: it stays)
+            if not self.tiers[c.tier].unwritable:  # (nothing there is deleted: it stays)
                 res.drop_if_kept(c)  # object deleted after the commit
         return outcome, n
 

@@ -296,7 +296,7 @@ class Placement:
         None)."""
         limit = self.tiers.rank(below.name) if below is not None else len(self.tiers)
         for t in self.persistent():
-            if self.tiers.rank(t.name) < limit and t.up and not t.read_only:
+            if self.tiers.rank(t.name) < limit and t.up and not t.unwritable:
                 return t
         return None
 
@@ -361,8 +361,8 @@ class Placement:
             return True
         if tier.capacity is None or nbytes > tier.capacity or tier.out_of_space:
             return False  # (evictions make no room on a device that has none left)
-        if tier.read_only:
-            return False  # (nor on a tier that is never written)
+        if tier.unwritable:
+            return False  # (nor on a tier that is not written: nothing there is deleted)
         if tier is self.persistent()[-1]:
             return False  # the archive is never evicted from: writes go to the next tier
         keep = set(protect)

@@ -116,7 +116,7 @@ def _empty(tiers: TierSet, tname: str, name: str) -> bool:
         return False
     try:
         keys = t.call(lambda: list(t.backend.list(name)))
-        if keys and t.read_only:
+        if keys and t.unwritable:
             return False  # (this process does not write there; another may purge it)
         left = False
         for key in keys:

@@ -5,8 +5,9 @@ about it: its role (``memory``, ``localdisk``, ``remotedisk``, ``remotetape``), 
 bytes (``None`` = unbounded), its rank in the hierarchy, whether it answers (``up``/``down`` and
 the last error seen), whether its device reported no space left (:attr:`Tier.out_of_space`: no
 writes for a while, reads as before), whether it is configured read-only
-(:attr:`Tier.read_only`: never written, probed by reads only) and how many bytes of chunk
-copies it holds. A :class:`TierSet` is the
+(:attr:`Tier.read_only`: never written, probed by reads only) or its storage refuses writes
+now (:attr:`Tier.writes_refused`: read-only for a while, as configured) and how many bytes of
+chunk copies it holds. A :class:`TierSet` is the
 registry of every configured tier; usage is accounted from the catalog's residency rows.
 
 A tier of the ``memory`` role is **volatile**: a cache level that dies with the process. It
@@ -43,6 +44,7 @@ from strataio.errors import (
     StrataError,
     TierDownError,
     TierFullError,
+    WritesRefusedError,
 )
 from strataio.storage.base import Backend, BytesLike, Version
 
@@ -109,16 +111,27 @@ def accepts_data(copy: Any, data: BytesLike) -> str | None:
     return None
 
 
+def os_error_in(exc: BaseException | None, errnos: Iterable[int]) -> OSError | None:
+    """The first error of ``exc`` and those it was raised from (its cause, else its context)
+    that is an :class:`OSError` with one of ``errnos``; None if there is none."""
+    for _ in range(8):  # (a chain of wrapped errors, never a cycle)
+        if exc is None:
+            return None
+        if isinstance(exc, OSError) and exc.errno in errnos:
+            return exc
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
 def no_space_left(exc: BaseException | None) -> bool:
     """True if ``exc``, or an error it was raised from, is the device having no space left
     (ENOSPC, or EDQUOT: over a quota)."""
-    for _ in range(8):  # (a chain of wrapped errors, never a cycle)
-        if exc is None:
-            return False
-        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            return True
-        exc = exc.__cause__ or exc.__context__
-    return False
+    return os_error_in(exc, (errno.ENOSPC, errno.EDQUOT)) is not None
+
+
+#: errors of storage that refuses changes while it may still be read: a file system mounted,
+#: or remounted after disk errors, read-only (EROFS); write permission denied (EACCES, EPERM)
+_REFUSED = (errno.EROFS, errno.EACCES, errno.EPERM)
 
 
 #: errors of one path in an object's way, not of the storage: a directory where the object
@@ -129,13 +142,7 @@ _IN_THE_WAY = (errno.EISDIR, errno.ENOTDIR)
 def in_the_way(exc: BaseException | None) -> OSError | None:
     """The error, ``exc`` or one it was raised from, of something in the way of one object
     (EISDIR, ENOTDIR); None if there is none."""
-    for _ in range(8):  # (a chain of wrapped errors, never a cycle)
-        if exc is None:
-            return None
-        if isinstance(exc, OSError) and exc.errno in _IN_THE_WAY:
-            return exc
-        exc = exc.__cause__ or exc.__context__
-    return None
+    return os_error_in(exc, _IN_THE_WAY)
 
 
 def is_backend_failure(exc: BaseException) -> bool:
@@ -149,6 +156,29 @@ def is_backend_failure(exc: BaseException) -> bool:
     if isinstance(exc, StrataError):
         return False
     return isinstance(exc, OSError | TimeoutError | ConnectionError)
+
+
+@dataclass
+class _Pause:
+    """A while during which a tier takes no writes: each one twice as long as the one
+    before, within bounds, until :meth:`end` starts them over."""
+
+    until: float = 0.0  # (monotonic s)
+    wait: float = 0.0  # (s: the last one's length)
+
+    @property
+    def on(self) -> bool:
+        return time.monotonic() < self.until
+
+    def start(self, least: float, most: float) -> float:
+        """Start the next while (twice the last, ``least`` s at least, ``most`` at most);
+        return its length in seconds."""
+        self.wait = min(max(2 * self.wait, least), most)
+        self.until = time.monotonic() + self.wait
+        return self.wait
+
+    def end(self) -> None:
+        self.until = self.wait = 0.0
 
 
 @dataclass(eq=False)
@@ -167,6 +197,25 @@ class Tier:
     stays (fsck reports it, and leaves it); a migration keeps the copies there, catalogued;
     an eviction from it is refused. :meth:`call` refuses a change there
     (:class:`ReadOnlyError`) without asking the backend, and never marks the tier down for it.
+
+    Storage that refuses changes while it is read (a file system mounted, or remounted after
+    disk errors, read-only: EROFS; write permission denied: EACCES, EPERM) makes the tier
+    :attr:`writes_refused`, not down: where a put, write or delete fails so (through
+    :meth:`call`, or a probe's put) and a read of the tier answers (the look-up that probes a
+    read-only tier), the tier stays up and is, for a while, read-only as if configured so
+    (:attr:`unwritable`): its chunks are read, and moved off, as before; it takes no writes,
+    stages or migrations (they go to the next tier the hint allows) and no ``zarr.json``;
+    nothing there is deleted (a copy there that a write makes obsolete loses its row and its
+    object stays this process's to delete once the tier takes changes again, as on a tier
+    that is down, or fsck's; a migration keeps the copies there, catalogued; an eviction from
+    it is refused with :class:`WritesRefusedError`, a :class:`ReadOnlyError`), and
+    :meth:`call` refuses a change there without asking the backend. The while is
+    :attr:`RECHECK_S`, doubled each time the storage refuses again, up to
+    :attr:`RECHECK_MAX_S`; then a write tries the tier again, and a probe whose put succeeds
+    (:meth:`check`) ends it at once. :attr:`condition` names it; :attr:`last_error` is the
+    refusal. Where the read fails too the tier is marked down, as for any other failure. For
+    :meth:`call_alone` (a call about one object) only EROFS counts: permission denied there
+    may be that object's alone.
     """
 
     name: str
@@ -191,8 +240,8 @@ class Tier:
     _answered: float = field(init=False, repr=False, default=-float("inf"))
     _probing: threading.Lock = field(init=False, repr=False, default_factory=threading.Lock)
     _backoff: float = field(init=False, repr=False, default=0.0)  # (s; 0: RECHECK_S)
-    _full_until: float = field(init=False, repr=False, default=0.0)  # (monotonic s)
-    _full_wait: float = field(init=False, repr=False, default=0.0)  # (s; see mark_full)
+    _full: _Pause = field(init=False, repr=False, default_factory=_Pause)  # (see mark_full)
+    _refused: _Pause = field(init=False, repr=False, default_factory=_Pause)  # (mark_refused)
 
     #: seconds at least between two probes of a down tier made on a read's or a write's behalf
     #: (:meth:`recheck`), doubled after each probe that fails, up to :attr:`RECHECK_MAX_S`
@@ -224,6 +273,22 @@ class Tier:
         return self.state == "up"
 
     @property
+    def condition(self) -> str:
+        """The tier's health in words: ``down``, or ``up`` and, where it takes no writes, why:
+        ``up (read-only)`` (configured :attr:`read_only`), ``up (read-only: its storage
+        refuses writes)`` (:attr:`writes_refused`), ``up (no space left)``
+        (:attr:`out_of_space`)."""
+        if not self.up:
+            return "down"
+        if self.read_only:
+            return "up (read-only)"
+        if self.writes_refused:
+            return "up (read-only: its storage refuses writes)"
+        if self.out_of_space:
+            return "up (no space left)"
+        return "up"
+
+    @property
     def volatile(self) -> bool:
         """True for a memory tier: its copies die with the process (see the module doc)."""
         return self.role == "memory"
@@ -244,17 +309,65 @@ class Tier:
         to make room) and is read, and moved off, as before: a full disk holds its data
         intact. The while is :attr:`RECHECK_S`, doubled each time the device is found full
         again, up to :attr:`RECHECK_MAX_S`; then a write tries it again."""
-        return time.monotonic() < self._full_until
+        return self._full.on
 
     def mark_full(self, error: BaseException | str) -> float:
         """Record that the device has no space left (see :attr:`out_of_space`); returns the
         seconds the tier now takes no writes."""
+        return self._pause(self._full, error)
+
+    @property
+    def writes_refused(self) -> bool:
+        """True for a while after the tier's storage refused a change while its reads
+        answered (EROFS, EACCES, EPERM: see the class doc): it is then read-only as if
+        configured so (:attr:`unwritable`)."""
+        return self._refused.on
+
+    @property
+    def unwritable(self) -> bool:
+        """True where nothing is to be written to the tier nor deleted from it: configured
+        :attr:`read_only`, or :attr:`writes_refused` now."""
+        return self.read_only or self._refused.on
+
+    def mark_refused(self, error: BaseException | str) -> float:
+        """Record that the tier's storage refuses changes while it is read (see
+        :attr:`writes_refused`); returns the seconds the tier now takes none. A refusal
+        met while the tier is marked so already (another thread's put, started before)
+        does not lengthen the while."""
+        return self._pause(self._refused, error, again=False)
+
+    def _pause(self, pause: _Pause, error: BaseException | str, *, again: bool = True) -> float:
         with self._lock:
-            wait = min(max(2 * self._full_wait, self.RECHECK_S), self.RECHECK_MAX_S)
-            self._full_wait = wait
-            self._full_until = time.monotonic() + wait
+            if again or not pause.on:
+                wait = pause.start(self.RECHECK_S, self.RECHECK_MAX_S)
+            else:
+                wait = pause.until - time.monotonic()
         self.last_error = str(error)
         return wait
+
+    def refused(self, exc: BaseException, *, alone: bool = False) -> WritesRefusedError | None:
+        """The :class:`WritesRefusedError` that ``exc``, raised by a change asked of the tier
+        (a put, write or delete), amounts to, or None. Where ``exc`` is the storage refusing
+        it (EROFS, EACCES, EPERM; with ``alone``, for a call about one object, EROFS only)
+        and a read of the tier answers (the look-up that probes a read-only tier), the tier
+        is marked :attr:`writes_refused` (and up, where it was down). None where ``exc`` is
+        no such refusal, or the read fails too: the tier does not answer (the caller marks
+        it down)."""
+        if os_error_in(exc, (errno.EROFS,) if alone else _REFUSED) is None:
+            return None
+        if self._read_probe() is not None:
+            return None
+        self._answered = time.monotonic()
+        if not self.up:
+            self.mark_up()
+        wait = self.mark_refused(exc)
+        err = WritesRefusedError(
+            f"tier {self.name!r} refuses writes (its storage is read-only, or permission to "
+            f"write is denied): it takes no writes, and nothing there is deleted, for "
+            f"{wait:.3g} s, and is read as before ({exc})"
+        )
+        err.tier = self.name  # type: ignore[attr-defined]
+        return err
 
     def mark_up(self) -> None:
         changed = self.state != "up"
@@ -285,14 +398,21 @@ class Tier:
     def _call(
         self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], alone: bool
     ) -> Any:
-        if self.read_only:
-            change = next((n for n in _CHANGES if fn == getattr(self.backend, n, None)), None)
+        if self.unwritable:
+            change = self._change(fn)
             if change is not None:
                 what = f"{change} {args[0]!r}" if args else change
-                raise ReadOnlyError(
-                    f"tier {self.name!r} is read-only: nothing there is written or deleted "
-                    f"({what} refused)"
+                if self.read_only:
+                    raise ReadOnlyError(
+                        f"tier {self.name!r} is read-only: nothing there is written or deleted "
+                        f"({what} refused)"
+                    )
+                err: TierDownError = WritesRefusedError(
+                    f"tier {self.name!r} refuses writes for now: nothing there is written or "
+                    f"deleted ({what} not tried; {self.last_error})"
                 )
+                err.tier = self.name  # type: ignore[attr-defined]
+                raise err
         if not self.up:
             raise TierDownError(f"tier {self.name!r} is down: {self.last_error}")
         with self.slots:
@@ -306,12 +426,16 @@ class Tier:
                     raise blocked from exc
                 if no_space_left(exc):
                     wait = self.mark_full(exc)
-                    err: TierDownError = TierFullError(
+                    err = TierFullError(
                         f"tier {self.name!r} has no space left on its device: it takes no "
                         f"writes for {wait:g} s and is read as before ({exc})"
                     )
                     err.tier = self.name  # type: ignore[attr-defined]
                     raise err from exc
+                if self._change(fn) is not None:
+                    refused = self.refused(exc, alone=alone)
+                    if refused is not None:
+                        raise refused from exc
                 if alone and self._answers():
                     what = f"object {args[0]!r}" if args else "an object"
                     raise ObjectError(
@@ -322,6 +446,11 @@ class Tier:
                 err = TierDownError(f"tier {self.name!r} failed and is now marked down: {exc}")
                 err.tier = self.name  # type: ignore[attr-defined]
                 raise err from exc
+
+    def _change(self, fn: Callable[..., Any]) -> str | None:
+        """The name of the backend call ``fn`` is where it changes what the tier holds (one
+        of ``_CHANGES``), else None."""
+        return next((n for n in _CHANGES if fn == getattr(self.backend, n, None)), None)
 
     def object_error(self, exc: BaseException, key: Any = None) -> ObjectError | None:
         """The :class:`ObjectError` that ``exc`` amounts to, or None. An error of something in
@@ -379,11 +508,13 @@ class Tier:
 
     def check(self) -> bool:
         """Probe the backend; update and return health. A writable tier is probed by a put,
-        a get and a delete of a small object of its own. A :attr:`read_only` tier, which
-        would refuse that put (and so never be found up again once marked down), is probed
-        by a read only: the size of the probe object's key is looked up, and "no such
-        object" is an answer (a POSIX tier whose directory is gone gives none: its backend
-        does not answer). Any other failure means the tier does not answer."""
+        a get and a delete of a small object of its own (a put its storage refuses while a
+        read answers finds it up and :attr:`writes_refused`; one that succeeds ends that, and
+        :attr:`out_of_space`). A :attr:`read_only` tier, which would refuse that put (and so
+        never be found up again once marked down), is probed by a read only: the size of the
+        probe object's key is looked up, and "no such object" is an answer (a POSIX tier
+        whose directory is gone gives none: its backend does not answer). Any other failure
+        means the tier does not answer."""
         answers = self._check_by_reading() if self.read_only else self._check_by_writing()
         if answers:
             self._answered = time.monotonic()
@@ -404,9 +535,12 @@ class Tier:
                 self.mark_up()
                 self.mark_full(exc)
                 return True
+            if self.refused(exc) is not None:  # (nor for one that refuses writes: it is read)
+                return True
             self.mark_down(exc)
             return False
-        self._full_wait = self._full_until = 0.0  # (room again: it was written)
+        self._full.end()  # (room again, and writes taken: it was written)
+        self._refused.end()
         if got != payload:
             self.mark_down("health probe read back different bytes")
             return False
@@ -415,30 +549,37 @@ class Tier:
 
     def _check_by_reading(self) -> bool:
         """:meth:`check` of a :attr:`read_only` tier: reads only."""
+        failed = self._read_probe()
+        if failed is not None:
+            self.mark_down(failed)
+            return False
+        self.mark_up()
+        return True
+
+    def _read_probe(self) -> Exception | None:
+        """Look the tier up by a read alone; the error if it does not answer, else None."""
         try:
             # (one look-up, not a listing, which on an object store reads every key first;
             # "no such object" is an answer)
             with contextlib.suppress(NotFoundError, FileNotFoundError):
                 self.backend.size(PROBE_KEY)
         except Exception as exc:  # any other failure of the reads: the tier does not answer
-            self.mark_down(exc)
-            return False
-        self.mark_up()
-        return True
+            return exc
+        return None
 
     # ----------------------------------------------------------------- capacity
     @property
     def free(self) -> int | None:
         """Bytes left before the capacity is reached (``None`` = unbounded; 0 on a device
-        with no space left, and on a :attr:`read_only` tier)."""
-        if self.out_of_space or self.read_only:
+        with no space left, and on an :attr:`unwritable` tier)."""
+        if self.out_of_space or self.unwritable:
             return 0
         if self.capacity is None:
             return None
         return max(0, self.capacity - self.used - self.reserved)
 
     def has_room(self, nbytes: int) -> bool:
-        if self.out_of_space or self.read_only:
+        if self.out_of_space or self.unwritable:
             return False
         return self.capacity is None or self.used + self.reserved + nbytes <= self.capacity
 
