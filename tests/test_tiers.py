@@ -2184,3 +2184,52 @@ def test_a_session_left_open_at_exit_is_closed_and_its_writes_recorded(tmp_path)
             np.testing.assert_array_equal(ds[...], want)
             ds.close()
             assert fsck(s.catalog, s.tiers).clean
+
+
+class _SyncRefusing(_ReadOnlyPosix):
+    def sync(self, keys=None):
+        if self.refusing:
+            raise OSError(errno.EROFS, "Read-only file system")
+        return super().sync(keys)
+
+
+def test_a_sync_refused_by_a_read_only_file_system_does_not_mark_the_tier_down(tmp_path, clock):
+    """A commit's sync refused with EROFS (fsync on an ext4 aborted after disk errors and
+    remounted read-only) makes the tier refuse writes, as every other refused change does,
+    rather than marking it down: the flush still fails (those puts may not be durable), and
+    the chunks only the tier holds are read all along, at that flush and at the next."""
+    with session(tmp_path) as s:
+        a, ds = _written(s, (20, 20), "LOCALDISK", seed=8)
+        ds.close()
+    tiers = make_tiers(tmp_path)
+    local = tiers["local"]
+    local.backend = _SyncRefusing(tmp_path / "local")
+    local.backend.refusing = False
+    with strataio.Session(tiers=tiers, catalog=tmp_path / "cat.db") as s:
+        ds = s.open_dataset("a", "r+")
+        ds[0:10, 0:10] = 5.0  # put, not synced yet
+        local.backend.refusing = True  # the file system turns read-only before the flush
+        with pytest.raises(StrataError):
+            ds.flush()  # (the chunk may not be durable: refused, rightly)
+        assert local.up and local.writes_refused, local.condition
+        # a chunk only the tier holds is read as before
+        np.testing.assert_array_equal(ds[10:20, 10:20], a[10:20, 10:20])
+        clock.now += Tier.RECHECK_S + 0.1
+        with pytest.raises(StrataError):
+            ds.flush()
+        assert local.up, local.condition
+        np.testing.assert_array_equal(ds[10:20, 10:20], a[10:20, 10:20])
+        local.backend.refusing = False  # (read-write again: the close's flush goes through)
+        clock.now += Tier.RECHECK_MAX_S
+
+
+def test_a_tier_s_condition_says_why_it_takes_no_writes_up_or_down(tmp_path):
+    """Tier.condition, which `strataio tiers` shows: a configured read-only tier keeps its
+    "(read-only)" when it is down too."""
+    t = Tier("arch", PosixBackend(tmp_path / "arch"), "remotetape", order=0, read_only=True)
+    assert t.condition == "up (read-only)"
+    t.mark_down("gone")
+    assert t.condition == "down (read-only)"
+    w = Tier("disk", PosixBackend(tmp_path / "disk"), "localdisk", order=1)
+    w.mark_down("gone")
+    assert w.condition == "down"

@@ -742,7 +742,8 @@ class Commit:
             try:
                 tier.backend.sync(sorted(object_key(dataset, k) for k in keys))
             except Exception as exc:
-                tier.mark_down(exc)
+                if tier.refused(exc) is None:
+                    tier.mark_down(exc)
                 failed.append(f"{tier_name}: {exc}")
         if failed:
             raise BackendError(

@@ -274,12 +274,12 @@ class Tier:
 
     @property
     def condition(self) -> str:
-        """The tier's health in words: ``down``, or ``up`` and, where it takes no writes, why:
-        ``up (read-only)`` (configured :attr:`read_only`), ``up (read-only: its storage
-        refuses writes)`` (:attr:`writes_refused`), ``up (no space left)``
-        (:attr:`out_of_space`)."""
+        """The tier's health in words: ``down`` (``down (read-only)`` for one configured
+        :attr:`read_only`), or ``up`` and, where it takes no writes, why: ``up (read-only)``
+        (configured :attr:`read_only`), ``up (read-only: its storage refuses writes)``
+        (:attr:`writes_refused`), ``up (no space left)`` (:attr:`out_of_space`)."""
         if not self.up:
-            return "down"
+            return "down (read-only)" if self.read_only else "down"
         if self.read_only:
             return "up (read-only)"
         if self.writes_refused:
