@@ -442,7 +442,7 @@ def test_init_does_not_make_a_tier_holding_copies_new_unless_asked(project):
     assert not (root / "disk").exists()
     out = r.invoke(main, ["init"])
     assert out.exit_code == 1, out.output
-    assert "tier 'disk'" in out.stderr and "records 100 copies" in out.stderr
+    assert "tier 'disk'" in out.stderr and "records 100 chunk copies" in out.stderr
     assert "--remake-tier disk" in out.stderr and not (root / "disk").exists()
     (root / "unmounted").rename(root / "disk")  # (mounted again: everything is there)
     (root / "tape").rmdir()
@@ -450,13 +450,27 @@ def test_init_does_not_make_a_tier_holding_copies_new_unless_asked(project):
     out = r.invoke(main, ["fsck"])
     assert out.exit_code == 0, out.output
     shutil.rmtree(root / "disk")  # (the disk replaced: made new on purpose)
-    out = r.invoke(main, ["init", "--remake-tier", "disk"])
+    out = r.invoke(main, ["init", "--remake-tier", "disk", "--remake-tier", "tape"])
     assert out.exit_code == 0 and (root / "disk").is_dir(), out.output
-    assert "new and empty: the 100 copies" in out.output and "fsck --repair" in out.output
+    assert "new and empty: 100 chunk copies" in out.output and "fsck --repair" in out.output
+    assert "tier 'tape': its directory" in out.output and "in place, not made anew" in out.output
     with strataio.Session() as s:
         ds = s.open_dataset("temp")
         assert np.array_equal(ds[...], a)  # (from the tape)
         ds.close()
+    assert r.invoke(main, ["fsck", "--repair"]).exit_code == 0  # (disk's rows dropped)
+    # the objects of a dataset deleted while the disk was away are kept from a remade one
+    with strataio.Session() as s:
+        s.create_dataset("gone", (10, 10), "f4", (10, 10), hint="LOCALDISK")[...] = 1.0
+    (root / "disk").rename(root / "unmounted")
+    out = r.invoke(main, ["rm", "gone", "-y"])
+    assert out.exit_code == 0 and "fsck --repair" in out.output, out.output
+    out = r.invoke(main, ["init"])
+    assert out.exit_code == 1 and "the objects of 1 deleted dataset" in out.stderr, out.output
+    assert not (root / "disk").exists()
+    (root / "unmounted").rename(root / "disk")
+    assert r.invoke(main, ["fsck", "--repair"]).exit_code == 0
+    assert not (root / "disk" / "gone").exists()
 
 
 def test_fsck_probes_a_tier_the_catalog_has_marked_down(project):

@@ -70,12 +70,25 @@ def _tiers(cfg: Config, catalog: Catalog) -> list[TierRecord]:
     return configured + [t for t in known.values() if t.name not in names]
 
 
-def _copies_per_tier(catalog: Catalog) -> dict[str, tuple[int, int]]:
-    """The copies and bytes ``catalog`` records per tier (those holding any)."""
-    held: dict[str, tuple[int, int]] = {}
+def _held_per_tier(catalog: Catalog) -> dict[str, str]:
+    """What ``catalog`` records on each tier holding anything, in words: its chunk copies
+    (and their bytes), and the objects of deleted datasets still to purge (remnants)."""
+    copies: dict[str, tuple[int, int]] = {}
     for u in catalog.usage():
-        copies, nbytes = held.get(u.tier, (0, 0))
-        held[u.tier] = (copies + u.copies, nbytes + u.nbytes)
+        n, nbytes = copies.get(u.tier, (0, 0))
+        copies[u.tier] = (n + u.copies, nbytes + u.nbytes)
+    deleted: dict[str, int] = {}
+    for _, tier in catalog.remnants():
+        deleted[tier] = deleted.get(tier, 0) + 1
+    held = {}
+    for tier in dict.fromkeys([*copies, *deleted]):
+        parts = []
+        if tier in copies:
+            n, nbytes = copies[tier]
+            parts.append(f"{counted(n, 'chunk copy', 'chunk copies')} ({format_size(nbytes)})")
+        if tier in deleted:
+            parts.append(f"the objects of {counted(deleted[tier], 'deleted dataset')}")
+        held[tier] = " and ".join(parts)
     return held
 
 
@@ -87,7 +100,7 @@ def _copies_per_tier(catalog: Catalog) -> dict[str, tuple[int, int]]:
     multiple=True,
     metavar="NAME",
     help="Make the missing directory of tier NAME new and empty although the catalog records "
-    "copies there (they are lost: `strataio fsck --repair` then drops their rows). Repeatable.",
+    "copies or deleted datasets' objects there (they are then gone). Repeatable.",
 )
 @_handle_errors
 def init_cmd(force: bool, remake: tuple[str, ...]) -> None:
@@ -96,7 +109,8 @@ def init_cmd(force: bool, remake: tuple[str, ...]) -> None:
 
     An existing ./strataio.toml is kept (--force overwrites it with the default): init then
     only creates what is missing, and says what it did. The missing directory of a tier on
-    which the catalog records copies is not made (a volume not mounted would be replaced by
+    which the catalog records chunk copies, or objects of deleted datasets still to purge, is
+    not made (a volume not mounted would be replaced by
     an empty directory on another disk, which later writes would fill and a mount would
     hide): init says so and exits 1, unless --remake-tier names that tier."""
     target = Path.cwd() / CONFIG_FILENAME
@@ -123,7 +137,7 @@ def init_cmd(force: bool, remake: tuple[str, ...]) -> None:
     existed = catalog_exists(cfg)
     catalog, new_tiers = open_configured_catalog(cfg, make_dirs=False)  # (made below)
     try:
-        held = _copies_per_tier(catalog)
+        held = _held_per_tier(catalog)
     finally:
         catalog.close()
     names = ", ".join(f"{t.name} ({t.role})" for t in new_tiers)
@@ -133,27 +147,32 @@ def init_cmd(force: bool, remake: tuple[str, ...]) -> None:
     elif new_tiers:
         click.echo(f"catalog {cfg.catalog.display_url}: registered tiers {names}")
         created = True
-    kept = {name: held[name] for name in held if name not in remake}
+    for t in cfg.tiers:
+        if t.name in remake and not missing_tier_dir(t):
+            click.echo(
+                f"tier {t.name!r}: its directory {t.path} is in place, not made anew "
+                "(--remake-tier makes only a missing one)"
+            )
+    kept = {name: what for name, what in held.items() if name not in remake}
     for path in make_tier_dirs(cfg, keep=set(kept)):
         name = next(t.name for t in cfg.tiers if t.path is not None and Path(t.path) == path)
         lost = ""
         if name in held:
-            copies, nbytes = held[name]
             lost = (
-                f" (new and empty: the {counted(copies, 'copy', 'copies')} "
-                f"({format_size(nbytes)}) the catalog records there are lost; "
-                f"`{PURGE_COMMAND}` drops their rows)"
+                f" (new and empty: {held[name]} the catalog records there are gone; "
+                f"`{PURGE_COMMAND}` drops the rows of copies with another copy elsewhere and "
+                "forgets those remnants, and a chunk with no other copy stays lost until it "
+                "is written again or its dataset deleted: `strataio rm`)"
             )
         click.echo(f"created tier directory {path}{lost}")
         created = True
     refused = [t for t in cfg.tiers if t.name in kept and missing_tier_dir(t)]
     for t in refused:
-        copies, nbytes = kept[t.name]
         click.echo(
             f"error: tier {t.name!r}: its directory {t.path} is missing, and the catalog records "
-            f"{counted(copies, 'copy', 'copies')} ({format_size(nbytes)}) there: "
-            "not made (a volume not mounted?). Mount it or put it back; to make it new and "
-            f"empty, losing those copies, run `strataio init --remake-tier {t.name}`",
+            f"{kept[t.name]} there: not made (a volume not mounted?). Mount it or put it "
+            "back; to make it new and empty, losing what is recorded there, run "
+            f"`strataio init --remake-tier {t.name}`",
             err=True,
         )
     if refused:
