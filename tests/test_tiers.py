@@ -2233,3 +2233,17 @@ def test_a_tier_s_condition_says_why_it_takes_no_writes_up_or_down(tmp_path):
     w = Tier("disk", PosixBackend(tmp_path / "disk"), "localdisk", order=1)
     w.mark_down("gone")
     assert w.condition == "down"
+
+
+def test_a_chunk_whose_only_copy_is_missing_says_how_it_can_be_mended(tmp_path):
+    """A read of a chunk whose one copy is missing says the value is lost there and, with no
+    other copy to repair it from, to write the chunk again or delete the dataset (it said
+    that fsck --repair keeps the other value, of which there is none)."""
+    with session(tmp_path) as s:
+        a, ds = _written(s, (10, 10), "LOCALDISK", seed=3)
+        ds.close()
+        (tmp_path / "local" / "a" / "c" / "0" / "0").unlink()
+        ds = s.open_dataset("a")
+        with pytest.raises(StrataError, match="no copy is left to repair it from: write"):
+            ds[...]
+        ds.close()

@@ -70,9 +70,10 @@ def _tiers(cfg: Config, catalog: Catalog) -> list[TierRecord]:
     return configured + [t for t in known.values() if t.name not in names]
 
 
-def _held_per_tier(catalog: Catalog) -> dict[str, str]:
-    """What ``catalog`` records on each tier holding anything, in words: its chunk copies
-    (and their bytes), and the objects of deleted datasets still to purge (remnants)."""
+def _held_per_tier(catalog: Catalog) -> dict[str, tuple[str, bool]]:
+    """What ``catalog`` records on each tier holding anything, in words (its chunk copies
+    and their bytes, the objects of deleted datasets still to purge), and whether the
+    latter (remnants) are among it."""
     copies: dict[str, tuple[int, int]] = {}
     for u in catalog.usage():
         n, nbytes = copies.get(u.tier, (0, 0))
@@ -88,7 +89,7 @@ def _held_per_tier(catalog: Catalog) -> dict[str, str]:
             parts.append(f"{counted(n, 'chunk copy', 'chunk copies')} ({format_size(nbytes)})")
         if tier in deleted:
             parts.append(f"the objects of {counted(deleted[tier], 'deleted dataset')}")
-        held[tier] = " and ".join(parts)
+        held[tier] = (" and ".join(parts), tier in deleted)
     return held
 
 
@@ -158,11 +159,13 @@ def init_cmd(force: bool, remake: tuple[str, ...]) -> None:
         name = next(t.name for t in cfg.tiers if t.path is not None and Path(t.path) == path)
         lost = ""
         if name in held:
+            what, remnants = held[name]
             lost = (
-                f" (new and empty: {held[name]} the catalog records there are gone; "
-                f"`{PURGE_COMMAND}` drops the rows of copies with another copy elsewhere and "
-                "forgets those remnants, and a chunk with no other copy stays lost until it "
-                "is written again or its dataset deleted: `strataio rm`)"
+                f" (new and empty: {what} the catalog records there are gone; "
+                f"`{PURGE_COMMAND}` drops the rows of copies with another copy elsewhere"
+                + (" and forgets those remnants" if remnants else "")
+                + ", and a chunk with no other copy stays lost until it is written again or "
+                "its dataset deleted: `strataio rm`)"
             )
         click.echo(f"created tier directory {path}{lost}")
         created = True
@@ -170,7 +173,7 @@ def init_cmd(force: bool, remake: tuple[str, ...]) -> None:
     for t in refused:
         click.echo(
             f"error: tier {t.name!r}: its directory {t.path} is missing, and the catalog records "
-            f"{kept[t.name]} there: not made (a volume not mounted?). Mount it or put it "
+            f"{kept[t.name][0]} there: not made (a volume not mounted?). Mount it or put it "
             "back; to make it new and empty, losing what is recorded there, run "
             f"`strataio init --remake-tier {t.name}`",
             err=True,

@@ -939,7 +939,13 @@ class TieredChunkStore(ChunkStore):
                 f"chunk {key!r} of {self.name!r}: its copy on tier {gone.tier!r} is missing "
                 f"and no other copy holds its bytes (checksum {gone.committed_checksum or '?'}; "
                 f"copies of another value: {others or 'none'}); the chunk's value is lost "
-                "there: run 'strataio fsck' (--repair then keeps the other value)"
+                "there: run 'strataio fsck' "
+                + (
+                    "(--repair then keeps the other value)"
+                    if others
+                    else "(no copy is left to repair it from: write the chunk again, or "
+                    "delete the dataset)"
+                )
             )
         if corrupt:
             return ChecksumError(
