@@ -383,6 +383,19 @@ def test_a_parallel_delete_raises_on_every_rank_what_rank_0_met(tmp_path):
     assert out.strip().splitlines()[-1] == "ok"
 
 
+@pytest.mark.mpi
+def test_a_parallel_create_open_or_delete_the_ranks_call_differently_raises_on_every_rank(
+    tmp_path,
+):
+    """A Session's create, open and delete are collective: ranks passing another dtype,
+    shape, chunks, attrs, hint, name or mode raise ArgumentError on every rank, naming the
+    argument and the ranks, before anything is created (each rank went on with a handle of
+    its own dtype or name, and what one wrote read back as garbage on all); the same calls
+    with the same arguments work."""
+    out = run_mpi(2, "tiers_create_arguments.py", tmp_path, timeout=120)
+    assert out.strip().splitlines()[-1] == "ok"
+
+
 def test_a_record_that_names_no_zarr_json_version_reads_as_before(tmp_path):
     """A catalog record written before records named the zarr.json version reads the first
     copy that answers, as before; the next attribute change names its version."""

@@ -3,19 +3,22 @@ before any byte is written, and no rank is left waiting.
 
 Used by every collective call of strataio (``File``, collective Datasets, a parallel
 Session's opens and creates). A failing rank re-raises its own exception; the others raise
-an exception of the same :class:`StrataError` class naming the failing rank.
+an exception of the same :class:`StrataError` class naming the failing rank. Arguments a
+collective call needs alike on every rank are compared the same way
+(:func:`same_on_every_rank`): ranks that passed different ones all raise.
 """
 
 from __future__ import annotations
 
 import array
-import zlib
-from collections.abc import Sequence
+import hashlib
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 from mpi4py import MPI
 
-from strataio.errors import StrataError
+from strataio.errors import ArgumentError, StrataError
 
 
 def agree(comm: MPI.Comm | None, exc: BaseException | None) -> None:
@@ -60,6 +63,49 @@ def differs(comm: MPI.Comm | None, values: Sequence[int]) -> bool:
 
 
 def differs_in(comm: MPI.Comm | None, data: bytes, *numbers: int) -> bool:
-    """Whether ``data`` (a CRC-32 of it) or any of ``numbers`` differs between the ranks of
-    ``comm`` (:func:`differs`): the arguments of a collective call, say."""
-    return differs(comm, [zlib.crc32(data), *numbers])
+    """Whether ``data`` (a 62-bit BLAKE2b digest of it) or any of ``numbers`` differs between
+    the ranks of ``comm`` (:func:`differs`): the arguments of a collective call, say."""
+    # (62 bits: the digest and its negation both fit an int64)
+    digest = int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little") >> 2
+    return differs(comm, [digest, *numbers])
+
+
+def same_on_every_rank(comm: MPI.Comm | None, call: str, args: Mapping[str, Any]) -> None:
+    """Raise :class:`ArgumentError` on every rank of ``comm`` where the ranks passed the
+    collective ``call`` different ``args`` (argument name to its value, normalized: the
+    metadata each rank would write, not the spelling it used), naming the arguments and the
+    ranks that differ from rank 0. Each rank would otherwise go on with its own: writing
+    chunks the others (and the metadata, rank 0's) do not describe, or waiting in a
+    collective the others skip. Call it before anything is created or written.
+
+    One ``Allreduce`` of a digest when the ranks agree (:func:`differs_in`); an
+    ``allgather`` of the arguments only where the digests differ."""
+    if comm is None or comm.Get_size() == 1:
+        return
+    if not differs_in(comm, repr(sorted(args.items())).encode()):
+        return
+    everyone: list[Mapping[str, Any]] = comm.allgather(dict(args))
+    ours = everyone[0]
+    apart = []
+    for rank, theirs in enumerate(everyone):
+        keys = [k for k in ours.keys() | theirs.keys() if ours.get(k) != theirs.get(k)]
+        if keys:  # (in the order the call takes them)
+            keys.sort(key=lambda k: list(ours).index(k) if k in ours else len(ours))
+            shown = "; ".join(
+                f"{k} {_short(theirs.get(k))} against {_short(ours.get(k))}" for k in keys
+            )
+            apart.append(f"rank {rank} passed another {', '.join(keys)} than rank 0 ({shown})")
+    if not apart:  # (equal values the digest told apart: dicts in another order, say)
+        return
+    more = f"; {len(apart) - 3} more ranks differ" if len(apart) > 3 else ""
+    first = _short(next(iter(ours.values()), ""))
+    raise ArgumentError(
+        f"{call}({first}) is collective, and {'; '.join(apart[:3])}{more}: every rank "
+        "must pass the same arguments"
+    )
+
+
+def _short(value: Any) -> str:
+    """``repr(value)``, cut to a length an error message can carry."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

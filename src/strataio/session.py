@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from strataio.agreed import agree, differs_in
+from strataio.agreed import agree, differs_in, same_on_every_rank
 from strataio.arrays.codecs import CodecPipeline
 from strataio.arrays.dataset import Dataset
 from strataio.arrays.metadata import ArrayMetadata
@@ -418,6 +418,12 @@ class Session:
         does the name of a deleted dataset, or a name above or below one, whose objects remain
         on a tier that does not answer (:mod:`strataio.tiers.remnants`): those on tiers that
         answer are deleted first, so the new dataset never reads a value of the old one.
+
+        In a parallel job the call is collective: ranks that passed different arguments
+        (another name, dtype, shape, chunks, codec, fill value, attrs, dims, hint,
+        ``expected_reads`` or ``deadline_s``, as normalized: ``"f4"`` and ``np.float32`` are
+        one dtype) raise :class:`ArgumentError` on every rank, naming the arguments and the
+        ranks, before anything is stored.
         """
         checked: BaseException | None = None
         try:
@@ -442,6 +448,11 @@ class Session:
         except Exception as exc:  # a bad argument on one rank raises on every rank
             checked = exc
         agree(self.comm, checked)
+        # (rank 0 creates for all and every rank goes on with its own metadata: a rank that
+        # passed another dtype would write chunks the catalog and zarr.json do not describe)
+        where = {"name": name, **meta.arguments(), "hint": h}
+        where.update(expected_reads=int(expected_reads), deadline_s=deadline_s)
+        same_on_every_rank(self.comm, "create_dataset", where)
         # (the record holds no user attributes: zarr.json is their one home, see TieredDataset)
         notes: dict[str, Any] = {}
         raw = meta.to_json()
@@ -511,7 +522,9 @@ class Session:
 
     def open_dataset(self, name: str, mode: str = "r") -> TieredDataset:
         """Open catalogued dataset ``name`` (``"r"`` or ``"r+"``); its residency is read from
-        the catalog once, here."""
+        the catalog once, here. In a parallel job the call is collective: ranks that passed
+        another name or mode raise :class:`ArgumentError` on every rank before anything is
+        read."""
         checked: BaseException | None = None
         try:
             self._check_open()
@@ -520,6 +533,7 @@ class Session:
         except Exception as exc:  # a bad argument on one rank raises on every rank
             checked = exc
         agree(self.comm, checked)
+        same_on_every_rank(self.comm, "open_dataset", {"name": name, "mode": mode})
         got: Any = None
         err: BaseException | None = None
         if self.rank == 0:
@@ -610,8 +624,10 @@ class Session:
         (:mod:`strataio.tiers.remnants`): until they are gone, which ``strataio fsck
         --repair`` or a later :meth:`create_dataset` of the name sees to once the tier
         answers, no dataset of that name can be created. In a parallel job the call is
-        collective: rank 0 deletes, and an error there is raised on every rank."""
+        collective: rank 0 deletes, and an error there is raised on every rank, as is an
+        :class:`ArgumentError` where the ranks passed different names."""
         self._check_open()
+        same_on_every_rank(self.comm, "delete_dataset", {"name": name})
         err: BaseException | None = None
         done: Deletion | None = None
         if self.rank == 0:  # (in a parallel job, collective: rank 0 deletes for all)

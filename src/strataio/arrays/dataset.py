@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from strataio.agreed import agree, differs_in
+from strataio.agreed import agree, same_on_every_rank
 from strataio.arrays.chunk_cache import CachedChunk, chunk_cache, settled
 from strataio.arrays.codecs import CodecPipeline
 from strataio.arrays.metadata import ArrayMetadata, json_attrs
@@ -1047,7 +1047,8 @@ def create_dataset(
         err = type(exc)(f"dataset {os.fspath(path)!r}: {exc}")
     agree(comm, err)
     assert meta is not None
-    _same_on_every_rank(comm, path, meta.to_json(), overwrite)
+    where = {"path": os.fspath(path), **meta.arguments(), "overwrite": overwrite}
+    same_on_every_rank(comm, "create_dataset", where)
     store: BackendChunkStore | None = None
     if comm is None or comm.Get_rank() == 0:
         try:
@@ -1065,32 +1066,6 @@ def create_dataset(
     ds = Dataset(store, meta, "r+", name=os.fspath(path), comm=comm)
     ds.clear_cache()
     return ds
-
-
-def _same_on_every_rank(comm: Any, path: Any, *args: Any) -> None:
-    """Raise :class:`ArgumentError` on every rank of ``comm`` where the ranks passed a
-    collective open or create different ``path`` or ``args`` (the dataset's metadata as
-    each rank made it, say): each would go on with its own, writing chunks the others (and
-    the metadata, rank 0's) do not describe, or waiting in a collective the others skip."""
-    if comm is None or comm.Get_size() == 1:
-        return
-    mine = repr((os.fspath(path), *args)).encode()
-    if not differs_in(comm, mine):
-        return
-    everyone = comm.allgather((os.fspath(path), *args))
-    rank = next(r for r, theirs in enumerate(everyone) if theirs != everyone[0])
-    if everyone[rank][0] != everyone[0][0]:
-        what = f"the path {everyone[rank][0]!r}, rank 0 {everyone[0][0]!r}"
-    elif isinstance(args[0], bytes):  # (the metadata: name the fields that differ)
-        ours, theirs = json.loads(everyone[0][1]), json.loads(everyone[rank][1])
-        keys = sorted(k for k in ours.keys() | theirs.keys() if ours.get(k) != theirs.get(k))
-        what = f"another {', '.join(keys) or 'overwrite'} than rank 0"
-    else:
-        what = f"{everyone[rank][1:]!r}, rank 0 {everyone[0][1:]!r}"
-    raise ArgumentError(
-        f"dataset {everyone[0][0]!r}: rank {rank} passed {what}; a collective call takes the "
-        "same arguments on every rank"
-    )
 
 
 def _without_attrs(meta: ArrayMetadata) -> bytes:
@@ -1194,7 +1169,7 @@ def open_dataset(path: str | os.PathLike[str], mode: str = "r", *, comm: Any = N
 
     raw: bytes | None = None
     err: BaseException | None = None
-    _same_on_every_rank(comm, path, mode)
+    same_on_every_rank(comm, "open_dataset", {"path": os.fspath(path), "mode": mode})
     if mode not in _MODES:
         err = ArgumentError(f"mode must be one of {_MODES}, got {mode!r}")
     elif comm is None or comm.Get_rank() == 0:

@@ -232,6 +232,23 @@ class ArrayMetadata:
         names = _dimension_names(dims, len(shape_t), ArgumentError, "dims")
         return cls(shape_t, dt.newbyteorder("="), chunks_t, codecs, fill, plain, "/", names)
 
+    def arguments(self) -> dict[str, Any]:
+        """The arguments of :meth:`create` this metadata holds, by the names ``create`` takes
+        them, as ``zarr.json`` writes them (``"<f4"`` and ``np.float32`` alike are
+        ``"float32"``): what the ranks of a collective create compare. A sharded array's
+        shards are its ``chunks`` and its inner chunks part of its ``codec``."""
+        doc = json.loads(self.to_json())
+        return {
+            "shape": doc.pop("shape"),
+            "dtype": doc.pop("data_type"),
+            "chunks": doc.pop("chunk_grid")["configuration"]["chunk_shape"],
+            "codec": doc.pop("codecs"),
+            "fill_value": doc.pop("fill_value"),
+            "attrs": doc.pop("attributes"),
+            "dims": doc.pop("dimension_names", None),
+            **doc,  # (the fields no argument sets: the same wherever create made them)
+        }
+
     # ----------------------------------------------------------------- zarr.json
     def to_json(self) -> bytes:
         doc: dict[str, Any] = {
