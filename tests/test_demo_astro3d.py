@@ -112,6 +112,20 @@ def test_help_documents_the_parameters() -> None:
     assert "all datasets to remote tapes" in res.output and "sections" in res.output
 
 
+@pytest.mark.parametrize(
+    "option, value",
+    [("--size", "0"), ("--freq", "0"), ("--ranks", "0"), ("-n", "0"), ("--iterations", "-1")],
+)
+def test_a_bad_count_is_a_usage_error_naming_its_option(tmp_path, option, value) -> None:
+    res = CliRunner().invoke(main, ["demo", "--dir", str(tmp_path / "d"), option, value])
+    assert res.exit_code == 2, res.output
+    named = "--ranks" if option == "-n" else option
+    assert "Invalid value for" in res.output and named in res.output
+    others = {"--size", "--freq", "--ranks", "--iterations"} - {named}
+    assert not any(o in res.output for o in others), res.output
+    assert not (tmp_path / "d").exists()
+
+
 def _oracle(params: DemoParams) -> tuple[list, list[str]]:
     """MSE pairs and image digests computed by numpy on whole arrays."""
     whole = (slice(0, params.size),) * 3

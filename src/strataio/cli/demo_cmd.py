@@ -19,7 +19,6 @@ from strataio.cli import main
 from strataio.cli.dataset_cmd import bytes_on_disk, fail
 from strataio.cli.output import (
     NON_NEGATIVE,
-    UsageProblem,
     handle_errors,
     json_option,
     make_console,
@@ -43,18 +42,21 @@ from strataio.layout.sections import Section
 )
 @click.option(
     "--size",
+    type=click.IntRange(min=1),
     default=DEMO.size,
     show_default=True,
     help="Side of every dataset's cube (the paper's Table 2: 128).",
 )
 @click.option(
     "--iterations",
+    type=click.IntRange(min=0),
     default=DEMO.iterations,
     show_default=True,
     help="Steps of the run (the paper: 120); steps 0 ... N are simulated.",
 )
 @click.option(
     "--freq",
+    type=click.IntRange(min=1),
     default=DEMO.freq,
     show_default=True,
     help="Every how many steps the analysis, visualization and checkpoint datasets are written.",
@@ -62,6 +64,7 @@ from strataio.layout.sections import Section
 @click.option(
     "--ranks",
     "-n",
+    type=click.IntRange(min=1),
     default=DEMO.ranks,
     show_default=True,
     help="Processes, launched under mpiexec by this command.",
@@ -117,8 +120,6 @@ def demo_group(
     `strataio demo sections` is the APRIL section-read demo."""
     if ctx.invoked_subcommand is not None:
         return
-    if min(size, iterations + 1, freq, ranks) < 1 or time_scale < 0:
-        raise UsageProblem("--size, --freq and --ranks must be positive, --time-scale >= 0")
     params = DemoParams(size=size, iterations=iterations, freq=freq, ranks=ranks)
     result = run_astro3d(
         directory, params, sorted(set(scenarios)) or list(SCENARIOS), time_scale, chart, recalibrate
