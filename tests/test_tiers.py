@@ -1340,6 +1340,17 @@ def test_nothing_on_a_read_only_tier_is_deleted_and_it_stays_up(tmp_path):
         np.testing.assert_array_equal(s.open_dataset("a")[...], a)
 
 
+def _on_local_turned_read_only(tmp_path, shape, *, seed):
+    """Dataset ``a`` (:func:`_written`) on the local tier, closed; then that tier's file
+    system refuses writes (:class:`_ReadOnlyPosix`): the values and the tiers to open."""
+    with session(tmp_path) as s:
+        a, ds = _written(s, shape, "LOCALDISK", seed=seed)
+        ds.close()
+    tiers = make_tiers(tmp_path)
+    tiers["local"].backend = _ReadOnlyPosix(tmp_path / "local")
+    return a, tiers
+
+
 @pytest.fixture
 def clock(monkeypatch):
     """The tiers' monotonic clock (their waits), which the test moves on (``clock.now``, s)."""
@@ -1368,12 +1379,8 @@ def test_a_tier_whose_file_system_turns_read_only_is_read_and_takes_writes_again
     there, and the tier up. Once the file system is read-write again the tier takes writes
     after the wait, and the objects left are deleted. (The first write refused marked the
     tier down, and its probe, a put, kept it down: every chunk only it held was unreadable.)"""
-    with session(tmp_path) as s:
-        a, ds = _written(s, (20, 20), "LOCALDISK", seed=18)
-        ds.close()
-    tiers = make_tiers(tmp_path)
+    a, tiers = _on_local_turned_read_only(tmp_path, (20, 20), seed=18)
     local = tiers["local"]
-    local.backend = _ReadOnlyPosix(tmp_path / "local")
     first = tmp_path / "local" / "a" / "c" / "0" / "0"
     with strataio.Session(tiers=tiers, catalog=tmp_path / "cat.db") as s:
         ds = s.open_dataset("a", "r+")
@@ -1419,6 +1426,29 @@ def test_a_tier_whose_file_system_turns_read_only_is_read_and_takes_writes_again
         assert not (tmp_path / "local" / "a" / "c" / "1" / "1").exists()
         np.testing.assert_array_equal(s.open_dataset("a")[...], a)
         assert fsck(s.catalog, s.tiers).clean
+
+
+def test_a_migration_off_a_tier_found_refusing_by_its_deletions_keeps_the_copies(tmp_path, clock):
+    """A migration off a tier whose file system is read-only, in a process that has not met
+    the refusal yet, keeps the copies there, catalogued, as one off a tier known to refuse
+    does: the deletion refused (EROFS) makes the tier refuse writes and the copies' rows are
+    recorded again, so no object is left an orphan. (Their rows were dropped and the 16
+    objects stayed, for fsck to report as orphans.)"""
+    a, tiers = _on_local_turned_read_only(tmp_path, (40, 40), seed=19)
+    local = tiers["local"]
+    with strataio.Session(tiers=tiers, catalog=tmp_path / "cat.db") as s:
+        ds = s.open_dataset("a", "r+")
+        assert not local.writes_refused
+        result = ds.migrate(None, to="tape").wait()
+        assert result.moved == 16 and result.kept == 16 and result.removed == 0
+        assert local.up and local.writes_refused and local.backend.refused > 0
+        assert all(w == ["local", "tape"] for w in where(ds).values()), where(ds)
+        np.testing.assert_array_equal(ds[...], a)
+        ds.close()
+    with session(tmp_path) as s:  # (another process: the catalog names them)
+        assert all(w == ["local", "tape"] for w in where(s.open_dataset("a")).values())
+        report = fsck(s.catalog, s.tiers)
+        assert report.clean, report.findings
 
 
 def test_a_tier_whose_writes_are_refused_and_reads_fail_is_down():

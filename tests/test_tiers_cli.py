@@ -77,7 +77,7 @@ def test_tier_commands(project):
     assert out.exit_code == 0 and where("temp") == {"disk": 100, "tape": 100}
     out = r.invoke(main, ["migrate", "temp", "--section", "0:50,:", "--to", "tape"])
     assert out.exit_code == 0 and where("temp") == {"disk": 50, "tape": 100}
-    assert "50 already on tape; their copies on faster tiers removed" in out.output, out.output
+    assert "50 already on tape; copies on faster tiers: 50 removed;" in out.output, out.output
     assert r.invoke(main, ["fsck"]).exit_code == 0
     (root / "tape" / "temp" / "c" / "9" / "9").write_bytes(b"x" * 400)  # corrupt a copy
     out = r.invoke(main, ["fsck"])
@@ -127,7 +127,7 @@ def test_stage_migrate_evict_a_superfile(project):
     assert where("imgs") == {"disk": 0, "tape": n}
     assert r.invoke(main, ["stage", "imgs"]).exit_code == 0
     out = r.invoke(main, ["migrate", "imgs"])
-    assert out.exit_code == 0 and "their copies on faster tiers removed" in out.output
+    assert out.exit_code == 0 and f"copies on faster tiers: {n} removed;" in out.output
     assert where("imgs") == {"disk": 0, "tape": n}
     assert r.invoke(main, ["fsck"]).exit_code == 0
     with strataio.Session() as s:

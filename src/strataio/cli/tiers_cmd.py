@@ -314,6 +314,7 @@ def _summary(op: str, result: Any, tier: str | None, full: str = "", unit: str =
     if result.unwritten:
         tail = f"{result.unwritten} never written (nothing to move), {tail}"
     one = unit.removesuffix("s")
+    copies = (f"{one} copy", f"{one} copies")
     if op == "evict":
         return (
             f"evict: {counted(result.moved, f'{one} copy', f'{one} copies')} dropped "
@@ -321,9 +322,16 @@ def _summary(op: str, result: Any, tier: str | None, full: str = "", unit: str =
             f"({size} written back first), {result.reused} not there, {tail}"
         )
     if op == "migrate":
+        kept = (
+            f", {counted(result.kept, *copies)} kept there, catalogued (read-only tiers: "
+            "configured so, or their storage refuses writes)"
+            if result.kept
+            else ""
+        )
         return (
             f"migrate: {counted(result.moved, one)} copied ({size}), {result.reused} already on"
-            f"{where or ' the slowest tier'}; their copies on faster tiers removed; {tail}"
+            f"{where or ' the slowest tier'}; copies on faster tiers: {result.removed} removed"
+            f"{kept}; {tail}"
         )
     if result.no_room:
         tail = f"{result.no_room} not staged (no room on {full or 'the target tier'}), {tail}"

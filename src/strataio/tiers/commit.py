@@ -509,16 +509,21 @@ class Commit:
             if batch.moved.get((k, t)) is not None
         }
         try:
-            self._delete(
+            again = self._delete(
                 res,
                 [o for o in batch.obsolete if o not in kept]
                 + [(t, k) for _, k, t in [*done.superseded, *done.orphaned]],
                 {**seen, **put_by_moves},
+                keep=batch.migrated_off,
             )
         finally:
             res.deleted(kept)  # (kept, not deleted: puts of them may go on)
         self._relearn(res, done)
         self._delete_stranded(res)
+        if again:
+            # a migration's copies whose deletion was refused are catalogued again now, not
+            # left to fsck as orphans (README: a migration keeps the copies there)
+            self._apply_locked(res)
 
     def _relearn(self, res: Residency, done: _Recorded) -> None:
         """After a commit that found rows this residency's view of which was stale (another
@@ -784,7 +789,9 @@ class Commit:
         res: Residency,
         objs: list[tuple[str, str]],
         seen: Mapping[tuple[str, str], Any] | None = None,
-    ) -> None:
+        *,
+        keep: Mapping[tuple[str, str], ChunkCopy] | None = None,
+    ) -> bool:
         """Delete objects no row names any more. An object ``seen`` at a version before its
         row went is deleted only while it is still at that version: else another process put
         it anew since (its own row names it, or will); one seen missing then is not deleted
@@ -794,16 +801,22 @@ class Commit:
         leaves no orphan behind a running job; fsck removes what is left when it ends. Those
         on a read-only tier stay where they are (:attr:`Tier.read_only`); those on a tier
         whose storage refuses changes (:attr:`Tier.writes_refused`, now or found so by the
-        deletion) are stranded, as on a tier that is down, and not tried while it refuses."""
+        deletion) are stranded, as on a tier that is down, and not tried while it refuses,
+        but for the copies a migration dropped (``keep``: :attr:`Batch.migrated_off`), which
+        are recorded again (:meth:`Residency.keep_refused`: a migration keeps the copies on
+        a tier that takes no changes, catalogued). True where any was: the caller commits
+        again."""
         seen = seen or {}
+        keep = keep or {}
         stranded: list[tuple[str, str]] = []
+        refused: list[tuple[str, str]] = []
         by_tier: dict[str, tuple[list[str], list[Any], list[str], list[str]]] = {}
         for tier_name, key in objs:
             was = seen.get((tier_name, key))
             if was is _MISSING or self.tiers[tier_name].read_only:
                 continue  # (nothing of this commit's there to delete, or nothing deleted there)
             if self.tiers[tier_name].writes_refused:
-                stranded.append((tier_name, key))
+                refused.append((tier_name, key))
                 continue
             checked, versions, unchecked, keys = by_tier.setdefault(tier_name, ([], [], [], []))
             keys.append(key)
@@ -823,10 +836,28 @@ class Commit:
                         tier.backend.delete(obj)
                 except Exception as exc:
                     _failed(tier, exc)
-                    stranded += [(tier_name, k) for k in keys]
+                    (refused if tier.writes_refused else stranded).extend(
+                        (tier_name, k) for k in keys
+                    )
         finally:
+            again = False
+            for obj in refused:
+                if obj in keep and self._still_there(res, obj):
+                    again = res.keep_refused(keep[obj], seen.get(obj)) or again
+                else:
+                    stranded.append(obj)
             res.strand(stranded)
             res.deleted(objs)
+        return again
+
+    def _still_there(self, res: Residency, obj: tuple[str, str]) -> bool:
+        """Whether the object ``obj`` (``(tier, key)``) of ``res``'s dataset is there (a
+        read; False where the tier cannot tell)."""
+        tier = self.tiers[obj[0]]
+        try:
+            return bool(tier.backend.exists(object_key(res.name, obj[1])))
+        except Exception:
+            return False
 
     def _delete_stranded(self, res: Residency) -> None:
         """Delete the objects an earlier commit could not (:meth:`Residency.strand`) on the

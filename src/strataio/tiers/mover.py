@@ -81,7 +81,12 @@ class MoveResult:
     no tier it could put them on had room (each full, nothing on it could be evicted; the
     chunks stay readable where they are, so this is not a failure); ``failed``:
     ``(key, message)`` pairs; ``nbytes``: bytes copied; ``seconds``: wall time from start
-    to commit."""
+    to commit. Of the copies a migration takes off faster tiers, or an eviction off its
+    tier: ``removed``, their rows and objects gone; ``left``, their rows gone while their
+    objects could not be deleted (the tier down or failing: the process deletes them at a
+    later commit once it answers, else ``strataio fsck --repair`` does); ``kept`` (a
+    migration's), left there, catalogued, as the tier takes no writes (configured
+    read-only, or its storage refuses them)."""
 
     op: str
     total: int = 0
@@ -93,6 +98,9 @@ class MoveResult:
     nbytes: int = 0
     seconds: float = 0.0
     failed: list[tuple[str, str]] = field(default_factory=list)
+    removed: int = 0
+    left: int = 0
+    kept: int = 0
 
     @property
     def ok(self) -> bool:
@@ -163,6 +171,37 @@ class _NoRoom:
             self._full[tier.name] = (least, tier.used)
 
 
+class _Drops:
+    """The copies a move took off tiers (their rows dropped, their objects deleted at its
+    commit) and the number it kept on tiers taking no writes; counted into its
+    :class:`MoveResult` once committed."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.dropped: list[tuple[str, str]] = []  # (tier, key)
+        self.kept = 0
+
+    def drop(self, copy: ChunkCopy) -> None:
+        with self._lock:
+            self.dropped.append((copy.tier, copy.key))
+
+    def keep(self) -> None:
+        with self._lock:
+            self.kept += 1
+
+    def count(self, res: Residency, result: MoveResult) -> None:
+        """Fill ``result``'s removed, left and kept after the commit: a dropped copy recorded
+        again (its deletion refused) is kept; one whose object waits for deletion, left."""
+        result.kept = self.kept
+        for tier, key in self.dropped:
+            if res.copy_on(key, tier) is not None:
+                result.kept += 1
+            elif res.is_stranded(tier, key):
+                result.left += 1
+            else:
+                result.removed += 1
+
+
 class MoveHandle:
     """A running move. ``wait`` / ``result`` block; ``done``, ``progress`` do not."""
 
@@ -181,6 +220,7 @@ class MoveHandle:
         #: what the move changed is committed when its last chunk is done
         self._commit = commit
         self._res = res
+        self._drops: _Drops | None = None
 
     # ----------------------------------------------------------------- caller side
     def done(self) -> bool:
@@ -252,6 +292,8 @@ class MoveHandle:
         try:
             if self._commit is not None and self._res is not None:
                 self._commit.apply(self._res)
+            if self._drops is not None and self._res is not None:
+                self._drops.count(self._res, self._result)
         except BaseException as exc:  # reported to the waiter
             self._error = exc
         self._result.seconds = time.perf_counter() - self._t0
@@ -305,7 +347,10 @@ class Mover:
                 f"tier {to!r} is a memory tier: it cannot be the only copy of a chunk, so it "
                 "cannot be a migration's target (stage or prefetch to it instead)"
             )
-        return self._start("migrate", res, keys, lambda k: self._migrate_one(res, k, target))
+        drops = _Drops()
+        return self._start(
+            "migrate", res, keys, lambda k: self._migrate_one(res, k, target, drops), drops=drops
+        )
 
     def prefetch(self, res: Residency, keys: Sequence[str]) -> MoveHandle:
         """Bring ``keys`` to the memory level: the fastest up memory tier when one is
@@ -331,12 +376,14 @@ class Mover:
                 f"tier {tier!r} refuses writes for now, so nothing is evicted from it (nothing "
                 f"there can be deleted): {t.last_error}"
             )
+        drops = _Drops()
         return self._start(
             "evict",
             res,
             keys,
-            lambda k: self._evict_one(res, k, t),
+            lambda k: self._evict_one(res, k, t, drops),
             absent=lambda k: res.copy_on(k, t.name) is None,
+            drops=drops,
         )
 
     def submit(self, fn: Callable[..., T], *args: Any) -> Future[T]:
@@ -361,9 +408,11 @@ class Mover:
         one: Callable[[str], tuple[str, int]],
         *,
         absent: Callable[[str], bool] | None = None,
+        drops: _Drops | None = None,
     ) -> MoveHandle:
         """Run ``one`` on each of ``keys`` on the pool; the chunks ``absent`` names (once the
-        rows are current) count as ``reused`` at once, with no job of their own."""
+        rows are current) count as ``reused`` at once, with no job of their own. ``drops``:
+        the copies ``one`` takes off tiers, counted into the result once committed."""
         keys = list(dict.fromkeys(keys))
         if keys and self.commit.catalog is not None:
             # another process may have moved or rewritten these chunks since the dataset was
@@ -371,6 +420,7 @@ class Mover:
             # changes here not recorded yet, whose rows here are newer)
             res.refresh_from(self.commit.catalog, keys)
         h = MoveHandle(op, len(keys), self.commit, res)
+        h._drops = drops
         if absent is not None:
             there = [k for k in keys if not absent(k)]
             for _ in range(len(keys) - len(there)):
@@ -615,7 +665,7 @@ class Mover:
         return "reused", 0  # already on the fastest persistent tier
 
     def _migrate_one(
-        self, res: Residency, key: str, target: Tier, *, refreshed: bool = False
+        self, res: Residency, key: str, target: Tier, drops: _Drops, *, refreshed: bool = False
     ) -> tuple[str, int]:
         copies = res.copies(key)
         if not copies:
@@ -635,15 +685,17 @@ class Mover:
         if busy:
             # (that writer's commit settles the copy; it may have recorded it since)
             if not refreshed and self._refresh(res, key):
-                return self._migrate_one(res, key, target, refreshed=True)
+                return self._migrate_one(res, key, target, drops, refreshed=True)
             raise StrataError(
                 f"chunk {key!r} of {res.name!r} is being rewritten on {', '.join(busy)} by "
                 f"another process; copied to {target.name!r}, the copy there stays (migrate "
                 "again once that process has flushed)"
             )
         for c in faster:
-            if not self.tiers[c.tier].unwritable:  # (nothing there is deleted: it stays)
-                res.drop_if_kept(c)  # object deleted after the commit
+            if self.tiers[c.tier].unwritable:  # (nothing there is deleted: it stays)
+                drops.keep()
+            elif res.drop_migrated(c):  # object deleted after the commit (kept if refused)
+                drops.drop(c)
         return outcome, n
 
     def _prefetch_one(self, res: Residency, key: str) -> tuple[str, int]:
@@ -706,14 +758,14 @@ class Mover:
         return "reused", 0
 
     def _evict_one(
-        self, res: Residency, key: str, tier: Tier, *, refreshed: bool = False
+        self, res: Residency, key: str, tier: Tier, drops: _Drops, *, refreshed: bool = False
     ) -> tuple[str, int]:
         copy = res.copy_on(key, tier.name)
         if copy is None:
             return "reused", 0
         if copy.rewritten_by_other(self.commit.writer):
             if not refreshed and self._refresh(res, key):  # (it may have recorded it since)
-                return self._evict_one(res, key, tier, refreshed=True)
+                return self._evict_one(res, key, tier, drops, refreshed=True)
             raise StrataError(
                 f"chunk {key!r} of {res.name!r} is being rewritten on {tier.name!r} by another "
                 "process; not evicted (evict it again once that process has flushed)"
@@ -728,7 +780,7 @@ class Mover:
                 )
             if not refreshed and self._refresh(res, key):
                 # another process moved or rewrote it since this residency was loaded
-                return self._evict_one(res, key, tier, refreshed=True)
+                return self._evict_one(res, key, tier, drops, refreshed=True)
             rank = self._rank(tier.name)
             if not any(self._rank(t.name) > rank for t in self.placement.persistent()):
                 raise StrataError(
@@ -741,6 +793,7 @@ class Mover:
                 "slower tier can take it (each is full, down, or holds an object of it that "
                 "another process may be writing)"
             )
+        drops.drop(copy)
         return "moved", 0 if kept else copy.nbytes
 
     def _refresh(self, res: Residency, key: str) -> bool:

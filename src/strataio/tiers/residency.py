@@ -90,6 +90,10 @@ class Batch:
     #: this process saw them: a write found lost at the commit is reported only where the
     #: chunk holds none but those (not where another process's write overtook it)
     overwritten: dict[str, set[str]] = field(default_factory=dict)
+    #: the copies a migration dropped (:meth:`Residency.drop_migrated`), by ``(tier, key)``
+    #: of their objects among ``obsolete``: one whose deletion the tier refuses is kept,
+    #: catalogued again (:meth:`Residency.keep_refused`)
+    migrated_off: dict[tuple[str, str], ChunkCopy] = field(default_factory=dict)
 
     @property
     def empty(self) -> bool:
@@ -160,6 +164,7 @@ class Residency:
         # (tier, key) objects no row names any more whose deletion their tier refused (down,
         # failing): this process's to delete once the tier answers (see Commit._delete)
         self._stranded: set[tuple[str, str]] = set()
+        self._migrated_off: dict[tuple[str, str], ChunkCopy] = {}  # (see drop_migrated)
         self._committing: set[tuple[str, str]] = set()  # (key, tier) rows a batch deletes
         self._writing: set[tuple[str, str]] = set()  # (tier, key) with a put in flight
         # (tier, key) -> [bytes of the copy there a write counts as its room, bytes of that
@@ -717,6 +722,43 @@ class Residency:
                 return False
             return self.remove(copy.key, copy.tier, expect=copy) is not None
 
+    def drop_migrated(self, copy: ChunkCopy) -> bool:
+        """:meth:`drop_if_kept` for a migration: the copy, dropped, is remembered with its
+        object among the obsolete ones (:attr:`Batch.migrated_off`), so that the commit keeps
+        it, catalogued, where its tier refuses the deletion (:meth:`keep_refused`)."""
+        with self.lock:
+            if not self.drop_if_kept(copy):
+                return False
+            if not self._tier(copy.tier).volatile:
+                self._migrated_off[copy.tier, copy.key] = copy
+            return True
+
+    def keep_refused(self, copy: ChunkCopy, version: Any = None) -> bool:
+        """Record again ``copy``, a migration dropped whose object its tier refused to delete
+        (it stays there, the same bytes), as a move's copy: the next commit records it only
+        while the object is still at ``version`` (the one seen before the row went; None:
+        unchecked) and another row of the chunk holds its bytes (see :meth:`Catalog.commit`).
+        False, nothing recorded, where the chunk here holds no copy of those bytes any more,
+        a put is writing at that place, or another copy was recorded there."""
+        with self.lock:
+            slot = (copy.tier, copy.key)
+            if (
+                slot in self._writing
+                or self.copy_on(copy.key, copy.tier) is not None
+                or not any(same_bytes(c, copy) for c in self._copies.get(copy.key, {}).values())
+            ):
+                return False
+            self._stranded.discard(slot)
+            self.add(copy)
+            self._moved[copy.key, copy.tier] = version
+            return True
+
+    def is_stranded(self, tier: str, key: str) -> bool:
+        """True while the object of ``key`` on ``tier``, its row gone, waits for its deletion
+        (:meth:`strand`)."""
+        with self.lock:
+            return (tier, key) in self._stranded
+
     def drop_missing(self, copy: ChunkCopy) -> bool:
         """Forget ``copy``, whose object was found missing, if it still is (nothing to
         delete) and another copy of the chunk on a persistent tier holds the same bytes; True
@@ -799,6 +841,7 @@ class Residency:
                 self._unsynced.clear()
                 self._touched.clear()
                 self._dropped.clear()
+                batch.migrated_off = self._take_migrated_off(batch.obsolete)
                 self._deleting.update(self._obsolete)
                 self._obsolete.clear()
                 self._committing = set()
@@ -834,6 +877,7 @@ class Residency:
             batch.overwritten = {
                 k: self._overwritten.pop(k) for k in batch.rewritten if k in self._overwritten
             }
+            batch.migrated_off = self._take_migrated_off(batch.obsolete)
             self._dropped.clear()
             self._rewritten -= batch.rewritten
             for slot in batch.written:
@@ -851,6 +895,15 @@ class Residency:
             self._committing = {(k, t) for _, k, t in batch.deletes}
             self._in_commit = {c.key for c in batch.upserts}
         return batch
+
+    def _take_migrated_off(
+        self, obsolete: Sequence[tuple[str, str]]
+    ) -> dict[tuple[str, str], ChunkCopy]:
+        """The migrations' dropped copies among ``obsolete`` objects, taken out (the caller
+        holds the lock); those of objects not obsolete any more are forgotten."""
+        taken = {o: self._migrated_off[o] for o in obsolete if o in self._migrated_off}
+        self._migrated_off.clear()
+        return taken
 
     def restore(self, batch: Batch) -> None:
         """Put back a batch that could not be applied, under any change made since."""
@@ -876,6 +929,8 @@ class Residency:
                 self._deleting.discard(slot)
                 if self.copy_on(slot[1], slot[0]) is None:
                     self._obsolete.add(slot)
+                    if slot in batch.migrated_off:
+                        self._migrated_off[slot] = batch.migrated_off[slot]
             for k, when in batch.touches.items():
                 self._touched[k] = max(when, self._touched.get(k, when))
             self._dropped |= {k for k in batch.dropped if not self._copies.get(k)}
