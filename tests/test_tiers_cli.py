@@ -904,3 +904,34 @@ def test_rm_with_a_tier_down_shows_the_remnants_until_fsck_repair_purges_them(pr
     assert out.exit_code == 0 and "no remnants" in out.stdout
     assert "waiting to be purged" not in r.invoke(main, ["ls"]).stdout
     assert r.invoke(main, ["fsck"]).exit_code == 0
+
+
+def test_moves_off_a_tier_that_is_down_say_what_they_removed_and_what_they_left(project):
+    """With the disk tier's directory gone, a migration that copies nothing removes nothing
+    and says so, and an eviction from that tier, which drops the copies' rows while their
+    objects stay on the absent volume, says that they stay and that fsck --repair deletes
+    them once the tier is back (it said the copies were removed, or dropped, and nothing
+    more; fsck later reported the objects as orphans)."""
+    root, _ = project
+    r = CliRunner()
+    with strataio.Session() as s:
+        ds = s.create_dataset("d", (20, 20), "f4", (10, 10), hint="LOCALDISK")
+        ds[...] = 1.0
+        ds.close()
+    out = r.invoke(main, ["stage", "temp", "--section", "0:20,0:100", "--to", "disk"])
+    assert out.exit_code == 0 and where("temp") == {"disk": 20, "tape": 100}, out.output
+    (root / "disk").rename(root / "disk.away")
+    out = r.invoke(main, ["migrate", "d", "--to", "tape"])
+    assert out.exit_code == 1 and "0 chunks copied" in out.output, out.output
+    assert "copies on faster tiers: 0 removed; 4 failed" in out.output, out.output
+    out = r.invoke(main, ["evict", "temp", "--tier", "disk"])
+    assert out.exit_code == 0 and where("temp") == {"disk": 0, "tape": 100}, out.output
+    said = " ".join(out.output.split())
+    assert "20 chunk copies dropped from disk" in said, said
+    assert "the objects of 20 chunk copies stay there" in said, said
+    assert "'strataio fsck --repair' deletes them once it is back" in said, said
+    (root / "disk.away").rename(root / "disk")
+    assert r.invoke(main, ["tiers", "--check"]).exit_code == 0
+    assert r.invoke(main, ["fsck", "--repair"]).exit_code == 0
+    assert r.invoke(main, ["fsck"]).exit_code == 0
+    assert not list((root / "disk" / "temp").rglob("c/*/*"))

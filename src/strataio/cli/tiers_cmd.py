@@ -315,11 +315,17 @@ def _summary(op: str, result: Any, tier: str | None, full: str = "", unit: str =
         tail = f"{result.unwritten} never written (nothing to move), {tail}"
     one = unit.removesuffix("s")
     copies = (f"{one} copy", f"{one} copies")
+    left = (
+        f"; the objects of {counted(result.left, *copies)} stay there, their tier down or "
+        "failing: 'strataio fsck --repair' deletes them once it is back"
+        if result.left
+        else ""
+    )
     if op == "evict":
         return (
-            f"evict: {counted(result.moved, f'{one} copy', f'{one} copies')} dropped "
+            f"evict: {counted(result.moved, *copies)} dropped "
             f"from{where or ' the fastest tier'} "
-            f"({size} written back first), {result.reused} not there, {tail}"
+            f"({size} written back first), {result.reused} not there, {tail}{left}"
         )
     if op == "migrate":
         kept = (
@@ -331,7 +337,7 @@ def _summary(op: str, result: Any, tier: str | None, full: str = "", unit: str =
         return (
             f"migrate: {counted(result.moved, one)} copied ({size}), {result.reused} already on"
             f"{where or ' the slowest tier'}; copies on faster tiers: {result.removed} removed"
-            f"{kept}; {tail}"
+            f"{kept}; {tail}{left}"
         )
     if result.no_room:
         tail = f"{result.no_room} not staged (no room on {full or 'the target tier'}), {tail}"
