@@ -935,3 +935,25 @@ def test_moves_off_a_tier_that_is_down_say_what_they_removed_and_what_they_left(
     assert r.invoke(main, ["fsck", "--repair"]).exit_code == 0
     assert r.invoke(main, ["fsck"]).exit_code == 0
     assert not list((root / "disk" / "temp").rglob("c/*/*"))
+
+
+def test_a_stage_says_why_a_tier_without_room_takes_no_writes(tmp_path):
+    """The tiers a stage found no room on are named with their condition where they take no
+    writes (configured read-only, refusing writes, out of space): a read-only tier was
+    reported as full, with nothing there to evict."""
+    from strataio.cli.tiers_cmd import _no_room_tiers
+    from strataio.storage.posix import PosixBackend
+    from strataio.tiers.tier import Tier, TierSet
+
+    tiers = TierSet(
+        [
+            Tier("local", PosixBackend(tmp_path / "l"), "localdisk", order=0, read_only=True),
+            Tier("remote", PosixBackend(tmp_path / "r"), "remotedisk", order=1),
+            Tier("tape", PosixBackend(tmp_path / "t"), "remotetape", order=2),
+        ]
+    )
+    with strataio.Session(tiers=tiers, catalog=tmp_path / "cat.db") as s:
+        ds = s.create_dataset("a", (10, 10), "f4", (10, 10), hint="REMOTETAPE")
+        assert _no_room_tiers(ds.store, "local") == "local: up (read-only)"
+        assert _no_room_tiers(ds.store, None) == "local: up (read-only), remote"
+        ds.close()

@@ -219,16 +219,17 @@ def _move(config: str | None, name: str, op: str, section: str | None, tier: str
         # nothing the stage had to do could be done: say so where errors go, and fail
         click.echo(
             f"error: nothing staged: no room on {full} for the {counted(result.no_room, one)} "
-            f"of {name} that needed staging (full, and nothing there can be evicted: copies "
-            "of datasets another process has open, or with nowhere slower to go); free room "
-            "there ('strataio evict') or stage to a tier with room",
+            f"of {name} that needed staging (taking no writes, or full with nothing there to "
+            "evict: copies of datasets another process has open, or with nowhere slower to "
+            "go); free room there ('strataio evict') or stage to a tier with room",
             err=True,
         )
         sys.exit(1)
     if result.no_room:
         console.print(
-            f"[yellow]note[/]: {counted(result.no_room, one)} not staged: no room on {full}, "
-            "and nothing there can be evicted; they stay readable where they are"
+            f"[yellow]note[/]: {counted(result.no_room, one)} not staged: no room on {full} "
+            "(taking no writes, or full with nothing there to evict); they stay readable where "
+            "they are"
         )
     if result.failed:
         sys.exit(1)
@@ -257,11 +258,11 @@ def _key_order(key: str) -> list[Any]:
 
 def _no_room_tiers(store: Any, tier: str | None) -> str:
     """The tier(s) a stage found without room, for its messages: ``tier`` when given, else
-    the persistent tiers faster than the slowest."""
-    if tier is not None:
-        return tier
+    the persistent tiers faster than the slowest; each that takes no writes (read-only,
+    its storage refusing writes, its device full) with its condition, which says why."""
     persistent = store.placement.persistent()
-    return ", ".join(t.name for t in persistent[:-1]) or persistent[-1].name
+    tiers = [store.tiers[tier]] if tier is not None else persistent[:-1] or persistent[-1:]
+    return ", ".join(t.name if t.condition == "up" else f"{t.name}: {t.condition}" for t in tiers)
 
 
 def _stage_short_of(
