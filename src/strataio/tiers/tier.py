@@ -168,7 +168,8 @@ class _Pause:
 
     @property
     def on(self) -> bool:
-        return time.monotonic() < self.until
+        # (no clock read where none was started: the look every write of a tier makes)
+        return self.until != 0.0 and time.monotonic() < self.until
 
     def start(self, least: float, most: float) -> float:
         """Start the next while (twice the last, ``least`` s at least, ``most`` at most);
