@@ -715,6 +715,115 @@ def test_a_flush_whose_object_another_process_s_write_replaced_keeps_that_value(
         assert fsck(s.catalog, s.tiers).clean
 
 
+@pytest.mark.parametrize("before", ["elsewhere", "in-place"])
+def test_a_flush_whose_object_another_writer_put_back_at_the_old_value_keeps_that_value(
+    tmp_path, before
+):
+    """Between A's put of chunk c/0/0 and its flush, B writes the chunk's previous value
+    back there and flushes: B's put replaces A's object, and the only value the chunk's rows
+    name is the one A's write replaced. That is B's value, not a loss: the object holds
+    bytes a row names. A's flush returns (it raised an ObjectError saying that no write
+    stood for the object, "put there by hand?"), and the chunk is B's value."""
+    a, da, _ = _rewritten(tmp_path, before)
+    b = session(tmp_path)
+    db = b.open_dataset("a", "r+")
+    db[0:10, 0:10] = A[0:10, 0:10]
+    db.flush()
+    da.flush()
+    db.close(), da.close(), a.close(), b.close()
+    with session(tmp_path) as s:
+        ds = s.open_dataset("a")
+        np.testing.assert_array_equal(ds[0:10, 0:10], A[0:10, 0:10])
+        np.testing.assert_array_equal(ds[10:20, 0:10], -2.0)
+
+
+def _write_lost_by_hand(root, thing: str) -> None:
+    """A session writes -1 into chunk c/0/0 of dataset "a" under ``root``, a new object or a
+    rewrite on "fast"; then that object is deleted, a directory or a file put in its place
+    where ``thing`` says. The flush says the write is lost."""
+    a = session(root)
+    da = a.open_dataset("a", "r+")
+    da[0:10, 0:10] = -1.0
+    obj = root / "fast" / "a" / "c" / "0" / "0"
+    obj.unlink()
+    if thing == "directory":
+        obj.mkdir()
+    elif thing == "file":
+        obj.write_bytes(b"not a chunk")
+    with pytest.raises(ChunksNotStoredError if thing == "nothing" else ObjectError) as err:
+        da.flush()
+    assert err.value.keys == ["c/0/0"]
+    da.close(), a.close()
+
+
+@pytest.mark.parametrize("thing", ["nothing", "directory", "file"])
+def test_a_rewrite_over_a_dead_writer_s_whose_object_is_lost_by_hand_says_so(tmp_path, thing):
+    """D rewrites chunk c/0/0 in place and dies after its put; A rewrites it over D's
+    announcement, which names D's new bytes (those its object holds) as the old ones. Then
+    A's object is deleted, or replaced by hand, before A's flush: the chunk is back at D's
+    value, and A's is lost. The flush says so; it returned, as the value A's write replaced
+    was taken from D's row (D's old bytes), not from the object."""
+    dataset_a_on_fast(tmp_path)
+    d = session(tmp_path)
+    d.open_dataset("a", "r+")[0:10, 0:10] = 5.0
+    d.catalog._locks.release(d.writer)  # (D's process dies: its liveness token goes)
+    _write_lost_by_hand(tmp_path, thing)
+
+
+@pytest.mark.parametrize("thing", ["nothing", "directory", "file"])
+def test_a_dead_writer_s_announcement_on_another_tier_hides_no_lost_write(tmp_path, thing):
+    """Chunk c/0/0 is on the archive only, under an announced rewrite of a writer long dead
+    (its put never landed; fsck has not run). A writes the chunk, a new object on "fast",
+    which is deleted or replaced by hand before A's flush. No put of that writer's replaced
+    A's object (it rewrites another tier's): the flush says A's write is lost. It returned,
+    as though another writer's put had replaced the object."""
+    dataset_a_on_fast(tmp_path)
+    with session(tmp_path) as s:
+        s.open_dataset("a", "r+").migrate(np.s_[0:10, 0:10], to="archive").wait()
+        (row,) = s.catalog.residency("a", ["c/0/0"])
+        assert row.tier == "archive"
+        ghost = row._replace(
+            state="in-transit", checksum="0" * 8, old_checksum=row.checksum, writer="gone"
+        )
+        s.catalog.commit([ghost], [])
+    _write_lost_by_hand(tmp_path, thing)
+
+
+def test_a_catalog_failing_the_look_at_left_out_writes_leaves_no_put_waiting(tmp_path):
+    """A's flush records its writes, one of them left out as B's put replaced its object;
+    the look at that chunk's rows that follows (is A's value lost?) fails, as a busy or
+    lost catalog connection does. The objects the commit made obsolete are dealt with all
+    the same: a later move onto one of their places goes ahead. The look came before them,
+    and the failure left them marked as being deleted, so the move waited for good."""
+    a, da, _ = _rewritten(tmp_path, "in-place")
+    da.migrate(np.s_[10:20, 0:10], to="archive").wait()  # (flushes A's writes)
+    da[10:20, 0:10] = -3.0  # a new copy on "fast": the archive's goes at the commit
+    da[0:10, 0:10] = -4.0
+    b = session(tmp_path)
+    db = b.open_dataset("a", "r+")
+    db[0:10, 0:10] = 7.0  # (B's put replaces A's object of c/0/0)
+    db.flush()
+    residency, failed = a.catalog.residency, []
+
+    def busy(dataset, keys=None, *args, **kwargs):
+        if keys == ["c/0/0"] and not failed:
+            failed.append(keys)
+            raise BackendError("catalog busy")
+        return residency(dataset, keys, *args, **kwargs)
+
+    a.catalog.residency = busy
+    with contextlib.suppress(BackendError):
+        da.flush()
+    a.catalog.residency = residency
+    assert failed
+    waiting = set(da.store.res._deleting)
+    da.store.res.deleted(waiting)  # (else the move below, and the close, wait for good)
+    assert not waiting, "puts of these wait for a deletion that never ends"
+    da.migrate(np.s_[10:20, 0:10], to="archive").wait()
+    np.testing.assert_array_equal(da[10:20, 0:10], -3.0)
+    db.close(), da.close(), a.close(), b.close()
+
+
 def test_a_write_over_an_object_it_did_not_know_is_announced_and_wins_over_the_move(
     tmp_path, monkeypatch
 ):

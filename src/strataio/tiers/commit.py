@@ -73,11 +73,12 @@ counts as another object, not as a tier that fails), and then looks at the chunk
 every put of strataio's that replaces an object announces it in the catalog first, so where
 another value stands for the chunk (recorded, or the bytes an announced rewrite replaces),
 or another writer's announced rewrite, another process wrote it since and its value is
-kept, as two unordered writes leave either (:meth:`_lost_for_good`). Where neither does,
-the write's value is lost (the chunk is back at a value it replaced, or at none), and the
-flush or close raises :class:`~strataio.errors.ObjectError` naming the chunks and what
-stands where their objects were, as a write something is in the way of does, rather than
-return as though the write had been kept. (A parallel job's rank 0, which records every
+kept, as two unordered writes leave either (:meth:`_lost_for_good`); so too where the
+object there holds bytes a row of the chunk names (a writer put an older value back). Where
+none does, the write's value is lost (the chunk is back at a value it replaced, or at
+none), and the flush or close raises :class:`~strataio.errors.ObjectError` naming the
+chunks and what stands where their objects were, as a write something is in the way of
+does, rather than return as though the write had been kept. (A parallel job's rank 0, which records every
 rank's changes, reports neither loss yet.)
 
 Rewrites in place are announced (:meth:`Commit.announce`) under the session's ``writer`` (see
@@ -93,7 +94,7 @@ import dataclasses
 import functools
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from strataio.catalog.base import Catalog, ChunkCopy, CopyId, open_catalog
@@ -479,16 +480,6 @@ class Commit:
             done.left_out,
             [*(i for i in batch.deletes if i not in kept_ids), *done.superseded],
         )
-        if (done.lost or done.displaced) and self.comm is None:
-            gone = self._lost_for_good(res.name, {**done.lost, **done.displaced}, batch.overwritten)
-            res.lose_writes(
-                {k: t for k, t in gone.items() if k in done.lost},
-                {
-                    k: self._what_is_there(self.tiers[t], res.name, k)
-                    for k, t in gone.items()
-                    if k in done.displaced
-                },
-            )
         # a write or move left out (its object replaced or deleted by another process, or
         # rewritten by another writer) takes nothing with it: the other copies of its chunk,
         # rows and objects, are what is left of the chunk. Not so a move left out as
@@ -508,22 +499,44 @@ class Commit:
             for _, k, t in done.orphaned
             if batch.moved.get((k, t)) is not None
         }
+        again = False
         try:
-            again = self._delete(
-                res,
-                [o for o in batch.obsolete if o not in kept]
-                + [(t, k) for _, k, t in [*done.superseded, *done.orphaned]],
-                {**seen, **put_by_moves},
-                keep=batch.migrated_off,
-            )
+            try:
+                again = self._delete(
+                    res,
+                    [o for o in batch.obsolete if o not in kept]
+                    + [(t, k) for _, k, t in [*done.superseded, *done.orphaned]],
+                    {**seen, **put_by_moves},
+                    keep=batch.migrated_off,
+                )
+            finally:
+                res.deleted(kept)  # (kept, not deleted: puts of them may go on)
+            self._relearn(res, done)
+            self._delete_stranded(res)
         finally:
-            res.deleted(kept)  # (kept, not deleted: puts of them may go on)
-        self._relearn(res, done)
-        self._delete_stranded(res)
+            # (last: its look at the catalog may fail, and the batch's objects are dealt
+            # with first, whatever it finds)
+            if (done.lost or done.displaced) and self.comm is None:
+                self._note_lost(res, done, batch)
         if again:
             # a migration's copies whose deletion was refused are catalogued again now, not
             # left to fsck as orphans (README: a migration keeps the copies there)
             self._apply_locked(res)
+
+    def _note_lost(self, res: Residency, done: _Recorded, batch: Batch) -> None:
+        """Note in ``res`` the writes of ``batch`` the commit ``done`` left out whose
+        values are lost (:meth:`_lost_for_good`), for the flush or close to report."""
+        gone = self._lost_for_good(
+            res.name, {**done.lost, **done.displaced}, batch.overwritten, done.displaced
+        )
+        res.lose_writes(
+            {k: t for k, t in gone.items() if k in done.lost},
+            {
+                k: self._what_is_there(self.tiers[t], res.name, k)
+                for k, t in gone.items()
+                if k in done.displaced
+            },
+        )
 
     def _relearn(self, res: Residency, done: _Recorded) -> None:
         """After a commit that found rows this residency's view of which was stale (another
@@ -582,28 +595,45 @@ class Commit:
         return _Recorded(done.superseded, done.kept, left_out, done.orphaned, lost, displaced)
 
     def _lost_for_good(
-        self, dataset: str, lost: dict[str, str], overwritten: Mapping[str, set[str]]
+        self,
+        dataset: str,
+        lost: dict[str, str],
+        overwritten: Mapping[str, set[str]],
+        displaced: Collection[str] = (),
     ) -> dict[str, str]:
         """Of the writes ``lost`` (key -> tier: their objects gone, or replaced by another,
         before the commit), those whose chunk now holds no committed value but the ones they
-        replaced (``overwritten``), and no rewrite another writer announced: it went back to
-        an older value, or to none. Where another value stands, or another writer's
-        announcement (whose old bytes may be the very ones this write replaced: it did not
-        know of this write), another process wrote the chunk since, and its value is the one
-        kept (as two unordered writes of one chunk leave either): that process's put is what
-        replaced the object. Else nothing of strataio's replaced it (a directory, a file put
-        by hand), and the write is lost."""
+        replaced (``overwritten``), and no rewrite another writer announced at the write's
+        place: it went back to an older value, or to none. Where another value stands, or
+        another writer's announcement there (whose old bytes may be the very ones this
+        write replaced: it did not know of this write), another process wrote the chunk
+        since, and its value is the one kept (as two unordered writes of one chunk leave
+        either): that process's put is what replaced the object. So too where the object
+        that replaced one of ``displaced`` (keys) holds bytes a row of the chunk names: a
+        writer put back a value this write replaced. Else nothing of strataio's replaced it
+        (a directory, a file put by hand), and the write is lost."""
         assert self.catalog is not None
         now: dict[str, set[str]] = {k: set() for k in lost}
-        others: set[str] = set()  # chunks another writer has announced a rewrite of
+        named: dict[str, set[str]] = {k: set() for k in lost}  # every version rows name
+        others: set[str] = set()  # chunks another writer has announced a rewrite of there
         for c in self.catalog.residency(dataset, sorted(lost)):
             if c.key in now:
                 now[c.key].add(c.committed_checksum)
-                if c.rewritten_by_other(self.writer):
+                named[c.key].update((c.checksum, c.old_checksum))
+                # (only at the write's own place: another writer's put elsewhere, or a dead
+                # writer's announcement there, replaced no object of this write)
+                if c.tier == lost[c.key] and c.rewritten_by_other(self.writer):
                     others.add(c.key)
-        return {
+        gone = {
             k: t for k, t in lost.items() if k not in others and now[k] <= overwritten.get(k, set())
         }
+        # an object another writer put may hold a value this write replaced (a writer
+        # putting the chunk's older value back): its bytes are a version a row names
+        for k in [k for k in gone if k in displaced]:
+            there = checksum_there(self.tiers[gone[k]], dataset, k)
+            if there and there in named[k]:
+                del gone[k]
+        return gone
 
     @staticmethod
     def _what_is_there(tier: Tier, dataset: str, key: str) -> str:

@@ -566,18 +566,17 @@ class Residency:
                 keep=self._keep_counted(copy.tier, copy.key, copy.nbytes),
             )
 
-    def announce_write(self, intent: ChunkCopy, replaced: ChunkCopy, *, reserved: int = 0) -> None:
-        """Record ``intent``, the announcement of a rewrite in place of ``replaced`` (the row
-        held at its place), before the put: a read meanwhile accepts either version. The
-        committed value ``replaced`` stands for is one the write replaces
-        (:attr:`Batch.overwritten`), whatever the announcement names as its old bytes (the
-        new ones of another live writer's announcement it took over, whose put may land
-        after this one's: that value is no older one)."""
+    def announce_write(self, intent: ChunkCopy, replaced: str, *, reserved: int = 0) -> None:
+        """Record ``intent``, the announcement of a rewrite in place, before the put: a read
+        meanwhile accepts either version. ``replaced`` (a checksum) is the value the write
+        replaces there (:attr:`Batch.overwritten`): the committed value of the row held at
+        its place, whatever the announcement names as its old bytes (the new ones of another
+        live writer's announcement it took over, whose put may land after this one's: that
+        value is no older one), or the bytes a dead writer's object holds."""
         with self.lock:
             self.add(intent, reserved=reserved)
-            if not self._tier(intent.tier).volatile and replaced.committed_checksum:
-                was = self._overwritten.setdefault(intent.key, set())
-                was.add(replaced.committed_checksum)
+            if not self._tier(intent.tier).volatile and replaced:
+                self._overwritten.setdefault(intent.key, set()).add(replaced)
 
     def record_write(
         self, copy: ChunkCopy, *, reserved: int = 0, version: Any = None, owner: object = None

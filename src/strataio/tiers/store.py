@@ -1141,7 +1141,10 @@ class TieredChunkStore(ChunkStore):
             # never the replaced row (rows of copies being put wait for the put's end). The
             # announced copy has the new size: the room claimed for it is in use from here
             for k in olds:
-                self.res.announce_write(intents[k], olds[k], reserved=room[k])
+                # (a dead writer's row: the bytes its object holds, which the write replaces)
+                self.res.announce_write(
+                    intents[k], over.get(k, olds[k].committed_checksum), reserved=room[k]
+                )
                 room[k] = 0
             try:
                 self.commit.announce(self.res, list(intents.values()))
