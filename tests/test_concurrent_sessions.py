@@ -515,11 +515,11 @@ def test_an_object_put_anew_after_its_row_went_is_not_deleted(tmp_path, request,
     commit = db.store.commit
     delete = commit._delete
 
-    def rewritten_first(res, objs, seen=None):
+    def rewritten_first(res, objs, seen=None, **kw):
         if ("fast", "c/0/0") in objs and not getattr(rewritten_first, "done", False):
             rewritten_first.done = True
             da[0:10, 0:10] = -1.0  # in place on "fast" (A still knows its copy there)
-        return delete(res, objs, seen)
+        return delete(res, objs, seen, **kw)
 
     commit._delete = rewritten_first
     db.migrate(np.s_[0:10, 0:10], to="archive").wait()
@@ -1032,12 +1032,12 @@ def test_an_orphaned_move_never_deletes_the_object_a_write_put_over_it(tmp_path,
     delete = Commit._delete
     steps = []
 
-    def rewritten_on_fast_first(self, res, objs, seen=None):
+    def rewritten_on_fast_first(self, res, objs, seen=None, **kw):
         if res is db.store.res and ("fast", "c/0/0") in objs and not steps:
             steps.append("orphaned")
             da[0:10, 0:10] = -2.0  # onto "fast", over B's object
             da.flush()
-        return delete(self, res, objs, seen)
+        return delete(self, res, objs, seen, **kw)
 
     monkeypatch.setattr(mover, "put_checked", rewritten_on_the_archive)
     monkeypatch.setattr(Commit, "_delete", rewritten_on_fast_first)
