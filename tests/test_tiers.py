@@ -8,6 +8,7 @@ import errno
 import functools
 import json
 import re
+import shutil
 import threading
 import time
 from collections import Counter
@@ -2290,3 +2291,26 @@ def test_a_chunk_whose_only_copy_is_missing_says_how_it_can_be_mended(tmp_path):
         with pytest.raises(StrataError, match="no copy is left to repair it from: write"):
             ds[...]
         ds.close()
+
+
+@pytest.mark.mpi
+def test_a_parallel_close_whose_object_has_a_file_in_its_folder_s_place_fails_on_every_rank(
+    tmp_path,
+):
+    """A file put where a rank's new chunk's folder goes before the close fails the close on
+    every rank, the tier still up: the ranks report no write the commit leaves out, and the
+    sync passed such a key over, so the close returned with the write recorded nowhere."""
+    out = run_mpi(2, "tiers_file_at_folder.py", tmp_path, timeout=60)
+    assert out.strip().splitlines()[-1] == "ok"
+
+
+def test_a_plain_flush_with_a_file_where_a_chunk_s_folder_goes_fails(tmp_path):
+    """A plain dataset's flush fails, naming the object, where a file stands in its folder's
+    place: its sync passed such a key over, so the flush returned as though it was stored."""
+    ds = strataio.create_dataset(tmp_path / "a", (20, 10), "f4", (10, 10))
+    ds[10:20, :] = 1.0
+    (obj,) = [p for p in (tmp_path / "a" / "c").rglob("*") if p.is_file()]
+    shutil.rmtree(obj.parent)
+    obj.parent.write_bytes(b"")
+    with pytest.raises((StrataError, OSError), match="Not a directory"):
+        ds.flush()

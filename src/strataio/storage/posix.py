@@ -539,18 +539,22 @@ class PosixBackend(Backend):
 
     def sync(self, keys: Iterable[str] | None = None) -> None:
         """fsync each object and then each directory holding one, so that both the bytes and
-        the renames that put them in place survive a power loss. A key with no object (none
-        there, or a file where one of its folders should be) is passed over."""
+        the renames that put them in place survive a power loss. A key with no object there
+        is passed over; one with a file where one of its folders should be (ENOTDIR) is too,
+        and once the others are synced, the first such raises NotADirectoryError naming
+        that object: a put made there did not stay (a commit's look at its version tells)."""
         if keys is None:
             keys = list(self.list())
         dirs: set[str] = set()
+        in_way: OSError | None = None
         for key in keys:
             path = self.path(key)
             try:
                 fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-            except (FileNotFoundError, NotADirectoryError):
-                # (no object there, or a file stands where one of its folders should be:
-                # nothing put there to make durable; a commit's look at it finds it gone)
+            except FileNotFoundError:
+                continue
+            except NotADirectoryError as exc:
+                in_way = in_way or _named(exc, path)
                 continue
             try:
                 os.fsync(fd)
@@ -559,6 +563,8 @@ class PosixBackend(Backend):
             dirs.add(os.path.dirname(path))
         for d in sorted(dirs):
             _fsync_dir(d)
+        if in_way is not None:
+            raise in_way
 
     def truncate(self, key: str, nbytes: int) -> None:
         """Set the object's size to ``nbytes`` (growing with zeros), creating it if needed."""
