@@ -391,3 +391,28 @@ def test_one_object_refusing_its_deletion_leaves_its_tier_up(tmp_path, monkeypat
         monkeypatch.setattr(disk.backend, "delete", delete)
         s.create_dataset("a", SHAPE, "f4", CHUNKS, hint="LOCALDISK").close()
         np.testing.assert_array_equal(read(s), 0)
+
+
+def test_a_remnant_on_a_tier_refusing_writes_is_cleared_once_nothing_is_left(tmp_path):
+    """Purging a deleted dataset's remnant on a tier whose storage refuses writes clears it
+    where nothing of the dataset is left there: the folders are only tidied where the tier
+    takes changes, and a refused tidying kept the remnant, so the name could not be created
+    again."""
+    from strataio.catalog import open_catalog
+    from strataio.storage.posix import PosixBackend
+    from strataio.tiers.remnants import purge
+    from strataio.tiers.tier import Tier, TierSet
+
+    tiers = TierSet([Tier("disk", PosixBackend(tmp_path / "disk"), "localdisk", order=0)])
+    (tmp_path / "disk" / "gone" / "c").mkdir(parents=True)  # (empty folders left behind)
+    catalog = open_catalog(tmp_path / "cat.db")
+    try:
+        catalog.register_tiers(tiers.records())
+        with catalog._write() as cur:  # (a deletion that left objects there, since gone)
+            cur.execute("INSERT INTO remnants (dataset, tier) VALUES ('gone', 'disk')")
+        tiers["disk"].mark_refused(OSError(30, "Read-only file system"))
+        assert purge(catalog, tiers, "gone") == []
+        assert catalog.remnants("gone") == []
+        assert (tmp_path / "disk" / "gone" / "c").is_dir()  # (not tidied: refusing writes)
+    finally:
+        catalog.close()

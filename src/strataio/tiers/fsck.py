@@ -1169,7 +1169,7 @@ def _purge_deleted(
             try:
                 if next(iter(tier.backend.list(ds)), None) is None:
                     cleared.append(tname)
-                    if not tier.read_only:
+                    if not tier.unwritable:
                         tier.backend.remove_empty_folders(ds)
             except Exception as exc:
                 if not is_backend_failure(exc):

@@ -20,6 +20,7 @@ before creating it); ``strataio fsck --repair`` does it for every remnant
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -126,8 +127,10 @@ def _empty(tiers: TierSet, tname: str, name: str) -> bool:
                 t.call_alone(t.backend.delete, key)
             except ObjectError:
                 left = True
-        if not left and not t.read_only:
-            t.call(t.backend.remove_empty_folders, name)
     except StrataError:
         return False
+    if not left and not t.unwritable:
+        # (tidying only: whether the remnant is cleared is what the listing found)
+        with contextlib.suppress(StrataError):
+            t.call(t.backend.remove_empty_folders, name)
     return not left
