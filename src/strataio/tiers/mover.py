@@ -550,10 +550,7 @@ class Mover:
                     except NotFoundError:
                         if res.drop_missing(src) or not res.is_current(src):
                             continue  # catalogued but gone (forgotten now), or moved away
-                        explain = StrataError(
-                            f"chunk {key!r} of {res.name!r}: its copy on {src.tier!r} is "
-                            "missing and no other copy holds its bytes; run 'strataio fsck'"
-                        )
+                        explain = res.missing_copy_error(key, src)
                         continue
                     copy = ChunkCopy(res.name, key, dst.name, n, digest, "valid", time.time())
                     recorded = res.record_move(
@@ -749,10 +746,7 @@ class Mover:
             res.touch([key])
             return "moved", len(data)
         if gone is not None:
-            raise StrataError(
-                f"chunk {key!r} of {res.name!r}: its copy on {gone.tier!r} is missing and no "
-                "other copy holds its bytes; run 'strataio fsck'"
-            )
+            raise res.missing_copy_error(key, gone)
         if res.copies(key):
             raise StrataError(f"chunk {key!r}: no tier holding it answered with intact bytes")
         return "reused", 0

@@ -43,6 +43,7 @@ from typing import Any
 
 from strataio.arrays.store import META_KEY
 from strataio.catalog.base import ChunkCopy, CopyId
+from strataio.errors import BackendError
 from strataio.tiers.tier import Tier, TierSet
 
 __all__ = ["META_KEY", "READABLE", "Batch", "Residency", "object_key"]
@@ -230,6 +231,23 @@ class Residency:
         with self.lock:
             got = list(self._copies.get(key, {}).values())
         return sorted(got, key=lambda c: self._rank(c.tier))
+
+    def missing_copy_error(self, key: str, gone: ChunkCopy) -> BackendError:
+        """The error of a read or move of chunk ``key`` that found its copy ``gone`` missing
+        and no other copy of its bytes: what is left, and how the chunk can be mended."""
+        others = ", ".join(f"{c.tier}({c.state})" for c in self.copies(key) if c.tier != gone.tier)
+        return BackendError(
+            f"chunk {key!r} of {self.name!r}: its copy on tier {gone.tier!r} is missing "
+            f"and no other copy holds its bytes (checksum {gone.committed_checksum or '?'}; "
+            f"copies of another value: {others or 'none'}); the chunk's value is lost "
+            "there: run 'strataio fsck' "
+            + (
+                "(--repair then keeps the other value)"
+                if others
+                else "(no copy is left to repair it from: write the chunk again, or "
+                "delete the dataset)"
+            )
+        )
 
     def copy_on(self, key: str, tier: str) -> ChunkCopy | None:
         with self.lock:

@@ -932,21 +932,7 @@ class TieredChunkStore(ChunkStore):
                 "let the writer flush before this process reads"
             )
         if gone is not None and not corrupt:
-            others = ", ".join(
-                f"{c.tier}({c.state})" for c in self.res.copies(key) if c.tier != gone.tier
-            )
-            return BackendError(
-                f"chunk {key!r} of {self.name!r}: its copy on tier {gone.tier!r} is missing "
-                f"and no other copy holds its bytes (checksum {gone.committed_checksum or '?'}; "
-                f"copies of another value: {others or 'none'}); the chunk's value is lost "
-                "there: run 'strataio fsck' "
-                + (
-                    "(--repair then keeps the other value)"
-                    if others
-                    else "(no copy is left to repair it from: write the chunk again, or "
-                    "delete the dataset)"
-                )
-            )
+            return self.res.missing_copy_error(key, gone)
         if corrupt:
             return ChecksumError(
                 f"chunk {key!r} of dataset {self.name!r}: every copy read fails the checksum "
