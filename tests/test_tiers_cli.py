@@ -584,7 +584,7 @@ def test_moves_list_their_failures_in_key_order_and_count_the_rest(project):
     assert out.exit_code == 1, out.output
     listed = [line.split(":")[0].strip() for line in out.output.splitlines() if ": chunk" in line]
     assert listed == [f"c/0/{j}" for j in range(10)], out.output
-    assert "… and 90 more of the 100 failed" in out.output, out.output
+    assert "… and 90 more chunks of the 100 failed" in out.output, out.output
     assert "0 chunk copies dropped from tape" in out.output and "100 failed" in out.output
     out = r.invoke(main, ["evict", "temp", "--section", "0:10,0:20", "--tier", "tape"])
     assert out.exit_code == 1 and "more of the" not in out.output, out.output

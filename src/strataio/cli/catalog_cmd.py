@@ -297,7 +297,7 @@ def _remnants_note(console: Console, deleted: int) -> None:
     if deleted:
         one = deleted == 1
         console.print(
-            f"{deleted} deleted dataset{'' if one else 's'} {'has' if one else 'have'} objects "
+            f"{counted(deleted, 'deleted dataset')} {'has' if one else 'have'} objects "
             f"waiting to be purged: 'strataio ls --remnants' lists them, '{PURGE_COMMAND}' "
             "purges them",
             highlight=False,
@@ -530,9 +530,7 @@ def _per_tier(usage: list[TierUsage], unit: str, where: str = "on") -> str:
 
 def _copies(u: TierUsage, unit: str) -> str:
     """``20 chunks (78.1 KiB)``: the copies of ``u`` and their bytes."""
-    return (
-        f"{u.copies} {unit.removesuffix('s') if u.copies == 1 else unit} ({format_size(u.nbytes)})"
-    )
+    return f"{counted(u.copies, unit.removesuffix('s'), unit)} ({format_size(u.nbytes)})"
 
 
 def _print_deletion(console: Console, done: Deletion, unit: str, tiers: TierSet) -> None:

@@ -247,7 +247,11 @@ def _print_failures(console: Console, failed: list[tuple[str, str]], unit: str) 
     for key, msg in ordered[:SHOWN_FAILURES]:
         console.print(f"  [red]{escape(key)}[/]: {escape(msg)}")
     if len(ordered) > SHOWN_FAILURES:
-        console.print(f"  … and {len(ordered) - SHOWN_FAILURES} more of the {len(ordered)} failed")
+        n = len(ordered) - SHOWN_FAILURES
+        console.print(
+            f"  … and {n} more {unit if n != 1 else unit.removesuffix('s')} of the "
+            f"{len(ordered)} failed"
+        )
 
 
 def _key_order(key: str) -> list[Any]:
