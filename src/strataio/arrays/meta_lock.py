@@ -19,8 +19,9 @@ put's temporary file (:func:`strataio.storage.posix.judge_leftover`).
 Threads of one process take a thread lock per folder first, so only one of them opens the
 lock file at a time: on NFS, where ``flock`` is emulated with ``fcntl`` locks, closing any
 descriptor of a file drops the process's locks on it, and a lock the process takes again is
-never refused by its own. For the same reason :func:`judge` answers from :data:`_HELD` for a
-lock file this process holds, never opening it. On a file system that keeps no locks the
+never refused by its own. For the same reason :func:`judge` answers for a lock file this
+process holds from what it noted (:func:`strataio.storage.posix.held_here`), never opening
+it. On a file system that keeps no locks the
 change is two steps, as on a backend without locks (NFS ``nolock``, Lustre ``localflock``:
 see :mod:`strataio.storage.posix`).
 """
@@ -34,18 +35,21 @@ import threading
 import weakref
 from collections.abc import Iterator
 
-from strataio.storage.posix import LeftoverState, judge_leftover, names_file, open_identified
+from strataio.storage.posix import (
+    HELD_LOCKS_MUTEX,
+    LeftoverState,
+    close_held,
+    held_here,
+    judge_leftover,
+    names_file,
+    take_lock_file,
+)
 
 __all__ = ["LOCK_NAME", "is_meta_lock", "judge", "lock_path", "meta_lock"]
 
 #: the meta lock file's name, in the array's folder
 LOCK_NAME = ".zarr.json.lock"
 
-#: the lock files this process holds (or waits for), by ``(st_dev, st_ino)``
-_HELD: set[tuple[int, int]] = set()
-#: taken around each opening (and noting) of a lock file and around each judgment, so that a
-#: judge never opens one this process is about to note
-_HELD_MUTEX = threading.Lock()
 #: one thread lock per array folder, by ``(st_dev, st_ino)``, while some thread uses it
 _FOLDERS: weakref.WeakValueDictionary[tuple[int, int], threading.Lock] = (
     weakref.WeakValueDictionary()
@@ -73,7 +77,7 @@ def meta_lock(folder: str) -> Iterator[None]:
         mine = _FOLDERS.setdefault((st.st_dev, st.st_ino), threading.Lock())
     with mine:
         path = lock_path(folder)
-        fd, key = _take(path)
+        fd, key = take_lock_file(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, fcntl.LOCK_EX)
         try:
             yield
         finally:
@@ -82,43 +86,19 @@ def meta_lock(folder: str) -> Iterator[None]:
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(path)
             finally:
-                with _HELD_MUTEX:
-                    _HELD.discard(key)
-                    os.close(fd)  # (releases the lock)
-
-
-def _take(path: str) -> tuple[int, tuple[int, int]]:
-    """Open (or make) the lock file ``path`` and lock it exclusively: its descriptor and
-    ``(st_dev, st_ino)``, noted in :data:`_HELD`."""
-    while True:
-        with _HELD_MUTEX:
-            fd, key = open_identified(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC)
-            _HELD.add(key)
-        try:
-            with contextlib.suppress(OSError):  # (no locks here: see the module's docstring)
-                fcntl.flock(fd, fcntl.LOCK_EX)
-            if names_file(path, fd):
-                return fd, key
-        except BaseException:
-            with _HELD_MUTEX:
-                _HELD.discard(key)
-                os.close(fd)
-            raise
-        # removed by the change before this one, or by a judge, before it was locked
-        with _HELD_MUTEX:
-            _HELD.discard(key)
-            os.close(fd)
+                with HELD_LOCKS_MUTEX:
+                    close_held(fd, key)  # (releases the lock)
 
 
 def judge(path: str, *, remove: bool = False) -> LeftoverState:
     """Whether a change holds the meta lock file ``path``: LIVE where one does (this
     process's included), DEAD where its change was killed (deleted with ``remove``), GONE
     where no file is there any more, UNKNOWN where no lock can be taken or refused here."""
-    with _HELD_MUTEX:
+    with HELD_LOCKS_MUTEX:
         try:
             st = os.stat(path, follow_symlinks=False)
         except FileNotFoundError:
             return LeftoverState.GONE
-        if (st.st_dev, st.st_ino) in _HELD:  # (never opened here while held here)
+        if held_here(st):  # (never opened here while held here)
             return LeftoverState.LIVE
         return judge_leftover(path, remove=remove)

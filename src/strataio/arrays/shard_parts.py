@@ -51,7 +51,7 @@ process's locks on it (and a lock the process takes on it again is never refused
 so no code path opens a lock file a second time while this process holds it. The ``.part``
 files, which the ranks open and close as they write, carry no lock; and :func:`judge`, in a
 process that holds the lock file it would open (a rank judging its own call's files), answers
-from :data:`_HELD` instead of opening it.
+from the lock files it holds (:func:`~strataio.storage.posix.held_here`) instead of opening it.
 """
 
 from __future__ import annotations
@@ -60,10 +60,18 @@ import contextlib
 import fcntl
 import os
 import re
-import threading
 from collections.abc import Iterator
 
-from strataio.storage.posix import LeftoverState, lock_to_judge, names_file, open_identified
+from strataio.storage.posix import (
+    HELD_LOCKS_MUTEX,
+    LeftoverState,
+    close_held,
+    held_here,
+    lock_to_judge,
+    names_file,
+    open_held,
+    take_lock_file,
+)
 
 __all__ = [
     "LOCK_SUFFIX",
@@ -84,35 +92,6 @@ _PART = re.compile(r"\.([0-9a-f]{8})\.part\Z")
 _LOCK = re.compile(r"\A\.([0-9a-f]{8})\.lock\Z")
 #: times a judge looks again at a lock file replaced while it took its lock
 _TRIES = 8
-#: the lock files this process holds, by ``(st_dev, st_ino)``: (pid, how many holds)
-_HELD: dict[tuple[int, int], tuple[int, int]] = {}
-#: taken around each opening (and noting) of a lock file and around each judgment, so that a
-#: judge never opens one this process is about to note
-_HELD_MUTEX = threading.Lock()
-
-
-def _open_held(path: str, flags: int) -> tuple[int, tuple[int, int]]:
-    """Open lock file ``path`` and note it held by this process (under :data:`_HELD_MUTEX`)."""
-    fd, key = open_identified(path, flags)
-    pid, n = _HELD.get(key, (os.getpid(), 0))
-    _HELD[key] = (os.getpid(), n + 1 if pid == os.getpid() else 1)
-    return fd, key
-
-
-def _close_held(fd: int, key: tuple[int, int]) -> None:
-    """Close a lock file's descriptor, releasing its lock, and forget one hold of it (under
-    :data:`_HELD_MUTEX`)."""
-    try:
-        os.close(fd)
-    finally:
-        pid, n = _HELD.pop(key, (0, 0))
-        if pid == os.getpid() and n > 1:
-            _HELD[key] = (pid, n - 1)
-
-
-def _held_here(st: os.stat_result) -> bool:
-    got = _HELD.get((st.st_dev, st.st_ino))
-    return got is not None and got[0] == os.getpid()
 
 
 def part_path(shard_path: str, token: str) -> str:
@@ -171,36 +150,22 @@ class CallLock:
     def create(cls, path: str) -> CallLock:
         """Make the lock file ``path`` (or open it, where there) and hold it. Raises
         :class:`OSError` where it cannot be made."""
-        flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC
-        while True:
-            # (open for reading: NFS takes a shared flock only on such a descriptor)
-            with _HELD_MUTEX:
-                fd, key = _open_held(path, flags)
-            try:
-                with contextlib.suppress(OSError):  # (no locks here: see the module doc)
-                    fcntl.flock(fd, fcntl.LOCK_SH)
-                if names_file(path, fd):
-                    return cls(path, fd, key)
-            except BaseException:
-                with _HELD_MUTEX:
-                    _close_held(fd, key)
-                raise
-            # a judge deleted it between its making and the lock: make it again
-            with _HELD_MUTEX:
-                _close_held(fd, key)
+        # (open for reading too: NFS takes a shared flock only on such a descriptor)
+        fd, key = take_lock_file(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, fcntl.LOCK_SH)
+        return cls(path, fd, key)
 
     @classmethod
     def join(cls, path: str) -> CallLock:
         """Hold the lock file ``path``, which rank 0 made and holds. Raises
         :class:`OSError` (:class:`FileNotFoundError` where it is not there)."""
-        with _HELD_MUTEX:
-            fd, key = _open_held(path, os.O_RDONLY | os.O_CLOEXEC)
+        with HELD_LOCKS_MUTEX:
+            fd, key = open_held(path, os.O_RDONLY | os.O_CLOEXEC)
         try:
             with contextlib.suppress(OSError):
                 fcntl.flock(fd, fcntl.LOCK_SH)
         except BaseException:
-            with _HELD_MUTEX:
-                _close_held(fd, key)
+            with HELD_LOCKS_MUTEX:
+                close_held(fd, key)
             raise
         return cls(path, fd, key)
 
@@ -215,8 +180,8 @@ class CallLock:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(self.path)
         finally:
-            with _HELD_MUTEX:
-                _close_held(fd, self._key)
+            with HELD_LOCKS_MUTEX:
+                close_held(fd, self._key)
 
 
 def judge(path: str, folder: str, *, remove: bool = False) -> LeftoverState:
@@ -231,15 +196,16 @@ def judge(path: str, folder: str, *, remove: bool = False) -> LeftoverState:
         if found is None:
             raise ValueError(f"{path} is no file of a collective shard write")
         lock = lock_path(folder, found.group(1))
-    with _HELD_MUTEX:
+    with HELD_LOCKS_MUTEX:
         return _judge_by(lock, path, remove)
 
 
 def _judge_by(lock: str, path: str, remove: bool) -> LeftoverState:
-    """:func:`judge` of ``path`` by lock file ``lock`` (under :data:`_HELD_MUTEX`)."""
+    """:func:`judge` of ``path`` by lock file ``lock`` (under
+    :data:`~strataio.storage.posix.HELD_LOCKS_MUTEX`)."""
     for _ in range(_TRIES):
         try:
-            if _held_here(os.stat(lock, follow_symlinks=False)):  # (never opened again here)
+            if held_here(os.stat(lock, follow_symlinks=False)):  # (never opened again here)
                 return _running(path)
         except FileNotFoundError:
             return _dead(path, remove)  # (the call is over)

@@ -626,6 +626,64 @@ def open_identified(path: str, flags: int) -> tuple[int, tuple[int, int]]:
     return fd, (st.st_dev, st.st_ino)
 
 
+#: the lock files this process holds, by ``(st_dev, st_ino)``: (pid, how many holds); a
+#: child forked while one was held does not hold it
+_HELD_LOCKS: dict[tuple[int, int], tuple[int, int]] = {}
+#: taken around each opening (and noting) of a lock file and around each judgment of one, so
+#: that a judge never opens a lock file this process is about to note (on NFS, closing any
+#: descriptor of a file drops the process's locks on it)
+HELD_LOCKS_MUTEX = threading.Lock()
+
+
+def open_held(path: str, flags: int) -> tuple[int, tuple[int, int]]:
+    """Open lock file ``path`` (:func:`open_identified`) and note it held by this process;
+    the caller holds :data:`HELD_LOCKS_MUTEX`."""
+    fd, key = open_identified(path, flags)
+    pid, n = _HELD_LOCKS.get(key, (os.getpid(), 0))
+    _HELD_LOCKS[key] = (os.getpid(), n + 1 if pid == os.getpid() else 1)
+    return fd, key
+
+
+def close_held(fd: int, key: tuple[int, int]) -> None:
+    """Close a lock file's descriptor, releasing its lock, and forget one hold of it; the
+    caller holds :data:`HELD_LOCKS_MUTEX`."""
+    try:
+        os.close(fd)
+    finally:
+        pid, n = _HELD_LOCKS.pop(key, (0, 0))
+        if pid == os.getpid() and n > 1:
+            _HELD_LOCKS[key] = (pid, n - 1)
+
+
+def held_here(st: os.stat_result) -> bool:
+    """True if this process holds the lock file ``st`` is of (the caller holds
+    :data:`HELD_LOCKS_MUTEX`): a judge answers from this, never opening it."""
+    got = _HELD_LOCKS.get((st.st_dev, st.st_ino))
+    return got is not None and got[0] == os.getpid()
+
+
+def take_lock_file(path: str, flags: int, mode: int) -> tuple[int, tuple[int, int]]:
+    """Open lock file ``path`` with ``flags`` (``O_CREAT`` among them to make it), note it
+    held (:func:`open_held`) and ``flock`` it with ``mode``, again where the name no longer
+    names the file locked (deleted meanwhile by its last holder or a judge): its descriptor
+    and ``(st_dev, st_ino)``, for :func:`close_held`. Where the file system keeps no locks
+    it is held unlocked (its judges tell nothing)."""
+    while True:
+        with HELD_LOCKS_MUTEX:
+            fd, key = open_held(path, flags)
+        try:
+            with contextlib.suppress(OSError):  # (no locks on this file system)
+                fcntl.flock(fd, mode)
+            if names_file(path, fd):
+                return fd, key
+        except BaseException:
+            with HELD_LOCKS_MUTEX:
+                close_held(fd, key)
+            raise
+        with HELD_LOCKS_MUTEX:
+            close_held(fd, key)
+
+
 class LeftoverState(StrEnum):
     """What :func:`judge_leftover` found of a temporary file."""
 
