@@ -155,11 +155,10 @@ def init_cmd(force: bool, remake: tuple[str, ...]) -> None:
                 "(--remake-tier makes only a missing one)"
             )
     kept = {name: what for name, what in held.items() if name not in remake}
-    for path in make_tier_dirs(cfg, keep=set(kept)):
-        name = next(t.name for t in cfg.tiers if t.path is not None and Path(t.path) == path)
+    for made, path in make_tier_dirs(cfg, keep=set(kept)):
         lost = ""
-        if name in held:
-            what, remnants = held[name]
+        if made.name in held:
+            what, remnants = held[made.name]
             lost = (
                 f" (new and empty: {what} the catalog records there are gone; "
                 f"`{PURGE_COMMAND}` drops the rows of copies with another copy elsewhere"

@@ -64,16 +64,16 @@ def open_configured_catalog(
     return catalog, [r for r in records if r.name not in known]
 
 
-def make_tier_dirs(cfg: Config, *, keep: Collection[str] = ()) -> list[Path]:
+def make_tier_dirs(cfg: Config, *, keep: Collection[str] = ()) -> list[tuple[TierConfig, Path]]:
     """Create the directories of the configured POSIX tiers that do not exist, but those of
-    the tiers named in ``keep``; returns them.
+    the tiers named in ``keep``; returns each tier made so, with its directory.
 
     This is ``strataio init``'s, and the one way a directory of a tier the catalog already
     knows is made again, new and empty (a Session makes only those of tiers new to the
     catalog: one missing where the catalog knows the tier is a volume not mounted, or a
     directory removed, and leaves that tier down)."""
     return [
-        path
+        (t, path)
         for t in cfg.tiers
         if t.name not in keep and (path := _make_tier_dir(cfg, t)) is not None
     ]
