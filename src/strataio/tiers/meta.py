@@ -292,8 +292,12 @@ class MetaCopies:
             self.put(change(self.get()))
             return
         claim = [self.writer, _new_claim_id()]
-        self._claim(catalog, claim)
+        # (noted as running from before it is taken until it is let go: the id is new, so
+        # no look meanwhile finds it but this change's own)
+        with _CLAIMS_LOCK:
+            _CLAIMS_HERE.add(claim[1])
         try:
+            self._claim(catalog, claim)
             self.put(change(self.get()))
         finally:
             with _CLAIMS_LOCK:
@@ -313,18 +317,9 @@ class MetaCopies:
         while True:
             held = _as_claim(json.loads(catalog.get_dataset(self.name).attrs or "{}"))
             if held is None or not _running(catalog, held):
-                with _CLAIMS_LOCK:
-                    _CLAIMS_HERE.add(claim[1])
                 taken = functools.partial(_claimed, claim, held)
-                try:
-                    if catalog.annotate_dataset(self.name, CHANGE_ATTR, taken) == claim:
-                        return
-                except BaseException:
-                    with _CLAIMS_LOCK:
-                        _CLAIMS_HERE.discard(claim[1])
-                    raise
-                with _CLAIMS_LOCK:
-                    _CLAIMS_HERE.discard(claim[1])
+                if catalog.annotate_dataset(self.name, CHANGE_ATTR, taken) == claim:
+                    return
                 continue  # (another change claimed it since the look: look again)
             if time.monotonic() > deadline:
                 raise BackendError(
