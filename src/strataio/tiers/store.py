@@ -1034,8 +1034,7 @@ class TieredChunkStore(ChunkStore):
                 f"dataset {self.name!r}: {len(todo)} of {counted(len(items), 'chunk')} could "
                 f"not be stored on any tier the hint {self.hint} allows "
                 f"({'; '.join(errors) or 'all tiers full or down'}); "
-                f"{_the_others_written(len(items) - len(todo))}, and {', '.join(left[:4])}"
-                f"{', ...' if len(left) > 4 else ''} "
+                f"{_the_others_written(len(items) - len(todo))}, and {_few(left)} "
                 f"{'keeps its previous value' if len(left) == 1 else 'keep their previous values'}",
                 left,
             )
@@ -1048,13 +1047,10 @@ class TieredChunkStore(ChunkStore):
         first, *others = sorted(blocked)
         msg = f"chunk {first!r} of dataset {self.name!r} not written: {blocked[first]}"
         if others:
-            msg += (
-                f"; nor, something in their way too, {', '.join(others[:4])}"
-                f"{', ...' if len(others) > 4 else ''}"
-            )
+            msg += f"; nor, something in their way too, {_few(others)}"
         if left:
             msg += (
-                f"; nor {', '.join(left[:4])}{', ...' if len(left) > 4 else ''}, stored on no "
+                f"; nor {_few(left)}, stored on no "
                 f"tier the hint {self.hint} allows ({'; '.join(errors) or 'all full or down'})"
             )
         missed = len(blocked) + len(left)
@@ -1347,7 +1343,7 @@ class TieredChunkStore(ChunkStore):
             f"dataset {self.name!r}: {len(keys)} chunk(s) written since the last flush lost "
             f"their new bytes before the catalog recorded them (the object put on tier(s) "
             f"{', '.join(map(repr, tiers))} is gone: deleted by another process or by hand); "
-            f"{', '.join(keys[:4])}{', ...' if len(keys) > 4 else ''} "
+            f"{_few(keys)} "
             f"{'keeps its' if len(keys) == 1 else 'keep their'} previous value; write "
             f"{'it' if len(keys) == 1 else 'them'} again",
             keys,
@@ -1364,14 +1360,11 @@ class TieredChunkStore(ChunkStore):
             f"by something no write stands for: {displaced[first]}"
         )
         if others:
-            msg += (
-                f"; nor, replaced likewise, {', '.join(others[:4])}"
-                f"{', ...' if len(others) > 4 else ''}"
-            )
+            msg += f"; nor, replaced likewise, {_few(others)}"
         if lost:
             gone = sorted(lost)
             msg += (
-                f"; nor {', '.join(gone[:4])}{', ...' if len(gone) > 4 else ''}, whose new "
+                f"; nor {_few(gone)}, whose new "
                 "objects are gone (deleted by another process or by hand)"
             )
         n = len(displaced) + len(lost)
@@ -1434,6 +1427,11 @@ class _Checked(NamedTuple):
     tier: Tier
     obj: str
     version: Any
+
+
+def _few(keys: Sequence[str], n: int = 4) -> str:
+    """The first ``n`` of ``keys`` for a message, and "..." where there are more."""
+    return ", ".join(keys[:n]) + (", ..." if len(keys) > n else "")
 
 
 def _copy_span(blob: BytesLike, offset: int, out: memoryview) -> int:
