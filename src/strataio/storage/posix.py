@@ -93,6 +93,10 @@ def _finish_short(fd: int, views: list[memoryview], pos: int, done: int, write: 
             pos += n
 
 
+#: :meth:`PosixBackend.root_problem` of a root with nothing at its path
+ROOT_MISSING = "missing"
+
+
 class PosixBackend(Backend):
     """Objects are files under ``root``; keys are relative paths below it.
 
@@ -124,21 +128,33 @@ class PosixBackend(Backend):
         """The file path of ``key`` (validated)."""
         return self._prefix + validate_key(key)
 
+    def root_problem(self) -> str:
+        """Why the root cannot be used, in words: "" where it is a directory,
+        :data:`ROOT_MISSING` where nothing is there, else the system's reason (``Not a
+        directory``, ``Permission denied``...)."""
+        try:
+            if stat.S_ISDIR(os.stat(self.root).st_mode):
+                return ""
+            return os.strerror(errno.ENOTDIR)
+        except FileNotFoundError:
+            return ROOT_MISSING
+        except OSError as exc:
+            return exc.strerror or str(exc)
+
     def _root_error(self) -> BackendError | None:
         """The error of a root that is not a directory (see the class doc); None where it
         is one."""
-        try:
-            if stat.S_ISDIR(os.stat(self.root).st_mode):
-                return None
-            why = "is not a directory"
-        except FileNotFoundError:
-            why = (
+        why = self.root_problem()
+        if not why:
+            return None
+        if why == ROOT_MISSING:
+            said = (
                 "is missing (a volume not mounted, or the directory removed): nothing is "
                 "made in its place; mount it or put it back"
             )
-        except OSError as exc:
-            why = f"cannot be used: {exc.strerror}"
-        return BackendError(f"{self.url}: the backend's root {self.root} {why}")
+        else:
+            said = f"cannot be used: {why}"
+        return BackendError(f"{self.url}: the backend's root {self.root} {said}")
 
     def _missing(self, key: str) -> NotFoundError:
         """The error of ``key`` found missing: :class:`NotFoundError`, but where the root is

@@ -23,7 +23,6 @@ import contextlib
 import errno
 import os
 import socket
-import stat
 import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
@@ -883,13 +882,12 @@ def tier_from_config(tc: Any, order: int, *, known: bool = False) -> Tier:
 def _posix_backend(path: str, *, read_only: bool, known: bool) -> tuple[Backend, str]:
     """The backend of a POSIX tier configured at ``path``, and why its directory cannot be
     used ("" where it can), made where missing as :func:`tier_from_config` says."""
-    from strataio.storage.posix import PosixBackend
+    from strataio.storage.posix import ROOT_MISSING, PosixBackend
 
     if known and not read_only:
         backend = PosixBackend(path, create=None)
-        try:
-            is_dir = stat.S_ISDIR(os.stat(path).st_mode)
-        except FileNotFoundError:
+        why = backend.root_problem()
+        if why == ROOT_MISSING:
             return backend, (
                 f"its directory {path} is missing (a volume not mounted, or the directory "
                 "removed): nothing is made in its place, as the catalog knows this tier; mount "
@@ -897,10 +895,7 @@ def _posix_backend(path: str, *, read_only: bool, known: bool) -> tuple[Backend,
                 "`--remake-tier NAME` where copies are recorded there), then "
                 "`strataio tiers --check` marks the tier up"
             )
-        except OSError as exc:
-            return backend, f"cannot use its directory {path}: {exc.strerror or exc}"
-        why = "" if is_dir else f"cannot use its directory {path}: {os.strerror(errno.ENOTDIR)}"
-        return backend, why
+        return backend, why and f"cannot use its directory {path}: {why}"
     try:
         # (a read-only tier's directory is not made: it must be there)
         return PosixBackend(path, create=not read_only), ""
