@@ -24,6 +24,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
+from strataio.backoff import Backoff
 from strataio.catalog.base import (
     COPY_STATES,
     TIER_STATES,
@@ -669,8 +670,7 @@ class SQLCatalog(Catalog):
         lingering when they closed it; raise :class:`DatasetInUseError` naming a live writer
         that has it in use still. Without a writer registered here nothing is marked, and
         only the look is made."""
-        deadline = time.monotonic() + self.MARK_LINGER_S + 1.0
-        pause = 0.01
+        wait = Backoff(self.MARK_LINGER_S + 1.0, 0.01, 0.2)
         while True:
             if self._writer(None) is None:
                 others = self._other_marks("", name, evicting_only=False)
@@ -680,14 +680,13 @@ class SQLCatalog(Catalog):
                 return
             else:
                 others = self._other_marks(self._writer(None) or "", name, evicting_only=False)
-            if others and time.monotonic() > deadline:
+            if others and wait.expired:
                 raise DatasetInUseError(
                     f"dataset {name!r} is in use by another process (writer "
                     f"{', '.join(sorted(others))}, which has it open or is evicting from it): "
                     "close it there before deleting it"
                 )
-            time.sleep(pause)
-            pause = min(pause * 2, 0.2)
+            wait.pause()
 
     def remnants(self, name: str | None = None, *, near: bool = False) -> list[tuple[str, str]]:
         if name is None:
@@ -1218,18 +1217,16 @@ class SQLCatalog(Catalog):
                 self._uses[w, name] -= 1
                 raise
         # (waited out of the lock: an eviction round of this very object must be able to end)
-        deadline = time.monotonic() + self.EVICTION_WAIT
-        pause = 0.005
+        wait = Backoff(self.EVICTION_WAIT, 0.005, 0.2)
         while evictors := self._other_marks(w, name, evicting_only=True):
-            if time.monotonic() > deadline:
+            if wait.expired:
                 self.unuse_dataset(name, w, linger=False)
                 raise BackendError(
                     f"dataset {name!r}: writer {', '.join(sorted(evictors))} has been evicting "
                     f"from it for over {self.EVICTION_WAIT:.0f} s; try again later, or run "
                     "`strataio fsck` if that process is stuck"
                 )
-            time.sleep(pause)
-            pause = min(pause * 2, 0.2)
+            wait.pause()
 
     def claim_eviction(self, name: str, writer: str | None = None) -> bool:
         with self._lock:

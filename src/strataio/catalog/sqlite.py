@@ -29,9 +29,9 @@ import os
 import secrets
 import sqlite3
 import stat
-import time
 from collections.abc import Iterator, Sequence
 
+from strataio.backoff import Backoff
 from strataio.catalog.liveness import LockFiles
 from strataio.catalog.sql import SQLCatalog
 from strataio.errors import BackendError, MetadataError, StrataError
@@ -163,16 +163,14 @@ class SQLiteCatalog(SQLCatalog):
         a new catalog at once may both try the switch; SQLite then answers "database is
         locked" at once, without calling the busy handler, so the switch is retried here for
         up to ``timeout`` seconds."""
-        deadline = time.monotonic() + self.timeout
-        pause = 0.005
+        wait = Backoff(self.timeout, 0.005, 0.1)
         while True:
             try:
                 return str(conn.execute("PRAGMA journal_mode = WAL").fetchone()[0])
             except sqlite3.OperationalError as exc:
-                if "locked" not in str(exc) or time.monotonic() > deadline:
+                if "locked" not in str(exc) or wait.expired:
                     raise
-            time.sleep(pause)
-            pause = min(pause * 2, 0.1)
+            wait.pause()
 
     def _disconnect(self) -> None:
         self._conn.close()

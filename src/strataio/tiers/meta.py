@@ -59,12 +59,12 @@ import functools
 import json
 import os
 import threading
-import time
 import uuid
 from collections.abc import Callable, Sequence
 from enum import Enum
 from typing import Any
 
+from strataio.backoff import Backoff
 from strataio.catalog.base import Catalog, DatasetRecord
 from strataio.catalog.liveness import new_writer_id
 from strataio.errors import (
@@ -312,8 +312,7 @@ class MetaCopies:
     def _claim(self, catalog: Catalog, claim: list[str]) -> None:
         """Take the dataset's change claim as ``claim``, waiting while a running change
         holds it."""
-        deadline = time.monotonic() + CHANGE_WAIT
-        pause = 0.002
+        wait = Backoff(CHANGE_WAIT, 0.002, 0.05)
         while True:
             held = _as_claim(json.loads(catalog.get_dataset(self.name).attrs or "{}"))
             if held is None or not _running(catalog, held):
@@ -321,14 +320,13 @@ class MetaCopies:
                 if catalog.annotate_dataset(self.name, CHANGE_ATTR, taken) == claim:
                     return
                 continue  # (another change claimed it since the look: look again)
-            if time.monotonic() > deadline:
+            if wait.expired:
                 raise BackendError(
                     f"dataset {self.name!r}: an attribute change by writer {held[0]} has run "
                     f"for over {CHANGE_WAIT:.0f} s; try again later, or end that process if "
                     "it is stuck"
                 )
-            time.sleep(pause)
-            pause = min(pause * 2, 0.05)
+            wait.pause()
 
     def _put_on(self, tier: Tier, data: bytes, digest: str, catalog: Catalog | None) -> _Put:
         """Put ``data``, version ``digest``, on ``tier`` over the copy there, unless the
