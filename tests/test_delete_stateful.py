@@ -61,7 +61,6 @@ CREATE_REFUSED = "a create refused: remnants on the archive, away"
 WRITE_REFUSED = "a write refused: a chunk to rewrite in part is away"
 MIGRATE_AWAY = "a migration refused: the archive is away"
 MIGRATE_STRANDED = "a migration refused: a copy stranded on the archive by an open handle"
-MIGRATE_LEFT = "a migration refused: a copy left by a handle closed while away"
 DELETE_REFUSED = "a deletion refused: open in the other session"
 # tmpfs where there is one: the rules are about order and bookkeeping, not fsync latency
 TMP = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
@@ -224,19 +223,15 @@ class DeleteAndCreateAgain(RuleBasedStateMachine):
                 assert IN_THE_WAY in msg and "'archive'" in msg, (key, msg)
                 assert (self.root / "archive" / name / key).is_file(), (key, msg)
                 assert not [c for c in rows if c.key == key and c.tier == "archive"], (key, msg)
-                if any(
+                # that handle's next commit deletes it, or where the handle closed since,
+                # the next commit of a handle of the dataset in that session
+                assert any(
                     n == name and h.store.res.holds_object(key, "archive")
                     for (_, n), h in self.handles.items()
-                ):
-                    # (that handle's next commit deletes it)
-                    self._note(MIGRATE_STRANDED)
-                else:
-                    # Known defect: a handle closed while the archive was away forgets the
-                    # copies it could not delete there, and no later commit of its session
-                    # deletes them; each stays, refusing every migration of its chunk to
-                    # the archive, until fsck --repair runs while no one has the dataset
-                    # open (see test_a_copy_stranded_by_a_closed_handle_goes_at_the_next_commit).
-                    self._note(MIGRATE_LEFT)
+                ) or any(
+                    ("archive", key) in s._stranded.get(name, ()) for s in self.sessions.values()
+                ), (key, msg)
+                self._note(MIGRATE_STRANDED)
         finally:
             if new:
                 ds.close()
@@ -403,8 +398,9 @@ SCENARIOS = {
         ],
         [MIGRATE_STRANDED],
     ),
-    # the same with A's handle closed while the archive is away: its copy stays until
-    # fsck --repair (the known defect above)
+    # the same with A's handle closed while the archive is away: A's session keeps the
+    # copy to delete, and the next commit of a handle of the dataset there (the
+    # invariants' fresh handles) deletes it once the archive is back
     "migrate-onto-a-copy-left-by-a-closed-handle": (
         [
             ("create", "A", "a"),
@@ -418,7 +414,7 @@ SCENARIOS = {
             ("fsck_repair",),
             ("migrate", "B", "a", [(0, 0)]),
         ],
-        [MIGRATE_LEFT],
+        [],
     ),
     # a part of a chunk whose only copy is away is not rewritten (nothing of the write is);
     # once the archive is back it is
@@ -498,11 +494,6 @@ def test_scenarios(steps, met):
             machine.teardown()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a handle closed while the archive is away forgets the copies it could not "
-    "delete there: they stay until fsck --repair",
-)
 @pytest.mark.filterwarnings("ignore::ResourceWarning")
 def test_a_copy_stranded_by_a_closed_handle_goes_at_the_next_commit():
     """A copy a rewrite made obsolete on the archive while it was away stays the session's

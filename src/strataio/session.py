@@ -383,6 +383,9 @@ class Session:
         self.cache = ChunkCache(cache_bytes)
         #: the catalog rows this session's closed datasets learned (:mod:`row_memo`)
         self.row_memo = RowMemo()
+        # the obsolete objects closed handles could not delete (their tier away), by
+        # dataset: the next handle of the dataset takes them over (Residency.strand)
+        self._stranded: dict[str, list[tuple[str, str]]] = {}
         self.mover = Mover(self.tiers, self.placement, self.cache, self.commit)
         self._open: list[TieredChunkStore] = []
         self._superfiles: list[Superfile] = []
@@ -485,6 +488,7 @@ class Session:
         record, err = self._agree(record, err)
         if err is not None:
             raise err
+        self._stranded.pop(name, None)  # (the objects of a dataset deleted since)
         store = self._store(record, [])
         try:
             if self.rank == 0 and not store.disabled:
@@ -642,6 +646,7 @@ class Session:
         if err is not None:
             raise err
         self.row_memo.forget(name)
+        self._stranded.pop(name, None)  # (the deletion deals with every object of it)
         for t in self.tiers:
             if t.volatile and t.up:  # (this process's own cache level: no remnant)
                 with contextlib.suppress(StrataError):
@@ -780,8 +785,10 @@ class Session:
         load = None
         if lazy and self.catalog is not None:
             load = RowLoader(self.catalog, record.name, self.row_memo)
+        res = Residency(record.name, copies, self.tiers, load=load)
+        res.strand(self._stranded.pop(record.name, ()))
         store = TieredChunkStore(
-            Residency(record.name, copies, self.tiers, load=load),
+            res,
             self.tiers,
             self.placement,
             self.mover,
@@ -792,11 +799,22 @@ class Session:
             stage_on_read=self.stage_on_read,
             chosen=(placement_decision(record) or AutoDecision(None, "", {}, [])).tier,
         )
+        store.on_closed = functools.partial(self._closed_store, load)
         if load is not None:
-            store.on_closed = functools.partial(self._keep_learned, load)
             store.learned_since = lambda: load.first_generation
         self._open = [s for s in self._open if not s.closed] + [store]
         return store
+
+    def _closed_store(self, load: RowLoader | None, store: TieredChunkStore) -> None:
+        """Keep what ``store``, closing, leaves to a later handle of its dataset: the
+        obsolete objects it could not delete (an outage leaves no orphans behind a running
+        session, handles closed or not) and, where it learned its rows on demand (``load``),
+        what it learned (:meth:`_keep_learned`)."""
+        left = store.res.hand_over_stranded()
+        if left:
+            self._stranded.setdefault(store.name, []).extend(left)
+        if load is not None:
+            self._keep_learned(load, store)
 
     def _keep_learned(self, load: RowLoader, store: TieredChunkStore) -> None:
         """Keep what ``store``, closing, learned of its catalog rows where they still hold

@@ -1036,6 +1036,14 @@ class Residency:
                 if (tier, key) not in self._writing and self.copy_on(key, tier) is None:
                     self._stranded.add((tier, key))
 
+    def hand_over_stranded(self) -> list[tuple[str, str]]:
+        """Remove and return the objects :meth:`strand` kept, for a later handle of the
+        dataset in this session to delete (:meth:`strand` there): at close."""
+        with self.lock:
+            objs = sorted(self._stranded)
+            self._stranded.clear()
+            return objs
+
     def take_stranded(self) -> list[tuple[str, str]]:
         """Remove and return the objects :meth:`strand` kept, marked as being deleted (puts
         of them wait) until :meth:`deleted`; those still not deleted go back by

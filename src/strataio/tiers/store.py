@@ -138,7 +138,8 @@ class TieredChunkStore(ChunkStore):
         self.stage_on_read = stage_on_read
         self.commit = commit if commit is not None else placement.commit
         self._closed = False
-        #: called with this store once it closed (a session keeps what it learned)
+        #: called with this store once it closed (a session keeps what it learned, and the
+        #: obsolete objects it could not delete)
         self.on_closed: Callable[[TieredChunkStore], None] | None = None
         #: where set, the catalog's generation of the dataset at the residency's first
         #: lookup (None: not known): every row learned since is at least that current
