@@ -106,6 +106,7 @@ def same_on_every_rank(comm: MPI.Comm | None, call: str, args: Mapping[str, Any]
 
 
 def _short(value: Any) -> str:
-    """``repr(value)``, cut to a length an error message can carry."""
+    """``repr(value)``, cut in the middle to a length an error message can carry (paths
+    differ in their ends)."""
     text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    return text if len(text) <= 60 else text[:28] + "..." + text[-29:]

@@ -301,7 +301,9 @@ class Session:
     missing directory is made only for a tier the catalog has never registered; one of a
     tier it knows (a volume not mounted, a directory removed) leaves that tier down, saying
     so, and is not made (:func:`~strataio.tiers.tier.tier_from_config`; ``strataio init``
-    makes it, new and empty). Given ``tiers`` are used as they are.
+    makes it, new and empty). Given ``tiers`` are used as they are. In a parallel job every
+    rank must have the same tiers (names, places, roles, capacities), whether from its
+    configuration or given: ranks that differ raise :class:`ArgumentError` on every rank.
     ``cache_bytes`` bounds the prefetch cache; ``stage_on_read`` stages chunks read from an
     archive tier to disk, as APRIL does, in a single process only: in a parallel job a read
     stages nothing (it reads the archive copy), since a copy one rank made on its own would
@@ -363,8 +365,32 @@ class Session:
         if err is not None:
             raise err
         tier_state, self.writer, catalog_url, known = state
-        # (the other ranks of a job build theirs from the tiers rank 0's catalog knows)
-        self.tiers = tiers if tiers is not None else TierSet.from_config(config, known)
+        try:
+            # (the other ranks of a job build theirs from the tiers rank 0's catalog knows)
+            if tiers is None:
+                tiers = built = TierSet.from_config(config, known)
+            self.tiers = tiers
+            # every rank puts and reads each chunk where rank 0's catalog records it
+            records = tiers.records()
+            same_on_every_rank(
+                comm,
+                "Session",
+                {
+                    "tiers": [r.name for r in records],
+                    **{f"place of tier {r.name!r}": r.url for r in records},
+                    "tier roles": [r.role for r in records],
+                    "tier capacities": [r.capacity_bytes for r in records],
+                },
+            )
+        except BaseException:
+            if self.rank == 0 and self.catalog is not None:
+                with contextlib.suppress(StrataError):
+                    self.catalog.release_writer(self.writer)
+                if self._own_catalog:
+                    self.catalog.close()
+            if built is not None:
+                built.close()
+            raise
         # one commit object takes every change to the catalog (rank 0 holds the catalog; the
         # other ranks announce their rewrites through a connection of their own)
         self.commit = Commit(

@@ -1,5 +1,6 @@
-"""Run under ``mpiexec -n 2``: a Session's create_dataset, open_dataset and delete_dataset are
-collective, so ranks passing different arguments (dtype, shape, chunks, attrs, hint, name,
+"""Run under ``mpiexec -n 2``: a Session whose ranks pass other tiers raises ArgumentError on
+every rank and leaves no writer registered; a Session's create_dataset, open_dataset and
+delete_dataset are collective, so ranks passing different arguments (dtype, shape, chunks, attrs, hint, name,
 mode) raise ArgumentError on every rank, naming the argument and the ranks, and nothing is
 created or deleted; the same calls with the same arguments on every rank work, and what every
 rank wrote reads back.
@@ -37,7 +38,19 @@ def refused(call, *says: str) -> None:
     raise AssertionError(f"rank {rank}: {says} did not raise ArgumentError")
 
 
+# rank 1's tiers under another directory: it would put its chunks where no rank reads them
+refused(
+    lambda: strataio.Session(
+        tiers=disk_and_tape(root / ["", "elsewhere"][rank]), catalog=root / "cat.db", comm=comm
+    ),
+    "Session",
+    "place of tier 'disk'",
+    "rank 1",
+    "elsewhere",
+)
 with strataio.Session(tiers=disk_and_tape(root), catalog=root / "cat.db", comm=comm) as s:
+    if rank == 0:  # (the refused Session's writer released)
+        assert [w.id for w in s.catalog.writers()] == [s.writer], s.catalog.writers()
     for arg, kwargs in (
         ("dtype", dict(shape=(64, 64), dtype=["f4", "i4"][rank], chunks=(16, 16))),
         ("shape", dict(shape=[(64, 64), (64, 65)][rank], dtype="f4", chunks=(16, 16))),
