@@ -288,6 +288,27 @@ def test_attrs_are_plain_json_that_strict_readers_take(tmp_path):
     assert ts.open(spec).result().shape == (4,)
 
 
+def test_attribute_keys_that_are_no_strings_are_refused_not_renamed(tmp_path):
+    """JSON writes a key 3 as "3": an attribute set under 3, or a mapping inside one keyed
+    so, read back under another key. Refused with ArgumentError, saying where and what it
+    would have become, before zarr.json is written."""
+    ds = strataio.create_dataset(tmp_path / "a", (4,), "f4", (2,))
+    before = (tmp_path / "a" / "zarr.json").read_bytes()
+    for key, value, says in (
+        (3, 1, r"attrs: key 3 \(int\) .* read back as '3'"),
+        ("x", [{None: 1}], r"attrs\['x'\]\[0\]: key None .* read back as 'null'"),
+        ((1, 2), 0, "JSON cannot hold it"),
+    ):
+        with pytest.raises(ArgumentError, match=says):
+            ds.attrs[key] = value
+    with pytest.raises(ArgumentError, match="key 1.5"):
+        strataio.create_dataset(tmp_path / "b", (4,), "f4", (2,), attrs={1.5: 0})
+    assert (tmp_path / "a" / "zarr.json").read_bytes() == before
+    assert not (tmp_path / "b").exists()
+    ds.attrs["ok"] = {"nested": [{"k": 1}]}
+    assert strataio.open_dataset(tmp_path / "a").attrs["ok"] == {"nested": [{"k": 1}]}
+
+
 # ------------------------------------------------------------------------------ errors
 @pytest.fixture
 def ds(tmp_path):

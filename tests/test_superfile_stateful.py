@@ -135,3 +135,12 @@ def test_bench_superfile_tiny(tmp_path):
     assert disk["speedup_model"] > 1 and tape["speedup_model"] > disk["speedup_model"]
     # 8 KiB containers hold two 4 KiB files: four reads instead of one
     assert [r["requests"] for r in got["sweep"] if r["preset"] == "remote_disk_2002"] == [4, 1]
+
+
+def test_bench_superfile_names_an_unknown_preset_as_a_usage_error(tmp_path):
+    from strataio.cli import main
+
+    for presets, says in (("remote_disk_2002,fast", "'fast'"), (",", "none named")):
+        res = CliRunner().invoke(main, ["bench", "superfile", "--presets", presets])
+        assert res.exit_code == 2, res.output
+        assert says in res.output and "known: remote_disk_2002, remote_tape_2002" in res.output

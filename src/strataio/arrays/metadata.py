@@ -133,6 +133,7 @@ def json_attrs(attrs: Any) -> dict[str, Any]:
         return {}
     if not isinstance(attrs, dict):
         raise ArgumentError("attrs must be a dict of JSON values")
+    _check_keys(attrs, "attrs")
 
     def plain(value: Any) -> Any:
         if isinstance(value, np.generic | np.ndarray):
@@ -148,6 +149,26 @@ def json_attrs(attrs: Any) -> dict[str, Any]:
             "attrs: NaN and infinities are not JSON values (strict readers such as "
             "TensorStore refuse the file); store them as strings, e.g. 'NaN'"
         ) from None
+
+
+def _check_keys(value: Any, where: str) -> None:
+    """Raise :class:`ArgumentError` for a key of a mapping in ``value`` that is not a string:
+    JSON would write ``3`` as ``"3"``, and the attribute would read back under another key."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if not isinstance(k, str):
+                try:
+                    became = f"it would read back as {next(iter(json.loads(json.dumps({k: 0}))))!r}"
+                except TypeError:
+                    became = "JSON cannot hold it"
+                raise ArgumentError(
+                    f"{where}: key {k!r} ({type(k).__name__}) is not a string: JSON keys are "
+                    f"strings, and {became}"
+                )
+            _check_keys(v, f"{where}[{k!r}]")
+    elif isinstance(value, list | tuple):
+        for i, v in enumerate(value):
+            _check_keys(v, f"{where}[{i}]")
 
 
 @dataclass(slots=True)

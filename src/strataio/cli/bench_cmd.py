@@ -480,13 +480,21 @@ def superfile_cmd(
 ) -> None:
     """Small files from a shaped remote tier: a superfile versus one object per file."""
     from strataio.bench.superfile import run_superfile, superfile_tables
+    from strataio.storage.shaped import PRESETS
     from strataio.tiers.superfile import DEFAULT_CONTAINER_BYTES
 
+    names = _csv(presets)
+    unknown = [n for n in names if n not in PRESETS]
+    if unknown or not names:
+        what = f"unknown preset(s) {', '.join(map(repr, unknown))}" if unknown else "none named"
+        raise click.BadParameter(
+            f"{what}; known: {', '.join(sorted(PRESETS))}", param_hint="--presets"
+        )
     try:
         result = run_superfile(
             counts=counts,
             member_bytes=member_size,
-            presets=_csv(presets),
+            presets=names,
             time_scale=time_scale,
             container_bytes=container or DEFAULT_CONTAINER_BYTES,
             sweep=sweep or [],
