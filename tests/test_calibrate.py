@@ -19,6 +19,7 @@ from strataio.errors import BusyError, StrataError
 from strataio.predict.calibrate import calibrate, default_sizes
 from strataio.predict.perfdb import FIXED_OPS, SERIES_OPS, PerfTable
 from strataio.predict.ranks import launch
+from strataio.tiers.tier import register_configured_tiers
 
 pytestmark = pytest.mark.mpi
 
@@ -88,7 +89,7 @@ def test_calibration_is_stored_and_read_back(tmp_path, request, kind):
     cfg = load_config(write_config(tmp_path, url))
     seen = []
     with open_catalog(cfg.catalog.url) as cat:
-        cat.register_tiers(cfg.tier_records())
+        register_configured_tiers(cat, cfg)
         rows = calibrate(
             cfg,
             cat,
@@ -135,7 +136,7 @@ def test_a_tier_being_calibrated_is_not_calibrated_again_at_once(tmp_path):
     try:
         assert holder.stdout.readline().strip() == "held"
         with open_catalog(cfg.catalog.url) as cat:
-            cat.register_tiers(cfg.tier_records())
+            register_configured_tiers(cat, cfg)
             with pytest.raises(BusyError, match=f"pid {holder.pid}"):
                 calibrate(cfg, cat, ["tape"], sizes=[1024], repeat=1, levels=(1,))
             assert cat.perf_rows("tape") == []
@@ -235,6 +236,8 @@ def test_ranks_without_a_block_take_part(tmp_path, monkeypatch):
 
     monkeypatch.chdir(tmp_path)
     cfg = load_config(write_config(tmp_path, "cat.db"))
+    with open_catalog(cfg.catalog.url) as cat:
+        register_configured_tiers(cat, cfg)  # (a run makes no tier's directory)
     for method in ("naive", "collective", "chunked"):
         text = WORKLOAD.format(method=method).replace("ranks = 2", "ranks = 4")
         text = text.replace("[8, 16, 16]", "[2, 16, 16]").replace("[16, 16, 16]", "[3, 4, 4]")
@@ -251,3 +254,23 @@ def test_ranks_killed_without_a_word_are_said_to_be_killed(tmp_path, monkeypatch
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
     with pytest.raises(StrataError, match=r"killed \(SIGKILL\).*out of memory"):
         launch(1, "killed_rank", [], timeout=60)
+
+
+def test_a_known_tier_whose_directory_is_missing_is_not_measured_nor_made(tmp_path):
+    """A tier the catalog knows whose directory is missing (a volume not mounted) is down for
+    a Session; calibrating it measured an empty directory made in its place. Refused, saying
+    so, with nothing made and nothing recorded; a tier new to the catalog gets its directory,
+    as a Session makes it."""
+    cfg = load_config(write_config(tmp_path, str(tmp_path / "cat.db")))
+    with open_catalog(cfg.catalog.url) as cat:
+        register_configured_tiers(cat, cfg)
+        assert (tmp_path / "tape").is_dir()
+        (tmp_path / "tape").rmdir()
+        with pytest.raises(StrataError, match=r"tier 'tape' cannot be measured: .* missing"):
+            calibrate(cfg, cat, ["tape"], sizes=[1024], repeat=1, levels=(1,))
+        assert not (tmp_path / "tape").exists() and cat.perf_rows("tape") == []
+    (tmp_path / "new").mkdir()
+    fresh = load_config(write_config(tmp_path / "new", str(tmp_path / "new" / "cat.db")))
+    with open_catalog(fresh.catalog.url) as cat:
+        rows = calibrate(fresh, cat, ["local"], sizes=[1024], repeat=1, levels=(1,))
+    assert rows and (tmp_path / "new" / "local").is_dir()

@@ -179,6 +179,7 @@ def test_access_costs_read_again_under_the_lock_are_not_measured_twice(
     import strataio.predict.ranks
     from strataio.catalog import open_catalog
     from strataio.demo.pipeline import TIERED_OPS, ensure_access_costs
+    from strataio.tiers.tier import register_configured_tiers
 
     def launch(*args, **kwargs):
         raise AssertionError("access costs measured again")
@@ -190,6 +191,7 @@ def test_access_costs_read_again_under_the_lock_are_not_measured_twice(
              for n in (1024, 1 << 20)]  # fmt: skip
     newer += [PerfRow(t, op, 0, 0.01, 2, 2.0) for t in tiers for op in TIERED_OPS.values()]
     with open_catalog(config.catalog.url) as catalog:
+        register_configured_tiers(catalog, config)  # (as the demo's calibration step did)
         catalog.record_perf(newer)
     perf, measured = ensure_access_costs(config, tmp_path / "strataio.toml", TINY, stale)
     assert not measured

@@ -21,6 +21,7 @@ from strataio.predict.calibrate import calibrate
 from strataio.predict.perfdb import FIXED_OPS, SERIES_OPS
 from strataio.predict.runner import run_workload
 from strataio.predict.workload import load_workload
+from strataio.tiers.tier import register_configured_tiers
 
 CONFIG = """
 [catalog]
@@ -63,7 +64,7 @@ def setup(tmp_path, monkeypatch):
         PerfRow("local", op, n, n * 1e-9, 1, 1.0) for op in SERIES_OPS for n in (1024, 1 << 20)
     ]
     with open_catalog(cfg.catalog.url) as cat:
-        cat.register_tiers(cfg.tier_records())
+        register_configured_tiers(cat, cfg)
         cat.record_perf(rows)
     lock = tmp_path / "local" / ".strataio-predict" / "calibrate.lock"
     lock.parent.mkdir(parents=True)

@@ -11,8 +11,6 @@ records copies there).
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import os
 from collections.abc import Collection
 from pathlib import Path
@@ -21,6 +19,7 @@ from typing import TYPE_CHECKING
 from strataio.catalog import Catalog, TierRecord, open_catalog
 from strataio.config import Config, TierConfig, load_config
 from strataio.errors import ConfigError
+from strataio.tiers.tier import register_configured_tiers
 
 if TYPE_CHECKING:
     from strataio.session import Session
@@ -48,20 +47,11 @@ def open_configured_catalog(
     (``strataio init``, which says what it made)."""
     catalog = open_catalog(cfg.catalog.url)  # a file that cannot be made: BackendError
     try:
-        known = {t.name: t for t in catalog.tiers()}
-        records = [
-            dataclasses.replace(r, state=known[r.name].state) if r.name in known else r
-            for r in cfg.tier_records()
-        ]
-        for t in cfg.tiers if make_dirs else ():
-            if t.name not in known and not t.read_only:
-                with contextlib.suppress(ConfigError):
-                    _make_tier_dir(cfg, t)
-        catalog.register_tiers(records)
+        new = register_configured_tiers(catalog, cfg, make_dirs=make_dirs)
     except BaseException:
         catalog.close()
         raise
-    return catalog, [r for r in records if r.name not in known]
+    return catalog, new
 
 
 def make_tier_dirs(cfg: Config, *, keep: Collection[str] = ()) -> list[tuple[TierConfig, Path]]:

@@ -105,9 +105,10 @@ def ensure_calibrated(
     from strataio.catalog import open_catalog
     from strataio.predict.calibrate import calibrate, default_sizes
     from strataio.predict.perfdb import PerfTable
+    from strataio.tiers.tier import register_configured_tiers
 
     with open_catalog(config.catalog.url) as catalog:
-        catalog.register_tiers(config.tier_records())
+        register_configured_tiers(catalog, config)
         rows = catalog.perf_rows()
         tiers = {t.name for t in config.tiers}
         if rows and tiers <= {r.tier for r in rows}:

@@ -88,8 +88,9 @@ def calibrate(
     sizes = list(sizes or default_sizes())
     names = list(tiers) if tiers else [t.name for t in config.tiers if t.kind == "posix"]
     configs = [config.tier(n) for n in names]
+    known = {r.name for r in catalog.tiers()}
     for tc in configs:
-        tier_dir(tc)  # a tier calibration cannot reach: say so before measuring anything
+        tier_dir(tc, known)  # a tier calibration cannot reach: say so before measuring anything
     per_level = steps(sizes, repeat)
     all_rows: list[PerfRow] = []
     for tc in configs:

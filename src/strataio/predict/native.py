@@ -16,7 +16,7 @@ import fcntl
 import os
 import socket
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from typing import Any
 
 from strataio.errors import BusyError, StrataError
@@ -33,19 +33,36 @@ _POLL_S = 0.05
 _held: set[int] = set()
 
 
-def tier_dir(tc: Any) -> str:
-    """The POSIX directory of tier config ``tc`` (calibration and runs need one)."""
+def tier_dir(tc: Any, known: Collection[str] | None = None) -> str:
+    """The POSIX directory of tier config ``tc`` (calibration and runs need one). With
+    ``known``, the tiers the catalog has registered, a missing directory is made for a tier
+    new to it, as a Session makes it (:func:`~strataio.tiers.tier.tier_from_config`); one of
+    a known tier raises, as it leaves the tier down there: a volume not mounted is not
+    measured as an empty tier."""
     if getattr(tc, "kind", None) != "posix" or not tc.path:
         raise StrataError(
             f"tier {tc.name!r} is a {tc.kind} tier: calibration and measured runs need a "
             "posix tier (a File opens a path)"
         )
+    if known is not None and not os.path.isdir(tc.path):
+        from strataio.tiers.tier import tier_from_config
+
+        tier = tier_from_config(tc, 0, known=tc.name in known)
+        if not tier.up:
+            raise StrataError(f"tier {tc.name!r} cannot be measured: {tier.last_error}")
     return tc.path
 
 
 def work_path(tc: Any, *parts: str) -> str:
-    """A path under the tier's work folder (the folder is created)."""
-    base = os.path.join(tier_dir(tc), WORK_DIR)
+    """A path under the tier's work folder (the folder is made, the tier's directory not:
+    :func:`tier_dir`)."""
+    root = tier_dir(tc)
+    if not os.path.isdir(root):
+        raise StrataError(
+            f"tier {tc.name!r}: its directory {root} is missing (a volume not mounted, or the "
+            "directory removed); mount it or put it back, or make it with `strataio init`"
+        )
+    base = os.path.join(root, WORK_DIR)
     os.makedirs(base, exist_ok=True)
     return os.path.join(base, *parts)
 

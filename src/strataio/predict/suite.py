@@ -144,6 +144,7 @@ def run_suite(
     from strataio.predict.model import predict
     from strataio.predict.perfdb import PerfTable, UncalibratedError
     from strataio.predict.runner import run_workload
+    from strataio.tiers.tier import register_configured_tiers
 
     os.makedirs(root, exist_ok=True)
     path = os.path.join(root, "strataio.toml")
@@ -151,7 +152,7 @@ def run_suite(
         f.write(bench_config_text())
     config = load_config(path)
     with open_catalog(config.catalog.url) as catalog:
-        catalog.register_tiers(config.tier_records())
+        register_configured_tiers(catalog, config)
         if not calibrate and not catalog.perf_rows():
             raise UncalibratedError(
                 f"no calibration in {root} to reuse (--no-calibrate): run once without it"

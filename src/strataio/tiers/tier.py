@@ -26,7 +26,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import crc32c
@@ -815,6 +815,27 @@ class TierSet:
             # closing a dead connection must not mask the caller's error
             with contextlib.suppress(Exception):
                 t.backend.close()
+
+
+def register_configured_tiers(
+    catalog: Any, config: Any, *, make_dirs: bool = True
+) -> list[TierRecord]:
+    """Register ``config``'s tiers in ``catalog``, keeping the health states it holds; returns
+    the records of those new to it. With ``make_dirs``, a POSIX tier new to the catalog (and
+    not read-only) first gets its directory where missing, as a Session makes it (one that
+    cannot be made is left: the tier is down where it is used), since nothing makes the
+    directory of a tier the catalog knows but ``strataio init``."""
+    known = {t.name: t for t in catalog.tiers()}
+    records = [
+        replace(r, state=known[r.name].state) if r.name in known else r
+        for r in config.tier_records()
+    ]
+    for t in config.tiers if make_dirs else ():
+        if t.name not in known and not t.read_only and t.kind == "posix" and t.path:
+            with contextlib.suppress(OSError):
+                os.makedirs(t.path, exist_ok=True)
+    catalog.register_tiers(records)
+    return [r for r in records if r.name not in known]
 
 
 def tier_from_config(tc: Any, order: int, *, known: bool = False) -> Tier:
