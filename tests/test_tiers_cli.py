@@ -957,3 +957,30 @@ def test_a_stage_says_why_a_tier_without_room_takes_no_writes(tmp_path):
         assert _no_room_tiers(ds.store, "local") == "local: up (read-only)"
         assert _no_room_tiers(ds.store, None) == "local: up (read-only), remote"
         ds.close()
+
+
+def test_init_makes_no_directory_of_a_read_only_tier(tmp_path, monkeypatch):
+    """A read-only tier must hold its data: init leaves its missing directory unmade, notes
+    it (an error, exit 1, where the catalog records copies there), and --remake-tier of it
+    is a usage error; the other tiers' directories are made."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "strataio.toml").write_text(THREE_TIERS + "read_only = true\n")
+    out = CliRunner().invoke(main, ["init"])
+    assert out.exit_code == 0, out.output
+    assert "note: tier 'archive' is read-only" in out.stderr and "not made" in out.stderr
+    assert (tmp_path / "local").is_dir() and not (tmp_path / "archive").exists()
+    out = CliRunner().invoke(main, ["init", "--remake-tier", "archive"])
+    assert out.exit_code == 2 and "'archive' is read-only" in out.output, out.output
+    assert not (tmp_path / "archive").exists()
+    # copies recorded there, then the volume away: an error
+    (tmp_path / "strataio.toml").write_text(THREE_TIERS)
+    (tmp_path / "archive").mkdir()  # (the volume mounted, writable for a while)
+    with strataio.Session() as s:
+        s.create_dataset("a", (10, 10), "f4", (10, 10), hint="REMOTETAPE")[...] = 1.0
+    assert (tmp_path / "archive" / "a" / "c" / "0" / "0").is_file()
+    (tmp_path / "strataio.toml").write_text(THREE_TIERS + "read_only = true\n")
+    shutil.rmtree(tmp_path / "archive")
+    out = CliRunner().invoke(main, ["init"])
+    assert out.exit_code == 1, out.output
+    assert "error: tier 'archive' is read-only" in out.stderr and "records 1 chunk" in out.stderr
+    assert not (tmp_path / "archive").exists()

@@ -134,6 +134,12 @@ def init_cmd(force: bool, remake: tuple[str, ...]) -> None:
             f"--remake-tier: no tier {', '.join(map(repr, unknown))} in "
             f"{cfg.source or 'the configuration'}"
         )
+    fixed = sorted(t.name for t in cfg.tiers if t.name in remake and t.read_only)
+    if fixed:
+        raise _UsageProblem(
+            f"--remake-tier: tier {', '.join(map(repr, fixed))} is read-only: nothing makes "
+            "its directory (it must hold its data)"
+        )
     created = False
     existed = catalog_exists(cfg)
     catalog, new_tiers = open_configured_catalog(cfg, make_dirs=False)  # (made below)
@@ -168,7 +174,18 @@ def init_cmd(force: bool, remake: tuple[str, ...]) -> None:
             )
         click.echo(f"created tier directory {path}{lost}")
         created = True
-    refused = [t for t in cfg.tiers if t.name in kept and missing_tier_dir(t)]
+    absent = [t for t in cfg.tiers if t.read_only and missing_tier_dir(t)]
+    for t in absent:
+        recorded = f", and the catalog records {held[t.name][0]} there" if t.name in held else ""
+        click.echo(
+            f"{'error' if recorded else 'note'}: tier {t.name!r} is read-only: its directory "
+            f"{t.path} is missing{recorded}: not made (it must hold its data: mount it or "
+            "put it back)",
+            err=True,
+        )
+    refused = [t for t in cfg.tiers if t.name in kept and missing_tier_dir(t) and not t.read_only]
+    if any(t.name in held for t in absent):
+        sys.exit(1)
     for t in refused:
         click.echo(
             f"error: tier {t.name!r}: its directory {t.path} is missing, and the catalog records "

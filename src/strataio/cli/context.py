@@ -56,7 +56,9 @@ def open_configured_catalog(
 
 def make_tier_dirs(cfg: Config, *, keep: Collection[str] = ()) -> list[tuple[TierConfig, Path]]:
     """Create the directories of the configured POSIX tiers that do not exist, but those of
-    the tiers named in ``keep``; returns each tier made so, with its directory.
+    the tiers named in ``keep`` and of read-only tiers (which must hold their data: an empty
+    directory made in a volume's place would only hide it); returns each tier made so, with
+    its directory.
 
     This is ``strataio init``'s, and the one way a directory of a tier the catalog already
     knows is made again, new and empty (a Session makes only those of tiers new to the
@@ -65,7 +67,7 @@ def make_tier_dirs(cfg: Config, *, keep: Collection[str] = ()) -> list[tuple[Tie
     return [
         (t, path)
         for t in cfg.tiers
-        if t.name not in keep and (path := _make_tier_dir(cfg, t)) is not None
+        if t.name not in keep and not t.read_only and (path := _make_tier_dir(cfg, t)) is not None
     ]
 
 
