@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import strataio
+from outage import answer_again, stop_answering
 from strataio.errors import DatasetInUseError, ExistsError
 from strataio.tiers.fsck import Action, Kind, UnnamedObject, fsck, plan
 from strataio.tiers.fsck import Inventory as FsckInventory
@@ -44,17 +45,6 @@ def read(s, name="a"):
         return ds[...]
     finally:
         ds.close()
-
-
-def _stop_answering(root):
-    """The POSIX tier at ``root`` stops answering (a file in its place: I/O errors)."""
-    root.rename(root.with_name(root.name + ".away"))
-    root.write_bytes(b"")
-
-
-def _answer_again(root):
-    root.unlink()
-    root.with_name(root.name + ".away").rename(root)
 
 
 _UNFLUSHED = """
@@ -202,7 +192,7 @@ def test_a_tier_down_at_deletion_keeps_the_name_until_its_objects_are_gone(tmp_p
     on_tape = [o for o in objects(tmp_path) if o.startswith("tape/")]
     assert "tape/zarr.json" in on_tape and len(on_tape) == 33
     with open_session(tmp_path) as s:
-        _stop_answering(tmp_path / "tape")
+        stop_answering(tmp_path / "tape")
         s.tiers["tape"].mark_down("stopped answering")
         try:
             s.delete_dataset("a")
@@ -210,7 +200,7 @@ def test_a_tier_down_at_deletion_keeps_the_name_until_its_objects_are_gone(tmp_p
             with pytest.raises(ExistsError, match=r"'a' on tier 'tape'"):
                 s.create_dataset("a", SHAPE, "f4", CHUNKS, hint="LOCALDISK")
         finally:
-            _answer_again(tmp_path / "tape")
+            answer_again(tmp_path / "tape")
     assert objects(tmp_path) == on_tape
     with open_session(tmp_path) as s:
         if cleaner == "fsck":
@@ -239,14 +229,14 @@ def test_a_create_purges_the_remnants_of_names_above_and_below_it(tmp_path, dele
         ds[...] = 1.0
         ds.migrate(None, to="tape").wait()
         ds.close()
-        _stop_answering(tmp_path / "tape")
+        stop_answering(tmp_path / "tape")
         s.tiers["tape"].mark_down("stopped answering")
         try:
             s.delete_dataset(deleted)
             with pytest.raises(ExistsError, match=rf"'{deleted}' on tier 'tape'"):
                 s.create_dataset(created, SHAPE, "f4", CHUNKS, hint="LOCALDISK")
         finally:
-            _answer_again(tmp_path / "tape")
+            answer_again(tmp_path / "tape")
         assert len(objects(tmp_path, deleted)) == 65
     with open_session(tmp_path) as s:
         s.create_dataset(created, SHAPE, "f4", CHUNKS, hint="LOCALDISK").close()
@@ -311,12 +301,12 @@ def test_fsck_leaves_a_dataset_created_again_since_it_read_the_remnants(tmp_path
         ds = s.create_dataset("a", SHAPE, "f4", CHUNKS, hint="LOCALDISK", attrs={"old": 1})
         ds[...] = 1.0
         ds.close()
-        _stop_answering(tmp_path / "tape")
+        stop_answering(tmp_path / "tape")
         s.tiers["tape"].mark_down("stopped answering")
         try:
             s.delete_dataset("a")
         finally:
-            _answer_again(tmp_path / "tape")
+            answer_again(tmp_path / "tape")
         assert s.catalog.remnants() == [("a", "tape")]
 
     def create_again():

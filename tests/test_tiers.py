@@ -18,6 +18,7 @@ import pytest
 
 import strataio
 from mpirun import run_mpi
+from outage import answer_again, stop_answering
 from racing import race
 from strataio.catalog.base import ChunkCopy, open_catalog
 from strataio.errors import (
@@ -205,13 +206,13 @@ def test_tiered_attrs_are_not_set_where_no_tier_that_answers_holds_zarr_json(tmp
         (tmp_path / tier / "x" / "zarr.json").unlink()
     with session(tmp_path) as s:
         assert not s.tiers["tape"].up
-        _stop_answering(tmp_path / "tape")  # (else the open's probe finds it answering)
+        stop_answering(tmp_path / "tape")  # (else the open's probe finds it answering)
         ds = s.open_dataset("x", "r+")
         with pytest.raises(MetadataError, match="no tier that answers holds its zarr.json"):
             ds.attrs["step"] = 4
         ds.close()
         assert not any((tmp_path / t / "x" / "zarr.json").exists() for t in ("local", "remote"))
-        _answer_again(tmp_path / "tape")
+        answer_again(tmp_path / "tape")
         s.catalog.set_tier_state("tape", "up")
     with session(tmp_path) as s:
         assert dict(s.open_dataset("x").attrs) == {"units": "K", "step": 3}
@@ -278,12 +279,12 @@ def _attrs_set_while_local_is_down(root):
         ds[...] = 7
         ds.close()
     with session(root, roles=TWO_TIERS) as s:
-        _stop_answering(root / "local")
+        stop_answering(root / "local")
         ds = s.open_dataset("x", "r+")
         ds.attrs["step"] = 3
         ds.close()
         assert not s.tiers["local"].up
-    _answer_again(root / "local")
+    answer_again(root / "local")
     assert _stored_attrs(root, "local", "x") == {"units": "K"}
     assert _stored_attrs(root, "remote", "x") == {"units": "K", "step": 3}
 
@@ -316,12 +317,12 @@ def test_an_open_that_reaches_only_a_zarr_json_from_before_a_change_says_so(tmp_
     dataset, rather than show the older attributes; once that tier answers, it opens."""
     _attrs_set_while_local_is_down(tmp_path)
     with session(tmp_path, roles=TWO_TIERS) as s:
-        _stop_answering(tmp_path / "remote")
+        stop_answering(tmp_path / "remote")
         assert s.check_tiers() == {"local": True, "remote": False}
         with pytest.raises(MetadataError, match="dataset 'x': no tier that answers holds the"):
             s.open_dataset("x")
         assert _stored_attrs(tmp_path, "local", "x") == {"units": "K"}
-    _answer_again(tmp_path / "remote")
+    answer_again(tmp_path / "remote")
     with session(tmp_path, roles=TWO_TIERS) as s:
         s.check_tiers()
         assert dict(s.open_dataset("x").attrs) == {"units": "K", "step": 3}
@@ -334,13 +335,13 @@ def test_an_open_that_fails_leaves_the_dataset_in_use_by_no_one(tmp_path):
     _attrs_set_while_local_is_down(tmp_path)
     with session(tmp_path, roles=TWO_TIERS) as s:
         s.catalog.MARK_LINGER_S = 0
-        _stop_answering(tmp_path / "remote")
+        stop_answering(tmp_path / "remote")
         s.check_tiers()
         for _ in range(2):
             with pytest.raises(MetadataError):
                 s.open_dataset("x")
         assert s.catalog.datasets_in_use() == set()
-        _answer_again(tmp_path / "remote")
+        answer_again(tmp_path / "remote")
         with open_catalog(tmp_path / "cat.db") as other:
             assert other.datasets_in_use() == set()
             found = fsck(other, make_tiers(tmp_path, roles=TWO_TIERS)).problems
@@ -362,7 +363,7 @@ def test_a_create_that_cannot_store_zarr_json_leaves_the_dataset_in_use_by_no_on
     with session(tmp_path, roles=TWO_TIERS) as s:
         s.catalog.MARK_LINGER_S = 0
         for name in ("local", "remote"):
-            _stop_answering(tmp_path / name)
+            stop_answering(tmp_path / name)
         with pytest.raises(BackendError, match="no tier answered to store zarr.json"):
             s.create_dataset("x", (8,), "i4", (4,), hint="LOCALDISK")
         assert s.catalog.datasets_in_use() == set()
@@ -482,14 +483,14 @@ def test_a_write_with_chunks_in_the_way_stores_every_other_chunk_or_names_it(tmp
         ds.close()
         ds = s.create_dataset("y", (4, 4), "i4", (2, 2), hint="LOCALDISK")
         (local / "y" / "c" / "0" / "0").mkdir(parents=True)
-        _stop_answering(remote)
+        stop_answering(remote)
         with pytest.raises(ObjectError, match=r"c/1/0, c/1/1, stored on no tier.*'remote'") as e:
             ds[...] = a
         assert e.value.keys == ["c/0/0", "c/1/0", "c/1/1"]
         assert where(ds) == {"c/0/1": ["local"]}
         np.testing.assert_array_equal(ds[0:2, 2:4], a[0:2, 2:4])
         ds.close()
-        _answer_again(remote)
+        answer_again(remote)
         assert s.tiers["local"].up
 
 
@@ -522,7 +523,7 @@ def test_many_objects_one_thing_is_in_the_way_of_cost_one_probe_of_their_tier(
         assert probes["local"] == 1 and local.up
         ds.close()
         local.RECHECK_S = 0.0  # (the last probe is old now)
-        _stop_answering(tmp_path / "local")
+        stop_answering(tmp_path / "local")
         with s.create_dataset("y", (4,), "i4", (4,), hint="LOCALDISK") as ds:
             ds[...] = 7
             assert where(ds) == {"c/0": ["remote"]}
@@ -586,7 +587,7 @@ def test_attribute_changes_run_at_once_take_effect_in_the_order_they_were_announ
         assert named == [checksum(b)]
         for tier in ("local", "remote"):
             assert _stored_attrs(tmp_path, tier, "x") == {"by": "B"}
-        _stop_answering(tmp_path / "remote")
+        stop_answering(tmp_path / "remote")
         s.check_tiers()
         assert dict(s.open_dataset("x").attrs) == {"by": "B"}
 
@@ -1037,18 +1038,6 @@ def _written(s, shape, hint, *, seed):
     return a, ds
 
 
-def _stop_answering(root):
-    """The POSIX tier at ``root`` stops answering (a file in its place: I/O errors)."""
-    root.rename(root.with_name(root.name + ".away"))
-    root.write_bytes(b"")
-
-
-def _answer_again(root):
-    """The tier :func:`_stop_answering` stopped answers again, holding what it held."""
-    root.unlink()
-    root.with_name(root.name + ".away").rename(root)
-
-
 def test_a_running_session_reads_again_from_a_tier_that_answers_again(tmp_path, monkeypatch):
     """A chunk whose only copy sits on a tier that went down fails to read, saying so (and
     that nothing is lost); once the tier answers, the same session reads it again: a read
@@ -1058,14 +1047,14 @@ def test_a_running_session_reads_again_from_a_tier_that_answers_again(tmp_path, 
         a, ds = _written(s, (20, 20), "REMOTEDISK", seed=7)
         ds.close()
         ds = s.open_dataset("a")
-        _stop_answering(root)
+        stop_answering(root)
         monkeypatch.setattr(Tier, "RECHECK_S", 3600.0)
         with pytest.raises(BackendError) as info:
             ds[...]
         msg = str(info.value)
         assert "tiers that are down" in msg and "nothing is lost" in msg and "fsck" not in msg
         assert not s.tiers["remote"].up
-        _answer_again(root)
+        answer_again(root)
         with pytest.raises(BackendError):
             ds[...]  # (probed again only RECHECK_S after its failure)
         monkeypatch.setattr(Tier, "RECHECK_S", 0.0)
@@ -1084,13 +1073,13 @@ def test_a_running_session_writes_again_to_its_home_tier_once_it_answers(tmp_pat
         a, ds = _written(s, (20, 20), "LOCALDISK", seed=8)
         ds.flush()
         assert {t for ts in where(ds).values() for t in ts} == {"local"}
-        _stop_answering(root)
+        stop_answering(root)
         monkeypatch.setattr(Tier, "RECHECK_S", 3600.0)
         ds[0:10, 0:10] = a[0:10, 0:10] + 1  # fails over to the next tier
         ds.flush()
         assert not s.tiers["local"].up
         assert where(ds)["c/0/0"] == ["remote"]
-        _answer_again(root)
+        answer_again(root)
         ds[0:10, 10:20] = a[0:10, 10:20] + 2
         ds.flush()
         assert where(ds)["c/0/1"] == ["remote"]  # (probed again only RECHECK_S after)
@@ -1121,9 +1110,9 @@ def test_a_copy_made_obsolete_while_its_tier_was_down_goes_once_the_tier_answers
         ds.flush()
         assert where(ds) == {"c/0/0": ["local"]}
         monkeypatch.setattr(Tier, "RECHECK_S", 3600.0)
-        _stop_answering(tmp_path / "local")
+        stop_answering(tmp_path / "local")
         ds[...] = a + 1  # (whole: the old bytes need not be read)
-        _answer_again(tmp_path / "local")
+        answer_again(tmp_path / "local")
         monkeypatch.setattr(Tier, "RECHECK_S", 0.0)
         ds.flush()
         assert where(ds) == {"c/0/0": ["remote"]}
@@ -1139,10 +1128,10 @@ def _rewritten_during_an_outage(root, s, *, seed):
     not), the tier answering again; the new values and the open dataset."""
     a, ds = _written(s, (10, 10), "LOCALDISK", seed=seed)
     ds.flush()
-    _stop_answering(root / "local")
+    stop_answering(root / "local")
     ds[...] = a + 1
     ds.flush()
-    _answer_again(root / "local")
+    answer_again(root / "local")
     return a, ds
 
 
@@ -1199,12 +1188,12 @@ def test_a_move_involving_a_tier_marked_down_probes_it(tmp_path, monkeypatch, do
         a, ds = _written(s, (10, 10), "REMOTEDISK", seed=10)
         ds.close()
         monkeypatch.setattr(Tier, "RECHECK_S", 0.0)
-        _stop_answering(tmp_path / down)
+        stop_answering(tmp_path / down)
         assert not s.tiers[down].check()
         ds = s.open_dataset("a")
         with pytest.raises(StrataError, match=says):
             ds.stage(None, to="local").wait()
-        _answer_again(tmp_path / down)
+        answer_again(tmp_path / down)
         ds.stage(None, to="local").wait()
         assert s.tiers[down].up
         assert sorted(where(ds)["c/0/0"]) == ["local", "remote"]
@@ -1228,7 +1217,7 @@ def test_fsck_probes_a_tier_marked_down_before_skipping_it(tmp_path):
         assert [(f.kind, f.tier) for f in report.problems] == [("corrupt", "remote")]
         checked = report.copies
         assert checked >= 1
-        _stop_answering(tmp_path / "remote")
+        stop_answering(tmp_path / "remote")
         s.tiers["remote"].mark_down("did not answer a moment ago")
         report = fsck(s.catalog, s.tiers)
         assert report.skipped_tiers == ["remote"] and not report.problems
@@ -1237,7 +1226,7 @@ def test_fsck_probes_a_tier_marked_down_before_skipping_it(tmp_path):
         assert on_remote >= 1 and report.copies == checked - on_remote
         why = report.skipped_why["remote"]
         assert why and why != "did not answer a moment ago", why  # (the probe's own error)
-        _answer_again(tmp_path / "remote")
+        answer_again(tmp_path / "remote")
 
 
 def _refusable(name):
@@ -1296,9 +1285,9 @@ def test_a_read_only_tier_marked_down_is_probed_by_reads_and_read_again(tmp_path
         assert remote.up and remote.backend.refused == 0 and remote.free == 0
         remote.mark_down("did not answer a moment ago")
         assert s.check_tiers()["remote"] and remote.up
-        _stop_answering(tmp_path / "remote")
+        stop_answering(tmp_path / "remote")
         assert not remote.check() and not remote.up
-        _answer_again(tmp_path / "remote")
+        answer_again(tmp_path / "remote")
         assert remote.recheck() and remote.backend.refused == 0
 
 
