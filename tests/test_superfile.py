@@ -213,6 +213,9 @@ def test_parallel_session_refused(tmp_path):
         def Get_rank(self):
             return 0
 
+        def Get_size(self):
+            return 1
+
         def bcast(self, v, root=0):
             return v
 

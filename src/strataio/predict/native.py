@@ -127,7 +127,9 @@ def _tier_locked(
                         + ("" if wait > 0 else " (--wait SECONDS waits for it)")
                     ) from None
                 if not told and on_wait is not None:
-                    on_wait(f"waiting up to {left:.3g} s for tier {tc.name!r}: {held}")
+                    # (in tenths: the wait asked for, less the little spent before this look)
+                    up_to = f"{round(left, 1):g} s" if left >= 0.1 else "0.1 s"
+                    on_wait(f"waiting up to {up_to} for tier {tc.name!r}: {held}")
                     told = True
                 time.sleep(min(_POLL_S, left))
                 continue
