@@ -2303,3 +2303,12 @@ def test_a_plain_flush_with_a_file_where_a_chunk_s_folder_goes_fails(tmp_path):
     obj.parent.write_bytes(b"")
     with pytest.raises((StrataError, OSError), match="Not a directory"):
         ds.flush()
+
+
+@pytest.mark.mpi
+def test_a_parallel_close_whose_written_objects_are_gone_fails_on_every_rank(tmp_path):
+    """The new objects of two ranks' rewrites deleted before the close: the commit cannot
+    record those writes, and the close raises ChunksNotStoredError on every rank naming both
+    chunks (it returned, the writes lost in silence); their chunks keep their old values."""
+    out = run_mpi(2, "tiers_lost_writes.py", tmp_path, timeout=60)
+    assert out.strip().splitlines()[-1] == "ok"

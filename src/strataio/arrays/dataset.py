@@ -512,9 +512,14 @@ class Dataset:
             self.store.flush()
 
     def close(self) -> None:
+        """Make every write durable and release the store. In a parallel job this is
+        collective: the store's close, which flushes (:meth:`ChunkStore.close`), says on
+        every rank what it could not store (an independent flush first would say rank 0's
+        own on rank 0 alone)."""
         if not self._closed:
             try:
-                self.flush()
+                if self.comm is None:
+                    self.flush()
             finally:
                 self._closed = True
                 self.store.close()

@@ -153,6 +153,10 @@ class Commit:
         self._touches: dict[str, dict[str, float]] = {}
         self._touch_timer: threading.Timer | None = None
         self._touch_lock = threading.Lock()
+        # in a parallel job, rank 0's commits that left writes out, per dataset handle, to
+        # be judged at the next collective close or share (_lost_in_job)
+        self._lost_later: dict[Residency, list[tuple[_Recorded, Batch]]] = {}
+        self._lost_lock = threading.Lock()
 
     #: seconds access times of chunks only read wait before they are recorded: one catalog
     #: transaction for all of them rather than one per dataset closed (0.15–0.2 ms each on
@@ -358,6 +362,7 @@ class Commit:
                 err = exc
         gathered = self.comm.gather((batch.for_rank_0(), err is not None), root=0)
         superseded: list[tuple[str, str]] = []
+        spared, lost = _Spared(), ({}, {})
         if self.catalog is not None and err is None:
             try:
                 if any(failed for _, failed in gathered):
@@ -372,10 +377,17 @@ class Commit:
                     every.dropped |= b.dropped
                     every.rewritten |= b.rewritten
                     every.revalidated |= b.revalidated
-                superseded = [(t, k) for _, k, t in self._record(res.name, every).superseded]
+                    for k, was in b.overwritten.items():
+                        every.overwritten.setdefault(k, set()).update(was)
+                done = self._record(res.name, every)
+                superseded = [(t, k) for _, k, t in done.superseded]
+                spared = _Spared.of(done, every)
+                lost = self._lost_in_job(res, (done, every))
             except BaseException as exc:
                 err = exc
-        failed = self.comm.bcast(None if err is None else repr(err), root=0)
+        failed, spared, lost = self.comm.bcast(
+            (None if err is None else repr(err), spared, lost), root=0
+        )
         if err is not None:
             if self.catalog is None:
                 res.restore(batch)
@@ -383,8 +395,9 @@ class Commit:
         if failed is not None:
             res.restore(batch)
             raise BackendError(f"dataset {res.name!r}: closing failed on rank 0: {failed}")
+        res.lose_writes(*lost)  # (reported by the store, on every rank alike)
         if self.catalog is None:
-            self._delete(res, batch.obsolete)
+            self._delete_unspared(res, batch.obsolete, spared)
         elif superseded:
             self._delete(res, superseded)  # (rank 0's own obsolete objects went above)
 
@@ -421,21 +434,26 @@ class Commit:
             raise err
         gathered = comm.gather(batch.for_rank_0(), root=0)
         changed: list[str] = []
+        spared, lost = _Spared(), ({}, {})
         if self.catalog is not None:
             try:
                 for theirs in gathered[1:]:
                     changed.extend(res.adopt(theirs))
-                self.apply(res)
+                with res.commit_lock:
+                    spared = self._apply_locked(res)
+                lost = self._lost_in_job(res)  # (each rank's next flush or close says them)
             except BaseException as exc:
                 err = exc
-        err, changed = comm.bcast((err, sorted(set(changed))), root=0)
+        err, changed, spared, lost = comm.bcast((err, sorted(set(changed)), spared, lost), root=0)
         if err is not None:
             # handed over, but not recorded: rank 0 keeps the rows; the objects they made
             # obsolete stay this rank's to delete once they are (at close)
             res.restore(Batch(obsolete=batch.obsolete))
             raise err
+        res.lose_writes(*lost)
         try:
-            self._delete(res, batch.obsolete)
+            if self.catalog is None:
+                self._delete_unspared(res, batch.obsolete, spared)
         except BaseException as exc:
             err = exc
         err = _first_error(comm, err)
@@ -460,12 +478,16 @@ class Commit:
                 self.catalog.set_tier_state(tier.name, tier.state)
 
     # ----------------------------------------------------------------- steps
-    def _apply_locked(self, res: Residency) -> None:
+    def _apply_locked(self, res: Residency) -> _Spared:
+        """Commit ``res``'s buffered changes (rank 0's, other ranks' adopted among them, in a
+        parallel job). Returns what other ranks must not delete of the objects their own
+        changes made obsolete (:class:`_Spared`): a chunk whose write was left out keeps the
+        copies that write replaced."""
         assert self.catalog is not None
         batch = res.take_batch()
         if batch.empty:
             self._delete_stranded(res)
-            return
+            return _Spared()
         try:
             # the objects this batch deletes as they are before its rows go: another
             # process may put a new object there once they have gone (see _delete)
@@ -486,13 +508,8 @@ class Commit:
         # rows and objects, are what is left of the chunk. Not so a move left out as
         # orphaned (its chunk rewritten since it read it): the catalog deleted the rows its
         # batch dropped, so their objects go too (they would be left for fsck else)
-        orphaned = set(done.orphaned)
-        void = {
-            k
-            for _, k, t in done.left_out - orphaned
-            if (k, t) in batch.written or (k, t) in batch.moved
-        }
-        kept = {(t, k) for _, k, t in done.kept} | {o for o in batch.obsolete if o[1] in void}
+        spared = _Spared.of(done, batch)
+        kept = spared.kept | {o for o in batch.obsolete if o[1] in spared.void}
         # an orphaned move's object goes only while it is the one the move put: another
         # process's write may have replaced it, and recorded it, since
         put_by_moves = {
@@ -517,12 +534,33 @@ class Commit:
         finally:
             # (last: its look at the catalog may fail, and the batch's objects are dealt
             # with first, whatever it finds)
-            if (done.lost or done.displaced) and self.comm is None:
-                self._note_lost(res, done, batch)
+            if done.lost or done.displaced:
+                if self.comm is None:
+                    self._note_lost(res, done, batch)
+                else:
+                    # (judged at the job's next collective close or share, once every rank's
+                    # puts are recorded: another rank's put of the chunk is no loss)
+                    with self._lost_lock:
+                        self._lost_later.setdefault(res, []).append((done, batch))
         if again:
             # a migration's copies whose deletion was refused are catalogued again now, not
             # left to fsck as orphans (README: a migration keeps the copies there)
-            self._apply_locked(res)
+            spared |= self._apply_locked(res)
+        return spared
+
+    def _lost_in_job(
+        self, res: Residency, *more: tuple[_Recorded, Batch]
+    ) -> tuple[dict[str, str], dict[str, str]]:
+        """Rank 0 of a parallel job, at a collective close or share, all ranks' changes
+        recorded: the writes of the commits since the last such call (and of ``more``) whose
+        values are lost (:meth:`_note_lost`), as :meth:`Residency.take_lost_writes` gives
+        them, for every rank to report."""
+        with self._lost_lock:
+            held = self._lost_later.pop(res, [])
+        for done, batch in [*held, *more]:
+            if done.lost or done.displaced:
+                self._note_lost(res, done, batch)
+        return res.take_lost_writes()
 
     def _note_lost(self, res: Residency, done: _Recorded, batch: Batch) -> None:
         """Note in ``res`` the writes of ``batch`` the commit ``done`` left out whose
@@ -888,6 +926,19 @@ class Commit:
             res.deleted(objs)
         return again
 
+    def _delete_unspared(
+        self, res: Residency, objs: list[tuple[str, str]], spared: _Spared
+    ) -> None:
+        """Delete the objects ``objs`` a rank's handed-over changes made obsolete (``(tier,
+        key)``), but those rank 0's commit ``spared``: where the chunk's write was left out
+        (its object gone or replaced before the commit), the copies it replaced are what is
+        left of the chunk."""
+        keep = [o for o in objs if o in spared.kept or o[1] in spared.void]
+        try:
+            self._delete(res, [o for o in objs if o not in keep])
+        finally:
+            res.deleted(keep)  # (kept, not deleted: puts of them may go on)
+
     def _still_there(self, res: Residency, obj: tuple[str, str]) -> bool:
         """Whether the object ``obj`` (``(tier, key)``) of ``res``'s dataset is there (a
         read; False where the tier cannot tell)."""
@@ -1017,6 +1068,33 @@ class _Recorded:
     #: the commit (by another process's write, or by something no write stands for: see
     #: Commit._lost_for_good)
     displaced: dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class _Spared:
+    """What a commit keeps of the objects its batch made obsolete: ``void``, chunks whose
+    write or move the commit left out (each keeps the copies it would have replaced), and
+    ``kept``, copies (``(tier, key)``) whose rows the commit kept."""
+
+    void: set[str] = dataclasses.field(default_factory=set)
+    kept: set[tuple[str, str]] = dataclasses.field(default_factory=set)
+
+    @classmethod
+    def of(cls, done: _Recorded, batch: Batch) -> _Spared:
+        orphaned = set(done.orphaned)
+        return cls(
+            {
+                k
+                for _, k, t in done.left_out - orphaned
+                if (k, t) in batch.written or (k, t) in batch.moved
+            },
+            {(t, k) for _, k, t in done.kept},
+        )
+
+    def __ior__(self, other: _Spared) -> _Spared:
+        self.void |= other.void
+        self.kept |= other.kept
+        return self
 
 
 def _first_error(comm: Any, err: BaseException | None) -> BaseException | None:

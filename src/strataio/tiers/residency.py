@@ -112,6 +112,7 @@ class Batch:
             dropped=self.dropped,
             rewritten=self.rewritten,
             revalidated=self.revalidated,
+            overwritten=self.overwritten,
         )
 
 

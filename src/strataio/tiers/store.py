@@ -1341,12 +1341,13 @@ class TieredChunkStore(ChunkStore):
         keys = sorted(lost)
         tiers = sorted(set(lost.values()))
         raise ChunksNotStoredError(
-            f"dataset {self.name!r}: {len(keys)} chunk(s) written since the last flush lost "
-            f"their new bytes before the catalog recorded them (the object put on tier(s) "
+            f"dataset {self.name!r}: {counted(len(keys), 'chunk')} written since the last "
+            f"flush lost {'its' if len(keys) == 1 else 'their'} new bytes before the catalog "
+            f"recorded {'it' if len(keys) == 1 else 'them'} (the object put on {counted(len(tiers), 'tier')} "
             f"{', '.join(map(repr, tiers))} is gone: deleted by another process or by hand); "
             f"{_few(keys)} "
-            f"{'keeps its' if len(keys) == 1 else 'keep their'} previous value; write "
-            f"{'it' if len(keys) == 1 else 'them'} again",
+            f"{'keeps its previous value' if len(keys) == 1 else 'keep their previous values'}; "
+            f"write {'it' if len(keys) == 1 else 'them'} again",
             keys,
         )
 
