@@ -7,6 +7,7 @@ import os
 import shutil
 import sys
 import sysconfig
+import tempfile
 import time
 
 import numpy as np
@@ -647,3 +648,48 @@ def test_a_put_whose_folder_is_removed_before_its_file_is_made_makes_it_again(
     removals = 0
     backend.write("e/c/0/0", Extents.single(0, 5), b"write")
     assert bytes(backend.get("e/c/0/0")) == b"write"
+
+
+SHM = "/dev/shm"
+
+
+def test_a_nowait_read_where_the_file_system_refuses_nowait_reads_the_bytes(
+    batch_loop: str,
+) -> None:
+    """A file system that takes no RWF_NOWAIT read (tmpfs, FUSE: EOPNOTSUPP) is read as
+    without ``nowait``: a dataset on /dev/shm could not be read at all."""
+    if not os.path.isdir(SHM) or not os.access(SHM, os.W_OK):
+        pytest.skip("no writable /dev/shm here")
+    where = tempfile.mkdtemp(dir=SHM)
+    try:
+        backend = PosixBackend(where)
+        backend.put("c/0", bytes(range(200)))
+        out = bytearray(100)
+        assert backend.readinto_range("c/0", 50, memoryview(out), nowait=True) == 200
+        assert bytes(out) == bytes(range(50, 150))
+        got = backend.readinto_ranges_versioned(
+            ["c/0", "c/1"],
+            [0, 0],
+            [memoryview(bytearray(8)), memoryview(bytearray(8))],
+            nowait=True,
+        )
+        assert got[0][0] == 200 and isinstance(got[1], NotFoundError)
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
+
+
+def test_a_nowait_read_refused_by_the_file_system_waits_instead(backend, monkeypatch) -> None:
+    """The Python loop where ``preadv`` refuses RWF_NOWAIT (EOPNOTSUPP): a plain read."""
+    monkeypatch.setattr(posix, "_filebatch", None)
+    backend.put("k", bytes(range(64)))
+    plain = os.preadv
+
+    def preadv(fd, bufs, offset, flags=0):
+        if flags & os.RWF_NOWAIT:
+            raise OSError(errno.EOPNOTSUPP, os.strerror(errno.EOPNOTSUPP))
+        return plain(fd, bufs, offset)
+
+    monkeypatch.setattr(os, "preadv", preadv)
+    out = bytearray(10)
+    assert backend.readinto_range("k", 4, memoryview(out), nowait=True) == 64
+    assert bytes(out) == bytes(range(4, 14))

@@ -50,6 +50,9 @@ static void read_one(item_t *it, int nowait) {
     struct iovec v = {it->buf, (size_t)it->len};
     if (nowait) {
         got = RETRY(preadv2(fd, &v, 1, it->offset, RWF_NOWAIT));
+        /* a file system that takes no RWF_NOWAIT read (tmpfs, FUSE) is read plainly */
+        if (got < 0 && errno == EOPNOTSUPP)
+            got = RETRY(preadv(fd, &v, 1, it->offset));
         if (got < 0) {
             if (errno != EAGAIN) {
                 it->err = errno;

@@ -317,11 +317,16 @@ class PosixBackend(Backend):
                 with contextlib.suppress(OSError):
                     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
                 if nowait:
-                    # RWF_NOWAIT: served from the page cache or EAGAIN, never a disk wait
+                    # RWF_NOWAIT: served from the page cache or EAGAIN, never a disk wait;
+                    # a file system that takes no such read (tmpfs, FUSE) is read plainly
                     try:
                         got = os.preadv(fd, [out], offset, os.RWF_NOWAIT)
                     except BlockingIOError:
                         got = 0
+                    except OSError as exc:
+                        if exc.errno != errno.EOPNOTSUPP:
+                            raise
+                        got = os.preadv(fd, [out], offset)
                     st = os.fstat(fd)
                     if got < len(out) and offset + got < st.st_size:
                         _start_fetch(fd, offset + got, len(out) - got)
