@@ -40,9 +40,10 @@ class LayoutMemo(Generic[T]):
         self, sources: tuple[object, ...], numbers: tuple[int, ...], make: Callable[[], T]
     ) -> T:
         """The result for ``sources`` (by identity) and ``numbers``; ``make()`` on a miss."""
-        key = (*map(id, sources), *numbers)
+        key = (len(sources), *map(id, sources), *numbers)
         # An entry holds its sources, so no other live object can have their ids: a key match
-        # is an identity match. The hit path takes no lock (a hot path of every I/O call):
+        # is an identity match (the count of sources first: a number equal to an object's id
+        # is no source). The hit path takes no lock (a hot path of every I/O call):
         # single dict operations are atomic, and an entry evicted meanwhile is simply made again.
         hit = self._table.get(key)
         if hit is not None:
