@@ -91,7 +91,7 @@ class SharedCacheMachine(CacheMachine):
 
 
 SharedCacheMachine.TestCase.settings = settings(
-    max_examples=40,
+    max_examples=200,
     stateful_step_count=30,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],

@@ -336,7 +336,7 @@ class CachedDatasetMachine(RuleBasedStateMachine):
 
 
 CachedDatasetMachine.TestCase.settings = settings(
-    max_examples=40,
+    max_examples=150,
     stateful_step_count=20,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
