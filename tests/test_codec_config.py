@@ -34,6 +34,8 @@ BAD = [
     ({"name": "bytes", "configuration": {"endian": "middle"}}, r"'bytes': endian 'middle'"),
     ({"name": "crc32c", "configuration": {"seed": 1}}, r"'crc32c': unknown configuration key"),
     ({"name": "zstd", "configuration": "fast"}, r"'zstd': configuration must be a dict"),
+    ({"name": "zstd", "level": 19}, r"'zstd': unknown member 'level' .*put it in 'config"),
+    ({"name": "gzip", "lvl": 1, "configuration": {}}, r"'gzip': unknown member 'lvl'"),
 ]
 
 

@@ -90,8 +90,9 @@ def normalize_codecs(codec: Any, dtype: np.dtype) -> list[CodecSpec]:
     by ``+`` (``"zstd+crc32c"``), a list of names or Zarr v3 codec dicts, or a full Zarr v3
     ``codecs`` list starting with ``bytes``. A big-endian ``dtype`` selects ``endian: big``.
 
-    Each configuration is checked here, before anything is stored: a key its codec's spec
-    does not define, or a value of the wrong type or outside what the Zarr v3 spec allows
+    Each codec and its configuration are checked here, before anything is stored: a member
+    beside ``name``, ``configuration`` and ``must_understand``, a key its codec's spec does
+    not define, or a value of the wrong type or outside what the Zarr v3 spec allows
     (zstd ``level`` -131072 to 22, gzip ``level`` and blosc ``clevel`` 0 to 9, blosc
     ``cname``, ``shuffle``, ``typesize``, ``blocksize``), raises :class:`CodecError` naming
     the codec and the field; so does one that numcodecs refuses on a trial encode.
@@ -117,6 +118,7 @@ def normalize_codecs(codec: Any, dtype: np.dtype) -> list[CodecSpec]:
             cfg: dict[str, Any] = {}
         elif isinstance(item, dict) and "name" in item:
             name = str(item["name"]).lower()
+            _check_members(name, item)
             cfg = item.get("configuration") or {}
             if not isinstance(cfg, dict):
                 raise CodecError(f"codec {name!r}: configuration must be a dict, got {cfg!r}")
@@ -175,6 +177,19 @@ def _default_spec(name: str, cfg: dict[str, Any], dtype: np.dtype, endian: str) 
             else ""
         )
     )
+
+
+def _check_members(name: str, item: dict[str, Any]) -> None:
+    """Refuse a codec dict member other than ``name``, ``configuration`` and
+    ``must_understand``: a setting put beside ``configuration`` (``{"name": "zstd",
+    "level": 19}``) would otherwise be dropped and the codec's default used."""
+    unknown = sorted(set(item) - {"name", "configuration", "must_understand"}, key=str)
+    if unknown:
+        hint = "; put it in 'configuration'" if unknown[0] in CODEC_KEYS.get(name, ()) else ""
+        raise CodecError(
+            f"codec {name!r}: unknown member {unknown[0]!r} (a Zarr v3 codec has 'name' and "
+            f"'configuration'{hint})"
+        )
 
 
 def _check_keys(name: str, cfg: dict[str, Any]) -> None:
