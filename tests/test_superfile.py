@@ -203,6 +203,10 @@ def test_api_errors(tmp_path):
             sf.put("a", 3.5)
         with pytest.raises(SuperfileError, match="non-empty"):
             sf.put("", b"")
+        rec = np.zeros(3, [("a", "<i4"), ("b", "<f8")])
+        with pytest.raises(SuperfileError, match=r"dtype \[\('a', '<i4'\).*without its fields"):
+            sf.put("rec", rec)  # (it read back as |V12, fields gone)
+        assert sf.members() == []
         sf.close()
         with pytest.raises(SuperfileError, match="closed"):
             sf.get("a")

@@ -96,6 +96,12 @@ def encode_member(value: Any) -> tuple[memoryview, str | None, tuple[int, ...] |
     if isinstance(value, np.ndarray):
         if value.dtype.hasobject:
             raise SuperfileError(f"cannot store an array of dtype {value.dtype} (object)")
+        if np.dtype(value.dtype.str) != value.dtype:  # (a structured dtype: its fields)
+            raise SuperfileError(
+                f"cannot store an array of dtype {value.dtype}: the index keeps a member's "
+                f"dtype as its string {value.dtype.str!r}, which would read back without "
+                "its fields; put each field as an array of its own, or the array's bytes"
+            )
         arr = np.asarray(value, order="C")  # (ascontiguousarray would make a 0-d array 1-d)
         return memoryview(arr.reshape(-1).view(np.uint8)), arr.dtype.str, tuple(arr.shape)
     if isinstance(value, bytes | bytearray | memoryview):
