@@ -623,6 +623,28 @@ def test_no_dataset_is_created_inside_an_array(tmp_path, inside):
     )
 
 
+@pytest.mark.parametrize("place", ["", "."])
+def test_no_dataset_is_created_over_a_plain_folder_holding_arrays(tmp_path, monkeypatch, place):
+    """A plain folder (no zarr.json) that holds arrays, such as the working directory where
+    a path of "" or "." points, is not made an array, overwrite or not: the arrays in it
+    would be hidden from every reader. Nothing is written there."""
+    import zarr
+
+    monkeypatch.chdir(tmp_path)
+    strataio.create_dataset("a", (4,), "f4", (2,)).close()
+    strataio.create_dataset(os.path.join("plain", "deep", "b"), (4,), "f4", (2,)).close()
+    os.remove(os.path.join("plain", "zarr.json"))  # (a folder made by hand, not a group)
+    before = _tree(tmp_path)
+    for overwrite in (False, True):
+        for where in (place, "plain"):
+            with pytest.raises(ArgumentError, match="holds Zarr nodes .*zarr.json"):
+                strataio.create_dataset(where, (4,), "f4", (2,), overwrite=overwrite)
+    assert _tree(tmp_path) == before
+    assert zarr.open_array("a", mode="r").shape == (4,)
+    os.mkdir("empty")  # (a plain folder holding no Zarr node becomes the array, as before)
+    strataio.create_dataset("empty", (4,), "f4", (2,)).close()
+
+
 def test_a_zarr_v2_array_is_not_overwritten_unless_asked(tmp_path):
     """A Zarr v2 array (``.zarray``) at the path is refused without ``overwrite``: a
     ``zarr.json`` beside it would make zarr-python open the new, empty array instead of the

@@ -1110,6 +1110,7 @@ def _create_store(
         new_parents.append(parent)
         parent = os.path.dirname(parent)
     _refuse_array_above(path, parent)
+    _refuse_nodes_below(path)
     store = _posix_store(path, create=True)
     for folder in new_parents:
         _posix_store(folder, create=True).put_meta(GROUP_META)
@@ -1163,6 +1164,25 @@ def _refuse_array_above(path: str | os.PathLike[str], folder: str) -> None:
         if above == folder:
             return
         folder = above
+
+
+def _refuse_nodes_below(path: str | os.PathLike[str]) -> None:
+    """Raise :class:`ArgumentError` where ``path`` is a plain folder (no Zarr node of its
+    own) that holds Zarr arrays or groups below it: an array made there would hide them from
+    every reader, and ``overwrite`` removes Zarr nodes, never a plain folder's files."""
+    top = os.path.abspath(path)  # ("" is the working directory, as for the store)
+    names = ("zarr.json", ".zarray", ".zgroup")
+    if not os.path.isdir(top) or any(os.path.lexists(os.path.join(top, n)) for n in names):
+        return
+    for folder, _, files in os.walk(top):
+        found = next((n for n in names if n in files), None) if folder != top else None
+        if found is not None:
+            where = os.fspath(path) or top
+            raise ArgumentError(
+                f"cannot create a dataset at {where!r}: that folder holds Zarr nodes "
+                f"({os.path.join(folder, found)}), which an array there would hide from every "
+                "reader (only groups hold arrays); give the dataset a path of its own"
+            )
 
 
 def open_dataset(path: str | os.PathLike[str], mode: str = "r", *, comm: Any = None) -> Dataset:
