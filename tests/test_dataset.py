@@ -518,6 +518,22 @@ def test_chunks_too_large_to_hold_are_refused_at_create(tmp_path, case):
     assert not (tmp_path / "a").exists()
 
 
+def test_a_dimension_beyond_what_tensorstore_opens_is_refused_at_create(tmp_path):
+    """A shape whose zarr.json TensorStore refuses (10**30 numpy cannot index either) is an
+    ArgumentError and nothing is written; TensorStore's largest dimension is taken."""
+    import tensorstore as ts
+
+    with pytest.raises(ArgumentError, match=r"shape \(4, 10{30}\) is larger than") as info:
+        strataio.create_dataset(tmp_path / "a", (4, 10**30), "f4", (2, 2))
+    assert str(info.value).startswith(f"dataset {str(tmp_path / 'a')!r}: ")
+    assert not (tmp_path / "a").exists()
+    with pytest.raises(ArgumentError, match="TensorStore refuses"):
+        strataio.create_dataset(tmp_path / "a", (2**62 + 1,), "u1", (4,))
+    strataio.create_dataset(tmp_path / "b", (2**62,), "u1", (4,)).close()
+    spec = {"driver": "zarr3", "kvstore": {"driver": "file", "path": str(tmp_path / "b")}}
+    assert ts.open(spec).result().shape == (2**62,)
+
+
 def test_chunks_at_the_limit_are_accepted(tmp_path):
     """The limits are inclusive: a chunk of MAX_CHUNK_BYTES, a blosc chunk of blosc's
     largest buffer (creating them writes only zarr.json)."""

@@ -212,6 +212,11 @@ class ArrayMetadata:
         (:data:`~strataio.arrays.codecs.MAX_CHUNK_BYTES`, less under blosc); an unknown codec
         :class:`CodecError`."""
         shape_t = _int_tuple(shape, "shape", allow_zero=True)
+        if any(n > MAX_DIMENSION for n in shape_t):
+            raise ArgumentError(
+                f"shape {shape_t} is larger than {MAX_DIMENSION} (2**62) along a dimension: "
+                "TensorStore refuses such a zarr.json (and numpy indexes at most 2**63 - 1)"
+            )
         whole = chunks is None
         if chunks is None:  # (one chunk: the whole array, at least 1 along an empty dimension)
             chunks = tuple(max(n, 1) for n in shape_t)
@@ -410,6 +415,11 @@ def _dimension_names(
     if bad:
         raise error(f"{what}: {bad[0]!r} is not a name (a str, or None for an unnamed dimension)")
     return names
+
+
+#: The largest length of a dimension create_dataset takes: the largest TensorStore opens
+#: (numpy indexes up to 2**63 - 1; a larger shape makes a zarr.json TensorStore refuses).
+MAX_DIMENSION = 2**62
 
 
 def _is_int(value: Any) -> bool:
