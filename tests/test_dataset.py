@@ -585,6 +585,18 @@ def test_overwrite_with_another_rank_removes_the_old_tree(tmp_path):
     np.testing.assert_array_equal(strataio.open_dataset(tmp_path / "a")[...], np.arange(8))
 
 
+def test_ragged_data_is_a_shape_mismatch_naming_the_dataset(tmp_path):
+    """Nested lists numpy makes no array of raise ShapeMismatchError (a StrataError), not
+    numpy's bare ValueError, and nothing is written."""
+    ds = strataio.create_dataset(tmp_path / "a", (2, 2), "f4", (1, 1), fill_value=7)
+    with pytest.raises(
+        ShapeMismatchError, match=r"dataset '.*a': the data is no rectangular array"
+    ):
+        ds[...] = [[1, 2], [3]]
+    assert ds.nchunks_stored() == 0
+    np.testing.assert_array_equal(ds[...], 7)
+
+
 def test_values_with_leading_axes_of_one_element_fit_as_in_numpy(tmp_path):
     a = np.zeros((4, 4), "f4")
     ds = strataio.create_dataset(tmp_path / "a", a.shape, "f4", (2, 2))

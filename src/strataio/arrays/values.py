@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from strataio.errors import DtypeMismatchError
+from strataio.errors import DtypeMismatchError, ShapeMismatchError
 
 _NEVER = "OUSVMm"  # object, strings, void, datetime, timedelta
 
@@ -34,8 +34,12 @@ _NEVER = "OUSVMm"  # object, strings, void, datetime, timedelta
 def to_dtype(value: Any, dtype: np.dtype, what: str) -> np.ndarray:
     """``value`` as an array that converts to ``dtype`` without loss (same shape; not yet
     converted when the conversion is checked), or :class:`DtypeMismatchError` naming
-    ``what`` (e.g. ``"dataset 'run/a'"``), the dtypes and an offending value."""
-    arr = np.asarray(value)
+    ``what`` (e.g. ``"dataset 'run/a'"``), the dtypes and an offending value; a value numpy
+    makes no array of (nested lists of unequal lengths) is a :class:`ShapeMismatchError`."""
+    try:
+        arr = np.asarray(value)
+    except ValueError as exc:  # (numpy: "setting an array element with a sequence ...")
+        raise ShapeMismatchError(f"{what}: the data is no rectangular array: {exc}") from None
     src = arr.dtype
     if src.kind == "O" and dtype.kind in "iu":
         arr = _python_ints(arr, dtype, what)
