@@ -34,6 +34,7 @@ from strataio.arrays.values import to_dtype
 from strataio.errors import (
     ArgumentError,
     BackendError,
+    ChunkChangedError,
     ClosedError,
     CodecError,
     DtypeMismatchError,
@@ -68,6 +69,9 @@ _INLINE_ENCODE_BYTES = 4 << 20
 _FETCH_AHEAD_BYTES = 32 << 20
 #: bytes of chunks a plain read asks of the store in one call (one buffer for all of them)
 _BATCH_BYTES = 4 << 20
+#: reads of a shard's box that may find the shard replaced between its reads (its index,
+#: its inner chunks) before the read gives up with ChunkChangedError
+_SHARD_READ_TRIES = 8
 
 
 def _executor() -> ThreadPoolExecutor:
@@ -930,13 +934,40 @@ class Dataset:
         lo = [s.start for s in box] if box else [0] * self.ndim
         hi = [s.stop for s in box] if box else list(self.chunks)
 
-        def read(offset: int, buf: memoryview) -> int | None:
-            return self._span_reader(key, offset, buf)
+        versioned = self._versioned_span_reader
+        if versioned is None:
 
-        try:
-            return codecs.read_box(read, lo, hi)
-        except CodecError as exc:
-            raise type(exc)(f"{self._what()}, shard {key!r}: {exc}") from None
+            def read(offset: int, buf: memoryview) -> int | None:
+                return self._span_reader(key, offset, buf)
+
+            try:
+                return codecs.read_box(read, lo, hi)
+            except CodecError as exc:
+                raise type(exc)(f"{self._what()}, shard {key!r}: {exc}") from None
+        # The index and the inner chunks are separate reads: a shard another process
+        # replaced between them gives them from two versions (offsets of one, bytes of the
+        # other), so the box is read again until every read came from one version.
+        for _ in range(_SHARD_READ_TRIES):
+            seen: set[Any] = set()
+
+            def read_one(offset: int, buf: memoryview, seen: set[Any] = seen) -> int | None:
+                size, version = versioned(key, offset, buf)
+                if version is not None:
+                    seen.add(version)
+                return size
+
+            try:
+                box = codecs.read_box(read_one, lo, hi)
+            except CodecError as exc:
+                if len(seen) > 1:
+                    continue
+                raise type(exc)(f"{self._what()}, shard {key!r}: {exc}") from None
+            if len(seen) <= 1:
+                return box
+        raise ChunkChangedError(
+            f"{self._what()}, shard {key!r}: replaced by another writer while it was read, "
+            f"{_SHARD_READ_TRIES} times; nothing is damaged: read it again"
+        )
 
     def _decode(self, key: str, blob: BytesLike) -> np.ndarray:
         """The chunk array of stored bytes; decode errors name the dataset and the chunk."""
