@@ -121,6 +121,14 @@ def main(workdir: str) -> None:
     one_missing = path if rank == 0 else missing
     res["open_missing_on_one_rank"] = outcome(lambda: strataio.File.open(comm, one_missing, "r"))
     res["no_descriptor_left"] = "ok" if len(os.listdir("/proc/self/fd")) == fds else "leak"
+    # each rank naming its own file: refused before any is created (an aggregator would
+    # write the other ranks' bytes into its own file)
+    mine = os.path.join(workdir, f"own{rank}.bin")
+    res["open_paths_differ"] = outcome(lambda: strataio.File.open(comm, mine, "w"))
+    res["open_paths_differ_created_none"] = "ok" if not os.path.exists(mine) else "created"
+    # the same file under a relative and an absolute path is one file
+    same = os.path.relpath(path) if rank == 0 else path
+    res["open_relative_and_absolute"] = outcome(lambda: strataio.File.open(comm, same, "r").close())
     bad_hint = {"cb_buffer_size": "lots"} if rank == 1 else {}
     res["bad_hint"] = outcome(lambda: strataio.File.open(comm, path, "r", hints=bad_hint))
     res["bad_mode"] = outcome(lambda: strataio.File.open(comm, path, "rw"))

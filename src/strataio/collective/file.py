@@ -26,6 +26,7 @@ ROMIO, and independent reads and writes raise :class:`~strataio.errors.HintError
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import operator
 import os
 import threading
@@ -65,6 +66,7 @@ from strataio.collective.realms import (
     stripe_size,
 )
 from strataio.errors import (
+    ArgumentError,
     BackendError,
     ClosedError,
     ExistsError,
@@ -291,18 +293,32 @@ def _checked_view(etype: FlatType, ft: FlatType) -> int:
     return esize
 
 
-def _same_everywhere(comm: MPI.Comm, amode: int, hints: Hints) -> StrataError | None:
-    """This rank's error if its open mode or hints differ from rank 0's (one broadcast; the
-    caller agrees on the outcome). As in ROMIO, they must match: they choose the collective
-    path of every call. (Asked only once :func:`_checked_together` found a difference: it
-    names the difference.)"""
-    reference = comm.bcast((amode, hints))
+def _same_everywhere(
+    comm: MPI.Comm, amode: int, hints: Hints, path: str | None = None
+) -> StrataError | None:
+    """This rank's error if its file (``path``, absolute), open mode or hints differ from rank
+    0's (one broadcast; the caller agrees on the outcome). As in ROMIO, they must match: they
+    choose the collective path of every call, and aggregators write other ranks' bytes into
+    their own file. (Asked only once :func:`_checked_together` found a difference: it names
+    the difference.)"""
+    reference = comm.bcast((path, amode, hints))
     if reference is None:  # rank 0 failed already; the agreement reports it
         return None
-    if reference[0] != amode:
-        return StrataError(f"open mode {amode:#x} differs from rank 0's ({reference[0]:#x})")
-    differ = differences(hints, reference[1])
+    if reference[0] != path:
+        return ArgumentError(
+            f"open: this rank names the file {path!r}, rank 0 {reference[0]!r}: every rank "
+            "must open the same file"
+        )
+    if reference[1] != amode:
+        return StrataError(f"open mode {amode:#x} differs from rank 0's ({reference[1]:#x})")
+    differ = differences(hints, reference[2])
     return HintError(f"hints differ from rank 0's: {differ}") if differ else None
+
+
+def _path_digest(path: str) -> int:
+    """A 62-bit digest of ``path``, compared across the ranks at open."""
+    digest = hashlib.blake2b(os.fsencode(path), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 2
 
 
 class File:
@@ -386,9 +402,11 @@ class File:
 
         ``mode``: ``"r"`` read-only, ``"r+"`` read-write, ``"w"`` create or truncate,
         ``"x"`` create and fail if it exists, or an int of ``MPI.MODE_*`` flags; every rank
-        must pass the same mode. Raises :class:`NotFoundError`, :class:`ExistsError`,
-        :class:`BackendError`, :class:`~strataio.errors.HintError` or :class:`StrataError`
-        (modes that differ) on every rank when any rank fails.
+        must pass the same mode and name the same file (paths compared made absolute, each
+        from its rank's working directory). Raises :class:`NotFoundError`,
+        :class:`ExistsError`, :class:`BackendError`, :class:`~strataio.errors.HintError`,
+        :class:`ArgumentError` (paths that differ) or :class:`StrataError` (modes that
+        differ) on every rank when any rank fails.
 
         The arguments are agreed on before anything touches the file, and then every rank
         opens it at once (as few collective steps as ROMIO takes: one for a file that exists,
@@ -397,6 +415,7 @@ class File:
         """
         comm = MPI.COMM_SELF if comm is None else comm
         path = os.fspath(path)
+        where = path
         nodes = node.layout(comm)  # (collective; ROMIO's default is one aggregator per node)
         err: Exception | None = None
         truncate = mode == "w"
@@ -404,6 +423,7 @@ class File:
         hinted = None
         aggregators = np.zeros(0, dtype=_I64)
         try:
+            where = os.path.abspath(path)  # (compared across the ranks: one file for all)
             if isinstance(mode, str):
                 if mode not in _MODES:
                     raise StrataError(
@@ -442,8 +462,8 @@ class File:
                 except OSError as exc:
                     err = _os_error(exc, path)
         try:
-            if not _checked_together(comm, err, [amode, digest]):
-                _agree(comm, _same_everywhere(comm, amode, hinted))
+            if not _checked_together(comm, err, [amode, digest, _path_digest(where)]):
+                _agree(comm, _same_everywhere(comm, amode, hinted, where))
         except BaseException:
             if driver is not None:
                 driver.close()
