@@ -23,6 +23,13 @@ def test_collective_shards_against_numpy_and_peers(tmp_path, nprocs):
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_shard_hints_the_communicator_cannot_take_as_given(tmp_path, nprocs):
+    out = run_mpi(nprocs, "shard_hints.py", tmp_path, timeout=60)
+    assert out.strip().splitlines()[-1] == "ok"
+
+
+@pytest.mark.mpi
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", range(3))
 def test_collective_shards_long(tmp_path, seed):
@@ -61,6 +68,9 @@ def test_unknown_shard_hint_values_are_refused(tmp_path):
     )
     with pytest.raises(HintError, match="strataio_pipeline_groups"):
         ds.write_all(..., 1.0, hints={"strataio_pipeline_groups": 0})
+    for bad in (4096.5, True, 2**70, "4k"):  # (taken as ints, a fraction was cut)
+        with pytest.raises(HintError, match="strataio_shard_alignment"):
+            ds.write_all(..., 1.0, hints={"strataio_shard_alignment": bad})
     with pytest.raises(HintError):
         ds.write_all(..., 1.0, hints={"strataio_driver": "tape"})
     assert not (tmp_path / "a" / "c").exists()

@@ -69,7 +69,7 @@ from strataio.arrays.shard_parts import CallLock, lock_path, part_path
 from strataio.arrays.sharding import EMPTY, ShardCodec
 from strataio.arrays.store import BackendChunkStore
 from strataio.collective.driver import Driver, open_driver
-from strataio.collective.hints import DISABLE, ENABLE, Hints, parse_hints
+from strataio.collective.hints import DISABLE, ENABLE, Hints, parse_hints, parse_int_hint
 from strataio.errors import BackendError, HintError, StrataError
 from strataio.layout.chunks import ChunkGrid, chunk_key
 from strataio.layout.sections import Section
@@ -103,20 +103,16 @@ class ShardWriteOptions:
         the ``strataio_driver*`` hints of :func:`~strataio.collective.hints.parse_hints`.
 
         ``strataio_pipeline_groups`` is the hint of ``File``'s pipelined collective I/O; for
-        shard writes it splits the communicator into that many groups, the offset chain
-        running inside each group and from one group to the next. Shard files are never
+        shard writes it splits the communicator into that many groups (one per rank at most),
+        the offset chain running inside each group and from one group to the next. Both are
+        integers of at least 1 (else :class:`HintError`). Shard files are never
         preallocated (``strataio_preallocate=enable`` raises :class:`HintError`)."""
         rest = dict(hints or {})
-        try:
-            alignment = int(rest.pop("strataio_shard_alignment", ALIGNMENT))
-            groups = int(rest.pop("strataio_pipeline_groups", 1))
-        except (TypeError, ValueError) as exc:
-            raise HintError(f"shard hints must be integers: {exc}") from None
-        if alignment < 1 or groups < 1:
-            raise HintError(
-                f"strataio_shard_alignment ({alignment}) and strataio_pipeline_groups ({groups}) "
-                "must be >= 1"
-            )
+        alignment = rest.pop("strataio_shard_alignment", ALIGNMENT)
+        alignment = parse_int_hint("strataio_shard_alignment", alignment, 1)
+        groups = parse_int_hint(
+            "strataio_pipeline_groups", rest.pop("strataio_pipeline_groups", 1), 1
+        )
         driver = parse_hints(rest)
         if driver.strataio_preallocate == ENABLE:
             raise HintError(
@@ -341,7 +337,8 @@ def _write_shards(
 
     paths = [store.chunk_path(k) for k in keys]
     temps = [part_path(p, token) for p in paths]
-    group = comm.Split(me * options.groups // nprocs, me) if options.groups > 1 else comm
+    groups = min(options.groups, nprocs)  # (a group per rank at most)
+    group = comm.Split(me * groups // nprocs, me) if groups > 1 else comm
     failed: BaseException | None = None
     entries: list[np.ndarray] = []
     try:

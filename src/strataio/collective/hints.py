@@ -280,6 +280,12 @@ def _parse_int(name: str, value: Any, minimum: int, maximum: int | None = None) 
     return n
 
 
+def parse_int_hint(name: str, value: Any, minimum: int) -> int:
+    """``value`` of the integer hint ``name``: at least ``minimum`` and at most 2**63 - 1, else
+    :class:`~strataio.errors.HintError` naming it (a bool, a fraction, a word)."""
+    return _parse_int(name, value, minimum)
+
+
 def _parse_float(name: str, value: Any, minimum: float) -> float:
     if isinstance(value, bool):
         raise HintError(f"hint {name}={value!r}: expected a number")
