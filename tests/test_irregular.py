@@ -28,6 +28,7 @@ def test_index_schedules_match_a_numpy_oracle_under_mpiexec(tmp_path, nprocs):
     assert "io_failure_read" in out and "io_failure_write" in out
     if nprocs > 1:
         assert "duplicate_32" in out and "mismatched_itemsize_32" in out
+        assert "mismatched_huge_nitems_32" in out and "mismatched_huge_buffer_32" in out
     for trial in range(3):  # caching reads fewer items than reading every loop in full
         assert out[f"cache_items_read_{trial}"] < out[f"plain_items_read_{trial}"]
 

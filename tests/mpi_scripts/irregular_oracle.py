@@ -129,10 +129,22 @@ def main(workdir: str) -> None:
             for what, args in (
                 ("itemsize", (nitems, itemsize * 2 if last else itemsize)),
                 ("nitems", (nitems + last, itemsize)),
+                # past an int64 on one rank: refused there, where the comparison of the
+                # ranks' shapes failed on that rank alone and the others waited in it
+                ("huge_nitems", (2**70 if last else nitems, itemsize)),
+                ("huge_itemsize", (nitems, 2**70 if last else itemsize)),
             ):
                 out[f"mismatched_{what}_{itemsize}"] = expect_error(
                     StrataError, strataio.IndexSchedule, comm, wr, *args
                 )
+            out[f"mismatched_huge_buffer_{itemsize}"] = expect_error(
+                StrataError,
+                partial(strataio.IndexSchedule, buffer_size=2**70 if last else None),
+                comm,
+                wr,
+                nitems,
+                itemsize,
+            )
             out[f"mismatched_aggregators_{itemsize}"] = expect_error(
                 StrataError,
                 partial(strataio.IndexSchedule, aggregators=[0] if last else [0, 1]),

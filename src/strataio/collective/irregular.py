@@ -75,6 +75,8 @@ from strataio.storage.vectored import VectoredPlan
 __all__ = ["LAST_RANK", "REFUSE", "IndexSchedule", "ItemsIO", "read_items", "write_items"]
 
 _I64 = np.int64
+#: the largest file offset (an MPI_Offset, a signed 64-bit integer): the end of the items
+_MAX_OFFSET = 2**63 - 1
 #: ROMIO's ``cb_buffer_size`` default: the buffer of an aggregator per iteration
 DEFAULT_BUFFER = 16 * 1024 * 1024
 #: values of the ``strataio_duplicate_writes`` hint
@@ -249,7 +251,7 @@ class IndexSchedule:
     ``buffer_size``: bytes of items an aggregator handles per iteration (default 16 MiB,
     ROMIO's ``cb_buffer_size``). ``aggregators``: the ranks that access the file (default:
     every rank). ``nitems``, ``itemsize``, ``buffer_size`` and ``aggregators`` must be the
-    same on every rank. Raises :class:`~strataio.errors.SelectionError` (an index out of
+    same on every rank, the items' end and ``buffer_size`` at most 2**63 - 1 bytes. Raises :class:`~strataio.errors.SelectionError` (an index out of
     range) or :class:`~strataio.errors.StrataError` on every rank when any rank's arguments
     are bad or differ from another's.
     ``validate=False`` skips that agreement (one collective) for indices known to be valid,
@@ -277,9 +279,18 @@ class IndexSchedule:
             nitems, itemsize = _whole(nitems, "nitems"), _whole(itemsize, "itemsize")
             if nitems < 0 or itemsize < 1:
                 raise StrataError(f"index schedule: nitems {nitems} < 0 or itemsize {itemsize} < 1")
+            if nitems * itemsize > _MAX_OFFSET:  # (nor does a file offset hold the end)
+                raise StrataError(
+                    f"index schedule: {nitems} items of {itemsize} bytes end past the largest "
+                    "file offset (2**63 - 1 bytes)"
+                )
             buffer_size = (
                 DEFAULT_BUFFER if buffer_size is None else _whole(buffer_size, "buffer_size")
             )
+            if buffer_size > _MAX_OFFSET:
+                raise StrataError(
+                    f"index schedule: buffer_size {buffer_size} is past 2**63 - 1 bytes"
+                )
             if buffer_size < itemsize:
                 raise StrataError(
                     f"index schedule: buffer_size {buffer_size} is smaller than one "
