@@ -21,7 +21,7 @@ from strataio.bench.collective import (
     STEP_CONTENDERS,
 )
 from strataio.cli import main
-from strataio.cli.collective_cmd import weak_efficiency
+from strataio.cli.collective_cmd import _pipeline_table, weak_efficiency
 
 
 def _bench(tmp_path: Path, args: list[str]) -> tuple[Result, list[dict]]:
@@ -213,3 +213,16 @@ def test_pipeline_groups_at_two_ranks(tmp_path: Path) -> None:
 def test_bad_arguments_are_refused_before_any_launch(args: list[str], wrong: str) -> None:
     got = CliRunner().invoke(main, ["bench", "collective", "--ranks", "1", *args])
     assert got.exit_code == 2 and wrong in got.output
+
+
+def test_pipeline_table_names_its_baseline_and_groups_past_the_ranks(capsys) -> None:
+    """Ratios are against the first G given (not always G=1), and a G above the rank count,
+    which runs as one group per rank, says so."""
+    ratio = {"median": 1.0, "q1": 0.9, "q3": 1.1}
+    row = {"pattern": "contig", "ranks": 2, "op": "write", "ROMIO coll": 9.0, "ROMIO ind": 8.0}
+    row |= {"strataio G=2": 5.0, "strataio G=4": 6.0}
+    row["pipeline"] = {"strataio G=2": ratio, "strataio G=4": ratio}
+    _pipeline_table([row], [2, 4])
+    out = capsys.readouterr().out
+    assert "G=4 / G=2" in out and "G=1" not in out
+    assert "6 (as G=2)" in out and "5 (as" not in out

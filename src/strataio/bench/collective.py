@@ -40,8 +40,8 @@ interleaved in memory, file variable-major). ``hpio*-ind`` time independent ``wr
 
 With ``--pipeline 1,2,4`` the strataio contenders are instead ``strataio G=g``: two-phase with
 every rank aggregating (``cb_config_list=*:*``) and ``strataio_pipeline_groups=g``; the row's
-``pipeline`` figures are each G's paired ratio against G = 1 (time at G = 1 / time at G, per
-round: > 1 is faster).
+``pipeline`` figures are each G's paired ratio against the first G given (time at that G /
+time at G, per round: > 1 is faster). A G above the rank count runs as one group per rank.
 """
 
 from __future__ import annotations
@@ -520,7 +520,8 @@ def run(
 def _pipeline_figures(
     row: dict[str, Any], times: dict[str, list[float]], contenders: list[str]
 ) -> dict[str, Any]:
-    """Each strataio G's paired ratio against the first (G = 1): median and quartiles."""
+    """Each strataio G's paired ratio against the first given (G = 1 in 1,2,4): median and
+    quartiles."""
     pipelined = [c for c in contenders if c.startswith("strataio G=")]
     base = times[pipelined[0]]
     row["pipeline"] = {}

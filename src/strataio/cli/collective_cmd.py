@@ -101,7 +101,7 @@ def _styled(ratio: float) -> str:
     type=COUNTS,
     default=None,
     help="Group counts, e.g. 1,2,4: time strataio's pipelined two-phase I/O at each "
-    "(every rank aggregates) against G = 1 and ROMIO (call mode).",
+    "(every rank aggregates) against the first and ROMIO (call mode).",
 )
 def collective(
     patterns: tuple[str, ...],
@@ -315,22 +315,29 @@ def _call_table(rows: list[dict[str, Any]]) -> None:
 
 
 def _pipeline_table(rows: list, groups: list[int]) -> None:
+    """The pipelined runs' table: each G's MB/s, marked where G exceeds the ranks (it runs as
+    one group per rank), and its ratio against the first G given."""
     contenders = pipeline_contenders(groups)
     pipelined = contenders[: len(groups)]
+    first = f"G={groups[0]}"
     table = Table(title="Pipelined collective I/O, aggregate MB/s (median; slowest rank)")
-    for col in ["pattern", "ranks", "op", *contenders, *[f"{c} / G=1" for c in pipelined[1:]]]:
+    for col in ["pattern", "ranks", "op", *contenders, *[f"{c} / {first}" for c in pipelined[1:]]]:
         table.add_column(col, justify="left" if col in ("pattern", "op") else "right")
     for r in rows:
+        n = r["ranks"]
+        speeds = [f"{r[c]:.0f}" for c in contenders]
+        for i, g in enumerate(groups):
+            if g > n:  # (clamped to cb_nodes, every rank with "*:*")
+                speeds[i] += f" (as G={n})"
         ratios = []
         for c in pipelined[1:]:
             p = r["pipeline"][c]
             ratios.append(f"{_styled(p['median'])} ({p['q1']:.2f}–{p['q3']:.2f})")
-        table.add_row(
-            r["pattern"], str(r["ranks"]), r["op"], *[f"{r[c]:.0f}" for c in contenders], *ratios
-        )
+        table.add_row(r["pattern"], str(n), r["op"], *speeds, *ratios)
     console = make_console()
     console.print(table)
     console.print(
-        "strataio G=g: two-phase, every rank aggregating, strataio_pipeline_groups=g; "
-        "ratio = time at G=1 / time at G=g within each round, median (quartiles)"
+        "strataio G=g: two-phase, every rank aggregating, strataio_pipeline_groups=g (more "
+        "groups than ranks run as one per rank: as G=ranks); "
+        f"ratio = time at {first} / time at G=g within each round, median (quartiles)"
     )
