@@ -170,6 +170,11 @@ def test_bad_arguments_raise_strata_errors(tmp_path):
         IndexSchedule(_self(), [0.5], 10, 4)
     with pytest.raises(StrataError, match="buffer_size"):
         IndexSchedule(_self(), [0], 10, 4, buffer_size=2)
+    # each names the argument that is wrong, not a condition that holds
+    with pytest.raises(StrataError, match=r"itemsize 0 is not at least 1 byte$"):
+        IndexSchedule(_self(), [0], 10, 0)
+    with pytest.raises(StrataError, match=r"nitems -5 is negative$"):
+        IndexSchedule(_self(), [], -5, 4)
     sched = IndexSchedule(_self(), [1, 2], 10, 4)
     path = tmp_path / "e.bin"
     path.write_bytes(bytes(range(40)))

@@ -277,8 +277,10 @@ class IndexSchedule:
         aggs = np.arange(nprocs, dtype=_I64)
         try:
             nitems, itemsize = _whole(nitems, "nitems"), _whole(itemsize, "itemsize")
-            if nitems < 0 or itemsize < 1:
-                raise StrataError(f"index schedule: nitems {nitems} < 0 or itemsize {itemsize} < 1")
+            if nitems < 0:
+                raise StrataError(f"index schedule: nitems {nitems} is negative")
+            if itemsize < 1:
+                raise StrataError(f"index schedule: itemsize {itemsize} is not at least 1 byte")
             if nitems * itemsize > _MAX_OFFSET:  # (nor does a file offset hold the end)
                 raise StrataError(
                     f"index schedule: {nitems} items of {itemsize} bytes end past the largest "
