@@ -164,6 +164,29 @@ def main(workdir: str) -> None:
         ok = h.hints["romio_cb_read"] == "enable" and h.last_path == "two-phase"
         res["view_hints_apply"] = "ok" if ok and np.array_equal(back, expect) else "bad"
 
+    # a collective call that chose independent access: one rank's I/O failure raises on
+    # every rank (no rank returns as if it had succeeded), and the next call is in step
+    alone = {"romio_cb_write": "disable", "romio_cb_read": "disable"}
+    with strataio.File.open(comm, path, "r+", hints=alone) as h:
+        saved = {}
+        if rank == 1 and h.driver is not None:
+
+            def broken(*args: object, **kwargs: object) -> None:
+                raise OSError(errno.EIO, "Input/output error")
+
+            for name in ("pwrite", "writev", "pread", "readv", "read_mapped"):
+                saved[name] = getattr(h.driver, name)
+                setattr(h.driver, name, broken)
+        eight = np.full(8, rank, dtype=np.uint8)
+        res["independent_write_fails_on_one_rank"] = outcome(
+            lambda: h.write_at_all(rank * 8, eight)
+        )
+        res["independent_read_fails_on_one_rank"] = outcome(lambda: h.read_at_all(0, eight))
+        for name, method in saved.items():
+            setattr(h.driver, name, method)
+        h.write_at_all(rank * 8, np.full(8, rank + 1, dtype=np.uint8))
+        res["independent_in_step_after"] = h.last_path
+
     # a close that fails on one rank raises on every rank, and the next open is in step
     failing = strataio.File.open(comm, path, "r")
     if rank == 1 and failing.driver is not None:

@@ -1037,8 +1037,13 @@ class File:
         self.last_path = "two-phase" if two else "independent"
         if not two:
             # Every rank already knows the call is valid; an I/O failure now is this rank's
-            # own and no rank waits on another, so it is raised here without a collective.
-            self._independent_transfer(spec, access, blocks, write)
+            # own, agreed on as a two-phase call's is: every rank raises it once its own part
+            # is done, none returns as if the call had succeeded (and goes on alone).
+            try:
+                self._independent_transfer(spec, access, blocks, write)
+            except Exception as exc:
+                err = exc
+            _agree(self._comm, err)
             return
         pack = None
         if blocks is not None:
