@@ -596,6 +596,30 @@ def test_a_flush_whose_new_object_was_deleted_before_it_says_so(tmp_path):
         assert fsck(s.catalog, s.tiers).clean
 
 
+def test_a_flush_whose_rewrite_in_place_was_deleted_says_the_chunk_has_no_value_left(tmp_path):
+    """A's rewrite in place of two chunks on "fast" replaced their only copies; another
+    process deletes one new object before A's flush. The flush says that chunk has no value
+    left (it said the chunk kept its previous value, which went with the object), and a read
+    of it says the same; the other chunk's write is recorded."""
+    dataset_a_on_fast(tmp_path)
+    a, b = session(tmp_path), session(tmp_path)
+    da = a.open_dataset("a", "r+")
+    da[0:20, 0:10] = -1.0
+    b.tiers["fast"].backend.delete(object_key("a", "c/0/0"))
+    with pytest.raises(ChunksNotStoredError) as err:
+        da.flush()
+    msg = str(err.value)
+    assert err.value.keys == ["c/0/0"] and "on tier 'fast' is gone" in msg, msg
+    assert "c/0/0 has no value left (the write replaced its only copy in place" in msg, msg
+    assert "previous value" not in msg, msg
+    da.close(), a.close(), b.close()
+    with session(tmp_path) as s:
+        ds = s.open_dataset("a")
+        np.testing.assert_array_equal(ds[10:20, 0:10], -1.0)
+        with pytest.raises(BackendError, match="c/0/0.*missing"):
+            ds[0:10, 0:10]
+
+
 #: what chunk c/0/0 was before a rewrite (see _rewritten)
 REWRITES = ("unwritten", "elsewhere", "in-place")
 

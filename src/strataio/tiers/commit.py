@@ -362,7 +362,7 @@ class Commit:
                 err = exc
         gathered = self.comm.gather((batch.for_rank_0(), err is not None), root=0)
         superseded: list[tuple[str, str]] = []
-        spared, lost = _Spared(), ({}, {})
+        spared, lost = _Spared(), ({}, {}, set())
         if self.catalog is not None and err is None:
             try:
                 if any(failed for _, failed in gathered):
@@ -434,7 +434,7 @@ class Commit:
             raise err
         gathered = comm.gather(batch.for_rank_0(), root=0)
         changed: list[str] = []
-        spared, lost = _Spared(), ({}, {})
+        spared, lost = _Spared(), ({}, {}, set())
         if self.catalog is not None:
             try:
                 for theirs in gathered[1:]:
@@ -550,7 +550,7 @@ class Commit:
 
     def _lost_in_job(
         self, res: Residency, *more: tuple[_Recorded, Batch]
-    ) -> tuple[dict[str, str], dict[str, str]]:
+    ) -> tuple[dict[str, str], dict[str, str], set[str]]:
         """Rank 0 of a parallel job, at a collective close or share, all ranks' changes
         recorded: the writes of the commits since the last such call (and of ``more``) whose
         values are lost (:meth:`_note_lost`), as :meth:`Residency.take_lost_writes` gives
@@ -565,7 +565,7 @@ class Commit:
     def _note_lost(self, res: Residency, done: _Recorded, batch: Batch) -> None:
         """Note in ``res`` the writes of ``batch`` the commit ``done`` left out whose
         values are lost (:meth:`_lost_for_good`), for the flush or close to report."""
-        gone = self._lost_for_good(
+        gone, valueless = self._lost_for_good(
             res.name, {**done.lost, **done.displaced}, batch.overwritten, done.displaced
         )
         res.lose_writes(
@@ -575,6 +575,7 @@ class Commit:
                 for k, t in gone.items()
                 if k in done.displaced
             },
+            valueless,
         )
 
     def _relearn(self, res: Residency, done: _Recorded) -> None:
@@ -639,7 +640,7 @@ class Commit:
         lost: dict[str, str],
         overwritten: Mapping[str, set[str]],
         displaced: Collection[str] = (),
-    ) -> dict[str, str]:
+    ) -> tuple[dict[str, str], set[str]]:
         """Of the writes ``lost`` (key -> tier: their objects gone, or replaced by another,
         before the commit), those whose chunk now holds no committed value but the ones they
         replaced (``overwritten``), and no rewrite another writer announced at the write's
@@ -650,15 +651,19 @@ class Commit:
         either): that process's put is what replaced the object. So too where the object
         that replaced one of ``displaced`` (keys) holds bytes a row of the chunk names: a
         writer put back a value this write replaced. Else nothing of strataio's replaced it
-        (a directory, a file put by hand), and the write is lost."""
+        (a directory, a file put by hand), and the write is lost. Second, those lost writes
+        whose chunk has rows on no other tier than the write's: a rewrite in place replaced
+        the chunk's only copy, whose value went with it."""
         assert self.catalog is not None
         now: dict[str, set[str]] = {k: set() for k in lost}
         named: dict[str, set[str]] = {k: set() for k in lost}  # every version rows name
+        where: dict[str, set[str]] = {k: set() for k in lost}  # the tiers rows name
         others: set[str] = set()  # chunks another writer has announced a rewrite of there
         for c in self.catalog.residency(dataset, sorted(lost)):
             if c.key in now:
                 now[c.key].add(c.committed_checksum)
                 named[c.key].update((c.checksum, c.old_checksum))
+                where[c.key].add(c.tier)
                 # (only at the write's own place: another writer's put elsewhere, or a dead
                 # writer's announcement there, replaced no object of this write)
                 if c.tier == lost[c.key] and c.rewritten_by_other(self.writer):
@@ -672,7 +677,7 @@ class Commit:
             there = checksum_there(self.tiers[gone[k]], dataset, k)
             if there and there in named[k]:
                 del gone[k]
-        return gone
+        return gone, {k for k, t in gone.items() if where[k] == {t}}
 
     @staticmethod
     def _what_is_there(tier: Tier, dataset: str, key: str) -> str:

@@ -184,6 +184,7 @@ class Residency:
         self._forgotten: set[tuple[str, str]] = set()  # (key, tier) rows forgotten here only
         self._in_commit: set[str] = set()  # keys of the rows a taken batch is recording now
         self._lost: dict[str, str] = {}  # key -> tier: writes a commit found gone (lose_writes)
+        self._valueless: set[str] = set()  # of those, chunks left no value (lose_writes)
         #: key -> what stands in its place: writes whose object a commit found replaced by
         #: something no write stands for (lose_writes)
         self._displaced: dict[str, str] = {}
@@ -976,24 +977,31 @@ class Residency:
                     self._unnamed_own.add((t, k))
 
     def lose_writes(
-        self, lost: Mapping[str, str], displaced: Mapping[str, str] | None = None
+        self,
+        lost: Mapping[str, str],
+        displaced: Mapping[str, str] | None = None,
+        valueless: Iterable[str] = (),
     ) -> None:
         """Note chunks whose written copy a commit did not record as its value was lost:
         ``lost`` (key -> tier), those whose object was gone; ``displaced`` (key -> what
         stands there, in words), those whose object something no write of strataio's stands
-        for replaced (a directory, a file put by hand). For :meth:`take_lost_writes` to
-        report."""
+        for replaced (a directory, a file put by hand); ``valueless``, those of either whose
+        write replaced the chunk's only copy in place (no value is left of it). For
+        :meth:`take_lost_writes` to report."""
         with self.lock:
             self._lost.update(lost)
             self._displaced.update(displaced or {})
+            self._valueless.update(valueless)
 
-    def take_lost_writes(self) -> tuple[dict[str, str], dict[str, str]]:
+    def take_lost_writes(self) -> tuple[dict[str, str], dict[str, str], set[str]]:
         """The writes :meth:`lose_writes` noted since the last call: those found gone (key ->
-        tier) and those found displaced (key -> what stands there)."""
+        tier), those found displaced (key -> what stands there), and which of them left
+        their chunk no value."""
         with self.lock:
             lost, self._lost = self._lost, {}
             displaced, self._displaced = self._displaced, {}
-            return lost, displaced
+            valueless, self._valueless = self._valueless, set()
+            return lost, displaced, valueless
 
     def row_dropped(self, copy: ChunkCopy) -> None:
         """The catalog's row of ``copy``, forgotten here, is gone too."""

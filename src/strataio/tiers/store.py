@@ -1333,21 +1333,36 @@ class TieredChunkStore(ChunkStore):
         :class:`ChunksNotStoredError` where it was gone (another process, or a hand, deleted
         it). A flush or close that returns has made every write durable; the value of
         another process's write that replaced a put's object is kept, and is no loss."""
-        lost, displaced = self.res.take_lost_writes()
+        lost, displaced, valueless = self.res.take_lost_writes()
         if displaced:
             raise self._displaced_writes(displaced, lost)
         if not lost:
             return
         keys = sorted(lost)
         tiers = sorted(set(lost.values()))
+        # (a rewrite in place that replaced the chunk's only copy: its value went with it)
+        gone = [k for k in keys if k in valueless]
+        kept = [k for k in keys if k not in valueless]
+        said = []
+        if kept:
+            said.append(
+                f"{_few(kept)} "
+                + ("keeps its previous value" if len(kept) == 1 else "keep their previous values")
+            )
+        if gone:
+            said.append(
+                f"{_few(gone)} {'has' if len(gone) == 1 else 'have'} no value left (the write "
+                f"replaced {'its' if len(gone) == 1 else 'their'} only copy in place; "
+                "`strataio fsck` names it)"
+            )
+        one = len(keys) == 1
         raise ChunksNotStoredError(
             f"dataset {self.name!r}: {counted(len(keys), 'chunk')} written since the last "
-            f"flush lost {'its' if len(keys) == 1 else 'their'} new bytes before the catalog "
-            f"recorded {'it' if len(keys) == 1 else 'them'} (the object put on {counted(len(tiers), 'tier')} "
-            f"{', '.join(map(repr, tiers))} is gone: deleted by another process or by hand); "
-            f"{_few(keys)} "
-            f"{'keeps its previous value' if len(keys) == 1 else 'keep their previous values'}; "
-            f"write {'it' if len(keys) == 1 else 'them'} again",
+            f"flush lost {'its' if one else 'their'} new bytes before the catalog recorded "
+            f"{'it' if one else 'them'} (the object{'' if one else 's'} put on "
+            f"{'tier' if len(tiers) == 1 else 'tiers'} {', '.join(map(repr, tiers))} "
+            f"{'is' if one else 'are'} gone: deleted by another process or by hand); "
+            f"{'; '.join(said)}; write {'it' if one else 'them'} again",
             keys,
         )
 
