@@ -12,7 +12,9 @@ import pytest
 
 import strataio
 from strataio.arrays.metadata import ARRAY_FIELDS, ArrayMetadata
-from strataio.errors import MetadataError
+from strataio.errors import ArgumentError, MetadataError
+from strataio.storage.posix import PosixBackend
+from strataio.tiers.tier import Tier, TierSet
 
 WHERE = "/data/run7/zarr.json"
 
@@ -209,3 +211,35 @@ def test_short_hand_names_are_read_as_objects():
     doc["chunk_key_encoding"] = "default"
     meta = ArrayMetadata.from_json(json.dumps(doc), where=WHERE)
     assert meta.codecs[2] == {"name": "crc32c"} and meta.separator == "/"
+
+
+@pytest.mark.parametrize(
+    ("shape", "chunks", "shards", "named", "value"),
+    [
+        ((4.0,), (2,), None, "shape", "4.0"),
+        ((8, 4.0), (2, 2), None, "shape", "4.0"),
+        ((True,), None, None, "shape", "True"),
+        ((4,), (True,), None, "chunks", "True"),
+        ((4,), (2.0,), None, "chunks", "2.0"),
+        ((4,), np.array([2.0]), None, "chunks", "2.0"),
+        ((8,), (2,), (4.0,), "shards", "4.0"),
+        ((8,), (2,), (np.bool_(True),), "shards", "True"),
+    ],
+)
+def test_a_shape_chunk_or_shard_entry_that_is_not_an_integer_is_refused_before_a_write(
+    tmp_path, shape, chunks, shards, named, value
+):
+    """4.0 and True are not integers (numpy integers are), for a plain dataset and a
+    catalogued one alike: ArgumentError names the argument and the value, nothing stored."""
+    with pytest.raises(ArgumentError, match=rf"{named} must be a sequence of integers.*{value}"):
+        strataio.create_dataset(tmp_path / "a", shape, "f4", chunks, shards=shards)
+    assert not (tmp_path / "a").exists()
+    if shards is None:
+        tiers = TierSet([Tier("disk", PosixBackend(tmp_path / "disk"), "localdisk")])
+        with strataio.Session(tiers=tiers, catalog=tmp_path / "cat.db") as s:
+            with pytest.raises(ArgumentError, match=rf"{named} must be a sequence.*{value}"):
+                s.create_dataset("a", shape, "f4", chunks)
+            assert s.catalog.list_datasets() == []
+    ds = strataio.create_dataset(tmp_path / "b", (np.int64(8),), "f4", [np.int32(4)])
+    assert ds.shape == (8,) and ds.chunks == (4,)
+    assert all(type(n) is int for n in ds.shape + ds.chunks)

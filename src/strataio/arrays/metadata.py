@@ -549,14 +549,20 @@ def _fill(value: Any, dtype: np.dtype) -> Any:
 
 
 def _int_tuple(value: Any, what: str, allow_zero: bool) -> tuple[int, ...]:
-    if isinstance(value, int | np.integer):
-        value = (value,)
+    """``value`` (an integer or a sequence of them, numpy integers included) as a tuple of
+    ints; :class:`ArgumentError` naming ``what`` and the value for anything else: a float
+    (even ``4.0``), a bool, a string, or one below 1 (below 0 with ``allow_zero``)."""
     try:
-        out = tuple(int(v) for v in value)
-        if any(int(v) != v for v in value):
-            raise ValueError
-    except (TypeError, ValueError):
+        items = [value] if isinstance(value, int | np.integer) else list(value)
+    except TypeError:
         raise ArgumentError(f"{what} must be a sequence of integers, got {value!r}") from None
+    for v in items:
+        if not isinstance(v, int | np.integer) or isinstance(v, bool):
+            raise ArgumentError(
+                f"{what} must be a sequence of integers, got {value!r} "
+                f"({v!r} is a {type(v).__name__}, not an integer)"
+            )
+    out = tuple(int(v) for v in items)
     lo = 0 if allow_zero else 1
     if any(v < lo for v in out):
         raise ArgumentError(f"{what} {out} must be {'non-negative' if allow_zero else 'positive'}")
