@@ -300,6 +300,14 @@ def test_size_from_environment(monkeypatch):
         chunk_cache()
 
 
+@pytest.mark.parametrize("empty", ["", "  "])
+def test_an_empty_size_in_the_environment_is_the_default(monkeypatch, empty):
+    """``STRATAIO_CHUNK_CACHE=`` means unset, as an empty variable does to most tools."""
+    monkeypatch.setattr(cc, "_cache", None)
+    monkeypatch.setenv(cc.ENV_VAR, empty)
+    assert chunk_cache().capacity == cc.DEFAULT_CAPACITY == 64 << 20
+
+
 @settings(
     max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )

@@ -4,6 +4,8 @@ brute-force numpy oracles."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -265,3 +267,21 @@ def test_a_split_plan_moves_the_same_bytes_in_balanced_shares(lens, gaps, parts)
     assert set().union(*map(pairs, shares)) == pairs(plan)
     crossing = VectoredPlan(np.array([0, 50]), np.array([10, 10]), np.array([0, 10]), max_hole=64)
     assert crossing.split(3) == [crossing]  # a plan reading through holes stays whole
+
+
+@pytest.mark.parametrize(
+    ("value", "off"), [("", False), (" ", False), ("0", False), ("1", True), ("yes", True)]
+)
+def test_the_switches_of_the_environment_read_alike(monkeypatch, value, off):
+    """STRATAIO_NO_CTYPES_IO and STRATAIO_NO_MAPPED_READS are off unset, empty or 0, and on
+    for any other value."""
+    monkeypatch.setenv("STRATAIO_NO_CTYPES_IO", value)
+    assert (vectored._libc_calls() is None) is off
+    code = "from strataio.storage import mapped; print(mapped._off)"
+    env = {**os.environ, "STRATAIO_NO_MAPPED_READS": value}
+    src = str(Path(vectored.__file__).parents[2])
+    env["PYTHONPATH"] = os.pathsep.join([src, env.get("PYTHONPATH", "")])
+    got = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    assert got.stdout.strip() == str(off)

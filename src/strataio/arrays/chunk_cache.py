@@ -262,13 +262,14 @@ _cache_lock = threading.Lock()
 
 
 def chunk_cache() -> DecodedChunkCache:
-    """The process's decoded-chunk cache (sized from ``STRATAIO_CHUNK_CACHE`` at first use)."""
+    """The process's decoded-chunk cache (sized from ``STRATAIO_CHUNK_CACHE`` at first use;
+    unset or empty: :data:`DEFAULT_CAPACITY`)."""
     global _cache
     if _cache is None:
         with _cache_lock:
             if _cache is None:
-                env = os.environ.get(ENV_VAR)
-                size = DEFAULT_CAPACITY if env is None else parse_size(env, where=f"${ENV_VAR}")
+                env = os.environ.get(ENV_VAR, "").strip()  # (empty: unset, as shells mean it)
+                size = parse_size(env, where=f"${ENV_VAR}") if env else DEFAULT_CAPACITY
                 if size is None:
                     raise ConfigError(f"${ENV_VAR}: the chunk cache needs a bound (0 disables it)")
                 _cache = DecodedChunkCache(size)

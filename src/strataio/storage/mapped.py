@@ -86,7 +86,7 @@ ALIAS_BYTES = 64
 #: reads from which an aliasing copy goes through a mapping (below, the mapping's faults and
 #: unmapping cost more than the aliasing does: see the module doc)
 MAPPED_READ_BYTES = 2 << 20
-_off = os.environ.get("STRATAIO_NO_MAPPED_READS", "") not in ("", "0")
+_off = os.environ.get("STRATAIO_NO_MAPPED_READS", "").strip() not in ("", "0")
 
 
 def last_level_cache_bytes(default: int = 32 << 20) -> int:

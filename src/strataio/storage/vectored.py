@@ -35,7 +35,7 @@ __all__ = ["IOV_MAX", "VectoredPlan"]
 
 
 def _libc_calls() -> tuple[object, object] | None:
-    if os.environ.get("STRATAIO_NO_CTYPES_IO"):
+    if os.environ.get("STRATAIO_NO_CTYPES_IO", "").strip() not in ("", "0"):
         return None
     try:
         libc = ctypes.CDLL(None, use_errno=True)
