@@ -14,6 +14,7 @@ import pytest
 
 from backend_contract import BackendContract, as_array, oracle_read, random_extents
 from strataio.errors import (
+    ArgumentError,
     BackendError,
     ExistsError,
     NotFoundError,
@@ -291,8 +292,26 @@ def test_presets_are_table_1() -> None:
     # equation (3)'s worked example: a 2 MB write to remote disk costs 8.47 s
     assert disk.call_time(2 * MiB, write=True) == pytest.approx(8.47)
     assert CostModel.from_preset("remote_tape_2002", drives=3).drives == 3
-    with pytest.raises(StrataError, match="unknown cost model"):
+    with pytest.raises(
+        ArgumentError, match="unknown cost model preset 'floppy'; known: remote_disk"
+    ):
         CostModel.from_preset("floppy")
+
+
+def test_a_bad_argument_of_shaped_is_an_argument_error() -> None:
+    """An unknown preset names the known ones; a time scale must be a finite number >= 0."""
+    with pytest.raises(
+        ArgumentError, match="preset 'nope'; known: remote_disk_2002, remote_tape_2002"
+    ):
+        Shaped(MemoryBackend(), "nope")
+    with pytest.raises(ArgumentError, match="model must be a CostModel or a preset name"):
+        Shaped(MemoryBackend(), None)  # type: ignore[arg-type]
+    for bad in (-1, float("nan"), float("inf"), "1", True):
+        with pytest.raises(ArgumentError, match="time_scale must be a finite number >= 0"):
+            Shaped(MemoryBackend(), "remote_disk_2002", bad)  # type: ignore[arg-type]
+    with pytest.raises(ArgumentError, match="drives must be >= 1"):
+        CostModel.from_preset("remote_tape_2002", drives=0)
+    assert Shaped(MemoryBackend(), "remote_disk_2002", np.float32(0.5)).time_scale == 0.5
 
 
 def test_shaped_accounting_follows_equation_1() -> None:

@@ -42,6 +42,7 @@ import contextlib
 import dataclasses
 import functools
 import math
+import numbers
 import threading
 import time
 from collections import deque
@@ -50,7 +51,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from strataio.errors import StrataError
+from strataio.errors import ArgumentError
 from strataio.layout.extents import Extents
 from strataio.storage.base import Backend, BytesLike, Capabilities, Version
 
@@ -89,10 +90,10 @@ class CostModel:
 
     def __post_init__(self) -> None:
         if self.drives is not None and self.drives < 1:
-            raise StrataError(f"CostModel {self.name!r}: drives must be >= 1 or None")
+            raise ArgumentError(f"CostModel {self.name!r}: drives must be >= 1 or None")
         for op in (self.read, self.write):
             if min(op.open, op.seek, op.close) < 0 or op.bandwidth <= 0:
-                raise StrataError(f"CostModel {self.name!r}: negative time or bandwidth")
+                raise ArgumentError(f"CostModel {self.name!r}: negative time or bandwidth")
 
     def call_time(self, nbytes: int, *, write: bool = False, seeks: int = 0) -> float:
         """Seconds of one call per equation (1), connection included (as if per request)."""
@@ -109,11 +110,12 @@ class CostModel:
 
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> CostModel:
-        """A model from :data:`PRESETS`, with fields replaced by ``overrides``."""
+        """A model from :data:`PRESETS`, with fields replaced by ``overrides``;
+        :class:`ArgumentError` naming the known presets for an unknown ``name``."""
         try:
             model = PRESETS[name]
-        except KeyError:
-            raise StrataError(
+        except (KeyError, TypeError):
+            raise ArgumentError(
                 f"unknown cost model preset {name!r}; known: {', '.join(sorted(PRESETS))}"
             ) from None
         return dataclasses.replace(model, **overrides) if overrides else model
@@ -183,13 +185,25 @@ class ShapedStats:
 
 
 class Shaped(Backend):
-    """``inner`` with the delays of ``model`` (scaled by ``time_scale``) added to each call."""
+    """``inner`` with the delays of ``model`` (scaled by ``time_scale``) added to each call.
+
+    ``model`` is a :class:`CostModel` or the name of one of :data:`PRESETS`; an unknown name
+    or a ``time_scale`` that is not a finite number >= 0 raises :class:`ArgumentError`."""
 
     def __init__(self, inner: Backend, model: CostModel | str, time_scale: float = 1.0) -> None:
         if isinstance(model, str):
             model = CostModel.from_preset(model)
-        if time_scale < 0:
-            raise StrataError(f"time_scale must be >= 0, got {time_scale}")
+        if not isinstance(model, CostModel):
+            raise ArgumentError(
+                f"model must be a CostModel or a preset name ({', '.join(sorted(PRESETS))}), "
+                f"got {model!r}"
+            )
+        if (
+            not isinstance(time_scale, numbers.Real)
+            or isinstance(time_scale, bool)
+            or not 0 <= time_scale < math.inf
+        ):
+            raise ArgumentError(f"time_scale must be a finite number >= 0, got {time_scale!r}")
         self.inner = inner
         self.model = model
         self.time_scale = float(time_scale)
