@@ -984,3 +984,25 @@ def test_init_makes_no_directory_of_a_read_only_tier(tmp_path, monkeypatch):
     assert out.exit_code == 1, out.output
     assert "error: tier 'archive' is read-only" in out.stderr and "records 1 chunk" in out.stderr
     assert not (tmp_path / "archive").exists()
+
+
+def test_stage_migrate_evict_of_a_plain_dataset_say_what_it_is(project):
+    """A name that is not in the catalog but the path of a plain dataset: the error says the
+    storage hierarchy does not manage it and how to bring data under a Session (exit 2, as
+    for any name not in the catalog); a plain folder is only not in the catalog."""
+    root, _ = project
+    strataio.create_dataset(root / "x" / "a", (4,), "f4", (2,))
+    r = CliRunner()
+    for op in ("stage", "migrate", "evict"):
+        out = r.invoke(main, [op, "x/a"])
+        assert out.exit_code == 2, out.output
+        assert "error: no dataset 'x/a' in catalog" in out.stderr
+        assert "x/a is a plain dataset (a Zarr array at that path), which the storage " in (
+            out.stderr
+        )
+        assert "hierarchy does not manage" in out.stderr
+        assert "strataio.Session().create_dataset(name, shape, dtype, chunks)" in out.stderr
+        out = r.invoke(main, [op, "x"])  # (a Zarr group, no array)
+        assert out.exit_code == 2 and "plain dataset" not in out.stderr, out.stderr
+        assert "error: no dataset 'x' in catalog" in out.stderr
+    assert where("temp") == {"disk": 0, "tape": 100}  # (nothing moved)

@@ -150,7 +150,7 @@ def _is_superfile(s: Any, name: str, tier: str | None) -> bool:
     """True if catalogued ``name`` is a superfile (whose containers move whole, through
     :class:`~strataio.tiers.superfile.Superfile`, not as an array's chunks). A ``name`` the
     catalog does not know, or a ``tier`` (None: the default) that is not configured, is a
-    usage error."""
+    usage error; one that is the path of a plain dataset says so."""
     from strataio.errors import NotFoundError
     from strataio.tiers.superfile import is_superfile
 
@@ -159,7 +159,25 @@ def _is_superfile(s: Any, name: str, tier: str | None) -> bool:
             s.tiers[tier]  # (NotFoundError naming the tiers there are)
         return is_superfile(s.catalog.get_dataset(name))
     except NotFoundError as exc:
-        raise UsageProblem(str(exc)) from None
+        note = _plain_dataset_note(name)
+        raise UsageProblem(f"{exc}: {note}" if note else str(exc)) from None
+
+
+def _plain_dataset_note(name: str) -> str:
+    """What to say where ``name``, not in the catalog, is the path of a plain dataset (a Zarr
+    array made by :func:`strataio.create_dataset`): the hierarchy does not manage it; "" where
+    ``name`` is no such path."""
+    from strataio.cli.dataset_cmd import _node_type
+
+    if _node_type(Path(name)) != "array":
+        return ""
+    return (
+        f"{name} is a plain dataset (a Zarr array at that path), which the storage hierarchy "
+        "does not manage: stage, migrate and evict move the datasets a Session hands out; to "
+        "bring its data under a Session, create a dataset there "
+        "(strataio.Session().create_dataset(name, shape, dtype, chunks)) and write the "
+        "array's values into it"
+    )
 
 
 def _move(config: str | None, name: str, op: str, section: str | None, tier: str | None) -> None:
