@@ -258,6 +258,11 @@ def test_workload_errors_are_clear():
     bad(WORKLOAD.replace('dtype = "float32"', 'dtype = "float99"'), "not a numpy dtype")
     bad(WORKLOAD.replace("dims = [8, 8, 16]", "dims = [8, -8, 16]", 1), "positive integers")
     bad(WORKLOAD.replace('name = "vr_temp"', 'name = "temp"'), "used twice")
+    for empty in ('""', '"  "'):
+        bad(
+            WORKLOAD.replace('name = "vr_temp"', f"name = {empty}"),
+            r"^bad\.toml: dataset\[1\]\.name: must not be empty, got '\s*'$",
+        )
     bad(WORKLOAD.replace('tier = "fast"\n', ""), r"run\.tier is missing")
     bad("[run]\nranks = 1\n", "dataset")
     bad("not toml [", "not valid TOML")

@@ -335,6 +335,8 @@ def _run(t: Mapping[str, Any], source: str) -> RunSpec:
 def _dataset(t: Mapping[str, Any], source: str, i: int) -> DatasetSpec:
     where = f"dataset[{i}]."
     v = _typed(t, _DATASET_KEYS, _DATASET_NEEDED, source, where)
+    if not v["name"].strip():
+        raise WorkloadError(f"{source}: {where}name: must not be empty, got {v['name']!r}")
     where = f"dataset[{i}] ({v['name']})."
 
     def fail(k: str, msg: str) -> WorkloadError:
