@@ -2312,3 +2312,13 @@ def test_a_parallel_close_whose_written_objects_are_gone_fails_on_every_rank(tmp
     chunks (it returned, the writes lost in silence); their chunks keep their old values."""
     out = run_mpi(2, "tiers_lost_writes.py", tmp_path, timeout=60)
     assert out.strip().splitlines()[-1] == "ok"
+
+
+@pytest.mark.mpi
+def test_a_parallel_flush_after_a_collective_write_says_every_ranks_lost_writes(tmp_path):
+    """As above, but a collective write_all records every rank's changes before the flush:
+    the flush raises ChunksNotStoredError on every rank naming both chunks (the other rank's
+    rewrite of a chunk with a previous value was lost in silence: its replaced values stayed
+    on its rank)."""
+    out = run_mpi(2, "tiers_lost_writes_shared.py", tmp_path, "write_all", timeout=60)
+    assert out.strip().splitlines()[-1] == "ok"

@@ -1079,7 +1079,7 @@ class Residency:
         """Take over the row changes of ``batch``, taken by another rank of a parallel job
         from its residency of this dataset: they are buffered here for the next commit. The
         objects they made obsolete are that rank's to delete, and its objects are synced
-        already. Returns the keys of chunks whose content changed (a checksum new here)."""
+        already; the values its writes replaced come too (:attr:`Batch.overwritten`). Returns the keys of chunks whose content changed (a checksum new here)."""
         with self.lock:
             changed: set[str] = set()
             for _, key, tier in batch.deletes:
@@ -1100,6 +1100,10 @@ class Residency:
                 self.touch([k], when)
             self._dropped |= {k for k in batch.dropped if not self._copies.get(k)}
             self._rewritten |= batch.rewritten
+            # (the values its writes replaced: a write of it the commit leaves out is lost
+            # only where the chunk holds none but those)
+            for k, was in batch.overwritten.items():
+                self._overwritten.setdefault(k, set()).update(was)
             return sorted(changed)
 
     def reload(self, copies: Iterable[ChunkCopy]) -> list[str]:
