@@ -182,9 +182,11 @@ class TieredDataset(Dataset):
         steps 1-3 are :meth:`Commit.share`; (4) rank 0 runs the move to its end (committed by
         rank 0 as a single process's move is); (5) rank 0 broadcasts the result, any error and
         its residency, and the other ranks reload theirs from it
-        (:meth:`Residency.reload`). A failure anywhere raises on every rank; changes not yet handed
-        over stay buffered (handed over at close), and handed-over ones that rank 0 could not
-        commit stay buffered there.
+        (:meth:`Residency.reload`); where step (2) left writes out (their objects gone or
+        replaced), no move starts and every rank raises them, as a flush does
+        (:meth:`TieredChunkStore.report_lost_writes`). A failure anywhere raises on every
+        rank; changes not yet handed over stay buffered (handed over at close), and
+        handed-over ones that rank 0 could not commit stay buffered there.
         """
         if self.comm is None:
             return start()
@@ -197,12 +199,15 @@ class TieredDataset(Dataset):
         comm, res = self.comm, self.store.res
         # (1)-(3): every rank's changes recorded by rank 0, stale objects deleted
         changed = self.store.commit.share(res)
+        # writes the commit left out, the same on every rank: a move is not started then,
+        # and every rank raises them (the move's flush would on rank 0 alone)
+        lost = res.take_lost_writes() if start is not None else ({}, {}, set())
         result: MoveResult | None = None
         err: BaseException | None = None
         copies: list[ChunkCopy] | None = None
         if comm.Get_rank() == 0:
             try:
-                if start is not None:
+                if start is not None and not any(lost):
                     result = start().result()
             except BaseException as exc:
                 err = exc
@@ -215,6 +220,9 @@ class TieredDataset(Dataset):
         self.store.cache.invalidate(self.name, changed)
         if err is not None:
             raise err
+        if any(lost):
+            res.lose_writes(*lost)
+            self.store.report_lost_writes()
         return result
 
     def _check_stored_meta(self, raw: bytes | None) -> None:

@@ -1323,9 +1323,9 @@ class TieredChunkStore(ChunkStore):
             return
         self.commit.apply(self.res)
         self.record_checks()
-        self._report_lost_writes()
+        self.report_lost_writes()
 
-    def _report_lost_writes(self) -> None:
+    def report_lost_writes(self) -> None:
         """Raise for the writes a commit since the last report did not record as their
         values were lost before it: :class:`ObjectError` where the object a write put was
         replaced by something no write of strataio's stands for (a directory, a file put by
@@ -1407,7 +1407,7 @@ class TieredChunkStore(ChunkStore):
             if self.on_closed is not None:
                 with contextlib.suppress(StrataError):  # (what it keeps is advice)
                     self.on_closed(self)
-            self._report_lost_writes()
+            self.report_lost_writes()
         finally:
             self._closed = True
             self.placement.unregister(self.res)
