@@ -2331,3 +2331,24 @@ def test_a_collective_move_after_lost_writes_raises_them_on_every_rank(tmp_path)
     ranks failed to unpickle it)."""
     out = run_mpi(2, "tiers_lost_writes_shared.py", tmp_path, "migrate", timeout=60)
     assert out.strip().splitlines()[-1] == "ok"
+
+
+def test_errors_naming_chunks_reach_the_other_ranks_of_a_job():
+    """ChunksNotStoredError and ObjectError keep their chunk keys through a pickle (a
+    broadcast to the other ranks), and a rank that did not fail raises a ChunksNotStoredError
+    another rank's failure names (it raised TypeError: the class took no message alone)."""
+    import pickle
+
+    from strataio.agreed import raise_agreed
+
+    for cls in (ChunksNotStoredError, ObjectError):
+        got = pickle.loads(pickle.dumps(cls("dataset 'd': c/0 not stored", ["c/0"])))
+        assert type(got) is cls and str(got) == "dataset 'd': c/0 not stored"
+        assert got.keys == ["c/0"]
+
+    class OneRankFailed:  # (rank 1 failed; this is rank 0, which did not)
+        def allgather(self, mine):
+            return [mine, (ChunksNotStoredError, "dataset 'd': c/0 not stored")]
+
+    with pytest.raises(ChunksNotStoredError, match=r"c/0 not stored \(raised on rank 1\)"):
+        raise_agreed(OneRankFailed(), None)

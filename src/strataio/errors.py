@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 
 class StrataError(Exception):
@@ -96,6 +97,10 @@ class ObjectError(BackendError):
         super().__init__(message)
         self.keys = list(keys)
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # (keys and all, through a pickle: another rank of a job raises it too)
+        return type(self), (str(self), self.keys)
+
 
 class TierDownError(BackendError):
     """A tier is marked down and was not used."""
@@ -127,11 +132,15 @@ class ChunksNotStoredError(BackendError):
     placement hint allows was full or down for the others; or a flush or close found chunks
     written since the last flush whose new objects were gone before the catalog recorded
     them. ``keys`` names the chunks not stored (each keeps its previous value); the message
-    lists the first few."""
+    lists the first few (raised on the other ranks of a job for one rank's, ``keys`` may be
+    empty)."""
 
-    def __init__(self, message: str, keys: list[str]) -> None:
+    def __init__(self, message: str, keys: Sequence[str] = ()) -> None:
         super().__init__(message)
-        self.keys = keys
+        self.keys = list(keys)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (str(self), self.keys)
 
 
 class ConfigError(StrataError, ValueError):
