@@ -342,6 +342,8 @@ class Commit:
             else:
                 self._close_parallel(res)
         finally:
+            with self._lost_lock:  # (a close that failed before judging them: none to say)
+                self._lost_later.pop(res, None)
             if self.catalog is not None and self.writer:
                 # if the catalog cannot take it, the mark goes with the writer at session close
                 with contextlib.suppress(StrataError):
