@@ -871,29 +871,6 @@ def test_a_flipped_byte_is_found_and_named(tmp_path, codec, at):
         rw[20, 33] = 1.0
 
 
-@pytest.mark.parametrize("codec", ["crc32c", None])
-def test_a_write_whose_old_chunk_is_bad_writes_nothing(tmp_path, codec):
-    """A write that must read a chunk it covers in part, and finds it corrupt (a checksum
-    mismatch, a raw chunk of the wrong size), raises before any chunk is replaced, however
-    many chunks the write spans (they are read on several threads)."""
-    ds = strataio.create_dataset(tmp_path / "a", (64, 64), "f4", (4, 4), codec=codec)
-    before = np.arange(64 * 64, dtype="f4").reshape(64, 64)
-    ds[...] = before
-    ds.close()
-    victim = tmp_path / "a" / "c" / "15" / "15"
-    if codec is None:
-        os.truncate(victim, 7)
-    else:
-        _flip(victim, 5)
-    rw = strataio.open_dataset(tmp_path / "a", "r+")
-    with pytest.raises(CodecError, match="c/15/15"):
-        rw[1:63, 1:63] = np.zeros((62, 62), "f4")  # (every chunk it touches read first)
-    rw.close()
-    back = strataio.open_dataset(tmp_path / "a")
-    np.testing.assert_array_equal(back[0:60, :], before[0:60, :])
-    np.testing.assert_array_equal(back[60:64, 0:60], before[60:64, 0:60])
-
-
 def test_a_truncated_checksummed_chunk_names_the_chunk(tmp_path):
     ds = strataio.create_dataset(tmp_path / "a", (8, 8), "int16", (4, 4))
     ds[:] = 1

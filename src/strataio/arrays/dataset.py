@@ -485,30 +485,12 @@ class Dataset:
                 chunk_cache().discard(self._cache_space, keys[lo:hi])
 
         if not self.store.capabilities.overlapped_puts:
-            if not any(need_old):  # (nothing to read: each group encodes and puts its own)
 
-                def work(lo: int, hi: int) -> None:
-                    self.store.put_chunks(encoded(lo, hi))
-                    forget(lo, hi)
-
-                _run_groups(len(keys), work)
-                return
-            # Every old chunk is read (and checked) before any chunk is put: a bad one fails
-            # the write with nothing written, not after other groups replaced theirs.
-            made: dict[int, list[tuple[str, BytesLike]]] = {}
-
-            def make_group(lo: int, hi: int) -> None:
-                made[lo] = encoded(lo, hi)
-
-            _run_groups(len(keys), make_group)
-            items = [item for lo in sorted(made) for item in made[lo]]
-            made.clear()
-
-            def put(lo: int, hi: int) -> None:
-                self.store.put_chunks(items[lo:hi])
+            def work(lo: int, hi: int) -> None:
+                self.store.put_chunks(encoded(lo, hi))
                 forget(lo, hi)
 
-            _run_groups(len(keys), put)
+            _run_groups(len(keys), work)
             return
         # The store overlaps a call's puts itself and pays a fixed cost per call (a catalog
         # transaction): chunks are encoded on the chunk threads and handed over in batches.
