@@ -332,7 +332,12 @@ class Session:
         self.comm = comm
         self.rank = comm.Get_rank() if comm is not None else 0
         if tiers is None or catalog is None:
-            config = _load(config)
+            loaded: BaseException | None = None
+            try:
+                config = _load(config)
+            except BaseException as exc:  # (a rank whose file is missing, say: all raise)
+                loaded = exc
+            agree(comm, loaded)
         self.config = config
         built: TierSet | None = None  # (the tiers built here, closed if the session fails)
         self.stage_on_read = stage_on_read and comm is None

@@ -1,5 +1,6 @@
 """Run under ``mpiexec -n 2``: a Session whose ranks pass other tiers raises ArgumentError on
-every rank and leaves no writer registered; a Session's create_dataset, open_dataset and
+every rank and leaves no writer registered, and one whose configuration a rank cannot read
+raises on every rank; a Session's create_dataset, open_dataset and
 delete_dataset are collective, so ranks passing different arguments (dtype, shape, chunks, attrs, hint, name,
 mode) raise ArgumentError on every rank, naming the argument and the ranks, and nothing is
 created or deleted; the same calls with the same arguments on every rank work, and what every
@@ -48,6 +49,23 @@ refused(
     "rank 1",
     "elsewhere",
 )
+# a configuration rank 1 cannot read: every rank raises (rank 0 waited in its catalog's
+# agreement for good)
+good = root / "strataio.toml"
+if rank == 0:
+    good.write_text(
+        "[catalog]\nurl = 'other.db'\n"
+        "[[tiers]]\nname = 'disk'\nkind = 'posix'\nrole = 'localdisk'\npath = 'cfgdisk'\n"
+    )
+comm.Barrier()
+try:
+    strataio.Session([good, root / "missing.toml"][rank], comm=comm).close()
+    said = ""
+except strataio.StrataError as exc:
+    said = str(exc)
+assert "missing.toml" in said, (rank, said)
+assert rank == 1 or "raised on rank 1" in said, said
+assert not (root / "other.db").exists()
 with strataio.Session(tiers=disk_and_tape(root), catalog=root / "cat.db", comm=comm) as s:
     if rank == 0:  # (the refused Session's writer released)
         assert [w.id for w in s.catalog.writers()] == [s.writer], s.catalog.writers()
