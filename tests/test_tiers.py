@@ -2352,3 +2352,38 @@ def test_errors_naming_chunks_reach_the_other_ranks_of_a_job():
 
     with pytest.raises(ChunksNotStoredError, match=r"c/0 not stored \(raised on rank 1\)"):
         raise_agreed(OneRankFailed(), None)
+
+
+def test_copies_a_failed_close_could_not_delete_stay_the_session_s_to_delete(tmp_path, monkeypatch):
+    """A rewrite while the tape is away leaves the tape's copy obsolete and undeletable; the
+    handle's close then fails. The session still keeps that copy to delete (it was dropped
+    with the failed close, an orphan until fsck --repair): the next handle of the dataset,
+    the tape back, deletes it at its commit."""
+    from strataio.tiers.commit import Commit
+
+    monkeypatch.setattr(Tier, "RECHECK_S", 0.0)  # (the tape back is used at once)
+    with session(tmp_path) as s:
+        ds = s.create_dataset("a", (10, 10), "f4", (10, 10), hint="REMOTETAPE")
+        ds[...] = 1.0
+        ds.close()
+        stop_answering(tmp_path / "tape")
+        ds = s.open_dataset("a", "r+")
+        ds[...] = 2.0  # (failed over to another tier: the tape's copy obsolete, the tape away)
+        ds.flush()
+        assert ds.store.res.is_stranded("tape", "c/0/0")
+        close = Commit.close
+
+        def failing(self, res):
+            close(self, res)
+            raise BackendError("the close failed")
+
+        monkeypatch.setattr(Commit, "close", failing)
+        with pytest.raises(BackendError, match="the close failed"):
+            ds.close()
+        monkeypatch.setattr(Commit, "close", close)
+        answer_again(tmp_path / "tape")
+        assert (tmp_path / "tape" / "a" / "c" / "0" / "0").is_file()
+        ds = s.open_dataset("a")
+        np.testing.assert_array_equal(ds[...], 2.0)
+        ds.close()
+        assert not (tmp_path / "tape" / "a" / "c" / "0" / "0").exists()

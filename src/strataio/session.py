@@ -847,12 +847,13 @@ class Session:
     def _closed_store(self, load: RowLoader | None, store: TieredChunkStore) -> None:
         """Keep what ``store``, closing, leaves to a later handle of its dataset: the
         obsolete objects it could not delete (an outage leaves no orphans behind a running
-        session, handles closed or not) and, where it learned its rows on demand (``load``),
-        what it learned (:meth:`_keep_learned`)."""
+        session, handles closed or not, their close failed or not) and, where it learned its
+        rows on demand (``load``) and its close committed every change, what it learned
+        (:meth:`_keep_learned`)."""
         left = store.res.hand_over_stranded()
         if left:
             self._stranded.setdefault(store.name, []).extend(left)
-        if load is not None:
+        if load is not None and store.closed_cleanly:
             self._keep_learned(load, store)
 
     def _keep_learned(self, load: RowLoader, store: TieredChunkStore) -> None:

@@ -141,6 +141,8 @@ class TieredChunkStore(ChunkStore):
         #: called with this store once it closed (a session keeps what it learned, and the
         #: obsolete objects it could not delete)
         self.on_closed: Callable[[TieredChunkStore], None] | None = None
+        #: whether :meth:`close` committed every change (False: it failed, or has not run)
+        self.closed_cleanly = False
         #: where set, the catalog's generation of the dataset at the residency's first
         #: lookup (None: not known): every row learned since is at least that current
         self.learned_since: Callable[[], int | None] | None = None
@@ -1394,7 +1396,8 @@ class TieredChunkStore(ChunkStore):
     def close(self) -> None:
         """Flush and close; copies on memory tiers are dropped (they live while the dataset
         is open). In a parallel job this is collective (:meth:`Commit.close`). Then
-        :attr:`on_closed` is called with this store."""
+        :attr:`on_closed` is called with this store, whether the close failed or not
+        (:attr:`closed_cleanly` tells)."""
         if self._closed:
             return
         try:
@@ -1404,11 +1407,12 @@ class TieredChunkStore(ChunkStore):
                         self.res.remove(c.key, c.tier, expect=c)
             self.commit.close(self.res)
             self.record_checks()
+            self.closed_cleanly = True
+            self.report_lost_writes()
+        finally:
             if self.on_closed is not None:
                 with contextlib.suppress(StrataError):  # (what it keeps is advice)
                     self.on_closed(self)
-            self.report_lost_writes()
-        finally:
             self._closed = True
             self.placement.unregister(self.res)
             if self.commit.comm is not None:
