@@ -12,7 +12,7 @@ from mpi4py import MPI
 import strataio
 from mpirun import run_mpi
 from strataio.collective import driver as driver_module
-from strataio.errors import HintError
+from strataio.errors import ChunkChangedError, HintError
 
 
 @pytest.mark.mpi
@@ -96,3 +96,71 @@ def test_shard_files_are_never_preallocated(tmp_path, monkeypatch):
         with pytest.raises(HintError, match="strataio_preallocate"):
             ds.write_all(..., a, hints={"strataio_preallocate": bad})
     np.testing.assert_array_equal(ds.read_all(...), a + 1)
+
+
+def _racing(ds, other, value, when):
+    """Make ``ds``'s reads of its shards call ``other[...] = value`` (another process's
+    write, which renames a new shard over the old one) right after its read number
+    ``when(n)`` says."""
+    calls = []
+
+    def racing(real):
+        def read(key, offset, buf, **kw):
+            got = real(key, offset, buf, **kw)
+            calls.append(offset)
+            if when(len(calls)):
+                other[...] = value() if callable(value) else value
+            return got
+
+        return read
+
+    ds._span_reader = racing(ds._span_reader)
+    ds._versioned_span_reader = racing(ds._versioned_span_reader)
+    return calls
+
+
+def _two_versions(tmp_path, codec="blosc"):
+    rng = np.random.default_rng(5)
+    v1, v2 = rng.random((8, 8)), rng.random((8, 8)) + 10
+    v1[:4, :4] = 1.0  # (compressible in v1, not in v2: the inner chunks' offsets move)
+    v2[4:, 4:] = 2.0
+    ds = strataio.create_dataset(
+        tmp_path / "a", (8, 8), "f8", (4, 4), shards=(8, 8), codec=codec, comm=MPI.COMM_SELF
+    )
+    ds.write_all(..., v1)
+    other = strataio.open_dataset(tmp_path / "a", "r+")
+    return ds, other, v1, v2
+
+
+@pytest.mark.parametrize("codec", ["blosc", "zstd+crc32c"])
+def test_read_all_of_a_shard_replaced_after_its_index_was_read_reads_one_version(tmp_path, codec):
+    """Another process renaming a new shard into place after the leader read its index gives
+    the owners of its inner chunks the new file's bytes at the old offsets: every rank
+    reads again and gets the new shard's values, never a decode error."""
+    ds, other, _, v2 = _two_versions(tmp_path, codec)
+    _racing(ds, other, v2, lambda n: n == 2)  # (the shard's size, then its index)
+    np.testing.assert_array_equal(ds.read_all(np.s_[0:8, 1:8]), v2[:, 1:])
+
+
+def test_read_all_of_a_shard_replaced_at_every_try_raises_chunk_changed(tmp_path):
+    ds, other, v1, v2 = _two_versions(tmp_path)
+    values = iter([v2, v1] * 20)
+    # (each try reads the size, the index, then the inner chunks: replaced after the index)
+    calls = _racing(ds, other, lambda: next(values), lambda n: n <= 8 * 3 and n % 3 == 2)
+    with pytest.raises(ChunkChangedError, match=r"shard 'c/0/0': replaced by another writer"):
+        ds.read_all(...)
+    assert len(calls) == 8 * 3
+    np.testing.assert_array_equal(ds.read_all(...), v1)  # (the eighth writer's)
+
+
+def test_write_all_over_part_of_a_shard_replaced_after_its_index_was_read(tmp_path):
+    """A write that keeps inner chunks of the old shard reads them at its index's offsets:
+    a shard replaced meanwhile makes it start again from the new shard, whose other values
+    it keeps."""
+    ds, other, _, v2 = _two_versions(tmp_path)
+    _racing(ds, other, v2, lambda n: n == 2)
+    ds.write_all(np.s_[1:3, 1:3], -1.0)
+    want = v2.copy()
+    want[1:3, 1:3] = -1
+    np.testing.assert_array_equal(ds.read_all(...), want)
+    assert not list((tmp_path / "a").rglob("*.part"))

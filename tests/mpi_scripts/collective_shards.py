@@ -30,6 +30,7 @@ from strataio.arrays.shard_parts import CallLock, call_locks, judge, part_files
 from strataio.arrays.sharding import EMPTY, ShardCodec
 from strataio.errors import (
     BackendError,
+    ChunkChangedError,
     CodecError,
     HintError,
     SelectionError,
@@ -202,6 +203,38 @@ ds.close()
 comm.Barrier()
 check(rank != 0 or not list(part_files(str(root))), "no temporary shard file left")
 check(not list(call_locks(folder)), "no lock file left")
+
+# ---- a shard another job replaces (renames over) after its leader (rank 0) read its index
+# and before another rank reads its inner chunks: every rank reads again, one version; a
+# shard replaced at every try raises ChunkChangedError on every rank
+if nprocs > 1:
+    path = root / "replaced"
+    rng2 = np.random.default_rng(9)
+    v1, v2 = rng2.random((4 * nprocs, 8)), rng2.random((4 * nprocs, 8)) + 10
+    v1[:, :4] = 1.0  # (compressible in v1, not in v2: the inner chunks' offsets move)
+    ds = strataio.create_dataset(
+        path, v1.shape, "f8", (4, 4), shards=v1.shape, codec="blosc", comm=comm
+    )
+    mine = np.s_[4 * rank : 4 * rank + 4]
+    ds.write_all(mine, v1[mine])
+    other = strataio.open_dataset(path, "r+") if last else None
+    real, rewrites, limit = ds._versioned_span_reader, [], 1
+
+    def replacing(key, offset, buf, **kw):
+        # (on the last rank, which reads inner chunks of the shard rank 0 leads, only)
+        if last and len(rewrites) < limit:
+            other[...] = (v1, v2)[len(rewrites) % 2 == 0]
+            rewrites.append(offset)
+        return real(key, offset, buf, **kw)
+
+    ds._versioned_span_reader = replacing
+    check(np.array_equal(ds.read_all(mine), v2[mine]), "a shard replaced mid-read read anew")
+    limit = 1 + 8
+    check(raises_everywhere(lambda: ds.read_all(mine), ChunkChangedError), "replaced each try")
+    check(not last or len(rewrites) == 1 + 8, f"eight tries ({len(rewrites)} rewrites)")
+    ds._versioned_span_reader = real
+    check(np.array_equal(ds.read_all(mine), v2[mine]), "the last rewrite's values")
+    ds.close()
 
 if rank == 0:
     print("ok")

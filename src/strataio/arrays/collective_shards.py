@@ -34,9 +34,13 @@ rank holds one descriptor for it, however many shards the call writes. Inner chu
 shard the call writes only in part are read from the old shard first (their owners decode
 what they update; the leader carries the untouched ones over byte for byte).
 
-A read reads each touched shard's index once (its leader) and broadcasts it; each inner chunk
-is read and decoded by one rank, its owner, and the pieces go where they are wanted
-(:func:`~strataio.arrays.collective.read_pieces`).
+A read reads each touched shard's index once (its leader) and broadcasts it with the version
+of the file it came from; each inner chunk is read and decoded by one rank, its owner, and the
+pieces go where they are wanted (:func:`~strataio.arrays.collective.read_pieces`). A shard
+another process replaced (renamed over) between the read of its index and those of its inner
+chunks -- their versions differ -- makes every rank start the call again, as a Dataset's own
+read does, and after 8 tries raise :class:`~strataio.errors.ChunkChangedError` on every rank;
+a write that reads inner chunks of old shards does the same before any shard is replaced.
 """
 
 from __future__ import annotations
@@ -70,12 +74,13 @@ from strataio.arrays.sharding import EMPTY, ShardCodec
 from strataio.arrays.store import BackendChunkStore
 from strataio.collective.driver import Driver, open_driver
 from strataio.collective.hints import DISABLE, ENABLE, Hints, parse_hints, parse_int_hint
-from strataio.errors import BackendError, HintError, StrataError
+from strataio.errors import BackendError, ChunkChangedError, HintError, StrataError
 from strataio.layout.chunks import ChunkGrid, chunk_key
 from strataio.layout.sections import Section
 
 if TYPE_CHECKING:
     from strataio.arrays.dataset import Dataset
+    from strataio.storage.base import Version
 
 _I64 = np.int64
 #: default alignment of each rank's run in a shard: a file system block
@@ -84,6 +89,9 @@ ALIGNMENT = 4096
 _COMPRESS_THREADS = max(1, min(4, (os.cpu_count() or 1) // 2))
 #: MPI tags of the chain between groups cycle below the least tag bound MPI guarantees
 _TAGS = 32768
+#: tries of a collective call that may find a shard replaced between the reads of its index
+#: and of its inner chunks before it gives up with ChunkChangedError (as a Dataset's own read)
+_SHARD_TRIES = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,38 +160,100 @@ def _named(ds: Dataset) -> str:
     return f"dataset {ds.name!r}" if ds.name else "the dataset"
 
 
-def _read_span(ds: Dataset, key: str) -> Any:
-    def read(offset: int, buf: memoryview) -> int | None:
-        return ds.store.read_span(key, offset, buf)
+class _Replaced(ChunkChangedError):
+    """A shard another process replaced between two reads of one collective call (its index
+    and its inner chunks, read by different ranks or at different times, came from two
+    versions of the file): the call reads its shards again."""
 
-    return read
+
+class _ShardReads:
+    """A :data:`~strataio.arrays.sharding.SpanReader` of shard ``key`` that notes the
+    versions of the file its reads came from (where the store tells them), starting from
+    ``version``, the one its index was read from; :meth:`check` raises :class:`_Replaced`
+    where they are more than one."""
+
+    def __init__(self, ds: Dataset, key: str, version: Version | None = None) -> None:
+        self.ds, self.key = ds, key
+        self.seen: set[Version] = set() if version is None else {version}
+
+    def __call__(self, offset: int, buf: memoryview) -> int | None:
+        versioned = self.ds._versioned_span_reader
+        if versioned is None:
+            return self.ds.store.read_span(self.key, offset, buf)
+        size, version = versioned(self.key, offset, buf)
+        if version is not None:
+            self.seen.add(version)
+        return size
+
+    @property
+    def version(self) -> Version | None:
+        """The one version every read came from; None where the store tells none."""
+        return next(iter(self.seen)) if len(self.seen) == 1 else None
+
+    def check(self, what: str) -> None:
+        """Raise :class:`_Replaced` where the reads so far came from two versions of the
+        shard (``what`` the call reading it: "read", "write")."""
+        if len(self.seen) > 1:
+            raise _Replaced(
+                f"{_named(self.ds)}, shard {self.key!r}: replaced by another writer during "
+                f"the collective {what} (its index and its inner chunks read from two "
+                "versions of the file)"
+            )
+
+
+def _replaced_everywhere(comm: MPI.Comm, exc: BaseException) -> bool:
+    """Collective, after an error raised on every rank: whether every rank's is
+    :class:`_Replaced` (a shard replaced mid-call, the call may start again), the same
+    answer on every rank."""
+    replaced = isinstance(exc, _Replaced)
+    return bool(comm.allreduce(replaced, op=MPI.LAND)) if comm.Get_size() > 1 else replaced
+
+
+def _gave_up(exc: BaseException, what: str) -> ChunkChangedError:
+    """The error of a collective call that found a shard replaced mid-call at every try."""
+    return ChunkChangedError(
+        f"{exc}; {_SHARD_TRIES} times: the {what} gave up, nothing is damaged: "
+        f"{what} it again (or order the other job's writes before it)"
+    )
 
 
 def _shard_indexes(
-    ds: Dataset, comm: MPI.Comm, codec: ShardCodec, keys: list[str]
-) -> list[np.ndarray | None]:
-    """Collective: the index of each shard ``keys[k]`` (None for a shard never written), read
-    once by the shard's leader (rank ``k mod nprocs``) and sent to every rank; a corrupt index
-    raises on every rank."""
+    ds: Dataset, comm: MPI.Comm, codec: ShardCodec, keys: list[str], what: str
+) -> tuple[list[np.ndarray | None], list[Version | None]]:
+    """Collective: the index of each shard ``keys[k]`` (None for a shard never written) and
+    the version of the file it was read from (None where the store tells none), read once by
+    the shard's leader (rank ``k mod nprocs``) and sent to every rank; a corrupt index, or a
+    shard replaced between the reads of its size and its index (:class:`_Replaced`), raises
+    on every rank (``what``: the collective call, for the message)."""
     me, nprocs = comm.Get_rank(), comm.Get_size()
-    mine: dict[int, np.ndarray | None] = {}
+    mine: dict[int, tuple[np.ndarray | None, Version | None]] = {}
     err: BaseException | None = None
     for k in range(me, len(keys), nprocs):
+        reads = _ShardReads(ds, keys[k])
         try:
-            got = codec.read_index(_read_span(ds, keys[k]))
+            try:
+                got = codec.read_index(reads)
+            except StrataError:
+                reads.check(what)  # (the old size's index span in the new file, say)
+                raise
+            reads.check(what)
+        except _Replaced as exc:
+            err = exc
+            break
         except StrataError as exc:
             err = type(exc)(f"{_named(ds)}, shard {keys[k]!r}: {exc}")
             break
         except Exception as exc:  # any failure here must reach the other ranks
             err = exc
             break
-        mine[k] = None if got is None else got[0]
+        mine[k] = (None, None) if got is None else (got[0], reads.version)
     agree(comm, err)
     found: list[np.ndarray | None] = [None] * len(keys)
+    versions: list[Version | None] = [None] * len(keys)
     for part in comm.allgather(mine) if nprocs > 1 else [mine]:
-        for k, index in part.items():
-            found[k] = index
-    return found
+        for k, (index, version) in part.items():
+            found[k], versions[k] = index, version
+    return found, versions
 
 
 # --------------------------------------------------------------------------- reads
@@ -201,8 +271,39 @@ def read_shards(
     pairs = plan_pairs(grid, sections)
     shard, number = _shards_of(codec, pairs.coords)
     keys, which = _unique_shards(ds, shard)
-    indexes = _shard_indexes(ds, comm, codec, keys)
     slot = {tuple(c): i for i, c in enumerate(pairs.coords.tolist())}
+    # A shard's index (read by its leader) and its inner chunks (by their owners) are
+    # separate reads: a shard another process replaced between them gives the owners the
+    # new file's bytes at the old index's offsets. Every rank reads again when any rank
+    # found one.
+    for attempt in range(_SHARD_TRIES):
+        try:
+            return _read_once(ds, comm, grid, sections, pairs, section, keys, which, number, slot)
+        except Exception as exc:  # (raised on every rank: agreed)
+            if not _replaced_everywhere(comm, exc):
+                raise
+            if attempt == _SHARD_TRIES - 1:
+                raise _gave_up(exc, "read") from None
+    raise AssertionError("unreachable")
+
+
+def _read_once(
+    ds: Dataset,
+    comm: MPI.Comm,
+    grid: ChunkGrid,
+    sections: Sections,
+    pairs: ChunkPairs,
+    section: Section | None,
+    keys: list[str],
+    which: np.ndarray,
+    number: np.ndarray,
+    slot: dict[tuple[int, ...], int],
+) -> np.ndarray:
+    """One try of :func:`read_shards`: raises :class:`_Replaced` on every rank where a shard
+    was replaced between the read of its index and those of its inner chunks."""
+    codec = ds.codecs
+    assert isinstance(codec, ShardCodec)
+    indexes, versions = _shard_indexes(ds, comm, codec, keys, "read")
 
     def read_chunks(
         coords: np.ndarray, lo: np.ndarray, hi: np.ndarray, out: np.ndarray, at: np.ndarray
@@ -214,10 +315,13 @@ def read_shards(
             if index is None:
                 chunks: list[np.ndarray | None] = [None] * len(sel)
             else:
+                reads = _ShardReads(ds, keys[k], versions[k])
                 try:
-                    chunks = codec.read_inner(_read_span(ds, keys[k]), index, number[ids[sel]])
+                    chunks = codec.read_inner(reads, index, number[ids[sel]])
                 except StrataError as exc:
+                    reads.check("read")
                     raise type(exc)(f"{_named(ds)}, shard {keys[k]!r}: {exc}") from None
+                reads.check("read")
             for j, chunk in zip(sel.tolist(), chunks):
                 dst = tuple(map(slice, at[j], at[j] + hi[j] - lo[j]))
                 out[dst] = codec.fill if chunk is None else chunk[tuple(map(slice, lo[j], hi[j]))]
@@ -321,28 +425,71 @@ def _write_shards(
 ) -> None:
     """:func:`write_shards` once the sections are known and the call's lock is held, its
     temporary files named by ``token``."""
-    me, nprocs = comm.Get_rank(), comm.Get_size()
     pairs = plan_pairs(grid, sections)
     owned = gather_pieces(comm, grid, ds.dtype, ds.fill_value, sections, pairs, data)
     shard, number = _shards_of(codec, pairs.coords)
     keys, which = _unique_shards(ds, shard)
-    # shards some inner chunk of which the call leaves (partly) as it was: read their indexes
     whole = _whole_shards(codec, grid, pairs, owned, which, len(keys))
     partial = [k for k in range(len(keys)) if not whole[k]]
-    old: list[np.ndarray | None] = [None] * len(keys)
-    if partial:
-        got = _shard_indexes(ds, comm, codec, [keys[k] for k in partial])
-        for k, index in zip(partial, got):
-            old[k] = index
-
     paths = [store.chunk_path(k) for k in keys]
     temps = [part_path(p, token) for p in paths]
+    # The inner chunks a write leaves as they were are read from the old shards at their
+    # indexes' offsets: a shard another process replaced meanwhile gives the new file's bytes
+    # at the old offsets. Every rank starts again (its temporary files removed) when any
+    # rank found one; no shard is replaced before.
+    for attempt in range(_SHARD_TRIES):
+        try:
+            entries = _write_runs_once(
+                ds, comm, codec, owned, which, number, keys, partial, temps, options
+            )
+            break
+        except Exception as exc:  # (raised on every rank, its temporary files removed)
+            if not _replaced_everywhere(comm, exc):
+                raise
+            if attempt == _SHARD_TRIES - 1:
+                raise _gave_up(exc, "write") from None
+    failed: BaseException | None = None
+    try:
+        _write_indexes(comm, store, codec, entries, keys, temps, paths, options)
+    except Exception as exc:
+        failed = exc
+    try:
+        agree(comm, failed)
+    finally:
+        _remove(temps)
+        ds.clear_cache()  # (after a failure too: some shards may have been replaced)
+
+
+def _write_runs_once(
+    ds: Dataset,
+    comm: MPI.Comm,
+    codec: ShardCodec,
+    owned: OwnedChunks,
+    which: np.ndarray,
+    number: np.ndarray,
+    keys: list[str],
+    partial: list[int],
+    temps: list[str],
+    options: ShardWriteOptions,
+) -> list[np.ndarray]:
+    """One try of the runs of :func:`_write_shards`: the old indexes of the shards
+    ``partial`` (some inner chunk of which the call leaves, partly, as it was) read, this
+    rank's runs compressed and written to the temporary files ``temps``; its index entries
+    (:func:`_write_runs`). A failure on any rank raises on every rank, each having removed
+    the temporary files (:class:`_Replaced` where an old shard was replaced mid-call)."""
+    me, nprocs = comm.Get_rank(), comm.Get_size()
+    old: list[np.ndarray | None] = [None] * len(keys)
+    versions: list[Version | None] = [None] * len(keys)
+    if partial:
+        got, seen = _shard_indexes(ds, comm, codec, [keys[k] for k in partial], "write")
+        for k, index, version in zip(partial, got, seen):
+            old[k], versions[k] = index, version
     groups = min(options.groups, nprocs)  # (a group per rank at most)
     group = comm.Split(me * groups // nprocs, me) if groups > 1 else comm
     failed: BaseException | None = None
     entries: list[np.ndarray] = []
     try:
-        runs = _compress_runs(ds, codec, owned, which, number, keys, old, me, nprocs)
+        runs = _compress_runs(ds, codec, owned, which, number, keys, old, versions, me, nprocs)
         entries = _write_runs(comm, group, codec, runs, temps, options, shard_count=len(keys))
     except Exception as exc:  # every rank must learn of it before any shard is replaced
         failed = exc
@@ -354,15 +501,7 @@ def _write_shards(
     except Exception:
         _remove(temps)
         raise
-    try:
-        _write_indexes(comm, store, codec, entries, keys, temps, paths, options)
-    except Exception as exc:
-        failed = exc
-    try:
-        agree(comm, failed)
-    finally:
-        _remove(temps)
-        ds.clear_cache()  # (after a failure too: some shards may have been replaced)
+    return entries
 
 
 def _same_options(comm: MPI.Comm, options: ShardWriteOptions) -> None:
@@ -405,12 +544,15 @@ def _compress_runs(
     number: np.ndarray,
     keys: list[str],
     old: list[np.ndarray | None],
+    versions: list[Version | None],
     me: int,
     nprocs: int,
 ) -> list[Future[_Run]]:
     """Per shard of the call, a future of this rank's run: its owned inner chunks assembled
     and encoded (inner chunks equal to the fill value left out), and for shards it leads the
-    untouched stored inner chunks of the old shard, carried over as they are."""
+    untouched stored inner chunks of the old shard, carried over as they are. A future
+    raises :class:`_Replaced` where the old shard's reads came from another version of the
+    file than its index (``versions``)."""
     by_shard: list[list[int]] = [[] for _ in keys]
     for c in owned.owned:
         by_shard[int(which[c])].append(c)
@@ -419,11 +561,16 @@ def _compress_runs(
     def run(k: int) -> _Run:
         chunks = by_shard[k]
         index = old[k]
-        read = _read_span(ds, keys[k])
+        read = _ShardReads(ds, keys[k], versions[k])
         need = [c for c in chunks if not owned.covered[c]]
         base: dict[int, np.ndarray | None] = {}
         if need and index is not None:
-            for c, got in zip(need, codec.read_inner(read, index, number[need])):
+            try:
+                olds = codec.read_inner(read, index, number[need])
+            except StrataError:
+                read.check("write")  # (the new file's bytes at the old offsets, say)
+                raise
+            for c, got in zip(need, olds):
                 base[c] = None if got is None else np.array(got)
         kept: list[int] = []
         parts: list[Any] = []
@@ -444,6 +591,7 @@ def _compress_runs(
                 raws = _raw_inner(read, index, carried)
                 nums = np.concatenate([nums, carried])
                 parts += raws
+        read.check("write")  # (before any byte of it is written)
         sizes = np.fromiter((memoryview(p).nbytes for p in parts), dtype=_I64, count=len(parts))
         return _Run(np.asarray(nums, dtype=_I64), sizes, b"".join(parts))
 
