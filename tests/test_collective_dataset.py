@@ -14,6 +14,7 @@ from mpirun import run_mpi
 from strataio.arrays.collective import Sections, plan_pairs
 from strataio.arrays.dataset import Dataset
 from strataio.arrays.store import CountingChunkStore
+from strataio.errors import ArgumentError
 from strataio.layout.chunks import ChunkGrid
 
 
@@ -101,3 +102,17 @@ def test_single_process_comm(tmp_path):
         counted.clear_cache()
         counted.read_all(np.s_[0:5, 0:5])
         assert counted.store.reads == 4
+
+
+@pytest.mark.parametrize("comm", [MPI.COMM_SELF, None])
+def test_write_all_of_data_with_no_selection_is_an_error(tmp_path, comm):
+    """A rank with nothing to write passes None (or an empty array) as data; data with
+    values and no selection would be dropped, and raises before anything is written."""
+    ds = strataio.create_dataset(tmp_path / "a", (4, 4), "f8", (2, 2), comm=comm)
+    for data in (np.ones((2, 2)), 1.0, [[1.0]]):
+        with pytest.raises(ArgumentError, match="no selection"):
+            ds.write_all(None, data)
+    ds.write_all(None, None)
+    ds.write_all(None, np.zeros((0, 4)))
+    assert not (tmp_path / "a" / "c").exists()
+    assert np.array_equal(ds.read_all(...), np.zeros((4, 4)))

@@ -87,7 +87,7 @@ want = np.repeat(np.arange(1, nprocs + 1), 4)[:, None] * np.ones((1, 6), dtype="
 check(np.array_equal(ds.read_all(...), want), "pieces of one chunk")
 check(len(os.listdir(root / "one" / "c")) == 1, "one chunk stored")
 # half-covered chunk: pieces leave holes, the old values there survive (read-modify-write)
-ds.write_all(np.s_[4 * rank, 1:3] if rank % 2 == 0 else None, -rank)
+ds.write_all(*((np.s_[4 * rank, 1:3], -rank) if rank % 2 == 0 else (None, None)))
 for r in range(0, nprocs, 2):
     want[4 * r, 1:3] = -r
 check(np.array_equal(ds.read_all(...), want), "partial pieces of one chunk")
@@ -133,6 +133,11 @@ data = None if rank == nprocs - 1 else np.zeros((1, 6), "<i8")
 check(
     raises_everywhere(lambda: ds.write_all(np.s_[rank : rank + 1], data), ArgumentError),
     "a selection without data",
+)
+sel = None if rank == nprocs - 1 else np.s_[rank : rank + 1]
+check(
+    raises_everywhere(lambda: ds.write_all(sel, np.ones((1, 6), "<i8")), ArgumentError),
+    "data without a selection",
 )
 check(np.array_equal(ds.read_all(...), before), "nothing written by failed calls")
 ro = strataio.open_dataset(root / "one", "r", comm=comm)

@@ -367,7 +367,9 @@ class Dataset:
         self, selection: Any, data: Any = None, *, hints: Mapping[str, Any] | None = None
     ) -> None:
         """Collective write: every rank of :attr:`comm` calls it with its own ``selection``
-        (a basic index as for ``ds[...] = data``, or None for nothing to write) and ``data``.
+        (a basic index as for ``ds[...] = data``, or None for nothing to write) and ``data``
+        (None or an empty array with a None selection: data with values raises
+        :class:`ArgumentError` rather than being dropped).
 
         The pieces of a chunk written by several ranks are gathered to one of them, which
         writes the chunk once (reading it first only where the pieces leave part of it
@@ -386,6 +388,8 @@ class Dataset:
         if self.comm is None:
             if selection is not None:
                 self[selection] = data
+            else:
+                self._no_data_without_selection(data)
             return
         from strataio.arrays.collective import write_sections
         from strataio.arrays.collective_shards import ShardWriteOptions, write_shards
@@ -406,6 +410,8 @@ class Dataset:
                         "nothing to write passes None for both"
                     )
                 arr = self._coerce(data, section.result_shape, section.shape)
+            else:
+                self._no_data_without_selection(data)
         except Exception as exc:  # any failure here must reach the other ranks
             err = exc
         if isinstance(self.codecs, ShardCodec):
@@ -413,6 +419,18 @@ class Dataset:
         else:
             write_sections(self, self.comm, section, arr, err)
         self._share_writes()
+
+    def _no_data_without_selection(self, data: Any) -> None:
+        """Raise :class:`ArgumentError` where :meth:`write_all` got no selection (None) with
+        ``data`` that has values: they would be dropped. None or an empty array is nothing."""
+        if data is None or np.size(data) == 0:
+            return
+        of = f" of {self.name!r}" if self.name else ""
+        what = f"an array of shape {np.shape(data)}" if np.ndim(data) else "a scalar"
+        raise ArgumentError(
+            f"write_all{of}: data ({what}) with no selection (None), which writes nothing; "
+            "pass the selection to write, or None (or an empty array) as data for nothing"
+        )
 
     def _share_writes(self) -> None:
         """After :meth:`write_all` (collective): make every rank's chunk writes known to every
