@@ -7,6 +7,7 @@ ROMIO's (``tests/mpi_scripts/sieving_concurrent.py``).
 
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 import sys
@@ -424,3 +425,37 @@ def test_contiguous_writes_are_locked(tmp_path: Path, monkeypatch: pytest.Monkey
 def test_contiguous_write_survives_a_concurrent_sieving_writer(tmp_path: Path) -> None:
     out = run_mpi(2, "contiguous_vs_sieving.py", tmp_path)
     assert out.strip().splitlines()[-1] == "lost 0"
+
+
+class _FullDriver(PosixDriver):
+    """A driver whose writes fail as on a full disk."""
+
+    def writev(self, plan, data):  # noqa: ANN001, ANN201
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+
+class _NoLockDriver(PosixDriver):
+    """A driver whose byte-range locks fail."""
+
+    def lock(self, offset, length, shared=False):  # noqa: ANN001, ANN201
+        raise OSError(errno.ENOLCK, "No locks available")
+
+
+def test_a_failed_independent_write_says_what_it_did(tmp_path: Path) -> None:
+    """A contiguous write is never sieved: its failure says what was done (not "sieving
+    write failed"); a sieving write's says so."""
+    fd = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT)
+    io = IndependentIO(parse_hints({}))
+    one = Extents(np.array([64]), np.array([32]))
+    holey = Extents(np.array([0, 40]), np.array([32, 32]))
+    try:
+        for driver, why in ((_FullDriver, "No space left"), (_NoLockDriver, "No locks")):
+            with pytest.raises(BackendError) as got:
+                io.write(driver(fd), Access(one, np.ones(32, dtype=np.uint8)))
+            said = str(got.value)
+            assert "contiguous write of bytes 64-96 under a lock of them failed" in said
+            assert why in said and "sieving" not in said
+        with pytest.raises(BackendError, match=r"sieving write of bytes 0-72 \(1 span, each"):
+            io.write(_NoLockDriver(fd), Access(holey, np.ones(64, dtype=np.uint8)))
+    finally:
+        os.close(fd)

@@ -209,7 +209,7 @@ class SievePlan:
     spans, batches, lock ranges and the copies between staging buffer and caller's buffer.
     :meth:`run` moves the bytes of any buffer of the same layout."""
 
-    __slots__ = ("_direct", "_holey", "_plain", "needs_read", "write")
+    __slots__ = ("_contiguous", "_direct", "_holey", "_plain", "needs_read", "write")
 
     def __init__(self, ext: Extents, buffer_size: int, max_hole: int | None, write: bool) -> None:
         self.write = write
@@ -221,7 +221,8 @@ class SievePlan:
         ] = []
         self.needs_read = False
         ext = ext.compact()  # (an empty piece must not become a lock: length 0 is "to the end")
-        if len(ext) <= 1:  # a contiguous access is never sieved
+        self._contiguous = len(ext) <= 1
+        if self._contiguous:  # a contiguous access is never sieved
             vec = VectoredPlan(ext.offsets, ext.lengths, ext.mem)
             if write and len(ext):  # but locked: a sieving writer must not undo it
                 self._plain.append((ext.first, ext.last - ext.first, vec))
@@ -284,27 +285,36 @@ class SievePlan:
                 f"{driver.path or 'file'}: a sieving write reads its spans back: the file must "
                 "be open read-write (or use romio_ds_write=disable)"
             )
+        doing = ["the transfer"]  # (what _run is doing: what failed)
         try:
-            self._run(driver, data)
+            self._run(driver, data, doing)
         except BackendError:  # (a failed read or write of a span: it names the file)
             raise
         except OSError as exc:
-            what = "write" if self.write else "read"
-            raise BackendError(f"{driver.path or 'file'}: sieving {what} failed: {exc}") from exc
+            raise BackendError(f"{driver.path or 'file'}: {doing[0]} failed: {exc}") from exc
 
-    def _run(self, driver: Driver, data: np.ndarray) -> None:
+    def _run(self, driver: Driver, data: np.ndarray, doing: list[str]) -> None:
+        """:meth:`run`, saying in ``doing[0]`` what it is doing (for the error of a failure)."""
+        what = "write" if self.write else "read"
         if self._direct is not None:
+            doing[0] = f"{what} of {self._direct.moved} bytes in place (not sieved)"
             (driver.writev if self.write else driver.readv)(self._direct, data)
         # Direct writes exclude read-modify-writes only (one range each: locked without a
         # _LockSet, whose generality costs tens of microseconds on every contiguous write).
         shared = driver.read_write
         for lo, n, vec in self._plain:
+            kind = "contiguous write" if self._contiguous else "write in place (not sieved)"
+            doing[0] = f"{kind} of bytes {lo}-{lo + n} under a lock of them"
             driver.lock(lo, n, shared)
             try:
                 driver.writev(vec, data)
             finally:
                 driver.unlock(lo, n)
         for size, spans, copy, holes in self._holey:
+            first, (last, n_last, _) = spans[0][0], spans[-1]
+            many = f"{len(spans)} span" + ("s" if len(spans) > 1 else "")
+            how = ", each read, patched and written back under a lock" if self.write else ""
+            doing[0] = f"sieving {what} of bytes {first}-{last + n_last} ({many}{how})"
             stage = scratch(size, "sieve")
             if not self.write:
                 for o, n, p in spans:
