@@ -112,8 +112,8 @@ def test_a_write_of_a_chunk_not_looked_up_yet_is_announced_as_the_rewrite_it_is(
         with s.open_dataset("d", "r+") as ds:
             announced = []
             announce = ds.store.commit.announce
-            ds.store.commit.announce = lambda res, rows, *a: (
-                announced.extend(c.key for c in rows) or announce(res, rows, *a)
+            ds.store.commit.announce = lambda res, rows, *a, **kw: (
+                announced.extend(c.key for c in rows) or announce(res, rows, *a, **kw)
             )
             ds[0:4, 0:4] = 1.0
             assert announced == ["c/0/0"]

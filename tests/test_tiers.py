@@ -1823,7 +1823,7 @@ def test_a_write_whose_announcement_fails_keeps_no_room_and_no_new_value(tmp_pat
         local = s.tiers["local"]
         assert (local.used, local.reserved) == (1600, 0)
 
-        def refuse(self, res, intents):
+        def refuse(self, res, intents, *args, **kw):
             raise MetadataError("catalog unavailable")
 
         monkeypatch.setattr(Commit, "announce", refuse)
@@ -1852,9 +1852,9 @@ def test_a_rewrite_announces_once_per_call_and_a_single_chunk_is_put_here(tmp_pa
     announced: list[int] = []
     real = Commit.announce
 
-    def counting(self, res, intents):
+    def counting(self, res, intents, *args, **kw):
         announced.append(len(intents))
-        real(self, res, intents)
+        return real(self, res, intents, *args, **kw)
 
     monkeypatch.setattr(Commit, "announce", counting)
     threads: list[int] = []

@@ -186,7 +186,9 @@ class Commit:
         res: Residency,
         intents: Sequence[ChunkCopy],
         expect: Mapping[CopyId, tuple[str, str] | None] | None = None,
-    ) -> None:
+        *,
+        partly: bool = False,
+    ) -> list[str]:
         """Record, before the objects are replaced in place, that the copies ``intents`` are
         being rewritten (state ``in-transit``, the new checksum): after a crash fsck can then
         tell an interrupted rewrite from a corrupt copy. The caller holds the objects' put
@@ -203,10 +205,11 @@ class Commit:
         per call cost one WAL fsync, more than the put itself.
 
         ``expect``: rows announced only over the catalog row the caller saw at their place
-        (see :meth:`Catalog.commit`); where one changed since, nothing is announced and
-        :class:`ExistsError` says so."""
+        (see :meth:`Catalog.commit`); where one changed since, :class:`ExistsError` says so,
+        or with ``partly`` the others are announced and the keys of those not are returned
+        (the caller learns their rows and announces them again)."""
         if not intents:
-            return
+            return []
         rows = self._stamped(intents)
         with res.commit_lock:  # after any batch taken before, so none overwrites them
             if self.catalog is not None:
@@ -214,7 +217,14 @@ class Commit:
             elif self.catalog_url:
                 done = self._announcing().commit(rows, [], durable=False, expect=expect)
             else:
-                return
+                return []
+            if done.overtaken and partly:
+                moved = {(k, t) for _, k, t in done.overtaken}
+                res.announced([r for r in rows if (r.key, r.tier) not in moved])
+                if len(moved) < len(rows):
+                    with self._count_lock:
+                        self._announced += 1
+                return sorted(k for k, _ in moved)
             if done.overtaken:
                 _, key, tier = done.overtaken[0]
                 raise ExistsError(
@@ -225,6 +235,7 @@ class Commit:
             res.announced(rows)
         with self._count_lock:
             self._announced += 1
+        return []
 
     def prepare_copy(
         self, res: Residency, src: ChunkCopy, dst: Tier
@@ -779,6 +790,12 @@ class Commit:
         if self.catalog is not None:
             return self.catalog
         return self._announcing() if self.catalog_url else None
+
+    def rows_now(self, dataset: str, keys: Sequence[str]) -> list[ChunkCopy]:
+        """The catalog's rows of chunks ``keys`` of ``dataset`` now, through this process's
+        catalog or, on the other ranks of a job, the connection they announce through."""
+        catalog = self.catalog if self.catalog is not None else self._announcing()
+        return catalog.residency(dataset, list(keys))
 
     def _announcing(self) -> Catalog:
         with self._announcer_lock:

@@ -179,6 +179,9 @@ class TieredChunkStore(ChunkStore):
     #: seconds before a chunk found missing or unreadable is read again where the catalog
     #: shows no change (times the lookups so far)
     REREAD_PAUSE = 0.01
+    #: announcements of one batch of rewrites that may find the rows they replace changed by
+    #: another process before one of them gives up (_announce_rewrites)
+    ANNOUNCE_TRIES = 8
 
     def get_chunks(self, keys: Sequence[str]) -> list[BytesLike | None]:
         return self._get_chunks(keys, None)
@@ -1132,7 +1135,7 @@ class TieredChunkStore(ChunkStore):
                 )
                 room[k] = 0
             try:
-                self.commit.announce(self.res, list(intents.values()))
+                self._announce_rewrites(tier, intents, olds)
             except BaseException:
                 for old in olds.values():
                     self.res.add(old)
@@ -1200,6 +1203,51 @@ class TieredChunkStore(ChunkStore):
         if error is not None:
             raise error
         return failed
+
+    def _announce_rewrites(
+        self, tier: Tier, intents: dict[str, ChunkCopy], olds: dict[str, ChunkCopy]
+    ) -> None:
+        """Announce the rewrites ``intents`` (key -> its ``in-transit`` row on ``tier``), each
+        only over the catalog row this process knows there (:meth:`Residency.catalog_row`;
+        unconditionally where it knows none). Where another process changed one since
+        (announced a rewrite of its own there, or recorded a copy), the row there now is
+        learned, the intent names the bytes it replaces then, and it is announced again
+        (``intents`` and ``olds``, the rows replaced, updated in place): an announcement over
+        another live writer's it did not know named the wrong old bytes, and where that
+        writer's put came last the row named neither version the object held (a
+        ChecksumError to readers until a commit settled it, for good had that writer died).
+        Raises :class:`ExistsError` where rows keep changing :data:`ANNOUNCE_TRIES` times."""
+        seen: dict[str, tuple[str, str] | None] = {
+            k: row for k in intents if (row := self.res.catalog_row(k, tier.name))
+        }
+        todo = list(intents)
+        for _ in range(self.ANNOUNCE_TRIES):
+            expect = {(self.name, k, tier.name): seen[k] for k in todo if k in seen}
+            todo = self.commit.announce(
+                self.res, [intents[k] for k in todo], expect or None, partly=True
+            )
+            if not todo:
+                return
+            rows = {c.key: c for c in self.commit.rows_now(self.name, todo) if c.tier == tier.name}
+            over = self.commit.bytes_replaced(tier, self.name, list(rows.values()))
+            for k in todo:
+                now = rows.get(k)
+                intents[k] = intents[k]._replace(
+                    old_checksum=over.get(k, now.checksum if now is not None else "")
+                )
+                if now is None:
+                    seen[k] = None  # (announced only where none is)
+                    olds.pop(k, None)
+                    continue
+                seen[k] = (now.state, now.checksum)
+                if k in olds:  # (as put_chunks announced it in the residency, anew)
+                    self.res.announce_write(intents[k], over.get(k, now.committed_checksum))
+                olds[k] = now
+        raise ExistsError(
+            f"dataset {self.name!r}: the rows of chunk(s) {_few(todo)} on tier {tier.name!r} "
+            f"changed {self.ANNOUNCE_TRIES} times while this process announced its rewrite "
+            "(other processes rewriting them at once); nothing was put: write them again"
+        )
 
     def _put_unannounced(
         self, tier: Tier, key: str, data: memoryview, digest: str, now: float
