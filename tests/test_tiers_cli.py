@@ -1006,3 +1006,15 @@ def test_stage_migrate_evict_of_a_plain_dataset_say_what_it_is(project):
         assert out.exit_code == 2 and "plain dataset" not in out.stderr, out.stderr
         assert "error: no dataset 'x' in catalog" in out.stderr
     assert where("temp") == {"disk": 0, "tape": 100}  # (nothing moved)
+
+
+def test_a_migration_s_summary_says_why_copies_were_kept_without_blaming_read_only_tiers():
+    """Copies a migration kept (recorded again) are on a tier that takes no writes, or were
+    changed by another process since the move looked (a rewrite): the summary said only
+    "read-only tiers" where none was."""
+    from strataio.cli.tiers_cmd import _summary
+    from strataio.tiers.mover import MoveResult
+
+    line = _summary("migrate", MoveResult("migrate", total=4, moved=4, removed=2, kept=2), None)
+    assert "2 chunk copies kept there, catalogued (on a tier that takes no writes, or " in line
+    assert "changed by another process since the move looked)" in line, line

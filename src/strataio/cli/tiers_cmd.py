@@ -352,8 +352,8 @@ def _summary(op: str, result: Any, tier: str | None, full: str = "", unit: str =
         )
     if op == "migrate":
         kept = (
-            f", {counted(result.kept, *copies)} kept there, catalogued (read-only tiers: "
-            "configured so, or their storage refuses writes)"
+            f", {counted(result.kept, *copies)} kept there, catalogued (on a tier that takes "
+            "no writes, or changed by another process since the move looked)"
             if result.kept
             else ""
         )

@@ -86,7 +86,8 @@ class MoveResult:
     objects could not be deleted (the tier down or failing: the process deletes them at a
     later commit once it answers, else ``strataio fsck --repair`` does); ``kept`` (a
     migration's), left there, catalogued, as the tier takes no writes (configured
-    read-only, or its storage refuses them)."""
+    read-only, or its storage refuses them) or another process changed the copy since the
+    move looked (a rewrite, say: its row then stays)."""
 
     op: str
     total: int = 0
