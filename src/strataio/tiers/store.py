@@ -1436,8 +1436,8 @@ class TieredChunkStore(ChunkStore):
             )
         n = len(displaced) + len(lost)
         msg += (
-            f"; the catalog records {'that write' if n == 1 else f'none of these {n} writes'} "
-            "nowhere: move what is in the way, and write again"
+            f"; the catalog records {'that write nowhere' if n == 1 else f'none of these {n} writes'}"
+            ": move what is in the way, and write again"
         )
         return ObjectError(msg, sorted([*displaced, *lost]))
 
