@@ -12,12 +12,11 @@ in the window, and reads the new bytes from the file).
 from __future__ import annotations
 
 import os
-import tempfile
 
 import numpy as np
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import initialize, rule
+from hypothesis.stateful import rule
 from mpi4py import MPI
 
 from strataio.collective.cache_window import SharedCaches
@@ -29,27 +28,18 @@ from test_realm_cache import CacheMachine
 
 
 class SharedCacheMachine(CacheMachine):
-    @initialize(
-        page=st.sampled_from([512, 1000, 4096]),
-        stripe=st.sampled_from([0, 1536, 3000, 8192]),
-        pages=st.sampled_from([1, 3, 64]),
-        seed=st.integers(0, 2**16),
-    )
-    def setup(self, page: int, stripe: int, pages: int, seed: int) -> None:
-        fd, self.path = tempfile.mkstemp(prefix="cache-window-")
-        os.close(fd)
-        self.driver = PosixDriver.open(self.path, os.O_RDWR)
+    def _cache(self, page: int, stripe: int) -> RealmCache:
+        """The cache with its pages in an MPI window (one rank), and another descriptor of
+        the file for the independent calls that clean it, as another rank's."""
         self.other = PosixDriver.open(self.path, os.O_RDWR)  # (another rank's descriptor)
-        self.capacity = pages * page
         slot, nslots = RealmCache.shape(self.capacity, page, stripe)
         self.shape = (slot, nslots, stripe)
         self.shared = SharedCaches(MPI.COMM_SELF, CacheMemory.nbytes(nslots, slot))
-        self.cache = RealmCache(
+        cache = RealmCache(
             self.driver, self.capacity, page=page, stripe=stripe, memory=self.shared.memory
         )
-        self.cache.guard = self.shared.hold
-        self.oracle = bytearray()
-        self.rng = np.random.default_rng(seed)
+        cache.guard = self.shared.hold
+        return cache
 
     def teardown(self) -> None:
         if self.driver is not None:

@@ -49,9 +49,13 @@ class CacheMachine(RuleBasedStateMachine):
         os.close(fd)
         self.driver = PosixDriver.open(self.path, os.O_RDWR)
         self.capacity = pages * page
-        self.cache = RealmCache(self.driver, self.capacity, page=page, stripe=stripe)
+        self.cache = self._cache(page, stripe)
         self.oracle = bytearray()
         self.rng = np.random.default_rng(seed)
+
+    def _cache(self, page: int, stripe: int) -> RealmCache:
+        """The cache under test, of :attr:`capacity` bytes over :attr:`driver`."""
+        return RealmCache(self.driver, self.capacity, page=page, stripe=stripe)
 
     def teardown(self) -> None:
         if self.driver is not None:

@@ -2320,7 +2320,7 @@ def test_a_parallel_flush_after_a_collective_write_says_every_ranks_lost_writes(
     the flush raises ChunksNotStoredError on every rank naming both chunks (the other rank's
     rewrite of a chunk with a previous value was lost in silence: its replaced values stayed
     on its rank)."""
-    out = run_mpi(2, "tiers_lost_writes_shared.py", tmp_path, "write_all", timeout=60)
+    out = run_mpi(2, "tiers_lost_writes.py", tmp_path, "write_all", timeout=60)
     assert out.strip().splitlines()[-1] == "ok"
 
 
@@ -2329,7 +2329,7 @@ def test_a_collective_move_after_lost_writes_raises_them_on_every_rank(tmp_path)
     """As above, but a collective migrate follows: it raises ChunksNotStoredError on every
     rank naming both chunks and moves nothing (rank 0's move raised it alone, and the other
     ranks failed to unpickle it)."""
-    out = run_mpi(2, "tiers_lost_writes_shared.py", tmp_path, "migrate", timeout=60)
+    out = run_mpi(2, "tiers_lost_writes.py", tmp_path, "migrate", timeout=60)
     assert out.strip().splitlines()[-1] == "ok"
 
 
