@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 import secrets
 from collections.abc import Mapping
@@ -70,7 +71,13 @@ from strataio.arrays.collective import (
     write_sections,
 )
 from strataio.arrays.shard_parts import CallLock, lock_path, part_path
-from strataio.arrays.sharding import EMPTY, ShardCodec
+from strataio.arrays.sharding import (
+    EMPTY,
+    SHARD_READ_TRIES,
+    ShardCodec,
+    SpanReader,
+    VersionedShardReads,
+)
 from strataio.arrays.store import BackendChunkStore
 from strataio.collective.driver import Driver, open_driver
 from strataio.collective.hints import DISABLE, ENABLE, Hints, parse_hints, parse_int_hint
@@ -89,9 +96,6 @@ ALIGNMENT = 4096
 _COMPRESS_THREADS = max(1, min(4, (os.cpu_count() or 1) // 2))
 #: MPI tags of the chain between groups cycle below the least tag bound MPI guarantees
 _TAGS = 32768
-#: tries of a collective call that may find a shard replaced between the reads of its index
-#: and of its inner chunks before it gives up with ChunkChangedError (as a Dataset's own read)
-_SHARD_TRIES = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,39 +170,24 @@ class _Replaced(ChunkChangedError):
     versions of the file): the call reads its shards again."""
 
 
-class _ShardReads:
-    """A :data:`~strataio.arrays.sharding.SpanReader` of shard ``key`` that notes the
-    versions of the file its reads came from (where the store tells them), starting from
-    ``version``, the one its index was read from; :meth:`check` raises :class:`_Replaced`
-    where they are more than one."""
+def _shard_reads(ds: Dataset, key: str, version: Version | None = None) -> SpanReader:
+    """A reader of shard ``key`` of ``ds``: one noting the versions its reads came from
+    (:class:`VersionedShardReads`, starting from ``version``) where the store tells them."""
+    versioned = ds._versioned_span_reader
+    if versioned is None:
+        return functools.partial(ds.store.read_span, key)
+    return VersionedShardReads(versioned, key, version)
 
-    def __init__(self, ds: Dataset, key: str, version: Version | None = None) -> None:
-        self.ds, self.key = ds, key
-        self.seen: set[Version] = set() if version is None else {version}
 
-    def __call__(self, offset: int, buf: memoryview) -> int | None:
-        versioned = self.ds._versioned_span_reader
-        if versioned is None:
-            return self.ds.store.read_span(self.key, offset, buf)
-        size, version = versioned(self.key, offset, buf)
-        if version is not None:
-            self.seen.add(version)
-        return size
-
-    @property
-    def version(self) -> Version | None:
-        """The one version every read came from; None where the store tells none."""
-        return next(iter(self.seen)) if len(self.seen) == 1 else None
-
-    def check(self, what: str) -> None:
-        """Raise :class:`_Replaced` where the reads so far came from two versions of the
-        shard (``what`` the call reading it: "read", "write")."""
-        if len(self.seen) > 1:
-            raise _Replaced(
-                f"{_named(self.ds)}, shard {self.key!r}: replaced by another writer during "
-                f"the collective {what} (its index and its inner chunks read from two "
-                "versions of the file)"
-            )
+def _check(ds: Dataset, reads: SpanReader, what: str) -> None:
+    """Raise :class:`_Replaced` where ``reads`` (:func:`_shard_reads`) came from two
+    versions of their shard (``what``: the call reading it, "read" or "write")."""
+    if isinstance(reads, VersionedShardReads) and reads.replaced:
+        raise _Replaced(
+            f"{_named(ds)}, shard {reads.key!r}: replaced by another writer during the "
+            f"collective {what} (its index and its inner chunks read from two versions of "
+            "the file)"
+        )
 
 
 def _replaced_everywhere(comm: MPI.Comm, exc: BaseException) -> bool:
@@ -212,7 +201,7 @@ def _replaced_everywhere(comm: MPI.Comm, exc: BaseException) -> bool:
 def _gave_up(exc: BaseException, what: str) -> ChunkChangedError:
     """The error of a collective call that found a shard replaced mid-call at every try."""
     return ChunkChangedError(
-        f"{exc}; {_SHARD_TRIES} times: the {what} gave up, nothing is damaged: "
+        f"{exc}; {SHARD_READ_TRIES} times: the {what} gave up, nothing is damaged: "
         f"{what} it again (or order the other job's writes before it)"
     )
 
@@ -229,14 +218,14 @@ def _shard_indexes(
     mine: dict[int, tuple[np.ndarray | None, Version | None]] = {}
     err: BaseException | None = None
     for k in range(me, len(keys), nprocs):
-        reads = _ShardReads(ds, keys[k])
+        reads = _shard_reads(ds, keys[k])
         try:
             try:
                 got = codec.read_index(reads)
             except StrataError:
-                reads.check(what)  # (the old size's index span in the new file, say)
+                _check(ds, reads, what)  # (the old size's index span in the new file, say)
                 raise
-            reads.check(what)
+            _check(ds, reads, what)
         except _Replaced as exc:
             err = exc
             break
@@ -246,7 +235,11 @@ def _shard_indexes(
         except Exception as exc:  # any failure here must reach the other ranks
             err = exc
             break
-        mine[k] = (None, None) if got is None else (got[0], reads.version)
+        mine[k] = (
+            (None, None)
+            if got is None
+            else (got[0], reads.version if isinstance(reads, VersionedShardReads) else None)
+        )
     agree(comm, err)
     found: list[np.ndarray | None] = [None] * len(keys)
     versions: list[Version | None] = [None] * len(keys)
@@ -276,13 +269,13 @@ def read_shards(
     # separate reads: a shard another process replaced between them gives the owners the
     # new file's bytes at the old index's offsets. Every rank reads again when any rank
     # found one.
-    for attempt in range(_SHARD_TRIES):
+    for attempt in range(SHARD_READ_TRIES):
         try:
             return _read_once(ds, comm, grid, sections, pairs, section, keys, which, number, slot)
         except Exception as exc:  # (raised on every rank: agreed)
             if not _replaced_everywhere(comm, exc):
                 raise
-            if attempt == _SHARD_TRIES - 1:
+            if attempt == SHARD_READ_TRIES - 1:
                 raise _gave_up(exc, "read") from None
     raise AssertionError("unreachable")
 
@@ -315,13 +308,13 @@ def _read_once(
             if index is None:
                 chunks: list[np.ndarray | None] = [None] * len(sel)
             else:
-                reads = _ShardReads(ds, keys[k], versions[k])
+                reads = _shard_reads(ds, keys[k], versions[k])
                 try:
                     chunks = codec.read_inner(reads, index, number[ids[sel]])
                 except StrataError as exc:
-                    reads.check("read")
+                    _check(ds, reads, "read")
                     raise type(exc)(f"{_named(ds)}, shard {keys[k]!r}: {exc}") from None
-                reads.check("read")
+                _check(ds, reads, "read")
             for j, chunk in zip(sel.tolist(), chunks):
                 dst = tuple(map(slice, at[j], at[j] + hi[j] - lo[j]))
                 out[dst] = codec.fill if chunk is None else chunk[tuple(map(slice, lo[j], hi[j]))]
@@ -437,7 +430,7 @@ def _write_shards(
     # indexes' offsets: a shard another process replaced meanwhile gives the new file's bytes
     # at the old offsets. Every rank starts again (its temporary files removed) when any
     # rank found one; no shard is replaced before.
-    for attempt in range(_SHARD_TRIES):
+    for attempt in range(SHARD_READ_TRIES):
         try:
             entries = _write_runs_once(
                 ds, comm, codec, owned, which, number, keys, partial, temps, options
@@ -446,7 +439,7 @@ def _write_shards(
         except Exception as exc:  # (raised on every rank, its temporary files removed)
             if not _replaced_everywhere(comm, exc):
                 raise
-            if attempt == _SHARD_TRIES - 1:
+            if attempt == SHARD_READ_TRIES - 1:
                 raise _gave_up(exc, "write") from None
     failed: BaseException | None = None
     try:
@@ -561,14 +554,14 @@ def _compress_runs(
     def run(k: int) -> _Run:
         chunks = by_shard[k]
         index = old[k]
-        read = _ShardReads(ds, keys[k], versions[k])
+        read = _shard_reads(ds, keys[k], versions[k])
         need = [c for c in chunks if not owned.covered[c]]
         base: dict[int, np.ndarray | None] = {}
         if need and index is not None:
             try:
                 olds = codec.read_inner(read, index, number[need])
             except StrataError:
-                read.check("write")  # (the new file's bytes at the old offsets, say)
+                _check(ds, read, "write")  # (the new file's bytes at the old offsets, say)
                 raise
             for c, got in zip(need, olds):
                 base[c] = None if got is None else np.array(got)
@@ -591,7 +584,7 @@ def _compress_runs(
                 raws = _raw_inner(read, index, carried)
                 nums = np.concatenate([nums, carried])
                 parts += raws
-        read.check("write")  # (before any byte of it is written)
+        _check(ds, read, "write")  # (before any byte of it is written)
         sizes = np.fromiter((memoryview(p).nbytes for p in parts), dtype=_I64, count=len(parts))
         return _Run(np.asarray(nums, dtype=_I64), sizes, b"".join(parts))
 

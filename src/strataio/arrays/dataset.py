@@ -28,7 +28,12 @@ from strataio.agreed import agree, same_on_every_rank
 from strataio.arrays.chunk_cache import CachedChunk, chunk_cache, settled
 from strataio.arrays.codecs import CodecPipeline
 from strataio.arrays.metadata import ArrayMetadata, json_attrs
-from strataio.arrays.sharding import ShardCodec, chunk_codec
+from strataio.arrays.sharding import (
+    SHARD_READ_TRIES,
+    ShardCodec,
+    VersionedShardReads,
+    chunk_codec,
+)
 from strataio.arrays.store import BackendChunkStore, ChunkStore
 from strataio.arrays.values import to_dtype
 from strataio.errors import (
@@ -69,9 +74,6 @@ _INLINE_ENCODE_BYTES = 4 << 20
 _FETCH_AHEAD_BYTES = 32 << 20
 #: bytes of chunks a plain read asks of the store in one call (one buffer for all of them)
 _BATCH_BYTES = 4 << 20
-#: reads of a shard's box that may find the shard replaced between its reads (its index,
-#: its inner chunks) before the read gives up with ChunkChangedError
-_SHARD_READ_TRIES = 8
 
 
 def _executor() -> ThreadPoolExecutor:
@@ -947,26 +949,19 @@ class Dataset:
         # The index and the inner chunks are separate reads: a shard another process
         # replaced between them gives them from two versions (offsets of one, bytes of the
         # other), so the box is read again until every read came from one version.
-        for _ in range(_SHARD_READ_TRIES):
-            seen: set[Any] = set()
-
-            def read_one(offset: int, buf: memoryview, seen: set[Any] = seen) -> int | None:
-                size, version = versioned(key, offset, buf)
-                if version is not None:
-                    seen.add(version)
-                return size
-
+        for _ in range(SHARD_READ_TRIES):
+            reads = VersionedShardReads(versioned, key)
             try:
-                box = codecs.read_box(read_one, lo, hi)
+                box = codecs.read_box(reads, lo, hi)
             except CodecError as exc:
-                if len(seen) > 1:
+                if reads.replaced:
                     continue
                 raise type(exc)(f"{self._what()}, shard {key!r}: {exc}") from None
-            if len(seen) <= 1:
+            if not reads.replaced:
                 return box
         raise ChunkChangedError(
             f"{self._what()}, shard {key!r}: replaced by another writer while it was read, "
-            f"{_SHARD_READ_TRIES} times; nothing is damaged: read it again"
+            f"{SHARD_READ_TRIES} times; nothing is damaged: read it again"
         )
 
     def _decode(self, key: str, blob: BytesLike) -> np.ndarray:

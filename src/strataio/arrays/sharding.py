@@ -53,6 +53,43 @@ _MERGE_GAP = 64 * 1024
 #: or None when the shard does not exist (a ChunkStore's ``read_span`` bound to one key)
 SpanReader = Callable[[int, memoryview], "int | None"]
 
+#: reads of one call that may find a shard replaced between its reads (its index, its inner
+#: chunks) before the call gives up with ChunkChangedError, serial and collective alike
+SHARD_READ_TRIES = 8
+
+
+class VersionedShardReads:
+    """A :data:`SpanReader` of shard ``key`` that notes the versions of the file its reads
+    came from, starting from ``version`` (that of an index read before, if any), through
+    ``versioned`` (``(key, offset, buf) -> (size, version)``: a store's
+    ``read_span_versioned``; a version None is not noted). :attr:`replaced` tells that they
+    were more than one: another process replaced (renamed over) the shard between them, so
+    the index's offsets and the bytes read at them may belong to two versions."""
+
+    def __init__(
+        self,
+        versioned: Callable[[str, int, memoryview], tuple[int | None, Any]],
+        key: str,
+        version: Any = None,
+    ) -> None:
+        self.versioned, self.key = versioned, key
+        self.seen: set[Any] = set() if version is None else {version}
+
+    def __call__(self, offset: int, buf: memoryview) -> int | None:
+        size, version = self.versioned(self.key, offset, buf)
+        if version is not None:
+            self.seen.add(version)
+        return size
+
+    @property
+    def replaced(self) -> bool:
+        return len(self.seen) > 1
+
+    @property
+    def version(self) -> Any:
+        """The one version every read came from; None where the store told none."""
+        return next(iter(self.seen)) if len(self.seen) == 1 else None
+
 
 def sharding_spec(
     inner_chunks: Sequence[int],
