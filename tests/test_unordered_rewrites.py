@@ -275,3 +275,34 @@ def test_a_writer_killed_midway_leaves_a_chunk_fsck_settles(tmp_path, monkeypatc
         fsck(s.catalog, s.tiers, repair=True)
         assert fsck(s.catalog, s.tiers).clean
         assert _read(s.open_dataset("a")) in (ORIGINAL, A_VALUE, B_VALUE)
+
+
+def test_a_rewrite_whose_row_keeps_changing_gives_up_with_nothing_put(tmp_path, monkeypatch):
+    """Where the row a rewrite is announced over changes at every look (other processes
+    rewriting the chunk without end), the write gives up after ANNOUNCE_TRIES with
+    ExistsError naming the chunk and saying nothing was put; the chunk keeps its value."""
+    from strataio.errors import ExistsError
+    from strataio.tiers.commit import Commit
+
+    (tmp_path / "strataio.toml").write_text(CONFIG)
+    with strataio.Session(config=tmp_path / "strataio.toml") as s:
+        with s.create_dataset("a", (20, 20), "f4", (10, 10), hint="LOCALDISK") as ds:
+            ds[...] = ORIGINAL
+        ds = s.open_dataset("a", "r+")
+        ds[0:10, 0:10]  # (its row learned)
+        tries = []
+
+        def always_changed(self, res, intents, expect=None, *, partly=False):
+            tries.append(expect)
+            return [c.key for c in intents] if partly else []
+
+        monkeypatch.setattr(Commit, "announce", always_changed)
+        with pytest.raises(ExistsError, match=r"c/0/0 on tier 'fast' changed 8 times") as err:
+            ds[0:10, 0:10] = A_VALUE
+        assert "nothing was put" in str(err.value)
+        monkeypatch.undo()
+        assert len(tries) == TieredChunkStore.ANNOUNCE_TRIES and all(tries)
+        ds.close()
+        ds = s.open_dataset("a")
+        assert _read(ds) == ORIGINAL
+        ds.close()

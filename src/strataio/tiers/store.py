@@ -1243,10 +1243,13 @@ class TieredChunkStore(ChunkStore):
                 if k in olds:  # (as put_chunks announced it in the residency, anew)
                     self.res.announce_write(intents[k], over.get(k, now.committed_checksum))
                 olds[k] = now
+        one = len(todo) == 1
         raise ExistsError(
-            f"dataset {self.name!r}: the rows of chunk(s) {_few(todo)} on tier {tier.name!r} "
-            f"changed {self.ANNOUNCE_TRIES} times while this process announced its rewrite "
-            "(other processes rewriting them at once); nothing was put: write them again"
+            f"dataset {self.name!r}: the {'row' if one else 'rows'} of "
+            f"{'chunk' if one else 'chunks'} {_few(todo)} on tier {tier.name!r} changed "
+            f"{self.ANNOUNCE_TRIES} times while this process announced its rewrite (other "
+            f"processes rewriting {'it' if one else 'them'} at once); nothing was put: write "
+            f"{'it' if one else 'them'} again"
         )
 
     def _put_unannounced(
