@@ -13,6 +13,7 @@ attempt's last output lines.
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import os
 import random
@@ -227,7 +228,8 @@ class SeaweedServer:
         for name in _PORTS:
             args.append(f"-{name}.port={self.ports[name]}")
             args.append(f"-{name}.port.grpc={self.ports[name + '.grpc']}")
-        env = dict(os.environ, GOMEMLIMIT="256MiB")
+        # (its logs go to the temporary directory, which TMPDIR names, not to /tmp)
+        env = dict(os.environ, GOMEMLIMIT="256MiB", TMPDIR=str(root))
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child process
         self._log_start = log.tell()  # this launch's lines start here
         try:
@@ -317,6 +319,7 @@ class SeaweedServer:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+        self._remove_sockets()
 
     def kill(self) -> None:
         """Stop abruptly (SIGKILL), as a crashed server would."""
@@ -326,6 +329,15 @@ class SeaweedServer:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+        self._remove_sockets()
+
+    def _remove_sockets(self) -> None:
+        """Remove the local sockets the server made: weed puts them in /tmp whatever TMPDIR
+        says, named by service and port, and leaves them when it exits."""
+        for port in self.ports.values():
+            for sock in glob.glob(f"/tmp/seaweedfs-*-{port}.sock"):
+                with contextlib.suppress(OSError):
+                    os.unlink(sock)
 
     def restart(self) -> None:
         """Start again on the same ports and data directory after ``stop`` or ``kill`` (the

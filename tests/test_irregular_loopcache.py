@@ -7,6 +7,7 @@ and after a flush both files hold the same bytes."""
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 
 import numpy as np
@@ -25,7 +26,8 @@ NITEMS, ITEMSIZE = 64, 8
 class LoopCacheMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        d = tempfile.mkdtemp(prefix="loopcache-sm-")
+        self.dir = tempfile.mkdtemp(prefix="loopcache-sm-")
+        d = self.dir
         self.paths = [os.path.join(d, "cached.bin"), os.path.join(d, "plain.bin")]
         self.cache: strataio.LoopCache | None = None
         self.flushed = False
@@ -108,6 +110,7 @@ class LoopCacheMachine(RuleBasedStateMachine):
         if self.cache is not None:
             self.fc.close()
             self.fp.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 LoopCacheMachine.TestCase.settings = settings(

@@ -3,6 +3,7 @@ say why when they give up."""
 
 from __future__ import annotations
 
+import glob
 import shutil
 import socket
 import subprocess
@@ -112,3 +113,16 @@ def test_postgres_gives_up_and_says_why(monkeypatch):
 def _cmdline(srv: servers.SeaweedServer) -> str:
     with open(f"/proc/{srv.pid}/cmdline", "rb") as f:
         return f.read().replace(b"\0", b" ").decode()
+
+
+def test_leaves_nothing_in_tmp(weed):
+    """weed writes its logs to TMPDIR and its local sockets to /tmp: a server started,
+    restarted and closed leaves neither behind."""
+    with servers.SeaweedServer() as srv:
+        pids = [srv.pid]
+        srv.restart()
+        pids.append(srv.pid)
+        ports = list(srv.ports.values())
+        assert any(glob.glob(f"/tmp/seaweedfs-*-{p}.sock") for p in ports)
+    assert not [s for p in ports for s in glob.glob(f"/tmp/seaweedfs-*-{p}.sock")]
+    assert not [f for pid in pids for f in glob.glob(f"/tmp/weed.*.{pid}")]
