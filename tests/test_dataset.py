@@ -708,6 +708,26 @@ def test_overwrite_of_a_zero_dimensional_chunk_and_debris(tmp_path):
     assert _tree(tmp_path / "a") == ["zarr.json"]
 
 
+def test_masked_arrays_are_stored_only_where_nothing_is_masked(tmp_path):
+    """A masked array with elements masked is refused by every write, naming the count and
+    ``filled``, before anything is stored; one with nothing masked is stored as its values."""
+    ds = strataio.create_dataset(tmp_path / "a", (4,), "f4", (2,), fill_value=-1.0)
+    ds[...] = np.ma.masked_array([1, 2, 3, 4], mask=False, dtype="f4")
+    assert ds[...].tolist() == [1, 2, 3, 4]
+    before = _snapshot(tmp_path / "a")
+    bad = np.ma.masked_array([9, 9, 9, 9], mask=[0, 1, 0, 1], dtype="f4")
+    for write in (
+        lambda: ds.__setitem__(slice(None), bad),
+        lambda: ds.write_section((0,), bad),
+        lambda: ds.write_all(slice(None), bad),
+    ):
+        with pytest.raises(ArgumentError, match=r"2 of its 4 elements masked.*filled"):
+            write()
+    assert _snapshot(tmp_path / "a") == before
+    ds.write_section((0,), bad.filled(ds.fill_value))
+    assert ds[...].tolist() == [9, -1, 9, -1]
+
+
 @pytest.mark.parametrize("dtype", ["int8", "uint8", "int16", "uint16", "int32", "uint32"])
 def test_integer_narrowing_is_checked(tmp_path, dtype):
     """Values of a wider (or differently signed) integer type are stored when every value fits

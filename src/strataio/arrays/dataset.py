@@ -321,7 +321,7 @@ class Dataset:
     def write_section(self, start: Sequence[int], data: Any) -> None:
         """Write ``data`` (an array of the dataset's rank) with its corner at ``start``."""
         self._check_writable()
-        arr = np.asarray(data)
+        arr = np.asanyarray(data)  # (a masked array stays one: _coerce refuses its mask)
         if arr.ndim != self.ndim:
             raise ShapeMismatchError(
                 f"{self._what()}: data has {arr.ndim} dimensions, the dataset {self.ndim}; "

@@ -14,7 +14,10 @@ The rule (for writes and ``fill_value`` alike):
 - a float or complex of more precision (``float64`` → ``float32``) is rounded as numpy rounds,
   but a finite value beyond the dataset's range (which would become ``inf``) is refused;
 - everything else (floats into integers, complex into floats, floats into ``bool``, strings,
-  objects, dates) is refused: the caller converts explicitly.
+  objects, dates) is refused: the caller converts explicitly;
+- a masked array (``numpy.ma``) with any element masked is refused: a dataset holds no mask,
+  and the values under one are no data (``data.filled(value)`` says what to store there).
+  One with nothing masked (as netCDF readers often return) is stored as its values.
 
 Refusals raise :class:`~strataio.errors.DtypeMismatchError` before anything is stored; the
 checks are whole-array reductions (min / max), never a loop per element.
@@ -26,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from strataio.errors import DtypeMismatchError, ShapeMismatchError
+from strataio.errors import ArgumentError, DtypeMismatchError, ShapeMismatchError
 
 _NEVER = "OUSVMm"  # object, strings, void, datetime, timedelta
 
@@ -36,6 +39,12 @@ def to_dtype(value: Any, dtype: np.dtype, what: str) -> np.ndarray:
     converted when the conversion is checked), or :class:`DtypeMismatchError` naming
     ``what`` (e.g. ``"dataset 'run/a'"``), the dtypes and an offending value; a value numpy
     makes no array of (nested lists of unequal lengths) is a :class:`ShapeMismatchError`."""
+    if isinstance(value, np.ma.MaskedArray) and np.ma.is_masked(value):
+        n = int(np.ma.count_masked(value))
+        raise ArgumentError(
+            f"{what}: the data is a masked array with {n} of its {value.size} elements masked; "
+            "a dataset stores no mask: say what to store there, e.g. data.filled(fill_value)"
+        )
     try:
         arr = np.asarray(value)
     except ValueError as exc:  # (numpy: "setting an array element with a sequence ...")
