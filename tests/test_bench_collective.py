@@ -208,6 +208,11 @@ def test_pipeline_groups_at_two_ranks(tmp_path: Path) -> None:
         (["--ranks", ","], "expected counts like 1,2,4"),
         (["--pipeline", "0,1"], "every count must be at least 1"),
         (["--per-rank", "1", "--pipeline", "1,2"], "drop --pipeline"),
+        (["--pipeline", "1,2", "--mode", "open-close", "--all"], "drop --mode"),
+        (["--mode", "call", "--size", "8", "--all"], "--size only applies to --mode open-close"),
+        (["--pipeline", "1", "--op", "read", "--all"], "--op only applies"),
+        (["--mode", "call", "--sync", "--size", "8", "--all"], "--size, --sync only apply"),
+        (["--scale", "0.5"], "--scale only applies to --mode call"),
     ],
 )
 def test_bad_arguments_are_refused_before_any_launch(args: list[str], wrong: str) -> None:

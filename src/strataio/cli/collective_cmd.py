@@ -39,6 +39,16 @@ def _styled(ratio: float) -> str:
     return f"[{style}]{ratio:.2f}[/{style}]"
 
 
+def _given_on_command_line() -> set[str]:
+    """The names of the current command's parameters the user gave on its command line."""
+    ctx = click.get_current_context()
+    return {
+        name
+        for name in ctx.params
+        if ctx.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE
+    }
+
+
 @bench.command("collective")
 @click.option("--pattern", "patterns", multiple=True, type=click.Choice(PATTERNS))
 @click.option("--all", "run_all", is_flag=True, help="Every pattern.")
@@ -130,15 +140,25 @@ def collective(
     With --per-rank M each rank moves M MiB at every rank count (weak scaling); a further
     table gives each contender's efficiency, bytes per rank per second at N over the same at
     the fewest ranks (1.00: perfect), beside a file per rank, the node's ceiling."""
+    given = _given_on_command_line()
     if pipeline:
+        if "mode" in given and mode != "call":
+            raise click.UsageError("--pipeline times single calls on an open file: drop --mode")
         mode = "call"
+    # (an option the chosen mode does not use would be ignored in silence)
+    unused = ("size", "ops", "sync") if mode == "call" else ("scale",)
+    if wrong := [n for n in unused if n in given]:
+        names = ", ".join("--" + ("op" if n == "ops" else n) for n in wrong)
+        raise click.UsageError(
+            f"{names} only {'applies' if len(wrong) == 1 else 'apply'} to "
+            f"{'--mode open-close' if mode == 'call' else '--mode call'}"
+        )
     if per_rank is not None:
         if pipeline:
             raise click.UsageError("--per-rank times open to close: drop --pipeline")
         if mode == "call":
             raise click.UsageError("--per-rank times open to close: drop --mode call")
-        source = click.get_current_context().get_parameter_source("size")
-        if source is click.core.ParameterSource.COMMANDLINE:
+        if "size" in given:
             raise click.UsageError("give --size (MiB in all) or --per-rank, not both")
     chosen = list(patterns)
     if run_all:
