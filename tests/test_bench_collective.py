@@ -231,3 +231,15 @@ def test_pipeline_table_names_its_baseline_and_groups_past_the_ranks(capsys) -> 
     out = capsys.readouterr().out
     assert "G=4 / G=2" in out and "G=1" not in out
     assert "6 (as G=2)" in out and "5 (as" not in out
+
+
+def test_small_rates_keep_three_figures(capsys) -> None:
+    """A small run's rates read as what they are, not 0 (whole numbers from 100 MB/s up)."""
+    ratio = {"median": 1.0, "q1": 0.9, "q3": 1.1}
+    row = {"pattern": "contig", "ranks": 2, "op": "write", "ROMIO coll": 0.0213}
+    row |= {"ROMIO ind": 123.4, "strataio G=1": 4.567, "strataio G=2": 0.5}
+    row["pipeline"] = {"strataio G=1": ratio, "strataio G=2": ratio}
+    _pipeline_table([row], [1, 2])
+    out = capsys.readouterr().out
+    assert "0.0213" in out and "4.57" in out and "0.5" in out and "123" in out
+    assert "123.4" not in out

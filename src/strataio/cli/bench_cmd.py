@@ -41,6 +41,7 @@ from strataio.cli.output import (
     count_option,
     json_option,
     make_console,
+    rate,
     write_json,
 )
 from strataio.errors import StrataError
@@ -642,7 +643,7 @@ def compress_cmd(
     at compression ratios 1:1, 2:1, 4:1 and 8:1 against the same write uncompressed, with
     one offset chain (plain) and two pipelined groups, on local disk and on a shaped device.
     """
-    nbytes, rate = per_rank, bandwidth
+    nbytes = per_rank
     unknown = set(_csv(storages)) - {"local", "shaped"}
     if unknown or ranks < 1 or repeat < 1:
         raise click.UsageError(
@@ -650,7 +651,7 @@ def compress_cmd(
             "must be >= 1"
         )
     args = [
-        f"--per-rank={nbytes}", f"--repeat={repeat}", f"--bandwidth={rate}",
+        f"--per-rank={nbytes}", f"--repeat={repeat}", f"--bandwidth={bandwidth}",
         f"--storages={','.join(_csv(storages))}", f"--codec={codec}",
     ]  # fmt: skip
     if workdir is not None:
@@ -661,7 +662,7 @@ def compress_cmd(
         raise click.ClickException(str(exc)) from None
     out = make_console()
     table = Table(
-        title=f"compressed collective writes: {ranks} ranks, {result['bytes'] / 2**20:.0f} MiB, "
+        title=f"compressed collective writes: {ranks} ranks, {rate(result['bytes'] / 2**20)} MiB, "
         f"codec {result['codec']}, shaped device {result['bandwidth_model'] / 1e6:.0f} MB/s; "
         "speed-up against the uncompressed write of the same storage and mode",
         box=box.SIMPLE,
@@ -692,7 +693,7 @@ def _render_irregular(rows: list[dict[str, Any]], console: Console) -> None:
     for row in rows:
         s, p, r, x = row["strataio"], row["pread"], row["romio"], row["speedup"]
         title = (f"irregular, {row['ranks']} ranks, {row['items_per_rank']} items of "
-                 f"{row['itemsize']} B per rank ({row['bytes_per_rank'] / 2**20:.0f} MiB)")  # fmt: skip
+                 f"{row['itemsize']} B per rank ({rate(row['bytes_per_rank'] / 2**20)} MiB)")  # fmt: skip
         table = Table(title=title, box=box.SIMPLE_HEAD,
                       caption=f"schedule built once in {_fmt_time(s['build'])}; speedup = "
                               "contender time / strataio time")  # fmt: skip

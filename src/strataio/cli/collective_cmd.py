@@ -19,7 +19,7 @@ from strataio.bench.collective import (
 )
 from strataio.bench.mpi import run_ranks
 from strataio.cli import bench
-from strataio.cli.output import COUNTS, POSITIVE, json_option, make_console, write_json
+from strataio.cli.output import COUNTS, POSITIVE, json_option, make_console, rate, write_json
 from strataio.errors import StrataError
 from strataio.sizes import counted
 
@@ -215,8 +215,8 @@ def _step_table(rows: list[dict[str, Any]]) -> None:
     for r in rows:
         mb = r["bytes"] / 1e6
         cells = [
-            f"{mb / r[c]['max']:.0f} / [bold]{mb / r[c]['median']:.0f}[/bold] / "
-            f"{mb / r[c]['min']:.0f}"
+            f"{rate(mb / r[c]['max'])} / [bold]{rate(mb / r[c]['median'])}[/bold] / "
+            f"{rate(mb / r[c]['min'])}"
             for c in STEP_CONTENDERS
         ]
         p = r["paired"]
@@ -285,7 +285,7 @@ def _weak_table(rows: list[dict[str, Any]], per_rank: float) -> None:
                 eff = efficiency[c][pattern, op][n]
                 style = "green" if eff >= 0.8 else "red"
                 cells.append(
-                    f"{r['bytes'] / r[c]['median'] / 1e6:.0f} ([{style}]{eff:.2f}[/{style}])"
+                    f"{rate(r['bytes'] / r[c]['median'] / 1e6)} ([{style}]{eff:.2f}[/{style}])"
                 )
             table.add_row(pattern, op, c, *cells)
     console = make_console()
@@ -322,7 +322,7 @@ def _call_table(rows: list[dict[str, Any]]) -> None:
         p = r["paired"]
         paired = f"{_styled(p['median'])} ({p['q1']:.2f}–{p['q3']:.2f})"
         table.add_row(
-            r["pattern"], str(r["ranks"]), r["op"], *[f"{r[c]:.0f}" for c in CONTENDERS],
+            r["pattern"], str(r["ranks"]), r["op"], *[rate(r[c]) for c in CONTENDERS],
             r.get("path", ""), _styled(r["ratio"]), paired, _styled(r["ratio wall"]),
         )  # fmt: skip
     console = make_console()
@@ -345,7 +345,7 @@ def _pipeline_table(rows: list, groups: list[int]) -> None:
         table.add_column(col, justify="left" if col in ("pattern", "op") else "right")
     for r in rows:
         n = r["ranks"]
-        speeds = [f"{r[c]:.0f}" for c in contenders]
+        speeds = [rate(r[c]) for c in contenders]
         for i, g in enumerate(groups):
             if g > n:  # (clamped to cb_nodes, every rank with "*:*")
                 speeds[i] += f" (as G={n})"

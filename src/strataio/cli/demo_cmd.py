@@ -22,6 +22,7 @@ from strataio.cli.output import (
     handle_errors,
     json_option,
     make_console,
+    rate,
     write_json,
 )
 from strataio.demo.astro3d import ALL, SCENARIOS, DemoParams
@@ -174,7 +175,7 @@ def sections_cmd(directory: Path, size: int, chunk: int, codec: str) -> None:
                     str(sec.size),
                     str(len(ds.grid.cover(sec))),
                     f"{dt * 1e3:.2f} ms",
-                    f"{got.nbytes / dt / 1e6:.0f}",
+                    rate(got.nbytes / dt / 1e6),
                     "[green]ok[/green]" if ok else "[red]MISMATCH[/red]",
                 )
             stored, disk = ds.nchunks_stored(), bytes_on_disk(ds)

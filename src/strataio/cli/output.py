@@ -149,6 +149,12 @@ def write_json(path: Path | None, result: Any) -> None:
     make_console(stderr=True).print(f"results written to {path}")
 
 
+def rate(x: float) -> str:
+    """A rate or time for a table: whole numbers from 100 up, three significant figures
+    below (a small run's 0.0213 MB/s is no ``0``)."""
+    return f"{x:.0f}" if abs(x) >= 100 else f"{x:.3g}"
+
+
 def make_console(stderr: bool = False) -> Console:
     """A console for stdout (or stderr); piped output keeps full-width tables for scripts."""
     stream = sys.stderr if stderr else sys.stdout
