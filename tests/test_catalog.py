@@ -456,7 +456,7 @@ def _raw_execute(url: str, statements: list[str]) -> None:
 def test_migration_from_version_1(url):
     _raw_execute(url, V1_SCHEMA)
     with open_catalog(url) as c:
-        assert c.schema_version == SCHEMA_VERSION == 9
+        assert c.schema_version == SCHEMA_VERSION == 10
         assert [(t.name, t.state, t.capacity_bytes) for t in c.tiers()] == [
             ("disk", "up", 1000),
             ("tape", "up", None),
@@ -796,6 +796,39 @@ def test_a_delete_applies_only_to_the_row_the_caller_saw(cat):
     )
     assert done.kept == [("d", "c/0/0", "local")]
     assert {c.tier for c in cat.residency("d", ["c/0/0"])} == {"local", "archive"}
+
+
+def test_an_announcement_over_another_writers_notes_it_until_that_writer_records(cat):
+    """An announced rewrite made over another writer's announcement (known to the caller)
+    notes the one it replaces (Catalog.overtaken): that writer's put may still land. The
+    note stays through the new announcer's commit and goes when its own writer records its
+    rewrite there, or with the dataset; clear_overtaken removes only notes as given."""
+    from strataio.catalog import OvertakenRewrite
+
+    cat.create_dataset(_ds("d"))
+    cat.commit([ChunkCopy("d", "c/0/0", "local", 8, "aa")])
+    i = ("d", "c/0/0", "local")
+    a = ChunkCopy(*i, 8, "A", "in-transit", 0.0, "aa", "w1")
+    b = ChunkCopy(*i, 8, "B", "in-transit", 0.0, "aa", "w2")
+    cat.commit([a], durable=False, expect={i: ("valid", "aa")}, writer="w1")
+    assert cat.overtaken() == []
+    cat.commit([b], durable=False, expect={i: ("in-transit", "A")}, writer="w2")
+    note = OvertakenRewrite("d", "c/0/0", "local", "w1", "A")
+    assert cat.overtaken() == [note]
+    # (an announcement over its own, or over a settled row, notes nothing)
+    cat.commit([b], durable=False, expect={i: ("in-transit", "B")}, writer="w2")
+    cat.commit([ChunkCopy(*i, 8, "B")], expect={i: ("in-transit", "B")}, writer="w2")
+    assert cat.overtaken() == [note]
+    cat.clear_overtaken([note._replace(checksum="other")])
+    assert cat.overtaken() == [note]
+    cat.commit([ChunkCopy(*i, 8, "A")], expect={i: ("in-transit", "A")}, writer="w1")
+    assert cat.overtaken() == []
+    assert [(c.state, c.checksum) for c in cat.residency("d")] == [("valid", "A")]
+    cat.commit([a._replace(old_checksum="A")], durable=False, expect={i: ("valid", "A")})
+    cat.commit([b], durable=False, expect={i: ("in-transit", "A")}, writer="w2")
+    assert len(cat.overtaken()) == 1
+    cat.delete_dataset("d")
+    assert cat.overtaken() == []
 
 
 def test_a_row_written_over_the_row_its_caller_saw_only(cat):

@@ -161,6 +161,19 @@ class VerifiedCopy(NamedTuple):
     version: tuple[int | str, ...]
 
 
+class OvertakenRewrite(NamedTuple):
+    """A rewrite of chunk ``key`` on ``tier`` that ``writer`` announced (new bytes
+    ``checksum``) and another writer's announcement replaced before this one's put. That
+    put may land after the other writer's commit settled the row to its own bytes; the
+    object then holds these bytes, which no row names (see :meth:`Catalog.overtaken`)."""
+
+    dataset: str
+    key: str
+    tier: str
+    writer: str
+    checksum: str
+
+
 @dataclass(frozen=True, slots=True)
 class WriterRecord:
     """A registered writer: a Session that may leave rows and objects in flight.
@@ -561,6 +574,17 @@ class Catalog(abc.ABC):
     @abc.abstractmethod
     def forget_writers(self, writers: Iterable[str]) -> None:
         """Remove the rows (and leftover tokens) of writers found dead."""
+
+    @abc.abstractmethod
+    def overtaken(self) -> list[OvertakenRewrite]:
+        """The announced rewrites another writer's announcement replaced, whose writer has
+        not recorded its own rewrite of that copy since (nor released its registration).
+        :func:`strataio.tiers.fsck.fsck` settles a copy holding such a gone writer's bytes
+        to them, and clears the record once it has judged the chunk."""
+
+    @abc.abstractmethod
+    def clear_overtaken(self, entries: Iterable[OvertakenRewrite]) -> None:
+        """Remove ``entries`` (those still as given: one made again since stays)."""
 
     @abc.abstractmethod
     def alive(self, writers: Iterable[str]) -> set[str]:

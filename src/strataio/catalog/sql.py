@@ -33,6 +33,7 @@ from strataio.catalog.base import (
     CommitOutcome,
     CopyId,
     DatasetRecord,
+    OvertakenRewrite,
     PerfRow,
     TierRecord,
     TierUsage,
@@ -197,7 +198,20 @@ _V9 = [
         PRIMARY KEY (dataset, tier))""",
 ]
 
-MIGRATIONS: list[list[str]] = [_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9]
+# Version 10: announced rewrites another writer's announcement replaced before their put
+# (see Catalog.overtaken): the put may still land, after the other writer's commit settled
+# the row, and then only this record names the bytes the object holds.
+_V10 = [
+    """CREATE TABLE overtaken (
+        dataset TEXT NOT NULL REFERENCES datasets (name) ON DELETE CASCADE,
+        key TEXT NOT NULL,
+        tier TEXT NOT NULL,
+        writer TEXT NOT NULL,
+        checksum TEXT NOT NULL,
+        PRIMARY KEY (dataset, key, tier, writer)){without_rowid}""",
+]
+
+MIGRATIONS: list[list[str]] = [_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10]
 #: the schema version this code writes
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -810,6 +824,10 @@ class SQLCatalog(Catalog):
         kept: list[CopyId] = []
         orphaned: list[CopyId] = []
         overtaken: list[CopyId] = []
+        # (this writer's own announced rewrites, recorded or left out by this commit)
+        own_rewrites = [
+            i for i, c in latest.items() if expect and expect.get(i) == ("in-transit", c.checksum)
+        ]
         try:
             with self._write(durable) as cur:
                 new = [tuple(c) for c in supersede if tuple(c) in latest]
@@ -914,12 +932,20 @@ class SQLCatalog(Catalog):
                     assert expect is not None
                     # (a row written only over the row its caller saw there: another
                     # process's announced rewrite or recorded copy there since is left be)
-                    now_claimed = self._states_of(cur, claims)
-                    moved_on = [i for i in claims if now_claimed.get(i) != expect[i]]
+                    claimed = {
+                        (d, k, t): (state, checksum, who)
+                        for d, k, t, state, checksum, _, who in self._rows_of(
+                            cur, {i[:2] for i in claims}
+                        )
+                    }
+                    moved_on = [
+                        i for i in claims if (claimed[i][:2] if i in claimed else None) != expect[i]
+                    ]
                     for i in moved_on:
                         del latest[i]
                     overtaken = [*overtaken, *moved_on]
                     moves = [i for i in moves if i in latest]
+                    self._record_overtaken(cur, latest, claims, claimed)
                 if moves:
                     # (a row holds the bytes it stands for as committed: another move's
                     # announced copy, or a rewrite's new bytes, may never be put)
@@ -1010,6 +1036,16 @@ class SQLCatalog(Catalog):
                     for c in latest.values()
                 ]  # fmt: skip
                 self._bulk_upsert(cur, rows)
+                settled_own = [i for i in own_rewrites if i in latest or i in replaced_own]
+                if writer and settled_own:
+                    # (this writer's rewrites recorded, or settled to the put that replaced
+                    # its object: no announcement of its there is fsck's to settle any more)
+                    self._executemany(
+                        cur,
+                        "DELETE FROM overtaken "
+                        "WHERE dataset = ? AND key = ? AND tier = ? AND writer = ?",
+                        [(*i, writer) for i in settled_own],
+                    )
                 self._bulk_delete(cur, ids + removed)
                 changed = {c.dataset for c in latest.values()} | {i[0] for i in ids + removed}
                 self._executemany(
@@ -1020,6 +1056,52 @@ class SQLCatalog(Catalog):
         except MetadataError:
             raise MetadataError(self._explain_unknown(latest.values())) from None
         return CommitOutcome(removed, kept, orphaned, overtaken)
+
+    def _record_overtaken(
+        self,
+        cur: Cursor,
+        latest: Mapping[CopyId, ChunkCopy],
+        claims: Sequence[CopyId],
+        rows: Mapping[CopyId, tuple[str, str, str]],
+    ) -> None:
+        """Note each announced rewrite of another writer that an announcement of ``latest``
+        replaces now (``rows``: ``(state, checksum, writer)`` of the rows there): that
+        writer's put may come after the new announcer's commit (see :meth:`overtaken`)."""
+        passed = [
+            (*i, row[2], row[1])
+            for i in claims
+            if (c := latest.get(i)) is not None
+            and c.state == "in-transit"
+            and (row := rows.get(i)) is not None
+            and row[0] == "in-transit"
+            and row[2]
+            and row[2] != c.writer
+        ]
+        self._executemany(
+            cur,
+            "INSERT INTO overtaken (dataset, key, tier, writer, checksum) VALUES (?, ?, ?, ?, ?) "
+            "ON CONFLICT (dataset, key, tier, writer) DO UPDATE SET checksum = excluded.checksum",
+            passed,
+        )
+
+    def overtaken(self) -> list[OvertakenRewrite]:
+        rows = self._query(
+            "SELECT dataset, key, tier, writer, checksum FROM overtaken "
+            "ORDER BY dataset, key, tier, writer"
+        )
+        return [OvertakenRewrite(*r) for r in rows]
+
+    def clear_overtaken(self, entries: Iterable[OvertakenRewrite]) -> None:
+        ids = [(e.dataset, e.key, e.tier, e.writer, e.checksum) for e in entries]
+        if not ids:
+            return
+        with self._write() as cur:
+            self._executemany(
+                cur,
+                "DELETE FROM overtaken WHERE dataset = ? AND key = ? AND tier = ? AND writer = ? "
+                "AND checksum = ?",
+                ids,
+            )
 
     @staticmethod
     def _keep_chunks_of(

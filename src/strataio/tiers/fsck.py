@@ -105,7 +105,7 @@ from enum import StrEnum
 from itertools import repeat
 from typing import Any
 
-from strataio.catalog.base import Catalog, ChunkCopy, CopyId, DatasetRecord
+from strataio.catalog.base import Catalog, ChunkCopy, CopyId, DatasetRecord, OvertakenRewrite
 from strataio.errors import ExistsError, NotFoundError, StrataError
 from strataio.storage.base import BytesLike
 from strataio.storage.posix import LeftoverState, judge_leftover
@@ -292,6 +292,9 @@ class Inventory:
     remnants: set[tuple[str, str]] = field(default_factory=set)
     #: the tiers whose objects were listed (checked)
     listed: set[str] = field(default_factory=set)
+    #: announced rewrites another writer's announcement replaced (:meth:`Catalog.overtaken`),
+    #: by chunk: a gone writer's put may have landed after the other's commit
+    overtaken: dict[tuple[str, str], list[OvertakenRewrite]] = field(default_factory=dict)
     #: ``(tier, object)`` of copies checked again: the object's version just before the
     #: check whose verdict stands (a repair deletes such an object only at that version;
     #: :data:`ABSENT`: it was not there, and what the check read appeared since)
@@ -316,6 +319,9 @@ class Plan:
     metas: list[tuple[str, str, bytes, tuple[str, ...], Any]] = field(default_factory=list)
     #: writers that are gone, whose registration is removed
     forget_writers: list[str] = field(default_factory=list)
+    #: records of overtaken rewrites judged here (their writer gone), cleared after the
+    #: catalog changes
+    overtaken_done: list[OvertakenRewrite] = field(default_factory=list)
     #: ``(dataset, tier)`` of remnants to clear once no object of theirs is left
     remnants: list[tuple[str, str]] = field(default_factory=list)
     #: of ``objects``, those of a deleted dataset, by its name: deleted only while the name
@@ -408,6 +414,11 @@ def inspect(
     inv = Inventory()
     # (a dataset in use at the start or at the end counts as in use: see _read_writers)
     inv.in_use.update(catalog.datasets_in_use())
+    # (before the rows: a record made since is of a writer alive then, whose bytes a
+    # later fsck judges)
+    for e in catalog.overtaken():
+        inv.overtaken.setdefault((e.dataset, e.key), []).append(e)
+    suspect = {(e.dataset, e.key, e.tier) for es in inv.overtaken.values() for e in es}
     inv.copies = catalog.all_residency()
     records = catalog.list_datasets()
     names = {d.name for d in records}
@@ -452,7 +463,7 @@ def inspect(
         if listing and ok not in listed[c.tier]:
             return CopyCheck(c, Verdict.MISSING, -1, "")
         try:
-            if verify or c.state == "in-transit":
+            if verify or c.state == "in-transit" or (c.dataset, c.key, c.tier) in suspect:
                 data = t.backend.get(ok)
                 n, digest = len(data), checksum_like(c.checksum, data)
             else:
@@ -747,6 +758,10 @@ def plan(inv: Inventory) -> Plan:
     by_chunk: dict[tuple[str, str], list[CopyCheck]] = {}
     for r in inv.checks:
         by_chunk.setdefault((r.copy.dataset, r.copy.key), []).append(r)
+    catalogued_chunks = {(c.dataset, c.key) for c in inv.copies}
+    for (ds, key), passed in inv.overtaken.items():
+        if (ds, key) not in catalogued_chunks:  # (the chunk was deleted: nothing to settle)
+            out.overtaken_done += [e for e in passed if e.writer not in inv.live_writers]
     for (ds, key), rows in sorted(by_chunk.items()):
         _plan_chunk(out, inv, ds, key, rows)
         for r in rows:
@@ -855,6 +870,21 @@ def _plan_chunk(out: Plan, inv: Inventory, ds: str, key: str, rows: list[CopyChe
     old = [r for r in rows if r.verdict is Verdict.OLD]
     new = [r for r in rows if r.verdict is Verdict.NEW]
     bad = [r for r in rows if r.verdict in (Verdict.MISSING, Verdict.SIZE, Verdict.CHECKSUM)]
+    # rewrites announced here whose announcement another writer's replaced before their put
+    passed = inv.overtaken.get((ds, key), [])
+    still = {e.tier: e.writer for e in passed if e.writer in inv.live_writers}
+    if in_flight := [r for r in bad if r.copy.tier in still]:
+        # (that writer's put may land yet, or its commit come: it settles the row itself)
+        r = in_flight[0]
+        detail = (
+            f"rewrite announced by writer {still[r.copy.tier]}, which is still running, "
+            "after another writer's rewrite was announced over it"
+        )
+        out.findings.append(Finding(Kind.IN_FLIGHT, r.copy.tier, ds, key, detail, Action.LEAVE))
+        return
+    gone_puts = {(e.tier, e.checksum) for e in passed if e.writer not in inv.live_writers}
+    if not unchecked:
+        out.overtaken_done += [e for e in passed if e.writer not in inv.live_writers]
     if len({r.copy.checksum for r in good}) > 1:
         # every write and move keeps one value per chunk: which of these is the last written
         # is not recorded, so this is reported and left alone (reads take the fastest copy)
@@ -916,6 +946,20 @@ def _plan_chunk(out: Plan, inv: Inventory, ds: str, key: str, rows: list[CopyChe
             drop(r, Kind(r.verdict.value) if r in bad else Kind.STATE, _detail(r))
         return
     corrupt = [r for r in bad if r.verdict is not Verdict.MISSING]
+    landed = [r for r in corrupt if (r.copy.tier, r.digest) in gone_puts]
+    if landed:
+        # the put of a writer that is gone, whose announcement another writer's replaced,
+        # came after that writer's commit: its bytes are whole, and the last value put
+        adopt(
+            landed[0],
+            Kind.STATE,
+            "rewrite by a writer that is gone, put after another writer's rewrite of the "
+            "chunk was committed; its new bytes are whole",
+        )
+        for r in bad:
+            if r is not landed[0]:
+                drop(r, Kind(r.verdict.value), _detail(r))
+        return
     if corrupt:
         r = corrupt[0]
         out.findings.append(
@@ -1107,6 +1151,8 @@ def apply(p: Plan, catalog: Catalog, tiers: TierSet) -> bool:
                 _changed_since(p, tname, ds, ok[len(ds) + 1 :], _NAME_IN_USE)
             continue
         _purge_deleted(p, catalog, tiers, ds, objs, where)
+    if p.overtaken_done:
+        catalog.clear_overtaken(p.overtaken_done)
     if p.forget_writers:
         catalog.forget_writers(p.forget_writers)
     return p.changes
