@@ -176,6 +176,19 @@ def test_s3_credentials_never_shown(s3_server, monkeypatch) -> None:
     assert s3_server.endpoint in be.url and s3_server.bucket in be.url
 
 
+def test_s3_refusal_names_the_servers_reason(s3_server) -> None:
+    # a wrong secret: the message says what the server said (its error code and message), not
+    # the opening line of its XML answer
+    bad = _s3(s3_server, secret_key="wrong-" + s3_server.secret_key[:10])
+    for op in (lambda: bad.get("absent"), lambda: bad.put("x", b"never stored")):
+        with pytest.raises(BackendError, match="access denied") as denied:
+            op()
+        text = str(denied.value)
+        assert "SignatureDoesNotMatch" in text and "signature we calculated" in text
+        assert "<" not in text and "\n" not in text
+    assert not _s3(s3_server).exists("x")  # nothing was written
+
+
 def test_s3_credentials_from_environment(s3_server, monkeypatch) -> None:
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3_server.access_key)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3_server.secret_key)

@@ -20,6 +20,7 @@ import contextlib
 import datetime
 import os
 import random
+import re
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -62,6 +63,9 @@ MiB = 1 << 20
 MULTIPART_THRESHOLD = 8 * MiB
 #: pieces closer than this share one ranged GET (a gap costs less than a request's latency)
 MERGE_GAP = 256 * 1024
+#: the error code and message in an S3 server's XML answer to a refused request
+_XML_CODE = re.compile(r"<Code>([^<]+)</Code>")
+_XML_MESSAGE = re.compile(r"<Message>([^<]+)</Message>")
 #: a read-modify-write retries this often when another writer changed the object meanwhile
 RMW_ATTEMPTS = 8
 
@@ -204,8 +208,14 @@ class S3Backend(Backend):
         return f"{self.prefix}/{key}" if self.prefix else key
 
     def _clean(self, text: str) -> str:
-        """First line of an obstore message, with any secret masked."""
+        """First line of an obstore message, its server's XML answer replaced by the S3 error
+        code and message it holds, with any secret masked."""
         line = text.strip().splitlines()[0] if text.strip() else text
+        line = line.split("<?xml", 1)[0].rstrip(" :")
+        code = _XML_CODE.search(text)
+        if code:
+            said = _XML_MESSAGE.search(text)
+            line += f": {code.group(1)}" + (f" ({said.group(1)})" if said else "")
         for s in self._secrets:
             line = line.replace(s, "***")
         return line
