@@ -111,3 +111,26 @@ def test_object_store_dies_mid_run(tmp_path, seaweed, monkeypatch):
         ds[0:10, 0:10] = 5.0
         ds.close()
         assert {c.tier for c in s.catalog.residency("run") if c.key == "c/0/0"} == {"objstore"}
+
+
+def test_a_create_on_an_s3_tier_with_a_wrong_secret_says_why_and_what_stays(tmp_path, s3_server):
+    # the only tier refuses every request (a wrong secret): the create's error names the
+    # tier and the server's reason, not an outage, and says the dataset stays catalogued
+    good = servers.s3_tier_toml(s3_server, "wrong-secret")
+    bad = good.replace(s3_server.secret_key, "not-the-secret")
+    config = tmp_path / "strataio.toml"
+    head = f'[catalog]\nurl = "{tmp_path / "cat.db"}"\n\n[[tiers]]\nname = "objstore"\n'
+    config.write_text(head + 'role = "remotedisk"\n' + bad + "\n")
+    with strataio.Session(config) as s, pytest.raises(strataio.errors.BackendError) as refused:
+        s.create_dataset("run", SHAPE, "f4", CHUNKS)
+    text = str(refused.value)
+    assert "objstore" in text and "check the credentials" in text, text
+    assert "open_dataset" in text, text
+    assert s3_server.secret_key not in text
+    # what the message says stays: once the secret is right, the dataset opens and takes writes
+    config.write_text(head + 'role = "remotedisk"\n' + good + "\n")
+    with strataio.Session(config) as s:
+        ds = s.open_dataset("run", "r+")
+        ds[...] = version(1)
+        ds.close()
+        np.testing.assert_array_equal(s.open_dataset("run")[...], version(1))

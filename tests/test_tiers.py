@@ -364,7 +364,7 @@ def test_a_create_that_cannot_store_zarr_json_leaves_the_dataset_in_use_by_no_on
         s.catalog.MARK_LINGER_S = 0
         for name in ("local", "remote"):
             stop_answering(tmp_path / name)
-        with pytest.raises(BackendError, match="no tier answered to store zarr.json"):
+        with pytest.raises(BackendError, match="no tier took its zarr.json"):
             s.create_dataset("x", (8,), "i4", (4,), hint="LOCALDISK")
         assert s.catalog.datasets_in_use() == set()
 

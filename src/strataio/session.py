@@ -45,7 +45,13 @@ from strataio.catalog.base import (
     codec_json,
     open_catalog,
 )
-from strataio.errors import ArgumentError, MetadataError, NotFoundError, StrataError
+from strataio.errors import (
+    ArgumentError,
+    BackendError,
+    MetadataError,
+    NotFoundError,
+    StrataError,
+)
 from strataio.storage.base import validate_key
 from strataio.storage.superfile import SuperfileError
 from strataio.tiers.cache import DEFAULT_CACHE_BYTES, ChunkCache
@@ -533,7 +539,12 @@ class Session:
             if self.rank == 0 and not store.disabled:
                 try:
                     store.put_meta(raw)
-                except BaseException as exc:  # (no tier took it, say: every rank raises it)
+                except BackendError as exc:  # (no tier took it: every rank raises it)
+                    err = BackendError(
+                        f"{exc}; the dataset stays in the catalog: open it with "
+                        "open_dataset once a tier takes writes, or delete it"
+                    )
+                except BaseException as exc:
                     err = exc
             _, err = self._agree(None, err)
             if err is not None:

@@ -263,18 +263,23 @@ class MetaCopies:
         if catalog is not None:
             catalog.annotate_dataset(self.name, META_ATTR, functools.partial(_announced, digest))
         stored = 0
+        why: list[str] = []  # (each tier not written, and why)
         for tier in self.tiers():
             if not tier.up or tier.unwritable:
+                why.append(f"{tier.name}: {tier.condition}, {tier.last_error or 'no error'}")
                 continue
             try:
                 got = self._put_on(tier, data, digest, catalog)
-            except (TierDownError, ObjectError):  # (skipped, as a tier that is down)
+            except (TierDownError, ObjectError) as exc:  # (skipped, as a tier that is down)
+                why.append(f"{tier.name}: {exc}")
                 continue
             if got is _Put.SUPERSEDED:
                 return  # (that change's settlement dropped this version: nothing to settle)
             stored += got is not _Put.MISSED
         if not stored:
-            raise BackendError(f"dataset {self.name!r}: no tier answered to store zarr.json")
+            raise BackendError(
+                f"dataset {self.name!r}: no tier took its zarr.json ({'; '.join(why) or 'none'})"
+            )
         if catalog is not None:
             # (a record not settled names both versions, which reads take alike)
             with contextlib.suppress(StrataError):
