@@ -134,3 +134,25 @@ def test_a_create_on_an_s3_tier_with_a_wrong_secret_says_why_and_what_stays(tmp_
         ds[...] = version(1)
         ds.close()
         np.testing.assert_array_equal(s.open_dataset("run")[...], version(1))
+
+
+def test_a_read_only_s3_tier_whose_bucket_does_not_exist_is_found_down(
+    tmp_path, s3_server, monkeypatch
+):
+    # a HEAD has no body to tell a missing bucket from a missing object: the read-only
+    # tier's probe does not take the bucket's "not found" for an answer
+    monkeypatch.chdir(tmp_path)
+    tier = servers.s3_tier_toml(s3_server, "typo").replace(
+        f'bucket = "{s3_server.bucket}"', 'bucket = "no-such-bucket-here"'
+    )
+    (tmp_path / "strataio.toml").write_text(
+        f'[catalog]\nurl = "cat.db"\n\n[[tiers]]\nname = "local"\nkind = "posix"\n'
+        f'role = "localdisk"\npath = "local"\n\n[[tiers]]\nname = "archive"\n'
+        f'role = "remotetape"\nread_only = true\n{tier}\n'
+    )
+    result = CliRunner().invoke(main, ["tiers", "--check"])
+    assert result.exit_code == 1, result.output
+    assert "tiers down: archive" in result.output, result.output
+    with strataio.Session() as s:
+        assert not s.tiers["archive"].check()
+        assert "bucket 'no-such-bucket-here' does not exist" in s.tiers["archive"].last_error

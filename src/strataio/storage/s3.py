@@ -237,6 +237,10 @@ class S3Backend(Backend):
                 f"{self._clean(str(exc))}"
             ) from exc
         except ObstoreError as exc:
+            if "<Code>NoSuchBucket</Code>" in str(exc):  # (a listing's, say)
+                raise BackendError(
+                    f"{self.url}: bucket {self.bucket!r} does not exist ({op} {key!r})"
+                ) from exc
             raise BackendError(f"{self.url}: {op} {key!r} failed: {self._clean(str(exc))}") from exc
 
     def _executor(self) -> ThreadPoolExecutor:

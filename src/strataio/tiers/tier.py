@@ -58,6 +58,8 @@ DEFAULT_MEMORY_BYTES = 256 << 20
 
 #: key of the small object a health check writes, reads back and deletes
 PROBE_KEY = ".strataio/health-probe"
+#: the folder of the probe objects
+PROBE_DIR = PROBE_KEY.rsplit("/", 1)[0]
 
 #: the backend calls that change what a tier holds, which a read-only tier is never asked
 _CHANGES = (
@@ -559,10 +561,15 @@ class Tier:
     def _read_probe(self) -> Exception | None:
         """Look the tier up by a read alone; the error if it does not answer, else None."""
         try:
-            # (one look-up, not a listing, which on an object store reads every key first;
-            # "no such object" is an answer)
-            with contextlib.suppress(NotFoundError, FileNotFoundError):
+            # (one look-up, not a listing of the tier, which on an object store reads every
+            # key first; "no such object" is an answer)
+            try:
                 self.backend.size(PROBE_KEY)
+            except (NotFoundError, FileNotFoundError):
+                # (an object store answers a look-up in a bucket that does not exist as it
+                # answers one of a missing object, a HEAD having no body to say which: a
+                # listing of the probe's folder, which holds at most the probes running, says)
+                next(iter(self.backend.list(PROBE_DIR)), None)
         except Exception as exc:  # any other failure of the reads: the tier does not answer
             return exc
         return None
