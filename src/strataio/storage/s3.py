@@ -66,6 +66,10 @@ MERGE_GAP = 256 * 1024
 #: the error code and message in an S3 server's XML answer to a refused request
 _XML_CODE = re.compile(r"<Code>([^<]+)</Code>")
 _XML_MESSAGE = re.compile(r"<Message>([^<]+)</Message>")
+#: the kind of a request's failure with no answer (connect, timeout...) and the system's
+#: word for it, in the account of the failure obstore appends to its message
+_HTTP_KIND = re.compile(r"HttpError \{\s*kind: (\w+)")
+_OS_MESSAGE = re.compile(r'message: "([^"]+)"')
 #: a read-modify-write retries this often when another writer changed the object meanwhile
 RMW_ATTEMPTS = 8
 
@@ -216,6 +220,9 @@ class S3Backend(Backend):
         if code:
             said = _XML_MESSAGE.search(text)
             line += f": {code.group(1)}" + (f" ({said.group(1)})" if said else "")
+        elif kind := _HTTP_KIND.search(text):  # (no answer: the connection's failure, and why)
+            said = _OS_MESSAGE.search(text)
+            line += f" ({kind.group(1).lower()}" + (f": {said.group(1)})" if said else ")")
         for s in self._secrets:
             line = line.replace(s, "***")
         return line
