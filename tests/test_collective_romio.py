@@ -33,3 +33,14 @@ def test_matches_romio_long(nprocs: int, seed: int, tmp_path: Path) -> None:
     cases = 15 if nprocs >= 3 else 60
     out = _run(nprocs, seed=seed * 7919 + nprocs, cases=cases, tmp_path=tmp_path, timeout=120)
     assert f"ok {cases}" in out
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize(("nprocs", "cases"), [(2, 25), (3, 15)])
+def test_steps_match_romio(nprocs: int, cases: int, tmp_path: Path) -> None:
+    """Random sequences of views (some with hints of their own), seeks, collective and
+    independent reads and writes at offsets and at the file pointer: files synced after every
+    write byte-identical to ROMIO's, read buffers, counts and file pointers ROMIO's."""
+    args = ["--seed", 77 + nprocs, "--cases", cases, "--dir", tmp_path]
+    out = run_mpi(nprocs, "romio_steps.py", *args, timeout=60)
+    assert f"ok {cases} cases" in out
