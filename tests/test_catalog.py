@@ -114,10 +114,13 @@ def test_tiers_round_trip(cat):
     cat.register_tiers([TierRecord("local", "posix:/fast", "localdisk", 5, 1)])
     local = cat.tiers()[1]
     assert (local.url, local.capacity_bytes) == ("posix:/fast", 5)
-    cat.set_tier_state("archive", "down")
-    assert cat.tiers()[2].state == "down"
+    cat.set_tier_state("archive", "down", "EIO reading probe")
+    assert (cat.tiers()[2].state, cat.tiers()[2].why) == ("down", "EIO reading probe")
     cat.register_tiers([TierRecord("archive", "posix:/arch", "remotetape", None, 2)])
-    assert cat.tiers()[2].state == "up"
+    assert (cat.tiers()[2].state, cat.tiers()[2].why) == ("up", "")
+    cat.set_tier_state("archive", "down", "EIO")
+    cat.set_tier_state("archive", "up", "ignored: an up tier has no error")
+    assert (cat.tiers()[2].state, cat.tiers()[2].why) == ("up", "")
     with pytest.raises(NotFoundError, match="nosuch"):
         cat.set_tier_state("nosuch", "down")
     with pytest.raises(MetadataError, match="sideways"):

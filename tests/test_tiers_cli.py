@@ -1018,3 +1018,25 @@ def test_a_migration_s_summary_says_why_copies_were_kept_without_blaming_read_on
     line = _summary("migrate", MoveResult("migrate", total=4, moved=4, removed=2, kept=2), None)
     assert "2 chunk copies kept there, catalogued (on a tier that takes no writes, or " in line
     assert "changed by another process since the move looked)" in line, line
+
+
+def test_a_tier_marked_down_by_another_process_says_why(project):
+    """``strataio tiers`` in a process that did not find the tier down itself gives the
+    error that marked it down (the catalog keeps it with the state), not only that the
+    catalog says so; the reason goes when the tier is up again."""
+    root, _ = project
+    with strataio.Session() as s:
+        ds = s.create_dataset("d", (10, 10), "f4", (10, 10), hint="LOCALDISK")
+        (root / "disk").rename(root / "unmounted")
+        ds[...] = 1.0  # (the disk is gone: written to the tape, the disk marked down)
+        ds.close()
+    with strataio.Session() as s:
+        why = {t.name: t.why for t in s.catalog.tiers()}["disk"]
+    assert "is missing (a volume not mounted" in why, why
+    (root / "unmounted").rename(root / "disk")  # (back: only the catalog says it is down)
+    out = CliRunner().invoke(main, ["tiers"])
+    assert out.exit_code == 1, out.output
+    assert "marked down in the catalog: its directory" in out.output, out.output
+    assert CliRunner().invoke(main, ["tiers", "--check"]).exit_code == 0
+    with strataio.Session() as s:
+        assert {t.name: (t.state, t.why) for t in s.catalog.tiers()}["disk"] == ("up", "")

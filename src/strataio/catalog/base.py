@@ -45,7 +45,8 @@ class TierRecord:
     """One storage tier. ``order`` ranks tiers fastest first (0 is the fastest).
 
     ``url`` locates the tier's storage (``posix:/path``, ``s3://bucket``, ``memory:``);
-    ``capacity_bytes`` is ``None`` for unbounded.
+    ``capacity_bytes`` is ``None`` for unbounded; ``why``: the error that marked it down
+    (empty while up).
     """
 
     name: str
@@ -54,6 +55,7 @@ class TierRecord:
     capacity_bytes: int | None
     order: int
     state: str = "up"
+    why: str = ""
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -267,8 +269,9 @@ class Catalog(abc.ABC):
         """All tiers, by ``order`` (fastest first)."""
 
     @abc.abstractmethod
-    def set_tier_state(self, name: str, state: str) -> None:
-        """Mark a tier ``"up"`` or ``"down"``; :class:`NotFoundError` if unknown."""
+    def set_tier_state(self, name: str, state: str, why: str = "") -> None:
+        """Mark a tier ``"up"`` or ``"down"``, ``why`` being the error that made it down (for
+        other processes to say); :class:`NotFoundError` if unknown."""
 
     # -- datasets -----------------------------------------------------------------------
 

@@ -209,6 +209,8 @@ _V10 = [
         writer TEXT NOT NULL,
         checksum TEXT NOT NULL,
         PRIMARY KEY (dataset, key, tier, writer)){without_rowid}""",
+    # (and why a tier was marked down, so that another process can say it)
+    "ALTER TABLE tiers ADD COLUMN why TEXT NOT NULL DEFAULT ''",
 ]
 
 MIGRATIONS: list[list[str]] = [_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10]
@@ -456,28 +458,33 @@ class SQLCatalog(Catalog):
     # -- tiers ---------------------------------------------------------------------------
 
     def register_tiers(self, tiers: Sequence[TierRecord]) -> None:
-        rows = [(t.name, t.url, t.role, t.capacity_bytes, t.order, t.state) for t in tiers]
+        rows = [(t.name, t.url, t.role, t.capacity_bytes, t.order, t.state, t.why) for t in tiers]
         with self._write() as cur:
             self._executemany(
                 cur,
-                "INSERT INTO tiers (name, url, role, capacity_bytes, ord, state) "
-                "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (name) DO UPDATE SET url = excluded.url, "
-                "role = excluded.role, capacity_bytes = excluded.capacity_bytes, "
-                "ord = excluded.ord, state = excluded.state",
+                "INSERT INTO tiers (name, url, role, capacity_bytes, ord, state, why) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (name) DO UPDATE SET "
+                "url = excluded.url, role = excluded.role, "
+                "capacity_bytes = excluded.capacity_bytes, ord = excluded.ord, "
+                "state = excluded.state, why = excluded.why",
                 rows,
             )
 
     def tiers(self) -> list[TierRecord]:
         rows = self._query(
-            "SELECT name, url, role, capacity_bytes, ord, state FROM tiers ORDER BY ord, name{c}"
+            "SELECT name, url, role, capacity_bytes, ord, state, why FROM tiers "
+            "ORDER BY ord, name{c}"
         )
         return [TierRecord(*r) for r in rows]
 
-    def set_tier_state(self, name: str, state: str) -> None:
+    def set_tier_state(self, name: str, state: str, why: str = "") -> None:
         if state not in TIER_STATES:
             raise MetadataError(f"tier state {state!r} is not one of {', '.join(TIER_STATES)}")
+        why = why if state != "up" else ""
         with self._write() as cur:
-            cur.execute(self._sql("UPDATE tiers SET state = ? WHERE name = ?"), (state, name))
+            cur.execute(
+                self._sql("UPDATE tiers SET state = ?, why = ? WHERE name = ?"), (state, why, name)
+            )
             if cur.rowcount == 0:
                 raise NotFoundError(f"no tier {name!r} in catalog {self._label()}")
 

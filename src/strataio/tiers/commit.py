@@ -488,7 +488,7 @@ class Commit:
         state still steers this process)."""
         if self.catalog is not None:
             with contextlib.suppress(StrataError):
-                self.catalog.set_tier_state(tier.name, tier.state)
+                self.catalog.set_tier_state(tier.name, tier.state, tier.last_error)
 
     # ----------------------------------------------------------------- steps
     def _apply_locked(self, res: Residency) -> _Spared:

@@ -623,7 +623,13 @@ class Tier:
     def record(self) -> TierRecord:
         """This tier as a catalog row."""
         return TierRecord(
-            self.name, self.backend.url, self.role, self.capacity, self.order, self.state
+            self.name,
+            self.backend.url,
+            self.role,
+            self.capacity,
+            self.order,
+            self.state,
+            self.last_error if self.state != "up" else "",
         )
 
 
@@ -805,7 +811,8 @@ class TierSet:
             if t is not None and r.state != t.state and t.state != "down":
                 t.state = r.state
                 if r.state == "down" and not t.last_error:
-                    t.last_error = "marked down in the catalog"
+                    # (another process found it down: its error, and that it is not this one's)
+                    t.last_error = "marked down in the catalog" + (f": {r.why}" if r.why else "")
 
     def account_usage(self, copies: Iterable[ChunkCopy | TierUsage]) -> None:
         """Set each tier's :attr:`Tier.used` from catalogued copies of all datasets, or from
