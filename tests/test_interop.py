@@ -308,3 +308,33 @@ def test_an_unknown_field_is_refused_or_kept_as_peers_do(tmp_path, field, opens)
         with pytest.raises(MetadataError, match=r"zarr.json: unknown field 'x_extension'") as info:
             strataio.open_dataset(tmp_path / "a")
         assert str(path) in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "fill", "bits"),
+    [
+        ("complex64", ["0x7fc00001", "0x3f800000"], ["7fc00001", "3f800000"]),
+        (
+            "complex128",
+            ["-Infinity", "0xfff8000000000000"],
+            ["fff0000000000000", "fff8000000000000"],
+        ),
+        ("float32", "0xffc00000", ["ffc00000"]),
+    ],
+)
+def test_hex_fill_values_read_as_their_bits(tmp_path, dtype, fill, bits):
+    """The Zarr v3 spec writes a float fill value, and each part of a complex one, as a
+    number, "NaN", "Infinity", "-Infinity" or "0x" and its bits in hex: strataio reads each
+    part's bits as zarr-python does."""
+    zarr.create_array(tmp_path / "a", shape=(3,), chunks=(2,), dtype=dtype, fill_value=0)
+    path = tmp_path / "a" / "zarr.json"
+    doc = json.loads(path.read_text())
+    doc["fill_value"] = fill
+    path.write_text(json.dumps(doc))
+    part = np.dtype(f">u{np.dtype(dtype).itemsize // len(bits)}")
+    want = np.array([int(b, 16) for b in bits], part)
+    ds = strataio.open_dataset(tmp_path / "a")
+    for got in (ds.fill_value, ds[...][0], zarr.open_array(tmp_path / "a", mode="r").fill_value):
+        np.testing.assert_array_equal(
+            np.atleast_1d(got).astype(ds.dtype).view(part.newbyteorder("=")), want
+        )

@@ -110,17 +110,31 @@ def _float_to_json(f: float) -> Any:
 
 
 def _fill_from_json(value: Any, dtype: np.dtype) -> Any:
-    special = {"NaN": float("nan"), "Infinity": float("inf"), "-Infinity": float("-inf")}
+    """The fill value ``zarr.json`` holds as a scalar of ``dtype``; a complex one is a list of
+    two parts, each written as a float one is (a number, ``"NaN"``, ``"Infinity"``,
+    ``"-Infinity"`` or ``"0x"`` and its bits in hex)."""
     if dtype.kind == "c" and isinstance(value, list):
-        re, im = (special.get(x, x) if isinstance(x, str) else x for x in value)
-        return np.asarray(complex(re, im), dtype=dtype)[()]
+        part = np.dtype(f"f{dtype.itemsize // 2}")
+        if len(value) != 2:
+            raise ValueError(f"a complex fill value has 2 parts, not {len(value)}")
+        re, im = (_scalar_from_json(x, part) for x in value)
+        out = np.empty((), dtype)
+        out.real, out.imag = re, im  # (each part as its bits say, no round trip through Python)
+        return out[()]
+    return _scalar_from_json(value, dtype)
+
+
+def _scalar_from_json(value: Any, dtype: np.dtype) -> Any:
+    """One fill value of ``zarr.json`` (a complex one's part, see :func:`_fill_from_json`)
+    as a ``dtype`` scalar, a ``"0x"`` one holding exactly the bits it gives."""
+    special = {"NaN": float("nan"), "Infinity": float("inf"), "-Infinity": float("-inf")}
     if isinstance(value, str):
         if value in special:
             value = special[value]
         elif value.startswith("0x"):
             return np.frombuffer(
                 int(value, 16).to_bytes(dtype.itemsize, "big"), dtype.newbyteorder(">")
-            )[0]
+            )[0].astype(dtype)
     return np.asarray(value, dtype=dtype)[()]
 
 
