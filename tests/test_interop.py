@@ -338,3 +338,34 @@ def test_hex_fill_values_read_as_their_bits(tmp_path, dtype, fill, bits):
         np.testing.assert_array_equal(
             np.atleast_1d(got).astype(ds.dtype).view(part.newbyteorder("=")), want
         )
+
+
+@pytest.mark.parametrize(
+    ("dtype", "bits"),
+    [
+        ("float32", ["ffc00000"]),
+        ("float64", ["7ff8000000000001"]),
+        ("complex64", ["7fc00000", "ffc00000"]),
+        ("float16", ["fe00"]),
+    ],
+)
+def test_a_nan_fill_value_other_than_zarrs_keeps_its_bits(tmp_path, dtype, bits):
+    """Zarr v3's "NaN" is one NaN (sign bit clear, only the mantissa's top bit set): a fill
+    value of another NaN (-nan, one with a payload) is written as "0x" and its bits, so
+    strataio, zarr-python and TensorStore read the bits it was given."""
+    part = np.dtype(f"<u{np.dtype(dtype).itemsize // len(bits)}")
+    fill = np.array([int(b, 16) for b in bits], part).view(dtype)[0]
+    strataio.create_dataset(tmp_path / "a", (3,), dtype, (2,), fill_value=fill).close()
+    doc = json.loads((tmp_path / "a" / "zarr.json").read_text())
+    hexes = ["NaN" if b == "7fc00000" else f"0x{b}" for b in bits]
+    assert doc["fill_value"] == (hexes[0] if len(hexes) == 1 else hexes)
+    ds = strataio.open_dataset(tmp_path / "a")
+    reads = [ds.fill_value, ds[...]]
+    if dtype != "float16":  # (zarr-python 3.1 and TensorStore drop a float16 NaN's payload)
+        reads += [zarr.open_array(tmp_path / "a", mode="r")[...], _tensorstore_read(tmp_path / "a")]
+    for got in reads:
+        got = np.atleast_1d(np.asarray(got, dtype))
+        assert (
+            got.view(part).reshape(-1, len(bits)).tolist()
+            == [[int(b, 16) for b in bits]] * got.size
+        )

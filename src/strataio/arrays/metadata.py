@@ -19,7 +19,6 @@ ignored on read would be missing from the chunks strataio writes). Every refusal
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -89,24 +88,28 @@ def zarr_data_type(dtype: Any) -> str:
 
 
 def _fill_to_json(value: Any, dtype: np.dtype) -> Any:
-    v = np.asarray(value, dtype=dtype).item()
+    scalar = np.asarray(value, dtype=dtype)[()]
     if dtype.kind == "b":
-        return bool(v)
+        return bool(scalar)
     if dtype.kind in "iu":
-        return int(v)
+        return int(scalar)
     if dtype.kind == "f":
-        return _float_to_json(float(v))
+        return _float_to_json(scalar)
     if dtype.kind == "c":
-        return [_float_to_json(v.real), _float_to_json(v.imag)]
+        return [_float_to_json(scalar.real), _float_to_json(scalar.imag)]
     raise MetadataError(f"no fill value encoding for {dtype}")
 
 
-def _float_to_json(f: float) -> Any:
-    if math.isnan(f):
-        return "NaN"
-    if math.isinf(f):
+def _float_to_json(f: np.floating) -> Any:
+    """A float fill value as the Zarr v3 spec writes it: a NaN other than its ``"NaN"`` (sign
+    bit clear, only the mantissa's top bit set: numpy's ``nan``) as ``"0x"`` and its bits."""
+    if np.isnan(f):
+        big = f.dtype.newbyteorder(">")
+        bits = np.asarray(f, big).tobytes()
+        return "NaN" if bits == np.asarray(np.nan, big).tobytes() else "0x" + bits.hex()
+    if np.isinf(f):
         return "Infinity" if f > 0 else "-Infinity"
-    return f
+    return float(f)
 
 
 def _fill_from_json(value: Any, dtype: np.dtype) -> Any:
