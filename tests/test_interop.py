@@ -12,7 +12,7 @@ import xarray as xr
 import zarr
 
 import strataio
-from strataio.errors import MetadataError
+from strataio.errors import ArgumentError, MetadataError
 
 
 def _tensorstore_read(path):
@@ -369,3 +369,30 @@ def test_a_nan_fill_value_other_than_zarrs_keeps_its_bits(tmp_path, dtype, bits)
             got.view(part).reshape(-1, len(bits)).tolist()
             == [[int(b, 16) for b in bits]] * got.size
         )
+
+
+def test_attributes_zarr_python_wrote_with_nan_do_not_block_strataio_changing_others(tmp_path):
+    """zarr-python writes NaN and infinities in attributes as bare JSON words: strataio
+    sets and deletes other attributes of such an array and keeps those as they were; a NaN
+    it is given is still refused, before zarr.json changes."""
+    zarr.create_array(
+        tmp_path / "a",
+        shape=(4,),
+        dtype="f4",
+        attributes={"missing": float("nan"), "range": [float("-inf"), 1.0], "gone": 1},
+    )
+    ds = strataio.open_dataset(tmp_path / "a", mode="r+")
+    ds.attrs["units"] = "K"
+    del ds.attrs["gone"]
+    before = (tmp_path / "a" / "zarr.json").read_bytes()
+    with pytest.raises(ArgumentError, match="NaN"):
+        ds.attrs["bad"] = float("nan")
+    assert (tmp_path / "a" / "zarr.json").read_bytes() == before
+    for attrs in (
+        dict(zarr.open_array(tmp_path / "a", mode="r").attrs),
+        dict(strataio.open_dataset(tmp_path / "a").attrs),
+        dict(ds.attrs),
+    ):
+        assert set(attrs) == {"missing", "range", "units"}
+        assert np.isnan(attrs["missing"]) and attrs["range"] == [float("-inf"), 1.0]
+        assert attrs["units"] == "K"

@@ -137,7 +137,8 @@ class Attributes(MutableMapping[str, Any]):
 
     def __setitem__(self, key: str, value: Any) -> None:
         self._ds._check_writable()
-        self._ds._update_attrs(lambda attrs: attrs.__setitem__(key, value))
+        plain = json_attrs({key: value})[key]  # (checked here, whatever the others hold)
+        self._ds._update_attrs(lambda attrs: attrs.__setitem__(key, plain))
 
     def __delitem__(self, key: str) -> None:
         self._ds._check_writable()
@@ -593,7 +594,9 @@ class Dataset:
         attribute changes of other handles, in this process or another, where the store
         makes it one (:meth:`ChunkStore.update_meta`). Raises :class:`MetadataError` where
         the array itself changed since this handle opened it (replaced with ``overwrite``,
-        say): its metadata written back would make the new array's chunks unreadable."""
+        say): its metadata written back would make the new array's chunks unreadable.
+        ``change`` sets plain JSON values (:func:`json_attrs`); those already there are kept
+        as they are."""
         applied: list[dict[str, Any]] = []
 
         def apply(raw: bytes | None) -> bytes:
@@ -607,8 +610,10 @@ class Dataset:
                         "(the array was replaced or changed); open it again to set attributes"
                     )
                 attrs = dict(now.attrs)
+            # (the attributes zarr.json holds are kept as they are: another writer's NaN,
+            # which zarr-python writes bare, included)
             change(attrs)
-            applied[:] = [json_attrs(attrs)]
+            applied[:] = [attrs]
             return dataclasses.replace(self.meta, attrs=applied[0]).to_json()
 
         self.store.update_meta(apply)
