@@ -87,6 +87,8 @@ _SHARD_INNER = ["codecs", 0, "configuration", "chunk_shape"]
         (_set(["attributes"], [1, 2]), "attributes must be an object"),
         (_set(["storage_transformers"], "none"), "storage_transformers must be a list"),
         (_set(["fill_value"], "lots"), "fill_value 'lots' is not a int32 value"),
+        (_set(["fill_value"], 1.5), "fill_value 1.5 is not a int32 value: not an integer"),
+        (_set(["fill_value"], "NaN"), "fill_value 'NaN' is not a int32 value: not an integer"),
         (_set(["data_type"], {"name": "int32"}), "data type {'name': 'int32'} is not supported"),
     ],
 )

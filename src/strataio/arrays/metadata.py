@@ -129,7 +129,8 @@ def _fill_from_json(value: Any, dtype: np.dtype) -> Any:
 
 def _scalar_from_json(value: Any, dtype: np.dtype) -> Any:
     """One fill value of ``zarr.json`` (a complex one's part, see :func:`_fill_from_json`)
-    as a ``dtype`` scalar, a ``"0x"`` one holding exactly the bits it gives."""
+    as a ``dtype`` scalar, a ``"0x"`` one holding exactly the bits it gives; ValueError for
+    a number with a fraction (or NaN, an infinity) where ``dtype`` holds integers."""
     special = {"NaN": float("nan"), "Infinity": float("inf"), "-Infinity": float("-inf")}
     if isinstance(value, str):
         if value in special:
@@ -138,6 +139,8 @@ def _scalar_from_json(value: Any, dtype: np.dtype) -> Any:
             return np.frombuffer(
                 int(value, 16).to_bytes(dtype.itemsize, "big"), dtype.newbyteorder(">")
             )[0].astype(dtype)
+    if dtype.kind in "iu" and isinstance(value, float) and not value.is_integer():
+        raise ValueError("not an integer")  # (numpy would make 1.5 a 1)
     return np.asarray(value, dtype=dtype)[()]
 
 
