@@ -1044,7 +1044,7 @@ class SQLCatalog(Catalog):
                 ]  # fmt: skip
                 self._bulk_upsert(cur, rows)
                 settled_own = [i for i in own_rewrites if i in latest or i in replaced_own]
-                if writer and settled_own:
+                if writer and settled_own and self._has_overtaken(cur, writer):
                     # (this writer's rewrites recorded, or settled to the put that replaced
                     # its object: no announcement of its there is fsck's to settle any more)
                     self._executemany(
@@ -1090,6 +1090,13 @@ class SQLCatalog(Catalog):
             "ON CONFLICT (dataset, key, tier, writer) DO UPDATE SET checksum = excluded.checksum",
             passed,
         )
+
+    def _has_overtaken(self, cur: Cursor, writer: str) -> bool:
+        """Whether an announcement of ``writer`` is noted as overtaken: a flush of many
+        rewrites deletes notes only where its writer has any (the table holds a note only
+        while two writers race on one chunk, so this look is all most flushes pay)."""
+        cur.execute(self._sql("SELECT 1 FROM overtaken WHERE writer = ? LIMIT 1"), (writer,))
+        return cur.fetchone() is not None
 
     def overtaken(self) -> list[OvertakenRewrite]:
         rows = self._query(
