@@ -290,6 +290,34 @@ def test_a_put_after_the_commit_of_the_rewrite_announced_over_it_is_settled(
         assert _read(s.open_dataset("a")) == value
 
 
+def test_fsck_leaves_a_live_writers_put_over_the_others_commit_to_its_flush(tmp_path):
+    """As above, the first writer alive after its put: fsck leaves the chunk to it (in
+    flight: its flush settles the row), and after that flush finds nothing."""
+    (tmp_path / "strataio.toml").write_text(CONFIG)
+    with (
+        strataio.Session(config=tmp_path / "strataio.toml") as s,
+        s.create_dataset("a", (20, 20), "f4", (10, 10), hint="LOCALDISK") as ds,
+    ):
+        ds[...] = ORIGINAL
+    writers = {"A": _Writer(tmp_path, A_VALUE), "B": _Writer(tmp_path, B_VALUE)}
+    try:
+        for who, step in ("Aa", "Ba", "Bp", "Bc", "Ap"):
+            writers[who].step(step)
+        with strataio.Session(config=tmp_path / "strataio.toml") as s:
+            found = [(f.kind, f.action, f.detail) for f in fsck(s.catalog, s.tiers).findings]
+            assert [f[:2] for f in found] == [(Kind.IN_FLIGHT, Action.LEAVE)], found
+            assert "its put may land yet" in found[0][2]
+            fsck(s.catalog, s.tiers, repair=True)
+            assert len(s.catalog.overtaken()) == 1  # (left to its writer)
+        writers["A"].step("c")
+    finally:
+        for w in writers.values():
+            w.close()
+    with strataio.Session(config=tmp_path / "strataio.toml") as s:
+        assert s.catalog.overtaken() == [] and fsck(s.catalog, s.tiers).clean
+        assert _read(s.open_dataset("a")) == A_VALUE
+
+
 def test_a_rewrite_whose_row_keeps_changing_gives_up_with_nothing_put(tmp_path, monkeypatch):
     """Where the row a rewrite is announced over changes at every look (other processes
     rewriting the chunk without end), the write gives up after ANNOUNCE_TRIES with

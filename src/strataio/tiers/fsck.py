@@ -877,8 +877,8 @@ def _plan_chunk(out: Plan, inv: Inventory, ds: str, key: str, rows: list[CopyChe
         # (that writer's put may land yet, or its commit come: it settles the row itself)
         r = in_flight[0]
         detail = (
-            f"rewrite announced by writer {still[r.copy.tier]}, which is still running, "
-            "after another writer's rewrite was announced over it"
+            f"rewrite announced by writer {still[r.copy.tier]}, which is still running, and "
+            "replaced by another writer's announcement: its put may land yet"
         )
         out.findings.append(Finding(Kind.IN_FLIGHT, r.copy.tier, ds, key, detail, Action.LEAVE))
         return
