@@ -94,6 +94,26 @@ def test_values_equal_to_the_fill_but_not_its_bytes_are_stored(tmp_path, dtype, 
     assert fills.tobytes() == np.full(4, fill, dtype=dtype).tobytes(), fills
 
 
+@pytest.mark.parametrize(
+    ("dtype", "fill", "written"),
+    [
+        ("f8", np.nan, np.zeros(4, "i2")),  # (NaN cast to int16 is 0)
+        ("c8", complex(7, 1), np.full(4, 7, "i2")),  # (7+1j cast to int16 is 7)
+    ],
+)
+def test_data_of_another_dtype_is_compared_with_the_fill_as_stored(tmp_path, dtype, fill, written):
+    """An inner chunk written from data of another dtype (one that casts to the dataset's
+    without loss) is left out only where its values as stored are the fill's bytes, not
+    where the fill cast to the data's dtype matches them."""
+    ds = strataio.create_dataset(
+        tmp_path / "a", (8,), dtype, (4,), shards=(8,), fill_value=fill, codec=None
+    )
+    data = np.concatenate([written, np.ones(4, written.dtype)])  # (the whole shard)
+    ds[...] = data
+    np.testing.assert_array_equal(ds[...], data.astype(dtype))
+    np.testing.assert_array_equal(zarr.open_array(str(tmp_path / "a"), mode="r")[...], data)
+
+
 def test_partial_read_touches_only_the_inner_chunks_wanted(tmp_path):
     a = _data((64, 64), "float64")
     strataio.create_dataset(

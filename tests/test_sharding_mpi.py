@@ -53,6 +53,24 @@ def test_write_all_on_comm_self_keeps_untouched_inner_chunks(tmp_path):
     assert not leftovers
 
 
+@pytest.mark.parametrize(
+    ("dtype", "fill", "written"),
+    [("f8", np.nan, np.zeros(4, "i2")), ("c8", complex(7, 1), np.full(4, 7, "i2"))],
+)
+def test_write_all_of_data_of_another_dtype_keeps_values_the_fill_casts_to(
+    tmp_path, dtype, fill, written
+):
+    """A rank's inner chunk of data of another dtype (cast without loss) is stored unless
+    its values as stored are the fill's bytes: the fill cast to the data's dtype (NaN to
+    int16 is 0) says nothing."""
+    ds = strataio.create_dataset(
+        tmp_path / "a", (8,), dtype, (4,), shards=(8,), fill_value=fill, comm=MPI.COMM_SELF
+    )
+    ds.write_all(np.s_[0:4], written)
+    np.testing.assert_array_equal(ds.read_all(...)[0:4], written.astype(dtype))
+    np.testing.assert_array_equal(zarr.open_array(str(tmp_path / "a"), mode="r")[0:4], written)
+
+
 def test_write_all_of_a_zero_dimensional_sharded_dataset(tmp_path):
     ds = strataio.create_dataset(
         tmp_path / "a", (), "i2", (), shards=(), codec="zstd", comm=MPI.COMM_SELF

@@ -291,8 +291,9 @@ class ShardCodec:
         """Per inner chunk, whether it holds the fill value's bytes everywhere (it is not
         stored). Bitwise: ``-0.0`` is not a fill of ``0.0``, nor ``nan+5j`` one of
         ``nan+1j``, though ``==`` (or a NaN test) takes them for it, and reading an inner
-        chunk that is not stored gives the fill's very bytes."""
-        flat = np.ascontiguousarray(blocks).reshape(len(blocks), -1)
+        chunk that is not stored gives the fill's very bytes. Blocks of another dtype (a
+        caller's data, cast without loss) are compared as they will be stored."""
+        flat = np.ascontiguousarray(blocks, dtype=self.dtype).reshape(len(blocks), -1)
         fill = np.full(1, self.fill, dtype=flat.dtype).view(np.uint8)
         raw = flat.view(np.uint8).reshape(len(blocks), -1, fill.size)
         return (raw == fill).all(axis=(1, 2))
