@@ -94,6 +94,22 @@ def test_unknown_shard_hint_values_are_refused(tmp_path):
     assert not (tmp_path / "a" / "c").exists()
 
 
+@pytest.mark.parametrize("sharded", [True, False])
+def test_write_all_hints_other_than_a_dict_or_info_are_refused(tmp_path, sharded):
+    ds = strataio.create_dataset(
+        tmp_path / "a", (4,), "f4", (2,), shards=(4,) if sharded else None, comm=MPI.COMM_SELF
+    )
+    for bad in ([("strataio_shard_alignment", 512)], "strataio_shard_alignment=512", 4096):
+        with pytest.raises(HintError, match="hints must be a dict or MPI.Info"):
+            ds.write_all(..., 1.0, hints=bad)
+    info = MPI.Info.Create()
+    info.Set("strataio_shard_alignment", "512")
+    ds.write_all(..., 2.0, hints=info)
+    info.Free()
+    ds.write_all(..., 3.0, hints=MPI.INFO_NULL)
+    np.testing.assert_array_equal(ds.read_all(...), 3.0)
+
+
 def test_shard_files_are_never_preallocated(tmp_path, monkeypatch):
     """Shards go to temporary files renamed over the old ones: a preallocated file is renamed
     without ext4 starting its write-back, so a crash before the flush could leave zeros where

@@ -80,7 +80,14 @@ from strataio.arrays.sharding import (
 )
 from strataio.arrays.store import BackendChunkStore
 from strataio.collective.driver import Driver, open_driver
-from strataio.collective.hints import DISABLE, ENABLE, Hints, parse_hints, parse_int_hint
+from strataio.collective.hints import (
+    DISABLE,
+    ENABLE,
+    Hints,
+    hint_items,
+    parse_hints,
+    parse_int_hint,
+)
 from strataio.errors import BackendError, ChunkChangedError, HintError, StrataError
 from strataio.layout.chunks import ChunkGrid, chunk_key
 from strataio.layout.sections import Section
@@ -112,14 +119,15 @@ class ShardWriteOptions:
     @classmethod
     def parse(cls, hints: Mapping[str, Any] | None) -> ShardWriteOptions:
         """Options from hints: ``strataio_shard_alignment``, ``strataio_pipeline_groups`` and
-        the ``strataio_driver*`` hints of :func:`~strataio.collective.hints.parse_hints`.
+        the ``strataio_driver*`` hints of :func:`~strataio.collective.hints.parse_hints`
+        (``hints`` a dict or an ``MPI.Info``, else :class:`HintError`).
 
         ``strataio_pipeline_groups`` is the hint of ``File``'s pipelined collective I/O; for
         shard writes it splits the communicator into that many groups (one per rank at most),
         the offset chain running inside each group and from one group to the next. Both are
         integers of at least 1 (else :class:`HintError`). Shard files are never
         preallocated (``strataio_preallocate=enable`` raises :class:`HintError`)."""
-        rest = dict(hints or {})
+        rest = hint_items(hints)
         alignment = rest.pop("strataio_shard_alignment", ALIGNMENT)
         alignment = parse_int_hint("strataio_shard_alignment", alignment, 1)
         groups = parse_int_hint(

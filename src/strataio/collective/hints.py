@@ -242,7 +242,9 @@ _ALIASES = {"romio_cb_fr_type": "romio_cb_fr_types"}
 _RENAMED = {"strataio_realm_alignment": "romio_cb_fr_alignment"}
 
 
-def _items(user: Mapping[str, Any] | MPI.Info | None) -> dict[str, Any]:
+def hint_items(user: Mapping[str, Any] | MPI.Info | None) -> dict[str, Any]:
+    """The hints ``user`` gives (a mapping, an ``MPI.Info`` or None) as a dict; anything
+    else raises :class:`~strataio.errors.HintError`."""
     if user is None:
         return {}
     if isinstance(user, MPI.Info):
@@ -397,7 +399,7 @@ def parse_hints(
     hints of :data:`PLANNED` engines.
     """
     values: dict[str, Any] = {}
-    for key, raw in _items(user).items():
+    for key, raw in hint_items(user).items():
         key = _ALIASES.get(key, key)
         if key in _RENAMED:
             raise HintError(f"hint {key}={raw!r} is now called {_RENAMED[key]}")
