@@ -36,3 +36,12 @@ def test_a_move_the_ranks_ask_for_differently_raises_on_every_rank(tmp_path):
     (or a tier one rank does not know) make every rank raise, and nothing moves."""
     out = run_mpi(2, "tiers_move_arguments.py", tmp_path, timeout=120)
     assert out.strip().splitlines()[-1] == "ok"
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_chunks_a_failed_write_all_stored_are_read_by_every_rank(tmp_path, nprocs):
+    """A collective write whose chunk writes fail on one rank raises on every rank, and the
+    chunks the other ranks stored are known to every rank: none reads their old values."""
+    out = run_mpi(nprocs, "tiers_failed_write_all.py", tmp_path, timeout=120)
+    assert out.strip().splitlines()[-1] == "ok"

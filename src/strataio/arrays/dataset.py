@@ -417,10 +417,16 @@ class Dataset:
                 self._no_data_without_selection(data)
         except Exception as exc:  # any failure here must reach the other ranks
             err = exc
-        if isinstance(self.codecs, ShardCodec):
-            write_shards(self, self.comm, section, arr, err, options)
-        else:
-            write_sections(self, self.comm, section, arr, err)
+        try:
+            if isinstance(self.codecs, ShardCodec):
+                write_shards(self, self.comm, section, arr, err, options)
+            else:
+                write_sections(self, self.comm, section, arr, err)
+        except Exception:
+            # (raised on every rank) the chunks some owners stored before a failure keep
+            # their new values: every rank must know them all the same
+            self._share_writes()
+            raise
         self._share_writes()
 
     def _no_data_without_selection(self, data: Any) -> None:
