@@ -116,3 +116,14 @@ def test_write_all_of_data_with_no_selection_is_an_error(tmp_path, comm):
     ds.write_all(None, np.zeros((0, 4)))
     assert not (tmp_path / "a" / "c").exists()
     assert np.array_equal(ds.read_all(...), np.zeros((4, 4)))
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_random_collective_steps_against_numpy_serial_and_zarr(tmp_path, nprocs):
+    """Random datasets (dtypes, fill values, plain and sharded codecs, a Session's tiers),
+    random overlapping, empty and None selections written and read collectively: after each
+    step the whole array read collectively, serially on every rank and by zarr-python is the
+    numpy oracle's (tests/mpi_scripts/collective_random.py)."""
+    out = run_mpi(nprocs, "collective_random.py", tmp_path, 40 + nprocs, 8, 4, timeout=120)
+    assert out.strip().splitlines()[-1] == "ok"
