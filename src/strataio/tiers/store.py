@@ -951,8 +951,8 @@ class TieredChunkStore(ChunkStore):
             said = "; ".join(f"{t.name}: {t.last_error}" for t in held)
             return BackendError(
                 f"chunk {key!r} of {self.name!r}: its copies are on tiers that are down "
-                f"({said}; catalogued copies: {where}); nothing is lost: read again once "
-                f"they answer (a read probes a down tier again after {Tier.RECHECK_S:g} s, "
+                f"({said}; catalogued copies: {where}); the catalog still records them "
+                f"there: read again once they answer (a read probes a down tier again after {Tier.RECHECK_S:g} s, "
                 "less often while it stays down; 'strataio tiers --check' probes them at once)"
             )
         return BackendError(
