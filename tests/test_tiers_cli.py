@@ -1037,6 +1037,7 @@ def test_a_tier_marked_down_by_another_process_says_why(project):
     out = CliRunner().invoke(main, ["tiers"])
     assert out.exit_code == 1, out.output
     assert "marked down in the catalog: its directory" in out.output, out.output
+    assert "'strataio tiers --check' probes them again" in out.output
     assert CliRunner().invoke(main, ["tiers", "--check"]).exit_code == 0
     with strataio.Session() as s:
         assert {t.name: (t.state, t.why) for t in s.catalog.tiers()}["disk"] == ("up", "")

@@ -120,7 +120,8 @@ def tiers_command(config: str | None, check: bool) -> None:
         console.print(table)
         down = [t.name for t in s.tiers if not t.up]
     if down:
-        console.print(f"[red]tiers down:[/] {', '.join(down)}")
+        again = "" if check else " ('strataio tiers --check' probes them again)"
+        console.print(f"[red]tiers down:[/] {', '.join(down)}{again}")
         sys.exit(1)
 
 
