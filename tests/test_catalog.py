@@ -1329,6 +1329,53 @@ def test_a_moved_copy_of_a_chunk_rewritten_since_is_left_out(cat):
     assert local["c/5/0"].state == "in-transit" and local["c/5/0"].writer == "w2"
 
 
+def test_a_copy_marked_valid_while_another_commit_supersedes_it_is_left_out(cat, url):
+    """A mark of a copy as valid, committed while another process's write of the chunk is
+    committing (its copy superseding that one), waits for that commit and is left out: the
+    superseded row does not come back beside the new value (PostgreSQL reads rows a commit
+    in flight is changing, unless the mark takes the dataset's lock too)."""
+    cat.create_dataset(_ds("d"))
+    cat.commit([ChunkCopy("d", "c/0", "archive", 8, "00000001", "dirty")])
+    other = open_catalog(url)
+    inside, release = threading.Event(), threading.Event()
+    bulk_delete = other._bulk_delete
+
+    def delete_then_wait(cur, ids):  # (the write's commit, held open after its changes)
+        bulk_delete(cur, ids)
+        inside.set()
+        release.wait(10)
+
+    other._bulk_delete = delete_then_wait
+    outcomes: list = []
+    write = threading.Thread(
+        target=lambda: other.commit(
+            [ChunkCopy("d", "c/0", "local", 8, "00000002", "dirty")],
+            supersede=[("d", "c/0", "local")],
+        )
+    )
+    mark = threading.Thread(
+        target=lambda: outcomes.append(
+            cat.commit(
+                [ChunkCopy("d", "c/0", "archive", 8, "00000001", "valid")],
+                revalidated=[("d", "c/0", "archive")],
+            )
+        )
+    )
+    try:
+        write.start()
+        assert inside.wait(10)
+        mark.start()
+        time.sleep(0.3)  # (the mark reaches the point where it waits)
+        release.set()
+        write.join(10)
+        mark.join(10)
+    finally:
+        release.set()
+        other.close()
+    assert [(c.tier, c.checksum) for c in cat.residency("d")] == [("local", "00000002")]
+    assert outcomes[0].overtaken == [("d", "c/0", "archive")]
+
+
 def test_dropping_cached_pages_keeps_every_row(cat, url):
     """``drop_cached_pages`` empties the pages SQLite's connections (durable and relaxed)
     cache in the process; the rows read after are the same. A closed catalog refuses."""

@@ -893,7 +893,7 @@ class SQLCatalog(Catalog):
                     self._lock_residency(
                         cur,
                         {d for d, _, _ in [*new, *ids, *claims, *unknown_old, *moves]}
-                        | {d for d, _, _ in [*replaced_own, *own]},
+                        | {d for d, _, _ in [*replaced_own, *own, *revalidated]},
                     )
                 if replaced_own and sizes is not None:
                     self._settle_replaced(cur, replaced_own, sizes, latest)
