@@ -214,14 +214,99 @@ def test_residency_commit_upsert_delete(cat):
     assert cat.all_residency() == before
 
 
-def test_text_order_is_code_point_order_on_every_database(cat):
+def _text_in_code_point_order(cat) -> None:
+    """Every listing of ``cat`` that is ordered by text orders it as Python's ``sorted``."""
+    from strataio.catalog import OvertakenRewrite
+
     names = ["b", "B", "a_b", "a-c", "ab", "a/b", "A/c", "é", "z"]
     for n in names:
         cat.create_dataset(_ds(n))
     keys = ["c/1/0", "c/10/0", "c/1_0", "c/1/00", "C/2", "c-1"]
     cat.commit([ChunkCopy("b", k, "local", 1) for k in keys])
+    cat.commit([ChunkCopy("B", k, "local", 1) for k in ("c/1_0", "C/2")])
     assert [d.name for d in cat.list_datasets()] == sorted(names)
     assert [c.key for c in cat.residency("b")] == sorted(keys)
+    assert [c[:2] for c in cat.all_residency()] == sorted(
+        [*(("b", k) for k in keys), ("B", "c/1_0"), ("B", "C/2")]
+    )
+    # announced rewrites of writers "W" and "w" that writer "x"'s announcements overtook
+    for name in ("b", "B"):
+        for k in ("c/1_0", "C/2"):
+            i = (name, k, "local")
+            for w, seen in (("W", ("valid", "")), ("w", ("in-transit", "W")), ("x", None)):
+                if seen is None:
+                    seen = ("in-transit", "w")
+                c = ChunkCopy(*i, 8, w, "in-transit", 0.0, "old", w)
+                cat.commit([c], durable=False, expect={i: seen}, writer=w)
+    assert cat.overtaken() == sorted(
+        OvertakenRewrite(d, k, "local", w, w) for d in ("b", "B") for k in ("c/1_0", "C/2")
+        for w in ("W", "w")
+    )  # fmt: skip
+    # (a name with datasets below it is refused naming the first of them)
+    with pytest.raises(ExistsError, match="dataset 'A/c' lies inside it"):
+        cat.create_dataset(_ds("A"))
+    cat.create_dataset(_ds("n/b"))
+    cat.create_dataset(_ds("n/B"))
+    with pytest.raises(ExistsError, match="dataset 'n/B' lies inside it"):
+        cat.create_dataset(_ds("n"))
+
+
+def test_text_order_is_code_point_order_on_every_database(cat):
+    _text_in_code_point_order(cat)
+
+
+@pytest.fixture(scope="module")
+def en_us_url():
+    """A ``postgresql://`` URL of a database whose text order is en_US.UTF-8's ('a' < 'B' <
+    'b', '_' and '-' ignored at first), the default of many servers: the wheel's own server
+    orders by code point. The locale is compiled here (``localedef``) for the server alone."""
+    import psycopg
+
+    from servers import start_postgres
+
+    sources = "/usr/share/i18n/locales/en_US"
+    if shutil.which("localedef") is None or not os.path.exists(sources):
+        pytest.skip("localedef and the en_US locale source are needed to compile en_US.UTF-8")
+    # (not under pytest's basetemp: the server, run as root, reads it as its own user)
+    locales = tempfile.mkdtemp(prefix="strataio-locale-")
+    os.chmod(locales, 0o755)
+    try:
+        subprocess.run(
+            ["localedef", "-i", "en_US", "-f", "UTF-8", f"{locales}/en_US.UTF-8"],
+            capture_output=True,
+        )
+        if not os.path.exists(f"{locales}/en_US.UTF-8/LC_COLLATE"):
+            pytest.skip("localedef could not compile en_US.UTF-8")
+        before = os.environ.get("LOCPATH")
+        os.environ["LOCPATH"] = locales  # (read by the server, which inherits it)
+        try:
+            srv, root = start_postgres()
+        finally:
+            if before is None:
+                del os.environ["LOCPATH"]
+            else:
+                os.environ["LOCPATH"] = before
+        try:
+            with psycopg.connect(srv.get_uri(), autocommit=True) as conn:
+                conn.execute(
+                    "CREATE DATABASE en_us TEMPLATE template0 LC_COLLATE 'en_US.UTF-8' "
+                    "LC_CTYPE 'en_US.UTF-8'"
+                )
+            uri = srv.get_uri()
+            assert "/postgres?" in uri, uri
+            yield uri.replace("/postgres?", "/en_us?")
+            srv.cleanup()
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+    finally:
+        shutil.rmtree(locales, ignore_errors=True)
+
+
+def test_text_order_is_code_point_order_on_a_database_ordering_text_otherwise(en_us_url):
+    with open_catalog(en_us_url) as cat:
+        cat.register_tiers(TIERS)
+        assert cat._query("SELECT 'a' < 'B'") == [(True,)]  # (the database's own order)
+        _text_in_code_point_order(cat)
 
 
 def test_touch(cat):

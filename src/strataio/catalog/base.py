@@ -581,9 +581,10 @@ class Catalog(abc.ABC):
     @abc.abstractmethod
     def overtaken(self) -> list[OvertakenRewrite]:
         """The announced rewrites another writer's announcement replaced, whose writer has
-        not recorded its own rewrite of that copy since (nor released its registration).
-        :func:`strataio.tiers.fsck.fsck` settles a copy holding such a gone writer's bytes
-        to them, and clears the record once it has judged the chunk."""
+        not recorded its own rewrite of that copy since (nor released its registration), by
+        dataset, key, tier and writer. :func:`strataio.tiers.fsck.fsck` settles a copy
+        holding such a gone writer's bytes to them, and clears the record once it has judged
+        the chunk."""
 
     @abc.abstractmethod
     def clear_overtaken(self, entries: Iterable[OvertakenRewrite]) -> None:

@@ -572,7 +572,7 @@ class SQLCatalog(Catalog):
             f" OR name IN ({', '.join('?' * len(above))})" if above else ""
         )
         cur.execute(
-            self._sql(f"SELECT name FROM datasets WHERE {where} ORDER BY name LIMIT 1"),
+            self._sql(f"SELECT name FROM datasets WHERE {where} ORDER BY name{{c}} LIMIT 1"),
             (len(below), below, *above),
         )
         row = cur.fetchone()
@@ -1101,7 +1101,7 @@ class SQLCatalog(Catalog):
     def overtaken(self) -> list[OvertakenRewrite]:
         rows = self._query(
             "SELECT dataset, key, tier, writer, checksum FROM overtaken "
-            "ORDER BY dataset, key, tier, writer"
+            "ORDER BY dataset{c}, key{c}, tier{c}, writer{c}"
         )
         return [OvertakenRewrite(*r) for r in rows]
 
