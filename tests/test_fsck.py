@@ -45,12 +45,14 @@ import tiers_worker  # noqa: E402
 WORKER = Path(__file__).parent / "tiers_worker.py"
 
 
-def open_session(root, **kw):
-    return strataio.Session(tiers=tiers_worker.tiers(root), catalog=root / "cat.db", **kw)
+def open_session(root, catalog=None, **kw):
+    """A session on the tiers under ``root`` and ``catalog`` (default: ``root/cat.db``)."""
+    catalog = root / "cat.db" if catalog is None else catalog
+    return strataio.Session(tiers=tiers_worker.tiers(root), catalog=catalog, **kw)
 
 
-def make(root, *, hint="LOCALDISK", half_on_tape=True):
-    with open_session(root) as s:
+def make(root, *, hint="LOCALDISK", half_on_tape=True, catalog=None):
+    with open_session(root, catalog) as s:
         ds = s.create_dataset("a", tiers_worker.SHAPE, "f4", tiers_worker.CHUNKS, hint=hint)
         ds[...] = tiers_worker.version(0)
         ds.flush()
@@ -59,10 +61,10 @@ def make(root, *, hint="LOCALDISK", half_on_tape=True):
         ds.close()
 
 
-def check_chunks(root, allowed):
+def check_chunks(root, allowed, catalog=None):
     """Every chunk reads back as one whole version among ``allowed``; returns versions seen."""
     seen = set()
-    with open_session(root, stage_on_read=False) as s:
+    with open_session(root, catalog, stage_on_read=False) as s:
         ds = s.open_dataset("a")
         got = ds[...]
         for i in range(0, 80, 10):
@@ -577,28 +579,37 @@ time.sleep(120)
 """
 
 
-def test_an_announced_rewrite_waits_only_for_a_live_writer(tmp_path):
-    make(tmp_path, half_on_tape=False)
+@pytest.fixture(params=["sqlite", "postgresql"])
+def catalog_url(request, tmp_path) -> str:
+    if request.param == "sqlite":
+        return str(tmp_path / "cat.db")
+    return request.getfixturevalue("pg_url")
+
+
+def test_an_announced_rewrite_waits_only_for_a_live_writer(tmp_path, catalog_url):
+    """(PostgreSQL: the writer's liveness is its connection's advisory lock, which the server
+    drops once the killed process's connection ends.)"""
+    make(tmp_path, half_on_tape=False, catalog=catalog_url)
     child = subprocess.Popen(
-        [sys.executable, "-c", _ANNOUNCER, str(tmp_path / "cat.db")],
+        [sys.executable, "-c", _ANNOUNCER, catalog_url],
         stdout=subprocess.PIPE,
         text=True,
     )
     try:
         assert child.stdout.readline().strip() == "announced"
-        with open_session(tmp_path) as s:
+        with open_session(tmp_path, catalog_url) as s:
             report = fsck(s.catalog, s.tiers, repair=True)
             assert [(f.kind, f.key, f.action) for f in report.findings] == [
                 ("in-flight", "c/1/1", "left alone")
             ]
             assert not report.repaired
             # a reader accepts the copy: its bytes are the announced old version
-            assert check_chunks(tmp_path, [0]) == {0}
+            assert check_chunks(tmp_path, [0], catalog_url) == {0}
     finally:
         child.kill()
         child.wait()
     # the writer died: resolved at once; the object holds the old bytes, so the row is restored
-    with open_session(tmp_path) as s:
+    with open_session(tmp_path, catalog_url) as s:
         report = fsck(s.catalog, s.tiers, repair=True)
         assert [(f.kind, f.key, f.action) for f in report.findings] == [
             ("state", "c/1/1", "adopt object")
@@ -606,7 +617,7 @@ def test_an_announced_rewrite_waits_only_for_a_live_writer(tmp_path):
         assert report.writers_gone == 1
         assert fsck(s.catalog, s.tiers).clean
         assert all(w.alive for w in s.catalog.writers())  # the dead one was forgotten
-    assert check_chunks(tmp_path, [0]) == {0}
+    assert check_chunks(tmp_path, [0], catalog_url) == {0}
 
 
 def _check(tier, verdict, state="valid", writer="", n=8):

@@ -92,11 +92,16 @@ def trial(root: Path, rng: random.Random) -> None:
         log.write("F\n")
 
 
-def run_trials(root: Path, trials: int, seed: int, s3: Any = None) -> None:
+def run_trials(
+    root: Path, trials: int, seed: int, s3: Any = None, catalog: str | None = None
+) -> None:
     """``trials`` trials from ``seed``; with ``s3`` (the test session's server) the
-    "remote" tier is an S3 bucket prefix of it."""
+    "remote" tier is an S3 bucket prefix of it; ``catalog``: a catalog URL in place of the
+    SQLite file."""
     root.mkdir(parents=True, exist_ok=True)
     text = config_text(local_capacity=10 * 400)
+    if catalog is not None:
+        text = text.replace('url = "cat.db"', f'url = "{catalog}"')
     if s3 is not None:
         text = text.replace(
             'kind = "posix"\nrole = "remotedisk"\npath = "remote"',
@@ -118,6 +123,12 @@ def test_kill9_of_a_writer_and_a_mover_loses_nothing_on_an_s3_tier(tmp_path, s3_
     are the server's conditional PUTs and ETags (without them chunks were lost within the
     first 15 trials)."""
     run_trials(tmp_path, 8, seed=2, s3=s3_server)
+
+
+def test_kill9_of_a_writer_and_a_mover_loses_no_flushed_write_on_postgresql(tmp_path, pg_url):
+    """The same on a PostgreSQL catalog: a killed process's liveness token is its
+    connection's advisory lock, which the server drops when the connection ends."""
+    run_trials(tmp_path, 3, seed=14, catalog=pg_url)
 
 
 @pytest.mark.slow
