@@ -731,6 +731,25 @@ def test_a_dataset_named_inside_another_is_refused_and_no_tier_goes_down(tmp_pat
     assert not (tmp_path / "local" / "w" / "c" / "zarr.json").exists()
 
 
+def test_a_name_that_is_no_unicode_text_is_refused_clearly(tmp_path):
+    """A name with a lone surrogate (a file name's undecodable byte, as os.listdir gives it)
+    is refused with ArgumentError naming it, before anything is stored, where it raised a
+    bare UnicodeEncodeError from the catalog's driver."""
+    from strataio.errors import ArgumentError
+
+    with session(tmp_path) as s:
+        with pytest.raises(ArgumentError, match="is not Unicode text"):
+            s.create_dataset("a\udc80b", (4,), "f4", (2,), hint="LOCALDISK")
+        with pytest.raises(ArgumentError, match="is not Unicode text"):
+            s.open_dataset("a\udc80b")
+        with pytest.raises(ArgumentError, match="is not Unicode text"):
+            s.delete_dataset("a\udc80b")
+        assert s.catalog.list_datasets() == []
+    assert not any(
+        p.name.startswith("a") for t in ("local", "remote") for p in (tmp_path / t).iterdir()
+    )
+
+
 def test_disable_drops_attributes_as_it_drops_data(tmp_path):
     """A DISABLE dataset stores nothing, zarr.json included: attributes given or set are
     shown by the handle and dropped; the catalog record holds none of them either."""

@@ -300,6 +300,13 @@ class FinishedMove:
 def _check_name(name: str) -> None:
     """Raise unless ``name`` can name a dataset or superfile in the catalog and on tiers."""
     validate_key(name)
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError as exc:  # (a lone surrogate: a file name's undecodable byte)
+        raise ArgumentError(
+            f"name {name!r} is not Unicode text the catalog can hold ({exc.reason} at "
+            f"position {exc.start}); name datasets with valid characters"
+        ) from None
     if name.split("/")[-1] == META_KEY:
         raise ArgumentError(f"name {name!r} ends in {META_KEY!r}, which is reserved")
 
@@ -584,6 +591,7 @@ class Session:
             self._check_open()
             if mode not in ("r", "r+"):
                 raise ArgumentError(f"mode must be one of ('r', 'r+'), got {mode!r}")
+            _check_name(name)
         except Exception as exc:  # a bad argument on one rank raises on every rank
             checked = exc
         agree(self.comm, checked)
@@ -682,6 +690,7 @@ class Session:
         :class:`ArgumentError` where the ranks passed different names."""
         self._check_open()
         same_on_every_rank(self.comm, "delete_dataset", {"name": name})
+        _check_name(name)  # (the same name on every rank: each raises alike)
         err: BaseException | None = None
         done: Deletion | None = None
         if self.rank == 0:  # (in a parallel job, collective: rank 0 deletes for all)
