@@ -274,3 +274,30 @@ def test_a_known_tier_whose_directory_is_missing_is_not_measured_nor_made(tmp_pa
     with open_catalog(fresh.catalog.url) as cat:
         rows = calibrate(fresh, cat, ["local"], sizes=[1024], repeat=1, levels=(1,))
     assert rows and (tmp_path / "new" / "local").is_dir()
+
+
+def test_a_read_only_tier_is_neither_calibrated_nor_measured_nor_written(tmp_path):
+    """A tier configured ``read_only`` (storage read but never written) got a work folder,
+    a lock file and a calibration's files written into it; calibrating it by name, or a
+    measured run on it, is refused naming it with nothing made there, and calibrating every
+    tier leaves it out."""
+    from strataio.predict.runner import run_workload
+    from strataio.predict.workload import parse_workload
+
+    text = CONFIG.format(catalog=tmp_path / "cat.db") + (
+        '\n[[tiers]]\nname = "ro"\nkind = "posix"\nrole = "remotedisk"\npath = "ro"\n'
+        "read_only = true\n"
+    )
+    (tmp_path / "strataio.toml").write_text(text)
+    (tmp_path / "ro").mkdir()
+    cfg = load_config(str(tmp_path / "strataio.toml"))
+    with open_catalog(cfg.catalog.url) as cat:
+        register_configured_tiers(cat, cfg)
+        with pytest.raises(StrataError, match=r"tier 'ro' is read-only"):
+            calibrate(cfg, cat, ["ro"], sizes=[1024], repeat=1, levels=(1,))
+        wl = parse_workload(WORKLOAD.format(method="naive").replace('tier = "tape"', 'tier = "ro"'))
+        with pytest.raises(StrataError, match=r"tier 'ro' is read-only"):
+            run_workload(wl, cfg, timeout=120)
+        assert list((tmp_path / "ro").iterdir()) == [] and cat.perf_rows("ro") == []
+        rows = calibrate(cfg, cat, sizes=[1024], repeat=1, levels=(1,))
+    assert {r.tier for r in rows} == {"local", "tape"} and list((tmp_path / "ro").iterdir()) == []

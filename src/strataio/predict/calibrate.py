@@ -76,7 +76,8 @@ def calibrate(
     wait: float = 0.0,
     on_wait: Callable[[str], None] | None = None,
 ) -> list[PerfRow]:
-    """Calibrate ``tiers`` (names; default every posix tier of ``config``) and record the rows
+    """Calibrate ``tiers`` (names; default every posix tier of ``config`` not ``read_only``:
+    calibration writes, and one named raises) and record the rows
     in ``catalog``; returns them. ``on_progress(tier, done, total)`` follows the measurement.
 
     Each tier is measured holding its lock (:func:`~strataio.predict.native.lock_tiers`:
@@ -86,7 +87,11 @@ def calibrate(
     from strataio.predict.native import lock_tiers, tier_dir
 
     sizes = list(sizes or default_sizes())
-    names = list(tiers) if tiers else [t.name for t in config.tiers if t.kind == "posix"]
+    names = (
+        list(tiers)
+        if tiers
+        else [t.name for t in config.tiers if t.kind == "posix" and not t.read_only]
+    )
     configs = [config.tier(n) for n in names]
     known = {r.name for r in catalog.tiers()}
     for tc in configs:
