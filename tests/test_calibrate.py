@@ -301,3 +301,25 @@ def test_a_read_only_tier_is_neither_calibrated_nor_measured_nor_written(tmp_pat
         assert list((tmp_path / "ro").iterdir()) == [] and cat.perf_rows("ro") == []
         rows = calibrate(cfg, cat, sizes=[1024], repeat=1, levels=(1,))
     assert {r.tier for r in rows} == {"local", "tape"} and list((tmp_path / "ro").iterdir()) == []
+
+
+def test_a_calibration_too_large_for_the_node_is_refused_before_measuring(tmp_path, monkeypatch):
+    """A --max-size the ranks' buffers cannot fit in memory (or its file on the tier's free
+    space) ended in each rank's MemoryError traceback (or a full disk) after the launch; it
+    is refused first, saying how much it needs, with nothing made on the tier."""
+    import shutil
+    from collections import namedtuple
+
+    cfg = load_config(write_config(tmp_path, str(tmp_path / "cat.db")))
+    with open_catalog(cfg.catalog.url) as cat:
+        register_configured_tiers(cat, cfg)
+        with pytest.raises(StrataError, match=r"tier 'local': .*1\.0 PiB.* memory"):
+            calibrate(cfg, cat, ["local"], sizes=[1024, 1 << 50], repeat=1, levels=(1, 2))
+        usage = namedtuple("usage", "total used free")
+        monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(1 << 30, 0, 1 << 20))
+        with pytest.raises(StrataError, match=r"tier 'local': .* free"):
+            calibrate(cfg, cat, ["local"], sizes=[1024, 1 << 20], repeat=1, levels=(1,))
+        assert not (tmp_path / "local" / ".strataio-predict").exists()
+        assert cat.perf_rows() == []
+    out = CliRunner().invoke(main, ["calibrate", "-c", cfg.source, "--max-size", "1PiB"])
+    assert out.exit_code == 1 and "Traceback" not in out.output and "memory" in out.output

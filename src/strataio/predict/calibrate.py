@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -96,6 +97,7 @@ def calibrate(
     known = {r.name for r in catalog.tiers()}
     for tc in configs:
         tier_dir(tc, known)  # a tier calibration cannot reach: say so before measuring anything
+        _check_room(tc, sizes, repeat, levels)
     per_level = steps(sizes, repeat)
     all_rows: list[PerfRow] = []
     for tc in configs:
@@ -104,6 +106,32 @@ def calibrate(
         catalog.record_perf(rows)
         all_rows += rows
     return all_rows
+
+
+def _check_room(tc: Any, sizes: Sequence[int], repeat: int, levels: Sequence[int]) -> None:
+    """Raise :class:`~strataio.errors.StrataError` if the largest level's ranks cannot hold
+    their buffers (two of the largest size each) in the node's memory, or the file they
+    write (``repeat + 1`` calls of the largest size per rank) in the tier's free space."""
+    from strataio.errors import StrataError
+    from strataio.sizes import format_size
+
+    top, ranks = max(sizes), max(levels)
+    memory = 2 * top * ranks
+    room = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    if memory > room:
+        raise StrataError(
+            f"tier {tc.name!r}: calibrating up to {format_size(top)} at {ranks} processes "
+            f"needs {format_size(memory)} of memory (two buffers of the largest size per "
+            f"process), more than this node's {format_size(room)}: lower --max-size"
+        )
+    disk = (repeat + 1) * top * ranks
+    free = shutil.disk_usage(tc.path).free
+    if disk > free:
+        raise StrataError(
+            f"tier {tc.name!r}: calibrating up to {format_size(top)} at {ranks} processes "
+            f"writes {format_size(disk)} there, more than its {format_size(free)} free: "
+            "lower --max-size or --repeat"
+        )
 
 
 def _calibrate_tier(
