@@ -323,3 +323,29 @@ def test_a_calibration_too_large_for_the_node_is_refused_before_measuring(tmp_pa
         assert cat.perf_rows() == []
     out = CliRunner().invoke(main, ["calibrate", "-c", cfg.source, "--max-size", "1PiB"])
     assert out.exit_code == 1 and "Traceback" not in out.output and "memory" in out.output
+
+
+def test_a_measured_run_too_large_for_the_node_is_refused_before_launching(tmp_path, monkeypatch):
+    """A workload whose datasets the ranks cannot hold in memory (or the tiers on disk) ended
+    in each rank's MemoryError traceback after the launch; it is refused first, naming the
+    bytes needed, with nothing made on the tiers."""
+    import shutil
+    from collections import namedtuple
+
+    from strataio.predict.runner import run_workload
+    from strataio.predict.workload import parse_workload
+
+    cfg = load_config(write_config(tmp_path, str(tmp_path / "cat.db")))
+    with open_catalog(cfg.catalog.url) as cat:
+        register_configured_tiers(cat, cfg)
+    huge = parse_workload(
+        WORKLOAD.format(method="naive").replace("[8, 16, 16]", "[1048576, 1048576, 1024]")
+    )
+    with pytest.raises(StrataError, match=r"4\.0 PiB.* memory"):
+        run_workload(huge, cfg, timeout=120)
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(1 << 30, 0, 1024))
+    small = parse_workload(WORKLOAD.format(method="naive"))
+    with pytest.raises(StrataError, match=r"tier 'local': .* free"):
+        run_workload(small, cfg, timeout=120)
+    assert not (tmp_path / "local" / ".strataio-predict").exists()

@@ -78,6 +78,7 @@ def run_workload(
     from strataio.predict.ranks import launch
 
     tiers = [config.tier(workload.tier_of(ds)) for ds in workload.datasets]
+    _check_room(workload, tiers)
     what = f"measured run of {workload.source}"
     with (
         lock_tiers(tiers, what, wait=wait, on_wait=on_wait),
@@ -93,6 +94,36 @@ def run_workload(
             timeout=timeout,
         )
     return {k: float(v) for k, v in got["measured"].items()}
+
+
+def _check_room(workload: Workload, tiers: list[Any]) -> None:
+    """Raise :class:`~strataio.errors.StrataError` if the ranks cannot hold the datasets in
+    the node's memory (each rank holds its block to write and one to read into), or a tier
+    (``tiers[i]``: dataset ``i``'s) the files of its datasets in its free space."""
+    from strataio.errors import StrataError
+    from strataio.predict.native import tier_dir
+    from strataio.sizes import format_size
+
+    total = sum(ds.nbytes for ds in workload.datasets)
+    room = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    if 2 * total > room:
+        raise StrataError(
+            f"{workload.source}: a measured run holds its datasets ({format_size(total)}) "
+            f"twice in the ranks' memory, {format_size(2 * total)}, more than this node's "
+            f"{format_size(room)}: measure smaller dims"
+        )
+    on: dict[str, int] = {}
+    for ds, tc in zip(workload.datasets, tiers):
+        on[tc.name] = on.get(tc.name, 0) + ds.nbytes
+    for tc in {tc.name: tc for tc in tiers}.values():
+        if not os.path.isdir(tier_dir(tc)):
+            continue  # (the lock says it is missing)
+        free = shutil.disk_usage(tc.path).free
+        if on[tc.name] > free:
+            raise StrataError(
+                f"tier {tc.name!r}: a measured run of {workload.source} writes "
+                f"{format_size(on[tc.name])} there, more than its {format_size(free)} free"
+            )
 
 
 def predict_and_measure(
