@@ -349,3 +349,26 @@ def test_a_measured_run_too_large_for_the_node_is_refused_before_launching(tmp_p
     with pytest.raises(StrataError, match=r"tier 'local': .* free"):
         run_workload(small, cfg, timeout=120)
     assert not (tmp_path / "local" / ".strataio-predict").exists()
+
+
+def test_predicting_on_a_tier_no_calibration_can_measure_does_not_advise_calibrating_it(
+    tmp_path, monkeypatch
+):
+    """A workload on a memory or read-only tier, which has no calibration, was told to run
+    `strataio calibrate --tier` on it, which refuses such a tier; it now says why the tier
+    has none and that a posix tier that takes writes is needed."""
+    monkeypatch.chdir(tmp_path)
+    text = CONFIG.format(catalog="cat.db") + (
+        '\n[[tiers]]\nname = "mem"\nkind = "memory"\nrole = "memory"\n'
+        '\n[[tiers]]\nname = "ro"\nkind = "posix"\nrole = "remotedisk"\npath = "ro"\n'
+        "read_only = true\n"
+    )
+    (tmp_path / "strataio.toml").write_text(text)
+    (tmp_path / "ro").mkdir()
+    for tier, why in (("mem", "is a memory tier"), ("ro", "is read-only")):
+        (tmp_path / "w.toml").write_text(
+            WORKLOAD.format(method="naive").replace('tier = "tape"', f'tier = "{tier}"')
+        )
+        out = CliRunner().invoke(main, ["predict", "-c", "strataio.toml", "w.toml"])
+        assert out.exit_code == 2, out.output
+        assert f"tier {tier!r} {why}" in out.output and "calibrate --tier" not in out.output

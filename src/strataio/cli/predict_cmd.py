@@ -223,7 +223,16 @@ def predict_cmd(
         perf = PerfTable(catalog.perf_rows())
     finally:
         catalog.close()
+    from strataio.predict.native import unmeasurable
     from strataio.predict.runner import predict_and_measure
+
+    for tier in dict.fromkeys(wl.tier_of(ds) for ds in wl.datasets):
+        why = None if perf.has(tier) else unmeasurable(cfg.tier(tier))
+        if why is not None:  # (UncalibratedError would advise a calibration it refuses)
+            raise UsageProblem(
+                f"{why}; the performance database has no calibration of it to predict with: "
+                "place the workload's datasets on posix tiers that take writes"
+            )
 
     result = predict_and_measure(
         wl,

@@ -33,22 +33,30 @@ _POLL_S = 0.05
 _held: set[int] = set()
 
 
+def unmeasurable(tc: Any) -> str | None:
+    """Why tier config ``tc`` can be neither calibrated nor measured (None: it can)."""
+    if getattr(tc, "kind", None) != "posix" or not tc.path:
+        return (
+            f"tier {tc.name!r} is a {tc.kind} tier: calibration and measured runs need a "
+            "posix tier (a File opens a path)"
+        )
+    if getattr(tc, "read_only", False):
+        return (
+            f"tier {tc.name!r} is read-only (read_only = true): calibration and measured runs "
+            "write files there to time them, so it is neither calibrated nor measured"
+        )
+    return None
+
+
 def tier_dir(tc: Any, known: Collection[str] | None = None) -> str:
     """The POSIX directory of tier config ``tc`` (calibration and runs need one). With
     ``known``, the tiers the catalog has registered, a missing directory is made for a tier
     new to it, as a Session makes it (:func:`~strataio.tiers.tier.tier_from_config`); one of
     a known tier raises, as it leaves the tier down there: a volume not mounted is not
     measured as an empty tier. A ``read_only`` tier raises too: measuring writes there."""
-    if getattr(tc, "kind", None) != "posix" or not tc.path:
-        raise StrataError(
-            f"tier {tc.name!r} is a {tc.kind} tier: calibration and measured runs need a "
-            "posix tier (a File opens a path)"
-        )
-    if getattr(tc, "read_only", False):
-        raise StrataError(
-            f"tier {tc.name!r} is read-only (read_only = true): calibration and measured runs "
-            "write files there to time them, so it is neither calibrated nor measured"
-        )
+    why = unmeasurable(tc)
+    if why is not None:
+        raise StrataError(why)
     if known is not None and not os.path.isdir(tc.path):
         from strataio.tiers.tier import tier_from_config
 
