@@ -283,3 +283,21 @@ def test_a_dataset_too_large_for_any_tier():
 def test_missing_workload_file(tmp_path):
     with pytest.raises(WorkloadError, match="does not exist"):
         load_workload(tmp_path / "none.toml")
+
+
+def test_the_calibration_table_says_how_many_processes_its_times_are_of():
+    """The table printed after a calibration said "one process" over times measured with 4
+    (a calibration --concurrency 2,4, or --quick --concurrency 2); it now shows, per tier,
+    the fewest processes its times were measured with."""
+    from rich.console import Console
+
+    from strataio.cli.predict_cmd import calibration_table
+
+    console = Console(width=400, record=True)
+    console.print(calibration_table(synthetic_perf()))
+    text = console.export_text()
+    assert "one process" not in text
+    assert "processes" in text
+    for line in text.splitlines():
+        if line.lstrip("│ ").startswith(("fast", "slow")):
+            assert line.split("│")[2].strip() == "4", line

@@ -165,30 +165,34 @@ def calibrate_cmd(
 
 
 def calibration_table(perf) -> Table:  # type: ignore[no-untyped-def]
-    """The paper's Table 1 (fixed costs) with the transfer curves' ends, one process."""
+    """The paper's Table 1 (fixed costs) with the transfer curves' ends, per tier at the
+    fewest processes its latest calibration measured (the ``processes`` column)."""
     table = Table(
-        title="performance database: milliseconds, one process; transfers at the smallest "
-        "and the largest size measured"
+        title="performance database: milliseconds, at the fewest processes measured; "
+        "transfers at the smallest and the largest size measured"
     )
-    cols = ["tier", "connect", "open", "view", "close", "disconnect"]
+    cols = ["tier", "processes", "connect", "open", "view", "close", "disconnect"]
     for c in cols:
         table.add_column(c, justify="right" if c != "tier" else "left")
     ops = ("write", "read", "write_all", "read_all", "put", "get")
     for op in ops:
         table.add_column(f"{op} smallest→largest", justify="right")
     for tier in perf.tiers:
-        row = [tier]
-        for op in cols[1:]:
+        levels = [perf.curve(tier, op).levels[0] for op in (*cols[2:], *ops) if perf.has(tier, op)]
+        fewest = int(min(levels)) if levels else 1
+        row = [tier, str(fewest) if levels else "-"]
+        for op in cols[2:]:
             if not perf.has(tier, op):
                 row.append("damaged" if perf.damage(tier, op) else "-")
                 continue
-            row.append(f"{perf.time(tier, op) * 1e3:.3f}")
+            row.append(f"{perf.time(tier, op, 0, fewest) * 1e3:.3f}")
         for op in ops:
             if not perf.has(tier, op):
                 row.append("damaged" if perf.damage(tier, op) else "-")
                 continue
             lo, hi = perf.measured_range(tier, op)
-            row.append(f"{perf.time(tier, op, lo) * 1e3:.2f}→{perf.time(tier, op, hi) * 1e3:.1f}")
+            t_lo, t_hi = perf.time(tier, op, lo, fewest), perf.time(tier, op, hi, fewest)
+            row.append(f"{t_lo * 1e3:.2f}→{t_hi * 1e3:.1f}")
         table.add_row(*row)
     return table
 
