@@ -205,3 +205,29 @@ def test_ranks_launched_under_the_lock_hold_it_after_their_caller_lets_go(setup)
             run.wait()
     with lock_tiers([tc], "calibrating"):  # (free once the run is gone)
         pass
+
+
+def test_a_holder_that_has_ended_is_said_to_have_ended(setup):
+    """A holder killed mid-run (kill -9, a closed terminal) leaves the ranks it launched
+    holding the lock; the error named its pid as the holder, a process the user then could
+    not find. It now says that process has ended and the processes it launched hold the
+    lock until they end."""
+    import socket
+
+    from strataio.predict.native import lock_tiers
+
+    config, _, lock = setup
+    tc = load_config(str(config)).tiers[0]
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    with open(lock, "a+") as f:  # (as the ranks of the ended holder hold it)
+        fcntl.flock(f, fcntl.LOCK_EX)
+        f.write(f"pid {gone.pid} on {socket.gethostname()} since 12:00 (measured run of w.toml)")
+        f.flush()
+        with pytest.raises(BusyError) as err, lock_tiers([tc], "calibrating"):
+            pass
+    said = str(err.value)
+    assert f"pid {gone.pid}" in said and "has ended" in said and "launched" in said
+    with Holder(lock) as alive, pytest.raises(BusyError) as err, lock_tiers([tc], "calibrating"):
+        pass
+    assert f"pid {alive.pid}" in str(err.value) and "has ended" not in str(err.value)

@@ -129,7 +129,7 @@ def _tier_locked(
                 fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 f.seek(0)
-                held = f"{f.read().strip() or 'another process'} holds {path}"
+                held = f"{_holder(f.read().strip())} holds {path}"
                 left = deadline - time.monotonic()
                 if left <= 0:
                     busy = f"still busy after {wait:g} s" if wait > 0 else "busy"
@@ -159,6 +159,26 @@ def _tier_locked(
             yield
         finally:
             _held.discard(f.fileno())
+
+
+def _holder(said: str) -> str:
+    """Who holds a lock whose file says ``said`` (``pid N on HOST since ...``): the process
+    named, or where it ran on this host and has ended, the processes it launched."""
+    words = said.split()
+    if len(words) < 4 or words[0] != "pid" or words[2] != "on" or not words[1].isdigit():
+        return said or "another process"
+    if words[3] != socket.gethostname():
+        return said
+    try:
+        os.kill(int(words[1]), 0)
+    except ProcessLookupError:
+        return (
+            f"{said} (that process has ended; the ranks it launched, still running, hold "
+            "the lock until they end)"
+        )
+    except OSError:  # (alive, another user's)
+        pass
+    return said
 
 
 def held_lock_fds() -> tuple[int, ...]:
