@@ -193,6 +193,16 @@ def test_calibrate_and_predict_commands(tmp_path, monkeypatch):
         vr = got["datasets"][1]
         assert vr["measured_s"] >= 2 * 6.63 * 0.0005 and vr["predicted_s"] >= 2 * 6.63 * 0.0005
 
+    # a tier configured otherwise since its calibration (here its device model's time scale,
+    # which every time it measured follows) is refused, not predicted 1000 times too fast
+    (tmp_path / "strataio.toml").write_text(
+        CONFIG.format(catalog="cat.db").replace("time_scale = 0.0005", "time_scale = 0.5")
+    )
+    out = r.invoke(main, ["predict", "-c", config, "w.toml"])
+    assert out.exit_code == 2, out.output
+    assert "'tape' was calibrated as" in out.output and "time_scale=0.0005" in out.output
+    assert "time_scale=0.5" in out.output and "strataio calibrate --tier tape" in out.output
+
 
 def test_predict_errors_exit_2(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)

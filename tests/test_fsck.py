@@ -849,6 +849,7 @@ def test_a_catalog_of_plain_crc32c_checksums_still_reads_moves_and_checks(tmp_pa
         db.execute("DROP TABLE remnants")  # (nor this, of version 9)
         db.execute("DROP TABLE overtaken")  # (nor this, of version 10)
         db.execute("ALTER TABLE tiers DROP COLUMN why")  # (nor this)
+        db.execute("ALTER TABLE perf DROP COLUMN settings")  # (nor this)
     db.close()
     with open_session(tmp_path) as s:
         assert {c.key: c.checksum for c in s.catalog.residency("y")} == kept

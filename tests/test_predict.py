@@ -92,6 +92,18 @@ def test_latest_calibration_of_a_tier_wins():
     assert perf.tiers == ["t", "u"]
 
 
+def test_a_calibration_holds_only_for_the_settings_it_measured():
+    """Each calibration records the tier settings it measured; the latest one's are
+    compared with those configured now. Rows that record none (calibrations made before
+    settings were recorded) are not judged."""
+    then = [PerfRow("t", "open", 0, 1.0, 1, 2.0, "posix:/a shaped=m time_scale=0.001")]
+    perf = PerfTable([PerfRow("t", "open", 0, 9.0, 1, 1.0, "posix:/old"), *then])
+    assert perf.changed_since("t", "posix:/a shaped=m time_scale=0.001") is None
+    said = perf.changed_since("t", "posix:/a shaped=m time_scale=1")
+    assert said is not None and "time_scale=0.001" in said and "calibrate --tier t" in said
+    assert PerfTable(rows("u", "open", [(0, 5.0)])).changed_since("u", "anything") is None
+
+
 @pytest.mark.parametrize(
     ("damaged", "said"),
     [

@@ -196,7 +196,8 @@ class WriterRecord:
 class PerfRow:
     """One measurement of the performance database: ``op`` (``"read"``, ``"write"``, ...) of
     ``nbytes`` bytes on ``tier`` took ``seconds`` with ``concurrency`` simultaneous requests,
-    measured at ``when`` (POSIX seconds)."""
+    measured at ``when`` (POSIX seconds), the tier configured as ``settings`` says
+    (:func:`strataio.predict.native.measured_settings`; empty: not recorded)."""
 
     tier: str
     op: str
@@ -204,6 +205,7 @@ class PerfRow:
     seconds: float
     concurrency: int = 1
     when: float = 0.0
+    settings: str = ""
 
 
 @dataclass(frozen=True, slots=True)

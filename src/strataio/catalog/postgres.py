@@ -166,7 +166,7 @@ class PostgresCatalog(SQLCatalog):
 
     def _bulk_perf(self, cur: psycopg.Cursor, rows: Sequence[tuple]) -> None:
         with cur.copy(
-            "COPY perf (tier, op, nbytes, seconds, concurrency, measured_at) FROM STDIN"
+            "COPY perf (tier, op, nbytes, seconds, concurrency, measured_at, settings) FROM STDIN"
         ) as copy:
             for row in rows:
                 copy.write_row(row)

@@ -211,6 +211,9 @@ _V10 = [
         PRIMARY KEY (dataset, key, tier, writer)){without_rowid}""",
     # (and why a tier was marked down, so that another process can say it)
     "ALTER TABLE tiers ADD COLUMN why TEXT NOT NULL DEFAULT ''",
+    # (and the tier settings each calibration measured, so that a prediction made after
+    # they changed is refused rather than off by their factor)
+    "ALTER TABLE perf ADD COLUMN settings TEXT NOT NULL DEFAULT ''",
 ]
 
 MIGRATIONS: list[list[str]] = [_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10]
@@ -396,8 +399,8 @@ class SQLCatalog(Catalog):
     def _bulk_perf(self, cur: Cursor, rows: Sequence[tuple]) -> None:
         self._executemany(
             cur,
-            "INSERT INTO perf (tier, op, nbytes, seconds, concurrency, measured_at) "
-            "VALUES (?, ?, ?, ?, ?, ?)",
+            "INSERT INTO perf (tier, op, nbytes, seconds, concurrency, measured_at, settings) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
             rows,
         )
 
@@ -1466,16 +1469,19 @@ class SQLCatalog(Catalog):
 
     def record_perf(self, rows: Iterable[PerfRow]) -> None:
         data = [
-            (p.tier, p.op, int(p.nbytes), float(p.seconds), int(p.concurrency), float(p.when))
+            (
+                p.tier, p.op, int(p.nbytes), float(p.seconds), int(p.concurrency),
+                float(p.when), p.settings,
+            )
             for p in rows
-        ]
+        ]  # fmt: skip
         if not data:
             return
         with self._write() as cur:
             self._bulk_perf(cur, data)
 
     def perf_rows(self, tier: str | None = None) -> list[PerfRow]:
-        cols = "tier, op, nbytes, seconds, concurrency, measured_at"
+        cols = "tier, op, nbytes, seconds, concurrency, measured_at, settings"
         if tier is None:
             rows = self._query(f"SELECT {cols} FROM perf ORDER BY measured_at, id")
         else:

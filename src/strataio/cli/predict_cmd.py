@@ -227,7 +227,7 @@ def predict_cmd(
         perf = PerfTable(catalog.perf_rows())
     finally:
         catalog.close()
-    from strataio.predict.native import unmeasurable
+    from strataio.predict.native import measured_settings, unmeasurable
     from strataio.predict.runner import predict_and_measure
 
     for tier in dict.fromkeys(wl.tier_of(ds) for ds in wl.datasets):
@@ -237,6 +237,9 @@ def predict_cmd(
                 f"{why}; the performance database has no calibration of it to predict with: "
                 "place the workload's datasets on posix tiers that take writes"
             )
+        stale = perf.changed_since(tier, measured_settings(cfg.tier(tier)))
+        if stale is not None:
+            raise UsageProblem(stale)
 
     result = predict_and_measure(
         wl,

@@ -145,6 +145,7 @@ def _calibrate_tier(
     on_progress: Callable[[str, int, int], None] | None,
 ) -> list[PerfRow]:
     """The rows of one tier's calibration at each of ``levels`` (see :func:`calibrate`)."""
+    from strataio.predict.native import measured_settings
     from strataio.predict.ranks import launch
 
     when = time.time()
@@ -170,7 +171,10 @@ def _calibrate_tier(
             args,
             on_progress=_Progress(on_progress, tc.name, done, total),
         )
-        rows += [PerfRow(tc.name, op, n, sec, c, when) for op, n, sec in got["rows"]]
+        rows += [
+            PerfRow(tc.name, op, n, sec, c, when, measured_settings(tc))
+            for op, n, sec in got["rows"]
+        ]
         done += per_level
         _Progress(on_progress, tc.name, 0, total)(done)
     return rows

@@ -48,6 +48,15 @@ def unmeasurable(tc: Any) -> str | None:
     return None
 
 
+def measured_settings(tc: Any) -> str:
+    """What of tier config ``tc`` its calibration's times depend on, as text to record with
+    them: its place, and the device model laid over it with its time scale."""
+    out = tc.url
+    if getattr(tc, "shaped", None):
+        out += f" shaped={tc.shaped} time_scale={tc.time_scale:g}"
+    return out
+
+
 def tier_dir(tc: Any, known: Collection[str] | None = None) -> str:
     """The POSIX directory of tier config ``tc`` (calibration and runs need one). With
     ``known``, the tiers the catalog has registered, a missing directory is made for a tier

@@ -138,6 +138,11 @@ class PerfTable:
             keep = ~np.all(np.isnan(sec), axis=1)
             self._curves[key] = Curve(sizes, levels[keep], sec[keep])
         self.measured_at = latest
+        #: per tier, the settings its latest calibration measured (``PerfRow.settings``;
+        #: tiers whose rows record none are left out)
+        self.settings = {
+            r.tier: r.settings for r in rows if r.when == latest[r.tier] and r.settings
+        }
 
     @property
     def tiers(self) -> list[str]:
@@ -149,6 +154,18 @@ class PerfTable:
         if op is None:
             return tier in self.measured_at
         return (tier, op) in self._curves
+
+    def changed_since(self, tier: str, settings: str) -> str | None:
+        """Why ``tier``'s calibration no longer holds, configured as ``settings`` now
+        (:func:`strataio.predict.native.measured_settings`): None where they are the ones
+        it measured, or it recorded none."""
+        then = self.settings.get(tier)
+        if then is None or then == settings:
+            return None
+        return (
+            f"tier {tier!r} was calibrated as {then!r} and is configured as {settings!r} now: "
+            f"its times no longer hold; calibrate it again (strataio calibrate --tier {tier})"
+        )
 
     def damage(self, tier: str, op: str | None = None) -> str | None:
         """What is wrong with ``tier``'s calibration (of ``op``; of any op where None):
