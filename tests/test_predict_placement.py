@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from click.testing import CliRunner
@@ -173,6 +175,35 @@ def test_info_says_which_tier_and_why(tmp_path, monkeypatch):
     assert "placement: local, chosen by prediction (expected reads 2)" in out.output
     assert "local: predicted write" in out.output and "<- chosen" in out.output
     assert "tape: predicted write" in out.output
+
+
+def test_a_tier_configured_otherwise_since_its_calibration_is_not_chosen(tmp_path, monkeypatch):
+    """A tier whose latest calibration measured other settings (here another place) counts
+    as not calibrated: AUTO takes the best of the others."""
+    monkeypatch.chdir(tmp_path)
+    write_config(tmp_path)
+    with strataio.Session("strataio.toml") as s:
+        now = {t.name: t.url for t in s.config.tiers}
+        rows = perf_rows(PUT, GET)
+        s.catalog.record_perf(
+            [dataclasses.replace(r, settings=now[r.tier]) for r in rows if r.tier != "local"]
+            + [
+                dataclasses.replace(r, settings="posix:/elsewhere")
+                for r in rows
+                if r.tier == "local"
+            ]
+        )
+        s.create_dataset("temp", (40, 30), "f4", (10, 10), expected_reads=2).close()
+        assert placement_decision(s.catalog.get_dataset("temp")).tier == "remote"
+        s.catalog.record_perf(
+            [
+                dataclasses.replace(r, settings=now["local"], when=2.0)
+                for r in rows
+                if r.tier == "local"
+            ]
+        )
+        s.create_dataset("again", (40, 30), "f4", (10, 10), expected_reads=2).close()
+        assert placement_decision(s.catalog.get_dataset("again")).tier == "local"
 
 
 def test_info_names_where_writes_go_without_a_calibration(tmp_path, monkeypatch):

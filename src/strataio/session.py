@@ -564,15 +564,27 @@ class Session:
         return TieredDataset(store, meta, "r+", name=name, comm=self.comm)
 
     def _choose(self, meta: ArrayMetadata, expected_reads: int, deadline_s: float | None):  # type: ignore[no-untyped-def]
-        """Placement by prediction for a new AUTO dataset (rank 0, which holds the catalog)."""
+        """Placement by prediction for a new AUTO dataset (rank 0, which holds the catalog).
+        A tier configured otherwise since its calibration counts as not calibrated."""
+        from strataio.predict.native import measured_settings
         from strataio.predict.perfdb import PerfTable
 
         assert self.catalog is not None
+        rows = self.catalog.perf_rows()
+        perf = PerfTable(rows)
+        if self.config is not None:
+            stale = {
+                t.name
+                for t in self.config.tiers
+                if perf.changed_since(t.name, measured_settings(t))
+            }
+            if stale:
+                perf = PerfTable([r for r in rows if r.tier not in stale])
         chunk_bytes = math.prod(meta.chunks) * meta.dtype.itemsize
         nchunks = math.prod(-(-n // c) for n, c in zip(meta.shape, meta.chunks))
         nprocs = self.comm.Get_size() if self.comm is not None else 1
         return self.placement.choose(
-            PerfTable(self.catalog.perf_rows()),
+            perf,
             nchunks * chunk_bytes,
             chunk_bytes,
             nchunks,
