@@ -1041,3 +1041,25 @@ def test_a_tier_marked_down_by_another_process_says_why(project):
     assert CliRunner().invoke(main, ["tiers", "--check"]).exit_code == 0
     with strataio.Session() as s:
         assert {t.name: (t.state, t.why) for t in s.catalog.tiers()}["disk"] == ("up", "")
+
+
+def test_why_a_tier_is_down_is_passed_on_as_the_catalog_says_it(project):
+    """A Session that finds a tier down only because the catalog says so registers the
+    error the catalog holds as it is: the catalog's reason stays the first process's own
+    words however many sessions open meanwhile (each prefixed "marked down in the catalog:"
+    to it, so the reason grew at every Session)."""
+    root, _ = project
+    with strataio.Session() as s:
+        ds = s.create_dataset("d", (10, 10), "f4", (10, 10), hint="LOCALDISK")
+        (root / "disk").rename(root / "unmounted")
+        ds[...] = 1.0  # (the disk is gone: written to the tape, the disk marked down)
+        ds.close()
+        why = {t.name: t.why for t in s.catalog.tiers()}["disk"]
+    assert why.startswith("posix:") and "is missing" in why, why
+    (root / "unmounted").rename(root / "disk")  # (back: only the catalog says it is down)
+    for _ in range(3):
+        with strataio.Session() as s:
+            disk = s.tiers["disk"]
+            assert disk.last_error == f"marked down in the catalog: {why}"
+        with strataio.Session() as s:
+            assert {t.name: (t.state, t.why) for t in s.catalog.tiers()}["disk"] == ("down", why)

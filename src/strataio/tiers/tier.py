@@ -244,6 +244,9 @@ class Tier:
     _backoff: float = field(init=False, repr=False, default=0.0)  # (s; 0: RECHECK_S)
     _full: _Pause = field(init=False, repr=False, default_factory=_Pause)  # (see mark_full)
     _refused: _Pause = field(init=False, repr=False, default_factory=_Pause)  # (mark_refused)
+    #: why the catalog says the tier is down, where :attr:`last_error` is taken from it (see
+    #: :meth:`TierSet.apply_states`): :meth:`record` passes it on as it is
+    _catalog_why: str = field(init=False, repr=False, default="")
 
     #: seconds at least between two probes of a down tier made on a read's or a write's behalf
     #: (:meth:`recheck`), doubled after each probe that fails, up to :attr:`RECHECK_MAX_S`
@@ -621,16 +624,19 @@ class Tier:
             self._changed.notify_all()
 
     def record(self) -> TierRecord:
-        """This tier as a catalog row."""
+        """This tier as a catalog row (``why`` the catalog's own where it is down only
+        because the catalog says so)."""
+        why = self.last_error if self.state != "up" else ""
+        if why and why == _marked_down(self._catalog_why):
+            why = self._catalog_why
         return TierRecord(
-            self.name,
-            self.backend.url,
-            self.role,
-            self.capacity,
-            self.order,
-            self.state,
-            self.last_error if self.state != "up" else "",
+            self.name, self.backend.url, self.role, self.capacity, self.order, self.state, why
         )
+
+
+def _marked_down(why: str) -> str:
+    """A tier's :attr:`Tier.last_error` where only the catalog says it is down, for ``why``."""
+    return "marked down in the catalog" + (f": {why}" if why else "")
 
 
 def transfer(src: Tier, dst: Tier, dataset: str, key: str, expect: str = "") -> tuple[int, str]:
@@ -812,7 +818,7 @@ class TierSet:
                 t.state = r.state
                 if r.state == "down" and not t.last_error:
                     # (another process found it down: its error, and that it is not this one's)
-                    t.last_error = "marked down in the catalog" + (f": {r.why}" if r.why else "")
+                    t.last_error, t._catalog_why = _marked_down(r.why), r.why
 
     def account_usage(self, copies: Iterable[ChunkCopy | TierUsage]) -> None:
         """Set each tier's :attr:`Tier.used` from catalogued copies of all datasets, or from
