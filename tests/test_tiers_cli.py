@@ -1063,3 +1063,18 @@ def test_why_a_tier_is_down_is_passed_on_as_the_catalog_says_it(project):
             assert disk.last_error == f"marked down in the catalog: {why}"
         with strataio.Session() as s:
             assert {t.name: (t.state, t.why) for t in s.catalog.tiers()}["disk"] == ("down", why)
+
+
+def test_registering_the_configured_tiers_keeps_why_a_tier_is_down(project):
+    """The catalog commands register the configured tiers, keeping each one's state: they
+    kept a tier down and dropped why, so that other processes could only say the catalog
+    marks it down."""
+    from strataio.cli.context import open_configured_catalog
+    from strataio.config import load_config
+
+    with strataio.Session() as s:
+        s.catalog.set_tier_state("disk", "down", "EIO reading the probe")
+    catalog, _ = open_configured_catalog(load_config(None))
+    with catalog:
+        got = {t.name: (t.state, t.why) for t in catalog.tiers()}["disk"]
+    assert got == ("down", "EIO reading the probe")

@@ -840,14 +840,15 @@ class TierSet:
 def register_configured_tiers(
     catalog: Any, config: Any, *, make_dirs: bool = True
 ) -> list[TierRecord]:
-    """Register ``config``'s tiers in ``catalog``, keeping the health states it holds; returns
+    """Register ``config``'s tiers in ``catalog``, keeping the health states it holds (and
+    why a tier is down); returns
     the records of those new to it. With ``make_dirs``, a POSIX tier new to the catalog (and
     not read-only) first gets its directory where missing, as a Session makes it (one that
     cannot be made is left: the tier is down where it is used), since nothing makes the
     directory of a tier the catalog knows but ``strataio init``."""
     known = {t.name: t for t in catalog.tiers()}
     records = [
-        replace(r, state=known[r.name].state) if r.name in known else r
+        replace(r, state=known[r.name].state, why=known[r.name].why) if r.name in known else r
         for r in config.tier_records()
     ]
     for t in config.tiers if make_dirs else ():
