@@ -919,6 +919,34 @@ def test_an_announcement_over_another_writers_notes_it_until_that_writer_records
     assert cat.overtaken() == []
 
 
+def test_a_parallel_jobs_recorded_rewrite_ends_the_note_of_its_overtaken_announcement(cat):
+    """Rank 0 of a parallel job records its ranks' rewrites with no ``expect`` (they
+    supersede their chunk's other copies): one recorded where the job's announcement was
+    overtaken ends the note, as a single process's flush does; so does one whose object
+    another put replaced since (the job's bytes are gone). The notes stayed for as long as
+    the job ran, and fsck left a bad copy there to a put that had long landed."""
+    from strataio.catalog import OvertakenRewrite
+
+    cat.create_dataset(_ds("d"))
+    cat.commit([ChunkCopy("d", k, "local", 8, "aa") for k in ("c/0/0", "c/0/1")])
+    for k in ("c/0/0", "c/0/1"):
+        i = ("d", k, "local")
+        a = ChunkCopy(*i, 8, "A", "in-transit", 0.0, "aa", "job")
+        cat.commit([a], durable=False, expect={i: ("valid", "aa")}, writer="job")
+        b = ChunkCopy(*i, 8, "B", "in-transit", 0.0, "A", "w2")
+        cat.commit([b], durable=False, expect={i: ("in-transit", "A")}, writer="w2")
+        cat.commit([ChunkCopy(*i, 8, "B")], expect={i: ("in-transit", "B")}, writer="w2")
+    assert [(e.key, e.writer) for e in cat.overtaken()] == [("c/0/0", "job"), ("c/0/1", "job")]
+    ids = [("d", "c/0/0", "local"), ("d", "c/0/1", "local")]
+    cat.commit([ChunkCopy(*ids[0], 8, "A")], supersede=ids[:1], writer="job")
+    assert cat.overtaken() == [OvertakenRewrite("d", "c/0/1", "local", "job", "A")]
+    cat.commit(
+        [ChunkCopy(*ids[1], 8, "A")], supersede=ids[1:], writer="job", stale=lambda ids: set(ids)
+    )
+    assert cat.overtaken() == []
+    assert [(c.key, c.checksum) for c in cat.residency("d")] == [("c/0/0", "A"), ("c/0/1", "B")]
+
+
 def test_a_row_written_over_the_row_its_caller_saw_only(cat):
     """An upsert that ``expect`` names is written only while the row at its place is what
     the caller saw there (None: none); else it is left out and reported overtaken, and the

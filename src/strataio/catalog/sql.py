@@ -834,10 +834,14 @@ class SQLCatalog(Catalog):
         kept: list[CopyId] = []
         orphaned: list[CopyId] = []
         overtaken: list[CopyId] = []
-        # (this writer's own announced rewrites, recorded or left out by this commit)
-        own_rewrites = [
-            i for i, c in latest.items() if expect and expect.get(i) == ("in-transit", c.checksum)
-        ]
+        # (this writer's own announced rewrites, recorded or left out by this commit; rank 0
+        # of a parallel job records its ranks' rewrites with no expect: those superseding)
+        own_rewrites = (
+            [i for i, c in latest.items() if expect.get(i) == ("in-transit", c.checksum)]
+            if expect
+            else [i for i in map(tuple, supersede) if i in latest]
+        )
+        put_over: set[CopyId] = set()  # (written copies whose object another put replaced)
         try:
             with self._write(durable) as cur:
                 new = [tuple(c) for c in supersede if tuple(c) in latest]
@@ -846,6 +850,7 @@ class SQLCatalog(Catalog):
                 replaced_own: dict[CopyId, ChunkCopy] = {}
                 if stale is not None and latest:
                     gone = stale(list(latest))
+                    put_over = set(gone)
                     for c in gone:
                         got = latest.pop(c, None)
                         if got is not None and (expect or {}).get(c) == (
@@ -1046,10 +1051,15 @@ class SQLCatalog(Catalog):
                     for c in latest.values()
                 ]  # fmt: skip
                 self._bulk_upsert(cur, rows)
-                settled_own = [i for i in own_rewrites if i in latest or i in replaced_own]
+                settled_own = [
+                    i
+                    for i in own_rewrites
+                    if i in latest or i in replaced_own or (not expect and i in put_over)
+                ]
                 if writer and settled_own and self._has_overtaken(cur, writer):
                     # (this writer's rewrites recorded, or settled to the put that replaced
-                    # its object: no announcement of its there is fsck's to settle any more)
+                    # its object, or its object replaced by another put: no announcement of
+                    # its there is fsck's to settle any more)
                     self._executemany(
                         cur,
                         "DELETE FROM overtaken "
