@@ -369,6 +369,21 @@ def test_a_create_that_cannot_store_zarr_json_leaves_the_dataset_in_use_by_no_on
         assert s.catalog.datasets_in_use() == set()
 
 
+def test_a_create_whose_zarr_json_changed_at_every_look_names_those_tiers(tmp_path, monkeypatch):
+    """Where the copy of zarr.json on every tier changed at every look (other processes
+    putting it), the create's error names each tier and says so: it said "(none)"."""
+    from strataio.tiers import meta
+
+    monkeypatch.setattr(meta.MetaCopies, "_put_on", lambda *args: meta._Put.MISSED)
+    with (
+        session(tmp_path, roles=TWO_TIERS) as s,
+        pytest.raises(BackendError, match="no tier took its zarr.json") as err,
+    ):
+        s.create_dataset("x", (8,), "i4", (4,), hint="LOCALDISK")
+    for name in ("local", "remote"):
+        assert f"{name}: {meta._Put.MISSED.value}" in str(err.value), str(err.value)
+
+
 @pytest.mark.mpi
 def test_a_parallel_create_that_cannot_store_zarr_json_raises_on_every_rank(tmp_path):
     """Rank 0 stores the new dataset's zarr.json for every rank: where it raises, every rank

@@ -275,7 +275,10 @@ class MetaCopies:
                 continue
             if got is _Put.SUPERSEDED:
                 return  # (that change's settlement dropped this version: nothing to settle)
-            stored += got is not _Put.MISSED
+            if got is _Put.MISSED:
+                why.append(f"{tier.name}: {got.value}")
+            else:
+                stored += 1
         if not stored:
             raise BackendError(
                 f"dataset {self.name!r}: no tier took its zarr.json ({'; '.join(why) or 'none'})"
