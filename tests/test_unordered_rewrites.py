@@ -347,3 +347,27 @@ def test_a_rewrite_whose_row_keeps_changing_gives_up_with_nothing_put(tmp_path, 
         ds = s.open_dataset("a")
         assert _read(ds) == ORIGINAL
         ds.close()
+
+
+def test_a_note_stays_where_fsck_could_not_settle_the_chunk(tmp_path, monkeypatch):
+    """fsck plans to settle a chunk to a dead writer's bytes (its put landed after the
+    other's commit), but before the repair another writer announces a rewrite there, and
+    then dies before its put: the repair of that row is left out, and the note stays, so
+    that a later fsck settles the chunk to those bytes. fsck cleared the note all the same,
+    and the chunk, whose object holds bytes no row names, read as corrupt for good."""
+    from strataio.catalog import ChunkCopy
+    from strataio.tiers.fsck import apply, inspect, plan
+
+    monkeypatch.setattr(TieredChunkStore, "REREAD_PAUSE", 0.001)
+    _run(tmp_path, "AaBaBpBcApAc", "A2")
+    with strataio.Session(config=tmp_path / "strataio.toml") as s:
+        p = plan(inspect(s.catalog, s.tiers, verify=False))
+        (row,) = s.catalog.residency("a", [KEY])
+        gone = "w-gone"  # (a writer that announced its rewrite, then died before its put)
+        over = ChunkCopy(*row[:4], "c-other", "in-transit", row.last_access, row.checksum, gone)
+        s.catalog.commit([over], durable=False, expect={row[:3]: (row.state, row.checksum)})
+        apply(p, s.catalog, s.tiers)
+        assert len(s.catalog.overtaken()) == 1
+        fsck(s.catalog, s.tiers, repair=True)
+        assert fsck(s.catalog, s.tiers).clean and s.catalog.overtaken() == []
+        assert _read(s.open_dataset("a")) == A_VALUE

@@ -320,7 +320,7 @@ class Plan:
     #: writers that are gone, whose registration is removed
     forget_writers: list[str] = field(default_factory=list)
     #: records of overtaken rewrites judged here (their writer gone), cleared after the
-    #: catalog changes
+    #: catalog changes (but those of a chunk whose change was left out: changed since)
     overtaken_done: list[OvertakenRewrite] = field(default_factory=list)
     #: ``(dataset, tier)`` of remnants to clear once no object of theirs is left
     remnants: list[tuple[str, str]] = field(default_factory=list)
@@ -1086,15 +1086,17 @@ def apply(p: Plan, catalog: Catalog, tiers: TierSet) -> bool:
     objects and remnants of a deleted dataset are deleted and cleared only while its name
     is still a deleted dataset's, holding a claim of it (:func:`_purge_deleted`). Returns
     True if anything was changed."""
+    left: set[tuple[str, str]] = set()  # (chunks whose repair was left out: changed since)
     if p.upserts or p.deletes:
         # (each row only as the inspection saw it: another process may have rewritten or
         # moved the chunk since, and its row then stands)
-        catalog.commit(
+        done = catalog.commit(
             p.upserts,
             p.deletes,
             expect=p.expect,
             present=functools.partial(_present, p.missing, tiers) if p.missing else None,
         )
+        left = {i[:2] for i in [*done.kept, *done.overtaken]}
     # A session that opened a dataset since the inspection may be writing the very objects
     # planned for deletion: its datasets are skipped (a later fsck judges them). Nor is an
     # object deleted that a row names now: a row this repair left (changed since), or one a
@@ -1151,8 +1153,10 @@ def apply(p: Plan, catalog: Catalog, tiers: TierSet) -> bool:
                 _changed_since(p, tname, ds, ok[len(ds) + 1 :], _NAME_IN_USE)
             continue
         _purge_deleted(p, catalog, tiers, ds, objs, where)
-    if p.overtaken_done:
-        catalog.clear_overtaken(p.overtaken_done)
+    # (a note of a chunk left as it was stays: a later fsck judges its bytes again)
+    notes = [e for e in p.overtaken_done if (e.dataset, e.key) not in left]
+    if notes:
+        catalog.clear_overtaken(notes)
     if p.forget_writers:
         catalog.forget_writers(p.forget_writers)
     return p.changes
