@@ -728,6 +728,20 @@ def test_masked_arrays_are_stored_only_where_nothing_is_masked(tmp_path):
     assert ds[...].tolist() == [9, -1, 9, -1]
 
 
+def test_a_masked_fill_value_is_refused(tmp_path):
+    """A fill value follows the rule writes follow: a masked one (``numpy.ma.masked``, or a
+    masked scalar) is refused before anything is created, where its mask was dropped and
+    the value under it (0.0 for ``masked``) taken for the fill."""
+    for fill in (np.ma.masked, np.ma.masked_array(5.0, mask=True)):
+        with pytest.raises(ArgumentError, match="masked"):
+            strataio.create_dataset(tmp_path / "a", (4,), "f4", (2,), fill_value=fill)
+        assert not (tmp_path / "a").exists()
+    ds = strataio.create_dataset(
+        tmp_path / "a", (4,), "f4", (2,), fill_value=np.ma.masked_array(5.0, mask=False)
+    )
+    assert ds.fill_value == 5.0 and ds[...].tolist() == [5.0] * 4
+
+
 @pytest.mark.parametrize("dtype", ["int8", "uint8", "int16", "uint16", "int32", "uint32"])
 def test_integer_narrowing_is_checked(tmp_path, dtype):
     """Values of a wider (or differently signed) integer type are stored when every value fits

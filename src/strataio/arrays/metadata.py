@@ -560,7 +560,7 @@ def _fill(value: Any, dtype: np.dtype) -> Any:
     if value is None:
         value = 0
     try:
-        arr = np.asarray(value)
+        arr = np.asanyarray(value)  # (a masked one stays one: to_dtype refuses its mask)
     except (TypeError, ValueError) as exc:
         raise ArgumentError(f"{what} is not a number: {exc}") from None
     if arr.ndim != 0:
