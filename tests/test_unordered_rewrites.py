@@ -371,3 +371,37 @@ def test_a_note_stays_where_fsck_could_not_settle_the_chunk(tmp_path, monkeypatc
         fsck(s.catalog, s.tiers, repair=True)
         assert fsck(s.catalog, s.tiers).clean and s.catalog.overtaken() == []
         assert _read(s.open_dataset("a")) == A_VALUE
+
+
+def test_a_rewrite_by_a_writer_that_knew_no_copy_notes_the_announcement_it_replaces(
+    tmp_path, monkeypatch
+):
+    """B learned the chunk before it was first written (no copy then), so its rewrite is put
+    as a new object, found one there, and is announced over the row there: A's announced
+    rewrite. That announcement replaced A's unconditionally, naming A's old bytes as the
+    ones it replaced and noting nothing, so where A's put landed after B's commit and A died
+    the chunk read as corrupt for good. It is now made as any rewrite's is, over the row
+    read there: A's announcement is noted, and fsck settles the chunk to A's bytes."""
+    monkeypatch.setattr(TieredChunkStore, "REREAD_PAUSE", 0.001)
+    (tmp_path / "strataio.toml").write_text(CONFIG)
+    with strataio.Session(config=tmp_path / "strataio.toml") as s:
+        s.create_dataset("a", (20, 20), "f4", (10, 10), hint="LOCALDISK").close()
+    writers = {"B": _Writer(tmp_path, B_VALUE)}
+    try:
+        assert _read(writers["B"].ds) == 0.0  # (learned: no copy of the chunk)
+        with strataio.Session(config=tmp_path / "strataio.toml") as s:
+            ds = s.open_dataset("a", "r+")
+            ds[...] = ORIGINAL
+            ds.close()
+        writers["A"] = _Writer(tmp_path, A_VALUE)
+        for who, step in ("Aa", "Ba", "Bp", "Bc", "Ap"):
+            writers[who].step(step)
+        writers["A"].kill()
+    finally:
+        for w in writers.values():
+            w.close()
+    with strataio.Session(config=tmp_path / "strataio.toml") as s:
+        assert [(e.key, e.tier) for e in s.catalog.overtaken()] == [(KEY, "fast")]
+        fsck(s.catalog, s.tiers, repair=True)
+        assert fsck(s.catalog, s.tiers).clean and s.catalog.overtaken() == []
+        assert _read(s.open_dataset("a")) == A_VALUE

@@ -1205,11 +1205,16 @@ class TieredChunkStore(ChunkStore):
         return failed
 
     def _announce_rewrites(
-        self, tier: Tier, intents: dict[str, ChunkCopy], olds: dict[str, ChunkCopy]
+        self,
+        tier: Tier,
+        intents: dict[str, ChunkCopy],
+        olds: dict[str, ChunkCopy],
+        seen: Mapping[str, tuple[str, str] | None] | None = None,
     ) -> None:
         """Announce the rewrites ``intents`` (key -> its ``in-transit`` row on ``tier``), each
         only over the catalog row this process knows there (:meth:`Residency.catalog_row`;
-        unconditionally where it knows none). Where another process changed one since
+        unconditionally where it knows none), or the ``(state, checksum)`` the caller read
+        there (``seen``; None: no row). Where another process changed one since
         (announced a rewrite of its own there, or recorded a copy), the row there now is
         learned, the intent names the bytes it replaces then, and it is announced again
         (``intents`` and ``olds``, the rows replaced, updated in place): an announcement over
@@ -1217,8 +1222,9 @@ class TieredChunkStore(ChunkStore):
         writer's put came last the row named neither version the object held (a
         ChecksumError to readers until a commit settled it, for good had that writer died).
         Raises :class:`ExistsError` where rows keep changing :data:`ANNOUNCE_TRIES` times."""
-        seen: dict[str, tuple[str, str] | None] = {
-            k: row for k in intents if (row := self.res.catalog_row(k, tier.name))
+        seen = {
+            **{k: row for k in intents if (row := self.res.catalog_row(k, tier.name))},
+            **(seen or {}),
         }
         todo = list(intents)
         for _ in range(self.ANNOUNCE_TRIES):
@@ -1276,10 +1282,11 @@ class TieredChunkStore(ChunkStore):
         # instead (Catalog.commit: overtaken). With no row there, the object is a move's
         # copy of the chunk's committed value, or the put of a writer that has not recorded
         # it (or never will: killed): the bytes there are the old version, read to name them
+        # As any rewrite's, the announcement is made only over the row read there: one over
+        # another live writer's announcement names its new bytes as the ones replaced, and
+        # the catalog notes it (that writer's put may land after this one's commit).
         if there:
-            old = self.commit.bytes_replaced(tier, self.name, there[:1]).get(
-                key, there[0].committed_checksum
-            )
+            old = self.commit.bytes_replaced(tier, self.name, there[:1]).get(key, there[0].checksum)
         else:
             old = checksum_there(tier, self.name, key) or next(
                 (c.checksum for c in rows if c.state != "in-transit"), ""
@@ -1288,7 +1295,8 @@ class TieredChunkStore(ChunkStore):
             self.name, key, tier.name, len(data), digest, "in-transit", now, old,
             self.commit.writer,
         )  # fmt: skip
-        self.commit.announce(self.res, [intent])
+        row = (there[0].state, there[0].checksum) if there else None
+        self._announce_rewrites(tier, {key: intent}, {}, {key: row})
         return tier.call(tier.backend.put_versioned, okey, data)
 
     def delete_chunks(self, keys: Sequence[str]) -> None:
