@@ -131,6 +131,9 @@ class SeaweedServer:
         self.start_timeout = start_timeout
         self.access_key = "strataio-" + secrets.token_hex(6)
         self.secret_key = secrets.token_urlsafe(30)
+        #: the credentials of an identity that may only read objects (no listing, no writes)
+        self.reader_key = "strataio-reader-" + secrets.token_hex(6)
+        self.reader_secret = secrets.token_urlsafe(30)
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._log_start = 0
@@ -173,7 +176,14 @@ class SeaweedServer:
                     "name": "strataio-test",
                     "credentials": [{"accessKey": self.access_key, "secretKey": self.secret_key}],
                     "actions": ["Admin", "Read", "List", "Tagging", "Write"],
-                }
+                },
+                {
+                    "name": "strataio-reader",
+                    "credentials": [
+                        {"accessKey": self.reader_key, "secretKey": self.reader_secret}
+                    ],
+                    "actions": ["Read"],
+                },
             ]
         }
         (root / "s3.json").write_text(json.dumps(conf))

@@ -136,6 +136,29 @@ def test_a_create_on_an_s3_tier_with_a_wrong_secret_says_why_and_what_stays(tmp_
         np.testing.assert_array_equal(s.open_dataset("run")[...], version(1))
 
 
+def test_a_read_only_s3_tier_whose_credentials_may_not_list_is_up_and_read(
+    tmp_path, s3_server, monkeypatch
+):
+    """Credentials that may read objects but not list them (a common policy for a store
+    read by many): the read-only tier's probe takes the look-up's answer, so the tier is up
+    and its chunks read; only a listing that says the bucket does not exist counts."""
+    monkeypatch.chdir(tmp_path)
+    writer = servers.s3_tier_toml(s3_server, "shared")
+    reader = writer.replace(s3_server.access_key, s3_server.reader_key).replace(
+        s3_server.secret_key, s3_server.reader_secret
+    )
+    head = '[catalog]\nurl = "cat.db"\n\n[[tiers]]\nname = "archive"\nrole = "remotetape"\n'
+    (tmp_path / "strataio.toml").write_text(head + writer + "\n")
+    with strataio.Session() as s:
+        s.create_dataset("run", SHAPE, "f4", CHUNKS)[...] = version(3)
+    (tmp_path / "strataio.toml").write_text(head + "read_only = true\n" + reader + "\n")
+    result = CliRunner().invoke(main, ["tiers", "--check"])
+    assert result.exit_code == 0, result.output
+    with strataio.Session() as s:
+        assert s.tiers["archive"].check()
+        np.testing.assert_array_equal(s.open_dataset("run")[...], version(3))
+
+
 def test_a_read_only_s3_tier_whose_bucket_does_not_exist_is_found_down(
     tmp_path, s3_server, monkeypatch
 ):

@@ -75,6 +75,10 @@ class BackendError(StrataError, OSError):
     """A storage backend failed (I/O error, connection refused, timeout)."""
 
 
+class StoreMissingError(BackendError):
+    """The store a backend names does not exist (an S3 bucket): no object of it answers."""
+
+
 class ObjectError(BackendError):
     """One object on a tier cannot be read or written, though the tier answers: something
     not of strataio's is in its way (a directory where the object should be, or a file where

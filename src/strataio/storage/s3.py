@@ -35,6 +35,7 @@ from strataio.errors import (
     ExistsError,
     NotFoundError,
     ShapeMismatchError,
+    StoreMissingError,
     StrataError,
 )
 from strataio.layout.extents import Extents
@@ -234,7 +235,7 @@ class S3Backend(Backend):
             yield
         except FileNotFoundError as exc:
             if "NoSuchBucket" in str(exc):
-                raise BackendError(
+                raise StoreMissingError(
                     f"{self.url}: bucket {self.bucket!r} does not exist ({op} {key!r})"
                 ) from exc
             raise NotFoundError(f"no object {key!r} in {self.url}") from exc
@@ -245,7 +246,7 @@ class S3Backend(Backend):
             ) from exc
         except ObstoreError as exc:
             if "<Code>NoSuchBucket</Code>" in str(exc):  # (a listing's, say)
-                raise BackendError(
+                raise StoreMissingError(
                     f"{self.url}: bucket {self.bucket!r} does not exist ({op} {key!r})"
                 ) from exc
             raise BackendError(f"{self.url}: {op} {key!r} failed: {self._clean(str(exc))}") from exc

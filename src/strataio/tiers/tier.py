@@ -40,6 +40,7 @@ from strataio.errors import (
     NotFoundError,
     ObjectError,
     ReadOnlyError,
+    StoreMissingError,
     StrataError,
     TierDownError,
     TierFullError,
@@ -571,8 +572,15 @@ class Tier:
             except (NotFoundError, FileNotFoundError):
                 # (an object store answers a look-up in a bucket that does not exist as it
                 # answers one of a missing object, a HEAD having no body to say which: a
-                # listing of the probe's folder, which holds at most the probes running, says)
-                next(iter(self.backend.list(PROBE_DIR)), None)
+                # listing of the probe's folder, which holds at most the probes running, says.
+                # Only that it does not exist counts: credentials that may read objects but
+                # not list them, common for a read-only store, got their answer above)
+                try:
+                    next(iter(self.backend.list(PROBE_DIR)), None)
+                except StoreMissingError:
+                    raise
+                except Exception:
+                    pass  # (a listing refused: the look-up above was answered)
         except Exception as exc:  # any other failure of the reads: the tier does not answer
             return exc
         return None
