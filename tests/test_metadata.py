@@ -98,6 +98,28 @@ def test_a_field_of_the_wrong_type_or_range_names_the_file_and_the_field(change,
     _refused(doc, said)
 
 
+@pytest.mark.parametrize(
+    ("dtype", "fill", "said"),
+    [
+        ("bool", 2, "not true or false"),
+        ("bool", 0.5, "not true or false"),
+        ("bool", "NaN", "not true or false"),
+        ("float32", 1e300, "beyond the range of float32"),
+        ("float16", -70000, "beyond the range of float16"),
+    ],
+)
+def test_a_fill_value_numpy_would_change_is_refused(dtype, fill, said):
+    """numpy makes 2 or 0.5 a True and 1e300 a float32 inf: such a fill_value is no value of
+    the data type, and opening the array says so (true, false, 0 and 1 are bools; a float
+    in range and the spec's special values open as before)."""
+    doc = _doc(dtype=dtype, codec=None)
+    doc["fill_value"] = fill
+    _refused(doc, f"fill_value {fill!r} is not a", said)
+    for fine in [True, False, 0, 1] if dtype == "bool" else [1.5, "Infinity", "NaN", 65504]:
+        doc["fill_value"] = fine
+        ArrayMetadata.from_json(json.dumps(doc), where=WHERE)
+
+
 def test_a_sharded_arrays_inner_chunk_shape_is_checked_too():
     doc = _doc(chunks=(2, 2), shards=(4, 4))
     for bad in ("22", [2.0, 2], [0, 2], None):

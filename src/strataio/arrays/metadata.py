@@ -19,6 +19,7 @@ ignored on read would be missing from the chunks strataio writes). Every refusal
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -130,7 +131,9 @@ def _fill_from_json(value: Any, dtype: np.dtype) -> Any:
 def _scalar_from_json(value: Any, dtype: np.dtype) -> Any:
     """One fill value of ``zarr.json`` (a complex one's part, see :func:`_fill_from_json`)
     as a ``dtype`` scalar, a ``"0x"`` one holding exactly the bits it gives; ValueError for
-    a number with a fraction (or NaN, an infinity) where ``dtype`` holds integers."""
+    a number with a fraction (or NaN, an infinity) where ``dtype`` holds integers, for a
+    ``bool`` one other than true, false, 0 or 1, and for a finite number beyond a float
+    type's range (which would be read as an infinity)."""
     special = {"NaN": float("nan"), "Infinity": float("inf"), "-Infinity": float("-inf")}
     if isinstance(value, str):
         if value in special:
@@ -141,6 +144,14 @@ def _scalar_from_json(value: Any, dtype: np.dtype) -> Any:
             )[0].astype(dtype)
     if dtype.kind in "iu" and isinstance(value, float) and not value.is_integer():
         raise ValueError("not an integer")  # (numpy would make 1.5 a 1)
+    if dtype.kind == "b" and value not in (True, False):  # (0 and 1, as bool takes them)
+        raise ValueError("not true or false")  # (numpy would make 2 or 0.5 True)
+    if dtype.kind == "f" and isinstance(value, (int, float)) and math.isfinite(value):
+        with np.errstate(over="ignore"):
+            got = np.asarray(value, dtype=dtype)[()]
+        if not np.isfinite(got):
+            raise ValueError(f"beyond the range of {dtype}")  # (numpy would make it inf)
+        return got
     return np.asarray(value, dtype=dtype)[()]
 
 
