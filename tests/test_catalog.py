@@ -947,6 +947,33 @@ def test_a_parallel_jobs_recorded_rewrite_ends_the_note_of_its_overtaken_announc
     assert [(c.key, c.checksum) for c in cat.residency("d")] == [("c/0/0", "A"), ("c/0/1", "B")]
 
 
+def test_a_parallel_jobs_write_over_another_writers_announcement_notes_it(cat):
+    """Rank 0 of a parallel job records its ranks' writes with no ``expect``: one recorded
+    over another writer's announced rewrite notes that announcement, as an announcement
+    over it does (that writer's put may land after, and it may die before its flush); the
+    job's own announcements are no one else's and note nothing."""
+    from strataio.catalog import OvertakenRewrite
+
+    cat.create_dataset(_ds("d"))
+    ids = [("d", k, "local") for k in ("c/0/0", "c/0/1")]
+    cat.commit([ChunkCopy(*i, 8, "aa") for i in ids])
+    cat.commit(
+        [ChunkCopy(*ids[0], 8, "W", "in-transit", 0.0, "aa", "w1")],
+        durable=False,
+        expect={ids[0]: ("valid", "aa")},
+        writer="w1",
+    )
+    cat.commit(
+        [ChunkCopy(*ids[1], 8, "J", "in-transit", 0.0, "aa", "job")],
+        durable=False,
+        expect={ids[1]: ("valid", "aa")},
+        writer="job",
+    )
+    cat.commit([ChunkCopy(*i, 8, "J") for i in ids], supersede=ids, writer="job")
+    assert cat.overtaken() == [OvertakenRewrite("d", "c/0/0", "local", "w1", "W")]
+    assert [(c.state, c.checksum) for c in cat.residency("d")] == [("valid", "J")] * 2
+
+
 def test_a_row_written_over_the_row_its_caller_saw_only(cat):
     """An upsert that ``expect`` names is written only while the row at its place is what
     the caller saw there (None: none); else it is left out and reported overtaken, and the

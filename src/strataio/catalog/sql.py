@@ -242,6 +242,11 @@ _SELECT_CHECKED = (
     "ON v.dataset = r.dataset AND v.key = r.key AND v.tier = r.tier WHERE r.dataset = ?"
 )
 _DATASET_COLS = "name, shape, dtype, chunks, codec, hint, attrs, state"
+#: the note of an announced rewrite another writer's announcement or write replaced
+_NOTE_OVERTAKEN = (
+    "INSERT INTO overtaken (dataset, key, tier, writer, checksum) VALUES (?, ?, ?, ?, ?) "
+    "ON CONFLICT (dataset, key, tier, writer) DO UPDATE SET checksum = excluded.checksum"
+)
 
 
 def _remnants_near_query(name: str) -> tuple[str, tuple[Any, ...]]:
@@ -1027,16 +1032,31 @@ class SQLCatalog(Catalog):
                     holds = {(d, k): t for d, k, t in new}
                     # (another live writer's announced rewrite is left to that writer's
                     # commit, which supersedes in turn: its object may be written right now)
+                    now_rows = chunk_rows if chunk_rows is not None else self._rows_of(cur, chunks)
                     removed = [
                         (d, k, t)
-                        for d, k, t, state, _, _, _ in (
-                            chunk_rows if chunk_rows is not None else self._rows_of(cur, chunks)
-                        )
+                        for d, k, t, state, _, _, _ in now_rows
                         if (d, k) in holds
                         and holds[d, k] != t
                         and (d, k, t) not in named
                         and state != "in-transit"
                     ]
+                    if not expect and writer:
+                        # (rank 0 of a parallel job records its ranks' writes with no expect:
+                        # one over another writer's announced rewrite notes it, as an
+                        # announcement over it does, for that writer's put may land after)
+                        self._executemany(
+                            cur,
+                            _NOTE_OVERTAKEN,
+                            [
+                                (d, k, t, who, checksum)
+                                for d, k, t, state, checksum, _, who in now_rows
+                                if (d, k, t) in latest
+                                and state == "in-transit"
+                                and who
+                                and who != writer
+                            ],
+                        )
                 if dropped is not None and ids:
                     last = self._last_rows(cur, ids, latest, set(dropped))
                     if last:
@@ -1097,12 +1117,7 @@ class SQLCatalog(Catalog):
             and row[2]
             and row[2] != c.writer
         ]
-        self._executemany(
-            cur,
-            "INSERT INTO overtaken (dataset, key, tier, writer, checksum) VALUES (?, ?, ?, ?, ?) "
-            "ON CONFLICT (dataset, key, tier, writer) DO UPDATE SET checksum = excluded.checksum",
-            passed,
-        )
+        self._executemany(cur, _NOTE_OVERTAKEN, passed)
 
     def _has_overtaken(self, cur: Cursor, writer: str) -> bool:
         """Whether an announcement of ``writer`` is noted as overtaken: a flush of many
