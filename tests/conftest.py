@@ -108,3 +108,26 @@ def s3_backend(s3_server):
     )
     yield be
     be.close()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _catalog_on_postgresql(tmp_path_factory):
+    """With ``STRATAIO_TEST_CATALOG=postgresql`` (see :mod:`pg_switch`), every catalog the
+    tests open by file path, in this process or its Python children, is on PostgreSQL."""
+    import pg_switch
+
+    chosen = os.environ.get(pg_switch.ENV, "sqlite")
+    if chosen not in ("sqlite", "postgresql"):
+        raise pytest.UsageError(f"{pg_switch.ENV}={chosen!r}: use sqlite or postgresql")
+    if chosen == "sqlite":
+        yield
+        return
+    from servers import start_postgres
+
+    srv, root = start_postgres()
+    try:
+        pg_switch.serve(srv, tmp_path_factory.mktemp("pg_switch"))
+        yield
+    finally:
+        srv.cleanup()
+        shutil.rmtree(root, ignore_errors=True)
