@@ -1020,23 +1020,30 @@ def test_a_migration_s_summary_says_why_copies_were_kept_without_blaming_read_on
     assert "changed by another process since the move looked)" in line, line
 
 
-def test_a_tier_marked_down_by_another_process_says_why(project):
-    """``strataio tiers`` in a process that did not find the tier down itself gives the
-    error that marked it down (the catalog keeps it with the state), not only that the
-    catalog says so; the reason goes when the tier is up again."""
-    root, _ = project
+def _disk_marked_down(root) -> str:
+    """Tier "disk" marked down in the catalog by a write that found its directory gone, the
+    directory then put back (only the catalog says it is down); the reason it records."""
     with strataio.Session() as s:
         ds = s.create_dataset("d", (10, 10), "f4", (10, 10), hint="LOCALDISK")
         (root / "disk").rename(root / "unmounted")
         ds[...] = 1.0  # (the disk is gone: written to the tape, the disk marked down)
         ds.close()
+    (root / "unmounted").rename(root / "disk")
     with strataio.Session() as s:
-        why = {t.name: t.why for t in s.catalog.tiers()}["disk"]
-    assert "is missing (a volume not mounted" in why, why
-    (root / "unmounted").rename(root / "disk")  # (back: only the catalog says it is down)
+        return {t.name: t.why for t in s.catalog.tiers()}["disk"]
+
+
+def test_a_tier_marked_down_by_another_process_says_why(project):
+    """``strataio tiers`` in a process that did not find the tier down itself gives the
+    error that marked it down (the catalog keeps it with the state), not only that the
+    catalog says so; the reason goes when the tier is up again."""
+    why = _disk_marked_down(project[0])
+    assert why.startswith("posix:") and "is missing (a volume not mounted" in why, why
     out = CliRunner().invoke(main, ["tiers"])
     assert out.exit_code == 1, out.output
-    assert "marked down in the catalog: its directory" in out.output, out.output
+    assert "marked down in the catalog:" in out.output, out.output
+    with strataio.Session() as s:  # (what the table shows, whole)
+        assert s.tiers["disk"].last_error == f"marked down in the catalog: {why}"
     assert "'strataio tiers --check' probes them again" in out.output
     assert CliRunner().invoke(main, ["tiers", "--check"]).exit_code == 0
     with strataio.Session() as s:
@@ -1048,15 +1055,8 @@ def test_why_a_tier_is_down_is_passed_on_as_the_catalog_says_it(project):
     error the catalog holds as it is: the catalog's reason stays the first process's own
     words however many sessions open meanwhile (each prefixed "marked down in the catalog:"
     to it, so the reason grew at every Session)."""
-    root, _ = project
-    with strataio.Session() as s:
-        ds = s.create_dataset("d", (10, 10), "f4", (10, 10), hint="LOCALDISK")
-        (root / "disk").rename(root / "unmounted")
-        ds[...] = 1.0  # (the disk is gone: written to the tape, the disk marked down)
-        ds.close()
-        why = {t.name: t.why for t in s.catalog.tiers()}["disk"]
+    why = _disk_marked_down(project[0])
     assert why.startswith("posix:") and "is missing" in why, why
-    (root / "unmounted").rename(root / "disk")  # (back: only the catalog says it is down)
     for _ in range(3):
         with strataio.Session() as s:
             disk = s.tiers["disk"]
