@@ -35,6 +35,21 @@ def random_selection(rng: np.random.Generator, shape: tuple[int, ...]) -> object
     return tuple(index)
 
 
+def write_then_read(ds, oracle: np.ndarray, rng: np.random.Generator, sels, datas, hints=None):
+    """Each rank writes its own of ``sels`` / ``datas`` with ``write_all`` (hints
+    ``hints``), the ``oracle`` takes every rank's writes in rank order (the highest rank's
+    value wins), then each rank reads a random selection with ``read_all``: that
+    selection, what the read gave, and what the oracle holds there (None: no selection)."""
+    nprocs = comm.Get_size()
+    ds.write_all(sels[rank], datas[rank], hints=hints)
+    for sel, data in zip(sels, datas):
+        if sel is not None:
+            oracle[sel] = data
+    reads = [random_selection(rng, ds.shape) for _ in range(nprocs)]
+    got = ds.read_all(reads[rank])
+    return reads[rank], got, None if reads[rank] is None else oracle[reads[rank]]
+
+
 def raises_everywhere(call, cls: type[BaseException]) -> bool:
     try:
         call()

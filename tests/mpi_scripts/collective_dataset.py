@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from collective_checks import check, raises_everywhere, random_selection
+from collective_checks import check, raises_everywhere, random_selection, write_then_read
 from mpi4py import MPI
 
 import strataio
@@ -49,15 +49,10 @@ def random_rounds(ds: Dataset, oracle: np.ndarray, rng: np.random.Generator, wha
         for sel in sels:
             shape = () if sel is None else oracle[sel].shape
             datas.append(rng.integers(-1000, 1000, size=shape).astype(ds.dtype))
-        ds.write_all(sels[rank], datas[rank] if sels[rank] is not None else None)
-        for sel, data in zip(sels, datas):
-            if sel is not None:
-                oracle[sel] = data
-        reads = [random_selection(rng, ds.shape) for _ in range(nprocs)]
-        got = ds.read_all(reads[rank])
-        want = None if reads[rank] is None else oracle[reads[rank]]
+        datas = [d if s is not None else None for s, d in zip(sels, datas)]
+        read, got, want = write_then_read(ds, oracle, rng, sels, datas)
         ok = got is None if want is None else np.array_equal(np.asarray(got), want)
-        check(ok, f"{what} round {r}: read {reads[rank]} after writes {sels}")
+        check(ok, f"{what} round {r}: read {read} after writes {sels}")
     check(np.array_equal(ds[...], oracle), f"{what}: whole array after {rounds} rounds")
 
 

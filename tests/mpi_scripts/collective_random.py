@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import zarr
-from collective_checks import check, random_selection
+from collective_checks import check, random_selection, write_then_read
 from mpi4py import MPI
 
 import strataio
@@ -112,18 +112,12 @@ def run_case(ds, oracle: np.ndarray, path: Path | None, rng: np.random.Generator
                 "strataio_shard_alignment": int(rng.choice([1, 7, 512, 4096])),
                 "strataio_pipeline_groups": int(rng.integers(1, nprocs + 2)),
             }
-        ds.write_all(sels[rank], datas[rank], hints=hints)
-        for sel, data in zip(sels, datas):
-            if sel is not None:
-                oracle[sel] = data
-        reads = [random_selection(rng, ds.shape) for _ in range(nprocs)]
-        got = ds.read_all(reads[rank])
-        want = None if reads[rank] is None else oracle[reads[rank]]
+        read, got, want = write_then_read(ds, oracle, rng, sels, datas, hints)
         if want is None:
             ok = got is None
         else:
             ok = same(np.asarray(got), np.asarray(want)) and np.ndim(got) == np.ndim(want)
-        check(ok, f"{what} step {step}: read {reads[rank]} after writes {sels}")
+        check(ok, f"{what} step {step}: read {read} after writes {sels}")
         compare_whole(ds, oracle, path, f"{what} step {step} (writes {sels})")
 
 
