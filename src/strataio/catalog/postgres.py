@@ -69,6 +69,9 @@ class PostgresCatalog(SQLCatalog):
     def _disconnect(self) -> None:
         self._conn.close()
 
+    def _connection_lost(self) -> bool:
+        return bool(self._conn.closed)
+
     @contextlib.contextmanager
     def _begin(self, durable: bool = True) -> Iterator[psycopg.Cursor]:
         with self._conn.transaction(), self._conn.cursor() as cur:

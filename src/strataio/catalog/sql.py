@@ -330,6 +330,7 @@ class SQLCatalog(Catalog):
         self._lingering: dict[tuple[str, str], float] = {}
         self._linger_timer: threading.Timer | None = None
         self._claims: set[tuple[str, str]] = set()  # (writer, dataset) marked as a claim
+        self._reconnect_due = False  # the connection was lost and is not open again yet
         self._conn = self._connect()
         try:
             self._migrate()
@@ -345,6 +346,11 @@ class SQLCatalog(Catalog):
 
     @abc.abstractmethod
     def _disconnect(self) -> None: ...
+
+    def _connection_lost(self) -> bool:
+        """Whether the connection has ended under this object (a server restart, a backend
+        terminated): :meth:`_reconnect` can open it again. Never, for an embedded database."""
+        return False
 
     @abc.abstractmethod
     def _begin(self, durable: bool = True) -> contextlib.AbstractContextManager[Cursor]:
@@ -416,29 +422,109 @@ class SQLCatalog(Catalog):
         with self._lock:
             self._check_open()
             try:
-                with self._begin(durable) as cur:
-                    yield cur
+                with contextlib.ExitStack() as stack:
+                    yield self._transaction(durable, stack)
             except self.INTEGRITY_ERRORS as exc:
                 raise MetadataError(f"catalog {self._label()}: constraint failed: {exc}") from exc
             except self.DATABASE_ERRORS as exc:
+                if self._connection_lost():
+                    self._reconnect_due = True
+                    raise BackendError(
+                        f"catalog {self._label()}: the connection was lost during a change "
+                        f"({exc}); the server kept the change only if it had received its "
+                        "commit, and the next call opens the connection again"
+                    ) from exc
                 raise BackendError(f"catalog {self._label()}: {exc}") from exc
+
+    def _transaction(self, durable: bool, stack: contextlib.ExitStack) -> Cursor:
+        """A write transaction begun on ``stack``; one whose begin found the connection lost
+        (nothing of it reached the server) is begun again on a connection opened anew."""
+        try:
+            return stack.enter_context(self._begin(durable))
+        except self.DATABASE_ERRORS as exc:
+            if not self._connection_lost():
+                raise
+            self._reconnect(exc)
+            return stack.enter_context(self._begin(durable))
 
     def _query(self, statement: str, params: Sequence[Any] = ()) -> list[tuple]:
         with self._lock:
             self._check_open()
             try:
-                cur = self._conn.cursor()
-                try:
-                    cur.execute(self._sql(statement), params)
-                    return cur.fetchall()
-                finally:
-                    cur.close()
+                return self._fetch(statement, params)
             except self.DATABASE_ERRORS as exc:
+                if not self._connection_lost():
+                    raise BackendError(f"catalog {self._label()}: {exc}") from exc
+                cause = exc
+            # (a query changes nothing: asked again on a connection opened anew)
+            self._reconnect(cause)
+            try:
+                return self._fetch(statement, params)
+            except self.DATABASE_ERRORS as exc:
+                self._reconnect_due = self._connection_lost()
                 raise BackendError(f"catalog {self._label()}: {exc}") from exc
+
+    def _fetch(self, statement: str, params: Sequence[Any]) -> list[tuple]:
+        cur = self._conn.cursor()
+        try:
+            cur.execute(self._sql(statement), params)
+            return cur.fetchall()
+        finally:
+            cur.close()
 
     def _check_open(self) -> None:
         if self._closed:
             raise ClosedError(f"catalog {self._label()} is closed")
+        if self._reconnect_due:
+            self._reconnect(None)
+
+    def _reconnect(self, cause: BaseException | None) -> None:
+        """Open the connection again after it was lost (the caller holds the lock), and take
+        back what this object held on the old one: its writers' liveness tokens, their rows
+        and the marks of the datasets they use. Meanwhile other processes saw those writers
+        dead; what they did on that ground (a rewrite in flight settled by fsck, an eviction
+        from a dataset in use) meets this process as another writer's change would: a flush
+        that reports a rewrite lost, a read that finds a copy gone and asks again."""
+        self._reconnect_due = True
+        with contextlib.suppress(Exception):
+            self._disconnect()
+        try:
+            self._conn = self._connect()
+        except BackendError as exc:
+            why = f" ({cause})" if cause is not None else ""
+            raise BackendError(
+                f"catalog {self._label()}: the connection was lost{why} and could not be "
+                f"opened again: {exc}"
+            ) from exc
+        self._reconnect_due = False
+        try:
+            self._resume_writers()
+        except BaseException:
+            self._reconnect_due = self._connection_lost()
+            raise
+
+    def _resume_writers(self) -> None:
+        """Retake the tokens of the writers registered here, and restore their rows and
+        marks where another process forgot them as dead (:meth:`forget_writers`)."""
+        if not self._writers:
+            return
+        for w in self._writers:
+            self._hold_token(w)
+        marks = {k: k in self._claims for k, n in self._uses.items() if n > 0}
+        marks.update((k, False) for k in self._lingering)
+        with self._write(durable=False) as cur:
+            self._executemany(
+                cur,
+                "INSERT INTO writers (id, host, pid, started) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT (id) DO NOTHING",
+                [(w, socket.gethostname(), os.getpid(), time.time()) for w in self._writers],
+            )
+            self._executemany(
+                cur,
+                "INSERT INTO writer_datasets (writer, dataset, evicting) VALUES (?, ?, ?) "
+                "ON CONFLICT (writer, dataset) DO UPDATE SET evicting = excluded.evicting",
+                [(w, d, int(e)) for (w, d), e in marks.items()],
+            )
 
     def _label(self) -> str:
         return self.url

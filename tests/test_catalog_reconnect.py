@@ -1,0 +1,179 @@
+"""A PostgreSQL catalog whose connection ends under it (a server restart, a backend
+terminated by an administrator or an idle timeout) opens it again at its next call, and
+takes back its writers' liveness tokens, rows and dataset marks; a change cut off midway
+raises, saying its outcome is the server's."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+import strataio
+from strataio.catalog import ChunkCopy, DatasetRecord, TierRecord, open_catalog
+from strataio.errors import BackendError
+from strataio.storage.posix import PosixBackend
+from strataio.tiers.tier import Tier, TierSet
+
+
+def _terminate(pg_server, cat) -> None:
+    """End ``cat``'s server backend, as an administrator's ``pg_terminate_backend`` does, and
+    wait until the server has let it go (its advisory locks with it)."""
+    import psycopg
+
+    pid = cat._conn.info.backend_pid
+    with psycopg.connect(pg_server.get_uri(), autocommit=True) as admin:
+        assert admin.execute("SELECT pg_terminate_backend(%s)", (pid,)).fetchone()[0]
+        deadline = time.monotonic() + 30
+        while admin.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone():
+            assert time.monotonic() < deadline, "the terminated backend did not end"
+            time.sleep(0.01)
+
+
+@pytest.fixture
+def two(pg_url):
+    """Two catalog objects on one database: ``mine``, whose connection the tests end, and
+    ``other``, another process's view."""
+    mine, other = open_catalog(pg_url), open_catalog(pg_url)
+    mine.register_tiers([TierRecord("local", "posix:/scratch", "localdisk", None, 0)])
+    yield mine, other
+    mine.close()
+    other.close()
+
+
+def _local(root) -> TierSet:
+    """One POSIX tier under ``root``, as each process of a test builds its own."""
+    return TierSet([Tier("local", PosixBackend(root / "local"), "localdisk", order=0)])
+
+
+def _record(name: str) -> DatasetRecord:
+    return DatasetRecord(name, shape=(4,), dtype="<f8", chunks=(1,), codec="[]", hint="AUTO")
+
+
+def test_a_query_after_the_connection_ended_opens_it_again_and_answers(pg_server, two):
+    mine, other = two
+    mine.create_dataset(_record("a"))
+    writer = mine.register_writer()
+    mine.use_dataset("a", writer)
+    _terminate(pg_server, mine)
+    assert other.alive([writer]) == set()  # (the server let its token go with the backend)
+    assert mine.get_dataset("a").name == "a"
+    assert other.alive([writer]) == {writer}
+    (seen,) = other.writers()
+    assert (seen.id, seen.alive, seen.datasets) == (writer, True, ("a",))
+
+
+def test_writers_forgotten_meanwhile_come_back_with_their_marks(pg_server, two):
+    """Another process that saw the writer dead and forgot it (fsck does) finds it back,
+    with its marks, once the writer's catalog has reconnected; the first call after the
+    loss being a change (its begin found the connection gone) changes as asked."""
+    mine, other = two
+    for name in ("a", "b"):
+        mine.create_dataset(_record(name))
+    writer = mine.register_writer()
+    mine.use_dataset("a", writer)
+    mine.use_dataset("b", writer)
+    mine.unuse_dataset("b", writer)  # (its mark lingers: still restored)
+    _terminate(pg_server, mine)
+    other.forget_writers([writer])
+    assert other.writers() == []
+    mine.commit([ChunkCopy("a", "c/0", "local", 8, "00000001")])
+    assert [c.key for c in other.residency("a")] == ["c/0"]
+    (seen,) = other.writers()
+    assert (seen.id, seen.alive, seen.datasets) == (writer, True, ("a", "b"))
+
+
+def test_a_change_cut_off_midway_raises_and_the_next_call_reconnects(pg_server, two):
+    mine, other = two
+    mine.create_dataset(_record("a"))
+    with pytest.raises(BackendError, match="lost during a change") as err, mine._write() as cur:
+        cur.execute(
+            "INSERT INTO residency (dataset, key, tier, nbytes, checksum, state, "
+            "last_access, old_checksum, writer) "
+            "VALUES ('a', 'c/0', 'local', 8, '00000001', 'valid', 0, '', '')"
+        )
+        _terminate(pg_server, mine)
+        cur.execute("SELECT 1")
+    assert "next call opens the connection again" in str(err.value)
+    assert other.residency("a") == []  # (cut off before its commit: rolled back)
+    mine.commit([ChunkCopy("a", "c/1", "local", 8, "00000002")])
+    assert [c.key for c in other.residency("a")] == ["c/1"]
+
+
+def test_a_server_that_stays_away_is_reported_and_asked_again_at_the_next_call(
+    pg_server, two, monkeypatch
+):
+    mine, _ = two
+    mine.create_dataset(_record("a"))
+    _terminate(pg_server, mine)
+    real_connect = type(mine)._connect
+
+    def refused(self):
+        raise BackendError("cannot connect to catalog: connection refused")
+
+    monkeypatch.setattr(type(mine), "_connect", refused)
+    for _ in range(2):
+        with pytest.raises(BackendError, match="lost .* could not be opened again"):
+            mine.get_dataset("a")
+    monkeypatch.setattr(type(mine), "_connect", real_connect)
+    assert mine.get_dataset("a").name == "a"
+
+
+def _read_back_settled(pg_url, root, expected) -> None:
+    """A later process reads dataset ``run`` as ``expected``, every row settled and fsck
+    finding nothing."""
+    from strataio.tiers.fsck import fsck
+
+    with strataio.Session(tiers=_local(root), catalog=pg_url) as s:
+        with s.open_dataset("run") as ds:
+            np.testing.assert_array_equal(ds[...], expected)
+        assert {c.state for c in s.catalog.residency("run")} == {"valid"}
+        assert fsck(s.catalog, s.tiers).clean
+
+
+def test_a_session_writes_and_reads_on_across_a_lost_connection(pg_server, pg_url, tmp_path):
+    """A job's Session outlives its catalog connection: a rewrite announced before the loss
+    is flushed after it, and a later process reads the values written last."""
+    a = np.random.default_rng(3).random((40, 40))
+    with strataio.Session(tiers=_local(tmp_path), catalog=pg_url) as s:
+        ds = s.create_dataset("run", a.shape, a.dtype, (10, 10), hint="LOCALDISK")
+        ds[...] = a
+        ds.flush()
+        a[5:25, 5:25] += 1
+        ds[5:25, 5:25] = a[5:25, 5:25]  # (announced, not flushed)
+        _terminate(pg_server, s.catalog)
+        ds.flush()
+        a[30:, :] = -1
+        ds[30:, :] = a[30:, :]
+        _terminate(pg_server, s.catalog)
+        np.testing.assert_array_equal(ds[...], a)
+        ds.close()
+    _read_back_settled(pg_url, tmp_path, a)
+
+
+def test_a_rewrite_settled_by_fsck_while_its_writer_was_cut_off_keeps_its_value(
+    pg_server, pg_url, tmp_path
+):
+    """While the connection is lost, the writer's token is gone: another process's fsck
+    takes its announced rewrite for a dead writer's and settles it to the bytes on the
+    tier, and forgets the writer. The writer's flush after reconnecting records the same
+    rows, and a later process reads its values, every row settled."""
+    from strataio.tiers.fsck import fsck
+
+    a = np.random.default_rng(4).random((20, 20))
+    with strataio.Session(tiers=_local(tmp_path), catalog=pg_url) as s:
+        ds = s.create_dataset("run", a.shape, a.dtype, (10, 10), hint="LOCALDISK")
+        ds[...] = a
+        ds.flush()
+        a[:10, :10] = 7
+        ds[:10, :10] = a[:10, :10]  # (announced and put, not flushed)
+        _terminate(pg_server, s.catalog)
+        with open_catalog(pg_url) as cat:
+            report = fsck(cat, _local(tmp_path), repair=True)
+        assert report.repaired and report.writers_gone == 1
+        assert [(f.key, f.action.name) for f in report.findings] == [("c/0/0", "ADOPT")]
+        ds.flush()  # (the rows fsck settled are the ones this flush records)
+        np.testing.assert_array_equal(ds[...], a)
+        ds.close()
+    _read_back_settled(pg_url, tmp_path, a)
