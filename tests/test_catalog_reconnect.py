@@ -177,3 +177,37 @@ def test_a_rewrite_settled_by_fsck_while_its_writer_was_cut_off_keeps_its_value(
         np.testing.assert_array_equal(ds[...], a)
         ds.close()
     _read_back_settled(pg_url, tmp_path, a)
+
+
+def test_writers_and_marks_hold_across_lost_connections(pg_server, pg_url):
+    """:class:`test_catalog.WriterRegistry` on PostgreSQL, with two more steps: the
+    connection ended under the catalog, and that plus another process forgetting its
+    writers as dead. After every step the catalog answers as the model says (the
+    invariant's first call reconnects, where a step left the connection lost)."""
+    from hypothesis import settings
+    from hypothesis.stateful import rule, run_state_machine_as_test
+
+    from test_catalog import WriterRegistry
+
+    class AcrossLostConnections(WriterRegistry):
+        def __init__(self) -> None:
+            super().__init__()
+            self.cat.close()
+            self.cat = open_catalog(pg_url)
+            self.cat.EVICTION_WAIT = 0.02
+            self.cat.MARK_LINGER_S = 3600.0
+
+        @rule()
+        def lose_connection(self):
+            _terminate(pg_server, self.cat)
+
+        @rule()
+        def forgotten_as_dead(self):
+            _terminate(pg_server, self.cat)
+            with open_catalog(pg_url) as other:
+                other.forget_writers(w.id for w in other.writers())
+
+    run_state_machine_as_test(
+        AcrossLostConnections,
+        settings=settings(max_examples=25, stateful_step_count=15, deadline=None),
+    )
