@@ -211,3 +211,19 @@ def test_writers_and_marks_hold_across_lost_connections(pg_server, pg_url):
         AcrossLostConnections,
         settings=settings(max_examples=25, stateful_step_count=15, deadline=None),
     )
+
+
+def test_an_idle_writer_shows_alive_again_soon_after_its_connection_ended(pg_server, two):
+    """A job holding a writer's token that makes no catalog call (it computes) has its
+    connection looked at every ``KEEPALIVE_S``: another process sees the writer alive again
+    soon after the server let its token go, before the job's next call."""
+    mine, other = two
+    mine.KEEPALIVE_S = 0.05
+    writer = mine.register_writer()
+    _terminate(pg_server, mine)
+    deadline = time.monotonic() + 20
+    while other.alive([writer]) != {writer}:
+        assert time.monotonic() < deadline, "the idle writer never showed alive again"
+        time.sleep(0.02)
+    mine.close()
+    assert not mine._keepalive.is_alive()

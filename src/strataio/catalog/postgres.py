@@ -9,6 +9,7 @@ over ``unnest`` / ``ANY`` arrays.
 from __future__ import annotations
 
 import contextlib
+import threading
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
 
@@ -17,7 +18,7 @@ import psycopg
 from strataio.catalog.base import CopyId, redact_url
 from strataio.catalog.liveness import advisory_halves, advisory_key, note_held, note_released
 from strataio.catalog.sql import COPY_COLS, UPSERT_COPY, SQLCatalog
-from strataio.errors import BackendError
+from strataio.errors import BackendError, StrataError
 
 # Below this many rows a pipelined executemany beats COPY + INSERT ... SELECT.
 _COPY_THRESHOLD = 64
@@ -40,8 +41,15 @@ class PostgresCatalog(SQLCatalog):
     INTEGRITY_ERRORS = (psycopg.errors.IntegrityError,)
     DATABASE_ERRORS = (psycopg.Error,)
 
+    #: seconds between looks at the connection while this object holds a writer's token:
+    #: one the server ended (a restart) is opened again, and the tokens retaken, within
+    #: this of the server answering again, not only at the job's next catalog call
+    KEEPALIVE_S = 5.0
+
     def __init__(self, url: str, *, connect_timeout: float = 30.0) -> None:
         self.connect_timeout = connect_timeout
+        self._keepalive: threading.Thread | None = None
+        self._keepalive_stop = threading.Event()
         super().__init__(url)
 
     def _label(self) -> str:
@@ -119,6 +127,28 @@ class PostgresCatalog(SQLCatalog):
     def _hold_token(self, writer: str) -> None:
         self._query("SELECT pg_advisory_lock(?)", (advisory_key(writer),))
         note_held(writer)
+        if self._keepalive is None:
+            self._keepalive = threading.Thread(
+                target=self._keep_alive, name="strataio-catalog-keepalive", daemon=True
+            )
+            self._keepalive.start()
+
+    def _keep_alive(self) -> None:
+        """Look at the connection every :attr:`KEEPALIVE_S` while writers are registered
+        here (a query, which opens a lost connection again), until :meth:`close`."""
+        while not self._keepalive_stop.wait(self.KEEPALIVE_S):
+            with self._lock:
+                if self._closed:
+                    return
+                if self._writers:
+                    with contextlib.suppress(StrataError):  # (the server away: next time)
+                        self._query("SELECT 1")
+
+    def close(self) -> None:
+        super().close()
+        self._keepalive_stop.set()
+        if self._keepalive is not None and self._keepalive is not threading.current_thread():
+            self._keepalive.join()
 
     def _release_token(self, writer: str) -> None:
         note_released(writer)
