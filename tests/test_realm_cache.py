@@ -3,6 +3,7 @@ write-back, invalidation and truncation against a bytearray oracle of the file."
 
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
@@ -204,6 +205,15 @@ def test_realm_cache_matches_romio(nprocs: int, tmp_path) -> None:
     and the cache really holding writes until sync and serving reads."""
     out = run_mpi(nprocs, "realm_cache_vs_romio.py", "--dir", tmp_path, "--cases", 2, timeout=240)
     assert "ok 24 cases" in out, out
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_sync_forgets_cached_pages_so_other_writers_are_seen(nprocs: int, tmp_path) -> None:
+    """Bytes another process writes between two syncs are read back afterwards, and a later
+    collective write into the same pages leaves them in the file (no stale page written back)."""
+    out = run_mpi(nprocs, "realm_cache_sync.py", tmp_path, timeout=120)
+    assert json.loads(out.strip().splitlines()[-1]) == {"stale": [0] * nprocs, "lost": 0}
 
 
 def test_realm_cache_hint() -> None:

@@ -812,10 +812,11 @@ class File:
 
     def sync(self) -> None:
         """Flush written data to storage on every rank (collective). Afterwards reads see the
-        file's size as it is now: another handle or process may have cut it (MPI's
-        sync-barrier-sync makes such changes visible)."""
+        file as it is now: another handle or process may have written or cut it (MPI's
+        sync-barrier-sync makes such changes visible), so the realm caches forget their pages
+        once written back."""
         self._check_open()
-        err = self._write_back()
+        err = self._write_back(forget=True)
         try:
             if not self._amode & MPI.MODE_RDONLY and self._driver is not None:
                 self._driver.sync()
@@ -1136,9 +1137,12 @@ class File:
         ``strataio_realm_cache`` > 0), else None."""
         return self._cache
 
-    def _write_back(self, discard_from: int | None = None) -> Exception | None:
+    def _write_back(
+        self, discard_from: int | None = None, forget: bool = False
+    ) -> Exception | None:
         """Write this rank's realm cache back (after forgetting what lies from
-        ``discard_from`` on); the failure, for the caller to agree on."""
+        ``discard_from`` on; with ``forget`` dropping every page after); the failure, for the
+        caller to agree on."""
         if self._cache is None:
             return None
         assert self._shared is not None
@@ -1146,7 +1150,7 @@ class File:
             with self._shared.own():
                 if discard_from is not None:
                     self._cache.discard_from(discard_from)
-                self._cache.flush()
+                (self._cache.invalidate if forget else self._cache.flush)()
         except OSError as exc:
             return _os_error(exc, self._path)
         except Exception as exc:  # any failure must reach the other ranks' agreement

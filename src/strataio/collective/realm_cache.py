@@ -4,8 +4,9 @@ With persistent file realms (``romio_cb_pfr=enable``) an aggregator is the only 
 reads or writes its realm through two-phase I/O, so it may keep the realm's bytes between calls
 (the thesis's §3.4, with the cache in strataio rather than in the file system's client).
 A :class:`RealmCache` holds ``nslots`` pages in a fixed arena, replaced least recently used
-first, with the dirty bytes of each page as one range; it is written back on eviction and by
-:meth:`RealmCache.flush` (``File.sync``, ``close``, ``set_size``). Pages follow a
+first, with the dirty bytes of each page as one range; it is written back on eviction, by
+:meth:`RealmCache.flush` (``File.close``, ``set_size``) and by :meth:`RealmCache.invalidate`
+(``File.sync``, which forgets the pages too: another process may write the file). Pages follow a
 :class:`PageGrid`: ``page`` bytes inside each realm stripe, so no page straddles two owners.
 
 The cache is a :class:`~strataio.collective.driver.Driver` over the file's own driver: two-phase
