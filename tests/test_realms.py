@@ -104,7 +104,7 @@ def test_realm_hints_parse_and_fold_alignment():
     assert realm_alignment(h) == 4096
     assert realm_alignment(parse_hints({"striping_unit": "1024"})) == 1024
     assert parse_hints({"romio_cb_fr_type": "0"}).romio_cb_fr_types == "aar"  # ROMIO's key
-    for bad in ("-2", "none", "0.5"):
+    for bad in ("-2", "none", "0.5", str(2**63)):
         with pytest.raises(HintError, match="romio_cb_fr_types"):
             parse_hints({"romio_cb_fr_types": bad})
     with pytest.raises(HintError, match="romio_cb_fr_alignment"):
@@ -138,6 +138,22 @@ def test_file_fixes_realms_at_first_two_phase_call_and_shows_the_size(tmp_path: 
     ) as f:
         f.write_at_all(0, data[:10])
         assert f.realms == StripedRealms(10, 1)
+
+
+def test_stripe_rounded_up_past_the_largest_offset_stays_below_it(tmp_path: Path):
+    """A stripe that the alignment rounds up past 2**63 - 1 is the largest multiple of the
+    alignment below it: the file is written, read and closed as with any other stripe."""
+    assert stripe_size(str(2**62 + 1), 0, 1, 0, 1, 2**62) == 2**62
+    hints = {"romio_cb_pfr": "enable", "romio_cb_fr_types": str(2**62 + 1),
+             "romio_cb_fr_alignment": str(2**62), "romio_cb_write": "enable",
+             "romio_cb_read": "enable"}  # fmt: skip
+    data = np.arange(1000, dtype=np.uint8)
+    with strataio.File.open(None, tmp_path / "w.bin", "w", hints=hints) as f:
+        f.write_at_all(10, data)
+        out = np.zeros(1000, np.uint8)
+        f.read_at_all(10, out)
+        assert f.realms == StripedRealms(2**62, 1) and np.array_equal(out, data)
+    assert (tmp_path / "w.bin").read_bytes()[10:] == data.tobytes()
 
 
 def test_dynamic_realms_follow_view_and_memory_layout(tmp_path: Path):

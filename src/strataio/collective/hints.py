@@ -335,7 +335,7 @@ def _parse(name: str, kind: str, minimum: int, value: Any) -> Any:
 def parse_fr_type(value: Any) -> str:
     """``romio_cb_fr_types`` in canonical form: ``aar`` (also ``0``, ROMIO's
     ``ADIOI_FR_AAR``), ``-1`` (also ``fsize``: ``ADIOI_FR_FSZ``, the impending file size) or
-    a positive byte count; else :class:`~strataio.errors.HintError`."""
+    a positive byte count of at most 2**63 - 1; else :class:`~strataio.errors.HintError`."""
     text = str(value).strip().lower()
     if text in ("aar", "0"):
         return "aar"
@@ -350,6 +350,8 @@ def parse_fr_type(value: Any) -> str:
             f"hint romio_cb_fr_types={value!r}: expected aar, -1 (file size) or a positive "
             "realm size in bytes"
         )
+    if n > _MAX_INT:  # (taken, the first two-phase call would fail, and close after it)
+        raise HintError(f"hint romio_cb_fr_types={value!r}: must be at most 2**63 - 1")
     return str(n)
 
 

@@ -21,6 +21,7 @@ from strataio.errors import StrataError
 from strataio.layout.extents import Extents
 
 _I64 = np.int64
+_MAX_OFFSET = 2**63 - 1  # (MPI_Offset's largest)
 
 #: ``romio_cb_fr_types`` values (ROMIO: ``ADIOI_FR_AAR`` 0, ``ADIOI_FR_FSZ`` -1)
 AAR = "aar"
@@ -85,7 +86,9 @@ def stripe_size(fr_type: str, lo: int, hi: int, file_size: int, naggr: int, alig
     given the call's AAR ``[lo, hi)``, the file's current size and the aggregators:
     ``aar``: ``ceil((hi - lo) / naggr)`` (ROMIO's ``ADIOI_Calc_file_realms_aar``);
     ``-1``: ``ceil(max(file_size, hi) / naggr)`` (the impending size: a write may grow the
-    file); a number: itself. Rounded up to a multiple of ``align`` bytes; at least 1."""
+    file); a number: itself. Rounded up to a multiple of ``align`` bytes (the largest below
+    2**63 where that is past it: a stripe that wide holds every offset of a file); at least
+    1."""
     fr_type = parse_fr_type(fr_type)
     if fr_type == AAR:
         size = -(-max(hi - lo, 0) // naggr)
@@ -95,5 +98,5 @@ def stripe_size(fr_type: str, lo: int, hi: int, file_size: int, naggr: int, alig
         size = int(fr_type)
     size = max(size, 1)
     if align > 1:
-        size = -(-size // align) * align
+        size = min(-(-size // align), _MAX_OFFSET // align) * align
     return size
