@@ -211,9 +211,15 @@ def test_realm_cache_matches_romio(nprocs: int, tmp_path) -> None:
 @pytest.mark.parametrize("nprocs", [2, 3])
 def test_sync_forgets_cached_pages_so_other_writers_are_seen(nprocs: int, tmp_path) -> None:
     """Bytes another process writes between two syncs are read back afterwards, and a later
-    collective write into the same pages leaves them in the file (no stale page written back)."""
+    collective write into the same pages leaves them in the file (no stale page written back);
+    a file another process cuts between two syncs shows its new size, and reads end there."""
     out = run_mpi(nprocs, "realm_cache_sync.py", tmp_path, timeout=120)
-    assert json.loads(out.strip().splitlines()[-1]) == {"stale": [0] * nprocs, "lost": 0}
+    assert json.loads(out.strip().splitlines()[-1]) == {
+        "stale": [0] * nprocs,
+        "lost": 0,
+        "size": [2048] * nprocs,
+        "counts": [2048] + [0] * (nprocs - 1),
+    }
 
 
 def test_realm_cache_hint() -> None:

@@ -2,7 +2,9 @@
 syncs (MPI's sync-barrier-sync) are what the next collective read returns, and a collective
 write next to them afterwards leaves them in the file. Run under mpiexec with 2 or more ranks;
 rank 0 prints ``{"stale": [...], "lost": n}``: per rank the bytes of its read that were not
-the other process's, and the bytes of the other process that the file lost at close."""
+the other process's, and the bytes of the other process that the file lost at close; then,
+after the other process cuts a file between two syncs, the size every rank sees and the
+bytes each rank's read of its own block counts (``"size"``, ``"counts"``)."""
 
 from __future__ import annotations
 
@@ -48,11 +50,23 @@ def main(workdir: str) -> None:
         # a write around the other process's bytes, in the same pages
         f.write_at_all(rank * block, np.full(theirs.start, 50, np.uint8))
         f.write_at_all(rank * block + theirs.stop, np.full(50, 60, np.uint8))
-    stales = comm.gather(stale)
+    lost = 0
     if rank == 0:
         data = np.fromfile(path, np.uint8).reshape(nprocs, block)
         lost = int(np.count_nonzero(data[:, theirs] != 200))
-        print(json.dumps({"stale": stales, "lost": lost}))
+    path = os.path.join(workdir, "cut.bin")
+    with strataio.File.open(comm, path, "w", hints=hints) as f:
+        f.write_at_all(rank * block, np.full(block, rank + 1, np.uint8))
+        f.sync()
+        if rank == 0:
+            os.truncate(path, block // 2)  # another process cuts the file
+        comm.Barrier()
+        f.sync()
+        size = f.get_size()
+        count = f.read_at_all(rank * block, np.zeros(block, np.uint8))
+    stales, sizes, counts = comm.gather(stale), comm.gather(size), comm.gather(count)
+    if rank == 0:
+        print(json.dumps({"stale": stales, "lost": lost, "size": sizes, "counts": counts}))
 
 
 if __name__ == "__main__":

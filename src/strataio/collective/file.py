@@ -822,12 +822,18 @@ class File:
                 self._driver.sync()
         except OSError as exc:
             err = _os_error(exc, self._path)
+        held = self._cached_end
         if err is None:
+            self._cached_end = 0  # (the caches are empty now: the size is the file's own)
             try:
                 self._size_floor = self._size()
             except StrataError as exc:
                 err = exc
-        _agree(self._comm, err)
+        try:
+            _agree(self._comm, err)
+        except BaseException:
+            self._cached_end = held  # (a cache that failed to write back still holds bytes)
+            raise
 
     # ------------------------------------------------------------------ transfers
     def read_at(self, offset: int, buf: Any) -> int:
