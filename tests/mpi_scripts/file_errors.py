@@ -152,6 +152,17 @@ def main(workdir: str) -> None:
     res["realm_caches_too_large_on_a_node"] = outcome(
         lambda: strataio.File.open(comm, path, "r", hints=both)
     )
+    # refused before open creates or cuts a file: "w" leaves its bytes, "x" creates none
+    before = os.path.getsize(path)
+    never = os.path.join(workdir, "never.bin")
+    res["realm_cache_too_large_w"] = outcome(
+        lambda: strataio.File.open(comm, path, "w", hints=huge)
+    )
+    res["realm_cache_too_large_x"] = outcome(
+        lambda: strataio.File.open(comm, never, "x", hints=huge)
+    )
+    kept = os.path.getsize(path) == before and not os.path.exists(never)
+    res["realm_cache_too_large_files_kept"] = "ok" if kept else "changed"
     res["open_directory"] = outcome(lambda: strataio.File.open(comm, workdir, "r"))
     with strataio.File.open(comm, path, "r") as h:
         # a failure that is not a StrataError (on rank 1) still reaches every rank

@@ -77,6 +77,20 @@ def memory_to_share() -> int:
     return min(room, shm.f_bavail * shm.f_frsize)
 
 
+def room_error(nbytes: int, on_node: int) -> HintError | None:
+    """The error of caches of ``nbytes`` per aggregator taking ``on_node`` bytes on one node
+    when the node cannot give that much (:func:`memory_to_share`), else None."""
+    room = memory_to_share()
+    if on_node <= room:
+        return None
+    return HintError(
+        f"realm caches of {on_node} bytes on one node (strataio_realm_cache={nbytes} "
+        f"per aggregator there): more than the node can give ({room} bytes: its "
+        "memory, and the free room of /dev/shm, where MPI places the windows of ranks "
+        "on one node); a smaller cache, or fewer aggregators per node"
+    )
+
+
 class SharedCaches:
     """One MPI window over every rank's cache memory (``nbytes`` on this rank, 0 on ranks
     without a cache); created and freed collectively over ``comm``. ``on_node``: the bytes
@@ -89,19 +103,7 @@ class SharedCaches:
         # (a window MPI cannot allocate fails on its rank alone and leaves the others inside
         # the collective allocation, or kills the job at its first touch: so the ranks
         # agree on what they ask for first)
-        on_node = nbytes if on_node is None else on_node
-        room = memory_to_share()
-        agree(
-            comm,
-            HintError(
-                f"realm caches of {on_node} bytes on one node (strataio_realm_cache={nbytes} "
-                f"per aggregator there): more than the node can give ({room} bytes: its "
-                "memory, and the free room of /dev/shm, where MPI places the windows of ranks "
-                "on one node); a smaller cache, or fewer aggregators per node"
-            )
-            if on_node > room
-            else None,
-        )
+        agree(comm, room_error(nbytes, nbytes if on_node is None else on_node))
         self._win = MPI.Win.Allocate(max(int(nbytes), 0), 1, comm=comm)
         self.memory = (
             np.frombuffer(self._win.tomemory(), dtype=np.uint8)

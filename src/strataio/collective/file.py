@@ -42,7 +42,7 @@ from strataio.collective import commpool, irregular, node, twophase
 from strataio.collective.access import FIRST, LAST, NBYTES, Access, AccessPlan
 from strataio.collective.agreement import Agreement, agreement_row
 from strataio.collective.bufspec import BufferSpec, parse_buffer
-from strataio.collective.cache_window import SharedCaches, owners_of
+from strataio.collective.cache_window import SharedCaches, owners_of, room_error
 from strataio.collective.choice import use_two_phase
 from strataio.collective.driver import MAX_READ_THREADS, Driver, PosixDriver, open_driver
 from strataio.collective.hints import (
@@ -210,6 +210,16 @@ def _open_hints(
     return found
 
 
+def _caches_on_node(
+    hints: Hints, aggregators: np.ndarray, nodes: node.NodeLayout, rank: int
+) -> int:
+    """The bytes the realm caches of the aggregators on ``rank``'s node take together."""
+    held = set(np.asarray(aggregators).tolist())
+    names = nodes.names
+    here = sum(names[a] == names[rank] for a in held) if names else len(held)
+    return here * hints.strataio_realm_cache
+
+
 def _checked_together(comm: MPI.Comm, err: Exception | None, values: list[int]) -> bool:
     """Agree on ``err`` and compare ``values`` across the ranks in one ``Allreduce`` (the
     collective steps of open and set_view): raises on every rank when any rank failed (as
@@ -373,12 +383,11 @@ class File:
         self._shared: SharedCaches | None = None
         self._cached_end = 0  # end of the collective writes that caches may still hold
         if hints.strataio_realm_cache:
-            rank, held = comm.Get_rank(), set(self._aggregators.tolist())
-            mine = driver is not None and rank in held
+            rank = comm.Get_rank()
+            mine = driver is not None and rank in set(self._aggregators.tolist())
             size = hints.strataio_realm_cache if mine else 0
-            names = self._nodes.names
-            here = sum(names[a] == names[rank] for a in held) if names else len(held)
-            self._shared = SharedCaches(comm, size, here * hints.strataio_realm_cache)
+            on_node = _caches_on_node(hints, self._aggregators, self._nodes, rank)
+            self._shared = SharedCaches(comm, size, on_node)
         self._size_floor = self._size()
         self.last_path = ""
         """How the last transfer ran: ``"two-phase"`` or ``"independent"`` (for benchmarks)."""
@@ -445,6 +454,11 @@ class File:
                     "does not provide; open without it"
                 )
             hinted, aggregators, digest = _open_hints(hints, comm.Get_size(), nodes)
+            if hinted.strataio_realm_cache:  # (refused before a file is created or cut)
+                on_node = _caches_on_node(hinted, aggregators, nodes, comm.Get_rank())
+                too_large = room_error(hinted.strataio_realm_cache, on_node)
+                if too_large is not None:
+                    raise too_large
         except Exception as exc:  # any failure here must reach the other ranks
             err = exc
         rank = comm.Get_rank()
