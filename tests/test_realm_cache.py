@@ -249,3 +249,10 @@ def test_realm_cache_only_with_persistent_realms(tmp_path) -> None:
         assert os.path.getsize(path) == 100 and _file_bytes(str(path))[:1] == b"\x01"
         f.sync()
         assert _file_bytes(str(path)) == bytes([7]) * 100
+
+
+@pytest.mark.mpi
+def test_write_back_waits_for_a_sieving_write_over_it(tmp_path):
+    """Cached bytes written back while another rank's sieving write spans them (read, not yet
+    written) survive it: the write-back takes the span's lock."""
+    assert run_mpi(2, "realm_cache_sieving_race.py", tmp_path).strip().endswith("ok")

@@ -10,9 +10,10 @@ or write the sorted byte runs ``R`` independently:
 1. the persistent realms name the aggregators owning bytes of ``R`` (stripe arithmetic);
 2. for each, the rank takes an exclusive passive-target lock on that aggregator's window, gets
    its page table, gets the dirty bytes of the pages overlapping ``R`` (one ``Get`` through an
-   hindexed datatype) and writes them to the file itself, marks them clean — and, before a
-   write, drops those pages — puts the table back with its generation bumped (so the owner
-   re-indexes it) and unlocks;
+   hindexed datatype) and writes them to the file itself (under a byte-range lock over them,
+   as independent writes take: a sieving write's read-modify-write cannot undo them), marks
+   them clean — and, before a write, drops those pages — puts the table back with its
+   generation bumped (so the owner re-indexes it) and unlocks;
 3. then it does its own I/O straight on the file.
 
 The owner takes the same lock on its own window while it uses its cache (:meth:`SharedCaches.
@@ -41,10 +42,15 @@ from mpi4py import MPI
 
 from strataio.agreed import agree
 from strataio.collective.driver import Driver
-from strataio.collective.realm_cache import CacheMemory, PageGrid, dirty_pieces, overlapping
+from strataio.collective.realm_cache import (
+    CacheMemory,
+    PageGrid,
+    dirty_pieces,
+    overlapping,
+    write_dirty,
+)
 from strataio.errors import HintError
 from strataio.layout.extents import Extents, exclusive_cumsum
-from strataio.storage.vectored import VectoredPlan
 
 __all__ = ["SharedCaches", "owners_of"]
 
@@ -165,7 +171,7 @@ class SharedCaches:
                     win.Flush(rank)
                 finally:
                     pieces.Free()
-                driver.writev(VectoredPlan(off, length, exclusive_cumsum(length)), data)
+                write_dirty(driver, off, length, exclusive_cumsum(length), data)
                 self.remote_bytes += data.size
             mem.dirty_lo[slots] = 0
             mem.dirty_hi[slots] = 0

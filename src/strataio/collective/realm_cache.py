@@ -33,7 +33,7 @@ from strataio.layout.extents import Extents, exclusive_cumsum
 from strataio.layout.pieces import copy_pieces
 from strataio.storage.vectored import VectoredPlan
 
-__all__ = ["DEFAULT_PAGE", "CacheMemory", "PageGrid", "RealmCache", "dirty_pieces"]
+__all__ = ["DEFAULT_PAGE", "CacheMemory", "PageGrid", "RealmCache", "dirty_pieces", "write_dirty"]
 
 _I64 = np.int64
 
@@ -161,6 +161,21 @@ def dirty_pieces(
     return off[order], (hi - lo)[order], (slots * mem.slot + lo)[order]
 
 
+def write_dirty(
+    driver: Driver, off: np.ndarray, length: np.ndarray, at: np.ndarray, buf: np.ndarray
+) -> None:
+    """Write dirty pieces (sorted, at ``at`` in ``buf``) to ``driver`` under an exclusive lock
+    on the bytes they span, as independent writes take (:mod:`strataio.collective.sieving`):
+    another rank's sieving write, between reading and writing a span over them, cannot undo
+    them (a write-back may run while other ranks are in independent calls)."""
+    lo, hi = int(off[0]), int(off[-1] + length[-1])
+    driver.lock(lo, hi - lo)
+    try:
+        driver.writev(VectoredPlan(off, length, at), buf)
+    finally:
+        driver.unlock(lo, hi - lo)
+
+
 class RealmCache(LayeredDriver):
     """An aggregator's realm cache in at most ``capacity`` bytes of memory (LRU, write-back) over
     ``driver``, the file (see the module docs). ``page``: bytes per page and arena slot;
@@ -237,7 +252,7 @@ class RealmCache(LayeredDriver):
         """Write the dirty bytes of ``slots`` to the file and mark them clean."""
         off, length, at = dirty_pieces(self.grid, self.mem, slots)
         if off.size:
-            self.inner.writev(VectoredPlan(off, length, at), self.mem.arena)
+            write_dirty(self.inner, off, length, at, self.mem.arena)
             self.bytes_written += int(length.sum())
         self.mem.dirty_lo[slots] = 0
         self.mem.dirty_hi[slots] = 0
