@@ -8,9 +8,11 @@ from pathlib import Path
 import pytest
 
 from strataio.catalog import TierRecord
+from strataio.catalog.base import redact_url
 from strataio.config import (
     CONFIG_ENV,
     CONFIG_FILENAME,
+    CatalogConfig,
     Config,
     default_config_text,
     load_config,
@@ -285,3 +287,23 @@ def test_default_text_is_commented_valid_toml():
     assert data["catalog"]["url"] == ".strataio/catalog.db"
     assert [t["name"] for t in data["tiers"]] == ["local", "remote", "archive"]
     assert sum(line.startswith("#") for line in text.splitlines()) >= 10
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("postgresql://meta:hunter2@db/strataio", "postgresql://meta:***@db/strataio"),
+        (
+            "postgresql://meta@/strataio?host=/run/pg&password=hunter2&sslmode=disable",
+            "postgresql://meta@/strataio?host=/run/pg&password=***&sslmode=disable",
+        ),
+        ("postgresql:///strataio?PassWord=hunter2", "postgresql:///strataio?PassWord=***"),
+        ("postgresql://m:hunter2@/s?password=hunter2", "postgresql://m:***@/s?password=***"),
+        ("postgresql:///strataio?host=/run/pg", "postgresql:///strataio?host=/run/pg"),
+        ("/abs/catalog.db", "/abs/catalog.db"),
+    ],
+)
+def test_a_catalog_url_shows_no_password(url, shown):
+    """A password is masked wherever libpq takes it: the user part or a query parameter."""
+    assert redact_url(url) == shown
+    assert repr(CatalogConfig(url)) == f"CatalogConfig(url={shown!r})"

@@ -20,7 +20,7 @@ import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit
 
 from strataio.errors import MetadataError
 
@@ -633,13 +633,25 @@ def codec_json(codecs: Any) -> str:
 
 
 def redact_url(url: str) -> str:
-    """``url`` with any password replaced by ``***``, for messages and listings."""
+    """``url`` with any password replaced by ``***``, for messages and listings: the one in
+    its user part and any given as a query parameter (libpq's ``?password=``)."""
     parts = urlsplit(url)
-    if not parts.password:
+    netloc, query = parts.netloc, parts.query
+    if parts.password:
+        netloc = f"{parts.username or ''}:***@{netloc.rsplit('@', 1)[1]}"
+    if query:
+        query = "&".join(
+            f"{k}=***" if v and unquote(k).strip().lower() == "password" else f"{k}{eq}{v}"
+            for k, eq, v in (pair.partition("=") for pair in query.split("&"))
+        )
+    if (netloc, query) == (parts.netloc, parts.query):
         return url
-    host = parts.netloc.rsplit("@", 1)[1]
-    user = parts.username or ""
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+    # (not urlunsplit, which drops the "//" of an empty host: postgresql:///db?host=/socket)
+    return (
+        f"{parts.scheme}://{netloc}{parts.path}"
+        + (f"?{query}" if query else "")
+        + (f"#{parts.fragment}" if parts.fragment else "")
+    )
 
 
 def open_catalog(url: str | os.PathLike[str]) -> Catalog:
