@@ -362,3 +362,42 @@ def test_setup_has_no_dead_end_in_any_order(monkeypatch):
         SetupMachine,
         settings=settings(max_examples=25, stateful_step_count=8, deadline=None),
     )
+
+
+@pytest.mark.parametrize("given", ["in the user part", "as a query parameter"])
+def test_a_catalog_password_shows_nowhere(runner, tmp_path, pg_url, given):
+    """A PostgreSQL catalog URL's password, given either way libpq takes it, is masked in
+    every command's output, in an error naming the catalog, and in a Session's repr (also
+    the warning about a Session left unclosed)."""
+    import strataio
+    from strataio.session import _close_at_exit
+
+    secret = "hunter2-pw"
+    assert pg_url.startswith("postgresql://postgres:@")
+    if given == "in the user part":
+        url = pg_url.replace("postgres:@", f"postgres:{secret}@", 1)
+    else:
+        url = f"{pg_url}&password={secret}"
+    tiers = "[[tiers]]\nname = 'local'\nkind = 'posix'\nrole = 'localdisk'\npath = 'local'\n"
+    (tmp_path / "strataio.toml").write_text(f"[catalog]\nurl = '{url}'\n{tiers}")
+    outputs = []
+    for args in (["init"], ["ls"], ["tiers"], ["du"], ["fsck"], ["info", "nope"]):
+        res = runner.invoke(main, args)
+        assert res.exit_code == (2 if args[0] == "info" else 0), res.output
+        outputs.append(res.output)
+    assert "***" in outputs[1]  # (ls names the catalog)
+    # an error naming the catalog: a database that does not exist
+    (tmp_path / "strataio.toml").write_text(
+        f"[catalog]\nurl = '{url.replace('/postgres?', '/nosuchdb?', 1)}'\n{tiers}"
+    )
+    res = runner.invoke(main, ["ls"])
+    assert res.exit_code == 1 and "nosuchdb" in res.output, res.output
+    outputs.append(res.output)
+    (tmp_path / "strataio.toml").write_text(f"[catalog]\nurl = '{url}'\n{tiers}")
+    with pytest.warns(ResourceWarning) as caught:
+        session = strataio.Session()
+        outputs += [repr(session), repr(session.catalog)]
+        _close_at_exit()
+    outputs += [str(w.message) for w in caught]
+    for text in outputs:
+        assert secret not in text, text

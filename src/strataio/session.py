@@ -44,6 +44,7 @@ from strataio.catalog.base import (
     DatasetRecord,
     codec_json,
     open_catalog,
+    redact_url,
 )
 from strataio.errors import (
     ArgumentError,
@@ -826,7 +827,8 @@ class Session:
         self.close()
 
     def __repr__(self) -> str:
-        return f"Session(tiers={self.tiers.names}, catalog={getattr(self.catalog, 'url', '-')})"
+        url = getattr(self.catalog, "url", None)
+        return f"Session(tiers={self.tiers.names}, catalog={redact_url(url) if url else '-'})"
 
     # ----------------------------------------------------------------- internals
     def _check_open(self) -> None:
