@@ -12,6 +12,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from urllib.parse import quote
 
 import pytest
 from hypothesis import settings
@@ -1606,3 +1607,12 @@ def test_a_dataset_in_use_elsewhere_is_not_deleted(url):
         mine.delete_dataset("d", remnants=["local"])
         assert mine.remnants() == [("d", "local")]
         assert not other.lingering_marks()
+
+
+def test_a_schema_missing_is_named_with_the_way_to_make_it(pg_server):
+    """A URL whose search_path names no schema of the database is refused, saying so and
+    how to make one (not with an SQL error about a CREATE TABLE)."""
+    uri = pg_server.get_uri()
+    url = f"{uri}{'&' if '?' in uri else '?'}options={quote('-csearch_path=no_such_schema')}"
+    with pytest.raises(BackendError, match=r"search_path \(no_such_schema\).*CREATE SCHEMA"):
+        open_catalog(url)

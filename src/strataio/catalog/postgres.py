@@ -74,6 +74,20 @@ class PostgresCatalog(SQLCatalog):
             raise
         return conn
 
+    def _migrate(self) -> None:
+        try:
+            super()._migrate()
+        except BackendError as exc:
+            if not isinstance(exc.__cause__, psycopg.errors.InvalidSchemaName):
+                raise
+            path = self._conn.execute("SHOW search_path").fetchone()[0]
+            raise BackendError(
+                f"catalog {self._label()}: no schema of its search_path ({path}) exists in "
+                "the database, so its tables have nowhere to go: create the schema first "
+                "(CREATE SCHEMA name), or name an existing one in the URL "
+                "(?options=-csearch_path%3Dname)"
+            ) from exc
+
     def _disconnect(self) -> None:
         self._conn.close()
 
