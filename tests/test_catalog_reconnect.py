@@ -227,3 +227,36 @@ def test_an_idle_writer_shows_alive_again_soon_after_its_connection_ended(pg_ser
         time.sleep(0.02)
     mine.close()
     assert not mine._keepalive.is_alive()
+
+
+def test_a_connection_lost_again_while_reopened_leaves_no_token_held_twice(
+    pg_server, two, monkeypatch
+):
+    """The connection ended again while the catalog takes its writers' tokens back on the
+    new one: the call raises, the next opens a connection afresh, and each token is held
+    once there, so a writer released afterwards is dead to every other process."""
+    from strataio.catalog.postgres import PostgresCatalog
+
+    mine, other = two
+    writers = [mine.register_writer(), mine.register_writer()]
+    take = PostgresCatalog._hold_token
+    cuts = []
+
+    def cut_then_take(self, writer):
+        if self is mine and cuts:
+            cuts.pop()
+            _terminate(pg_server, self)
+        take(self, writer)
+
+    monkeypatch.setattr(PostgresCatalog, "_hold_token", cut_then_take)
+    _terminate(pg_server, mine)
+    cuts.append(1)
+    try:
+        mine.tiers()
+    except BackendError as exc:
+        assert "lost again" in str(exc)
+    assert [t.name for t in mine.tiers()] == ["local"]
+    assert other.alive(writers) == set(writers)
+    for w in writers:
+        mine.release_writer(w)
+    assert other.alive(writers) == set()

@@ -331,6 +331,7 @@ class SQLCatalog(Catalog):
         self._linger_timer: threading.Timer | None = None
         self._claims: set[tuple[str, str]] = set()  # (writer, dataset) marked as a claim
         self._reconnect_due = False  # the connection was lost and is not open again yet
+        self._resuming = False  # _reconnect is taking back what the lost connection held
         self._conn = self._connect()
         try:
             self._migrate()
@@ -485,6 +486,14 @@ class SQLCatalog(Catalog):
         dead; what they did on that ground (a rewrite in flight settled by fsck, an eviction
         from a dataset in use) meets this process as another writer's change would: a flush
         that reports a rewrite lost, a read that finds a copy gone and asks again."""
+        if self._resuming:
+            # (lost again while the tokens were being taken back: taking them all again on
+            # yet another connection from here would take some twice on it, and those would
+            # stay held, their writers alive to every process, after their release)
+            raise BackendError(
+                f"catalog {self._label()}: the connection was lost again while it was being "
+                f"opened anew ({cause}); the next call opens it again"
+            )
         self._reconnect_due = True
         with contextlib.suppress(Exception):
             self._disconnect()
@@ -497,11 +506,16 @@ class SQLCatalog(Catalog):
                 f"opened again: {exc}"
             ) from exc
         self._reconnect_due = False
+        self._resuming = True
         try:
             self._resume_writers()
         except BaseException:
-            self._reconnect_due = self._connection_lost()
+            # (the next call opens a connection afresh, holding nothing, and takes every
+            # token back once on it)
+            self._reconnect_due = True
             raise
+        finally:
+            self._resuming = False
 
     def _resume_writers(self) -> None:
         """Retake the tokens of the writers registered here, and restore their rows and
