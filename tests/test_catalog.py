@@ -1616,3 +1616,35 @@ def test_a_schema_missing_is_named_with_the_way_to_make_it(pg_server):
     url = f"{uri}{'&' if '?' in uri else '?'}options={quote('-csearch_path=no_such_schema')}"
     with pytest.raises(BackendError, match=r"search_path \(no_such_schema\).*CREATE SCHEMA"):
         open_catalog(url)
+
+
+def test_a_touch_and_a_commit_of_the_same_rows_never_deadlock(pg_url):
+    """A touch of chunks whose rows another process's transaction is changing (a commit of
+    rewrites, locking its rows in its own order) waits on none of them: it records the
+    times of the rows it can and lets the other transaction run, where waiting on each
+    other's rows the server failed one of the two as a deadlock."""
+    import psycopg
+
+    with open_catalog(pg_url) as cat:
+        cat.register_tiers(TIERS)
+        cat.create_dataset(_ds("d"))
+        cat.commit([ChunkCopy("d", f"c/{i}", "local", 8, "aa") for i in range(2)])
+        errors: list[BaseException] = []
+
+        def touch() -> None:
+            try:
+                cat.touch("d", ["c/0", "c/1"], 5.0)
+            except BaseException as exc:
+                errors.append(exc)
+
+        with psycopg.connect(pg_url) as other:  # (its statements run in one transaction)
+            other.execute("UPDATE residency SET checksum = 'bb' WHERE key = 'c/1'")
+            toucher = threading.Thread(target=touch)
+            toucher.start()
+            toucher.join(2.0)  # (a touch that waits on c/1 holds c/0 meanwhile)
+            other.execute("UPDATE residency SET checksum = 'bb' WHERE key = 'c/0'")
+            other.commit()
+        toucher.join()
+        assert errors == []
+        times = {c.key: c.last_access for c in cat.residency("d")}
+        assert times["c/0"] == 5.0

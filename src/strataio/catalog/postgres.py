@@ -206,8 +206,15 @@ class PostgresCatalog(SQLCatalog):
         )
 
     def _bulk_touch(self, cur: psycopg.Cursor, dataset: str, keys: Sequence[str], when: float):
+        # READ COMMITTED takes row locks in whatever order the scan meets the rows, as does a
+        # commit rewriting those chunks: waiting on each other's rows, the two deadlocked and
+        # the server failed one (a writer's flush, or a reader's). A touch skips the rows
+        # another transaction holds (a commit that changes them records its own times), so
+        # it never waits on a row.
         cur.execute(
-            "UPDATE residency SET last_access = %s WHERE dataset = %s AND key = ANY(%s::text[])",
+            "UPDATE residency SET last_access = %s WHERE ctid = ANY(ARRAY("
+            "SELECT ctid FROM residency WHERE dataset = %s AND key = ANY(%s::text[]) "
+            "FOR UPDATE SKIP LOCKED))",
             (when, dataset, list(keys)),
         )
 
