@@ -1648,3 +1648,41 @@ def test_a_touch_and_a_commit_of_the_same_rows_never_deadlock(pg_url):
         assert errors == []
         times = {c.key: c.last_access for c in cat.residency("d")}
         assert times["c/0"] == 5.0
+
+
+@pytest.mark.parametrize("change", ["commit", "record_verified"])
+def test_two_changes_of_the_same_rows_never_deadlock(pg_url, change):
+    """Two transactions changing rows of the same chunks (commits of copies, records of
+    checks) take them in one order, key order, whatever order their caller named them in:
+    the second waits for the first, where in two orders each held a row the other wanted
+    and the server failed one of them as a deadlock."""
+    import psycopg
+
+    table = "residency" if change == "commit" else "verified"
+    with open_catalog(pg_url) as cat:
+        cat.register_tiers(TIERS)
+        cat.create_dataset(_ds("d"))
+        cat.commit([ChunkCopy("d", f"c/{i}", "local", 8, "aa") for i in range(2)])
+        cat.record_verified("d", [VerifiedCopy(f"c/{i}", "local", "aa", (i,)) for i in range(2)])
+        errors: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                if change == "commit":
+                    cat.commit([ChunkCopy("d", f"c/{i}", "local", 8, "cc") for i in (1, 0)])
+                else:
+                    cat.record_verified(
+                        "d", [VerifiedCopy(f"c/{i}", "local", "aa", (7,)) for i in (1, 0)]
+                    )
+            except BaseException as exc:
+                errors.append(exc)
+
+        with psycopg.connect(pg_url) as other:  # (its statements run in one transaction)
+            other.execute(f"UPDATE {table} SET checksum = 'bb' WHERE key = 'c/0'")
+            changer = threading.Thread(target=run)
+            changer.start()
+            changer.join(2.0)  # (a change that took c/1 first holds it, waiting on c/0)
+            other.execute(f"UPDATE {table} SET checksum = 'bb' WHERE key = 'c/1'")
+            other.commit()
+        changer.join()
+        assert errors == []

@@ -190,7 +190,8 @@ class PostgresCatalog(SQLCatalog):
             for row in rows:
                 copy.write_row(row)
         upsert_from_staging = UPSERT_COPY.replace(
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", f"SELECT {COPY_COLS} FROM {_STAGING}"
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            f'SELECT {COPY_COLS} FROM {_STAGING} ORDER BY dataset COLLATE "C", key COLLATE "C", tier COLLATE "C"',
         )
         cur.execute(upsert_from_staging)
 

@@ -1170,6 +1170,10 @@ class SQLCatalog(Catalog):
                     )
                     for c in latest.values()
                 ]  # fmt: skip
+                # (in key order, as every commit and record_verified takes its rows: two
+                # transactions upserting rows of the same chunks never wait on each other
+                # in a cycle, which the server would fail one of as a deadlock)
+                rows.sort(key=lambda r: r[:3])
                 self._bulk_upsert(cur, rows)
                 settled_own = [
                     i
@@ -1343,7 +1347,9 @@ class SQLCatalog(Catalog):
         return [_as(VerifiedCopy, (k, t, c, _version_of(v))) for k, t, c, v in rows]
 
     def record_verified(self, dataset: str, copies: Iterable[VerifiedCopy]) -> None:
-        rows = [(dataset, c.key, c.tier, c.checksum, _version_text(c.version)) for c in copies]
+        rows = sorted(  # (in key order: see commit)
+            (dataset, c.key, c.tier, c.checksum, _version_text(c.version)) for c in copies
+        )
         if not rows:
             return
         # (advisory rows, each checked again against the copy and its object when used: no
