@@ -260,3 +260,26 @@ def test_a_connection_lost_again_while_reopened_leaves_no_token_held_twice(
     for w in writers:
         mine.release_writer(w)
     assert other.alive(writers) == set()
+
+
+def test_a_writer_registered_as_the_connection_ends_holds_its_token(pg_server, two, monkeypatch):
+    """The connection ended between taking a new writer's token and writing its row: the
+    row is written on the connection opened anew, and the token is taken there too, so the
+    writer is alive to other processes (not dead from its start, its marks and rewrites
+    then any other process's to override)."""
+    from strataio.catalog.postgres import PostgresCatalog
+
+    mine, other = two
+    take = PostgresCatalog._hold_token
+    cuts = [1]
+
+    def take_then_cut(self, writer):
+        take(self, writer)
+        if self is mine and cuts:
+            cuts.pop()
+            _terminate(pg_server, self)
+
+    monkeypatch.setattr(PostgresCatalog, "_hold_token", take_then_cut)
+    writer = mine.register_writer()
+    assert other.alive([writer]) == {writer}
+    assert [w.id for w in other.writers()] == [writer]

@@ -1388,18 +1388,22 @@ class SQLCatalog(Catalog):
         with self._lock:
             self._check_open()
             self._hold_token(writer)
+            # (listed before its row is written: a connection lost in between is opened
+            # again with its token taken back, as the others', not without it)
+            self._writers.append(writer)
             try:
                 with self._write() as cur:
                     cur.execute(
                         self._sql(
-                            "INSERT INTO writers (id, host, pid, started) VALUES (?, ?, ?, ?)"
+                            "INSERT INTO writers (id, host, pid, started) VALUES (?, ?, ?, ?) "
+                            "ON CONFLICT (id) DO NOTHING"
                         ),
                         (writer, socket.gethostname(), os.getpid(), time.time()),
                     )
             except BaseException:
+                self._writers.remove(writer)
                 self._release_token(writer)
                 raise
-            self._writers.append(writer)
         return writer
 
     def release_writer(self, writer: str) -> None:
