@@ -283,3 +283,24 @@ def test_a_writer_registered_as_the_connection_ends_holds_its_token(pg_server, t
     writer = mine.register_writer()
     assert other.alive([writer]) == {writer}
     assert [w.id for w in other.writers()] == [writer]
+
+
+def test_a_change_cut_off_by_a_session_the_server_ended_is_known_lost_at_once(two):
+    """A server-ended session (class 57P) can surface as another error while the connection
+    does not yet look closed (a pipeline of statements cut off raises "cannot exit pipeline
+    mode while busy"): that change too is reported lost, and the next call opens a new
+    connection rather than failing on the old one."""
+    import psycopg
+
+    mine, other = two
+    mine.create_dataset(_record("a"))
+    before = mine._conn.info.backend_pid
+    with pytest.raises(BackendError, match="lost during a change"), mine._write():
+        try:
+            raise psycopg.errors.AdminShutdown("terminating connection")
+        except psycopg.Error as ended:
+            raise psycopg.OperationalError("cannot exit pipeline mode while busy") from ended
+    assert not mine._conn.closed  # (as psycopg left it)
+    mine.commit([ChunkCopy("a", "c/0", "local", 8, "00000001")])
+    assert mine._conn.info.backend_pid != before
+    assert [c.key for c in other.residency("a")] == ["c/0"]

@@ -91,8 +91,20 @@ class PostgresCatalog(SQLCatalog):
     def _disconnect(self) -> None:
         self._conn.close()
 
-    def _connection_lost(self) -> bool:
-        return bool(self._conn.closed)
+    def _connection_lost(self, exc: BaseException | None = None) -> bool:
+        if self._conn.closed:
+            return True
+        # (an error of a session the server ended, class 57P: admin or crash shutdown, idle
+        # timeout...; found in the chain where it surfaced as another, as a pipeline of
+        # statements cut off does: "cannot exit pipeline mode while busy", the connection
+        # not yet seen closed)
+        seen: set[int] = set()
+        while exc is not None and id(exc) not in seen:
+            seen.add(id(exc))
+            if str(getattr(exc, "sqlstate", None) or "").startswith("57P"):
+                return True
+            exc = exc.__cause__ or exc.__context__
+        return False
 
     @contextlib.contextmanager
     def _begin(self, durable: bool = True) -> Iterator[psycopg.Cursor]:

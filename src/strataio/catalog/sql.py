@@ -348,9 +348,10 @@ class SQLCatalog(Catalog):
     @abc.abstractmethod
     def _disconnect(self) -> None: ...
 
-    def _connection_lost(self) -> bool:
+    def _connection_lost(self, exc: BaseException | None = None) -> bool:
         """Whether the connection has ended under this object (a server restart, a backend
-        terminated): :meth:`_reconnect` can open it again. Never, for an embedded database."""
+        terminated), as it shows now or as ``exc``, the error a call met, says:
+        :meth:`_reconnect` can open it again. Never, for an embedded database."""
         return False
 
     @abc.abstractmethod
@@ -428,7 +429,7 @@ class SQLCatalog(Catalog):
             except self.INTEGRITY_ERRORS as exc:
                 raise MetadataError(f"catalog {self._label()}: constraint failed: {exc}") from exc
             except self.DATABASE_ERRORS as exc:
-                if self._connection_lost():
+                if self._connection_lost(exc):
                     self._reconnect_due = True
                     raise BackendError(
                         f"catalog {self._label()}: the connection was lost during a change "
@@ -443,7 +444,7 @@ class SQLCatalog(Catalog):
         try:
             return stack.enter_context(self._begin(durable))
         except self.DATABASE_ERRORS as exc:
-            if not self._connection_lost():
+            if not self._connection_lost(exc):
                 raise
             self._reconnect(exc)
             return stack.enter_context(self._begin(durable))
@@ -454,7 +455,7 @@ class SQLCatalog(Catalog):
             try:
                 return self._fetch(statement, params)
             except self.DATABASE_ERRORS as exc:
-                if not self._connection_lost():
+                if not self._connection_lost(exc):
                     raise BackendError(f"catalog {self._label()}: {exc}") from exc
                 cause = exc
             # (a query changes nothing: asked again on a connection opened anew)
@@ -462,7 +463,7 @@ class SQLCatalog(Catalog):
             try:
                 return self._fetch(statement, params)
             except self.DATABASE_ERRORS as exc:
-                self._reconnect_due = self._connection_lost()
+                self._reconnect_due = self._connection_lost(exc)
                 raise BackendError(f"catalog {self._label()}: {exc}") from exc
 
     def _fetch(self, statement: str, params: Sequence[Any]) -> list[tuple]:
