@@ -392,3 +392,31 @@ def test_a_superfile_made_again_elsewhere_is_not_read_from_the_prefetch_cache(tm
             other.delete_dataset("s")
             make(other, b"new value")
         assert read(reader) == b"new value"
+
+
+def test_two_writers_appending_at_once_keep_each_others_members(tmp_path):
+    """Two sessions (two writers of one catalog) have one superfile open to append; each
+    seals containers after the other opened it. Every member either flushed is read back:
+    the second writer's container took a number of its own, not the first one's again."""
+
+    def session() -> strataio.Session:
+        return strataio.Session(tiers=disk_tape(tmp_path), catalog=tmp_path / "cat.db")
+
+    with session() as s1, session() as s2:
+        a = s1.superfile("s", hint="LOCALDISK", container_bytes=100)
+        a.put("a0", b"first")
+        a.flush()
+        b = s2.superfile("s")
+        a.put("a1", b"second")
+        a.flush()
+        b.put("b1", b"third")
+        b.flush()
+        a.put("a2", b"fourth")
+        a.close()
+        b.close()
+    with session() as s:
+        sf = s.superfile("s", "r")
+        assert sf.members() == ["a0", "a1", "a2", "b1"]
+        assert [sf.get(m) for m in sf.members()] == [b"first", b"second", b"fourth", b"third"]
+        assert len(sf.containers()) == 4
+        assert fsck(s.catalog, s.tiers).clean

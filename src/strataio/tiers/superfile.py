@@ -76,6 +76,8 @@ __all__ = [
 DEFAULT_CONTAINER_BYTES = 16 << 20
 #: the dataset attribute that marks a catalogued dataset as a superfile
 SUPERFILE_ATTR = "strataio.superfile"
+#: the record annotation naming the next container number no writer has taken yet
+NEXT_ATTR = "strataio.superfile.next"
 _PREFIX = "sf/"
 #: bytes read from a container's end to find its index in one request (most indexes fit)
 _TAIL_BYTES = 64 << 10
@@ -121,7 +123,8 @@ class Superfile:
     ``put(name, value)`` stores a member (a name put again is replaced); ``get(name)`` returns
     it as put (bytes, or an array of its dtype and shape); ``members()`` lists the names;
     ``flush()`` makes every member put so far durable; ``close()`` flushes and releases the
-    superfile. Thread-safe.
+    superfile. Thread-safe; processes appending at once each seal containers of their own
+    numbers (a member put in both reads as the one sealed last).
     """
 
     def __init__(self, store: TieredChunkStore, *, mode: str, container_bytes: int) -> None:
@@ -170,7 +173,7 @@ class Superfile:
     def _seal(self) -> None:
         assert self._open is not None
         blob, index = self._open.seal()
-        seq = self._next
+        seq = self._take_seq()
         key = container_key(seq)
         # durable on its tier and checksummed before the catalog names it (Commit.apply)
         self._store.put_chunks([(key, blob)])
@@ -179,6 +182,20 @@ class Superfile:
         self._sealed.add(seq)
         self._add_index(seq, index)
         self._open = None
+
+    def _take_seq(self) -> int:
+        """A container number no writer of the catalog has taken: the superfile's record
+        counts them (:data:`NEXT_ATTR`), so two processes appending at once never seal one
+        container over the other's."""
+        catalog = self._store.commit.catalog
+        if catalog is None:
+            return self._next
+
+        def take(value: Any) -> int:
+            known = value if isinstance(value, int) and not isinstance(value, bool) else 0
+            return max(known, self._next) + 1
+
+        return int(catalog.annotate_dataset(self.name, NEXT_ATTR, take)) - 1
 
     # ----------------------------------------------------------------- reads
     def get(self, name: str) -> bytes | np.ndarray:
