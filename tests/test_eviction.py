@@ -777,3 +777,21 @@ def test_an_eviction_round_that_fails_releases_its_claims(tmp_path, monkeypatch)
         with two_tier_session(tmp_path) as other:
             assert other.catalog.claim_eviction("a"), "the failed round kept its claim on 'a'"
             other.catalog.release_eviction("a")
+
+
+def test_evicting_an_only_copy_from_a_tier_marked_down_says_so(tmp_path):
+    """The copy cannot be read to be written back: the failure names the tier as down and
+    why, not the slower tiers as full."""
+    with two_tier_session(tmp_path, cap=None) as s:
+        ds = s.create_dataset("a", (10, 20), "f4", (10, 10), hint="LOCALDISK")
+        ds[...] = A[:10, :20]
+        ds.flush()
+        s.tiers["fast"].mark_down("its directory is gone")
+        r = ds.evict(tier="fast").result()
+        assert r.moved == 0 and len(r.failed) == 2, r
+        for _, message in r.failed:
+            assert "'fast', which is marked down (its directory is gone)" in message
+            assert "full, down" not in message
+        s.tiers["fast"].mark_up()
+        np.testing.assert_array_equal(ds[...], A[:10, :20])
+        ds.close()

@@ -776,6 +776,14 @@ class Mover:
             if not refreshed and self._refresh(res, key):
                 # another process moved or rewrote it since this residency was loaded
                 return self._evict_one(res, key, tier, drops, refreshed=True)
+            if not tier.up:  # (its copy cannot be read to be written back)
+                raise StrataError(
+                    f"chunk {key!r} of {res.name!r}: its only copy is on {tier.name!r}, which "
+                    f"is marked down ({tier.last_error}), so it cannot be read to be written "
+                    "back to a slower tier; evict it again once the tier answers (this "
+                    f"process probes a down tier again after {Tier.RECHECK_S:g} s, less often "
+                    "while it stays down)"
+                )
             rank = self._rank(tier.name)
             if not any(self._rank(t.name) > rank for t in self.placement.persistent()):
                 raise StrataError(
