@@ -512,3 +512,14 @@ def test_a_hint_is_judged_alone_and_passed_on_with_its_key_stripped() -> None:
     assert HINT.convert(" cb_buffer_size =4096", None, None) == "cb_buffer_size=4096"
     with pytest.raises(click.BadParameter, match="expected an integer"):
         HINT.convert("strataio_driver_bandwidth=fast", None, None)
+
+
+@pytest.mark.parametrize("option, value", [("--size", "-5"), ("--size", "0"), ("--chunk", "0")])
+def test_demo_sections_refuses_a_size_or_chunk_below_one(option, value, tmp_path) -> None:
+    """`strataio demo sections` with a side or chunk side below 1 is a usage error naming the
+    option (not a numpy traceback), and no folder or dataset is made."""
+    where = tmp_path / "demo"
+    res = CliRunner().invoke(main, ["demo", "sections", "--dir", str(where), option, value])
+    assert res.exit_code == 2, res.output
+    assert f"Invalid value for '{option}'" in res.output and "Traceback" not in res.output
+    assert not where.exists()

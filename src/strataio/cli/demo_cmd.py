@@ -137,8 +137,20 @@ def demo_group(
     show_default=True,
     help="Where the sample dataset is written (replaced if it exists).",
 )
-@click.option("--size", default=2000, show_default=True, help="Side of the square array.")
-@click.option("--chunk", default=200, show_default=True, help="Side of the square chunks.")
+@click.option(
+    "--size",
+    type=click.IntRange(min=1),
+    default=2000,
+    show_default=True,
+    help="Side of the square array.",
+)
+@click.option(
+    "--chunk",
+    type=click.IntRange(min=1),
+    default=200,
+    show_default=True,
+    help="Side of the square chunks.",
+)
 @click.option("--codec", default="zstd+crc32c", show_default=True, help="Codec pipeline.")
 def sections_cmd(directory: Path, size: int, chunk: int, codec: str) -> None:
     """Write a SIZE x SIZE float32 dataset in CHUNK x CHUNK sub-files, then read the APRIL
