@@ -523,3 +523,24 @@ def test_demo_sections_refuses_a_size_or_chunk_below_one(option, value, tmp_path
     assert res.exit_code == 2, res.output
     assert f"Invalid value for '{option}'" in res.output and "Traceback" not in res.output
     assert not where.exists()
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["bench", "tape", "--json", "{tmp}/no/out.json"],
+        ["bench", "flatten", "--json", "{tmp}/no/out.json"],
+        ["demo", "--dir", "{tmp}/demo", "--chart", "{tmp}/no/chart.png"],
+        ["demo", "--dir", "{tmp}/demo", "--json", "{tmp}/no/out.json"],
+    ],
+)
+def test_an_output_file_without_its_folder_is_refused_before_the_run(args, tmp_path) -> None:
+    """--json or --chart into a folder that does not exist is a usage error naming it, at
+    once: not a traceback (or an error) after the benchmark or demo has run for minutes."""
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 2, res.output
+    assert f"Invalid value for '{args[-2]}'" in res.output, res.output
+    assert f"no folder {tmp_path / 'no'}" in res.output, res.output
+    assert res.exception is None or isinstance(res.exception, SystemExit), res.exception
+    assert sorted(os.listdir(tmp_path)) == []

@@ -19,6 +19,7 @@ from strataio.cli import main
 from strataio.cli.dataset_cmd import bytes_on_disk, fail
 from strataio.cli.output import (
     NON_NEGATIVE,
+    OutputFile,
     handle_errors,
     json_option,
     make_console,
@@ -87,7 +88,7 @@ from strataio.layout.sections import Section
 )
 @click.option(
     "--chart",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=OutputFile(),
     default=None,
     help="PNG bar chart of predicted and measured times (default: DIR/astro3d.png).",
 )

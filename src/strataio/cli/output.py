@@ -16,11 +16,27 @@ from rich.console import Console
 
 from strataio.errors import ConfigError, StrataError
 
+
+class OutputFile(click.Path):
+    """A file a command writes when it is done (``--json``, a chart): its folder must exist,
+    checked when the options are read rather than after a run of minutes."""
+
+    def __init__(self) -> None:
+        super().__init__(dir_okay=False, path_type=Path)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        path = super().convert(value, param, ctx)
+        folder = Path(path).parent
+        if not folder.is_dir():
+            self.fail(f"{str(value)!r}: no folder {folder} to write it in", param, ctx)
+        return path
+
+
 #: ``--json FILE``: every benchmark command can also write its results for machines
 json_option = click.option(
     "--json",
     "json_path",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=OutputFile(),
     default=None,
     help="Also write the results to this file as JSON.",
 )
