@@ -544,3 +544,20 @@ def test_an_output_file_without_its_folder_is_refused_before_the_run(args, tmp_p
     assert f"no folder {tmp_path / 'no'}" in res.output, res.output
     assert res.exception is None or isinstance(res.exception, SystemExit), res.exception
     assert sorted(os.listdir(tmp_path)) == []
+
+
+def test_an_interrupted_command_says_so_in_one_line_and_exits_130(monkeypatch) -> None:
+    """Ctrl-C in a command is one line on stderr saying it was interrupted and what to do,
+    and exit status 130 as for any command SIGINT ends (not click's bare "Aborted!" and 1,
+    a failure's status)."""
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("strataio.cli.catalog_cmd.load_config", interrupted)
+    res = CliRunner().invoke(main, ["ls"])
+    assert res.exit_code == 130, res.output
+    assert "Aborted!" not in res.output and "Traceback" not in res.output
+    lines = [line for line in res.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: interrupted"), res.output
+    assert "strataio fsck --repair" in lines[0]

@@ -7,7 +7,24 @@ import click
 from strataio import __version__
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Commands(click.Group):
+    """The ``strataio`` group: a command interrupted (Ctrl-C, SIGINT) says so in one line on
+    stderr and exits 130, as a shell reports a command SIGINT ended (not click's bare
+    ``Aborted!`` and exit 1, which a script cannot tell from a failure)."""
+
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            click.echo(
+                "\nerror: interrupted; run the command again to finish it (strataio fsck --repair "
+                "settles a move or write it cut short)",
+                err=True,
+            )
+            raise click.exceptions.Exit(130) from None
+
+
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="strataio")
 def main() -> None:
     """strataio: parallel I/O of scientific arrays across a storage hierarchy."""
