@@ -12,7 +12,7 @@ from mpi4py import MPI
 import strataio
 from mpirun import run_mpi
 from strataio.collective import driver as driver_module
-from strataio.errors import ChunkChangedError, HintError
+from strataio.errors import ChecksumError, ChunkChangedError, HintError
 
 
 @pytest.mark.mpi
@@ -197,4 +197,30 @@ def test_write_all_over_part_of_a_shard_replaced_after_its_index_was_read(tmp_pa
     want = v2.copy()
     want[1:3, 1:3] = -1
     np.testing.assert_array_equal(ds.read_all(...), want)
+    assert not list((tmp_path / "a").rglob("*.part"))
+
+
+def test_write_all_over_part_of_a_corrupt_inner_chunk_names_the_shard(tmp_path):
+    """A collective write that reads an old inner chunk to update part of it, and finds it
+    corrupt, raises ChecksumError naming the dataset and the shard, the shard left as it
+    was."""
+    a = np.arange(16 * 16, dtype="f8").reshape(16, 16)
+    ds = strataio.create_dataset(
+        tmp_path / "a",
+        a.shape,
+        "f8",
+        (4, 4),
+        shards=(8, 8),
+        codec="zstd+crc32c",
+        comm=MPI.COMM_SELF,
+    )
+    ds.write_all(..., a)
+    shard = tmp_path / "a" / "c" / "0" / "0"
+    raw = bytearray(shard.read_bytes())
+    raw[20] ^= 0x01  # (inside inner chunk (0, 0), the first one stored)
+    shard.write_bytes(bytes(raw))
+    with pytest.raises(ChecksumError, match=r"shard 'c/0/0': inner chunk \(0, 0\)") as err:
+        ds.write_all(np.s_[0:1, 0:1], -1.0)
+    assert "dataset" in str(err.value)
+    assert shard.read_bytes() == bytes(raw)
     assert not list((tmp_path / "a").rglob("*.part"))

@@ -568,9 +568,9 @@ def _compress_runs(
         if need and index is not None:
             try:
                 olds = codec.read_inner(read, index, number[need])
-            except StrataError:
+            except StrataError as exc:
                 _check(ds, read, "write")  # (the new file's bytes at the old offsets, say)
-                raise
+                raise type(exc)(f"{_named(ds)}, shard {keys[k]!r}: {exc}") from None
             for c, got in zip(need, olds):
                 base[c] = None if got is None else np.array(got)
         kept: list[int] = []
