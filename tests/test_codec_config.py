@@ -108,3 +108,29 @@ def test_normalize_codecs_fills_in_defaults_and_checks_them():
     assert specs[1] == {"name": "zstd", "configuration": {"level": 0, "checksum": False}}
     with pytest.raises(CodecError, match="unknown configuration key 'lvl'"):
         normalize_codecs([{"name": "zstd", "configuration": {"lvl": 3}}], np.dtype("f4"))
+
+
+@pytest.mark.parametrize("collective", [False, True])
+def test_a_sharded_zarr_json_configured_beyond_its_spec_refuses_a_write_of_fill(
+    tmp_path, collective
+):
+    """A write to a sharded array whose inner codec is configured beyond its spec is a
+    CodecError naming the dataset, before anything is written, even where every inner chunk
+    it writes holds the fill value (none is encoded)."""
+    from mpi4py import MPI
+
+    ds = strataio.create_dataset(tmp_path / "a", (8,), "f4", (2,), shards=(4,), codec="zstd")
+    ds[...] = 1
+    ds.close()
+    meta = json.loads((tmp_path / "a" / "zarr.json").read_text())
+    meta["codecs"][0]["configuration"]["codecs"][1]["configuration"]["level"] = 99
+    (tmp_path / "a" / "zarr.json").write_text(json.dumps(meta))
+    shard = (tmp_path / "a" / "c" / "0").read_bytes()
+    ds = strataio.open_dataset(tmp_path / "a", "r+", comm=MPI.COMM_SELF if collective else None)
+    with pytest.raises(CodecError, match=r"dataset .*'zstd': level 99 is out of range"):
+        if collective:
+            ds.write_all(np.s_[0:2], np.zeros(2, "f4"))
+        else:
+            ds[0:2] = 0
+    assert (tmp_path / "a" / "c" / "0").read_bytes() == shard
+    np.testing.assert_array_equal(ds[...], 1)

@@ -446,6 +446,12 @@ class CodecPipeline:
             codec.decode(stored)
 
     @property
+    def encode_problem(self) -> str | None:
+        """What keeps this pipeline from encoding any chunk (a codec configured beyond what
+        its Zarr v3 spec allows, by a ``zarr.json`` made elsewhere), or None."""
+        return self._encode_problem
+
+    @property
     def stored_dtype(self) -> np.dtype:
         return self._stored_dtype
 

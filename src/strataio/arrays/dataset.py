@@ -403,6 +403,7 @@ class Dataset:
         options = ShardWriteOptions()
         try:
             self._check_writable()
+            self._check_encodable()
             options = ShardWriteOptions.parse(hints)
             if selection is not None:
                 section = self._section(Section.from_index, selection)
@@ -486,6 +487,7 @@ class Dataset:
         ``make`` updates and returns. ``make`` is called from several threads, on distinct
         ``i``."""
         self._check_writable()
+        self._check_encodable()
         codecs = self.codecs
 
         def encoded(lo: int, hi: int) -> list[tuple[str, BytesLike]]:
@@ -593,6 +595,15 @@ class Dataset:
             raise ReadOnlyError(
                 f"dataset {self.name or ''} is open read-only (mode 'r')".replace("  ", " ")
             )
+
+    def _check_encodable(self) -> None:
+        """Raise :class:`CodecError` where the codecs cannot encode any chunk (a
+        ``zarr.json`` made elsewhere configures one beyond its spec): every write, even one of
+        chunks or inner chunks left unstored as the fill value, is refused before any byte
+        is written."""
+        problem = self.codecs.encode_problem
+        if problem:
+            raise CodecError(f"{self._what()}: cannot write: {problem}")
 
     def _update_attrs(self, change: Callable[[dict[str, Any]], None]) -> None:
         """Apply ``change`` to the attributes as ``zarr.json`` holds them now (another handle

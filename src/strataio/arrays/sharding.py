@@ -229,6 +229,12 @@ class ShardCodec:
         return [SHARDING]
 
     @property
+    def encode_problem(self) -> str | None:
+        """What keeps the inner codecs from encoding any inner chunk, or None (see
+        :attr:`CodecPipeline.encode_problem`)."""
+        return self.inner.encode_problem
+
+    @property
     def stored_dtype(self) -> np.dtype:
         return self.inner.stored_dtype
 
