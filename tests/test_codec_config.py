@@ -134,3 +134,26 @@ def test_a_sharded_zarr_json_configured_beyond_its_spec_refuses_a_write_of_fill(
             ds[0:2] = 0
     assert (tmp_path / "a" / "c" / "0").read_bytes() == shard
     np.testing.assert_array_equal(ds[...], 1)
+
+
+@pytest.mark.parametrize(
+    "codec",
+    [
+        [{"name": "zstd"}, {"name": "bytes"}],
+        [{"name": "bytes"}, {"name": "bytes"}],
+        "crc32c+bytes",
+        [
+            {"name": "bytes"},
+            {"name": "zstd"},
+            {"name": "bytes", "configuration": {"endian": "big"}},
+        ],
+    ],
+)
+@pytest.mark.parametrize("shards", [None, (4,)])
+def test_a_bytes_codec_after_the_first_is_refused_as_misplaced(tmp_path, codec, shards):
+    """``bytes`` is the one array→bytes codec: named after a bytes→bytes codec (or twice) it
+    is refused as out of place, not as a codec strataio does not know, nothing created."""
+    with pytest.raises(CodecError, match="'bytes' .* must come once, first") as err:
+        strataio.create_dataset(tmp_path / "a", (8,), "f4", (2,), shards=shards, codec=codec)
+    assert "unknown codec" not in str(err.value)
+    assert not (tmp_path / "a").exists()

@@ -128,6 +128,12 @@ def normalize_codecs(codec: Any, dtype: np.dtype) -> list[CodecSpec]:
         specs.append(_default_spec(name, cfg, dtype, endian))
     if not specs or specs[0]["name"] != "bytes":
         specs.insert(0, _default_spec("bytes", {}, dtype, endian))
+    if any(spec["name"] == "bytes" for spec in specs[1:]):
+        names = [spec["name"] for spec in specs]
+        raise CodecError(
+            f"codecs {names}: 'bytes' (the array→bytes codec) must come once, first, before "
+            f"the {', '.join(_BYTES_CODECS)} codecs"
+        )
     for spec in specs[1:]:
         _try_encode(spec)
     return specs
