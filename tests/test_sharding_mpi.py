@@ -224,3 +224,19 @@ def test_write_all_over_part_of_a_corrupt_inner_chunk_names_the_shard(tmp_path):
     assert "dataset" in str(err.value)
     assert shard.read_bytes() == bytes(raw)
     assert not list((tmp_path / "a").rglob("*.part"))
+
+
+def test_an_alignment_that_makes_a_shard_too_large_is_refused(tmp_path):
+    """Runs aligned so far apart that a shard would hold more than a shard may (2 GiB less
+    one byte) raise HintError naming the hint and the shard; the old shard stays, and no
+    temporary file is left."""
+    ds = strataio.create_dataset(
+        tmp_path / "a", (16,), "f8", (4,), shards=(16,), codec="zstd", comm=MPI.COMM_SELF
+    )
+    ds.write_all(..., np.arange(16.0))
+    shard = (tmp_path / "a" / "c" / "0").read_bytes()
+    with pytest.raises(HintError, match=r"shard 'c/0' would be .*strataio_shard_alignment"):
+        ds.write_all(np.s_[0:4], -1.0, hints={"strataio_shard_alignment": 2**31})
+    assert (tmp_path / "a" / "c" / "0").read_bytes() == shard
+    assert not list((tmp_path / "a").rglob("*.part"))
+    np.testing.assert_array_equal(ds.read_all(...), np.arange(16.0))

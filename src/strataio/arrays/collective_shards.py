@@ -59,6 +59,7 @@ import numpy as np
 from mpi4py import MPI
 
 from strataio.agreed import agree, differs
+from strataio.arrays.codecs import MAX_CHUNK_BYTES
 from strataio.arrays.collective import (
     ChunkPairs,
     OwnedChunks,
@@ -491,7 +492,7 @@ def _write_runs_once(
     entries: list[np.ndarray] = []
     try:
         runs = _compress_runs(ds, codec, owned, which, number, keys, old, versions, me, nprocs)
-        entries = _write_runs(comm, group, codec, runs, temps, options, shard_count=len(keys))
+        entries = _write_runs(comm, group, codec, runs, temps, options, keys)
     except Exception as exc:  # every rank must learn of it before any shard is replaced
         failed = exc
     finally:
@@ -630,13 +631,15 @@ def _write_runs(
     runs: list[Future[_Run]],
     temps: list[str],
     options: ShardWriteOptions,
-    shard_count: int,
+    keys: list[str],
 ) -> list[np.ndarray]:
     """The offset chain and the writes: per shard in order, this rank's run placed after the
     runs of the ranks before it (exclusive prefix sum within the group, the groups chained)
     and written by an I/O thread while later shards are still being compressed. Returns per
     shard this rank's index entries ``(k, number, offset, nbytes)``, and from the communicator's
-    last rank ``(k, -1, end, 0)`` rows giving each shard's data end."""
+    last rank ``(k, -1, end, 0)`` rows giving each shard's data end. A shard whose aligned
+    runs and index come to more than a shard may hold raises :class:`HintError` on the last
+    rank, which then writes no more."""
     g_rank, g_size = group.Get_rank(), group.Get_size()
     me, nprocs = comm.Get_rank(), comm.Get_size()
     first_of_group = me - g_rank
@@ -648,7 +651,7 @@ def _write_runs(
     failed: BaseException | None = None
     nothing = _Run(np.zeros(0, dtype=_I64), np.zeros(0, dtype=_I64), b"")
     try:
-        for k in range(shard_count):
+        for k in range(len(keys)):
             # a rank whose compression failed stays in the chain (with nothing to write):
             # the others must not wait on it forever
             try:
@@ -673,6 +676,10 @@ def _write_runs(
             last_of_group = g_rank == g_size - 1
             if last_of_group and me < nprocs - 1:
                 comm.send(end, dest=me + 1, tag=k % _TAGS)
+            if me == nprocs - 1 and failed is None:
+                failed = _too_large(end + codec.index_nbytes, keys[k], options)
+                if failed is not None:
+                    run = nothing
             if len(run.data):
                 writes.append(io.submit(_write_temp, temps[k], run.data, at, options.driver))
                 offsets = at + np.cumsum(run.sizes) - run.sizes
@@ -688,6 +695,19 @@ def _write_runs(
     if failed is not None:
         raise failed
     return rows
+
+
+def _too_large(size: int, key: str, options: ShardWriteOptions) -> HintError | None:
+    """The error for shard ``key`` of the call laid out at ``size`` bytes (its runs,
+    each rounded up to the alignment, and its index) where that is more than a shard may
+    hold (:data:`~strataio.arrays.codecs.MAX_CHUNK_BYTES`), else None."""
+    if size <= MAX_CHUNK_BYTES:
+        return None
+    return HintError(
+        f"shard {key!r} would be {size} bytes with each rank's run aligned to "
+        f"{options.alignment} bytes (strataio_shard_alignment), more than the {MAX_CHUNK_BYTES} "
+        "bytes a shard may hold: use a smaller alignment"
+    )
 
 
 def _write_temp(path: str, data: bytes, offset: int, hints: Hints, *, create: bool = True) -> None:
