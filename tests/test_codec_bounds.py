@@ -74,3 +74,32 @@ def test_zstd_header_sizes_read_as_declared(nbytes: int) -> None:
         return
     frame = bytes(numcodecs.Zstd(level=1).encode(np.zeros(nbytes, dtype="u1")))
     assert _zstd_content_size(frame) == nbytes
+
+
+@pytest.mark.parametrize("codec", ["zstd+zstd", "crc32c+zstd", "gzip+blosc", "zstd+gzip"])
+def test_a_later_codec_that_would_inflate_far_past_the_chunk_is_refused_cheaply(
+    codec: str,
+) -> None:
+    """The last codec of a pipeline with two compressors (decoded first) gives back no more
+    than the codecs before it can encode the chunk to: a frame of 64 MiB of zeros stored as
+    a 1 KiB chunk is a CodecError, the 64 MiB never allocated."""
+    outer = _pipeline(codec.split("+")[-1], (64 << 20,), "u1")
+    stored = bytes(outer.encode(np.zeros(64 << 20, dtype="u1")))
+    pipe = _pipeline(codec, (1024,), "u1")
+    tracemalloc.start()
+    try:
+        with pytest.raises(CodecError):
+            pipe.decode(stored)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 << 20, peak
+
+
+@pytest.mark.parametrize("codec", ["zstd+zstd", "crc32c+zstd", "gzip+blosc", "zstd+gzip"])
+@pytest.mark.parametrize("kind", ["noise", "zeros"])
+def test_a_chunk_of_two_compressors_round_trips(codec: str, kind: str) -> None:
+    rng = np.random.default_rng(1)
+    chunk = rng.integers(0, 256, 4096, dtype="u1") if kind == "noise" else np.zeros(4096, "u1")
+    pipe = _pipeline(codec, (4096,), "u1")
+    np.testing.assert_array_equal(pipe.decode(pipe.encode(chunk)), chunk)

@@ -6,7 +6,9 @@ Compression runs through numcodecs; ``crc32c`` appends a little-endian CRC-32C o
 bytes, as the Zarr v3 spec defines, and a mismatch on decode raises :class:`ChecksumError`.
 A compressed chunk decodes to its chunk's size or raises :class:`CodecError`: the size its
 header declares (zstd, blosc) is checked before anything is allocated, a zstd frame that
-declares none and a gzip stream are inflated no further than that size.
+declares none and a gzip stream are inflated no further than that size. A compressor after
+another (``"zstd+zstd"``, ``"crc32c+gzip"``) decodes to no more than the codecs before it can
+encode a chunk to (a zstd frame declaring more, or a blosc header, is refused unread).
 
 A stored chunk of the wrong size for this array (a plain chunk whose object is not
 :attr:`CodecPipeline.stored_nbytes` long, a chunk that decodes, or declares it decodes, to
@@ -308,33 +310,53 @@ def _zstd_content_size(data: Any) -> int | None:
     return value + 256 if size == 2 else value
 
 
+def _encoded_bound(codec: Any, nbytes: int) -> int:
+    """The most bytes ``codec`` may encode ``nbytes`` bytes to (generously: zstd, gzip and
+    blosc each add far less to bytes they cannot compress), which is the most its decoder
+    may give back from a sound input, whatever the settings it was written with."""
+    return nbytes + 4 if isinstance(codec, _Crc32c) else nbytes + nbytes // 16 + 1024
+
+
 def _decode_to(
-    codec: Any, data: Any, nbytes: int, size_error: type[CodecError] = CodecError
+    codec: Any,
+    data: Any,
+    nbytes: int,
+    size_error: type[CodecError] = CodecError,
+    *,
+    exact: bool = True,
 ) -> Any:
     """``codec.decode(data)`` for the codec whose output is the chunk's ``nbytes`` array
-    bytes, refusing (``size_error``, :class:`CodecError` or :class:`ChecksumError`) before
+    bytes (with ``exact`` false: at most ``nbytes`` bytes, the output of a codec after the
+    first), refusing (``size_error``, :class:`CodecError` or :class:`ChecksumError`) before
     it allocates or inflates anything else: a corrupt or hostile chunk whose header declares
     gigabytes, or whose stream inflates without end, costs no more memory or time than the
     chunk itself."""
+    expected = f"{nbytes}" if exact else f"at most {nbytes}"
+
+    def wrong(declared: int | None) -> bool:
+        return declared != nbytes if exact else declared is None or declared > nbytes
+
     if isinstance(codec, numcodecs.Blosc):
         head = bytes(memoryview(data).cast("B")[:16])
         # (a Blosc header: version, format, flags, type size, then the decoded size)
         declared = int.from_bytes(head[4:8], "little") if len(head) == 16 else None
-        if declared != nbytes:
-            raise size_error(f"blosc header declares {declared} bytes, expected {nbytes}")
+        if wrong(declared):
+            raise size_error(f"blosc header declares {declared} bytes, expected {expected}")
         return codec.decode(data)
     if isinstance(codec, numcodecs.Zstd):
         declared = _zstd_content_size(data)
         if declared is None:  # (no size in the header: decoded into a buffer of the size)
-            return codec.decode(data, out=np.empty(nbytes, dtype=np.uint8))
-        if declared != nbytes:
-            raise size_error(f"zstd frame declares {declared} bytes, expected {nbytes}")
+            if exact:
+                return codec.decode(data, out=np.empty(nbytes, dtype=np.uint8))
+            return codec.decode(data)
+        if wrong(declared):
+            raise size_error(f"zstd frame declares {declared} bytes, expected {expected}")
         return codec.decode(data)
     if isinstance(codec, numcodecs.GZip):
         inflate = zlib.decompressobj(16 + zlib.MAX_WBITS)
         out = inflate.decompress(memoryview(data).cast("B"), nbytes + 1)
-        if len(out) != nbytes or not inflate.eof:
-            raise size_error(f"gzip stream does not inflate to {nbytes} bytes")
+        if (len(out) != nbytes if exact else len(out) > nbytes) or not inflate.eof:
+            raise size_error(f"gzip stream does not inflate to {expected} bytes")
         return out
     return codec.decode(data)
 
@@ -374,6 +396,7 @@ class CodecPipeline:
     _chunk_nbytes: int = field(init=False)
     _stored_nbytes: int = field(init=False)
     _size_error: type[CodecError] = field(init=False)
+    _decoded_limits: list[int] = field(init=False)
     _encode_problem: str | None = field(init=False)
 
     def __post_init__(self) -> None:
@@ -397,6 +420,11 @@ class CodecPipeline:
             self.dtype.newbyteorder(order) if self.dtype.itemsize > 1 else self.dtype
         )
         self._bytes_codecs = [_numcodec(s) for s in self.specs[1:]]
+        # (per bytes codec: the most bytes its decoder may give back, the array bytes for the
+        # first, a bound of what the codecs before it encode them to for the others)
+        self._decoded_limits = [int(math.prod(self.chunk_shape)) * self.dtype.itemsize]
+        for codec in self._bytes_codecs[:-1]:
+            self._decoded_limits.append(_encoded_bound(codec, self._decoded_limits[-1]))
         # (a zarr.json made elsewhere may configure a codec beyond its spec: such chunks
         # still decode, but none is encoded)
         problems = (configuration_problem(s) for s in self.specs[1:])
@@ -491,10 +519,10 @@ class CodecPipeline:
             codec = codecs[i]
             try:
                 # (the first codec's output is the array's bytes: its size is known)
-                data = (
-                    codec.decode(data)
-                    if i
-                    else _decode_to(codec, data, self._chunk_nbytes, self._size_error)
+                # (the first codec's output is the array's bytes, whose size is known; each
+                # other's is bounded by what the codecs before it make of them)
+                data = _decode_to(
+                    codec, data, self._decoded_limits[i], self._size_error, exact=not i
                 )
             except (ChecksumError, CodecError):
                 raise
