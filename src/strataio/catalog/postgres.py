@@ -203,7 +203,8 @@ class PostgresCatalog(SQLCatalog):
                 copy.write_row(row)
         upsert_from_staging = UPSERT_COPY.replace(
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            f'SELECT {COPY_COLS} FROM {_STAGING} ORDER BY dataset COLLATE "C", key COLLATE "C", tier COLLATE "C"',
+            f"SELECT {COPY_COLS} FROM {_STAGING} "
+            'ORDER BY dataset COLLATE "C", key COLLATE "C", tier COLLATE "C"',
         )
         cur.execute(upsert_from_staging)
 
