@@ -420,3 +420,31 @@ def test_two_writers_appending_at_once_keep_each_others_members(tmp_path):
         assert [sf.get(m) for m in sf.members()] == [b"first", b"second", b"fourth", b"third"]
         assert len(sf.containers()) == 4
         assert fsck(s.catalog, s.tiers).clean
+
+
+def test_two_processes_creating_one_superfile_at_once_both_append(tmp_path, monkeypatch):
+    """Two writers open a superfile that neither finds in the catalog (mode "a"); the second
+    one's create meets the first one's record. It opens that superfile and appends, rather
+    than raising ``ExistsError``, and both writers' members are read back."""
+
+    def session() -> strataio.Session:
+        return strataio.Session(tiers=disk_tape(tmp_path), catalog=tmp_path / "cat.db")
+
+    with session() as s1, session() as s2:
+        a = s1.superfile("s", hint="LOCALDISK")
+        looked = s2.catalog.get_dataset
+
+        def before_the_other_created(name: str):
+            monkeypatch.setattr(s2.catalog, "get_dataset", looked)
+            raise NotFoundError(f"no dataset {name!r}")  # as looked before s1 created it
+
+        monkeypatch.setattr(s2.catalog, "get_dataset", before_the_other_created)
+        b = s2.superfile("s", hint="LOCALDISK")
+        a.put("a", b"from s1")
+        b.put("b", b"from s2")
+        a.close()
+        b.close()
+    with session() as s:
+        sf = s.superfile("s", "r")
+        assert [sf.get(m) for m in sf.members()] == [b"from s1", b"from s2"]
+        assert fsck(s.catalog, s.tiers).clean

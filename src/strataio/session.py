@@ -49,6 +49,7 @@ from strataio.catalog.base import (
 from strataio.errors import (
     ArgumentError,
     BackendError,
+    ExistsError,
     MetadataError,
     NotFoundError,
     StrataError,
@@ -773,7 +774,15 @@ class Session:
             h = self.placement.check_hint(hint)
             record = superfile_record(name, h, container_bytes or DEFAULT_CONTAINER_BYTES)
             purge_near(self.catalog, self.tiers, name)  # (deleted datasets' objects)
-            self.catalog.create_dataset(record)
+            try:
+                self.catalog.create_dataset(record)
+            except ExistsError as exc:
+                # (another process created it since the look: append to that one; a name
+                # taken otherwise, above or below it or by remnants, still raises)
+                try:
+                    self.catalog.get_dataset(name)
+                except NotFoundError:
+                    raise exc from None
         record, copies = self._use_residency(name)
         if not is_superfile(record):
             self.catalog.unuse_dataset(name, self.writer, linger=False)
