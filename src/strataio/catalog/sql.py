@@ -242,6 +242,15 @@ _SELECT_CHECKED = (
     "ON v.dataset = r.dataset AND v.key = r.key AND v.tier = r.tier WHERE r.dataset = ?"
 )
 _DATASET_COLS = "name, shape, dtype, chunks, codec, hint, attrs, state"
+#: a writer's row (kept where it is there already: a connection opened again restores it)
+_INSERT_WRITER = (
+    "INSERT INTO writers (id, host, pid, started) VALUES (?, ?, ?, ?) ON CONFLICT (id) DO NOTHING"
+)
+#: a writer's mark on a dataset, or whether an existing one is an eviction's claim
+_MARK_DATASET = (
+    "INSERT INTO writer_datasets (writer, dataset, evicting) VALUES (?, ?, ?) "
+    "ON CONFLICT (writer, dataset) DO UPDATE SET evicting = excluded.evicting"
+)
 #: the note of an announced rewrite another writer's announcement or write replaced
 _NOTE_OVERTAKEN = (
     "INSERT INTO overtaken (dataset, key, tier, writer, checksum) VALUES (?, ?, ?, ?, ?) "
@@ -530,16 +539,10 @@ class SQLCatalog(Catalog):
         with self._write(durable=False) as cur:
             self._executemany(
                 cur,
-                "INSERT INTO writers (id, host, pid, started) VALUES (?, ?, ?, ?) "
-                "ON CONFLICT (id) DO NOTHING",
+                _INSERT_WRITER,
                 [(w, socket.gethostname(), os.getpid(), time.time()) for w in self._writers],
             )
-            self._executemany(
-                cur,
-                "INSERT INTO writer_datasets (writer, dataset, evicting) VALUES (?, ?, ?) "
-                "ON CONFLICT (writer, dataset) DO UPDATE SET evicting = excluded.evicting",
-                [(w, d, int(e)) for (w, d), e in marks.items()],
-            )
+            self._executemany(cur, _MARK_DATASET, [(w, d, int(e)) for (w, d), e in marks.items()])
 
     def _label(self) -> str:
         return self.url
@@ -1395,10 +1398,7 @@ class SQLCatalog(Catalog):
             try:
                 with self._write() as cur:
                     cur.execute(
-                        self._sql(
-                            "INSERT INTO writers (id, host, pid, started) VALUES (?, ?, ?, ?) "
-                            "ON CONFLICT (id) DO NOTHING"
-                        ),
+                        self._sql(_INSERT_WRITER),
                         (writer, socket.gethostname(), os.getpid(), time.time()),
                     )
             except BaseException:
@@ -1497,13 +1497,7 @@ class SQLCatalog(Catalog):
         one lost with the machine, its writer gone with it, was never needed. A durable
         commit cost an fsync of the log at every open and close of a dataset (0.35 ms)."""
         with self._write(durable=False) as cur:
-            cur.execute(
-                self._sql(
-                    "INSERT INTO writer_datasets (writer, dataset, evicting) VALUES (?, ?, ?) "
-                    "ON CONFLICT (writer, dataset) DO UPDATE SET evicting = excluded.evicting"
-                ),
-                (writer, name, int(evicting)),
-            )
+            cur.execute(self._sql(_MARK_DATASET), (writer, name, int(evicting)))
 
     def _unmark(self, writer: str, name: str) -> None:
         with self._write(durable=False) as cur:  # (see _mark)
