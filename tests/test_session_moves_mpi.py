@@ -45,3 +45,13 @@ def test_chunks_a_failed_write_all_stored_are_read_by_every_rank(tmp_path, nproc
     chunks the other ranks stored are known to every rank: none reads their old values."""
     out = run_mpi(nprocs, "tiers_failed_write_all.py", tmp_path, timeout=120)
     assert out.strip().splitlines()[-1] == "ok"
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_write_all_to_a_full_tier_keeps_every_value(tmp_path, nprocs):
+    """Collective writes that outgrow the fast tier go on to the next one: no rank evicts
+    copies another rank is rewriting or reading, so every value written is read back, in
+    the job and by a later Session."""
+    out = run_mpi(nprocs, "tiers_write_all_full_tier.py", tmp_path, timeout=120)
+    assert out.strip().splitlines()[-1] == "ok"

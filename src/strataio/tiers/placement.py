@@ -302,10 +302,17 @@ class Placement:
 
     # ----------------------------------------------------------------- capacity
     def claim(
-        self, tier: Tier, nbytes: int, *, protect: Iterable[str] = (), wait: bool = False
+        self,
+        tier: Tier,
+        nbytes: int,
+        *,
+        protect: Iterable[str] = (),
+        wait: bool = False,
+        evict: bool = True,
     ) -> bool:
-        """Reserve ``nbytes`` on ``tier`` for a put in flight, evicting if needed; the caller
-        releases the reservation (:meth:`Tier.release`) once the copy is recorded.
+        """Reserve ``nbytes`` on ``tier`` for a put in flight, evicting if needed (unless
+        ``evict`` is false: then only the room there is); the caller releases the reservation
+        (:meth:`Tier.release`) once the copy is recorded.
 
         With ``wait``, a tier whose room is all held by puts in flight (reserved, or copies
         being written there, so nothing can be evicted yet) is waited on, and room that other
@@ -315,6 +322,8 @@ class Placement:
         """
         if tier.reserve(nbytes):  # room at once (the usual case): nothing else to look at
             return True
+        if not evict:
+            return False
         deadline = time.monotonic() + self.CLAIM_WAIT
         while True:
             before, busy = self.evictions, self._in_flight(tier)

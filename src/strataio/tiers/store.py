@@ -995,6 +995,10 @@ class TieredChunkStore(ChunkStore):
         self.cache.invalidate(self.name, keys)
         self.res.learn(keys)
         home = self.placement.home(self.hint, self.chosen)
+        # in a parallel job no write evicts: the ranks write at once, each knowing only the
+        # copies it was told of, so one rank's eviction would delete or write back copies
+        # another is rewriting or reading; a full tier sends the chunks on to the next tier
+        evict = self.commit.comm is None
         todo = [(k, memoryview(v).cast("B")) for k, v in items]
         errors: list[str] = []
         too_small: dict[str, int] = {}  # tier -> the largest chunk it could never hold
@@ -1012,7 +1016,7 @@ class TieredChunkStore(ChunkStore):
                     # a rewrite of the copy there needs room only for what it adds (the
                     # residency keeps that copy's room for it while the rewrite is on)
                     need = max(0, len(v) - self.res.count_room(k, tier.name, room))
-                    if self.placement.claim(tier, need, protect=protect):
+                    if self.placement.claim(tier, need, protect=protect, evict=evict):
                         fits.append((k, v))
                         room[k] = need
                     else:
