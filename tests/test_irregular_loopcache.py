@@ -6,6 +6,7 @@ and after a flush both files hold the same bytes."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -139,3 +140,15 @@ def test_cache_moves_only_released_and_new_items(tmp_path):
     expect = np.arange(1000)
     expect[:800] += 1
     assert np.array_equal(got, expect)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_bad_input_on_one_rank_raises_on_every_rank(tmp_path, nprocs):
+    """A bad dtype or schedule on one rank raises a StrataError on every rank (no rank left
+    waiting) before any byte is written."""
+    from mpirun import run_mpi
+
+    out = json.loads(run_mpi(nprocs, "loopcache_one_bad_rank.py", tmp_path).splitlines()[-1])
+    assert out.pop("unchanged") is True
+    assert out == {name: ["raised"] for name in out}

@@ -84,8 +84,13 @@ class LoopCache:
         err: Exception | None = None
         self._file = file
         self.stats = CacheStats()
-        self._dtype = np.dtype((np.void, sched.itemsize) if dtype is None else dtype)
-        try:
+        try:  # (a bad dtype or schedule on one rank: every rank must hear of it)
+            if not isinstance(sched, IndexSchedule):
+                raise StrataError(f"loop cache: expected an IndexSchedule, not {sched!r}")
+            try:
+                self._dtype = np.dtype((np.void, sched.itemsize) if dtype is None else dtype)
+            except TypeError as exc:
+                raise StrataError(f"loop cache: dtype {dtype!r} is not a numpy dtype") from exc
             if self._dtype.itemsize != sched.itemsize:
                 raise ShapeMismatchError(
                     f"loop cache: dtype {self._dtype} has {self._dtype.itemsize}-byte items, "
