@@ -145,8 +145,9 @@ def test_cache_moves_only_released_and_new_items(tmp_path):
 @pytest.mark.mpi
 @pytest.mark.parametrize("nprocs", [2, 3])
 def test_bad_input_on_one_rank_raises_on_every_rank(tmp_path, nprocs):
-    """A bad dtype or schedule on one rank raises a StrataError on every rank (no rank left
-    waiting) before any byte is written."""
+    """A bad dtype or schedule on one rank, or a next schedule built on another
+    communicator (whose duplicates the cache's ranks never counted), raises a StrataError
+    on every rank (no rank left waiting) before any byte is written."""
     from mpirun import run_mpi
 
     out = json.loads(run_mpi(nprocs, "loopcache_one_bad_rank.py", tmp_path).splitlines()[-1])

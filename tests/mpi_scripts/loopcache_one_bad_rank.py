@@ -35,9 +35,18 @@ def outcome(fn) -> str:
         return f"{type(exc).__name__}: {exc}"
 
 
+def advance_onto(nxt):
+    cache = strataio.LoopCache(f, sched, dtype=np.int64)
+    cache.advance(nxt, cache.values + 1)
+
+
+# every rank takes the even items in the next loop: the cache's file sees duplicates
+shared_self = strataio.IndexSchedule(MPI.COMM_SELF, np.arange(0, NITEMS, 2), NITEMS, 8)
 cases = {
     "dtype": lambda: strataio.LoopCache(f, sched, dtype="no-such-dtype" if bad else np.int64),
     "schedule": lambda: strataio.LoopCache(f, None if bad else sched, dtype=np.int64),
+    "next_schedule_of_another_comm": lambda: advance_onto(shared_self if bad else sched),
+    "next_schedule_of_self_everywhere": lambda: advance_onto(shared_self),
 }
 out = {}
 with strataio.File.open(comm, path, "r+") as f:

@@ -124,6 +124,11 @@ class LoopCache:
         if nxt is not None:
             if not isinstance(nxt, IndexSchedule):
                 raise StrataError(f"loop cache: expected an IndexSchedule, not {nxt!r}")
+            if not nxt.compatible(self._file.comm):  # (its duplicates were counted elsewhere)
+                raise StrataError(
+                    f"loop cache: the next schedule was built for {nxt.nprocs} ranks (this is "
+                    f"rank {nxt.rank}); the cache's file is open on {self._file.comm.Get_size()}"
+                )
             if (nxt.nitems, nxt.itemsize) != (cur.nitems, cur.itemsize):
                 raise StrataError(
                     f"loop cache: the next schedule is over {nxt.nitems} items of "
