@@ -217,3 +217,10 @@ def test_items_see_and_survive_the_aggregators_realm_caches(tmp_path, nprocs):
     """read_items / write_items go to the driver directly: the realm caches of persistent
     realms are written back before them (and forgotten before a write)."""
     assert run_mpi(nprocs, "items_through_realm_cache.py", tmp_path).strip().endswith("ok")
+
+
+@pytest.mark.mpi
+def test_ranks_passing_different_aggregators_all_raise(tmp_path):
+    """Aggregator sets that agree in count, sum and sum of squares are still told apart."""
+    out = run_mpi(7, "irregular_aggregators_differ.py", timeout=120)
+    assert json.loads(out.splitlines()[-1]) == ["raised"]

@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from strataio.agreed import agree, differs, raise_agreed
+from strataio.agreed import agree, differs_in, raise_agreed
 from strataio.collective.driver import Driver
 from strataio.collective.fileio import (
     AUTO_THRESHOLD,
@@ -327,8 +327,8 @@ class IndexSchedule:
             agree(comm, err)
             # ranks whose items or domains differ would exchange records of other sizes
             # (truncated messages, wrong bytes) and leave the next collective call waiting
-            shape = [nitems, itemsize, buffer_size, aggs.size, int(aggs.sum()), int(aggs @ aggs)]
-            if differs(comm, shape):
+            # (the aggregators as a digest: sets of one count, sum and sum of squares differ)
+            if differs_in(comm, aggs.tobytes(), nitems, itemsize, buffer_size, aggs.size):
                 raise StrataError(
                     f"index schedule: nitems, itemsize, buffer_size and aggregators must be "
                     f"the same on every rank (this rank: {nitems}, {itemsize}, {buffer_size}, "
