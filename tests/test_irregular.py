@@ -224,3 +224,22 @@ def test_ranks_passing_different_aggregators_all_raise(tmp_path):
     """Aggregator sets that agree in count, sum and sum of squares are still told apart."""
     out = run_mpi(7, "irregular_aggregators_differ.py", timeout=120)
     assert json.loads(out.splitlines()[-1]) == ["raised"]
+
+
+def test_arrays_of_python_objects_are_refused_as_bad_shapes(tmp_path):
+    # (numpy's own TypeError said only "Cannot change data-type for array of references")
+    path = tmp_path / "o.bin"
+    path.write_bytes(bytes(range(80)))
+    sched = IndexSchedule(_self(), [1, 2], 10, 8)
+    objects = np.array([object(), object()])
+    with strataio.File.open(None, path, "r+") as f:
+        with pytest.raises(ShapeMismatchError, match="Python objects"):
+            f.write_items(sched, objects)
+        with pytest.raises(ShapeMismatchError, match="Python objects"):
+            f.read_items(sched, objects)
+        cache = strataio.LoopCache(f, sched, dtype=np.int64)
+        with pytest.raises(ShapeMismatchError, match="Python objects"):
+            cache.advance(sched, objects)
+        with pytest.raises(ShapeMismatchError, match="Python objects"):
+            cache.flush(objects)
+    assert path.read_bytes() == bytes(range(80))

@@ -122,6 +122,8 @@ def _as_bytes(arr: Any, what: str, writable: bool) -> np.ndarray:
         raise ShapeMismatchError(f"{what} must be a numpy array, not {type(arr).__name__}")
     if not arr.flags.c_contiguous:
         raise ShapeMismatchError(f"{what} must be C-contiguous")
+    if arr.dtype.hasobject:  # (references to Python objects, not bytes of records)
+        raise ShapeMismatchError(f"{what} must hold plain data, not Python objects ({arr.dtype})")
     if writable and not arr.flags.writeable:
         raise ShapeMismatchError(f"{what} is read-only")
     return arr.reshape(-1).view(np.uint8)

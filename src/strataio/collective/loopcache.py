@@ -116,6 +116,10 @@ class LoopCache:
         cur = self._sched
         if not isinstance(values, np.ndarray) or not values.flags.c_contiguous:
             raise ShapeMismatchError("loop cache: values must be a C-contiguous numpy array")
+        if values.dtype.hasobject:
+            raise ShapeMismatchError(
+                f"loop cache: values must hold plain data, not Python objects ({values.dtype})"
+            )
         if values.nbytes != cur.n * cur.itemsize:
             raise ShapeMismatchError(
                 f"loop cache: values hold {values.nbytes} bytes; the current loop's {cur.n} "
