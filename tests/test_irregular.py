@@ -168,6 +168,9 @@ def test_bad_arguments_raise_strata_errors(tmp_path):
         IndexSchedule(_self(), [-1], 10, 4)
     with pytest.raises(SelectionError, match="integers"):
         IndexSchedule(_self(), [0.5], 10, 4)
+    for big in (2**63, 2**64 - 1):  # (unsigned: named as given, not wrapped negative)
+        with pytest.raises(SelectionError, match=f"^index {big} is out of range"):
+            IndexSchedule(_self(), np.array([3, big], np.uint64), 10, 4)
     with pytest.raises(StrataError, match="buffer_size"):
         IndexSchedule(_self(), [0], 10, 4, buffer_size=2)
     # each names the argument that is wrong, not a condition that holds

@@ -314,6 +314,11 @@ class IndexSchedule:
             raw = np.asarray(indices)
             if raw.size and raw.dtype.kind not in "iu":
                 raise SelectionError(f"indices must be integers, not {raw.dtype}")
+            if raw.size and raw.dtype.kind == "u" and int(raw.max()) > _MAX_OFFSET:
+                raise SelectionError(  # (before the cast to int64 wraps it negative)
+                    f"index {int(raw.max())} is out of range for an array of {nitems} items "
+                    f"(rank {rank})"
+                )
             idx = raw.astype(_I64, copy=False).reshape(-1)
             if idx.size:
                 lo, hi = int(idx.min()), int(idx.max())
