@@ -127,6 +127,20 @@ class CacheMachine(RuleBasedStateMachine):
             touching = (pages >= 0) & (start < off + n) & (start + plen > off)
             assert not touching.any()
 
+    @rule(off=st.integers(0, SPACE), n=st.integers(1, 5000))
+    def another_writer_after_a_sync(self, off: int, n: int) -> None:
+        """``File.sync``'s step (every page written back and forgotten), then another
+        process's write to the file: what the cache reads next is that write."""
+        self.cache.invalidate()
+        assert not (self.cache.mem.slot_page >= 0).any()
+        data = self.rng.integers(0, 256, n, dtype=np.uint8).tobytes()
+        with open(self.path, "r+b") as f:
+            f.seek(off)
+            f.write(data)
+        if len(self.oracle) < off + n:
+            self.oracle.extend(bytes(off + n - len(self.oracle)))
+        self.oracle[off : off + n] = data
+
     @rule(size=st.integers(0, SPACE + 5000))
     def truncate(self, size: int) -> None:
         self.cache.truncate(size)
