@@ -40,7 +40,6 @@ from contextlib import contextmanager
 import numpy as np
 from mpi4py import MPI
 
-from strataio.agreed import agree
 from strataio.collective.driver import Driver
 from strataio.collective.realm_cache import (
     CacheMemory,
@@ -99,17 +98,14 @@ def room_error(nbytes: int, on_node: int) -> HintError | None:
 
 class SharedCaches:
     """One MPI window over every rank's cache memory (``nbytes`` on this rank, 0 on ranks
-    without a cache); created and freed collectively over ``comm``. ``on_node``: the bytes
-    the caches of all ranks on this rank's node take together (MPI places their windows in
-    one shared segment)."""
+    without a cache); created and freed collectively over ``comm``. The ranks must have
+    agreed first that the node can give it (:func:`room_error`, which ``File.open`` checks
+    with the other hints): a window MPI cannot allocate fails on its rank alone and leaves
+    the others inside the collective allocation, or kills the job at its first touch."""
 
-    def __init__(self, comm: MPI.Comm, nbytes: int, on_node: int | None = None) -> None:
+    def __init__(self, comm: MPI.Comm, nbytes: int) -> None:
         self._comm = comm
         self._rank = comm.Get_rank()
-        # (a window MPI cannot allocate fails on its rank alone and leaves the others inside
-        # the collective allocation, or kills the job at its first touch: so the ranks
-        # agree on what they ask for first)
-        agree(comm, room_error(nbytes, nbytes if on_node is None else on_node))
         self._win = MPI.Win.Allocate(max(int(nbytes), 0), 1, comm=comm)
         self.memory = (
             np.frombuffer(self._win.tomemory(), dtype=np.uint8)

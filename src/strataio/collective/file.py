@@ -382,12 +382,9 @@ class File:
         self._cache: RealmCache | None = None
         self._shared: SharedCaches | None = None
         self._cached_end = 0  # end of the collective writes that caches may still hold
-        if hints.strataio_realm_cache:
-            rank = comm.Get_rank()
-            mine = driver is not None and rank in set(self._aggregators.tolist())
-            size = hints.strataio_realm_cache if mine else 0
-            on_node = _caches_on_node(hints, self._aggregators, self._nodes, rank)
-            self._shared = SharedCaches(comm, size, on_node)
+        if hints.strataio_realm_cache:  # (the node's room for them agreed at open)
+            mine = driver is not None and comm.Get_rank() in set(self._aggregators.tolist())
+            self._shared = SharedCaches(comm, hints.strataio_realm_cache if mine else 0)
         self._size_floor = self._size()
         self.last_path = ""
         """How the last transfer ran: ``"two-phase"`` or ``"independent"`` (for benchmarks)."""
