@@ -179,3 +179,83 @@ def test_a_read_only_s3_tier_whose_bucket_does_not_exist_is_found_down(
     with strataio.Session() as s:
         assert not s.tiers["archive"].check()
         assert "bucket 'no-such-bucket-here' does not exist" in s.tiers["archive"].last_error
+
+
+def _local_and_s3(tmp_path, s3_server, prefix):
+    """A config of a local disk tier over an S3 tier (under ``prefix``) and the S3 tier's
+    backend, seen from outside strataio (to lose objects behind its back)."""
+    from strataio.storage.s3 import S3Backend
+
+    (tmp_path / "strataio.toml").write_text(
+        f'[catalog]\nurl = "{tmp_path / "cat.db"}"\n\n[[tiers]]\nname = "local"\n'
+        f'kind = "posix"\nrole = "localdisk"\npath = "{tmp_path / "local"}"\n\n'
+        f'[[tiers]]\nname = "objstore"\nrole = "remotedisk"\n'
+        + servers.s3_tier_toml(s3_server, prefix)
+        + "\n"
+    )
+    outside = S3Backend(
+        s3_server.bucket,
+        prefix,
+        endpoint=s3_server.endpoint,
+        access_key=s3_server.access_key,
+        secret_key=s3_server.secret_key,
+        allow_http=True,
+    )
+    with strataio.Session(tmp_path / "strataio.toml") as s:
+        ds = s.create_dataset("run", SHAPE, "f4", CHUNKS, hint="REMOTEDISK")
+        ds[...] = version(1)
+        ds.close()
+        ds = s.open_dataset("run")
+        assert ds.stage(to="local").wait().ok
+        ds.close()
+    return tmp_path / "strataio.toml", outside
+
+
+def test_a_migrate_onto_a_copy_whose_object_is_gone_puts_it_again_before_deleting(
+    tmp_path, s3_server, monkeypatch
+):
+    # the S3 object of a catalogued copy is gone (a lifecycle rule, a bucket emptied): a
+    # migrate there finds it missing and puts it again before the local copy goes
+    monkeypatch.chdir(tmp_path)
+    config, outside = _local_and_s3(tmp_path, s3_server, "migrate-onto-lost")
+    outside.delete("run/c/0/0")
+    with strataio.Session(config) as s:
+        ds = s.open_dataset("run")
+        assert ds.migrate(to="objstore").wait().ok
+        assert {c.tier for c in s.catalog.residency("run")} == {"objstore"}
+        np.testing.assert_array_equal(ds[...], version(1))
+        ds.close()
+    assert outside.exists("run/c/0/0")
+    # one truncated there: the migrate fails that chunk and deletes nothing of it
+    with strataio.Session(config) as s:
+        ds = s.open_dataset("run")
+        assert ds.stage(to="local").wait().ok
+        ds.close()
+    outside.put("run/c/0/1", bytes(outside.get("run/c/0/1"))[:50])
+    with strataio.Session(config) as s:
+        ds = s.open_dataset("run")
+        got = ds.migrate(to="objstore").result()
+        assert [k for k, _ in got.failed] == ["c/0/1"], got
+        assert "fsck" in got.failed[0][1], got
+        rows = {(c.key, c.tier) for c in s.catalog.residency("run")}
+        assert ("c/0/1", "local") in rows
+        ds.close()
+    # fsck drops the truncated object's copy; the local one, kept, reads
+    result = CliRunner().invoke(main, ["fsck", "--repair"])
+    assert result.exit_code == 0, result.output
+    with strataio.Session(config) as s:
+        np.testing.assert_array_equal(s.open_dataset("run")[...], version(1))
+
+
+def test_an_evict_whose_other_copy_s_object_is_gone_writes_the_chunk_back_first(
+    tmp_path, s3_server
+):
+    config, outside = _local_and_s3(tmp_path, s3_server, "evict-onto-lost")
+    outside.delete("run/c/0/0")
+    with strataio.Session(config) as s:
+        ds = s.open_dataset("run")
+        assert ds.evict(tier="local").wait().ok
+        assert {c.tier for c in s.catalog.residency("run")} == {"objstore"}
+        np.testing.assert_array_equal(ds[...], version(1))
+        ds.close()
+    assert outside.exists("run/c/0/0")
