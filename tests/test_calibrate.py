@@ -382,3 +382,55 @@ def test_predicting_on_a_tier_no_calibration_can_measure_does_not_advise_calibra
         out = CliRunner().invoke(main, ["predict", "-c", "strataio.toml", "w.toml"])
         assert out.exit_code == 2, out.output
         assert f"tier {tier!r} {why}" in out.output and "calibrate --tier" not in out.output
+
+
+_FAILING_RANK = """
+import sys
+from mpi4py import MPI
+from strataio.collective.file import File
+
+def _failing(self, *args, _real=File.write_at, _calls=[0]):
+    _calls[0] += 1
+    if MPI.COMM_WORLD.Get_rank() == 1 and _calls[0] == 3:
+        raise OSError(28, "No space left on device (rank 1 alone)")
+    return _real(self, *args)
+
+File.write_at = _failing
+from strataio.predict import {module}
+{module}._rank_main(sys.argv[1:])
+"""
+
+
+@pytest.mark.parametrize("module", ["calibrate", "runner"])
+def test_a_rank_failing_alone_ends_the_job_saying_why(tmp_path, monkeypatch, module):
+    """One rank's I/O failing (its disk full, say) while the others go on into the next
+    collective call left them waiting for it, and the command with them, forever; the job
+    ends at once, saying what failed on which rank, with no traceback for a message."""
+    import time
+
+    from strataio.predict.runner import workload_to_toml
+    from strataio.predict.workload import parse_workload
+
+    monkeypatch.chdir(tmp_path)
+    cfg_path = write_config(tmp_path, "cat.db")
+    with open_catalog(load_config(cfg_path).catalog.url) as cat:
+        register_configured_tiers(cat, load_config(cfg_path))
+    (tmp_path / "failing_rank.py").write_text(_FAILING_RANK.format(module=module))
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    if module == "calibrate":
+        args = [
+            json.dumps(
+                {"config": cfg_path, "tier": "local", "sizes": [1024], "repeat": 2, "cold": False}
+            )
+        ]
+    else:
+        text = WORKLOAD.format(method="naive").replace('tier = "tape"', 'tier = "local"')
+        (tmp_path / "w.toml").write_text(workload_to_toml(parse_workload(text)))
+        args = [cfg_path, str(tmp_path / "w.toml")]
+    started = time.monotonic()
+    with pytest.raises(StrataError) as err:
+        launch(2, "failing_rank", args, timeout=60)
+    assert time.monotonic() - started < 30, "the other rank waited for the failed one"
+    said = str(err.value)
+    assert "rank 1" in said and "No space left on device (rank 1 alone)" in said, said
+    assert "Traceback" not in said, said

@@ -359,12 +359,18 @@ def _measure(tc: Any, sizes: list[int], repeat: int, cold: bool, comm: Any) -> l
             if rank == 0:
                 store.clear()
         timer.time("disconnect", 0, backend.close)
+    except Exception:
+        # (no barrier: the other ranks may be inside a call this rank will not make; the
+        # job ends, see strataio.predict.ranks.whole_job)
+        with contextlib.suppress(OSError):
+            os.remove(path)
+        raise
     finally:
         view.Free()
-        comm.Barrier()
-        if rank == 0:
-            with contextlib.suppress(OSError):
-                os.remove(path)
+    comm.Barrier()
+    if rank == 0:
+        with contextlib.suppress(OSError):
+            os.remove(path)
     return timer.rows
 
 
@@ -377,13 +383,14 @@ def _rank_main(argv: list[str]) -> None:
     from mpi4py import MPI
 
     from strataio.config import load_config
-    from strataio.predict.ranks import report
+    from strataio.predict.ranks import report, whole_job
 
-    args = json.loads(argv[0])
-    config = load_config(args["config"] or None)
-    rows = _measure(
-        config.tier(args["tier"]), args["sizes"], args["repeat"], args["cold"], MPI.COMM_WORLD
-    )
+    with whole_job(MPI.COMM_WORLD):
+        args = json.loads(argv[0])
+        config = load_config(args["config"] or None)
+        rows = _measure(
+            config.tier(args["tier"]), args["sizes"], args["repeat"], args["cold"], MPI.COMM_WORLD
+        )
     report(MPI.COMM_WORLD, {"rows": rows})
 
 

@@ -313,31 +313,37 @@ def _rank_main(argv: list[str]) -> None:
     from mpi4py import MPI
 
     from strataio.config import load_config
-    from strataio.predict.ranks import report
+    from strataio.predict.ranks import report, whole_job
     from strataio.predict.workload import load_workload
 
     comm = MPI.COMM_WORLD
-    config = load_config(argv[0] or None)
-    workload = load_workload(argv[1])
-    accesses = [
-        _Access(workload, ds, config.tier(workload.tier_of(ds)), comm, f"dataset-{i}")
-        for i, ds in enumerate(workload.datasets)
-    ]
-    measured = {ds.name: 0.0 for ds in workload.datasets}
-    try:
-        for i in range(workload.run.iterations + 1):
+    with whole_job(comm):
+        config = load_config(argv[0] or None)
+        workload = load_workload(argv[1])
+        accesses: list[_Access] = []
+        measured = {ds.name: 0.0 for ds in workload.datasets}
+        try:
+            for i, ds in enumerate(workload.datasets):
+                tc = config.tier(workload.tier_of(ds))
+                accesses.append(_Access(workload, ds, tc, comm, f"dataset-{i}"))
+            for i in range(workload.run.iterations + 1):
+                for a in accesses:
+                    if i % a.ds.frequency:
+                        continue
+                    a.prepare()
+                    comm.Barrier()
+                    t0 = time.perf_counter()
+                    a.access()
+                    comm.Barrier()
+                    measured[a.ds.name] += time.perf_counter() - t0
+                if workload.run.compute_s:
+                    time.sleep(workload.run.compute_s)
+        except Exception:
+            # (no barrier, as close has: the other ranks may be inside a call this rank will
+            # not make; the job ends, see strataio.predict.ranks.whole_job)
             for a in accesses:
-                if i % a.ds.frequency:
-                    continue
-                a.prepare()
-                comm.Barrier()
-                t0 = time.perf_counter()
-                a.access()
-                comm.Barrier()
-                measured[a.ds.name] += time.perf_counter() - t0
-            if workload.run.compute_s:
-                time.sleep(workload.run.compute_s)
-    finally:
+                _remove(a.path)
+            raise
         for a in accesses:
             a.close()
     report(comm, {"measured": measured})
