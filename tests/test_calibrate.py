@@ -434,3 +434,22 @@ def test_a_rank_failing_alone_ends_the_job_saying_why(tmp_path, monkeypatch, mod
     said = str(err.value)
     assert "rank 1" in said and "No space left on device (rank 1 alone)" in said, said
     assert "Traceback" not in said, said
+
+
+def test_a_calibration_of_small_sizes_is_refused_on_a_tier_without_room_for_its_bursts(
+    tmp_path, monkeypatch
+):
+    """Small sizes are timed in bursts of up to 8 calls (4 MiB per rank) at offsets beyond
+    each other: 1 MiB twice at one process is a file of 1 + 2 · 4 calls, 9 MiB. The check
+    counted 3 MiB, so the launch met a full disk midway; it is refused first."""
+    import shutil
+    from collections import namedtuple
+
+    cfg = load_config(write_config(tmp_path, str(tmp_path / "cat.db")))
+    usage = namedtuple("usage", "total used free")
+    with open_catalog(cfg.catalog.url) as cat:
+        register_configured_tiers(cat, cfg)
+        monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(1 << 30, 0, 8 << 20))
+        with pytest.raises(StrataError, match=r"tier 'local': .* writes 9\.0 MiB .* 8\.0 MiB free"):
+            calibrate(cfg, cat, ["local"], sizes=[1 << 20], repeat=2, levels=(1,))
+        assert cat.perf_rows() == []

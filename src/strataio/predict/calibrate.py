@@ -108,10 +108,19 @@ def calibrate(
     return all_rows
 
 
+def _tier_bytes(sizes: Sequence[int], repeat: int, ranks: int) -> int:
+    """The most bytes a calibration level of ``ranks`` processes has on the tier at once: the
+    file of a size's independent calls (``repeat`` bursts and the warm-up per rank), or the
+    last collective file beside one chunk per rank (see :func:`_measure`)."""
+    top = max(sizes)
+    independent = max((repeat * _burst(s) + 1) * ranks * s for s in sizes)
+    return max(independent, (repeat + 1) * top + ranks * top)
+
+
 def _check_room(tc: Any, sizes: Sequence[int], repeat: int, levels: Sequence[int]) -> None:
     """Raise :class:`~strataio.errors.StrataError` if the largest level's ranks cannot hold
-    their buffers (two of the largest size each) in the node's memory, or the file they
-    write (``repeat + 1`` calls of the largest size per rank) in the tier's free space."""
+    their buffers (two of the largest size each) in the node's memory, or what they write
+    (:func:`_tier_bytes`) in the tier's free space."""
     from strataio.errors import StrataError
     from strataio.sizes import format_size
 
@@ -124,7 +133,7 @@ def _check_room(tc: Any, sizes: Sequence[int], repeat: int, levels: Sequence[int
             f"needs {format_size(memory)} of memory (two buffers of the largest size per "
             f"process), more than this node's {format_size(room)}: lower --max-size"
         )
-    disk = (repeat + 1) * top * ranks
+    disk = _tier_bytes(sizes, repeat, ranks)
     free = shutil.disk_usage(tc.path).free
     if disk > free:
         raise StrataError(
