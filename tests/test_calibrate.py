@@ -453,3 +453,10 @@ def test_a_calibration_of_small_sizes_is_refused_on_a_tier_without_room_for_its_
         with pytest.raises(StrataError, match=r"tier 'local': .* writes 9\.0 MiB .* 8\.0 MiB free"):
             calibrate(cfg, cat, ["local"], sizes=[1 << 20], repeat=2, levels=(1,))
         assert cat.perf_rows() == []
+
+
+def test_bench_predict_no_calibrate_needs_a_folder(tmp_path):
+    """Without --dir the benchmark's folder is a new temporary one, which holds no calibration
+    to reuse: the error advised running once without --no-calibrate, which cannot help."""
+    out = CliRunner().invoke(main, ["bench", "predict", "--no-calibrate", "--runs", "1"])
+    assert out.exit_code == 2 and "--dir" in out.output, out.output

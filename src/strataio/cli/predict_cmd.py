@@ -337,7 +337,9 @@ def placement_lines(record, writes_to: list[str]) -> list[str]:  # type: ignore[
 )
 @_max_size_option("4MiB", "largest calibrated size")
 @_repeat_option
-@click.option("--no-calibrate", is_flag=True, help="reuse the calibration in --dir")
+@click.option(
+    "--no-calibrate", is_flag=True, help="reuse the calibration in --dir (which it needs)"
+)
 @count_option("--runs", 3, "measured runs per workload (median)")
 @click.option("--workload", "names", multiple=True, help="run only these (repeatable)")
 @json_option
@@ -360,6 +362,8 @@ def bench_predict(
     unknown = [n for n in names if n not in SUITE]
     if unknown:
         raise UsageProblem(f"unknown workload {unknown[0]!r} (known: {', '.join(SUITE)})")
+    if no_calibrate and root is None:  # (a temporary folder holds no calibration to reuse)
+        raise UsageProblem("--no-calibrate reuses the calibration in --dir: name the folder")
     err = make_console(stderr=True)
     with tempfile.TemporaryDirectory(prefix="strataio-bench-predict-") as tmp:
         result = run_suite(
