@@ -460,3 +460,23 @@ def test_bench_predict_no_calibrate_needs_a_folder(tmp_path):
     to reuse: the error advised running once without --no-calibrate, which cannot help."""
     out = CliRunner().invoke(main, ["bench", "predict", "--no-calibrate", "--runs", "1"])
     assert out.exit_code == 2 and "--dir" in out.output, out.output
+
+
+def test_a_configuration_without_a_tier_to_calibrate_is_refused(tmp_path):
+    """Every tier read-only (or not posix): the command measured nothing, said "0
+    measurements stored" with exit 0, and with --plot ended in matplotlib's traceback."""
+    text = CONFIG.format(catalog=str(tmp_path / "cat.db"))
+    text = text.replace('path = "local"\n', 'path = "local"\nread_only = true\n')
+    text = text.replace('path = "tape"\n', 'path = "tape"\nread_only = true\n')
+    (tmp_path / "local").mkdir()
+    (tmp_path / "tape").mkdir()
+    (tmp_path / "strataio.toml").write_text(text)
+    for plot in ([], ["--plot", str(tmp_path / "curves.png")]):
+        out = CliRunner().invoke(
+            main, ["calibrate", "-c", str(tmp_path / "strataio.toml"), "--quick", *plot]
+        )
+        assert out.exit_code == 1 and "Traceback" not in out.output, out.output
+        assert "no tier" in out.output and "'tape' is read-only" in out.output, out.output
+    assert not (tmp_path / "curves.png").exists()
+    with open_catalog(str(tmp_path / "cat.db")) as cat:
+        assert cat.perf_rows() == []

@@ -77,15 +77,17 @@ def calibrate(
     wait: float = 0.0,
     on_wait: Callable[[str], None] | None = None,
 ) -> list[PerfRow]:
-    """Calibrate ``tiers`` (names; default every posix tier of ``config`` not ``read_only``:
-    calibration writes, and one named raises) and record the rows
+    """Calibrate ``tiers`` (names; default every posix tier of ``config`` not ``read_only``,
+    :class:`~strataio.errors.StrataError` where there is none: calibration writes, and one
+    named raises) and record the rows
     in ``catalog``; returns them. ``on_progress(tier, done, total)`` follows the measurement.
 
     Each tier is measured holding its lock (:func:`~strataio.predict.native.lock_tiers`:
     another calibration or a measured run of the tier at once would be timed with it); one
     another process holds is waited for up to ``wait`` seconds (``on_wait(message)`` says
     so), then :class:`~strataio.errors.BusyError` names that process."""
-    from strataio.predict.native import lock_tiers, tier_dir
+    from strataio.errors import StrataError
+    from strataio.predict.native import lock_tiers, tier_dir, unmeasurable
 
     sizes = list(sizes or default_sizes())
     names = (
@@ -93,6 +95,10 @@ def calibrate(
         if tiers
         else [t.name for t in config.tiers if t.kind == "posix" and not t.read_only]
     )
+    if not names:  # (said now, rather than "0 measurements stored" as if calibrated)
+        why = "; ".join(filter(None, (unmeasurable(t) for t in config.tiers)))
+        where = config.source or "the configuration"
+        raise StrataError(f"no tier of {where} can be calibrated: {why or 'it has none'}")
     configs = [config.tier(n) for n in names]
     known = {r.name for r in catalog.tiers()}
     for tc in configs:
