@@ -246,6 +246,37 @@ def test_equation2_per_method_hand_computed():
     assert predict(wl_k, perf).datasets[0].predicted_s == pytest.approx(4 * t(1, 1024))
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    dims=st.lists(st.integers(1, 9), min_size=1, max_size=3),
+    ranks=st.integers(1, 12),
+    data=st.data(),
+)
+def test_native_calls_are_the_busiest_ranks(dims, ranks, data):
+    pattern = "".join(data.draw(st.sampled_from("B*")) for _ in dims)
+    wl = parse_workload(WORKLOAD).with_run(ranks=ranks)
+    ds = dataclasses.replace(wl.datasets[0], dims=tuple(dims), pattern=pattern)
+    part = wl.partition(ds)
+    item = ds.dtype.itemsize
+    count, elems = max((part.runs(r) for r in range(ranks)), key=lambda x: x[0] * x[1])
+    assert native_calls(wl.with_run(method="naive"), ds).groups == ((count, elems * item),)
+    biggest = max(math.prod(part.shape(r)) for r in range(ranks)) * item
+    assert native_calls(wl.with_run(method="chunked"), ds).groups == ((1, biggest),)
+
+
+def test_a_prediction_for_a_million_ranks_takes_no_time():
+    """The busiest rank was found by asking every rank for its block: a workload of a
+    million ranks took half a minute to predict, one of a billion hours."""
+    import time
+
+    perf = synthetic_perf()
+    for method in ("naive", "chunked"):
+        wl = parse_workload(WORKLOAD).with_run(ranks=1_000_000, method=method)
+        started = time.monotonic()
+        p = predict(wl, perf)
+        assert time.monotonic() - started < 2 and p.total_s > 0, method
+
+
 def test_workload_round_trips_through_toml(tmp_path):
     wl = parse_workload(WORKLOAD, source="w")
     path = tmp_path / "w.toml"
