@@ -480,3 +480,17 @@ def test_a_configuration_without_a_tier_to_calibrate_is_refused(tmp_path):
     assert not (tmp_path / "curves.png").exists()
     with open_catalog(str(tmp_path / "cat.db")) as cat:
         assert cat.perf_rows() == []
+
+
+def test_calibrate_says_which_sizes_it_measured(tmp_path, monkeypatch):
+    """--max-size is where the ×4 ladder from 1 KiB stops, not a size it measures: 20 KiB
+    measures up to 16 KiB (256MB, up to 64 MiB), and the output named no size at all."""
+    monkeypatch.chdir(tmp_path)
+    config = write_config(tmp_path, "cat.db")
+    out = CliRunner().invoke(
+        main,
+        ["calibrate", "-c", config, "--tier", "local", "--quick"]
+        + ["--max-size", "20KiB", "--concurrency", "1"],
+    )
+    assert out.exit_code == 0, out.output
+    assert "transfers of 1.0 KiB … 16.0 KiB stored" in out.output, out.output

@@ -74,7 +74,9 @@ def _say_waiting(console: Console) -> Callable[[str], None]:
 
 @main.command("calibrate")
 @click.option("--tier", "tiers", multiple=True, help="tier to calibrate (repeatable; default all)")
-@_max_size_option("256MiB", "largest transfer size")
+@_max_size_option(
+    "256MiB", "largest transfer size (sizes go 1 KiB, 4 KiB, ... ×4 up to it, not past it)"
+)
 @_repeat_option
 @click.option(
     "--concurrency",
@@ -111,6 +113,7 @@ def calibrate_cmd(
     from strataio.config import load_config
     from strataio.predict.calibrate import calibrate, default_sizes, plot_perf
     from strataio.predict.perfdb import PerfTable
+    from strataio.sizes import format_size
 
     top = max_size
     levels = sorted(set(concurrency))
@@ -156,7 +159,11 @@ def calibrate_cmd(
             )
         perf = PerfTable(rows)
         console.print(calibration_table(perf))
-        console.print(f"{len(rows)} measurements stored in {cfg.catalog.display_url}")
+        sizes = default_sizes(top)
+        console.print(
+            f"{len(rows)} measurements of transfers of {format_size(sizes[0])} … "
+            f"{format_size(sizes[-1])} stored in {cfg.catalog.display_url}"
+        )
         if plot is not None:
             plot_perf(perf, plot)
             console.print(f"curves drawn in {plot}")
