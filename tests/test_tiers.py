@@ -1365,6 +1365,33 @@ def test_nothing_on_a_read_only_tier_is_deleted_and_it_stays_up(tmp_path):
         np.testing.assert_array_equal(s.open_dataset("a")[...], a)
 
 
+def test_a_migration_to_a_tier_that_takes_no_writes_is_refused_before_anything_moves(
+    tmp_path, clock
+):
+    """A migration to a tier configured read-only, or whose storage refuses writes now, is
+    refused at once, as an eviction from it is, naming the tier and why; nothing moves. (It
+    ran, and failed chunk by chunk saying the tier was full with nothing on it to evict.)"""
+    with session(tmp_path) as s:
+        a, ds = _written(s, (20, 20), "LOCALDISK", seed=23)
+        ds.close()
+    tiers = make_tiers(tmp_path)
+    tiers["tape"].read_only = True
+    tiers["remote"].backend = _ReadOnlyPosix(tmp_path / "remote")
+    with strataio.Session(tiers=tiers, catalog=tmp_path / "cat.db") as s:
+        ds = s.open_dataset("a", "r+")
+        with pytest.raises(ReadOnlyError, match="'tape' is read-only: nothing is migrated"):
+            ds.migrate(None, to="tape")
+        with pytest.raises(ReadOnlyError, match="'tape' is read-only"):
+            ds.migrate(None)  # (the slowest tier, by default)
+        tiers["remote"].mark_refused(OSError(errno.EROFS, "Read-only file system"))
+        assert tiers["remote"].writes_refused
+        with pytest.raises(WritesRefusedError, match="'remote' refuses writes for now"):
+            ds.migrate(np.s_[0:10, :], to="remote")
+        assert all(w == ["local"] for w in where(ds).values()), where(ds)
+        np.testing.assert_array_equal(ds[...], a)
+        ds.close()
+
+
 def _on_local_turned_read_only(tmp_path, shape, *, seed):
     """Dataset ``a`` (:func:`_written`) on the local tier, closed; then that tier's file
     system refuses writes (:class:`_ReadOnlyPosix`): the values and the tiers to open."""

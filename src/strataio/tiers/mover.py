@@ -341,12 +341,23 @@ class Mover:
     def migrate(self, res: Residency, keys: Sequence[str], to: str) -> MoveHandle:
         """Move ``keys`` to tier ``to``; copies on faster tiers are deleted after the commit,
         but for those on a read-only tier (configured so, or whose storage refuses changes
-        now: :attr:`Tier.unwritable`), which stay, catalogued (nothing there is deleted)."""
+        now: :attr:`Tier.unwritable`), which stay, catalogued (nothing there is deleted). A
+        target that takes no writes is refused before anything moves (:class:`ReadOnlyError`,
+        or :class:`WritesRefusedError` where its storage refuses them now)."""
         target = self.tiers[to]
         if target.volatile:
             raise StrataError(
                 f"tier {to!r} is a memory tier: it cannot be the only copy of a chunk, so it "
                 "cannot be a migration's target (stage or prefetch to it instead)"
+            )
+        if target.read_only:
+            raise ReadOnlyError(
+                f"tier {to!r} is read-only: nothing is migrated to it (it takes no writes)"
+            )
+        if target.writes_refused:
+            raise WritesRefusedError(
+                f"tier {to!r} refuses writes for now, so nothing is migrated to it: "
+                f"{target.last_error}"
             )
         drops = _Drops()
         return self._start(
