@@ -175,6 +175,47 @@ def test_prefetch_reads_from_memory_afterwards(tmp_path):
         ds.close()
 
 
+def test_a_dataset_closed_while_its_moves_run_stops_them_and_keeps_nothing_unrecorded(tmp_path):
+    """A close while a prefetch to the memory tier and a stage to disk run cancels their
+    chunks not started and waits for those under way: the memory tier is left empty, its
+    room free, and every object the stage put on disk is catalogued. (The prefetch put its
+    later chunks on the memory tier after the close, which no handle knew of any more:
+    their bytes, and their room there, were held until the session closed.)"""
+    mem = MemoryBackend("mem")
+    tiers = TierSet(
+        [
+            Tier("mem", mem, "memory", order=0, capacity=10**6),
+            Tier("disk", PosixBackend(tmp_path / "disk"), "localdisk", order=1),
+            Tier(
+                "tape",
+                Shaped(PosixBackend(tmp_path / "tape"), SLOW, 1.0),
+                "remotetape",
+                order=2,
+                concurrency=1,
+            ),
+        ]
+    )
+    a = np.random.default_rng(5).random((40, 40))
+    with strataio.Session(tiers=tiers, catalog=tmp_path / "cat.db") as s:
+        ds = fill(s, a)
+        moves = [ds.prefetch(np.s_[0:20, :]), ds.stage(np.s_[20:40, :], to="disk")]
+        time.sleep(0.05)
+        ds.close()
+        finished_at_close = [h.done() for h in moves]
+        for h in moves:
+            r = h.result()
+            assert r.ok and r.moved + r.cancelled == 8, r
+        assert not list(mem.list()) and tiers["mem"].used == 0
+        assert all(finished_at_close)
+        rows = {c.key for c in s.catalog.residency("a") if c.tier == "disk"}
+        files = {
+            p.relative_to(tmp_path / "disk" / "a").as_posix()
+            for p in (tmp_path / "disk" / "a").rglob("c/*/*")
+        }
+        assert files == rows and len(rows) == moves[1].result().moved
+        np.testing.assert_array_equal(s.open_dataset("a")[...], a)
+
+
 def three_tiers(tmp_path):
     return TierSet(
         [

@@ -1,7 +1,8 @@
 """A stateful property test of the storage hierarchy under capacity pressure.
 
 Rules write random sections (also while a stage of the same dataset runs), read, stage,
-prefetch, migrate, evict, flush and reopen the Session, over
+prefetch, migrate, evict, close a dataset while a move of it runs, flush and reopen the
+Session, over
 a memory tier, a fast disk, a slower disk (all with room for a few chunks only) and an
 archive, with several datasets open at once. After every step:
 
@@ -146,6 +147,16 @@ class TieredHierarchy(RuleBasedStateMachine):
         h = self.ds[name].stage(index(moved), to=to)
         self.write(name, written, value)
         self._wait(h)
+
+    @rule(name=names, where=box, to=st.sampled_from([None, "mem", "fast"]), fetch=st.booleans())
+    def close_while_moving(self, name, where, to, fetch):
+        # a close stops the dataset's moves: none runs on, or puts a copy, after it
+        ds = self.ds[name]
+        h = ds.prefetch(index(where)) if fetch else ds.stage(index(where), to=to)
+        ds.close()
+        assert h.done()
+        self._wait(h)
+        self.ds[name] = self.session.open_dataset(name, "r+")
 
     @rule(name=names, where=box)
     def prefetch(self, name, where):

@@ -253,6 +253,10 @@ class MoveHandle:
             )
         return self._result
 
+    def finished(self) -> None:
+        """Block until the move has finished, whatever its outcome (raises nothing)."""
+        self._finished.wait()
+
     def cancel(self) -> bool:
         """Stop chunks not yet started; what already moved is committed. True if anything was
         left to cancel."""

@@ -138,6 +138,8 @@ class TieredChunkStore(ChunkStore):
         self.stage_on_read = stage_on_read
         self.commit = commit if commit is not None else placement.commit
         self._closed = False
+        #: the moves started through this store: its close stops and waits for those running
+        self._moves: list[MoveHandle] = []
         #: called with this store once it closed (a session keeps what it learned, and the
         #: obsolete objects it could not delete)
         self.on_closed: Callable[[TieredChunkStore], None] | None = None
@@ -1352,25 +1354,40 @@ class TieredChunkStore(ChunkStore):
     def stage(self, keys: Sequence[str], to: str | None = None) -> MoveHandle:
         self._check_readable()
         self.res.learn(keys)
-        return self.mover.stage(self.res, keys, to)
+        return self._started(self.mover.stage(self.res, keys, to))
 
     def prefetch(self, keys: Sequence[str]) -> MoveHandle:
         self._check_readable()
         self.res.learn(keys)
-        return self.mover.prefetch(self.res, keys)
+        return self._started(self.mover.prefetch(self.res, keys))
 
     def migrate(self, keys: Sequence[str], to: str) -> MoveHandle:
         self._check_readable()
         self.flush()  # a migration only moves durable, catalogued chunks
         self.res.learn(keys)
-        return self.mover.migrate(self.res, keys, to)
+        return self._started(self.mover.migrate(self.res, keys, to))
 
     def evict(self, keys: Sequence[str], tier: str) -> MoveHandle:
         self._check_readable()
         self.flush()
         self.tiers[tier]  # unknown tier: NotFoundError before anything moves
         self.res.learn(keys)
-        return self.mover.evict(self.res, keys, tier)
+        return self._started(self.mover.evict(self.res, keys, tier))
+
+    def _started(self, handle: MoveHandle) -> MoveHandle:
+        """Keep ``handle`` (a move of this store's chunks) for :meth:`close` to stop."""
+        self._moves = [h for h in self._moves if not h.done()] + [handle]
+        return handle
+
+    def _stop_moves(self) -> None:
+        """Cancel this store's moves still running and wait for the chunks they have under
+        way: a close then commits (or, for a memory tier, drops) every copy they made, and
+        none is put after it. Their waiters see the outcome, cancelled chunks counted."""
+        moves, self._moves = self._moves, []
+        for h in moves:
+            h.cancel()
+        for h in moves:
+            h.finished()
 
     def residency_table(self) -> dict[str, list[ChunkCopy]]:
         """Every chunk's copies, fastest tier first (for ``strataio info``)."""
@@ -1457,13 +1474,15 @@ class TieredChunkStore(ChunkStore):
         return ObjectError(msg, sorted([*displaced, *lost]))
 
     def close(self) -> None:
-        """Flush and close; copies on memory tiers are dropped (they live while the dataset
-        is open). In a parallel job this is collective (:meth:`Commit.close`). Then
+        """Flush and close; moves of this dataset still running are cancelled, their chunks
+        under way waited for, and copies on memory tiers are dropped (they live while the
+        dataset is open). In a parallel job this is collective (:meth:`Commit.close`). Then
         :attr:`on_closed` is called with this store, whether the close failed or not
         (:attr:`closed_cleanly` tells)."""
         if self._closed:
             return
         try:
+            self._stop_moves()
             for tier in self.tiers:
                 if tier.volatile:
                     for c in self.res.on_tier(tier.name):
