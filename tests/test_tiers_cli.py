@@ -102,6 +102,39 @@ def test_tier_commands(project):
     assert where("temp") == before  # (nothing moved)
 
 
+def test_a_move_prints_only_its_summary_on_stdout_and_its_bar_on_a_terminal_s_stderr(project):
+    """stage / migrate / evict piped into a script: stdout holds the summary line alone; the
+    progress bar goes to stderr, and only on a terminal (FORCE_COLOR makes rich think so)."""
+    r = CliRunner()
+    for args, summary in (
+        (["stage", "temp", "--section", "0:20,:"], "stage: 20 chunks staged"),
+        (["evict", "temp", "--tier", "disk"], "evict: 20 chunk copies dropped"),
+    ):
+        out = r.invoke(main, args)
+        assert out.exit_code == 0, out.output
+        assert out.stdout.splitlines() == [out.stdout.strip()] and out.stdout.startswith(summary)
+        assert out.stderr == ""
+    out = r.invoke(main, ["stage", "temp", "--section", "0:20,:"], env={"FORCE_COLOR": "1"})
+    assert out.exit_code == 0, out.output
+    assert "20/20 chunks" in out.stderr and "20/20" not in out.stdout
+    assert where("temp") == {"disk": 20, "tape": 100}
+    # a name with braces or brackets is shown as it is (no format field, no markup)
+    with strataio.Session() as s:
+        for name in ("x{y}", "r[bold]x"):
+            ds = s.create_dataset(name, (10, 10), "f4", (5, 5), hint="REMOTETAPE")
+            ds[...] = 1
+            ds.close()
+    for name in ("x{y}", "r[bold]x"):
+        for env in ({}, {"FORCE_COLOR": "1"}):
+            out = r.invoke(main, ["stage", name], env=env)
+            assert out.exit_code == 0 and "Traceback" not in out.output, out.output
+            if env:  # (FORCE_COLOR colours stdout too)
+                assert f"stage {name} " in out.stderr and "4/4 chunks" in out.stderr
+            else:
+                assert out.stdout.startswith("stage: 4 chunks staged") and out.stderr == ""
+            assert r.invoke(main, ["evict", name]).exit_code == 0
+
+
 def test_stage_migrate_evict_a_superfile(project):
     """A superfile's containers move whole, through the same commands as a dataset's chunks
     (stage opened it as an array dataset, and failed)."""

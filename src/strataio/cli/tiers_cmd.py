@@ -126,18 +126,21 @@ def tiers_command(config: str | None, check: bool) -> None:
 
 
 # ----------------------------------------------------------------------------- moves
-def _run_move(console: Console, handle: Any, label: str, unit: str = "chunks") -> Any:
-    """Show a progress bar until ``handle`` finishes (counting ``unit``); return its result."""
+def _run_move(handle: Any, label: str, unit: str = "chunks") -> Any:
+    """Wait for ``handle`` and return its result, meanwhile showing a transient progress bar
+    (counting ``unit``) on stderr, only on a terminal: stdout holds the summary alone."""
+    err = Console(stderr=True)
     with Progress(
-        TextColumn(label),
+        TextColumn("{task.description}"),
         BarColumn(),
         TextColumn("{task.completed}/{task.total} " + unit),
         TextColumn("{task.fields[moved]}"),
         TimeElapsedColumn(),
-        console=console,
-        transient=False,
+        console=err,
+        transient=True,
+        disable=not err.is_terminal,
     ) as bar:
-        task = bar.add_task(label, total=max(1, handle.progress.total), moved="0 B")
+        task = bar.add_task(escape(label), total=max(1, handle.progress.total), moved="0 B")
         while not handle.done():
             p = handle.progress
             bar.update(task, completed=p.done, moved=format_size(p.nbytes))
@@ -214,7 +217,7 @@ def _move(config: str | None, name: str, op: str, section: str | None, tier: str
             else:
                 handle = obj.evict(*where, tier=tier)
             label = f"{op} superfile {name}" if superfile else f"{op} {name}"
-            result = _run_move(console, handle, label, unit)
+            result = _run_move(handle, label, unit)
             if op == "stage":
                 from strataio.tiers.store import keys_of
 
