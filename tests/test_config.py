@@ -159,6 +159,18 @@ def test_full_file(tmp_path, monkeypatch):
         ("[[tiers]]\nname='a'\nkind='posix'\nrole='localdisk'\n", r"\(a\): path is missing"),
         ("[[tiers]]\nname='a'\nkind='s3'\nrole='remotedisk'\n", r"\(a\): bucket is missing"),
         (
+            "[[tiers]]\nname='a'\nkind='s3'\nrole='remotedisk'\nbucket='B_'\n",
+            r"\(a\): bucket: 'B_' is not a valid S3 bucket name",
+        ),
+        (
+            "[[tiers]]\nname='a'\nkind='s3'\nrole='remotedisk'\nbucket='bkt'\nprefix='a/../b'\n",
+            r"\(a\): prefix: storage key 'a/../b' has an empty, '\.' or '\.\.' component",
+        ),
+        (
+            "[[tiers]]\nname='a'\nkind='s3'\nrole='remotedisk'\nbucket='bkt'\nendpoint='host:9000'\n",
+            r"\(a\): endpoint: 'host:9000' is not an http\(s\) URL",
+        ),
+        (
             "[[tiers]]\nname='a'\nkind='memory'\nrole='memory'\ncapacity='10 parsecs'\n",
             r"\(a\): capacity: cannot read '10 parsecs'",
         ),
@@ -207,12 +219,12 @@ def test_full_file(tmp_path, monkeypatch):
             r"catalog\.url: unsupported scheme in 'mysql://u:\*\*\*@h/x'",
         ),
         (
-            "[[tiers]]\nname='a'\nkind='s3'\nrole='remotedisk'\nbucket='b'\n"
+            "[[tiers]]\nname='a'\nkind='s3'\nrole='remotedisk'\nbucket='bkt'\n"
             "credentials={secret_access_key='${STRATAIO_TEST_UNSET}'}\n",
             r"credentials\.secret_access_key: environment variable STRATAIO_TEST_UNSET is not set",
         ),
         (
-            "[[tiers]]\nname='a'\nkind='s3'\nrole='remotedisk'\nbucket='b'\n"
+            "[[tiers]]\nname='a'\nkind='s3'\nrole='remotedisk'\nbucket='bkt'\n"
             "credentials={password='x'}\n",
             r"credentials\.password: unknown key",
         ),

@@ -282,6 +282,25 @@ def test_overlap_benchmark_says_why_it_fails(hidden, tmp_path, monkeypatch):
     assert "Exits 1, saying so on stderr, if the loop hides less than 90 % of the" in help_text
 
 
+def test_a_tier_setting_its_backend_refuses_is_a_configuration_error(project, monkeypatch):
+    """An S3 endpoint from the environment that is no URL: every command that builds the
+    tiers exits 2 with one line naming the tier and the configuration, as for a bad file."""
+    root, _ = project
+    (root / "strataio.toml").write_text(
+        CONFIG + '[[tiers]]\nname = "object"\nkind = "s3"\nrole = "remotedisk"\n'
+        'bucket = "simdata"\ncredentials = { access_key_id = "a", secret_access_key = "b" }\n'
+    )
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "zzz")
+    for cmd in (["tiers"], ["fsck"], ["stage", "temp"], ["info", "temp"]):
+        out = CliRunner().invoke(main, cmd)
+        assert out.exit_code == 2, (cmd, out.output)
+        assert out.stderr.count("\n") == 1 and "Traceback" not in out.output
+        assert out.stderr.startswith(
+            f"error: cannot set up tier 'object' configured in {root / 'strataio.toml'}: "
+        ), out.stderr
+        assert "'zzz' must be an http(s) URL" in out.stderr
+
+
 def test_errors_are_one_line_with_the_documented_exit_status(project):
     root, _ = project
     r = CliRunner()

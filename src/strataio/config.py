@@ -353,9 +353,32 @@ def _tier(raw: Mapping[str, Any], where: str, i: int, base: Path) -> TierConfig:
     if kind == "posix":
         kw["path"] = _resolve(base, r.get("path", str, need=True))
     elif kind == "s3":
+        from urllib.parse import urlsplit
+
+        from strataio.errors import InvalidKeyError
+        from strataio.storage.base import validate_key
+        from strataio.storage.s3_signed import BUCKET_NAME
+
+        # (checked here, as the S3 backend checks them, rather than at the first Session)
         kw["bucket"] = r.get("bucket", str, need=True)
+        if not BUCKET_NAME.match(kw["bucket"]):
+            raise r.fail(
+                "bucket",
+                f"{kw['bucket']!r} is not a valid S3 bucket name (3 to 63 of a-z 0-9 . -, "
+                "beginning and ending with a letter or digit)",
+            )
         kw["prefix"] = r.get("prefix", str, "").strip("/")
+        if kw["prefix"]:
+            try:
+                validate_key(kw["prefix"])
+            except InvalidKeyError as exc:
+                raise r.fail("prefix", str(exc)) from None
         kw["endpoint"] = r.get("endpoint", str)
+        if kw["endpoint"] is not None and urlsplit(kw["endpoint"]).scheme not in (
+            "http",
+            "https",
+        ):
+            raise r.fail("endpoint", f"{kw['endpoint']!r} is not an http(s) URL")
         kw["region"] = r.get("region", str)
         creds = r.get("credentials", dict, {})
         cr = _Reader(creds, where, f"{r.prefix}credentials.")

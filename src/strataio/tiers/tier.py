@@ -770,18 +770,24 @@ class TierSet:
         ``known``: the names of the tiers the catalog has registered (:meth:`Catalog.tiers`):
         a POSIX tier among them whose directory is missing is built down, the directory not
         made (see :func:`tier_from_config`). An ``OSError`` setting a tier up is raised as
-        :class:`ConfigError` naming the configuration."""
+        :class:`ConfigError` naming the configuration, and so is any other error building
+        one (a setting its backend refuses: an S3 bucket name, endpoint or prefix, read from
+        the environment too), naming the tier as well."""
         names = set(known)
-        try:
-            return cls(
-                [
-                    tier_from_config(tc, i, known=tc.name in names)
-                    for i, tc in enumerate(config.tiers)
-                ]
-            )
-        except OSError as exc:
-            where = getattr(config, "source", None) or "the default configuration"
-            raise ConfigError(f"cannot set up the tiers configured in {where}: {exc}") from None
+        where = getattr(config, "source", None) or "the default configuration"
+        tiers = []
+        for i, tc in enumerate(config.tiers):
+            try:
+                tiers.append(tier_from_config(tc, i, known=tc.name in names))
+            except OSError as exc:
+                raise ConfigError(f"cannot set up the tiers configured in {where}: {exc}") from None
+            except ConfigError:
+                raise
+            except StrataError as exc:
+                raise ConfigError(
+                    f"cannot set up tier {tc.name!r} configured in {where}: {exc}"
+                ) from None
+        return cls(tiers)
 
     # ----------------------------------------------------------------- lookup
     def __getitem__(self, name: str) -> Tier:
