@@ -526,6 +526,25 @@ def test_demo_sections_refuses_a_size_or_chunk_below_one(option, value, tmp_path
 
 
 @pytest.mark.parametrize(
+    "before, says",
+    [
+        (["--size", "50"], "--size: options of the Astro3D run ('strataio demo'), not of 'demo "
+         "sections': give --size after 'sections'"),
+        (["--json", "{tmp}/out.json", "--ranks", "2"], "--ranks, --json: options of the Astro3D"),
+    ],
+)  # fmt: skip
+def test_demo_options_before_a_subcommand_are_refused_not_ignored(before, says, tmp_path) -> None:
+    """`strataio demo --size 50 sections`: the group's options do nothing for a subcommand, so
+    they are a usage error naming them (and where a subcommand's own goes), and nothing runs."""
+    before = [a.replace("{tmp}", str(tmp_path)) for a in before]
+    where = tmp_path / "demo"
+    res = CliRunner().invoke(main, ["demo", *before, "sections", "--dir", str(where)])
+    assert res.exit_code == 2, res.output
+    assert says in " ".join(res.stderr.split()), res.stderr
+    assert not where.exists() and not (tmp_path / "out.json").exists()
+
+
+@pytest.mark.parametrize(
     "args",
     [
         ["bench", "tape", "--json", "{tmp}/no/out.json"],

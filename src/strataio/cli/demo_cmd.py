@@ -121,6 +121,21 @@ def demo_group(
 
     `strataio demo sections` is the APRIL section-read demo."""
     if ctx.invoked_subcommand is not None:
+        # (the Astro3D run's options would be ignored in silence by a subcommand)
+        given = [
+            p.opts[0]
+            for p in ctx.command.params
+            if ctx.get_parameter_source(p.name) is click.core.ParameterSource.COMMANDLINE
+        ]
+        if given:
+            sub = ctx.command.get_command(ctx, ctx.invoked_subcommand)
+            own = {o for p in getattr(sub, "params", ()) for o in p.opts}
+            after = [o for o in given if o in own]
+            raise click.UsageError(
+                f"{', '.join(given)}: options of the Astro3D run ('strataio demo'), not of "
+                f"'demo {ctx.invoked_subcommand}'"
+                + (f": give {', '.join(after)} after '{ctx.invoked_subcommand}'" if after else "")
+            )
         return
     params = DemoParams(size=size, iterations=iterations, freq=freq, ranks=ranks)
     result = run_astro3d(
