@@ -525,6 +525,28 @@ def test_demo_sections_refuses_a_size_or_chunk_below_one(option, value, tmp_path
     assert not where.exists()
 
 
+def test_demo_sections_fails_with_exit_1_where_data_differs_or_storage_fails(
+    tmp_path, monkeypatch
+) -> None:
+    """A pattern that reads back different data, or a write that fails, is a failure (exit
+    1), not a usage error (2: an option refused, such as --codec)."""
+    args = ["demo", "sections", "--dir", str(tmp_path / "d"), "--size", "40", "--chunk", "10"]
+    res = CliRunner().invoke(main, [*args, "--codec", "bogus"])
+    assert res.exit_code == 2 and "unknown codec 'bogus'" in res.stderr, res.output
+    with monkeypatch.context() as m:
+        m.setattr(np, "array_equal", lambda a, b: False)
+        res = CliRunner().invoke(main, args)
+    assert res.exit_code == 1, res.output
+    assert "MISMATCH" in res.stdout and "error: 8 pattern(s) read back different data" in res.stderr
+
+    def full(self, *a, **k):
+        raise strataio.errors.BackendError("No space left on device")
+
+    monkeypatch.setattr(strataio.Dataset, "__setitem__", full)
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 1 and "No space left on device" in res.stderr, res.output
+
+
 @pytest.mark.parametrize(
     "before, says",
     [

@@ -170,15 +170,24 @@ def demo_group(
 @click.option("--codec", default="zstd+crc32c", show_default=True, help="Codec pipeline.")
 def sections_cmd(directory: Path, size: int, chunk: int, codec: str) -> None:
     """Write a SIZE x SIZE float32 dataset in CHUNK x CHUNK sub-files, then read the APRIL
-    access patterns A-H (scaled to SIZE; x runs along a row) and check each against numpy."""
+    access patterns A-H (scaled to SIZE; x runs along a row) and check each against numpy.
+
+    Exit 0 every pattern read back right; 1 a pattern read back different data, or the
+    dataset could not be written or read; 2 a usage error (a --codec refused among them)."""
     console = make_console()
     path = directory / "sample.zarr"
     data = np.random.default_rng(0).standard_normal((size, size), dtype=np.float32)
+    t0 = time.perf_counter()
     try:
-        t0 = time.perf_counter()
-        with strataio.create_dataset(
+        created = strataio.create_dataset(
             path, (size, size), "float32", (chunk, chunk), codec=codec, overwrite=True
-        ) as ds:
+        )
+    except OSError as exc:  # (the folder cannot be made or written: a failure)
+        fail(f"demo failed: {exc}", 1)
+    except StrataError as exc:  # (an argument refused, --codec most often: a usage error)
+        fail(f"demo failed: {exc}")
+    try:
+        with created as ds:
             ds[...] = data
         t_write = time.perf_counter() - t0
         table = Table(
@@ -207,16 +216,15 @@ def sections_cmd(directory: Path, size: int, chunk: int, codec: str) -> None:
                     "[green]ok[/green]" if ok else "[red]MISMATCH[/red]",
                 )
             stored, disk = ds.nchunks_stored(), bytes_on_disk(ds)
-    except (StrataError, OSError) as exc:
-        fail(f"demo failed: {exc}")
-        return
+    except (StrataError, OSError) as exc:  # (writing or reading it failed)
+        fail(f"demo failed: {exc}", 1)
     console.print(table)
     console.print(
         f"wrote {data.nbytes / 1e6:.0f} MB in {t_write:.2f} s as {stored} chunks, "
         f"{disk / 1e6:.1f} MB on disk ({codec}); inspect it with: strataio info {path}"
     )
     if failures:
-        fail(f"{failures} pattern(s) read back different data")
+        fail(f"{failures} pattern(s) read back different data", 1)
 
 
 def run_astro3d(
