@@ -13,6 +13,7 @@ from click.testing import CliRunner
 
 from strataio.bench.compress import RATIOS, codec_spec, slab
 from strataio.cli import main
+from strataio.errors import ArgumentError, CodecError
 
 
 @pytest.mark.mpi
@@ -45,5 +46,30 @@ def test_synthetic_data_compresses_as_asked() -> None:
         achieved = data.nbytes / len(codec.encode(np.ascontiguousarray(data)))
         assert 0.75 * ratio <= achieved <= 1.1 * ratio
     assert codec_spec("zstd:3") == [{"name": "zstd", "configuration": {"level": 3}}]
-    with pytest.raises(SystemExit):
+    with pytest.raises(ArgumentError, match="unknown codec 'lzma'"):
         codec_spec("lzma")
+    with pytest.raises(ArgumentError, match="level 'x' is not an integer"):
+        codec_spec("zstd:x")
+    with pytest.raises(CodecError, match="codec 'zstd': level 99 is out of range"):
+        codec_spec("zstd:99")
+    with pytest.raises(CodecError, match="clevel 12"):
+        codec_spec("lz4:12")
+
+
+@pytest.mark.parametrize(
+    "codec, says",
+    [("bogus:1", "unknown codec 'bogus:1'"), ("zstd:99", "codec 'zstd': level 99 is out of range")],
+)
+def test_a_codec_is_refused_before_any_rank_starts(codec, says, tmp_path, monkeypatch) -> None:
+    """--codec is checked in the command: a usage error naming it, no mpiexec launched (not a
+    traceback from every rank)."""
+    from strataio.cli import bench_cmd
+
+    def launched(*a, **k):
+        raise AssertionError("mpiexec launched")
+
+    monkeypatch.setattr(bench_cmd, "run_ranks", launched)
+    res = CliRunner().invoke(main, ["bench", "compress", "--ranks", "2", "--codec", codec])
+    assert res.exit_code == 2, res.output
+    assert "Invalid value for '--codec'" in res.stderr and says in res.stderr
+    assert "Traceback" not in res.output

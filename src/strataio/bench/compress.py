@@ -35,6 +35,8 @@ import numpy as np
 from mpi4py import MPI
 
 import strataio
+from strataio.arrays.codecs import normalize_codecs
+from strataio.errors import ArgumentError
 
 RATIOS = (1, 2, 4, 8)
 #: inner chunk and shard width in bytes (columns of the uint8 array), inner chunk rows
@@ -46,15 +48,24 @@ CODEC = "lz4:1"
 
 
 def codec_spec(text: str) -> list[dict[str, Any]]:
-    """``NAME[:LEVEL]`` (zstd, lz4, blosc) as Zarr v3 codec entries."""
-    name, _, level = text.partition(":")
+    """``NAME[:LEVEL]`` (zstd, lz4, blosc) as Zarr v3 codec entries, checked as a dataset
+    checks them: an unknown name or a level that is no integer raises :class:`ArgumentError`,
+    a level out of the codec's range :class:`CodecError`, naming the codec and the field."""
+    name, _, level_text = text.partition(":")
+    try:
+        level = int(level_text or 1)
+    except ValueError:
+        raise ArgumentError(f"codec {text!r}: level {level_text!r} is not an integer") from None
     if name == "zstd":
-        return [{"name": "zstd", "configuration": {"level": int(level or 1)}}]
-    if name in ("lz4", "blosc"):
+        spec = [{"name": "zstd", "configuration": {"level": level}}]
+    elif name in ("lz4", "blosc"):
         cname = "lz4" if name == "lz4" else "zstd"
-        cfg = {"cname": cname, "clevel": int(level or 1), "shuffle": "noshuffle"}
-        return [{"name": "blosc", "configuration": cfg}]
-    raise SystemExit(f"unknown codec {text!r}: zstd[:LEVEL], lz4[:LEVEL] or blosc[:LEVEL]")
+        cfg = {"cname": cname, "clevel": level, "shuffle": "noshuffle"}
+        spec = [{"name": "blosc", "configuration": cfg}]
+    else:
+        raise ArgumentError(f"unknown codec {text!r}: zstd[:LEVEL], lz4[:LEVEL] or blosc[:LEVEL]")
+    normalize_codecs(spec, np.dtype(np.uint8))
+    return spec
 
 
 def slab(rank: int, rows: int, cols: int, ratio: int, seed: int) -> np.ndarray:

@@ -650,6 +650,12 @@ def compress_cmd(
             f"--storages takes local and/or shaped (got {storages!r}); --ranks and --repeat "
             "must be >= 1"
         )
+    from strataio.bench.compress import codec_spec
+
+    try:
+        codec_spec(codec)  # (here, rather than on every rank after mpiexec has started)
+    except StrataError as exc:
+        raise click.BadParameter(str(exc), param_hint="'--codec'") from None
     args = [
         f"--per-rank={nbytes}", f"--repeat={repeat}", f"--bandwidth={bandwidth}",
         f"--storages={','.join(_csv(storages))}", f"--codec={codec}",
