@@ -478,6 +478,8 @@ def test_counts_and_factors_are_checked_before_anything_runs(args: list[str]) ->
         (["sections", "--chunk-cache", "-5"], "'-5': expected a size of at least 0 B"),
         (["superfile", "--counts", "abc"], "expected counts"),
         (["superfile", "--counts", "0"], "at least 1"),
+        (["irregular", "--itemsize", "0"], "every count must be at least 1"),
+        (["irregular", "--itemsize", "16,abc"], "expected counts like 1,2,4"),
     ],
 )
 def test_bench_options_out_of_range_are_usage_errors(args, says, tmp_path) -> None:

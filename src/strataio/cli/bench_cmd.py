@@ -723,7 +723,7 @@ def _render_irregular(rows: list[dict[str, Any]], console: Console) -> None:
     "--ranks", type=COUNTS, default="4", show_default=True, help="Comma-separated rank counts."
 )
 @count_option("--items", 262144, "Items per rank.")
-@click.option("--itemsize", "itemsizes", default="16,32", show_default=True,
+@click.option("--itemsize", "itemsizes", type=COUNTS, default="16,32", show_default=True,
               help="Bytes per item (16, 32: 4 and 8 MiB per rank at the default items).")  # fmt: skip
 @_reps_option
 @json_option
@@ -731,12 +731,17 @@ def _render_irregular(rows: list[dict[str, Any]], console: Console) -> None:
     "--timeout", type=POSITIVE, default=600.0, show_default=True, help="Seconds per mpiexec launch."
 )
 def irregular_cmd(
-    ranks: list[int], items: int, itemsizes: str, reps: int, json_path: Path | None, timeout: float
+    ranks: list[int],
+    items: int,
+    itemsizes: list[int],
+    reps: int,
+    json_path: Path | None,
+    timeout: float,
 ) -> None:
     """Reads and writes through indirection arrays: index schedules against one pread per
     item and against ROMIO with an indexed file view (Read_all / Write_all)."""
     args = ["--bench", "irregular", "--items", str(items), "--reps", str(reps)]
-    args += [a for s in _csv(itemsizes) for a in ("--itemsize", s)]
+    args += [a for s in itemsizes for a in ("--itemsize", str(s))]
     rows = [r for n in ranks for r in _launch(n, args, timeout)]
     _render_irregular(rows, make_console())
     write_json(json_path, rows)
