@@ -173,6 +173,8 @@ def test_bench_rejects_bad_options(tmp_path) -> None:
         (["--contenders", "naive,tiered"], "unknown contender ['tiered']: choose from naive,"),
         (["--collective", "--cache", "first"], "for the collective run: choose from cold, warm"),
         (["--collective", "--reopen"], "--reopen times the single-process table"),
+        (["--chunks", "10,64"], "chunk side 64 is larger than the array side 50"),
+        (["--collective", "--chunks", "51"], "chunk side 51 is larger than the array side 50"),
     ],
 )
 def test_bad_modes_and_contenders_are_named(args: list[str], message: str) -> None:

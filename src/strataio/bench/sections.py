@@ -184,6 +184,13 @@ class SectionsConfig:
             raise StrataError("the naive contender is the baseline and cannot be left out")
         if any(c < 1 for c in self.chunk_sides):
             raise StrataError(f"chunk sides must be positive, got {self.chunk_sides}")
+        if larger := [c for c in self.chunk_sides if c > self.size]:
+            # (h5py refuses such a chunk, after the data is made; one chunk of the whole
+            # array, a side of --size, is the largest there is)
+            raise StrataError(
+                f"chunk side {larger[0]} is larger than the array side {self.size}: give chunk "
+                f"sides up to {self.size}"
+            )
         if self.chunk_cache is not None and self.chunk_cache < 0:
             raise StrataError(f"chunk cache size {self.chunk_cache} is negative")
 
