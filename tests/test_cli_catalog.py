@@ -401,3 +401,18 @@ def test_a_catalog_password_shows_nowhere(runner, tmp_path, pg_url, given):
     outputs += [str(w.message) for w in caught]
     for text in outputs:
         assert secret not in text, text
+
+
+def test_init_refuses_an_unknown_remake_tier_before_writing_anything(runner, tmp_path):
+    """`init --remake-tier NAME` with no tier NAME in the configuration it would write is a
+    usage error before strataio.toml is written (or, with --force, replaced) or a catalog made."""
+    res = runner.invoke(main, ["init", "--remake-tier", "nope"])
+    assert res.exit_code == 2, res.output
+    assert "--remake-tier: no tier 'nope'" in res.stderr
+    assert sorted(os.listdir(tmp_path)) == []
+    mine = "# mine\n" + default_config_text()
+    (tmp_path / "strataio.toml").write_text(mine)
+    res = runner.invoke(main, ["init", "--force", "--remake-tier", "nope"])
+    assert res.exit_code == 2 and "no tier 'nope'" in res.stderr, res.output
+    assert (tmp_path / "strataio.toml").read_text() == mine
+    assert sorted(os.listdir(tmp_path)) == ["strataio.toml"]

@@ -115,6 +115,11 @@ def init_cmd(force: bool, remake: tuple[str, ...]) -> None:
     an empty directory on another disk, which later writes would fill and a mount would
     hide): init says so and exits 1, unless --remake-tier names that tier."""
     target = Path.cwd() / CONFIG_FILENAME
+    if remake and (force or not target.exists()):
+        # (the default's tiers: a name not among them is refused before the file is written)
+        import tomllib
+
+        _check_remake_names(remake, tomllib.loads(default_config_text())["tiers"], str(target))
     if target.exists() and not force:
         try:
             cfg = load_config(target)
@@ -128,12 +133,9 @@ def init_cmd(force: bool, remake: tuple[str, ...]) -> None:
         target.write_text(default_config_text())
         cfg = load_config(target)
         click.echo(f"wrote {target}")
-    unknown = sorted(set(remake) - {t.name for t in cfg.tiers})
-    if unknown:
-        raise _UsageProblem(
-            f"--remake-tier: no tier {', '.join(map(repr, unknown))} in "
-            f"{cfg.source or 'the configuration'}"
-        )
+    _check_remake_names(
+        remake, [{"name": t.name} for t in cfg.tiers], cfg.source or "the configuration"
+    )
     fixed = sorted(t.name for t in cfg.tiers if t.name in remake and t.read_only)
     if fixed:
         raise _UsageProblem(
@@ -200,6 +202,14 @@ def init_cmd(force: bool, remake: tuple[str, ...]) -> None:
         click.echo(
             f"catalog {cfg.catalog.display_url} and every tier are in place: nothing to create"
         )
+
+
+def _check_remake_names(remake: tuple[str, ...], tiers: list[dict], source: str) -> None:
+    """Refuse (usage error) the ``--remake-tier`` names that no tier of ``tiers`` (tables
+    with a ``name``, as configured in ``source``) has."""
+    unknown = sorted(set(remake) - {t.get("name") for t in tiers})
+    if unknown:
+        raise _UsageProblem(f"--remake-tier: no tier {', '.join(map(repr, unknown))} in {source}")
 
 
 @main.command("ls")
