@@ -175,10 +175,11 @@ def test_prefetch_reads_from_memory_afterwards(tmp_path):
         ds.close()
 
 
-def test_a_dataset_closed_while_its_moves_run_stops_them_and_keeps_nothing_unrecorded(tmp_path):
-    """A close while a prefetch to the memory tier and a stage to disk run cancels their
-    chunks not started and waits for those under way: the memory tier is left empty, its
-    room free, and every object the stage put on disk is catalogued. (The prefetch put its
+def test_a_dataset_closed_while_its_moves_run_ends_them_and_keeps_nothing_unrecorded(tmp_path):
+    """A close while a prefetch to the memory tier and a stage to disk run cancels the
+    prefetch's chunks not started, waits for those under way, and waits for the stage whole:
+    the memory tier is left empty, its room free, the stage done, and every object it put
+    on disk catalogued. (The prefetch put its
     later chunks on the memory tier after the close, which no handle knew of any more:
     their bytes, and their room there, were held until the session closed.)"""
     mem = MemoryBackend("mem")
@@ -205,6 +206,7 @@ def test_a_dataset_closed_while_its_moves_run_stops_them_and_keeps_nothing_unrec
         for h in moves:
             r = h.result()
             assert r.ok and r.moved + r.cancelled == 8, r
+        assert moves[1].result().moved == 8  # (a stage to storage is finished, not cut short)
         assert not list(mem.list()) and tiers["mem"].used == 0
         assert all(finished_at_close)
         rows = {c.key for c in s.catalog.residency("a") if c.tier == "disk"}

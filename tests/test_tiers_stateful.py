@@ -150,11 +150,14 @@ class TieredHierarchy(RuleBasedStateMachine):
 
     @rule(name=names, where=box, to=st.sampled_from([None, "mem", "fast"]), fetch=st.booleans())
     def close_while_moving(self, name, where, to, fetch):
-        # a close stops the dataset's moves: none runs on, or puts a copy, after it
+        # a close ends the dataset's moves (a prefetch cancelled, a stage to storage finished):
+        # none runs on, or puts a copy, after it
         ds = self.ds[name]
         h = ds.prefetch(index(where)) if fetch else ds.stage(index(where), to=to)
         ds.close()
         assert h.done()
+        if not fetch and to != "mem":
+            assert h._result.cancelled == 0  # (read as it stands: a refused move raises)
         self._wait(h)
         self.ds[name] = self.session.open_dataset(name, "r+")
 

@@ -138,8 +138,9 @@ class TieredChunkStore(ChunkStore):
         self.stage_on_read = stage_on_read
         self.commit = commit if commit is not None else placement.commit
         self._closed = False
-        #: the moves started through this store: its close stops and waits for those running
-        self._moves: list[MoveHandle] = []
+        #: the moves started through this store, each with whether its close cancels it (a
+        #: move to a memory tier, whose copies the close drops) or lets it finish
+        self._moves: list[tuple[MoveHandle, bool]] = []
         #: called with this store once it closed (a session keeps what it learned, and the
         #: obsolete objects it could not delete)
         self.on_closed: Callable[[TieredChunkStore], None] | None = None
@@ -1354,12 +1355,13 @@ class TieredChunkStore(ChunkStore):
     def stage(self, keys: Sequence[str], to: str | None = None) -> MoveHandle:
         self._check_readable()
         self.res.learn(keys)
-        return self._started(self.mover.stage(self.res, keys, to))
+        to_memory = to is not None and self.tiers[to].volatile
+        return self._started(self.mover.stage(self.res, keys, to), cancel=to_memory)
 
     def prefetch(self, keys: Sequence[str]) -> MoveHandle:
         self._check_readable()
         self.res.learn(keys)
-        return self._started(self.mover.prefetch(self.res, keys))
+        return self._started(self.mover.prefetch(self.res, keys), cancel=True)
 
     def migrate(self, keys: Sequence[str], to: str) -> MoveHandle:
         self._check_readable()
@@ -1374,19 +1376,23 @@ class TieredChunkStore(ChunkStore):
         self.res.learn(keys)
         return self._started(self.mover.evict(self.res, keys, tier))
 
-    def _started(self, handle: MoveHandle) -> MoveHandle:
-        """Keep ``handle`` (a move of this store's chunks) for :meth:`close` to stop."""
-        self._moves = [h for h in self._moves if not h.done()] + [handle]
+    def _started(self, handle: MoveHandle, *, cancel: bool = False) -> MoveHandle:
+        """Keep ``handle`` (a move of this store's chunks) for :meth:`close`, which cancels
+        it where ``cancel`` (a prefetch: its copies go with the close) and else waits for it."""
+        self._moves = [(h, c) for h, c in self._moves if not h.done()] + [(handle, cancel)]
         return handle
 
-    def _stop_moves(self) -> None:
-        """Cancel this store's moves still running and wait for the chunks they have under
-        way: a close then commits (or, for a memory tier, drops) every copy they made, and
-        none is put after it. Their waiters see the outcome, cancelled chunks counted."""
+    def _end_moves(self) -> None:
+        """Let this store's moves end before its close: a prefetch (or a stage to a memory
+        tier) is cancelled, its chunks under way waited for; a stage, migration or eviction
+        to storage that lasts is waited for whole, as its caller asked for it. The close then
+        commits (or, for a memory tier, drops) every copy they made, and none is put after
+        it. Their waiters see the outcome, cancelled chunks counted."""
         moves, self._moves = self._moves, []
-        for h in moves:
-            h.cancel()
-        for h in moves:
+        for h, cancel in moves:
+            if cancel:
+                h.cancel()
+        for h, _ in moves:
             h.finished()
 
     def residency_table(self) -> dict[str, list[ChunkCopy]]:
@@ -1474,15 +1480,16 @@ class TieredChunkStore(ChunkStore):
         return ObjectError(msg, sorted([*displaced, *lost]))
 
     def close(self) -> None:
-        """Flush and close; moves of this dataset still running are cancelled, their chunks
-        under way waited for, and copies on memory tiers are dropped (they live while the
+        """Flush and close; moves of this dataset still running end first (prefetches
+        cancelled, their chunks under way waited for; stages, migrations and evictions to
+        storage waited for), and copies on memory tiers are dropped (they live while the
         dataset is open). In a parallel job this is collective (:meth:`Commit.close`). Then
         :attr:`on_closed` is called with this store, whether the close failed or not
         (:attr:`closed_cleanly` tells)."""
         if self._closed:
             return
         try:
-            self._stop_moves()
+            self._end_moves()
             for tier in self.tiers:
                 if tier.volatile:
                     for c in self.res.on_tier(tier.name):
