@@ -197,3 +197,40 @@ def test_access_costs_read_again_under_the_lock_are_not_measured_twice(
     assert not measured
     assert all(perf.has(t, op) for t in ("local", "remote") for op in TIERED_OPS.values())
     assert perf.measured_at["local"] == 2.0
+
+
+_FAILING_RANK = """
+import sys
+from mpi4py import MPI
+from strataio.demo import astro3d
+
+def _failing(config_path, params):
+    comm = MPI.COMM_WORLD
+    if comm.Get_rank() == 1:
+        raise OSError(28, "No space left on device (rank 1 alone)")
+    comm.Barrier()  # (where rank 0 would wait for rank 1 forever)
+    return {}
+
+astro3d.measure_access_costs = _failing
+astro3d._rank_main(sys.argv[1:])
+"""
+
+
+def test_a_demo_rank_failing_alone_ends_the_job_saying_why(tmp_path, monkeypatch) -> None:
+    """One rank of the demo failing while the other goes on to a collective call ends the
+    job at once, saying what failed on which rank, rather than leaving the other waiting."""
+    import time
+
+    from strataio.demo.astro3d import launch_args
+    from strataio.errors import StrataError
+    from strataio.predict.ranks import launch
+
+    (tmp_path / "failing_rank.py").write_text(_FAILING_RANK)
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}:{__import__('os').environ.get('PYTHONPATH', '')}")
+    started = time.monotonic()
+    with pytest.raises(StrataError) as err:
+        launch(
+            2, "failing_rank", launch_args("none.toml", DemoParams(), "access-costs"), timeout=60
+        )
+    assert time.monotonic() - started < 30, "the other rank waited for the failed one"
+    assert "rank 1" in str(err.value) and "rank 1 alone" in str(err.value), err.value

@@ -391,13 +391,15 @@ def measure_access_costs(config_path: str, params: DemoParams, repeat: int = 6) 
 def _rank_main(argv: list[str]) -> None:
     from mpi4py import MPI
 
-    from strataio.predict.ranks import report
+    from strataio.predict.ranks import report, whole_job
 
-    params = DemoParams(**json.loads(argv[1]))
-    if argv[2] == "access-costs":
-        result: dict[str, Any] = {"costs": measure_access_costs(argv[0], params)}
-    else:
-        result = run_scenario(argv[0], params, int(argv[2]))
+    # (a rank failing alone ends the job: the others would wait for it at a barrier forever)
+    with whole_job(MPI.COMM_WORLD):
+        params = DemoParams(**json.loads(argv[1]))
+        if argv[2] == "access-costs":
+            result: dict[str, Any] = {"costs": measure_access_costs(argv[0], params)}
+        else:
+            result = run_scenario(argv[0], params, int(argv[2]))
     report(MPI.COMM_WORLD, result)
 
 
