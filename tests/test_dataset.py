@@ -288,6 +288,32 @@ def test_attrs_are_plain_json_that_strict_readers_take(tmp_path):
     assert ts.open(spec).result().shape == (4,)
 
 
+def test_strings_that_are_not_unicode_text_are_refused_in_attrs_and_dims(tmp_path):
+    """A string with a lone surrogate (``"\\ud800"``), as a value, a key or a dimension name,
+    is written by JSON as an escape TensorStore refuses the whole zarr.json for: refused with
+    ArgumentError naming where, before zarr.json is written."""
+    ds = strataio.create_dataset(tmp_path / "a", (4,), "f4", (2,), attrs={"é": "😀"})
+    before = (tmp_path / "a" / "zarr.json").read_bytes()
+    for key, value, says in (
+        ("x", "a\ud800", r"attrs\['x'\]: 'a\\ud800' is not Unicode text"),
+        ("x", {"deep": ["\udfff"]}, r"attrs\['x'\]\['deep'\]\[0\]"),
+        ("\ud800", 1, r"attrs key: '\\ud800'"),
+    ):
+        with pytest.raises(ArgumentError, match=says):
+            ds.attrs[key] = value
+    with pytest.raises(ArgumentError, match="attrs"):
+        strataio.create_dataset(tmp_path / "b", (4,), "f4", (2,), attrs={"k": "\ud800"})
+    with pytest.raises(ArgumentError, match=r"dims\[1\]: '\\udc00' is not Unicode text"):
+        strataio.create_dataset(tmp_path / "c", (4, 2), "f4", dims=("y", "\udc00"))
+    assert (tmp_path / "a" / "zarr.json").read_bytes() == before
+    assert not (tmp_path / "b").exists() and not (tmp_path / "c").exists()
+    spec = {"driver": "zarr3", "kvstore": {"driver": "file", "path": str(tmp_path / "a")}}
+    import tensorstore as ts
+
+    assert ts.open(spec).result().shape == (4,)
+    assert dict(strataio.open_dataset(tmp_path / "a").attrs) == {"é": "😀"}
+
+
 def test_attribute_keys_that_are_no_strings_are_refused_not_renamed(tmp_path):
     """JSON writes a key 3 as "3": an attribute set under 3, or a mapping inside one keyed
     so, read back under another key. Refused with ArgumentError, saying where and what it

@@ -158,8 +158,8 @@ def _scalar_from_json(value: Any, dtype: np.dtype) -> Any:
 def json_attrs(attrs: Any) -> dict[str, Any]:
     """User attributes as ``zarr.json`` holds them: plain JSON values (numpy scalars and
     arrays become numbers and lists). Raises :class:`ArgumentError` for anything JSON does
-    not hold, NaN and infinities included: written bare, they make ``zarr.json`` a file
-    strict JSON readers (TensorStore) refuse."""
+    not hold, NaN and infinities and strings with a lone surrogate included: written, they
+    make ``zarr.json`` a file strict JSON readers (TensorStore) refuse."""
     if attrs is None:
         return {}
     if not isinstance(attrs, dict):
@@ -172,7 +172,7 @@ def json_attrs(attrs: Any) -> dict[str, Any]:
         raise TypeError(f"{type(value).__name__} {value!r} is not a JSON value")
 
     try:
-        return json.loads(json.dumps(attrs, allow_nan=False, default=plain))
+        out = json.loads(json.dumps(attrs, allow_nan=False, default=plain))
     except TypeError as exc:
         raise ArgumentError(f"attrs: {exc}") from None
     except ValueError:
@@ -180,6 +180,29 @@ def json_attrs(attrs: Any) -> dict[str, Any]:
             "attrs: NaN and infinities are not JSON values (strict readers such as "
             "TensorStore refuse the file); store them as strings, e.g. 'NaN'"
         ) from None
+    _check_text(out, "attrs")
+    return out
+
+
+def _check_text(value: Any, where: str) -> None:
+    """Raise :class:`ArgumentError` for a string in ``value`` (a key or a value, at any
+    depth) that is not Unicode text: one holding a lone surrogate (``"\\ud800"``), which
+    UTF-8 cannot encode and strict JSON readers (TensorStore) refuse the whole file for."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ArgumentError(
+                f"{where}: {value!r} is not Unicode text (a lone surrogate at index "
+                f"{exc.start}): strict JSON readers such as TensorStore refuse the zarr.json"
+            ) from None
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _check_text(k, f"{where} key")
+            _check_text(v, f"{where}[{k!r}]")
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _check_text(v, f"{where}[{i}]")
 
 
 def _check_keys(value: Any, where: str) -> None:
@@ -287,6 +310,7 @@ class ArrayMetadata:
             )
         plain = json_attrs(attrs)
         names = _dimension_names(dims, len(shape_t), ArgumentError, "dims")
+        _check_text(names, "dims")
         return cls(shape_t, dt.newbyteorder("="), chunks_t, codecs, fill, plain, "/", names)
 
     def arguments(self) -> dict[str, Any]:
