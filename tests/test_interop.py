@@ -103,6 +103,70 @@ def test_a_zstd_codec_without_its_checksum_key_reads_and_writes(tmp_path):
     np.testing.assert_array_equal(zarr.open_array(str(tmp_path / "z"), mode="r")[...], a)
 
 
+@pytest.mark.parametrize("shards", [None, (8,)])
+def test_a_blosc_codec_without_typesize_that_does_not_shuffle_reads_and_writes(tmp_path, shards):
+    """The blosc spec: typesize is "required unless shuffle is noshuffle". Such a zarr.json
+    (as zarr-python reads it) is read and written by strataio, plain and inside shards."""
+    a = np.arange(40, dtype="f4")
+    blosc = {"cname": "lz4", "clevel": 5, "shuffle": "noshuffle", "blocksize": 0}
+    z = zarr.create_array(
+        tmp_path / "z", shape=a.shape, chunks=(4,), shards=shards, dtype="f4",
+        compressors=[{"name": "blosc", "configuration": blosc}],
+    )  # fmt: skip
+    z[...] = a
+    path = tmp_path / "z" / "zarr.json"
+    doc = json.loads(path.read_text())
+    codecs = doc["codecs"][0]["configuration"]["codecs"] if shards else doc["codecs"]
+    codecs[1]["configuration"].pop("typesize")
+    path.write_text(json.dumps(doc))
+    ds = strataio.open_dataset(tmp_path / "z", mode="r+")
+    np.testing.assert_array_equal(ds[...], a)
+    ds[3:13] = -1
+    a[3:13] = -1
+    np.testing.assert_array_equal(zarr.open_array(tmp_path / "z", mode="r")[...], a)
+    np.testing.assert_array_equal(strataio.open_dataset(tmp_path / "z")[...], a)
+
+
+@pytest.mark.parametrize(
+    ("codec", "key"),
+    [
+        ({"name": "zstd", "configuration": {}}, "level"),
+        ({"name": "gzip"}, "level"),
+        ({"name": "blosc", "configuration": {"cname": "lz4", "clevel": 5}}, "shuffle"),
+        (
+            {
+                "name": "blosc",
+                "configuration": {"cname": "lz4", "clevel": 5, "shuffle": "noshuffle"},
+            },
+            "blocksize",
+        ),
+        (
+            {
+                "name": "blosc",
+                "configuration": {
+                    "cname": "lz4",
+                    "clevel": 5,
+                    "shuffle": "shuffle",
+                    "blocksize": 0,
+                },
+            },
+            "typesize",
+        ),
+    ],
+)
+def test_a_codec_without_a_key_its_spec_requires_names_the_key(tmp_path, codec, key):
+    """Not "malformed: KeyError(...)": the codec, and the key its Zarr v3 spec requires."""
+    strataio.create_dataset(tmp_path / "a", (4,), "f4", (2,)).close()
+    path = tmp_path / "a" / "zarr.json"
+    doc = json.loads(path.read_text())
+    doc["codecs"][1] = codec
+    path.write_text(json.dumps(doc))
+    said = f"codecs\\[1\\] \\({codec['name']}\\) configuration has no '{key}', which the Zarr v3"
+    with pytest.raises(MetadataError, match=said) as info:
+        strataio.open_dataset(tmp_path / "a")
+    assert "malformed" not in str(info.value)
+
+
 def test_strataio_updates_a_zarr_python_array(tmp_path):
     a = np.arange(64, dtype="int32").reshape(8, 8)
     z = zarr.create_array(store=str(tmp_path / "z"), shape=a.shape, chunks=(3, 3), dtype="int32")

@@ -73,6 +73,13 @@ CODEC_KEYS = {
     "crc32c": frozenset(),
     "sharding_indexed": frozenset({"chunk_shape", "codecs", "index_codecs", "index_location"}),
 }
+#: The ``configuration`` keys a codec's Zarr v3 spec requires (blosc's ``typesize`` too,
+#: unless ``shuffle`` is ``"noshuffle"``: :func:`missing_keys`)
+REQUIRED_KEYS = {
+    "zstd": ("level",),
+    "gzip": ("level",),
+    "blosc": ("cname", "clevel", "shuffle", "blocksize"),
+}
 #: The compressors the Zarr v3 blosc codec names (one this build of c-blosc lacks is refused
 #: apart: a name another reader may know)
 _BLOSC_CNAMES = ("blosclz", "lz4", "lz4hc", "snappy", "zlib", "zstd")
@@ -210,6 +217,17 @@ def _check_keys(name: str, cfg: dict[str, Any]) -> None:
         )
 
 
+def missing_keys(spec: CodecSpec) -> list[str]:
+    """The ``configuration`` keys the Zarr v3 spec of the codec ``spec`` requires that it
+    lacks: blosc's ``typesize`` only where it shuffles (the spec: "required unless shuffle
+    is noshuffle")."""
+    name, cfg = spec.get("name"), spec.get("configuration") or {}
+    need = list(REQUIRED_KEYS.get(name, ()))
+    if name == "blosc" and cfg.get("shuffle") != "noshuffle":
+        need.append("typesize")
+    return [key for key in need if key not in cfg]
+
+
 def _int_problem(name: str, cfg: dict[str, Any], key: str, lo: int, hi: int | None) -> str | None:
     value = cfg.get(key)
     if not isinstance(value, numbers.Integral) or isinstance(value, bool):
@@ -252,7 +270,11 @@ def configuration_problem(spec: CodecSpec) -> str | None:
         return f"codec 'blosc': shuffle {shuffle!r} is not one of {', '.join(_BLOSC_SHUFFLE)}"
     return (
         _int_problem(name, cfg, "clevel", *_LEVELS_0_9)
-        or _int_problem(name, cfg, "typesize", 1, None)
+        or (
+            _int_problem(name, cfg, "typesize", 1, None)
+            if "typesize" in cfg or shuffle != "noshuffle"
+            else None  # (the spec's "required unless shuffle is noshuffle")
+        )
         or _int_problem(name, cfg, "blocksize", 0, None)
     )
 
@@ -374,7 +396,7 @@ def _numcodec(spec: CodecSpec) -> Any:
             clevel=cfg["clevel"],
             shuffle=_BLOSC_SHUFFLE[cfg["shuffle"]],
             blocksize=cfg["blocksize"],
-            typesize=cfg["typesize"],
+            typesize=cfg.get("typesize", 1),  # (only noshuffle may leave it out: unused)
         )
     if name == "crc32c":
         return _Crc32c()

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from strataio.arrays.codecs import CODEC_KEYS, CodecSpec, normalize_codecs
+from strataio.arrays.codecs import CODEC_KEYS, CodecSpec, missing_keys, normalize_codecs
 from strataio.arrays.sharding import chunk_codec, oversize, shard_codecs
 from strataio.arrays.values import to_dtype
 from strataio.errors import ArgumentError, CodecError, MetadataError, StrataError
@@ -557,7 +557,7 @@ def _codecs(value: Any, what: str, where: str) -> list[CodecSpec]:
     """A ``zarr.json`` codec list (``codecs``, or a ``sharding_indexed`` codec's ``codecs``
     or ``index_codecs``) checked as the spec defines codec entries, short-hand names made
     ``{"name": ...}`` objects. A codec strataio knows may have only the configuration keys
-    its spec defines; one it does not know is left for the pipeline to refuse, whatever its
+    its spec defines, and must have those it requires; one it does not know is left for the pipeline to refuse, whatever its
     ``must_understand`` says (see the module's docstring)."""
     if not isinstance(value, list) or not value:
         raise MetadataError(f"{where}: {what} must be a non-empty list of codecs, got {value!r}")
@@ -576,6 +576,12 @@ def _codecs(value: Any, what: str, where: str) -> list[CodecSpec]:
             )
         if name in CODEC_KEYS:
             _no_unknown_keys(config, CODEC_KEYS[name], f"{here} ({name}) configuration", where)
+            missing = missing_keys({"name": name, "configuration": config})
+            if missing:
+                raise MetadataError(
+                    f"{where}: {here} ({name}) configuration has no {missing[0]!r}, which the "
+                    f"Zarr v3 {name} codec requires"
+                )
         if name == "sharding_indexed":
             config = dict(config)
             if "chunk_shape" not in config:
