@@ -3,6 +3,7 @@ zarr-python and TensorStore in both directions, and clear errors on corrupt shar
 
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
@@ -13,7 +14,7 @@ import zarr
 import strataio
 from strataio.arrays.dataset import Dataset
 from strataio.arrays.store import BackendChunkStore, CountingChunkStore
-from strataio.errors import ChecksumError, CodecError, StrataError
+from strataio.errors import ChecksumError, CodecError, MetadataError, StrataError
 from strataio.storage.posix import PosixBackend
 
 
@@ -168,6 +169,25 @@ def test_strataio_updates_a_zarr_python_sharded_array(tmp_path):
     ds[2:9, 4:5] = -7
     a[2:9, 4:5] = -7
     np.testing.assert_array_equal(zarr.open_array(str(tmp_path / "z"), mode="r")[...], a)
+
+
+def test_a_shard_codec_without_index_codecs_is_refused_before_any_read_or_write(tmp_path):
+    """The spec requires index_codecs; zarr-python takes a missing one for a crc32c-checked
+    index (TensorStore refuses the file). Guessing otherwise misread zarr-python's shards as
+    corrupt and wrote shards zarr-python found corrupt: a MetadataError names the field."""
+    a = np.arange(16, dtype="i4")
+    z = zarr.create_array(tmp_path / "z", shape=(16,), chunks=(2,), shards=(8,), dtype="i4")
+    z[...] = a
+    path = tmp_path / "z" / "zarr.json"
+    doc = json.loads(path.read_text())
+    del doc["codecs"][0]["configuration"]["index_codecs"]
+    path.write_text(json.dumps(doc))
+    shards = {p: p.read_bytes() for p in (tmp_path / "z" / "c").iterdir()}
+    for mode in ("r", "r+"):
+        with pytest.raises(MetadataError, match=r"\(sharding_indexed\) has no index_codecs"):
+            strataio.open_dataset(tmp_path / "z", mode)
+    assert {p: p.read_bytes() for p in (tmp_path / "z" / "c").iterdir()} == shards
+    np.testing.assert_array_equal(zarr.open_array(tmp_path / "z", mode="r")[...], a)
 
 
 @pytest.mark.parametrize("location", ["start", "end"])

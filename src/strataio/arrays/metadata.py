@@ -557,7 +557,8 @@ def _codecs(value: Any, what: str, where: str) -> list[CodecSpec]:
     """A ``zarr.json`` codec list (``codecs``, or a ``sharding_indexed`` codec's ``codecs``
     or ``index_codecs``) checked as the spec defines codec entries, short-hand names made
     ``{"name": ...}`` objects. A codec strataio knows may have only the configuration keys
-    its spec defines, and must have those it requires; one it does not know is left for the pipeline to refuse, whatever its
+    its spec defines, and must have those it requires (a ``sharding_indexed`` one its
+    ``chunk_shape`` and ``index_codecs``); one it does not know is left for the pipeline to refuse, whatever its
     ``must_understand`` says (see the module's docstring)."""
     if not isinstance(value, list) or not value:
         raise MetadataError(f"{where}: {what} must be a non-empty list of codecs, got {value!r}")
@@ -587,6 +588,13 @@ def _codecs(value: Any, what: str, where: str) -> list[CodecSpec]:
             if "chunk_shape" not in config:
                 raise MetadataError(f"{where}: {here} (sharding_indexed) has no chunk_shape")
             _json_ints(config["chunk_shape"], f"{here} (sharding_indexed) chunk_shape", where, 1)
+            if "index_codecs" not in config:
+                # (no default to take: zarr-python takes a crc32c-checked index, and the
+                # shards each reads and writes by its guess are corrupt to the other)
+                raise MetadataError(
+                    f"{where}: {here} (sharding_indexed) has no index_codecs, which the Zarr v3 "
+                    "spec requires: whether the shard index ends with a crc32c is unknown"
+                )
             for inner in ("codecs", "index_codecs"):
                 if inner in config:
                     config[inner] = _codecs(config[inner], f"{here}.{inner}", where)
