@@ -1,7 +1,8 @@
-"""strataio and zarr-python read and update each other's Zarr v3 arrays, value for value and
-field for field: random shapes (0-d, dimensions of length 0 or 1, extents not a multiple of
-the chunk), chunks, shards, dtypes (either byte order), fill values (NaN, 0, others), codecs,
-attributes and partial writes, checked against a numpy array holding what was written."""
+"""strataio, zarr-python and TensorStore read and update each other's Zarr v3 arrays, value
+for value and field for field: random shapes (0-d, dimensions of length 0 or 1, extents not a
+multiple of the chunk), chunks, shards, dtypes (either byte order), fill values (NaN, 0,
+others), codecs, attributes and partial writes, checked against a numpy array holding what
+was written."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+import tensorstore as ts
 import zarr
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -199,6 +201,17 @@ def _index(box) -> tuple[slice, ...]:
     return tuple(slice(a, b) for a, b in zip(*box))
 
 
+def _tensorstore(path: Path):
+    spec = {"driver": "zarr3", "kvstore": {"driver": "file", "path": str(path)}}
+    return ts.open(spec).result()
+
+
+def _tensorstore_opens(dims) -> bool:
+    """TensorStore refuses a zarr.json naming two dimensions alike (the spec allows it)."""
+    named = [d for d in dims or () if d]
+    return len(set(named)) == len(named)
+
+
 @settings(  # (STRATAIO_INTEROP_EXAMPLES=2000 hunts longer; 150 take about 15 s)
     max_examples=int(os.environ.get("STRATAIO_INTEROP_EXAMPLES", 150)),
     deadline=None,
@@ -206,10 +219,11 @@ def _index(box) -> tuple[slice, ...]:
 )
 @given(array=arrays(), data=st.data(), strataio_first=st.booleans())
 def test_strataio_and_zarr_python_read_and_update_each_others_arrays(array, data, strataio_first):
-    """One of them creates the array, both write boxes of it in turn (strataio by index and
-    by write_section), and after each turn both read the whole array and a box of it: every
-    value is the one last written there, bit for bit, or the fill value; the metadata
-    (shape, dtype, chunks, shards, fill value, attributes, dimension names) reads the same."""
+    """strataio or zarr-python creates the array, then strataio (by index and by
+    write_section), zarr-python and TensorStore write boxes of it in turn, and after each
+    turn each reads the whole array and a box of it: every value is the one last written
+    there, bit for bit, or the fill value; the metadata (shape, dtype, chunks, shards, fill
+    value, attributes, dimension names) reads the same."""
     shape, chunks, shards, dtype, fill, codec, attrs, dims = array
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "a"
@@ -253,8 +267,13 @@ def test_strataio_and_zarr_python_read_and_update_each_others_arrays(array, data
             fill = zarr.open_array(str(path), mode="r").fill_value
         expected = np.full(shape, fill, dtype=dtype)
         _check_metadata(path, shape, chunks, shards, dtype, fill, attrs, dims)
+        peers = ["strataio", "zarr-python"] + ["tensorstore"] * _tensorstore_opens(dims)
+        who = ""
         for turn in range(4):
-            who = "strataio" if (turn % 2 == 0) == strataio_first else "zarr-python"
+            if turn == 0:
+                who = "strataio" if strataio_first else "zarr-python"
+            else:  # (another writer than the last)
+                who = data.draw(st.sampled_from([p for p in peers if p != who]))
             for _ in range(data.draw(st.integers(1, 2))):
                 box = data.draw(boxes(shape))
                 part = _values(data.draw, dtype, tuple(b - a for a, b in zip(*box)), fill)
@@ -264,6 +283,9 @@ def test_strataio_and_zarr_python_read_and_update_each_others_arrays(array, data
                             ds.write_section(box[0], part)
                         else:
                             ds[_index(box)] = part
+                elif who == "tensorstore":
+                    t = _tensorstore(path)
+                    t[_index(box)] = part.astype(t.dtype.numpy_dtype)
                 else:
                     # (zarr-python leaves out a chunk that equals the fill value where NaN
                     # equals any NaN: a -nan written under a fill of NaN would read as NaN)
@@ -277,6 +299,10 @@ def test_strataio_and_zarr_python_read_and_update_each_others_arrays(array, data
             z = zarr.open_array(str(path), mode="r")
             _same(z[...], expected, f"zarr-python after {who}")
             _same(z[_index(box)], expected[_index(box)], "zarr-python section")
+            if "tensorstore" in peers:
+                t = _tensorstore(path)
+                _same(t.read().result(), expected, f"tensorstore after {who}")
+                _same(t[_index(box)].read().result(), expected[_index(box)], "ts section")
         # attributes each sets are read by both, and the rest of zarr.json stays as it was
         ds = strataio.open_dataset(path, "r+")
         ds.attrs["by_strataio"] = [1, "x"]
