@@ -75,6 +75,7 @@ _SHARD_INNER = ["codecs", 0, "configuration", "chunk_shape"]
         (_set(["chunk_grid"], 7), "chunk_grid must be an object or a name"),
         (_set(["shape"], ...), "the required field 'shape' is missing"),
         (_set(["codecs"], ...), "the required field 'codecs' is missing"),
+        (_set(["fill_value"], ...), "the required field 'fill_value' is missing"),
         (_set(["codecs"], []), "codecs must be a non-empty list"),
         (_set(["codecs"], {"name": "bytes"}), "codecs must be a non-empty list"),
         (_set(["codecs", 1], 5), "codecs[1] must be a codec object or name"),
@@ -106,11 +107,14 @@ def test_a_field_of_the_wrong_type_or_range_names_the_file_and_the_field(change,
         ("bool", "NaN", "not true or false"),
         ("float32", 1e300, "beyond the range of float32"),
         ("float16", -70000, "beyond the range of float16"),
+        ("float32", None, "null is no value"),
+        ("complex64", [1.0, None], "null is no value"),
     ],
 )
 def test_a_fill_value_numpy_would_change_is_refused(dtype, fill, said):
-    """numpy makes 2 or 0.5 a True and 1e300 a float32 inf: such a fill_value is no value of
-    the data type, and opening the array says so (true, false, 0 and 1 are bools; a float
+    """numpy makes 2 or 0.5 a True, 1e300 a float32 inf and null a NaN (zarr-python and
+    TensorStore refuse a null fill_value): such a fill_value is no value of the data type,
+    and opening the array says so (true, false, 0 and 1 are bools; a float
     in range and the spec's special values open as before)."""
     doc = _doc(dtype=dtype, codec=None)
     doc["fill_value"] = fill

@@ -116,7 +116,8 @@ def _float_to_json(f: np.floating) -> Any:
 def _fill_from_json(value: Any, dtype: np.dtype) -> Any:
     """The fill value ``zarr.json`` holds as a scalar of ``dtype``; a complex one is a list of
     two parts, each written as a float one is (a number, ``"NaN"``, ``"Infinity"``,
-    ``"-Infinity"`` or ``"0x"`` and its bits in hex)."""
+    ``"-Infinity"`` or ``"0x"`` and its bits in hex). ``null`` is no value of any data type
+    strataio reads, nor a part of one (numpy would make it a float NaN)."""
     if dtype.kind == "c" and isinstance(value, list):
         part = np.dtype(f"f{dtype.itemsize // 2}")
         if len(value) != 2:
@@ -134,6 +135,8 @@ def _scalar_from_json(value: Any, dtype: np.dtype) -> Any:
     a number with a fraction (or NaN, an infinity) where ``dtype`` holds integers, for a
     ``bool`` one other than true, false, 0 or 1, and for a finite number beyond a float
     type's range (which would be read as an infinity)."""
+    if value is None:
+        raise ValueError("null is no value of a numeric data type")
     special = {"NaN": float("nan"), "Infinity": float("inf"), "-Infinity": float("-inf")}
     if isinstance(value, str):
         if value in special:
@@ -373,7 +376,7 @@ class ArrayMetadata:
         if doc.get("node_type") != "array":
             raise MetadataError(f"{where} describes a {doc.get('node_type')!r}, not an array")
         extra = _extra_fields(doc, where)
-        for name in ("shape", "data_type", "chunk_grid", "codecs"):
+        for name in ("shape", "data_type", "chunk_grid", "fill_value", "codecs"):
             if name not in doc:
                 raise MetadataError(f"{where}: the required field {name!r} is missing")
         try:
@@ -419,7 +422,7 @@ class ArrayMetadata:
                 doc.get("dimension_names"), len(shape), MetadataError, f"{where}: dimension_names"
             )
             codecs = _codecs(doc["codecs"], "codecs", where)
-            fill = doc.get("fill_value", 0)
+            fill = doc["fill_value"]
             try:
                 fill_value = _fill_from_json(fill, dt)
             except (TypeError, ValueError, OverflowError) as exc:
