@@ -124,6 +124,25 @@ def test_a_fill_value_numpy_would_change_is_refused(dtype, fill, said):
         ArrayMetadata.from_json(json.dumps(doc), where=WHERE)
 
 
+@pytest.mark.parametrize(
+    ("dtype", "fill"),
+    [
+        ("int32", "7"),
+        ("float32", "1.5"),
+        ("float64", "inf"),
+        ("uint8", "0x10"),
+        ("complex64", ["0x3f800000", "nan"]),
+    ],
+)
+def test_a_fill_value_string_the_spec_does_not_define_is_refused(dtype, fill):
+    """The spec's strings are "NaN", "Infinity", "-Infinity" and, for floats, "0x" and the
+    bits; numpy would read "7" as 7 and "inf" as inf, zarr-python and TensorStore refuse
+    them."""
+    doc = _doc(dtype=dtype, codec=None)
+    doc["fill_value"] = fill
+    _refused(doc, f"fill_value {fill!r} is not a", "a string other than 'NaN', 'Infinity'")
+
+
 def test_a_sharded_arrays_inner_chunk_shape_is_checked_too():
     doc = _doc(chunks=(2, 2), shards=(4, 4))
     for bad in ("22", [2.0, 2], [0, 2], None):

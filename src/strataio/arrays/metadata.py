@@ -132,7 +132,8 @@ def _fill_from_json(value: Any, dtype: np.dtype) -> Any:
 def _scalar_from_json(value: Any, dtype: np.dtype) -> Any:
     """One fill value of ``zarr.json`` (a complex one's part, see :func:`_fill_from_json`)
     as a ``dtype`` scalar, a ``"0x"`` one holding exactly the bits it gives; ValueError for
-    a number with a fraction (or NaN, an infinity) where ``dtype`` holds integers, for a
+    any other string (the spec's are those, ``"0x"`` for floats only), for a number with a
+    fraction (or NaN, an infinity) where ``dtype`` holds integers, for a
     ``bool`` one other than true, false, 0 or 1, and for a finite number beyond a float
     type's range (which would be read as an infinity)."""
     if value is None:
@@ -141,10 +142,15 @@ def _scalar_from_json(value: Any, dtype: np.dtype) -> Any:
     if isinstance(value, str):
         if value in special:
             value = special[value]
-        elif value.startswith("0x"):
+        elif value.startswith("0x") and dtype.kind == "f":
             return np.frombuffer(
                 int(value, 16).to_bytes(dtype.itemsize, "big"), dtype.newbyteorder(">")
             )[0].astype(dtype)
+        else:  # (numpy would read "7", "1.5" or "inf" as numbers)
+            raise ValueError(
+                "a string other than 'NaN', 'Infinity', '-Infinity' or, for a float, '0x' "
+                "and its bits"
+            )
     if dtype.kind in "iu" and isinstance(value, float) and not value.is_integer():
         raise ValueError("not an integer")  # (numpy would make 1.5 a 1)
     if dtype.kind == "b" and value not in (True, False):  # (0 and 1, as bool takes them)
