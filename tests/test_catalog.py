@@ -505,6 +505,44 @@ def test_sqlite_is_wal_and_reader_not_blocked_by_writer(tmp_path):
         b.close()
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="names the holder on Linux")
+def test_sqlite_a_write_lock_held_too_long_names_the_process_holding_it(tmp_path):
+    """A writer that waited its whole timeout for another process's transaction raises
+    BackendError naming the catalog, the wait, and the process holding the lock (its pid and
+    command), not SQLite's bare "database is locked"; once that process ends, writes go on."""
+    path = tmp_path / "c.db"
+    with open_catalog(path) as c:
+        c.register_tiers(TIERS)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sqlite3, sys, time\n"
+            "c = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+            "c.execute('BEGIN EXCLUSIVE')\n"
+            "print('held', flush=True)\n"
+            "time.sleep(60)\n",
+            str(path),
+        ],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert holder.stdout.readline() == b"held\n"
+        t0 = time.monotonic()
+        with pytest.raises(BackendError) as err:
+            SQLiteCatalog(path, timeout=0.5)
+        assert time.monotonic() - t0 >= 0.5
+        text = str(err.value)
+        assert str(path) in text and "0.5 s" in text
+        assert f"process {holder.pid}" in text and "sqlite3" in text
+    finally:
+        holder.kill()
+        holder.wait()
+    with SQLiteCatalog(path, timeout=0.5) as c:
+        c.create_dataset(_ds("after"))
+        assert [d.name for d in c.list_datasets()] == ["after"]
+
+
 # The schema as strataio first shipped it (version 1), in SQL both databases accept.
 V1_SCHEMA = [
     "CREATE TABLE schema_version (version INTEGER NOT NULL)",

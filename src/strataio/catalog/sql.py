@@ -368,6 +368,11 @@ class SQLCatalog(Catalog):
         """A write transaction: commits on normal exit, rolls back on an exception; with
         ``durable=False`` the commit does not wait for the disk (see :meth:`Catalog.commit`)."""
 
+    def _explain(self, exc: BaseException) -> str:
+        """The text of ``exc``, a database error, for a message naming the catalog: with
+        what caused it and what to do, where the dialect can tell."""
+        return str(exc)
+
     def _sql(self, statement: str) -> str:
         """``statement`` with the dialect's slots filled, in the driver's placeholder style."""
         out = self._sql_cache.get(statement)
@@ -445,7 +450,7 @@ class SQLCatalog(Catalog):
                         f"({exc}); the server kept the change only if it had received its "
                         "commit, and the next call opens the connection again"
                     ) from exc
-                raise BackendError(f"catalog {self._label()}: {exc}") from exc
+                raise BackendError(f"catalog {self._label()}: {self._explain(exc)}") from exc
 
     def _transaction(self, durable: bool, stack: contextlib.ExitStack) -> Cursor:
         """A write transaction begun on ``stack``; one whose begin found the connection lost
@@ -465,7 +470,7 @@ class SQLCatalog(Catalog):
                 return self._fetch(statement, params)
             except self.DATABASE_ERRORS as exc:
                 if not self._connection_lost(exc):
-                    raise BackendError(f"catalog {self._label()}: {exc}") from exc
+                    raise BackendError(f"catalog {self._label()}: {self._explain(exc)}") from exc
                 cause = exc
             # (a query changes nothing: asked again on a connection opened anew)
             self._reconnect(cause)
@@ -473,7 +478,7 @@ class SQLCatalog(Catalog):
                 return self._fetch(statement, params)
             except self.DATABASE_ERRORS as exc:
                 self._reconnect_due = self._connection_lost(exc)
-                raise BackendError(f"catalog {self._label()}: {exc}") from exc
+                raise BackendError(f"catalog {self._label()}: {self._explain(exc)}") from exc
 
     def _fetch(self, statement: str, params: Sequence[Any]) -> list[tuple]:
         cur = self._conn.cursor()

@@ -29,6 +29,7 @@ import os
 import secrets
 import sqlite3
 import stat
+import sys
 from collections.abc import Iterator, Sequence
 
 from strataio.backoff import Backoff
@@ -86,7 +87,7 @@ class SQLiteCatalog(SQLCatalog):
         except StrataError:
             raise
         except (OSError, sqlite3.Error) as exc:
-            raise BackendError(f"cannot open catalog {self.path!r}: {exc}") from exc
+            raise BackendError(f"cannot open catalog {self.path!r}: {self._explain(exc)}") from exc
         try:
             conn.execute(f"PRAGMA busy_timeout = {int(self.timeout * 1000)}")
             mode = self._wal_mode(conn)
@@ -96,7 +97,7 @@ class SQLiteCatalog(SQLCatalog):
             conn.execute("PRAGMA foreign_keys = ON")
         except sqlite3.Error as exc:
             conn.close()
-            raise BackendError(f"cannot open catalog {self.path!r}: {exc}") from exc
+            raise BackendError(f"cannot open catalog {self.path!r}: {self._explain(exc)}") from exc
         except BaseException:
             conn.close()
             raise
@@ -150,6 +151,20 @@ class SQLiteCatalog(SQLCatalog):
             for leftover in (draft, draft + "-wal", draft + "-shm"):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(leftover)
+
+    def _explain(self, exc: BaseException) -> str:
+        """SQLite's text of ``exc``; for a lock waited on in vain (SQLITE_BUSY), with how long
+        this process waited and, where this host can tell, the process holding the lock."""
+        text = str(exc)
+        if getattr(exc, "sqlite_errorname", "").startswith("SQLITE_BUSY") or text.endswith(
+            "is locked"
+        ):
+            return (
+                f"{text}: another process kept its transaction open past this one's "
+                f"{self.timeout:g} s wait{_lock_holder(self._file or self.path)}; "
+                "try again once that transaction has ended"
+            )
+        return text
 
     def _no_wal(self, mode: str) -> BackendError:
         """The error of a catalog that SQLite would not switch to WAL (it gave ``mode``)."""
@@ -251,6 +266,52 @@ class SQLiteCatalog(SQLCatalog):
     def _has_table(self, cur: sqlite3.Cursor, name: str) -> bool:
         cur.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,))
         return cur.fetchone() is not None
+
+
+#: the bytes of the WAL index (the ``-shm`` file) whose locks SQLite takes for its write lock,
+#: a checkpoint and a recovery (``WALINDEX_LOCK_OFFSET`` 120 and the next two)
+_WAL_LOCKS = {120: "write", 121: "checkpoint", 122: "recovery"}
+
+
+def _lock_holder(database: str) -> str:
+    """``" (held by process PID: COMMAND)"``, the process holding one of the WAL locks of
+    the SQLite file ``database``, as ``/proc/locks`` lists it (Linux); ``""`` where none is
+    found. The lock is read from that list, not asked of a descriptor of the ``-shm`` file:
+    closing one would drop the locks this process's own connections hold on it."""
+    if not sys.platform.startswith("linux"):
+        return ""
+    try:
+        st = os.stat(os.path.realpath(database) + "-shm")
+        with open("/proc/locks") as f:
+            table = f.read().splitlines()
+    except OSError:
+        return ""
+    here = (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
+    for line in table:
+        fields = line.split()
+        if len(fields) < 8 or fields[1] != "POSIX" or fields[3] != "WRITE":
+            continue
+        try:
+            major, minor, inode = fields[5].split(":")
+            where = (int(major, 16), int(minor, 16), int(inode))
+            pid, start = int(fields[4]), int(fields[6])
+        except ValueError:
+            continue
+        if where == here and start in _WAL_LOCKS and pid > 0:
+            return f" (its {_WAL_LOCKS[start]} lock is held by process {pid}{_command(pid)})"
+    return ""
+
+
+def _command(pid: int) -> str:
+    """``": COMMAND"``, the command line of process ``pid`` (its first 160 characters), or
+    ``""`` where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read(4096).split(b"\0")
+    except OSError:
+        return ""
+    line = " ".join(" ".join(a.decode(errors="replace") for a in argv).split())
+    return f": {line[:157]}..." if len(line) > 160 else f": {line}" if line else ""
 
 
 def _sync_directory(path: str) -> None:
