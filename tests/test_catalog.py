@@ -543,6 +543,38 @@ def test_sqlite_a_write_lock_held_too_long_names_the_process_holding_it(tmp_path
         assert [d.name for d in c.list_datasets()] == ["after"]
 
 
+def test_sqlite_a_catalog_out_of_room_or_not_writable_says_so_and_what_to_do(tmp_path):
+    """A write that SQLite refuses for want of room (SQLITE_FULL) or of write access
+    (SQLITE_READONLY) raises BackendError naming the catalog, its directory and what to do,
+    not SQLite's bare text; the catalog is left as it was and takes writes again once the
+    cause is gone."""
+    path = tmp_path / "c.db"
+    with SQLiteCatalog(path) as c:
+        c.register_tiers(TIERS)
+        c.create_dataset(_ds("kept"))
+        pages = c._conn.execute("PRAGMA page_count").fetchone()[0]
+        c._conn.execute(f"PRAGMA max_page_count = {pages}")  # (a file system out of room)
+        with pytest.raises(BackendError) as err:
+            for i in range(100):
+                c.create_dataset(_ds(f"d{i}", attrs='{"pad": "' + "x" * 2000 + '"}'))
+        text = str(err.value)
+        assert "database or disk is full" in text and str(tmp_path) in text
+        assert "free space" in text and "fsck --repair" in text
+        c._conn.execute(f"PRAGMA max_page_count = {2**30}")
+        c._conn.execute("PRAGMA query_only = ON")  # (a file or directory not writable)
+        with pytest.raises(BackendError) as err:
+            c.create_dataset(_ds("ro"))
+        text = str(err.value)
+        assert "readonly" in text and str(path) in text and "write access" in text
+        c._conn.execute("PRAGMA query_only = OFF")
+        c.create_dataset(_ds("after"))
+        assert {d.name for d in c.list_datasets()} >= {"kept", "after"}
+        assert not {d.name for d in c.list_datasets()} & {"ro"}
+    (tmp_path / "folder.db").mkdir()
+    with pytest.raises(BackendError, match=r"folder\.db is a directory, not a catalog file"):
+        SQLiteCatalog(tmp_path / "folder.db")
+
+
 # The schema as strataio first shipped it (version 1), in SQL both databases accept.
 V1_SCHEMA = [
     "CREATE TABLE schema_version (version INTEGER NOT NULL)",

@@ -153,16 +153,37 @@ class SQLiteCatalog(SQLCatalog):
                     os.unlink(leftover)
 
     def _explain(self, exc: BaseException) -> str:
-        """SQLite's text of ``exc``; for a lock waited on in vain (SQLITE_BUSY), with how long
-        this process waited and, where this host can tell, the process holding the lock."""
+        """SQLite's text of ``exc``, with the cause and what to do where SQLite says: a lock
+        waited on in vain (SQLITE_BUSY: how long this process waited and, where this host
+        can tell, the process holding the lock), no room (SQLITE_FULL), no write access
+        (SQLITE_READONLY, SQLITE_CANTOPEN)."""
         text = str(exc)
-        if getattr(exc, "sqlite_errorname", "").startswith("SQLITE_BUSY") or text.endswith(
-            "is locked"
-        ):
+        code = getattr(exc, "sqlite_errorname", "")
+        file = os.path.abspath(self._file or self.path)
+        folder = os.path.dirname(file)
+        if code.startswith("SQLITE_BUSY") or text.endswith("is locked"):
             return (
                 f"{text}: another process kept its transaction open past this one's "
-                f"{self.timeout:g} s wait{_lock_holder(self._file or self.path)}; "
+                f"{self.timeout:g} s wait{_lock_holder(file)}; "
                 "try again once that transaction has ended"
+            )
+        if code == "SQLITE_FULL":
+            return (
+                f"{text}: the file system holding the catalog ({folder}) has no room for its "
+                "change, which was not made; free space there, then try again (chunks "
+                "written meanwhile stay on their tiers: a flush that succeeds records them, "
+                "and 'strataio fsck --repair' adopts those of a process that ended)"
+            )
+        if code == "SQLITE_CANTOPEN" and os.path.isdir(file):
+            return f"{text}: {file} is a directory, not a catalog file"
+        if code.startswith(("SQLITE_READONLY", "SQLITE_CANTOPEN")):
+            denied = [p for p in (file, folder) if os.path.exists(p) and not os.access(p, os.W_OK)]
+            which = f" ({' and '.join(denied)} not writable here)" if denied else ""
+            return (
+                f"{text}: strataio writes to its catalog whenever it opens one (sessions and "
+                "the datasets they use are recorded there), so it needs write access to "
+                f"{file} and to its directory, where SQLite keeps the files -wal and -shm "
+                f"beside it{which}; a read-only copy of a catalog cannot be opened"
             )
         return text
 
