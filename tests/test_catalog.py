@@ -575,6 +575,28 @@ def test_sqlite_a_catalog_out_of_room_or_not_writable_says_so_and_what_to_do(tmp
         SQLiteCatalog(tmp_path / "folder.db")
 
 
+def test_sqlite_a_file_not_a_catalog_or_damaged_is_refused_saying_what_to_do(tmp_path):
+    """A file at the catalog's path that is not an SQLite database, or one cut short, is
+    refused with BackendError naming it and what to do (restore it; moved aside, a new
+    catalog knows none of its datasets), and left as it is."""
+    text_file = tmp_path / "text.db"
+    text_file.write_text("not a database\n" * 100)
+    cut = tmp_path / "cut.db"
+    with SQLiteCatalog(cut) as c:
+        c.register_tiers(TIERS)
+        for i in range(50):
+            c.create_dataset(_ds(f"d{i}", attrs='{"pad": "' + "x" * 500 + '"}'))
+    os.truncate(cut, 5000)
+    for p in (text_file, cut):
+        before = p.read_bytes()
+        with pytest.raises(BackendError) as err:
+            SQLiteCatalog(p)
+        text = str(err.value)
+        assert str(p) in text and "restore it from a backup" in text
+        assert "knows none of its datasets" in text
+        assert p.read_bytes() == before
+
+
 # The schema as strataio first shipped it (version 1), in SQL both databases accept.
 V1_SCHEMA = [
     "CREATE TABLE schema_version (version INTEGER NOT NULL)",

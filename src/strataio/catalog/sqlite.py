@@ -156,7 +156,8 @@ class SQLiteCatalog(SQLCatalog):
         """SQLite's text of ``exc``, with the cause and what to do where SQLite says: a lock
         waited on in vain (SQLITE_BUSY: how long this process waited and, where this host
         can tell, the process holding the lock), no room (SQLITE_FULL), no write access
-        (SQLITE_READONLY, SQLITE_CANTOPEN)."""
+        (SQLITE_READONLY, SQLITE_CANTOPEN), a file not a database or damaged (SQLITE_NOTADB,
+        SQLITE_CORRUPT)."""
         text = str(exc)
         code = getattr(exc, "sqlite_errorname", "")
         file = os.path.abspath(self._file or self.path)
@@ -184,6 +185,12 @@ class SQLiteCatalog(SQLCatalog):
                 "the datasets they use are recorded there), so it needs write access to "
                 f"{file} and to its directory, where SQLite keeps the files -wal and -shm "
                 f"beside it{which}; a read-only copy of a catalog cannot be opened"
+            )
+        if code.startswith(("SQLITE_NOTADB", "SQLITE_CORRUPT")):
+            return (
+                f"{text}: the file {file} is not an SQLite database, or is damaged (cut "
+                "short, overwritten); restore it from a backup. Moved aside, it makes way "
+                "for a new catalog, which knows none of its datasets"
             )
         return text
 
