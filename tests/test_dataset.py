@@ -839,6 +839,23 @@ def test_python_ints_beyond_64_bits_are_named_out_of_range(tmp_path, dtype):
         ds[0:2] = [1.5, 2**70]  # not all ints: refused as any other object data
 
 
+def test_lists_of_python_ints_that_numpy_would_make_floats_are_stored_exactly(tmp_path):
+    """numpy makes a list of Python ints float64 where one is beyond int64 but not uint64
+    (``[2**64 - 1, 1]``): a dataset stores such ints that fit exactly, refuses those that do
+    not naming the value, and still refuses a list that holds a float."""
+    u = strataio.create_dataset(tmp_path / "u", (2, 2), "uint64")
+    u[...] = [[2**64 - 1, 1], [2**63, 0]]
+    assert u[...].tolist() == [[2**64 - 1, 1], [2**63, 0]]
+    u[0] = (2**63 + 1, np.uint64(7))
+    assert u[0].tolist() == [2**63 + 1, 7]
+    i = strataio.create_dataset(tmp_path / "i", (2,), "int64")
+    with pytest.raises(DtypeMismatchError, match=f"value {2**63} .*out of range"):
+        i[...] = [2**63, -1]
+    with pytest.raises(DtypeMismatchError, match="float64"):
+        u[0] = [2**64 - 1, 1.0]
+    assert i[...].tolist() == [0, 0] and u[0].tolist() == [2**63 + 1, 7]
+
+
 def test_float_overflow_is_refused(tmp_path):
     ds = strataio.create_dataset(tmp_path / "a", (3,), "f4")
     ds[...] = np.array([1.5, np.inf, np.nan])  # float64 → float32 rounds as numpy does

@@ -5,7 +5,8 @@ The rule (for writes and ``fill_value`` alike):
 - the same dtype, or a conversion numpy calls safe (``int8`` → ``int32``, ``float32`` →
   ``float64``, ``bool`` → anything numeric), is stored as is;
 - an integer of another width or signedness (``int64`` → ``int8``, ``int64`` → ``uint8``,
-  including Python ints, which numpy makes ``int64``, or objects beyond 64 bits) is stored
+  including Python ints, which numpy makes ``int64``, objects beyond 64 bits, or ``float64``
+  in a list with one beyond ``int64``, such as ``[2**64 - 1, 1]``) is stored
   when **every value fits** the dataset's dtype, and refused otherwise: numpy users expect
   ``ds[i] = 5`` to work on an ``int8`` dataset, and nobody expects 1000 to be stored as -24;
 - integers into ``bool`` are stored when every value is 0 or 1 (False and True, as numpy and
@@ -50,6 +51,9 @@ def to_dtype(value: Any, dtype: np.dtype, what: str) -> np.ndarray:
     except ValueError as exc:  # (numpy: "setting an array element with a sequence ...")
         raise ShapeMismatchError(f"{what}: the data is no rectangular array: {exc}") from None
     src = arr.dtype
+    if src.kind == "f" and dtype.kind in "iu" and not isinstance(value, np.ndarray):
+        arr = _ints_made_floats(value, arr)
+        src = arr.dtype
     if src.kind == "O" and dtype.kind in "iu":
         arr = _python_ints(arr, dtype, what)
         src = arr.dtype
@@ -72,6 +76,23 @@ def to_dtype(value: Any, dtype: np.dtype, what: str) -> np.ndarray:
     if dtype.kind in "fc":
         _check_float_range(arr, dtype, what)
     return arr
+
+
+def _ints_made_floats(value: Any, arr: np.ndarray) -> np.ndarray:
+    """``value`` (not an array) as an object array of its ints where numpy made ``arr``,
+    float64, of Python ints only because one lies beyond int64 (``[2**64 - 1, 1]``); else
+    ``arr``. (Checked only where a value reaches 2**63: below it numpy keeps ints ints.)"""
+    if not arr.size or not float(np.fmax.reduce(np.abs(arr), axis=None)) >= 2.0**63:
+        return arr
+    try:
+        objs = np.asarray(value, dtype=object)
+    except ValueError:
+        return arr
+    if objs.shape != arr.shape or not all(
+        isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_)) for x in objs.flat
+    ):
+        return arr
+    return objs
 
 
 def _python_ints(arr: np.ndarray, dtype: np.dtype, what: str) -> np.ndarray:
