@@ -394,6 +394,14 @@ def test_bad_section_calls(ds):
         ds.write_section((18, 18), np.zeros((3, 3), dtype="float32"))
 
 
+@pytest.mark.parametrize("start", [(None, 0), 0, None, (0.5, 0), ("1", 0), ([0], 0)])
+def test_a_write_section_corner_that_is_no_integers_is_a_selection_error(ds, tmp_path, start):
+    before = _snapshot(tmp_path / "a")
+    with pytest.raises(SelectionError, match="dataset '.*a'.*start"):
+        ds.write_section(start, np.zeros((1, 1), dtype="float32"))
+    assert _snapshot(tmp_path / "a") == before
+
+
 def test_read_only_and_closed(tmp_path, ds):
     ds.close()
     with pytest.raises(ClosedError):

@@ -13,6 +13,7 @@ import dataclasses
 import errno
 import json
 import math
+import operator
 import os
 import shutil
 import time
@@ -328,12 +329,18 @@ class Dataset:
                 f"{self._what()}: data has {arr.ndim} dimensions, the dataset {self.ndim}; "
                 "write_section takes an array of the dataset's rank"
             )
-        stop = [int(a) + n for a, n in zip(start, arr.shape)] if len(start) == arr.ndim else None
-        if stop is None:
+        try:
+            corner = tuple(operator.index(a) for a in start)
+        except TypeError:
             raise SelectionError(
-                f"{self._what()}: start {tuple(start)} has {len(start)} dimensions, data {arr.ndim}"
+                f"{self._what()}: start {start!r} is no sequence of integers"
+            ) from None
+        if len(corner) != arr.ndim:
+            raise SelectionError(
+                f"{self._what()}: start {corner} has {len(corner)} dimensions, data {arr.ndim}"
             )
-        section = self._section(Section.from_bounds, start, stop)
+        stop = [a + n for a, n in zip(corner, arr.shape)]
+        section = self._section(Section.from_bounds, corner, stop)
         self._write_from(section, self._coerce(arr, section.shape, section.shape))
 
     # ----------------------------------------------------------------- collective access
