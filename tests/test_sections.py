@@ -96,6 +96,9 @@ def test_from_index_numpy_integers_and_negative() -> None:
         True,  # a boolean is a mask in numpy, not the integer 1
         (0, False),
         slice(0.5, 2),
+        slice(0, 2, 1.0),  # a float step, though it equals 1 (numpy refuses it)
+        slice(0, 2, np.float64(1)),
+        (0, slice(None, None, "1")),
     ],
 )
 def test_from_index_errors(index) -> None:

@@ -166,7 +166,13 @@ class Section:
 
 
 def _slice_bounds(s: slice, n: int, d: int) -> tuple[int, int]:
-    if s.step not in (None, 1):
+    """The bounds ``[a, b)`` that slice ``s`` of dimension ``d`` (of size ``n``) selects; a
+    step other than None or the integer 1 (a float ``1.0`` included, as numpy) is refused."""
+    try:
+        step = None if s.step is None else operator.index(s.step)
+    except TypeError:
+        raise SelectionError(f"slice step {s.step!r} in dimension {d} is not an integer") from None
+    if step not in (None, 1):
         raise SelectionError(
             f"stepped slice {s} in dimension {d}: only step 1 selects a rectilinear section"
         )
