@@ -151,6 +151,8 @@ def test_integer_indices_drop_axes_and_scalars(tmp_path):
     assert ds[1, 2, 3] == a[1, 2, 3]
     np.testing.assert_array_equal(ds[1], a[1])
     np.testing.assert_array_equal(ds[..., -1], a[..., -1])
+    for got, want in zip(ds, a, strict=True):
+        np.testing.assert_array_equal(got, want)
     np.testing.assert_array_equal(ds[-1, 1:3], a[-1, 1:3])
     ds[2, :, 0] = [7, 8, 9, 10]
     a[2, :, 0] = [7, 8, 9, 10]
@@ -172,7 +174,10 @@ def test_zero_dimensional_and_empty(tmp_path):
     for index in ((1, 2), (1, 2, ...), (..., 1, 2)):
         got, want = m[index], b[index]
         assert type(got) is type(want) and got == want, index
+    with pytest.raises(TypeError, match="0-d"):  # as numpy, not an empty iteration
+        list(ds)
     e = strataio.create_dataset(tmp_path / "e", (0, 5), "int8", (2, 2))
+    assert list(e) == []
     assert e[:].shape == (0, 5)
     e[:] = np.zeros((0, 5), dtype="int8")  # nothing to write, no error
     assert e.nchunks_stored() == 0

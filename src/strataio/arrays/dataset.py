@@ -278,6 +278,13 @@ class Dataset:
             raise TypeError("len() of a 0-d dataset")
         return self.shape[0]
 
+    def __iter__(self) -> Iterator[np.ndarray | Any]:
+        """``self[0]``, ``self[1]``, ... as numpy iterates; a 0-d dataset raises TypeError."""
+        if not self.shape:
+            raise TypeError("iteration over a 0-d dataset")
+        for i in range(self.shape[0]):
+            yield self[i]
+
     # ----------------------------------------------------------------- numpy-style access
     def __getitem__(self, index: Any) -> np.ndarray | Any:
         section = self._section(Section.from_index, index)
