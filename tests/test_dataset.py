@@ -215,6 +215,158 @@ def test_random_sections_match_numpy(tmp_path_factory, data):
     np.testing.assert_array_equal(ds[...], oracle)
 
 
+def _any_index(shape):
+    """A numpy index of up to rank + 1 parts: integers and slice bounds in and out of range,
+    slices of any step, ``...`` (sometimes two) and ``None``; bare or in a tuple."""
+
+    def part(n):
+        # (mostly what strataio takes, so that most examples read and write)
+        bound = st.none() | st.integers(-n, n) | st.integers(-n - 2, n + 2)
+        step = st.sampled_from([None] * 6 + [1, -1, 2])
+        return st.one_of(
+            st.integers(-n, n - 1) if n else st.integers(-1, 0),
+            st.builds(slice, bound, bound, step),
+            st.builds(slice, bound, bound, step),
+            st.integers(-n - 2, n + 1),
+            st.just(Ellipsis),
+            st.none(),
+        )
+
+    at = [shape[min(i, len(shape) - 1)] if shape else 1 for i in range(len(shape) + 2)]
+    tuples = st.integers(0, len(shape) + 1).flatmap(lambda k: st.tuples(*map(part, at[:k])))
+    return tuples | part(at[0])
+
+
+def _refused_index(index, shape):
+    """Whether strataio refuses ``index`` where numpy takes it (README: basic indices of step
+    1, no ``None``, and no slice reaching past the array)."""
+    parts = index if isinstance(index, tuple) else (index,)
+    if any(x is None or (isinstance(x, slice) and x.step not in (None, 1)) for x in parts):
+        return True
+    if sum(x is Ellipsis for x in parts) > 1:
+        return False  # (numpy refuses it too)
+    explicit = [x for x in parts if x is not Ellipsis]
+    dims, d = [], 0
+    for x in parts:
+        if x is Ellipsis:
+            d += len(shape) - len(explicit)
+        else:
+            dims.append((x, shape[d] if d < len(shape) else 0))
+            d += 1
+    return any(
+        b is not None and not -n <= b <= n
+        for x, n in dims
+        if isinstance(x, slice)
+        for b in (x.start, x.stop)
+    )
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(data=st.data())
+def test_any_index_reads_and_writes_as_numpy_or_is_refused(tmp_path_factory, monkeypatch, data):
+    """Against a numpy oracle, plain, sharded and tiered datasets of any rank (zero-length
+    dimensions, edge chunks, a non-native dtype): an index either selects what numpy selects
+    (scalar or array alike), read again (then from the chunk cache) and written with values
+    of the result's shape or one that broadcasts to it, in any memory layout; or it is
+    refused with ``SelectionError`` (an ``IndexError``, as numpy's for an integer out of
+    range), as are data that do not fit, before any byte is written."""
+    from strataio.arrays import chunk_cache as cache_module
+    from strataio.storage.posix import PosixBackend
+    from strataio.tiers.tier import Tier, TierSet
+
+    monkeypatch.setattr(cache_module, "SETTLE_NS", 0)  # (cache chunks written moments ago)
+    nd = data.draw(st.integers(0, 3))
+    shape = tuple(data.draw(st.integers(0, 7)) for _ in range(nd))
+    chunks = tuple(data.draw(st.integers(1, max(1, n))) for n in shape)
+    dtype = data.draw(st.sampled_from(["int16", ">i4", "<f8"]))
+    codec = data.draw(st.sampled_from([None, "crc32c", "zstd"]))
+    root = tmp_path_factory.mktemp("i")
+    session = None
+    if data.draw(st.booleans()):
+        tiers = TierSet(
+            [
+                Tier("local", PosixBackend(root / "local"), "localdisk", order=0),
+                Tier("tape", PosixBackend(root / "tape"), "remotetape", order=1),
+            ]
+        )
+        session = strataio.Session(tiers=tiers, catalog=root / "cat.db")
+        ds = session.create_dataset("a", shape, dtype, chunks, codec=codec, fill_value=7)
+        chunk_dir = root
+    else:
+        shards = None
+        if shape and data.draw(st.booleans()):
+            shards = tuple(c * data.draw(st.integers(1, 3)) for c in chunks)
+        chunk_dir = root / "a"
+        ds = strataio.create_dataset(
+            chunk_dir, shape, dtype, chunks, codec=codec, fill_value=7, shards=shards
+        )
+    a = np.full(shape, 7, dtype=dtype)
+    try:
+        if data.draw(st.booleans()):
+            ds[...] = a[...] = np.arange(a.size, dtype="int16").reshape(shape)
+        for _ in range(3):
+            index = data.draw(_any_index(shape))
+            try:
+                want = a[index]
+            except IndexError:
+                with pytest.raises(SelectionError):
+                    ds[index]
+                continue
+            if _refused_index(index, shape):
+                with pytest.raises(SelectionError):
+                    ds[index]
+                continue
+            for _ in range(data.draw(st.integers(1, 3))):
+                got = ds[index]
+                assert type(got) is type(want) and np.shape(got) == np.shape(want), index
+                np.testing.assert_array_equal(got, want)
+            rs = np.shape(want)
+            values = data.draw(
+                st.sampled_from(
+                    [
+                        np.arange(int(np.prod(rs)), dtype="int16").reshape(rs) + 100,
+                        np.int16(42),
+                        np.arange(rs[-1] if rs else 1, dtype="int16")[-1 if not rs else ...] + 50,
+                        np.full((1,) * len(rs), 9, dtype="int16"),
+                    ]
+                )
+            )
+            if values.ndim:
+                values = data.draw(
+                    st.sampled_from(
+                        [
+                            values,
+                            np.asfortranarray(values),
+                            values.astype(values.dtype.newbyteorder()),
+                            values[(slice(None, None, -1),) * values.ndim].copy()[
+                                (slice(None, None, -1),) * values.ndim
+                            ],
+                        ]
+                    )
+                )
+            if data.draw(st.integers(0, 4)) == 0:  # data that does not fit: nothing is written
+                before = {p: p.read_bytes() for p in chunk_dir.rglob("c/**/*") if p.is_file()}
+                bad = np.zeros((*rs, 2), dtype="int16") if data.draw(st.booleans()) else 0.5j
+                with pytest.raises((ShapeMismatchError, DtypeMismatchError)):
+                    ds[index] = bad
+                after = {p: p.read_bytes() for p in chunk_dir.rglob("c/**/*") if p.is_file()}
+                assert after == before
+            ds[index] = values
+            a[index] = values
+            np.testing.assert_array_equal(ds[...], a)
+    finally:
+        ds.close()
+    if session is not None:
+        with session:
+            np.testing.assert_array_equal(session.open_dataset("a")[...], a)
+    else:
+        np.testing.assert_array_equal(strataio.open_dataset(chunk_dir)[...], a)
+
+
 def test_attrs_persist(tmp_path):
     ds = strataio.create_dataset(tmp_path / "a", (4,), "int8", (2,), attrs={"units": "K"})
     ds.attrs["step"] = 3
