@@ -153,6 +153,9 @@ def test_integer_indices_drop_axes_and_scalars(tmp_path):
     np.testing.assert_array_equal(ds[..., -1], a[..., -1])
     for got, want in zip(ds, a, strict=True):
         np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(np.asarray(ds, dtype="f8", copy=True), a)
+    with pytest.raises(ValueError, match="copy=False"):  # numpy 2: no copy, or an error
+        np.asarray(ds, copy=False)
     np.testing.assert_array_equal(ds[-1, 1:3], a[-1, 1:3])
     ds[2, :, 0] = [7, 8, 9, 10]
     a[2, :, 0] = [7, 8, 9, 10]

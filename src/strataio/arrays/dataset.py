@@ -299,6 +299,14 @@ class Dataset:
         self._write_from(section, data)
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        """The whole dataset, read into a new array; ``copy=False`` (no copy: numpy 2's
+        ``np.asarray(ds, copy=False)``) raises :class:`ArgumentError`, a ``ValueError``, as
+        numpy asks: a dataset's values are only ever read into a copy."""
+        if copy is False:
+            raise ArgumentError(
+                f"{self._what()}: cannot be seen as an array without a copy (copy=False): "
+                "its values are on storage; read them with ds[...] or np.asarray(ds)"
+            )
         arr = self[...]
         return arr if dtype is None else arr.astype(dtype)
 
