@@ -1016,6 +1016,8 @@ def test_lists_of_python_ints_that_numpy_would_make_floats_are_stored_exactly(tm
     assert u[...].tolist() == [[2**64 - 1, 1], [2**63, 0]]
     u[0] = (2**63 + 1, np.uint64(7))
     assert u[0].tolist() == [2**63 + 1, 7]
+    u.write_section((1, 0), [[2**64 - 2, 5]])
+    assert u[1].tolist() == [2**64 - 2, 5]
     i = strataio.create_dataset(tmp_path / "i", (2,), "int64")
     with pytest.raises(DtypeMismatchError, match=f"value {2**63} .*out of range"):
         i[...] = [2**63, -1]

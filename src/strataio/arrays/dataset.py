@@ -356,7 +356,8 @@ class Dataset:
             )
         stop = [a + n for a, n in zip(corner, arr.shape)]
         section = self._section(Section.from_bounds, corner, stop)
-        self._write_from(section, self._coerce(arr, section.shape, section.shape))
+        # (``data`` as given: a list of ints numpy made float64 is checked as its ints)
+        self._write_from(section, self._coerce(data, section.shape, section.shape))
 
     # ----------------------------------------------------------------- collective access
     def read_all(self, selection: Any) -> np.ndarray | Any | None:
