@@ -65,6 +65,7 @@ def test_errors_agree_on_every_rank(tmp_path: Path) -> None:
         "open_missing_on_one_rank": "NotFoundError",
         "open_paths_differ": "ArgumentError",
         "open_paths_differ_created_none": "ok",
+        "open_path_not_a_path_on_one_rank": "ArgumentError",
         "open_relative_and_absolute": "ok",
         "no_descriptor_left": "ok",
         "bad_hint": "HintError",

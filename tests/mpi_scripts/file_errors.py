@@ -126,6 +126,11 @@ def main(workdir: str) -> None:
     mine = os.path.join(workdir, f"own{rank}.bin")
     res["open_paths_differ"] = outcome(lambda: strataio.File.open(comm, mine, "w"))
     res["open_paths_differ_created_none"] = "ok" if not os.path.exists(mine) else "created"
+    # a file name that is no path on one rank: refused on every rank, none left waiting
+    named = path if rank == 0 else None
+    res["open_path_not_a_path_on_one_rank"] = outcome(
+        lambda: strataio.File.open(comm, named, "r").close()
+    )
     # the same file under a relative and an absolute path is one file
     same = os.path.relpath(path) if rank == 0 else path
     res["open_relative_and_absolute"] = outcome(lambda: strataio.File.open(comm, same, "r").close())

@@ -411,8 +411,8 @@ class File:
         must pass the same mode and name the same file (paths compared made absolute, each
         from its rank's working directory). Raises :class:`NotFoundError`,
         :class:`ExistsError`, :class:`BackendError`, :class:`~strataio.errors.HintError`,
-        :class:`ArgumentError` (paths that differ) or :class:`StrataError` (modes that
-        differ) on every rank when any rank fails.
+        :class:`ArgumentError` (paths that differ, or a name that is no path) or
+        :class:`StrataError` (modes that differ) on every rank when any rank fails.
 
         The arguments are agreed on before anything touches the file, and then every rank
         opens it at once (as few collective steps as ROMIO takes: one for a file that exists,
@@ -420,15 +420,20 @@ class File:
         another rank may already have created the empty file.
         """
         comm = MPI.COMM_SELF if comm is None else comm
-        path = os.fspath(path)
-        where = path
         nodes = node.layout(comm)  # (collective; ROMIO's default is one aggregator per node)
         err: Exception | None = None
         truncate = mode == "w"
         amode = digest = 0
         hinted = None
         aggregators = np.zeros(0, dtype=_I64)
+        where = ""
         try:
+            try:
+                path = os.fsdecode(os.fspath(path))
+            except TypeError:
+                raise ArgumentError(
+                    f"open: the file must be a str or path-like, not {type(path).__name__}"
+                ) from None
             where = os.path.abspath(path)  # (compared across the ranks: one file for all)
             if isinstance(mode, str):
                 if mode not in _MODES:
