@@ -70,6 +70,7 @@ def test_errors_agree_on_every_rank(tmp_path: Path) -> None:
         "no_descriptor_left": "ok",
         "bad_hint": "HintError",
         "bad_mode": "StrataError",
+        "mode_not_flags": "StrataError",
         "mode_sequential": "StrataError",
         "hints_differ": "HintError",
         "view_hints_differ": "HintError",

@@ -137,6 +137,8 @@ def main(workdir: str) -> None:
     bad_hint = {"cb_buffer_size": "lots"} if rank == 1 else {}
     res["bad_hint"] = outcome(lambda: strataio.File.open(comm, path, "r", hints=bad_hint))
     res["bad_mode"] = outcome(lambda: strataio.File.open(comm, path, "rw"))
+    # a mode that is no int of MPI flags (9.0 would cut to MODE_RDWR | MODE_CREATE)
+    res["mode_not_flags"] = outcome(lambda: strataio.File.open(comm, path, 9.0).close())
     sequential = MPI.MODE_RDONLY | MPI.MODE_SEQUENTIAL
     res["mode_sequential"] = outcome(lambda: strataio.File.open(comm, path, sequential))
     # hints choose the collective path of every call: ranks must agree on them

@@ -442,7 +442,12 @@ class File:
                     )
                 amode = _MODES[mode]
             else:
-                amode = int(mode)
+                try:
+                    amode = operator.index(mode)  # (a float would be cut to other flags)
+                except TypeError:
+                    raise StrataError(
+                        f"open mode {mode!r}: expected one of r, r+, w, x or MPI flags"
+                    ) from None
             access = [amode & f != 0 for f in (MPI.MODE_RDONLY, MPI.MODE_RDWR, MPI.MODE_WRONLY)]
             if sum(access) != 1:
                 raise StrataError(
