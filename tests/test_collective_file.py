@@ -71,6 +71,8 @@ def test_errors_agree_on_every_rank(tmp_path: Path) -> None:
         "bad_hint": "HintError",
         "bad_mode": "StrataError",
         "mode_not_flags": "StrataError",
+        "open_w_and_its_flags": "StrataError",
+        "open_w_and_its_flags_kept": "ok",
         "mode_sequential": "StrataError",
         "hints_differ": "HintError",
         "view_hints_differ": "HintError",

@@ -139,6 +139,16 @@ def main(workdir: str) -> None:
     res["bad_mode"] = outcome(lambda: strataio.File.open(comm, path, "rw"))
     # a mode that is no int of MPI flags (9.0 would cut to MODE_RDWR | MODE_CREATE)
     res["mode_not_flags"] = outcome(lambda: strataio.File.open(comm, path, 9.0).close())
+    # "w" truncates, its flags given as an int do not: ranks that differ so are refused and
+    # the file keeps its bytes
+    kept = os.path.join(workdir, "kept.bin")
+    if rank == 0:
+        with open(kept, "wb") as out:
+            out.write(b"keep")
+    comm.Barrier()
+    w_or_flags = "w" if rank == 0 else MPI.MODE_RDWR | MPI.MODE_CREATE
+    res["open_w_and_its_flags"] = outcome(lambda: strataio.File.open(comm, kept, w_or_flags))
+    res["open_w_and_its_flags_kept"] = "ok" if os.path.getsize(kept) == 4 else "truncated"
     sequential = MPI.MODE_RDONLY | MPI.MODE_SEQUENTIAL
     res["mode_sequential"] = outcome(lambda: strataio.File.open(comm, path, sequential))
     # hints choose the collective path of every call: ranks must agree on them

@@ -303,6 +303,18 @@ def _checked_view(etype: FlatType, ft: FlatType) -> int:
     return esize
 
 
+#: beside the MPI flags of an open's mode, compared across the ranks: mode "w" (which
+#: truncates the file, where the same flags given as an int do not)
+_TRUNCATES = 1 << 40
+
+
+def _mode_text(amode: int) -> str:
+    """An open's mode as compared across the ranks (:data:`_TRUNCATES` spelled out)."""
+    if amode & _TRUNCATES:
+        return f"'w' ({amode & ~_TRUNCATES:#x}, truncating)"
+    return f"{amode:#x}"
+
+
 def _same_everywhere(
     comm: MPI.Comm, amode: int, hints: Hints, path: str | None = None
 ) -> StrataError | None:
@@ -320,7 +332,9 @@ def _same_everywhere(
             "must open the same file"
         )
     if reference[1] != amode:
-        return StrataError(f"open mode {amode:#x} differs from rank 0's ({reference[1]:#x})")
+        return StrataError(
+            f"open mode {_mode_text(amode)} differs from rank 0's ({_mode_text(reference[1])})"
+        )
     differ = differences(hints, reference[2])
     return HintError(f"hints differ from rank 0's: {differ}") if differ else None
 
@@ -408,7 +422,8 @@ class File:
 
         ``mode``: ``"r"`` read-only, ``"r+"`` read-write, ``"w"`` create or truncate,
         ``"x"`` create and fail if it exists, or an int of ``MPI.MODE_*`` flags; every rank
-        must pass the same mode and name the same file (paths compared made absolute, each
+        must pass the same mode (``"w"`` and its flags as an int differ: only ``"w"``
+        truncates) and name the same file (paths compared made absolute, each
         from its rank's working directory). Raises :class:`NotFoundError`,
         :class:`ExistsError`, :class:`BackendError`, :class:`~strataio.errors.HintError`,
         :class:`ArgumentError` (paths that differ, or a name that is no path) or
@@ -483,8 +498,10 @@ class File:
                 except OSError as exc:
                     err = _os_error(exc, path)
         try:
-            if not _checked_together(comm, err, [amode, digest, _path_digest(where)]):
-                _agree(comm, _same_everywhere(comm, amode, hinted, where))
+            # ("w" truncates, the same flags as an int do not: a difference to agree on)
+            given = amode | (_TRUNCATES if truncate else 0)
+            if not _checked_together(comm, err, [given, digest, _path_digest(where)]):
+                _agree(comm, _same_everywhere(comm, given, hinted, where))
         except BaseException:
             if driver is not None:
                 driver.close()
