@@ -374,6 +374,25 @@ def test_buffer_spec_layouts_follow_buffer_count_and_datatype() -> None:
         parse_buffer(frozen, writable=True)
 
 
+@pytest.mark.parametrize(
+    "spec",
+    [
+        lambda a: [a, 2.5, MPI.BYTE],
+        lambda a: [a, 2.0, MPI.BYTE],
+        lambda a: [a, (2.5, 0), MPI.BYTE],
+        lambda a: [a, (2, 1.0), MPI.BYTE],
+        lambda a: [a, (2,), MPI.BYTE],
+    ],
+)
+def test_buffer_counts_that_are_not_integers_are_refused(spec, tmp_path: Path) -> None:
+    """A count worked out with ``/`` is refused (as mpi4py refuses it), not cut to fewer
+    items, and nothing is written."""
+    with strataio.File.open(None, tmp_path / "c.bin", "w") as f:
+        with pytest.raises(StrataError, match="buffer specification"):
+            f.write_at(0, spec(np.arange(1, 9, dtype=np.uint8)))
+        assert f.get_size() == 0
+
+
 @pytest.mark.parametrize("name", ["BYTE", "INT", "DOUBLE", "FLOAT_INT", "DOUBLE_INT", "SHORT_INT"])
 def test_predefined_datatypes_parse_as_their_flattened_layout(name: str) -> None:
     """Buffers of predefined types take a shortcut past flattening when instances lie back to

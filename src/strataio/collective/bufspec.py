@@ -18,6 +18,7 @@ pack order, with their positions in the packed data stream).
 from __future__ import annotations
 
 import ctypes
+import operator
 from typing import Any
 
 import numpy as np
@@ -182,10 +183,10 @@ def parse_buffer(spec: Any, writable: bool) -> BufferSpec:
         cd, dt = parts[1], _datatype(parts[2])
         if type(cd) is int:
             count = cd
-        elif isinstance(cd, (list, tuple)):
-            count, disp = int(cd[0]), int(cd[1])
+        elif isinstance(cd, (list, tuple)) and len(cd) == 2:
+            count, disp = _whole(cd[0], "count"), _whole(cd[1], "displacement")
         elif cd is not None:
-            count = int(cd)
+            count = _whole(cd, "count")
     elif nparts == 2:
         if isinstance(parts[1], (int, np.integer)):
             count = int(parts[1])
@@ -224,6 +225,17 @@ def parse_buffer(spec: Any, writable: bool) -> BufferSpec:
         lambda: _datatype_layout(dt, count, disp, size),
     )
     return BufferSpec(data, mem, nbytes, contiguous, start)
+
+
+def _whole(value: Any, what: str) -> int:
+    """A count or displacement of a buffer specification as an int; a float (a count worked
+    out with ``/``) is refused, as mpi4py refuses it, rather than cut to fewer items."""
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise StrataError(
+            f"buffer specification: the {what} must be an integer, not {value!r}"
+        ) from None
 
 
 def _bottom_spec(count: int | None, disp: int, dt: MPI.Datatype | None) -> BufferSpec:
