@@ -393,6 +393,17 @@ def test_buffer_counts_that_are_not_integers_are_refused(spec, tmp_path: Path) -
         assert f.get_size() == 0
 
 
+def test_a_none_buffer_of_no_items_moves_nothing(tmp_path: Path) -> None:
+    """``[None, 0, datatype]``, mpi4py's buffer of a rank with nothing to move, takes part in
+    a collective call; None with items to move is refused before any byte moves."""
+    with strataio.File.open(None, tmp_path / "n.bin", "w") as f:
+        assert f.write_at_all(0, [None, 0, MPI.DOUBLE]) == 0
+        assert f.read_at_all(0, [None, 0]) == 0
+        with pytest.raises(StrataError, match="None but count is 2"):
+            f.write_at_all(0, [None, 2, MPI.DOUBLE])
+        assert f.get_size() == 0
+
+
 @pytest.mark.parametrize("name", ["BYTE", "INT", "DOUBLE", "FLOAT_INT", "DOUBLE_INT", "SHORT_INT"])
 def test_predefined_datatypes_parse_as_their_flattened_layout(name: str) -> None:
     """Buffers of predefined types take a shortcut past flattening when instances lie back to

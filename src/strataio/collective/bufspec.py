@@ -10,6 +10,7 @@ mpi4py):
 - ``[buf, count, dt]`` and ``[buf, (count, disp), dt]``;
 - ``[MPI.BOTTOM, count, dt]``: ``dt``'s displacements are absolute addresses (from
   ``MPI.Get_address``), as in MPI; the memory they name must stay alive during the call.
+- ``[None, 0]``, ``[None, 0, dt]``: nothing (a rank without data in a collective call).
 
 The result names the bytes a transfer moves: ``mem`` pieces (offsets into the buffer, in MPI
 pack order, with their positions in the packed data stream).
@@ -196,6 +197,10 @@ def parse_buffer(spec: Any, writable: bool) -> BufferSpec:
         raise StrataError(f"buffer specification: negative count {count}")
     if obj is MPI.BOTTOM:
         return _bottom_spec(count, disp, dt)
+    if obj is None and nparts > 1:  # (a rank with nothing to move, as mpi4py takes it)
+        if count != 0:
+            raise StrataError(f"buffer specification: buffer is None but count is {count}")
+        return BufferSpec(np.empty(0, dtype=np.uint8), None, 0, True, 0)
     try:
         data = as_bytes(obj, writable=writable)
     except ValueError as exc:
