@@ -28,6 +28,7 @@ from strataio.errors import (
     ChunksNotStoredError,
     DatasetInUseError,
     ExistsError,
+    HintError,
     MetadataError,
     NotFoundError,
     ObjectError,
@@ -107,6 +108,32 @@ def test_hint_for_missing_role_is_refused_before_anything_is_stored(tmp_path):
             s.create_dataset("x", (4,), "i4", (2,), hint="REMOTEDISK")
         with pytest.raises(NotFoundError):
             s.open_dataset("x")
+
+
+def test_a_write_whose_hint_names_a_role_the_configuration_lost_is_refused(tmp_path):
+    """A dataset created LOCALDISK, opened where no tier has that role: reads use its
+    copies, a write is refused naming the dataset, the hint and the tiers, nothing stored."""
+    a = np.arange(16, dtype="f4")
+    with session(tmp_path) as s:
+        ds = s.create_dataset("x", (16,), "f4", (4,), hint="REMOTEDISK")
+        ds[...] = a
+        ds.close()
+    before = sorted(p for p in tmp_path.rglob("*") if p.is_file() and p.suffix != ".db")
+    tiers = TierSet(
+        [
+            Tier("remote", PosixBackend(tmp_path / "remote"), "localdisk", order=0),
+            Tier("tape", PosixBackend(tmp_path / "tape"), "remotetape", order=1),
+        ]
+    )
+    with strataio.Session(tiers=tiers, catalog=tmp_path / "cat.db") as s:
+        ds = s.open_dataset("x", "r+")
+        np.testing.assert_array_equal(ds[...], a)
+        with pytest.raises(HintError, match=r"dataset 'x'.*REMOTEDISK.*remotedisk.*remote=loc"):
+            ds[0:4] = 5
+        np.testing.assert_array_equal(ds[...], a)
+        ds.close()
+        assert where(s.open_dataset("x")) == {f"c/{i}": ["remote"] for i in range(4)}
+    assert sorted(p for p in tmp_path.rglob("*") if p.is_file() and p.suffix != ".db") == before
 
 
 def test_a_session_s_bad_arguments_are_argument_errors(tmp_path):

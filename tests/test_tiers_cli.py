@@ -187,6 +187,17 @@ def test_info_of_a_name_never_creates_a_catalog_and_says_whether_there_is_one(
     assert res.exit_code == 2 and f"not in catalog {tmp_path / 'cat.db'}" in res.stderr
 
 
+def test_info_of_a_dataset_whose_hint_names_a_role_no_tier_has_says_so(project):
+    """A REMOTETAPE dataset described where the configuration has no remotetape tier: its
+    writes go nowhere, and info says why (it raised IndexError)."""
+    root, _ = project
+    (root / "strataio.toml").write_text(CONFIG.split('[[tiers]]\nname = "tape"')[0])
+    out = CliRunner().invoke(main, ["info", "temp"])
+    assert out.exit_code == 0, out.output
+    said = " ".join(out.output.split())
+    assert "writes go to: nowhere (hint REMOTETAPE names role 'remotetape'" in said, said
+
+
 def test_info_describes_a_superfile(project):
     """info NAME on a superfile shows its members, containers and their bytes, and its
     containers per tier (it showed an array of shape (0,) and dtype u1); counting the members

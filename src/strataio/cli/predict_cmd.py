@@ -302,13 +302,16 @@ def _error(predicted: float, measured: float) -> str:
     return f"{(predicted - measured) / measured:+.1%}" if measured > 0 else "-"
 
 
-def placement_lines(record, writes_to: list[str]) -> list[str]:  # type: ignore[no-untyped-def]
+def placement_lines(record, writes_to: list[str], nowhere: str | None = None) -> list[str]:  # type: ignore[no-untyped-def]
     """What ``strataio info NAME`` says about a dataset's placement: the tiers its writes go
-    to now (``writes_to``, in order of preference, down tiers left out) and, for an AUTO
-    dataset, the placement by prediction and why."""
+    to now (``writes_to``, in order of preference, down tiers left out; ``nowhere``: why
+    none, where its hint cannot be used here) and, for an AUTO dataset, the placement by
+    prediction and why."""
     from strataio.session import placement_decision
 
-    if not writes_to:
+    if nowhere is not None:
+        order = f"nowhere ({nowhere})"
+    elif not writes_to:
         order = "nowhere (hint DISABLE, or every tier it may use is down)"
     else:
         order = writes_to[0]

@@ -44,7 +44,7 @@ from strataio.cli.output import (
     make_console,
     write_json,
 )
-from strataio.errors import SelectionError, StrataError
+from strataio.errors import HintError, SelectionError, StrataError
 from strataio.layout.sections import Section
 from strataio.sizes import counted, format_size
 
@@ -565,7 +565,11 @@ def residency_info(name: str, config: str | None = None, console: Console | None
         copies = s.catalog.residency(name)
         decision = placement_decision(rec)
         chosen = decision.tier if decision else None
-        writes_to = [t.name for t in s.placement.write_order(rec.hint, chosen, probe=False)]
+        try:
+            writes_to = [t.name for t in s.placement.write_order(rec.hint, chosen, probe=False)]
+            nowhere = None
+        except HintError as exc:  # (its role left the configuration)
+            writes_to, nowhere = [], str(exc)
         superfile = is_superfile(rec)
         if superfile:
             members, failed = _count_members(s, name)
@@ -603,7 +607,7 @@ def residency_info(name: str, config: str | None = None, console: Console | None
     console.print(table)
     from strataio.cli.predict_cmd import placement_lines
 
-    for line in placement_lines(rec, writes_to):
+    for line in placement_lines(rec, writes_to, nowhere):
         console.print(line, highlight=False)
     if failed is not None:
         raise failed

@@ -174,13 +174,22 @@ class Placement:
     def check_hint(self, hint: str) -> str:
         """Validate ``hint`` against the configured tiers; return its canonical form."""
         h = normalize_hint(hint)
-        role = HINT_ROLES.get(h)
-        if role is not None and not self.tiers.by_role(role):
-            raise StrataError(
-                f"hint {h} names role {role!r}, but no configured tier has that role "
+        self._role_tiers(h)
+        return h
+
+    def _role_tiers(self, hint: str) -> list[Tier]:
+        """The configured tiers of the role canonical ``hint`` names, fastest first (none
+        for AUTO and DISABLE); :class:`HintError` where it names a role no tier has."""
+        role = HINT_ROLES.get(hint)
+        if role is None:
+            return []
+        tiers = self.tiers.by_role(role)
+        if not tiers:
+            raise HintError(
+                f"hint {hint} names role {role!r}, but no configured tier has that role "
                 f"(tiers: {', '.join(f'{t.name}={t.role}' for t in self.tiers)})"
             )
-        return h
+        return tiers
 
     def persistent(self) -> list[Tier]:
         """Tiers that outlive the process: all but the volatile (memory) tiers."""
@@ -188,16 +197,18 @@ class Placement:
 
     def home(self, hint: str, chosen: str | None = None) -> Tier | None:
         """The tier a hint names (``None`` for DISABLE); AUTO is the tier ``chosen`` by
-        prediction (:meth:`choose`) when there is one, else the slowest persistent tier."""
+        prediction (:meth:`choose`) when there is one, else the slowest persistent tier.
+        A hint naming a role no configured tier has (a dataset created under another
+        configuration) raises :class:`HintError`, as :meth:`check_hint` does."""
         h = normalize_hint(hint)
         if h == "DISABLE":
             return None
-        role = HINT_ROLES.get(h)
-        if role is None:
+        named = self._role_tiers(h)
+        if not named:
             if chosen is not None and chosen in self.tiers:
                 return self.tiers[chosen]
             return self.persistent()[-1]
-        return self.tiers.by_role(role)[0]
+        return named[0]
 
     def write_order(
         self, hint: str, chosen: str | None = None, *, probe: bool = True

@@ -43,6 +43,7 @@ from strataio.errors import (
     ChunksNotStoredError,
     ClosedError,
     ExistsError,
+    HintError,
     NotFoundError,
     ObjectError,
     StrataError,
@@ -994,10 +995,13 @@ class TieredChunkStore(ChunkStore):
         protect = [validate_key(object_key(self.name, k)) for k, _ in items]
         if self.disabled:
             return  # DISABLE: accepted and dropped
+        try:
+            home = self.placement.home(self.hint, self.chosen)
+        except HintError as exc:  # (its role left the configuration: nothing is written)
+            raise HintError(f"dataset {self.name!r} not written: {exc}") from exc
         keys = [k for k, _ in items]
         self.cache.invalidate(self.name, keys)
         self.res.learn(keys)
-        home = self.placement.home(self.hint, self.chosen)
         # in a parallel job no write evicts: the ranks write at once, each knowing only the
         # copies it was told of, so one rank's eviction would delete or write back copies
         # another is rewriting or reading; a full tier sends the chunks on to the next tier
