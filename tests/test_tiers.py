@@ -1126,6 +1126,38 @@ def test_a_running_session_reads_again_from_a_tier_that_answers_again(tmp_path, 
         ds.close()
 
 
+def test_reads_return_to_a_faster_copy_once_its_tier_answers_again(tmp_path, monkeypatch):
+    """Chunks on local and remote read from remote while local is down; once local answers,
+    the same session's reads go back to it (a read probes a down tier holding a faster copy
+    than the one it reads, at most every ``Tier.RECHECK_S``), not to remote for good."""
+    root = tmp_path / "local"
+    keys = ["c/0/0", "c/0/1", "c/1/0", "c/1/1"]
+    with session(tmp_path) as s:
+        s.cache.capacity = 0
+        a, ds = _written(s, (20, 20), "REMOTEDISK", seed=9)
+        ds.close()
+        ds = s.open_dataset("a")
+        ds.stage(None, to="local").wait()
+        np.testing.assert_array_equal(ds[...], a)
+
+        def served_by():
+            s.cache.invalidate("a")
+            np.testing.assert_array_equal(ds[...], a)
+            return {v[0].split("/")[-1] for v in ds.store.chunk_versions(keys)}
+
+        assert served_by() == {"local"}
+        stop_answering(root)
+        monkeypatch.setattr(Tier, "RECHECK_S", 3600.0)
+        assert served_by() == {"remote"}
+        assert not s.tiers["local"].up
+        answer_again(root)
+        assert served_by() == {"remote"}  # (probed again only RECHECK_S after its failure)
+        monkeypatch.setattr(Tier, "RECHECK_S", 0.0)
+        assert served_by() == {"local"}
+        assert s.tiers["local"].up
+        ds.close()
+
+
 def test_a_running_session_writes_again_to_its_home_tier_once_it_answers(tmp_path, monkeypatch):
     """Writes fail over from a home tier that went down to the next one; once the home tier
     answers, the same session's writes go there again: a write probes a down tier preferred

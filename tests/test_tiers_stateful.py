@@ -25,6 +25,7 @@ chunks stored already is never refused.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shutil
@@ -355,9 +356,9 @@ def _whole_chunks(where):
 
 
 class Outages(TieredHierarchy):
-    """The same rules, and a disk tier that stops answering during a write and answers again
-    after it: the write fails over to the tiers that answer, and the Session's next reads
-    and writes probe the tier again (``Tier.RECHECK_S`` 0 here) and use it once more. Every
+    """The same rules, and a disk tier that stops answering during a write or a read and
+    answers again after it: they fail over to the tiers that answer, and the Session's next
+    reads and writes probe the tier again (``Tier.RECHECK_S`` 0 here) and use it once more. Every
     invariant holds after each step, the tier back."""
 
     def __init__(self) -> None:
@@ -386,6 +387,35 @@ class Outages(TieredHierarchy):
         finally:
             root.unlink()
             away.rename(root)
+
+    @rule(name=names, where=box, tier=st.sampled_from(["fast", "slow"]))
+    def read_during_an_outage(self, name, where, tier):
+        # chunks staged to the tier (a copy there besides a slower one) are read while it is
+        # away: the read fails over to other copies; once the tier answers, the next read of
+        # a chunk whose fastest copy is there probes it and reads there again
+        (r0, c0), (r1, c1) = where
+        rows = range(r0 // CHUNKS[0], -(-r1 // CHUNKS[0]))
+        keys = [f"c/{i}/{j}" for i in rows for j in range(c0 // CHUNKS[1], -(-c1 // CHUNKS[1]))]
+        store = self.ds[name].store
+        self._wait(self.ds[name].stage(index(where), to=tier))
+        for ds in self.ds.values():
+            ds.flush()
+        root = self.root / tier
+        away = root.with_name(tier + ".away")
+        root.rename(away)
+        root.write_bytes(b"")
+        try:
+            with contextlib.suppress(BackendError):  # (a chunk whose only copies are there)
+                store.get_chunks(keys)
+        finally:
+            root.unlink()
+            away.rename(root)
+        self.session.cache.invalidate(name)
+        self.read(name, where)
+        fastest = [next(iter(store.res.readable(k, up_only=False)), None) for k in keys]
+        if any(c is not None and c.tier == tier for c in fastest):
+            event("a read after an outage found the fastest copy there")
+            assert self.tiers[tier].up, tier
 
     @rule(name=names, where=box, value=st.integers(0, 4), tier=st.sampled_from(["fast", "slow"]))
     def write_while_a_device_is_full(self, name, where, value, tier):

@@ -215,6 +215,7 @@ class TieredChunkStore(ChunkStore):
                 "stored, so it cannot be read"
             )
         self.res.learn(keys)  # (the rows of chunks not looked up yet, in one query)
+        self._recheck_faster(keys)
         mem = self._in_memory(keys)
         if mem:
             self.confirm_rows(mem)
@@ -378,6 +379,7 @@ class TieredChunkStore(ChunkStore):
         failover)."""
         if self._closed:
             self._check_open()
+        self._recheck_faster((key,))
         mem = self._in_memory((key,))
         if mem:
             self.confirm_rows(mem)
@@ -471,6 +473,7 @@ class TieredChunkStore(ChunkStore):
         if self._closed:
             self._check_open()
         self.res.learn(keys)  # (before the fast path: the checks come with the rows)
+        self._recheck_faster(keys)
         checks = self._still_checked_many(keys)
         mem = self._in_memory(keys, checks)
         if mem and self.confirm_rows(mem):
@@ -899,6 +902,29 @@ class TieredChunkStore(ChunkStore):
         where its last lookup found its rows changed."""
         limit = self.REFRESHES_WHILE_CHANGING if i in moving else self.REFRESHES
         return refreshes[i] < limit
+
+    def _recheck_faster(self, keys: Sequence[str]) -> None:
+        """Probe again (:meth:`Tier.recheck`) each tier marked down, and due for a probe,
+        that holds a copy of one of ``keys`` faster than every readable copy on a tier that
+        is up, so reads return to the fastest copy once its tier answers, as writes return
+        to their home tier; one that answers ends the range reads of copies checked on
+        slower tiers (:meth:`_still_checked`). Nothing to do while no tier is marked down."""
+        due = [t for t in self.tiers if t.probe_due() and not t.volatile]
+        if not due:
+            return
+        names = {t.name for t in due}
+        probe: set[str] = set()
+        for key in keys:
+            for c in self.res.readable(key, up_only=False):
+                if c.tier not in self.tiers or self.tiers[c.tier].up:
+                    break  # (the copy read: none slower is of use)
+                if c.tier in names:
+                    probe.add(c.tier)
+            if probe == names:
+                break
+        back = [t for t in due if t.name in probe and t.recheck()]
+        if back:
+            self._checked.clear()  # (their copies are read again, in range where checked)
 
     def _down_tiers_of(self, key: str) -> list[Tier]:
         """The tiers, marked down, that hold a copy of ``key``."""

@@ -497,20 +497,26 @@ class Tier:
         probed, or failed, long enough ago: :attr:`RECHECK_S`, doubled after each probe that
         failed, up to :attr:`RECHECK_MAX_S` (a probe of a tier that does not answer may take
         its backend's timeout, on the caller's time). A read that finds a chunk's only
-        copies on down tiers asks, an open that finds a dataset's ``zarr.json`` on no tier
+        copies on down tiers asks, or a copy on a down tier faster than the one it reads,
+        an open that finds a dataset's ``zarr.json`` on no tier
         that is up, and a write whose preferred tiers are down, so a
         long-running job sees a tier come back (another process's ``strataio tiers
         --check`` marks it up in the catalog, not here)."""
         if self.up:
             return True
-        wait = max(self._backoff, self.RECHECK_S)
-        if time.monotonic() - self._probed < wait:
+        if not self.probe_due():
             return False
+        wait = max(self._backoff, self.RECHECK_S)
         self._probed = time.monotonic()
         if self.check():
             return True
         self._backoff = min(2 * wait, max(self.RECHECK_MAX_S, self.RECHECK_S))
         return False
+
+    def probe_due(self) -> bool:
+        """Whether :meth:`recheck` would probe the tier now: it is marked down and was last
+        probed long enough ago."""
+        return not self.up and time.monotonic() - self._probed >= max(self._backoff, self.RECHECK_S)
 
     def check(self) -> bool:
         """Probe the backend; update and return health. A writable tier is probed by a put,
