@@ -136,6 +136,26 @@ def test_a_write_whose_hint_names_a_role_the_configuration_lost_is_refused(tmp_p
     assert sorted(p for p in tmp_path.rglob("*") if p.is_file() and p.suffix != ".db") == before
 
 
+def test_a_write_no_tier_takes_says_why_each_tier_took_none(tmp_path):
+    """LOCALDISK on a read-only local tier and a full tape: the error names each tier and
+    why (it said "all tiers full or down" of a tier that was up and read-only)."""
+    (tmp_path / "local").mkdir()
+    tiers = TierSet(
+        [
+            Tier("local", PosixBackend(tmp_path / "local"), "localdisk", order=0, read_only=True),
+            Tier("tape", PosixBackend(tmp_path / "tape"), "remotetape", order=1, capacity=40),
+        ]
+    )
+    with strataio.Session(tiers=tiers, catalog=tmp_path / "cat.db") as s:
+        ds = s.create_dataset("x", (16,), "f4", (4,), hint="LOCALDISK")
+        with pytest.raises(ChunksNotStoredError) as info:
+            ds[...] = np.arange(16, dtype="f4")
+        msg = str(info.value)
+        assert "dataset 'x'" in msg and "hint LOCALDISK" in msg, msg
+        assert "tier 'local' up (read-only); tier 'tape' full" in msg, msg
+        ds.close()
+
+
 def test_a_session_s_bad_arguments_are_argument_errors(tmp_path):
     """As :func:`strataio.open_dataset`'s: a ValueError the caller can catch as such."""
     with session(tmp_path) as s:

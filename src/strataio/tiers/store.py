@@ -1076,11 +1076,19 @@ class TieredChunkStore(ChunkStore):
             raise ChunksNotStoredError(
                 f"dataset {self.name!r}: {len(todo)} of {counted(len(items), 'chunk')} could "
                 f"not be stored on any tier the hint {self.hint} allows "
-                f"({'; '.join(errors) or 'all tiers full or down'}); "
+                f"({'; '.join(errors) or self._why_no_room()}); "
                 f"{_the_others_written(len(items) - len(todo))}, and {_few(left)} "
                 f"{'keeps its previous value' if len(left) == 1 else 'keep their previous values'}",
                 left,
             )
+
+    def _why_no_room(self) -> str:
+        """Why a write stored no more chunks on the tiers its hint allows, each named with
+        its condition (down, read-only, or up and out of room)."""
+        return "; ".join(
+            f"tier {t.name!r} " + ("full" if t.condition == "up" else t.condition)
+            for t in self.placement.persistent()
+        )
 
     def _blocked_write(
         self, blocked: dict[str, ObjectError], left: list[str], errors: list[str], n: int
@@ -1094,7 +1102,7 @@ class TieredChunkStore(ChunkStore):
         if left:
             msg += (
                 f"; nor {_few(left)}, stored on no "
-                f"tier the hint {self.hint} allows ({'; '.join(errors) or 'all full or down'})"
+                f"tier the hint {self.hint} allows ({'; '.join(errors) or self._why_no_room()})"
             )
         missed = len(blocked) + len(left)
         msg += f"; {_the_others_written(n - missed, n)}, and " + (
