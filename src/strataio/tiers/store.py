@@ -909,6 +909,11 @@ class TieredChunkStore(ChunkStore):
         is up, so reads return to the fastest copy once its tier answers, as writes return
         to their home tier; one that answers ends the range reads of copies checked on
         slower tiers (:meth:`_still_checked`). Nothing to do while no tier is marked down."""
+        for t in self.tiers:  # (the usual case, every tier up, at the cost of a look each)
+            if t.state != "up":
+                break
+        else:
+            return
         due = [t for t in self.tiers if t.probe_due() and not t.volatile]
         if not due:
             return
