@@ -2528,3 +2528,40 @@ def test_copies_a_failed_close_could_not_delete_stay_the_session_s_to_delete(tmp
         np.testing.assert_array_equal(ds[...], 2.0)
         ds.close()
         assert not (tmp_path / "tape" / "a" / "c" / "0" / "0").exists()
+
+
+def test_a_tier_the_catalog_knows_and_the_tiers_lack_is_a_stand_in_that_stays_down(tmp_path):
+    """A Session given tiers that lack one the catalog registers holds a stand-in for it,
+    slowest: down (not configured), never probed up (nothing asked of any storage), its
+    backend refusing every call, its catalog row left as it was, no role's tier."""
+
+    def tiers(*names):
+        roles = {"disk": "localdisk", "tape": "remotetape"}
+        return TierSet(
+            [Tier(n, PosixBackend(tmp_path / n), roles[n], order=i) for i, n in enumerate(names)]
+        )
+
+    with strataio.Session(tiers=tiers("disk", "tape"), catalog=tmp_path / "c.db") as s:
+        ds = s.create_dataset("x", (8,), "f4", (4,), hint="LOCALDISK")
+        ds[...] = 1
+        ds.close()
+    given = tiers("tape")
+    with strataio.Session(tiers=given, catalog=tmp_path / "c.db") as s:
+        assert s.tiers.names == ["tape", "disk"] and given.names == ["tape"]
+        disk = s.tiers["disk"]
+        assert disk.condition == "down (not configured)" and "not configured" in disk.last_error
+        assert not disk.check() and not disk.recheck() and not disk.probe_due()
+        disk.mark_up()
+        assert not disk.up and s.tiers.by_role("localdisk") == []
+        with pytest.raises(TierDownError, match="not configured"):
+            disk.backend.get("x/c/0")
+        with pytest.raises(TierDownError):
+            disk.call(disk.backend.list)
+        assert {r.name: r.state for r in s.catalog.tiers()}["disk"] == "up"
+        assert [r.name for r in s.tiers.records()] == ["tape"]
+        assert s.usage()["disk"] == 32
+        ds = s.open_dataset("x")
+        with pytest.raises(BackendError, match="disk"):  # (its only copies are there)
+            ds[...]
+        ds.close()
+    assert sorted(p.name for p in (tmp_path / "disk" / "x" / "c").iterdir()) == ["0", "1"]

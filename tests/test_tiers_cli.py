@@ -1141,3 +1141,61 @@ def test_registering_the_configured_tiers_keeps_why_a_tier_is_down(project):
     with catalog:
         got = {t.name: (t.state, t.why) for t in catalog.tiers()}["disk"]
     assert got == ("down", "EIO reading the probe")
+
+
+def test_a_tier_dropped_from_the_configuration_is_down_and_its_copies_kept(project):
+    """A tier the catalog knows that the configuration no longer has is down (not
+    configured): a dataset with copies there is read from its other copies, written, and
+    closed (each failed with "no tier named"); ``strataio tiers`` lists the tier down,
+    ``fsck --repair`` reports its copies not checked and keeps their rows. With the tier
+    configured again, everything reads and fsck --repair deletes the copy the write made
+    obsolete there."""
+    root, a = project
+    r = CliRunner()
+    out = r.invoke(main, ["stage", "temp", "--to", "disk"])
+    assert out.exit_code == 0 and where("temp") == {"disk": 100, "tape": 100}, out.output
+    full = (root / "strataio.toml").read_text()
+    tape_only = (
+        CONFIG[: CONFIG.index("[[tiers]]")] + CONFIG[CONFIG.index('[[tiers]]\nname = "tape"') :]
+    )
+    (root / "strataio.toml").write_text(tape_only)
+    with strataio.Session() as s:
+        disk = s.tiers["disk"]
+        assert not disk.up and disk.condition == "down (not configured)"
+        assert not disk.check() and not disk.up and s.tiers.names == ["tape", "disk"]
+        ds = s.open_dataset("temp", "r+")
+        assert np.array_equal(ds[...], a)  # from the tape
+        ds[0:10, 0:10] = -1
+        b = a.copy()
+        b[0:10, 0:10] = -1
+        assert np.array_equal(ds[...], b)
+        ds.close()
+        assert {t.name: t.state for t in s.catalog.tiers()}["disk"] == "up"  # (left as it was)
+    assert where("temp") == {"disk": 99, "tape": 100}
+    assert (root / "disk" / "temp" / "c" / "0" / "0").exists()  # (obsolete, not deleted)
+    out = r.invoke(main, ["tiers"])
+    assert out.exit_code == 1, out.output
+    row = next(line for line in out.stdout.splitlines() if "│ disk" in line)
+    assert "down (not configured)" in row, out.stdout
+    assert "holding copies that cannot be read here: disk" in out.stdout, out.output
+    out = r.invoke(main, ["fsck", "--repair"])
+    assert out.exit_code == 1 and "tiers down, not checked: disk (not configured" in out.stdout
+    assert ", 0 problems;" in out.stdout, out.output
+    assert where("temp") == {"disk": 99, "tape": 100}
+    # configured again: every copy reads, and the obsolete object goes
+    (root / "strataio.toml").write_text(full)
+    with strataio.Session() as s:
+        assert s.tiers["disk"].up and s.tiers.names == ["disk", "tape"]
+        ds = s.open_dataset("temp")
+        assert np.array_equal(ds[...], b)
+        ds.close()
+    out = r.invoke(main, ["fsck", "--repair"])
+    assert out.exit_code == 0, out.output
+    assert not (root / "disk" / "temp" / "c" / "0" / "0").exists()
+    out = r.invoke(main, ["fsck"])
+    assert out.exit_code == 0 and ", 0 problems" in out.stdout, out.output
+    (root / "tape").rename(root / "tape.away")
+    with strataio.Session() as s:
+        ds = s.open_dataset("temp")
+        assert np.array_equal(ds[10:, :], b[10:, :])  # the disk's copies, read
+        ds.close()

@@ -17,7 +17,9 @@ archive, with several datasets open at once. After every step:
 
 :class:`Outages` takes a disk tier away during writes (it answers again after each), or makes
 its device full for a write: copies the writes made obsolete there are deleted once it
-answers, moves to it probe it again, and a full device's tier stays up and read.
+answers, moves to it probe it again, and a full device's tier stays up and read; a Session
+whose configuration lacks the archive writes and closes its datasets, and once it is
+configured again, the copies the writes made obsolete there are deleted by fsck.
 :class:`FullHierarchy` bounds the archive too: writes of new chunks are then refused chunk by
 chunk (each refused chunk keeps its previous value whole), and a write that only rewrites
 chunks stored already is never refused.
@@ -85,7 +87,7 @@ class TieredHierarchy(RuleBasedStateMachine):
         self._open(create=True)
 
     # ----------------------------------------------------------------- plumbing
-    def _open(self, *, create: bool = False) -> None:
+    def _open(self, *, create: bool = False, datasets: bool = True) -> None:
         tiers = TierSet(
             [
                 Tier(
@@ -99,7 +101,7 @@ class TieredHierarchy(RuleBasedStateMachine):
             ]
         )
         self.session = strataio.Session(tiers=tiers, catalog=self.root / "cat.db")
-        for n, hint in DATASETS.items():
+        for n, hint in DATASETS.items() if datasets else ():
             if create:
                 self.ds[n] = self.session.create_dataset(
                     n, SHAPE, "i4", CHUNKS, hint=hint, codec=[]
@@ -416,6 +418,37 @@ class Outages(TieredHierarchy):
         if any(c is not None and c.tier == tier for c in fastest):
             event("a read after an outage found the fastest copy there")
             assert self.tiers[tier].up, tier
+
+    @rule(name=names, row=st.integers(0, 3), col=st.integers(0, 3), value=st.integers(0, 4))
+    def write_with_the_archive_out_of_the_configuration(self, name, row, col, value):
+        # a Session whose configuration lacks the archive: the tier is down (not configured),
+        # never probed; a chunk written goes to a disk (or is refused where they are full,
+        # keeping its value), a copy the write makes obsolete on the archive stays there,
+        # and closing works; with the archive configured again and the datasets closed, fsck
+        # --repair deletes it
+        assert self.session is not None
+        self.session.close()
+        levels, self.levels = self.levels, [lv for lv in self.levels if lv[0] != "archive"]
+        where = ((row * CHUNKS[0], col * CHUNKS[1]), ((row + 1) * CHUNKS[0], (col + 1) * CHUNKS[1]))
+        try:
+            self._open()
+            archive = self.tiers["archive"]
+            assert archive.condition == "down (not configured)" and not archive.recheck()
+            try:
+                self.write(name, where, value)
+            except StrataError:
+                event("a chunk refused with the archive out of the configuration")
+            else:
+                self.read(name, where)
+        finally:
+            self.session.close()
+            self.levels = levels
+        # (what a handle closed before it could delete is fsck's, once no one has it open)
+        self._open(datasets=False)
+        fsck(self.session.catalog, self.tiers, repair=True)
+        self.session.close()
+        self._open()
+        self._check_settled()
 
     @rule(name=names, where=box, value=st.integers(0, 4), tier=st.sampled_from(["fast", "slow"]))
     def write_while_a_device_is_full(self, name, where, value, tier):

@@ -324,7 +324,10 @@ class Session:
     missing directory is made only for a tier the catalog has never registered; one of a
     tier it knows (a volume not mounted, a directory removed) leaves that tier down, saying
     so, and is not made (:func:`~strataio.tiers.tier.tier_from_config`; ``strataio init``
-    makes it, new and empty). Given ``tiers`` are used as they are. In a parallel job every
+    makes it, new and empty). Given ``tiers`` are used as they are. A tier the catalog
+    knows that the configuration (or ``tiers``) lacks is a stand-in that is always down
+    (:meth:`~strataio.tiers.tier.Tier.unconfigured`): its copies are copies on a tier that
+    is down, kept for when it is configured again. In a parallel job every
     rank must have the same tiers (names, places, roles, capacities), whether from its
     configuration or given: ranks that differ raise :class:`ArgumentError` on every rank.
     ``cache_bytes`` bounds the prefetch cache; ``stage_on_read`` stages chunks read from an
@@ -376,11 +379,13 @@ class Session:
                     tiers = built = TierSet.from_config(config, known)
                 tiers.apply_states(records)
                 self.catalog.register_tiers(tiers.records())
+                # (a tier the catalog knows and the configuration lacks: a stand-in, down)
+                tiers = tiers.with_unconfigured(records)
                 # (the database's sums: not a scan of every catalogued copy in Python)
                 tiers.account_usage(self.catalog.usage())
                 self.writer = self.catalog.register_writer()
                 tier_state = [(t.name, t.state, t.used) for t in tiers]
-                state = (tier_state, self.writer, self.catalog.url, known)
+                state = (tier_state, self.writer, self.catalog.url, records)
             except BaseException as exc:
                 if self.writer and self.catalog is not None:
                     self.catalog.release_writer(self.writer)
@@ -392,11 +397,13 @@ class Session:
         state, err = self._agree(state, err)
         if err is not None:
             raise err
-        tier_state, self.writer, catalog_url, known = state
+        tier_state, self.writer, catalog_url, records = state
         try:
             # (the other ranks of a job build theirs from the tiers rank 0's catalog knows)
-            if tiers is None:
-                tiers = built = TierSet.from_config(config, known)
+            if self.rank != 0:
+                if tiers is None:
+                    tiers = built = TierSet.from_config(config, [r.name for r in records])
+                tiers = tiers.with_unconfigured(records)
             self.tiers = tiers
             # every rank puts and reads each chunk where rank 0's catalog records it
             records = tiers.records()

@@ -568,7 +568,7 @@ def _print_deletion(console: Console, done: Deletion, unit: str, tiers: TierSet)
     said = f": {_per_tier(gone, unit, 'from')}" if gone or not kept else ""
     console.print(f"deleted {name}{said}", highlight=False)
     for tier in done.remnants:
-        if tier not in tiers:
+        if tier not in tiers or not tiers[tier].configured:
             why, when = "not in this configuration", "with a configuration that has it"
         elif not (t := tiers[tier]).up:
             why, when = f"down: {escape(t.last_error)}", "once it answers"

@@ -93,7 +93,8 @@ def parse_section(spec: str | None) -> Any:
 @click.option("--check", is_flag=True, help="probe every tier and record up/down in the catalog")
 @handle_errors
 def tiers_command(config: str | None, check: bool) -> None:
-    """Show the tiers: health, capacity, usage. Exit 1 if any tier is down."""
+    """Show the tiers: health, capacity, usage. Exit 1 if any tier is down (one the
+    configuration lacks that the catalog knows counts only where copies are recorded there)."""
     console = make_console()
     with open_session(config) as s:
         if check:
@@ -118,10 +119,17 @@ def tiers_command(config: str | None, check: bool) -> None:
                 Text(t.last_error),  # (not markup: "[Errno 2]" is shown as it is)
             )
         console.print(table)
-        down = [t.name for t in s.tiers if not t.up]
+        down = [t.name for t in s.tiers if not t.up and t.configured]
+        gone = [t.name for t in s.tiers if not t.configured and usage.get(t.name, 0)]
+    if gone:
+        console.print(
+            f"[red]tiers not configured, holding copies that cannot be read here:[/] "
+            f"{', '.join(gone)} (add them back to the configuration to reach them)"
+        )
     if down:
         again = "" if check else " ('strataio tiers --check' probes them again)"
         console.print(f"[red]tiers down:[/] {', '.join(down)}{again}")
+    if down or gone:
         sys.exit(1)
 
 

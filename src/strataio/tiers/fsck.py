@@ -408,8 +408,9 @@ def inspect(
     down (by this process, or in the catalog by another) is probed first (:meth:`Tier.check`,
     which records in the catalog what it finds): one that answers again is checked, one that
     still does not is skipped and listed in :attr:`Inventory.skipped_tiers`, with the error
-    in :attr:`Inventory.skipped_why`. ``progress(done, total)`` is called as copies are
-    checked.
+    in :attr:`Inventory.skipped_why`; so is a tier the configuration lacks
+    (:meth:`Tier.unconfigured`) where the catalog records copies or remnants there.
+    ``progress(done, total)`` is called as copies are checked.
     """
     inv = Inventory()
     # (a dataset in use at the start or at the end counts as in use: see _read_writers)
@@ -436,10 +437,14 @@ def inspect(
     for t in tiers:
         if not t.up:
             t.check()  # (not rate-limited: fsck is the deliberate look at every tier)
-    inv.skipped_tiers = [t.name for t in tiers if not t.up]
+    # (a tier the configuration lacks is down for good here: not checked, and only worth
+    # saying where the catalog records something there)
+    held = {c.tier for c in inv.copies} | {t for _, t in inv.remnants}
+    down = [t for t in tiers if not t.up and (t.configured or t.name in held)]
+    inv.skipped_tiers = [t.name for t in down]
     # (after the probes: one may find a tier's storage refusing writes while it is read)
     inv.read_only = {t.name for t in tiers if t.unwritable}
-    inv.skipped_why = {t.name: _why_down(t.last_error) for t in tiers if not t.up}
+    inv.skipped_why = {t.name: _why_down(t.last_error) for t in down}
 
     listed: dict[str, set[str]] = {}
     for t in tiers:

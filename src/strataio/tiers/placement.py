@@ -140,7 +140,7 @@ class Placement:
     ) -> None:
         if not 0.0 <= low_water_fraction <= 1.0:
             raise StrataError(f"low_water_fraction must lie in [0, 1], got {low_water_fraction!r}")
-        if not any(not t.volatile for t in tiers):
+        if not any(not t.volatile and t.configured for t in tiers):
             raise ConfigError(
                 "a storage hierarchy needs a persistent tier (localdisk, remotedisk or "
                 f"remotetape); the tiers {', '.join(tiers.names)} are all memory tiers, whose "
@@ -192,8 +192,9 @@ class Placement:
         return tiers
 
     def persistent(self) -> list[Tier]:
-        """Tiers that outlive the process: all but the volatile (memory) tiers."""
-        return [t for t in self.tiers if not t.volatile]
+        """Configured tiers that outlive the process: all but the volatile (memory) tiers
+        (and the stand-ins of tiers the configuration lacks: :meth:`Tier.unconfigured`)."""
+        return [t for t in self.tiers if not t.volatile and t.configured]
 
     def home(self, hint: str, chosen: str | None = None) -> Tier | None:
         """The tier a hint names (``None`` for DISABLE); AUTO is the tier ``chosen`` by
@@ -205,7 +206,7 @@ class Placement:
             return None
         named = self._role_tiers(h)
         if not named:
-            if chosen is not None and chosen in self.tiers:
+            if chosen is not None and chosen in self.tiers and self.tiers[chosen].configured:
                 return self.tiers[chosen]
             return self.persistent()[-1]
         return named[0]

@@ -73,7 +73,7 @@ def remnant_tiers(tiers: TierSet) -> list[str]:
     configuration killed before its flush left there is then not known to be a deleted
     dataset's: ``fsck`` run with that configuration could adopt it into a dataset created
     again under the name."""
-    return [t.name for t in tiers if not t.volatile]
+    return [t.name for t in tiers if not t.volatile and t.configured]
 
 
 def purge(catalog: Catalog, tiers: TierSet, name: str) -> list[str]:

@@ -232,6 +232,8 @@ class Tier:
     used: int = 0
     reserved: int = 0
     read_only: bool = False
+    #: a tier the catalog registers that the configuration lacks (see :meth:`unconfigured`)
+    configured: bool = True
     #: records each health change in the catalog (set by the session)
     commit: Commit | None = field(default=None, repr=False)
     slots: threading.BoundedSemaphore = field(init=False, repr=False)
@@ -281,9 +283,12 @@ class Tier:
     @property
     def condition(self) -> str:
         """The tier's health in words: ``down`` (``down (read-only)`` for one configured
-        :attr:`read_only`), or ``up`` and, where it takes no writes, why: ``up (read-only)``
+        :attr:`read_only`, ``down (not configured)`` for a tier the configuration lacks:
+        :meth:`unconfigured`), or ``up`` and, where it takes no writes, why: ``up (read-only)``
         (configured :attr:`read_only`), ``up (read-only: its storage refuses writes)``
         (:attr:`writes_refused`), ``up (no space left)`` (:attr:`out_of_space`)."""
+        if not self.configured:
+            return "down (not configured)"
         if not self.up:
             return "down (read-only)" if self.read_only else "down"
         if self.read_only:
@@ -376,6 +381,8 @@ class Tier:
         return err
 
     def mark_up(self) -> None:
+        if not self.configured:
+            return  # (it stays down: nothing of it is configured to answer)
         changed = self.state != "up"
         self.state = "up"
         self.last_error = ""
@@ -516,6 +523,8 @@ class Tier:
     def probe_due(self) -> bool:
         """Whether :meth:`recheck` would probe the tier now: it is marked down and was last
         probed long enough ago."""
+        if not self.configured:
+            return False  # (never probed: see unconfigured)
         return not self.up and time.monotonic() - self._probed >= max(self._backoff, self.RECHECK_S)
 
     def check(self) -> bool:
@@ -526,7 +535,10 @@ class Tier:
         never be found up again once marked down), is probed by a read only: the size of the
         probe object's key is looked up, and "no such object" is an answer (a POSIX tier
         whose directory is gone gives none: its backend does not answer). Any other failure
-        means the tier does not answer."""
+        means the tier does not answer. A tier the configuration lacks (:meth:`unconfigured`)
+        is not probed: False, nothing asked of any storage."""
+        if not self.configured:
+            return False
         answers = self._check_by_reading() if self.read_only else self._check_by_writing()
         if answers:
             self._answered = time.monotonic()
@@ -637,6 +649,30 @@ class Tier:
             self.reserved = max(0, self.reserved - int(release)) + int(keep)
             self._changed.notify_all()
 
+    @classmethod
+    def unconfigured(cls, record: TierRecord, order: int) -> Tier:
+        """A stand-in for tier ``record`` that the catalog registers and the configuration
+        lacks (dropped from it, perhaps for a while), ranked ``order`` (after every configured
+        tier): always down (:attr:`condition` ``down (not configured)``), never written nor
+        probed up (:meth:`check` asks nothing), its backend refusing every call. Its copies
+        are then as a down tier's: reads use other copies, writes go elsewhere, one a write
+        makes obsolete is left to delete once the tier is configured again, fsck reports them
+        not checked and keeps their rows."""
+        why = (
+            f"not configured: the catalog knows this tier ({record.url}) and may record copies "
+            "there, but the configuration has no tier of that name; add it back to reach them"
+        )
+        return cls(
+            name=record.name,
+            backend=UnconfiguredBackend(record.name, record.url),
+            role=record.role,
+            capacity=record.capacity_bytes,
+            order=order,
+            state="down",
+            last_error=why,
+            configured=False,
+        )
+
     def record(self) -> TierRecord:
         """This tier as a catalog row (``why`` the catalog's own where it is down only
         because the catalog says so)."""
@@ -646,6 +682,26 @@ class Tier:
         return TierRecord(
             self.name, self.backend.url, self.role, self.capacity, self.order, self.state, why
         )
+
+
+class UnconfiguredBackend(Backend):
+    """The backend of a tier the configuration lacks (:meth:`Tier.unconfigured`): every
+    call raises :class:`TierDownError` naming the tier, and nothing is touched."""
+
+    def __init__(self, name: str, url: str) -> None:
+        self.name, self.url = name, url
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> Any:
+        raise TierDownError(
+            f"tier {self.name!r} is not configured: the catalog knows it ({self.url}), the "
+            "configuration has no tier of that name"
+        )
+
+    read = write = get = put = size = exists = delete = list = _refuse  # type: ignore[assignment]
+    put_versioned = put_new = object_versions = put_if = delete_if = _refuse  # type: ignore[assignment]
+    delete_if_many = remove_empty_folders = sync = versions = _refuse  # type: ignore[assignment]
+    readinto_range = readinto_range_versioned = readinto_ranges_versioned = _refuse  # type: ignore[assignment]
+    get_many = _refuse  # type: ignore[assignment]
 
 
 def _marked_down(why: str) -> str:
@@ -818,8 +874,8 @@ class TierSet:
         return [t.name for t in self._tiers]
 
     def by_role(self, role: str) -> list[Tier]:
-        """Tiers of ``role``, fastest first."""
-        return [t for t in self._tiers if t.role == role]
+        """Configured tiers of ``role``, fastest first."""
+        return [t for t in self._tiers if t.role == role and t.configured]
 
     def rank(self, name: str) -> int:
         """Position of tier ``name`` in the hierarchy (0 = fastest)."""
@@ -827,14 +883,31 @@ class TierSet:
 
     # ----------------------------------------------------------------- catalog sync
     def records(self) -> list[TierRecord]:
-        return [t.record() for t in self._tiers]
+        """The configured tiers as catalog rows (not those the configuration lacks, whose
+        rows the catalog keeps as they are)."""
+        return [t.record() for t in self._tiers if t.configured]
+
+    def with_unconfigured(self, records: Iterable[TierRecord]) -> TierSet:
+        """These tiers and, after them (slowest), a stand-in (:meth:`Tier.unconfigured`) for
+        each tier of ``records`` (the catalog's, :meth:`Catalog.tiers`) that they lack, so a
+        copy the catalog records there is a copy on a tier that is down, not a tier unknown.
+        Memory tiers get none: no copy there is catalogued. ``self`` where none is lacking."""
+        last = max(t.order for t in self._tiers)
+        gone = sorted(
+            (r for r in records if r.name not in self._by_name and r.role != "memory"),
+            key=lambda r: (r.order, r.name),
+        )
+        if not gone:
+            return self
+        extra = [Tier.unconfigured(r, last + 1 + i) for i, r in enumerate(gone)]
+        return TierSet([*self._tiers, *extra])
 
     def apply_states(self, records: Iterable[TierRecord]) -> None:
         """Adopt the health states the catalog holds for known tiers; a tier found unusable
         here stays down (the catalog then learns it from :meth:`records`)."""
         for r in records:
             t = self._by_name.get(r.name)
-            if t is not None and r.state != t.state and t.state != "down":
+            if t is not None and t.configured and r.state != t.state and t.state != "down":
                 t.state = r.state
                 if r.state == "down" and not t.last_error:
                     # (another process found it down: its error, and that it is not this one's)
