@@ -380,12 +380,18 @@ class Outages(TieredHierarchy):
         # and nothing unflushed on it: writes not yet durable where a tier fails are not)
         for ds in self.ds.values():
             ds.flush()
+        with self._away(tier):
+            self.write(name, _whole_chunks(where), value)
+
+    @contextlib.contextmanager
+    def _away(self, tier: str):
+        """Tier ``tier``'s directory replaced by a file meanwhile: the tier does not answer."""
         root = self.root / tier
         away = root.with_name(tier + ".away")
         root.rename(away)
         root.write_bytes(b"")
         try:
-            self.write(name, _whole_chunks(where), value)
+            yield
         finally:
             root.unlink()
             away.rename(root)
@@ -402,17 +408,11 @@ class Outages(TieredHierarchy):
         self._wait(self.ds[name].stage(index(where), to=tier))
         for ds in self.ds.values():
             ds.flush()
-        root = self.root / tier
-        away = root.with_name(tier + ".away")
-        root.rename(away)
-        root.write_bytes(b"")
-        try:
-            with contextlib.suppress(BackendError):  # (a chunk whose only copies are there)
-                store.get_chunks(keys)
-        finally:
-            root.unlink()
-            away.rename(root)
+        with self._away(tier), contextlib.suppress(BackendError):
+            store.get_chunks(keys)  # (BackendError: a chunk whose only copies are there)
+        # (and not from memory: a read the decoded-chunk cache serves asks no tier anything)
         self.session.cache.invalidate(name)
+        self.ds[name].clear_cache()
         self.read(name, where)
         fastest = [next(iter(store.res.readable(k, up_only=False)), None) for k in keys]
         if any(c is not None and c.tier == tier for c in fastest):
