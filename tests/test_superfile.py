@@ -448,3 +448,29 @@ def test_two_processes_creating_one_superfile_at_once_both_append(tmp_path, monk
         sf = s.superfile("s", "r")
         assert [sf.get(m) for m in sf.members()] == [b"from s1", b"from s2"]
         assert fsck(s.catalog, s.tiers).clean
+
+
+def test_a_superfile_whose_close_fails_leaves_the_sessions_others_closed(tmp_path):
+    """Session.close meets a superfile whose container no tier can hold: it raises that
+    error, and still seals the other superfile and commits the array dataset written, both
+    of which read back in the next session."""
+
+    def tiers() -> TierSet:
+        return TierSet([Tier("d", PosixBackend(tmp_path / "d"), "localdisk", capacity=3000)])
+
+    s = strataio.Session(tiers=tiers(), catalog=tmp_path / "c.db")
+    big = s.superfile("big")
+    small = s.superfile("small")
+    arr = s.create_dataset("arr", (10,), "f4")
+    arr[:] = np.arange(10, dtype="f4")
+    small.put("m", b"kept" * 25)
+    big.put("m", b"B" * 5000)  # (a container over the tier's capacity)
+    with pytest.raises(StrataError, match="'big'.*holds 3000 bytes"):
+        s.close()
+    assert small.closed and arr.store.closed
+    with strataio.Session(tiers=tiers(), catalog=tmp_path / "c.db") as s:
+        with s.superfile("small", "r") as sf:
+            assert sf.get("m") == b"kept" * 25
+        with s.open_dataset("arr") as ds:
+            assert np.array_equal(ds[:], np.arange(10, dtype="f4"))
+        assert fsck(s.catalog, s.tiers).clean

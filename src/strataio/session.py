@@ -814,15 +814,24 @@ class Session:
 
     # ----------------------------------------------------------------- lifecycle
     def close(self) -> None:
-        """Close every dataset still open, the mover, the tiers and the catalog."""
+        """Close every dataset still open, the mover, the tiers and the catalog. Every
+        superfile and dataset is closed even where another's close fails; the first failure
+        is raised then, noting the others."""
         if self._closed:
             return
         _UNCLOSED.pop(id(self), None)
+        errors: list[BaseException] = []
         try:
-            for sf in list(self._superfiles):
-                sf.close()  # seals its open container before its store closes
-            for store in list(self._open):
-                store.close()
+            # superfiles first: each seals its open container before its store closes
+            for obj in [*self._superfiles, *self._open]:
+                try:
+                    obj.close()
+                except Exception as exc:  # (the others still close: their data is kept)
+                    errors.append(exc)
+            if errors:
+                for other in errors[1:]:
+                    errors[0].add_note(f"closing the session also failed: {other}")
+                raise errors[0]
         finally:
             self._closed = True
             self.mover.shutdown()
