@@ -15,7 +15,7 @@ import pytest
 
 import strataio
 from strataio.catalog import ChunkCopy
-from strataio.errors import NotFoundError, StrataError
+from strataio.errors import ChunksNotStoredError, NotFoundError, StrataError
 from strataio.storage.memory import MemoryBackend
 from strataio.storage.posix import PosixBackend
 from strataio.storage.shaped import Shaped
@@ -473,4 +473,33 @@ def test_a_superfile_whose_close_fails_leaves_the_sessions_others_closed(tmp_pat
             assert sf.get("m") == b"kept" * 25
         with s.open_dataset("arr") as ds:
             assert np.array_equal(ds[:], np.arange(10, dtype="f4"))
+        assert fsck(s.catalog, s.tiers).clean
+
+
+def test_a_put_whose_container_no_tier_takes_is_not_put(tmp_path):
+    """A put that fills a container the full tier refuses raises, and that member is not
+    put: the open container keeps only the members before it, and does not grow with every
+    later put refused alike. Once the tier has room, the next flush seals those members."""
+
+    def tiers() -> TierSet:
+        return TierSet([Tier("d", PosixBackend(tmp_path / "d"), "localdisk", capacity=3000)])
+
+    with strataio.Session(tiers=tiers(), catalog=tmp_path / "c.db") as s:
+        sf = s.superfile("sf", container_bytes=1000)
+        for i in range(3):  # m0 and m1 seal a container of about 1900 bytes; m2 waits
+            sf.put(f"m{i}", bytes([i]) * 900)
+        for i in (3, 4):
+            with pytest.raises(ChunksNotStoredError, match="tier 'd' full"):
+                sf.put(f"m{i}", bytes([i]) * 900)
+            assert f"m{i}" not in sf
+        with pytest.raises(ChunksNotStoredError):
+            sf.put("m2", b"new" * 300)  # (a name put again: its earlier value stays)
+        assert sf.members() == ["m0", "m1", "m2"] and sf.get("m2") == bytes([2]) * 900
+        s.tiers["d"].capacity = 4000  # room for m2 alone, not for the puts refused
+        sf.flush()
+        sf.close()
+    with strataio.Session(tiers=tiers(), catalog=tmp_path / "c.db") as s:
+        with s.superfile("sf", "r") as sf:
+            assert sf.members() == ["m0", "m1", "m2"]
+            assert [sf.get(f"m{i}") for i in range(3)] == [bytes([i]) * 900 for i in range(3)]
         assert fsck(s.catalog, s.tiers).clean

@@ -1,5 +1,6 @@
 """A superfile's life against a dict oracle: put, get, flush (seal a container), reopen, drop
-containers from the prefetch cache, and a bench run at a tiny size."""
+containers from the prefetch cache, tiers full (a put or flush whose container no tier
+takes), and a bench run at a tiny size."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 import strataio
+from strataio.errors import ChunksNotStoredError
 from strataio.storage.posix import PosixBackend
 from strataio.storage.superfile import MemberNotFoundError
 from strataio.tiers.fsck import fsck
@@ -42,6 +44,7 @@ class SuperfileMachine(RuleBasedStateMachine):
         super().__init__()
         self.root = Path(tempfile.mkdtemp(prefix="strataio-sf-sm-"))
         self.oracle: dict[str, object] = {}
+        self.full = False
         self._open()
 
     def _open(self) -> None:
@@ -57,7 +60,11 @@ class SuperfileMachine(RuleBasedStateMachine):
     @rule(name=NAMES, seed=st.integers(0, 10_000), kind=st.integers(0, 1))
     def put(self, name, seed, kind):
         v = value(seed, kind)
-        self.sf.put(name, v)
+        try:
+            self.sf.put(name, v)
+        except ChunksNotStoredError:
+            assert self.full  # (refused: the member is not put, its earlier value stays)
+            return
         self.oracle[name] = v
 
     @rule(name=NAMES)
@@ -74,10 +81,30 @@ class SuperfileMachine(RuleBasedStateMachine):
 
     @rule()
     def flush(self):
-        self.sf.flush()
+        try:
+            self.sf.flush()
+        except ChunksNotStoredError:
+            assert self.full  # (the open container's members wait for the next seal)
+
+    @rule()
+    def fill_tiers(self):
+        """No tier has room for another container (their capacity is what they hold)."""
+        for t in self.s.tiers:
+            t.capacity = t.used + t.reserved
+        self.full = True
+
+    def _give_room(self):
+        for t in self.s.tiers:
+            t.capacity = None
+        self.full = False
+
+    @rule()
+    def give_room(self):
+        self._give_room()
 
     @rule()
     def reopen(self):
+        self._give_room()
         self.s.close()  # closes (and seals) the superfile too
         self._open()
 
@@ -85,7 +112,7 @@ class SuperfileMachine(RuleBasedStateMachine):
     def evict_from_cache(self):
         self.s.cache.invalidate("sf")
 
-    @precondition(lambda self: self.oracle)
+    @precondition(lambda self: self.oracle and not self.full)
     @rule()
     def migrate_to_tape(self):
         self.sf.migrate("tape").wait()
@@ -100,6 +127,7 @@ class SuperfileMachine(RuleBasedStateMachine):
 
     def teardown(self):
         try:
+            self._give_room()
             for name, v in self.oracle.items():
                 assert same(self.sf.get(name), v)
             self.sf.close()

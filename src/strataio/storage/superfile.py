@@ -284,6 +284,20 @@ class ContainerBuilder:
         self._latest[name] = m
         return m
 
+    def mark(self, name: str) -> tuple[int, int, Member | None]:
+        """Where the container stands before ``name`` is added: :meth:`undo` returns there."""
+        return len(self._buf), len(self._members), self._latest.get(name)
+
+    def undo(self, name: str, mark: tuple[int, int, Member | None]) -> None:
+        """Take back what was added since :meth:`mark` (``name``'s entry last among it)."""
+        nbytes, count, before = mark
+        del self._buf[nbytes:]
+        del self._members[count:]
+        if before is None:
+            self._latest.pop(name, None)
+        else:
+            self._latest[name] = before
+
     def get(self, name: str) -> bytes | np.ndarray | None:
         """The value of ``name`` put into this container (None if none)."""
         m = self._latest.get(name)

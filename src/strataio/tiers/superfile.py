@@ -28,9 +28,10 @@ opens its own (single-process) :class:`~strataio.session.Session` to use one.
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -149,7 +150,9 @@ class Superfile:
     # ----------------------------------------------------------------- writes
     def put(self, name: str, value: Any) -> None:
         """Store ``value`` (bytes-like or numpy array) as member ``name``; durable once its
-        container is sealed (at ``container_bytes``, :meth:`flush` or :meth:`close`)."""
+        container is sealed (at ``container_bytes``, :meth:`flush` or :meth:`close`). Where
+        the container it fills is stored on no tier (all full, say), raises and ``name`` is
+        not put; the members put before it wait in the open container for the next seal."""
         self._check_open()
         if self.mode != "a":
             raise SuperfileError(f"superfile {self.name!r} is open read-only")
@@ -159,9 +162,10 @@ class Superfile:
         with self._lock:
             if self._open is None:
                 self._open = ContainerBuilder()
+            mark = self._open.mark(name)
             self._open.add(name, data, dtype, shape)
             if self._open.nbytes >= self.container_bytes:
-                self._seal()
+                self._seal(undo=functools.partial(self._open.undo, name, mark))
 
     def flush(self) -> None:
         """Seal the open container: every member put so far is then durable and catalogued."""
@@ -170,13 +174,20 @@ class Superfile:
             if self._open is not None and len(self._open):
                 self._seal()
 
-    def _seal(self) -> None:
+    def _seal(self, undo: Callable[[], None] | None = None) -> None:
+        """Seal the open container; where it is stored on no tier, ``undo`` (the put that
+        filled it) is called before the error is raised, and the container stays open."""
         assert self._open is not None
         blob, index = self._open.seal()
-        seq = self._take_seq()
-        key = container_key(seq)
-        # durable on its tier and checksummed before the catalog names it (Commit.apply)
-        self._store.put_chunks([(key, blob)])
+        try:
+            seq = self._take_seq()
+            key = container_key(seq)
+            # durable on its tier and checksummed before the catalog names it (Commit.apply)
+            self._store.put_chunks([(key, blob)])
+        except BaseException:
+            if undo is not None:
+                undo()
+            raise
         self._store.flush()
         self._next = seq + 1
         self._sealed.add(seq)
