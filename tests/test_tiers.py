@@ -2565,3 +2565,26 @@ def test_a_tier_the_catalog_knows_and_the_tiers_lack_is_a_stand_in_that_stays_do
             ds[...]
         ds.close()
     assert sorted(p.name for p in (tmp_path / "disk" / "x" / "c").iterdir()) == ["0", "1"]
+
+
+def test_a_name_with_a_part_longer_than_a_file_name_is_refused_and_no_tier_goes_down(tmp_path):
+    """A name part of more than 255 bytes cannot be a file name: the first put of such a
+    dataset or superfile failed as if the POSIX tier had, and marked it down for every
+    process. Such a name is refused before anything is stored; 255 bytes are taken."""
+    from strataio.errors import ArgumentError
+
+    long = "run/" + "é" * 128  # (256 bytes of UTF-8)
+    with session(tmp_path) as s:
+        with pytest.raises(ArgumentError, match="a part of 256 bytes"):
+            s.create_dataset(long, (4,), "f4", (2,), hint="LOCALDISK")
+        with pytest.raises(ArgumentError, match="a part of 256 bytes"):
+            s.superfile(long, hint="LOCALDISK")
+        assert s.catalog.list_datasets() == []
+        with s.superfile("a" * 255, hint="LOCALDISK") as sf:
+            sf.put("m", b"x")
+        with s.create_dataset("b" * 255, (4,), "f4", (2,), hint="LOCALDISK") as ds:
+            ds[...] = 1
+        assert all(t.up for t in s.tiers)
+    with session(tmp_path) as s:
+        assert all(t.up for t in s.tiers)
+        assert s.superfile("a" * 255, "r").get("m") == b"x"

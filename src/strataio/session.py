@@ -299,8 +299,13 @@ class FinishedMove:
         return False
 
 
-def _check_name(name: str) -> None:
-    """Raise unless ``name`` can name a dataset or superfile in the catalog and on tiers."""
+#: bytes of UTF-8 a part of a dataset or superfile name may have (a file name's, NAME_MAX)
+NAME_PART_BYTES = 255
+
+
+def _check_name(name: str, *, new: bool = False) -> None:
+    """Raise unless ``name`` can name a dataset or superfile in the catalog and on tiers
+    (with ``new``, one to create or write: each part of it fits in a file name)."""
     validate_key(name)
     try:
         name.encode("utf-8")
@@ -311,6 +316,14 @@ def _check_name(name: str) -> None:
         ) from None
     if name.split("/")[-1] == META_KEY:
         raise ArgumentError(f"name {name!r} ends in {META_KEY!r}, which is reserved")
+    long = [n for p in name.split("/") if (n := len(p.encode("utf-8"))) > NAME_PART_BYTES]
+    if new and long:
+        # (a POSIX tier's put of such an object fails as if the tier had: every process
+        # would find it down)
+        raise ArgumentError(
+            f"name {name[:40]!r}... has a part of {long[0]} bytes; each '/'-separated part "
+            f"of a name is at most {NAME_PART_BYTES} bytes of UTF-8, as a file name is"
+        )
 
 
 class Session:
@@ -492,7 +505,7 @@ class Session:
         checked: BaseException | None = None
         try:
             self._check_open()
-            _check_name(name)
+            _check_name(name, new=True)
             try:
                 meta = ArrayMetadata.create(shape, dtype, chunks, codec, fill_value, attrs, dims)
                 CodecPipeline(meta.codecs, meta.dtype, meta.chunks)
@@ -771,7 +784,7 @@ class Session:
             raise SuperfileError(
                 f"container_bytes must be a positive integer, got {container_bytes!r}"
             )
-        _check_name(name)
+        _check_name(name, new=mode == "a")
         assert self.catalog is not None
         try:
             record = self.catalog.get_dataset(name)
