@@ -503,3 +503,15 @@ def test_a_put_whose_container_no_tier_takes_is_not_put(tmp_path):
             assert sf.members() == ["m0", "m1", "m2"]
             assert [sf.get(f"m{i}") for i in range(3)] == [bytes([i]) * 900 for i in range(3)]
         assert fsck(s.catalog, s.tiers).clean
+
+
+def test_a_strided_memoryview_is_put_as_its_bytes(tmp_path):
+    """A memoryview of every other byte is bytes-like like any: it is put as the bytes it
+    shows (``bytes(view)``), where it raised a bare TypeError from the cast."""
+    view = memoryview(bytes(range(20)))[::2]
+    with strataio.Session(tiers=disk_tape(tmp_path), catalog=tmp_path / "c.db") as s:
+        with s.superfile("v", hint="LOCALDISK") as sf:
+            sf.put("strided", view)
+            assert sf.get("strided") == bytes(view)
+        with s.superfile("v", "r") as sf:
+            assert sf.get("strided") == bytes(range(0, 20, 2))

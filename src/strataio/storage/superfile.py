@@ -105,7 +105,10 @@ def encode_member(value: Any) -> tuple[memoryview, str | None, tuple[int, ...] |
         arr = np.asarray(value, order="C")  # (ascontiguousarray would make a 0-d array 1-d)
         return memoryview(arr.reshape(-1).view(np.uint8)), arr.dtype.str, tuple(arr.shape)
     if isinstance(value, bytes | bytearray | memoryview):
-        return memoryview(value).cast("B"), None, None
+        mv = memoryview(value)
+        if not mv.c_contiguous:  # (a strided view: its bytes in C order, as bytes() gives)
+            mv = memoryview(mv.tobytes())
+        return mv.cast("B"), None, None
     raise SuperfileError(
         f"a superfile member is bytes or a numpy array, not {type(value).__name__}"
     )
