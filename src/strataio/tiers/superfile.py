@@ -22,8 +22,11 @@ newer than what it already knows, newest first, until it finds the name (each re
 which the read needs anyway); :meth:`Superfile.members` reads only each container's index
 (the tail of the object, one ranged read per container).
 
-One process writes a superfile at a time; any number may read it. In an MPI job each rank
-opens its own (single-process) :class:`~strataio.session.Session` to use one.
+Any number of processes may read a superfile and append to it at once: each sealed
+container takes a number of its own from the superfile's catalog record
+(:meth:`Superfile._take_seq`), so a member put by two reads as the one whose container took
+its number last. In an MPI job each rank opens its own (single-process)
+:class:`~strataio.session.Session` to use one.
 """
 
 from __future__ import annotations
