@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import rule
 from mpi4py import MPI
 
+from hunt import examples
 from strataio.collective.cache_window import SharedCaches
 from strataio.collective.driver import PosixDriver
 from strataio.collective.realm_cache import CacheMemory, RealmCache
@@ -81,7 +82,7 @@ class SharedCacheMachine(CacheMachine):
 
 
 SharedCacheMachine.TestCase.settings = settings(
-    max_examples=200,
+    max_examples=examples(100),
     stateful_step_count=30,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],

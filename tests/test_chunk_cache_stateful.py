@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 import strataio
+from hunt import examples
 from strataio.arrays import chunk_cache as cc
 from strataio.arrays.chunk_cache import CachedChunk, DecodedChunkCache
 
@@ -182,7 +183,7 @@ class DecodedCacheModel(RuleBasedStateMachine):
 
 
 DecodedCacheModel.TestCase.settings = settings(
-    max_examples=200, stateful_step_count=30, deadline=None
+    max_examples=examples(100), stateful_step_count=30, deadline=None
 )
 test_decoded_cache_model = DecodedCacheModel.TestCase
 
@@ -336,7 +337,7 @@ class CachedDatasetMachine(RuleBasedStateMachine):
 
 
 CachedDatasetMachine.TestCase.settings = settings(
-    max_examples=150,
+    max_examples=examples(80),
     stateful_step_count=20,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],

@@ -232,7 +232,7 @@ def crash_matrix(tmp_path, request, n: int, seed: int) -> None:
 
 
 def test_kill9_at_random_moments_then_repair_at_once(tmp_path, request):
-    crash_matrix(tmp_path, request, 20, seed=15)
+    crash_matrix(tmp_path, request, 12, seed=15)
 
 
 @pytest.mark.slow

@@ -39,6 +39,7 @@ from hypothesis.control import currently_in_test_context
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 import strataio
+from hunt import examples
 from strataio.errors import DatasetInUseError, ExistsError, NotFoundError, StrataError
 from strataio.session import TieredDataset
 from strataio.storage.posix import PosixBackend
@@ -366,7 +367,7 @@ class DeleteAndCreateAgain(RuleBasedStateMachine):
 
 
 DeleteAndCreateAgain.TestCase.settings = settings(
-    max_examples=60,
+    max_examples=examples(30),
     stateful_step_count=30,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],

@@ -7,7 +7,6 @@ was written."""
 from __future__ import annotations
 
 import math
-import os
 import tempfile
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import strataio
+from hunt import examples
 
 DTYPES = [
     "bool",
@@ -212,8 +212,8 @@ def _tensorstore_opens(dims) -> bool:
     return len(set(named)) == len(named)
 
 
-@settings(  # (STRATAIO_INTEROP_EXAMPLES=2000 hunts longer; 150 take about 15 s)
-    max_examples=int(os.environ.get("STRATAIO_INTEROP_EXAMPLES", 150)),
+@settings(  # (80 take about 8 s; STRATAIO_HUNT=25 hunts 2000: tests/hunt.py)
+    max_examples=examples(80),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 import strataio
+from hunt import examples
 from strataio.catalog.base import ChunkCopy
 from strataio.storage.posix import PosixBackend
 from strataio.tiers.fsck import fsck
@@ -304,7 +305,7 @@ class OnDemandResidency(RuleBasedStateMachine):
 
 
 OnDemandResidency.TestCase.settings = settings(
-    max_examples=300, stateful_step_count=30, deadline=None
+    max_examples=examples(150), stateful_step_count=30, deadline=None
 )
 test_on_demand_residency = OnDemandResidency.TestCase
 
@@ -628,7 +629,7 @@ class ReopenedResidency(RuleBasedStateMachine):
 
 
 ReopenedResidency.TestCase.settings = settings(
-    max_examples=300, stateful_step_count=30, deadline=None
+    max_examples=examples(150), stateful_step_count=30, deadline=None
 )
 test_reopened_residency = ReopenedResidency.TestCase
 

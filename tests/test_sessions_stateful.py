@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 import strataio
+from hunt import examples
 from strataio.errors import StrataError
 from strataio.storage.posix import PosixBackend
 from strataio.tiers.fsck import fsck
@@ -197,12 +198,24 @@ class TwoSessions(RuleBasedStateMachine):
 
 
 TwoSessions.TestCase.settings = settings(
-    max_examples=60,
+    max_examples=examples(30),
     stateful_step_count=30,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
 test_two_sessions = pytest.mark.filterwarnings("ignore::ResourceWarning")(TwoSessions.TestCase)
+
+
+class TwoSessionsLonger(TwoSessions):
+    pass
+
+
+TwoSessionsLonger.TestCase.settings = settings(
+    TwoSessions.TestCase.settings, max_examples=examples(300)
+)
+test_two_sessions_long = pytest.mark.slow(
+    pytest.mark.filterwarnings("ignore::ResourceWarning")(TwoSessionsLonger.TestCase)
+)
 
 
 class TwoSessionsOnAFullTier(TwoSessions):
@@ -250,7 +263,9 @@ class TwoSessionsRaw(TwoSessions):
             np.testing.assert_array_equal(got, self.oracle[row, 1:7])
 
 
-TwoSessionsRaw.TestCase.settings = settings(TwoSessions.TestCase.settings, max_examples=30)
+TwoSessionsRaw.TestCase.settings = settings(
+    TwoSessions.TestCase.settings, max_examples=examples(15)
+)
 test_two_sessions_raw = pytest.mark.filterwarnings("ignore::ResourceWarning")(
     TwoSessionsRaw.TestCase
 )
@@ -284,7 +299,7 @@ class ThreeSessions(TwoSessions):
         super().reopen(who)
 
 
-ThreeSessions.TestCase.settings = settings(TwoSessions.TestCase.settings, max_examples=30)
+ThreeSessions.TestCase.settings = settings(TwoSessions.TestCase.settings, max_examples=examples(15))
 test_three_sessions = pytest.mark.filterwarnings("ignore::ResourceWarning")(ThreeSessions.TestCase)
 
 

@@ -42,6 +42,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 import strataio
 import strataio.arrays.chunk_cache as chunk_cache_module
+from hunt import examples
 from strataio.errors import BackendError, StrataError
 from strataio.storage.memory import MemoryBackend
 from strataio.storage.posix import PosixBackend
@@ -249,17 +250,17 @@ class TieredHierarchy(RuleBasedStateMachine):
             assert present == named, (t.name, sorted(present ^ named))
 
 
-def _runs(examples: int, steps: int) -> settings:
-    """Hypothesis settings of a state machine here: ``examples`` runs of ``steps`` steps."""
+def _runs(runs: int, steps: int) -> settings:
+    """Hypothesis settings of a state machine here: ``runs`` runs of ``steps`` steps."""
     return settings(
-        max_examples=examples,
+        max_examples=runs,
         stateful_step_count=steps,
         deadline=None,
         suppress_health_check=[HealthCheck.too_slow],
     )
 
 
-TieredHierarchy.TestCase.settings = _runs(200, 8)
+TieredHierarchy.TestCase.settings = _runs(examples(100), 8)
 test_tiers_stateful = TieredHierarchy.TestCase
 
 
@@ -267,7 +268,7 @@ class LongerRuns(TieredHierarchy):
     pass
 
 
-LongerRuns.TestCase.settings = _runs(1000, 30)
+LongerRuns.TestCase.settings = _runs(examples(1000), 30)
 test_tiers_stateful_long = pytest.mark.slow(LongerRuns.TestCase)
 
 
@@ -288,7 +289,7 @@ class EverythingCached(TieredHierarchy):
             chunk_cache_module.SETTLE_NS = self._settle
 
 
-EverythingCached.TestCase.settings = _runs(100, 8)
+EverythingCached.TestCase.settings = _runs(examples(50), 8)
 test_tiers_stateful_everything_cached = EverythingCached.TestCase
 
 
@@ -343,7 +344,7 @@ class FullHierarchy(TieredHierarchy):
         self.oracle[name] = new
 
 
-FullHierarchy.TestCase.settings = _runs(150, 10)
+FullHierarchy.TestCase.settings = _runs(examples(80), 10)
 test_tiers_stateful_full_hierarchy = FullHierarchy.TestCase
 
 
@@ -470,5 +471,5 @@ class Outages(TieredHierarchy):
         assert self.tiers[tier].up
 
 
-Outages.TestCase.settings = _runs(150, 8)
+Outages.TestCase.settings = _runs(examples(80), 8)
 test_tiers_stateful_outages = Outages.TestCase

@@ -1,0 +1,20 @@
+"""How long the property tests and state machines hunt.
+
+Each runs a budget of examples that keeps ``make test`` within CI's 15 minutes on two cores.
+``STRATAIO_HUNT=N make test`` multiplies every budget by N (``STRATAIO_HUNT=10`` hunts ten
+times as long, as before a release); ``pytest -m slow`` also runs the long variants kept
+beside some of them. Hypothesis keeps what it finds in ``.hypothesis/`` and tries it first
+on the next run, so the short runs of CI add up.
+"""
+
+from __future__ import annotations
+
+import os
+
+#: the multiplier of every budget (``STRATAIO_HUNT``, default 1)
+HUNT = float(os.environ.get("STRATAIO_HUNT", "1") or 1)
+
+
+def examples(n: int) -> int:
+    """``n`` examples times :data:`HUNT`, at least one."""
+    return max(1, round(n * HUNT))
