@@ -494,3 +494,43 @@ def test_calibrate_says_which_sizes_it_measured(tmp_path, monkeypatch):
     )
     assert out.exit_code == 0, out.output
     assert "transfers of 1.0 KiB … 16.0 KiB stored" in out.output, out.output
+
+
+def test_a_calibration_beyond_the_tiers_configured_capacity_is_refused(tmp_path):
+    """The files a calibration writes on a tier count against the capacity its
+    configuration gives it (a share of a burst buffer, say), beside the copies stored there:
+    one that would pass it is refused before anything is launched or written."""
+    import numpy as np
+
+    import strataio
+
+    path = tmp_path / "strataio.toml"
+    text = CONFIG.format(catalog=str(tmp_path / "cat.db"))
+    path.write_text(text.replace('path = "local"', 'path = "local"\ncapacity = "4MiB"', 1))
+    with (
+        strataio.Session(str(path)) as s,
+        s.create_dataset("d", (256, 1024), "f4", (64, 1024), hint="LOCALDISK") as d,
+    ):
+        d[...] = np.ones((256, 1024), "f4")  # 1 MiB stored on "local"
+    cfg = load_config(str(path))
+    with open_catalog(cfg.catalog.url) as cat:
+        with pytest.raises(StrataError, match=r"tier 'local': .* configured capacity of 4\.0 MiB"):
+            calibrate(cfg, cat, ["local"], sizes=[1 << 20], repeat=1, levels=(1,))
+        assert cat.perf_rows() == []
+    assert not (tmp_path / "local" / ".strataio-predict").exists()
+
+
+def test_what_a_killed_measurement_left_goes_when_the_tier_is_next_locked(tmp_path):
+    """A calibration or measured run killed with its ranks leaves its files in the tier's
+    work folder; the next process to take the tier's measurement lock deletes them (the
+    lock is held by whoever writes there), and keeps the lock file."""
+    from strataio.predict.native import LOCK_NAME, WORK_DIR, lock_tiers
+
+    cfg = load_config(write_config(tmp_path, str(tmp_path / "cat.db")))
+    work = tmp_path / "local" / WORK_DIR
+    (work / "calibrate-4096" / "c").mkdir(parents=True)
+    (work / "calibrate-4096" / "c" / "0").write_bytes(b"x" * 4096)
+    (work / "calibrate.bin").write_bytes(b"x" * 8192)
+    with lock_tiers([cfg.tier("local")], "a test"):
+        assert sorted(p.name for p in work.iterdir()) == [LOCK_NAME]
+    assert (work / LOCK_NAME).exists()

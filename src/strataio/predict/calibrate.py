@@ -103,7 +103,7 @@ def calibrate(
     known = {r.name for r in catalog.tiers()}
     for tc in configs:
         tier_dir(tc, known)  # a tier calibration cannot reach: say so before measuring anything
-        _check_room(tc, sizes, repeat, levels)
+        _check_room(tc, sizes, repeat, levels, catalog)
     per_level = steps(sizes, repeat)
     all_rows: list[PerfRow] = []
     for tc in configs:
@@ -123,10 +123,13 @@ def _tier_bytes(sizes: Sequence[int], repeat: int, ranks: int) -> int:
     return max(independent, (repeat + 1) * top + ranks * top)
 
 
-def _check_room(tc: Any, sizes: Sequence[int], repeat: int, levels: Sequence[int]) -> None:
+def _check_room(
+    tc: Any, sizes: Sequence[int], repeat: int, levels: Sequence[int], catalog: Catalog
+) -> None:
     """Raise :class:`~strataio.errors.StrataError` if the largest level's ranks cannot hold
     their buffers (two of the largest size each) in the node's memory, or what they write
-    (:func:`_tier_bytes`) in the tier's free space."""
+    (:func:`_tier_bytes`) in the tier's free space or in what its configured capacity leaves
+    beside the copies the catalog records there."""
     from strataio.errors import StrataError
     from strataio.sizes import format_size
 
@@ -147,6 +150,16 @@ def _check_room(tc: Any, sizes: Sequence[int], repeat: int, levels: Sequence[int
             f"writes {format_size(disk)} there, more than its {format_size(free)} free: "
             "lower --max-size or --repeat"
         )
+    if tc.capacity_bytes is not None:
+        stored = sum(u.nbytes for u in catalog.usage() if u.tier == tc.name)
+        room = max(0, tc.capacity_bytes - stored)
+        if disk > room:
+            raise StrataError(
+                f"tier {tc.name!r}: calibrating up to {format_size(top)} at {ranks} processes "
+                f"writes {format_size(disk)} there, more than the {format_size(room)} its "
+                f"configured capacity of {format_size(tc.capacity_bytes)} leaves beside the "
+                f"{format_size(stored)} stored: lower --max-size or --repeat"
+            )
 
 
 def _calibrate_tier(

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import shutil
 import socket
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator
@@ -163,11 +164,26 @@ def _tier_locked(
             f.write(f"pid {os.getpid()} on {socket.gethostname()} since {since} ({what})")
             f.flush()
             _held.add(f.fileno())
+            _clear_leftovers(os.path.dirname(path))
             break
         try:
             yield
         finally:
             _held.discard(f.fileno())
+
+
+def _clear_leftovers(folder: str) -> None:
+    """Delete what a killed measurement left in a tier's work folder ``folder`` (its files
+    and datasets; not the lock file): the caller holds the tier's lock, which every process
+    measuring there holds while it writes, so nothing in it is in use."""
+    for entry in os.scandir(folder):
+        if entry.name == LOCK_NAME:
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path)
+            else:
+                os.remove(entry.path)
 
 
 def _holder(said: str) -> str:
