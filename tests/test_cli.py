@@ -604,3 +604,45 @@ def test_an_interrupted_command_says_so_in_one_line_and_exits_130(monkeypatch) -
     lines = [line for line in res.output.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: interrupted"), res.output
     assert "strataio fsck --repair" in lines[0]
+
+
+def test_fsck_path_decodes_every_chunk_and_reports_the_corrupt_ones(tmp_path) -> None:
+    """fsck PATH looked only at temporary files: a chunk whose crc32c no longer matched, or
+    a raw chunk cut short, passed as clean (exit 0). Every chunk is now decoded (--quick:
+    sized, where chunks are stored plain), a bad one reported by key (exit 1) and left, as
+    it has no other copy; -c, which names a catalog, is refused with PATH (exit 2)."""
+    data = np.random.default_rng(3).random((40, 40), dtype="f4")
+    for codec in ("crc32c", None, "zstd"):
+        with strataio.create_dataset(
+            tmp_path / f"{codec}", (40, 40), "f4", (10, 10), codec=codec
+        ) as d:
+            d[...] = data
+    r = CliRunner()
+    for codec in ("crc32c", None, "zstd"):
+        out = r.invoke(main, ["fsck", str(tmp_path / f"{codec}")])
+        assert out.exit_code == 0 and "16 chunks decoded, 0 corrupt" in out.output, out.output
+    with open(tmp_path / "crc32c" / "c" / "2" / "1", "r+b") as f:
+        f.seek(7)
+        f.write(b"\xff\x00")
+    os.truncate(tmp_path / "None" / "c" / "0" / "3", 100)
+    with open(tmp_path / "zstd" / "c" / "1" / "1", "wb") as f:
+        f.write(b"not a zstd frame")
+    for codec, key, why in [
+        ("crc32c", "c/2/1", "checksum mismatch"),
+        ("None", "c/0/3", "expected 100"),
+        ("zstd", "c/1/1", ""),
+    ]:
+        out = r.invoke(main, ["fsck", "--repair", str(tmp_path / codec)])
+        assert out.exit_code == 1, out.output
+        assert "16 chunks decoded, 1 corrupt" in out.output and key in out.output, out.output
+        assert why in out.output, out.output
+    out = r.invoke(main, ["fsck", "--quick", str(tmp_path / "None")])
+    assert out.exit_code == 1 and "16 chunks sized, 1 corrupt" in out.output, out.output
+    assert "100 bytes; its chunks store 400" in out.output, out.output
+    out = r.invoke(main, ["fsck", "--quick", str(tmp_path / "crc32c")])
+    assert out.exit_code == 0 and "16 chunks sized, 0 corrupt" in out.output, out.output
+    out = r.invoke(main, ["fsck", "--quick", str(tmp_path / "zstd")])
+    assert out.exit_code == 0 and "16 chunks listed" in out.output, out.output
+    assert (tmp_path / "crc32c" / "c" / "2" / "1").exists()  # (left: no other copy)
+    out = r.invoke(main, ["fsck", "-c", str(tmp_path / "x.toml"), str(tmp_path / "zstd")])
+    assert out.exit_code == 2 and "has none" in out.output, out.output

@@ -201,6 +201,13 @@ class BackendChunkStore(ChunkStore):
     def _key(self, key: str) -> str:
         return f"{self.prefix}/{key}" if self.prefix else key
 
+    def chunk_size(self, key: str) -> int | None:
+        """Bytes stored for chunk ``key`` (None: none stored)."""
+        try:
+            return self.backend.size(self._key(key))
+        except FileNotFoundError:  # (NotFoundError too)
+            return None
+
     def _failed(self, what: str, key: str, exc: OSError) -> BackendError:
         err = BackendError(f"dataset {self.name!r}: cannot {what} chunk {key!r}: {exc}")
         err.__cause__ = exc

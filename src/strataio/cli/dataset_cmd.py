@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
@@ -16,6 +17,7 @@ from rich import box
 from rich.table import Table
 
 from strataio.arrays import Dataset, open_dataset
+from strataio.arrays.verify import verify_chunks
 from strataio.cli import main
 from strataio.cli.output import make_console
 from strataio.errors import ConfigError, NotFoundError, StrataError
@@ -239,8 +241,17 @@ def _open_array(path: Path) -> Dataset:
         fail(str(exc), 1)
 
 
-def fsck_dataset_dir(path: Path, repair: bool) -> None:
-    """``strataio fsck PATH``: the temporary files of writes into the dataset at ``PATH``:
+def fsck_dataset_dir(
+    path: Path,
+    repair: bool,
+    *,
+    quick: bool = False,
+    progress: Callable[[int, int], None] | None = None,
+) -> None:
+    """``strataio fsck PATH``: the dataset's stored chunks, each decoded (with ``quick``
+    sized: :func:`strataio.arrays.verify.verify_chunks`, ``progress`` following it), one
+    that does not a **corrupt** finding left as it is (it has no other copy); then the
+    temporary files of writes into the dataset at ``PATH``:
     those of puts (``*.strataio-tmp``), of collective shard writes (``*.<token>.part``) and
     of changes of ``zarr.json`` (its lock file, ``.zarr.json.lock``).
 
@@ -254,8 +265,8 @@ def fsck_dataset_dir(path: Path, repair: bool) -> None:
     of a killed writer, which ``repair`` deletes at once (no waiting: the lock dies with its
     process). On a file system that keeps no locks, or one mounted read-only (where a lock
     cannot be taken for writing, and the finding says so), a temporary file cannot be
-    judged: it is reported and left. Exit 0 clean (in-flight files included), 1 leftovers remain, 2 no
-    dataset at ``PATH``.
+    judged: it is reported and left. Exit 0 clean (in-flight files included), 1 corrupt
+    chunks or leftovers remain, 2 no dataset at ``PATH``.
     """
     if not path.exists():
         fail(
@@ -264,8 +275,15 @@ def fsck_dataset_dir(path: Path, repair: bool) -> None:
         )
         return
     with _open_array(path) as ds:
+        try:
+            checked = verify_chunks(ds, quick=quick, progress=progress)
+        except (StrataError, OSError) as exc:  # (the chunks cannot be listed or read)
+            fail(f"dataset {path}: its chunks cannot be checked: {exc}", 1)
         temps = temporary_files(ds)
-    findings: list[tuple[str, str, str, str]] = []
+    findings: list[tuple[str, str, str, str]] = [
+        ("corrupt", key, detail, "- (no other copy: write the chunk again)")
+        for key, detail in checked.problems
+    ]
     live: dict[str, int] = dict.fromkeys(KINDS, 0)
     read_only = 0
     for t in temps:
@@ -304,13 +322,15 @@ def fsck_dataset_dir(path: Path, repair: bool) -> None:
         console.print(table)
     dead = sum(action == "delete" for *_, action in findings)
     unknown = sum(action == "-" for *_, action in findings)
+    corrupt = len(checked.problems)
     console.print(
-        f"dataset {path}: {counted(len(findings), 'temporary file')}; "
+        f"dataset {path}: {counted(checked.chunks, 'chunk')} {checked.how}, {corrupt} corrupt; "
+        f"{counted(len(findings) - corrupt, 'temporary file')}; "
         f"{dead} of writers that are gone"
         + (", deleted" if repair and dead else "")
         + (f"; {unknown} that cannot be judged here, left" if unknown else "")
         + (f" ({read_only} on a read-only file system)" if read_only else "")
         + "".join(f"; {n} of {kind}s running now, left alone" for kind, n in live.items() if n)
     )
-    if unknown or (dead and not repair):
+    if corrupt or unknown or (dead and not repair):
         sys.exit(1)

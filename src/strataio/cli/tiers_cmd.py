@@ -453,16 +453,24 @@ def fsck_command(config: str | None, path: Path | None, repair: bool, quick: boo
     (remnants: it was down at the deletion) are named at the end, as long as any is left:
     --repair purges them from the tiers that answer, their folders too.
 
-    With PATH (a dataset directory, no catalog): its temporary files, of puts and of
-    collective shard writes (*.part, and each call's lock file .<token>.lock). Those of a
-    writer killed in a put, or of a shard write whose ranks were killed, are leftovers,
-    which --repair deletes at once; those of a write running now (it holds their lock) are
-    listed as "in-flight" and left alone.
+    With PATH (a dataset directory, no catalog): every stored chunk read and decoded (with
+    --quick only sized, which tells where chunks are stored raw or with crc32c); one that
+    does not decode is "corrupt" (exit 1), which --repair cannot mend: it has no other copy.
+    Then its temporary files, of puts and of collective shard writes (*.part, and each
+    call's lock file .<token>.lock). Those of a writer killed in a put, or of a shard write
+    whose ranks were killed, are leftovers, which --repair deletes at once; those of a write
+    running now (it holds their lock) are listed as "in-flight" and left alone.
     """
     if path is not None:
         from strataio.cli.dataset_cmd import fsck_dataset_dir
 
-        fsck_dataset_dir(path, repair)
+        if config is not None:  # (a plain dataset has no catalog: a configuration says nothing)
+            raise click.UsageError(
+                "-c/--config names the catalog whose copies fsck checks; a dataset at PATH "
+                "has none: give one or the other"
+            )
+        with _fsck_progress("chunks") as progress:
+            fsck_dataset_dir(path, repair, quick=quick, progress=progress)
         return
     from strataio.tiers.fsck import fsck
 
@@ -521,14 +529,14 @@ def _remnants_left(remnants: list[tuple[str, str]], repaired: bool) -> str:
 
 
 @contextlib.contextmanager
-def _fsck_progress() -> Iterator[Callable[[int, int], None]]:
+def _fsck_progress(unit: str = "copies") -> Iterator[Callable[[int, int], None]]:
     """A transient progress bar on stderr (only on a terminal) fed by ``(done, total)``."""
     err = Console(stderr=True)
     with Progress(
         TextColumn("fsck"),
         BarColumn(),
         MofNCompleteColumn(),
-        TextColumn("copies"),
+        TextColumn(unit),
         TimeElapsedColumn(),
         console=err,
         transient=True,
