@@ -795,3 +795,60 @@ def test_evicting_an_only_copy_from_a_tier_marked_down_says_so(tmp_path):
         s.tiers["fast"].mark_up()
         np.testing.assert_array_equal(ds[...], A[:10, :20])
         ds.close()
+
+
+def _staged_with_archive_lost(root, *, truncate=False):
+    """Dataset 'a', its four chunks on the archive and staged to the fast tier (filling it);
+    then its archive objects are lost (or cut short) behind strataio's back."""
+    with two_tier_session(root) as s:
+        ds = s.create_dataset("a", (20, 20), "f4", (10, 10), hint="REMOTETAPE")
+        ds[...] = A[:20, :20]
+        assert ds.stage(to="fast").wait().moved == 4
+        ds.close()
+    for p in (root / "archive" / "a" / "c").rglob("*"):
+        if p.is_file():
+            if truncate:
+                p.write_bytes(p.read_bytes()[:100])
+            else:
+                p.unlink()
+
+
+@pytest.mark.parametrize("open_a", [False, True])
+def test_eviction_for_room_never_drops_a_copy_whose_other_copy_was_lost(tmp_path, open_a):
+    """A write that needs the fast tier's room evicts chunks whose archive copy the catalog
+    names but whose object was lost: they are written back first (the lost copy forgotten,
+    put again), never dropped as kept elsewhere."""
+    _staged_with_archive_lost(tmp_path)
+    with two_tier_session(tmp_path) as s:
+        a = s.open_dataset("a") if open_a else None
+        b = s.create_dataset("b", (20, 20), "f4", (10, 10), hint="LOCALDISK")
+        b[...] = A[20:, 20:]
+        assert s.placement.evictions >= 1
+        np.testing.assert_array_equal(b[...], A[20:, 20:])
+        b.close()
+        if a is not None:
+            a.close()
+        a = s.open_dataset("a")
+        np.testing.assert_array_equal(a[...], A[:20, :20])
+        a.close()
+        assert settled_fsck(s.catalog, s.tiers).clean
+        check_agreement(s)
+
+
+def test_eviction_for_room_keeps_a_copy_whose_other_copy_is_damaged(tmp_path):
+    """The archive objects cut short behind strataio's back: the fast copies, the only good
+    ones, are not evicted; the write that wanted their room goes on to the archive."""
+    _staged_with_archive_lost(tmp_path, truncate=True)
+    with two_tier_session(tmp_path) as s:
+        b = s.create_dataset("b", (20, 20), "f4", (10, 10), hint="LOCALDISK")
+        b[...] = A[20:, 20:]
+        np.testing.assert_array_equal(b[...], A[20:, 20:])
+        b.close()
+        assert {c.key for c in s.catalog.residency("a") if c.tier == "fast"} == {
+            "c/0/0",
+            "c/0/1",
+            "c/1/0",
+            "c/1/1",
+        }
+        sizes = [p.stat().st_size for p in (tmp_path / "fast" / "a").rglob("c/*/*")]
+        assert sizes == [400] * 4

@@ -684,7 +684,11 @@ class Mover:
         if not copies:
             return "unwritten", 0
         have = next((c for c in copies if c.tier == target.name), None)
-        if have is not None and have.state in ("valid", "dirty") and not self._present(res, have):
+        if (
+            have is not None
+            and have.state in ("valid", "dirty")
+            and not self.placement.present(res, have)
+        ):
             have = None  # (its object was gone: forgotten, and put again below)
         if have is not None and have.state in ("valid", "dirty"):
             outcome, n = "reused", 0
@@ -783,11 +787,10 @@ class Mover:
                 "process; not evicted (evict it again once that process has flushed)"
             )
         if not tier.volatile:
-            for other in res.readable(key):
-                if other.tier != tier.name and not self.tiers[other.tier].volatile:
-                    self._present(res, other)  # (one gone is forgotten: written back below)
+            # (one gone is forgotten: written back below; one damaged fails the chunk)
+            self.placement.look_elsewhere(tier, res, key)
         kept = tier.volatile or res.kept_elsewhere(key, tier.name)
-        if not self.placement.evict_copy(tier, res, copy):
+        if not self.placement.evict_copy(tier, res, copy, looked=True):
             if res.copy_on(key, tier.name) is None:
                 return "reused", 0  # gone meanwhile
             if res.busy(key, tier.name):
@@ -819,32 +822,6 @@ class Mover:
             )
         drops.drop(copy)
         return "moved", 0 if kept else copy.nbytes
-
-    def _present(self, res: Residency, copy: ChunkCopy) -> bool:
-        """Whether the object of ``copy``, which a migration or an eviction is about to count
-        on to keep the chunk, is there at its catalogued size (one HEAD or stat), so that no
-        copy is deleted on the word of a row whose object was lost behind strataio's back.
-        A missing one is forgotten where another copy holds its bytes (False); one of another
-        size raises :class:`StrataError` (fsck repairs it), and nothing is deleted."""
-        tier = self.tiers[copy.tier]
-        try:
-            n = tier.call(tier.backend.size, object_key(res.name, copy.key))
-        except FileNotFoundError:
-            if res.drop_missing(copy) or not res.is_current(copy):
-                return False  # (forgotten, or moved or rewritten meanwhile)
-            if not any(c.tier != copy.tier and same_bytes(c, copy) for c in res.readable(copy.key)):
-                raise res.missing_copy_error(copy.key, copy) from None
-            raise StrataError(
-                f"chunk {copy.key!r} of {res.name!r}: its copy on tier {copy.tier!r} was "
-                "found missing; no other copy of it is deleted (run 'strataio fsck --repair')"
-            ) from None
-        if n != copy.nbytes:
-            raise StrataError(
-                f"chunk {copy.key!r} of {res.name!r}: its copy on tier {copy.tier!r} holds {n} "
-                f"bytes, the catalog says {copy.nbytes}; no other copy of it is deleted (run "
-                "'strataio fsck --repair', which drops the damaged copy where a good one is left)"
-            )
-        return True
 
     def _refresh(self, res: Residency, key: str) -> bool:
         """Reload the copies of chunk ``key`` from the catalog (where this process holds it),

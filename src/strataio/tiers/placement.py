@@ -49,7 +49,7 @@ from strataio.errors import (
 )
 from strataio.sizes import counted
 from strataio.tiers.commit import Commit
-from strataio.tiers.residency import Residency, object_key
+from strataio.tiers.residency import Residency, object_key, same_bytes
 from strataio.tiers.tier import (
     Tier,
     TierSet,
@@ -373,7 +373,8 @@ class Placement:
         Eviction goes on down to the low-water mark: until ``max(nbytes, low_water_fraction
         * capacity)`` bytes are free. Victims are the least recently used chunks on the tier,
         of open datasets and (with a catalog) of datasets not open here. A victim with
-        another readable copy on an up tier is dropped; one without is written back (copy,
+        another readable copy on an up tier, its object seen there at its size
+        (:meth:`present`), is dropped; one without is written back (copy,
         durable put, verify) to the nearest slower up tier with room. Each affected dataset's
         residency is committed, once, before the victims' objects are deleted. Chunks named
         in ``protect`` (``(dataset, key)`` strings ``"name/key"``) are left alone.
@@ -481,21 +482,75 @@ class Placement:
             res = loaded[name] = Residency(name, copies, self.tiers)
         return res
 
+    def present(self, res: Residency, copy: ChunkCopy) -> bool:
+        """Whether the object of ``copy``, which a migration or an eviction is about to count
+        on to keep the chunk, is there at its catalogued size (one HEAD or stat), so that no
+        copy is deleted on the word of a row whose object was lost behind strataio's back.
+        A missing one is forgotten where another copy holds its bytes (False); one of another
+        size raises :class:`StrataError` (fsck repairs it), and nothing is deleted."""
+        tier = self.tiers[copy.tier]
+        try:
+            n = tier.call(tier.backend.size, object_key(res.name, copy.key))
+        except FileNotFoundError:
+            if res.drop_missing(copy) or not res.is_current(copy):
+                return False  # (forgotten, or moved or rewritten meanwhile)
+            if not any(c.tier != copy.tier and same_bytes(c, copy) for c in res.readable(copy.key)):
+                raise res.missing_copy_error(copy.key, copy) from None
+            raise StrataError(
+                f"chunk {copy.key!r} of {res.name!r}: its copy on tier {copy.tier!r} was "
+                "found missing; no other copy of it is deleted (run 'strataio fsck --repair')"
+            ) from None
+        if n != copy.nbytes:
+            raise StrataError(
+                f"chunk {copy.key!r} of {res.name!r}: its copy on tier {copy.tier!r} holds {n} "
+                f"bytes, the catalog says {copy.nbytes}; no other copy of it is deleted (run "
+                "'strataio fsck --repair', which drops the damaged copy where a good one is left)"
+            )
+        return True
+
+    def look_elsewhere(self, tier: Tier, res: Residency, key: str) -> None:
+        """Look (:meth:`present`) at each readable copy of ``key`` on a persistent tier other
+        than ``tier`` before its copy on ``tier`` is dropped as kept elsewhere: one found
+        missing is forgotten (the copy on ``tier`` is then written back instead), one of
+        another size raises :class:`StrataError`."""
+        for other in res.readable(key):
+            if other.tier != tier.name and not self.tiers[other.tier].volatile:
+                self.present(res, other)
+
     def evict_copy(
-        self, tier: Tier, res: Residency, copy: ChunkCopy, *, full: dict[str, int] | None = None
+        self,
+        tier: Tier,
+        res: Residency,
+        copy: ChunkCopy,
+        *,
+        full: dict[str, int] | None = None,
+        looked: bool = False,
     ) -> bool:
         """Forget ``copy`` (of ``res``, on ``tier``) so that its object is deleted after the
         next commit, writing it back first if no other copy is kept on a persistent tier.
 
-        False, and nothing changed, if the chunk has a put in flight, changed since ``copy``
-        was listed, or cannot be written back. A copy whose object is found missing is
-        forgotten (True: its room is free). ``full``: see :meth:`write_back`, which raises
-        :class:`ObjectError` where something not strataio's is in the way.
+        The other copies counted on are looked at first (:meth:`look_elsewhere`; not with
+        ``looked``, the caller having done so): one lost behind strataio's back is forgotten
+        and ``copy`` written back; one found damaged or that cannot be looked at keeps
+        ``copy`` (False). False, and nothing changed, also if the chunk has a put in flight,
+        changed since ``copy`` was listed, or cannot be written back. A copy whose object is
+        found missing is forgotten (True: its room is free). ``full``: see
+        :meth:`write_back`, which raises :class:`ObjectError` where something not
+        strataio's is in the way.
         """
         if res.busy(copy.key, tier.name) or copy.state == "in-transit":
             # its new version is being written there (by a put here, or by whoever announced
             # it: a copy this residency is not writing): not a victim
             return False
+        if not looked and not tier.volatile:
+            try:
+                self.look_elsewhere(tier, res, copy.key)
+            except TierDownError:
+                pass  # (that tier is marked down: its copy no longer counts as kept)
+            except ObjectError:
+                raise
+            except StrataError:
+                return False  # (another copy found damaged: fsck settles it; this one stays)
         done = res.drop_if_kept(copy)
         if not done and not tier.volatile and res.copy_on(copy.key, tier.name) is not None:
             done = self.write_back(tier, res, copy, full=full)
