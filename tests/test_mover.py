@@ -396,3 +396,36 @@ def test_a_prefetch_follows_a_chunk_another_process_moved_after_its_lookup(tmp_p
         assert copies(ds)["c/0"] == ["remote"]
         np.testing.assert_array_equal(ds[...], a)
         ds.close()
+
+
+def small_fast_session(tmp_path):
+    tiers = TierSet(
+        [
+            Tier("disk", PosixBackend(tmp_path / "disk"), "localdisk", capacity=4 * 400, order=0),
+            Tier("tape", PosixBackend(tmp_path / "tape"), "remotetape", order=1),
+        ]
+    )
+    return strataio.Session(tiers=tiers, catalog=tmp_path / "cat.db")
+
+
+@pytest.mark.parametrize("op", ["stage", "migrate"])
+def test_a_move_larger_than_its_target_keeps_what_it_placed_and_says_what_did_not_fit(tmp_path, op):
+    """16 chunks moved to a tier with room for 4: the move never evicts its own chunks for
+    its later ones; the 4 it placed stay, the other 12 are reported (a stage's no_room, a
+    migration's failures), and what it reports moved is where it says."""
+    a = np.arange(40 * 40, dtype="f4").reshape(40, 40)
+    with small_fast_session(tmp_path) as s:
+        ds = fill(s, a)
+        r = getattr(ds, op)(to="disk").result()
+        on_disk = {k for k, cs in ds.residency().items() if any(c.tier == "disk" for c in cs)}
+        assert r.moved == len(on_disk) == 4, r
+        if op == "stage":
+            assert (r.no_room, r.failed) == (12, []), r
+        else:
+            assert r.no_room == 0 and len(r.failed) == 12, r
+            assert {k for k, _ in r.failed}.isdisjoint(on_disk)
+            assert all("is full" in m for _, m in r.failed)
+        assert s.placement.evictions == 0
+        assert {c.key for c in s.catalog.residency("a") if c.tier == "disk"} == on_disk
+        np.testing.assert_array_equal(ds[...], a)
+        ds.close()

@@ -148,6 +148,13 @@ class TwoSessions(RuleBasedStateMachine):
             rows = self.sessions[who].catalog.residency("d")
             alone = {k for k, _ in result.failed if {c.tier for c in rows if c.key == k} == {tier}}
             result.failed[:] = [f for f in result.failed if f[0] not in alone]
+        if op == "migrate" and tier == LEVELS[0][0] and self.FAST_CAPACITY is not None:
+            # a migration of more than the fast tier holds keeps the chunks it placed first
+            # there (it never evicts its own) and fails the rest, saying the tier is full
+            on = {k for k, cs in ds.residency().items() if any(c.tier == tier for c in cs)}
+            full = {k for k, m in result.failed if "is full" in m}
+            assert not full & on and result.moved <= len(on), (result, sorted(on))
+            result.failed[:] = [f for f in result.failed if f[0] not in full]
         if result.failed:
             assert self.dirty, result.failed
 

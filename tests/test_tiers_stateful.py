@@ -137,7 +137,20 @@ class TieredHierarchy(RuleBasedStateMachine):
 
     @rule(name=names, where=box, to=st.sampled_from([None, "mem", "fast", "slow"]))
     def stage(self, name, where, to):
-        self._wait(self.ds[name].stage(index(where), to=to))
+        ds = self.ds[name]
+        h = ds.stage(index(where), to=to)
+        self._wait(h)
+        if to is not None:
+            # a stage of more than the tier holds never evicts what it placed there: each
+            # chunk it says it moved is there once it ends
+            (r0, c0), (r1, c1) = where
+            section = {
+                ds.chunk_key((i, j))
+                for i in range(r0 // CHUNKS[0], (r1 - 1) // CHUNKS[0] + 1)
+                for j in range(c0 // CHUNKS[1], (c1 - 1) // CHUNKS[1] + 1)
+            }
+            there = [k for k in section if ds.store.res.copy_on(k, to) is not None]
+            assert h.result().moved <= len(there), (h.result(), sorted(there))
 
     @rule(
         name=names,

@@ -302,9 +302,9 @@ def _no_room_tiers(store: Any, tier: str | None) -> str:
 def _stage_short_of(
     store: Any, keys: list[str], tier: str | None, result: Any, unit: str = "chunks"
 ) -> str:
-    """Where a stage's chunks (``keys`` of ``store``) did not all stay where it put them
-    (tiers smaller than the section: chunks staged later evicted earlier ones), a line saying
-    how many did; else "". A stage to ``tier`` counts the chunks on it or a faster disk tier
+    """Where a stage's chunks (``keys`` of ``store``) did not all stay where it put them (a
+    stage never evicts its own chunks, but another process's writes or moves may have made
+    room since), a line saying how many did; else "". A stage to ``tier`` counts the chunks on it or a faster disk tier
     (there, they were reused); the default stage, which takes the fastest tier with room,
     those on any tier faster than the slowest. ``unit``: what the chunks are called."""
     tiers, copies = store.tiers, store.residency_table()
@@ -331,9 +331,8 @@ def _stage_short_of(
     smaller = "a smaller section, or " if unit == "chunks" else ""
     return (
         f"only {held} of the {counted(wanted, unit.removesuffix('s'))} staged or already there "
-        f"are on {where} now: "
-        f"{room} holds fewer, and {unit} staged later evicted earlier ones (stage "
-        f"{smaller}to a larger tier)"
+        f"are on {where} now: the others were evicted since to make room there ({room} "
+        f"is shared; stage {smaller}to a larger tier)"
     )
 
 

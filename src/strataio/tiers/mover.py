@@ -78,8 +78,9 @@ class MoveResult:
     """The outcome of one move. ``moved``: chunks copied; ``reused``: chunks already where
     the move wanted them; ``unwritten``: chunks never written (they read as the fill value:
     nothing to move); ``no_room``: chunks a stage or prefetch left where they were because
-    no tier it could put them on had room (each full, nothing on it could be evicted; the
-    chunks stay readable where they are, so this is not a failure); ``failed``:
+    no tier it could put them on had room (each full, nothing on it could be evicted; a
+    move never evicts its own chunks; the chunks stay readable where they are, so this is
+    not a failure); ``failed``:
     ``(key, message)`` pairs; ``nbytes``: bytes copied; ``seconds``: wall time from start
     to commit. Of the copies a migration takes off faster tiers, or an eviction off its
     tier: ``removed``, their rows and objects gone; ``left``, their rows gone while their
@@ -340,7 +341,8 @@ class Mover:
         chunks already on a tier at least that fast are reused, not copied."""
         target = self.tiers[to] if to is not None else None
         full = _NoRoom(self.placement)
-        return self._start("stage", res, keys, lambda k: self._stage_one(res, k, target, full))
+        own = _own(res, keys)
+        return self._start("stage", res, keys, lambda k: self._stage_one(res, k, target, full, own))
 
     def migrate(self, res: Residency, keys: Sequence[str], to: str) -> MoveHandle:
         """Move ``keys`` to tier ``to``; copies on faster tiers are deleted after the commit,
@@ -364,8 +366,13 @@ class Mover:
                 f"{target.last_error}"
             )
         drops = _Drops()
+        own = _own(res, keys)
         return self._start(
-            "migrate", res, keys, lambda k: self._migrate_one(res, k, target, drops), drops=drops
+            "migrate",
+            res,
+            keys,
+            lambda k: self._migrate_one(res, k, target, drops, own),
+            drops=drops,
         )
 
     def prefetch(self, res: Residency, keys: Sequence[str]) -> MoveHandle:
@@ -374,7 +381,10 @@ class Mover:
         mem = next((t for t in self.tiers if t.volatile and t.up), None)
         if mem is not None:
             full = _NoRoom(self.placement)
-            return self._start("prefetch", res, keys, lambda k: self._stage_one(res, k, mem, full))
+            own = _own(res, keys)
+            return self._start(
+                "prefetch", res, keys, lambda k: self._stage_one(res, k, mem, full, own)
+            )
         return self._start("prefetch", res, keys, lambda k: self._prefetch_one(res, k))
 
     def evict(self, res: Residency, keys: Sequence[str], tier: str) -> MoveHandle:
@@ -472,7 +482,9 @@ class Mover:
     def _rank(self, tier: str) -> int:
         return self.tiers.rank(tier)
 
-    def _copy(self, res: Residency, key: str, dst: Tier) -> tuple[str, int]:
+    def _copy(
+        self, res: Residency, key: str, dst: Tier, own: frozenset[str] = frozenset()
+    ) -> tuple[str, int]:
         """Copy ``key`` from its fastest readable copy to ``dst`` (trying further copies
         when a source tier fails, or its copy went away, is missing or cannot be used:
         :class:`ObjectError`); record the new copy in the residency unless the chunk was
@@ -519,11 +531,11 @@ class Mover:
                     "another process; not moved (move it again once that process has flushed)"
                 )
                 continue
-            protect = [object_key(res.name, key)]
-            if not self.placement.claim(dst, src.nbytes, protect=protect, wait=True):
+            # (the move's chunks, this one among them; one set for all: no copy per chunk)
+            if not self.placement.claim(dst, src.nbytes, protect=own, wait=True):
                 raise _NoRoomError(
                     f"chunk {key!r} of {res.name!r}: tier {dst.name!r} is full and nothing "
-                    "on it can be evicted"
+                    "on it can be evicted (the chunks of this move there stay)"
                 )
             recorded = False
             data: bytes | None = None  # (once the source is read, an ObjectError is dst's)
@@ -611,12 +623,17 @@ class Mover:
         return copies
 
     def _stage_one(
-        self, res: Residency, key: str, target: Tier | None, full: _NoRoom
+        self,
+        res: Residency,
+        key: str,
+        target: Tier | None,
+        full: _NoRoom,
+        own: frozenset[str] = frozenset(),
     ) -> tuple[str, int]:
         """Stage ``key`` to ``target``, or (None) to the fastest persistent tier with room
         faster than its fastest copy. ``"no_room"`` where no such tier had room: each was full
         with nothing on it that could be evicted (remembered in ``full`` for the move's other
-        chunks)."""
+        chunks), the chunks of the move (``own``, object keys) never being evicted for it."""
         copies = self._readable(res, key)
         if not copies and not res.copies(key):
             return "unwritten", 0
@@ -636,15 +653,14 @@ class Mover:
                 with full.trying(target):
                     if full.known(target, nbytes):
                         return "no_room", 0
-                    protect = [object_key(res.name, key)]
                     if not self.placement.make_room(
-                        target, nbytes, protect=protect
+                        target, nbytes, protect=own
                     ) and not self.placement._in_flight(target):
                         full.note(target, nbytes)
                         return "no_room", 0
             try:
                 # (room held by puts in flight is waited for there)
-                return self._copy(res, key, target)
+                return self._copy(res, key, target, own)
             except _NoRoomError:
                 full.note(target, nbytes)
                 return "no_room", 0
@@ -655,13 +671,13 @@ class Mover:
             with full.trying(t):
                 if full.known(t, nbytes):
                     continue
-                room = self.placement.make_room(t, nbytes, protect=[object_key(res.name, key)])
+                room = self.placement.make_room(t, nbytes, protect=own)
                 if not room:
                     full.note(t, nbytes)
             if not room:
                 continue
             try:
-                return self._copy(res, key, t)
+                return self._copy(res, key, t, own)
             except TierDownError:
                 if t.up:
                     raise
@@ -678,8 +694,17 @@ class Mover:
         return "reused", 0  # already on the fastest persistent tier
 
     def _migrate_one(
-        self, res: Residency, key: str, target: Tier, drops: _Drops, *, refreshed: bool = False
+        self,
+        res: Residency,
+        key: str,
+        target: Tier,
+        drops: _Drops,
+        own: frozenset[str] = frozenset(),
+        *,
+        refreshed: bool = False,
     ) -> tuple[str, int]:
+        """Migrate ``key`` to ``target`` (see :meth:`migrate`); room there is never made by
+        evicting the move's chunks (``own``, object keys): a chunk that does not fit fails."""
         copies = res.copies(key)
         if not copies:
             return "unwritten", 0
@@ -695,7 +720,7 @@ class Mover:
             if have.state == "dirty":
                 res.mark_valid(have)
         else:
-            outcome, n = self._copy(res, key, target)
+            outcome, n = self._copy(res, key, target, own)
         if not any(c.tier == target.name for c in res.readable(key, up_only=False)):
             return outcome, n
         rank = self._rank(target.name)
@@ -704,7 +729,7 @@ class Mover:
         if busy:
             # (that writer's commit settles the copy; it may have recorded it since)
             if not refreshed and self._refresh(res, key):
-                return self._migrate_one(res, key, target, drops, refreshed=True)
+                return self._migrate_one(res, key, target, drops, own, refreshed=True)
             raise StrataError(
                 f"chunk {key!r} of {res.name!r} is being rewritten on {', '.join(busy)} by "
                 f"another process; copied to {target.name!r}, the copy there stays (migrate "
@@ -831,6 +856,13 @@ class Mover:
         if catalog is None:
             return False
         return bool(res.refresh_from(catalog, [key]))
+
+
+def _own(res: Residency, keys: Sequence[str]) -> frozenset[str]:
+    """The object keys of a move's chunks: its eviction rounds never take them, so a move of
+    more than its target holds keeps the chunks it placed first and reports the rest as not
+    fitting, instead of evicting what it had just moved (and counting it moved)."""
+    return frozenset(object_key(res.name, k) for k in keys)
 
 
 def _all_down(res: Residency, key: str) -> StrataError:

@@ -357,7 +357,7 @@ class Placement:
     def _claim_once(self, tier: Tier, nbytes: int, protect: Iterable[str]) -> bool:
         if tier.reserve(nbytes):
             return True
-        keep = list(protect)
+        keep = protect if isinstance(protect, frozenset) else frozenset(protect)
         with self._lock:
             for _ in range(8):  # other threads may take the room just made; evict again
                 if tier.reserve(nbytes):
@@ -387,7 +387,7 @@ class Placement:
             return False  # (nor on a tier that is not written: nothing there is deleted)
         if tier is self.persistent()[-1]:
             return False  # the archive is never evicted from: writes go to the next tier
-        keep = set(protect)
+        keep = protect if isinstance(protect, frozenset) else frozenset(protect)
         target = max(int(nbytes), int(self.low_water_fraction * tier.capacity))
         with self._lock:
             # (last access, residency or the name of a dataset not open here, copy)
