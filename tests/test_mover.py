@@ -429,3 +429,39 @@ def test_a_move_larger_than_its_target_keeps_what_it_placed_and_says_what_did_no
         assert {c.key for c in s.catalog.residency("a") if c.tier == "disk"} == on_disk
         np.testing.assert_array_equal(ds[...], a)
         ds.close()
+
+
+def test_cancel_stops_a_stage_queued_on_one_tape_drive_between_chunks(tmp_path):
+    """Many mover threads (a wide disk tier) and a tape of one drive: after a cancel, the
+    chunks waiting for the drive do not go on one by one; at most the transfer under way
+    ends, and what moved is committed and on disk."""
+    tiers = TierSet(
+        [
+            Tier("disk", PosixBackend(tmp_path / "disk"), "localdisk", order=0, concurrency=16),
+            Tier(
+                "tape",
+                Shaped(PosixBackend(tmp_path / "tape"), SLOW, 1.0),
+                "remotetape",
+                order=1,
+                concurrency=1,
+            ),
+        ]
+    )
+    with strataio.Session(tiers=tiers, catalog=tmp_path / "cat.db") as s:
+        ds = fill(s, np.zeros((100, 100), "f4"))
+        h = ds.stage()  # 100 chunks x 20 ms, one at a time on the drive, 17 threads waiting
+        deadline = time.monotonic() + 10
+        while h.progress.done < 3 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        before = h.progress.done
+        assert h.cancel()
+        r = h.result()
+        assert r.moved <= before + 3, (before, r)
+        assert r.moved + r.cancelled == 100 and not r.failed, r
+        ds.close()
+        on_disk = {c.key for c in s.catalog.residency("a") if c.tier == "disk"}
+        files = {
+            p.relative_to(tmp_path / "disk" / "a").as_posix()
+            for p in (tmp_path / "disk" / "a").rglob("c/*/*")
+        }
+        assert len(on_disk) == r.moved and files == on_disk

@@ -26,9 +26,10 @@ stages to the fastest memory tier when one is configured (a volatile cache level
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -173,6 +174,21 @@ class _NoRoom:
             self._full[tier.name] = (least, tier.used)
 
 
+class _Cancelled(StrataError):
+    """A chunk's transfer not begun: its move was cancelled while it waited for its turn."""
+
+
+class _Move:
+    """What the chunks of one move share: ``own``, the object keys of its chunks, which its
+    eviction rounds never take (a move of more than its target holds keeps the chunks it
+    placed first and reports the rest as not fitting, instead of evicting what it had just
+    moved and counting it moved); ``cancel``, set by its handle's :meth:`MoveHandle.cancel`."""
+
+    def __init__(self, res: Residency, keys: Sequence[str]) -> None:
+        self.own = frozenset(object_key(res.name, k) for k in keys)
+        self.cancel = threading.Event()
+
+
 class _Drops:
     """The copies a move took off tiers (their rows dropped, their objects deleted at its
     commit) and the number it kept on tiers taking no writes; counted into its
@@ -208,13 +224,18 @@ class MoveHandle:
     """A running move. ``wait`` / ``result`` block; ``done``, ``progress`` do not."""
 
     def __init__(
-        self, op: str, total: int, commit: Commit | None = None, res: Residency | None = None
+        self,
+        op: str,
+        total: int,
+        commit: Commit | None = None,
+        res: Residency | None = None,
+        cancel: threading.Event | None = None,
     ) -> None:
         self.op = op
         self._result = MoveResult(op, total)
         self._lock = threading.Lock()
         self._finished = threading.Event()
-        self._cancel = threading.Event()
+        self._cancel = cancel if cancel is not None else threading.Event()
         self._futures: list[Future[None]] = []
         self._remaining = total
         self._t0 = time.perf_counter()
@@ -259,8 +280,9 @@ class MoveHandle:
         self._finished.wait()
 
     def cancel(self) -> bool:
-        """Stop chunks not yet started; what already moved is committed. True if anything was
-        left to cancel."""
+        """Stop chunks not yet started, those waiting for a turn on a tier included (a tape's
+        drive: a transfer under way ends first, later ones are not begun); what already moved
+        is committed. True if anything was left to cancel."""
         if self.done():
             return False
         self._cancel.set()
@@ -334,6 +356,9 @@ class Mover:
         # written (Residency.writing) never holds up that write's puts
         self._puts = ThreadPoolExecutor(workers, thread_name_prefix="strataio-put")
         self._put_workers = workers
+        # moves' transfers per tier (a tape's drives): see _turn
+        self._turn_of: dict[str, threading.BoundedSemaphore] = {}
+        self._turns_lock = threading.Lock()
 
     # ----------------------------------------------------------------- API
     def stage(self, res: Residency, keys: Sequence[str], to: str | None = None) -> MoveHandle:
@@ -341,8 +366,10 @@ class Mover:
         chunks already on a tier at least that fast are reused, not copied."""
         target = self.tiers[to] if to is not None else None
         full = _NoRoom(self.placement)
-        own = _own(res, keys)
-        return self._start("stage", res, keys, lambda k: self._stage_one(res, k, target, full, own))
+        move = _Move(res, keys)
+        return self._start(
+            "stage", res, keys, lambda k: self._stage_one(res, k, target, full, move), move=move
+        )
 
     def migrate(self, res: Residency, keys: Sequence[str], to: str) -> MoveHandle:
         """Move ``keys`` to tier ``to``; copies on faster tiers are deleted after the commit,
@@ -366,13 +393,14 @@ class Mover:
                 f"{target.last_error}"
             )
         drops = _Drops()
-        own = _own(res, keys)
+        move = _Move(res, keys)
         return self._start(
             "migrate",
             res,
             keys,
-            lambda k: self._migrate_one(res, k, target, drops, own),
+            lambda k: self._migrate_one(res, k, target, drops, move),
             drops=drops,
+            move=move,
         )
 
     def prefetch(self, res: Residency, keys: Sequence[str]) -> MoveHandle:
@@ -381,11 +409,14 @@ class Mover:
         mem = next((t for t in self.tiers if t.volatile and t.up), None)
         if mem is not None:
             full = _NoRoom(self.placement)
-            own = _own(res, keys)
+            move = _Move(res, keys)
             return self._start(
-                "prefetch", res, keys, lambda k: self._stage_one(res, k, mem, full, own)
+                "prefetch", res, keys, lambda k: self._stage_one(res, k, mem, full, move), move=move
             )
-        return self._start("prefetch", res, keys, lambda k: self._prefetch_one(res, k))
+        move = _Move(res, keys)
+        return self._start(
+            "prefetch", res, keys, lambda k: self._prefetch_one(res, k, move), move=move
+        )
 
     def evict(self, res: Residency, keys: Sequence[str], tier: str) -> MoveHandle:
         """Drop the copies of ``keys`` on ``tier``; a chunk whose only copy is there is
@@ -435,17 +466,19 @@ class Mover:
         *,
         absent: Callable[[str], bool] | None = None,
         drops: _Drops | None = None,
+        move: _Move | None = None,
     ) -> MoveHandle:
         """Run ``one`` on each of ``keys`` on the pool; the chunks ``absent`` names (once the
         rows are current) count as ``reused`` at once, with no job of their own. ``drops``:
-        the copies ``one`` takes off tiers, counted into the result once committed."""
+        the copies ``one`` takes off tiers, counted into the result once committed;
+        ``move``: what its chunks share (its cancel event the handle's)."""
         keys = list(dict.fromkeys(keys))
         if keys and self.commit.catalog is not None:
             # another process may have moved or rewritten these chunks since the dataset was
             # opened: a move acts on the rows the catalog holds now (but for chunks with
             # changes here not recorded yet, whose rows here are newer)
             res.refresh_from(self.commit.catalog, keys)
-        h = MoveHandle(op, len(keys), self.commit, res)
+        h = MoveHandle(op, len(keys), self.commit, res, move.cancel if move else None)
         h._drops = drops
         if absent is not None:
             there = [k for k in keys if not absent(k)]
@@ -461,6 +494,9 @@ class Mover:
                 return
             try:
                 outcome, n = one(key)
+            except _Cancelled:
+                h._count("cancelled")
+                return
             except Exception as exc:
                 h._count("failed", key=key, msg=str(exc))
                 return
@@ -482,9 +518,29 @@ class Mover:
     def _rank(self, tier: str) -> int:
         return self.tiers.rank(tier)
 
-    def _copy(
-        self, res: Residency, key: str, dst: Tier, own: frozenset[str] = frozenset()
-    ) -> tuple[str, int]:
+    @contextlib.contextmanager
+    def _turn(self, tier: str, move: _Move) -> Iterator[None]:
+        """Hold a turn on ``tier`` for one transfer of a chunk of ``move`` (a tier gives as
+        many turns at once as it has slots: :attr:`Tier.concurrency`), waited for while the
+        move is not cancelled: a move cancelled before the turn came raises
+        :class:`_Cancelled`, so a cancel stops a move queued on a tape's drive between
+        chunks. Nothing else is held while a turn is waited for (one turn at a time)."""
+        with self._turns_lock:
+            turn = self._turn_of.get(tier)
+            if turn is None:
+                n = max(1, int(self.tiers[tier].concurrency))
+                turn = self._turn_of[tier] = threading.BoundedSemaphore(n)
+        while not turn.acquire(timeout=0.05):
+            if move.cancel.is_set():
+                raise _Cancelled(f"cancelled while waiting for a turn on tier {tier!r}")
+        try:
+            if move.cancel.is_set():
+                raise _Cancelled(f"cancelled before its turn on tier {tier!r}")
+            yield
+        finally:
+            turn.release()
+
+    def _copy(self, res: Residency, key: str, dst: Tier, move: _Move) -> tuple[str, int]:
         """Copy ``key`` from its fastest readable copy to ``dst`` (trying further copies
         when a source tier fails, or its copy went away, is missing or cannot be used:
         :class:`ObjectError`); record the new copy in the residency unless the chunk was
@@ -532,7 +588,7 @@ class Mover:
                 )
                 continue
             # (the move's chunks, this one among them; one set for all: no copy per chunk)
-            if not self.placement.claim(dst, src.nbytes, protect=own, wait=True):
+            if not self.placement.claim(dst, src.nbytes, protect=move.own, wait=True):
                 raise _NoRoomError(
                     f"chunk {key!r} of {res.name!r}: tier {dst.name!r} is full and nothing "
                     "on it can be evicted (the chunks of this move there stay)"
@@ -552,7 +608,8 @@ class Mover:
                         # an announced rewrite left by another writer holds either version
                         expect = "" if src.state == "in-transit" else src.checksum
                         try:
-                            data = read_checked(self.tiers[src.tier], res.name, key, expect)
+                            with self._turn(src.tier, move):
+                                data = read_checked(self.tiers[src.tier], res.name, key, expect)
                             like = accepts_data(src, data)
                             if like is None:
                                 raise ChecksumError(
@@ -567,14 +624,18 @@ class Mover:
                             res.abandon_write(key, dst.name)
                             raise
                         try:
-                            held, seen = self.commit.prepare_copy(res, src, dst)
-                            n, digest, put = put_checked(
-                                dst, res.name, key, data, new=not held, over=seen, like=like
-                            )
+                            with self._turn(dst.name, move):
+                                held, seen = self.commit.prepare_copy(res, src, dst)
+                                n, digest, put = put_checked(
+                                    dst, res.name, key, data, new=not held, over=seen, like=like
+                                )
                         except ExistsError as exc:
                             res.abandon_write(key, dst.name)
                             explain = exc  # the catalog may know whose it is
                             continue
+                        except _Cancelled:
+                            res.abandon_write(key, dst.name)  # (nothing announced or put)
+                            raise
                     except NotFoundError:
                         if res.drop_missing(src) or not res.is_current(src):
                             continue  # catalogued but gone (forgotten now), or moved away
@@ -628,12 +689,12 @@ class Mover:
         key: str,
         target: Tier | None,
         full: _NoRoom,
-        own: frozenset[str] = frozenset(),
+        move: _Move,
     ) -> tuple[str, int]:
         """Stage ``key`` to ``target``, or (None) to the fastest persistent tier with room
         faster than its fastest copy. ``"no_room"`` where no such tier had room: each was full
         with nothing on it that could be evicted (remembered in ``full`` for the move's other
-        chunks), the chunks of the move (``own``, object keys) never being evicted for it."""
+        chunks), the chunks of the ``move`` never being evicted for it."""
         copies = self._readable(res, key)
         if not copies and not res.copies(key):
             return "unwritten", 0
@@ -654,13 +715,13 @@ class Mover:
                     if full.known(target, nbytes):
                         return "no_room", 0
                     if not self.placement.make_room(
-                        target, nbytes, protect=own
+                        target, nbytes, protect=move.own
                     ) and not self.placement._in_flight(target):
                         full.note(target, nbytes)
                         return "no_room", 0
             try:
                 # (room held by puts in flight is waited for there)
-                return self._copy(res, key, target, own)
+                return self._copy(res, key, target, move)
             except _NoRoomError:
                 full.note(target, nbytes)
                 return "no_room", 0
@@ -671,13 +732,13 @@ class Mover:
             with full.trying(t):
                 if full.known(t, nbytes):
                     continue
-                room = self.placement.make_room(t, nbytes, protect=own)
+                room = self.placement.make_room(t, nbytes, protect=move.own)
                 if not room:
                     full.note(t, nbytes)
             if not room:
                 continue
             try:
-                return self._copy(res, key, t, own)
+                return self._copy(res, key, t, move)
             except TierDownError:
                 if t.up:
                     raise
@@ -699,12 +760,12 @@ class Mover:
         key: str,
         target: Tier,
         drops: _Drops,
-        own: frozenset[str] = frozenset(),
+        move: _Move,
         *,
         refreshed: bool = False,
     ) -> tuple[str, int]:
         """Migrate ``key`` to ``target`` (see :meth:`migrate`); room there is never made by
-        evicting the move's chunks (``own``, object keys): a chunk that does not fit fails."""
+        evicting the ``move``'s chunks: a chunk that does not fit fails."""
         copies = res.copies(key)
         if not copies:
             return "unwritten", 0
@@ -720,7 +781,7 @@ class Mover:
             if have.state == "dirty":
                 res.mark_valid(have)
         else:
-            outcome, n = self._copy(res, key, target, own)
+            outcome, n = self._copy(res, key, target, move)
         if not any(c.tier == target.name for c in res.readable(key, up_only=False)):
             return outcome, n
         rank = self._rank(target.name)
@@ -729,7 +790,7 @@ class Mover:
         if busy:
             # (that writer's commit settles the copy; it may have recorded it since)
             if not refreshed and self._refresh(res, key):
-                return self._migrate_one(res, key, target, drops, own, refreshed=True)
+                return self._migrate_one(res, key, target, drops, move, refreshed=True)
             raise StrataError(
                 f"chunk {key!r} of {res.name!r} is being rewritten on {', '.join(busy)} by "
                 f"another process; copied to {target.name!r}, the copy there stays (migrate "
@@ -742,7 +803,7 @@ class Mover:
                 drops.drop(c)
         return outcome, n
 
-    def _prefetch_one(self, res: Residency, key: str) -> tuple[str, int]:
+    def _prefetch_one(self, res: Residency, key: str, move: _Move) -> tuple[str, int]:
         """Read ``key`` into the chunk cache from its fastest readable copy that answers with
         intact bytes, as a read does: a copy whose tier is down, that something is in the
         way of (:class:`ObjectError`) or whose bytes fail their checksum is passed over for
@@ -775,7 +836,8 @@ class Mover:
             c = sources[0]
             tier = self.tiers[c.tier]
             try:
-                data = tier.call(tier.backend.get, object_key(res.name, key))
+                with self._turn(c.tier, move):
+                    data = tier.call(tier.backend.get, object_key(res.name, key))
             except NotFoundError:
                 if res.drop_missing(c) or not res.is_current(c):
                     continue  # forgotten (another copy holds its bytes), or moved here
@@ -856,13 +918,6 @@ class Mover:
         if catalog is None:
             return False
         return bool(res.refresh_from(catalog, [key]))
-
-
-def _own(res: Residency, keys: Sequence[str]) -> frozenset[str]:
-    """The object keys of a move's chunks: its eviction rounds never take them, so a move of
-    more than its target holds keeps the chunks it placed first and reports the rest as not
-    fitting, instead of evicting what it had just moved (and counting it moved)."""
-    return frozenset(object_key(res.name, k) for k in keys)
 
 
 def _all_down(res: Residency, key: str) -> StrataError:
