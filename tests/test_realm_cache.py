@@ -14,7 +14,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 import strataio
 from mpirun import run_mpi
-from strataio.collective.driver import PosixDriver
+from strataio.collective.driver import LayeredDriver, PosixDriver
 from strataio.collective.realm_cache import PageGrid, RealmCache
 from strataio.errors import HintError
 from strataio.layout.extents import Extents
@@ -26,6 +26,21 @@ SPACE = 20_000  # bytes the machine's accesses stay within
 def _file_bytes(path: str) -> bytes:
     with open(path, "rb") as f:
         return f.read()
+
+
+class FailingDriver(LayeredDriver):
+    """``inner`` whose data calls all fail, as a disk with an I/O error."""
+
+    def readv(self, plan: VectoredPlan, buf: np.ndarray) -> None:
+        raise OSError(5, "injected I/O error")
+
+    writev = readv
+
+    def pread(self, buf: np.ndarray, offset: int) -> int:
+        raise OSError(5, "injected I/O error")
+
+    def pwrite(self, buf: np.ndarray, offset: int) -> None:
+        raise OSError(5, "injected I/O error")
 
 
 class CacheMachine(RuleBasedStateMachine):
@@ -74,6 +89,26 @@ class CacheMachine(RuleBasedStateMachine):
         if len(self.oracle) < off + n:
             self.oracle.extend(bytes(off + n - len(self.oracle)))
         self.oracle[off : off + n] = data.tobytes()
+
+    @rule(off=st.integers(0, SPACE), n=st.integers(1, 5000))
+    def write_failing(self, off: int, n: int) -> None:
+        """A write while the file fails every read and write (pages it needs read in, or
+        evicted): each byte of the range is then its old or its new value, every other byte
+        as it was."""
+        old = self._expect(off, n)
+        data = self.rng.integers(0, 256, n, dtype=np.uint8)
+        self.cache.inner = FailingDriver(self.driver)
+        try:
+            self.cache.pwrite(data, off)
+        except OSError:
+            pass
+        finally:
+            self.cache.inner = self.driver
+        got = np.frombuffer(self._over_file(off + n)[off : off + n], dtype=np.uint8)
+        assert ((got == data) | (got == np.frombuffer(old, dtype=np.uint8))).all()
+        if len(self.oracle) < off + n:
+            self.oracle.extend(bytes(off + n - len(self.oracle)))
+        self.oracle[off : off + n] = got.tobytes()
 
     @rule(off=st.integers(0, SPACE), n=st.integers(1, 5000))
     def read(self, off: int, n: int) -> None:
@@ -147,6 +182,22 @@ class CacheMachine(RuleBasedStateMachine):
         del self.oracle[size:]
         self.oracle.extend(bytes(size - len(self.oracle)))
 
+    def _over_file(self, least: int = 0) -> bytearray:
+        """The file overlaid with the cached pages (at least ``least`` bytes, zeros past the
+        file's end)."""
+        mem = self.cache.mem
+        view = bytearray(_file_bytes(self.path))
+        held = np.flatnonzero(mem.slot_page >= 0)
+        assert np.unique(mem.slot_page[held]).size == held.size  # a page in one slot only
+        start, plen = self.cache.grid.bounds(mem.slot_page[held])
+        top = max([len(view), len(self.oracle), least] + (start + plen).tolist())
+        view.extend(bytes(top - len(view)))
+        for s, o, n in zip(held.tolist(), start.tolist(), plen.tolist()):
+            lo, hi = int(mem.dirty_lo[s]), int(mem.dirty_hi[s])
+            assert 0 <= lo <= hi <= n
+            view[o : o + n] = mem.arena[s * mem.slot : s * mem.slot + n].tobytes()
+        return view
+
     @invariant()
     def cache_over_file_is_the_oracle(self) -> None:
         if self.driver is None:
@@ -155,17 +206,8 @@ class CacheMachine(RuleBasedStateMachine):
         mem = cache.mem
         assert mem.buffer.size <= self.capacity  # (page table included)
         assert cache.cached <= mem.slot_page.size
-        view = bytearray(_file_bytes(self.path))
-        held = np.flatnonzero(mem.slot_page >= 0)
-        assert np.unique(mem.slot_page[held]).size == held.size  # a page in one slot only
-        start, plen = cache.grid.bounds(mem.slot_page[held])
-        top = max([len(view), len(self.oracle)] + (start + plen).tolist())
-        view.extend(bytes(top - len(view)))
-        for s, o, n in zip(held.tolist(), start.tolist(), plen.tolist()):
-            lo, hi = int(mem.dirty_lo[s]), int(mem.dirty_hi[s])
-            assert 0 <= lo <= hi <= n
-            view[o : o + n] = mem.arena[s * mem.slot : s * mem.slot + n].tobytes()
-        want = bytes(self.oracle) + bytes(top - len(self.oracle))
+        view = self._over_file()
+        want = bytes(self.oracle) + bytes(len(view) - len(self.oracle))
         assert bytes(view) == want
 
 

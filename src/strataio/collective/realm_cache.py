@@ -288,8 +288,8 @@ class RealmCache(LayeredDriver):
                 plan = VectoredPlan(start, plen, slots[want] * mem.slot, SYSCALL_BYTES)
                 try:
                     self.inner.readv(plan, mem.arena)
-                except BaseException:  # (the slots hold no page after all)
-                    mem.slot_page[slots[want]] = -1
+                except BaseException:  # (no slot taken holds its page after all: not those
+                    mem.slot_page[got] = -1  # read, nor those a write was yet to fill)
                     raise
                 self.bytes_read += int(plen.sum())
         return slots
