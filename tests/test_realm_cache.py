@@ -11,12 +11,13 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+from mpi4py import MPI
 
 import strataio
 from mpirun import run_mpi
 from strataio.collective.driver import LayeredDriver, PosixDriver
 from strataio.collective.realm_cache import PageGrid, RealmCache
-from strataio.errors import HintError
+from strataio.errors import HintError, StrataError
 from strataio.layout.extents import Extents
 from strataio.storage.vectored import VectoredPlan
 
@@ -312,3 +313,28 @@ def test_write_back_waits_for_a_sieving_write_over_it(tmp_path):
     """Cached bytes written back while another rank's sieving write spans them (read, not yet
     written) survive it: the write-back takes the span's lock."""
     assert run_mpi(2, "realm_cache_sieving_race.py", tmp_path).strip().endswith("ok")
+
+
+def test_realms_retired_keep_a_cache_that_failed_to_write_back(tmp_path) -> None:
+    """Dynamic realms retire at a new view, writing their cache back first: when that fails
+    the call raises and the cache keeps its dirty pages, written at the next retirement
+    (here the next collective call) instead of forgotten."""
+    path = tmp_path / "f"
+    hints = {"romio_cb_pfr": "enable", "romio_cb_fr_types": "4096", "strataio_realms": "dynamic",
+             "romio_cb_write": "enable", "strataio_realm_cache": "65536"}  # fmt: skip
+    with strataio.File.open(None, path, "w", hints) as f:
+        f.write_at_all(0, np.full(4096, 7, np.uint8))  # cached, dirty
+        cache = f.realm_cache
+        assert cache is not None and not cache.bytes_written
+        every_other = MPI.BYTE.Create_vector(2, 1, 2).Commit()
+        f.set_view(0, MPI.BYTE, every_other)
+        cache.inner = FailingDriver(f.driver)
+        with pytest.raises(StrataError, match="injected"):
+            f.write_at_all(10_000, np.full(2, 9, np.uint8))
+        cache.inner = f.driver
+        f.set_view(0, MPI.BYTE, MPI.BYTE)
+        f.write_at_all(20_000, np.full(2, 9, np.uint8))
+        every_other.Free()
+    got = np.fromfile(path, np.uint8)
+    assert (got[:4096] == 7).all()
+    assert (got[20_000:20_002] == 9).all()

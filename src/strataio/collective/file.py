@@ -1157,9 +1157,11 @@ class File:
 
     def _retire_realms(self) -> None:
         """Drop the persistent realms (collective); the next two-phase call fixes new ones.
-        What the old realms cached is written back and forgotten first."""
+        What the old realms cached is written back and forgotten first; a cache that fails to
+        write back is kept, with the realms, for the next call to retire again."""
         err = self._settle_caches(drop=True, agree=False)
-        self._cache = None
+        if err is None:  # (else its dirty pages are still the only copy of those bytes)
+            self._cache = None
         _agree(self._comm, err)
         self._realms = None
         self._hints = dataclasses.replace(self._hints, romio_cb_fr_types=self._fr_type)
