@@ -338,3 +338,24 @@ def test_realms_retired_keep_a_cache_that_failed_to_write_back(tmp_path) -> None
     got = np.fromfile(path, np.uint8)
     assert (got[:4096] == 7).all()
     assert (got[20_000:20_002] == 9).all()
+
+
+def test_set_size_that_fails_to_write_back_loses_no_cached_byte(tmp_path) -> None:
+    """A set_size whose write-back of the realm cache fails raises and leaves the file as it
+    was: the cached bytes past the size asked for are still written at close."""
+    path = tmp_path / "f"
+    hints = {"romio_cb_pfr": "enable", "romio_cb_fr_types": "4096", "romio_cb_write": "enable",
+             "romio_cb_read": "enable", "strataio_realm_cache": "65536"}  # fmt: skip
+    with strataio.File.open(None, path, "w", hints) as f:
+        f.write_at_all(0, np.full(8192, 7, np.uint8))  # cached, dirty
+        cache = f.realm_cache
+        assert cache is not None and not cache.bytes_written
+        cache.inner = FailingDriver(f.driver)
+        with pytest.raises(StrataError, match="injected"):
+            f.set_size(4096)
+        cache.inner = f.driver
+        assert f.get_size() == 8192
+        back = np.zeros(8192, np.uint8)
+        f.read_at_all(0, back)
+        assert (back == 7).all()
+    assert _file_bytes(str(path)) == bytes([7]) * 8192

@@ -1186,17 +1186,18 @@ class File:
     def _write_back(
         self, discard_from: int | None = None, forget: bool = False
     ) -> Exception | None:
-        """Write this rank's realm cache back (after forgetting what lies from
-        ``discard_from`` on; with ``forget`` dropping every page after); the failure, for the
-        caller to agree on."""
+        """Write this rank's realm cache back (with ``forget`` dropping every page after), then
+        forget what lies from ``discard_from`` on; the failure, for the caller to agree on. A
+        cache that fails to write back forgets nothing: the bytes past ``discard_from`` are
+        dropped only once they are on storage too, so a ``set_size`` that fails loses none."""
         if self._cache is None:
             return None
         assert self._shared is not None
         try:
             with self._shared.own():
+                (self._cache.invalidate if forget else self._cache.flush)()
                 if discard_from is not None:
                     self._cache.discard_from(discard_from)
-                (self._cache.invalidate if forget else self._cache.flush)()
         except OSError as exc:
             return _os_error(exc, self._path)
         except Exception as exc:  # any failure must reach the other ranks' agreement
