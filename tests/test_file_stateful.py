@@ -29,6 +29,8 @@ from mpi4py import MPI
 
 import strataio
 from mpirun import run_mpi
+from strataio.collective.driver import LayeredDriver
+from strataio.errors import StrataError
 
 #: the job the machine runs on (every rank of it runs the same steps)
 COMM = MPI.COMM_WORLD
@@ -118,6 +120,22 @@ def build_view(recipe: tuple, rank: int, nprocs: int) -> tuple[int, MPI.Datatype
     else:
         ft.Commit()
     return disp, ft, tile.astype(np.int64), ft.extent
+
+
+class FailingWrites(LayeredDriver):
+    """``inner`` whose writes fail (a full disk), its reads as they are."""
+
+    def readv(self, plan, buf) -> None:  # type: ignore[no-untyped-def]
+        self.inner.readv(plan, buf)
+
+    def pread(self, buf, offset):  # type: ignore[no-untyped-def]
+        return self.inner.pread(buf, offset)
+
+    def writev(self, plan, buf) -> None:  # type: ignore[no-untyped-def]
+        raise OSError(28, "injected: no space left")
+
+    def pwrite(self, buf, offset) -> None:  # type: ignore[no-untyped-def]
+        raise OSError(28, "injected: no space left")
 
 
 class FileMachine(RuleBasedStateMachine):
@@ -244,6 +262,40 @@ class FileMachine(RuleBasedStateMachine):
     @rule()
     def sync(self) -> None:
         self.f.sync()
+
+    @rule(data=st.data(), recipe=views())
+    def cache_write_back_fails(self, data: st.DataObject, recipe: tuple) -> None:
+        """A ``set_size``, or a new view and a collective read (dynamic realms retire, writing
+        their cache back), while every write-back of the realm caches fails: the call raises
+        on every rank or on none, and a call that raised loses no byte cached before it."""
+        cache = self.f.realm_cache
+        inner = cache.inner if cache is not None else None
+        if cache is not None:
+            cache.inner = FailingWrites(inner)
+        failed = False
+        try:
+            if data.draw(st.booleans(), label="set_size"):
+                size = data.draw(st.integers(0, self.model.size + 64), label="size")
+                try:
+                    self.f.set_size(size)
+                except StrataError:
+                    failed = True
+                else:
+                    self.model = self.model[:size].copy()
+                    self.model = np.concatenate(
+                        (self.model, np.zeros(size - self.model.size, np.uint8))
+                    )
+            else:
+                self._apply_view(recipe)
+                buf = np.zeros(64, np.uint8)
+                try:
+                    self.f.read_at_all(0, buf)
+                except StrataError:
+                    failed = True
+        finally:
+            if cache is not None:
+                cache.inner = inner
+        self._check(len(set(COMM.allgather(failed))) == 1, "the call failed on some ranks only")
 
     @rule(hints=HINTS)
     def reopen(self, hints: dict[str, str]) -> None:
