@@ -13,6 +13,7 @@ from click.testing import CliRunner
 import servers
 import strataio
 from strataio.cli import main
+from strataio.errors import StrataError
 from strataio.storage import create_bucket
 
 SHAPE, CHUNKS, ROUNDS = (80, 80), (10, 10), 6
@@ -259,3 +260,41 @@ def test_an_evict_whose_other_copy_s_object_is_gone_writes_the_chunk_back_first(
         np.testing.assert_array_equal(ds[...], version(1))
         ds.close()
     assert outside.exists("run/c/0/0")
+
+
+def test_an_s3_key_over_1024_bytes_fails_its_object_and_leaves_the_tier_up(tmp_path, s3_server):
+    """A PUT answered KeyTooLongError (an S3 key over 1024 bytes) is that object's refusal,
+    not the tier's failure: it marked the tier down in the catalog for every process, so no
+    dataset could be written there. It fails that object's move, naming the tier and the
+    limit, and the tier stays up and takes other datasets' chunks."""
+    head = f'[catalog]\nurl = "{tmp_path / "cat.db"}"\n\n'
+    local = '[[tiers]]\nname = "local"\nkind = "posix"\nrole = "localdisk"\n'
+    local += f'path = "{tmp_path / "local"}"\n\n'
+    config = tmp_path / "strataio.toml"
+    config.write_text(head + local)
+    # 5 parts of 250 bytes: a name a file system holds, and an S3 key of over 1024 bytes
+    name = "/".join(c * 250 for c in "abcde")
+    with strataio.Session(config) as s:
+        with s.create_dataset(name, (4,), "f4", (4,), hint="LOCALDISK") as ds:
+            ds[...] = 1.0
+        with s.create_dataset("short", (4,), "f4", (4,), hint="LOCALDISK") as ds:
+            ds[...] = 2.0
+    objstore = '[[tiers]]\nname = "objstore"\nrole = "remotedisk"\n'
+    objstore += servers.s3_tier_toml(s3_server, "keys-too-long") + "\n"
+    config.write_text(head + local + objstore)
+    with strataio.Session(config) as s:
+        with s.open_dataset(name, "r+") as ds:
+            with pytest.raises(StrataError, match="over the 1024 bytes an S3 key") as refused:
+                ds.migrate(..., to="objstore").wait()
+            assert "tier 'objstore'" in str(refused.value), str(refused.value)
+            assert "S3 key of 1272 bytes" in str(refused.value), str(refused.value)
+            np.testing.assert_array_equal(ds[...], 1.0)
+        assert s.tiers["objstore"].up
+        assert {t.name: t.state for t in s.catalog.tiers()}["objstore"] == "up"
+        with s.open_dataset("short", "r+") as ds:
+            ds.migrate(..., to="objstore").wait()
+        assert {c.tier for c in s.catalog.residency("short") if c.key == "c/0"} == {"objstore"}
+    with strataio.Session(config) as s:
+        assert s.tiers["objstore"].up
+        np.testing.assert_array_equal(s.open_dataset("short")[...], 2.0)
+        np.testing.assert_array_equal(s.open_dataset(name)[...], 1.0)

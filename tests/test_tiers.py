@@ -2588,3 +2588,24 @@ def test_a_name_with_a_part_longer_than_a_file_name_is_refused_and_no_tier_goes_
     with session(tmp_path) as s:
         assert all(t.up for t in s.tiers)
         assert s.superfile("a" * 255, "r").get("m") == b"x"
+
+
+def test_a_path_too_long_for_the_file_system_fails_its_object_and_leaves_the_tier_up(tmp_path):
+    """A put whose path is over PATH_MAX (ENAMETOOLONG) is that object's refusal, not the
+    tier's failure: it marked the tier down in the catalog for every process. It raises
+    ObjectError naming the object and the limit; the tier stays up and takes other puts."""
+    name = "/".join(c * 250 for c in "abcdefghijklmnopq")  # (each part fits a file name)
+    with session(tmp_path) as s:
+        local = s.tiers["local"]
+        with pytest.raises(ObjectError, match="over the 4095 bytes a path may have") as refused:
+            local.call(local.backend.put_new, f"{name}/c/0", b"x", durable=True)
+        assert "tier 'local'" in str(refused.value) and "/c/0'" in str(refused.value)
+        with pytest.raises(ObjectError, match="4095 bytes"):
+            local.call(local.backend.put_versioned, f"{name}/zarr.json", b"x", durable=True)
+        assert local.up and local.last_error == ""
+        with s.create_dataset("short", (4,), "f4", (2,), hint="LOCALDISK") as ds:
+            ds[...] = 1
+        assert where(s.open_dataset("short")) == {"c/0": ["local"], "c/1": ["local"]}
+    with session(tmp_path) as s:
+        assert all(t.state == "up" for t in s.catalog.tiers())
+        assert s.tiers["local"].up

@@ -82,12 +82,16 @@ class StoreMissingError(BackendError):
 class ObjectError(BackendError):
     """One object on a tier cannot be read or written, though the tier answers: something
     not of strataio's is in its way (a directory where the object should be, or a file where
-    one of its folders should be: EISDIR, ENOTDIR), or, for a call about one object whose
+    one of its folders should be: EISDIR, ENOTDIR), the storage refuses that object for what
+    it is (its name too long: ENAMETOOLONG, an S3 key over 1024 bytes; its size over what
+    the storage takes: EFBIG, S3 EntityTooLarge; a name or argument it takes of no object:
+    EINVAL, EILSEQ, S3 InvalidArgument), or, for a call about one object whose
     caller goes on to others (:meth:`Tier.call_alone`), any backend failure (permission
     denied, an I/O error on that object). The tier is not marked down, and other
     objects there are read and written as before; a write does not go on to another tier
     for it, as it does from a tier that is down or full. The message names the tier and
-    the object's path: move what is in the way, and write again.
+    the object's path (and the limit it is over, where one is): move what is in the way,
+    and write again.
 
     A write of a tiered dataset raises it once its other chunks are stored (each tried on
     the tiers its hint allows, as always); ``keys`` then names every chunk of the write not

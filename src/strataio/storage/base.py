@@ -184,6 +184,12 @@ class Backend(abc.ABC):
         validate_key(prefix.rstrip("/"))
         return 0
 
+    def key_problem(self, key: str) -> str:
+        """Why ``key`` can name no object here, in words naming the limit it is over (a path
+        or key too long for the storage), or "" where it can: this default knows no
+        limit."""
+        return ""
+
     def sync(self, keys: Iterable[str] | None = None) -> None:  # noqa: B027 - optional hook
         """Make earlier writes to ``keys`` (all, when None) durable."""
 

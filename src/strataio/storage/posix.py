@@ -128,6 +128,29 @@ class PosixBackend(Backend):
         """The file path of ``key`` (validated)."""
         return self._prefix + validate_key(key)
 
+    def key_problem(self, key: str) -> str:
+        """Why ``key`` can name no file here: its path, or that of the temporary file a put
+        writes beside it, over the bytes a path may have on the root's file system
+        (PATH_MAX), or a part of it over those of a file name (NAME_MAX); "" where it can."""
+        path = os.fsencode(self.path(key))
+        path_max, name_max = _limits(str(self.root))
+        tmp = len(path) + _TMP_ROOM
+        if tmp >= path_max:  # (PATH_MAX counts the final NUL)
+            return (
+                f"its path of {len(path)} bytes ({tmp} with the temporary file a put writes "
+                f"beside it) is over the {path_max - 1} bytes a path may have on this file "
+                f"system ({self.root})"
+            )
+        parts = [len(p) for p in path[len(os.fsencode(self._prefix)) :].split(b"/")]
+        parts[-1] += _TMP_ROOM
+        if max(parts) > name_max:
+            return (
+                f"a part of its path of {max(parts)} bytes (with the temporary file a put "
+                f"writes beside it) is over the {name_max} bytes a file name may have on "
+                f"this file system ({self.root})"
+            )
+        return ""
+
     def root_problem(self) -> str:
         """Why the root cannot be used, in words: "" where it is a directory,
         :data:`ROOT_MISSING` where nothing is there, else the system's reason (``Not a
@@ -779,6 +802,22 @@ def judge_leftover(path: str, *, remove: bool = False) -> LeftoverState:
         return LeftoverState.DEAD
     finally:
         os.close(fd)
+
+
+#: bytes a put's temporary file name has beyond its object's (``.{pid}.{n}`` and
+#: :data:`TMP_SUFFIX`; a pid of 7 digits, a count of 19)
+_TMP_ROOM = len(f".{1 << 22}.{1 << 62}{TMP_SUFFIX}")
+
+
+@functools.lru_cache(maxsize=64)
+def _limits(root: str) -> tuple[int, int]:
+    """The PATH_MAX (final NUL included) and NAME_MAX of the file system at ``root``
+    (Linux's 4096 and 255 where it does not say)."""
+    try:
+        path_max, name_max = os.pathconf(root, "PC_PATH_MAX"), os.pathconf(root, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        path_max = name_max = -1
+    return (path_max if path_max > 0 else 4096), (name_max if name_max > 0 else 255)
 
 
 def _named(exc: OSError, path: str) -> OSError:

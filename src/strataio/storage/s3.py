@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import errno
 import os
 import random
 import re
@@ -71,6 +72,17 @@ _XML_MESSAGE = re.compile(r"<Message>([^<]+)</Message>")
 #: word for it, in the account of the failure obstore appends to its message
 _HTTP_KIND = re.compile(r"HttpError \{\s*kind: (\w+)")
 _OS_MESSAGE = re.compile(r'message: "([^"]+)"')
+#: the bytes of UTF-8 an S3 object key may have
+KEY_BYTES = 1024
+#: the S3 error codes of a request refused for what its one object is, not for what the
+#: store is, and the errno of the same refusal on a file system, which a
+#: :class:`BackendError` of them carries (a tier then leaves itself up for them)
+_OBJECT_CODES = {
+    "KeyTooLongError": errno.ENAMETOOLONG,
+    "EntityTooLarge": errno.EFBIG,
+    "MetadataTooLarge": errno.EFBIG,
+    "InvalidArgument": errno.EINVAL,
+}
 #: a read-modify-write retries this often when another writer changed the object meanwhile
 RMW_ATTEMPTS = 8
 
@@ -249,7 +261,11 @@ class S3Backend(Backend):
                 raise StoreMissingError(
                     f"{self.url}: bucket {self.bucket!r} does not exist ({op} {key!r})"
                 ) from exc
-            raise BackendError(f"{self.url}: {op} {key!r} failed: {self._clean(str(exc))}") from exc
+            err = BackendError(f"{self.url}: {op} {key!r} failed: {self._clean(str(exc))}")
+            code = _XML_CODE.search(str(exc))
+            if code and code.group(1) in _OBJECT_CODES:
+                err.errno = _OBJECT_CODES[code.group(1)]  # (see _OBJECT_CODES)
+            raise err from exc
 
     def _executor(self) -> ThreadPoolExecutor:
         with self._pool_lock:
@@ -374,6 +390,14 @@ class S3Backend(Backend):
         raise BackendError(
             f"{self.url}: write {key!r} lost {RMW_ATTEMPTS} races with concurrent writers"
         )
+
+    def key_problem(self, key: str) -> str:
+        """Why ``key`` can name no object here: its S3 key (the prefix's, then its own) over
+        the :data:`KEY_BYTES` an S3 key may have; "" where it can."""
+        n = len(self._path(key).encode("utf-8", "surrogatepass"))
+        if n <= KEY_BYTES:
+            return ""
+        return f"its S3 key of {n} bytes is over the {KEY_BYTES} bytes an S3 key may have"
 
     def get(self, key: str) -> memoryview:
         path = self._path(key)

@@ -360,6 +360,9 @@ class Shaped(Backend):
     def sync(self, keys: Iterable[str] | None = None) -> None:
         self.inner.sync(keys)
 
+    def key_problem(self, key: str) -> str:
+        return self.inner.key_problem(key)
+
     def get_many(self, keys: Iterable[str]) -> list[BytesLike | None]:
         """Whole objects, overlapped up to ``drives`` at a time (8 when unlimited)."""
         keys = list(keys)

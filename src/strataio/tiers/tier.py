@@ -147,6 +147,20 @@ def in_the_way(exc: BaseException | None) -> OSError | None:
     return os_error_in(exc, _IN_THE_WAY)
 
 
+#: errors of one object that the storage refuses for what the object is, not for what the
+#: storage is: a name too long (ENAMETOOLONG; an S3 key over 1024 bytes: KeyTooLongError), a
+#: size over what it takes (EFBIG; S3 EntityTooLarge), a name or argument it takes of no
+#: object (EINVAL, EILSEQ; S3 InvalidArgument)
+_OF_ONE_OBJECT = (errno.ENAMETOOLONG, errno.EFBIG, errno.EINVAL, errno.EILSEQ)
+
+
+def refused_object(exc: BaseException | None) -> OSError | None:
+    """The error, ``exc`` or one it was raised from, of the storage refusing one object for
+    what it is (``_OF_ONE_OBJECT``: a name too long, a size too large); None if there is
+    none."""
+    return os_error_in(exc, _OF_ONE_OBJECT)
+
+
 def is_backend_failure(exc: BaseException) -> bool:
     """True if ``exc`` means the backend itself failed (connection refused, timeout, I/O
     error), as opposed to a missing object, one object that cannot be used
@@ -468,16 +482,31 @@ class Tier:
     def object_error(self, exc: BaseException, key: Any = None) -> ObjectError | None:
         """The :class:`ObjectError` that ``exc`` amounts to, or None. An error of something in
         the way of an object (:func:`in_the_way`: a directory at its path, a file at one of
-        its folders') is one object's where the tier answers a probe (:meth:`check`), which
-        a tier whose own root is in the way fails (it is then marked down). A probe that
+        its folders'), or of the storage refusing that object for what it is
+        (:func:`refused_object`: its name too long, its size too large), is one object's
+        where the tier answers a probe (:meth:`check`), which a tier whose own root is in
+        the way fails (it is then marked down). A probe that
         found the tier answering less than :attr:`RECHECK_S` ago stands for one (so many
         objects under one thing in the way cost one probe, not one each; a root put in the
         way meanwhile is found by the first probe after that), and none is made where the
         tier was marked down as recently. ``key``: the object asked for, named where the
         error names no path."""
         blocked = in_the_way(exc)
-        if blocked is None or not self._answers():
+        refused = refused_object(exc) if blocked is None else None
+        if (blocked is None and refused is None) or not self._answers():
             return None
+        if refused is not None:
+            if isinstance(key, list | tuple) and len(key) == 1:
+                key = key[0]  # (a look at one object's version)
+            obj = key if isinstance(key, str) else None
+            what = f"object {obj or refused.filename!r}" if obj or refused.filename else ""
+            long = refused.errno == errno.ENAMETOOLONG and obj is not None
+            why = self.backend.key_problem(obj) if long else ""
+            said = refused.strerror or str(refused)
+            return ObjectError(
+                f"tier {self.name!r}: {what or 'an object'} cannot be stored there: {why or said}"
+                f"{f' ({said})' if why else ''}; the tier answers and is not marked down"
+            )
         where = blocked.filename2 or blocked.filename or (key if isinstance(key, str) else None)
         what = "an object" if where is None else f"object {where!r}"
         return ObjectError(
