@@ -298,3 +298,38 @@ def test_an_s3_key_over_1024_bytes_fails_its_object_and_leaves_the_tier_up(tmp_p
         assert s.tiers["objstore"].up
         np.testing.assert_array_equal(s.open_dataset("short")[...], 2.0)
         np.testing.assert_array_equal(s.open_dataset(name)[...], 1.0)
+
+
+def test_a_name_too_long_for_a_configured_tier_is_refused_at_create(tmp_path, s3_server):
+    """A name whose parts each fit a file name can still make an S3 key over 1024 bytes (or
+    a path over PATH_MAX): such a name is refused at create, naming the tier and the limit,
+    before anything is catalogued or stored; a name that fits is taken."""
+    from strataio.errors import ArgumentError
+
+    config = tmp_path / "strataio.toml"
+    config.write_text(
+        f'[catalog]\nurl = "{tmp_path / "cat.db"}"\n\n'
+        f'[[tiers]]\nname = "local"\nkind = "posix"\nrole = "localdisk"\n'
+        f'path = "{tmp_path / "local"}"\n\n'
+        '[[tiers]]\nname = "objstore"\nrole = "remotedisk"\n'
+        + servers.s3_tier_toml(s3_server, "names-too-long")
+        + "\n"
+    )
+    name = "/".join(c * 250 for c in "abcde")  # (1254 bytes)
+    with strataio.Session(config) as s:
+        with pytest.raises(ArgumentError, match="over the 1024 bytes an S3 key") as refused:
+            s.create_dataset(name, (4,), "f4", (2,), hint="LOCALDISK")
+        assert "tier 'objstore'" in str(refused.value), str(refused.value)
+        with pytest.raises(ArgumentError, match="tier 'objstore'"):
+            s.superfile(name, hint="LOCALDISK")
+        assert s.catalog.list_datasets() == []
+        assert all(t.up for t in s.tiers)
+        fits = "/".join(c * 240 for c in "abcd")  # (963 bytes, and the prefix and keys)
+        with s.create_dataset(fits, (4,), "f4", (2,), hint="REMOTEDISK") as ds:
+            ds[...] = 3.0
+        with s.superfile(fits + "-sf", hint="REMOTEDISK") as sf:
+            sf.put("m", b"x")
+    with strataio.Session(config) as s:
+        assert all(t.state == "up" for t in s.catalog.tiers())
+        np.testing.assert_array_equal(s.open_dataset(fits)[...], 3.0)
+        assert s.superfile(fits + "-sf", "r").get("m") == b"x"

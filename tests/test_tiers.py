@@ -2609,3 +2609,23 @@ def test_a_path_too_long_for_the_file_system_fails_its_object_and_leaves_the_tie
     with session(tmp_path) as s:
         assert all(t.state == "up" for t in s.catalog.tiers())
         assert s.tiers["local"].up
+
+
+def test_a_name_over_a_path_s_limit_is_refused_at_create_and_no_tier_goes_down(tmp_path):
+    """Each part of a name fits a file name, the whole with a tier's directory does not fit
+    a path (PATH_MAX): its create put zarr.json, failing as if the tiers had, and marked
+    every tier down for every process. It is refused before anything is stored, naming the
+    tier and the limit."""
+    from strataio.errors import ArgumentError
+
+    name = "/".join(c * 250 for c in "abcdefghijklmnopq")
+    with session(tmp_path) as s:
+        with pytest.raises(ArgumentError, match="over the 4095 bytes a path may have") as refused:
+            s.create_dataset(name, (4,), "f4", (2,), hint="LOCALDISK")
+        assert "tier 'local'" in str(refused.value), str(refused.value)
+        with pytest.raises(ArgumentError, match="4095 bytes"):
+            s.superfile(name, hint="LOCALDISK")
+        assert s.catalog.list_datasets() == []
+        assert all(t.up for t in s.tiers)
+    with session(tmp_path) as s:
+        assert all(t.state == "up" for t in s.catalog.tiers())

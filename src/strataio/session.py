@@ -68,6 +68,7 @@ from strataio.tiers.store import TieredChunkStore, keys_of
 from strataio.tiers.superfile import (
     DEFAULT_CONTAINER_BYTES,
     Superfile,
+    container_key,
     is_superfile,
     record_container_bytes,
     superfile_record,
@@ -326,6 +327,24 @@ def _check_name(name: str, *, new: bool = False) -> None:
         )
 
 
+def _check_fits(tiers: TierSet, name: str, keys: Sequence[str]) -> None:
+    """Raise :class:`ArgumentError` unless every tier that may be written can hold the
+    objects ``keys`` of ``name`` (its longest: each part of a name may fit a file name while
+    the whole is over a path's or an S3 key's limit, with a tier's directory or prefix),
+    naming the tier and the limit: a put of one would fail there, whichever tier the data
+    is placed on or moved to."""
+    for tier in tiers:
+        if tier.read_only or not tier.configured:
+            continue
+        for key in keys:
+            why = tier.backend.key_problem(f"{name}/{key}")
+            if why:
+                raise ArgumentError(
+                    f"name {name[:40]!r}... is too long for tier {tier.name!r} "
+                    f"({tier.backend.url[:60]}): its object {key!r}: {why}"
+                )
+
+
 class Session:
     """The storage hierarchy of one configuration.
 
@@ -490,7 +509,10 @@ class Session:
         room is calibrated, the slowest tier with room. The decision is recorded in the
         catalog (:func:`placement_decision`).
 
-        Every argument is validated before anything is stored; a name already in the catalog
+        Every argument is validated before anything is stored (a name some tier that may be
+        written cannot hold, with its directory or prefix: a path over PATH_MAX, an S3 key
+        over 1024 bytes, raises :class:`ArgumentError` naming the tier and the limit); a
+        name already in the catalog
         raises :class:`~strataio.errors.ExistsError` (on every rank of a parallel job), and so
         does the name of a deleted dataset, or a name above or below one, whose objects remain
         on a tier that does not answer (:mod:`strataio.tiers.remnants`): those on tiers that
@@ -511,6 +533,8 @@ class Session:
                 CodecPipeline(meta.codecs, meta.dtype, meta.chunks)
             except StrataError as exc:  # (named as a plain dataset's create names its path)
                 raise type(exc)(f"dataset {name!r}: {exc}") from exc
+            last = [max(0, -(-n // c) - 1) for n, c in zip(meta.shape, meta.chunks)]
+            _check_fits(self.tiers, name, [META_KEY, meta.chunk_key(last)])
             h = self.placement.check_hint(hint)
             if not isinstance(expected_reads, numbers.Integral) or isinstance(expected_reads, bool):
                 raise ArgumentError(f"expected_reads must be an integer, got {expected_reads!r}")
@@ -785,6 +809,8 @@ class Session:
                 f"container_bytes must be a positive integer, got {container_bytes!r}"
             )
         _check_name(name, new=mode == "a")
+        if mode == "a":
+            _check_fits(self.tiers, name, [container_key(10**8 - 1)])
         assert self.catalog is not None
         try:
             record = self.catalog.get_dataset(name)
