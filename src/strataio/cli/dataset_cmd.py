@@ -330,7 +330,8 @@ def fsck_dataset_dir(
         + (", deleted" if repair and dead else "")
         + (f"; {unknown} that cannot be judged here, left" if unknown else "")
         + (f" ({read_only} on a read-only file system)" if read_only else "")
-        + "".join(f"; {n} of {kind}s running now, left alone" for kind, n in live.items() if n)
+        + "".join(f"; {n} of {kind}s running now, left alone" for kind, n in live.items() if n),
+        soft_wrap=True,  # (one line, however long its path: scripts read it)
     )
     if corrupt or unknown or (dead and not repair):
         sys.exit(1)
