@@ -731,9 +731,12 @@ def test_a_dimension_beyond_what_tensorstore_opens_is_refused_at_create(tmp_path
 def test_chunks_at_the_limit_are_accepted(tmp_path):
     """The limits are inclusive: a chunk of MAX_CHUNK_BYTES, a blosc chunk of blosc's
     largest buffer (creating them writes only zarr.json)."""
+    import numcodecs.blosc
+
     from strataio.arrays.codecs import BLOSC_MAX_BYTES, MAX_CHUNK_BYTES
 
     assert (MAX_CHUNK_BYTES, BLOSC_MAX_BYTES) == (2**31 - 1, 2**31 - 1 - 16)
+    assert BLOSC_MAX_BYTES == numcodecs.blosc.MAX_BUFFERSIZE  # (c-blosc's own limit)
     ds = strataio.create_dataset(tmp_path / "a", (2**40,), "u1", (MAX_CHUNK_BYTES,))
     assert ds.chunks == (MAX_CHUNK_BYTES,)
     ds = strataio.create_dataset(tmp_path / "b", (8,), "u1", (BLOSC_MAX_BYTES,), codec="lz4")

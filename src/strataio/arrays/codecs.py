@@ -30,8 +30,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numcodecs
-import numcodecs.blosc
 import numpy as np
 from crc32c import crc32c
 
@@ -58,7 +56,23 @@ MAX_CHUNK_BYTES = 2**31 - 1
 #: The most bytes blosc (and lz4, stored as blosc) compresses in one buffer: c-blosc refuses
 #: more than INT_MAX less its 16-byte header (``BLOSC_MAX_BUFFERSIZE``), and numcodecs
 #: then fails with a bare RuntimeError or ValueError.
-BLOSC_MAX_BYTES = int(numcodecs.blosc.MAX_BUFFERSIZE)
+BLOSC_MAX_BYTES = MAX_CHUNK_BYTES - 16
+
+
+def _numcodecs() -> Any:
+    """numcodecs, imported at its first use: a process whose chunks are stored raw or with
+    ``crc32c`` never pays for its import (about a quarter of a second: it loads every
+    compressor it has)."""
+    import numcodecs
+    import numcodecs.blosc
+
+    return numcodecs
+
+
+def _numcodecs_loaded() -> Any:
+    """numcodecs where it is imported, else None (then no codec of it exists to test)."""
+    return sys.modules.get("numcodecs")
+
 
 CodecSpec = dict[str, Any]
 
@@ -260,7 +274,7 @@ def configuration_problem(spec: CodecSpec) -> str | None:
     cname, shuffle = cfg.get("cname"), cfg.get("shuffle")
     if cname not in _BLOSC_CNAMES:
         return f"codec 'blosc': cname {cname!r} is not one of {', '.join(_BLOSC_CNAMES)}"
-    have = numcodecs.blosc.list_compressors()
+    have = _numcodecs().blosc.list_compressors()
     if cname not in have:
         return (
             f"codec 'blosc': cname {cname!r} is not in this build of c-blosc (it has "
@@ -358,14 +372,15 @@ def _decode_to(
     def wrong(declared: int | None) -> bool:
         return declared != nbytes if exact else declared is None or declared > nbytes
 
-    if isinstance(codec, numcodecs.Blosc):
+    nc = _numcodecs_loaded()
+    if nc is not None and isinstance(codec, nc.Blosc):
         head = bytes(memoryview(data).cast("B")[:16])
         # (a Blosc header: version, format, flags, type size, then the decoded size)
         declared = int.from_bytes(head[4:8], "little") if len(head) == 16 else None
         if wrong(declared):
             raise size_error(f"blosc header declares {declared} bytes, expected {expected}")
         return codec.decode(data)
-    if isinstance(codec, numcodecs.Zstd):
+    if nc is not None and isinstance(codec, nc.Zstd):
         declared = _zstd_content_size(data)
         if declared is None:  # (no size in the header: decoded into a buffer of the size)
             if exact:
@@ -374,7 +389,7 @@ def _decode_to(
         if wrong(declared):
             raise size_error(f"zstd frame declares {declared} bytes, expected {expected}")
         return codec.decode(data)
-    if isinstance(codec, numcodecs.GZip):
+    if nc is not None and isinstance(codec, nc.GZip):
         inflate = zlib.decompressobj(16 + zlib.MAX_WBITS)
         out = inflate.decompress(memoryview(data).cast("B"), nbytes + 1)
         if (len(out) != nbytes if exact else len(out) > nbytes) or not inflate.eof:
@@ -386,6 +401,7 @@ def _decode_to(
 def _numcodec(spec: CodecSpec) -> Any:
     name = spec["name"]
     cfg = spec.get("configuration", {})
+    numcodecs = _numcodecs()
     if name == "zstd":
         return numcodecs.Zstd(level=cfg["level"], checksum=cfg.get("checksum", False))
     if name == "gzip":
@@ -465,7 +481,8 @@ class CodecPipeline:
     def max_chunk_nbytes(self) -> int:
         """The most bytes a chunk of this pipeline may hold: :data:`MAX_CHUNK_BYTES`, or
         :data:`BLOSC_MAX_BYTES` where blosc compresses it."""
-        blosc = any(isinstance(c, numcodecs.Blosc) for c in self._bytes_codecs)
+        nc = _numcodecs_loaded()
+        blosc = nc is not None and any(isinstance(c, nc.Blosc) for c in self._bytes_codecs)
         return BLOSC_MAX_BYTES if blosc else MAX_CHUNK_BYTES
 
     @property
