@@ -297,7 +297,7 @@ def _runs(runs: int, steps: int) -> settings:
     )
 
 
-TieredHierarchy.TestCase.settings = _runs(examples(100), 8)
+TieredHierarchy.TestCase.settings = _runs(examples(70), 8)
 test_tiers_stateful = TieredHierarchy.TestCase
 
 
@@ -381,7 +381,7 @@ class FullHierarchy(TieredHierarchy):
         self.oracle[name] = new
 
 
-FullHierarchy.TestCase.settings = _runs(examples(80), 10)
+FullHierarchy.TestCase.settings = _runs(examples(60), 10)
 test_tiers_stateful_full_hierarchy = FullHierarchy.TestCase
 
 
@@ -556,5 +556,5 @@ class Outages(TieredHierarchy):
         ds.flush()
 
 
-Outages.TestCase.settings = _runs(examples(80), 8)
+Outages.TestCase.settings = _runs(examples(60), 8)
 test_tiers_stateful_outages = Outages.TestCase

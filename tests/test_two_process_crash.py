@@ -115,20 +115,20 @@ def run_trials(
 
 
 def test_kill9_of_a_writer_and_a_mover_loses_no_flushed_write(tmp_path):
-    run_trials(tmp_path, 6, seed=11)
+    run_trials(tmp_path, 4, seed=11)
 
 
 def test_kill9_of_a_writer_and_a_mover_loses_nothing_on_an_s3_tier(tmp_path, s3_server):
     """The same with "remote" an S3 tier, whose checks of other processes' puts and deletes
     are the server's conditional PUTs and ETags (without them chunks were lost within the
     first 15 trials)."""
-    run_trials(tmp_path, 8, seed=2, s3=s3_server)
+    run_trials(tmp_path, 5, seed=2, s3=s3_server)
 
 
 def test_kill9_of_a_writer_and_a_mover_loses_no_flushed_write_on_postgresql(tmp_path, pg_url):
     """The same on a PostgreSQL catalog: a killed process's liveness token is its
     connection's advisory lock, which the server drops when the connection ends."""
-    run_trials(tmp_path, 3, seed=14, catalog=pg_url)
+    run_trials(tmp_path, 2, seed=14, catalog=pg_url)
 
 
 @pytest.mark.slow
