@@ -11,8 +11,20 @@ from __future__ import annotations
 
 import os
 
+
+def _multiplier(text: str) -> float:
+    """``STRATAIO_HUNT``'s value as a positive number, or an error that names it."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise ValueError(f"STRATAIO_HUNT={text!r}: give a positive number (1 is the default)")
+    return value
+
+
 #: the multiplier of every budget (``STRATAIO_HUNT``, default 1)
-HUNT = float(os.environ.get("STRATAIO_HUNT", "1") or 1)
+HUNT = _multiplier(os.environ.get("STRATAIO_HUNT") or "1")
 
 
 def examples(n: int) -> int:
