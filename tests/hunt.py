@@ -3,8 +3,9 @@
 Each runs a budget of examples that keeps ``make test`` within CI's 15 minutes on two cores.
 ``STRATAIO_HUNT=N make test`` multiplies every budget by N (``STRATAIO_HUNT=10`` hunts ten
 times as long, as before a release); ``pytest -m slow`` also runs the long variants kept
-beside some of them. Hypothesis keeps what it finds in ``.hypothesis/`` and tries it first
-on the next run, so the short runs of CI add up.
+beside some of them. Hypothesis draws new examples on every run (none is derandomized), so
+the short runs add up over CI's runs; a failing example it finds is kept in
+``.hypothesis/`` and tried first on the next run on that machine.
 """
 
 from __future__ import annotations
