@@ -556,6 +556,34 @@ def test_a_write_with_chunks_in_the_way_stores_every_other_chunk_or_names_it(tmp
         assert s.tiers["local"].up
 
 
+def test_a_put_refused_again_leaves_the_chunk_its_previous_value(tmp_path):
+    """A put something is in the way of, of a chunk with no copy, was announced from the
+    second try on (its first failure left the row's deletion pending), and its failure
+    withdrew that announcement by deleting the row, which the commit kept as the chunk's
+    last row: the residency took it for a copy, and reads of the chunk failed for good
+    ("no readable intact copy"). Now the withdrawal stands: the chunk reads as before."""
+    local = tmp_path / "local"
+    with session(tmp_path, roles=TWO_TIERS) as s:
+        ds = s.create_dataset("x", (4, 4), "i4", (2, 2), hint="LOCALDISK")
+        ds[2:4, :] = 5
+        (local / "x" / "c" / "0" / "0").mkdir(parents=True)
+        for _ in range(3):
+            with pytest.raises(ObjectError, match=r"chunk 'c/0/0' .*Is a directory") as e:
+                ds[0:2, :] = 7
+            assert e.value.keys == ["c/0/0"]
+        want = np.block([[np.zeros((2, 2)), np.full((2, 2), 7)], [np.full((2, 4), 5)]])
+        np.testing.assert_array_equal(ds[...], want)
+        ds.flush()
+        assert "c/0/0" not in {c.key for c in s.catalog.residency("x")}
+        np.testing.assert_array_equal(ds[...], want)
+        ds.close()
+        (local / "x" / "c" / "0" / "0").rmdir()
+        with s.open_dataset("x") as ds:
+            np.testing.assert_array_equal(ds[...], want)
+        report = fsck(s.catalog, s.tiers)
+        assert report.clean, report.problems
+
+
 def test_many_objects_one_thing_is_in_the_way_of_cost_one_probe_of_their_tier(
     tmp_path, monkeypatch
 ):

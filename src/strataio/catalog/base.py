@@ -395,7 +395,8 @@ class Catalog(abc.ABC):
         ``dropped`` (``(dataset, key)`` of chunks deleted on purpose), where given, keeps
         every other chunk from losing its last copy: a delete that would leave one without
         any row is left out (the caller's view of its other copies was stale: another
-        process moved or rewrote the chunk).
+        process moved or rewrote the chunk); but not one of ``writer``'s own announced
+        rewrite naming no old bytes (withdrawn, its put failed: it stands for no value).
 
         ``expect`` maps copies among ``deletes`` to the ``(state, checksum)`` the caller saw
         in their row (None: it saw none): a delete of a row that now holds another state or

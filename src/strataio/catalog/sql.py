@@ -1167,7 +1167,7 @@ class SQLCatalog(Catalog):
                             ],
                         )
                 if dropped is not None and ids:
-                    last = self._last_rows(cur, ids, latest, set(dropped))
+                    last = self._last_rows(cur, ids, latest, set(dropped), writer)
                     if last:
                         keep = set(last)
                         ids = [i for i in ids if i not in keep]
@@ -1311,17 +1311,21 @@ class SQLCatalog(Catalog):
         ids: Sequence[CopyId],
         latest: dict[CopyId, ChunkCopy],
         dropped: set[tuple[str, str]],
+        writer: str = "",
     ) -> list[CopyId]:
         """Of the rows ``ids`` to delete, those that exist, of chunks not ``dropped``, that
-        would leave their chunk without any row once ``latest`` is recorded too."""
+        would leave their chunk without any row once ``latest`` is recorded too; but not
+        ``writer``'s own announced rewrites naming no old bytes: withdrawn (their put
+        failed), they stand for no value of their chunk."""
         chunks = {(d, k) for d, k, _ in ids} - dropped
         if not chunks:
             return []
         left: dict[tuple[str, str], set[str]] = {c: set() for c in chunks}
         exist: set[CopyId] = set()
-        for d, k, t, _, _, _, _ in self._rows_of(cur, chunks):
+        for d, k, t, state, _, old, who in self._rows_of(cur, chunks):
             left[d, k].add(t)
-            exist.add((d, k, t))
+            if not (writer and who == writer and state == "in-transit" and not old):
+                exist.add((d, k, t))
         for d, k, t in latest:
             if (d, k) in left:
                 left[d, k].add(t)
